@@ -1,0 +1,134 @@
+"""The `speccompile` command line: thin wrappers that parse, call a stage and print (rich) or --json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import SpecCompileError
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _progress_printer(quiet: bool):
+    console = _console()
+
+    def progress(message: str) -> None:
+        if not quiet:
+            console.print(f"[dim]·[/dim] {message}")
+
+    return progress
+
+
+def emit_json(data) -> None:
+    """Print one JSON object on stdout."""
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="speccompile")
+def cli() -> None:
+    """Compile an LLM plus a drafter into ONNX / TensorRT artifacts and run exact speculative decoding.
+
+    \b
+    Typical flow:
+      speccompile export smollm2-135m --out exported/
+      speccompile run exported/ --prompt "Write a haiku about the sea" --drafter ngram
+      speccompile bench exported/ --workload benchmarks/workloads/copy.jsonl
+    """
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True, help="Weight and activation dtype of the graphs.")
+@click.option("--hidden-states", type=click.Choice(["none", "final", "eagle3"]), default=None, help="Extra target outputs for drafter heads (default: what --drafter needs).")
+@click.option("--max-context", type=int, default=None, help="Longest context (prompt + generated) the artifact supports [default: the model's].")
+@click.option("--max-verify-tokens", type=int, default=64, show_default=True, help="Most tokens verified in one target pass (chain or tree).")
+@click.option("--drafter", default=None, help="Drafter to export with the target: ngram | draft-model:PATH | eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH.")
+@click.option("--tree", default=None, help="Tree preset name or JSON file of choice paths (for tree drafters).")
+@click.option("--num-draft-tokens", type=int, default=None, help="Draft tokens per step recorded as the default for `run`.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, force, as_json):
+    """Export MODEL (Hugging Face folder, .gguf file or alias such as smollm2-135m) to ONNX verify graphs."""
+    from .export.pipeline import ExportOptions, export_artifact
+    from .inspect_artifact import summarize
+
+    options = ExportOptions(
+        dtype=dtype,
+        hidden_states=hidden_states,
+        max_context=max_context,
+        max_verify_tokens=max_verify_tokens,
+        drafter=drafter,
+        tree=tree,
+        num_draft_tokens=num_draft_tokens,
+        force=force,
+    )
+    export_artifact(model, out, options, _progress_printer(as_json))
+    summary = summarize(out)
+    if as_json:
+        emit_json(summary)
+    else:
+        _console().print(f"[green]exported[/green] {model} -> {out} ({summary['total_size_mb']:.1f} MB)")
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def inspect(artifact, as_json):
+    """Show what an artifact directory holds: model, graphs, inputs/outputs, sizes, limits."""
+    from .inspect_artifact import print_summary, summarize
+
+    summary = summarize(artifact)
+    if as_json:
+        emit_json(summary)
+    else:
+        print_summary(summary)
+
+
+def _register_optional_commands() -> None:
+    """Attach the commands implemented in other modules (runtime, engines, training)."""
+    import importlib
+
+    for module_name in ("speccompile.runtime.cli_commands", "speccompile.engines.cli_commands", "speccompile.training.cli_commands"):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue
+            raise
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register_optional_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: SpecCompileError -> one line on stderr, exit code 2."""
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except SpecCompileError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

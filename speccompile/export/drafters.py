@@ -1,0 +1,142 @@
+"""Drafter exporters, selected by `--drafter KIND:PATH`.
+
+Each exporter writes its graph(s) into the artifact's temporary directory and returns a
+`DrafterExport`: the graphs, the files written, the drafter's manifest section and which
+hidden-state taps the target graph must expose for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import InputError
+from ..manifest import GraphSpec
+from ..models.load import LoadedModel
+
+
+@dataclass
+class DrafterExport:
+    graphs: dict[str, GraphSpec]
+    files: list[str]
+    manifest: dict[str, Any]
+    target_hidden_states: str = "none"
+    extra_files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DrafterRequest:
+    """A parsed `--drafter` value plus the options that shape drafting."""
+
+    kind: str
+    path: str | None
+    tree: str | None = None
+    num_draft_tokens: int | None = None
+
+
+# kind -> (needs a path, hidden states the target must expose, exporter)
+Exporter = Callable[[DrafterRequest, LoadedModel, Path, str], DrafterExport]
+_REGISTRY: dict[str, tuple[bool, str, Exporter | None]] = {}
+
+
+def register(kind: str, needs_path: bool, target_hidden_states: str, exporter: Exporter | None) -> None:
+    """Add a drafter kind (used by this module and by the head exporters)."""
+    _REGISTRY[kind] = (needs_path, target_hidden_states, exporter)
+
+
+def drafter_kinds() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def parse_drafter(value: str | None, tree: str | None = None, num_draft_tokens: int | None = None) -> DrafterRequest | None:
+    """Parse `KIND[:PATH]`; raise InputError naming --drafter on a bad value."""
+    if not value or value == "none":
+        return None
+    _load_builtin()
+    kind, _, path = value.partition(":")
+    if kind not in _REGISTRY:
+        raise InputError(f"--drafter: unknown kind '{kind}' (expected one of: {', '.join(sorted(_REGISTRY))}, as KIND:PATH)")
+    needs_path = _REGISTRY[kind][0]
+    if needs_path and not path:
+        raise InputError(f"--drafter {kind} needs a path: --drafter {kind}:PATH")
+    return DrafterRequest(kind, path or None, tree, num_draft_tokens)
+
+
+def target_hidden_states_for(request: DrafterRequest | None) -> str:
+    if request is None:
+        return "none"
+    return _REGISTRY[request.kind][1]
+
+
+def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
+    exporter = _REGISTRY[request.kind][2]
+    if exporter is None:
+        return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind})
+    return exporter(request, target, out_dir, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Built-in: a separate, smaller draft model sharing the target's tokenizer.
+
+
+def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
+    """Export a separate draft LM as `draft.onnx` after checking it shares the target's tokenizer."""
+    from ..models.decoder import build_decoder
+    from ..models.load import load_model
+    from .decoder_graph import export_decoder
+
+    draft = load_model(request.path)
+    _check_same_tokenizer(draft, out_dir, request.path)
+    decoder = build_decoder(draft.config, draft.weights, "none")
+    spec = export_decoder(decoder, out_dir / "draft.onnx", role="draft-model", dtype=dtype)
+    return DrafterExport(
+        graphs={"draft": spec},
+        files=["draft.onnx", "draft.onnx.data"],
+        manifest={
+            "kind": "draft-model",
+            "graph": "draft",
+            "source": str(draft.source),
+            "source_sha256": draft.source_sha256,
+            "config": draft.config.to_dict(),
+            "num_draft_tokens": request.num_draft_tokens or 4,
+        },
+    )
+
+
+def _check_same_tokenizer(draft: LoadedModel, out_dir: Path, draft_path: str) -> None:
+    """The artifact's tokenizer (already written to out_dir) must equal the draft model's."""
+    import tempfile
+
+    from tokenizers import Tokenizer
+
+    target_vocab = Tokenizer.from_file(str(out_dir / "tokenizer.json")).get_vocab()
+    with tempfile.TemporaryDirectory() as tmp:
+        draft.write_tokenizer(Path(tmp))
+        draft_vocab = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json")).get_vocab()
+    if draft_vocab != target_vocab:
+        differing = len(set(draft_vocab.items()) ^ set(target_vocab.items()))
+        raise InputError(
+            f"--drafter draft-model:{draft_path}: its tokenizer differs from the target's "
+            f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
+            "a draft model must share the target's vocabulary"
+        )
+
+
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    """Register the built-in kinds and the head exporters (imported lazily to keep the CLI fast)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    register("ngram", False, "none", None)
+    register("draft-model", True, "none", export_draft_model)
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(f"{__package__}.heads") is not None:
+        importlib.import_module(f"{__package__}.heads")  # registers eagle, eagle3, medusa, mtp

@@ -1,0 +1,134 @@
+"""`speccompile export`: model (+ drafter) -> artifact directory, written atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..errors import InputError
+from ..manifest import Manifest
+from ..models.decoder import HIDDEN_STATE_MODES
+from .drafters import export_drafter, parse_drafter, target_hidden_states_for
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ExportOptions:
+    dtype: str = "fp32"
+    hidden_states: str | None = None  # None = whatever the drafter needs
+    max_context: int | None = None
+    max_verify_tokens: int = 64
+    max_batch: int = 1
+    drafter: str | None = None
+    tree: str | None = None
+    num_draft_tokens: int | None = None
+    force: bool = False
+
+
+def prepare_output(out: Path, force: bool) -> Path:
+    """Check the output location and return a fresh temporary directory beside it."""
+    if out.exists() and not force:
+        raise InputError(f"--out {out}: already exists (use --force to replace it)")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"--out {out}: parent directory {parent} does not exist")
+    tmp = parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror})") from None
+    return tmp
+
+
+def commit_output(tmp: Path, out: Path) -> None:
+    """Move the finished temporary directory into place, replacing an old one (only with --force)."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_artifact(model_name: str, out: Path, options: ExportOptions, progress: Progress = lambda _: None) -> Manifest:
+    """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded."""
+    from ..models.decoder import build_decoder
+    from ..models.load import load_model, resolve_model_path
+    from .decoder_graph import DTYPES, export_decoder
+
+    if options.dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
+    if options.hidden_states is not None and options.hidden_states not in HIDDEN_STATE_MODES:
+        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
+    request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
+    resolve_model_path(model_name)  # a missing path fails before anything is written
+    out = Path(out)
+    tmp = prepare_output(out, options.force)
+    started = time.time()
+    try:
+        progress(f"loading {model_name}")
+        model = load_model(model_name)
+        cfg = model.config
+        max_context = options.max_context or cfg.max_position_embeddings
+        if max_context < 2:
+            raise InputError(f"--max-context must be >= 2, got {max_context}")
+        needed = target_hidden_states_for(request)
+        hidden = options.hidden_states or needed
+        if needed != "none" and hidden != needed:
+            raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
+        progress("writing tokenizer")
+        tokenizer_files = model.write_tokenizer(tmp)
+        progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
+        decoder = build_decoder(cfg, model.weights, hidden)
+        graphs = {"target": export_decoder(decoder, tmp / "target.onnx", role="target", dtype=options.dtype)}
+        files = ["target.onnx", "target.onnx.data", *tokenizer_files]
+        drafter_section = None
+        if request is not None:
+            progress(f"exporting drafter {request.kind}")
+            exported = export_drafter(request, model, tmp, options.dtype)
+            graphs.update(exported.graphs)
+            files += exported.files
+            drafter_section = exported.manifest
+        manifest = Manifest(
+            model={
+                "name": model_name,
+                "source": str(model.source),
+                "source_format": model.source_format,
+                "source_sha256": model.source_sha256,
+                "config": cfg.to_dict(),
+            },
+            graphs=graphs,
+            limits={
+                "max_context": int(max_context),
+                "max_verify_tokens": int(options.max_verify_tokens),
+                "max_batch": int(options.max_batch),
+            },
+            tokenizer={
+                "files": tokenizer_files,
+                "chat_template": model.chat_template is not None or "chat_template.jinja" in tokenizer_files,
+                "eos_token_ids": cfg.eos_token_ids,
+                "bos_token_id": cfg.bos_token_id,
+            },
+            drafter=drafter_section,
+            created_by=f"speccompile {__version__}",
+        )
+        progress("checksumming files")
+        manifest.record_files(tmp, [f for f in files if (tmp / f).exists()])
+        manifest.write(tmp)
+        commit_output(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(f"done in {time.time() - started:.1f}s")
+    return manifest

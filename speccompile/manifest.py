@@ -1,0 +1,150 @@
+"""The artifact contract: `manifest.json` <-> dataclasses, with schema version and file checksums.
+
+An artifact directory (written by `speccompile export` or `build`) holds ONNX graphs or engines, the
+tokenizer files and `manifest.json`. The runtime trusts nothing else: it checks the schema version and
+the sha256 of every file listed before it loads anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ArtifactError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass
+class TensorSpec:
+    """One graph input or output: name, ONNX element type name and shape (ints or axis names)."""
+
+    name: str
+    dtype: str
+    shape: list[Any]
+
+
+@dataclass
+class GraphSpec:
+    """One ONNX graph (or engine) of the artifact and its interface."""
+
+    role: str  # "target", "draft-model", "eagle", "eagle3", "medusa", "mtp"
+    file: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    dtype: str = "fp32"
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    hidden_states: str = "none"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+
+@dataclass
+class Manifest:
+    """Everything the runtime and the engine builder need to know about an artifact."""
+
+    model: dict[str, Any]
+    graphs: dict[str, GraphSpec]
+    limits: dict[str, int]
+    tokenizer: dict[str, Any] = field(default_factory=dict)
+    drafter: dict[str, Any] | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+    created_by: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = MANIFEST_NAME) -> "Manifest":
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ArtifactError(
+                f"{source}: schema_version {version} is not supported by this speccompile "
+                f"(expects {SCHEMA_VERSION}); re-export the model"
+            )
+        try:
+            graphs = {
+                name: GraphSpec(
+                    **{
+                        **g,
+                        "inputs": [TensorSpec(**t) for t in g["inputs"]],
+                        "outputs": [TensorSpec(**t) for t in g["outputs"]],
+                    }
+                )
+                for name, g in data["graphs"].items()
+            }
+            fields = {f.name for f in dataclasses.fields(cls)}
+            rest = {k: v for k, v in data.items() if k in fields and k != "graphs"}
+            return cls(graphs=graphs, **rest)
+        except (KeyError, TypeError) as exc:
+            raise ArtifactError(f"{source}: malformed manifest ({exc})") from None
+
+    def write(self, directory: Path) -> Path:
+        """Write manifest.json (atomically) into `directory`."""
+        path = Path(directory) / MANIFEST_NAME
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        tmp.replace(path)
+        return path
+
+    def record_files(self, directory: Path, names: list[str]) -> None:
+        """Store the sha256 of each named file (relative to `directory`)."""
+        for name in names:
+            self.files[name] = sha256_of(Path(directory) / name)
+
+    def graph(self, name: str) -> GraphSpec:
+        if name not in self.graphs:
+            raise ArtifactError(f"artifact has no '{name}' graph (has: {', '.join(self.graphs) or 'none'})")
+        return self.graphs[name]
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:
+    """Load and validate an artifact's manifest; with `verify_files` every listed file's sha256 is checked."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not directory.is_dir():
+        raise ArtifactError(f"{directory}: not an artifact directory (expected the output of `speccompile export`)")
+    if not path.is_file():
+        raise ArtifactError(f"{directory}: no {MANIFEST_NAME} (expected the output of `speccompile export`)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
+    manifest = Manifest.from_dict(data, str(path))
+    if verify_files:
+        verify_checksums(manifest, directory)
+    return manifest
+
+
+def verify_checksums(manifest: Manifest, directory: Path) -> None:
+    """Raise ArtifactError naming the first file that is missing or whose sha256 differs."""
+    for name, expected in manifest.files.items():
+        file = directory / name
+        if not file.is_file():
+            raise ArtifactError(f"{file}: listed in {MANIFEST_NAME} but missing")
+        if sha256_of(file) != expected:
+            raise ArtifactError(f"{file}: sha256 does not match {MANIFEST_NAME} (file modified or corrupt)")

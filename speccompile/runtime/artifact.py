@@ -1,0 +1,98 @@
+"""Open an artifact directory for generation: manifest checks, tokenizer, backend sessions, drafters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..manifest import Manifest, read_manifest
+from .backends.base import Session, open_session
+from .sampling import SamplingParams
+from .tokenizer import TextTokenizer
+
+DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+
+
+@dataclass
+class Artifact:
+    directory: Path
+    manifest: Manifest
+    tokenizer: TextTokenizer
+    target: Session
+    backend: str
+    threads: int | None
+
+    @property
+    def max_context(self) -> int:
+        return int(self.manifest.limits.get("max_context", 2048))
+
+    @property
+    def max_verify_tokens(self) -> int:
+        return int(self.manifest.limits.get("max_verify_tokens", 64))
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = list(self.manifest.tokenizer.get("eos_token_ids") or [])
+        return sorted(set(ids) | set(self.tokenizer.eos_token_ids))
+
+    def session(self, graph: str) -> Session:
+        """Open another graph of the artifact (a drafter) on the same backend."""
+        return open_session(self.directory, self.manifest.graph(graph), self.backend, self.threads)
+
+
+def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None) -> Artifact:
+    """Verify the manifest (schema, sha256 of every file) and load the target graph + tokenizer."""
+    directory = Path(directory)
+    manifest = read_manifest(directory, verify_files=True)
+    tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
+    target = open_session(directory, manifest.graph("target"), backend, threads)
+    return Artifact(directory, manifest, tokenizer, target, backend, threads)
+
+
+def resolve_drafter_name(artifact: Artifact, name: str) -> str:
+    """`auto` -> the drafter exported with the artifact, else n-gram lookup."""
+    if name not in DRAFTER_CHOICES:
+        raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}")
+    if name == "auto":
+        kind = (artifact.manifest.drafter or {}).get("kind")
+        return kind or "ngram"
+    return name
+
+
+def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
+    recorded = (artifact.manifest.drafter or {}).get("num_draft_tokens")
+    if recorded and (artifact.manifest.drafter or {}).get("kind") == drafter:
+        return int(recorded)
+    return {"ngram": 8, "draft-model": 4}.get(drafter, 4)
+
+
+def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None):
+    """Build the runtime drafter `name` for this artifact (None for plain decoding)."""
+    name = resolve_drafter_name(artifact, name)
+    if name == "none":
+        return None
+    if name == "ngram":
+        from .drafters.ngram import NgramDrafter
+
+        return NgramDrafter()
+    drafter_section = artifact.manifest.drafter or {}
+    if drafter_section.get("kind") != name:
+        raise InputError(
+            f"--drafter {name}: this artifact was exported without it "
+            f"(re-export with --drafter {name}:PATH; exported drafter: {drafter_section.get('kind') or 'none'})"
+        )
+    if name == "draft-model":
+        from .drafters.draft_model import DraftModelDrafter
+        from .generate import TimedSession
+
+        session = artifact.session(drafter_section.get("graph", "draft"))
+        if clock is not None:
+            session = TimedSession(session, clock)
+        seed = None if sampling.seed is None else sampling.seed + 1
+        return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
+    from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
+
+    return heads_factory.make(artifact, name, sampling, clock)

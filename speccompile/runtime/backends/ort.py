@@ -1,0 +1,91 @@
+"""ONNX Runtime backend: CPU (the embedded default), CUDA EP and TensorRT EP, with I/O binding.
+
+The KV cache stays in OrtValues between steps (bound as inputs, outputs bound to the device), so
+decoding copies no cache data on the Python side; only logits (and hidden states) come back as numpy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import InputError
+from ...manifest import GraphSpec
+from ..kvcache import KVCache
+from .base import StepOutput
+
+_NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
+_PROVIDERS = {
+    "ort-cpu": ["CPUExecutionProvider"],
+    "ort-cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "ort-trt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def default_threads() -> int:
+    """Physical-ish core count: what ONNX Runtime would pick, bounded to what this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class OrtSession:
+    """One verify graph in an onnxruntime.InferenceSession."""
+
+    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None):
+        import onnxruntime as ort
+
+        self.spec = spec
+        providers = _PROVIDERS[backend]
+        available = ort.get_available_providers()
+        if providers[0] not in available:
+            raise InputError(
+                f"--backend {backend}: ONNX Runtime here has no {providers[0]} "
+                f"(available: {', '.join(available)}); install onnxruntime-gpu for CUDA/TensorRT"
+            )
+        if threads is not None and threads < 1:
+            raise InputError(f"--threads must be >= 1, got {threads}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or default_threads()
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=providers)
+        self.device = "cpu" if backend == "ort-cpu" else "cuda"
+        self._ort = ort
+        self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
+        self.output_names = spec.output_names()
+        self.present_names = [n for n in self.output_names if n.startswith("present")]
+        self.hidden_name = next((n for n in ("hidden_states", "aux_hidden_states") if n in self.output_names), None)
+        past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
+        self.kv_dtype = _NP_DTYPES.get(past.dtype, np.float32)
+        self.kv_shape = (1, int(past.shape[1]), 0, int(past.shape[3]))
+
+    def _to_ort(self, array: np.ndarray):
+        return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
+
+    def new_cache(self, max_dead: int = 64) -> KVCache:
+        empty = [self._to_ort(np.zeros(self.kv_shape, dtype=self.kv_dtype)) for _ in self.past_names]
+        return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache) -> StepOutput:
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
+        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=bool))
+        for name, value in zip(self.past_names, cache.tensors):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits", "cpu")
+        for name in self.present_names:
+            binding.bind_output(name, self.device)
+        if self.hidden_name:
+            binding.bind_output(self.hidden_name, "cpu")
+        self.session.run_with_iobinding(binding)
+        outputs = dict(zip(self.output_names, binding.get_outputs()))
+        logits = outputs["logits"].numpy()[0]
+        hidden = outputs[self.hidden_name].numpy()[0] if self.hidden_name else None
+        return StepOutput(logits=logits, presents=[outputs[n] for n in self.present_names], hidden=hidden)

@@ -1,0 +1,147 @@
+"""`bench` and `verify`: plain vs speculative on the same backend, measured in the same run."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .sampling import SamplingParams
+from .session import Runner
+
+BUILTIN_PROMPTS = [
+    {"id": "builtin-copy", "chat": True, "prompt": "Repeat this list exactly: apples, pears, plums, cherries, apples, pears, plums, cherries."},
+    {"id": "builtin-story", "chat": True, "prompt": "Write a short story about a lighthouse keeper."},
+    {"id": "builtin-code", "chat": True, "prompt": "Rename the variable x to total in: def f(x):\n    x = x + 1\n    return x * x"},
+]
+
+
+def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Read a JSONL workload: one {"id", "prompt", "chat"} object per line."""
+    if not path.is_file():
+        raise InputError(f"--workload {path}: no such file")
+    items = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            prompt = item["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise InputError(f"--workload {path}: line {number} is not a JSON object with a 'prompt'") from None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError(f"--workload {path}: line {number} has an empty prompt")
+        items.append({"id": str(item.get("id", number)), "prompt": prompt, "chat": bool(item.get("chat", True))})
+    if not items:
+        raise InputError(f"--workload {path}: no prompts")
+    return items[:limit] if limit else items
+
+
+def _sum_lists(a: list[int], b: list[int]) -> list[int]:
+    out = list(a) + [0] * max(0, len(b) - len(a))
+    for i, x in enumerate(b):
+        out[i] += x
+    return out
+
+
+def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads) -> dict[str, Any]:
+    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive)
+    if runner.drafter_name == "none":
+        raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
+    sampling = SamplingParams()
+    report: dict[str, Any] = {"artifact": str(artifact), "backend": backend, "drafter": runner.drafter_name,
+                              "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
+    loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
+    if warmup:
+        first = loaded[0][1][0]
+        runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
+        runner.generate(first["prompt"], first["chat"], 16, sampling)
+    for name, items in loaded:
+        rows = []
+        drafted: list[int] = []
+        accepted: list[int] = []
+        totals = {"plain_tokens": 0, "plain_time": 0.0, "spec_tokens": 0, "spec_time": 0.0, "passes": 0, "engine": 0.0}
+        for item in items:
+            ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
+            plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
+            spec = runner.generate_ids(ids, max_tokens, sampling)
+            ps, ss = plain.stats, spec.stats
+            rows.append({
+                "id": item["id"],
+                "prompt_tokens": len(ids),
+                "plain_tok_s": round(ps.tokens_per_second, 2),
+                "spec_tok_s": round(ss.tokens_per_second, 2),
+                "speedup": round(ss.tokens_per_second / max(ps.tokens_per_second, 1e-9), 3),
+                "mean_accepted_length": round(ss.mean_accepted_length, 3),
+                "identical": plain.tokens == spec.tokens,
+                "overhead_fraction": round(ss.overhead_fraction, 4),
+            })
+            drafted = _sum_lists(drafted, ss.drafted)
+            accepted = _sum_lists(accepted, ss.accepted)
+            totals["plain_tokens"] += max(ps.generated_tokens - 1, 0)
+            totals["plain_time"] += ps.decode_time
+            totals["spec_tokens"] += max(ss.generated_tokens - 1, 0)
+            totals["spec_time"] += ss.decode_time
+            totals["passes"] += ss.target_passes
+            totals["engine"] += ss.time_engine
+            totals.setdefault("spec_total_time", 0.0)
+            totals["spec_total_time"] += ss.time_total
+            totals.setdefault("spec_generated", 0)
+            totals["spec_generated"] += ss.generated_tokens
+        report["workloads"][name] = {
+            "prompts": len(rows),
+            "plain_tok_s": round(totals["plain_tokens"] / max(totals["plain_time"], 1e-9), 2),
+            "spec_tok_s": round(totals["spec_tokens"] / max(totals["spec_time"], 1e-9), 2),
+            "median_speedup": round(statistics.median(r["speedup"] for r in rows), 3),
+            "mean_accepted_length": round(totals["spec_generated"] / max(totals["passes"], 1), 3),
+            "acceptance_per_position": [round(a / d, 3) if d else 0.0 for a, d in zip(accepted, drafted)],
+            "overhead_fraction": round(1 - totals["engine"] / max(totals["spec_total_time"], 1e-9), 4),
+            "identical": sum(r["identical"] for r in rows),
+            "rows": rows,
+        }
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} drafter={report['drafter']} "
+                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} (greedy)")
+    table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
+    for name, w in report["workloads"].items():
+        table.add_row(name, str(w["prompts"]), f"{w['plain_tok_s']:.1f}", f"{w['spec_tok_s']:.1f}", f"{w['median_speedup']:.2f}x",
+                      f"{w['mean_accepted_length']:.2f}", f"{100 * w['overhead_fraction']:.1f}%", f"{w['identical']}/{w['prompts']}",
+                      " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]))
+    console.print(table)
+
+
+def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json) -> bool:
+    """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive)
+    items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
+    results = []
+    for item in items:
+        ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
+        plain = runner.generate_ids(ids, max_tokens, SamplingParams(), drafter="none")
+        spec = runner.generate_ids(ids, max_tokens, SamplingParams())
+        first_diff = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
+        if first_diff is None and len(plain.tokens) != len(spec.tokens):
+            first_diff = min(len(plain.tokens), len(spec.tokens))
+        results.append({"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
+                        "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
+    ok = all(r["identical"] for r in results)
+    if as_json:
+        from ..cli import emit_json
+
+        emit_json({"drafter": runner.drafter_name, "identical": ok, "prompts": results})
+    else:
+        for r in results:
+            status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
+            print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
+        print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({runner.drafter_name} vs plain)")
+    return ok

@@ -1,0 +1,135 @@
+"""`speccompile run | bench | verify`: the runtime's command-line front ends."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import InputError
+from .backends.base import BACKENDS
+from .sampling import SamplingParams
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--prompt-file {prompt_file}: cannot read ({exc})") from None
+    if not prompt or not prompt.strip():
+        raise InputError("--prompt: the prompt is empty")
+    return prompt
+
+
+def backend_options(func):
+    """--backend and --threads, shared by run, bench and verify."""
+    func = click.option("--threads", type=int, default=None, help="Intra-op threads for ONNX Runtime [default: all usable cores].")(func)
+    func = click.option("--backend", type=click.Choice(BACKENDS), default="ort-cpu", show_default=True, help="Inference engine.")(func)
+    return func
+
+
+def drafter_options(func):
+    """--drafter, --num-draft-tokens and --adaptive/--no-adaptive."""
+    func = click.option("--adaptive/--no-adaptive", default=True, show_default=True, help="Shorten or pause drafting when it does not pay.")(func)
+    func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="Most draft tokens per step [default: per drafter].")(func)
+    func = click.option(
+        "--drafter",
+        type=click.Choice(["auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp"]),
+        default="auto",
+        show_default=True,
+        help="auto = the drafter exported with the artifact, else n-gram lookup; none = plain decoding.",
+    )(func)
+    return func
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompt", "-p", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
+@click.option("--chat/--raw", default=True, show_default=True, help="Apply the model's chat template (one user turn) or feed raw text.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Most tokens to generate.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--seed", type=int, default=None, help="Random seed for sampling.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable); output is cut before it.")
+@drafter_options
+@backend_options
+@click.option("--stream", is_flag=True, help="Print text as it is generated.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, num_draft_tokens, adaptive, backend, threads, stream, as_json):
+    """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
+    from .session import Runner
+
+    text = _read_prompt(prompt, prompt_file)
+    sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive)
+    on_text = None
+    if stream and not as_json:
+        def on_text(delta: str) -> None:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    result = runner.generate(text, chat, max_tokens, sampling, list(stop), on_text)
+    if as_json:
+        from ..cli import emit_json
+
+        emit_json({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()})
+        return
+    if stream:
+        sys.stdout.write("\n")
+    else:
+        click.echo(result.text)
+    s = result.stats
+    acc = ", ".join(f"{x:.2f}" for x in s.acceptance_per_position[:8]) or "-"
+    click.echo(
+        f"[{runner.drafter_name}] {s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, "
+        f"{s.mean_accepted_length:.2f} tokens/pass, acceptance per position [{acc}], "
+        f"overhead {100 * s.overhead_fraction:.1f}%, finish={result.finish_reason}",
+        err=True,
+    )
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--workload", "workloads", type=click.Path(path_type=Path), multiple=True, required=True, help="JSONL file of {id, prompt, chat} (repeatable).")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
+@click.option("--warmup/--no-warmup", default=True, show_default=True, help="One untimed generation first.")
+@drafter_options
+@backend_options
+@click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
+def bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, as_json):
+    """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
+    from .bench import print_report, run_bench
+
+    report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads)
+    if as_json:
+        from ..cli import emit_json
+
+        emit_json(report)
+    else:
+        print_report(report)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--workload", "workloads", type=click.Path(path_type=Path), multiple=True, help="JSONL prompts [default: a few built-in prompts].")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
+@drafter_options
+@backend_options
+@click.option("--json", "as_json", is_flag=True)
+def verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json):
+    """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
+    from .bench import run_verify
+
+    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json)
+    if not ok:
+        sys.exit(1)
+
+
+COMMANDS = [run, bench, verify]

@@ -1,0 +1,91 @@
+"""KV cache bookkeeping for verify graphs: commit accepted tokens, drop rejected ones, lazily.
+
+The graph appends the q new rows to the cache on every call (`present = concat(past, new)`), so after
+a verify step the cache physically holds the rejected candidates too. Instead of copying the cache to
+cut them out on every step, this class marks their slots dead; the next attention mask hides dead slots
+(positions are explicit inputs, so RoPE does not care where a row lives). Dead rows are squeezed out
+("compaction", one gather per layer) only when they exceed `max_dead` or the context limit is near.
+
+What each step copies:
+  * accepted step, nothing rejected: nothing on the Python side (the present OrtValues become the past);
+  * a step with rejections: nothing until the next compaction;
+  * compaction: one gather of the live rows of every layer (the only full-cache copy).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+
+class KVCache:
+    """Per-layer key/value tensors plus a liveness mask over physical slots."""
+
+    def __init__(
+        self,
+        empty: Sequence[Any],
+        to_numpy: Callable[[Any], np.ndarray] = np.asarray,
+        from_numpy: Callable[[np.ndarray], Any] = lambda a: a,
+        max_dead: int = 64,
+    ):
+        self.tensors: list[Any] = list(empty)
+        self.live = np.zeros(0, dtype=bool)
+        self._to_numpy = to_numpy
+        self._from_numpy = from_numpy
+        self.max_dead = max_dead
+        self.compactions = 0
+
+    @property
+    def physical_len(self) -> int:
+        return int(self.live.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Number of committed (live) tokens."""
+        return int(self.live.sum())
+
+    @property
+    def dead(self) -> int:
+        return self.physical_len - self.length
+
+    def attention_mask(self, new_mask: np.ndarray) -> np.ndarray:
+        """[1, q, physical_len + q] mask: live past slots + the new tokens' own (causal or tree) mask."""
+        q = new_mask.shape[0]
+        past = np.broadcast_to(self.live, (q, self.physical_len))
+        return np.concatenate([past, new_mask.astype(bool)], axis=1)[None]
+
+    def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
+        """Adopt the graph's present tensors; of the `num_new` new rows only indices in `keep` stay live."""
+        self.tensors = list(presents)
+        new_live = np.zeros(num_new, dtype=bool)
+        if len(keep):
+            new_live[np.asarray(keep, dtype=np.int64)] = True
+        self.live = np.concatenate([self.live, new_live])
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` live tokens (drop later ones, e.g. after a stop inside a run)."""
+        live_idx = np.flatnonzero(self.live)
+        self.live[live_idx[length:]] = False
+
+    def maybe_compact(self, incoming: int, max_context: int) -> None:
+        """Squeeze dead rows out when there are many, or when `incoming` rows would exceed the limit."""
+        if self.dead == 0:
+            return
+        if self.dead > self.max_dead or self.physical_len + incoming > max_context:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather live rows of every layer into a dense cache (one copy of the cache)."""
+        idx = np.flatnonzero(self.live)
+        if len(idx) == self.physical_len:
+            return
+        dense_prefix = len(idx) and idx[-1] == len(idx) - 1
+        packed = []
+        for tensor in self.tensors:
+            array = self._to_numpy(tensor)
+            array = array[:, :, : len(idx)] if dense_prefix else np.take(array, idx, axis=2)
+            packed.append(self._from_numpy(np.ascontiguousarray(array)))
+        self.tensors = packed
+        self.live = np.ones(len(idx), dtype=bool)
+        self.compactions += 1

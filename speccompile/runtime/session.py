@@ -1,0 +1,72 @@
+"""A ready-to-generate runner: artifact + drafter + generator, as used by the CLI and benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from .artifact import default_num_draft_tokens, make_drafter, open_artifact, resolve_drafter_name
+from .generate import GenerationConfig, GenerationResult, Generator
+from .sampling import SamplingParams
+
+
+class Runner:
+    """Open an artifact once; generate plain or speculative with one drafter."""
+
+    def __init__(
+        self,
+        artifact: str | Path,
+        backend: str = "ort-cpu",
+        threads: int | None = None,
+        drafter: str = "auto",
+        num_draft_tokens: int | None = None,
+        adaptive: bool = True,
+        sampling: SamplingParams | None = None,
+    ):
+        self.artifact = open_artifact(artifact, backend, threads)
+        self.drafter_name = resolve_drafter_name(self.artifact, drafter)
+        self.num_draft_tokens = num_draft_tokens if num_draft_tokens is not None else default_num_draft_tokens(self.artifact, self.drafter_name)
+        self.adaptive = adaptive
+        self._drafters: dict[tuple, object] = {}
+        self._sampling = sampling
+
+    def _generator(self, drafter_name: str, sampling: SamplingParams) -> Generator:
+        a = self.artifact
+        generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, None, a.max_verify_tokens)
+        if drafter_name != "none":
+            key = (drafter_name, sampling)
+            if key not in self._drafters:
+                self._drafters[key] = make_drafter(a, drafter_name, sampling, generator.engine_clock)
+            drafter = self._drafters[key]
+            if hasattr(drafter, "session") and hasattr(drafter.session, "_clock"):
+                drafter.session._clock = generator.engine_clock
+            generator.drafter = drafter
+        return generator
+
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        stop: list[str] | None = None,
+        on_text: Callable[[str], None] | None = None,
+        drafter: str | None = None,
+    ) -> GenerationResult:
+        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend."""
+        sampling = sampling or SamplingParams()
+        name = self.drafter_name if drafter is None else drafter
+        config = GenerationConfig(
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=list(stop or []),
+            num_draft_tokens=self.num_draft_tokens if name != "none" else 0,
+            adaptive=self.adaptive,
+        )
+        return self._generator(name, sampling).generate(prompt_ids, config, on_text)
+
+    def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
+                 stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
+                 drafter: str | None = None) -> GenerationResult:
+        """Generate from text (through the chat template when `chat`)."""
+        ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
+        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter)

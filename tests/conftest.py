@@ -1,0 +1,121 @@
+"""Shared fixtures: tiny random Hugging Face models (with a char-level tokenizer) and their exports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\"()[]{}<>=+-*/_|\n")
+SPECIAL = ["<unk>", "<s>", "</s>"]
+TINY_VOCAB = 96
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+def write_char_tokenizer(folder: Path, vocab_size: int = TINY_VOCAB) -> None:
+    """A character-level `tokenizers` tokenizer (tokenizer.json) + tokenizer_config.json with a chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    for i in range(len(vocab), vocab_size):
+        vocab[f"<extra_{i}>"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE})
+    )
+
+
+def make_tiny_hf_model(folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, **overrides) -> Path:
+    """Save a tiny random model of `arch` (llama|mistral|qwen2|qwen3) as a Hugging Face folder."""
+    import torch
+    import transformers
+
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }
+    kwargs = dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    if arch == "qwen3":
+        kwargs["head_dim"] = 16
+    kwargs.update(overrides)
+    config = classes[arch](**kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # larger weights make tiny random models less uniform (more peaked logits)
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return make_tiny_hf_model(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory) -> Path:
+    return make_tiny_hf_model(tmp_path_factory.mktemp("tiny") / "draft", seed=1, layers=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory, tiny_model_dir) -> Path:
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    out = tmp_path_factory.mktemp("art") / "exported"
+    export_artifact(str(tiny_model_dir), out, ExportOptions(max_context=256))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact_with_draft(tmp_path_factory, tiny_model_dir, tiny_draft_dir) -> Path:
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    out = tmp_path_factory.mktemp("art") / "exported_draft"
+    export_artifact(str(tiny_model_dir), out, ExportOptions(max_context=256, drafter=f"draft-model:{tiny_draft_dir}"))
+    return out
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the speccompile CLI in a subprocess (so exit codes and stderr are the real ones)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, "-m", "speccompile.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=600,
+    )
+
+
+def copy_artifact(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst

@@ -1,0 +1,169 @@
+"""The torch decoder is the numerical reference: it must match transformers on every supported family."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from speccompile.errors import InputError, UnsupportedError
+from speccompile.models.config import config_from_hf
+from speccompile.models.decoder import build_decoder, causal_mask, eagle3_tap_layers
+from speccompile.models.load import load_model
+
+from conftest import make_tiny_hf_model
+
+CASES = {
+    "llama": {},
+    "llama-rope3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    "llama-tied": {"tie_word_embeddings": True},
+    "mistral": {},
+    "qwen2": {},
+    "qwen3": {},
+}
+
+
+def _hf_and_ours(tmp_path, case):
+    import transformers
+
+    arch = case.split("-")[0]
+    folder = make_tiny_hf_model(tmp_path / case, arch=arch, layers=3, **CASES[case])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    loaded = load_model(str(folder))
+    return ref, build_decoder(loaded.config, loaded.weights)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_decoder_matches_transformers_prefill_and_decode(tmp_path, case):
+    ref, ours = _hf_and_ours(tmp_path, case)
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = ref(ids).logits
+        pos = torch.arange(12)[None]
+        full = ours(ids, pos, causal_mask(12, 0), *ours.empty_past())
+        assert torch.allclose(full[0], expected, atol=1e-4), (full[0] - expected).abs().max()
+        # prefill 7 tokens, then decode the rest one by one with the KV cache
+        out = ours(ids[:, :7], pos[:, :7], causal_mask(7, 0), *ours.empty_past())
+        past = out[1:]
+        for t in range(7, 12):
+            step = ours(ids[:, t:t + 1], pos[:, t:t + 1], causal_mask(1, t), *past)
+            past = step[1:]
+            assert torch.allclose(step[0][0, -1], expected[0, t], atol=1e-4)
+
+
+def test_hidden_state_taps(tmp_path):
+    folder = make_tiny_hf_model(tmp_path / "m", layers=8)
+    loaded = load_model(str(folder))
+    final = build_decoder(loaded.config, loaded.weights, "final")
+    eagle3 = build_decoder(loaded.config, loaded.weights, "eagle3")
+    ids = torch.randint(0, 96, (1, 5))
+    pos = torch.arange(5)[None]
+    with torch.no_grad():
+        hidden = final(ids, pos, causal_mask(5, 0), *final.empty_past())[-1]
+        aux = eagle3(ids, pos, causal_mask(5, 0), *eagle3.empty_past())[-1]
+        # the final hidden state is what lm_head sees
+        assert torch.allclose(final.lm_head(hidden), final(ids, pos, causal_mask(5, 0), *final.empty_past())[0], atol=1e-5)
+        # taps are the inputs of layers (2, L//2, L-3): recompute by hand
+        x = final.model.embed_tokens(ids)
+        cos, sin = final.model.rotary_emb(pos, x.dtype)
+        from speccompile.models.decoder import mask_to_bias
+
+        bias = mask_to_bias(causal_mask(5, 0)).unsqueeze(1)
+        taps = []
+        for i, layer in enumerate(final.model.layers):
+            if i in eagle3_tap_layers(8):
+                taps.append(x)
+            x = layer(x, cos, sin, bias, *final.empty_past()[2 * i: 2 * i + 2])[0]
+    assert eagle3_tap_layers(8) == (2, 4, 5)
+    assert aux.shape == (1, 5, 3 * 64)
+    assert torch.allclose(aux, torch.cat(taps, -1), atol=1e-6)
+
+
+def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(path, folder, quantize_linear: bool):
+    import gguf
+
+    loaded = load_model(str(folder))
+    cfg = loaded.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    from speccompile.models.load import _GGUF_BLOCK_NAMES, _GGUF_NAMES
+
+    reverse = {v: k for k, v in _GGUF_NAMES.items()}
+    block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
+    expected = {}
+    for name, tensor in loaded.weights.items():
+        array = tensor.numpy().astype(np.float32)
+        if name in reverse:
+            gname = reverse[name]
+        else:
+            parts = name.split(".")
+            gname = f"blk.{parts[2]}.{block_reverse['.'.join(parts[3:-1])]}.{parts[-1]}"
+        stored = array
+        if gname.endswith("attn_q.weight"):
+            stored = _permute_for_gguf(array, cfg.num_attention_heads)
+        elif gname.endswith("attn_k.weight"):
+            stored = _permute_for_gguf(array, cfg.num_key_value_heads)
+        if quantize_linear and stored.ndim == 2:
+            q = gguf.quants.quantize(stored, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            deq = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(stored.shape)
+            if gname.endswith("attn_q.weight"):
+                deq = _permute_for_gguf(deq, cfg.num_attention_heads)  # permutation is its own inverse pattern-wise
+            expected[name] = deq
+        else:
+            writer.add_tensor(gname, stored)
+            expected[name] = array
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return loaded, expected
+
+
+def test_gguf_loads_f32_and_unpermutes_qk(tmp_path):
+    folder = make_tiny_hf_model(tmp_path / "m")
+    path = tmp_path / "tiny.gguf"
+    hf, _ = _write_gguf(path, folder, quantize_linear=False)
+    gg = load_model(str(path))
+    assert gg.config.num_hidden_layers == hf.config.num_hidden_layers
+    assert gg.config.tie_word_embeddings is False
+    for name, tensor in hf.weights.items():
+        assert torch.equal(gg.weights[name], tensor.float()), name
+
+
+def test_gguf_q8_0_dequantizes_close(tmp_path):
+    folder = make_tiny_hf_model(tmp_path / "m")
+    path = tmp_path / "tiny_q8.gguf"
+    hf, _ = _write_gguf(path, folder, quantize_linear=True)
+    gg = load_model(str(path))
+    for name, tensor in hf.weights.items():
+        ref = tensor.float()
+        err = (gg.weights[name] - ref).abs().max().item()
+        assert err <= 0.02 * ref.abs().max().item() + 1e-6, (name, err)
+
+
+def test_config_errors():
+    with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*llama, mistral, qwen2, qwen3"):
+        config_from_hf({"model_type": "gpt2"}, "cfg")
+    with pytest.raises(UnsupportedError, match="sliding_window"):
+        config_from_hf({"model_type": "mistral", "sliding_window": 4096, "vocab_size": 8, "hidden_size": 8,
+                        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}, "cfg")
+    with pytest.raises(InputError, match="missing required key"):
+        config_from_hf({"model_type": "llama"}, "cfg")
+    with pytest.raises(UnsupportedError, match="rope_scaling type 'yarn'"):
+        config_from_hf({"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+                        "num_hidden_layers": 1, "num_attention_heads": 1, "rope_scaling": {"rope_type": "yarn", "factor": 2}}, "cfg")

@@ -1,0 +1,197 @@
+"""Runtime: greedy speculative == plain, stops inside accepted runs, draft KV consistency, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from speccompile.errors import ArtifactError, InputError
+from speccompile.runtime.drafters.ngram import NgramDrafter
+from speccompile.runtime.kvcache import KVCache
+from speccompile.runtime.sampling import SamplingParams
+from speccompile.runtime.session import Runner
+
+from conftest import make_tiny_hf_model, run_cli
+
+PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", "x = 1\ny = 2\nx = 1\ny =", "hello"]
+
+
+def test_ngram_lookup_finds_latest_longest_match():
+    d = NgramDrafter(min_match=1, max_match=3)
+    assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2).tokens == [7, 1]
+    assert d.last_match_len == 3
+    assert d.propose([5, 6, 7], 3).tokens == []
+    assert d.propose([4, 8, 4], 4).tokens == [8, 4]
+
+
+def test_kvcache_lazy_drop_and_compact():
+    cache = KVCache([np.zeros((1, 1, 0, 2), np.float32)], max_dead=2)
+    rows = np.arange(5, dtype=np.float32).reshape(1, 1, 5, 1).repeat(2, axis=3)
+    cache.append([rows], keep=[0, 1, 3], num_new=5)
+    assert cache.length == 3 and cache.dead == 2
+    mask = cache.attention_mask(np.ones((1, 1), bool))
+    assert mask.tolist() == [[[True, True, False, True, False, True]]]
+    cache.compact()
+    assert cache.tensors[0][0, 0, :, 0].tolist() == [0, 1, 3]
+    assert cache.physical_len == 3 and cache.compactions == 1
+    cache.truncate(2)
+    assert cache.length == 2
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_greedy_ngram_equals_plain(tiny_artifact, adaptive):
+    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=5, adaptive=adaptive, threads=1)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = runner.generate(prompt, chat=False, max_tokens=48, drafter="none")
+        spec = runner.generate(prompt, chat=False, max_tokens=48)
+        assert spec.tokens == plain.tokens, prompt
+        assert plain.stats.mean_accepted_length == 1.0
+        accepted += sum(spec.stats.accepted)
+    assert accepted > 0  # the drafts were really exercised
+
+
+def test_greedy_draft_model_equals_plain(tiny_artifact_with_draft):
+    runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1)
+    assert runner.drafter_name == "draft-model"
+    for prompt in PROMPTS[:3]:
+        plain = runner.generate(prompt, chat=True, max_tokens=40, drafter="none")
+        spec = runner.generate(prompt, chat=True, max_tokens=40)
+        assert spec.tokens == plain.tokens
+        assert spec.stats.draft_steps > 0
+
+
+def test_target_as_its_own_draft_accepts_everything(tmp_path, tiny_model_dir):
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    out = tmp_path / "self"
+    export_artifact(str(tiny_model_dir), out, ExportOptions(max_context=256, drafter=f"draft-model:{tiny_model_dir}"))
+    runner = Runner(out, drafter="draft-model", num_draft_tokens=4, adaptive=False, threads=1)
+    result = runner.generate(PROMPTS[1], chat=False, max_tokens=41, sampling=SamplingParams(temperature=0.0))
+    assert result.stats.acceptance_per_position == [1.0, 1.0, 1.0, 1.0]
+    assert result.stats.mean_accepted_length > 4.0
+    # sampling with p == q also accepts everything (u < p/q = 1)
+    sampled = runner.generate(PROMPTS[1], chat=False, max_tokens=41, sampling=SamplingParams(temperature=0.8, seed=3))
+    assert all(x == 1.0 for x in sampled.stats.acceptance_per_position)
+
+
+def test_draft_model_cache_stays_consistent(tiny_artifact_with_draft):
+    from speccompile.runtime.artifact import make_drafter
+
+    runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1)
+    result = runner.generate(PROMPTS[0], chat=False, max_tokens=30)
+    used = next(iter(runner._drafters.values()))
+    history = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False) + result.tokens
+    fresh = make_drafter(runner.artifact, "draft-model", SamplingParams())
+    assert used.propose(history, 4).tokens == fresh.propose(history, 4).tokens
+    # and after a rollback to an earlier prefix
+    assert used.propose(history[:-7], 4).tokens == fresh.propose(history[:-7], 4).tokens
+
+
+def test_sampled_speculative_is_seeded_and_valid(tiny_artifact):
+    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=4, threads=1)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, seed=7)
+    a = runner.generate(PROMPTS[0], chat=False, max_tokens=32, sampling=params)
+    b = runner.generate(PROMPTS[0], chat=False, max_tokens=32, sampling=params)
+    assert a.tokens == b.tokens and len(a.tokens) == 32
+
+
+def test_max_tokens_and_stop_inside_accepted_run(tiny_artifact):
+    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=8, adaptive=False, threads=1)
+    plain = runner.generate(PROMPTS[0], chat=False, max_tokens=60, drafter="none")
+    for n in (1, 2, 7, 13):
+        spec = runner.generate(PROMPTS[0], chat=False, max_tokens=n)
+        assert spec.tokens == plain.tokens[:n]
+        assert spec.finish_reason in ("length", "stop")
+    text = plain.text
+    stop = text[20:23] if len(text) > 25 else None
+    if not stop:
+        pytest.skip("tiny model produced too little text")
+    spec = runner.generate(PROMPTS[0], chat=False, max_tokens=60, stop=[stop])
+    assert spec.text == text[: text.find(stop)]
+    assert spec.finish_reason == "stop"
+    assert stop not in spec.text
+
+
+def test_streaming_deltas_add_up(tiny_artifact):
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    pieces: list[str] = []
+    result = runner.generate(PROMPTS[2], chat=False, max_tokens=40, on_text=pieces.append)
+    assert "".join(pieces) == result.text
+
+
+def _clean_error(result, needle):
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and needle in last, last
+
+
+def test_run_cli_json_and_bad_input(tiny_artifact, tmp_path):
+    ok = run_cli("run", str(tiny_artifact), "--prompt", "abc abc", "--raw", "--max-tokens", "12", "--json", "--threads", "1")
+    assert ok.returncode == 0, ok.stderr
+    data = json.loads(ok.stdout)
+    assert len(data["tokens"]) == 12 and {"text", "stats"} <= set(data)
+    assert data["stats"]["target_passes"] >= 1
+    art = str(tiny_artifact)
+    _clean_error(run_cli("run", art, "--prompt", ""), "empty")
+    _clean_error(run_cli("run", art, "--prompt", "hi", "--max-tokens", "0"), "--max-tokens")
+    _clean_error(run_cli("run", art, "--prompt", "hi", "--max-tokens", "-3"), "--max-tokens")
+    _clean_error(run_cli("run", art, "--prompt", "hi", "--temperature", "-1"), "--temperature")
+    _clean_error(run_cli("run", art, "--prompt", "hi", "--top-p", "0"), "--top-p")
+    _clean_error(run_cli("run", art, "--prompt", "hi", "--top-p", "1.5"), "--top-p")
+    _clean_error(run_cli("run", art, "--prompt", "hi", "--drafter", "draft-model"), "exported without it")
+    # another schema version
+    other = tmp_path / "schema"
+    shutil.copytree(tiny_artifact, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["schema_version"] = 99
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    _clean_error(run_cli("run", str(other), "--prompt", "hi"), "schema_version 99")
+    # a tampered file
+    tampered = tmp_path / "tampered"
+    shutil.copytree(tiny_artifact, tampered)
+    with open(tampered / "target.onnx.data", "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\x01\x02\x03\x04")
+    _clean_error(run_cli("run", str(tampered), "--prompt", "hi"), "sha256")
+
+
+def test_drafter_with_other_vocabulary_is_refused(tmp_path, tiny_model_dir):
+    from conftest import write_char_tokenizer
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    other = make_tiny_hf_model(tmp_path / "other", seed=5, layers=1)
+    write_char_tokenizer(other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["zz"] = vocab.pop("z")  # one entry differs
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="tokenizer differs"):
+        export_artifact(str(tiny_model_dir), out, ExportOptions(drafter=f"draft-model:{other}"))
+    assert not out.exists()
+    result = run_cli("export", str(tiny_model_dir), "--out", str(out), "--drafter", f"draft-model:{other}")
+    _clean_error(result, "tokenizer differs")
+
+
+def test_verify_and_bench_cli(tiny_artifact, tmp_path):
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("\n".join(json.dumps({"id": str(i), "prompt": p, "chat": False}) for i, p in enumerate(PROMPTS)))
+    v = run_cli("verify", str(tiny_artifact), "--workload", str(workload), "--max-tokens", "24", "--threads", "1", "--json")
+    assert v.returncode == 0, v.stderr
+    assert json.loads(v.stdout)["identical"] is True
+    b = run_cli("bench", str(tiny_artifact), "--workload", str(workload), "--max-tokens", "24", "--threads", "1", "--json", "--no-warmup")
+    assert b.returncode == 0, b.stderr
+    report = json.loads(b.stdout)["workloads"]["w"]
+    assert report["identical"] == len(PROMPTS)
+    assert report["prompts"] == len(PROMPTS) and report["plain_tok_s"] > 0
+    _clean_error(run_cli("bench", str(tiny_artifact), "--workload", str(tmp_path / "nope.jsonl")), "nope.jsonl")
+
+
+def test_artifact_errors(tmp_path):
+    with pytest.raises(ArtifactError, match="not an artifact directory"):
+        Runner(tmp_path / "nothing")
