@@ -16,6 +16,16 @@ Timing per run: prefill = Generator.append_tokens(prompt); decode = the generate
 Workload tok/s = sum of tokens / sum of seconds; speedup = median over prompts of the per-prompt
 ratio (ngram decode tok/s / plain decode tok/s).
 
+onnxruntime-genai 0.18 n-gram speculation (found by inspecting the installed package; not in its
+Python docstrings): GeneratorParams.set_speculative_options(**kw) / get_speculative_options() with
+keys max_draft_tokens (default 4, 1..16), ngram_size (default 0 = off; >= 2 turns on n-gram
+lookup over prompt + generated tokens), ngram_chained_lookup (bool), min_adaptive_k (0 = fixed K),
+cooldown (bool). The same keys exist as a "speculative" section of genai_config.json (the builder
+only writes max_draft_tokens). Generator.get_speculative_stats() returns counters (rounds,
+draft_tokens_proposed/accepted, target_forward_passes, standard_fallback_steps, ...).
+generate_next_token() still hands out one token per call with speculation on (accepted drafts are
+buffered), so the loop below is the same for both modes. Greedy only is verified here.
+
 Results are printed, never asserted. Example:
   python benchmarks/peer_ortgenai.py --workload benchmarks/workloads/copy.jsonl \
       --workload benchmarks/workloads/chat.jsonl --save-tokens /work/scratch_bench/ortgenai_tokens.json

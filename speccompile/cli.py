@@ -60,7 +60,6 @@ def cli() -> None:
 def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, force, as_json):
     """Export MODEL (Hugging Face folder, .gguf file or alias such as smollm2-135m) to ONNX verify graphs."""
     from .export.pipeline import ExportOptions, export_artifact
-    from .inspect_artifact import summarize
 
     options = ExportOptions(
         dtype=dtype,
@@ -73,11 +72,18 @@ def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, dra
         force=force,
     )
     export_artifact(model, out, options, _progress_printer(as_json))
+    report_artifact(out, as_json, f"[green]exported[/green] {model} -> {out}")
+
+
+def report_artifact(out: Path, as_json: bool, headline: str) -> None:
+    """After export/build: the artifact summary as JSON, or one line with its size."""
+    from .inspect_artifact import summarize
+
     summary = summarize(out)
     if as_json:
         emit_json(summary)
     else:
-        _console().print(f"[green]exported[/green] {model} -> {out} ({summary['total_size_mb']:.1f} MB)")
+        _console().print(f"{headline} ({summary['total_size_mb']:.1f} MB)")
 
 
 @cli.command()

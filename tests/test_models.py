@@ -69,7 +69,7 @@ def test_hidden_state_taps(tmp_path):
         cos, sin = final.model.rotary_emb(pos, x.dtype)
         from speccompile.models.decoder import mask_to_bias
 
-        bias = mask_to_bias(causal_mask(5, 0)).unsqueeze(1)
+        bias = mask_to_bias(causal_mask(5, 0)).unsqueeze(1).repeat(1, 1, 2, 1)  # tiled over the 2 query groups
         taps = []
         for i, layer in enumerate(final.model.layers):
             if i in eagle3_tap_layers(8):

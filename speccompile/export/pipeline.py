@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Callable
 
 from .. import __version__
 from ..errors import InputError
+from ..atomic_dir import commit_output, prepare_output
 from ..manifest import Manifest
 from ..models.decoder import HIDDEN_STATE_MODES
 from .drafters import export_drafter, parse_drafter, target_hidden_states_for
@@ -29,36 +29,6 @@ class ExportOptions:
     tree: str | None = None
     num_draft_tokens: int | None = None
     force: bool = False
-
-
-def prepare_output(out: Path, force: bool) -> Path:
-    """Check the output location and return a fresh temporary directory beside it."""
-    if out.exists() and not force:
-        raise InputError(f"--out {out}: already exists (use --force to replace it)")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"--out {out}: parent directory {parent} does not exist")
-    tmp = parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as exc:
-        raise InputError(f"--out {out}: cannot write there ({exc.strerror})") from None
-    return tmp
-
-
-def commit_output(tmp: Path, out: Path) -> None:
-    """Move the finished temporary directory into place, replacing an old one (only with --force)."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def export_artifact(model_name: str, out: Path, options: ExportOptions, progress: Progress = lambda _: None) -> Manifest:
@@ -93,6 +63,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         decoder = build_decoder(cfg, model.weights, hidden)
         graphs = {"target": export_decoder(decoder, tmp / "target.onnx", role="target", dtype=options.dtype)}
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
+        _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
         drafter_section = None
         if request is not None:
             progress(f"exporting drafter {request.kind}")
@@ -132,3 +103,13 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise
     progress(f"done in {time.time() - started:.1f}s")
     return manifest
+
+
+def _warn_tensorrt_incompatible(path: Path, progress: Progress) -> None:
+    """Report operators/dtypes the TensorRT ONNX parser would reject (the graph still runs in ONNX Runtime)."""
+    from ..engines.compat import check_tensorrt_compat
+
+    report = check_tensorrt_compat(path)
+    for problem in report.errors:
+        progress(f"warning (TensorRT): {problem}")
+

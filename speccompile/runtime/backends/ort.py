@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InputError
+from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec
 from ..kvcache import KVCache
 from .base import StepOutput
@@ -54,7 +54,15 @@ class OrtSession:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=providers)
+        if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
+            raise UnsupportedError(
+                f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
+                "(use --backend tensorrt or ort-trt on a Blackwell GPU)"
+            )
+        provider_list: list = list(providers)
+        if backend == "ort-trt":
+            provider_list[0] = ("TensorrtExecutionProvider", _tensorrt_ep_options(directory, spec))
+        self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=provider_list)
         self.device = "cpu" if backend == "ort-cpu" else "cuda"
         self._ort = ort
         self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
@@ -89,3 +97,16 @@ class OrtSession:
         logits = outputs["logits"].numpy()[0]
         hidden = outputs[self.hidden_name].numpy()[0] if self.hidden_name else None
         return StepOutput(logits=logits, presents=[outputs[n] for n in self.present_names], hidden=hidden)
+
+
+def _tensorrt_ep_options(directory: str | Path, spec: GraphSpec) -> dict:
+    """TensorRT EP options (profiles from the manifest limits, engine cache keyed by the graph's sha256)."""
+    from ...engines.ort_trt import tensorrt_ep_options
+    from ...manifest import read_manifest
+
+    manifest = read_manifest(directory, verify_files=False)
+    root = Path(os.environ.get("SPECCOMPILE_CACHE", "~/.cache/speccompile")).expanduser()
+    cache = root / manifest.files.get(spec.file, "nohash")[:16]
+    cache.mkdir(parents=True, exist_ok=True)
+    return tensorrt_ep_options(manifest, spec, cache)
+

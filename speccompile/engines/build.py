@@ -1,0 +1,257 @@
+"""`speccompile build`: exported artifact -> quantized ONNX (+ TensorRT engines), written atomically.
+
+The output is a complete artifact (manifest, tokenizer files, graphs, sha256 of every file) that the runtime
+opens like an export: with `--onnx-only` an FP8 or INT4 target runs in ONNX Runtime CPU directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from .. import __version__
+from ..atomic_dir import commit_output, prepare_output
+from ..errors import ArtifactError, InputError, SpecCompileError
+from ..manifest import Manifest, read_manifest
+from . import config as cfg
+from .compat import check_tensorrt_compat
+from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
+
+Progress = Callable[[str], None]
+TRTEXEC_SCRIPT = "build_engines.sh"
+# Where each scheme runs (ONNX Runtime CPU cannot execute FLOAT4E2M1 DequantizeLinear or trt:: ops).
+RUNS_ON = {
+    "none": ["ort-cpu", "ort-cuda", "ort-trt", "tensorrt"],
+    "fp8": ["ort-cpu", "ort-trt", "tensorrt"],
+    "int4": ["ort-cpu", "ort-trt", "tensorrt"],
+    "nvfp4": ["tensorrt", "ort-trt"],
+}
+
+
+@dataclass
+class BuildOptions:
+    precision: str = "none"  # none | fp8 | int4 | nvfp4
+    onnx_only: bool = False
+    calib: Path | None = None
+    calib_samples: int = 16
+    calib_max_tokens: int = 256
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    int4_block: int = 128
+    profiles: str = "single"
+    prefill_chunk: int = cfg.DEFAULT_PREFILL_CHUNK
+    opt_q: int | None = None
+    opt_context: int | None = None
+    workspace_mb: int | None = None
+    builder_optimization_level: int = 3
+    timing_cache: Path | None = None
+    weakly_typed: bool = False
+    threads: int | None = None
+    force: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "BuildOptions":
+        if self.precision not in cfg.PRECISIONS:
+            raise InputError(f"precision must be one of {', '.join(cfg.PRECISIONS)}, got {self.precision}")
+        if self.calib_samples < 1:
+            raise InputError(f"--calib-samples must be >= 1, got {self.calib_samples}")
+        if self.calib_max_tokens < 2:
+            raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
+        if self.int4_block not in (16, 32, 64, 128, 256):
+            raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
+        if self.calib is not None:
+            path = Path(self.calib)
+            if not path.is_file():
+                raise InputError(f"--calib {path}: no such file")
+            if path.stat().st_size == 0 or not path.read_text(errors="replace").strip():
+                raise InputError(f"--calib {path}: the file is empty")
+        return self
+
+
+def _graph_files(manifest: Manifest, graph_file: str) -> list[str]:
+    return [f for f in manifest.files if f == graph_file or f.startswith(graph_file + ".")]
+
+
+def _check_onnx(path: Path, run_ort: bool) -> None:
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        raise SpecCompileError(f"{path.name}: onnx checker failed after quantization: {str(exc).splitlines()[0]}") from exc
+    if run_ort:
+        import onnxruntime as ort
+
+        try:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001
+            raise SpecCompileError(f"{path.name}: ONNX Runtime cannot load the quantized graph: {str(exc).splitlines()[0]}") from exc
+
+
+def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, options: BuildOptions, progress: Progress) -> dict:
+    """Calibrate (if needed) and quantize one graph of `src_dir` into `dst` (+ `dst.data`); returns the precision record."""
+    from .calibrate import calibrate_activations, load_calibration_texts, tokenize_calibration
+
+    spec = manifest.graph(graph)
+    qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block)
+    progress(f"loading {spec.file}")
+    model = onnx.load(str(src_dir / spec.file), load_external_data=True)
+    amax = None
+    calibration = None
+    tensors = activation_tensors(model, qopts)
+    if tensors:
+        from ..runtime.tokenizer import TextTokenizer
+
+        texts = load_calibration_texts(options.calib)
+        tokenizer = TextTokenizer(src_dir, manifest.tokenizer.get("eos_token_ids"))
+        samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
+        progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
+        amax = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent)
+        calibration = {
+            "source": str(options.calib) if options.calib else "builtin",
+            "samples": len(samples),
+            "tokens": sum(map(len, samples)),
+            "method": "max",
+        }
+    progress(f"quantizing {graph} to {options.precision}")
+    report = quantize_model(model, qopts, amax)
+    data_name = dst.name + ".data"
+    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+    del model
+    progress("checking the quantized graph (onnx checker" + (", ONNX Runtime load)" if "ort-cpu" in RUNS_ON[options.precision] else ")"))
+    _check_onnx(dst, run_ort="ort-cpu" in RUNS_ON[options.precision])
+    record = report.summary()
+    record["exclude_patterns"] = list(qopts.exclude)
+    if options.precision == "int4":
+        record["int4_block"] = options.int4_block
+    if calibration:
+        record["calibration"] = calibration
+    record["runs_on"] = RUNS_ON[options.precision]
+    return record
+
+
+def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, progress: Progress = lambda _: None) -> Manifest:
+    """Quantize the target and (unless onnx_only) build TensorRT engines for every graph. Atomic: all or nothing."""
+    options.validate()
+    src, out = Path(src), Path(out)
+    if out.exists() and src.resolve() == out.resolve():
+        raise InputError("--out must differ from the input artifact")
+    manifest = read_manifest(src, verify_files=True)
+    limits = cfg.required_limits(manifest)
+    if manifest.engine:
+        raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
+    if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
+        raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
+    manifest.graph("target")  # must exist
+
+    trt = gpu = build_config = None
+    if not options.onnx_only:
+        from .trt_build import gpu_info, require_tensorrt
+
+        trt = require_tensorrt()
+        gpu = gpu_info()
+        cfg.check_hardware(options.precision, gpu[1], gpu[0])
+        build_config = cfg.make_build_config(
+            trt.__version__, options.precision, options.weakly_typed, options.workspace_mb,
+            options.builder_optimization_level, str(options.timing_cache) if options.timing_cache else None,
+        )
+
+    profiles: dict[str, list] = {}
+    profile_problems: dict[str, str] = {}
+    for name, spec in manifest.graphs.items():
+        try:
+            profiles[name] = cfg.profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
+        except SpecCompileError as exc:
+            if not options.onnx_only:
+                raise
+            profile_problems[name] = str(exc)  # no trtexec line for this graph; reported in the manifest
+    started = time.time()
+    tmp = prepare_output(out, options.force)
+    try:
+        new = Manifest.from_dict(manifest.to_dict())
+        new.files = {}
+        files: list[str] = []
+        replaced: set[str] = set()
+        if options.precision != "none":
+            spec = manifest.graphs["target"]
+            record = quantize_graph(src, manifest, "target", tmp / spec.file, options, progress)
+            new.precision = {**new.precision, "target": record}
+            new.graphs["target"] = dataclasses.replace(spec, dtype=f"{spec.dtype}+{options.precision}", extra={**spec.extra, "quantization": options.precision})
+            replaced = set(_graph_files(manifest, spec.file))
+            files += [spec.file, spec.file + ".data"]
+        progress("copying the other files (tokenizer, drafter graphs)")
+        for name in manifest.files:  # everything else listed in the source manifest, unchanged
+            if name not in replaced:
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / name, tmp / name)
+                files.append(name)
+        # TensorRT compatibility of every graph
+        compat = {}
+        for name, spec in new.graphs.items():
+            report = check_tensorrt_compat(tmp / spec.file)
+            compat[name] = report.to_dict()
+            if not report.ok and not options.onnx_only:
+                raise SpecCompileError(f"{spec.file}: not buildable with TensorRT: {report.errors[0]}" + (f" (+{len(report.errors) - 1} more)" if len(report.errors) > 1 else ""))
+        new.precision = {**new.precision, "tensorrt_compat": compat}
+        if profile_problems:
+            new.precision["tensorrt_profiles"] = profile_problems
+        # trtexec equivalents
+        script = _trtexec_script(new, profiles, options)
+        (tmp / TRTEXEC_SCRIPT).write_text(script)
+        os.chmod(tmp / TRTEXEC_SCRIPT, 0o755)
+        files.append(TRTEXEC_SCRIPT)
+        if not options.onnx_only:
+            from .trt_build import build_engine
+
+            plans = {}
+            for name, spec in new.graphs.items():
+                plan_file = f"{name}.plan"
+                progress(f"building TensorRT engine for {name} ({len(profiles[name])} profile(s))")
+                plan = build_engine(trt, tmp / spec.file, build_config, profiles[name])
+                (tmp / plan_file).write_bytes(plan)
+                plans[name] = plan_file
+                new.graphs[name] = dataclasses.replace(new.graphs[name], extra={**new.graphs[name].extra, "engine": plan_file})
+                files.append(plan_file)
+            new.engine = cfg.engine_section(trt.__version__, gpu[0], gpu[1], plans, build_config, profiles)
+        new.created_by = f"speccompile {__version__} (build)"
+        new.model = {**new.model, "built_from": str(src)}
+        progress("checksumming files")
+        new.record_files(tmp, sorted(set(files)))
+        new.write(tmp)
+        commit_output(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    progress(f"done in {time.time() - started:.1f}s")
+    return new
+
+
+def _trtexec_script(manifest: Manifest, profiles: dict, options: BuildOptions) -> str:
+    lines = [
+        "#!/bin/sh",
+        "# TensorRT engines for this artifact with trtexec (what `speccompile build` does with the Python API).",
+        "# TensorRT 10.x: strongly typed via --stronglyTyped; TensorRT 11+: always strongly typed (flag dropped).",
+        "set -e",
+        'cd "$(dirname "$0")"',
+        'MAJOR=$(trtexec --help 2>&1 | sed -n "s/.*TensorRT v\\([0-9]*\\)[0-9][0-9][0-9][0-9].*/\\1/p" | head -n 1)',
+        'if [ "${MAJOR:-10}" -lt 11 ]; then TYPING="--stronglyTyped"; else TYPING=""; fi',
+        "",
+    ]
+    weak = options.weakly_typed
+    for name, spec in manifest.graphs.items():
+        if name not in profiles:
+            lines.append(f"# {spec.file}: no optimization profile (unknown dynamic axes); build it by hand")
+            continue
+        cmd = cfg.trtexec_command(
+            spec.file, f"{name}.plan", profiles[name], 10 if weak else 11, options.precision, options.workspace_mb,
+            options.builder_optimization_level, "timing.cache", weak,
+        )
+        lines.append(cmd if weak else f"{cmd} $TYPING")
+    lines.append("")
+    return "\n".join(lines)

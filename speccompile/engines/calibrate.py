@@ -1,0 +1,155 @@
+"""Activation calibration: run the unquantized graph in ONNX Runtime CPU and record each MatMul input's amax.
+
+The graph is reloaded without weights, the activation tensors are added as graph outputs, and the copy is
+written beside symbolic links to the original external-data files (so no weights are copied).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..errors import InputError
+from ..manifest import GraphSpec
+
+BUILTIN_CALIBRATION = [
+    {"prompt": "Write a short story about a lighthouse keeper who finds a message in a bottle.", "chat": True},
+    {"prompt": "Explain how photosynthesis works to a ten year old.", "chat": True},
+    {"prompt": "Rename the variable `x` to `total` in this function and return it:\n\ndef f(x):\n    x = x + 1\n    return x * x\n", "chat": True},
+    {"prompt": "List five tips for writing clear documentation.", "chat": True},
+    {"prompt": "The history of the printing press begins in the fifteenth century, when", "chat": False},
+    {"prompt": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "chat": False},
+    {"prompt": "Translate to French: The weather is lovely today and we are going to the beach.", "chat": True},
+    {"prompt": "What are the main differences between a list and a tuple in Python?", "chat": True},
+]
+
+
+def load_calibration_texts(path: Path | None) -> list[dict]:
+    """Calibration prompts: JSONL ({"prompt"|"text", "chat"?}) or plain text (paragraphs); built-in set when None."""
+    if path is None:
+        return list(BUILTIN_CALIBRATION)
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"--calib {path}: no such file")
+    try:
+        content = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--calib {path}: cannot read ({exc})") from None
+    items: list[dict] = []
+    if path.suffix in (".jsonl", ".json"):
+        for number, line in enumerate(content.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
+            except json.JSONDecodeError:
+                text = None
+            if not isinstance(text, str):
+                raise InputError(f"--calib {path}: line {number} is not a JSON object with a 'prompt' or 'text'")
+            if text.strip():
+                items.append({"prompt": text, "chat": bool(obj.get("chat", False))})
+    else:
+        items = [{"prompt": p.strip(), "chat": False} for p in content.split("\n\n") if p.strip()]
+    if not items:
+        raise InputError(f"--calib {path}: the file has no calibration text")
+    return items
+
+
+def tokenize_calibration(texts: list[dict], tokenizer, max_samples: int, max_tokens: int) -> list[list[int]]:
+    samples = []
+    for item in texts[:max_samples]:
+        chat = bool(item.get("chat", False)) and getattr(tokenizer, "chat_template", None) is not None
+        try:
+            ids = tokenizer.prompt_ids(item["prompt"], chat)
+        except Exception:  # noqa: BLE001 - a template problem: fall back to raw text
+            ids = tokenizer.encode(item["prompt"])
+        if ids:
+            samples.append(list(ids)[:max_tokens])
+    if not samples:
+        raise InputError("calibration: no text produced any tokens")
+    return samples
+
+
+def _external_locations(model: onnx.ModelProto) -> set[str]:
+    locations = set()
+    for init in model.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    return locations
+
+
+def _float_elem(model: onnx.ModelProto) -> int:
+    for init in model.graph.initializer:
+        if init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16) and len(init.dims) == 2:
+            return init.data_type
+    return TensorProto.FLOAT
+
+
+def calibrate_activations(
+    directory: Path,
+    spec: GraphSpec,
+    tensors: Sequence[str],
+    samples: Sequence[Sequence[int]],
+    threads: int | None = None,
+    workdir: Path | None = None,
+) -> dict[str, float]:
+    """amax of each tensor over full-prompt (prefill) passes of every sample.
+
+    `workdir` (default: the system temp dir) holds the graph copy and hard links to the weight files
+    (ONNX Runtime refuses external data reached through symbolic links); across file systems the
+    weights are copied."""
+    import onnxruntime as ort
+
+    if not tensors:
+        return {}
+    directory = Path(directory)
+    model = onnx.load(str(directory / spec.file), load_external_data=False)
+    elem = _float_elem(model)
+    existing = {o.name for o in model.graph.output}
+    for name in tensors:
+        if name not in existing:
+            model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
+    amax = {name: 0.0 for name in tensors}
+    past = [t for t in spec.inputs if t.name.startswith("past_key_values")]
+    kv_dtype = np.float16 if past and past[0].dtype == "float16" else np.float32
+    with tempfile.TemporaryDirectory(prefix="speccompile-calib-", dir=workdir) as tmp:
+        for location in _external_locations(model):
+            source, link = (directory / location).resolve(), Path(tmp) / location
+            try:
+                os.link(source, link)
+            except OSError:
+                shutil.copyfile(source, link)
+        graph_path = Path(tmp) / spec.file
+        onnx.save_model(model, str(graph_path))
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        session = ort.InferenceSession(str(graph_path), opts, providers=["CPUExecutionProvider"])
+        for ids in samples:
+            q = len(ids)
+            feeds = {
+                "input_ids": np.asarray(ids, dtype=np.int64)[None],
+                "position_ids": np.arange(q, dtype=np.int64)[None],
+                "attention_mask": np.tril(np.ones((q, q), dtype=bool))[None],
+            }
+            for t in past:
+                feeds[t.name] = np.zeros((1, int(t.shape[1]), 0, int(t.shape[3])), dtype=kv_dtype)
+            outputs = session.run(list(tensors), feeds)
+            for name, value in zip(tensors, outputs):
+                value = np.abs(np.asarray(value, dtype=np.float32))
+                finite = value[np.isfinite(value)]
+                if finite.size:
+                    amax[name] = max(amax[name], float(finite.max()))
+    return amax

@@ -1,0 +1,73 @@
+"""`speccompile build`: quantize an exported artifact (FP8 / NVFP4 / INT4 Q/DQ) and build TensorRT engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import InputError
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
+@click.option("--fp8", is_flag=True, help="FP8 E4M3 weights (per channel) and activations (per tensor, calibrated). Ada/Hopper/Blackwell.")
+@click.option("--fp4", is_flag=True, help="NVFP4 weights and dynamic activations (blocks of 16, FP8 scales). Blackwell only.")
+@click.option("--int4", is_flag=True, help="INT4 weight-only, blockwise (see --int4-block). Also runs in ONNX Runtime CPU.")
+@click.option("--onnx-only", is_flag=True, help="Write the quantized ONNX artifact and trtexec commands; build no engine (no TensorRT needed).")
+@click.option("--calib", type=click.Path(path_type=Path), default=None, help="Calibration text: .jsonl of {prompt|text, chat?} or plain text (paragraphs) [default: built-in prompts].")
+@click.option("--calib-samples", type=int, default=16, show_default=True, help="Most calibration samples used.")
+@click.option("--calib-max-tokens", type=int, default=256, show_default=True, help="Tokens per calibration sample (longer ones are cut).")
+@click.option("--exclude", multiple=True, help="Weight name pattern (fnmatch) to keep unquantized, added to the defaults (repeatable).")
+@click.option("--quantize-lm-head", is_flag=True, help="Also quantize lm_head (excluded by default).")
+@click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
+@click.option("--profiles", type=click.Choice(["single", "split"]), default="single", show_default=True, help="One optimization profile, or separate verify and prefill profiles.")
+@click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
+@click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
+@click.option("--opt-context", type=int, default=None, help="past_len the kernels are tuned for [default: max_context / 4].")
+@click.option("--workspace-mb", type=int, default=None, help="TensorRT workspace limit in MiB [default: TensorRT's].")
+@click.option("--builder-optimization-level", type=click.IntRange(0, 5), default=3, show_default=True)
+@click.option("--timing-cache", type=click.Path(path_type=Path), default=None, help="Timing cache file to read and update (faster rebuilds).")
+@click.option("--weakly-typed", is_flag=True, help="TensorRT 10 only: precision from builder flags instead of strong typing.")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
+def build(artifact, out, fp8, fp4, int4, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
+          profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          threads, force, as_json):
+    """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
+    from ..cli import _progress_printer, report_artifact
+    from .build import BuildOptions, build_artifact
+    from .quantize import DEFAULT_EXCLUDE
+
+    chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4)) if on]
+    if len(chosen) > 1:
+        raise InputError(f"{' and '.join(chosen)} are mutually exclusive: pick one precision")
+    precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4"}.get(chosen[0], "none") if chosen else "none"
+    patterns = [p for p in DEFAULT_EXCLUDE if not (quantize_lm_head and p.startswith("lm_head"))] + list(exclude)
+    options = BuildOptions(
+        precision=precision,
+        onnx_only=onnx_only,
+        calib=calib,
+        calib_samples=calib_samples,
+        calib_max_tokens=calib_max_tokens,
+        exclude=tuple(patterns),
+        int4_block=int(int4_block),
+        profiles=profiles,
+        prefill_chunk=prefill_chunk,
+        opt_q=opt_q,
+        opt_context=opt_context,
+        workspace_mb=workspace_mb,
+        builder_optimization_level=builder_optimization_level,
+        timing_cache=timing_cache,
+        weakly_typed=weakly_typed,
+        threads=threads,
+        force=force,
+    )
+    build_artifact(artifact, out, options, _progress_printer(as_json))
+    what = "quantized ONNX" if onnx_only else "TensorRT engines"
+    report_artifact(out, as_json, f"[green]built[/green] {artifact} -> {out} ({precision}, {what})")
+
+
+COMMANDS = [build]

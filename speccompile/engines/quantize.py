@@ -1,0 +1,290 @@
+"""Quantization passes on an exported ONNX graph: FP8, INT4 (weight-only, blockwise) and NVFP4 Q/DQ.
+
+Which MatMuls: every `MatMul(activation, W)` whose B input is a 2-D initializer (the exporter names them
+`<module>.weight_t`, [in, out]) and whose name does not match an exclude pattern (fnmatch; by default
+`lm_head*` and `*embed_tokens*`). Attention MatMuls (both inputs are activations) stay unquantized.
+
+What each scheme inserts (x = activation, W = weight [K, N], K = reduction axis):
+
+  fp8    x -> QuantizeLinear(s_x, zp=fp8 0) -> DequantizeLinear -> MatMul      per-tensor static s_x = amax/448
+         W_fp8 [K, N] -> DequantizeLinear(axis=1, s_w [N]) -> MatMul           per output channel
+  int4   W_int4 [K, N] -> DequantizeLinear(axis=0, block_size=B, s [K/B, N]) -> MatMul    (weight-only;
+         ONNX Runtime fuses this into MatMulNBits, TensorRT runs it as INT4 weight-only GEMM)
+  nvfp4  x -> trt::TRT_FP4DynamicQuantize(s2_x, axis=-1, block_size=16) -> (x_fp4, s_fp8)
+              DequantizeLinear(s_fp8, s2_x) -> DequantizeLinear(x_fp4, ., axis=-1, block_size=16) -> MatMul
+         W^T fp4 [N, K] (packed) ; DequantizeLinear(s_fp8 [N, K/16], s2_w) ->
+              DequantizeLinear(W_fp4, ., axis=-1, block_size=16) -> Transpose -> MatMul
+         (the layout ModelOpt exports and TensorRT's NVFP4 GEMMs expect: blocks along the last axis)
+
+One Q/DQ pair is shared by all MatMuls that read the same activation (q/k/v, gate/up), as TensorRT's
+Q/DQ fusion wants. Scales are in the graph's float type (float32 graphs: float32 scales).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import InputError, UnsupportedError
+from . import numerics as nx
+
+SCHEMES = ("fp8", "int4", "nvfp4")
+DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
+TRT_DOMAIN = "trt"
+FP4_OPSET = 23  # FLOAT4E2M1 in DequantizeLinear
+FP4_IR_VERSION = 11
+_FLOAT_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+
+
+@dataclass
+class QuantOptions:
+    scheme: str
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    int4_block: int = 128
+    fp4_block: int = nx.NVFP4_BLOCK
+
+
+@dataclass
+class QuantReport:
+    """What a pass did (stored in the manifest's `precision` section)."""
+
+    scheme: str
+    quantized: list[str] = field(default_factory=list)  # weight initializer names
+    excluded: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # weight -> reason (shape not blockable, ...)
+    activations: dict[str, float] = field(default_factory=dict)  # activation tensor -> amax used
+    blocks: dict[str, int] = field(default_factory=dict)  # weight -> INT4 block size actually used
+
+    def summary(self) -> dict:
+        out = {
+            "scheme": self.scheme,
+            "quantized_matmuls": len(self.quantized),
+            "excluded": sorted(self.excluded),
+            "skipped": dict(sorted(self.skipped.items())),
+            "activation_tensors": len(self.activations),
+        }
+        if self.blocks:
+            out["int4_block_sizes"] = sorted(set(self.blocks.values()))
+        return out
+
+
+def is_excluded(name: str, patterns: Iterable[str]) -> bool:
+    """Match a weight initializer name (or its module prefix) against fnmatch patterns."""
+    module = name[: -len(".weight_t")] if name.endswith(".weight_t") else name
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(module, p) for p in patterns)
+
+
+def weight_matmuls(model: onnx.ModelProto) -> list[tuple[int, str, str]]:
+    """(node index, activation, weight initializer) for every MatMul whose B input is a 2-D float initializer."""
+    inits = {i.name: i for i in model.graph.initializer}
+    found = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "MatMul" or len(node.input) != 2:
+            continue
+        w = inits.get(node.input[1])
+        if w is None or len(w.dims) != 2 or w.data_type not in _FLOAT_TYPES:
+            continue
+        if node.input[0] in inits:
+            continue
+        found.append((index, node.input[0], node.input[1]))
+    return found
+
+
+def activation_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[str]:
+    """Activation tensors whose amax calibration needs (inputs of quantized MatMuls), in graph order."""
+    if options.scheme == "int4":
+        return []
+    seen: dict[str, None] = {}
+    for _index, act, weight in weight_matmuls(model):
+        if not is_excluded(weight, options.exclude):
+            seen.setdefault(act)
+    return list(seen)
+
+
+def _float_type(init: onnx.TensorProto) -> tuple[int, type]:
+    return init.data_type, _FLOAT_TYPES[init.data_type]
+
+
+def _raw_tensor(name: str, data_type: int, dims, raw: bytes) -> onnx.TensorProto:
+    t = onnx.TensorProto()
+    t.name = name
+    t.data_type = data_type
+    t.dims.extend(int(d) for d in dims)
+    t.raw_data = raw
+    return t
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    base, i = name, 1
+    while name in taken:
+        name = f"{base}_{i}"
+        i += 1
+    taken.add(name)
+    return name
+
+
+def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, float] | None = None) -> QuantReport:
+    """Rewrite `model` in place (weights must be loaded). `act_amax` is needed for fp8 and nvfp4."""
+    scheme = options.scheme
+    if scheme not in SCHEMES:
+        raise InputError(f"unknown quantization scheme {scheme!r} (one of {', '.join(SCHEMES)})")
+    if scheme in ("fp8", "nvfp4") and act_amax is None:
+        raise InputError(f"{scheme} quantizes activations and needs calibration (act_amax)")
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    report = QuantReport(scheme)
+    taken = {n for node in graph.node for n in (*node.input, *node.output)} | set(inits) | {n.name for n in graph.node}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+
+    # Decide per weight.
+    plan: dict[str, str] = {}  # weight -> dq output tensor name (filled while building)
+    targets: set[int] = set()
+    for index, act, weight in weight_matmuls(model):
+        if is_excluded(weight, options.exclude):
+            if weight not in report.excluded:
+                report.excluded.append(weight)
+            continue
+        k = inits[weight].dims[0]
+        if scheme == "int4" and nx.pick_block(k, options.int4_block) is None:
+            report.skipped[weight] = f"K={k} has no power-of-two block >= 16 dividing it"
+            continue
+        if scheme == "nvfp4" and k % options.fp4_block:
+            report.skipped[weight] = f"K={k} is not a multiple of {options.fp4_block}"
+            continue
+        if scheme in ("fp8", "nvfp4") and act not in act_amax:
+            report.skipped[weight] = "activation not calibrated"
+            continue
+        targets.add(index)
+        plan[weight] = ""
+
+    new_nodes: list[onnx.NodeProto] = []
+    new_inits: list[onnx.TensorProto] = []
+    act_dq: dict[str, str] = {}
+    removed_weights: set[str] = set()
+    uses_fp4 = scheme == "nvfp4"
+
+    def add_init(tensor: onnx.TensorProto) -> str:
+        new_inits.append(tensor)
+        return tensor.name
+
+    def quantize_weight(weight: str) -> str:
+        init = inits[weight]
+        elem, np_float = _float_type(init)
+        w = numpy_helper.to_array(init).astype(np.float32)
+        k, n = w.shape
+        out = _unique(f"{weight}_dq", taken)
+        if scheme == "fp8":
+            q, scale = nx.quantize_fp8_per_channel(w, axis=1)
+            qn = add_init(_raw_tensor(_unique(f"{weight}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=1))
+        elif scheme == "int4":
+            block = nx.pick_block(k, options.int4_block)
+            report.blocks[weight] = block
+            q, scale = nx.quantize_int4_blockwise(w, block)
+            qn = add_init(_raw_tensor(_unique(f"{weight}_int4", taken), TensorProto.INT4, q.shape, nx.pack_nibbles(q.view(np.uint8)).tobytes()))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=0, block_size=block))
+        else:  # nvfp4: W^T [N, K], blocks along K (last axis)
+            codes, s_fp8, s2 = nx.nvfp4_quantize(w.T, block=options.fp4_block)
+            qn = add_init(_raw_tensor(_unique(f"{weight}_fp4", taken), TensorProto.FLOAT4E2M1, (n, k), nx.pack_nibbles(codes).tobytes()))
+            bn = add_init(_raw_tensor(_unique(f"{weight}_fp4_scale", taken), TensorProto.FLOAT8E4M3FN, s_fp8.shape, s_fp8.view(np.uint8).tobytes()))
+            gn = add_init(numpy_helper.from_array(np.array(s2, dtype=np_float), _unique(f"{weight}_fp4_global_scale", taken)))
+            scale_out = _unique(f"{weight}_fp4_block_scale", taken)
+            wt = _unique(f"{weight}_dq_nk", taken)
+            new_nodes.append(helper.make_node("DequantizeLinear", [bn, gn], [scale_out], name=f"{weight}/DequantizeLinear_scale"))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, scale_out], [wt], name=f"{weight}/DequantizeLinear", axis=-1, block_size=options.fp4_block))
+            new_nodes.append(helper.make_node("Transpose", [wt], [out], name=f"{weight}/Transpose", perm=[1, 0]))
+        report.quantized.append(weight)
+        return out
+
+    def quantize_activation(act: str, elem: int, np_float) -> str:
+        amax = float(act_amax[act])
+        report.activations[act] = amax
+        stem = act.strip("/").replace("/", ".")
+        out = _unique(f"{stem}_dq", taken)
+        if scheme == "fp8":
+            sn = add_init(numpy_helper.from_array(np.array(nx.fp8_activation_scale(amax), dtype=np_float), _unique(f"{stem}_scale", taken)))
+            zn = add_init(_raw_tensor(_unique(f"{stem}_zero_point", taken), TensorProto.FLOAT8E4M3FN, (), b"\x00"))
+            qn = _unique(f"{stem}_fp8", taken)
+            new_nodes.append(helper.make_node("QuantizeLinear", [act, sn, zn], [qn], name=f"{stem}/QuantizeLinear"))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn, zn], [out], name=f"{stem}/DequantizeLinear"))
+        else:  # nvfp4 dynamic activation quantization (TensorRT custom op)
+            gn = add_init(numpy_helper.from_array(np.array(nx.nvfp4_global_scale(amax), dtype=np_float), _unique(f"{stem}_fp4_global_scale", taken)))
+            qn, bs = _unique(f"{stem}_fp4", taken), _unique(f"{stem}_fp4_scale", taken)
+            scale_out = _unique(f"{stem}_fp4_block_scale", taken)
+            new_nodes.append(helper.make_node(
+                "TRT_FP4DynamicQuantize", [act, gn], [qn, bs], name=f"{stem}/TRT_FP4DynamicQuantize", domain=TRT_DOMAIN,
+                axis=-1, block_size=options.fp4_block, scale_type=TensorProto.FLOAT8E4M3FN,
+            ))
+            new_nodes.append(helper.make_node("DequantizeLinear", [bs, gn], [scale_out], name=f"{stem}/DequantizeLinear_scale"))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, scale_out], [out], name=f"{stem}/DequantizeLinear", axis=-1, block_size=options.fp4_block))
+        return out
+
+    for index, node in enumerate(graph.node):
+        if index in targets:
+            act, weight = node.input[0], node.input[1]
+            elem, np_float = _float_type(inits[weight])
+            if scheme != "int4":
+                if act not in act_dq:
+                    act_dq[act] = quantize_activation(act, elem, np_float)
+                node.input[0] = act_dq[act]
+            if not plan[weight]:
+                plan[weight] = quantize_weight(weight)
+            node.input[1] = plan[weight]
+            consumers[weight] -= 1
+            if consumers[weight] == 0:
+                removed_weights.add(weight)
+        new_nodes.append(node)
+
+    kept = [i for i in graph.initializer if i.name not in removed_weights]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    if uses_fp4:
+        _set_opset(model, "", FP4_OPSET)
+        _set_opset(model, TRT_DOMAIN, 1)
+        model.ir_version = max(model.ir_version, FP4_IR_VERSION)
+    if not report.quantized:
+        raise UnsupportedError(f"--{scheme}: no MatMul weight to quantize (all excluded or unsupported shapes)")
+    return report
+
+
+def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:
+    for op in model.opset_import:
+        if op.domain == domain:
+            op.version = max(op.version, version)
+            return
+    model.opset_import.append(helper.make_opsetid(domain, version))
+
+
+# ---------------------------------------------------------------- reference implementation of the TRT op
+
+def trt_fp4_dynamic_quantize_reference():
+    """An `onnx.reference` op class for trt::TRT_FP4DynamicQuantize (for ReferenceEvaluator(custom=[...]))."""
+    from onnx.reference.op_run import OpRun
+
+    class TRT_FP4DynamicQuantize(OpRun):  # noqa: N801 - ONNX op name
+        op_domain = TRT_DOMAIN
+
+        def _run(self, x, global_scale, axis=-1, block_size=16, scale_type=TensorProto.FLOAT8E4M3FN):
+            import ml_dtypes
+
+            x = np.asarray(x, dtype=np.float32)
+            moved = np.moveaxis(x, axis, -1)
+            codes, s_fp8, _ = nx.nvfp4_quantize(moved, np.float32(np.asarray(global_scale).reshape(())), block_size)
+            values = np.moveaxis(codes, -1, axis).astype(np.uint8)
+            fp4 = values.view(ml_dtypes.float4_e2m1fn)  # the reference runtime's FLOAT4E2M1 array type
+            # ml_dtypes stores one E2M1 value per byte in the low nibble, same codes as ours.
+            return (fp4, np.moveaxis(s_fp8, -1, axis))
+
+    return TRT_FP4DynamicQuantize
