@@ -54,6 +54,10 @@ class BuildOptions:
     weakly_typed: bool = False
     threads: int | None = None
     force: bool = False
+    float_dtype: str | None = None  # --fp16 / --bf16: precision of the layers that stay unquantized
+    max_context: int | None = None  # limits for the engine's profiles (at most the exported ones)
+    max_verify_tokens: int | None = None
+    max_batch: int | None = None
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":
@@ -72,6 +76,33 @@ class BuildOptions:
             if path.stat().st_size == 0 or not path.read_text(errors="replace").strip():
                 raise InputError(f"--calib {path}: the file is empty")
         return self
+
+
+def _apply_limit_overrides(limits: dict[str, int], options: BuildOptions, src: Path) -> dict[str, int]:
+    """--max-context / --max-verify-tokens / --max-batch narrow the exported limits (never widen them)."""
+    limits = dict(limits)
+    for key, flag in (("max_context", "--max-context"), ("max_verify_tokens", "--max-verify-tokens"), ("max_batch", "--max-batch")):
+        value = getattr(options, key)
+        if value is None:
+            continue
+        exported = limits.get(key, 1)
+        if value < 1 or value > exported:
+            raise InputError(f"{flag} must be in 1..{exported} (the limit {src} was exported with), got {value}")
+        limits[key] = int(value)
+    return limits
+
+
+def _check_float_dtype(manifest: Manifest, options: BuildOptions) -> None:
+    """Under strong typing (TensorRT 11, or 10 by default) the graph's dtype is the precision."""
+    if options.float_dtype is None or options.weakly_typed:
+        return
+    graph_dtype = manifest.graph("target").dtype.split("+")[0]
+    if graph_dtype != options.float_dtype:
+        raise InputError(
+            f"--{options.float_dtype}: the target graph is {graph_dtype}; with strongly typed TensorRT the graph's dtype "
+            f"is the precision: re-export with `speccompile export ... --dtype {options.float_dtype}` "
+            "(or, TensorRT 10 only, add --weakly-typed)"
+        )
 
 
 def _graph_files(manifest: Manifest, graph_file: str) -> list[str]:
@@ -143,7 +174,8 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     if out.exists() and src.resolve() == out.resolve():
         raise InputError("--out must differ from the input artifact")
     manifest = read_manifest(src, verify_files=True)
-    limits = cfg.required_limits(manifest)
+    limits = _apply_limit_overrides(cfg.required_limits(manifest), options, src)
+    _check_float_dtype(manifest, options)
     if manifest.engine:
         raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
     if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
@@ -161,6 +193,8 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
             trt.__version__, options.precision, options.weakly_typed, options.workspace_mb,
             options.builder_optimization_level, str(options.timing_cache) if options.timing_cache else None,
         )
+        if options.float_dtype and options.weakly_typed:
+            build_config.builder_flags.append(options.float_dtype.upper())
 
     profiles: dict[str, list] = {}
     profile_problems: dict[str, str] = {}
@@ -175,6 +209,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     tmp = prepare_output(out, options.force)
     try:
         new = Manifest.from_dict(manifest.to_dict())
+        new.limits = {**new.limits, **limits}
         new.files = {}
         files: list[str] = []
         replaced: set[str] = set()

@@ -15,8 +15,13 @@ from ..errors import InputError
 @click.option("--fp8", is_flag=True, help="FP8 E4M3 weights (per channel) and activations (per tensor, calibrated). Ada/Hopper/Blackwell.")
 @click.option("--fp4", is_flag=True, help="NVFP4 weights and dynamic activations (blocks of 16, FP8 scales). Blackwell only.")
 @click.option("--int4", is_flag=True, help="INT4 weight-only, blockwise (see --int4-block). Also runs in ONNX Runtime CPU.")
+@click.option("--fp16", "float16", is_flag=True, help="Unquantized layers in FP16 (graph exported with --dtype fp16; TensorRT 10 --weakly-typed: builder flag).")
+@click.option("--bf16", "bfloat16", is_flag=True, help="Unquantized layers in BF16 (as --fp16).")
+@click.option("--max-context", type=int, default=None, help="Longest context the engine profiles cover [default: the export's].")
+@click.option("--max-verify-tokens", type=int, default=None, help="Most tokens per verify pass the profiles cover [default: the export's].")
+@click.option("--max-batch", type=int, default=None, help="Largest batch the profiles cover [default: the export's].")
 @click.option("--onnx-only", is_flag=True, help="Write the quantized ONNX artifact and trtexec commands; build no engine (no TensorRT needed).")
-@click.option("--calib", type=click.Path(path_type=Path), default=None, help="Calibration text: .jsonl of {prompt|text, chat?} or plain text (paragraphs) [default: built-in prompts].")
+@click.option("--calib", "--calib-prompts", "calib", type=click.Path(path_type=Path), default=None, help="Calibration text: .jsonl of {prompt|text, chat?} or plain text (paragraphs) [default: built-in prompts].")
 @click.option("--calib-samples", type=int, default=16, show_default=True, help="Most calibration samples used.")
 @click.option("--calib-max-tokens", type=int, default=256, show_default=True, help="Tokens per calibration sample (longer ones are cut).")
 @click.option("--exclude", multiple=True, help="Weight name pattern (fnmatch) to keep unquantized, added to the defaults (repeatable).")
@@ -33,7 +38,7 @@ from ..errors import InputError
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
-def build(artifact, out, fp8, fp4, int4, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
+def build(artifact, out, fp8, fp4, int4, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
           profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
@@ -45,6 +50,8 @@ def build(artifact, out, fp8, fp4, int4, onnx_only, calib, calib_samples, calib_
     if len(chosen) > 1:
         raise InputError(f"{' and '.join(chosen)} are mutually exclusive: pick one precision")
     precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4"}.get(chosen[0], "none") if chosen else "none"
+    if float16 and bfloat16:
+        raise InputError("--fp16 and --bf16 are mutually exclusive")
     patterns = [p for p in DEFAULT_EXCLUDE if not (quantize_lm_head and p.startswith("lm_head"))] + list(exclude)
     options = BuildOptions(
         precision=precision,
@@ -64,6 +71,10 @@ def build(artifact, out, fp8, fp4, int4, onnx_only, calib, calib_samples, calib_
         weakly_typed=weakly_typed,
         threads=threads,
         force=force,
+        float_dtype="fp16" if float16 else ("bf16" if bfloat16 else None),
+        max_context=max_context,
+        max_verify_tokens=max_verify_tokens,
+        max_batch=max_batch,
     )
     build_artifact(artifact, out, options, _progress_printer(as_json))
     what = "quantized ONNX" if onnx_only else "TensorRT engines"

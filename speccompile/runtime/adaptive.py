@@ -18,26 +18,32 @@ from dataclasses import dataclass, field
 
 @dataclass
 class AdaptiveController:
+    """Chooses the draft length per step. `key` separates kinds of proposals with different reliability
+    (for n-gram lookup: the length of the matched suffix), each with its own acceptance estimate."""
+
     max_k: int
     enabled: bool = True
     alpha: float = 0.08  # EMA weight of the newest observation
     probe_every: int = 8
-    acceptance: float = 0.5  # prior per-token acceptance
+    prior_acceptance: float = 0.5
     draft_cost: float = 0.0  # seconds per drafted token (EMA)
-    _t1: float | None = None  # seconds of a one-token pass (EMA)
-    _slope: float | None = None  # extra seconds per extra verified token (EMA)
-    _paused_steps: int = 0
-    history: list[int] = field(default_factory=list)
     deterministic: bool = False
     relative_draft_cost: float = 0.0
+    _t1: float | None = None  # seconds of a one-token pass (EMA)
+    _slope: float | None = None  # extra seconds per extra verified token (EMA)
+    _acceptance: dict = field(default_factory=dict)
+    _paused: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.deterministic:
             self._t1, self._slope = 1.0, 0.06
             self.draft_cost = self.relative_draft_cost
 
-    def expected_tokens(self, k: int) -> float:
-        a = min(max(self.acceptance, 1e-6), 1 - 1e-6)
+    def acceptance(self, key=None) -> float:
+        return self._acceptance.get(key, self.prior_acceptance)
+
+    def expected_tokens(self, k: int, key=None) -> float:
+        a = min(max(self.acceptance(key), 1e-6), 1 - 1e-6)
         return (1 - a ** (k + 1)) / (1 - a)
 
     def pass_cost(self, q: int) -> float:
@@ -45,24 +51,25 @@ class AdaptiveController:
         slope = self._slope if self._slope is not None else 0.05 * t1
         return t1 + slope * (q - 1)
 
-    def choose_k(self) -> int:
-        """Number of tokens to draft this step (0 = plain step)."""
-        if not self.enabled:
-            return self.max_k
+    def choose_k(self, key=None, available: int | None = None) -> int:
+        """Number of tokens to draft this step (0 = plain step); `available` caps it (proposal length)."""
+        limit = self.max_k if available is None else min(self.max_k, available)
+        if not self.enabled or limit <= 0:
+            return limit
         if self._t1 is None:
             return 0  # one plain pass first, to measure t(1)
         best_k, best_speed = 0, 1.0 / self.pass_cost(1)
-        for k in range(1, self.max_k + 1):
-            speed = self.expected_tokens(k) / (self.pass_cost(k + 1) + k * self.draft_cost)
+        for k in range(1, limit + 1):
+            speed = self.expected_tokens(k, key) / (self.pass_cost(k + 1) + k * self.draft_cost)
             if speed > best_speed * 1.0001:
                 best_k, best_speed = k, speed
         if best_k == 0:
-            self._paused_steps += 1
-            if self._paused_steps >= self.probe_every:
-                self._paused_steps = 0
+            self._paused[key] = self._paused.get(key, 0) + 1
+            if self._paused[key] >= self.probe_every:
+                self._paused[key] = 0
                 return 1
         else:
-            self._paused_steps = 0
+            self._paused[key] = 0
         return best_k
 
     def record_pass(self, q: int, seconds: float) -> None:
@@ -75,16 +82,13 @@ class AdaptiveController:
             slope = max(0.0, (seconds - self._t1) / (q - 1))
             self._slope = slope if self._slope is None else (1 - self.alpha) * self._slope + self.alpha * slope
 
-    def record_draft(self, drafted: int, accepted: int, seconds: float) -> None:
+    def record_draft(self, drafted: int, accepted: int, seconds: float, key=None) -> None:
         """Outcome of one verified draft: acceptance per drafted position (geometric model)."""
         if drafted <= 0:
             return
-        self.history.append(drafted)
-        # positions tried: accepted ones plus the one that was rejected (if any)
-        tried = accepted + (1 if accepted < drafted else 0)
-        rate = accepted / tried
-        weight = min(1.0, self.alpha * tried)
-        self.acceptance = (1 - weight) * self.acceptance + weight * rate
+        tried = accepted + (1 if accepted < drafted else 0)  # accepted positions + the rejected one
+        weight = min(1.0, 2 * self.alpha * tried)
+        self._acceptance[key] = (1 - weight) * self.acceptance(key) + weight * (accepted / tried)
         if self.deterministic:
             return
         per_token = seconds / drafted

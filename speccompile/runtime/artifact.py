@@ -66,7 +66,7 @@ def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
     recorded = (artifact.manifest.drafter or {}).get("num_draft_tokens")
     if recorded and (artifact.manifest.drafter or {}).get("kind") == drafter:
         return int(recorded)
-    return {"ngram": 8, "draft-model": 4}.get(drafter, 4)
+    return {"ngram": 12, "draft-model": 4}.get(drafter, 4)
 
 
 def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None):

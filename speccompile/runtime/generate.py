@@ -256,14 +256,20 @@ class Generator:
         finish = output.finish
         while not done:
             remaining = config.max_tokens - len(output.tokens)
-            k = controller.choose_k() if drafter is not None else 0
-            k = max(0, min(k, remaining - 1, self.max_verify_tokens - 1))
-            draft, draft_seconds = Draft([]), 0.0
-            if k > 0:
-                t0 = time.perf_counter()
-                draft = drafter.propose(tokens, k)
-                draft_seconds = time.perf_counter() - t0
-                stats.time_draft += draft_seconds
+            budget = max(0, min(config.num_draft_tokens, remaining - 1, self.max_verify_tokens - 1))
+            draft, draft_seconds, key = Draft([]), 0.0, None
+            if drafter is not None and budget > 0:
+                cheap = getattr(drafter, "cheap_proposals", False)
+                k = budget if cheap else min(budget, controller.choose_k())
+                if k > 0:
+                    t0 = time.perf_counter()
+                    draft = drafter.propose(tokens, k)
+                    draft_seconds = time.perf_counter() - t0
+                    stats.time_draft += draft_seconds
+                if cheap and draft.tokens and draft.tree is None:
+                    # cheap drafters propose the most they can; keep what pays for this kind of proposal
+                    key = getattr(drafter, "proposal_key", None)
+                    draft.tokens = draft.tokens[: controller.choose_k(key, len(draft.tokens))]
             q = 1 + len(draft.tokens)
             cache.maybe_compact(q, self.max_context)
             if cache.length + q > self.max_context:
@@ -286,7 +292,7 @@ class Generator:
             if draft.tokens:
                 stats.draft_steps += 1
                 stats.count_draft(draft.depth, len(accepted_rows))
-                controller.record_draft(draft.depth, len(accepted_rows), draft_seconds)
+                controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key)
             if drafter is not None and out.hidden is not None and hasattr(drafter, "observe"):
                 row_tokens = [tokens[-1], *[draft.tokens[r - 1] for r in accepted_rows]]
                 drafter.observe(out.hidden[keep], row_tokens, emitted[-1])

@@ -32,6 +32,19 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def session_options(threads: int | None):
+    """The ONNX Runtime options every speccompile graph runs with (sequential, fully optimised)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or default_threads()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    return opts
+
+
 class OrtSession:
     """One verify graph in an onnxruntime.InferenceSession."""
 
@@ -48,12 +61,7 @@ class OrtSession:
             )
         if threads is not None and threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or default_threads()
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
+        opts = session_options(threads)
         if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
             raise UnsupportedError(
                 f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "

@@ -12,6 +12,12 @@ class NgramDrafter:
     """Prompt-lookup decoding over prompt + generated tokens (deterministic: one-hot q)."""
 
     name = "ngram"
+    cheap_proposals = True  # proposing costs ~nothing: the loop asks for the most and trims per match length
+
+    @property
+    def proposal_key(self) -> int:
+        """Reliability class of the last proposal for adaptive speculation: the matched suffix length."""
+        return self.last_match_len
 
     def __init__(self, min_match: int = 1, max_match: int = 4):
         if not 1 <= min_match <= max_match:

@@ -1,0 +1,127 @@
+"""Exporters for drafter heads: `--drafter eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH`.
+
+Each writes `<kind>.onnx` (+ `.data`) next to the target graph; EAGLE-3 also writes `eagle3_d2t.npy`
+(draft id -> target id). The manifest's drafter section records the graph, the head config, and the
+tree: a static choice list (``"tree": [[0], [0, 0], ...]``) or ``"tree": "dynamic"`` with the EAGLE-2
+parameters under ``"dynamic"``. `--tree` accepts a preset / JSON file, ``chain`` (= chain-K), or
+``dynamic`` / ``dynamic-D-K-N`` (depth D, top-k K, N nodes kept).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..manifest import GraphSpec, sha256_of
+from ..models.load import LoadedModel
+from .drafters import DrafterExport, DrafterRequest, register
+
+DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
+DEFAULT_DYNAMIC = {"depth": 5, "top_k": 8, "total_tokens": 48}
+HIDDEN_NEEDED = {"eagle": "final", "eagle3": "eagle3", "medusa": "final", "mtp": "final"}
+
+
+def resolve_tree(kind: str, tree: str | None, num_draft_tokens: int | None) -> dict[str, Any]:
+    """The drafter's tree section: {"tree": choices | "dynamic", "tree_name": ..., ["dynamic": {...}]}."""
+    from ..runtime.tree import chain_choices, load_tree
+
+    name = tree or DEFAULT_TREES[kind]
+    if name == "chain":
+        k = num_draft_tokens or 4
+        return {"tree": chain_choices(k), "tree_name": f"chain-{k}"}
+    m = re.fullmatch(r"dynamic(?:-(\d+)-(\d+)-(\d+))?", name)
+    if m:
+        if kind == "medusa":
+            raise InputError("--tree dynamic: Medusa heads do not draft autoregressively; use a static tree")
+        dyn = dict(DEFAULT_DYNAMIC)
+        if m.group(1):
+            dyn = {"depth": int(m.group(1)), "top_k": int(m.group(2)), "total_tokens": int(m.group(3))}
+        if dyn["depth"] < 1 or dyn["top_k"] < 1 or dyn["total_tokens"] < 1:
+            raise InputError(f"--tree {name}: depth, top-k and total tokens must be >= 1")
+        return {"tree": "dynamic", "tree_name": name, "dynamic": dyn}
+    spec = load_tree(name)
+    return {"tree": spec.choices(), "tree_name": str(name)}
+
+
+def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
+    import numpy as np
+
+    from ..models.heads import load_head
+    from .decoder_graph import torch_dtype
+
+    kind = request.kind
+    tree = resolve_tree(kind, request.tree, request.num_draft_tokens)
+    head = load_head(kind, request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
+    spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype)
+    files = [f"{kind}.onnx", f"{kind}.onnx.data"]
+    cfg = head.head_config
+    section: dict[str, Any] = {
+        "kind": kind,
+        "graph": kind,
+        **tree,
+        "head": cfg.to_dict(),
+        "source": str(request.path),
+    }
+    if kind == "eagle3":
+        np.save(out_dir / "eagle3_d2t.npy", head.draft_to_target().numpy().astype(np.int64), allow_pickle=False)
+        files.append("eagle3_d2t.npy")
+        section["draft_to_target"] = "eagle3_d2t.npy"
+    src = Path(request.path)
+    weights = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
+    section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
+    if tree["tree"] == "dynamic":
+        default_k = tree["dynamic"]["depth"]
+    else:
+        default_k = max(len(c) for c in tree["tree"])
+    section["num_draft_tokens"] = int(request.num_draft_tokens or default_k)
+    return DrafterExport(graphs={kind: spec}, files=[f for f in files if (out_dir / f).exists()], manifest=section,
+                         target_hidden_states=HIDDEN_NEEDED[kind])
+
+
+def export_head_graph(head, path: Path, dtype: str = "fp32") -> GraphSpec:
+    """Export a head module to `path` with dynamic batch / q_len / past_len axes."""
+    import torch
+
+    from .decoder_graph import torch_dtype
+    from .onnx_export import check_graph, export_module, graph_interface
+
+    cfg = head.head_config
+    tdt = torch_dtype(dtype)
+    batch, q_len, past_len = 2, 5, 3
+    seq = {0: "batch", 1: "q_len"}
+    if cfg.kind == "medusa":
+        hidden = torch.randn(batch, q_len, cfg.target_hidden_size, dtype=tdt)
+        export_module(head, (hidden,), [], [seq], head.input_names, head.output_names, {"logits": seq}, path)
+        check_graph(path)
+        inputs, outputs = graph_interface(path)
+        return GraphSpec(role="medusa", file=path.name, inputs=inputs, outputs=outputs, dtype=dtype,
+                         extra={"num_heads": cfg.medusa_num_heads})
+    layer = cfg.layer
+    ids = torch.randint(0, cfg.target_vocab_size, (batch, q_len))
+    pos = torch.arange(past_len, past_len + q_len).unsqueeze(0).expand(batch, -1).contiguous()
+    from ..models.decoder import causal_mask
+
+    mask = causal_mask(q_len, past_len, batch).contiguous()
+    hidden = torch.randn(batch, q_len, layer.hidden_size, dtype=tdt)
+    examples = [ids, pos, mask]
+    axes = [seq, seq, {0: "batch", 1: "q_len", 2: "total_len"}]
+    if cfg.kind == "eagle3":
+        examples.append(torch.randn(batch, q_len, 3 * cfg.target_hidden_size, dtype=tdt))
+        axes.append(seq)
+    examples.append(hidden)
+    axes.append(seq)
+    past = head.empty_past(batch, past_len, tdt)
+    export_module(head, tuple(examples), past, axes, head.input_names, head.output_names,
+                  {"logits": seq, "draft_hidden_states": seq}, path)
+    check_graph(path)
+    inputs, outputs = graph_interface(path)
+    return GraphSpec(role=cfg.kind, file=path.name, inputs=inputs, outputs=outputs, dtype=dtype, num_layers=1,
+                     num_kv_heads=layer.num_key_value_heads, head_dim=layer.head_dim,
+                     extra={"hidden_size": layer.hidden_size, "target_hidden_size": cfg.target_hidden_size,
+                            "draft_vocab_size": cfg.draft_vocab_size})
+
+
+for _kind in ("eagle", "eagle3", "medusa", "mtp"):
+    register(_kind, True, HIDDEN_NEEDED[_kind], _export_head)

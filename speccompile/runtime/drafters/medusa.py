@@ -1,0 +1,89 @@
+"""Medusa drafting: every head reads the last committed hidden state; a static tree of their top-k.
+
+Head i predicts the token i+2 positions after the last committed row, i.e. draft depth i+1 (the
+target's own lm_head already gave the pending token). A tree node at depth d with choice rank r holds
+the r-th most likely token of head d-1, independent of its parent (Medusa heads do not condition on
+earlier draft tokens). Children are deterministic picks, so verification is exact ("deterministic"
+tree mode); Medusa's lossy "typical acceptance" is not offered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..tree import TreeSpec
+from .base import Draft
+from .eagle import _top
+
+
+class MedusaSession:
+    """The Medusa heads graph in ONNX Runtime: hidden_states [1, q, H] -> logits [1, q, heads, V]."""
+
+    def __init__(self, directory, spec, backend: str = "ort-cpu", threads: int | None = None):
+        import onnxruntime as ort
+
+        from ..backends.ort import _PROVIDERS, session_options
+
+        self.spec = spec
+        self.session = ort.InferenceSession(str(Path(directory) / spec.file), session_options(threads), providers=_PROVIDERS[backend])
+        dtype = next(t.dtype for t in spec.inputs if t.name == "hidden_states")
+        self.float_dtype = np.float16 if dtype == "float16" else np.float32
+
+    def new_cache(self):
+        return None
+
+    def run(self, hidden: np.ndarray) -> np.ndarray:
+        feed = {"hidden_states": np.ascontiguousarray(hidden, dtype=self.float_dtype)[None]}
+        return self.session.run(["logits"], feed)[0][0]
+
+
+class MedusaDrafter:
+    """Static-tree (or chain) drafting from the Medusa heads' top-k."""
+
+    name = "medusa"
+
+    def __init__(self, session, tree: dict[str, Any], num_heads: int, max_nodes: int = 64):
+        self.session = session
+        self.num_heads = int(num_heads)
+        self.max_nodes = max(2, int(max_nodes))
+        self.set_tree(tree)
+        self.reset()
+
+    def set_tree(self, tree: dict[str, Any]) -> None:
+        self.tree_cfg = dict(tree)
+        self._choices = [list(c) for c in tree["tree"] if len(c) <= self.num_heads]
+        self._specs: dict[int, TreeSpec] = {}
+
+    def _spec(self, k: int) -> TreeSpec:
+        if k not in self._specs:
+            kept = sorted((c for c in self._choices if len(c) <= k), key=lambda c: (len(c), c))
+            self._specs[k] = TreeSpec.from_choices(kept[: self.max_nodes - 1])
+        return self._specs[k]
+
+    def reset(self) -> None:
+        self.last_hidden: np.ndarray | None = None
+        self.observed = 0
+
+    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
+        self.last_hidden = np.asarray(hidden[-1])
+        self.observed += len(hidden)
+
+    def propose(self, tokens: list[int], k: int) -> Draft:
+        if k <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
+            return Draft([])
+        spec = self._spec(min(k, self.num_heads))
+        if spec.n <= 1:
+            return Draft([])
+        logits = self.session.run(self.last_hidden[None])[0]  # [heads, V]
+        width = {}
+        for c in range(1, spec.n):
+            d = int(spec.depths[c])
+            width[d] = max(width.get(d, 0), int(spec.choice[c]) + 1)
+        tops = {d: _top(logits[d - 1], w) for d, w in width.items()}
+        node_tokens = [int(tops[int(spec.depths[c])][int(spec.choice[c])]) for c in range(1, spec.n)]
+        if spec.is_chain:
+            return Draft(node_tokens)
+        return Draft(node_tokens, tree=spec, mode="deterministic")

@@ -1,0 +1,1 @@
+"""Drafter-head training (self-distillation on the CPU): `speccompile train-draft`."""

@@ -1,0 +1,94 @@
+"""Export + runtime for every head kind: greedy speculative output == plain, for chain / static / dynamic trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from test_heads_helpers import shared_target, trained_head, word_prompt_ids, write_checkpoint
+
+PROMPTS = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]]  # + two word prompts (set in target_dir)
+TREES = {
+    "chain": {"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
+    "static": None,  # the exported default (eagle-default)
+    "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 12}},
+}
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    folder = shared_target(tmp_path_factory)
+    if len(PROMPTS) == 1:
+        PROMPTS.extend([word_prompt_ids(1), word_prompt_ids(2)])
+    return folder
+
+
+def export_with(kind, target_dir, out, ckpt=None, tree=None):
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    ckpt = ckpt or write_checkpoint(out.parent / f"{out.name}_ckpt", kind)
+    return export_artifact(str(target_dir), out, ExportOptions(drafter=f"{kind}:{ckpt}", tree=tree, max_context=256))
+
+
+def spec_vs_plain(artifact, kind, trees, max_tokens=32, k=4):
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    runner = Runner(artifact, drafter=kind, num_draft_tokens=k, adaptive=False, threads=1)
+    drafter = runner._generator(kind, SamplingParams()).drafter
+    stats = {}
+    exported = dict(drafter.tree_cfg)
+    for name, tree in trees.items():
+        drafter.set_tree(tree if tree is not None else exported)
+        drafted = accepted = 0
+        for prompt in PROMPTS:
+            plain = runner.generate_ids(prompt, max_tokens, drafter="none")
+            spec = runner.generate_ids(prompt, max_tokens)
+            assert spec.tokens == plain.tokens, (kind, name, prompt)
+            drafted += spec.stats.draft_steps
+            accepted += sum(spec.stats.accepted)
+        stats[name] = (drafted, accepted)
+    print(kind, stats)
+    return stats
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+def test_autoregressive_heads_greedy_equal_plain(kind, target_dir, tmp_path, tmp_path_factory):
+    # eagle / eagle3: heads trained for a few steps (so drafts get accepted and the head cache must
+    # follow multi-token acceptances); mtp: a random checkpoint in the DeepSeek layout
+    ckpt = trained_head(tmp_path_factory, kind) if kind != "mtp" else None
+    m = export_with(kind, target_dir, tmp_path / "art", ckpt=ckpt)
+    d = m.drafter
+    assert d["kind"] == kind and d["graph"] == kind and isinstance(d["tree"], list) and d["num_draft_tokens"] >= 1
+    assert m.graphs["target"].hidden_states == ("eagle3" if kind == "eagle3" else "final")
+    assert f"{kind}.onnx" in m.files
+    trees = TREES if kind != "mtp" else {"chain": None, "static": {"tree": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}, "dynamic": TREES["dynamic"]}
+    stats = spec_vs_plain(tmp_path / "art", kind, trees)
+    assert all(s[0] > 0 for s in stats.values()), stats
+    if kind != "mtp":
+        assert all(s[1] > 0 for s in stats.values()), stats  # trained heads: drafts were accepted
+
+
+def test_medusa_tree_greedy_equal_plain(target_dir, tmp_path, tmp_path_factory):
+    m = export_with("medusa", target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, "medusa"), tree="tree-3x3")
+    assert m.drafter["tree"] == [[0], [1], [2], [0, 0], [1, 0], [2, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0]]
+    stats = spec_vs_plain(tmp_path / "art", "medusa", {"static": None, "chain": {"tree": [[0], [0, 0], [0, 0, 0]]}})
+    assert all(s[0] > 0 and s[1] > 0 for s in stats.values()), stats
+
+
+def test_dynamic_tree_export_and_sampling_runs(target_dir, tmp_path):
+    from speccompile.errors import InputError
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    m = export_with("eagle", target_dir, tmp_path / "art", tree="dynamic-3-2-6")
+    assert m.drafter["tree"] == "dynamic" and m.drafter["dynamic"] == {"depth": 3, "top_k": 2, "total_tokens": 6}
+    runner = Runner(tmp_path / "art", threads=1)
+    assert runner.drafter_name == "eagle" and runner.num_draft_tokens == 3
+    out = runner.generate_ids(PROMPTS[0], 20, sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=3))
+    assert len(out.tokens) >= 1
+    with pytest.raises(InputError, match="Medusa"):
+        export_with("medusa", target_dir, tmp_path / "bad", tree="dynamic")
