@@ -195,3 +195,8 @@ def test_verify_and_bench_cli(tiny_artifact, tmp_path):
 def test_artifact_errors(tmp_path):
     with pytest.raises(ArtifactError, match="not an artifact directory"):
         Runner(tmp_path / "nothing")
+
+
+def test_tree_flag_needs_a_head_drafter(tiny_artifact):
+    result = run_cli("run", str(tiny_artifact), "--prompt", "hi", "--drafter", "ngram", "--tree", "tree-2x4")
+    _clean_error(result, "--tree")

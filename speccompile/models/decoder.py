@@ -61,6 +61,20 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def fused_linear(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """Several Linear layers on the same input as one matmul (q/k/v, gate/up), then split.
+
+    The exporter folds the concatenated weight into one initializer, so the graph has one larger
+    MatMul instead of several small ones (fewer kernel launches and thread-pool dispatches per step).
+    Parameters keep their Hugging Face names.
+    """
+    weight = torch.cat([layer.weight for layer in layers], dim=0)
+    biases = [layer.bias for layer in layers]
+    bias = torch.cat(biases) if all(b is not None for b in biases) else None
+    out = nn.functional.linear(x, weight, bias)
+    return tuple(torch.split(out, [layer.out_features for layer in layers], dim=-1))
+
+
 class _StaticReshape(torch.autograd.Function):
     """Reshape whose ONNX form is one Reshape with a constant target (0 = keep that input dim).
 
@@ -132,9 +146,10 @@ class Attention(nn.Module):
         past_v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        q = static_reshape(self.q_proj(x), 0, -1, heads, dim)
-        k = static_reshape(self.k_proj(x), 0, -1, kv_heads, dim)
-        v = static_reshape(self.v_proj(x), 0, -1, kv_heads, dim)
+        q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = static_reshape(q, 0, -1, heads, dim)
+        k = static_reshape(k, 0, -1, kv_heads, dim)
+        v = static_reshape(v, 0, -1, kv_heads, dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -160,7 +175,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

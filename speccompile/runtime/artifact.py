@@ -69,11 +69,16 @@ def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
     return {"ngram": 12, "draft-model": 4}.get(drafter, 4)
 
 
-def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None):
-    """Build the runtime drafter `name` for this artifact (None for plain decoding)."""
+def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None):
+    """Build the runtime drafter `name` for this artifact (None for plain decoding).
+
+    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N]`.
+    """
     name = resolve_drafter_name(artifact, name)
     if name == "none":
         return None
+    if tree is not None and name in ("ngram", "draft-model"):
+        raise InputError(f"--tree: the {name} drafter drafts chains; trees need a head drafter (eagle, eagle3, medusa, mtp)")
     if name == "ngram":
         from .drafters.ngram import NgramDrafter
 
@@ -95,4 +100,9 @@ def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock:
         return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
     from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
 
-    return heads_factory.make(artifact, name, sampling, clock)
+    override = None
+    if tree is not None:
+        from ..export.heads import resolve_tree  # pure: parses the tree spec, no torch
+
+        override = heads_factory.tree_config({"kind": name, **resolve_tree(name, tree, None)})
+    return heads_factory.make(artifact, name, sampling, clock, tree=override)

@@ -33,8 +33,9 @@ def backend_options(func):
 
 
 def drafter_options(func):
-    """--drafter, --num-draft-tokens and --adaptive/--no-adaptive."""
+    """--drafter, --tree, --num-draft-tokens and --adaptive/--no-adaptive."""
     func = click.option("--adaptive/--no-adaptive", default=True, show_default=True, help="Shorten or pause drafting when it does not pay.")(func)
+    func = click.option("--tree", default=None, help="Head drafters: tree preset, JSON choice file, 'chain' or 'dynamic[-D-K-N]' [default: the exported one].")(func)
     func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="Most draft tokens per step [default: per drafter].")(func)
     func = click.option(
         "--drafter",
@@ -61,13 +62,13 @@ def drafter_options(func):
 @backend_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, num_draft_tokens, adaptive, backend, threads, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, num_draft_tokens, adaptive, backend, threads, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from .session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive)
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree)
     on_text = None
     if stream and not as_json:
         def on_text(delta: str) -> None:
@@ -102,11 +103,11 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, num_draft_tokens, adaptive, backend, threads, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from .bench import print_report, run_bench
 
-    report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads)
+    report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree)
     if as_json:
         from ..cli import emit_json
 
@@ -123,11 +124,11 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tok
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True)
-def verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json):
+def verify(artifact, workloads, max_tokens, limit, drafter, tree, num_draft_tokens, adaptive, backend, threads, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
     from .bench import run_verify
 
-    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json)
+    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree)
     if not ok:
         sys.exit(1)
 
