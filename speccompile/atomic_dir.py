@@ -17,7 +17,10 @@ def prepare_output(out: Path, force: bool) -> Path:
         raise InputError(f"--out {out}: exists and is not a directory")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise InputError(f"--out {out}: parent directory {parent} does not exist")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)  # like `mkdir -p`: users pass exported/NAME
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot create {parent} ({exc.strerror})") from None
     tmp = parent / f".{out.name}.tmp-{os.getpid()}"
     try:
         if tmp.exists():

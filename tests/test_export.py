@@ -173,3 +173,10 @@ def test_export_force_replaces_and_other_archs(tmp_path):
     manifest = read_manifest(out)
     assert manifest.graph("target").hidden_states == "final"
     assert "hidden_states" in manifest.graph("target").output_names()
+
+
+def test_out_parent_directories_are_created(tmp_path, tiny_model_dir):
+    out = tmp_path / "a" / "b" / "exported"
+    result = run_cli("export", str(tiny_model_dir), "--out", str(out), "--max-context", "64")
+    assert result.returncode == 0, result.stderr
+    assert (out / "manifest.json").is_file()
