@@ -103,6 +103,13 @@ def test_onnx_only_int4_artifact_runs(capsys, tiny_artifact, tmp_path):
     code, stdout, err = _cli(capsys, "run", str(out), "--prompt", "abc abc abc", "--raw", "--max-tokens", "8", "--json")
     assert code == 0, err
     assert len(json.loads(stdout)["tokens"]) == 8
+    # losslessness holds on the quantized target too (same backend: INT4 plain vs INT4 speculative)
+    from speccompile.runtime.session import Runner
+
+    runner = Runner(out, drafter="ngram", num_draft_tokens=6, adaptive=False, threads=1)
+    for prompt in ("abc abc abc abc", "the cat sat on the mat. the cat sat on the"):
+        plain = runner.generate(prompt, chat=False, max_tokens=40, drafter="none")
+        assert runner.generate(prompt, chat=False, max_tokens=40).tokens == plain.tokens
 
 
 # ---------------------------------------------------------------- build config as data

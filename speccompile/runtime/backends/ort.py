@@ -66,6 +66,11 @@ class OrtSession:
         if threads is not None and threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
         opts = session_options(threads)
+        if spec.extra.get("quantization") == "int4":
+            # ORT fuses INT4 DequantizeLinear+MatMul into MatMulNBits, which by default rounds activations to
+            # int8 with q_len-dependent kernels: a verify pass would then not reproduce plain decoding.
+            # Accuracy level 0 computes in fp32, so speculative output stays identical to plain.
+            opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
         if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
             raise UnsupportedError(
                 f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
