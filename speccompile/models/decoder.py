@@ -99,6 +99,32 @@ def static_reshape(x: torch.Tensor, *target: int) -> torch.Tensor:
     return _StaticReshape.apply(x, tuple(target))
 
 
+class _TiedLMHead(torch.autograd.Function):
+    """hidden @ embed.T whose ONNX form reads the embedding table itself (Gemm with transB=1).
+
+    A plain Linear on a tied weight makes the exporter store a second, transposed copy of the table
+    (113 MB for SmolLM2); this keeps one initializer shared by the Gather and the lm_head.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return torch.matmul(hidden, table.t())
+
+    @staticmethod
+    def symbolic(g, hidden, table):  # noqa: D102
+        rows = g.op("Reshape", hidden, g.op("Constant", value_t=torch.tensor([-1, _hidden_size(table)], dtype=torch.int64)))
+        flat = g.op("Gemm", rows, table, transB_i=1)
+        lead = g.op("Slice", g.op("Shape", hidden), g.op("Constant", value_t=torch.tensor([0])), g.op("Constant", value_t=torch.tensor([2])))
+        shape = g.op("Concat", lead, g.op("Constant", value_t=torch.tensor([-1], dtype=torch.int64)), axis_i=0)
+        return g.op("Reshape", flat, shape)
+
+
+def _hidden_size(table) -> int:
+    """Static width of the embedding table inside the exporter's graph."""
+    sizes = table.type().sizes()
+    return int(sizes[1])
+
+
 def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     """[-x2, x1] for x = [x1, x2]; `half` is a Python int so the export has constant slice bounds."""
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -270,7 +296,10 @@ class Decoder(nn.Module):
             x, k_all, v_all = layer(x, cos, sin, bias, past_key_values[2 * i], past_key_values[2 * i + 1])
             presents += [k_all, v_all]
         hidden = self.model.norm(x)
-        logits = self.lm_head(hidden).to(torch.float32)
+        if self.config.tie_word_embeddings:
+            logits = _TiedLMHead.apply(hidden, self.model.embed_tokens.weight).to(torch.float32)
+        else:
+            logits = self.lm_head(hidden).to(torch.float32)
         outputs = [logits, *presents]
         if self.hidden_mode == "final":
             outputs.append(hidden)
