@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .errors import InputError
 
@@ -40,3 +42,16 @@ def commit_output(tmp: Path, out: Path) -> None:
     tmp.rename(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_output(out: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it replaces `out`, on any error it is removed."""
+    tmp = prepare_output(out, force)
+    try:
+        yield tmp
+        commit_output(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+

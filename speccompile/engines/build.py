@@ -17,7 +17,7 @@ from typing import Callable
 import onnx
 
 from .. import __version__
-from ..atomic_dir import commit_output, prepare_output
+from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from . import config as cfg
@@ -206,8 +206,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
                 raise
             profile_problems[name] = str(exc)  # no trtexec line for this graph; reported in the manifest
     started = time.time()
-    tmp = prepare_output(out, options.force)
-    try:
+    with atomic_output(out, options.force) as tmp:
         new = Manifest.from_dict(manifest.to_dict())
         new.limits = {**new.limits, **limits}
         new.files = {}
@@ -259,10 +258,6 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         progress("checksumming files")
         new.record_files(tmp, sorted(set(files)))
         new.write(tmp)
-        commit_output(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     progress(f"done in {time.time() - started:.1f}s")
     return new
 

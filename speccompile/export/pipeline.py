@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .. import __version__
+from ..atomic_dir import atomic_output
 from ..errors import InputError
-from ..atomic_dir import commit_output, prepare_output
 from ..manifest import Manifest
 from ..models.decoder import HIDDEN_STATE_MODES
 from .drafters import export_drafter, parse_drafter, target_hidden_states_for
@@ -44,9 +43,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
     resolve_model_path(model_name)  # a missing path fails before anything is written
     out = Path(out)
-    tmp = prepare_output(out, options.force)
     started = time.time()
-    try:
+    with atomic_output(out, options.force) as tmp:
         progress(f"loading {model_name}")
         model = load_model(model_name)
         cfg = model.config
@@ -97,10 +95,6 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         progress("checksumming files")
         manifest.record_files(tmp, [f for f in files if (tmp / f).exists()])
         manifest.write(tmp)
-        commit_output(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     progress(f"done in {time.time() - started:.1f}s")
     return manifest
 

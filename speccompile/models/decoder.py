@@ -323,13 +323,17 @@ def build_decoder(config: ModelConfig, weights: dict[str, torch.Tensor], hidden_
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-        if unexpected:
-            parts.append(f"unexpected keys: {', '.join(unexpected[:5])}{' ...' if len(unexpected) > 5 else ''}")
-        raise InputError(f"weights do not match the {config.architecture} architecture ({'; '.join(parts)})")
+        raise InputError(f"weights do not match the {config.architecture} architecture ({describe_key_mismatch(missing, unexpected)})")
     return model.eval()
+
+
+def describe_key_mismatch(missing: list[str], unexpected: list[str], shown: int = 6) -> str:
+    """'missing keys: a, b ...; unexpected keys: c' for checkpoint errors."""
+    parts = []
+    for label, keys in (("missing keys", missing), ("unexpected keys", unexpected)):
+        if keys:
+            parts.append(f"{label}: {', '.join(keys[:shown])}{' ...' if len(keys) > shown else ''}")
+    return "; ".join(parts)
 
 
 def causal_mask(q_len: int, past_len: int, batch: int = 1) -> torch.Tensor:

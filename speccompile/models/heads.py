@@ -40,7 +40,7 @@ from torch import nn
 
 from ..errors import InputError, UnsupportedError
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, eagle3_tap_layers, rotate_half, mask_to_bias, rope_inv_freq
+from .decoder import MLP, RMSNorm, RotaryEmbedding, describe_key_mismatch, eagle3_tap_layers, rotate_half, mask_to_bias, rope_inv_freq
 
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
 _LAYER_KEYS = (
@@ -380,12 +380,7 @@ def _check_and_load(module: nn.Module, state: dict[str, torch.Tensor], kind: str
     missing = [k for k in expected if k not in state and k not in optional]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
-        if unexpected:
-            parts.append(f"unexpected keys: {', '.join(unexpected[:6])}{' ...' if len(unexpected) > 6 else ''}")
-        raise InputError(f"{source}: not a {kind} checkpoint in the published layout ({'; '.join(parts)})")
+        raise InputError(f"{source}: not a {kind} checkpoint in the published layout ({describe_key_mismatch(missing, unexpected)})")
     bad = [f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})" for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
     if bad:
         raise InputError(f"{source}: {kind} checkpoint shapes do not match its config: {', '.join(bad[:4])}")
