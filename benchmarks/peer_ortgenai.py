@@ -26,6 +26,11 @@ draft_tokens_proposed/accepted, target_forward_passes, standard_fallback_steps, 
 generate_next_token() still hands out one token per call with speculation on (accepted drafts are
 buffered), so the loop below is the same for both modes. Greedy only is verified here.
 
+With --ours ARTIFACT the same loop also runs speccompile on that artifact (plain and n-gram, same
+prompt ids, same thread count), interleaved with onnxruntime-genai prompt by prompt, so machine drift
+hits both engines alike; the summary then has ours/theirs ratios measured in one run. Our decode tok/s
+is speccompile's own (tokens after the first / time after prefill).
+
 Results are printed, never asserted. Example:
   python benchmarks/peer_ortgenai.py --workload benchmarks/workloads/copy.jsonl \
       --workload benchmarks/workloads/chat.jsonl --save-tokens /work/scratch_bench/ortgenai_tokens.json
@@ -216,6 +221,46 @@ class OrtGenai:
                 "total_tps": n / (t2 - t0) if t2 > t0 else 0.0, "spec_stats": stats}
 
 
+class Ours:
+    """speccompile on an exported artifact, timed the same way (decode = after prefill)."""
+
+    def __init__(self, artifact: Path, threads: int):
+        from speccompile.runtime.session import Runner
+
+        self.runner = Runner(artifact, threads=threads, drafter="ngram")
+
+    def run(self, prompt_ids: list[int], max_tokens: int, drafter: str) -> dict:
+        result = self.runner.generate_ids(prompt_ids, max_tokens=max_tokens, drafter=drafter)
+        st = result.stats
+        timed = max(st.generated_tokens - 1, 0)
+        return {"tokens": list(result.tokens), "n_new": st.generated_tokens, "n_timed": timed,
+                "prefill_s": st.time_prefill, "decode_s": st.decode_time, "steps": st.target_passes,
+                "decode_tps": st.tokens_per_second, "total_tps": st.generated_tokens / max(st.time_total, 1e-9),
+                "tokens_per_pass": st.mean_accepted_length, "overhead_fraction": st.overhead_fraction}
+
+
+def compare_with_ours(results: list[dict]) -> dict:
+    """Ours vs onnxruntime-genai: workload tok/s ratios and the median of per-prompt ratios."""
+    out = {}
+    for ours, theirs in (("ours_plain", "plain"), ("ours_ngram", "ngram")):
+        if not results or ours not in results[0] or theirs not in results[0]:
+            continue
+        per_prompt = [r[ours]["decode_tps"] / r[theirs]["decode_tps"] for r in results if r[theirs]["decode_tps"] > 0]
+        ours_tps = sum(r[ours]["n_timed"] for r in results) / sum(r[ours]["decode_s"] for r in results)
+        theirs_tps = sum(r[theirs]["n_new"] for r in results) / sum(r[theirs]["decode_s"] for r in results)
+        out[f"{ours}_vs_{theirs}"] = {"ours_decode_tok_s": round(ours_tps, 1), "theirs_decode_tok_s": round(theirs_tps, 1),
+                                     "ratio": round(ours_tps / theirs_tps, 3),
+                                     "median_prompt_ratio": round(statistics.median(per_prompt), 3)}
+    if results and "ours_ngram" in results[0]:
+        out["ours_identical"] = sum(r["ours_plain"]["tokens"] == r["ours_ngram"]["tokens"] for r in results)
+        out["ours_speedup_median"] = round(statistics.median(
+            r["ours_ngram"]["decode_tps"] / r["ours_plain"]["decode_tps"] for r in results), 3)
+        out["ours_overhead_fraction"] = round(statistics.mean(r["ours_ngram"]["overhead_fraction"] for r in results), 4)
+        out["ours_tokens_per_pass"] = round(sum(r["ours_ngram"]["n_new"] for r in results)
+                                            / max(sum(r["ours_ngram"]["steps"] for r in results), 1), 2)
+    return out
+
+
 def summarize(name: str, results: list[dict], modes: list[str]) -> dict:
     out = {"workload": name, "prompts": len(results)}
     for m in modes:
@@ -300,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-spec", action="store_true", help="run plain only")
     ap.add_argument("--save-tokens", type=Path, default=None, help="write generated ids (JSON)")
     ap.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    ap.add_argument("--ours", type=Path, default=None,
+                    help="speccompile artifact to run interleaved with onnxruntime-genai (ratios in one run)")
     args = ap.parse_args(argv)
 
     import onnxruntime_genai as og
@@ -321,10 +368,14 @@ def main(argv: list[str] | None = None) -> int:
 
     load_start = list(os.getloadavg())
     eng = OrtGenai(model_dir, args.threads)
+    ours = Ours(args.ours, args.threads) if args.ours else None
+    our_modes = {"ours_plain": "none", "ours_ngram": "ngram"} if ours else {}
     # Warm-up (first session run allocates and pre-packs): not timed.
     warm_ids = encode_prompt(tok, {"prompt": "Say hello.", "chat": True})
     for m in modes:
         eng.run(warm_ids, 8, spec if m == "ngram" else None)
+    for drafter in our_modes.values():
+        ours.run(warm_ids, 8, drafter)
 
     summaries, saved = [], {}
     for wl in workloads:
@@ -333,23 +384,30 @@ def main(argv: list[str] | None = None) -> int:
         for i, row in enumerate(rows):
             ids = encode_prompt(tok, row)
             res = {"id": row["id"], "prompt_len": len(ids)}
-            order = modes if i % 2 == 0 else list(reversed(modes))
-            for m in order:
-                res[m] = eng.run(ids, args.max_tokens, spec if m == "ngram" else None)
+            order = modes + list(our_modes)
+            for m in (order if i % 2 == 0 else list(reversed(order))):
+                if m in our_modes:
+                    res[m] = ours.run(ids, args.max_tokens, our_modes[m])
+                else:
+                    res[m] = eng.run(ids, args.max_tokens, spec if m == "ngram" else None)
             results.append(res)
             msg = f"[{wl.stem} {i + 1}/{len(rows)}] {row['id']}: prompt {len(ids)}"
             for m in modes:
                 msg += f" | {m} {res[m]['n_new']} tok {res[m]['decode_tps']:.1f} tok/s"
             if spec:
                 msg += " | same" if res["plain"]["tokens"] == res["ngram"]["tokens"] else " | DIFFERENT"
+            for m in our_modes:
+                msg += f" | {m} {res[m]['decode_tps']:.1f} tok/s"
             log(msg)
             saved.setdefault(wl.stem, {})[row["id"]] = {
                 "prompt_ids": ids, **{m: res[m]["tokens"] for m in modes}}
         s = summarize(wl.stem, results, modes)
         s["file"] = str(wl)
+        if ours:
+            s["vs_ours"] = compare_with_ours(results)
         s["per_prompt"] = [{"id": r["id"], "prompt_len": r["prompt_len"],
                             **{m: {k: (round(v, 4) if isinstance(v, float) else v)
-                                   for k, v in r[m].items() if k != "tokens"} for m in modes}}
+                                   for k, v in r[m].items() if k != "tokens"} for m in [*modes, *our_modes]}}
                            for r in results]
         summaries.append(s)
 
@@ -369,6 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(summaries, header)
         for s in summaries:
+            for key, cmp in s.get("vs_ours", {}).items():
+                if isinstance(cmp, dict):
+                    print(f"  {s['workload']}: {key}: ours {cmp['ours_decode_tok_s']} vs {cmp['theirs_decode_tok_s']} tok/s "
+                          f"= {cmp['ratio']:.2f}x (median per prompt {cmp['median_prompt_ratio']:.2f}x)")
+            if "ours_identical" in s.get("vs_ours", {}):
+                v = s["vs_ours"]
+                print(f"  {s['workload']}: ours n-gram == ours plain on {v['ours_identical']}/{s['prompts']}, "
+                      f"{v['ours_tokens_per_pass']} tokens/pass, median speedup {v['ours_speedup_median']:.2f}x, "
+                      f"overhead {100 * v['ours_overhead_fraction']:.1f}%")
             if s.get("mismatched_ids"):
                 print(f"  {s['workload']}: plain != ngram for {', '.join(s['mismatched_ids'])}")
     return 0

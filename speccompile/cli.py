@@ -55,9 +55,11 @@ def cli() -> None:
 @click.option("--drafter", default=None, help="Drafter to export with the target: ngram | draft-model:PATH | eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH.")
 @click.option("--tree", default=None, help="Tree preset name or JSON file of choice paths (for tree drafters).")
 @click.option("--num-draft-tokens", type=int, default=None, help="Draft tokens per step recorded as the default for `run`.")
+@click.option("--fused-cpu-graph/--no-fused-cpu-graph", default=True, show_default=True,
+              help="Also write *.ort.onnx: the same model with ONNX Runtime's fused CPU operators and an in-place KV buffer (sharing the weights file).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
-def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, force, as_json):
+def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, fused_cpu_graph, force, as_json):
     """Export MODEL (Hugging Face folder, .gguf file or alias such as smollm2-135m) to ONNX verify graphs."""
     from .export.pipeline import ExportOptions, export_artifact
 
@@ -69,6 +71,7 @@ def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, dra
         drafter=drafter,
         tree=tree,
         num_draft_tokens=num_draft_tokens,
+        fused_cpu_graph=fused_cpu_graph,
         force=force,
     )
     export_artifact(model, out, options, _progress_printer(as_json))

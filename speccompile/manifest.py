@@ -18,6 +18,7 @@ from .errors import ArtifactError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+FUSED_VARIANT = "-ort"  # graph NAME's fused ONNX Runtime CPU variant is listed as NAME-ort
 
 
 @dataclass

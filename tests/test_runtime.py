@@ -41,9 +41,10 @@ def test_kvcache_lazy_drop_and_compact():
     assert cache.length == 2
 
 
-@pytest.mark.parametrize("adaptive", [True, False])
-def test_greedy_ngram_equals_plain(tiny_artifact, adaptive):
-    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=5, adaptive=adaptive, threads=1)
+@pytest.mark.parametrize("adaptive,fused", [(True, True), (False, True), (True, False)])
+def test_greedy_ngram_equals_plain(tiny_artifact, adaptive, fused):
+    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=5, adaptive=adaptive, threads=1, fused=fused)
+    assert runner.artifact.target.spec.file == ("target.ort.onnx" if fused else "target.onnx")
     accepted = 0
     for prompt in PROMPTS:
         plain = runner.generate(prompt, chat=False, max_tokens=48, drafter="none")
@@ -54,9 +55,11 @@ def test_greedy_ngram_equals_plain(tiny_artifact, adaptive):
     assert accepted > 0  # the drafts were really exercised
 
 
-def test_greedy_draft_model_equals_plain(tiny_artifact_with_draft):
-    runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1)
+@pytest.mark.parametrize("fused", [True, False])
+def test_greedy_draft_model_equals_plain(tiny_artifact_with_draft, fused):
+    runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1, fused=fused)
     assert runner.drafter_name == "draft-model"
+    assert runner.artifact.session("draft").spec.file == ("draft.ort.onnx" if fused else "draft.onnx")
     for prompt in PROMPTS[:3]:
         plain = runner.generate(prompt, chat=True, max_tokens=40, drafter="none")
         spec = runner.generate(prompt, chat=True, max_tokens=40)
@@ -200,3 +203,14 @@ def test_artifact_errors(tmp_path):
 def test_tree_flag_needs_a_head_drafter(tiny_artifact):
     result = run_cli("run", str(tiny_artifact), "--prompt", "hi", "--drafter", "ngram", "--tree", "tree-2x4")
     _clean_error(result, "--tree")
+
+
+def test_target_threads_spin_only_when_no_drafter_graph_runs(tiny_artifact, tiny_artifact_with_draft):
+    def spinning(runner) -> str:
+        options = runner.artifact.target.session.get_session_options()
+        return options.get_session_config_entry("session.intra_op.allow_spinning")
+
+    assert spinning(Runner(tiny_artifact, drafter="ngram", threads=1)) == "1"
+    assert spinning(Runner(tiny_artifact, drafter="none", threads=1)) == "1"
+    # a draft-model graph alternates with the target on the same cores: no busy-waiting
+    assert spinning(Runner(tiny_artifact_with_draft, drafter="auto", threads=1)) == "0"

@@ -181,6 +181,12 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
         raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
     manifest.graph("target")  # must exist
+    # Fused ONNX Runtime CPU variants (*.ort.onnx) share the exported weights file and use com.microsoft
+    # operators: TensorRT cannot build them and quantizing the target would leave them stale, so drop them.
+    fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("kv_layout") == "buffer"}
+    fused_files = {f for g in fused.values() for f in _graph_files(manifest, g.file)}
+    for name in fused:
+        del manifest.graphs[name]
 
     trt = gpu = build_config = None
     if not options.onnx_only:
@@ -221,7 +227,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
             files += [spec.file, spec.file + ".data"]
         progress("copying the other files (tokenizer, drafter graphs)")
         for name in manifest.files:  # everything else listed in the source manifest, unchanged
-            if name not in replaced:
+            if name not in replaced and name not in fused_files:
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / name, tmp / name)
                 files.append(name)

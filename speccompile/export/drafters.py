@@ -33,6 +33,8 @@ class DrafterRequest:
     path: str | None
     tree: str | None = None
     num_draft_tokens: int | None = None
+    max_context: int = 0  # the artifact's context limit (set by the export pipeline)
+    fused_cpu_graph: bool = True  # also write the fused ORT CPU variant of decoder graphs
 
 
 # kind -> (needs a path, hidden states the target must expose, exporter)
@@ -90,10 +92,16 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
     draft = load_model(request.path)
     _check_same_tokenizer(draft, out_dir, request.path)
     decoder = build_decoder(draft.config, draft.weights, "none")
-    spec = export_decoder(decoder, out_dir / "draft.onnx", role="draft-model", dtype=dtype)
+    graphs = {"draft": export_decoder(decoder, out_dir / "draft.onnx", role="draft-model", dtype=dtype)}
+    files = ["draft.onnx", "draft.onnx.data"]
+    if request.fused_cpu_graph:
+        from .ort_fused_graph import add_fused_variant
+
+        max_context = request.max_context or draft.config.max_position_embeddings
+        files += add_fused_variant(decoder, "draft", graphs, out_dir, max_context)
     return DrafterExport(
-        graphs={"draft": spec},
-        files=["draft.onnx", "draft.onnx.data"],
+        graphs=graphs,
+        files=files,
         manifest={
             "kind": "draft-model",
             "graph": "draft",

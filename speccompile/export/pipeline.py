@@ -13,6 +13,7 @@ from ..errors import InputError
 from ..manifest import Manifest
 from ..models.decoder import HIDDEN_STATE_MODES
 from .drafters import export_drafter, parse_drafter, target_hidden_states_for
+from .ort_fused_graph import add_fused_variant
 
 Progress = Callable[[str], None]
 
@@ -27,6 +28,7 @@ class ExportOptions:
     drafter: str | None = None
     tree: str | None = None
     num_draft_tokens: int | None = None
+    fused_cpu_graph: bool = True  # also write *.ort.onnx (GroupQueryAttention, in-place KV) for ORT CPU
     force: bool = False
 
 
@@ -41,6 +43,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     if options.hidden_states is not None and options.hidden_states not in HIDDEN_STATE_MODES:
         raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
+    if request is not None:
+        request.fused_cpu_graph = options.fused_cpu_graph
     resolve_model_path(model_name)  # a missing path fails before anything is written
     out = Path(out)
     started = time.time()
@@ -62,8 +66,11 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         graphs = {"target": export_decoder(decoder, tmp / "target.onnx", role="target", dtype=options.dtype)}
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
+        if options.fused_cpu_graph:
+            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress)
         drafter_section = None
         if request is not None:
+            request.max_context = max_context
             progress(f"exporting drafter {request.kind}")
             exported = export_drafter(request, model, tmp, options.dtype)
             graphs.update(exported.graphs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..manifest import Manifest, read_manifest
+from ..manifest import FUSED_VARIANT, Manifest, read_manifest
 from .backends.base import Session, open_session
 from .sampling import SamplingParams
 from .tokenizer import TextTokenizer
@@ -24,6 +24,7 @@ class Artifact:
     target: Session
     backend: str
     threads: int | None
+    fused: bool = True
 
     @property
     def max_context(self) -> int:
@@ -40,25 +41,44 @@ class Artifact:
 
     def session(self, graph: str) -> Session:
         """Open another graph of the artifact (a drafter) on the same backend."""
-        return open_session(self.directory, self.manifest.graph(graph), self.backend, self.threads)
+        return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
 
 
-def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None) -> Artifact:
-    """Verify the manifest (schema, sha256 of every file) and load the target graph + tokenizer."""
+def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
+                  drafter: str = "auto") -> Artifact:
+    """Verify the manifest (schema, sha256 of every file) and load the target graph + tokenizer.
+
+    On `ort-cpu` the fused variant of a graph (`target.ort.onnx`, see export/ort_fused_graph.py) is used
+    when the artifact has one and `fused` is set; otherwise the contract graph. `drafter` is the one
+    that will run: when it has no graph of its own (n-gram, none) the target's threads may spin.
+    """
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
-    target = open_session(directory, manifest.graph("target"), backend, threads)
-    return Artifact(directory, manifest, tokenizer, target, backend, threads)
+    alone = _resolve_drafter(manifest, drafter) in ("ngram", "none")
+    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone)
+    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused)
+
+
+def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
+                spinning: bool = False) -> Session:
+    variant = graph + FUSED_VARIANT
+    if fused and backend == "ort-cpu" and variant in manifest.graphs:
+        graph = variant
+    max_context = int(manifest.limits.get("max_context", 0)) or None
+    return open_session(directory, manifest.graph(graph), backend, threads, max_context=max_context, spinning=spinning)
 
 
 def resolve_drafter_name(artifact: Artifact, name: str) -> str:
     """`auto` -> the drafter exported with the artifact, else n-gram lookup."""
+    return _resolve_drafter(artifact.manifest, name)
+
+
+def _resolve_drafter(manifest: Manifest, name: str) -> str:
     if name not in DRAFTER_CHOICES:
         raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}")
     if name == "auto":
-        kind = (artifact.manifest.drafter or {}).get("kind")
-        return kind or "ngram"
+        return (manifest.drafter or {}).get("kind") or "ngram"
     return name
 
 

@@ -26,7 +26,11 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 
 
 def backend_options(func):
-    """--backend and --threads, shared by run, bench and verify."""
+    """--backend, --threads and --contract-graph, shared by run, bench and verify."""
+    func = click.option(
+        "--contract-graph", is_flag=True,
+        help="On ort-cpu, run the portable contract graph (target.onnx) instead of the fused CPU graph (target.ort.onnx).",
+    )(func)
     func = click.option("--threads", type=int, default=None, help="Intra-op threads for ONNX Runtime [default: all usable cores].")(func)
     func = click.option("--backend", type=click.Choice(BACKENDS), default="ort-cpu", show_default=True, help="Inference engine.")(func)
     return func
@@ -62,13 +66,13 @@ def drafter_options(func):
 @backend_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, num_draft_tokens, adaptive, backend, threads, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from .session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree)
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=not contract_graph)
     on_text = None
     if stream and not as_json:
         def on_text(delta: str) -> None:
@@ -103,11 +107,11 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, num_draft_tokens, adaptive, backend, threads, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from .bench import print_report, run_bench
 
-    report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree)
+    report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph)
     if as_json:
         from ..cli import emit_json
 
@@ -124,11 +128,11 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, num_dra
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True)
-def verify(artifact, workloads, max_tokens, limit, drafter, tree, num_draft_tokens, adaptive, backend, threads, as_json):
+def verify(artifact, workloads, max_tokens, limit, drafter, tree, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
     from .bench import run_verify
 
-    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree)
+    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph)
     if not ok:
         sys.exit(1)
 

@@ -89,3 +89,80 @@ class KVCache:
         self.tensors = packed
         self.live = np.ones(len(idx), dtype=bool)
         self.compactions += 1
+
+
+class BufferKVCache:
+    """KV rows in preallocated per-layer buffers that the graph writes in place (the fused ORT CPU graph).
+
+    The graph's `GroupQueryAttention` nodes receive the same buffer as past input and present output and
+    write the q new rows at slots [length, length + q). Accepting tokens moves nothing for a chain (the
+    accepted rows are already the next slots); rejected rows are simply overwritten by the next step.
+
+    What each step copies:
+      * chain step (any number rejected): nothing;
+      * tree step: the accepted path's rows that do not already sit at their final slot, one row per layer
+        each (at most the tree depth);
+      * growing the buffers (capacity doubles, bounded by the context limit): one copy of the cache.
+    """
+
+    def __init__(self, count: int, kv_heads: int, head_dim: int, dtype, wrap: Callable[[np.ndarray], Any],
+                 capacity: int = 256, max_capacity: int | None = None):
+        self._shape = (1, kv_heads, 0, head_dim)
+        self._dtype = dtype
+        self._wrap = wrap
+        self.max_capacity = max_capacity
+        self.length = 0
+        self.compactions = 0
+        self.max_dead = 0
+        self.arrays: list[np.ndarray] = []
+        self.tensors: list[Any] = []
+        self._allocate(count, capacity)
+
+    def _allocate(self, count: int, capacity: int) -> None:
+        shape = (*self._shape[:2], capacity, self._shape[3])
+        old = self.arrays
+        self.arrays = [np.zeros(shape, dtype=self._dtype) for _ in range(count)]
+        for new, previous in zip(self.arrays, old):
+            new[:, :, : self.length] = previous[:, :, : self.length]
+        self.tensors = [self._wrap(a) for a in self.arrays]  # OrtValues viewing the numpy memory
+
+    @property
+    def capacity(self) -> int:
+        return int(self.arrays[0].shape[2]) if self.arrays else 0
+
+    @property
+    def physical_len(self) -> int:
+        return self.length
+
+    @property
+    def dead(self) -> int:
+        return 0
+
+    def reserve(self, total: int) -> None:
+        """Make room for `total` rows (doubling, so growth copies the cache O(log n) times)."""
+        if total <= self.capacity:
+            return
+        capacity = max(total, 2 * self.capacity)
+        if self.max_capacity:
+            capacity = max(total, min(capacity, self.max_capacity))
+        self._allocate(len(self.arrays), capacity)
+
+    def attention_mask(self, new_mask: np.ndarray) -> np.ndarray:
+        """[1, q, length + q]: every committed row is visible; the new tokens' own (causal or tree) mask."""
+        q = new_mask.shape[0]
+        return np.concatenate([np.ones((q, self.length), dtype=bool), new_mask.astype(bool)], axis=1)[None]
+
+    def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
+        """The graph wrote `num_new` rows at [length, ...); commit those in `keep` (ascending) as the next slots."""
+        for slot, source in enumerate(int(k) for k in keep):
+            if source != slot:
+                for array in self.arrays:
+                    array[:, :, self.length + slot] = array[:, :, self.length + source]
+        self.length += len(keep)
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` tokens."""
+        self.length = min(self.length, int(length))
+
+    def maybe_compact(self, incoming: int, max_context: int) -> None:
+        """Nothing to squeeze: rejected rows never stay in the buffer."""

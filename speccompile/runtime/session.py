@@ -23,8 +23,9 @@ class Runner:
         adaptive: bool = True,
         sampling: SamplingParams | None = None,
         tree: str | None = None,
+        fused: bool = True,
     ):
-        self.artifact = open_artifact(artifact, backend, threads)
+        self.artifact = open_artifact(artifact, backend, threads, fused, drafter)
         self.drafter_name = resolve_drafter_name(self.artifact, drafter)
         self.num_draft_tokens = num_draft_tokens if num_draft_tokens is not None else default_num_draft_tokens(self.artifact, self.drafter_name)
         self.adaptive = adaptive

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec
-from ..kvcache import KVCache
+from ..kvcache import BufferKVCache, KVCache
 from .base import StepOutput
 
 _NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
@@ -32,8 +32,13 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def session_options(threads: int | None):
-    """The ONNX Runtime options every speccompile graph runs with (sequential, fully optimised)."""
+def session_options(threads: int | None, spinning: bool = False):
+    """The ONNX Runtime options every speccompile graph runs with (sequential, fully optimised).
+
+    `spinning`: let the intra-op threads busy-wait between operators and runs. That is ~15% faster per
+    decode step when the target is the only graph running (plain, n-gram), but when a drafter graph
+    alternates with the target the spinning pools steal the cores from each other (2-3x slower steps).
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -42,17 +47,15 @@ def session_options(threads: int | None):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    # No busy-waiting after a run: with a drafter graph the target's and the drafter's thread pools
-    # alternate on the same cores, and spinning pools steal them from each other (2-3x slower steps).
-    # Measured cost for a single session: within noise (39.3 vs 40.3 ms per SmolLM2 decode step).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return opts
 
 
 class OrtSession:
     """One verify graph in an onnxruntime.InferenceSession."""
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None):
+    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
+                 spinning: bool = False):
         import onnxruntime as ort
 
         self.spec = spec
@@ -65,7 +68,7 @@ class OrtSession:
             )
         if threads is not None and threads < 1:
             raise InputError(f"--threads must be >= 1, got {threads}")
-        opts = session_options(threads)
+        opts = session_options(threads, spinning)
         if spec.extra.get("quantization") == "int4":
             # ORT fuses INT4 DequantizeLinear+MatMul into MatMulNBits, which by default rounds activations to
             # int8 with q_len-dependent kernels: a verify pass would then not reproduce plain decoding.
@@ -114,6 +117,62 @@ class OrtSession:
         logits = outputs["logits"].numpy()[0]
         hidden = outputs[self.hidden_name].numpy()[0] if self.hidden_name else None
         return StepOutput(logits=logits, presents=[outputs[n] for n in self.present_names], hidden=hidden)
+
+
+class OrtBufferSession(OrtSession):
+    """The fused CPU graph (`*.ort.onnx`): KV in preallocated buffers that GroupQueryAttention fills in place.
+
+    Each layer's buffer is bound as both the past input and the present output, so a step copies no cache
+    data at all; the mask becomes GroupQueryAttention's additive `attention_bias` (0 or -inf).
+    """
+
+    initial_capacity = 256  # KV rows allocated up front; the buffers double when a step needs more
+
+    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
+                 max_context: int | None = None, spinning: bool = False):
+        if backend != "ort-cpu":
+            raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; --backend {backend} needs {spec.extra.get('variant_of')}")
+        super().__init__(directory, spec, backend, threads, spinning)
+        self.max_context = max_context
+
+    def new_cache(self, max_dead: int = 64) -> BufferKVCache:
+        return BufferKVCache(len(self.past_names), self.kv_shape[1], self.kv_shape[3], self.kv_dtype, self._to_ort,
+                             capacity=self.initial_capacity, max_capacity=self.max_context)
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache) -> StepOutput:
+        total = int(attention_mask.shape[-1])
+        cache.reserve(total)
+        binding = self._binding_for(cache)
+        bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
+        binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
+        binding.bind_cpu_input("seqlens_k", np.array([total - 1], dtype=np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        binding.bind_output("logits", "cpu")  # rebound each step: q (the output shape) changes
+        if self.hidden_name:
+            binding.bind_output(self.hidden_name, "cpu")
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        logits = outputs[0].numpy()[0]
+        hidden = outputs[-1].numpy()[0] if self.hidden_name else None
+        return StepOutput(logits=logits, presents=cache.tensors, hidden=hidden)
+
+    def _binding_for(self, cache: BufferKVCache):
+        """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow."""
+        state = getattr(cache, "_ort_binding", None)
+        if state is not None and state[0] is self and state[1] == cache.capacity:
+            return state[2]
+        binding = self.session.io_binding()
+        for past, value in zip(self.past_names, cache.tensors):
+            binding.bind_ortvalue_input(past, value)
+        binding.bind_output("logits", "cpu")  # outputs bound in graph order: logits, presents, hidden
+        for present, value in zip(self.present_names, cache.tensors):
+            binding.bind_ortvalue_output(present, value)
+        if self.hidden_name:
+            binding.bind_output(self.hidden_name, "cpu")
+        cache._ort_binding = (self, cache.capacity, binding)
+        return binding
 
 
 def _tensorrt_ep_options(directory: str | Path, spec: GraphSpec) -> dict:

@@ -1,0 +1,268 @@
+"""The ONNX Runtime CPU fast path: the same decoder as a lean graph of `com.microsoft` fused operators.
+
+The contract graph (`target.onnx`) is plain ONNX so that TensorRT and every ONNX Runtime execution
+provider can run it; it pays for that on the CPU with ~2,900 small nodes per step and a KV cache that is
+concatenated inside the graph on every call. This module writes a second graph of the same model,
+`target.ort.onnx`, made of the operators ONNX Runtime fuses on the CPU:
+
+* `GroupQueryAttention` with rotary embedding inside (positions are an input, so tree nodes at the same
+  depth share a position), an additive `attention_bias` for tree masks, and a **preallocated KV buffer
+  written in place** (the runtime binds the same buffer as past input and present output: no concat);
+* `SkipSimplifiedLayerNormalization` (residual add + RMSNorm in one node), fused q/k/v and gate/up
+  matmuls, SiLU as Sigmoid*Mul.
+
+Weights are not written twice: every tensor whose bytes equal a tensor of the contract graph points at
+the same bytes of `target.onnx.data`; only what the contract graph lacks (the rotary cos/sin tables)
+goes to `target.ort.onnx.data`. The contract graph stays the reference: tests compare the two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..manifest import FUSED_VARIANT, GraphSpec
+from ..models.config import ModelConfig
+from .onnx_export import check_graph, graph_interface
+
+FUSED_SUFFIX = ".ort.onnx"
+_MS = "com.microsoft"
+
+
+def fused_variant_problem(config: ModelConfig, dtype: str) -> str | None:
+    """Why this model cannot get the fused CPU graph (None when it can)."""
+    if dtype != "fp32":
+        return f"the fused ONNX Runtime CPU graph is fp32 only (export dtype {dtype})"
+    if config.head_dim % 16:
+        return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
+    return None
+
+
+def variant_name(graph: str) -> str:
+    return graph + FUSED_VARIANT
+
+
+def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
+                      progress=lambda _: None) -> list[str]:
+    """Add graph `name`'s fused CPU variant to `graphs` (as NAME-ort) when the model allows; returns new files."""
+    contract = graphs[name]
+    problem = fused_variant_problem(decoder.config, contract.dtype)
+    if problem:
+        progress(f"note: no fused CPU graph for {name}: {problem}")
+        return []
+    progress(f"writing the fused ONNX Runtime CPU graph for {name}")
+    spec, files = export_fused_variant(decoder, contract, directory, max_context)
+    graphs[variant_name(name)] = spec
+    return files
+
+
+def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_context: int) -> tuple[GraphSpec, list[str]]:
+    """Write `<contract stem>.ort.onnx` next to the contract graph; returns its spec and the files written."""
+    contract_path = Path(directory) / contract.file
+    path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + FUSED_SUFFIX)
+    weights = _SharedWeights(contract_path, path.name + ".data")
+    model = _build_model(decoder, weights, max_context)
+    files = [path.name]
+    if weights.write_own(directory):
+        files.append(weights.own_location)
+    onnx.save_model(model, str(path))
+    check_graph(path)
+    inputs, outputs = graph_interface(path)
+    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"]}
+    spec = GraphSpec(
+        role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
+        num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
+        hidden_states=contract.hidden_states, extra=extra,
+    )
+    return spec, files
+
+
+class _SharedWeights:
+    """Initializers that reuse the contract graph's external data where the bytes are identical."""
+
+    def __init__(self, contract_path: Path, own_location: str):
+        self.own_location = own_location
+        self._own: list[bytes] = []
+        self._own_size = 0
+        self._index: dict[tuple, list[tuple[str, str]]] = {}
+        contract = onnx.load(str(contract_path), load_external_data=False)
+        for init in contract.graph.initializer:
+            info = {e.key: e.value for e in init.external_data}
+            if init.data_location != TensorProto.EXTERNAL or "location" not in info:
+                continue
+            data = np.memmap(contract_path.parent / info["location"], dtype=np.uint8, mode="r")
+            start = int(info.get("offset", 0))
+            raw = data[start : start + int(info["length"])]
+            key = (init.data_type, tuple(init.dims), hashlib.blake2b(raw, digest_size=16).digest())
+            self._index[key] = [(k, v) for k, v in info.items()]
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        """An initializer `name` holding `array`, pointing into the contract's data when possible."""
+        array = np.ascontiguousarray(array)
+        proto = onnx.numpy_helper.from_array(array, name)
+        key = (proto.data_type, tuple(array.shape), hashlib.blake2b(array.tobytes(), digest_size=16).digest())
+        external = self._index.get(key)
+        if external is None:
+            raw = array.tobytes()
+            external = [("location", self.own_location), ("offset", str(self._own_size)), ("length", str(len(raw)))]
+            self._own.append(raw)
+            self._own_size += len(raw)
+        proto.ClearField("raw_data")
+        proto.data_location = TensorProto.EXTERNAL
+        for k, v in external:
+            proto.external_data.add(key=k, value=v)
+        return proto
+
+    def write_own(self, directory: Path) -> bool:
+        """Write the tensors the contract graph did not have; False when there were none."""
+        if not self._own:
+            return False
+        with open(Path(directory) / self.own_location, "wb") as fh:
+            for raw in self._own:
+                fh.write(raw)
+        return True
+
+
+class _Nodes:
+    """A tiny node writer: unique output names, optional outputs as ''."""
+
+    def __init__(self):
+        self.nodes: list[onnx.NodeProto] = []
+        self._count = 0
+
+    def __call__(self, op: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
+        self._count += 1
+        if isinstance(outputs, int):
+            outputs = [f"{op.lower()}_{self._count}_{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}_{self._count}", domain=domain, **attrs))
+        return outputs
+
+
+def _numpy(param) -> np.ndarray:
+    return param.detach().to("cpu").float().numpy()
+
+
+def _rotary_tables(decoder, max_context: int) -> tuple[np.ndarray, np.ndarray]:
+    inv_freq = decoder.model.rotary_emb.inv_freq.detach().float().numpy()
+    freqs = np.arange(max_context, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+
+
+def _build_model(decoder, weights: _SharedWeights, max_context: int) -> onnx.ModelProto:
+    cfg = decoder.config
+    heads, kv_heads, dim, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+    eps = float(cfg.rms_norm_eps)
+    n = _Nodes()
+    inits: list[TensorProto] = []
+
+    def init(name: str, array: np.ndarray) -> str:
+        inits.append(weights.tensor(name, array))
+        return name
+
+    def const(name: str, values, dtype=np.int64) -> str:
+        inits.append(onnx.numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+        return name
+
+    cos, sin = _rotary_tables(decoder, max_context)
+    init("rotary.cos_cache", cos)
+    init("rotary.sin_cache", sin)
+    embed = init("model.embed_tokens.weight", _numpy(decoder.model.embed_tokens.weight))
+    x = n("Gather", [embed, "input_ids"])[0]
+    residual = x
+    taps: list[str] = []
+    presents: list[str] = []
+    mlp_out = None
+    for i, layer in enumerate(decoder.model.layers):
+        pre = f"layers.{i}"
+        gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
+        if mlp_out is None:
+            h = n("RMSNormalization", [x, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+        else:
+            h, residual = _skip_norm(n, mlp_out, residual, gamma, eps)
+        if i in decoder.aux_layers:
+            taps.append(residual)
+        attn = layer.self_attn
+        qkv_weight = np.concatenate([_numpy(p.weight) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], axis=0)
+        qkv = n("MatMul", [h, init(f"{pre}.self_attn.qkv.weight_t", qkv_weight.T)])[0]
+        if attn.q_proj.bias is not None:
+            bias = np.concatenate([_numpy(p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)])
+            qkv = n("Add", [qkv, init(f"{pre}.self_attn.qkv.bias", bias)])[0]
+        if attn.q_norm is not None:
+            split = const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])
+            q, k, v = n("Split", [qkv, split], 3, axis=-1)
+            q = _head_norm(n, q, heads, dim, init(f"{pre}.self_attn.q_norm.weight", _numpy(attn.q_norm.weight)), eps, const, f"{pre}.q")
+            k = _head_norm(n, k, kv_heads, dim, init(f"{pre}.self_attn.k_norm.weight", _numpy(attn.k_norm.weight)), eps, const, f"{pre}.k")
+            query = [q, k, v]
+        else:
+            query = [qkv, "", ""]
+        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+        out = n(
+            "GroupQueryAttention",
+            [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length",
+             "rotary.cos_cache", "rotary.sin_cache", "position_ids", "attention_bias"],
+            [f"attn_{i}", present_k, present_v],
+            domain=_MS, num_heads=heads, kv_num_heads=kv_heads, scale=float(1.0 / np.sqrt(dim)),
+            do_rotary=1, rotary_interleaved=0, local_window_size=-1,
+        )[0]
+        presents += [present_k, present_v]
+        o = n("MatMul", [out, init(f"{pre}.self_attn.o_proj.weight_t", _numpy(attn.o_proj.weight).T)])[0]
+        gamma = init(f"{pre}.post_attention_layernorm.weight", _numpy(layer.post_attention_layernorm.weight))
+        h, residual = _skip_norm(n, o, residual, gamma, eps)
+        mlp = layer.mlp
+        gate_up = np.concatenate([_numpy(mlp.gate_proj.weight), _numpy(mlp.up_proj.weight)], axis=0)
+        gu = n("MatMul", [h, init(f"{pre}.mlp.gate_up.weight_t", gate_up.T)])[0]
+        inter = mlp.gate_proj.out_features
+        gate, up = n("Split", [gu, const(f"{pre}.mlp_split", [inter, inter])], 2, axis=-1)
+        act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
+        mlp_out = n("MatMul", [act, init(f"{pre}.mlp.down_proj.weight_t", _numpy(mlp.down_proj.weight).T)])[0]
+    final, _ = _skip_norm(n, mlp_out, residual, init("model.norm.weight", _numpy(decoder.model.norm.weight)), eps)
+    if cfg.tie_word_embeddings:
+        flat = n("Reshape", [final, const("lm_head.flat_shape", [-1, hidden])])[0]
+        logits2d = n("Gemm", [flat, embed], transB=1)[0]
+        n("Unsqueeze", [logits2d, const("lm_head.batch_axis", [0])], ["logits"])
+    else:
+        n("MatMul", [final, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], ["logits"])
+    outputs = [_value("logits", TensorProto.FLOAT, [1, "q_len", cfg.vocab_size])]
+    cache_shape = [1, kv_heads, "kv_capacity", dim]
+    outputs += [_value(name, TensorProto.FLOAT, cache_shape) for name in presents]
+    if decoder.hidden_mode == "final":
+        n("Identity", [final], ["hidden_states"])
+        outputs.append(_value("hidden_states", TensorProto.FLOAT, [1, "q_len", hidden]))
+    elif decoder.hidden_mode == "eagle3":
+        n("Concat", taps, ["aux_hidden_states"], axis=-1)
+        outputs.append(_value("aux_hidden_states", TensorProto.FLOAT, [1, "q_len", hidden * len(taps)]))
+    inputs = [
+        _value("input_ids", TensorProto.INT64, [1, "q_len"]),
+        _value("position_ids", TensorProto.INT64, [1, "q_len"]),
+        _value("attention_bias", TensorProto.FLOAT, [1, 1, "q_len", "total_len"]),
+        _value("seqlens_k", TensorProto.INT32, [1]),
+        _value("total_sequence_length", TensorProto.INT32, []),
+    ]
+    for i in range(cfg.num_hidden_layers):
+        inputs += [_value(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache_shape) for kind in ("key", "value")]
+    graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(_MS, 1)])
+    model.producer_name = "speccompile"
+    return model
+
+
+def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[str, str]:
+    """RMSNorm(x + residual) and the new residual stream, as one SkipSimplifiedLayerNormalization."""
+    normed, total = f"{x}_normed", f"{x}_plus_residual"
+    n("SkipSimplifiedLayerNormalization", [x, residual, gamma], [normed, "", "", total], domain=_MS, epsilon=eps)
+    return normed, total
+
+
+def _head_norm(n: _Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str) -> str:
+    """Qwen3's per-head RMSNorm of q or k: [1, q, heads*dim] -> per head -> back."""
+    per_head = n("Reshape", [x, const(f"{prefix}_heads_shape", [0, -1, num_heads, dim])])[0]
+    normed = n("RMSNormalization", [per_head, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+    return n("Reshape", [normed, const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
+
+
+def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)

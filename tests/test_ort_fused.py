@@ -1,0 +1,124 @@
+"""The fused ONNX Runtime CPU graph (target.ort.onnx): parity with the contract graph, shared weights, in-place KV."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from speccompile.export.pipeline import ExportOptions, export_artifact
+from speccompile.manifest import read_manifest
+from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.kvcache import BufferKVCache
+
+from conftest import make_tiny_hf_model, run_cli
+
+TREE = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=bool)  # root, a, b, a's child
+
+
+def _steps(session, rng_seed: int = 0) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Prefill 20, a 4-node tree verify (keep root, a, a's child), then a 2-token causal step."""
+    rng = np.random.default_rng(rng_seed)
+    ids, tree_ids, last_ids = rng.integers(3, 60, 20), rng.integers(3, 60, 4), rng.integers(3, 60, 2)
+    cache = session.new_cache()
+    outs = []
+    out = session.run(ids, np.arange(20), cache.attention_mask(np.tril(np.ones((20, 20), bool))), cache)
+    cache.append(out.presents, range(20), 20)
+    outs.append(out)
+    out = session.run(tree_ids, 20 + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
+    cache.append(out.presents, [0, 1, 3], 4)
+    outs.append(out)
+    outs.append(session.run(last_ids, np.arange(23, 25), cache.attention_mask(np.tril(np.ones((2, 2), bool))), cache))
+    return [(o.logits, o.hidden) for o in outs]
+
+
+@pytest.mark.parametrize(
+    "arch,overrides,hidden",
+    [("llama", {}, "eagle3"), ("qwen2", {"tie_word_embeddings": True}, "final"), ("qwen3", {}, None)],
+)
+def test_fused_graph_matches_contract_graph(tmp_path, arch, overrides, hidden):
+    model = make_tiny_hf_model(tmp_path / arch, arch=arch, **overrides)
+    out = tmp_path / "art"
+    export_artifact(str(model), out, ExportOptions(max_context=64, hidden_states=hidden))
+    fused, contract = open_artifact(out, threads=1), open_artifact(out, threads=1, fused=False)
+    assert fused.target.spec.file == "target.ort.onnx" and contract.target.spec.file == "target.onnx"
+    ops = {n.op_type for n in onnx.load(str(out / "target.ort.onnx"), load_external_data=False).graph.node}
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
+    for (f_logits, f_hidden), (c_logits, c_hidden) in zip(_steps(fused.target), _steps(contract.target)):
+        np.testing.assert_allclose(f_logits, c_logits, atol=1e-4, rtol=1e-4)
+        if hidden:
+            np.testing.assert_allclose(f_hidden, c_hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_graph_shares_the_contract_weights(tiny_artifact):
+    manifest = read_manifest(tiny_artifact)
+    spec = manifest.graph("target-ort")
+    assert spec.extra["kv_layout"] == "buffer" and spec.extra["variant_of"] == "target.onnx"
+    model = onnx.load(str(tiny_artifact / "target.ort.onnx"), load_external_data=False)
+    own = 0
+    for init in model.graph.initializer:
+        info = {e.key: e.value for e in init.external_data}
+        if not info:
+            continue  # small constants stored inline
+        if info["location"] == "target.onnx.data":
+            continue
+        # new bytes: only the rotary tables and tensors the contract graph keeps inline (< 1 KB)
+        assert info["location"] == "target.ort.onnx.data"
+        assert init.name.startswith("rotary.") or int(info["length"]) < 1024, init.name
+        own += int(info["length"])
+    shared = [i for i in model.graph.initializer if any(e.value == "target.onnx.data" for e in i.external_data)]
+    assert len(shared) >= 2 * manifest.model["config"]["num_hidden_layers"] + 1  # big matmul weights + embeddings
+    head_dim = manifest.model["config"]["head_dim"]
+    assert own >= 2 * 256 * head_dim // 2 * 4  # cos + sin: max_context x head_dim/2 floats each
+    assert (tiny_artifact / "target.ort.onnx.data").stat().st_size == own
+    assert "target.ort.onnx" in manifest.files and "target.ort.onnx.data" in manifest.files
+
+
+def test_buffer_cache_moves_only_accepted_tree_rows():
+    cache = BufferKVCache(1, 1, 2, np.float32, wrap=lambda a: a, capacity=4)
+    cache.reserve(5)  # grows (doubling) and keeps nothing yet
+    assert cache.capacity == 8 and cache.length == 0
+    cache.arrays[0][0, 0, :5] = np.arange(5, dtype=np.float32)[:, None]  # what the graph writes in place
+    cache.append([], keep=[0, 2, 4], num_new=5)
+    assert cache.length == 3 and cache.arrays[0][0, 0, :3, 0].tolist() == [0, 2, 4]
+    assert cache.attention_mask(np.ones((1, 1), bool)).tolist() == [[[True, True, True, True]]]
+    cache.reserve(20)
+    assert cache.capacity == 20 and cache.arrays[0][0, 0, :3, 0].tolist() == [0, 2, 4]
+    assert cache.tensors[0] is cache.arrays[0]
+    cache.truncate(1)
+    assert cache.length == 1 and cache.dead == 0
+
+
+def test_fused_cache_growth_keeps_results(tiny_artifact):
+    fused, contract = open_artifact(tiny_artifact, threads=1), open_artifact(tiny_artifact, threads=1, fused=False)
+    fused.target.initial_capacity = 3  # force several reallocations during the steps
+    for (f_logits, _), (c_logits, _) in zip(_steps(fused.target, 1), _steps(contract.target, 1)):
+        np.testing.assert_allclose(f_logits, c_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_no_fused_graph_when_disabled_or_unsupported(tmp_path, tiny_model_dir):
+    out = tmp_path / "plain"
+    export_artifact(str(tiny_model_dir), out, ExportOptions(max_context=64, fused_cpu_graph=False))
+    assert "target-ort" not in read_manifest(out).graphs and not (out / "target.ort.onnx").exists()
+    odd = make_tiny_hf_model(tmp_path / "hd8", hidden_size=32)  # head_dim 8: GQA's rotary needs a multiple of 16
+    notes: list[str] = []
+    export_artifact(str(odd), tmp_path / "hd8_art", ExportOptions(max_context=64), notes.append)
+    assert "target-ort" not in read_manifest(tmp_path / "hd8_art").graphs
+    assert any("head_dim % 16" in n for n in notes)
+    # the runtime then uses the contract graph
+    assert open_artifact(tmp_path / "hd8_art", threads=1).target.spec.file == "target.onnx"
+
+
+def test_build_drops_the_fused_variant(tiny_artifact, tmp_path):
+    out = tmp_path / "int4"
+    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(out)
+    assert "target-ort" not in manifest.graphs and not (out / "target.ort.onnx").exists()
+    assert all(not name.startswith("target.ort") for name in manifest.files)
+    assert open_artifact(out, threads=1).target.spec.file == "target.onnx"
+
+
+def test_contract_graph_flag(tiny_artifact):
+    result = run_cli("run", str(tiny_artifact), "--prompt", "abc abc", "--raw", "--max-tokens", "8", "--json", "--contract-graph", "--threads", "1")
+    assert result.returncode == 0, result.stderr
