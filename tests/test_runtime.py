@@ -189,6 +189,7 @@ def test_verify_and_bench_cli(tiny_artifact, tmp_path):
     assert json.loads(v.stdout)["identical"] is True
     b = run_cli("bench", str(tiny_artifact), "--workload", str(workload), "--max-tokens", "24", "--threads", "1", "--json", "--no-warmup")
     assert b.returncode == 0, b.stderr
+    assert json.loads(b.stdout)["graph"] == "target.ort.onnx"
     report = json.loads(b.stdout)["workloads"]["w"]
     assert report["identical"] == len(PROMPTS)
     assert report["prompts"] == len(PROMPTS) and report["plain_tok_s"] > 0

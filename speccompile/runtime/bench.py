@@ -52,7 +52,8 @@ def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft
     if runner.drafter_name == "none":
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
-    report: dict[str, Any] = {"artifact": str(artifact), "backend": backend, "drafter": runner.drafter_name,
+    report: dict[str, Any] = {"artifact": str(artifact), "backend": backend, "graph": runner.artifact.target.spec.file,
+                              "drafter": runner.drafter_name,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
@@ -110,7 +111,7 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} drafter={report['drafter']} "
+    console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} graph={report['graph']} drafter={report['drafter']} "
                   f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} (greedy)")
     table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
     for name, w in report["workloads"].items():
