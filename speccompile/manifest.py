@@ -21,6 +21,11 @@ MANIFEST_NAME = "manifest.json"
 FUSED_VARIANT = "-ort"  # graph NAME's fused ONNX Runtime CPU variant is listed as NAME-ort
 
 
+def variant_name(graph: str) -> str:
+    """Manifest name of graph `graph`'s fused ONNX Runtime CPU variant."""
+    return graph + FUSED_VARIANT
+
+
 @dataclass
 class TensorSpec:
     """One graph input or output: name, ONNX element type name and shape (ints or axis names)."""

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..manifest import FUSED_VARIANT, GraphSpec
+from ..manifest import GraphSpec, variant_name
 from ..models.config import ModelConfig
 from .onnx_export import check_graph, graph_interface
 
@@ -40,10 +40,6 @@ def fused_variant_problem(config: ModelConfig, dtype: str) -> str | None:
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
     return None
-
-
-def variant_name(graph: str) -> str:
-    return graph + FUSED_VARIANT
 
 
 def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
@@ -90,11 +86,15 @@ class _SharedWeights:
         self._own_size = 0
         self._index: dict[tuple, list[tuple[str, str]]] = {}
         contract = onnx.load(str(contract_path), load_external_data=False)
+        files: dict[str, np.memmap] = {}
         for init in contract.graph.initializer:
             info = {e.key: e.value for e in init.external_data}
             if init.data_location != TensorProto.EXTERNAL or "location" not in info:
                 continue
-            data = np.memmap(contract_path.parent / info["location"], dtype=np.uint8, mode="r")
+            location = info["location"]
+            if location not in files:
+                files[location] = np.memmap(contract_path.parent / location, dtype=np.uint8, mode="r")
+            data = files[location]
             start = int(info.get("offset", 0))
             raw = data[start : start + int(info["length"])]
             key = (init.data_type, tuple(init.dims), hashlib.blake2b(raw, digest_size=16).digest())

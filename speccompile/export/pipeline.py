@@ -43,8 +43,6 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     if options.hidden_states is not None and options.hidden_states not in HIDDEN_STATE_MODES:
         raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
-    if request is not None:
-        request.fused_cpu_graph = options.fused_cpu_graph
     resolve_model_path(model_name)  # a missing path fails before anything is written
     out = Path(out)
     started = time.time()
@@ -70,7 +68,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
             files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress)
         drafter_section = None
         if request is not None:
-            request.max_context = max_context
+            request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
             progress(f"exporting drafter {request.kind}")
             exported = export_drafter(request, model, tmp, options.dtype)
             graphs.update(exported.graphs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..manifest import FUSED_VARIANT, Manifest, read_manifest
+from ..manifest import Manifest, read_manifest, variant_name
 from .backends.base import Session, open_session
 from .sampling import SamplingParams
 from .tokenizer import TextTokenizer
@@ -62,7 +62,7 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
                 spinning: bool = False) -> Session:
-    variant = graph + FUSED_VARIANT
+    variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
         graph = variant
     max_context = int(manifest.limits.get("max_context", 0)) or None

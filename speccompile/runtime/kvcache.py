@@ -113,7 +113,7 @@ class BufferKVCache:
         self.max_capacity = max_capacity
         self.length = 0
         self.compactions = 0
-        self.max_dead = 0
+        self.binding: Any = None  # the session's I/O binding over these buffers (rebuilt when they grow)
         self.arrays: list[np.ndarray] = []
         self.tensors: list[Any] = []
         self._allocate(count, capacity)
@@ -129,10 +129,6 @@ class BufferKVCache:
     @property
     def capacity(self) -> int:
         return int(self.arrays[0].shape[2]) if self.arrays else 0
-
-    @property
-    def physical_len(self) -> int:
-        return self.length
 
     @property
     def dead(self) -> int:

@@ -400,6 +400,22 @@ class DraftTree:
 ExpandFn = Callable[[np.ndarray, DraftTree], tuple[np.ndarray, np.ndarray]]
 
 
+
+class DepthLimitedTrees:
+    """A static tree's choice paths cut to depth k (and at most `max_nodes` nodes), built once per k."""
+
+    def __init__(self, choices: Iterable[Sequence[int]], max_nodes: int):
+        self.choices = [list(c) for c in choices]
+        self.max_nodes = max_nodes
+        self._specs: dict[int, TreeSpec] = {}
+
+    def __call__(self, k: int) -> TreeSpec:
+        if k not in self._specs:
+            kept = sorted((c for c in self.choices if len(c) <= k), key=lambda c: (len(c), c))
+            self._specs[k] = TreeSpec.from_choices(kept[: self.max_nodes - 1])
+        return self._specs[k]
+
+
 def build_dynamic_tree(
     expand: ExpandFn,
     depth: int,

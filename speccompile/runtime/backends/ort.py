@@ -160,9 +160,8 @@ class OrtBufferSession(OrtSession):
 
     def _binding_for(self, cache: BufferKVCache):
         """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow."""
-        state = getattr(cache, "_ort_binding", None)
-        if state is not None and state[0] is self and state[1] == cache.capacity:
-            return state[2]
+        if cache.binding is not None and cache.binding[0] is self and cache.binding[1] == cache.capacity:
+            return cache.binding[2]
         binding = self.session.io_binding()
         for past, value in zip(self.past_names, cache.tensors):
             binding.bind_ortvalue_input(past, value)
@@ -171,7 +170,7 @@ class OrtBufferSession(OrtSession):
             binding.bind_ortvalue_output(present, value)
         if self.hidden_name:
             binding.bind_output(self.hidden_name, "cpu")
-        cache._ort_binding = (self, cache.capacity, binding)
+        cache.binding = (self, cache.capacity, binding)
         return binding
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.ort import OrtSession
-from ..tree import TreeSpec, build_dynamic_tree
+from ..tree import DepthLimitedTrees, TreeSpec, build_dynamic_tree
 from .base import Draft
 
 
@@ -106,14 +106,7 @@ class HeadDrafter:
         """Switch between chain / static tree / dynamic tree (benchmarks compare them)."""
         self.tree_cfg = dict(tree)
         self.dynamic = tree.get("tree") == "dynamic"
-        self._choices = None if self.dynamic else [list(c) for c in tree["tree"]]
-        self._specs: dict[int, TreeSpec] = {}
-
-    def _static_spec(self, k: int) -> TreeSpec:
-        if k not in self._specs:
-            kept = sorted((c for c in self._choices if len(c) <= k), key=lambda c: (len(c), c))
-            self._specs[k] = TreeSpec.from_choices(kept[: self.max_nodes - 1])
-        return self._specs[k]
+        self._static_spec = None if self.dynamic else DepthLimitedTrees(tree["tree"], self.max_nodes)
 
     # -- state --------------------------------------------------------------------------------
 

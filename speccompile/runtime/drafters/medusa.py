@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tree import TreeSpec
+from ..tree import DepthLimitedTrees
 from .base import Draft
 from .eagle import _top
 
@@ -54,14 +54,7 @@ class MedusaDrafter:
 
     def set_tree(self, tree: dict[str, Any]) -> None:
         self.tree_cfg = dict(tree)
-        self._choices = [list(c) for c in tree["tree"] if len(c) <= self.num_heads]
-        self._specs: dict[int, TreeSpec] = {}
-
-    def _spec(self, k: int) -> TreeSpec:
-        if k not in self._specs:
-            kept = sorted((c for c in self._choices if len(c) <= k), key=lambda c: (len(c), c))
-            self._specs[k] = TreeSpec.from_choices(kept[: self.max_nodes - 1])
-        return self._specs[k]
+        self._spec = DepthLimitedTrees([c for c in tree["tree"] if len(c) <= self.num_heads], self.max_nodes)
 
     def reset(self) -> None:
         self.last_hidden: np.ndarray | None = None
