@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 MODES = {
-    "chain": lambda k: {"tree": [[0] * d for d in range(1, k + 1)]},
-    "static": lambda k: {"tree": "eagle-default"},
-    "dynamic": lambda k: {"tree": "dynamic", "dynamic": {"depth": k, "top_k": 8, "total_tokens": 40}},
+    "chain": lambda a: {"tree": [[0] * d for d in range(1, a.k + 1)]},
+    "static": lambda a: {"tree": a.static_tree},
+    "dynamic": lambda a: {"tree": "dynamic", "dynamic": {"depth": a.k, "top_k": a.dynamic_top_k, "total_tokens": a.dynamic_nodes}},
 }
 
 
@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5, help="draft depth")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", default="chain,static,dynamic")
+    ap.add_argument("--static-tree", default="eagle-default", help="tree preset of the static mode")
+    ap.add_argument("--dynamic-nodes", type=int, default=40, help="nodes kept by the dynamic tree")
+    ap.add_argument("--dynamic-top-k", type=int, default=8, help="children expanded per frontier node")
     ap.add_argument("--adaptive", action="store_true", help="let the adaptive controller pick k (default: fixed k)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -60,13 +63,14 @@ def main() -> None:
     modes = args.modes.split(",")
     trees = {}
     for m in modes:
-        cfg = MODES[m](args.k)
-        if cfg["tree"] == "eagle-default":
-            cfg = {"tree": load_tree("eagle-default").choices()}
+        cfg = MODES[m](args)
+        if m == "static":
+            cfg = {"tree": load_tree(cfg["tree"]).choices()}
         trees[m] = cfg
     plain_runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)  # warm-up (both sessions)
     runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)
-    rows = {m: {"tps": [], "mal": [], "drafted": [], "accepted": [], "speedup": [], "identical": 0} for m in modes}
+    rows = {m: {"tps": [], "mal": [], "drafted": [], "accepted": [], "speedup": [], "identical": 0,
+                "draft_s": 0.0, "verify_s": 0.0, "passes": 0} for m in modes}
     plain_tps = []
     for item in prompts:
         ids = tok.prompt_ids(item["prompt"], item["chat"])
@@ -80,6 +84,9 @@ def main() -> None:
             r["tps"].append(res.stats.tokens_per_second)
             r["mal"].append(res.stats.mean_accepted_length)
             r["speedup"].append(res.stats.tokens_per_second / max(plain.stats.tokens_per_second, 1e-9))
+            r["draft_s"] += res.stats.time_draft
+            r["verify_s"] += res.stats.time_verify
+            r["passes"] += res.stats.target_passes
             for key, vals in (("drafted", res.stats.drafted), ("accepted", res.stats.accepted)):
                 for i, v in enumerate(vals):
                     while len(r[key]) <= i:
@@ -97,15 +104,20 @@ def main() -> None:
             "speedup_of_means": round(statistics.mean(r["tps"]) / statistics.mean(plain_tps), 3),
             "tokens_per_pass": round(statistics.mean(r["mal"]), 3),
             "acceptance_per_depth": [round(a / d, 3) if d else 0.0 for a, d in zip(r["accepted"], r["drafted"])],
+            "draft_ms_per_pass": round(1000 * r["draft_s"] / max(r["passes"], 1), 2),
+            "verify_ms_per_pass": round(1000 * r["verify_s"] / max(r["passes"], 1), 2),
             "identical": f"{r['identical']}/{len(prompts)}",
         }
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"\nplain: {report['plain_tok_s']} tok/s ({len(prompts)} prompts, {args.max_tokens} tokens, greedy, {args.threads} threads)")
-    print(f"{'mode':8} {'tok/s':>7} {'speedup':>8} {'tok/pass':>9}  identical  acceptance per depth")
+    print(f"{'mode':8} {'tok/s':>7} {'speedup':>8} {'tok/pass':>9} {'draft ms':>9} {'verify ms':>10}  identical  acceptance per depth")
     for m, v in report["modes"].items():
-        print(f"{m:8} {v['tok_s']:7.1f} {v['speedup_of_means']:7.2f}x {v['tokens_per_pass']:9.2f}  {v['identical']:>9}  {v['acceptance_per_depth']}")
+        print(f"{m:8} {v['tok_s']:7.1f} {v['speedup_of_means']:7.2f}x {v['tokens_per_pass']:9.2f} {v['draft_ms_per_pass']:9.2f} "
+              f"{v['verify_ms_per_pass']:10.2f}  {v['identical']:>9}  {v['acceptance_per_depth']}")
+    print("(draft / verify ms are per target pass; plain decoding costs "
+          f"{1000 / max(report['plain_tok_s'], 1e-9):.1f} ms per token)")
 
 
 if __name__ == "__main__":

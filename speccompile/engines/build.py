@@ -181,9 +181,10 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
         raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
     manifest.graph("target")  # must exist
-    # Fused ONNX Runtime CPU variants (*.ort.onnx) share the exported weights file and use com.microsoft
-    # operators: TensorRT cannot build them and quantizing the target would leave them stale, so drop them.
-    fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("kv_layout") == "buffer"}
+    # ONNX Runtime CPU variants (*.ort.onnx: the fused target, int8/int4 heads) share the exported weights
+    # files and use com.microsoft operators: TensorRT cannot build them and quantizing the target would
+    # leave them stale, so drop them.
+    fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("variant_of")}
     fused_files = {f for g in fused.values() for f in _graph_files(manifest, g.file)}
     for name in fused:
         del manifest.graphs[name]

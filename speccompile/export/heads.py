@@ -1,6 +1,8 @@
 """Exporters for drafter heads: `--drafter eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH`.
 
-Each writes `<kind>.onnx` (+ `.data`) next to the target graph; EAGLE-3 also writes `eagle3_d2t.npy`
+Each writes `<kind>.onnx` (+ `.data`) next to the target graph, plus `<kind>.ort.onnx`, the same head
+with int8 (default) or int4 weights for ONNX Runtime CPU (export/cpu_draft_weights.py; drafts change,
+outputs do not). EAGLE-3 also writes `eagle3_d2t.npy`
 (draft id -> target id). The manifest's drafter section records the graph, the head config, and the
 tree: a static choice list (``"tree": [[0], [0, 0], ...]``) or ``"tree": "dynamic"`` with the EAGLE-2
 parameters under ``"dynamic"``. `--tree` accepts a preset / JSON file, ``chain`` (= chain-K), or
@@ -16,6 +18,7 @@ from typing import Any
 from ..errors import InputError
 from ..manifest import GraphSpec, sha256_of
 from ..models.load import LoadedModel
+from .cpu_draft_weights import add_quantized_head_variant
 from .drafters import DrafterExport, DrafterRequest, register
 
 DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
@@ -56,6 +59,9 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
     head = load_head(kind, request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
     spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype)
     files = [f"{kind}.onnx", f"{kind}.onnx.data"]
+    graphs = {kind: spec}
+    if request.fused_cpu_graph:
+        files += add_quantized_head_variant(kind, graphs, out_dir, request.draft_cpu_weights)
     cfg = head.head_config
     section: dict[str, Any] = {
         "kind": kind,
@@ -76,7 +82,7 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
     else:
         default_k = max(len(c) for c in tree["tree"])
     section["num_draft_tokens"] = int(request.num_draft_tokens or default_k)
-    return DrafterExport(graphs={kind: spec}, files=[f for f in files if (out_dir / f).exists()], manifest=section,
+    return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section,
                          target_hidden_states=HIDDEN_NEEDED[kind])
 
 

@@ -60,7 +60,7 @@ def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_cont
     """Write `<contract stem>.ort.onnx` next to the contract graph; returns its spec and the files written."""
     contract_path = Path(directory) / contract.file
     path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + FUSED_SUFFIX)
-    weights = _SharedWeights(contract_path, path.name + ".data")
+    weights = SharedWeights(contract_path, path.name + ".data")
     model = _build_model(decoder, weights, max_context)
     files = [path.name]
     if weights.write_own(directory):
@@ -77,7 +77,7 @@ def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_cont
     return spec, files
 
 
-class _SharedWeights:
+class SharedWeights:
     """Initializers that reuse the contract graph's external data where the bytes are identical."""
 
     def __init__(self, contract_path: Path, own_location: str):
@@ -152,7 +152,7 @@ def _rotary_tables(decoder, max_context: int) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def _build_model(decoder, weights: _SharedWeights, max_context: int) -> onnx.ModelProto:
+def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.ModelProto:
     cfg = decoder.config
     heads, kv_heads, dim, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)

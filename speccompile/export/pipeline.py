@@ -12,6 +12,7 @@ from ..atomic_dir import atomic_output
 from ..errors import InputError
 from ..manifest import Manifest
 from ..models.decoder import HIDDEN_STATE_MODES
+from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
 
@@ -29,6 +30,7 @@ class ExportOptions:
     tree: str | None = None
     num_draft_tokens: int | None = None
     fused_cpu_graph: bool = True  # also write *.ort.onnx (GroupQueryAttention, in-place KV) for ORT CPU
+    draft_cpu_weights: str = "int8"  # weights of a drafter head's ORT CPU variant: int8 | int4 | fp32 (none)
     force: bool = False
 
 
@@ -42,6 +44,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
     if options.hidden_states is not None and options.hidden_states not in HIDDEN_STATE_MODES:
         raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
+    if options.draft_cpu_weights not in DRAFT_WEIGHTS:
+        raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
     resolve_model_path(model_name)  # a missing path fails before anything is written
     out = Path(out)
@@ -69,6 +73,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         drafter_section = None
         if request is not None:
             request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
+            request.draft_cpu_weights = options.draft_cpu_weights
             progress(f"exporting drafter {request.kind}")
             exported = export_drafter(request, model, tmp, options.dtype)
             graphs.update(exported.graphs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..manifest import Manifest, read_manifest, variant_name
+from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
 from .backends.base import Session, open_session
 from .sampling import SamplingParams
 from .tokenizer import TextTokenizer
@@ -43,6 +43,10 @@ class Artifact:
         """Open another graph of the artifact (a drafter) on the same backend."""
         return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
 
+    def graph_spec(self, graph: str) -> GraphSpec:
+        """The spec of the graph that runs as `graph` here: its ORT CPU variant when there is one and it applies."""
+        return _runnable_spec(self.manifest, graph, self.backend, self.fused)
+
 
 def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
                   drafter: str = "auto") -> Artifact:
@@ -62,11 +66,16 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
                 spinning: bool = False) -> Session:
+    max_context = int(manifest.limits.get("max_context", 0)) or None
+    spec = _runnable_spec(manifest, graph, backend, fused)
+    return open_session(directory, spec, backend, threads, max_context=max_context, spinning=spinning)
+
+
+def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
-        graph = variant
-    max_context = int(manifest.limits.get("max_context", 0)) or None
-    return open_session(directory, manifest.graph(graph), backend, threads, max_context=max_context, spinning=spinning)
+        return manifest.graph(variant)
+    return manifest.graph(graph)
 
 
 def resolve_drafter_name(artifact: Artifact, name: str) -> str:

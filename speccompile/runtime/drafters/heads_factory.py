@@ -8,8 +8,8 @@ from ...errors import ArtifactError, UnsupportedError
 
 
 def open_head_session(artifact, graph: str):
-    """The head graph on the artifact's backend (ONNX Runtime EPs only, for now)."""
-    spec = artifact.manifest.graph(graph)
+    """The head graph on the artifact's backend (ONNX Runtime EPs only, for now); its int8/int4 variant on ort-cpu."""
+    spec = artifact.graph_spec(graph)
     if not artifact.backend.startswith("ort-"):
         raise UnsupportedError(f"--backend {artifact.backend}: drafter heads run on ONNX Runtime backends only (ort-cpu, ort-cuda, ort-trt)")
     if spec.role == "medusa":
