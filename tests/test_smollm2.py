@@ -59,3 +59,43 @@ def test_speculative_equals_plain_on_smollm2(smollm2_artifact):
         spec = runner.generate(prompt, max_tokens=48)
         assert spec.tokens == plain.tokens
     assert spec.stats.generated_tokens == 48 or spec.finish_reason == "stop"
+
+
+def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
+    """train-draft a small EAGLE-3 head for SmolLM2, export it (int8 CPU variant), then chain / static tree /
+    dynamic tree speculative decoding must reproduce plain greedy decoding token for token."""
+    import json
+
+    import torch
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+    from speccompile.training.trainer import TrainOptions, train_draft
+
+    torch.set_num_threads(2)
+    data = tmp_path / "text.jsonl"
+    story = ("Once upon a time a small robot lived in a quiet town. Every morning the robot walked to the "
+             "garden, watered the tomatoes and said good morning to the birds. ")
+    data.write_text("\n".join(json.dumps({"text": story * 6 + f"Chapter {i}."}) for i in range(4)) + "\n")
+    head = tmp_path / "head"
+    summary = train_draft("smollm2-135m", [data], head, TrainOptions(method="eagle3", steps=40, seq_len=128, batch=2,
+                                                                   warmup=4, max_tokens=1024, threads=2))
+    assert summary["train_tokens"] >= 512 and (head / "model.safetensors").is_file()
+    art = tmp_path / "art"
+    manifest = export_artifact("smollm2-135m", art, ExportOptions(drafter=f"eagle3:{head}", max_context=512))
+    assert manifest.graphs["eagle3-ort"].extra["weights"] == "int8"
+    runner = Runner(art, drafter="eagle3", num_draft_tokens=4, adaptive=False, threads=2)
+    drafter = runner._generator("eagle3", SamplingParams()).drafter
+    modes = {"chain": {"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
+             "static": {"tree": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]},
+             "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 10}}}
+    prompt = story + "Continue the story."
+    plain = runner.generate(prompt, max_tokens=40, drafter="none")
+    accepted = {}
+    for name, tree in modes.items():
+        drafter.set_tree(tree)
+        spec = runner.generate(prompt, max_tokens=40)
+        assert spec.tokens == plain.tokens, name
+        accepted[name] = sum(spec.stats.accepted)
+    assert all(a > 0 for a in accepted.values()), accepted  # the head's drafts were accepted (multi-token steps)
