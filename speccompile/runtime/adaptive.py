@@ -7,13 +7,16 @@ the choice of k, and therefore the random stream and the output, depends only on
 Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a)
 tokens per target pass. A pass over q tokens costs t(q) (measured online, fitted as t(q) = t1 + s*(q-1)),
 and drafting costs d per drafted token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k
-in [0, max_k] that maximises it; k = 0 is plain decoding. While paused, every `probe_every` steps we
+in [0, max_k] that maximises it; k = 0 is plain decoding. A tree drafter says how many nodes its tree has
+at depth k (`nodes(k)`): the pass then verifies nodes(k) + 1 tokens, E(k) still counts accepted depths
+(measured per depth of the trees it drafts), and d is the cost of drafting one level. While paused, every `probe_every` steps we
 draft once anyway (with the drafter's proposal) so a workload that starts paying again is noticed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass
@@ -51,8 +54,9 @@ class AdaptiveController:
         slope = self._slope if self._slope is not None else 0.05 * t1
         return t1 + slope * (q - 1)
 
-    def choose_k(self, key=None, available: int | None = None) -> int:
-        """Number of tokens to draft this step (0 = plain step); `available` caps it (proposal length)."""
+    def choose_k(self, key=None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
+        """Number of tokens (tree: depth) to draft this step (0 = plain step); `available` caps it (proposal
+        length); `nodes(k)` is the number of draft tokens a tree of depth k verifies (default k: a chain)."""
         limit = self.max_k if available is None else min(self.max_k, available)
         if not self.enabled or limit <= 0:
             return limit
@@ -60,7 +64,8 @@ class AdaptiveController:
             return 0  # one plain pass first, to measure t(1)
         best_k, best_speed = 0, 1.0 / self.pass_cost(1)
         for k in range(1, limit + 1):
-            speed = self.expected_tokens(k, key) / (self.pass_cost(k + 1) + k * self.draft_cost)
+            verified = k if nodes is None else nodes(k)
+            speed = self.expected_tokens(k, key) / (self.pass_cost(verified + 1) + k * self.draft_cost)
             if speed > best_speed * 1.0001:
                 best_k, best_speed = k, speed
         if best_k == 0:

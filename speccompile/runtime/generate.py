@@ -260,7 +260,7 @@ class Generator:
             draft, draft_seconds, key = Draft([]), 0.0, None
             if drafter is not None and budget > 0:
                 cheap = getattr(drafter, "cheap_proposals", False)
-                k = budget if cheap else min(budget, controller.choose_k())
+                k = budget if cheap else min(budget, controller.choose_k(nodes=getattr(drafter, "draft_nodes", None)))
                 if k > 0:
                     t0 = time.perf_counter()
                     draft = drafter.propose(tokens, k)

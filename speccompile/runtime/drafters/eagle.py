@@ -108,6 +108,15 @@ class HeadDrafter:
         self.dynamic = tree.get("tree") == "dynamic"
         self._static_spec = None if self.dynamic else DepthLimitedTrees(tree["tree"], self.max_nodes)
 
+    def draft_nodes(self, k: int) -> int:
+        """Draft tokens a tree of depth k holds (what a pass with k verifies, for the adaptive controller)."""
+        if not self.dynamic:
+            return self._static_spec(k).n - 1
+        dyn = self.tree_cfg.get("dynamic") or {}
+        top_k, total = int(dyn.get("top_k", 8)), int(dyn.get("total_tokens", 48))
+        depth = max(1, min(int(dyn.get("depth", 5)), k))
+        return max(1, min(total, self.max_nodes - 1, top_k + (depth - 1) * top_k * top_k))
+
     # -- state --------------------------------------------------------------------------------
 
     def reset(self) -> None:

@@ -56,6 +56,10 @@ class MedusaDrafter:
         self.tree_cfg = dict(tree)
         self._spec = DepthLimitedTrees([c for c in tree["tree"] if len(c) <= self.num_heads], self.max_nodes)
 
+    def draft_nodes(self, k: int) -> int:
+        """Draft tokens of the tree cut to depth k (what a pass with k verifies, for the adaptive controller)."""
+        return self._spec(min(k, self.num_heads)).n - 1
+
     def reset(self) -> None:
         self.last_hidden: np.ndarray | None = None
         self.observed = 0
