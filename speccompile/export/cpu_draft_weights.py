@@ -57,15 +57,14 @@ def quantize_matmul_weights(path: Path, bits: int):
     import logging
 
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    config = DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True, accuracy_level=ACCURACY_LEVEL, bits=bits)
     quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = quiet.level
     quiet.setLevel(logging.WARNING)  # it logs every node it visits at INFO
     try:
         quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), bits=bits, block_size=BLOCK_SIZE, is_symmetric=True,
-                                         accuracy_level=ACCURACY_LEVEL, algo_config=config)
+                                         accuracy_level=ACCURACY_LEVEL)
         quantizer.process()
     finally:
         quiet.setLevel(level)

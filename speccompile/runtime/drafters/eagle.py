@@ -112,10 +112,15 @@ class HeadDrafter:
         """Draft tokens a tree of depth k holds (what a pass with k verifies, for the adaptive controller)."""
         if not self.dynamic:
             return self._static_spec(k).n - 1
+        depth, top_k, total = self._dynamic_params(k)
+        return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
+
+    def _dynamic_params(self, k: int) -> tuple[int, int, int]:
+        """(depth, top_k, total_tokens) of the dynamic tree drafted with budget k."""
         dyn = self.tree_cfg.get("dynamic") or {}
-        top_k, total = int(dyn.get("top_k", 8)), int(dyn.get("total_tokens", 48))
         depth = max(1, min(int(dyn.get("depth", 5)), k))
-        return max(1, min(total, self.max_nodes - 1, top_k + (depth - 1) * top_k * top_k))
+        total = max(1, min(int(dyn.get("total_tokens", 48)), self.max_nodes - 1))
+        return depth, int(dyn.get("top_k", 8)), total
 
     # -- state --------------------------------------------------------------------------------
 
@@ -225,10 +230,7 @@ class HeadDrafter:
         return node_tok
 
     def _propose_dynamic(self, pending: int, n: int, k: int) -> Draft:
-        dyn = self.tree_cfg.get("dynamic") or {}
-        depth = max(1, min(int(dyn.get("depth", 5)), k))
-        top_k = int(dyn.get("top_k", 8))
-        total = max(1, min(int(dyn.get("total_tokens", 48)), self.max_nodes - 1))
+        depth, top_k, total = self._dynamic_params(k)
         state: dict[int, tuple[np.ndarray, np.ndarray, int | None]] = {0: (self.root_logits, self.root_hidden, None)}
 
         def expand(frontier: np.ndarray, tree) -> tuple[np.ndarray, np.ndarray]:
