@@ -19,7 +19,8 @@ from pathlib import Path
 MODES = {
     "chain": lambda a: {"tree": [[0] * d for d in range(1, a.k + 1)]},
     "static": lambda a: {"tree": a.static_tree},
-    "dynamic": lambda a: {"tree": "dynamic", "dynamic": {"depth": a.k, "top_k": a.dynamic_top_k, "total_tokens": a.dynamic_nodes}},
+    "dynamic": lambda a: {"tree": "dynamic", "dynamic": {"depth": a.k, "top_k": a.dynamic_top_k, "total_tokens": a.dynamic_nodes,
+                                                        "min_prob": a.dynamic_min_prob}},
 }
 
 
@@ -33,10 +34,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=5, help="draft depth")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--modes", default="chain,static,dynamic")
+    ap.add_argument("--modes", default="chain,static,dynamic", help="comma list of chain, static, dynamic, dynamic-pP (confidence-bound)")
     ap.add_argument("--static-tree", default="eagle-default", help="tree preset of the static mode")
     ap.add_argument("--dynamic-nodes", type=int, default=40, help="nodes kept by the dynamic tree")
     ap.add_argument("--dynamic-top-k", type=int, default=8, help="children expanded per frontier node")
+    ap.add_argument("--dynamic-min-prob", type=float, default=0.0,
+                    help="confidence-bound dynamic tree: no node below this cumulative draft probability")
     ap.add_argument("--adaptive", action="store_true", help="let the adaptive controller pick k (default: fixed k)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -63,7 +66,9 @@ def main() -> None:
     modes = args.modes.split(",")
     trees = {}
     for m in modes:
-        cfg = MODES[m](args)
+        cfg = MODES[m.split("-p")[0]](args)
+        if m.startswith("dynamic-p"):  # e.g. dynamic-p0.1: the same tree, confidence-bound
+            cfg["dynamic"]["min_prob"] = float(m[len("dynamic-p"):])
         if m == "static":
             cfg = {"tree": load_tree(cfg["tree"]).choices()}
         trees[m] = cfg

@@ -12,6 +12,7 @@ TREES = {
     "chain": {"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
     "static": None,  # the exported default (eagle-default)
     "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 12}},
+    "dynamic-confident": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 12, "min_prob": 0.05}},
 }
 
 
@@ -84,6 +85,10 @@ def test_dynamic_tree_export_and_sampling_runs(target_dir, tmp_path):
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 
+    m = export_with("eagle", target_dir, tmp_path / "confident", tree="dynamic-3-2-6-p0.25")
+    assert m.drafter["dynamic"] == {"depth": 3, "top_k": 2, "total_tokens": 6, "min_prob": 0.25}
+    with pytest.raises(InputError, match="minimum draft probability"):
+        export_with("eagle", target_dir, tmp_path / "bad-p", tree="dynamic-3-2-6-p1.5")
     m = export_with("eagle", target_dir, tmp_path / "art", tree="dynamic-3-2-6")
     assert m.drafter["tree"] == "dynamic" and m.drafter["dynamic"] == {"depth": 3, "top_k": 2, "total_tokens": 6}
     runner = Runner(tmp_path / "art", threads=1)

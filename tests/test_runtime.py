@@ -27,6 +27,19 @@ def test_ngram_lookup_finds_latest_longest_match():
     assert d.propose([4, 8, 4], 4).tokens == [8, 4]
 
 
+def test_ngram_lookup_resumes_the_copy_after_an_edit():
+    source = [1, 5, 2, 5, 3, 5, 4]
+    d = NgramDrafter(min_match=1, max_match=1)
+    assert d.propose(source + [1], 3).tokens == [5, 2, 5]  # copying from index 1
+    # three tokens emitted since (an edit: 9, 9 replaced 5, 2), then 5: of the three earlier 5s the
+    # one the copy has reached (source index 4) wins over the latest one
+    assert d.propose(source + [1, 9, 9, 5], 3).tokens == [3, 5, 4]
+    fresh = NgramDrafter(min_match=1, max_match=1)
+    assert fresh.propose(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]  # no copy in progress: the latest
+    d.reset()
+    assert d.propose(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]
+
+
 def test_kvcache_lazy_drop_and_compact():
     cache = KVCache([np.zeros((1, 1, 0, 2), np.float32)], max_dead=2)
     rows = np.arange(5, dtype=np.float32).reshape(1, 1, 5, 1).repeat(2, axis=3)

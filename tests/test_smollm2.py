@@ -89,7 +89,8 @@ def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
     drafter = runner._generator("eagle3", SamplingParams()).drafter
     modes = {"chain": {"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
              "static": {"tree": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]},
-             "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 10}}}
+             "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 10}},
+             "dynamic-confident": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 10, "min_prob": 0.1}}}
     prompt = story + "Continue the story."
     plain = runner.generate(prompt, max_tokens=40, drafter="none")
     accepted = {}

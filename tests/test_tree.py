@@ -241,6 +241,20 @@ def test_dynamic_tree_third_step_expands_best_frontier():
     assert tree.position_ids(10).tolist() == [10, 11, 11, 12, 12, 12, 13]
 
 
+def test_confidence_bound_dynamic_tree_stops_and_prunes():
+    drafter = TableDrafter(TABLE)
+    tree, tokens = build_dynamic_tree(drafter, depth=4, top_k=2, total_tokens=10, root_token=100, min_prob=0.31)
+    # step 2 keeps only node 5 (.315) on the frontier; its children (.252, .0315) fall below .31: growth stops
+    assert drafter.calls == [([0], 1), ([1, 2], 3), ([5], 7)]
+    assert tokens.tolist() == [100, 10, 11, 22]  # nodes 1 (.6), 2 (.35), 5 (.315)
+    assert tree.parents.tolist() == [-1, 0, 0, 2]
+    drafter = TableDrafter(TABLE)
+    tree, tokens = build_dynamic_tree(drafter, depth=4, top_k=2, total_tokens=10, root_token=100, min_prob=0.7)
+    assert drafter.calls == [([0], 1)] and tokens.tolist() == [100] and tree.n == 1  # unsure: no draft
+    # min_prob 0 is the plain EAGLE-2 tree
+    assert build_dynamic_tree(TableDrafter(TABLE), depth=2, top_k=2, total_tokens=3, root_token=100, min_prob=0.0)[1].tolist() == [100, 10, 11, 22]
+
+
 def test_dynamic_tree_children_ids_are_predictable():
     seen = []
 

@@ -6,7 +6,8 @@ outputs do not). EAGLE-3 also writes `eagle3_d2t.npy`
 (draft id -> target id). The manifest's drafter section records the graph, the head config, and the
 tree: a static choice list (``"tree": [[0], [0, 0], ...]``) or ``"tree": "dynamic"`` with the EAGLE-2
 parameters under ``"dynamic"``. `--tree` accepts a preset / JSON file, ``chain`` (= chain-K), or
-``dynamic`` / ``dynamic-D-K-N`` (depth D, top-k K, N nodes kept).
+``dynamic`` / ``dynamic-D-K-N`` (depth D, top-k K, N nodes kept) / ``dynamic-D-K-N-pP`` (and no node
+whose cumulative draft probability is below P: a confidence-bound tree, e.g. ``dynamic-6-4-12-p0.15``).
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ def resolve_tree(kind: str, tree: str | None, num_draft_tokens: int | None) -> d
     if name == "chain":
         k = num_draft_tokens or 4
         return {"tree": chain_choices(k), "tree_name": f"chain-{k}"}
-    m = re.fullmatch(r"dynamic(?:-(\d+)-(\d+)-(\d+))?", name)
+    m = re.fullmatch(r"dynamic(?:-(\d+)-(\d+)-(\d+)(?:-p(\d*\.?\d+))?)?", name)
     if m:
         if kind == "medusa":
             raise InputError("--tree dynamic: Medusa heads do not draft autoregressively; use a static tree")
         dyn = dict(DEFAULT_DYNAMIC)
         if m.group(1):
             dyn = {"depth": int(m.group(1)), "top_k": int(m.group(2)), "total_tokens": int(m.group(3))}
+        if m.group(4):
+            dyn["min_prob"] = float(m.group(4))
         if dyn["depth"] < 1 or dyn["top_k"] < 1 or dyn["total_tokens"] < 1:
             raise InputError(f"--tree {name}: depth, top-k and total tokens must be >= 1")
+        if not 0.0 <= dyn.get("min_prob", 0.0) < 1.0:
+            raise InputError(f"--tree {name}: the minimum draft probability (-pP) must be in [0, 1)")
         return {"tree": "dynamic", "tree_name": name, "dynamic": dyn}
     spec = load_tree(name)
     return {"tree": spec.choices(), "tree_name": str(name)}

@@ -101,7 +101,7 @@ def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
 def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None):
     """Build the runtime drafter `name` for this artifact (None for plain decoding).
 
-    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N]`.
+    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`.
     """
     name = resolve_drafter_name(artifact, name)
     if name == "none":

@@ -39,7 +39,7 @@ def backend_options(func):
 def drafter_options(func):
     """--drafter, --tree, --num-draft-tokens and --adaptive/--no-adaptive."""
     func = click.option("--adaptive/--no-adaptive", default=True, show_default=True, help="Shorten or pause drafting when it does not pay.")(func)
-    func = click.option("--tree", default=None, help="Head drafters: tree preset, JSON choice file, 'chain' or 'dynamic[-D-K-N]' [default: the exported one].")(func)
+    func = click.option("--tree", default=None, help="Head drafters: tree preset, JSON choice file, 'chain' or 'dynamic[-D-K-N[-pP]]' [default: the exported one].")(func)
     func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="Most draft tokens per step [default: per drafter].")(func)
     func = click.option(
         "--drafter",

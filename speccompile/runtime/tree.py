@@ -365,8 +365,8 @@ class DraftTree:
         """The tree so far as a TreeSpec in creation order (for masks over grown nodes)."""
         return TreeSpec(self.parents, self.ranks)
 
-    def select(self, total_tokens: int) -> tuple[TreeSpec, np.ndarray, np.ndarray]:
-        """Keep the best ``total_tokens`` non-root nodes by cumulative log-prob.
+    def select(self, total_tokens: int, min_log_prob: float = -np.inf) -> tuple[TreeSpec, np.ndarray, np.ndarray]:
+        """Keep the best ``total_tokens`` non-root nodes by cumulative log-prob (none below ``min_log_prob``).
 
         Returns (TreeSpec in (depth, choice path) order, node tokens, creation ids of the kept
         nodes in the new order). The kept set is always ancestor-closed: scores are capped by
@@ -374,7 +374,7 @@ class DraftTree:
         nodes, so a parent always ranks before its children.
         """
         capped = self._capped_scores()
-        ranked = sorted(range(1, len(self)), key=lambda i: (-capped[i], self.depths[i], i))
+        ranked = sorted((i for i in range(1, len(self)) if capped[i] >= min_log_prob), key=lambda i: (-capped[i], self.depths[i], i))
         kept = [0] + ranked[: max(0, int(total_tokens))]
         paths = self._choice_paths()
         kept.sort(key=lambda i: (len(paths[i]), paths[i], i))
@@ -422,6 +422,7 @@ def build_dynamic_tree(
     top_k: int,
     total_tokens: int,
     root_token: int,
+    min_prob: float = 0.0,
 ) -> tuple[TreeSpec, np.ndarray]:
     """Grow an EAGLE-2 dynamic tree and return (TreeSpec, node tokens [n]); node 0 = root.
 
@@ -433,14 +434,25 @@ def build_dynamic_tree(
     its per-node state (hidden features, KV rows) by id. For ``depth`` steps, the next frontier
     is the ``top_k`` best new nodes by cumulative log-prob. Finally the best ``total_tokens``
     nodes are kept (ancestor-closed), giving a tree of at most ``total_tokens + 1`` nodes.
+
+    ``min_prob`` > 0 makes the tree confidence-bound: nodes whose cumulative draft probability is below
+    it are neither expanded nor kept, so a step the head is unsure of drafts a small tree (or none)
+    and a confident step drafts deep.
     """
-    tree, _ = grow_dynamic_tree(expand, depth, top_k, root_token)
-    spec, tokens, _ = tree.select(total_tokens)
+    floor = _log_floor(min_prob)
+    tree, _ = grow_dynamic_tree(expand, depth, top_k, root_token, floor)
+    spec, tokens, _ = tree.select(total_tokens, floor)
     return spec, tokens
 
 
-def grow_dynamic_tree(expand: ExpandFn, depth: int, top_k: int, root_token: int) -> tuple[DraftTree, int]:
-    """The expansion phase of :func:`build_dynamic_tree`; returns (tree, number of expand calls)."""
+def _log_floor(min_prob: float) -> float:
+    return float(np.log(min_prob)) if min_prob > 0 else -np.inf
+
+
+def grow_dynamic_tree(expand: ExpandFn, depth: int, top_k: int, root_token: int,
+                      min_log_prob: float = -np.inf) -> tuple[DraftTree, int]:
+    """The expansion phase of :func:`build_dynamic_tree`; returns (tree, number of expand calls).
+    Nodes scoring below ``min_log_prob`` are not expanded; growth stops when none is left."""
     if depth < 0 or top_k < 1:
         raise ValueError(f"need depth >= 0 and top_k >= 1, got depth={depth}, top_k={top_k}")
     tree = DraftTree.with_root(root_token)
@@ -451,7 +463,9 @@ def grow_dynamic_tree(expand: ExpandFn, depth: int, top_k: int, root_token: int)
         calls += 1
         new_ids = _add_children(tree, frontier, tokens, log_probs, top_k)
         new_ids.sort(key=lambda i: (-tree.scores[i], i))
-        frontier = new_ids[:top_k]
+        frontier = [i for i in new_ids[:top_k] if tree.scores[i] >= min_log_prob]
+        if not frontier:
+            break
     return tree, calls
 
 

@@ -112,15 +112,15 @@ class HeadDrafter:
         """Draft tokens a tree of depth k holds (what a pass with k verifies, for the adaptive controller)."""
         if not self.dynamic:
             return self._static_spec(k).n - 1
-        depth, top_k, total = self._dynamic_params(k)
+        depth, top_k, total, _ = self._dynamic_params(k)
         return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
 
-    def _dynamic_params(self, k: int) -> tuple[int, int, int]:
-        """(depth, top_k, total_tokens) of the dynamic tree drafted with budget k."""
+    def _dynamic_params(self, k: int) -> tuple[int, int, int, float]:
+        """(depth, top_k, total_tokens, min_prob) of the dynamic tree drafted with budget k."""
         dyn = self.tree_cfg.get("dynamic") or {}
         depth = max(1, min(int(dyn.get("depth", 5)), k))
         total = max(1, min(int(dyn.get("total_tokens", 48)), self.max_nodes - 1))
-        return depth, int(dyn.get("top_k", 8)), total
+        return depth, int(dyn.get("top_k", 8)), total, float(dyn.get("min_prob", 0.0))
 
     # -- state --------------------------------------------------------------------------------
 
@@ -230,7 +230,7 @@ class HeadDrafter:
         return node_tok
 
     def _propose_dynamic(self, pending: int, n: int, k: int) -> Draft:
-        depth, top_k, total = self._dynamic_params(k)
+        depth, top_k, total, min_prob = self._dynamic_params(k)
         state: dict[int, tuple[np.ndarray, np.ndarray, int | None]] = {0: (self.root_logits, self.root_hidden, None)}
 
         def expand(frontier: np.ndarray, tree) -> tuple[np.ndarray, np.ndarray]:
@@ -254,7 +254,7 @@ class HeadDrafter:
                 lps[r] = _log_softmax(lg)[idx]
             return toks, lps
 
-        spec, node_tokens = build_dynamic_tree(expand, depth, top_k, total, pending)
+        spec, node_tokens = build_dynamic_tree(expand, depth, top_k, total, pending, min_prob)
         if spec.n <= 1:
             return Draft([])
         if spec.is_chain:

@@ -1,4 +1,10 @@
-"""N-gram prompt lookup: copy what followed the latest earlier occurrence of the current suffix."""
+"""N-gram prompt lookup: copy what followed an earlier occurrence of the current suffix.
+
+Which occurrence: the one closest to where the previous proposal was copying from, if it lies just
+after it (an edit task copies its source in order, so after a rewritten token the copy resumes a
+little further on), else the latest one. The source pointer advances by the tokens emitted since the
+last proposal, which the drafter reads off the token history: it needs no callback from the loop.
+"""
 
 from __future__ import annotations
 
@@ -19,32 +25,50 @@ class NgramDrafter:
         """Reliability class of the last proposal for adaptive speculation: the matched suffix length."""
         return self.last_match_len
 
-    def __init__(self, min_match: int = 1, max_match: int = 4):
+    def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2):
         if not 1 <= min_match <= max_match:
             raise InputError(f"--ngram-min/--ngram-max: need 1 <= min <= max, got {min_match}, {max_match}")
         self.min_match = min_match
         self.max_match = max_match
-        self.last_match_len = 0
+        self.resume_window = resume_window  # how far past the source pointer an occurrence still counts as "resuming"
+        self.resume_back = resume_back
+        self.reset()
 
     def reset(self) -> None:
         self.last_match_len = 0
+        self._copied_from: int | None = None  # history index the last proposal copied from
+        self._proposed_at = 0  # history length when it was made
+
+    def _source_pointer(self, history_len: int) -> int | None:
+        """Where the copy would continue: the last proposal's start advanced by the tokens emitted since."""
+        if self._copied_from is None or history_len < self._proposed_at:
+            return None
+        return self._copied_from + (history_len - self._proposed_at)
 
     def propose(self, tokens: list[int], k: int) -> Draft:
-        """Longest suffix (max_match .. min_match tokens) seen earlier wins; its latest occurrence is copied."""
+        """Longest suffix (max_match .. min_match tokens) seen earlier wins; among its occurrences the one
+        resuming the previous copy is preferred, else the latest."""
+        pointer = self._source_pointer(len(tokens))
         self.last_match_len = 0
+        self._copied_from = None
         if k <= 0 or len(tokens) < self.min_match + 1:
             return Draft([])
         seq = np.asarray(tokens, dtype=np.int64)
         n_total = len(seq)
         for n in range(min(self.max_match, n_total - 1), self.min_match - 1, -1):
-            suffix = seq[n_total - n:]
-            # candidate starts: windows seq[i:i+n] == suffix with i + n < n_total (something follows)
+            # candidate continuations: windows seq[i:i+n] == suffix with i + n < n_total (something follows)
             windows = np.lib.stride_tricks.sliding_window_view(seq[: n_total - 1], n)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n
-                proposal = seq[start: start + k].tolist()
-                if proposal:
-                    self.last_match_len = n
-                    return Draft(proposal)
+            starts = np.flatnonzero((windows == seq[n_total - n:]).all(axis=1)) + n
+            if not len(starts):
+                continue
+            start = int(starts[-1])
+            if pointer is not None:
+                near = starts[(starts >= pointer - self.resume_back) & (starts <= pointer + self.resume_window)]
+                if len(near):
+                    start = int(near[np.argmin(np.abs(near - pointer))])
+            proposal = seq[start: start + k].tolist()
+            if proposal:
+                self.last_match_len = n
+                self._copied_from, self._proposed_at = start, n_total
+                return Draft(proposal)
         return Draft([])
