@@ -80,6 +80,31 @@ def test_medusa_tree_greedy_equal_plain(target_dir, tmp_path, tmp_path_factory):
     assert all(s[0] > 0 and s[1] > 0 for s in stats.values()), stats
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_path_factory):
+    # adaptive (the default): the planner picks the subtree of the exported tree per step from measured
+    # per-node acceptance; outputs stay identical and the planner learns rates for the drafted nodes
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    export_with(kind, target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, kind),
+                tree="tree-3x3" if kind == "medusa" else None)
+    runner = Runner(tmp_path / "art", drafter=kind, adaptive=True, threads=1)
+    drafter = runner._generator(kind, SamplingParams()).drafter
+    drafted = 0
+    for prompt in PROMPTS:
+        plain = runner.generate_ids(prompt, 32, drafter="none")
+        spec = runner.generate_ids(prompt, 32)
+        assert spec.tokens == plain.tokens
+        drafted += spec.stats.draft_steps
+    assert drafter.plans_tree and drafted > 0
+    rates = drafter._static_trees.planner.rate
+    assert rates and all(0.0 <= r <= 1.0 for r in rates.values())
+    # seeded sampling: the planner starts afresh each generation, so a seed reproduces its output
+    params = SamplingParams(temperature=0.8, seed=11)
+    assert runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens == runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens
+
+
 def test_dynamic_tree_export_and_sampling_runs(target_dir, tmp_path):
     from speccompile.errors import InputError
     from speccompile.runtime.sampling import SamplingParams

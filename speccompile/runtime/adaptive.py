@@ -54,6 +54,12 @@ class AdaptiveController:
         slope = self._slope if self._slope is not None else 0.05 * t1
         return t1 + slope * (q - 1)
 
+    def relative_costs(self) -> tuple[float, float]:
+        """(extra verify cost of one more token, drafting cost of one level), both in one-token passes."""
+        t1 = self._t1 if self._t1 is not None else 1.0
+        slope = self._slope if self._slope is not None else 0.05 * t1
+        return slope / t1, self.draft_cost / t1
+
     def choose_k(self, key=None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
         """Number of tokens (tree: depth) to draft this step (0 = plain step); `available` caps it (proposal
         length); `nodes(k)` is the number of draft tokens a tree of depth k verifies (default k: a chain)."""

@@ -243,6 +243,8 @@ class Generator:
         drafter = self.drafter if config.num_draft_tokens > 0 else None
         if drafter is not None:
             drafter.reset()
+            if hasattr(drafter, "plan_with"):  # static trees: adaptive = the planner sizes each step's tree
+                drafter.plan_with(controller.relative_costs if config.adaptive else None, fresh=controller.deterministic)
         cache = self.target.new_cache()
         output = _Output(self.tokenizer, config, self.eos_ids, on_text)
 
@@ -260,7 +262,8 @@ class Generator:
             draft, draft_seconds, key = Draft([]), 0.0, None
             if drafter is not None and budget > 0:
                 cheap = getattr(drafter, "cheap_proposals", False)
-                k = budget if cheap else min(budget, controller.choose_k(nodes=getattr(drafter, "draft_nodes", None)))
+                sizes_itself = cheap or getattr(drafter, "plans_tree", False)
+                k = budget if sizes_itself else min(budget, controller.choose_k(nodes=getattr(drafter, "draft_nodes", None)))
                 if k > 0:
                     t0 = time.perf_counter()
                     draft = drafter.propose(tokens, k)
@@ -293,6 +296,8 @@ class Generator:
                 stats.draft_steps += 1
                 stats.count_draft(draft.depth, len(accepted_rows))
                 controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key)
+                if hasattr(drafter, "record_verdict"):
+                    drafter.record_verdict(draft, accepted_rows)
             if drafter is not None and out.hidden is not None and hasattr(drafter, "observe"):
                 row_tokens = [tokens[-1], *[draft.tokens[r - 1] for r in accepted_rows]]
                 drafter.observe(out.hidden[keep], row_tokens, emitted[-1])

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..backends.ort import OrtSession
-from ..tree import DepthLimitedTrees, TreeSpec, build_dynamic_tree
+from ..tree import TreeSpec, build_dynamic_tree
+from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
 
 
@@ -77,7 +78,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-class HeadDrafter:
+class HeadDrafter(PlannedTreeDrafter):
     """Chain / static tree / dynamic tree drafting with an EAGLE, EAGLE-3 or MTP head graph.
 
     tree: {"tree": choice list | "dynamic", "dynamic": {"depth", "top_k", "total_tokens"}}.
@@ -106,12 +107,12 @@ class HeadDrafter:
         """Switch between chain / static tree / dynamic tree (benchmarks compare them)."""
         self.tree_cfg = dict(tree)
         self.dynamic = tree.get("tree") == "dynamic"
-        self._static_spec = None if self.dynamic else DepthLimitedTrees(tree["tree"], self.max_nodes)
+        self._static_trees = None if self.dynamic else StaticTrees(tree["tree"], self.max_nodes)
 
     def draft_nodes(self, k: int) -> int:
         """Draft tokens a tree of depth k holds (what a pass with k verifies, for the adaptive controller)."""
         if not self.dynamic:
-            return self._static_spec(k).n - 1
+            return self._static_trees.cut(k).n - 1
         depth, top_k, total, _ = self._dynamic_params(k)
         return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
 
@@ -196,7 +197,7 @@ class HeadDrafter:
         n = len(tokens) - 1
         if self.dynamic:
             return self._propose_dynamic(tokens[-1], n, k)
-        spec = self._static_spec(k)
+        spec = self._static_trees(k)
         if spec.n <= 1:
             return Draft([])
         node_tokens = self._draft_static(spec, tokens[-1], n)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tree import DepthLimitedTrees
+from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
 from .eagle import _top
 
@@ -40,7 +40,7 @@ class MedusaSession:
         return self.session.run(["logits"], feed)[0][0]
 
 
-class MedusaDrafter:
+class MedusaDrafter(PlannedTreeDrafter):
     """Static-tree (or chain) drafting from the Medusa heads' top-k."""
 
     name = "medusa"
@@ -54,11 +54,11 @@ class MedusaDrafter:
 
     def set_tree(self, tree: dict[str, Any]) -> None:
         self.tree_cfg = dict(tree)
-        self._spec = DepthLimitedTrees([c for c in tree["tree"] if len(c) <= self.num_heads], self.max_nodes)
+        self._static_trees = StaticTrees([c for c in tree["tree"] if len(c) <= self.num_heads], self.max_nodes)
 
     def draft_nodes(self, k: int) -> int:
         """Draft tokens of the tree cut to depth k (what a pass with k verifies, for the adaptive controller)."""
-        return self._spec(min(k, self.num_heads)).n - 1
+        return self._static_trees.cut(min(k, self.num_heads)).n - 1
 
     def reset(self) -> None:
         self.last_hidden: np.ndarray | None = None
@@ -71,7 +71,7 @@ class MedusaDrafter:
     def propose(self, tokens: list[int], k: int) -> Draft:
         if k <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
             return Draft([])
-        spec = self._spec(min(k, self.num_heads))
+        spec = self._static_trees(min(k, self.num_heads))
         if spec.n <= 1:
             return Draft([])
         logits = self.session.run(self.last_hidden[None])[0]  # [heads, V]

@@ -1,0 +1,132 @@
+"""Adaptive static trees: verify only the nodes of the exported tree that pay for their verify cost.
+
+A static tree (Medusa/EAGLE choice paths) is tuned for an engine where verifying more tokens is nearly
+free. Where it is not (a CPU: a pass over q tokens costs about t(1) (1 + s (q - 1))), a wide tree
+costs more than it brings. The planner keeps, per choice path, how often the node was on the accepted
+path when it was drafted (an EMA). With deterministic top-k children that rate does not depend on
+which siblings were drafted, so it stays valid for any subtree.
+
+Planning a step of depth <= k: nodes sorted by their acceptance rate (capped by the parent's, so every
+prefix of the order is ancestor-closed); the prefix kept is the one that maximises expected tokens per
+unit of time, (1 + sum of rates) / (1 + s * nodes + d * levels), with s the measured extra verify cost
+of a token and d the cost of drafting one level, both relative to a one-token pass. An empty prefix
+means a plain step. Every `probe_every` planned steps the next `probe_extra` nodes of the order are
+drafted too, so the rates of pruned nodes stay current. The output is never affected: the planner only picks which proposals to verify.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from .tree import DepthLimitedTrees, TreeSpec
+
+
+class TreePlanner:
+    """Per-node acceptance statistics of a static tree and the subtree worth drafting."""
+
+    def __init__(self, choices: Iterable[Sequence[int]], max_nodes: int, alpha: float = 0.1,
+                 prior: float = 0.5, probe_every: int = 8, probe_extra: int = 3):
+        self.full = DepthLimitedTrees(choices, max_nodes)
+        self.alpha = alpha
+        self.prior = prior
+        self.probe_every = probe_every
+        self.probe_extra = probe_extra
+        self.rate: dict[tuple[int, ...], float] = {}
+        self._specs: dict[tuple, TreeSpec] = {}
+        self._since_probe = 0
+
+    def acceptance(self, path: tuple[int, ...]) -> float:
+        """Estimated probability that the node at `path` is accepted (untried: prior per level, halved per rank)."""
+        if path in self.rate:
+            return self.rate[path]
+        return self.prior ** len(path) * 0.5 ** sum(1 for c in path if c)
+
+    def plan(self, k: int, verify_slope: float, draft_level_cost: float) -> TreeSpec:
+        """The subtree of the depth-k tree to draft now (n == 1: draft nothing)."""
+        full = self.full(k)
+        capped: dict[tuple[int, ...], float] = {(): 1.0}
+        for path in sorted((tuple(c) for c in full.choices()), key=len):
+            capped[path] = min(self.acceptance(path), capped[path[:-1]])
+        order = sorted((p for p in capped if p), key=lambda p: (-capped[p], len(p), p))
+        best, best_n, gain, depth = 1.0, 0, 1.0, 0
+        for n, path in enumerate(order, 1):
+            gain += capped[path]
+            depth = max(depth, len(path))
+            speed = gain / (1.0 + verify_slope * n + draft_level_cost * depth)
+            if speed > best * 1.0001:
+                best, best_n = speed, n
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:  # also try the next few nodes, so pruned ones can come back
+            self._since_probe = 0
+            best_n = min(len(order), best_n + self.probe_extra)
+        key = tuple(sorted(order[:best_n]))
+        if key not in self._specs:
+            self._specs[key] = TreeSpec.from_choices([list(p) for p in key])
+        return self._specs[key]
+
+    def forget(self) -> None:
+        """Back to the prior rates."""
+        self.rate.clear()
+        self._since_probe = 0
+
+    def record(self, spec: TreeSpec, accepted_rows: Sequence[int]) -> None:
+        """After verification: every drafted node was accepted (on the accepted path) or not."""
+        on_path = set(int(r) for r in accepted_rows)
+        for node, path in enumerate(spec.choices(), 1):
+            key = tuple(path)
+            hit = 1.0 if node in on_path else 0.0
+            self.rate[key] = (1 - self.alpha) * self.acceptance(key) + self.alpha * hit
+
+
+class StaticTrees:
+    """A drafter's static tree at depth k: the exported tree cut to depth k, or (with costs to plan by)
+    the planner's subtree of it."""
+
+    def __init__(self, choices: Iterable[Sequence[int]], max_nodes: int):
+        choices = [list(c) for c in choices]
+        self.cut = DepthLimitedTrees(choices, max_nodes)
+        self.planner = TreePlanner(choices, max_nodes)
+        self.costs = None  # callable -> (verify_slope, draft_level_cost), or None: no planning
+
+    @property
+    def planning(self) -> bool:
+        return self.costs is not None
+
+    def __call__(self, k: int) -> TreeSpec:
+        return self.cut(k) if self.costs is None else self.planner.plan(k, *self.costs())
+
+    def record(self, spec: TreeSpec, accepted_rows: Sequence[int]) -> None:
+        if self.costs is not None:
+            self.planner.record(spec, accepted_rows)
+
+
+def drafted_spec(draft) -> TreeSpec:
+    """The tree a Draft verified: its TreeSpec, or the chain of its tokens."""
+    if draft.tree is not None:
+        return draft.tree
+    return TreeSpec.from_choices([[0] * d for d in range(1, len(draft.tokens) + 1)])
+
+
+class PlannedTreeDrafter:
+    """Mixin for drafters with a static tree in `self._static_trees` (a StaticTrees, or None for a dynamic one)."""
+
+    _static_trees: StaticTrees | None = None
+
+    def plan_with(self, costs, fresh: bool = False) -> None:
+        """Let the planner pick the subtree per step (`costs()` -> relative verify / draft-level costs); None: off.
+        `fresh` forgets the rates learned so far (seeded sampling: the tree, hence the output, then depends
+        only on this generation). Otherwise the rates carry over from prompt to prompt."""
+        if self._static_trees is not None:
+            self._static_trees.costs = costs
+            if fresh:
+                self._static_trees.planner.forget()
+
+    @property
+    def plans_tree(self) -> bool:
+        """True when the drafter sizes its own tree (the loop then offers the full depth)."""
+        return self._static_trees is not None and self._static_trees.planning
+
+    def record_verdict(self, draft, accepted_rows: Sequence[int]) -> None:
+        """Feed the verification result of a draft back to the planner."""
+        if self._static_trees is not None:
+            self._static_trees.record(drafted_spec(draft), accepted_rows)
