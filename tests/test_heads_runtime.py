@@ -100,6 +100,16 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
     assert drafter.plans_tree and drafted > 0
     rates = drafter._static_trees.planner.rate
     assert rates and all(0.0 <= r <= 1.0 for r in rates.values())
+    # a head that "never pays": only the probe steps draft, the others skip the head entirely and the
+    # committed rows are fed in one call on the next drafting step (the head cache must stay in step)
+    planner = drafter._static_trees.planner
+    planner.alpha = 0.0  # keep the rates at zero through the generation
+    planner.rate.update({tuple(c): 0.0 for c in planner.full(8).choices()})
+    plain = runner.generate_ids(PROMPTS[0], 40, drafter="none")
+    sparse = runner.generate_ids(PROMPTS[0], 40)
+    assert sparse.tokens == plain.tokens
+    assert 0 < sparse.stats.draft_steps < sparse.stats.target_passes // 4, sparse.stats
+    planner.alpha = 0.1
     # seeded sampling: the planner starts afresh each generation, so a seed reproduces its output
     params = SamplingParams(temperature=0.8, seed=11)
     assert runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens == runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens

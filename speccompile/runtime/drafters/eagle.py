@@ -192,14 +192,16 @@ class HeadDrafter(PlannedTreeDrafter):
     # -- drafting -----------------------------------------------------------------------------
 
     def propose(self, tokens: list[int], k: int) -> Draft:
-        if k <= 0 or not self._sync(tokens):
+        if k <= 0:
+            return Draft([])
+        # a static tree is planned before the head runs: a step the planner skips costs no head call (the
+        # committed rows are fed on the next drafting step, in one call)
+        spec = None if self.dynamic else self._static_trees(k)
+        if (spec is not None and spec.n <= 1) or not self._sync(tokens):
             return Draft([])
         n = len(tokens) - 1
-        if self.dynamic:
+        if spec is None:
             return self._propose_dynamic(tokens[-1], n, k)
-        spec = self._static_trees(k)
-        if spec.n <= 1:
-            return Draft([])
         node_tokens = self._draft_static(spec, tokens[-1], n)
         if spec.is_chain:
             return Draft([int(t) for t in node_tokens[1:]])
