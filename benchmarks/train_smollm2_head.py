@@ -74,6 +74,11 @@ def training_prompts(n: int) -> list[str]:
     return kept[:n]
 
 
+# Rephrasings that change the context (and so the greedy answer) of every training prompt: more of the
+# target's own greedy text without writing new prompts. Variant i appends VARIANT_SUFFIXES[i].
+VARIANT_SUFFIXES = [" Keep it short and simple.", " Please answer in detail.", " Use a friendly tone."]
+
+
 def generate_answers(artifact: Path, prompts: list[str], out: Path, max_tokens: int, threads: int = 2, batch: int = 48) -> Path:
     """SmolLM2's greedy answers to `prompts`, batched in torch (left-padded), as ChatML jsonl lines.
 
@@ -143,6 +148,8 @@ def main() -> None:
     ap.add_argument("--out", default="/work/scratch_heads/smollm2_{method}")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--variants", type=int, default=0, choices=range(len(VARIANT_SUFFIXES) + 1),
+                    help="also answer each prompt rephrased this many ways (more self-distillation data)")
     args = ap.parse_args()
 
     from speccompile.training.trainer import TrainOptions, train_draft
@@ -152,6 +159,13 @@ def main() -> None:
     answers = scratch / f"smollm2_answers_b{args.answers}_{args.answer_tokens}.jsonl"
     if not answers.is_file():
         generate_answers(Path(args.artifact), training_prompts(args.answers), answers, args.answer_tokens, args.threads)
+    answer_files = [answers]
+    for i, suffix in enumerate(VARIANT_SUFFIXES[: args.variants]):
+        variant = scratch / f"smollm2_answers_v{i + 1}_b{args.answers}_{args.answer_tokens}.jsonl"
+        if not variant.is_file():
+            prompts = [p + suffix for p in training_prompts(args.answers)]
+            generate_answers(Path(args.artifact), prompts, variant, args.answer_tokens, args.threads)
+        answer_files.append(variant)
     # documentation + source of installed packages (real text on this machine)
     import click
     import jinja2
@@ -165,11 +179,11 @@ def main() -> None:
         docs.write_text("\n".join(lines) + "\n")
     out = Path(args.out.format(method=args.method))
     # answers first (the workload's distribution), then docs/source up to the token cap
-    n_answer_tokens = args.answers * (args.answer_tokens + 40)
+    n_answer_tokens = len(answer_files) * args.answers * (args.answer_tokens + 40)
     options = TrainOptions(method=args.method, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=1e-3,
                            warmup=min(30, args.steps // 10 + 1), max_tokens=n_answer_tokens + args.docs_tokens,
                            save_every=50, resume=args.resume, threads=args.threads)
-    summary = train_draft("smollm2-135m", [answers, docs], out, options, progress=lambda m: print(m, flush=True))
+    summary = train_draft("smollm2-135m", [*answer_files, docs], out, options, progress=lambda m: print(m, flush=True))
     print(json.dumps(summary, indent=2))
 
 
