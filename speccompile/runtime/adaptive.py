@@ -49,15 +49,18 @@ class AdaptiveController:
         a = min(max(self.acceptance(key), 1e-6), 1 - 1e-6)
         return (1 - a ** (k + 1)) / (1 - a)
 
-    def pass_cost(self, q: int) -> float:
+    def _cost_fit(self) -> tuple[float, float]:
+        """(t1, slope) of t(q) = t1 + slope (q - 1), with defaults until measured."""
         t1 = self._t1 if self._t1 is not None else 1.0
-        slope = self._slope if self._slope is not None else 0.05 * t1
+        return t1, self._slope if self._slope is not None else 0.05 * t1
+
+    def pass_cost(self, q: int) -> float:
+        t1, slope = self._cost_fit()
         return t1 + slope * (q - 1)
 
     def relative_costs(self) -> tuple[float, float]:
         """(extra verify cost of one more token, drafting cost of one level), both in one-token passes."""
-        t1 = self._t1 if self._t1 is not None else 1.0
-        slope = self._slope if self._slope is not None else 0.05 * t1
+        t1, slope = self._cost_fit()
         return slope / t1, self.draft_cost / t1
 
     def choose_k(self, key=None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:

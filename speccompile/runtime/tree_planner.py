@@ -16,6 +16,7 @@ drafted too, so the rates of pruned nodes stay current. The output is never affe
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 from .tree import DepthLimitedTrees, TreeSpec
@@ -33,6 +34,7 @@ class TreePlanner:
         self.probe_extra = probe_extra
         self.rate: dict[tuple[int, ...], float] = {}
         self._specs: dict[tuple, TreeSpec] = {}
+        self._paths: dict[int, list[tuple[int, ...]]] = {}  # depth-k tree's choice paths, parents first
         self._since_probe = 0
 
     def acceptance(self, path: tuple[int, ...]) -> float:
@@ -43,9 +45,10 @@ class TreePlanner:
 
     def plan(self, k: int, verify_slope: float, draft_level_cost: float) -> TreeSpec:
         """The subtree of the depth-k tree to draft now (n == 1: draft nothing)."""
-        full = self.full(k)
+        if k not in self._paths:
+            self._paths[k] = sorted((tuple(c) for c in self.full(k).choices()), key=len)
         capped: dict[tuple[int, ...], float] = {(): 1.0}
-        for path in sorted((tuple(c) for c in full.choices()), key=len):
+        for path in self._paths[k]:
             capped[path] = min(self.acceptance(path), capped[path[:-1]])
         order = sorted((p for p in capped if p), key=lambda p: (-capped[p], len(p), p))
         best, best_n, gain, depth = 1.0, 0, 1.0, 0
@@ -83,9 +86,8 @@ class StaticTrees:
     the planner's subtree of it."""
 
     def __init__(self, choices: Iterable[Sequence[int]], max_nodes: int):
-        choices = [list(c) for c in choices]
-        self.cut = DepthLimitedTrees(choices, max_nodes)
         self.planner = TreePlanner(choices, max_nodes)
+        self.cut = self.planner.full
         self.costs = None  # callable -> (verify_slope, draft_level_cost), or None: no planning
 
     @property
@@ -95,16 +97,15 @@ class StaticTrees:
     def __call__(self, k: int) -> TreeSpec:
         return self.cut(k) if self.costs is None else self.planner.plan(k, *self.costs())
 
-    def record(self, spec: TreeSpec, accepted_rows: Sequence[int]) -> None:
-        if self.costs is not None:
-            self.planner.record(spec, accepted_rows)
-
 
 def drafted_spec(draft) -> TreeSpec:
     """The tree a Draft verified: its TreeSpec, or the chain of its tokens."""
-    if draft.tree is not None:
-        return draft.tree
-    return TreeSpec.from_choices([[0] * d for d in range(1, len(draft.tokens) + 1)])
+    return draft.tree if draft.tree is not None else _chain_spec(len(draft.tokens))
+
+
+@lru_cache(maxsize=None)
+def _chain_spec(length: int) -> TreeSpec:
+    return TreeSpec.from_choices([[0] * d for d in range(1, length + 1)])
 
 
 class PlannedTreeDrafter:
@@ -127,6 +128,6 @@ class PlannedTreeDrafter:
         return self._static_trees is not None and self._static_trees.planning
 
     def record_verdict(self, draft, accepted_rows: Sequence[int]) -> None:
-        """Feed the verification result of a draft back to the planner."""
-        if self._static_trees is not None:
-            self._static_trees.record(drafted_spec(draft), accepted_rows)
+        """Feed the verification result of a draft back to the planner (nothing to do when it is off)."""
+        if self.plans_tree:
+            self._static_trees.planner.record(drafted_spec(draft), accepted_rows)
