@@ -66,10 +66,11 @@ def main() -> None:
     modes = args.modes.split(",")
     trees = {}
     for m in modes:
-        cfg = MODES[m.split("-p")[0]](args)
-        if m.startswith("dynamic-p"):  # e.g. dynamic-p0.1: the same tree, confidence-bound
-            cfg["dynamic"]["min_prob"] = float(m[len("dynamic-p"):])
-        if m == "static":
+        base = m.removesuffix("+lookup")  # e.g. static+lookup: the same tree plus the n-gram lookup branch
+        cfg = MODES[base.split("-p")[0]](args)
+        if base.startswith("dynamic-p"):  # e.g. dynamic-p0.1: the same tree, confidence-bound
+            cfg["dynamic"]["min_prob"] = float(base[len("dynamic-p"):])
+        if base == "static":
             cfg = {"tree": load_tree(cfg["tree"]).choices()}
         trees[m] = cfg
     plain_runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)  # warm-up (both sessions)
@@ -83,6 +84,7 @@ def main() -> None:
         plain_tps.append(plain.stats.tokens_per_second)
         for m in modes:
             drafter.set_tree(trees[m])
+            drafter.enabled = m.endswith("+lookup")
             res = runner.generate_ids(ids, args.max_tokens)
             r = rows[m]
             r["identical"] += int(res.tokens == plain.tokens)

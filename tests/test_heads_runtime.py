@@ -52,7 +52,8 @@ def spec_vs_plain(artifact, kind, trees, max_tokens=32, k=4):
             drafted += spec.stats.draft_steps
             accepted += sum(spec.stats.accepted)
         stats[name] = (drafted, accepted)
-    print(kind, stats)
+    print(kind, stats, drafter.rate)
+    assert drafter.rate, "the n-gram lookup branch was never verified"  # PROMPTS[0] repeats 40 41 42
     return stats
 
 
@@ -104,15 +105,29 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
     # committed rows are fed in one call on the next drafting step (the head cache must stay in step)
     planner = drafter._static_trees.planner
     planner.alpha = 0.0  # keep the rates at zero through the generation
+    drafter.enabled = False  # (the lookup branch would still draft on its own)
     planner.rate.update({tuple(c): 0.0 for c in planner.full(8).choices()})
     plain = runner.generate_ids(PROMPTS[0], 40, drafter="none")
     sparse = runner.generate_ids(PROMPTS[0], 40)
     assert sparse.tokens == plain.tokens
     assert 0 < sparse.stats.draft_steps < sparse.stats.target_passes // 4, sparse.stats
-    planner.alpha = 0.1
+    planner.alpha, drafter.enabled = 0.1, True
     # seeded sampling: the planner starts afresh each generation, so a seed reproduces its output
     params = SamplingParams(temperature=0.8, seed=11)
     assert runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens == runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens
+
+
+def test_head_without_lookup_branch(target_dir, tmp_path, tmp_path_factory):
+    # --no-lookup-branch: the head's own tree only (and the same output)
+    from speccompile.runtime.drafters.eagle import HeadDrafter
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    export_with("eagle3", target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, "eagle3"))
+    runner = Runner(tmp_path / "art", drafter="eagle3", threads=1, lookup_branch=False)
+    assert isinstance(runner._generator("eagle3", SamplingParams()).drafter, HeadDrafter)
+    for prompt in PROMPTS[:2]:
+        assert runner.generate_ids(prompt, 32).tokens == runner.generate_ids(prompt, 32, drafter="none").tokens
 
 
 def test_dynamic_tree_export_and_sampling_runs(target_dir, tmp_path):

@@ -19,6 +19,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+def geometric_acceptance_update(rate: float, drafted: int, accepted: int, alpha: float) -> float:
+    """EMA of the per-position acceptance rate after `accepted` of `drafted` chain tokens were accepted.
+
+    The positions tried are the accepted ones plus the rejected one (none after a full accept); the
+    update weighs in proportion to them."""
+    tried = accepted + (1 if accepted < drafted else 0)
+    weight = min(1.0, 2 * alpha * tried)
+    return (1 - weight) * rate + weight * (accepted / tried)
+
+
 @dataclass
 class AdaptiveController:
     """Chooses the draft length per step. `key` separates kinds of proposals with different reliability
@@ -96,14 +106,14 @@ class AdaptiveController:
             slope = max(0.0, (seconds - self._t1) / (q - 1))
             self._slope = slope if self._slope is None else (1 - self.alpha) * self._slope + self.alpha * slope
 
-    def record_draft(self, drafted: int, accepted: int, seconds: float, key=None) -> None:
-        """Outcome of one verified draft: acceptance per drafted position (geometric model)."""
+    def record_draft(self, drafted: int, accepted: int, seconds: float, key=None, levels: int | None = None) -> None:
+        """Outcome of one verified draft: acceptance per drafted position (geometric model); the drafting
+        time is spread over `levels` drafter calls (default: one per drafted position)."""
         if drafted <= 0:
             return
-        tried = accepted + (1 if accepted < drafted else 0)  # accepted positions + the rejected one
-        weight = min(1.0, 2 * self.alpha * tried)
-        self._acceptance[key] = (1 - weight) * self.acceptance(key) + weight * (accepted / tried)
-        if self.deterministic:
+        self._acceptance[key] = geometric_acceptance_update(self.acceptance(key), drafted, accepted, self.alpha)
+        levels = drafted if levels is None else levels
+        if self.deterministic or levels <= 0:
             return
-        per_token = seconds / drafted
+        per_token = seconds / levels
         self.draft_cost = per_token if self.draft_cost == 0 else (1 - self.alpha) * self.draft_cost + self.alpha * per_token

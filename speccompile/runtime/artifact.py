@@ -98,10 +98,12 @@ def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
     return {"ngram": 12, "draft-model": 4}.get(drafter, 4)
 
 
-def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None):
+def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None,
+                 lookup_branch: bool = True):
     """Build the runtime drafter `name` for this artifact (None for plain decoding).
 
-    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`.
+    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`;
+    `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree.
     """
     name = resolve_drafter_name(artifact, name)
     if name == "none":
@@ -134,4 +136,9 @@ def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock:
         from ..export.heads import resolve_tree  # pure: parses the tree spec, no torch
 
         override = heads_factory.tree_config({"kind": name, **resolve_tree(name, tree, None)})
-    return heads_factory.make(artifact, name, sampling, clock, tree=override)
+    head = heads_factory.make(artifact, name, sampling, clock, tree=override)
+    if not lookup_branch:
+        return head
+    from .drafters.lookup_branch import LookupBranchDrafter
+
+    return LookupBranchDrafter(head, max_nodes=artifact.max_verify_tokens)

@@ -295,7 +295,7 @@ class Generator:
             if draft.tokens:
                 stats.draft_steps += 1
                 stats.count_draft(draft.depth, len(accepted_rows))
-                controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key)
+                controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key, draft.drafted_levels)
                 if hasattr(drafter, "record_verdict"):
                     drafter.record_verdict(draft, accepted_rows)
             if drafter is not None and out.hidden is not None and hasattr(drafter, "observe"):

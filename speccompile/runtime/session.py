@@ -24,12 +24,14 @@ class Runner:
         sampling: SamplingParams | None = None,
         tree: str | None = None,
         fused: bool = True,
+        lookup_branch: bool = True,
     ):
         self.artifact = open_artifact(artifact, backend, threads, fused, drafter)
         self.drafter_name = resolve_drafter_name(self.artifact, drafter)
         self.num_draft_tokens = num_draft_tokens if num_draft_tokens is not None else default_num_draft_tokens(self.artifact, self.drafter_name)
         self.adaptive = adaptive
         self.tree = tree
+        self.lookup_branch = lookup_branch
         self._drafters: dict[tuple, object] = {}
         self._sampling = sampling
 
@@ -39,7 +41,8 @@ class Runner:
         if drafter_name != "none":
             key = (drafter_name, sampling)
             if key not in self._drafters:
-                self._drafters[key] = make_drafter(a, drafter_name, sampling, generator.engine_clock, self.tree)
+                self._drafters[key] = make_drafter(a, drafter_name, sampling, generator.engine_clock, self.tree,
+                                                           self.lookup_branch)
             drafter = self._drafters[key]
             if hasattr(drafter, "session") and hasattr(drafter.session, "_clock"):
                 drafter.session._clock = generator.engine_clock

@@ -17,6 +17,7 @@ class Draft:
     Tree: `tree` is a TreeSpec whose node 0 is the pending token and `tokens` are the tokens of nodes
     1..n-1; `mode` is "deterministic" (top-k children) or "iid"/"iid_without_replacement" with
     `child_probs[u]` the distribution the children of node u were drawn from.
+    `levels`: the drafter calls behind it, when fewer than its depth (a lookup branch costs none).
     """
 
     tokens: list[int]
@@ -24,6 +25,12 @@ class Draft:
     tree: Any = None
     mode: str = "deterministic"
     child_probs: Sequence[np.ndarray | None] | None = None
+    levels: int | None = None  # drafter calls (levels) it took, when not its depth (extra free branches)
+
+    @property
+    def drafted_levels(self) -> int:
+        """Levels the drafter ran to make this draft (what its drafting time is spread over)."""
+        return self.depth if self.levels is None else self.levels
 
     @property
     def depth(self) -> int:
