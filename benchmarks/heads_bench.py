@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=5, help="draft depth")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--modes", default="chain,static,dynamic", help="comma list of chain, static, dynamic, dynamic-pP (confidence-bound)")
+    ap.add_argument("--modes", default="chain,static,dynamic", help="comma list of chain, static, static=PRESET, dynamic, dynamic-pP (confidence-bound); "
+                    "a +lookup suffix adds the n-gram lookup branch")
     ap.add_argument("--static-tree", default="eagle-default", help="tree preset of the static mode")
     ap.add_argument("--dynamic-nodes", type=int, default=40, help="nodes kept by the dynamic tree")
     ap.add_argument("--dynamic-top-k", type=int, default=8, help="children expanded per frontier node")
@@ -67,17 +68,20 @@ def main() -> None:
     trees = {}
     for m in modes:
         base = m.removesuffix("+lookup")  # e.g. static+lookup: the same tree plus the n-gram lookup branch
+        base, _, preset = base.partition("=")  # e.g. static=chain-1: another static tree than --static-tree
         cfg = MODES[base.split("-p")[0]](args)
         if base.startswith("dynamic-p"):  # e.g. dynamic-p0.1: the same tree, confidence-bound
             cfg["dynamic"]["min_prob"] = float(base[len("dynamic-p"):])
         if base == "static":
-            cfg = {"tree": load_tree(cfg["tree"]).choices()}
+            cfg = {"tree": load_tree(preset or cfg["tree"]).choices()}
         trees[m] = cfg
     plain_runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)  # warm-up (both sessions)
     runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)
     rows = {m: {"tps": [], "mal": [], "drafted": [], "accepted": [], "speedup": [], "identical": 0,
                 "draft_s": 0.0, "verify_s": 0.0, "passes": 0} for m in modes}
     plain_tps = []
+    head = getattr(drafter, "inner", drafter)  # the head drafter under the lookup branch
+    learnt: dict[str, tuple] = {}
     for item in prompts:
         ids = tok.prompt_ids(item["prompt"], item["chat"])
         plain = plain_runner.generate_ids(ids, args.max_tokens)
@@ -85,7 +89,10 @@ def main() -> None:
         for m in modes:
             drafter.set_tree(trees[m])
             drafter.enabled = m.endswith("+lookup")
+            if m in learnt:  # what the tree planner and the lookup branch learnt on earlier prompts, as in one session
+                head._static_trees, drafter.rate = learnt[m]
             res = runner.generate_ids(ids, args.max_tokens)
+            learnt[m] = (head._static_trees, drafter.rate)
             r = rows[m]
             r["identical"] += int(res.tokens == plain.tokens)
             r["tps"].append(res.stats.tokens_per_second)
