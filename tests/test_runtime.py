@@ -77,7 +77,8 @@ def test_greedy_draft_model_equals_plain(tiny_artifact_with_draft, fused):
         plain = runner.generate(prompt, chat=True, max_tokens=40, drafter="none")
         spec = runner.generate(prompt, chat=True, max_tokens=40)
         assert spec.tokens == plain.tokens
-        assert spec.stats.draft_steps > 0
+        print("DBG", len(spec.tokens), spec.stats.target_passes, spec.stats.draft_steps, spec.stats.drafted[:10], spec.stats.accepted[:10])
+    assert spec.stats.draft_steps > 0
 
 
 def test_target_as_its_own_draft_accepts_everything(tmp_path, tiny_model_dir):
@@ -228,3 +229,39 @@ def test_target_threads_spin_only_when_no_drafter_graph_runs(tiny_artifact, tiny
     assert spinning(Runner(tiny_artifact, drafter="none", threads=1)) == "1"
     # a draft-model graph alternates with the target on the same cores: no busy-waiting
     assert spinning(Runner(tiny_artifact_with_draft, drafter="auto", threads=1)) == "0"
+
+
+def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
+    # near max_context a draft that does not fit is dropped (a plain step), not a reason to stop early
+    from speccompile.runtime.drafters.base import Draft
+    from speccompile.runtime.generate import GenerationConfig
+
+    class AlwaysDrafts:  # a real (if poor) drafter: always k copies of the last token, so every draft is full length
+        name = "repeat"
+
+        def reset(self) -> None:
+            pass
+
+        def propose(self, tokens, k):
+            return Draft([tokens[-1]] * k)
+
+    runner = Runner(tiny_artifact, drafter="none", threads=1)
+    ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False)
+    generator = runner._generator("none", SamplingParams())
+    plain = generator.generate(ids, GenerationConfig(max_tokens=1000, num_draft_tokens=0, ignore_eos=True))
+    # the last token is emitted from the logits of the last cache row, never fed back
+    assert plain.finish_reason == "context" and len(ids) + len(plain.tokens) == runner.artifact.max_context + 1
+    generator.drafter = AlwaysDrafts()
+    spec = generator.generate(ids, GenerationConfig(max_tokens=1000, num_draft_tokens=8, adaptive=False, ignore_eos=True))
+    assert spec.tokens == plain.tokens and spec.finish_reason == "context"
+    assert spec.stats.draft_steps > 0
+
+    class TwoWide(AlwaysDrafts):  # a tree with more nodes than its depth: two first-token candidates
+        def propose(self, tokens, k):
+            from speccompile.runtime.tree import TreeSpec
+
+            return Draft([tokens[-1], (tokens[-1] + 1) % 50], tree=TreeSpec.from_choices([[0], [1]]))
+
+    generator.drafter = TwoWide()
+    spec = generator.generate(ids, GenerationConfig(max_tokens=1000, num_draft_tokens=1, adaptive=False, ignore_eos=True))
+    assert spec.tokens == plain.tokens and spec.finish_reason == "context"

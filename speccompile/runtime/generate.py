@@ -258,7 +258,8 @@ class Generator:
         finish = output.finish
         while not done:
             remaining = config.max_tokens - len(output.tokens)
-            budget = max(0, min(config.num_draft_tokens, remaining - 1, self.max_verify_tokens - 1))
+            room = self.max_context - cache.length - 1  # draft rows that still fit next to the pending token
+            budget = max(0, min(config.num_draft_tokens, remaining - 1, self.max_verify_tokens - 1, room))
             draft, draft_seconds, key = Draft([]), 0.0, None
             if drafter is not None and budget > 0:
                 cheap = getattr(drafter, "cheap_proposals", False)
@@ -273,6 +274,8 @@ class Generator:
                     # cheap drafters propose the most they can; keep what pays for this kind of proposal
                     key = getattr(drafter, "proposal_key", None)
                     draft.tokens = draft.tokens[: controller.choose_k(key, len(draft.tokens))]
+            if len(draft.tokens) > room:  # a tree wider than the room left: verify the pending token alone
+                draft = Draft([])
             q = 1 + len(draft.tokens)
             cache.maybe_compact(q, self.max_context)
             if cache.length + q > self.max_context:
