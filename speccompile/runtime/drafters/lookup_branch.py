@@ -49,28 +49,11 @@ class LookupBranchDrafter:
     # -- what the loop reads off the inner drafter -------------------------------------------
 
     def __getattr__(self, name: str):
-        """Everything else (session, tree_cfg, the planner, ...) is the inner drafter's."""
+        """Everything not defined here (observe, draft_nodes, plans_tree, set_tree, session, the planner, ...)
+        is the inner drafter's."""
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
-
-    @property
-    def plans_tree(self) -> bool:
-        return bool(getattr(self.inner, "plans_tree", False))
-
-    @property
-    def relative_cost(self) -> float:
-        return float(getattr(self.inner, "relative_cost", 0.0))
-
-    def set_tree(self, tree) -> None:
-        self.inner.set_tree(tree)
-
-    def draft_nodes(self, k: int) -> int:
-        return self.inner.draft_nodes(k)
-
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        if hasattr(self.inner, "observe"):
-            self.inner.observe(hidden, row_tokens, next_token)
 
     def reset(self) -> None:
         self.inner.reset()
@@ -99,12 +82,13 @@ class LookupBranchDrafter:
             return inner
         parents, node_tokens = _nodes_of(inner)
         inner_n = len(parents)
+        child_of = {(parents[c], node_tokens[c]): c for c in range(1, inner_n)}  # (parent, token) -> node
         chain_nodes: list[int] = []
         node = 0
         added = 0
         keep_new = self._new_tokens_paying(key)
-        for i, token in enumerate(chain, 1):
-            child = next((c for c in range(inner_n) if parents[c] == node and node_tokens[c] == token), None)
+        for token in chain:
+            child = child_of.get((node, token))
             if child is None:
                 if added >= keep_new or len(parents) >= self.max_nodes:
                     break
@@ -164,6 +148,5 @@ def _deterministic(draft: Draft) -> bool:
 
 def _nodes_of(draft: Draft) -> tuple[list[int], list[int]]:
     """(parent pointers, node tokens) of a draft, root (the pending token, token -1 here) included."""
-    if draft.tree is not None:
-        return [int(p) for p in draft.tree.parents], [-1, *map(int, draft.tokens)]
-    return list(range(-1, len(draft.tokens))), [-1, *map(int, draft.tokens)]
+    parents = [int(p) for p in draft.tree.parents] if draft.tree is not None else list(range(-1, len(draft.tokens)))
+    return parents, [-1, *map(int, draft.tokens)]
