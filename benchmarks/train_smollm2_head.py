@@ -5,7 +5,7 @@ distribution it will be asked to draft; the prompts do not overlap benchmarks/wo
 rendered with its ChatML template, plus (2) documentation and source of installed Python packages.
 Weights go to /work/scratch_heads (never committed).
 
-    python benchmarks/train_smollm2_head.py --steps 400 [--method eagle3] [--answers 80]
+    python benchmarks/train_smollm2_head.py --steps 400 [--method eagle3] [--answers 80] [--variants 1] [--more-answers 540]
 
 Needs the fp32 SmolLM2 artifact (`speccompile export smollm2-135m --out /tmp/smol`) for fast answer
 generation. Prints the training summary (time, tokens) as JSON at the end.
@@ -60,6 +60,85 @@ MISC = ["Write a thank-you note to a teacher.", "Write an email inviting friends
   "Summarize the story of Romeo and Juliet.", "Summarize the benefits of meditation.", "What makes a good leader?",
   "Why is reading important for children?", "What is the meaning of friendship?", "How do I change a flat tire?", "How do I make a paper airplane?"]
 
+# A second, disjoint set of prompt families (new subjects, new kinds of request) for more varied
+# self-distillation data: `--more-answers N` answers the first N of them. Topics of the chat workload
+# (benchmarks/workloads/chat.jsonl) are avoided, not only its exact prompts.
+MORE_STORY_SUBJECTS = ["a clockmaker's apprentice", "a snowman who wants to see summer", "a library that opens at midnight",
+  "a mouse who becomes a sailor", "two rival ice-cream trucks", "a pirate who is afraid of water", "a kite that escapes",
+  "a giant who is very small", "a village of talking scarecrows", "a hedgehog who wants a hug", "a painter who loses her colors",
+  "a mailman on the moon", "a frog prince who likes being a frog", "a lost balloon", "a circus without animals",
+  "a boy and his grandfather fishing", "a haunted bicycle", "a cat who runs a hotel", "the last leaf on a tree",
+  "a queen who cannot make decisions", "a dog who guards a museum", "an inventor whose inventions all fail",
+  "a spaceship made of cardboard", "a river that flows uphill", "a shy firefly", "a wizard who forgets spells",
+  "a family of ants moving house", "a snail who wants to be fast", "a mirror that tells the truth", "a detective parrot",
+  "a soccer team of grandmothers", "a shoemaker and a mysterious customer", "a city under the sea", "a tiny door in a tree",
+  "a chess piece that comes alive", "a farmer who grows clouds", "an elephant who never forgets a joke",
+  "a scientist who shrinks herself", "a music box with a secret", "a monster under the bed who is scared of kids"]
+MORE_STORY_FORMS = ["Write a short story about {}.", "Write a poem about {}.", "Tell a funny story about {}.",
+  "Write the opening paragraph of a novel about {}."]
+MORE_EXPLAIN = ["how a refrigerator keeps food cold", "what an atom is", "how earthquakes happen", "how a rainbow forms",
+  "how antibiotics work", "what a budget is", "how wind turbines make electricity", "why the sky is blue",
+  "how a microwave oven heats food", "what the water cycle is", "how bees make honey", "what interest on a loan is",
+  "how a telescope works", "how the brain stores memories", "what a calorie is", "how an airplane stays balanced",
+  "how cheese is made", "what taxes are used for", "how a submarine dives", "what an eclipse is",
+  "how fingerprints are unique", "what carbon dioxide does in the atmosphere", "how a thermometer works",
+  "what a password manager does", "how wifi sends data", "what a noun and a verb are", "how fish breathe underwater",
+  "what the speed of light is", "how a camera takes a picture", "what a democracy is", "how glass is made",
+  "what a food chain is", "how a bicycle gear works", "what an algorithm is", "how tea is grown",
+  "why cats purr", "how an elevator works", "what a fossil is", "how soap removes dirt", "what a spreadsheet is used for",
+  "how hurricanes form", "what a credit score is", "how chocolate is made", "why the moon has phases",
+  "how a 3D printer works", "what an operating system does", "how trees grow taller", "what a vitamin is",
+  "how a lock and key work", "what encryption is"]
+MORE_EXPLAIN_FORMS = ["Explain {} in simple terms.", "How does this work: {}?", "Write a short paragraph explaining {}."]
+MORE_ADVICE = ["learning a new language as an adult", "cooking rice perfectly", "writing a cover letter", "dealing with a noisy neighbour",
+  "painting a room", "buying a used car", "keeping a journal", "teaching a child to ride a bike", "planning a wedding on a budget",
+  "starting a small business", "caring for an aquarium", "giving a good presentation", "packing for a move", "negotiating a salary",
+  "making a long-distance friendship last", "cleaning a kitchen quickly", "learning to swim", "choosing a good book",
+  "baking cookies", "waking up early", "taking care of a new kitten", "building a birdhouse", "staying warm in winter",
+  "being a good listener", "writing a short story", "growing herbs on a windowsill", "fixing a leaky tap", "learning to draw",
+  "keeping a car in good condition", "hosting a dinner party"]
+MORE_ADVICE_FORMS = ["How do I get started with {}?", "Share some practical tips on {}.", "What mistakes should I avoid when {}?"]
+MORE_LISTS = ["ways to use leftover bread", "indoor games for kids", "famous paintings and their artists", "ways to make a small room look bigger",
+  "questions to ask a doctor", "habits of successful people", "facts about the planet Mars", "easy houseplants for beginners",
+  "tips for writing clear emails", "ways to learn faster", "things to do in a new city", "gift ideas for a grandfather",
+  "sports that can be played alone", "ways to reduce food waste", "famous bridges of the world", "things to bring to the beach",
+  "words that describe happiness", "ways to celebrate a small win", "signs that a plant needs water", "classic toys from the past",
+  "ways to stay cool in summer", "uses for a cardboard box", "kitchen tools every cook needs", "musical instruments from around the world",
+  "ways to spend less time on a phone", "foods rich in protein", "ideas for a family weekend", "ancient wonders of the world",
+  "reasons to visit a museum", "ways to help a friend who feels sad"]
+MORE_LIST_FORMS = ["Name some {}.", "Make a short list of {}.", "Can you suggest some {}?"]
+MORE_MISC = ["Write a short speech for a school graduation.", "Write a letter asking a neighbour to keep an eye on my house.",
+  "Write an apology email for missing a meeting.", "Write a short advertisement for a new bakery.", "Write a haiku about rain.",
+  "Write a limerick about a forgetful cat.", "Write a recipe for a simple tomato soup.", "Write a recipe for pancakes.",
+  "Write a short dialogue between a customer and a waiter.", "Write instructions for making a cup of tea.",
+  "Write a short biography of Albert Einstein.", "Tell me about the life of Leonardo da Vinci.", "Tell me about the Vikings.",
+  "Tell me about the first moon landing.", "Tell me about the invention of the telephone.", "Tell me about the Amazon rainforest.",
+  "Tell me about the history of the bicycle.", "Tell me about the Olympic Games.", "Tell me about Mount Everest.",
+  "Tell me about the life of William Shakespeare.", "Compare reading books with listening to audiobooks.",
+  "Compare tea and coffee.", "Compare summer and winter holidays.", "What is the difference between weather and climate?",
+  "What is the difference between a lake and a sea?", "What are the pros and cons of electric cars?",
+  "What are the pros and cons of social media?", "Describe a thunderstorm in the countryside.", "Describe a quiet library.",
+  "Describe the smell of a bakery in the morning.", "Describe a snowy forest at dawn.", "Plan a picnic in the park for four people.",
+  "Plan a study schedule for learning basic Spanish in a month.", "Plan a day trip to the mountains.",
+  "Write a Python function that reverses a string.", "Write a Python function that computes the factorial of a number.",
+  "Write a Python function that removes duplicates from a list.", "Write a Python function that counts words in a sentence.",
+  "Write a Python class for a simple bank account.", "How do I read a text file line by line in Python?",
+  "What is a dictionary in Python? Give an example.", "Write a JavaScript function that adds two numbers.",
+  "What is the difference between a list and a tuple in Python?", "Write a SQL query that selects all users older than 30.",
+  "Why is exercise good for the brain?", "What makes a story interesting?", "Why do people enjoy music?",
+  "What is kindness?", "Why is it important to recycle?", "What should I know before adopting a rabbit?"]
+
+
+def more_training_prompts(n: int) -> list[str]:
+    """Up to n prompts from the second family set (disjoint from `training_prompts` and the chat workload)."""
+    out = [f.format(s) for s in MORE_STORY_SUBJECTS for f in MORE_STORY_FORMS]
+    out += [f.format(s) for s in MORE_EXPLAIN for f in MORE_EXPLAIN_FORMS]
+    out += [f.format(s) for s in MORE_ADVICE for f in MORE_ADVICE_FORMS]
+    out += [f.format(s) for s in MORE_LISTS for f in MORE_LIST_FORMS]
+    out += MORE_MISC
+    return _mixed_without_workload(out)[:n]
+
+
 def training_prompts(n: int) -> list[str]:
     """Up to n chat prompts (stories, explanations, advice, lists, emails, code), none from the chat workload."""
     out = [f.format(s) for s in STORY_SUBJECTS for f in STORY_FORMS]
@@ -67,11 +146,16 @@ def training_prompts(n: int) -> list[str]:
     out += [f.format(s) for s in ADVICE for f in ADVICE_FORMS]
     out += [f.format(s) for s in LISTS for f in LIST_FORMS]
     out += MISC
+    return _mixed_without_workload(out)[:n]
+
+
+def _mixed_without_workload(prompts: list[str]) -> list[str]:
+    """Distinct prompts minus the chat workload's, mixed deterministically (sorted by hash)."""
     workload = Path(__file__).parent / "workloads" / "chat.jsonl"
     held_out = {json.loads(line)["prompt"] for line in workload.read_text().splitlines() if line.strip()}
-    kept = [p for p in dict.fromkeys(out) if p not in held_out]
+    kept = [p for p in dict.fromkeys(prompts) if p not in held_out]
     kept.sort(key=lambda p: hashlib.sha256(p.encode()).hexdigest())  # mix the kinds, deterministically
-    return kept[:n]
+    return kept
 
 
 # Rephrasings that change the context (and so the greedy answer) of every training prompt: more of the
@@ -150,6 +234,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--variants", type=int, default=0, choices=range(len(VARIANT_SUFFIXES) + 1),
                     help="also answer each prompt rephrased this many ways (more self-distillation data)")
+    ap.add_argument("--more-answers", type=int, default=0,
+                    help="also answer this many prompts of the second family set (new subjects and kinds of request)")
     args = ap.parse_args()
 
     from speccompile.training.trainer import TrainOptions, train_draft
@@ -166,6 +252,11 @@ def main() -> None:
             prompts = [p + suffix for p in training_prompts(args.answers)]
             generate_answers(Path(args.artifact), prompts, variant, args.answer_tokens, args.threads)
         answer_files.append(variant)
+    if args.more_answers:
+        more = scratch / f"smollm2_answers_m{args.more_answers}_{args.answer_tokens}.jsonl"
+        if not more.is_file():
+            generate_answers(Path(args.artifact), more_training_prompts(args.more_answers), more, args.answer_tokens, args.threads)
+        answer_files.append(more)
     # documentation + source of installed packages (real text on this machine)
     import click
     import jinja2
@@ -179,7 +270,7 @@ def main() -> None:
         docs.write_text("\n".join(lines) + "\n")
     out = Path(args.out.format(method=args.method))
     # answers first (the workload's distribution), then docs/source up to the token cap
-    n_answer_tokens = len(answer_files) * args.answers * (args.answer_tokens + 40)
+    n_answer_tokens = ((1 + args.variants) * args.answers + args.more_answers) * (args.answer_tokens + 40)
     options = TrainOptions(method=args.method, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=1e-3,
                            warmup=min(30, args.steps // 10 + 1), max_tokens=n_answer_tokens + args.docs_tokens,
                            save_every=50, resume=args.resume, threads=args.threads)

@@ -169,22 +169,62 @@ def _cache_key(meta: dict) -> str:
 
 
 def load_or_compute_features(model, chunks, options: TrainOptions, out: Path, progress: Progress) -> dict[str, np.ndarray]:
+    """Target features of every chunk, cached in `out/.cache`; chunks an earlier run of the same target,
+    taps and label_k already computed (e.g. before more data was added) are taken from its cache."""
     from safetensors.numpy import load_file, save_file
 
     from ..models.decoder import build_decoder
 
     mode = "eagle3" if options.method == "eagle3" else "final"
-    meta = {"target": model.source_sha256, "mode": mode, "label_k": options.label_k,
-            "chunks": hashlib.sha256(chunks.tobytes()).hexdigest(), "shape": list(chunks.shape)}
+    kind = {"target": model.source_sha256, "mode": mode, "label_k": options.label_k}
+    meta = {**kind, "chunks": hashlib.sha256(chunks.tobytes()).hexdigest(), "shape": list(chunks.shape)}
     cache = out / ".cache" / f"features-{_cache_key(meta)}.safetensors"
     if cache.is_file():
         progress(f"reusing cached target features {cache.name}")
         return load_file(str(cache))
-    decoder = build_decoder(model.config, model.weights, mode)
-    feats = compute_features(decoder, chunks, options.label_k, progress)
+    known = _features_from_earlier_runs(cache.parent, kind, chunks)
+    todo = np.array([i for i in range(len(chunks)) if i not in known], dtype=np.int64)
+    if known:
+        progress(f"reusing target features of {len(known)}/{len(chunks)} chunks from earlier runs")
+    fresh = {}
+    if len(todo):
+        decoder = build_decoder(model.config, model.weights, mode)
+        fresh = compute_features(decoder, chunks[todo], options.label_k, progress)
+    feats = {"tokens": chunks}
+    for name in ("hidden", "top_idx", "top_p"):
+        sample = fresh[name] if fresh else next(iter(known.values()))[name]
+        rows = np.empty((len(chunks), *sample.shape[1:]), dtype=sample.dtype)
+        if len(todo):
+            rows[todo] = fresh[name]
+        for i, row in known.items():
+            rows[i] = row[name]
+        feats[name] = rows
     cache.parent.mkdir(parents=True, exist_ok=True)
-    save_file(feats, str(cache))
+    tmp = cache.with_suffix(".tmp")
+    save_file(feats, str(tmp), metadata={"speccompile_features": json.dumps(kind, sort_keys=True)})
+    tmp.replace(cache)
     return feats
+
+
+def _features_from_earlier_runs(folder: Path, kind: dict, chunks: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+    """{chunk index: its feature rows} for chunks found in earlier caches of the same kind in `folder`."""
+    from safetensors import safe_open
+
+    wanted = {chunks[i].tobytes(): i for i in range(len(chunks))}
+    found: dict[int, dict[str, np.ndarray]] = {}
+    for path in sorted(folder.glob("features-*.safetensors")) if folder.is_dir() else []:
+        with safe_open(str(path), framework="numpy") as f:
+            if (f.metadata() or {}).get("speccompile_features") != json.dumps(kind, sort_keys=True):
+                continue  # another target, taps or label_k (or a cache from before this was recorded)
+            tokens = f.get_tensor("tokens")
+            hits = [(r, wanted[row.tobytes()]) for r, row in enumerate(tokens) if row.tobytes() in wanted]
+            hits = [(r, i) for r, i in hits if i not in found]
+            if not hits:
+                continue
+            arrays = {name: f.get_tensor(name) for name in ("hidden", "top_idx", "top_p")}
+            for r, i in hits:
+                found[i] = {name: a[r] for name, a in arrays.items()}
+    return found
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,8 +278,7 @@ class HeadTrainer:
             counts = counts + 1e-3 * np.bincount(feats["tokens"].reshape(-1), minlength=cfg.vocab_size)
             keep = np.sort(np.argsort(-counts, kind="stable")[:dv])
             d2t = keep - np.arange(dv)
-            self.t2d_index = np.full(cfg.vocab_size, -1, dtype=np.int64)
-            self.t2d_index[keep] = np.arange(dv)
+            self._index_draft_vocab(keep)
             head = new_head("eagle3", cfg, model.weights, draft_vocab_size=dv, seed=options.seed)
             with torch.no_grad():
                 head.d2t.copy_(torch.from_numpy(d2t))
@@ -262,6 +301,11 @@ class HeadTrainer:
         self.opt = torch.optim.AdamW(self.params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.step = 0
         self.rng = np.random.default_rng(options.seed)
+
+    def _index_draft_vocab(self, keep: np.ndarray) -> None:
+        """Map target token ids to draft ids (-1 outside the draft vocabulary `keep`, sorted target ids)."""
+        self.t2d_index = np.full(self.model.config.vocab_size, -1, dtype=np.int64)
+        self.t2d_index[keep] = np.arange(len(keep))
 
     def lr_at(self, step: int) -> float:
         o = self.options
@@ -387,6 +431,8 @@ class HeadTrainer:
 
         state = torch.load(str(out / "trainer_state.pt"), map_location="cpu", weights_only=True)
         self.head.load_state_dict(state["head"])
+        if self.method == "eagle3":  # the checkpoint's draft vocabulary, not the one this run's data would pick
+            self._index_draft_vocab(self.head.draft_to_target().numpy())
         self.opt.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.rng = np.random.default_rng([self.options.seed, self.step])
