@@ -1,11 +1,13 @@
 """Train an EAGLE-3 (or EAGLE / Medusa) head for SmolLM2-135M-Instruct on text available offline.
 
-Data = (1) SmolLM2's own greedy chat answers to a set of training prompts (self-distillation on the
-distribution it will be asked to draft; the prompts do not overlap benchmarks/workloads/chat.jsonl),
-rendered with its ChatML template, plus (2) documentation and source of installed Python packages.
+Data = (1) SmolLM2's own greedy chat answers to up to three disjoint sets of training prompts
+(self-distillation on the distribution it will be asked to draft; no prompt of benchmarks/workloads/chat.jsonl,
+and the second and third sets avoid its topics too), rendered with its ChatML template, plus (2) documentation
+and source of installed Python packages. New prompts help, rephrasings do not: held-out depth-1 accuracy
+0.409 with 505 prompts answered twice, 0.455 with 1,480 prompts (see README).
 Weights go to /work/scratch_heads (never committed).
 
-    python benchmarks/train_smollm2_head.py --steps 400 [--method eagle3] [--answers 80] [--variants 1] [--more-answers 540]
+    python benchmarks/train_smollm2_head.py --steps 400 [--method eagle3] [--answers 80] [--variants 1] [--more-answers 540] [--third-answers 435]
 
 Needs the fp32 SmolLM2 artifact (`speccompile export smollm2-135m --out /tmp/smol`) for fast answer
 generation. Prints the training summary (time, tokens) as JSON at the end.
@@ -129,24 +131,95 @@ MORE_MISC = ["Write a short speech for a school graduation.", "Write a letter as
   "What is kindness?", "Why is it important to recycle?", "What should I know before adopting a rabbit?"]
 
 
+# A third disjoint set (definitions, how-tos, recipes, places, people, opinions, writing and code tasks):
+# `--third-answers N` answers the first N of them.
+THIRD_TERMS = ["a metaphor", "gravity on other planets", "a galaxy", "a volcano", "an allergy", "a mortgage", "a haiku", "a glacier",
+  "an ecosystem service", "a protein", "a symphony", "a peninsula", "a mammal", "a molecule", "an enzyme", "a constellation",
+  "a rainforest canopy", "a tsunami", "a hypothesis", "a prime number", "a fraction", "a percentage", "an adjective",
+  "a biography", "a museum curator", "an archaeologist", "a pharmacist", "a carpenter", "an orchestra conductor", "a veterinarian",
+  "a compost heap", "a greenhouse", "a satellite", "a comet", "an asteroid", "a hurricane eye", "a coral reef", "a desert oasis",
+  "a web browser", "a search engine", "a spreadsheet formula", "a variable in programming", "a loop in programming",
+  "a cloud server", "a robot vacuum", "a smartwatch", "a podcast", "a documentary", "a sonnet", "a fable", "a myth",
+  "a legend", "an idiom", "a proverb", "a palindrome", "a synonym", "an antonym", "a thesaurus", "a microscope", "a magnet"]
+THIRD_TERM_FORMS = ["What is {}?", "Define {} and give an example."]
+THIRD_HOWTO = ["tie a tie", "plant a tree", "write a haiku", "clean a laptop screen", "make a budget spreadsheet",
+  "iron a shirt", "wrap a present neatly", "set up a home aquarium", "back up photos from a phone", "make a simple kite",
+  "sharpen a kitchen knife", "write a formal letter", "prepare for a marathon", "brew green tea", "fold a fitted sheet",
+  "make homemade lemonade", "repot a plant", "create a strong password", "organize a bookshelf", "jump-start a car",
+  "make a paper boat", "meditate for five minutes", "learn to juggle", "start a podcast", "clean a bicycle chain",
+  "make a scrapbook", "measure a room for new carpet", "write a poem", "plan a garden bed", "teach a dog to sit",
+  "make a smoothie", "remove a coffee stain", "pack a suitcase efficiently", "write a to-do list that works", "build a campfire safely",
+  "change a light bulb", "bake banana bread", "make a bird feeder", "prepare a short presentation", "set a table for dinner"]
+THIRD_HOWTO_FORMS = ["How do I {}?", "Give step-by-step instructions to {}."]
+THIRD_DISHES = ["vegetable soup", "a fruit salad", "scrambled eggs", "a grilled cheese sandwich", "spaghetti with tomato sauce",
+  "guacamole", "a simple curry", "oatmeal cookies", "fried rice", "a green salad", "mashed potatoes", "hummus", "french toast",
+  "a chocolate cake", "lentil stew", "roasted vegetables", "a tuna sandwich", "apple pie", "homemade pizza", "chicken noodle soup",
+  "pancakes with berries", "a bean burrito", "a vegetable omelette", "garlic bread", "rice pudding"]
+THIRD_DISH_FORMS = ["How do I make {}?", "Write a simple recipe for {}."]
+THIRD_PLACES = ["Japan", "the Sahara desert", "Iceland", "the city of London", "New York City", "the Grand Canyon", "Australia",
+  "the Alps", "Venice", "Kenya", "Canada", "the Arctic", "Brazil", "the Moon", "the island of Bali", "Egypt's Nile river",
+  "the Netherlands", "Mexico City", "the Himalayas", "Antarctica", "Greece", "Norway's fjords", "the Great Barrier Reef",
+  "the city of Barcelona", "Peru", "Scotland", "Vietnam", "the Swiss lakes", "Morocco", "New Zealand"]
+THIRD_PLACE_FORMS = ["Tell me about {}.", "What should a visitor know about {}?"]
+THIRD_PEOPLE = ["Isaac Newton", "Ada Lovelace", "Nelson Mandela", "Cleopatra", "Galileo Galilei", "Frida Kahlo", "Mahatma Gandhi",
+  "Wolfgang Amadeus Mozart", "Charles Darwin", "Amelia Earhart", "Nikola Tesla", "Jane Austen", "Martin Luther King Jr.",
+  "Vincent van Gogh", "Florence Nightingale", "Alexander the Great", "Rosalind Franklin", "Ludwig van Beethoven", "Confucius",
+  "Thomas Edison", "Harriet Tubman", "Pablo Picasso", "Johannes Gutenberg", "Jane Goodall", "Winston Churchill"]
+THIRD_PEOPLE_FORMS = ["Who was {}?", "Write a short biography of {}."]
+THIRD_OPINIONS = ["Is it better to live in a small town or a big city?", "Should children learn to cook at school?",
+  "What is the best season of the year and why?", "Is it important to learn history?", "Why do people like to travel?",
+  "What makes a good teacher?", "Is it better to read the book or watch the movie?", "Why are hobbies important?",
+  "What makes a house feel like a home?", "Why do people keep pets?", "What is the most useful invention of all time?",
+  "Should everyone learn to play an instrument?", "What makes a good friend?", "Why is teamwork important?",
+  "Is it good to have a daily routine?", "Why do people enjoy sports?", "What makes a city beautiful?",
+  "Why is it important to be honest?", "What can we learn from failure?", "Why do we celebrate holidays?",
+  "Is technology making life easier?", "Why is art important?", "What makes a good book?", "Why should we protect forests?",
+  "What is the value of volunteering?", "Why do people collect things?", "What makes a meal special?",
+  "Is it better to plan or to be spontaneous?", "Why do people tell stories?", "What makes someone brave?"]
+THIRD_WRITING = ["Write a slogan for a recycling campaign.", "Write an invitation to a garden party.", "Write a short toast for a retirement party.",
+  "Write a welcome message for new members of a book club.", "Write a short note to a neighbour who lent me a ladder.",
+  "Write a postcard from a holiday by the sea.", "Write a description of a cozy cafe for a travel guide.",
+  "Write a short motivational message for a friend starting a new job.", "Write a get-well-soon card for a classmate.",
+  "Write a short announcement for a school bake sale.", "Write the rules of a simple card game.", "Write a riddle and its answer.",
+  "Write a short diary entry about a day at the zoo.", "Write a tongue twister about sea shells.", "Write a short scene set on a train.",
+  "Write a letter from a cat to its owner.", "Write a packing list for a ski trip.", "Write a short newsletter for a gardening club.",
+  "Write a two-paragraph review of a pizza restaurant.", "Write a short fable with a moral about patience.",
+  "Write a poem about a city at night.", "Write a poem about friendship.", "Write a lullaby for a baby.",
+  "Write an acrostic poem for the word SPRING.", "Write a short story that begins with a knock at the door."]
+THIRD_CODE = ["Write a Python function that checks whether a number is prime.", "Write a Python function that computes Fibonacci numbers.",
+  "Write a Python function that merges two sorted lists.", "Write a Python function that finds the average of a list of numbers.",
+  "Write a Python function that converts Celsius to Fahrenheit.", "Write a Python function that capitalizes every word in a sentence.",
+  "Write a Python function that returns the second largest number in a list.", "Write a Python script that prints a multiplication table.",
+  "Write a Python function that checks whether two words are anagrams.", "Write a Python function that flattens a nested list.",
+  "How do I write to a file in Python?", "How do I use a for loop in Python?", "What is a lambda function in Python?",
+  "How do I handle exceptions in Python?", "What is the difference between == and is in Python?", "How do I create a virtual environment in Python?",
+  "Write a JavaScript function that reverses an array.", "Write a SQL query that counts orders per customer.",
+  "Explain what an API is with an example.", "What is version control and why is Git useful?"]
+
+
+def third_training_prompts(n: int) -> list[str]:
+    """Up to n prompts from the third family set (disjoint from the other two and the chat workload)."""
+    families = [(THIRD_TERMS, THIRD_TERM_FORMS), (THIRD_HOWTO, THIRD_HOWTO_FORMS), (THIRD_DISHES, THIRD_DISH_FORMS),
+                (THIRD_PLACES, THIRD_PLACE_FORMS), (THIRD_PEOPLE, THIRD_PEOPLE_FORMS)]
+    return _mixed_without_workload(_expand(families, THIRD_OPINIONS + THIRD_WRITING + THIRD_CODE))[:n]
+
+
 def more_training_prompts(n: int) -> list[str]:
     """Up to n prompts from the second family set (disjoint from `training_prompts` and the chat workload)."""
-    out = [f.format(s) for s in MORE_STORY_SUBJECTS for f in MORE_STORY_FORMS]
-    out += [f.format(s) for s in MORE_EXPLAIN for f in MORE_EXPLAIN_FORMS]
-    out += [f.format(s) for s in MORE_ADVICE for f in MORE_ADVICE_FORMS]
-    out += [f.format(s) for s in MORE_LISTS for f in MORE_LIST_FORMS]
-    out += MORE_MISC
-    return _mixed_without_workload(out)[:n]
+    families = [(MORE_STORY_SUBJECTS, MORE_STORY_FORMS), (MORE_EXPLAIN, MORE_EXPLAIN_FORMS), (MORE_ADVICE, MORE_ADVICE_FORMS),
+                (MORE_LISTS, MORE_LIST_FORMS)]
+    return _mixed_without_workload(_expand(families, MORE_MISC))[:n]
 
 
 def training_prompts(n: int) -> list[str]:
     """Up to n chat prompts (stories, explanations, advice, lists, emails, code), none from the chat workload."""
-    out = [f.format(s) for s in STORY_SUBJECTS for f in STORY_FORMS]
-    out += [f.format(s) for s in EXPLAIN for f in EXPLAIN_FORMS]
-    out += [f.format(s) for s in ADVICE for f in ADVICE_FORMS]
-    out += [f.format(s) for s in LISTS for f in LIST_FORMS]
-    out += MISC
-    return _mixed_without_workload(out)[:n]
+    families = [(STORY_SUBJECTS, STORY_FORMS), (EXPLAIN, EXPLAIN_FORMS), (ADVICE, ADVICE_FORMS), (LISTS, LIST_FORMS)]
+    return _mixed_without_workload(_expand(families, MISC))[:n]
+
+
+def _expand(families: list[tuple[list[str], list[str]]], singles: list[str]) -> list[str]:
+    """Every form of each family filled in with each of its subjects, then the single prompts."""
+    return [form.format(subject) for subjects, forms in families for subject in subjects for form in forms] + singles
 
 
 def _mixed_without_workload(prompts: list[str]) -> list[str]:
@@ -236,6 +309,7 @@ def main() -> None:
                     help="also answer each prompt rephrased this many ways (more self-distillation data)")
     ap.add_argument("--more-answers", type=int, default=0,
                     help="also answer this many prompts of the second family set (new subjects and kinds of request)")
+    ap.add_argument("--third-answers", type=int, default=0, help="also answer this many prompts of the third family set")
     args = ap.parse_args()
 
     from speccompile.training.trainer import TrainOptions, train_draft
@@ -252,11 +326,12 @@ def main() -> None:
             prompts = [p + suffix for p in training_prompts(args.answers)]
             generate_answers(Path(args.artifact), prompts, variant, args.answer_tokens, args.threads)
         answer_files.append(variant)
-    if args.more_answers:
-        more = scratch / f"smollm2_answers_m{args.more_answers}_{args.answer_tokens}.jsonl"
-        if not more.is_file():
-            generate_answers(Path(args.artifact), more_training_prompts(args.more_answers), more, args.answer_tokens, args.threads)
-        answer_files.append(more)
+    for tag, prompts_of, n in (("m", more_training_prompts, args.more_answers), ("t", third_training_prompts, args.third_answers)):
+        if n:
+            extra = scratch / f"smollm2_answers_{tag}{n}_{args.answer_tokens}.jsonl"
+            if not extra.is_file():
+                generate_answers(Path(args.artifact), prompts_of(n), extra, args.answer_tokens, args.threads)
+            answer_files.append(extra)
     # documentation + source of installed packages (real text on this machine)
     import click
     import jinja2
@@ -270,7 +345,7 @@ def main() -> None:
         docs.write_text("\n".join(lines) + "\n")
     out = Path(args.out.format(method=args.method))
     # answers first (the workload's distribution), then docs/source up to the token cap
-    n_answer_tokens = ((1 + args.variants) * args.answers + args.more_answers) * (args.answer_tokens + 40)
+    n_answer_tokens = ((1 + args.variants) * args.answers + args.more_answers + args.third_answers) * (args.answer_tokens + 40)
     options = TrainOptions(method=args.method, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=1e-3,
                            warmup=min(30, args.steps // 10 + 1), max_tokens=n_answer_tokens + args.docs_tokens,
                            save_every=50, resume=args.resume, threads=args.threads)
