@@ -9,6 +9,14 @@ from click.testing import CliRunner
 from test_heads_helpers import _CACHE, shared_target, training_text
 
 
+def _target_and_data(tmp_path_factory):
+    """The shared tiny target and its self-distillation text (made once per test session)."""
+    target = shared_target(tmp_path_factory)
+    if "data" not in _CACHE:
+        _CACHE["data"] = training_text(tmp_path_factory.mktemp("train_data"), target)
+    return target, _CACHE["data"]
+
+
 def test_train_draft_cli_resume_and_reload(tmp_path, tmp_path_factory):
     import torch
 
@@ -17,9 +25,7 @@ def test_train_draft_cli_resume_and_reload(tmp_path, tmp_path_factory):
     from speccompile.models.load import load_model
 
     torch.set_num_threads(1)
-    target = shared_target(tmp_path_factory)
-    data = _CACHE.get("data") or training_text(tmp_path_factory.mktemp("train_data"), target)
-    _CACHE["data"] = data
+    target, data = _target_and_data(tmp_path_factory)
     out = tmp_path / "head"
     args = ["train-draft", str(target), "--method", "eagle3", "--data", str(data), "--out", str(out),
             "--seq-len", "32", "--batch", "4", "--save-every", "5", "--threads", "1"]
@@ -53,9 +59,7 @@ def test_resume_on_other_data_keeps_the_checkpoint_draft_vocabulary(tmp_path, tm
                                               load_or_compute_features, tokenize_chunks)
 
     torch.set_num_threads(1)
-    target = shared_target(tmp_path_factory)
-    data = _CACHE.get("data") or training_text(tmp_path_factory.mktemp("train_data"), target)
-    _CACHE["data"] = data
+    target, data = _target_and_data(tmp_path_factory)
     out = tmp_path / "head"
     first = CliRunner().invoke(cli, ["train-draft", str(target), "--method", "eagle3", "--data", str(data), "--out", str(out),
                                      "--seq-len", "32", "--batch", "4", "--steps", "3", "--draft-vocab", "16", "--threads", "1"])
@@ -87,9 +91,7 @@ def test_more_data_reuses_the_features_of_chunks_already_computed(tmp_path, tmp_
     from speccompile.training.trainer import TrainOptions, compute_features, train_draft
 
     torch.set_num_threads(1)
-    target = shared_target(tmp_path_factory)
-    data = _CACHE.get("data") or training_text(tmp_path_factory.mktemp("train_data"), target)
-    _CACHE["data"] = data
+    target, data = _target_and_data(tmp_path_factory)
     more = tmp_path / "more.txt"
     more.write_text(" ".join(str(i) for i in range(300)))
     out = tmp_path / "head"

@@ -182,7 +182,8 @@ def load_or_compute_features(model, chunks, options: TrainOptions, out: Path, pr
     if cache.is_file():
         progress(f"reusing cached target features {cache.name}")
         return load_file(str(cache))
-    known = _features_from_earlier_runs(cache.parent, kind, chunks)
+    tag = json.dumps(kind, sort_keys=True)  # recorded in the cache file: which earlier runs can lend rows
+    known = _features_from_earlier_runs(cache.parent, tag, chunks)
     todo = np.array([i for i in range(len(chunks)) if i not in known], dtype=np.int64)
     if known:
         progress(f"reusing target features of {len(known)}/{len(chunks)} chunks from earlier runs")
@@ -201,24 +202,23 @@ def load_or_compute_features(model, chunks, options: TrainOptions, out: Path, pr
         feats[name] = rows
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")
-    save_file(feats, str(tmp), metadata={"speccompile_features": json.dumps(kind, sort_keys=True)})
+    save_file(feats, str(tmp), metadata={"speccompile_features": tag})
     tmp.replace(cache)
     return feats
 
 
-def _features_from_earlier_runs(folder: Path, kind: dict, chunks: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
-    """{chunk index: its feature rows} for chunks found in earlier caches of the same kind in `folder`."""
+def _features_from_earlier_runs(folder: Path, tag: str, chunks: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
+    """{chunk index: its feature rows} for chunks found in earlier caches with the same `tag` in `folder`."""
     from safetensors import safe_open
 
     wanted = {chunks[i].tobytes(): i for i in range(len(chunks))}
     found: dict[int, dict[str, np.ndarray]] = {}
     for path in sorted(folder.glob("features-*.safetensors")) if folder.is_dir() else []:
         with safe_open(str(path), framework="numpy") as f:
-            if (f.metadata() or {}).get("speccompile_features") != json.dumps(kind, sort_keys=True):
+            if (f.metadata() or {}).get("speccompile_features") != tag:
                 continue  # another target, taps or label_k (or a cache from before this was recorded)
             tokens = f.get_tensor("tokens")
-            hits = [(r, wanted[row.tobytes()]) for r, row in enumerate(tokens) if row.tobytes() in wanted]
-            hits = [(r, i) for r, i in hits if i not in found]
+            hits = [(r, i) for r, row in enumerate(tokens) if (i := wanted.get(row.tobytes())) is not None and i not in found]
             if not hits:
                 continue
             arrays = {name: f.get_tensor(name) for name in ("hidden", "top_idx", "top_p")}
