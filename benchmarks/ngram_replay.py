@@ -48,7 +48,7 @@ def replay(rows: list[dict], k: int, max_match: int, slope: float) -> tuple[floa
     for row in rows:
         drafter = NgramDrafter(1, max_match)
         controller = AdaptiveController(max_k=k, deterministic=True)
-        controller._slope = slope
+        controller.costs.slope = slope
         out = row["output"]
         history = list(row["prompt"]) + out[:1]  # the first token comes from the prefill
         pos = 1

@@ -5,8 +5,11 @@ pass over q tokens costs 1 + 0.06*(q-1) one-token passes, drafting `relative_dra
 the choice of k, and therefore the random stream and the output, depends only on the tokens.
 
 Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a)
-tokens per target pass. A pass over q tokens costs t(q) (measured online, fitted as t(q) = t1 + s*(q-1)),
-and drafting costs d per drafted token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k
+tokens per target pass. A pass over q tokens costs t(q), measured online per q (`PassCosts`): CPU GEMM
+kernels process the verified rows in blocks, so t(q) is a staircase (on SmolLM2-135M with 2 threads,
+q = 2..6 cost ~1.2 t1, q = 7..12 ~1.4 t1, q = 13 ~1.9 t1) that a straight line misprices at the block
+edges. Where a q has not been measured yet, the line t1 + s*(q-1) fitted to all passes stands in,
+kept between the measured neighbours (t is non-decreasing in q). Drafting costs d per drafted token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k
 in [0, max_k] that maximises it; k = 0 is plain decoding. A tree drafter says how many nodes its tree has
 at depth k (`nodes(k)`): the pass then verifies nodes(k) + 1 tokens, E(k) still counts accepted depths
 (measured per depth of the trees it drafts), and d is the cost of drafting one level. While paused, every `probe_every` steps we
@@ -30,6 +33,50 @@ def geometric_acceptance_update(rate: float, drafted: int, accepted: int, alpha:
 
 
 @dataclass
+class PassCosts:
+    """Measured seconds of one target pass by the number of tokens it verifies, for one engine.
+
+    Kept per q (EMA) because the cost is a staircase, plus the line t1 + slope (q - 1) fitted to every pass
+    for the q not measured yet. One instance can serve every generation of an engine (the runner shares it),
+    so later prompts start from what earlier ones measured."""
+
+    alpha: float = 0.08
+    by_q: dict = field(default_factory=dict)  # q -> seconds of a pass over q tokens (EMA)
+    slope: float | None = None  # extra seconds per extra verified token (EMA over all passes)
+
+    @property
+    def t1(self) -> float | None:
+        return self.by_q.get(1)
+
+    def record(self, q: int, seconds: float) -> None:
+        """Time of one target pass over q tokens."""
+        if q > 1 and self.t1 is not None:
+            slope = max(0.0, (seconds - self.t1) / (q - 1))
+            self.slope = slope if self.slope is None else (1 - self.alpha) * self.slope + self.alpha * slope
+        previous = self.by_q.get(q)
+        self.by_q[q] = seconds if previous is None else (1 - self.alpha) * previous + self.alpha * seconds
+
+    def line(self) -> tuple[float, float]:
+        """(t1, slope) of the line fitted to every pass, with defaults until measured."""
+        t1 = self.t1 if self.t1 is not None else 1.0
+        return t1, self.slope if self.slope is not None else 0.05 * t1
+
+    def seconds(self, q: int) -> float:
+        """Expected seconds of a pass over q tokens: measured, else the line kept between measured neighbours."""
+        if q in self.by_q:
+            return self.by_q[q]
+        t1, slope = self.line()
+        estimate = t1 + slope * (q - 1)
+        below = [s for k, s in self.by_q.items() if k < q]
+        above = [s for k, s in self.by_q.items() if k > q]
+        if below:
+            estimate = max(estimate, max(below))
+        if above:
+            estimate = min(estimate, min(above))
+        return estimate
+
+
+@dataclass
 class AdaptiveController:
     """Chooses the draft length per step. `key` separates kinds of proposals with different reliability
     (for n-gram lookup: the length of the matched suffix), each with its own acceptance estimate."""
@@ -42,14 +89,13 @@ class AdaptiveController:
     draft_cost: float = 0.0  # seconds per drafted token (EMA)
     deterministic: bool = False
     relative_draft_cost: float = 0.0
-    _t1: float | None = None  # seconds of a one-token pass (EMA)
-    _slope: float | None = None  # extra seconds per extra verified token (EMA)
+    costs: PassCosts = field(default_factory=PassCosts)
     _acceptance: dict = field(default_factory=dict)
     _paused: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.deterministic:
-            self._t1, self._slope = 1.0, 0.06
+        if self.deterministic:  # a fixed cost model of its own: choices depend on the tokens only
+            self.costs = PassCosts(by_q={1: 1.0}, slope=0.06)
             self.draft_cost = self.relative_draft_cost
 
     def acceptance(self, key=None) -> float:
@@ -59,18 +105,12 @@ class AdaptiveController:
         a = min(max(self.acceptance(key), 1e-6), 1 - 1e-6)
         return (1 - a ** (k + 1)) / (1 - a)
 
-    def _cost_fit(self) -> tuple[float, float]:
-        """(t1, slope) of t(q) = t1 + slope (q - 1), with defaults until measured."""
-        t1 = self._t1 if self._t1 is not None else 1.0
-        return t1, self._slope if self._slope is not None else 0.05 * t1
-
     def pass_cost(self, q: int) -> float:
-        t1, slope = self._cost_fit()
-        return t1 + slope * (q - 1)
+        return self.costs.seconds(q)
 
     def relative_costs(self) -> tuple[float, float]:
         """(extra verify cost of one more token, drafting cost of one level), both in one-token passes."""
-        t1, slope = self._cost_fit()
+        t1, slope = self.costs.line()
         return slope / t1, self.draft_cost / t1
 
     def choose_k(self, key=None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
@@ -79,7 +119,7 @@ class AdaptiveController:
         limit = self.max_k if available is None else min(self.max_k, available)
         if not self.enabled or limit <= 0:
             return limit
-        if self._t1 is None:
+        if self.costs.t1 is None:
             return 0  # one plain pass first, to measure t(1)
         best_k, best_speed = 0, 1.0 / self.pass_cost(1)
         for k in range(1, limit + 1):
@@ -98,13 +138,8 @@ class AdaptiveController:
 
     def record_pass(self, q: int, seconds: float) -> None:
         """Time of one target pass over q tokens."""
-        if self.deterministic:
-            return
-        if q == 1:
-            self._t1 = seconds if self._t1 is None else (1 - self.alpha) * self._t1 + self.alpha * seconds
-        elif self._t1 is not None:
-            slope = max(0.0, (seconds - self._t1) / (q - 1))
-            self._slope = slope if self._slope is None else (1 - self.alpha) * self._slope + self.alpha * slope
+        if not self.deterministic:
+            self.costs.record(q, seconds)
 
     def record_draft(self, drafted: int, accepted: int, seconds: float, key=None, levels: int | None = None) -> None:
         """Outcome of one verified draft: acceptance per drafted position (geometric model); the drafting

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
-from .adaptive import AdaptiveController
+from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session
 from .drafters.base import ChainDrafter, Draft
 from .sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
@@ -193,6 +193,7 @@ class Generator:
         eos_token_ids: list[int],
         drafter: ChainDrafter | None = None,
         max_verify_tokens: int = 64,
+        pass_costs: PassCosts | None = None,
     ):
         self.engine_clock = [0.0]
         self.target = TimedSession(target, self.engine_clock)
@@ -201,6 +202,7 @@ class Generator:
         self.eos_ids = set(eos_token_ids)
         self.drafter = drafter
         self.max_verify_tokens = max_verify_tokens
+        self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
 
     def _prefill(self, cache, prompt: list[int], chunk: int, stats: GenerationStats, drafter=None) -> np.ndarray:
         logits = None
@@ -239,6 +241,7 @@ class Generator:
             enabled=config.adaptive,
             deterministic=params.seed is not None and not params.greedy,
             relative_draft_cost=getattr(self.drafter, "relative_cost", 0.0),
+            costs=self.pass_costs,
         )
         drafter = self.drafter if config.num_draft_tokens > 0 else None
         if drafter is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from .adaptive import PassCosts
 from .artifact import default_num_draft_tokens, make_drafter, open_artifact, resolve_drafter_name
 from .generate import GenerationConfig, GenerationResult, Generator
 from .sampling import SamplingParams
@@ -34,10 +35,11 @@ class Runner:
         self.lookup_branch = lookup_branch
         self._drafters: dict[tuple, object] = {}
         self._sampling = sampling
+        self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
 
     def _generator(self, drafter_name: str, sampling: SamplingParams) -> Generator:
         a = self.artifact
-        generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, None, a.max_verify_tokens)
+        generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, None, a.max_verify_tokens, self.pass_costs)
         if drafter_name != "none":
             key = (drafter_name, sampling)
             if key not in self._drafters:
