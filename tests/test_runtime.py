@@ -203,6 +203,7 @@ def test_verify_and_bench_cli(tiny_artifact, tmp_path):
     b = run_cli("bench", str(tiny_artifact), "--workload", str(workload), "--max-tokens", "24", "--threads", "1", "--json", "--no-warmup")
     assert b.returncode == 0, b.stderr
     assert json.loads(b.stdout)["graph"] == "target.ort.onnx"
+    assert json.loads(b.stdout)["verify_ms_by_q"]["1"] > 0  # the runner's measured pass costs: plain steps are q = 1
     report = json.loads(b.stdout)["workloads"]["w"]
     assert report["identical"] == len(PROMPTS)
     assert report["prompts"] == len(PROMPTS) and report["plain_tok_s"] > 0

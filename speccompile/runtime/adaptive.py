@@ -6,14 +6,15 @@ the choice of k, and therefore the random stream and the output, depends only on
 
 Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a)
 tokens per target pass. A pass over q tokens costs t(q), measured online per q (`PassCosts`): CPU GEMM
-kernels process the verified rows in blocks, so t(q) is a staircase (on SmolLM2-135M with 2 threads,
-q = 2..6 cost ~1.2 t1, q = 7..12 ~1.4 t1, q = 13 ~1.9 t1) that a straight line misprices at the block
-edges. Where a q has not been measured yet, the line t1 + s*(q-1) fitted to all passes stands in,
-kept between the measured neighbours (t is non-decreasing in q). Drafting costs d per drafted token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k
-in [0, max_k] that maximises it; k = 0 is plain decoding. A tree drafter says how many nodes its tree has
-at depth k (`nodes(k)`): the pass then verifies nodes(k) + 1 tokens, E(k) still counts accepted depths
-(measured per depth of the trees it drafts), and d is the cost of drafting one level. While paused, every `probe_every` steps we
-draft once anyway (with the drafter's proposal) so a workload that starts paying again is noticed.
+kernels work on the verified rows in blocks, so t(q) is closer to a staircase than to a line (SmolLM2-135M,
+2 threads, passes timed in isolation: ~1.15 t1 for q = 2..6, then steps at q = 7 and q = 13), and a line
+misprices the block edges. Where a q has not been measured yet, the line t1 + s*(q-1) fitted to all passes
+stands in, kept between the measured neighbours (t does not decrease with q). Drafting costs d per drafted
+token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k in [0, max_k] that maximises it;
+k = 0 is plain decoding. A tree drafter says how many nodes its tree has at depth k (`nodes(k)`): the pass
+then verifies nodes(k) + 1 tokens, E(k) still counts accepted depths (measured per depth of the trees it
+drafts), and d is the cost of drafting one level. While paused, every `probe_every` steps we draft once
+anyway (with the drafter's proposal) so a workload that starts paying again is noticed.
 """
 
 from __future__ import annotations

@@ -104,6 +104,7 @@ def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft
             "identical": sum(r["identical"] for r in rows),
             "rows": rows,
         }
+    report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
     return report
 
 
@@ -120,6 +121,9 @@ def print_report(report: dict[str, Any]) -> None:
                       f"{w['mean_accepted_length']:.2f}", f"{100 * w['overhead_fraction']:.1f}%", f"{w['identical']}/{w['prompts']}",
                       " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]))
     console.print(table)
+    costs = report.get("verify_ms_by_q") or {}
+    if costs:
+        console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
 
 
 def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree=None, fused=True,

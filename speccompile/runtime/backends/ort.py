@@ -134,6 +134,11 @@ class OrtBufferSession(OrtSession):
             raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; --backend {backend} needs {spec.extra.get('variant_of')}")
         super().__init__(directory, spec, backend, threads, spinning)
         self.max_context = max_context
+        # logits (+ hidden) are written into numpy arrays bound as outputs: reading them back wraps no
+        # OrtValue per output (get_outputs() wraps all of them, the 2 x layers KV buffers included)
+        self._step_outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
+        widths = {t.name: t.shape[-1] for t in spec.outputs if t.name in self._step_outputs}
+        self._widths = [int(widths[name]) for name in self._step_outputs]
 
     def new_cache(self, max_dead: int = 64) -> BufferKVCache:
         return BufferKVCache(len(self.past_names), self.kv_shape[1], self.kv_shape[3], self.kv_dtype, self._to_ort,
@@ -149,14 +154,12 @@ class OrtBufferSession(OrtSession):
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
         binding.bind_cpu_input("seqlens_k", np.array([total - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        binding.bind_output("logits", "cpu")  # rebound each step: q (the output shape) changes
-        if self.hidden_name:
-            binding.bind_output(self.hidden_name, "cpu")
+        q = int(input_ids.size)
+        arrays = [np.empty((1, q, width), dtype=np.float32) for width in self._widths]  # fresh each step: callers may keep them
+        for name, array in zip(self._step_outputs, arrays):
+            binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
         self.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
-        logits = outputs[0].numpy()[0]
-        hidden = outputs[-1].numpy()[0] if self.hidden_name else None
-        return StepOutput(logits=logits, presents=cache.tensors, hidden=hidden)
+        return StepOutput(logits=arrays[0][0], presents=cache.tensors, hidden=arrays[1][0] if self.hidden_name else None)
 
     def _binding_for(self, cache: BufferKVCache):
         """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow."""
