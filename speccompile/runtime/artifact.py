@@ -99,21 +99,24 @@ def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
 
 
 def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None,
-                 lookup_branch: bool = True):
+                 lookup_branch: bool = True, ngram_corpus=None):
     """Build the runtime drafter `name` for this artifact (None for plain decoding).
 
     `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`;
-    `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree.
+    `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
+    `ngram_corpus` (an NgramCorpus, n-gram only) is where lookup falls back to when the history has no match.
     """
     name = resolve_drafter_name(artifact, name)
     if name == "none":
         return None
     if tree is not None and name in ("ngram", "draft-model"):
         raise InputError(f"--tree: the {name} drafter drafts chains; trees need a head drafter (eagle, eagle3, medusa, mtp)")
+    if ngram_corpus is not None and name != "ngram":
+        raise InputError(f"--ngram-corpus: only the ngram drafter uses a corpus (drafter: {name})")
     if name == "ngram":
         from .drafters.ngram import NgramDrafter
 
-        return NgramDrafter()
+        return NgramDrafter(corpus=ngram_corpus)
     drafter_section = artifact.manifest.drafter or {}
     if drafter_section.get("kind") != name:
         raise InputError(

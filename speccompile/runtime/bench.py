@@ -47,9 +47,10 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
 
 
 def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree=None, fused=True,
-              lookup_branch=True) -> dict[str, Any]:
+              lookup_branch=True, ngram_corpus=None) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch)
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
+                    ngram_corpus=ngram_corpus)
     if runner.drafter_name == "none":
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
@@ -127,9 +128,10 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree=None, fused=True,
-               lookup_branch=True) -> bool:
+               lookup_branch=True, ngram_corpus=None) -> bool:
     """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch)
+    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
+                    ngram_corpus=ngram_corpus)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
     for item in items:

@@ -37,7 +37,12 @@ def backend_options(func):
 
 
 def drafter_options(func):
-    """--drafter, --tree, --lookup-branch, --num-draft-tokens and --adaptive/--no-adaptive."""
+    """--drafter, --tree, --lookup-branch, --ngram-corpus, --num-draft-tokens and --adaptive/--no-adaptive."""
+    func = click.option(
+        "--ngram-corpus", type=click.Path(path_type=Path), default=None,
+        help="n-gram drafter: when the prompt and output have no match, propose what follows the last tokens in this "
+             "corpus (JSONL of {\"text\"} or a text file; best: the model's own earlier answers).",
+    )(func)
     func = click.option(
         "--lookup-branch/--no-lookup-branch", default=True, show_default=True,
         help="Head drafters: add the n-gram prompt-lookup continuation to each step's tree as one more branch.",
@@ -70,14 +75,14 @@ def drafter_options(func):
 @backend_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from .session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch)
+                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
     on_text = None
     if stream and not as_json:
         def on_text(delta: str) -> None:
@@ -112,12 +117,12 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_branch, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from .bench import print_report, run_bench
 
     report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph,
-                       lookup_branch=lookup_branch)
+                       lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
     if as_json:
         from ..cli import emit_json
 
@@ -134,12 +139,12 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True)
-def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
+def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
     from .bench import run_verify
 
     ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch)
+                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
     if not ok:
         sys.exit(1)
 

@@ -4,6 +4,9 @@ Which occurrence: the one closest to where the previous proposal was copying fro
 after it (an edit task copies its source in order, so after a rewritten token the copy resumes a
 little further on), else the latest one. The source pointer advances by the tokens emitted since the
 last proposal, which the drafter reads off the token history: it needs no callback from the loop.
+
+With an `NgramCorpus` (`--ngram-corpus`), a history without any match falls back to what usually follows
+the last tokens in the corpus; those proposals get their own acceptance class (negative keys).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import numpy as np
 
 from ...errors import InputError
 from .base import Draft
+from .ngram_corpus import NgramCorpus
 
 
 class NgramDrafter:
@@ -22,16 +26,19 @@ class NgramDrafter:
 
     @property
     def proposal_key(self) -> int:
-        """Reliability class of the last proposal for adaptive speculation: the matched suffix length."""
+        """Reliability class of the last proposal for adaptive speculation: the matched suffix length
+        (minus the corpus context length for a corpus proposal)."""
         return self.last_match_len
 
-    def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2):
+    def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2,
+                 corpus: NgramCorpus | None = None):
         if not 1 <= min_match <= max_match:
             raise InputError(f"--ngram-min/--ngram-max: need 1 <= min <= max, got {min_match}, {max_match}")
         self.min_match = min_match
         self.max_match = max_match
         self.resume_window = resume_window  # how far past the source pointer an occurrence still counts as "resuming"
         self.resume_back = resume_back
+        self.corpus = corpus
         self.reset()
 
     def reset(self) -> None:
@@ -71,4 +78,8 @@ class NgramDrafter:
                 self.last_match_len = n
                 self._copied_from, self._proposed_at = start, n_total
                 return Draft(proposal)
+        if self.corpus is not None:
+            proposal, context = self.corpus.continue_from(tokens, k)
+            self.last_match_len = -context
+            return Draft(proposal)
         return Draft([])
