@@ -104,15 +104,14 @@ def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock:
 
     `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`;
     `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
-    `ngram_corpus` (an NgramCorpus, n-gram only) is where lookup falls back to when the history has no match.
+    `ngram_corpus` (an NgramCorpus; the n-gram drafter's, other drafters ignore it) is where lookup falls back
+    to when the history has no match.
     """
     name = resolve_drafter_name(artifact, name)
     if name == "none":
         return None
     if tree is not None and name in ("ngram", "draft-model"):
         raise InputError(f"--tree: the {name} drafter drafts chains; trees need a head drafter (eagle, eagle3, medusa, mtp)")
-    if ngram_corpus is not None and name != "ngram":
-        raise InputError(f"--ngram-corpus: only the ngram drafter uses a corpus (drafter: {name})")
     if name == "ngram":
         from .drafters.ngram import NgramDrafter
 

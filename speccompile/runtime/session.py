@@ -34,7 +34,7 @@ class Runner:
         self.drafter_name = resolve_drafter_name(self.artifact, drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if ngram_corpus is not None:
-            if self.drafter_name != "ngram":
+            if self.drafter_name != "ngram":  # checked before the file is read
                 raise InputError(f"--ngram-corpus: only the ngram drafter uses a corpus (drafter: {self.drafter_name})")
             self.ngram_corpus = NgramCorpus.from_file(ngram_corpus, self.artifact.tokenizer)
         self.num_draft_tokens = num_draft_tokens if num_draft_tokens is not None else default_num_draft_tokens(self.artifact, self.drafter_name)
@@ -52,7 +52,7 @@ class Runner:
             key = (drafter_name, sampling)
             if key not in self._drafters:
                 self._drafters[key] = make_drafter(a, drafter_name, sampling, generator.engine_clock, self.tree,
-                                                   self.lookup_branch, self.ngram_corpus if drafter_name == "ngram" else None)
+                                                   self.lookup_branch, self.ngram_corpus)
             drafter = self._drafters[key]
             if hasattr(drafter, "session") and hasattr(drafter.session, "_clock"):
                 drafter.session._clock = generator.engine_clock

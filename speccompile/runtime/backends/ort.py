@@ -162,17 +162,15 @@ class OrtBufferSession(OrtSession):
         return StepOutput(logits=arrays[0][0], presents=cache.tensors, hidden=arrays[1][0] if self.hidden_name else None)
 
     def _binding_for(self, cache: BufferKVCache):
-        """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow."""
+        """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow
+        (logits and hidden are bound by each step, their shape follows q)."""
         if cache.binding is not None and cache.binding[0] is self and cache.binding[1] == cache.capacity:
             return cache.binding[2]
         binding = self.session.io_binding()
         for past, value in zip(self.past_names, cache.tensors):
             binding.bind_ortvalue_input(past, value)
-        binding.bind_output("logits", "cpu")  # outputs bound in graph order: logits, presents, hidden
         for present, value in zip(self.present_names, cache.tensors):
             binding.bind_ortvalue_output(present, value)
-        if self.hidden_name:
-            binding.bind_output(self.hidden_name, "cpu")
         cache.binding = (self, cache.capacity, binding)
         return binding
 
