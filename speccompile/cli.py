@@ -2,34 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import click
 
 from .errors import SpecCompileError
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
-def _progress_printer(quiet: bool):
-    console = _console()
-
-    def progress(message: str) -> None:
-        if not quiet:
-            console.print(f"[dim]·[/dim] {message}")
-
-    return progress
-
-
-def emit_json(data) -> None:
-    """Print one JSON object on stdout."""
-    click.echo(json.dumps(data, indent=2, default=str))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,83 +22,16 @@ def cli() -> None:
     """
 
 
-@cli.command()
-@click.argument("model")
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True, help="Weight and activation dtype of the graphs.")
-@click.option("--hidden-states", type=click.Choice(["none", "final", "eagle3"]), default=None, help="Extra target outputs for drafter heads (default: what --drafter needs).")
-@click.option("--max-context", type=int, default=None, help="Longest context (prompt + generated) the artifact supports [default: the model's].")
-@click.option("--max-verify-tokens", type=int, default=64, show_default=True, help="Most tokens verified in one target pass (chain or tree).")
-@click.option("--drafter", default=None, help="Drafter to export with the target: ngram | draft-model:PATH | eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH.")
-@click.option("--tree", default=None, help="Tree preset name or JSON file of choice paths (for tree drafters).")
-@click.option("--num-draft-tokens", type=int, default=None, help="Draft tokens per step recorded as the default for `run`.")
-@click.option("--fused-cpu-graph/--no-fused-cpu-graph", default=True, show_default=True,
-              help="Also write *.ort.onnx: the same model with ONNX Runtime's fused CPU operators and an in-place KV buffer (sharing the weights file).")
-@click.option("--draft-cpu-weights", type=click.Choice(["int8", "int4", "fp32"]), default="int8", show_default=True,
-              help="Weights of a drafter head's ONNX Runtime CPU variant (<kind>.ort.onnx); fp32 writes none. Drafts may change, outputs never do.")
-@click.option("--force", is_flag=True, help="Replace an existing output directory.")
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
-def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, fused_cpu_graph, draft_cpu_weights, force, as_json):
-    """Export MODEL (Hugging Face folder, .gguf file or alias such as smollm2-135m) to ONNX verify graphs."""
-    from .export.pipeline import ExportOptions, export_artifact
+def _register_commands() -> None:
+    """Attach the commands of speccompile/commands/ (each imports its heavy dependencies only when run)."""
+    from .commands import artifacts, build, generate, train
 
-    options = ExportOptions(
-        dtype=dtype,
-        hidden_states=hidden_states,
-        max_context=max_context,
-        max_verify_tokens=max_verify_tokens,
-        drafter=drafter,
-        tree=tree,
-        num_draft_tokens=num_draft_tokens,
-        fused_cpu_graph=fused_cpu_graph,
-        draft_cpu_weights=draft_cpu_weights,
-        force=force,
-    )
-    export_artifact(model, out, options, _progress_printer(as_json))
-    report_artifact(out, as_json, f"[green]exported[/green] {model} -> {out}")
-
-
-def report_artifact(out: Path, as_json: bool, headline: str) -> None:
-    """After export/build: the artifact summary as JSON, or one line with its size."""
-    from .inspect_artifact import summarize
-
-    summary = summarize(out)
-    if as_json:
-        emit_json(summary)
-    else:
-        _console().print(f"{headline} ({summary['total_size_mb']:.1f} MB)")
-
-
-@cli.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-def inspect(artifact, as_json):
-    """Show what an artifact directory holds: model, graphs, inputs/outputs, sizes, limits."""
-    from .inspect_artifact import print_summary, summarize
-
-    summary = summarize(artifact)
-    if as_json:
-        emit_json(summary)
-    else:
-        print_summary(summary)
-
-
-def _register_optional_commands() -> None:
-    """Attach the commands implemented in other modules (runtime, engines, training)."""
-    import importlib
-
-    for module_name in ("speccompile.runtime.cli_commands", "speccompile.engines.cli_commands", "speccompile.training.cli_commands"):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
+    for module in (artifacts, generate, build, train):
         for command in module.COMMANDS:
             cli.add_command(command)
 
 
-_register_optional_commands()
+_register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

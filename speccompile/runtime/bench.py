@@ -145,7 +145,7 @@ def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens
                         "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
     ok = all(r["identical"] for r in results)
     if as_json:
-        from ..cli import emit_json
+        from ..console import emit_json
 
         emit_json({"drafter": runner.drafter_name, "identical": ok, "prompts": results})
     else:

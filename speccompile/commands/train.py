@@ -28,14 +28,14 @@ import click
 def train_draft(target, method, data, out, steps, seq_len, batch, lr, unroll, draft_vocab, medusa_heads, max_tokens, save_every, resume, seed, threads, as_json):
     """Self-distil a drafter head for TARGET (HF folder, .gguf or alias): the target's hidden states are the
     inputs and its next-token distributions the labels. Writes the published layout `--drafter KIND:OUT` reads."""
-    from ..cli import _progress_printer, emit_json
-    from .trainer import TrainOptions
-    from .trainer import train_draft as run
+    from ..console import emit_json, progress_printer
+    from ..training.trainer import TrainOptions
+    from ..training.trainer import train_draft as run
 
     options = TrainOptions(method=method, steps=steps, seq_len=seq_len, batch=batch, lr=lr, unroll=unroll,
                            draft_vocab=draft_vocab, medusa_heads=medusa_heads, max_tokens=max_tokens,
                            save_every=save_every, resume=resume, seed=seed, threads=threads)
-    printer = _progress_printer(as_json)
+    printer = progress_printer(as_json)
     last = {"t": 0.0}
 
     def progress(message: str) -> None:  # throttle per-step lines to ~1/s

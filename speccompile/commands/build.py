@@ -42,9 +42,10 @@ def build(artifact, out, fp8, fp4, int4, float16, bfloat16, max_context, max_ver
           profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
-    from ..cli import _progress_printer, report_artifact
-    from .build import BuildOptions, build_artifact
-    from .quantize import DEFAULT_EXCLUDE
+    from ..console import progress_printer
+    from ..engines.build import BuildOptions, build_artifact
+    from ..engines.quantize import DEFAULT_EXCLUDE
+    from .artifacts import report_artifact
 
     chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4)) if on]
     if len(chosen) > 1:
@@ -76,7 +77,7 @@ def build(artifact, out, fp8, fp4, int4, float16, bfloat16, max_context, max_ver
         max_verify_tokens=max_verify_tokens,
         max_batch=max_batch,
     )
-    build_artifact(artifact, out, options, _progress_printer(as_json))
+    build_artifact(artifact, out, options, progress_printer(as_json))
     what = "quantized ONNX" if onnx_only else "TensorRT engines"
     report_artifact(out, as_json, f"[green]built[/green] {artifact} -> {out} ({precision}, {what})")
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from ..console import emit_json
 from ..errors import InputError
-from .backends.base import BACKENDS
-from .sampling import SamplingParams
+from ..runtime.backends.base import BACKENDS
+from ..runtime.sampling import SamplingParams
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -77,7 +78,7 @@ def drafter_options(func):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
 def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
-    from .session import Runner
+    from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
@@ -90,8 +91,6 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
             sys.stdout.flush()
     result = runner.generate(text, chat, max_tokens, sampling, list(stop), on_text)
     if as_json:
-        from ..cli import emit_json
-
         emit_json({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()})
         return
     if stream:
@@ -119,13 +118,11 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
-    from .bench import print_report, run_bench
+    from ..runtime.bench import print_report, run_bench
 
     report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph,
                        lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
     if as_json:
-        from ..cli import emit_json
-
         emit_json(report)
     else:
         print_report(report)
@@ -141,7 +138,7 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_
 @click.option("--json", "as_json", is_flag=True)
 def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
-    from .bench import run_verify
+    from ..runtime.bench import run_verify
 
     ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph,
                     lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)

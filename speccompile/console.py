@@ -1,0 +1,31 @@
+"""Terminal output shared by every command: the stderr console, progress lines and JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import click
+
+
+def console():
+    """A rich console on stderr (stdout stays for results)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def progress_printer(quiet: bool) -> Callable[[str], None]:
+    """A callback printing one dim progress line per message on stderr (silent when `quiet`)."""
+    out = console()
+
+    def progress(message: str) -> None:
+        if not quiet:
+            out.print(f"[dim]·[/dim] {message}")
+
+    return progress
+
+
+def emit_json(data) -> None:
+    """Print one JSON object on stdout."""
+    click.echo(json.dumps(data, indent=2, default=str))
