@@ -14,6 +14,7 @@ from typing import Any, Callable
 from ..errors import InputError
 from ..manifest import GraphSpec
 from ..models.load import LoadedModel
+from ..runtime.draft_config import DraftConfig
 
 
 @dataclass
@@ -75,8 +76,9 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
 
 def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
     exporter = _REGISTRY[request.kind][2]
-    if exporter is None:
-        return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind})
+    if exporter is None:  # n-gram lookup: nothing to export but its k
+        config = DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens)
+        return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind, **config.to_manifest()})
     return exporter(request, target, out_dir, dtype)
 
 
@@ -109,7 +111,7 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
             "source": str(draft.source),
             "source_sha256": draft.source_sha256,
             "config": draft.config.to_dict(),
-            "num_draft_tokens": request.num_draft_tokens or 4,
+            **DraftConfig.parse("draft-model", request.tree, request.num_draft_tokens).to_manifest(),
         },
     )
 

@@ -10,11 +10,13 @@ import numpy as np
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
 from .backends.base import Session, open_session
+from .draft_config import DraftConfig, draft_config_for_run
+from .drafters.base import Drafter
+from .drafters.ngram_corpus import NgramCorpus
+from .options import DRAFTER_CHOICES
 from .sampling import SamplingParams
+from .timing import EngineClock, TimedSession
 from .tokenizer import TextTokenizer
-
-DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
-
 
 @dataclass
 class Artifact:
@@ -91,27 +93,19 @@ def _resolve_drafter(manifest: Manifest, name: str) -> str:
     return name
 
 
-def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
-    recorded = (artifact.manifest.drafter or {}).get("num_draft_tokens")
-    if recorded and (artifact.manifest.drafter or {}).get("kind") == drafter:
-        return int(recorded)
-    return {"ngram": 12, "draft-model": 4}.get(drafter, 4)
+def draft_config(artifact: Artifact, drafter: str, tree: str | None = None, k: int | None = None) -> DraftConfig:
+    """What `drafter` (a resolved name, not none) drafts on this artifact: the exported tree and k unless overridden."""
+    return draft_config_for_run(drafter, artifact.manifest.drafter, tree, k)
 
 
-def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None,
-                 lookup_branch: bool = True, ngram_corpus=None):
-    """Build the runtime drafter `name` for this artifact (None for plain decoding).
+def make_drafter(artifact: Artifact, draft: DraftConfig, sampling: SamplingParams, clock: EngineClock,
+                 lookup_branch: bool = True, ngram_corpus: NgramCorpus | None = None) -> Drafter:
+    """The runtime drafter for `draft` on this artifact, its graphs timed on `clock`.
 
-    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`;
     `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
-    `ngram_corpus` (an NgramCorpus; the n-gram drafter's, other drafters ignore it) is where lookup falls back
-    to when the history has no match.
+    `ngram_corpus` (the n-gram drafter's) is where lookup falls back to when the history has no match.
     """
-    name = resolve_drafter_name(artifact, name)
-    if name == "none":
-        return None
-    if tree is not None and name in ("ngram", "draft-model"):
-        raise InputError(f"--tree: the {name} drafter drafts chains; trees need a head drafter (eagle, eagle3, medusa, mtp)")
+    name = draft.kind
     if name == "ngram":
         from .drafters.ngram import NgramDrafter
 
@@ -124,21 +118,13 @@ def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock:
         )
     if name == "draft-model":
         from .drafters.draft_model import DraftModelDrafter
-        from .generate import TimedSession
 
-        session = artifact.session(drafter_section.get("graph", "draft"))
-        if clock is not None:
-            session = TimedSession(session, clock)
+        session = TimedSession(artifact.session(drafter_section.get("graph", "draft")), clock)
         seed = None if sampling.seed is None else sampling.seed + 1
         return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
     from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
 
-    override = None
-    if tree is not None:
-        from ..export.heads import resolve_tree  # pure: parses the tree spec, no torch
-
-        override = heads_factory.tree_config({"kind": name, **resolve_tree(name, tree, None)})
-    head = heads_factory.make(artifact, name, sampling, clock, tree=override)
+    head = heads_factory.make(artifact, draft, clock)
     if not lookup_branch:
         return head
     from .drafters.lookup_branch import LookupBranchDrafter

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .options import RunOptions
 from .sampling import SamplingParams
 from .session import Runner
 
@@ -46,15 +47,13 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree=None, fused=True,
-              lookup_branch=True, ngram_corpus=None) -> dict[str, Any]:
+def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
-                    ngram_corpus=ngram_corpus)
+    runner = Runner(artifact, options)
     if runner.drafter_name == "none":
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
-    report: dict[str, Any] = {"artifact": str(artifact), "backend": backend, "graph": runner.artifact.target.spec.file,
+    report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
                               "drafter": runner.drafter_name,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
@@ -127,11 +126,9 @@ def print_report(report: dict[str, Any]) -> None:
         console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
 
 
-def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree=None, fused=True,
-               lookup_branch=True, ngram_corpus=None) -> bool:
+def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, as_json) -> bool:
     """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
-                    ngram_corpus=ngram_corpus)
+    runner = Runner(artifact, options)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
     for item in items:

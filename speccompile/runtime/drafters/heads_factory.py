@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from ...errors import ArtifactError, UnsupportedError
+from ...errors import UnsupportedError
+from ..draft_config import DraftConfig
+from ..timing import EngineClock, TimedSession
 
 
 def open_head_session(artifact, graph: str):
@@ -21,30 +21,16 @@ def open_head_session(artifact, graph: str):
     return HeadSession(artifact.directory, spec, artifact.backend, artifact.threads)
 
 
-def tree_config(section: dict[str, Any]) -> dict[str, Any]:
-    tree = section.get("tree")
-    if tree == "dynamic":
-        return {"tree": "dynamic", "dynamic": dict(section.get("dynamic") or {})}
-    if not isinstance(tree, list) or not tree:
-        raise ArtifactError(f"manifest drafter section of {section.get('kind')} has no tree (got {tree!r})")
-    return {"tree": tree}
-
-
-def make(artifact, name: str, sampling=None, clock: list[float] | None = None, tree: dict[str, Any] | None = None):
-    """The drafter `name` (eagle, eagle3, medusa, mtp) for `artifact`; `tree` overrides the exported tree."""
+def make(artifact, draft: DraftConfig, clock: EngineClock):
+    """The head drafter of `draft.kind` (eagle, eagle3, medusa, mtp) for `artifact`, drafting `draft`'s tree."""
     section = artifact.manifest.drafter or {}
-    session = open_head_session(artifact, section.get("graph", name))
-    if clock is not None:
-        from ..generate import TimedSession
-
-        session = TimedSession(session, clock)
-    tree = tree or tree_config(section)
+    session = TimedSession(open_head_session(artifact, section.get("graph", draft.kind)), clock)
     max_nodes = artifact.max_verify_tokens
-    if name == "medusa":
+    if draft.kind == "medusa":
         from .medusa import MedusaDrafter
 
-        return MedusaDrafter(session, tree, section["head"]["medusa_num_heads"], max_nodes)
+        return MedusaDrafter(session, draft, section["head"]["medusa_num_heads"], max_nodes)
     from .eagle import HeadDrafter, load_draft_to_target
 
     d2t = load_draft_to_target(artifact.directory, section.get("draft_to_target"))
-    return HeadDrafter(session, name, tree, max_nodes, d2t, max_context=artifact.max_context + 4 * max_nodes)
+    return HeadDrafter(session, draft.kind, draft, max_nodes, d2t, max_context=artifact.max_context + 4 * max_nodes)
