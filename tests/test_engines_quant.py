@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from speccompile.engines import numerics as nx
-from speccompile.engines.compat import check_tensorrt_compat
+from speccompile.accel.compat import check_tensorrt_compat
 from speccompile.engines.quantize import (
     QuantOptions,
     activation_tensors,

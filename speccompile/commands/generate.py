@@ -138,11 +138,15 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_
 @click.option("--json", "as_json", is_flag=True)
 def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
-    from ..runtime.bench import run_verify
+    from ..runtime.bench import print_verify_report, run_verify
 
-    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
-    if not ok:
+    report = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph,
+                        lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+    if as_json:
+        emit_json(report)
+    else:
+        print_verify_report(report)
+    if not report["identical"]:
         sys.exit(1)
 
 

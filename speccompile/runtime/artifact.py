@@ -9,9 +9,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
-from .backends.base import Session, open_session
+from ..tokenizer import TextTokenizer
+from .backends.base import Session
+from .backends.factory import open_session
 from .sampling import SamplingParams
-from .tokenizer import TextTokenizer
 
 DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
 
@@ -68,7 +69,7 @@ def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, t
                 spinning: bool = False) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
     spec = _runnable_spec(manifest, graph, backend, fused)
-    return open_session(directory, spec, backend, threads, max_context=max_context, spinning=spinning)
+    return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning)
 
 
 def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:

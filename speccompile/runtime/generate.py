@@ -9,11 +9,11 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session
 from .drafters.base import ChainDrafter, Draft
 from .sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
-from .tokenizer import TextTokenizer
 
 
 @dataclass

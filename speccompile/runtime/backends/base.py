@@ -34,21 +34,3 @@ class Session(Protocol):
 
 BACKENDS = ("ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
 
-
-def open_session(directory, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, **options: Any) -> Session:
-    """Create the backend session for one graph of an artifact."""
-    from ...errors import InputError
-
-    if spec.extra.get("kv_layout") == "buffer":
-        from .ort import OrtBufferSession
-
-        return OrtBufferSession(directory, spec, backend, threads, options.get("max_context"), options.get("spinning", False))
-    if backend in ("ort-cpu", "ort-cuda", "ort-trt"):
-        from .ort import OrtSession
-
-        return OrtSession(directory, spec, backend, threads, options.get("spinning", False))
-    if backend == "tensorrt":
-        from .tensorrt import TensorRTSession
-
-        return TensorRTSession(directory, spec, **options)
-    raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend}")

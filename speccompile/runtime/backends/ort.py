@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError, UnsupportedError
-from ...manifest import GraphSpec
+from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache, KVCache
 from .base import StepOutput
 
@@ -54,8 +54,8 @@ def session_options(threads: int | None, spinning: bool = False):
 class OrtSession:
     """One verify graph in an onnxruntime.InferenceSession."""
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
-                 spinning: bool = False):
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
+                 threads: int | None = None, spinning: bool = False):
         import onnxruntime as ort
 
         self.spec = spec
@@ -81,7 +81,9 @@ class OrtSession:
             )
         provider_list: list = list(providers)
         if backend == "ort-trt":
-            provider_list[0] = ("TensorrtExecutionProvider", _tensorrt_ep_options(directory, spec))
+            from ...accel.ort_trt import tensorrt_ep_options
+
+            provider_list[0] = ("TensorrtExecutionProvider", tensorrt_ep_options(manifest, spec))
         self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=provider_list)
         self.device = "cpu" if backend == "ort-cpu" else "cuda"
         self._ort = ort
@@ -128,11 +130,11 @@ class OrtBufferSession(OrtSession):
 
     initial_capacity = 256  # KV rows allocated up front; the buffers double when a step needs more
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
-                 max_context: int | None = None, spinning: bool = False):
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
+                 threads: int | None = None, max_context: int | None = None, spinning: bool = False):
         if backend != "ort-cpu":
             raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; --backend {backend} needs {spec.extra.get('variant_of')}")
-        super().__init__(directory, spec, backend, threads, spinning)
+        super().__init__(directory, manifest, spec, backend, threads, spinning)
         self.max_context = max_context
         # logits (+ hidden) are written into numpy arrays bound as outputs: reading them back wraps no
         # OrtValue per output (get_outputs() wraps all of them, the 2 x layers KV buffers included)
@@ -173,16 +175,4 @@ class OrtBufferSession(OrtSession):
             binding.bind_ortvalue_output(present, value)
         cache.binding = (self, cache.capacity, binding)
         return binding
-
-
-def _tensorrt_ep_options(directory: str | Path, spec: GraphSpec) -> dict:
-    """TensorRT EP options (profiles from the manifest limits, engine cache keyed by the graph's sha256)."""
-    from ...engines.ort_trt import tensorrt_ep_options
-    from ...manifest import read_manifest
-
-    manifest = read_manifest(directory, verify_files=False)
-    root = Path(os.environ.get("SPECCOMPILE_CACHE", "~/.cache/speccompile")).expanduser()
-    cache = root / manifest.files.get(spec.file, "nohash")[:16]
-    cache.mkdir(parents=True, exist_ok=True)
-    return tensorrt_ep_options(manifest, spec, cache)
 

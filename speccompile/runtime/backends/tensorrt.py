@@ -12,12 +12,13 @@ length, the profile covering the shapes is selected, `execute_async_v3` runs, lo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
+from ...accel.cuda import CudaDriver
+from ...accel.profiles import engine_profiles, select_profile
+from ...accel.trt import check_engine_compat, require_tensorrt
 from ...errors import ArtifactError, InputError
-from ...manifest import GraphSpec, read_manifest
+from ...manifest import GraphSpec, Manifest
 from ..kvcache import KVCache
 from .base import StepOutput
 
@@ -60,13 +61,9 @@ class DeviceArray:
 class TensorRTSession:
     """One graph's TensorRT engine, implementing the runtime Session protocol."""
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, **options: Any):
-        from ...engines.config import Profile, check_engine_compat, select_profile  # noqa: F401
-        from ...engines.trt_build import CudaDriver, require_tensorrt
-
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0):
         directory = Path(directory)
         self.spec = spec
-        manifest = read_manifest(directory, verify_files=False)
         plan_file = spec.extra.get("engine")
         if not manifest.engine or not plan_file:
             raise ArtifactError(
@@ -75,7 +72,7 @@ class TensorRTSession:
             )
         trt = require_tensorrt()
         self.trt = trt
-        self.driver = CudaDriver(int(options.get("device", 0)))
+        self.driver = CudaDriver(device)
         check_engine_compat(manifest.engine, trt.__version__, self.driver.compute_capability(), self.driver.name())
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
@@ -85,11 +82,7 @@ class TensorRTSession:
         self.context = self.engine.create_execution_context()
         self.stream = self.driver.stream()
         graph_name = next((n for n, g in manifest.graphs.items() if g.file == spec.file), "target")
-        self.profiles = [
-            Profile(p["name"], {k: tuple(v) for k, v in p["shapes"].items()})
-            for p in manifest.engine.get("profiles", {}).get(graph_name, [])
-        ]
-        self._select_profile = select_profile
+        self.profiles = engine_profiles(manifest, graph_name)
         self._profile = 0
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -126,7 +119,7 @@ class TensorRTSession:
         for name, tensor in zip(self.past_names, cache.tensors):
             shapes[name] = tensor.shape
         if self.profiles:
-            index = self._select_profile(self.profiles, shapes)
+            index = select_profile(self.profiles, shapes)
             if index != self._profile:
                 trt_ctx.set_optimization_profile_async(index, stream)
                 self._profile = index

@@ -1,11 +1,13 @@
-"""Text <-> token ids with the `tokenizers` library, chat templates with jinja2, streaming deltas."""
+"""The artifact's tokenizer: text <-> token ids with the `tokenizers` library, chat templates with jinja2.
+
+Shared by the runtime (prompts, output text) and `engines` (calibration texts); torch-free."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ..errors import ArtifactError, InputError
+from .errors import ArtifactError, InputError
 
 
 class TextTokenizer:
