@@ -92,22 +92,3 @@ def _token_text(value) -> str | None:
 
 def _raise_template_error(message: str):
     raise InputError(f"chat template error: {message}")
-
-
-class StreamDecoder:
-    """Turns a growing token list into text deltas without splitting multi-byte characters."""
-
-    def __init__(self, tokenizer: TextTokenizer):
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._text = ""
-
-    def push(self, ids: list[int]) -> str:
-        """Add tokens; return the newly completed text (may be empty)."""
-        self._ids.extend(ids)
-        text = self._tokenizer.decode(self._ids)
-        if text.endswith("\ufffd"):
-            return ""
-        delta = text[len(self._text):]
-        self._text = text
-        return delta

@@ -6,7 +6,6 @@ The import guard and the GPU query are shared with the runtime: `accel/trt.py`, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..accel.profiles import Profile
 from ..errors import SpecCompileError
@@ -51,14 +50,3 @@ def build_engine(trt, onnx_path: Path, config: BuildConfig, profiles: list[Profi
     if cache_path is not None:
         cache_path.write_bytes(bytes(build_config.get_timing_cache().serialize()))
     return bytes(plan)
-
-
-def engine_io(trt, plan: bytes) -> dict[str, Any]:
-    """Input/output names of a serialized engine (for checks)."""
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(plan)
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    return {
-        "inputs": [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT],
-        "outputs": [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT],
-    }
