@@ -10,7 +10,6 @@ from speccompile.errors import InputError
 from speccompile.runtime.drafters.ngram import NgramDrafter
 from speccompile.runtime.drafters.ngram_corpus import NgramCorpus
 from speccompile.runtime.generate import GenerationConfig
-from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.session import Runner
 
 from conftest import run_cli

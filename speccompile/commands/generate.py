@@ -150,10 +150,14 @@ def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def verify(artifact, workloads, max_tokens, limit, options, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
-    from ..runtime.bench import run_verify
+    from ..runtime.bench import print_verify_report, run_verify
 
-    ok = run_verify(artifact, options, list(workloads), max_tokens, limit, as_json)
-    if not ok:
+    report = run_verify(artifact, options, list(workloads), max_tokens, limit)
+    if as_json:
+        emit_json(report)
+    else:
+        print_verify_report(report)
+    if not report["identical"]:
         sys.exit(1)
 
 

@@ -17,11 +17,12 @@ from typing import Callable
 import onnx
 
 from .. import __version__
+from ..accel.compat import check_tensorrt_compat
+from ..accel.profiles import DEFAULT_PREFILL_CHUNK, profiles_for, required_limits
 from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from . import config as cfg
-from .compat import check_tensorrt_compat
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
 
 Progress = Callable[[str], None]
@@ -45,7 +46,7 @@ class BuildOptions:
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
     profiles: str = "single"
-    prefill_chunk: int = cfg.DEFAULT_PREFILL_CHUNK
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
     opt_context: int | None = None
     workspace_mb: int | None = None
@@ -137,7 +138,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     calibration = None
     tensors = activation_tensors(model, qopts)
     if tensors:
-        from ..runtime.tokenizer import TextTokenizer
+        from ..tokenizer import TextTokenizer
 
         texts = load_calibration_texts(options.calib)
         tokenizer = TextTokenizer(src_dir, manifest.tokenizer.get("eos_token_ids"))
@@ -174,7 +175,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     if out.exists() and src.resolve() == out.resolve():
         raise InputError("--out must differ from the input artifact")
     manifest = read_manifest(src, verify_files=True)
-    limits = _apply_limit_overrides(cfg.required_limits(manifest), options, src)
+    limits = _apply_limit_overrides(required_limits(manifest), options, src)
     _check_float_dtype(manifest, options)
     if manifest.engine:
         raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
@@ -191,7 +192,8 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
 
     trt = gpu = build_config = None
     if not options.onnx_only:
-        from .trt_build import gpu_info, require_tensorrt
+        from ..accel.cuda import gpu_info
+        from ..accel.trt import require_tensorrt
 
         trt = require_tensorrt()
         gpu = gpu_info()
@@ -207,7 +209,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     profile_problems: dict[str, str] = {}
     for name, spec in manifest.graphs.items():
         try:
-            profiles[name] = cfg.profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
+            profiles[name] = profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
         except SpecCompileError as exc:
             if not options.onnx_only:
                 raise

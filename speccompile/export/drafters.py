@@ -7,7 +7,7 @@ hidden-state taps the target graph must expose for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +23,6 @@ class DrafterExport:
     files: list[str]
     manifest: dict[str, Any]
     target_hidden_states: str = "none"
-    extra_files: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -47,11 +46,6 @@ _REGISTRY: dict[str, tuple[bool, str, Exporter | None]] = {}
 def register(kind: str, needs_path: bool, target_hidden_states: str, exporter: Exporter | None) -> None:
     """Add a drafter kind (used by this module and by the head exporters)."""
     _REGISTRY[kind] = (needs_path, target_hidden_states, exporter)
-
-
-def drafter_kinds() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
 
 
 def parse_drafter(value: str | None, tree: str | None = None, num_draft_tokens: int | None = None) -> DrafterRequest | None:

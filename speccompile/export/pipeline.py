@@ -111,7 +111,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
 
 def _warn_tensorrt_incompatible(path: Path, progress: Progress) -> None:
     """Report operators/dtypes the TensorRT ONNX parser would reject (the graph still runs in ONNX Runtime)."""
-    from ..engines.compat import check_tensorrt_compat
+    from ..accel.compat import check_tensorrt_compat
 
     report = check_tensorrt_compat(path)
     for problem in report.errors:

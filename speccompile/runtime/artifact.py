@@ -9,14 +9,15 @@ import numpy as np
 
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
-from .backends.base import Session, open_session
+from ..tokenizer import TextTokenizer
+from .backends.base import Session
+from .backends.factory import open_session
 from .draft_config import DraftConfig, draft_config_for_run
 from .drafters.base import Drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .options import DRAFTER_CHOICES
 from .sampling import SamplingParams
 from .timing import EngineClock, TimedSession
-from .tokenizer import TextTokenizer
 
 @dataclass
 class Artifact:
@@ -70,7 +71,7 @@ def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, t
                 spinning: bool = False) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
     spec = _runnable_spec(manifest, graph, backend, fused)
-    return open_session(directory, spec, backend, threads, max_context=max_context, spinning=spinning)
+    return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning)
 
 
 def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:

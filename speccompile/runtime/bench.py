@@ -126,8 +126,9 @@ def print_report(report: dict[str, Any]) -> None:
         console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
 
 
-def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, as_json) -> bool:
-    """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
+def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit) -> dict[str, Any]:
+    """Greedy speculative vs plain for every prompt: {drafter, identical, prompts: [{id, identical,
+    first_difference, tokens, mean_accepted_length}]}."""
     runner = Runner(artifact, options)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
@@ -140,14 +141,13 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, as_j
             first_diff = min(len(plain.tokens), len(spec.tokens))
         results.append({"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
                         "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
-    ok = all(r["identical"] for r in results)
-    if as_json:
-        from ..console import emit_json
+    return {"drafter": runner.drafter_name, "identical": all(r["identical"] for r in results), "prompts": results}
 
-        emit_json({"drafter": runner.drafter_name, "identical": ok, "prompts": results})
-    else:
-        for r in results:
-            status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
-            print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
-        print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({runner.drafter_name} vs plain)")
-    return ok
+
+def print_verify_report(report: dict[str, Any]) -> None:
+    """One line per prompt (identical, or the first differing token) and the total."""
+    results = report["prompts"]
+    for r in results:
+        status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
+        print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
+    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({report['drafter']} vs plain)")

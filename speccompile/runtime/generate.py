@@ -9,13 +9,13 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session, StepOutput
 from .drafters.base import Draft, Drafter
 from .options import GenerationConfig
 from .sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
 from .timing import EngineClock, TimedSession
-from .tokenizer import TextTokenizer
 
 
 @dataclass

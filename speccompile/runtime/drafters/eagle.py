@@ -21,46 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.ort import OrtSession
 from ..tree import TreeSpec, build_dynamic_tree
 from ..draft_config import DraftConfig
 from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
-
-
-class HeadSession(OrtSession):
-    """OrtSession for head graphs: binds `hidden_states` (and EAGLE-3's `aux_hidden_states`) too."""
-
-    def __init__(self, directory, spec, backend: str = "ort-cpu", threads: int | None = None):
-        super().__init__(directory, spec, backend, threads)
-        self.hidden_name = "draft_hidden_states"
-        inputs = {t.name: t for t in spec.inputs}
-        self.extra_inputs = [n for n in ("aux_hidden_states", "hidden_states") if n in inputs]
-        dtypes = {"float": np.float32, "float16": np.float16}
-        self.float_dtype = dtypes.get(inputs["hidden_states"].dtype, np.float32)
-
-    def run(self, input_ids, position_ids, attention_mask, cache, **extra: np.ndarray):
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=bool))
-        for name in self.extra_inputs:
-            binding.bind_cpu_input(name, np.ascontiguousarray(extra[name], dtype=self.float_dtype)[None])
-        for name, value in zip(self.past_names, cache.tensors):
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits", "cpu")
-        for name in self.present_names:
-            binding.bind_output(name, self.device)
-        binding.bind_output(self.hidden_name, "cpu")
-        self.session.run_with_iobinding(binding)
-        outputs = dict(zip(self.output_names, binding.get_outputs()))
-        from ..backends.base import StepOutput
-
-        return StepOutput(
-            logits=outputs["logits"].numpy()[0],
-            presents=[outputs[n] for n in self.present_names],
-            hidden=outputs[self.hidden_name].numpy()[0],
-        )
 
 
 def _top(logits: np.ndarray, k: int) -> np.ndarray:

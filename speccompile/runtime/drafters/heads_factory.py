@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from ...errors import UnsupportedError
 from ..draft_config import DraftConfig
 from ..timing import EngineClock, TimedSession
 
 
 def open_head_session(artifact, graph: str):
-    """The head graph on the artifact's backend (ONNX Runtime EPs only, for now); its int8/int4 variant on ort-cpu."""
-    spec = artifact.graph_spec(graph)
-    if not artifact.backend.startswith("ort-"):
-        raise UnsupportedError(f"--backend {artifact.backend}: drafter heads run on ONNX Runtime backends only (ort-cpu, ort-cuda, ort-trt)")
-    if spec.role == "medusa":
-        from .medusa import MedusaSession
-
-        return MedusaSession(artifact.directory, spec, artifact.backend, artifact.threads)
-    from .eagle import HeadSession
-
-    return HeadSession(artifact.directory, spec, artifact.backend, artifact.threads)
+    """The head graph on the artifact's backend, through the backend factory (its int8/int4 variant on ort-cpu)."""
+    return artifact.session(graph)
 
 
 def make(artifact, draft: DraftConfig, clock: EngineClock):

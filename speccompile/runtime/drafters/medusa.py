@@ -9,7 +9,6 @@ tree mode); Medusa's lossy "typical acceptance" is not offered.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
@@ -18,27 +17,6 @@ from ..draft_config import DraftConfig
 from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
 from .eagle import _top
-
-
-class MedusaSession:
-    """The Medusa heads graph in ONNX Runtime: hidden_states [1, q, H] -> logits [1, q, heads, V]."""
-
-    def __init__(self, directory, spec, backend: str = "ort-cpu", threads: int | None = None):
-        import onnxruntime as ort
-
-        from ..backends.ort import _PROVIDERS, session_options
-
-        self.spec = spec
-        self.session = ort.InferenceSession(str(Path(directory) / spec.file), session_options(threads), providers=_PROVIDERS[backend])
-        dtype = next(t.dtype for t in spec.inputs if t.name == "hidden_states")
-        self.float_dtype = np.float16 if dtype == "float16" else np.float32
-
-    def new_cache(self):
-        return None
-
-    def run(self, hidden: np.ndarray) -> np.ndarray:
-        feed = {"hidden_states": np.ascontiguousarray(hidden, dtype=self.float_dtype)[None]}
-        return self.session.run(["logits"], feed)[0][0]
 
 
 class MedusaDrafter(PlannedTreeDrafter):
