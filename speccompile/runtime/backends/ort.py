@@ -15,6 +15,7 @@ from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache, KVCache
 from .base import StepOutput, feature_inputs, hidden_output
+from .ort_quantized import quantized_session_config
 
 _NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
 _PROVIDERS = {
@@ -66,11 +67,8 @@ def inference_session(directory: str | Path, manifest: Manifest, spec: GraphSpec
     if threads is not None and threads < 1:
         raise InputError(f"--threads must be >= 1, got {threads}")
     opts = session_options(threads, spinning)
-    if spec.extra.get("quantization") == "int4":
-        # ORT fuses INT4 DequantizeLinear+MatMul into MatMulNBits, which by default rounds activations to
-        # int8 with q_len-dependent kernels: a verify pass would then not reproduce plain decoding.
-        # Accuracy level 0 computes in fp32, so speculative output stays identical to plain.
-        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    for key, value in quantized_session_config(spec, backend).items():  # exact verify passes on Q/DQ graphs
+        opts.add_session_config_entry(key, value)
     if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
         raise UnsupportedError(
             f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
