@@ -46,10 +46,6 @@ class Artifact:
         """Open another graph of the artifact (a drafter) on the same backend."""
         return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
 
-    def graph_spec(self, graph: str) -> GraphSpec:
-        """The spec of the graph that runs as `graph` here: its ORT CPU variant when there is one and it applies."""
-        return _runnable_spec(self.manifest, graph, self.backend, self.fused)
-
 
 def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
                   drafter: str = "auto") -> Artifact:
