@@ -26,10 +26,12 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..manifest import GraphSpec, variant_name
+from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, save_model
 from ..models.config import ModelConfig
 from .onnx_export import check_graph, graph_interface
 
 FUSED_SUFFIX = ".ort.onnx"
+FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
 _MS = "com.microsoft"
 
 
@@ -37,6 +39,9 @@ def fused_variant_problem(config: ModelConfig, dtype: str) -> str | None:
     """Why this model cannot get the fused CPU graph (None when it can)."""
     if dtype != "fp32":
         return f"the fused ONNX Runtime CPU graph is fp32 only (export dtype {dtype})"
+    if not onnxruntime_loads(FUSED_MIN_ORT):
+        installed = ".".join(map(str, installed_onnxruntime()))
+        return f"it needs onnxruntime >= {FUSED_MIN_ORT} (GroupQueryAttention with position_ids/attention_bias; installed {installed})"
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
     return None
@@ -65,10 +70,11 @@ def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_cont
     files = [path.name]
     if weights.write_own(directory):
         files.append(weights.own_location)
-    onnx.save_model(model, str(path))
+    save_model(model, path)
     check_graph(path)
     inputs, outputs = graph_interface(path)
-    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"]}
+    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"],
+             "min_onnxruntime": FUSED_MIN_ORT}
     spec = GraphSpec(
         role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
         num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
@@ -180,7 +186,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
         pre = f"layers.{i}"
         gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
         if mlp_out is None:
-            h = n("RMSNormalization", [x, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+            h = _rms_norm(n, x, gamma, eps, const, pre)
         else:
             h, residual = _skip_norm(n, mlp_out, residual, gamma, eps)
         if i in decoder.aux_layers:
@@ -245,7 +251,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
     for i in range(cfg.num_hidden_layers):
         inputs += [_value(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache_shape) for kind in ("key", "value")]
     graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(_MS, 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
     model.producer_name = "speccompile"
     return model
 
@@ -260,8 +266,17 @@ def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tupl
 def _head_norm(n: _Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str) -> str:
     """Qwen3's per-head RMSNorm of q or k: [1, q, heads*dim] -> per head -> back."""
     per_head = n("Reshape", [x, const(f"{prefix}_heads_shape", [0, -1, num_heads, dim])])[0]
-    normed = n("RMSNormalization", [per_head, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+    normed = _rms_norm(n, per_head, gamma, eps, const, prefix)
     return n("Reshape", [normed, const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
+
+
+def _rms_norm(n: _Nodes, x: str, gamma: str, eps: float, const, prefix: str) -> str:
+    """RMSNorm over the last axis from opset-18 operators (ONNX's RMSNormalization needs opset 23, which
+    onnxruntime < 1.23 and onnx < 1.18 do not have); ONNX Runtime fuses the pattern into one kernel."""
+    square = n("Pow", [x, const(f"{prefix}_norm_two", 2.0, np.float32)])[0]
+    mean = n("ReduceMean", [square, const(f"{prefix}_norm_axis", [-1])], keepdims=1)[0]
+    root = n("Sqrt", [n("Add", [mean, const(f"{prefix}_norm_eps", eps, np.float32)])[0]])[0]
+    return n("Mul", [n("Div", [x, root])[0], gamma])[0]
 
 
 def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
+from ..onnx_versions import onnxruntime_loads
 from .backends.base import Session, open_session
 from .sampling import SamplingParams
 from .tokenizer import TextTokenizer
@@ -74,7 +75,9 @@ def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, t
 def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
-        return manifest.graph(variant)
+        spec = manifest.graph(variant)
+        if onnxruntime_loads(spec.extra.get("min_onnxruntime")):  # else the contract graph (older onnxruntime)
+            return spec
     return manifest.graph(graph)
 
 
