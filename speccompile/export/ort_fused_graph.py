@@ -48,25 +48,29 @@ def fused_variant_problem(config: ModelConfig, dtype: str) -> str | None:
 
 
 def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
-                      progress=lambda _: None) -> list[str]:
-    """Add graph `name`'s fused CPU variant to `graphs` (as NAME-ort) when the model allows; returns new files."""
+                      progress=lambda _: None, pass_rows: int = 0) -> list[str]:
+    """Add graph `name`'s fused CPU variant to `graphs` (as NAME-ort) when the model allows; returns new files.
+
+    `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
+    long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows."""
     contract = graphs[name]
     problem = fused_variant_problem(decoder.config, contract.dtype)
     if problem:
         progress(f"note: no fused CPU graph for {name}: {problem}")
         return []
     progress(f"writing the fused ONNX Runtime CPU graph for {name}")
-    spec, files = export_fused_variant(decoder, contract, directory, max_context)
+    spec, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows)
     graphs[variant_name(name)] = spec
     return files
 
 
-def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_context: int) -> tuple[GraphSpec, list[str]]:
-    """Write `<contract stem>.ort.onnx` next to the contract graph; returns its spec and the files written."""
+def export_fused_variant(decoder, contract: GraphSpec, directory: Path, kv_capacity: int) -> tuple[GraphSpec, list[str]]:
+    """Write `<contract stem>.ort.onnx` next to the contract graph (rotary tables for `kv_capacity` slots);
+    returns its spec and the files written."""
     contract_path = Path(directory) / contract.file
     path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + FUSED_SUFFIX)
     weights = SharedWeights(contract_path, path.name + ".data")
-    model = _build_model(decoder, weights, max_context)
+    model = _build_model(decoder, weights, kv_capacity)
     files = [path.name]
     if weights.write_own(directory):
         files.append(weights.own_location)
@@ -74,7 +78,7 @@ def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_cont
     check_graph(path)
     inputs, outputs = graph_interface(path)
     extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"],
-             "min_onnxruntime": FUSED_MIN_ORT}
+             "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
     spec = GraphSpec(
         role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
         num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,

@@ -35,8 +35,22 @@ class Session(Protocol):
 BACKENDS = ("ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
 
 
-def open_session(directory, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, **options: Any) -> Session:
-    """Create the backend session for one graph of an artifact."""
+def open_session(directory, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
+                 shape_invariant: int | None = None, **options: Any) -> Session:
+    """Create the backend session for one graph of an artifact.
+
+    `shape_invariant`: run every pass with this many query rows against a fixed KV extent
+    (backends/shape_invariant.py; needs `max_context`); None = each pass with its own shapes.
+    """
+    session = _open_backend(directory, spec, backend, threads, **options)
+    if shape_invariant:
+        from .shape_invariant import ShapeInvariantSession
+
+        return ShapeInvariantSession(session, shape_invariant, options["max_context"])
+    return session
+
+
+def _open_backend(directory, spec: GraphSpec, backend: str, threads: int | None, **options: Any) -> Session:
     from ...errors import InputError
 
     if spec.extra.get("kv_layout") == "buffer":

@@ -140,21 +140,25 @@ class OrtBufferSession(OrtSession):
         widths = {t.name: t.shape[-1] for t in spec.outputs if t.name in self._step_outputs}
         self._widths = [int(widths[name]) for name in self._step_outputs]
 
-    def new_cache(self, max_dead: int = 64) -> BufferKVCache:
+    def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
+        """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
         return BufferKVCache(len(self.past_names), self.kv_shape[1], self.kv_shape[3], self.kv_dtype, self._to_ort,
-                             capacity=self.initial_capacity, max_capacity=self.max_context)
+                             capacity=capacity or self.initial_capacity, max_capacity=capacity or self.max_context)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache) -> StepOutput:
+        """`attention_mask` [1, q, T] with T >= cache.length + q: GroupQueryAttention writes the q rows at
+        [length, length + q) and sees T as total_sequence_length (T > length + q: slots past the new rows,
+        masked; the shape-invariant mode passes the full capacity)."""
         total = int(attention_mask.shape[-1])
+        q = int(input_ids.size)
         cache.reserve(total)
         binding = self._binding_for(cache)
         bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
         binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
-        binding.bind_cpu_input("seqlens_k", np.array([total - 1], dtype=np.int32))
+        binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        q = int(input_ids.size)
         arrays = [np.empty((1, q, width), dtype=np.float32) for width in self._widths]  # fresh each step: callers may keep them
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
