@@ -203,3 +203,35 @@ def test_fused_graph_sees_the_same_kv_extent_every_pass(artifacts):
     plain_logits(session, prompt, text)
     speculative_logits(session, prompt, text, _tokens(2, 4))
     assert set(seen) == {(8, MAX_CONTEXT + 8)}
+
+
+def test_fp32_on_cuda_never_uses_tf32():
+    from speccompile.runtime.backends.ort import execution_providers
+
+    assert execution_providers("ort-cuda", "fp32")[0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    assert ("CUDAExecutionProvider", {"use_tf32": "0"}) in execution_providers("ort-trt", "fp32")
+    assert execution_providers("ort-cuda", "fp16")[0] == "CUDAExecutionProvider"
+    assert execution_providers("ort-cpu", "fp32") == ["CPUExecutionProvider"]
+
+
+def test_exact_acceptance_keeps_the_chain_prefix_and_its_next_token():
+    from speccompile.runtime.backends.shape_invariant import exact_acceptance
+
+    assert exact_acceptance([1, 2, 3], [10, 11, 12, 13]) == ([1, 2, 3], [10, 11, 12, 13])
+    assert exact_acceptance([1, 4, 6], [10, 11, 12, 13]) == ([1], [10, 11])  # row 4: a sibling's slot came first
+    assert exact_acceptance([2, 5], [10, 11, 12]) == ([], [10])
+    assert exact_acceptance([], [10]) == ([], [10])
+
+
+def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
+    import json
+
+    from conftest import run_cli
+
+    done = run_cli("verify", str(tiny_artifact), "--drafter", "ngram", "--max-tokens", "24", "--limit", "2",
+                   "--shape-invariant", "--threads", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["identical"] and report["shape_invariant"] == 64
+    done = run_cli("verify", str(tiny_artifact), "--drafter", "ngram", "--max-tokens", "8", "--limit", "1", "--threads", "1")
+    assert done.returncode == 0 and "shape-invariant off" in done.stdout  # ort-cpu default

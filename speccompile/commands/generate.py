@@ -32,6 +32,11 @@ def backend_options(func):
         "--contract-graph", is_flag=True,
         help="On ort-cpu, run the portable contract graph (target.onnx) instead of the fused CPU graph (target.ort.onnx).",
     )(func)
+    func = click.option(
+        "--shape-invariant/--no-shape-invariant", default=None,
+        help="Run every target pass with the same shapes (padded rows, fixed KV extent) so greedy output is bitwise "
+             "identical to plain decoding on GPUs [default: on for GPU backends, off on ort-cpu].",
+    )(func)
     func = click.option("--threads", type=int, default=None, help="Intra-op threads for ONNX Runtime [default: all usable cores].")(func)
     func = click.option("--backend", type=click.Choice(BACKENDS), default="ort-cpu", show_default=True, help="Inference engine.")(func)
     return func
@@ -76,14 +81,14 @@ def drafter_options(func):
 @backend_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, shape_invariant, contract_graph, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus, shape_invariant=shape_invariant)
     on_text = None
     if stream and not as_json:
         def on_text(delta: str) -> None:
@@ -116,12 +121,12 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, shape_invariant, contract_graph, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from ..runtime.bench import print_report, run_bench
 
     report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph,
-                       lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+                       lookup_branch=lookup_branch, ngram_corpus=ngram_corpus, shape_invariant=shape_invariant)
     if as_json:
         emit_json(report)
     else:
@@ -136,12 +141,12 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_
 @drafter_options
 @backend_options
 @click.option("--json", "as_json", is_flag=True)
-def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
+def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, shape_invariant, contract_graph, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
     from ..runtime.bench import run_verify
 
     ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus, shape_invariant=shape_invariant)
     if not ok:
         sys.exit(1)
 

@@ -47,15 +47,15 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
 
 
 def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree=None, fused=True,
-              lookup_branch=True, ngram_corpus=None) -> dict[str, Any]:
+              lookup_branch=True, ngram_corpus=None, shape_invariant=None) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
-                    ngram_corpus=ngram_corpus)
+                    ngram_corpus=ngram_corpus, shape_invariant=shape_invariant)
     if runner.drafter_name == "none":
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
     report: dict[str, Any] = {"artifact": str(artifact), "backend": backend, "graph": runner.artifact.target.spec.file,
-                              "drafter": runner.drafter_name,
+                              "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
@@ -115,7 +115,7 @@ def print_report(report: dict[str, Any]) -> None:
 
     console = Console()
     console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} graph={report['graph']} drafter={report['drafter']} "
-                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} (greedy)")
+                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} {_mode(report.get('shape_invariant', 0))} (greedy)")
     table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
     for name, w in report["workloads"].items():
         table.add_row(name, str(w["prompts"]), f"{w['plain_tok_s']:.1f}", f"{w['spec_tok_s']:.1f}", f"{w['median_speedup']:.2f}x",
@@ -127,11 +127,15 @@ def print_report(report: dict[str, Any]) -> None:
         console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
 
 
+def _mode(rows: int) -> str:
+    return f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
+
+
 def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree=None, fused=True,
-               lookup_branch=True, ngram_corpus=None) -> bool:
+               lookup_branch=True, ngram_corpus=None, shape_invariant=None) -> bool:
     """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
-                    ngram_corpus=ngram_corpus)
+                    ngram_corpus=ngram_corpus, shape_invariant=shape_invariant)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
     for item in items:
@@ -147,10 +151,10 @@ def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens
     if as_json:
         from ..console import emit_json
 
-        emit_json({"drafter": runner.drafter_name, "identical": ok, "prompts": results})
+        emit_json({"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant, "identical": ok, "prompts": results})
     else:
         for r in results:
             status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
             print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
-        print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({runner.drafter_name} vs plain)")
+        print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({runner.drafter_name} vs plain, {_mode(runner.shape_invariant)})")
     return ok

@@ -29,8 +29,12 @@ class Runner:
         fused: bool = True,
         lookup_branch: bool = True,
         ngram_corpus: str | Path | None = None,
+        shape_invariant: bool | int | None = None,
     ):
-        self.artifact = open_artifact(artifact, backend, threads, fused, drafter)
+        if shape_invariant is None:  # on by default where kernels depend on shapes: the GPU backends
+            shape_invariant = backend != "ort-cpu"
+        self.artifact = open_artifact(artifact, backend, threads, fused, drafter, shape_invariant)
+        self.shape_invariant = self.artifact.shape_invariant  # rows of every target pass, 0 = off
         self.drafter_name = resolve_drafter_name(self.artifact, drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if ngram_corpus is not None:
@@ -47,7 +51,8 @@ class Runner:
 
     def _generator(self, drafter_name: str, sampling: SamplingParams) -> Generator:
         a = self.artifact
-        generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, None, a.max_verify_tokens, self.pass_costs)
+        max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)
+        generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, None, max_verify, self.pass_costs)
         if drafter_name != "none":
             key = (drafter_name, sampling)
             if key not in self._drafters:

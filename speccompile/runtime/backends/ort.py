@@ -32,6 +32,14 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def execution_providers(backend: str, dtype: str) -> list:
+    """The providers for `backend`; fp32 graphs run the CUDA EP without TF32 (exact fp32, not 10-bit mantissas)."""
+    providers: list = list(_PROVIDERS[backend])
+    if dtype == "fp32" and "CUDAExecutionProvider" in providers:
+        providers[providers.index("CUDAExecutionProvider")] = ("CUDAExecutionProvider", {"use_tf32": "0"})
+    return providers
+
+
 def session_options(threads: int | None, spinning: bool = False):
     """The ONNX Runtime options every speccompile graph runs with (sequential, fully optimised).
 
@@ -79,7 +87,7 @@ class OrtSession:
                 f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
                 "(use --backend tensorrt or ort-trt on a Blackwell GPU)"
             )
-        provider_list: list = list(providers)
+        provider_list = execution_providers(backend, spec.dtype)
         if backend == "ort-trt":
             provider_list[0] = ("TensorrtExecutionProvider", _tensorrt_ep_options(directory, spec))
         self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=provider_list)

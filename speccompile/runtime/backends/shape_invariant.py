@@ -123,3 +123,17 @@ def _pad(values: np.ndarray, rows: int) -> np.ndarray:
     if values.size >= rows:
         return values
     return np.concatenate([values, np.full(rows - values.size, values[-1], dtype=values.dtype)])
+
+
+def exact_acceptance(accepted_rows: list[int], emitted: list[int]) -> tuple[list[int], list[int]]:
+    """A tree's verdict cut to the rows computed like plain decoding (shape-invariant mode).
+
+    Rows 1..n of a tree pass are bitwise plain-equal when each is the child of the row before it (the
+    chain from the root laid out first); a later accepted node sat after a sibling's slot. Its token is
+    still exact (chosen from its parent's exact logits), so it is emitted as the step's last token, like a
+    bonus token, and neither its row's logits nor its KV row are used: `(accepted_rows[:n], emitted[:n + 1])`.
+    """
+    n = 0
+    while n < len(accepted_rows) and accepted_rows[n] == n + 1:
+        n += 1
+    return accepted_rows[:n], emitted[: n + 1]
