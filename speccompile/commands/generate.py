@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def backend_options(func):
         "--contract-graph", is_flag=True,
         help="On ort-cpu, run the portable contract graph (target.onnx) instead of the fused CPU graph (target.ort.onnx).",
     )(func)
+    func = click.option(
+        "--shape-invariant/--no-shape-invariant", default=None,
+        help="Run every target pass with the same shapes (padded rows, fixed KV extent) so greedy output is bitwise "
+             "identical to plain decoding on GPUs [default: on for GPU backends, off on ort-cpu].",
+    )(func)
     func = click.option("--threads", type=int, default=None, help="Intra-op threads for ONNX Runtime [default: all usable cores].")(func)
     func = click.option("--backend", type=click.Choice(BACKENDS), default="ort-cpu", show_default=True, help="Inference engine.")(func)
     return func
@@ -63,8 +69,7 @@ def drafter_options(func):
     return func
 
 
-RUN_OPTION_FIELDS = ("backend", "threads", "drafter", "num_draft_tokens", "tree", "adaptive", "lookup_branch",
-                     "ngram_corpus", "contract_graph")
+RUN_OPTION_FIELDS = tuple(field.name for field in dataclasses.fields(RunOptions))  # one click option each
 
 
 def run_options(func):

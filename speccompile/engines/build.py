@@ -22,6 +22,7 @@ from ..accel.profiles import DEFAULT_PREFILL_CHUNK, profiles_for, required_limit
 from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
+from ..onnx_versions import save_model
 from . import config as cfg
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
 
@@ -154,7 +155,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     progress(f"quantizing {graph} to {options.precision}")
     report = quantize_model(model, qopts, amax)
     data_name = dst.name + ".data"
-    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+    save_model(model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     del model
     progress("checking the quantized graph (onnx checker" + (", ONNX Runtime load)" if "ort-cpu" in RUNS_ON[options.precision] else ")"))
     _check_onnx(dst, run_ort="ort-cpu" in RUNS_ON[options.precision])

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 from ..errors import InputError
 from ..manifest import GraphSpec
+from ..onnx_versions import save_model
 
 BUILTIN_CALIBRATION = [
     {"prompt": "Write a short story about a lighthouse keeper who finds a message in a bottle.", "chat": True},
@@ -131,7 +132,7 @@ def calibrate_activations(
             except OSError:
                 shutil.copyfile(source, link)
         graph_path = Path(tmp) / spec.file
-        onnx.save_model(model, str(graph_path))
+        save_model(model, graph_path)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         if threads:

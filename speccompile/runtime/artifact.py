@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
+from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
@@ -19,6 +20,7 @@ from .options import DRAFTER_CHOICES
 from .sampling import SamplingParams
 from .timing import EngineClock, TimedSession
 
+
 @dataclass
 class Artifact:
     directory: Path
@@ -28,6 +30,7 @@ class Artifact:
     backend: str
     threads: int | None
     fused: bool = True
+    shape_invariant: int = 0  # rows of every target pass in shape-invariant mode (0 = off)
 
     @property
     def max_context(self) -> int:
@@ -48,32 +51,38 @@ class Artifact:
 
 
 def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
-                  drafter: str = "auto") -> Artifact:
+                  drafter: str = "auto", shape_invariant: bool | int = False) -> Artifact:
     """Verify the manifest (schema, sha256 of every file) and load the target graph + tokenizer.
 
     On `ort-cpu` the fused variant of a graph (`target.ort.onnx`, see export/ort_fused_graph.py) is used
     when the artifact has one and `fused` is set; otherwise the contract graph. `drafter` is the one
     that will run: when it has no graph of its own (n-gram, none) the target's threads may spin.
+    `shape_invariant`: run every target pass with the same shapes (True: `max_verify_tokens` rows; an int:
+    that many rows; runtime/backends/shape_invariant.py).
     """
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
     alone = _resolve_drafter(manifest, drafter) in ("ngram", "none")
-    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone)
-    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused)
+    rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
+    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone, shape_invariant=rows)
+    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows)
 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
-                spinning: bool = False) -> Session:
+                spinning: bool = False, shape_invariant: int = 0) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
     spec = _runnable_spec(manifest, graph, backend, fused)
-    return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning)
+    return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,
+                        shape_invariant=shape_invariant or None)
 
 
 def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
-        return manifest.graph(variant)
+        spec = manifest.graph(variant)
+        if onnxruntime_loads(spec.extra.get("min_onnxruntime")):  # else the contract graph (older onnxruntime)
+            return spec
     return manifest.graph(graph)
 
 

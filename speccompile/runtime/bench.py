@@ -54,7 +54,7 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
     report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
-                              "drafter": runner.drafter_name,
+                              "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
@@ -114,7 +114,7 @@ def print_report(report: dict[str, Any]) -> None:
 
     console = Console()
     console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} graph={report['graph']} drafter={report['drafter']} "
-                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} (greedy)")
+                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} {_mode(report.get('shape_invariant', 0))} (greedy)")
     table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
     for name, w in report["workloads"].items():
         table.add_row(name, str(w["prompts"]), f"{w['plain_tok_s']:.1f}", f"{w['spec_tok_s']:.1f}", f"{w['median_speedup']:.2f}x",
@@ -124,6 +124,10 @@ def print_report(report: dict[str, Any]) -> None:
     costs = report.get("verify_ms_by_q") or {}
     if costs:
         console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
+
+
+def _mode(rows: int) -> str:
+    return f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
 
 
 def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit) -> dict[str, Any]:
@@ -141,7 +145,8 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit) -> d
             first_diff = min(len(plain.tokens), len(spec.tokens))
         results.append({"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
                         "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
-    return {"drafter": runner.drafter_name, "identical": all(r["identical"] for r in results), "prompts": results}
+    return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
+            "identical": all(r["identical"] for r in results), "prompts": results}
 
 
 def print_verify_report(report: dict[str, Any]) -> None:
@@ -150,4 +155,4 @@ def print_verify_report(report: dict[str, Any]) -> None:
     for r in results:
         status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
         print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
-    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({report['drafter']} vs plain)")
+    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({report['drafter']} vs plain, {_mode(report['shape_invariant'])})")

@@ -20,7 +20,9 @@ class RunOptions:
     or a kind. num_draft_tokens (k): most draft positions per step (chain tokens, or tree depth; see
     runtime/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
-    CPU graph.
+    CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
+    max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
+    kernels whose numerics depend on shapes; None = on for the GPU backends, off on ort-cpu.
     """
 
     backend: str = "ort-cpu"
@@ -32,6 +34,7 @@ class RunOptions:
     lookup_branch: bool = True
     ngram_corpus: str | Path | None = None
     contract_graph: bool = False
+    shape_invariant: bool | None = None
 
     def validate(self) -> "RunOptions":
         if self.backend not in BACKENDS:

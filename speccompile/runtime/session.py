@@ -37,7 +37,9 @@ class Runner:
     def __init__(self, artifact: str | Path, options: RunOptions | None = None, **fields):
         options = dataclasses.replace(options or RunOptions(), **fields).validate()
         self.options = options
-        self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter)
+        shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
+        self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
+                                      shape_invariant)
         self.drafter_name = resolve_drafter_name(self.artifact, options.drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if options.ngram_corpus is not None:
@@ -72,8 +74,13 @@ class Runner:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`)."""
         a = self.artifact
         drafter = None if plain else self.drafter(sampling)
-        return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, a.max_verify_tokens,
-                         self.pass_costs, self.clock)
+        max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
+        return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock)
+
+    @property
+    def shape_invariant(self) -> int:
+        """Rows of every target pass in shape-invariant mode (0: off, each pass has its own shape)."""
+        return self.artifact.shape_invariant
 
     def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool) -> GenerationConfig:
         return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),

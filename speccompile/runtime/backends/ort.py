@@ -33,6 +33,14 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def execution_providers(backend: str, dtype: str) -> list:
+    """The providers for `backend`; fp32 graphs run the CUDA EP without TF32 (exact fp32, not 10-bit mantissas)."""
+    providers: list = list(_PROVIDERS[backend])
+    if dtype == "fp32" and "CUDAExecutionProvider" in providers:
+        providers[providers.index("CUDAExecutionProvider")] = ("CUDAExecutionProvider", {"use_tf32": "0"})
+    return providers
+
+
 def session_options(threads: int | None, spinning: bool = False):
     """The ONNX Runtime options every speccompile graph runs with (sequential, fully optimised).
 
@@ -74,7 +82,7 @@ def inference_session(directory: str | Path, manifest: Manifest, spec: GraphSpec
             f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
             "(use --backend tensorrt or ort-trt on a Blackwell GPU)"
         )
-    provider_list: list = list(providers)
+    provider_list = execution_providers(backend, spec.dtype)
     if backend == "ort-trt":
         from ...accel.ort_trt import tensorrt_ep_options
 
@@ -166,21 +174,25 @@ class OrtBufferSession(OrtSession):
         widths = {t.name: t.shape[-1] for t in spec.outputs if t.name in self._step_outputs}
         self._widths = [int(widths[name]) for name in self._step_outputs]
 
-    def new_cache(self, max_dead: int = 64) -> BufferKVCache:
+    def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
+        """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
         return BufferKVCache(len(self.past_names), self.kv_shape[1], self.kv_shape[3], self.kv_dtype, self._to_ort,
-                             capacity=self.initial_capacity, max_capacity=self.max_context)
+                             capacity=capacity or self.initial_capacity, max_capacity=capacity or self.max_context)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
             **features: np.ndarray) -> StepOutput:
+        """`attention_mask` [1, q, T] with T >= cache.length + q: GroupQueryAttention writes the q rows at
+        [length, length + q) and sees T as total_sequence_length (T > length + q: slots past the new rows,
+        masked; the shape-invariant mode passes the full capacity)."""
         total = int(attention_mask.shape[-1])
+        q = int(input_ids.size)
         cache.reserve(total)
         binding = self._binding_for(cache)
         bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
         self._bind_step_inputs(binding, input_ids, position_ids, features)
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
-        binding.bind_cpu_input("seqlens_k", np.array([total - 1], dtype=np.int32))
+        binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        q = int(input_ids.size)
         arrays = [np.empty((1, q, width), dtype=np.float32) for width in self._widths]  # fresh each step: callers may keep them
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
