@@ -32,17 +32,22 @@ BUILTIN_CALIBRATION = [
 ]
 
 
+def read_text_input(path: Path, flag: str) -> str:
+    """The text of a user-given file; a one-line InputError naming `flag` when it is missing or unreadable."""
+    if not path.is_file():
+        raise InputError(f"{flag} {path}: no such file")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{flag} {path}: cannot read ({exc})") from None
+
+
 def load_calibration_texts(path: Path | None) -> list[dict]:
     """Calibration prompts: JSONL ({"prompt"|"text", "chat"?}) or plain text (paragraphs); built-in set when None."""
     if path is None:
         return list(BUILTIN_CALIBRATION)
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"--calib {path}: no such file")
-    try:
-        content = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--calib {path}: cannot read ({exc})") from None
+    content = read_text_input(path, "--calib")
     items: list[dict] = []
     if path.suffix in (".jsonl", ".json"):
         for number, line in enumerate(content.splitlines(), 1):
