@@ -24,6 +24,7 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
+from .methods import MethodOptions, apply_methods, quantized_groups
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
 
 Progress = Callable[[str], None]
@@ -60,6 +61,7 @@ class BuildOptions:
     max_context: int | None = None  # limits for the engine's profiles (at most the exported ones)
     max_verify_tokens: int | None = None
     max_batch: int | None = None
+    methods: MethodOptions = field(default_factory=MethodOptions)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":
@@ -133,11 +135,16 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
 
     spec = manifest.graph(graph)
     qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block)
+    methods = options.methods.validate()
     progress(f"loading {spec.file}")
     model = onnx.load(str(src_dir / spec.file), load_external_data=True)
     amax = None
+    weight_clip = None
+    method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
+    if options.precision == "int4" and (methods.awq or methods.clip):
+        tensors = list(quantized_groups(model, qopts))
     if tensors:
         from ..tokenizer import TextTokenizer
 
@@ -145,15 +152,21 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         tokenizer = TextTokenizer(src_dir, manifest.tokenizer.get("eos_token_ids"))
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
-        amax = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent)
+        stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
+                                      max_rows=methods.search_rows if methods.needs_rows else 0)
         calibration = {
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),
             "tokens": sum(map(len, samples)),
-            "method": "max",
+            "method": methods.act_calib if options.precision == "fp8" else "max",
         }
+        progress("searching input-channel scales, clipping and activation ranges on the calibration activations")
+        applied = apply_methods(model, qopts, stats, methods, progress)
+        amax = applied.act_amax if options.precision != "int4" else None
+        weight_clip = applied.weight_clip
+        method_record = applied.summary()
     progress(f"quantizing {graph} to {options.precision}")
-    report = quantize_model(model, qopts, amax)
+    report = quantize_model(model, qopts, amax, weight_clip)
     data_name = dst.name + ".data"
     save_model(model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     del model
@@ -165,6 +178,8 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         record["int4_block"] = options.int4_block
     if calibration:
         record["calibration"] = calibration
+    if method_record:
+        record["methods"] = method_record
     record["runs_on"] = RUNS_ON[options.precision]
     return record
 
