@@ -18,6 +18,7 @@ class StepOutput:
     logits: np.ndarray  # [q, vocab] float32
     presents: list[Any]  # backend-native KV tensors, adopted by the KVCache
     hidden: np.ndarray | None = None  # [q, H] final hidden states or [q, 3H] EAGLE-3 taps, if exported
+    greedy_tokens: np.ndarray | None = None  # [q] int64 argmax of each row, when the graph computes it (GPU graph)
 
 
 class Session(Protocol):
@@ -39,6 +40,10 @@ def open_session(directory, spec: GraphSpec, backend: str = "ort-cpu", threads: 
     """Create the backend session for one graph of an artifact."""
     from ...errors import InputError
 
+    if spec.extra.get("kv_layout") == "buffer" and "ort-cuda" in spec.extra.get("backends", ()):
+        from .ort_cuda import OrtCudaSession
+
+        return OrtCudaSession(directory, spec, "cuda" if backend == "ort-cuda" else "cpu", options.get("max_context"), threads=threads)
     if spec.extra.get("kv_layout") == "buffer":
         from .ort import OrtBufferSession
 
