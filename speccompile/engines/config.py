@@ -86,6 +86,11 @@ def axis_ranges(
     return ranges
 
 
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # q sizes of the 'buckets' profiles (speccompile.runtime.backends.ort_cuda too)
+BUCKET_PREFIX = "q"  # bucket profile NAME = q<Q>; the runtime captures one CUDA graph per bucket profile
+PROFILE_MODES = ("single", "split", "buckets")
+
+
 def profiles_for(
     spec: GraphSpec,
     limits: dict[str, int],
@@ -96,40 +101,65 @@ def profiles_for(
 ) -> list[Profile]:
     """Optimization profiles for one graph.
 
-    single: one profile, q_len 1..max(max_verify_tokens, prefill_chunk) (opt = verify size);
-    split:  'verify' (q_len 1..max_verify_tokens) + 'prefill' (q_len max_verify_tokens+1..prefill_chunk):
-            better kernels for each, at the cost of a second set of tactics in the engine.
+    single:  one profile, q_len 1..max(max_verify_tokens, prefill_chunk) (opt = verify size);
+    split:   'verify' (q_len 1..max_verify_tokens) + 'prefill' (q_len max_verify_tokens+1..prefill_chunk):
+             better kernels for each, at the cost of a second set of tactics in the engine;
+    buckets: static shapes for CUDA graphs: one profile per q bucket ('q1', 'q2', ... up to max_verify_tokens)
+             with q_len fixed and the KV fixed at max_context rows (past_len = max_context, dead and unused
+             rows masked), plus 'prefill' (q_len 1..prefill_chunk over the same KV rows), see bucket_profiles.
     """
-    if mode not in ("single", "split"):
-        raise InputError(f"--profiles must be single or split, got {mode}")
+    if mode not in PROFILE_MODES:
+        raise InputError(f"--profiles must be one of {', '.join(PROFILE_MODES)}, got {mode}")
     if prefill_chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {prefill_chunk}")
+    if mode == "buckets":
+        return bucket_profiles(spec, limits, prefill_chunk)
     verify = limits["max_verify_tokens"]
     verify_opt = opt_q or min(verify, 8)
     if mode == "single" or prefill_chunk <= verify:
         q_ranges = {"main": (1, verify_opt, max(verify, prefill_chunk))}
     else:
         q_ranges = {"verify": (1, verify_opt, verify), "prefill": (verify + 1, prefill_chunk, prefill_chunk)}
+    return [_profile(spec, name, axis_ranges(limits, q_range, opt_context)) for name, q_range in q_ranges.items()]
+
+
+
+def bucket_profiles(spec: GraphSpec, limits: dict[str, int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                    buckets: tuple[int, ...] = BUCKETS) -> list[Profile]:
+    """One fixed-shape profile per q bucket (q_len = Q, past_len = max_context, total_len = max_context + Q)
+    and a 'prefill' profile (q_len 1..prefill_chunk) over the same fixed KV rows."""
+    capacity, verify = limits["max_context"], limits["max_verify_tokens"]
+    sizes = [b for b in buckets if b < verify] + [verify]
+    fixed = lambda n: AxisRange(n, n, n)  # noqa: E731
     profiles = []
-    for name, q_range in q_ranges.items():
-        ranges = axis_ranges(limits, q_range, opt_context)
-        shapes = {}
-        for tensor in spec.inputs:
-            dims = []
-            for d in tensor.shape:
-                if isinstance(d, int):
-                    dims.append((d, d, d))
-                elif d in ranges:
-                    r = ranges[d]
-                    dims.append((r.min, r.opt, r.max))
-                else:
-                    raise UnsupportedError(
-                        f"graph {spec.file}: input {tensor.name} has dynamic axis '{d}' with no known range "
-                        f"(known: {', '.join(ranges)})"
-                    )
-            shapes[tensor.name] = tuple([x[i] for x in dims] for i in range(3))
-        profiles.append(Profile(name, shapes))
+    for q in sizes:
+        ranges = {"batch": fixed(1), "q_len": fixed(q), "past_len": fixed(capacity), "total_len": fixed(capacity + q)}
+        profiles.append(_profile(spec, f"{BUCKET_PREFIX}{q}", ranges))
+    chunk = max(1, prefill_chunk)
+    ranges = {"batch": fixed(1), "q_len": AxisRange(1, chunk, chunk), "past_len": fixed(capacity),
+              "total_len": AxisRange(capacity + 1, capacity + chunk, capacity + chunk)}
+    profiles.append(_profile(spec, "prefill", ranges))
     return profiles
+
+
+def _profile(spec: GraphSpec, name: str, ranges: dict[str, AxisRange]) -> Profile:
+    """The profile `name` of `spec`'s inputs, their dynamic axes resolved through `ranges`."""
+    shapes = {}
+    for tensor in spec.inputs:
+        dims = []
+        for d in tensor.shape:
+            if isinstance(d, int):
+                dims.append((d, d, d))
+            elif d in ranges:
+                r = ranges[d]
+                dims.append((r.min, r.opt, r.max))
+            else:
+                raise UnsupportedError(
+                    f"graph {spec.file}: input {tensor.name} has dynamic axis '{d}' with no known range "
+                    f"(known: {', '.join(ranges)})"
+                )
+        shapes[tensor.name] = tuple([x[i] for x in dims] for i in range(3))
+    return Profile(name, shapes)
 
 
 def select_profile(profiles: list[Profile], shapes: dict[str, tuple[int, ...]]) -> int:

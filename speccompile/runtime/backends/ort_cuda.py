@@ -34,7 +34,7 @@ from .base import StepOutput
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 UNCAPTURED = -1  # gpu_graph_id of a run that ONNX Runtime must neither capture nor replay
-_ONNX_TYPES = {"float": 1, "float16": 10, "bfloat16": 16, "int64": 7, "int32": 6}  # TensorProto element types
+_ONNX_TYPES = {"bfloat16": 16}  # TensorProto element types of buffers numpy has no type for
 _NP_TYPES = {"float": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 
@@ -221,12 +221,14 @@ class OrtCudaSession:
     # -- buffers -----------------------------------------------------------------------------------
     def _allocate(self, buffer: Buffer):
         device = "cpu" if buffer.device == "cpu" else self.device
-        value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), _ONNX_TYPES[buffer.dtype], device, self.device_id)
-        zeros = np.zeros(buffer.shape, dtype=_NP_TYPES.get(buffer.dtype, np.uint16))  # bf16: 16-bit zeros
         if buffer.dtype in _NP_TYPES:
-            value.update_inplace(zeros)
-        else:
-            value.update_inplace(self._ort.OrtValue.ortvalue_from_numpy_with_onnx_type(zeros, _ONNX_TYPES[buffer.dtype]))
+            value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), _NP_TYPES[buffer.dtype], device, self.device_id)
+            value.update_inplace(np.zeros(buffer.shape, dtype=_NP_TYPES[buffer.dtype]))
+            return value
+        # bfloat16 has no numpy type: an ONNX element type, zeroed from 16-bit host zeros
+        onnx_type = _ONNX_TYPES[buffer.dtype]
+        value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), onnx_type, device, self.device_id)
+        value.update_inplace(self._ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.zeros(buffer.shape, np.uint16), onnx_type))
         return value
 
     def _buffer(self, buffer: Buffer):
