@@ -228,3 +228,20 @@ def test_cuda_graph_session_matches_uncaptured_and_contract(tmp_path):
         for g, p, c in zip(_chain_steps(graphs), _chain_steps(plain), _chain_steps(contract)):
             np.testing.assert_array_equal(g.logits, p.logits)
             np.testing.assert_allclose(g.logits, c.logits, atol=0.1, rtol=0.02)
+
+
+def test_generation_through_the_gpu_session_on_cpu(tmp_path):
+    """The whole decode loop (prefill, n-gram chain verification, commits) over the GPU session on ORT CPU
+    gives the contract graph's greedy tokens, plain and speculative."""
+    from speccompile.runtime.session import Runner
+
+    out, spec, _ = _fp32_gpu_form(tmp_path)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    reference = Runner(out, drafter="ngram", fused=False, threads=1)
+    runner = Runner(out, drafter="ngram", fused=False, threads=1)
+    runner.artifact.target = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1)
+    expected = reference.generate_ids(prompt, max_tokens=24, drafter="none").tokens
+    for drafter in ("none", "ngram"):
+        result = runner.generate_ids(prompt, max_tokens=24, drafter=drafter)
+        assert result.tokens == expected, drafter
+    assert result.stats.draft_steps > 0
