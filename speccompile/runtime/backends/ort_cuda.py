@@ -262,7 +262,8 @@ class OrtCudaSession:
 
     # -- Session protocol --------------------------------------------------------------------------
     def new_cache(self, max_dead: int = 64) -> FixedKVCache:
-        """The KV buffers, allocated once per session (every bucket's captured graph points at them)."""
+        """The KV buffers, allocated once per session (every bucket's captured graph points at them): a session
+        runs one generation at a time, and a new cache starts that generation over the same buffers."""
         if self._cache is None:
             plan = binding_plan(self.spec, self.buckets[0], self.capacity)
             self._cache = FixedKVCache([self._buffer(plan.inputs[n]) for n in self.past_names], self.capacity)
