@@ -163,6 +163,18 @@ def test_padding_and_causal_check():
     hidden_past = causal.copy()
     hidden_past[0, :, 1] = False
     assert not is_causal_step(hidden_past, 5)
+    # the shape-invariant wrapper's form: 2 real rows + 2 padding rows that see only their own slot,
+    # over a fixed KV extent of 16 slots
+    wide = np.zeros((1, 4, 16), bool)
+    wide[0, :2, :5] = True
+    wide[0, :2, 5:7] = np.tril(np.ones((2, 2), bool))
+    wide[0, 2, 7] = wide[0, 3, 8] = True
+    assert is_causal_step(wide, 5)
+    late = wide.copy()
+    late[0, 3] = False
+    late[0, 3, :9] = True  # a real row after a padding row would see the padding row's KV
+    assert not is_causal_step(late, 5)
+    assert not is_causal_step(causal[:, :, :7], 5)  # narrower than past + rows
 
 
 def test_binding_plan_shares_kv_and_fixes_per_bucket_buffers(tmp_path):
@@ -245,3 +257,28 @@ def test_generation_through_the_gpu_session_on_cpu(tmp_path):
         result = runner.generate_ids(prompt, max_tokens=24, drafter=drafter)
         assert result.tokens == expected, drafter
     assert result.stats.draft_steps > 0
+
+
+def test_session_accepts_the_shape_invariant_form(tmp_path):
+    """Rows padded by the caller (padding rows see only their own slot) over a fixed KV extent, as the
+    shape-invariant wrapper passes them: the real rows are bitwise those of the unpadded step."""
+    out, spec, _ = _fp32_gpu_form(tmp_path)
+    session = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1, buckets=(4, 32))
+    rng = np.random.default_rng(7)
+    prompt, step = rng.integers(3, 60, 20), rng.integers(3, 60, 2)
+    results = []
+    for padded in (False, True):
+        cache = session.new_cache(capacity=MAX_CONTEXT)
+        first = session.run(prompt, np.arange(20), cache.attention_mask(np.tril(np.ones((20, 20), bool))), cache)
+        cache.append(first.presents, range(20), 20)
+        mask = cache.attention_mask(np.tril(np.ones((2, 2), bool)))
+        ids, pos = step, np.arange(20, 22)
+        if padded:
+            wide = np.zeros((1, 4, MAX_CONTEXT), bool)
+            wide[0, :2, :22] = mask[0]
+            wide[0, 2, 22] = wide[0, 3, 23] = True
+            mask, ids, pos = wide, np.r_[step, step[-1], step[-1]], np.r_[pos, 21, 21]
+        results.append(session.run(ids, pos, mask, cache).logits[:2])
+    np.testing.assert_array_equal(results[0], results[1])
+    with pytest.raises(InputError, match="exceeds the GPU session's buffer"):
+        session.new_cache(capacity=MAX_CONTEXT + 1)

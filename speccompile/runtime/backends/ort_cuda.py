@@ -130,10 +130,20 @@ def pad_step(input_ids: np.ndarray, position_ids: np.ndarray, bucket: int, max_p
 
 
 def is_causal_step(attention_mask: np.ndarray, past: int) -> bool:
-    """True when the mask shows every committed row and a causal (chain) mask over the new rows."""
+    """True when causal attention over the KV buffer computes what the mask asks for every row whose output
+    is used: each real row sees every committed row and the new rows up to itself (a chain), and any rows
+    after the real ones are padding that sees only its own slot (the shape-invariant wrapper's padding),
+    whose outputs are discarded. The mask may be wider than past + rows (a fixed KV extent)."""
     mask = attention_mask[0]
-    q = mask.shape[0]
-    return bool(mask[:, :past].all()) and bool(np.array_equal(mask[:, past:], np.tril(np.ones((q, q), dtype=bool))))
+    rows, width = mask.shape
+    if width < past + rows:
+        return False
+    slots = np.arange(width)
+    own = np.arange(rows)[:, None] + past
+    causal = (mask == (slots[None, :] <= own)).all(axis=1)
+    padding = (mask == (slots[None, :] == own)).all(axis=1)
+    real = int(np.argmin(causal)) if not causal.all() else rows  # the leading causal rows
+    return bool(padding[real:].all())
 
 
 class FixedKVCache(BufferKVCache):
@@ -186,12 +196,12 @@ class OrtCudaSession:
         self.cuda_graph = (device == "cuda") if cuda_graph is None else bool(cuda_graph)
         if self.cuda_graph and device != "cuda":
             raise InputError("CUDA graphs need device 'cuda'")
-        self.max_position = int(max_context or spec.extra.get("max_context") or 0) or None
-        capacity = int(kv_capacity or self.max_position or 0)
+        # rows of the graph's rotary tables: the export's kv_capacity when it records one, else max_context
+        self.max_position = int(spec.extra.get("kv_capacity") or max_context or 0)
+        capacity = int(kv_capacity or self.max_position)
         if capacity < 2:
             raise InputError(f"{spec.file}: the GPU session needs a KV capacity (the artifact's max_context), got {capacity}")
         self.capacity = capacity
-        self.max_position = self.max_position or capacity
         self.buckets = q_buckets(min(max_verify_tokens, capacity), buckets)
         self.graph_ids = {q: i + 1 for i, q in enumerate(self.buckets)}  # gpu_graph_id per bucket (>= 1)
         self.fetch_logits = True  # False: only next_tokens (greedy) come back from the device
@@ -261,9 +271,12 @@ class OrtCudaSession:
         return self._run_options[graph_id]
 
     # -- Session protocol --------------------------------------------------------------------------
-    def new_cache(self, max_dead: int = 64) -> FixedKVCache:
+    def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> FixedKVCache:
         """The KV buffers, allocated once per session (every bucket's captured graph points at them): a session
-        runs one generation at a time, and a new cache starts that generation over the same buffers."""
+        runs one generation at a time, and a new cache starts that generation over the same buffers.
+        `capacity` (the shape-invariant wrapper's fixed KV extent) cannot exceed the session's buffer."""
+        if capacity is not None and capacity > self.capacity:
+            raise InputError(f"a KV extent of {capacity} rows exceeds the GPU session's buffer of {self.capacity} rows")
         if self._cache is None:
             plan = binding_plan(self.spec, self.buckets[0], self.capacity)
             self._cache = FixedKVCache([self._buffer(plan.inputs[n]) for n in self.past_names], self.capacity)
