@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from speccompile.engines import config as cfg
-from speccompile.engines.trt_build import CudaMemcpy2D, import_tensorrt
+from speccompile.engines.trt_build import import_tensorrt
 from speccompile.manifest import GraphSpec, TensorSpec
-from speccompile.runtime.backends.tensorrt import accepted_row_copies, bucket_layout, bucket_mask
+from speccompile.runtime.backends.tensorrt_graphs import CudaMemcpy2D, accepted_row_copies, bucket_layout, bucket_mask
 
 LIMITS = {"max_context": 2048, "max_verify_tokens": 64, "max_batch": 1}
 

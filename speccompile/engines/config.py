@@ -86,8 +86,8 @@ def axis_ranges(
     return ranges
 
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # q sizes of the 'buckets' profiles (speccompile.runtime.backends.ort_cuda too)
-BUCKET_PREFIX = "q"  # bucket profile NAME = q<Q>; the runtime captures one CUDA graph per bucket profile
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # q sizes of the 'buckets' profiles (as runtime/backends/ort_cuda.py)
+BUCKET_PREFIX = "q"  # bucket profile NAME = q<Q>; the tensorrt backend captures one CUDA graph per bucket profile
 PROFILE_MODES = ("single", "split", "buckets")
 
 
@@ -101,12 +101,10 @@ def profiles_for(
 ) -> list[Profile]:
     """Optimization profiles for one graph.
 
-    single:  one profile, q_len 1..max(max_verify_tokens, prefill_chunk) (opt = verify size);
-    split:   'verify' (q_len 1..max_verify_tokens) + 'prefill' (q_len max_verify_tokens+1..prefill_chunk):
-             better kernels for each, at the cost of a second set of tactics in the engine;
-    buckets: static shapes for CUDA graphs: one profile per q bucket ('q1', 'q2', ... up to max_verify_tokens)
-             with q_len fixed and the KV fixed at max_context rows (past_len = max_context, dead and unused
-             rows masked), plus 'prefill' (q_len 1..prefill_chunk over the same KV rows), see bucket_profiles.
+    single: one profile, q_len 1..max(max_verify_tokens, prefill_chunk) (opt = verify size);
+    split:  'verify' (q_len 1..max_verify_tokens) + 'prefill' (q_len max_verify_tokens+1..prefill_chunk):
+            better kernels for each, at the cost of a second set of tactics in the engine;
+    buckets: static shapes for CUDA graphs, see bucket_profiles.
     """
     if mode not in PROFILE_MODES:
         raise InputError(f"--profiles must be one of {', '.join(PROFILE_MODES)}, got {mode}")
@@ -120,46 +118,49 @@ def profiles_for(
         q_ranges = {"main": (1, verify_opt, max(verify, prefill_chunk))}
     else:
         q_ranges = {"verify": (1, verify_opt, verify), "prefill": (verify + 1, prefill_chunk, prefill_chunk)}
-    return [_profile(spec, name, axis_ranges(limits, q_range, opt_context)) for name, q_range in q_ranges.items()]
-
+    profiles = []
+    for name, q_range in q_ranges.items():
+        ranges = axis_ranges(limits, q_range, opt_context)
+        shapes = {}
+        for tensor in spec.inputs:
+            dims = []
+            for d in tensor.shape:
+                if isinstance(d, int):
+                    dims.append((d, d, d))
+                elif d in ranges:
+                    r = ranges[d]
+                    dims.append((r.min, r.opt, r.max))
+                else:
+                    raise UnsupportedError(
+                        f"graph {spec.file}: input {tensor.name} has dynamic axis '{d}' with no known range "
+                        f"(known: {', '.join(ranges)})"
+                    )
+            shapes[tensor.name] = tuple([x[i] for x in dims] for i in range(3))
+        profiles.append(Profile(name, shapes))
+    return profiles
 
 
 def bucket_profiles(spec: GraphSpec, limits: dict[str, int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                     buckets: tuple[int, ...] = BUCKETS) -> list[Profile]:
-    """One fixed-shape profile per q bucket (q_len = Q, past_len = max_context, total_len = max_context + Q)
-    and a 'prefill' profile (q_len 1..prefill_chunk) over the same fixed KV rows."""
-    capacity, verify = limits["max_context"], limits["max_verify_tokens"]
-    sizes = [b for b in buckets if b < verify] + [verify]
-    fixed = lambda n: AxisRange(n, n, n)  # noqa: E731
-    profiles = []
-    for q in sizes:
-        ranges = {"batch": fixed(1), "q_len": fixed(q), "past_len": fixed(capacity), "total_len": fixed(capacity + q)}
-        profiles.append(_profile(spec, f"{BUCKET_PREFIX}{q}", ranges))
-    chunk = max(1, prefill_chunk)
-    ranges = {"batch": fixed(1), "q_len": AxisRange(1, chunk, chunk), "past_len": fixed(capacity),
-              "total_len": AxisRange(capacity + 1, capacity + chunk, capacity + chunk)}
-    profiles.append(_profile(spec, "prefill", ranges))
-    return profiles
-
-
-def _profile(spec: GraphSpec, name: str, ranges: dict[str, AxisRange]) -> Profile:
-    """The profile `name` of `spec`'s inputs, their dynamic axes resolved through `ranges`."""
-    shapes = {}
+    """Static shapes for CUDA graphs: one profile per q bucket (`q<Q>`, up to max_verify_tokens) with every
+    axis fixed (q_len = Q, past_len = max_context: the KV rows stay allocated, unused and rejected rows
+    masked; total_len = max_context + Q), plus 'prefill' (q_len 1..prefill_chunk over the same KV rows)."""
+    capacity, verify, chunk = limits["max_context"], limits["max_verify_tokens"], max(1, prefill_chunk)
+    axes = {f"{BUCKET_PREFIX}{q}": {"batch": (1, 1, 1), "q_len": (q, q, q), "past_len": (capacity,) * 3,
+                                     "total_len": (capacity + q,) * 3}
+            for q in [b for b in buckets if b < verify] + [verify]}
+    axes["prefill"] = {"batch": (1, 1, 1), "q_len": (1, chunk, chunk), "past_len": (capacity,) * 3,
+                       "total_len": (capacity + 1, capacity + chunk, capacity + chunk)}
+    known = set(axes["prefill"])
     for tensor in spec.inputs:
-        dims = []
-        for d in tensor.shape:
-            if isinstance(d, int):
-                dims.append((d, d, d))
-            elif d in ranges:
-                r = ranges[d]
-                dims.append((r.min, r.opt, r.max))
-            else:
-                raise UnsupportedError(
-                    f"graph {spec.file}: input {tensor.name} has dynamic axis '{d}' with no known range "
-                    f"(known: {', '.join(ranges)})"
-                )
-        shapes[tensor.name] = tuple([x[i] for x in dims] for i in range(3))
-    return Profile(name, shapes)
+        unknown = [d for d in tensor.shape if not isinstance(d, int) and d not in known]
+        if unknown:
+            raise UnsupportedError(f"graph {spec.file}: input {tensor.name} has dynamic axis '{unknown[0]}' with no known range")
+    return [
+        Profile(name, {t.name: tuple([d if isinstance(d, int) else ranges[d][i] for d in t.shape] for i in range(3))
+                       for t in spec.inputs})
+        for name, ranges in axes.items()
+    ]
 
 
 def select_profile(profiles: list[Profile], shapes: dict[str, tuple[int, ...]]) -> int:

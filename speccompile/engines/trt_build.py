@@ -95,58 +95,6 @@ class CudaDriver:
     def sync(self, stream: int) -> None:
         self._check(self.lib.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
 
-    def memset(self, ptr: int, nbytes: int, stream: int = 0) -> None:
-        if nbytes:
-            self._check(self.lib.cuMemsetD8Async(ctypes.c_uint64(ptr), ctypes.c_ubyte(0), ctypes.c_size_t(nbytes), ctypes.c_void_p(stream)), "cuMemsetD8Async")
-
-    def copy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int, stream: int = 0) -> None:
-        """Device-to-device copy of `height` rows of `width` bytes (rows `src_pitch` / `dst_pitch` bytes apart)."""
-        params = CudaMemcpy2D(srcMemoryType=_CU_MEMORYTYPE_DEVICE, srcDevice=src, srcPitch=src_pitch,
-                              dstMemoryType=_CU_MEMORYTYPE_DEVICE, dstDevice=dst, dstPitch=dst_pitch,
-                              WidthInBytes=width, Height=height)
-        self._check(self.lib.cuMemcpy2DAsync_v2(ctypes.byref(params), ctypes.c_void_p(stream)), "cuMemcpy2DAsync")
-
-    # CUDA graphs: capture the work a stream is given, instantiate it once, launch it per step
-    def begin_capture(self, stream: int) -> None:
-        self._check(self.lib.cuStreamBeginCapture_v2(ctypes.c_void_p(stream), _CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
-
-    def end_capture(self, stream: int) -> int:
-        graph = ctypes.c_void_p()
-        self._check(self.lib.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph)), "cuStreamEndCapture")
-        return graph.value or 0
-
-    def instantiate(self, graph: int) -> int:
-        executable = ctypes.c_void_p()
-        self._check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(executable), ctypes.c_void_p(graph), ctypes.c_ulonglong(0)), "cuGraphInstantiate")
-        return executable.value or 0
-
-    def launch(self, executable: int, stream: int) -> None:
-        self._check(self.lib.cuGraphLaunch(ctypes.c_void_p(executable), ctypes.c_void_p(stream)), "cuGraphLaunch")
-
-    def destroy_graph(self, graph: int, executable: int) -> None:
-        if executable:
-            self.lib.cuGraphExecDestroy(ctypes.c_void_p(executable))
-        if graph:
-            self.lib.cuGraphDestroy(ctypes.c_void_p(graph))
-
-
-_CU_MEMORYTYPE_DEVICE = 2
-_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
-
-
-class CudaMemcpy2D(ctypes.Structure):
-    """The driver API's CUDA_MEMCPY2D."""
-
-    _fields_ = [
-        ("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
-        ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
-        ("srcPitch", ctypes.c_size_t),
-        ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
-        ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
-        ("dstPitch", ctypes.c_size_t),
-        ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t),
-    ]
-
 
 def gpu_info() -> tuple[str, tuple[int, int]]:
     """(device name, compute capability) of GPU 0, or HardwareError."""

@@ -53,7 +53,7 @@ def open_session(directory, spec: GraphSpec, backend: str = "ort-cpu", threads: 
 
         return OrtSession(directory, spec, backend, threads, options.get("spinning", False))
     if backend == "tensorrt":
-        from .tensorrt import open_tensorrt_session
+        from .tensorrt_graphs import open_tensorrt_session
 
         return open_tensorrt_session(directory, spec, **options)
     raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend}")
