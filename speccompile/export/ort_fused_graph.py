@@ -291,7 +291,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     ]
     for i in range(cfg.num_hidden_layers):
         inputs += [_value(f"past_key_values.{i}.{kind}", elem, cache_shape) for kind in ("key", "value")]
-    graph = helper.make_graph(n.nodes, "speccompile_ort_fused" if target == "cpu" else "speccompile_ort_fused_cuda", inputs, outputs, inits)
+    graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(_MS, 1)])
     model.producer_name = "speccompile"
     return model
