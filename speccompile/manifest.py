@@ -19,11 +19,12 @@ from .errors import ArtifactError
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FUSED_VARIANT = "-ort"  # graph NAME's fused ONNX Runtime CPU variant is listed as NAME-ort
+GPU_VARIANT = "-ort-cuda"  # ... and its ONNX Runtime CUDA variant (GroupQueryAttention, device KV buffer) as NAME-ort-cuda
 
 
-def variant_name(graph: str) -> str:
-    """Manifest name of graph `graph`'s fused ONNX Runtime CPU variant."""
-    return graph + FUSED_VARIANT
+def variant_name(graph: str, target: str = "cpu") -> str:
+    """Manifest name of graph `graph`'s fused ONNX Runtime variant for `target` ('cpu' or 'cuda')."""
+    return graph + (GPU_VARIANT if target == "cuda" else FUSED_VARIANT)
 
 
 @dataclass

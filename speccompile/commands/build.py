@@ -27,7 +27,7 @@ from ..errors import InputError
 @click.option("--exclude", multiple=True, help="Weight name pattern (fnmatch) to keep unquantized, added to the defaults (repeatable).")
 @click.option("--quantize-lm-head", is_flag=True, help="Also quantize lm_head (excluded by default).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
-@click.option("--profiles", type=click.Choice(["single", "split"]), default="single", show_default=True, help="One optimization profile, or separate verify and prefill profiles.")
+@click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
 @click.option("--opt-context", type=int, default=None, help="past_len the kernels are tuned for [default: max_context / 4].")
