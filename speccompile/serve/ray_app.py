@@ -60,6 +60,8 @@ def serve_on_ray(options: EngineOptions, host: str, port: int, served_model_name
         raise InputError("--ray: Ray Serve is not installed (pip install 'speccompile[ray]')") from None
     if replicas < 1:
         raise InputError(f"--replicas must be >= 1, got {replicas}")
+    if port == 0:
+        raise InputError("--port 0: Ray Serve's proxy needs a fixed port")
     if not options.artifact.is_dir():
         raise InputError(f"{options.artifact}: not an artifact directory")
     options = _absolute(options)
