@@ -9,9 +9,9 @@ Starts `speccompile serve ARTIFACT --port 0` as a child process (extra server fl
 Every prompt's greedy answer must equal its `streams-1` answer. Printed per phase: requests, completion
 tokens, wall time, aggregate tok/s (completion tokens of the phase / its wall time), TTFT p50/p95 (request
 sent -> first text chunk, at the client), mismatches. Churn also prints lost / duplicated counts (a request
-that ends neither finished nor deliberately disconnected is lost; more than one finish chunk or [DONE] in a
-stream, or server-side generation outcomes beyond the requests sent, is duplicated) and the server's RSS
-after the warm-up and after the churn. Results are printed, never asserted. Example:
+that ends neither finished nor deliberately disconnected is lost; more than one finish chunk in a stream, or
+server-side generation outcomes beyond the requests sent, is duplicated). The server's RSS is sampled after
+the warm-up and after each phase. Results are printed, never asserted. Example:
 
   python benchmarks/serve_load.py /tmp/smol --workload benchmarks/workloads/copy.jsonl \
       --workload benchmarks/workloads/chat.jsonl --limit 4 --max-tokens 32 --requests 200 -- --threads 2
@@ -44,7 +44,6 @@ class Outcome:
     ttft: float | None = None
     tokens: int = 0
     finishes: int = 0  # finish chunks seen (1 when the stream completed)
-    done_markers: int = 0
     disconnected: bool = False
     error: str | None = None
 
@@ -172,11 +171,13 @@ def main() -> None:
     with ServerProcess(args.artifact, *limit, *server_args) as server:
         model = httpx.get(server.url + "/models").json()["data"][0]["id"]
         asyncio.run(_run_phase("warmup", server.url, model, [(prompts[0], None)], 1, 8))
-        rss_before = server.rss_bytes()
+        rss = {"after_warmup": server.rss_bytes()}
         phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
         reference = {o.prompt: o.text for o in phases[0].outcomes}
+        rss["after_streams-1"] = server.rss_bytes()
         phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts],
                                              args.streams, args.max_tokens)))
+        rss[f"after_streams-{args.streams}"] = server.rss_bytes()
         jobs = [(rng.choice(prompts), rng.randint(1, 6) if rng.random() < args.disconnect else None)
                 for _ in range(args.requests)]
         before = _server_outcomes(server)
@@ -185,7 +186,7 @@ def main() -> None:
         while _busy(server) and time.monotonic() < deadline:
             time.sleep(0.2)
         after = _server_outcomes(server)
-        rss_after = server.rss_bytes()
+        rss["after_churn"] = server.rss_bytes()
 
     for phase in phases:
         phase.mismatches = sum(o.finishes > 0 and o.text != reference[o.prompt] for o in phase.outcomes)
@@ -199,7 +200,7 @@ def main() -> None:
             "duplicated": sum(o.finishes > 1 for o in churn.outcomes) + max(0, int(server_outcomes) - len(churn.outcomes)),
             "server_outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after},
         },
-        "rss_mb": {"after_warmup": round(rss_before / 2**20, 1), "after_churn": round(rss_after / 2**20, 1)},
+        "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()},
         "server_exit": server.process.returncode,
     }
     if args.json:
@@ -213,8 +214,8 @@ def main() -> None:
               f"{r['mismatches']:>9}")
     c = summary["churn"]
     print(f"churn: sent {c['sent']}, lost {c['lost']}, duplicated {c['duplicated']}, server outcomes {c['server_outcomes']}")
-    print(f"server RSS: {summary['rss_mb']['after_warmup']} MB after warm-up, {summary['rss_mb']['after_churn']} MB after churn; "
-          f"exit status {summary['server_exit']}")
+    print("server RSS (MB): " + ", ".join(f"{k} {v}" for k, v in summary["rss_mb"].items())
+          + f"; exit status {summary['server_exit']}")
 
 
 if __name__ == "__main__":

@@ -309,6 +309,10 @@ def create_app(engine: Engine, served_model_name: str | None = None, max_body_by
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
 
+    @app.exception_handler(InputError)
+    async def _input_error(_request: Request, exc: InputError) -> JSONResponse:
+        return APIError(400, str(exc)).response()
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _status_error(exc.status_code, str(exc.detail)).response()
@@ -347,13 +351,14 @@ def create_app(engine: Engine, served_model_name: str | None = None, max_body_by
                            param="model", code="model_not_found")
         return parsed
 
-    def budget(prompt_ids: list[int], requested: int | None, default: int | None) -> int:
-        """max_tokens after the context check: the prompt must leave room for what was asked (400 otherwise)."""
+    def budget(prompt_ids: list[int], requested: int | None, default: int | None, prompt_param: str) -> int:
+        """max_tokens after the context check: the prompt must leave room for what was asked (400 otherwise);
+        unasked, `default` (None: the rest of the context)."""
         context = engine.info.max_context
         room = context - len(prompt_ids)
         if room < 1:
             raise APIError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context is {context} tokens",
-                           param="messages" if default is None else "prompt", code="context_length_exceeded")
+                           param=prompt_param, code="context_length_exceeded")
         if requested is not None and requested > room:
             raise APIError(400, f"this model's context is {context} tokens; the prompt has {len(prompt_ids)} and "
                                 f"max_tokens asks for {requested} more", param="max_tokens", code="context_length_exceeded")
@@ -395,7 +400,7 @@ def create_app(engine: Engine, served_model_name: str | None = None, max_body_by
     async def completions(request: Request) -> Response:
         body: CompletionRequest = await read_json(request, CompletionRequest)
         prompt_ids = _prompt_ids(engine, body.prompt)
-        max_tokens = budget(prompt_ids, body.max_tokens, default=16)  # OpenAI's default for completions
+        max_tokens = budget(prompt_ids, body.max_tokens, 16, "prompt")  # 16: OpenAI's default for completions
         handle = submit(body.request(prompt_ids, max_tokens))
         return await respond(request, _Shape(False, model_name), handle, body.stream, body.include_usage)
 
@@ -407,7 +412,7 @@ def create_app(engine: Engine, served_model_name: str | None = None, max_body_by
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        max_tokens = budget(prompt_ids, requested, default=None)  # chat: up to the context
+        max_tokens = budget(prompt_ids, requested, None, "messages")
         handle = submit(body.request(prompt_ids, max_tokens))
         return await respond(request, _Shape(True, model_name), handle, body.stream, body.include_usage)
 

@@ -61,6 +61,7 @@ class ServeMetrics:
         self.duration.observe(duration)
         with self._lock:
             self._finished.append((time.monotonic(), generated_tokens))
+            self._forget_old()
             for position, (d, a) in enumerate(zip(drafted, accepted), start=1):
                 counts = self._by_position.setdefault(position, [0, 0])
                 counts[0] += d
@@ -75,11 +76,15 @@ class ServeMetrics:
             return {p: a / d for p, (d, a) in sorted(self._by_position.items()) if d}
 
     def _throughput(self) -> float:
-        now = time.monotonic()
         with self._lock:
-            while self._finished and self._finished[0][0] < now - self._window_s:
-                self._finished.popleft()
+            self._forget_old()
             return sum(tokens for _, tokens in self._finished) / self._window_s
+
+    def _forget_old(self) -> None:
+        """Drop the generations that finished before the window (call under the lock)."""
+        horizon = time.monotonic() - self._window_s
+        while self._finished and self._finished[0][0] < horizon:
+            self._finished.popleft()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
