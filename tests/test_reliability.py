@@ -143,3 +143,184 @@ def test_every_written_file_honours_the_umask(capsys, tmp_path, tiny_model_dir):
     assert "target.onnx.data" in modes
     assert set(modes.values()) == {"0o644"}, modes
     assert oct((tmp_path / "art").stat().st_mode & 0o777) == "0o755"
+
+
+# ---------------------------------------------------------------- every option checked before heavy work
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--drafter", "eagle3:{tmp}/missing"], ["--drafter eagle3:", "no such file"]),
+    (["--drafter", "draft-model:{tmp}/missing"], ["--drafter draft-model:", "no such file"]),
+    (["--drafter", "eagle3:{tmp}", "--tree", "bogus"], ["--tree bogus", "unknown tree preset"]),
+    (["--tree", "chain-2"], ["--tree", "only head drafters"]),
+    (["--drafter", "ngram", "--tree", "chain-2"], ["--tree", "not ngram"]),
+    (["--max-verify-tokens", "0"], ["--max-verify-tokens must be >= 1"]),
+])
+def test_export_options_fail_fast_and_create_nothing(capsys, tmp_path, tiny_model_dir, extra, needles):
+    out = tmp_path / "exported" / "x"
+    started = time.time()
+    code, _, err = _cli(capsys, "export", str(tiny_model_dir), "--out", str(out), *[a.format(tmp=tmp_path) for a in extra])
+    assert code == 2
+    _one_error_line(err, *needles)
+    assert time.time() - started < 10
+    assert not (tmp_path / "exported").exists()
+
+
+# ---------------------------------------------------------------- runtime-only install
+
+BLOCK_TORCH = '''
+import sys
+
+class _NoTorch:
+    """Behave as an install without the [export] extra: `import torch` fails."""
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoTorch())
+'''
+
+
+def _cli_without_torch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    site = tmp_path / "no_torch"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCK_TORCH)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "speccompile.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_commands_needing_torch_name_the_extra_on_a_runtime_only_install(tmp_path, tiny_model_dir, tiny_artifact):
+    for args in (["export", str(tiny_model_dir), "--out", str(tmp_path / "o")],
+                 ["train-draft", str(tiny_model_dir), "--data", str(tiny_model_dir / "config.json"), "--out", str(tmp_path / "h")]):
+        result = _cli_without_torch(tmp_path, *args)
+        assert result.returncode == 2, result.stderr
+        _one_error_line(result.stderr, f"`speccompile {args[0]}` needs torch", "pip install 'speccompile[export]'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no_torch"]
+    ran = _cli_without_torch(tmp_path, "run", str(tiny_artifact), "--prompt", "hi", "--max-tokens", "3", "--drafter", "ngram")
+    assert ran.returncode == 0, ran.stderr  # the runtime itself never needs torch
+
+
+# ---------------------------------------------------------------- bf16, FP8/INT4 on the CPU
+
+
+def test_bf16_export_succeeds_on_a_cpu_machine_and_run_refuses_it_on_ort_cpu(capsys, tmp_path, tiny_model_dir):
+    import onnx
+
+    out = tmp_path / "bf16"
+    code, _, err = _cli(capsys, "export", str(tiny_model_dir), "--out", str(out), "--dtype", "bf16", "--max-context", "64")
+    assert code == 0, err
+    onnx.checker.check_model(str(out / "target.onnx"), full_check=True)
+    from speccompile.manifest import read_manifest
+
+    assert read_manifest(out).graphs["target"].dtype == "bf16"
+    for command in (["run", str(out), "--prompt", "hi"], ["verify", str(out)], ["bench", str(out), "--workload", "x.jsonl"]):
+        code, _, err = _cli(capsys, *command)
+        assert code == 2
+        _one_error_line(err, "bf16", "ort-cpu", "--backend ort-cuda")
+
+
+def test_int4_artifact_on_ort_cpu_warns_once_that_it_is_meant_for_gpus(capsys, tmp_path, tiny_artifact):
+    built = tmp_path / "int4"
+    code, _, err = _cli(capsys, "build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(built))
+    assert code == 0, err
+    code, _, err = _cli(capsys, "run", str(built), "--prompt", "hi", "--max-tokens", "2", "--drafter", "none")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "INT4" in warnings[0] and "GPUs" in warnings[0], err
+    code, _, err = _cli(capsys, "run", str(tiny_artifact), "--prompt", "hi", "--max-tokens", "2", "--drafter", "none")
+    assert code == 0 and "warning:" not in err
+
+
+# ---------------------------------------------------------------- prompts, --json --stream, build precision
+
+
+def test_prompt_file_errors_name_prompt_file(capsys, tmp_path, tiny_artifact):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    for path, needle in ((empty, "the prompt is empty"), (tmp_path / "missing.txt", "no such file"), (tmp_path, "is a directory")):
+        code, _, err = _cli(capsys, "run", str(tiny_artifact), "--prompt-file", str(path))
+        assert code == 2
+        _one_error_line(err, f"--prompt-file {path}:", needle)
+
+
+def test_prompt_file_dash_reads_standard_input(tiny_artifact):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    base = [sys.executable, "-m", "speccompile.cli", "run", str(tiny_artifact), "--max-tokens", "8", "--drafter", "none", "--json"]
+    from_stdin = subprocess.run(base + ["--prompt-file", "-"], input="the sea", capture_output=True, text=True, env=env, timeout=300)
+    from_flag = subprocess.run(base + ["--prompt", "the sea"], capture_output=True, text=True, env=env, timeout=300)
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    import json
+
+    assert json.loads(from_stdin.stdout)["tokens"] == json.loads(from_flag.stdout)["tokens"]
+
+
+def test_json_stream_prints_one_json_line_per_delta_then_the_result(capsys, tiny_artifact):
+    import json
+
+    code, out, err = _cli(capsys, "run", str(tiny_artifact), "--prompt", "hello", "--max-tokens", "12", "--raw", "--stream", "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    deltas, final = lines[:-1], lines[-1]
+    assert len(deltas) >= 2 and all(set(d) == {"delta"} for d in deltas)
+    assert "".join(d["delta"] for d in deltas) == final["text"] and final["tokens"]
+
+
+def test_build_without_a_precision_flag_refuses(capsys, tmp_path, tiny_artifact):
+    code, _, err = _cli(capsys, "build", str(tiny_artifact), "--onnx-only", "--out", str(tmp_path / "b"))
+    assert code == 2
+    _one_error_line(err, "--fp8", "--int4", "--no-quantize")
+    assert not (tmp_path / "b").exists()
+    code, _, err = _cli(capsys, "build", str(tiny_artifact), "--onnx-only", "--no-quantize", "--out", str(tmp_path / "b"))
+    assert code == 0, err
+
+
+# ---------------------------------------------------------------- artifact details
+
+
+def test_manifest_records_the_vocabulary_size_of_a_tied_lm_head(capsys, tmp_path):
+    from conftest import make_tiny_hf_model
+    from speccompile.manifest import read_manifest
+
+    model = make_tiny_hf_model(tmp_path / "tied", tie_word_embeddings=True)
+    out = tmp_path / "art"
+    code, _, err = _cli(capsys, "export", str(model), "--out", str(out), "--max-context", "64", "--no-fused-cpu-graph")
+    assert code == 0, err
+    logits = next(t for t in read_manifest(out).graphs["target"].outputs if t.name == "logits")
+    assert logits.shape == ["batch", "q_len", 96]
+
+
+def test_inspect_prints_tables_not_python_dicts(tmp_path, tiny_artifact):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from speccompile.inspect_artifact import print_summary, summarize
+
+    built = tmp_path / "int4"
+    assert run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(built)).returncode == 0
+    for artifact in (tiny_artifact, built):
+        buffer = StringIO()
+        print_summary(summarize(artifact), Console(file=buffer, width=80))
+        text = buffer.getvalue()
+        assert "{'" not in text and "':" not in text and "['" not in text, text
+        assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+        assert "[batch, q_len, 96]" in text and "max_context=256" in text
+    assert "runs_on=[ort-cpu" in text
+
+
+# ---------------------------------------------------------------- help
+
+
+def test_every_option_of_every_command_has_help():
+    import click
+
+    from speccompile.cli import cli
+
+    missing = []
+    for name, command in cli.commands.items():
+        assert command.help, f"{name} has no description"
+        for param in command.params:
+            if isinstance(param, click.Option) and not (param.help or "").strip():
+                missing.append(f"{name} {param.opts[0]}")
+    assert not missing, f"options without help: {', '.join(missing)}"

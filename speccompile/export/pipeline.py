@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..manifest import Manifest
 from ..models.decoder import HIDDEN_STATE_MODES
 from .cpu_draft_weights import DRAFT_WEIGHTS
-from .drafters import export_drafter, parse_drafter, target_hidden_states_for
+from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
 
 Progress = Callable[[str], None]
@@ -48,6 +48,15 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
     resolve_model_path(model_name)  # a missing path fails before anything is written
+    check_drafter_request(request, options.tree)
+    for flag, value, least in (("--max-context", options.max_context, 2), ("--max-verify-tokens", options.max_verify_tokens, 1),
+                               ("--num-draft-tokens", options.num_draft_tokens, 1)):
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be >= {least}, got {value}")
+    needed = target_hidden_states_for(request)
+    hidden = options.hidden_states or needed
+    if needed != "none" and hidden != needed:
+        raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
     out = Path(out)
     started = time.time()
     with atomic_output(out, options.force) as tmp:
@@ -55,12 +64,6 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         model = load_model(model_name)
         cfg = model.config
         max_context = options.max_context or cfg.max_position_embeddings
-        if max_context < 2:
-            raise InputError(f"--max-context must be >= 2, got {max_context}")
-        needed = target_hidden_states_for(request)
-        hidden = options.hidden_states or needed
-        if needed != "none" and hidden != needed:
-            raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
         progress("writing tokenizer")
         tokenizer_files = model.write_tokenizer(tmp)
         progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
@@ -107,6 +110,32 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         manifest.write(tmp)
     progress(f"done in {time.time() - started:.1f}s")
     return manifest
+
+
+def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:
+    """--drafter's path and --tree, checked before the (slow) export starts."""
+    from ..models.load import resolve_model_path
+    from .heads import DEFAULT_TREES, resolve_tree
+
+    if tree is not None and (request is None or request.kind not in DEFAULT_TREES):
+        raise InputError(f"--tree: only head drafters (--drafter {'|'.join(sorted(DEFAULT_TREES))}:PATH) draft trees"
+                         + (f", not {request.kind}" if request else ""))
+    if request is None or request.path is None:
+        return
+    label = f"--drafter {request.kind}:{request.path}"
+    if request.kind == "draft-model":
+        try:
+            resolve_model_path(request.path)
+        except InputError as exc:
+            raise InputError(f"{label}: {str(exc).partition(': ')[2] or exc}") from None
+        return
+    if not Path(request.path).exists():
+        raise InputError(f"{label}: no such file or directory")
+    try:
+        resolve_tree(request.kind, request.tree, request.num_draft_tokens)
+    except InputError as exc:
+        message = str(exc)
+        raise InputError(message if message.startswith("--tree") else f"--tree {request.tree}: {message}") from None
 
 
 def _warn_tensorrt_incompatible(path: Path, progress: Progress) -> None:
