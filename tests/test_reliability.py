@@ -324,3 +324,76 @@ def test_every_option_of_every_command_has_help():
             if isinstance(param, click.Option) and not (param.help or "").strip():
                 missing.append(f"{name} {param.opts[0]}")
     assert not missing, f"options without help: {', '.join(missing)}"
+
+
+# ---------------------------------------------------------------- tokens per pass
+
+
+def test_plain_decoding_is_one_token_per_pass_when_it_ends_on_eos(capsys, tmp_path, tiny_artifact):
+    import json
+
+    from conftest import copy_artifact
+
+    art = copy_artifact(tiny_artifact, tmp_path / "art")
+    args = ["run", str(art), "--prompt", "abc abc abc", "--max-tokens", "40", "--json"]
+    code, out, err = _cli(capsys, *args, "--drafter", "none")
+    assert code == 0, err
+    tokens = json.loads(out)["tokens"]
+    cut = next(i for i in range(3, len(tokens)) if tokens[i] not in tokens[:i])  # a token first produced at step i
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["tokenizer"]["eos_token_ids"] = [tokens[cut]]  # this artifact's tokenizer now ends on it
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    for drafter in ("none", "ngram"):
+        code, out, err = _cli(capsys, *args, "--drafter", drafter)
+        assert code == 0, err
+        result = json.loads(out)
+        stats = result["stats"]
+        assert result["finish_reason"] == "stop" and result["tokens"] == tokens[:cut]
+        assert stats["end_tokens"] == 1
+        assert stats["mean_accepted_length"] == round((cut + 1) / stats["target_passes"], 4)
+        if drafter == "none":
+            assert stats["mean_accepted_length"] == 1.0
+
+
+# ---------------------------------------------------------------- bench / verify: progress and tables
+
+
+def test_bench_table_is_readable_at_80_columns(tmp_path, tiny_artifact):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from speccompile.runtime.bench import print_report, run_bench
+
+    workloads = []
+    for name in ("copy", "chat_questions"):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text('{"id": "a", "prompt": "abc abc abc abc"}\n{"id": "b", "prompt": "hello there, hello there"}\n')
+        workloads.append(path)
+    report = run_bench(tiny_artifact, workloads, 12, None, False, "ngram", None, True, "ort-cpu", 1)
+    buffer = StringIO()
+    print_report(report, Console(file=buffer, width=80))
+    text = buffer.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    for label in ("plain tok/s", "speculative tok/s", "median speedup", "tokens per pass", "identical to plain", "chat_questions"):
+        assert label in text, text
+
+
+def test_verify_shows_a_progress_bar_only_on_a_terminal(monkeypatch, tiny_artifact):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from speccompile.console import progress_bar_console
+    from speccompile.runtime.bench import run_verify
+
+    buffer = StringIO()
+    assert run_verify(tiny_artifact, [], 8, 2, "ngram", None, True, "ort-cpu", 1, True,
+                      progress_console=Console(file=buffer, force_terminal=True, width=80))
+    assert "builtin-copy" in buffer.getvalue() and "2/2" in buffer.getvalue()
+    import speccompile.console
+
+    monkeypatch.setattr(speccompile.console, "console", lambda: Console(file=StringIO(), force_terminal=True))
+    assert progress_bar_console(quiet=False) is not None and progress_bar_console(quiet=True) is None  # --json: none
+    result = run_cli("verify", str(tiny_artifact), "--max-tokens", "8", "--limit", "1")  # stderr is a pipe: no bar
+    assert result.returncode == 0 and "━" not in result.stderr and "identical" in result.stdout

@@ -9,7 +9,7 @@ from typing import Callable
 
 import click
 
-from ..console import emit_json
+from ..console import emit_json, progress_bar_console
 from ..errors import InputError, UnsupportedError
 from ..runtime.backends.base import BACKENDS
 from ..runtime.sampling import SamplingParams
@@ -175,7 +175,7 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_
 
     check_artifact_backend(artifact, backend)
     report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph,
-                       lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+                       lookup_branch=lookup_branch, ngram_corpus=ngram_corpus, progress_console=progress_bar_console(as_json))
     if as_json:
         emit_json(report)
     else:
@@ -196,7 +196,7 @@ def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch,
 
     check_artifact_backend(artifact, backend)
     ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus, progress_console=progress_bar_console(as_json))
     if not ok:
         sys.exit(1)
 

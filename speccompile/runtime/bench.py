@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import InputError
 from .sampling import SamplingParams
@@ -39,6 +40,34 @@ def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return items[:limit] if limit else items
 
 
+class PromptProgress:
+    """A rich progress bar over the prompts of a run, on a stderr console; silent without one."""
+
+    def __init__(self, progress=None, task=None) -> None:
+        self._progress, self._task = progress, task
+
+    def start(self, label: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=label, refresh=True)
+
+    def done(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+
+@contextmanager
+def prompt_progress(total: int, console=None) -> Iterator[PromptProgress]:
+    """A `PromptProgress` over `total` prompts drawn on `console` (removed when finished); None: silent."""
+    if console is None:
+        yield PromptProgress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        yield PromptProgress(progress, progress.add_task("prompts", total=total))
+
+
 def _sum_lists(a: list[int], b: list[int]) -> list[int]:
     out = list(a) + [0] * max(0, len(b) - len(a))
     for i, x in enumerate(b):
@@ -47,8 +76,9 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
 
 
 def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree=None, fused=True,
-              lookup_branch=True, ngram_corpus=None) -> dict[str, Any]:
-    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
+              lookup_branch=True, ngram_corpus=None, progress_console=None) -> dict[str, Any]:
+    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity.
+    With `progress_console` (a rich Console on stderr), a progress bar counts the prompts."""
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
                     ngram_corpus=ngram_corpus)
     if runner.drafter_name == "none":
@@ -62,12 +92,21 @@ def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft
         first = loaded[0][1][0]
         runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
         runner.generate(first["prompt"], first["chat"], 16, sampling)
+    with prompt_progress(sum(len(items) for _, items in loaded), progress_console) as bar:
+        _bench_workloads(runner, loaded, max_tokens, sampling, report, bar)
+    report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
+    return report
+
+
+def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: SamplingParams, report: dict[str, Any],
+                     bar: PromptProgress) -> None:
     for name, items in loaded:
         rows = []
         drafted: list[int] = []
         accepted: list[int] = []
         totals = {"plain_tokens": 0, "plain_time": 0.0, "spec_tokens": 0, "spec_time": 0.0, "passes": 0, "engine": 0.0}
         for item in items:
+            bar.start(f"{name}: {item['id']}")
             ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
             plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
             spec = runner.generate_ids(ids, max_tokens, sampling)
@@ -93,7 +132,8 @@ def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft
             totals.setdefault("spec_total_time", 0.0)
             totals["spec_total_time"] += ss.time_total
             totals.setdefault("spec_generated", 0)
-            totals["spec_generated"] += ss.generated_tokens
+            totals["spec_generated"] += ss.produced_tokens
+            bar.done()
         report["workloads"][name] = {
             "prompts": len(rows),
             "plain_tok_s": round(totals["plain_tokens"] / max(totals["plain_time"], 1e-9), 2),
@@ -105,44 +145,54 @@ def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft
             "identical": sum(r["identical"] for r in rows),
             "rows": rows,
         }
-    report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
-    return report
 
 
-def print_report(report: dict[str, Any]) -> None:
+REPORT_ROWS = (  # (label, how a workload's value is shown)
+    ("prompts", lambda w: str(w["prompts"])),
+    ("plain tok/s", lambda w: f"{w['plain_tok_s']:.1f}"),
+    ("speculative tok/s", lambda w: f"{w['spec_tok_s']:.1f}"),
+    ("median speedup", lambda w: f"{w['median_speedup']:.2f}x"),
+    ("tokens per pass", lambda w: f"{w['mean_accepted_length']:.2f}"),
+    ("runtime overhead", lambda w: f"{100 * w['overhead_fraction']:.1f}%"),
+    ("identical to plain", lambda w: f"{w['identical']}/{w['prompts']}"),
+    ("acceptance by position", lambda w: " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]) or "-"),
+)
+
+
+def print_report(report: dict[str, Any], console=None) -> None:
+    """The bench report: one column per workload, one row per measure (readable at 80 columns)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
-    console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} graph={report['graph']} drafter={report['drafter']} "
-                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} (greedy)")
-    table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
-    for name, w in report["workloads"].items():
-        table.add_row(name, str(w["prompts"]), f"{w['plain_tok_s']:.1f}", f"{w['spec_tok_s']:.1f}", f"{w['median_speedup']:.2f}x",
-                      f"{w['mean_accepted_length']:.2f}", f"{100 * w['overhead_fraction']:.1f}%", f"{w['identical']}/{w['prompts']}",
-                      " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]))
+    console = console or Console()
+    console.print(Text(f"{report['artifact']}: backend {report['backend']}, graph {report['graph']}, drafter {report['drafter']}, "
+                       f"k={report['num_draft_tokens']}, max_tokens={report['max_tokens']}, greedy"))
+    table = Table()
+    table.add_column("", no_wrap=True)
+    for name in report["workloads"]:
+        table.add_column(Text(name), overflow="fold", justify="right")
+    for label, show in REPORT_ROWS:
+        table.add_row(label, *(Text(show(w)) for w in report["workloads"].values()))
     console.print(table)
     costs = report.get("verify_ms_by_q") or {}
     if costs:
-        console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
+        console.print(Text("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items())))
 
 
 def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree=None, fused=True,
-               lookup_branch=True, ngram_corpus=None) -> bool:
-    """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
+               lookup_branch=True, ngram_corpus=None, progress_console=None) -> bool:
+    """Greedy speculative == plain for every prompt; prints the first differing position otherwise.
+    With `progress_console` (a rich Console on stderr), a progress bar counts the prompts."""
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
                     ngram_corpus=ngram_corpus)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
-    for item in items:
-        ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
-        plain = runner.generate_ids(ids, max_tokens, SamplingParams(), drafter="none")
-        spec = runner.generate_ids(ids, max_tokens, SamplingParams())
-        first_diff = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
-        if first_diff is None and len(plain.tokens) != len(spec.tokens):
-            first_diff = min(len(plain.tokens), len(spec.tokens))
-        results.append({"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
-                        "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
+    with prompt_progress(len(items), progress_console) as bar:
+        for item in items:
+            bar.start(item["id"])
+            results.append(_verify_prompt(runner, item, max_tokens))
+            bar.done()
     ok = all(r["identical"] for r in results)
     if as_json:
         from ..console import emit_json
@@ -154,3 +204,14 @@ def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens
             print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
         print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({runner.drafter_name} vs plain)")
     return ok
+
+
+def _verify_prompt(runner: Runner, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
+    plain = runner.generate_ids(ids, max_tokens, SamplingParams(), drafter="none")
+    spec = runner.generate_ids(ids, max_tokens, SamplingParams())
+    first_diff = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
+    if first_diff is None and len(plain.tokens) != len(spec.tokens):
+        first_diff = min(len(plain.tokens), len(spec.tokens))
+    return {"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
+            "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)}
