@@ -397,3 +397,74 @@ def test_verify_shows_a_progress_bar_only_on_a_terminal(monkeypatch, tiny_artifa
     assert progress_bar_console(quiet=False) is not None and progress_bar_console(quiet=True) is None  # --json: none
     result = run_cli("verify", str(tiny_artifact), "--max-tokens", "8", "--limit", "1")  # stderr is a pipe: no bar
     assert result.returncode == 0 and "━" not in result.stderr and "identical" in result.stdout
+
+
+# ---------------------------------------------------------------- install: CPU torch, test temp folders
+
+
+def test_install_torch_uses_the_cpu_index_when_it_answers_and_says_so_when_not(tmp_path):
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    log = tmp_path / "pip.log"
+    pip = tmp_path / "pip"
+    pip.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n')
+    pip.chmod(0o755)
+    site = tmp_path / "no_torch"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCK_TORCH)  # a Python without torch yet
+    env = dict(os.environ, PYTHON=sys.executable, PIP=str(pip), PYTHONPATH=str(site), TORCH_VERSION="2.13.0")
+
+    def install(index: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(REPO / "scripts" / "install_torch.sh")], env={**env, "TORCH_CPU_INDEX": index},
+                              capture_output=True, text=True, timeout=120)
+
+    with socket.socket() as probe:  # a port nothing listens on: the index does not answer
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/whl/cpu"
+    result = install(closed)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().splitlines()[-1] == "install -q torch==2.13.0"
+    assert "does not answer" in result.stderr and "CUDA build" in result.stderr
+
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "index"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}/"
+        result = install(index)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().splitlines()[-1] == f"install -q --index-url {index} torch==2.13.0"
+    assert "bash scripts/install_torch.sh" in (REPO / "scripts" / "setup.sh").read_text()
+
+
+def test_pytest_keeps_temporary_folders_only_of_failed_tests(request):
+    assert request.config.getini("tmp_path_retention_policy") == "failed"
+    assert int(request.config.getini("tmp_path_retention_count")) == 1
+
+
+def test_readme_example_inputs_exist_in_a_fresh_clone_and_example_outputs_are_ignored():
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    def paths(flags: str) -> set[str]:
+        return {p.strip("`.,;:()") for p in re.findall(rf"--(?:{flags})\s+(\S+)", readme)} - {""}
+
+    def placeholder(path: str) -> bool:  # DIR, FILE.jsonl, SCRATCH/..., ...
+        return "..." in path or any(part.split(".")[0].isupper() for part in path.split("/"))
+
+    produced = paths("out")
+    inputs = paths("data|workload|calib|calib-prompts|ngram-corpus")
+    assert "README.md" in inputs  # the train-draft example
+    missing = [p for p in inputs if p not in produced and not placeholder(p) and not (REPO / p).exists()]
+    assert not missing, f"README names inputs a fresh clone does not have: {missing}"
+    outputs = {p.split("/")[0] for p in produced if "/" in p and not placeholder(p)}
+    tracked = subprocess.run(["git", "check-ignore", *[f"{o}/x" for o in outputs]], cwd=REPO, capture_output=True, text=True)
+    assert sorted(set(tracked.stdout.split())) == sorted({f"{o}/x" for o in outputs}), tracked.stdout
