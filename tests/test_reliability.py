@@ -111,6 +111,29 @@ def test_sigterm_during_export_removes_the_temporary_folder(tmp_path, tiny_model
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_during_train_draft_keeps_the_last_checkpoint_and_no_partial_file(tmp_path, tiny_model_dir):
+    import torch
+
+    data = tmp_path / "data.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    out = tmp_path / "head"
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen([sys.executable, "-m", "speccompile.cli", "train-draft", str(tiny_model_dir), "--method", "medusa",
+                             "--data", str(data), "--out", str(out), "--steps", "100000", "--save-every", "1", "--seq-len", "16",
+                             "--batch", "1", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (out / "trainer_state.pt").is_file():
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "terminated"
+    assert not list(out.rglob("*.tmp"))
+    assert torch.load(out / "trainer_state.pt", weights_only=True)["step"] >= 1  # resumable
+
+
 def test_stale_temporary_folders_of_dead_processes_are_removed(capsys, tmp_path, tiny_model_dir):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from ..errors import InputError
 
 METHODS = ("eagle3", "eagle", "medusa")
 TRAINER_STATE = "trainer_state.pt"
+STAGING = ".saving"  # OUT/.saving.tmp: a checkpoint's head files before they are moved into place
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".jsonl", ".json", ".html", ".c", ".h", ".cpp", ".rs", ".go", ".js", ".ts", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh"}
 Progress = Callable[[str], None]
 
@@ -420,7 +422,11 @@ class HeadTrainer:
         from ..models.heads import save_head
 
         self.head.eval()
-        save_head(self.head, out, {"speccompile_training": summary})
+        staging = out / f"{STAGING}.tmp"  # whole files only: an interrupted save never leaves a truncated head
+        save_head(self.head, staging, {"speccompile_training": summary})
+        for written in staging.iterdir():
+            written.replace(out / written.name)
+        staging.rmdir()
         state = {"step": self.step, "optimizer": self.opt.state_dict(),
                  "head": {k: v for k, v in self.head.state_dict().items()}}
         tmp = out / "trainer_state.pt.tmp"
@@ -498,7 +504,10 @@ def _remove_partial_files(out: Path) -> None:
     for folder in (out, out / ".cache"):
         if folder.is_dir():
             for partial in folder.glob("*.tmp"):
-                partial.unlink(missing_ok=True)
+                if partial.is_dir():
+                    shutil.rmtree(partial, ignore_errors=True)
+                else:
+                    partial.unlink(missing_ok=True)
 
 
 def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: TrainOptions, progress: Progress) -> dict:
