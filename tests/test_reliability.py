@@ -491,3 +491,16 @@ def test_readme_example_inputs_exist_in_a_fresh_clone_and_example_outputs_are_ig
     outputs = {p.split("/")[0] for p in produced if "/" in p and not placeholder(p)}
     tracked = subprocess.run(["git", "check-ignore", *[f"{o}/x" for o in outputs]], cwd=REPO, capture_output=True, text=True)
     assert sorted(set(tracked.stdout.split())) == sorted({f"{o}/x" for o in outputs}), tracked.stdout
+
+
+def test_a_prompt_too_long_for_the_artifact_names_its_source(capsys, tmp_path, tiny_artifact):
+    long = tmp_path / "long.txt"
+    long.write_text("abc " * 100)  # 400 characters: more tokens than the tiny artifact's 256 (char tokenizer)
+    code, _, err = _cli(capsys, "run", str(tiny_artifact), "--prompt-file", str(long))
+    assert code == 2
+    _one_error_line(err, f"--prompt-file {long}:", "max_context")
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"id": "short", "prompt": "hi"}\n{"id": "huge", "prompt": "' + "abc " * 100 + '"}\n')
+    code, _, err = _cli(capsys, "verify", str(tiny_artifact), "--workload", str(workload), "--max-tokens", "4")
+    assert code == 2
+    _one_error_line(err, "prompt huge:", "max_context")

@@ -15,27 +15,34 @@ from ..runtime.backends.base import BACKENDS
 from ..runtime.sampling import SamplingParams
 
 
+def _prompt_label(prompt_file: Path | None) -> str:
+    """How errors name the prompt's source: --prompt, --prompt-file FILE or --prompt-file standard input."""
+    if prompt_file is None:
+        return "--prompt"
+    return f"--prompt-file {'standard input' if str(prompt_file) == '-' else prompt_file}"
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     """The prompt from --prompt, --prompt-file FILE or --prompt-file - (standard input)."""
     if (prompt is None) == (prompt_file is None):
         raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE (- reads standard input)")
+    label = _prompt_label(prompt_file)
     if prompt_file is None:
         if not prompt.strip():
-            raise InputError("--prompt: the prompt is empty")
+            raise InputError(f"{label}: the prompt is empty")
         return prompt
-    source = "standard input" if str(prompt_file) == "-" else str(prompt_file)
     try:
         text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text(encoding="utf-8")
     except IsADirectoryError:
-        raise InputError(f"--prompt-file {source}: is a directory, expected a text file") from None
+        raise InputError(f"{label}: is a directory, expected a text file") from None
     except FileNotFoundError:
-        raise InputError(f"--prompt-file {source}: no such file") from None
+        raise InputError(f"{label}: no such file") from None
     except UnicodeDecodeError:
-        raise InputError(f"--prompt-file {source}: not UTF-8 text") from None
+        raise InputError(f"{label}: not UTF-8 text") from None
     except OSError as exc:
-        raise InputError(f"--prompt-file {source}: cannot read ({exc.strerror})") from None
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
     if not text.strip():
-        raise InputError(f"--prompt-file {source}: the prompt is empty")
+        raise InputError(f"{label}: the prompt is empty")
     return text
 
 
@@ -131,6 +138,7 @@ def _stream_printer(as_json: bool) -> Callable[[str], None]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens, finish reason and stats.")
 def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
+    from ..runtime.bench import prompt_source
     from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
@@ -138,7 +146,8 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
     check_artifact_backend(artifact, backend)
     runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=not contract_graph,
                     lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
-    result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None)
+    with prompt_source(_prompt_label(prompt_file)):
+        result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None)
     if as_json:
         final = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()}
         if stream:

@@ -40,6 +40,18 @@ def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return items[:limit] if limit else items
 
 
+@contextmanager
+def prompt_source(label: str) -> Iterator[None]:
+    """Errors about the prompt raised inside name `label` (a file, a workload line) instead of --prompt."""
+    try:
+        yield
+    except InputError as exc:
+        message = str(exc)
+        if not message.startswith("--prompt: "):
+            raise
+        raise InputError(f"{label}: {message.removeprefix('--prompt: ')}") from None
+
+
 class PromptProgress:
     """A rich progress bar over the prompts of a run, on a stderr console; silent without one."""
 
@@ -107,9 +119,10 @@ def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: Sampling
         totals = {"plain_tokens": 0, "plain_time": 0.0, "spec_tokens": 0, "spec_time": 0.0, "passes": 0, "engine": 0.0}
         for item in items:
             bar.start(f"{name}: {item['id']}")
-            ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
-            plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
-            spec = runner.generate_ids(ids, max_tokens, sampling)
+            with prompt_source(f"--workload {name}: prompt {item['id']}"):
+                ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
+                plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
+                spec = runner.generate_ids(ids, max_tokens, sampling)
             ps, ss = plain.stats, spec.stats
             rows.append({
                 "id": item["id"],
@@ -191,7 +204,8 @@ def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens
     with prompt_progress(len(items), progress_console) as bar:
         for item in items:
             bar.start(item["id"])
-            results.append(_verify_prompt(runner, item, max_tokens))
+            with prompt_source(f"prompt {item['id']}"):
+                results.append(_verify_prompt(runner, item, max_tokens))
             bar.done()
     ok = all(r["identical"] for r in results)
     if as_json:
