@@ -58,8 +58,8 @@ def check_replaceable(out: Path, force: bool, is_ours: Callable[[Path], bool], w
     if not out.is_dir():
         raise InputError(f"{flag} {out}: exists and is not a directory (--force replaces only {what} or an empty folder)")
     if not is_empty_dir(out) and not is_ours(out):
-        raise InputError(f"{flag} {out}: holds files that are not {what}; --force replaces only {what} or an empty folder "
-                         "(choose another --out, or remove it yourself)")
+        raise InputError(f"{flag} {out}: is neither {what} nor empty, and --force replaces only those "
+                         f"(choose another {flag}, or remove it yourself)")
     if not force:
         raise InputError(f"{flag} {out}: already exists (use --force to replace it)")
 
@@ -160,15 +160,23 @@ def commit_output(tmp: Path, out: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+ARTIFACT_DIR = "an artifact directory (one with a speccompile manifest.json)"
+
+
 def is_artifact_dir(path: Path) -> bool:
     from .manifest import is_manifest_dir
 
     return is_manifest_dir(path)
 
 
+def check_artifact_output(out: Path, force: bool) -> None:
+    """check_replaceable for an artifact directory: what export and build check before they start."""
+    check_replaceable(Path(os.path.abspath(out)), force, is_artifact_dir, ARTIFACT_DIR)
+
+
 @contextmanager
 def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_artifact_dir,
-                  what: str = "an artifact directory (with a speccompile manifest.json)") -> Iterator[Path]:
+                  what: str = ARTIFACT_DIR) -> Iterator[Path]:
     """Yield a temporary directory beside `out`; on success it replaces `out`; on any error, Ctrl-C or
     SIGTERM it is removed (with any parent folders created for it) and `out` is left as it was."""
     out = Path(os.path.abspath(out))

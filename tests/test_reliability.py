@@ -219,6 +219,13 @@ def test_commands_needing_torch_name_the_extra_on_a_runtime_only_install(tmp_pat
         result = _cli_without_torch(tmp_path, *args)
         assert result.returncode == 2, result.stderr
         _one_error_line(result.stderr, f"`speccompile {args[0]}` needs torch", "pip install 'speccompile[export]'")
+    # options are checked before torch is imported: bad ones fail fast, and say what is wrong with them
+    for args, needle in ((["export", str(tiny_model_dir), "--drafter", f"eagle3:{tmp_path}/missing", "--out", str(tmp_path / "o")], "--drafter"),
+                         (["export", str(tiny_model_dir), "--out", str(tmp_path)], "--out"),
+                         (["train-draft", str(tiny_model_dir), "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "h")], "--data")):
+        result = _cli_without_torch(tmp_path, *args)
+        assert result.returncode == 2
+        _one_error_line(result.stderr, needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["no_torch"]
     ran = _cli_without_torch(tmp_path, "run", str(tiny_artifact), "--prompt", "hi", "--max-tokens", "3", "--drafter", "ngram")
     assert ran.returncode == 0, ran.stderr  # the runtime itself never needs torch

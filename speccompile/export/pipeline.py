@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..atomic_dir import atomic_output
+from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError
 from ..manifest import Manifest
-from ..models.decoder import HIDDEN_STATE_MODES
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
@@ -35,15 +34,10 @@ class ExportOptions:
 
 
 def export_artifact(model_name: str, out: Path, options: ExportOptions, progress: Progress = lambda _: None) -> Manifest:
-    """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded."""
-    from ..models.decoder import build_decoder
+    """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded.
+    Every option and path is checked first, before torch is even imported (a bad one fails in about a second)."""
     from ..models.load import load_model, resolve_model_path
-    from .decoder_graph import DTYPES, export_decoder
 
-    if options.dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
-    if options.hidden_states is not None and options.hidden_states not in HIDDEN_STATE_MODES:
-        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     if options.draft_cpu_weights not in DRAFT_WEIGHTS:
         raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
@@ -57,6 +51,15 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     hidden = options.hidden_states or needed
     if needed != "none" and hidden != needed:
         raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
+    check_artifact_output(out, options.force)
+
+    from ..models.decoder import HIDDEN_STATE_MODES, build_decoder  # torch from here on
+    from .decoder_graph import DTYPES, export_decoder
+
+    if options.dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
+    if hidden not in HIDDEN_STATE_MODES:
+        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     out = Path(out)
     started = time.time()
     with atomic_output(out, options.force) as tmp:

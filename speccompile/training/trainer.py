@@ -448,16 +448,16 @@ class HeadTrainer:
 
 def train_draft(target_name: str, data: list[Path], out: Path, options: TrainOptions, progress: Progress = lambda _: None) -> dict:
     """Train a drafter head for `target_name` and write it to `out` (published layout). Returns a summary."""
-    import torch
-
     from ..atomic_dir import terminate_as_interrupt
     from ..models.load import resolve_model_path
 
     options.validate()
     out = Path(out)
-    texts = collect_texts(data)  # bad --data / --out fail before the target is loaded, and create nothing
+    texts = collect_texts(data)  # bad --data / --out fail before torch and the target load, and create nothing
     check_head_folder(out, options)
     resolve_model_path(target_name)
+    import torch
+
     if options.threads:
         torch.set_num_threads(options.threads)
     with terminate_as_interrupt():
