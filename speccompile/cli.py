@@ -8,6 +8,23 @@ import click
 
 from .errors import SpecCompileError
 
+# Top-level module -> the extra that installs it (pip install 'speccompile[EXTRA]').
+EXTRA_OF_MODULE = {
+    "torch": "export", "onnxscript": "export", "onnx_ir": "export", "safetensors": "export", "gguf": "export",
+    "transformers": "export", "tensorrt": "tensorrt", "polygraphy": "tensorrt", "onnxruntime_genai": "bench",
+    "fastapi": "serve", "uvicorn": "serve", "ray": "serve", "prometheus_client": "serve", "openai": "serve",
+}
+
+
+def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """'`speccompile CMD` needs X ...: pip install ...' when `exc` is a module an extra provides, else None."""
+    module = (exc.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    who = f"`speccompile {command}`" if command else "this command"
+    return f"{who} needs {module}, which is not installed: pip install 'speccompile[{extra}]'"
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="speccompile")
@@ -50,6 +67,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except SystemExit as exc:
+        from .atomic_dir import Terminated
+
+        if isinstance(exc, Terminated):
+            click.echo("terminated", err=True)
+        raise
+    except ModuleNotFoundError as exc:
+        args = sys.argv[1:] if argv is None else argv
+        message = missing_extra_message(exc, next((a for a in args if not a.startswith("-")), None))
+        if message is None:
+            raise
+        click.echo(f"error: {message}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

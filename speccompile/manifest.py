@@ -129,6 +129,16 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def is_manifest_dir(directory: str | Path) -> bool:
+    """True when `directory` holds a speccompile manifest.json (any schema version): an artifact directory."""
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "schema_version" in data and isinstance(data.get("graphs"), dict)
+
+
 def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:
     """Load and validate an artifact's manifest; with `verify_files` every listed file's sha256 is checked."""
     directory = Path(directory)

@@ -35,6 +35,7 @@ class GenerationStats:
     time_verify: float = 0.0
     time_engine: float = 0.0  # inside engine calls (target and draft graphs)
     compactions: int = 0
+    end_tokens: int = 0  # the eos token that ended generation: produced by a target pass, not part of the output
 
     def count_draft(self, drafted: int, accepted: int) -> None:
         while len(self.drafted) < drafted:
@@ -45,9 +46,14 @@ class GenerationStats:
             self.accepted[i] += int(i < accepted)
 
     @property
+    def produced_tokens(self) -> int:
+        """Tokens the target passes produced: the output plus the eos that ended it."""
+        return self.generated_tokens + self.end_tokens
+
+    @property
     def mean_accepted_length(self) -> float:
-        """Tokens per target pass (1.0 for plain decoding)."""
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+        """Tokens per target pass, the ending eos included (exactly 1.0 for plain decoding)."""
+        return self.produced_tokens / self.target_passes if self.target_passes else 0.0
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -71,6 +77,7 @@ class GenerationStats:
         return {
             "prompt_tokens": self.prompt_tokens,
             "generated_tokens": self.generated_tokens,
+            "end_tokens": self.end_tokens,
             "target_passes": self.target_passes,
             "prefill_passes": self.prefill_passes,
             "draft_steps": self.draft_steps,
@@ -322,6 +329,7 @@ class Generation:
         self.output.flush(final=True)
         stats = self.stats
         stats.generated_tokens = len(self.output.tokens)
+        stats.end_tokens = int(self.finish == "stop" and self.tokens[-1] in self.generator.eos_ids and not self.config.ignore_eos)
         stats.time_total = time.perf_counter() - self._started
         stats.time_engine = self.generator.clock.seconds - self._engine_start
         stats.compactions = self.cache.compactions
