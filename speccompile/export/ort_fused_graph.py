@@ -292,7 +292,9 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     for i in range(cfg.num_hidden_layers):
         inputs += [_value(f"past_key_values.{i}.{kind}", elem, cache_shape) for kind in ("key", "value")]
     graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(_MS, 1)])
+    opsets = [helper.make_opsetid("", 23), helper.make_opsetid(_MS, 1)]
+    # the lowest IR version these opsets need, not the installed onnx's newest (onnxruntime 1.31 loads IR <= 13)
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets, ignore_unknown=True))
     model.producer_name = "speccompile"
     return model
 
