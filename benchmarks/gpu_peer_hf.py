@@ -11,8 +11,9 @@ artifact's dtype, and every engine gets the prompt ids of speccompile's tokenize
 workload lines with "chat": true). Greedy decoding, at most --max-tokens new tokens, stopping at EOS.
 
 Timing (every engine alike): decode tok/s = tokens after the first / seconds after the first token;
-total tok/s = new tokens / seconds including prefill. For transformers the first token's time comes
-from a streamer passed to generate(); CUDA is synchronized before each clock read. Modes run
+total tok/s = new tokens / seconds including prefill. For transformers the first token's time is that of
+a separate generate(max_new_tokens=1) of the same prompt (a streamer would add a device sync per token);
+CUDA is synchronized before each clock read. Modes run
 interleaved prompt by prompt (order reversed every other prompt), after one untimed warm-up each
 (torch.compile compiles there). Printed: per workload, each mode's tok/s, the ratios of ours to each
 transformers mode, and how many outputs are identical to ours plain (fp16 kernels differ between
@@ -91,39 +92,16 @@ def hf_model(artifact: Path, dtype: str, device: str = "cuda"):
     return model.to(device=device, dtype=torch_dtype).eval()
 
 
-class FirstTokenClock:
-    """A transformers streamer that notes when the first new token arrives (the prompt is put first)."""
-
-    def __init__(self):
-        import torch
-
-        self.torch = torch
-        self.calls = 0
-        self.first = None
-
-    def put(self, value) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.torch.cuda.synchronize()
-            self.first = time.perf_counter()
-
-    def end(self) -> None:
-        pass
-
-
 class HFEngine:
-    """transformers generate() in one of three modes; `compiled` falls back to a note when it fails."""
+    """transformers generate() in one of three modes (`hf_compiled` compiles its model's forward: give it a
+    model of its own; compile errors surface at the warm-up, which drops the mode)."""
 
     def __init__(self, model, eos_ids: list[int], mode: str, lookup_tokens: int):
         self.model, self.eos_ids, self.mode, self.lookup_tokens = model, eos_ids, mode, lookup_tokens
-        self.error: str | None = None
         if mode == "hf_compiled":
             import torch
 
-            try:
-                model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-            except Exception as exc:  # noqa: BLE001 - reported, the other modes still run
-                self.error = f"torch.compile failed: {str(exc).splitlines()[0][:160]}"
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
 
     def run(self, ids: list[int], max_tokens: int) -> dict:
         import torch
@@ -133,23 +111,28 @@ class HFEngine:
             kwargs["prompt_lookup_num_tokens"] = self.lookup_tokens
         if self.mode == "hf_compiled":
             kwargs["cache_implementation"] = "static"
-        clock = FirstTokenClock()
-        prompt = torch.tensor([ids], device="cuda")
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), streamer=clock, **kwargs)
-        torch.cuda.synchronize()
-        end = time.perf_counter()
-        tokens = out[0, len(ids):].tolist()
-        first = clock.first or end
-        return _timing(tokens, start, first, end)
+        prompt = torch.tensor([ids], device=self.model.device)
+        sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
+
+        def timed(new_tokens: int):
+            sync()
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), **{**kwargs, "max_new_tokens": new_tokens})
+            sync()
+            return out, time.perf_counter() - start
+
+        _, first = timed(1)  # prefill + the first token
+        out, total = timed(max_tokens)
+        return _timing(out[0, len(ids):].tolist(), 0.0, first, total)
 
 
 def _timing(tokens: list[int], start: float, first: float, end: float) -> dict:
+    """Rates of one generation; a decode time that timing noise made non-positive counts as unmeasured (0)."""
     n = len(tokens)
-    return {"tokens": tokens, "n_new": n, "prefill_s": first - start, "decode_s": end - first,
-            "decode_tps": (n - 1) / (end - first) if n > 1 and end > first else 0.0,
+    decode = max(end - first, 0.0)
+    return {"tokens": tokens, "n_new": n, "prefill_s": first - start, "decode_s": decode,
+            "decode_tps": (n - 1) / decode if n > 1 and decode > 0 else 0.0,
             "total_tps": n / (end - start) if end > start else 0.0}
 
 
@@ -157,7 +140,7 @@ class OursEngine:
     """speccompile on ort-cuda; `drafter` none (plain) or ngram; timed from its own statistics."""
 
     def __init__(self, runner, drafter: str):
-        self.runner, self.drafter, self.error = runner, drafter, None
+        self.runner, self.drafter = runner, drafter
 
     def run(self, ids: list[int], max_tokens: int) -> dict:
         result = self.runner.generate_ids(ids, max_tokens=max_tokens, drafter=self.drafter)
@@ -176,7 +159,7 @@ def summarize(name: str, results: list[dict], modes: list[str]) -> dict:
             continue
         decode_tokens = sum(max(r["n_new"] - 1, 0) for r in rows)
         out["modes"][m] = {
-            "decode_tok_s": round(decode_tokens / max(sum(r["decode_s"] for r in rows), 1e-9), 1),
+            "decode_tok_s": round(decode_tokens / sum(r["decode_s"] for r in rows), 1) if sum(r["decode_s"] for r in rows) > 0 else None,
             "total_tok_s": round(sum(r["n_new"] for r in rows) / max(sum(r["decode_s"] + r["prefill_s"] for r in rows), 1e-9), 1),
             "identical_to_ours_plain": sum(r["tokens"] == res["ours_plain"]["tokens"] for r, res in zip(rows, results)),
         }
@@ -194,7 +177,7 @@ def print_summary(summary: dict) -> None:
     print(f"\n{summary['workload']} ({summary['prompts']} prompts)")
     print(f"  {'mode':<12} {'decode tok/s':>13} {'total tok/s':>12} {'same as ours plain':>19}")
     for m, s in summary["modes"].items():
-        print(f"  {m:<12} {s['decode_tok_s']:>13} {s['total_tok_s']:>12} {s['identical_to_ours_plain']:>14}/{summary['prompts']}")
+        print(f"  {m:<12} {str(s['decode_tok_s']):>13} {str(s['total_tok_s']):>12} {s['identical_to_ours_plain']:>14}/{summary['prompts']}")
     print("  ratios (median over prompts of decode tok/s): "
           + ", ".join(f"{k} {v:.2f}x" for k, v in summary["median_prompt_ratios"].items()))
 
@@ -228,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     engines = {"ours_plain": OursEngine(runner, "none"), "ours_ngram": OursEngine(runner, "ngram"),
                "hf_eager": HFEngine(model, eos, "hf_eager", args.lookup_tokens),
                "hf_lookup": HFEngine(model, eos, "hf_lookup", args.lookup_tokens)}
-    if not args.no_compile:
-        engines["hf_compiled"] = HFEngine(model, eos, "hf_compiled", args.lookup_tokens)
+    if not args.no_compile:  # a model of its own: compiling patches the model's forward
+        engines["hf_compiled"] = HFEngine(hf_model(args.artifact, dtype), eos, "hf_compiled", args.lookup_tokens)
     warm = runner.artifact.tokenizer.prompt_ids("Say hello.", chat=True)
     for name, engine in list(engines.items()):
         try:
