@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--disconnect", type=float, default=0.25, help="Share of churn requests closed early.")
+    parser.add_argument("--rounds", type=int, default=1, help="Churn rounds (RSS is sampled after each).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
@@ -178,26 +179,30 @@ def main() -> None:
         phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts],
                                              args.streams, args.max_tokens)))
         rss[f"after_streams-{args.streams}"] = server.rss_bytes()
-        jobs = [(rng.choice(prompts), rng.randint(1, 6) if rng.random() < args.disconnect else None)
-                for _ in range(args.requests)]
         before = _server_outcomes(server)
-        phases.append(asyncio.run(_run_phase("churn", server.url, model, jobs, args.clients, args.max_tokens)))
-        deadline = time.monotonic() + 60
-        while _busy(server) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        churns = []
+        for round_ in range(1, args.rounds + 1):
+            jobs = [(rng.choice(prompts), rng.randint(1, 6) if rng.random() < args.disconnect else None)
+                    for _ in range(args.requests)]
+            name = "churn" if args.rounds == 1 else f"churn-{round_}"
+            churns.append(asyncio.run(_run_phase(name, server.url, model, jobs, args.clients, args.max_tokens)))
+            deadline = time.monotonic() + 60
+            while _busy(server) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            rss[f"after_{name}"] = server.rss_bytes()
         after = _server_outcomes(server)
-        rss["after_churn"] = server.rss_bytes()
+        phases += churns
 
     for phase in phases:
         phase.mismatches = sum(o.finishes > 0 and o.text != reference[o.prompt] for o in phase.outcomes)
-    churn = phases[-1]
+    sent = [o for phase in churns for o in phase.outcomes]
     server_outcomes = sum(after.values()) - sum(before.values())
     summary = {
         "phases": [p.report() for p in phases],
         "churn": {
-            "sent": len(churn.outcomes),
-            "lost": sum(not o.finishes and not o.disconnected for o in churn.outcomes),
-            "duplicated": sum(o.finishes > 1 for o in churn.outcomes) + max(0, int(server_outcomes) - len(churn.outcomes)),
+            "sent": len(sent),
+            "lost": sum(not o.finishes and not o.disconnected for o in sent),
+            "duplicated": sum(o.finishes > 1 for o in sent) + max(0, int(server_outcomes) - len(sent)),
             "server_outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after},
         },
         "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()},
