@@ -158,3 +158,29 @@ def test_build_records_methods_on_tiny_model(tiny_artifact, tmp_path):
     assert record["methods"]["input_scales"]["method"] == "awq"
     assert record["methods"]["clip_search"]["weights"] == record["quantized_matmuls"]
     assert read_manifest(out).precision["tensorrt_compat"]["target"]["ok"]
+
+
+def test_min_top1_keeps_the_worst_weights_until_met(tiny_artifact, tmp_path):
+    from speccompile.engines.build import BuildOptions, build_artifact
+    from speccompile.manifest import read_manifest
+
+    out = tmp_path / "int4-min"
+    build_artifact(tiny_artifact, out, BuildOptions(precision="int4", onnx_only=True, int4_block=32, calib_samples=3,
+                                                    calib_max_tokens=64, min_top1=0.9))
+    record = read_manifest(out).precision["target"]
+    sensitivity = record["methods"]["sensitivity"]
+    assert sensitivity["calibration_top1"] >= 0.9
+    assert sensitivity["measured"]["0"] < 0.9 or sensitivity["kept"] == []
+    kept = set(sensitivity["kept"])
+    model = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    float_weights = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+    assert kept <= float_weights  # kept weights stay fp32 initializers
+    assert record["quantized_matmuls"] + len(kept) == 8  # 2 layers x 4 weight MatMuls (lm_head excluded)
+    assert sensitivity["kept_fp32_mb"] > 0 or not kept
+
+
+def test_min_top1_out_of_range_is_an_input_error(tiny_artifact, tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(tmp_path / "x"), "--min-top1", "1.5")
+    assert result.returncode == 2 and "--min-top1" in result.stderr and not (tmp_path / "x").exists()

@@ -30,6 +30,12 @@ from ..errors import InputError
 @click.option("--exclude", multiple=True, help="Weight name pattern (fnmatch) to keep unquantized, added to the defaults (repeatable).")
 @click.option("--quantize-lm-head", is_flag=True, help="Also quantize lm_head (excluded by default).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
+@click.option("--act-calib", type=click.Choice(["max", "percentile", "mse"]), default="max", show_default=True, help="FP8 activation range from calibration: max, a percentile of |x| (--percentile) or the smallest fake-quant MSE.")
+@click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --act-calib percentile.")
+@click.option("--smoothquant", type=float, default=None, help="FP8: migrate activation outliers into the weights with SmoothQuant strength ALPHA (0..1).")
+@click.option("--awq/--no-awq", default=True, show_default=True, help="INT4/NVFP4: activation-aware input-channel scales searched on calibration activations.")
+@click.option("--clip-search/--no-clip-search", default=True, show_default=True, help="INT4/NVFP4: per-block clipping ratio search.")
+@click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph on the calibration prompts is >= this.")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
@@ -43,11 +49,12 @@ from ..errors import InputError
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
 def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
-          profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          act_calib, percentile, smoothquant, awq, clip_search, min_top1, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
     from ..engines.build import BuildOptions, build_artifact
+    from ..engines.methods import MethodOptions
     from ..engines.quantize import DEFAULT_EXCLUDE
     from .artifacts import report_artifact
 
@@ -83,6 +90,8 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         max_context=max_context,
         max_verify_tokens=max_verify_tokens,
         max_batch=max_batch,
+        methods=MethodOptions(act_calib=act_calib, percentile=percentile, smoothquant=smoothquant, awq=awq, clip=clip_search),
+        min_top1=min_top1,
     )
     build_artifact(artifact, out, options, progress_printer(as_json))
     what = "quantized ONNX" if onnx_only else "TensorRT engines"

@@ -62,6 +62,7 @@ class BuildOptions:
     max_verify_tokens: int | None = None
     max_batch: int | None = None
     methods: MethodOptions = field(default_factory=MethodOptions)
+    min_top1: float | None = None  # keep the most sensitive MatMuls unquantized until calibration top-1 >= this
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":
@@ -73,6 +74,9 @@ class BuildOptions:
             raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
         if self.int4_block not in (16, 32, 64, 128, 256):
             raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
+        self.methods.validate()
+        if self.min_top1 is not None and not 0.0 < self.min_top1 <= 1.0:
+            raise InputError(f"--min-top1 must be in (0, 1], got {self.min_top1}")
         if self.calib is not None:
             path = Path(self.calib)
             if not path.is_file():
@@ -143,7 +147,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
-    if options.precision == "int4" and (methods.awq or methods.clip):
+    if options.precision == "int4" and (methods.awq or methods.clip or options.min_top1 is not None):
         tensors = list(quantized_groups(model, qopts))
     if tensors:
         from ..tokenizer import TextTokenizer
@@ -153,7 +157,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
         stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
-                                      max_rows=methods.search_rows if methods.needs_rows else 0)
+                                      max_rows=methods.search_rows if methods.needs_rows or options.min_top1 is not None else 0)
         calibration = {
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),
@@ -161,10 +165,18 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
             "method": methods.act_calib if options.precision == "fp8" else "max",
         }
         progress("searching input-channel scales, clipping and activation ranges on the calibration activations")
-        applied = apply_methods(model, qopts, stats, methods, progress)
+        applied = apply_methods(model, qopts, stats, methods, progress, measure_errors=options.min_top1 is not None)
         amax = applied.act_amax if options.precision != "int4" else None
         weight_clip = applied.weight_clip
         method_record = applied.summary()
+        if options.min_top1 is not None:
+            from .sensitivity import search_kept_weights
+
+            progress(f"sensitivity: keeping the worst MatMuls unquantized until calibration top-1 >= {options.min_top1}")
+            kept = search_kept_weights(model, qopts, amax, weight_clip, applied.weight_error, spec, samples,
+                                       options.min_top1, options.threads, progress)
+            qopts = QuantOptions(qopts.scheme, (*qopts.exclude, *kept.kept), qopts.int4_block, qopts.fp4_block)
+            method_record["sensitivity"] = kept.summary()
     progress(f"quantizing {graph} to {options.precision}")
     report = quantize_model(model, qopts, amax, weight_clip)
     data_name = dst.name + ".data"

@@ -103,6 +103,21 @@ def _float_elem(model: onnx.ModelProto) -> int:
     return TensorProto.FLOAT
 
 
+def prefill_feeds(spec: GraphSpec, ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Inputs of one full-prompt pass of a contract graph on an empty KV cache."""
+    q = len(ids)
+    feeds = {
+        "input_ids": np.asarray(ids, dtype=np.int64)[None],
+        "position_ids": np.arange(q, dtype=np.int64)[None],
+        "attention_mask": np.tril(np.ones((q, q), dtype=bool))[None],
+    }
+    for t in spec.inputs:
+        if t.name.startswith("past_key_values"):
+            dtype = np.float16 if t.dtype == "float16" else np.float32
+            feeds[t.name] = np.zeros((1, int(t.shape[1]), 0, int(t.shape[3])), dtype=dtype)
+    return feeds
+
+
 @dataclass
 class ActivationStats:
     """What calibration saw of one activation tensor: its amax and a subset of its rows (tokens)."""
@@ -149,8 +164,6 @@ def calibrate_activations(
         if name not in existing:
             model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
     amax: dict[str, np.ndarray | None] = {name: None for name in tensors}
-    past = [t for t in spec.inputs if t.name.startswith("past_key_values")]
-    kv_dtype = np.float16 if past and past[0].dtype == "float16" else np.float32
     with tempfile.TemporaryDirectory(prefix="speccompile-calib-", dir=workdir) as tmp:
         for location in _external_locations(model):
             source, link = (directory / location).resolve(), Path(tmp) / location
@@ -166,15 +179,7 @@ def calibrate_activations(
             opts.intra_op_num_threads = threads
         session = ort.InferenceSession(str(graph_path), opts, providers=["CPUExecutionProvider"])
         for ids in samples:
-            q = len(ids)
-            feeds = {
-                "input_ids": np.asarray(ids, dtype=np.int64)[None],
-                "position_ids": np.arange(q, dtype=np.int64)[None],
-                "attention_mask": np.tril(np.ones((q, q), dtype=bool))[None],
-            }
-            for t in past:
-                feeds[t.name] = np.zeros((1, int(t.shape[1]), 0, int(t.shape[3])), dtype=kv_dtype)
-            outputs = session.run(list(tensors), feeds)
+            outputs = session.run(list(tensors), prefill_feeds(spec, ids))
             for name, value in zip(tensors, outputs):
                 value = np.asarray(value, dtype=np.float32).reshape(-1, np.shape(value)[-1])
                 magnitude = np.where(np.isfinite(value), np.abs(value), 0.0).max(axis=0)

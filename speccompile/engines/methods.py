@@ -63,6 +63,7 @@ class MethodReport:
     act_amax: dict[str, float] = field(default_factory=dict)  # activation (after renames) -> range for Q/DQ
     weight_clip: dict[str, np.ndarray] = field(default_factory=dict)
     input_scales: dict[str, dict] = field(default_factory=dict)  # activation -> {method, alpha, folded, error}
+    weight_error: dict[str, float] = field(default_factory=dict)  # weight -> relative error of its quantized product
 
     def summary(self) -> dict:
         folded: dict[str, int] = {}
@@ -271,8 +272,10 @@ def quantized_groups(model: onnx.ModelProto, options: QuantOptions) -> dict[str,
 
 
 def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str, ActivationStats],
-                  methods: MethodOptions, progress=lambda _m: None) -> MethodReport:
-    """Rewrite `model` (weights loaded) with the input scales of `methods`; return ranges and clip ratios for Q/DQ."""
+                  methods: MethodOptions, progress=lambda _m: None, measure_errors: bool = False) -> MethodReport:
+    """Rewrite `model` (weights loaded) with the input scales of `methods`; return ranges and clip ratios for Q/DQ.
+
+    `measure_errors`: also record each weight's relative product error on the calibration rows (sensitivity)."""
     scheme = options.scheme
     report = MethodReport()
     inits = {i.name: i for i in model.graph.initializer}
@@ -307,14 +310,21 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
         scaled_rows[name] = rows
         if number % 20 == 19:
             progress(f"  {number + 1}/{len(groups)} activations")
-    if scheme in ("int4", "nvfp4") and methods.clip:  # on the final weights (after every fold)
-        inits = {i.name: i for i in model.graph.initializer}
-        for act, readers in quantized_groups(model, options).items():
-            rows = scaled_rows.get(act)
-            if rows is None or not rows.size:
-                continue
-            second_moment = np.square(rows).mean(axis=0)
-            for _node, weight in readers:
-                w = numpy_helper.to_array(inits[weight]).astype(np.float32)
+    inits = {i.name: i for i in model.graph.initializer}
+    for act, readers in quantized_groups(model, options).items():  # on the final weights (after every fold)
+        rows = scaled_rows.get(act)
+        if rows is None or not rows.size:
+            continue
+        second_moment = np.square(rows).mean(axis=0)
+        for _node, weight in readers:
+            w = numpy_helper.to_array(inits[weight]).astype(np.float32)
+            if scheme in ("int4", "nvfp4") and methods.clip:
                 report.weight_clip[weight] = clip_search(w, second_moment, options)
+            if measure_errors:
+                x = rows[: methods.search_rows]
+                amax = report.act_amax.get(act, float(np.abs(x).max()))
+                xq = activation_fake_quant(x, options, amax)
+                exact = x @ w
+                got = xq @ weight_fake_quant(w, options, report.weight_clip.get(weight))
+                report.weight_error[weight] = float(np.square(exact - got).sum() / max(np.square(exact).sum(), 1e-30))
     return report

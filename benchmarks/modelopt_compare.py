@@ -1,0 +1,153 @@
+"""Ours vs NVIDIA ModelOpt ONNX PTQ on the same contract graph and calibration prompts, in one table.
+
+    python benchmarks/modelopt_compare.py EXPORTED --modelopt-python /tmp/quant/mo/bin/python \
+        --modes fp8 int8 int4 --ours fp8=BUILT_FP8 --ours int4=BUILT_INT4 --work /tmp/quant/mo-work
+
+ModelOpt runs in its own interpreter (`--modelopt-python`): `nvidia-modelopt[onnx]` pins onnx and installs
+onnxruntime-gpu, which the project's environment must not change, so it lives in a separate venv:
+
+    python3 -m venv /tmp/quant/mo
+    echo /path/to/project/.venv/lib/python3.11/site-packages > /tmp/quant/mo/lib/python3.11/site-packages/zz_main.pth
+    /tmp/quant/mo/bin/pip install "nvidia-modelopt[onnx]"
+
+For every mode: `python -m modelopt.onnx.quantization` on EXPORTED/target.onnx with the calibration prompts
+(built-in, as `speccompile build` uses them; one prefill pass each, cut to --calib-tokens so they stack),
+the result wrapped as an artifact next to the export's tokenizer, then `speccompile eval`'s library on the
+held-out text: top-1 agreement, KL, perplexity, target size, and the graph's quantization op pattern.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODELOPT_METHOD = {"fp8": "max", "int8": "max", "int4": "awq_clip"}
+
+
+def calibration_npz(exported: Path, path: Path, tokens: int) -> Path:
+    """The built-in calibration prompts as one stacked batch of contract-graph inputs."""
+    from speccompile.engines.calibrate import load_calibration_texts, prefill_feeds, tokenize_calibration
+    from speccompile.manifest import read_manifest
+    from speccompile.runtime.tokenizer import TextTokenizer
+
+    manifest = read_manifest(exported, verify_files=False)
+    tokenizer = TextTokenizer(exported, manifest.tokenizer.get("eos_token_ids"))
+    samples = [ids for ids in tokenize_calibration(load_calibration_texts(None), tokenizer, 16, tokens) if len(ids) >= tokens]
+    if not samples:
+        raise SystemExit(f"no calibration prompt has {tokens} tokens; lower --calib-tokens")
+    spec = manifest.graph("target")
+    feeds = [prefill_feeds(spec, ids[:tokens]) for ids in samples]
+    np.savez(path, **{name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]})
+    return path
+
+
+def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str) -> Path:
+    """An artifact directory: the export's files with target.onnx replaced by `onnx_path` (weights external)."""
+    import dataclasses
+
+    import onnx
+
+    from speccompile.manifest import read_manifest
+
+    manifest = read_manifest(exported, verify_files=False)
+    spec = manifest.graph("target")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    fused = {n for n, g in manifest.graphs.items() if g.extra.get("variant_of")}
+    skip = {spec.file, spec.file + ".data"} | {f for n in fused for f in manifest.files if f.startswith(manifest.graphs[n].file)}
+    for name in manifest.files:
+        if name not in skip:
+            shutil.copy2(exported / name, out / name)
+    for name in fused:
+        del manifest.graphs[name]
+    model = onnx.load(str(onnx_path), load_external_data=True)
+    onnx.save_model(model, str(out / spec.file), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=spec.file + ".data", size_threshold=1024)
+    manifest.graphs["target"] = dataclasses.replace(spec, extra={**spec.extra, "quantization": scheme})
+    manifest.files = {}
+    manifest.record_files(out, sorted(p.name for p in out.iterdir() if p.is_file()))
+    manifest.write(out)
+    return out
+
+
+def op_pattern(directory: Path) -> tuple[str, bool]:
+    import onnx
+
+    from speccompile.engines.compat import check_tensorrt_compat
+
+    model = onnx.load(str(directory / "target.onnx"), load_external_data=False)
+    counts = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node)
+    types = Counter(onnx.TensorProto.DataType.Name(i.data_type).lower() for i in model.graph.initializer if len(i.dims) == 2)
+    quant = {k: v for k, v in counts.items() if "Quant" in k or k in ("Mul", "MatMulNBits")}
+    text = ", ".join(f"{k} {v}" for k, v in sorted(quant.items())) + "; 2-D weights: " + ", ".join(f"{k} {v}" for k, v in sorted(types.items()))
+    return text, check_tensorrt_compat(model).ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("exported", type=Path)
+    parser.add_argument("--modelopt-python", required=True, help="interpreter with nvidia-modelopt[onnx]")
+    parser.add_argument("--modes", nargs="*", default=["fp8", "int8", "int4"])
+    parser.add_argument("--ours", action="append", default=[], help="SCHEME=BUILT_ARTIFACT of ours to put in the table")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/speccompile-modelopt"))
+    parser.add_argument("--calib-tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from speccompile.evaluation import EvalOptions, evaluate
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    npz = calibration_npz(args.exported, args.work / "calib.npz", args.calib_tokens)
+    candidates: dict[str, Path] = {}
+    failures: dict[str, str] = {}
+    for mode in args.modes:
+        onnx_out = args.work / f"modelopt-{mode}.onnx"
+        command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(args.exported / "target.onnx"),
+                   "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
+                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format"]
+        print(" ".join(command), file=sys.stderr)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not onnx_out.is_file():
+            failures[f"modelopt {mode}"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            continue
+        candidates[f"modelopt {mode}"] = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
+    for item in args.ours:
+        scheme, _, path = item.partition("=")
+        candidates[f"ours {scheme}"] = Path(path)
+    rows = {}
+    for name, path in candidates.items():
+        try:
+            report = evaluate(path, args.exported, EvalOptions(threads=args.threads))
+        except Exception as exc:  # noqa: BLE001 - one failing candidate must not hide the others
+            failures[name] = f"eval: {str(exc).splitlines()[0]}"
+            continue
+        pattern, trt_ok = op_pattern(path)
+        rows[name] = {"top1_agreement": report["top1_agreement"], "kl_divergence": report["kl_divergence"],
+                      "perplexity": report["perplexity"]["artifact"], "reference_perplexity": report["perplexity"]["reference"],
+                      "size_mb": report["size_mb"]["artifact"], "tensorrt_compat": trt_ok, "ops": pattern}
+    if args.json:
+        print(json.dumps({"rows": rows, "failures": failures}, indent=2))
+        return
+    print("| candidate | top-1 | KL | perplexity (fp32 %s) | target MB | TensorRT check | quantization ops / weight types |"
+          % next(iter(rows.values()), {}).get("reference_perplexity", "-"))
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['top1_agreement']:.4f} | {r['kl_divergence']:.4f} | {r['perplexity']:.2f} | {r['size_mb']:.1f} | "
+              f"{'ok' if r['tensorrt_compat'] else 'errors'} | {r['ops']} |")
+    for name, why in failures.items():
+        print(f"| {name} | failed: {why} | | | | | |")
+
+
+if __name__ == "__main__":
+    main()

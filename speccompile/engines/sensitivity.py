@@ -1,0 +1,113 @@
+"""Keep the most sensitive MatMuls in higher precision until a quality target is met (`build --min-top1`).
+
+Each quantized weight's effect is measured on calibration activations: the relative error of its quantized
+product (`MethodReport.weight_error`). Weights are kept unquantized worst first; how many is decided by
+quantizing the whole graph and measuring top-1 agreement with the unquantized graph over the calibration
+prompts in ONNX Runtime CPU (NVFP4 through its exact emulation): doubling, then bisection, so a 120-weight
+model needs about 2 log2(kept) full-model measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import onnx
+
+from ..errors import UnsupportedError
+from ..manifest import GraphSpec
+from .calibrate import prefill_feeds
+from .quality import LogitComparison
+from .quantize import QuantOptions, quantize_model
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class SensitivityResult:
+    min_top1: float
+    top1: float  # calibration top-1 agreement of the chosen graph
+    kept: list[str] = field(default_factory=list)
+    kept_fp32_mb: float = 0.0
+    measurements: dict[int, float] = field(default_factory=dict)  # number kept -> calibration top-1
+
+    def summary(self) -> dict:
+        return {"min_top1": self.min_top1, "calibration_top1": round(self.top1, 4), "kept": self.kept,
+                "kept_fp32_mb": round(self.kept_fp32_mb, 1),
+                "measured": {str(k): round(v, 4) for k, v in sorted(self.measurements.items())}}
+
+
+def _session(model: onnx.ModelProto, threads: int | None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")  # as the runtime does for INT4
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _logits(session, spec: GraphSpec, samples: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    return [session.run(["logits"], prefill_feeds(spec, ids))[0].reshape(len(ids), -1) for ids in samples]
+
+
+def search_kept_weights(
+    model: onnx.ModelProto,
+    options: QuantOptions,
+    act_amax: dict[str, float] | None,
+    weight_clip: dict[str, np.ndarray],
+    weight_error: dict[str, float],
+    spec: GraphSpec,
+    samples: Sequence[Sequence[int]],
+    min_top1: float,
+    threads: int | None = None,
+    progress: Progress = lambda _m: None,
+) -> SensitivityResult:
+    """The fewest worst-first weights to leave unquantized for calibration top-1 >= min_top1 (`model` is not changed)."""
+    from .emulate import emulate_nvfp4
+
+    reference = _logits(_session(model, threads), spec, samples)
+    order = sorted(weight_error, key=weight_error.get, reverse=True)
+    measured: dict[int, float] = {}
+
+    def top1(count: int) -> float:
+        if count == len(order):
+            return 1.0  # nothing quantized: the reference itself
+        if count not in measured:
+            trial = onnx.ModelProto()
+            trial.CopyFrom(model)
+            kept = tuple(order[:count])
+            quantize_model(trial, QuantOptions(options.scheme, (*options.exclude, *kept), options.int4_block, options.fp4_block),
+                           act_amax, weight_clip)
+            if options.scheme == "nvfp4":
+                emulate_nvfp4(trial)
+            comparison = LogitComparison()
+            for ref, got in zip(reference, _logits(_session(trial, threads), spec, samples)):
+                comparison.add(ref, got)
+            measured[count] = comparison.top1_agreement
+            progress(f"  {count} weight(s) kept unquantized: calibration top-1 {measured[count]:.4f}")
+        return measured[count]
+
+    # doubling, then bisection on the number kept (quality grows roughly monotonically with it)
+    low, high = 0, 1
+    if top1(0) < min_top1:
+        while high < len(order) and top1(high) < min_top1:
+            low, high = high, min(2 * high, len(order))
+        while high - low > 1:
+            mid = (low + high) // 2
+            if top1(mid) >= min_top1:
+                high = mid
+            else:
+                low = mid
+        count = high
+    else:
+        count = 0
+    if count == len(order):
+        raise UnsupportedError(f"--min-top1 {min_top1}: not reached unless every MatMul stays unquantized "
+                               f"(best measured: {max(measured.values(), default=0.0):.4f}); lower the target")
+    inits = {i.name: i for i in model.graph.initializer}
+    kept = order[:count]
+    mb = sum(int(np.prod(inits[w].dims)) * 4 for w in kept) / 1e6
+    return SensitivityResult(min_top1, top1(count), kept, mb, measured)
