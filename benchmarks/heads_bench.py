@@ -16,12 +16,17 @@ import statistics
 import time
 from pathlib import Path
 
-MODES = {
-    "chain": lambda a: {"tree": [[0] * d for d in range(1, a.k + 1)]},
-    "static": lambda a: {"tree": a.static_tree},
-    "dynamic": lambda a: {"tree": "dynamic", "dynamic": {"depth": a.k, "top_k": a.dynamic_top_k, "total_tokens": a.dynamic_nodes,
-                                                        "min_prob": a.dynamic_min_prob}},
-}
+def tree_of(mode: str, args) -> str:
+    """The --tree value of a mode: chain, static[=PRESET], dynamic or dynamic-pP (a +lookup suffix is not part of it)."""
+    base, _, preset = mode.removesuffix("+lookup").partition("=")
+    if base == "chain":
+        return "chain"
+    if base == "static":
+        return preset or args.static_tree
+    if base.startswith("dynamic"):
+        min_prob = float(base[len("dynamic-p"):]) if base.startswith("dynamic-p") else args.dynamic_min_prob
+        return f"dynamic-{args.k}-{args.dynamic_top_k}-{args.dynamic_nodes}" + (f"-p{min_prob}" if min_prob else "")
+    raise SystemExit(f"--modes: unknown mode {mode!r}")
 
 
 def main() -> None:
@@ -47,7 +52,6 @@ def main() -> None:
 
     from speccompile.runtime.bench import load_workload
     from speccompile.runtime.session import Runner
-    from speccompile.runtime.tree import load_tree
 
     artifact = Path(args.artifact or f"/work/scratch_heads/smol_{args.kind}_art")
     if not artifact.exists():
@@ -56,43 +60,26 @@ def main() -> None:
         t = time.time()
         export_artifact("smollm2-135m", artifact, ExportOptions(drafter=f"{args.kind}:{args.head}", max_context=2048), print)
         print(f"exported {artifact} in {time.time() - t:.0f}s")
-    runner = Runner(artifact, threads=args.threads, drafter=args.kind, num_draft_tokens=args.k, adaptive=args.adaptive)
+    # one runner per mode: what its tree planner and lookup branch learn carries over from prompt to prompt
+    modes = args.modes.split(",")
+    runners = {m: Runner(artifact, threads=args.threads, drafter=args.kind, num_draft_tokens=args.k, adaptive=args.adaptive,
+                         tree=tree_of(m, args), lookup_branch=m.endswith("+lookup")) for m in modes}
     # plain decoding at its best: its own session, whose threads may spin (no drafter graph alternates with it)
     plain_runner = Runner(artifact, threads=args.threads, drafter="none")
-    from speccompile.runtime.sampling import SamplingParams
-
-    drafter = runner._generator(args.kind, SamplingParams()).drafter
     prompts = load_workload(Path(args.workload), args.limit)
-    tok = runner.artifact.tokenizer
-    modes = args.modes.split(",")
-    trees = {}
-    for m in modes:
-        base = m.removesuffix("+lookup")  # e.g. static+lookup: the same tree plus the n-gram lookup branch
-        base, _, preset = base.partition("=")  # e.g. static=chain-1: another static tree than --static-tree
-        cfg = MODES[base.split("-p")[0]](args)
-        if base.startswith("dynamic-p"):  # e.g. dynamic-p0.1: the same tree, confidence-bound
-            cfg["dynamic"]["min_prob"] = float(base[len("dynamic-p"):])
-        if base == "static":
-            cfg = {"tree": load_tree(preset or cfg["tree"]).choices()}
-        trees[m] = cfg
-    plain_runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)  # warm-up (both sessions)
-    runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)
+    tok = plain_runner.artifact.tokenizer
+    plain_runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)  # warm-up (every session)
+    for runner in runners.values():
+        runner.generate_ids(tok.prompt_ids(prompts[0]["prompt"], True), 16)
     rows = {m: {"tps": [], "mal": [], "drafted": [], "accepted": [], "speedup": [], "identical": 0,
                 "draft_s": 0.0, "verify_s": 0.0, "passes": 0} for m in modes}
     plain_tps = []
-    head = getattr(drafter, "inner", drafter)  # the head drafter under the lookup branch
-    learnt: dict[str, tuple] = {}
     for item in prompts:
         ids = tok.prompt_ids(item["prompt"], item["chat"])
         plain = plain_runner.generate_ids(ids, args.max_tokens)
         plain_tps.append(plain.stats.tokens_per_second)
         for m in modes:
-            drafter.set_tree(trees[m])
-            drafter.enabled = m.endswith("+lookup")
-            if m in learnt:  # what the tree planner and the lookup branch learnt on earlier prompts, as in one session
-                head._static_trees, drafter.rate = learnt[m]
-            res = runner.generate_ids(ids, args.max_tokens)
-            learnt[m] = (head._static_trees, drafter.rate)
+            res = runners[m].generate_ids(ids, args.max_tokens)
             r = rows[m]
             r["identical"] += int(res.tokens == plain.tokens)
             r["tps"].append(res.stats.tokens_per_second)

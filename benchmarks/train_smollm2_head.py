@@ -246,7 +246,7 @@ def generate_answers(artifact: Path, prompts: list[str], out: Path, max_tokens: 
 
     from speccompile.models.decoder import build_decoder
     from speccompile.models.load import load_model
-    from speccompile.runtime.tokenizer import TextTokenizer
+    from speccompile.tokenizer import TextTokenizer
 
     torch.set_num_threads(threads)
     model = load_model("smollm2-135m")

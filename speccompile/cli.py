@@ -24,9 +24,9 @@ def cli() -> None:
 
 def _register_commands() -> None:
     """Attach the commands of speccompile/commands/ (each imports its heavy dependencies only when run)."""
-    from .commands import artifacts, build, generate, train
+    from .commands import artifacts, build, eval, generate, train
 
-    for module in (artifacts, generate, build, train):
+    for module in (artifacts, generate, build, train, eval):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -10,9 +10,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from speccompile.accel import profiles as prof
+from speccompile.accel.trt import check_engine_compat, import_tensorrt
 from speccompile.engines import config as cfg
-from speccompile.engines.compat import check_tensorrt_compat
-from speccompile.engines.trt_build import import_tensorrt
+from speccompile.accel.compat import check_tensorrt_compat
 from speccompile.errors import ArtifactError, HardwareError, InputError, UnsupportedError
 from speccompile.manifest import GraphSpec, Manifest, TensorSpec, read_manifest
 
@@ -130,37 +131,37 @@ LIMITS = {"max_context": 2048, "max_verify_tokens": 64, "max_batch": 1}
 def test_required_limits():
     m = Manifest(model={}, graphs={}, limits={"max_context": 100})
     with pytest.raises(ArtifactError, match="max_verify_tokens"):
-        cfg.required_limits(m)
+        prof.required_limits(m)
     m.limits = dict(LIMITS)
-    assert cfg.required_limits(m) == LIMITS
+    assert prof.required_limits(m) == LIMITS
 
 
 def test_single_profile_from_limits():
-    (p,) = cfg.profiles_for(_spec(), LIMITS, "single", prefill_chunk=256)
+    (p,) = prof.profiles_for(_spec(), LIMITS, "single", prefill_chunk=256)
     lo, opt, hi = p.shapes["input_ids"]
     assert lo == [1, 1] and opt == [1, 8] and hi == [1, 256]
     assert p.shapes["past_key_values.0.key"] == ([1, 3, 0, 64], [1, 3, 512, 64], [1, 3, 2047, 64])
     assert p.shapes["attention_mask"][2] == [1, 256, 2048]
-    assert cfg.select_profile([p], {"input_ids": (1, 9), "past_key_values.0.key": (1, 3, 100, 64)}) == 0
+    assert prof.select_profile([p], {"input_ids": (1, 9), "past_key_values.0.key": (1, 3, 100, 64)}) == 0
     with pytest.raises(InputError):
-        cfg.select_profile([p], {"input_ids": (1, 300)})
+        prof.select_profile([p], {"input_ids": (1, 300)})
 
 
 def test_split_profiles_verify_and_prefill():
-    verify, prefill = cfg.profiles_for(_spec(), LIMITS, "split", prefill_chunk=256, opt_q=16, opt_context=1000)
+    verify, prefill = prof.profiles_for(_spec(), LIMITS, "split", prefill_chunk=256, opt_q=16, opt_context=1000)
     assert verify.shapes["input_ids"] == ([1, 1], [1, 16], [1, 64])
     assert prefill.shapes["input_ids"] == ([1, 65], [1, 256], [1, 256])
     assert verify.shapes["past_key_values.0.key"][1] == [1, 3, 1000, 64]
     profiles = [verify, prefill]
-    assert cfg.select_profile(profiles, {"input_ids": (1, 9)}) == 0
-    assert cfg.select_profile(profiles, {"input_ids": (1, 200)}) == 1
+    assert prof.select_profile(profiles, {"input_ids": (1, 9)}) == 0
+    assert prof.select_profile(profiles, {"input_ids": (1, 200)}) == 1
 
 
 def test_unknown_dynamic_axis_is_refused():
     spec = _spec()
     spec.inputs.append(TensorSpec("tree_mask", "bool", ["nodes", "nodes"]))
     with pytest.raises(UnsupportedError, match="nodes"):
-        cfg.profiles_for(spec, LIMITS)
+        prof.profiles_for(spec, LIMITS)
 
 
 def test_trt10_vs_trt11_flags():
@@ -199,21 +200,21 @@ def test_hardware_refusal_table(precision, cc, ok):
 
 def test_engine_section_and_mismatch_check():
     config = cfg.make_build_config("10.13.0.35", "fp8")
-    profiles = {"target": cfg.profiles_for(_spec(), LIMITS)}
+    profiles = {"target": prof.profiles_for(_spec(), LIMITS)}
     engine = cfg.engine_section("10.13.0.35", "NVIDIA H100", (9, 0), {"target": "target.plan"}, config, profiles)
     json.dumps(engine)  # manifest-serialisable
-    cfg.check_engine_compat(engine, "10.13.0.35", (9, 0), "NVIDIA H100")
-    cfg.check_engine_compat(engine, "10.13.0", (9, 0))  # build number is not part of compatibility
+    check_engine_compat(engine, "10.13.0.35", (9, 0), "NVIDIA H100")
+    check_engine_compat(engine, "10.13.0", (9, 0))  # build number is not part of compatibility
     with pytest.raises(HardwareError, match="TensorRT 10.13.0.35 but TensorRT 10.14.1"):
-        cfg.check_engine_compat(engine, "10.14.1", (9, 0))
+        check_engine_compat(engine, "10.14.1", (9, 0))
     with pytest.raises(HardwareError, match="rebuild on this machine"):
-        cfg.check_engine_compat(engine, "10.13.0.35", (8, 9), "NVIDIA L40S")
+        check_engine_compat(engine, "10.13.0.35", (8, 9), "NVIDIA L40S")
     with pytest.raises(ArtifactError):
-        cfg.check_engine_compat(None, "10.13.0", (9, 0))
+        check_engine_compat(None, "10.13.0", (9, 0))
 
 
 def test_trtexec_command_lines():
-    profiles = cfg.profiles_for(_spec(), LIMITS, "split")
+    profiles = prof.profiles_for(_spec(), LIMITS, "split")
     cmd10 = cfg.trtexec_command("target.onnx", "target.plan", profiles, 10, "fp8", workspace_mb=4096)
     assert "--stronglyTyped" in cmd10 and cmd10.count("--minShapes=") == 2 and "--memPoolSize=workspace:4096M" in cmd10
     assert "past_key_values.0.key:1x3x0x64" in cmd10 and "--fp8" not in cmd10
@@ -223,14 +224,16 @@ def test_trtexec_command_lines():
     assert "--fp16" in weak and "--int4" in weak and "--stronglyTyped" not in weak
 
 
-def test_ort_tensorrt_ep_options():
-    from speccompile.engines.ort_trt import tensorrt_ep_options
+def test_ort_tensorrt_ep_options(tmp_path, monkeypatch):
+    from speccompile.accel.ort_trt import tensorrt_ep_options
 
-    m = Manifest(model={}, graphs={"target": _spec()}, limits=dict(LIMITS))
-    opts = tensorrt_ep_options(m, _spec(), "/tmp/cache")
-    assert opts["trt_engine_cache_enable"] == "True" and opts["trt_engine_cache_path"] == "/tmp/cache"
+    m = Manifest(model={}, graphs={"target": _spec()}, limits=dict(LIMITS), files={"target.onnx": "ab" * 32})
+    opts = tensorrt_ep_options(m, _spec(), tmp_path / "cache")
+    assert opts["trt_engine_cache_enable"] == "True" and opts["trt_engine_cache_path"] == str(tmp_path / "cache")
     assert "input_ids:1x256" in opts["trt_profile_max_shapes"]
     assert "past_key_values.0.key:1x3x0x64" in opts["trt_profile_min_shapes"]
+    monkeypatch.setenv("SPECCOMPILE_CACHE", str(tmp_path / "root"))  # default: keyed by the graph's sha256
+    assert tensorrt_ep_options(m, _spec())["trt_engine_cache_path"] == str(tmp_path / "root" / ("ab" * 8))
 
 
 # ---------------------------------------------------------------- TensorRT compatibility checker

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from speccompile.engines import numerics as nx
-from speccompile.engines.compat import check_tensorrt_compat
+from speccompile.accel.compat import check_tensorrt_compat
 from speccompile.engines.quantize import (
     QuantOptions,
     activation_tensors,
@@ -263,7 +263,7 @@ def test_nvfp4_skips_weights_not_multiple_of_16():
 
 
 def test_fp4_graph_is_not_runnable_by_ort_cpu():
-    """Documents the DESIGN fact: ORT CPU has no FLOAT4E2M1 DequantizeLinear / trt ops (ReferenceEvaluator is the check)."""
+    """Documents a fact of docs/DESIGN.md ("Quantization and TensorRT"): ORT CPU has no FLOAT4E2M1 DequantizeLinear / trt ops (ReferenceEvaluator is the check)."""
     import onnxruntime as ort
 
     model = _mlp_model()

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
+from speccompile.runtime.draft_config import DraftConfig
 from test_heads_helpers import shared_target, trained_head, word_prompt_ids, write_checkpoint
 
 PROMPTS = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]]  # + two word prompts (set in target_dir)
-TREES = {
-    "chain": {"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
-    "static": None,  # the exported default (eagle-default)
-    "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 12}},
-    "dynamic-confident": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 12, "min_prob": 0.05}},
+TREES = {  # --tree values (None: the exported default, eagle-default)
+    "chain": "chain-4",
+    "static": None,
+    "dynamic": "dynamic-4-3-12",
+    "dynamic-confident": "dynamic-4-3-12-p0.05",
 }
 
 
@@ -39,11 +39,11 @@ def spec_vs_plain(artifact, kind, trees, max_tokens=32, k=4):
     from speccompile.runtime.session import Runner
 
     runner = Runner(artifact, drafter=kind, num_draft_tokens=k, adaptive=False, threads=1)
-    drafter = runner._generator(kind, SamplingParams()).drafter
+    drafter = runner.drafter(SamplingParams())
     stats = {}
-    exported = dict(drafter.tree_cfg)
+    exported = drafter.inner.draft_config
     for name, tree in trees.items():
-        drafter.set_tree(tree if tree is not None else exported)
+        drafter.inner.set_tree(DraftConfig.parse(kind, tree, k) if isinstance(tree, str) else (tree or exported))
         drafted = accepted = 0
         for prompt in PROMPTS:
             plain = runner.generate_ids(prompt, max_tokens, drafter="none")
@@ -52,8 +52,8 @@ def spec_vs_plain(artifact, kind, trees, max_tokens=32, k=4):
             drafted += spec.stats.draft_steps
             accepted += sum(spec.stats.accepted)
         stats[name] = (drafted, accepted)
-    print(kind, stats, drafter.rate)
-    assert drafter.rate, "the n-gram lookup branch was never verified"  # PROMPTS[0] repeats 40 41 42
+    print(kind, stats, drafter.rates.observed)
+    assert drafter.rates.observed, "the n-gram lookup branch was never verified"  # PROMPTS[0] repeats 40 41 42
     return stats
 
 
@@ -67,7 +67,8 @@ def test_autoregressive_heads_greedy_equal_plain(kind, target_dir, tmp_path, tmp
     assert d["kind"] == kind and d["graph"] == kind and isinstance(d["tree"], list) and d["num_draft_tokens"] >= 1
     assert m.graphs["target"].hidden_states == ("eagle3" if kind == "eagle3" else "final")
     assert f"{kind}.onnx" in m.files
-    trees = TREES if kind != "mtp" else {"chain": None, "static": {"tree": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]}, "dynamic": TREES["dynamic"]}
+    trees = TREES if kind != "mtp" else {"chain": None, "static": DraftConfig("mtp", 4, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))),
+                                          "dynamic": TREES["dynamic"]}
     stats = spec_vs_plain(tmp_path / "art", kind, trees)
     assert all(s[0] > 0 for s in stats.values()), stats
     if kind != "mtp":
@@ -77,7 +78,7 @@ def test_autoregressive_heads_greedy_equal_plain(kind, target_dir, tmp_path, tmp
 def test_medusa_tree_greedy_equal_plain(target_dir, tmp_path, tmp_path_factory):
     m = export_with("medusa", target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, "medusa"), tree="tree-3x3")
     assert m.drafter["tree"] == [[0], [1], [2], [0, 0], [1, 0], [2, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0]]
-    stats = spec_vs_plain(tmp_path / "art", "medusa", {"static": None, "chain": {"tree": [[0], [0, 0], [0, 0, 0]]}})
+    stats = spec_vs_plain(tmp_path / "art", "medusa", {"static": None, "chain": "chain-3"})
     assert all(s[0] > 0 and s[1] > 0 for s in stats.values()), stats
 
 
@@ -91,7 +92,7 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
     export_with(kind, target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, kind),
                 tree="tree-3x3" if kind == "medusa" else None)
     runner = Runner(tmp_path / "art", drafter=kind, adaptive=True, threads=1)
-    drafter = runner._generator(kind, SamplingParams()).drafter
+    drafter = runner.drafter(SamplingParams()).inner  # the head under the lookup branch
     drafted = 0
     for prompt in PROMPTS:
         plain = runner.generate_ids(prompt, 32, drafter="none")
@@ -99,19 +100,19 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
         assert spec.tokens == plain.tokens
         drafted += spec.stats.draft_steps
     assert drafter.plans_tree and drafted > 0
-    rates = drafter._static_trees.planner.rate
+    rates = drafter.planner.rates.observed
     assert rates and all(0.0 <= r <= 1.0 for r in rates.values())
     # a head that "never pays": only the probe steps draft, the others skip the head entirely and the
-    # committed rows are fed in one call on the next drafting step (the head cache must stay in step)
-    planner = drafter._static_trees.planner
-    planner.alpha = 0.0  # keep the rates at zero through the generation
-    drafter.enabled = False  # (the lookup branch would still draft on its own)
-    planner.rate.update({tuple(c): 0.0 for c in planner.full(8).choices()})
-    plain = runner.generate_ids(PROMPTS[0], 40, drafter="none")
-    sparse = runner.generate_ids(PROMPTS[0], 40)
+    # committed rows are fed in one call on the next drafting step (the head cache must stay in step);
+    # without the lookup branch, which would still draft on its own
+    head_only = Runner(tmp_path / "art", drafter=kind, adaptive=True, threads=1, lookup_branch=False)
+    planner = head_only.drafter(SamplingParams()).planner
+    planner.rates.alpha = 0.0  # keep the rates at zero through the generation
+    planner.rates.observed.update({tuple(c): 0.0 for c in planner.full(8).choices()})
+    plain = head_only.generate_ids(PROMPTS[0], 40, drafter="none")
+    sparse = head_only.generate_ids(PROMPTS[0], 40)
     assert sparse.tokens == plain.tokens
     assert 0 < sparse.stats.draft_steps < sparse.stats.target_passes // 4, sparse.stats
-    planner.alpha, drafter.enabled = 0.1, True
     # seeded sampling: the planner starts afresh each generation, so a seed reproduces its output
     params = SamplingParams(temperature=0.8, seed=11)
     assert runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens == runner.generate_ids(PROMPTS[1], 24, sampling=params).tokens
@@ -125,7 +126,7 @@ def test_head_without_lookup_branch(target_dir, tmp_path, tmp_path_factory):
 
     export_with("eagle3", target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, "eagle3"))
     runner = Runner(tmp_path / "art", drafter="eagle3", threads=1, lookup_branch=False)
-    assert isinstance(runner._generator("eagle3", SamplingParams()).drafter, HeadDrafter)
+    assert isinstance(runner.drafter(SamplingParams()), HeadDrafter)
     for prompt in PROMPTS[:2]:
         assert runner.generate_ids(prompt, 32).tokens == runner.generate_ids(prompt, 32, drafter="none").tokens
 
@@ -147,3 +148,15 @@ def test_dynamic_tree_export_and_sampling_runs(target_dir, tmp_path):
     assert len(out.tokens) >= 1
     with pytest.raises(InputError, match="Medusa"):
         export_with("medusa", target_dir, tmp_path / "bad", tree="dynamic")
+
+
+def test_run_tree_chain_with_k_drafts_that_deep(target_dir, tmp_path):
+    # on a head artifact, `run --tree chain -k 6 --no-lookup-branch` used to draft a 4-deep chain
+    from speccompile.runtime.session import Runner
+
+    export_with("mtp", target_dir, tmp_path / "art")
+    runner = Runner(tmp_path / "art", drafter="mtp", tree="chain", num_draft_tokens=6, lookup_branch=False, adaptive=False, threads=1)
+    assert runner.num_draft_tokens == 6 and len(runner.draft_config.choices) == 6
+    result = runner.generate_ids(PROMPTS[0], 24)
+    assert len(result.stats.drafted) == 6, result.stats.drafted  # every step drafted all six positions
+    assert result.tokens == runner.generate_ids(PROMPTS[0], 24, drafter="none").tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speccompile.runtime.drafters.base import Draft
+from speccompile.runtime.drafters.base import Draft, Drafter
 from speccompile.runtime.drafters.lookup_branch import LookupBranchDrafter
 from speccompile.runtime.tree import TreeSpec
 
@@ -16,18 +16,14 @@ HEAD_TOKENS = [7, 8, 9, 10]
 HISTORY = [5, 6, 7, 9, 11, 12, 13, 5, 6]
 
 
-class FixedTreeHead:
+class FixedTreeHead(Drafter):
     """A deterministic drafter that always proposes the same tree (or nothing); records its verdicts."""
 
     name = "fake"
-    max_nodes = 16
 
     def __init__(self, empty: bool = False):
         self.empty = empty
         self.verdicts: list[list[int]] = []
-
-    def reset(self) -> None:
-        pass
 
     def propose(self, tokens: list[int], k: int) -> Draft:
         return Draft([]) if self.empty else Draft(list(HEAD_TOKENS), tree=HEAD_TREE, mode="deterministic")
@@ -38,7 +34,7 @@ class FixedTreeHead:
 
 def test_lookup_chain_walks_the_head_tree_then_branches():
     head = FixedTreeHead()
-    drafter = LookupBranchDrafter(head)
+    drafter = LookupBranchDrafter(head, max_nodes=16)
     draft = drafter.propose(HISTORY, 4)
     # 7 and 9 are the head's nodes 1 and 3; 11 and 12 hang below node 3 as new nodes 5 and 6
     assert draft.tokens == [7, 8, 9, 10, 11, 12]
@@ -48,33 +44,31 @@ def test_lookup_chain_walks_the_head_tree_then_branches():
     # moves from the 0.5 prior toward 3 accepted of 4 tried: weight min(1, 2 * 0.08 * 4) = 0.64
     drafter.record_verdict(draft, [1, 3, 5])
     assert head.verdicts == [[1, 3]]
-    assert drafter.rate[2] == pytest.approx(0.36 * 0.5 + 0.64 * 0.75)
+    assert drafter.rates.observed[2] == pytest.approx(0.36 * 0.5 + 0.64 * 0.75)
 
 
 def test_lookup_branch_sized_by_acceptance_and_verify_cost():
     head = FixedTreeHead()
     drafter = LookupBranchDrafter(head, probe_every=3)
     drafter.plan_with(lambda: (0.06, 0.1))
-    drafter.rate[2] = 0.1  # 0.1^1 >= 0.06 > 0.1^2: one new token pays
+    drafter.rates.observed[2] = 0.1  # 0.1^1 >= 0.06 > 0.1^2: one new token pays
     draft = drafter.propose(HISTORY, 4)
     assert draft.tokens == [7, 8, 9, 10, 11]
-    drafter.rate[2] = 0.01  # nothing pays: the head's own draft, untouched ...
-    for _ in range(3):
+    drafter.rates.observed[2] = 0.01  # nothing pays: the head's own draft, untouched ...
+    for _ in range(2):
         assert drafter.propose(HISTORY, 4).tokens == HEAD_TOKENS
     assert drafter.propose(HISTORY, 4).tokens == [7, 8, 9, 10, 11]  # ... until a one-token probe
     drafter.plan_with(lambda: (0.06, 0.1), fresh=True)  # seeded sampling: rates start afresh
-    assert drafter.rate == {}
+    assert drafter.rates.observed == {}
 
 
-def test_lookup_alone_when_the_head_skips_and_nothing_when_disabled():
+def test_lookup_alone_when_the_head_skips():
     head = FixedTreeHead(empty=True)
     drafter = LookupBranchDrafter(head)
     draft = drafter.propose(HISTORY, 4)
     assert draft.tree is None and draft.tokens == [7, 9, 11, 12] and draft.drafted_levels == 0
     drafter.record_verdict(draft, [1, 2])
-    assert head.verdicts == [] and 2 in drafter.rate  # the head drafted nothing: nothing to tell its planner
-    drafter.enabled = False
-    assert drafter.propose(HISTORY, 4).tokens == []
+    assert head.verdicts == [] and 2 in drafter.rates.observed  # the head drafted nothing: nothing to tell its planner
     # a head tree of max_nodes nodes leaves no room: the lookup adds nothing
     full = LookupBranchDrafter(FixedTreeHead(), max_nodes=HEAD_TREE.n)
     assert full.propose(HISTORY, 4).tokens == HEAD_TOKENS

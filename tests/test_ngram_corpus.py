@@ -10,7 +10,6 @@ from speccompile.errors import InputError
 from speccompile.runtime.drafters.ngram import NgramDrafter
 from speccompile.runtime.drafters.ngram_corpus import NgramCorpus
 from speccompile.runtime.generate import GenerationConfig
-from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.session import Runner
 
 from conftest import run_cli
@@ -45,7 +44,7 @@ def test_greedy_output_is_unchanged_with_corpus_drafts(tiny_artifact, tmp_path):
     corpus_drafts = []
     walk = runner.ngram_corpus.continue_from
     runner.ngram_corpus.continue_from = lambda history, k: corpus_drafts.append(walk(history, k)) or corpus_drafts[-1]
-    generator = runner._generator("ngram", SamplingParams())
+    generator = runner.generator(plain=True)
     generator.drafter = NgramDrafter(min_match=3, corpus=runner.ngram_corpus)  # history matches are rarer: the corpus speaks
     for prompt in PROMPTS:
         ids = runner.artifact.tokenizer.prompt_ids(prompt, chat=False)

@@ -56,7 +56,7 @@ def test_kvcache_lazy_drop_and_compact():
 
 @pytest.mark.parametrize("adaptive,fused", [(True, True), (False, True), (True, False)])
 def test_greedy_ngram_equals_plain(tiny_artifact, adaptive, fused):
-    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=5, adaptive=adaptive, threads=1, fused=fused)
+    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=5, adaptive=adaptive, threads=1, contract_graph=not fused)
     assert runner.artifact.target.spec.file == ("target.ort.onnx" if fused else "target.onnx")
     accepted = 0
     for prompt in PROMPTS:
@@ -70,7 +70,7 @@ def test_greedy_ngram_equals_plain(tiny_artifact, adaptive, fused):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_greedy_draft_model_equals_plain(tiny_artifact_with_draft, fused):
-    runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1, fused=fused)
+    runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1, contract_graph=not fused)
     assert runner.drafter_name == "draft-model"
     assert runner.artifact.session("draft").spec.file == ("draft.ort.onnx" if fused else "draft.onnx")
     for prompt in PROMPTS[:3]:
@@ -95,13 +95,11 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path, tiny_model_dir):
 
 
 def test_draft_model_cache_stays_consistent(tiny_artifact_with_draft):
-    from speccompile.runtime.artifact import make_drafter
-
     runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1)
     result = runner.generate(PROMPTS[0], chat=False, max_tokens=30)
-    used = next(iter(runner._drafters.values()))
+    used = runner.drafter()
     history = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False) + result.tokens
-    fresh = make_drafter(runner.artifact, "draft-model", SamplingParams())
+    fresh = Runner(tiny_artifact_with_draft, drafter="draft-model", threads=1).drafter()
     assert used.propose(history, 4).tokens == fresh.propose(history, 4).tokens
     # and after a rollback to an earlier prefix
     assert used.propose(history[:-7], 4).tokens == fresh.propose(history[:-7], 4).tokens
@@ -233,21 +231,18 @@ def test_target_threads_spin_only_when_no_drafter_graph_runs(tiny_artifact, tiny
 
 def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
     # near max_context a draft that does not fit is dropped (a plain step), not a reason to stop early
-    from speccompile.runtime.drafters.base import Draft
+    from speccompile.runtime.drafters.base import Draft, Drafter
     from speccompile.runtime.generate import GenerationConfig
 
-    class AlwaysDrafts:  # a real (if poor) drafter: always k copies of the last token, so every draft is full length
+    class AlwaysDrafts(Drafter):  # a real (if poor) drafter: always k copies of the last token, so every draft is full length
         name = "repeat"
-
-        def reset(self) -> None:
-            pass
 
         def propose(self, tokens, k):
             return Draft([tokens[-1]] * k)
 
     runner = Runner(tiny_artifact, drafter="none", threads=1)
     ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False)
-    generator = runner._generator("none", SamplingParams())
+    generator = runner.generator(plain=True)
     plain = generator.generate(ids, GenerationConfig(max_tokens=1000, num_draft_tokens=0, ignore_eos=True))
     # the last token is emitted from the logits of the last cache row, never fed back
     assert plain.finish_reason == "context" and len(ids) + len(plain.tokens) == runner.artifact.max_context + 1

@@ -1,7 +1,7 @@
 """Logits processing, sampling, and the exactness of chain/tree verification.
 
-The distribution tests follow DESIGN.md: a synthetic Markov "model" over a vocabulary of 8
-tokens (fixed random transition tables for the target p and the drafter q), N = 100,000
+The distribution tests follow docs/DESIGN.md ("Exact speculative sampling"): a synthetic Markov
+"model" over a vocabulary of 8 tokens (fixed random transition tables for the target p and the drafter q), N = 100,000
 speculative generations of the first 3 tokens with a fixed seed, and a chi-square test of the
 empirical joint distribution against the exact target joint. Each test calls the real
 ``verify_chain`` / ``verify_tree`` once per speculation round; only the synthetic drafter's

@@ -69,6 +69,7 @@ def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
     import torch
 
     from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.draft_config import DraftConfig
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
     from speccompile.training.trainer import TrainOptions, train_draft
@@ -86,16 +87,16 @@ def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
     manifest = export_artifact("smollm2-135m", art, ExportOptions(drafter=f"eagle3:{head}", max_context=512))
     assert manifest.graphs["eagle3-ort"].extra["weights"] == "int8"
     runner = Runner(art, drafter="eagle3", num_draft_tokens=4, adaptive=False, threads=2)
-    drafter = runner._generator("eagle3", SamplingParams()).drafter
-    modes = {"chain": {"tree": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]},
-             "static": {"tree": [[0], [1], [0, 0], [1, 0], [0, 0, 0]]},
-             "dynamic": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 10}},
-             "dynamic-confident": {"tree": "dynamic", "dynamic": {"depth": 4, "top_k": 3, "total_tokens": 10, "min_prob": 0.1}}}
+    head = runner.drafter(SamplingParams()).inner  # the head under the lookup branch
+    modes = {"chain": DraftConfig.parse("eagle3", "chain", 4),
+             "static": DraftConfig("eagle3", 4, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))),
+             "dynamic": DraftConfig.parse("eagle3", "dynamic-4-3-10"),
+             "dynamic-confident": DraftConfig.parse("eagle3", "dynamic-4-3-10-p0.1")}
     prompt = story + "Continue the story."
     plain = runner.generate(prompt, max_tokens=40, drafter="none")
     accepted = {}
     for name, tree in modes.items():
-        drafter.set_tree(tree)
+        head.set_tree(tree)
         spec = runner.generate(prompt, max_tokens=40)
         assert spec.tokens == plain.tokens, name
         accepted[name] = sum(spec.stats.accepted)

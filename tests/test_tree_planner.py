@@ -11,7 +11,7 @@ TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
 def planner_with(rates, **kw):
     p = TreePlanner(TREE, max_nodes=64, probe_every=1000, **kw)
-    p.rate.update({tuple(k): v for k, v in rates.items()})
+    p.rates.observed.update({tuple(k): v for k, v in rates.items()})
     return p
 
 
@@ -41,14 +41,14 @@ def test_record_moves_rates_toward_what_was_accepted():
     p = planner_with(RATES, alpha=0.5)
     spec = TreeSpec.from_choices([[0], [1], [0, 0]])  # nodes 1: [0], 2: [1], 3: [0, 0]
     p.record(spec, [1, 3])  # accepted path: [0] then [0, 0]
-    assert p.rate[(0,)] == pytest.approx(0.9) and p.rate[(0, 0)] == pytest.approx(0.8)
-    assert p.rate[(1,)] == pytest.approx(0.05)
-    assert p.rate[(0, 0, 0)] == 0.45  # not drafted: unchanged
+    assert p.rates.observed[(0,)] == pytest.approx(0.9) and p.rates.observed[(0, 0)] == pytest.approx(0.8)
+    assert p.rates.observed[(1,)] == pytest.approx(0.05)
+    assert p.rates.observed[(0, 0, 0)] == 0.45  # not drafted: unchanged
     assert drafted_spec(Draft([5, 6])).choices() == [[0], [0, 0]]  # a chain draft's tree
 
 
 def test_probe_steps_try_a_few_pruned_nodes():
     p = TreePlanner(TREE, max_nodes=64, probe_every=4, probe_extra=2)
-    p.rate.update({tuple(k): v for k, v in RATES.items()})
+    p.rates.observed.update({tuple(k): v for k, v in RATES.items()})
     sizes = [p.plan(3, 0.06, 0.0).n - 1 for _ in range(8)]
     assert sizes == [3, 3, 3, 5, 3, 3, 3, 5]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import click
 from ..console import emit_json
 from ..errors import InputError
 from ..runtime.backends.base import BACKENDS
+from ..runtime.options import DRAFTER_CHOICES, RunOptions
 from ..runtime.sampling import SamplingParams
 
 
@@ -32,6 +35,11 @@ def backend_options(func):
         "--contract-graph", is_flag=True,
         help="On ort-cpu, run the portable contract graph (target.onnx) instead of the fused CPU graph (target.ort.onnx).",
     )(func)
+    func = click.option(
+        "--shape-invariant/--no-shape-invariant", default=None,
+        help="Run every target pass with the same shapes (padded rows, fixed KV extent) so greedy output is bitwise "
+             "identical to plain decoding on GPUs [default: on for GPU backends, off on ort-cpu].",
+    )(func)
     func = click.option("--threads", type=int, default=None, help="Intra-op threads for ONNX Runtime [default: all usable cores].")(func)
     func = click.option("--backend", type=click.Choice(BACKENDS), default="ort-cpu", show_default=True, help="Inference engine.")(func)
     return func
@@ -50,15 +58,29 @@ def drafter_options(func):
     )(func)
     func = click.option("--adaptive/--no-adaptive", default=True, show_default=True, help="Shorten or pause drafting when it does not pay.")(func)
     func = click.option("--tree", default=None, help="Head drafters: tree preset, JSON choice file, 'chain' or 'dynamic[-D-K-N[-pP]]' [default: the exported one].")(func)
-    func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="Most draft tokens per step [default: per drafter].")(func)
+    func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="k: most draft positions per step (chain tokens, or tree depth) [default: the artifact's, else per drafter].")(func)
     func = click.option(
         "--drafter",
-        type=click.Choice(["auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp"]),
+        type=click.Choice(DRAFTER_CHOICES),
         default="auto",
         show_default=True,
         help="auto = the drafter exported with the artifact, else n-gram lookup; none = plain decoding.",
     )(func)
     return func
+
+
+RUN_OPTION_FIELDS = tuple(field.name for field in dataclasses.fields(RunOptions))  # one click option each
+
+
+def run_options(func):
+    """The drafter and backend options, handed to the command as one `options: RunOptions` argument."""
+
+    @functools.wraps(func)
+    def command(**kwargs):
+        options = RunOptions(**{name: kwargs.pop(name) for name in RUN_OPTION_FIELDS})
+        return func(options=options, **kwargs)
+
+    return drafter_options(backend_options(command))
 
 
 @click.command()
@@ -72,18 +94,16 @@ def drafter_options(func):
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, default=None, help="Random seed for sampling.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); output is cut before it.")
-@drafter_options
-@backend_options
+@run_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, options, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+    runner = Runner(artifact, options)
     on_text = None
     if stream and not as_json:
         def on_text(delta: str) -> None:
@@ -113,15 +133,13 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One untimed generation first.")
-@drafter_options
-@backend_options
+@run_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from ..runtime.bench import print_report, run_bench
 
-    report = run_bench(artifact, list(workloads), max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree, fused=not contract_graph,
-                       lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
+    report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup)
     if as_json:
         emit_json(report)
     else:
@@ -133,16 +151,18 @@ def bench(artifact, workloads, max_tokens, limit, warmup, drafter, tree, lookup_
 @click.option("--workload", "workloads", type=click.Path(path_type=Path), multiple=True, help="JSONL prompts [default: a few built-in prompts].")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
-@drafter_options
-@backend_options
+@run_options
 @click.option("--json", "as_json", is_flag=True)
-def verify(artifact, workloads, max_tokens, limit, drafter, tree, lookup_branch, ngram_corpus, num_draft_tokens, adaptive, backend, threads, contract_graph, as_json):
+def verify(artifact, workloads, max_tokens, limit, options, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
-    from ..runtime.bench import run_verify
+    from ..runtime.bench import print_verify_report, run_verify
 
-    ok = run_verify(artifact, list(workloads), max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree, fused=not contract_graph,
-                    lookup_branch=lookup_branch, ngram_corpus=ngram_corpus)
-    if not ok:
+    report = run_verify(artifact, options, list(workloads), max_tokens, limit)
+    if as_json:
+        emit_json(report)
+    else:
+        print_verify_report(report)
+    if not report["identical"]:
         sys.exit(1)
 
 

@@ -17,11 +17,14 @@ from typing import Callable
 import onnx
 
 from .. import __version__
+from ..accel.compat import check_tensorrt_compat
+from ..accel.profiles import DEFAULT_PREFILL_CHUNK, profiles_for, required_limits
 from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
+from ..onnx_versions import save_model
 from . import config as cfg
-from .compat import check_tensorrt_compat
+from .methods import MethodOptions, apply_methods, quantized_groups
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
 
 Progress = Callable[[str], None]
@@ -45,7 +48,7 @@ class BuildOptions:
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
     profiles: str = "single"
-    prefill_chunk: int = cfg.DEFAULT_PREFILL_CHUNK
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
     opt_context: int | None = None
     workspace_mb: int | None = None
@@ -58,6 +61,7 @@ class BuildOptions:
     max_context: int | None = None  # limits for the engine's profiles (at most the exported ones)
     max_verify_tokens: int | None = None
     max_batch: int | None = None
+    methods: MethodOptions = field(default_factory=MethodOptions)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":
@@ -131,29 +135,40 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
 
     spec = manifest.graph(graph)
     qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block)
+    methods = options.methods.validate()
     progress(f"loading {spec.file}")
     model = onnx.load(str(src_dir / spec.file), load_external_data=True)
     amax = None
+    weight_clip = None
+    method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
+    if options.precision == "int4" and (methods.awq or methods.clip):
+        tensors = list(quantized_groups(model, qopts))
     if tensors:
-        from ..runtime.tokenizer import TextTokenizer
+        from ..tokenizer import TextTokenizer
 
         texts = load_calibration_texts(options.calib)
         tokenizer = TextTokenizer(src_dir, manifest.tokenizer.get("eos_token_ids"))
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
-        amax = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent)
+        stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
+                                      max_rows=methods.search_rows if methods.needs_rows else 0)
         calibration = {
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),
             "tokens": sum(map(len, samples)),
-            "method": "max",
+            "method": methods.act_calib if options.precision == "fp8" else "max",
         }
+        progress("searching input-channel scales, clipping and activation ranges on the calibration activations")
+        applied = apply_methods(model, qopts, stats, methods, progress)
+        amax = applied.act_amax if options.precision != "int4" else None
+        weight_clip = applied.weight_clip
+        method_record = applied.summary()
     progress(f"quantizing {graph} to {options.precision}")
-    report = quantize_model(model, qopts, amax)
+    report = quantize_model(model, qopts, amax, weight_clip)
     data_name = dst.name + ".data"
-    onnx.save_model(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+    save_model(model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     del model
     progress("checking the quantized graph (onnx checker" + (", ONNX Runtime load)" if "ort-cpu" in RUNS_ON[options.precision] else ")"))
     _check_onnx(dst, run_ort="ort-cpu" in RUNS_ON[options.precision])
@@ -163,6 +178,8 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         record["int4_block"] = options.int4_block
     if calibration:
         record["calibration"] = calibration
+    if method_record:
+        record["methods"] = method_record
     record["runs_on"] = RUNS_ON[options.precision]
     return record
 
@@ -174,7 +191,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     if out.exists() and src.resolve() == out.resolve():
         raise InputError("--out must differ from the input artifact")
     manifest = read_manifest(src, verify_files=True)
-    limits = _apply_limit_overrides(cfg.required_limits(manifest), options, src)
+    limits = _apply_limit_overrides(required_limits(manifest), options, src)
     _check_float_dtype(manifest, options)
     if manifest.engine:
         raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
@@ -191,7 +208,8 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
 
     trt = gpu = build_config = None
     if not options.onnx_only:
-        from .trt_build import gpu_info, require_tensorrt
+        from ..accel.cuda import gpu_info
+        from ..accel.trt import require_tensorrt
 
         trt = require_tensorrt()
         gpu = gpu_info()
@@ -207,7 +225,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     profile_problems: dict[str, str] = {}
     for name, spec in manifest.graphs.items():
         try:
-            profiles[name] = cfg.profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
+            profiles[name] = profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
         except SpecCompileError as exc:
             if not options.onnx_only:
                 raise

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -19,6 +20,7 @@ from onnx import TensorProto, helper
 
 from ..errors import InputError
 from ..manifest import GraphSpec
+from ..onnx_versions import save_model
 
 BUILTIN_CALIBRATION = [
     {"prompt": "Write a short story about a lighthouse keeper who finds a message in a bottle.", "chat": True},
@@ -32,17 +34,22 @@ BUILTIN_CALIBRATION = [
 ]
 
 
+def read_text_input(path: Path, flag: str) -> str:
+    """The text of a user-given file; a one-line InputError naming `flag` when it is missing or unreadable."""
+    if not path.is_file():
+        raise InputError(f"{flag} {path}: no such file")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{flag} {path}: cannot read ({exc})") from None
+
+
 def load_calibration_texts(path: Path | None) -> list[dict]:
     """Calibration prompts: JSONL ({"prompt"|"text", "chat"?}) or plain text (paragraphs); built-in set when None."""
     if path is None:
         return list(BUILTIN_CALIBRATION)
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"--calib {path}: no such file")
-    try:
-        content = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--calib {path}: cannot read ({exc})") from None
+    content = read_text_input(path, "--calib")
     items: list[dict] = []
     if path.suffix in (".jsonl", ".json"):
         for number, line in enumerate(content.splitlines(), 1):
@@ -96,6 +103,22 @@ def _float_elem(model: onnx.ModelProto) -> int:
     return TensorProto.FLOAT
 
 
+@dataclass
+class ActivationStats:
+    """What calibration saw of one activation tensor: its amax and a subset of its rows (tokens)."""
+
+    channel_amax: np.ndarray  # [channels] max |x| over every calibration token
+    rows: np.ndarray  # [tokens kept, channels] float32 (empty when rows were not asked for)
+
+    @property
+    def amax(self) -> float:
+        return float(self.channel_amax.max()) if self.channel_amax.size else 0.0
+
+    @property
+    def channel_mean_abs(self) -> np.ndarray:
+        return np.abs(self.rows).mean(axis=0)
+
+
 def calibrate_activations(
     directory: Path,
     spec: GraphSpec,
@@ -103,8 +126,10 @@ def calibrate_activations(
     samples: Sequence[Sequence[int]],
     threads: int | None = None,
     workdir: Path | None = None,
-) -> dict[str, float]:
-    """amax of each tensor over full-prompt (prefill) passes of every sample.
+    max_rows: int = 0,
+) -> dict[str, ActivationStats]:
+    """amax of each tensor over full-prompt (prefill) passes of every sample, and up to `max_rows` rows
+    (evenly spaced tokens over all samples) for the methods that search on activations.
 
     `workdir` (default: the system temp dir) holds the graph copy and hard links to the weight files
     (ONNX Runtime refuses external data reached through symbolic links); across file systems the
@@ -113,6 +138,9 @@ def calibrate_activations(
 
     if not tensors:
         return {}
+    total = sum(len(ids) for ids in samples)
+    stride = max(1, -(-total // max_rows)) if max_rows else 0
+    kept: dict[str, list[np.ndarray]] = {name: [] for name in tensors}
     directory = Path(directory)
     model = onnx.load(str(directory / spec.file), load_external_data=False)
     elem = _float_elem(model)
@@ -120,7 +148,7 @@ def calibrate_activations(
     for name in tensors:
         if name not in existing:
             model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
-    amax = {name: 0.0 for name in tensors}
+    amax: dict[str, np.ndarray | None] = {name: None for name in tensors}
     past = [t for t in spec.inputs if t.name.startswith("past_key_values")]
     kv_dtype = np.float16 if past and past[0].dtype == "float16" else np.float32
     with tempfile.TemporaryDirectory(prefix="speccompile-calib-", dir=workdir) as tmp:
@@ -131,7 +159,7 @@ def calibrate_activations(
             except OSError:
                 shutil.copyfile(source, link)
         graph_path = Path(tmp) / spec.file
-        onnx.save_model(model, str(graph_path))
+        save_model(model, graph_path)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         if threads:
@@ -148,8 +176,10 @@ def calibrate_activations(
                 feeds[t.name] = np.zeros((1, int(t.shape[1]), 0, int(t.shape[3])), dtype=kv_dtype)
             outputs = session.run(list(tensors), feeds)
             for name, value in zip(tensors, outputs):
-                value = np.abs(np.asarray(value, dtype=np.float32))
-                finite = value[np.isfinite(value)]
-                if finite.size:
-                    amax[name] = max(amax[name], float(finite.max()))
-    return amax
+                value = np.asarray(value, dtype=np.float32).reshape(-1, np.shape(value)[-1])
+                magnitude = np.where(np.isfinite(value), np.abs(value), 0.0).max(axis=0)
+                amax[name] = magnitude if amax[name] is None else np.maximum(amax[name], magnitude)
+                if stride:
+                    kept[name].append(value[::stride])
+    empty = np.zeros((0, 0), np.float32)
+    return {name: ActivationStats(amax[name], np.concatenate(kept[name])[:max_rows] if kept[name] else empty) for name in tensors}

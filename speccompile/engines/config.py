@@ -1,4 +1,5 @@
-"""TensorRT build configuration as plain data: optimization profiles, TensorRT 10 vs 11 flags, hardware rules.
+"""TensorRT build configuration as plain data: TensorRT 10 vs 11 flags, hardware rules, the manifest's engine
+section, trtexec command lines (the optimization profiles are in `accel/profiles.py`, shared with the runtime).
 
 Nothing here imports TensorRT; `trt_build.py` turns these values into API calls and `build.py` writes
 them as trtexec command lines, so every decision is unit-testable on a machine without a GPU.
@@ -6,152 +7,18 @@ them as trtexec command lines, so every decision is unit-testable on a machine w
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import ArtifactError, HardwareError, InputError, UnsupportedError
-from ..manifest import GraphSpec, Manifest
+from ..accel.profiles import Profile, shapes_arg
+from ..accel.trt import describe_gpu, trt_major, version_tuple
+from ..errors import HardwareError, InputError, UnsupportedError
 
 PRECISIONS = ("none", "fp8", "int4", "nvfp4")
-DEFAULT_PREFILL_CHUNK = 256  # speccompile.runtime.generate.GenerationConfig.prefill_chunk
-
-
-# ---------------------------------------------------------------- optimization profiles
-
-@dataclass
-class AxisRange:
-    min: int
-    opt: int
-    max: int
-
-    def validate(self, name: str) -> "AxisRange":
-        if not (0 <= self.min <= self.opt <= self.max):
-            raise InputError(f"profile axis {name}: need 0 <= min <= opt <= max, got {self.min}/{self.opt}/{self.max}")
-        return self
-
-
-@dataclass
-class Profile:
-    """One TensorRT optimization profile: input name -> (min, opt, max) shapes."""
-
-    name: str
-    shapes: dict[str, tuple[list[int], list[int], list[int]]]
-
-    def covers(self, shapes: dict[str, tuple[int, ...]]) -> bool:
-        for name, shape in shapes.items():
-            lo, _opt, hi = self.shapes[name]
-            if any(not (a <= s <= b) for a, s, b in zip(lo, shape, hi)):
-                return False
-        return True
-
-
-def required_limits(manifest: Manifest) -> dict[str, int]:
-    """max_context / max_verify_tokens / max_batch from the manifest, or an ArtifactError naming what is missing."""
-    limits = manifest.limits or {}
-    missing = [k for k in ("max_context", "max_verify_tokens") if not isinstance(limits.get(k), int) or limits.get(k, 0) < 1]
-    if missing:
-        raise ArtifactError(
-            f"manifest.json has no usable limits ({', '.join(missing)} missing); the engine's optimization "
-            f"profiles are derived from them; re-export with `speccompile export --max-context N`"
-        )
-    return {
-        "max_context": int(limits["max_context"]),
-        "max_verify_tokens": int(limits["max_verify_tokens"]),
-        "max_batch": int(limits.get("max_batch") or 1),
-    }
-
-
-def axis_ranges(
-    limits: dict[str, int],
-    q_range: tuple[int, int, int],
-    opt_context: int | None = None,
-) -> dict[str, AxisRange]:
-    """Ranges for the export's dynamic axis names (batch, q_len, past_len, total_len)."""
-    max_context = limits["max_context"]
-    q_min, q_opt, q_max = q_range
-    q_max = min(q_max, max_context)
-    q_opt = min(q_opt, q_max)
-    opt_past = min(opt_context if opt_context is not None else max(1, max_context // 4), max_context - q_max)
-    opt_past = max(opt_past, 0)
-    ranges = {
-        "batch": AxisRange(1, 1, limits.get("max_batch", 1)),
-        "q_len": AxisRange(q_min, q_opt, q_max),
-        "past_len": AxisRange(0, opt_past, max_context - q_min),
-        "total_len": AxisRange(q_min, opt_past + q_opt, max_context),
-    }
-    for name, r in ranges.items():
-        r.validate(name)
-    return ranges
-
-
-def profiles_for(
-    spec: GraphSpec,
-    limits: dict[str, int],
-    mode: str = "single",
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    opt_q: int | None = None,
-    opt_context: int | None = None,
-) -> list[Profile]:
-    """Optimization profiles for one graph.
-
-    single: one profile, q_len 1..max(max_verify_tokens, prefill_chunk) (opt = verify size);
-    split:  'verify' (q_len 1..max_verify_tokens) + 'prefill' (q_len max_verify_tokens+1..prefill_chunk):
-            better kernels for each, at the cost of a second set of tactics in the engine.
-    """
-    if mode not in ("single", "split"):
-        raise InputError(f"--profiles must be single or split, got {mode}")
-    if prefill_chunk < 1:
-        raise InputError(f"--prefill-chunk must be >= 1, got {prefill_chunk}")
-    verify = limits["max_verify_tokens"]
-    verify_opt = opt_q or min(verify, 8)
-    if mode == "single" or prefill_chunk <= verify:
-        q_ranges = {"main": (1, verify_opt, max(verify, prefill_chunk))}
-    else:
-        q_ranges = {"verify": (1, verify_opt, verify), "prefill": (verify + 1, prefill_chunk, prefill_chunk)}
-    profiles = []
-    for name, q_range in q_ranges.items():
-        ranges = axis_ranges(limits, q_range, opt_context)
-        shapes = {}
-        for tensor in spec.inputs:
-            dims = []
-            for d in tensor.shape:
-                if isinstance(d, int):
-                    dims.append((d, d, d))
-                elif d in ranges:
-                    r = ranges[d]
-                    dims.append((r.min, r.opt, r.max))
-                else:
-                    raise UnsupportedError(
-                        f"graph {spec.file}: input {tensor.name} has dynamic axis '{d}' with no known range "
-                        f"(known: {', '.join(ranges)})"
-                    )
-            shapes[tensor.name] = tuple([x[i] for x in dims] for i in range(3))
-        profiles.append(Profile(name, shapes))
-    return profiles
-
-
-def select_profile(profiles: list[Profile], shapes: dict[str, tuple[int, ...]]) -> int:
-    """Index of the first profile covering the given input shapes (the runtime's choice)."""
-    for i, p in enumerate(profiles):
-        if p.covers(shapes):
-            return i
-    raise InputError(f"no optimization profile of the engine covers input shapes {shapes}")
 
 
 # ---------------------------------------------------------------- TensorRT versions and flags
-
-def trt_major(version: str) -> int:
-    m = re.match(r"(\d+)", str(version))
-    if not m:
-        raise InputError(f"cannot parse TensorRT version {version!r}")
-    return int(m.group(1))
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(version))[:3])
-
 
 @dataclass
 class BuildConfig:
@@ -220,12 +87,6 @@ def make_build_config(
 
 # ---------------------------------------------------------------- hardware rules
 
-# (compute capability) -> family, for messages
-_FAMILIES = {
-    (7, 5): "Turing", (8, 0): "Ampere", (8, 6): "Ampere", (8, 7): "Orin (Ampere)", (8, 9): "Ada",
-    (9, 0): "Hopper", (10, 0): "Blackwell (B200)", (10, 1): "Thor (Blackwell)", (10, 3): "Blackwell (B300)",
-    (11, 0): "Thor (Blackwell)", (12, 0): "Blackwell (RTX 50 / RTX PRO)", (12, 1): "Blackwell (GB10)",
-}
 NVFP4_CCS = {(10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)}
 
 
@@ -260,11 +121,6 @@ HARDWARE_RULES = {
 }
 
 
-def describe_gpu(cc: tuple[int, int], name: str = "") -> str:
-    family = _FAMILIES.get(tuple(cc), "unknown family")
-    return f"{name or 'this GPU'} (SM {cc[0]}.{cc[1]}, {family})"
-
-
 def check_hardware(precision: str, cc: tuple[int, int], device_name: str = "") -> None:
     """Refuse a precision the GPU cannot run, with a one-line reason."""
     rule = HARDWARE_RULES[precision or "none"]
@@ -297,29 +153,7 @@ def engine_section(
     }
 
 
-def check_engine_compat(engine: dict[str, Any] | None, trt_version: str, cc: tuple[int, int], device_name: str = "") -> None:
-    """Raise HardwareError when a serialized engine was built for another TensorRT version or GPU."""
-    if not engine or engine.get("kind") != "tensorrt":
-        raise ArtifactError("this artifact has no TensorRT engine (build one with `speccompile build ARTIFACT --out DIR`)")
-    built = str(engine.get("tensorrt_version", "?"))
-    if version_tuple(built) != version_tuple(trt_version):
-        raise HardwareError(
-            f"engine was built with TensorRT {built} but TensorRT {trt_version} is installed; engines are tied to the "
-            f"TensorRT version: rebuild with `speccompile build` (or install TensorRT {built})"
-        )
-    built_cc = tuple(engine.get("compute_capability") or ())
-    if built_cc != tuple(cc):
-        raise HardwareError(
-            f"engine was built for {describe_gpu(built_cc, engine.get('device_name', ''))} but runs on "
-            f"{describe_gpu(tuple(cc), device_name)}; engines are tied to the GPU: rebuild on this machine"
-        )
-
-
 # ---------------------------------------------------------------- trtexec
-
-def _shape_arg(shapes: dict[str, list[int]]) -> str:
-    return ",".join(f"{name}:{'x'.join(str(d) for d in dims)}" for name, dims in shapes.items())
-
 
 def trtexec_command(onnx_file: str, plan_file: str, profiles: list[Profile], major: int, precision: str = "none",
                     workspace_mb: int | None = None, builder_optimization_level: int = 3,
@@ -328,7 +162,7 @@ def trtexec_command(onnx_file: str, plan_file: str, profiles: list[Profile], maj
     args = ["trtexec", f"--onnx={onnx_file}", f"--saveEngine={plan_file}"]
     for profile in profiles:
         for i, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
-            args.append(f"{flag}={_shape_arg({n: s[i] for n, s in profile.shapes.items()})}")
+            args.append(f"{flag}={shapes_arg({n: s[i] for n, s in profile.shapes.items()})}")
     if major < 11:
         if weakly_typed:
             args += [f"--{f.lower()}" for f in _WEAK_PRECISION_FLAGS[precision]]

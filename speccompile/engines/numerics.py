@@ -92,14 +92,19 @@ def pick_block(k: int, requested: int, minimum: int = 16) -> int | None:
     return None
 
 
-def quantize_int4_blockwise(w: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """W [K, N] -> (int8 values in [-8, 7] [K, N], float32 scales [K // block, N]); blocks along axis 0."""
+def quantize_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] -> (int8 values in [-8, 7] [K, N], float32 scales [K // block, N]); blocks along axis 0.
+
+    `clip` [K // block, N] (ratios <= 1) shrinks each block's range: values beyond it saturate."""
     w = np.asarray(w, dtype=np.float32)
     k, n = w.shape
     if k % block:
         raise ValueError(f"K={k} is not a multiple of the INT4 block size {block}")
     blocks = w.reshape(k // block, block, n)
-    scale = safe_scale(np.abs(blocks).max(axis=1), INT4_MAX)  # [K/B, N]
+    amax = np.abs(blocks).max(axis=1)
+    if clip is not None:
+        amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
+    scale = safe_scale(amax, INT4_MAX)  # [K/B, N]
     q = np.clip(np.rint(blocks / scale[:, None, :]), -8, 7).astype(np.int8).reshape(k, n)
     return q, scale
 
@@ -139,8 +144,9 @@ def nvfp4_global_scale(amax: float) -> np.float32:
     return np.float32(safe_scale(np.float32(amax), FP4_MAX * FP8_MAX))
 
 
-def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block: int = NVFP4_BLOCK):
-    """Blockwise NVFP4 along the LAST axis of x.
+def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block: int = NVFP4_BLOCK,
+                   clip: np.ndarray | None = None):
+    """Blockwise NVFP4 along the LAST axis of x (`clip` [..., K // block]: ratios <= 1 shrinking block ranges).
 
     Returns (codes uint8 [..., K] in 0..15, block scales float8_e4m3fn [..., K // block], global scale float32).
     Used for weights (x = W^T [N, K], static global scale from the weight amax) and, with a calibrated
@@ -155,6 +161,8 @@ def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block:
     global_scale = np.float32(global_scale)
     blocks = x.reshape(*x.shape[:-1], k // block, block)
     block_amax = np.abs(blocks).max(axis=-1)
+    if clip is not None:
+        block_amax = (block_amax * np.asarray(clip, np.float32)).astype(np.float32)
     scale_fp8 = to_fp8(block_amax / np.float32(FP4_MAX) / global_scale)
     effective = scale_fp8.astype(np.float32) * global_scale  # exactly what DQ(scale_fp8, global) computes
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -168,3 +176,8 @@ def nvfp4_dequantize(codes: np.ndarray, scale_fp8: np.ndarray, global_scale: np.
     scale = (np.asarray(scale_fp8).astype(np.float32) * np.float32(global_scale)).astype(np.float32)
     values = e2m1_decode(codes)
     return (values * np.repeat(scale, block, axis=-1)).astype(np.float32)
+
+
+def fp8_fake_quant(x: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
+    """x -> float32 of fp8(x / scale) * scale (what a Q/DQ pair with that scale computes)."""
+    return (to_fp8(np.asarray(x, np.float32) / np.float32(scale)).astype(np.float32) * np.float32(scale)).astype(np.float32)

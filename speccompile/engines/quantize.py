@@ -128,8 +128,12 @@ def _unique(name: str, taken: set[str]) -> str:
     return name
 
 
-def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, float] | None = None) -> QuantReport:
-    """Rewrite `model` in place (weights must be loaded). `act_amax` is needed for fp8 and nvfp4."""
+def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, float] | None = None,
+                   weight_clip: dict[str, np.ndarray] | None = None) -> QuantReport:
+    """Rewrite `model` in place (weights must be loaded). `act_amax` is needed for fp8 and nvfp4.
+
+    `weight_clip` (INT4 / NVFP4): per weight, the clipping ratio of every block (engines/methods.py)."""
+    weight_clip = weight_clip or {}
     scheme = options.scheme
     if scheme not in SCHEMES:
         raise InputError(f"unknown quantization scheme {scheme!r} (one of {', '.join(SCHEMES)})")
@@ -189,12 +193,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         elif scheme == "int4":
             block = nx.pick_block(k, options.int4_block)
             report.blocks[weight] = block
-            q, scale = nx.quantize_int4_blockwise(w, block)
+            q, scale = nx.quantize_int4_blockwise(w, block, weight_clip.get(weight))
             qn = add_init(_raw_tensor(_unique(f"{weight}_int4", taken), TensorProto.INT4, q.shape, nx.pack_nibbles(q.view(np.uint8)).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=0, block_size=block))
         else:  # nvfp4: W^T [N, K], blocks along K (last axis)
-            codes, s_fp8, s2 = nx.nvfp4_quantize(w.T, block=options.fp4_block)
+            codes, s_fp8, s2 = nx.nvfp4_quantize(w.T, block=options.fp4_block, clip=weight_clip.get(weight))
             qn = add_init(_raw_tensor(_unique(f"{weight}_fp4", taken), TensorProto.FLOAT4E2M1, (n, k), nx.pack_nibbles(codes).tobytes()))
             bn = add_init(_raw_tensor(_unique(f"{weight}_fp4_scale", taken), TensorProto.FLOAT8E4M3FN, s_fp8.shape, s_fp8.view(np.uint8).tobytes()))
             gn = add_init(numpy_helper.from_array(np.array(s2, dtype=np_float), _unique(f"{weight}_fp4_global_scale", taken)))

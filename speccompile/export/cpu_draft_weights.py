@@ -34,16 +34,23 @@ def add_quantized_head_variant(name: str, graphs: dict[str, GraphSpec], director
         progress(f"note: no {weights} CPU variant of {name}: quantizing starts from fp32 (export dtype {contract.dtype})")
         return []
     progress(f"writing the {weights} ONNX Runtime CPU variant of {name}")
+    from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, pin_versions, required_onnxruntime, version_string
     from .onnx_export import check_graph, graph_interface
     from .ort_fused_graph import FUSED_SUFFIX
 
     contract_path = Path(directory) / contract.file
     path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + FUSED_SUFFIX)
     model = quantize_matmul_weights(contract_path, int(weights.removeprefix("int")))
+    required = version_string(required_onnxruntime(pin_versions(model)) or installed_onnxruntime())
+    if not onnxruntime_loads(required):
+        progress(f"note: no {weights} CPU variant of {name}: it needs onnxruntime >= {required} "
+                 f"(installed {version_string(installed_onnxruntime())})")
+        return []
     files = _save_sharing_weights(model, contract_path, path)
     check_graph(path)
     inputs, outputs = graph_interface(path)
-    extra = {**contract.extra, "variant_of": contract.file, "weights": weights, "backends": ["ort-cpu"]}
+    extra = {**contract.extra, "variant_of": contract.file, "weights": weights, "backends": ["ort-cpu"],
+             "min_onnxruntime": required}
     graphs[variant_name(name)] = GraphSpec(
         role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
         num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
@@ -75,6 +82,7 @@ def _save_sharing_weights(model, contract_path: Path, path: Path) -> list[str]:
     """Save `model` at `path`; initializers identical to the contract graph's reuse its data file."""
     import onnx
 
+    from ..onnx_versions import save_model
     from .ort_fused_graph import SharedWeights
 
     weights = SharedWeights(contract_path, path.name + ".data")
@@ -87,5 +95,5 @@ def _save_sharing_weights(model, contract_path: Path, path: Path) -> list[str]:
     files = [path.name]
     if weights.write_own(path.parent):
         files.append(weights.own_location)
-    onnx.save_model(model, str(path))
+    save_model(model, path)
     return files

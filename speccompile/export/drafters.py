@@ -7,13 +7,14 @@ hidden-state taps the target graph must expose for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError
 from ..manifest import GraphSpec
 from ..models.load import LoadedModel
+from ..runtime.draft_config import DraftConfig
 
 
 @dataclass
@@ -22,7 +23,6 @@ class DrafterExport:
     files: list[str]
     manifest: dict[str, Any]
     target_hidden_states: str = "none"
-    extra_files: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -48,11 +48,6 @@ def register(kind: str, needs_path: bool, target_hidden_states: str, exporter: E
     _REGISTRY[kind] = (needs_path, target_hidden_states, exporter)
 
 
-def drafter_kinds() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
 def parse_drafter(value: str | None, tree: str | None = None, num_draft_tokens: int | None = None) -> DrafterRequest | None:
     """Parse `KIND[:PATH]`; raise InputError naming --drafter on a bad value."""
     if not value or value == "none":
@@ -75,8 +70,9 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
 
 def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
     exporter = _REGISTRY[request.kind][2]
-    if exporter is None:
-        return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind})
+    if exporter is None:  # n-gram lookup: nothing to export but its k
+        config = DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens)
+        return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind, **config.to_manifest()})
     return exporter(request, target, out_dir, dtype)
 
 
@@ -109,7 +105,7 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
             "source": str(draft.source),
             "source_sha256": draft.source_sha256,
             "config": draft.config.to_dict(),
-            "num_draft_tokens": request.num_draft_tokens or 4,
+            **DraftConfig.parse("draft-model", request.tree, request.num_draft_tokens).to_manifest(),
         },
     )
 

@@ -4,53 +4,21 @@ Each writes `<kind>.onnx` (+ `.data`) next to the target graph, plus `<kind>.ort
 with int8 (default) or int4 weights for ONNX Runtime CPU (export/cpu_draft_weights.py; drafts change,
 outputs do not). EAGLE-3 also writes `eagle3_d2t.npy`
 (draft id -> target id). The manifest's drafter section records the graph, the head config, and the
-tree: a static choice list (``"tree": [[0], [0, 0], ...]``) or ``"tree": "dynamic"`` with the EAGLE-2
-parameters under ``"dynamic"``. `--tree` accepts a preset / JSON file, ``chain`` (= chain-K), or
-``dynamic`` / ``dynamic-D-K-N`` (depth D, top-k K, N nodes kept) / ``dynamic-D-K-N-pP`` (and no node
-whose cumulative draft probability is below P: a confidence-bound tree, e.g. ``dynamic-6-4-12-p0.15``).
+tree and k as `runtime.draft_config.DraftConfig` writes them (the `--tree` grammar lives there too).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
 from ..manifest import GraphSpec, sha256_of
 from ..models.load import LoadedModel
+from ..runtime.draft_config import DraftConfig
 from .cpu_draft_weights import add_quantized_head_variant
 from .drafters import DrafterExport, DrafterRequest, register
 
-DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
-DEFAULT_DYNAMIC = {"depth": 5, "top_k": 8, "total_tokens": 48}
 HIDDEN_NEEDED = {"eagle": "final", "eagle3": "eagle3", "medusa": "final", "mtp": "final"}
-
-
-def resolve_tree(kind: str, tree: str | None, num_draft_tokens: int | None) -> dict[str, Any]:
-    """The drafter's tree section: {"tree": choices | "dynamic", "tree_name": ..., ["dynamic": {...}]}."""
-    from ..runtime.tree import chain_choices, load_tree
-
-    name = tree or DEFAULT_TREES[kind]
-    if name == "chain":
-        k = num_draft_tokens or 4
-        return {"tree": chain_choices(k), "tree_name": f"chain-{k}"}
-    m = re.fullmatch(r"dynamic(?:-(\d+)-(\d+)-(\d+)(?:-p(\d*\.?\d+))?)?", name)
-    if m:
-        if kind == "medusa":
-            raise InputError("--tree dynamic: Medusa heads do not draft autoregressively; use a static tree")
-        dyn = dict(DEFAULT_DYNAMIC)
-        if m.group(1):
-            dyn = {"depth": int(m.group(1)), "top_k": int(m.group(2)), "total_tokens": int(m.group(3))}
-        if m.group(4):
-            dyn["min_prob"] = float(m.group(4))
-        if dyn["depth"] < 1 or dyn["top_k"] < 1 or dyn["total_tokens"] < 1:
-            raise InputError(f"--tree {name}: depth, top-k and total tokens must be >= 1")
-        if not 0.0 <= dyn.get("min_prob", 0.0) < 1.0:
-            raise InputError(f"--tree {name}: the minimum draft probability (-pP) must be in [0, 1)")
-        return {"tree": "dynamic", "tree_name": name, "dynamic": dyn}
-    spec = load_tree(name)
-    return {"tree": spec.choices(), "tree_name": str(name)}
 
 
 def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
@@ -60,7 +28,7 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
     from .decoder_graph import torch_dtype
 
     kind = request.kind
-    tree = resolve_tree(kind, request.tree, request.num_draft_tokens)
+    draft = DraftConfig.parse(kind, request.tree, request.num_draft_tokens)
     head = load_head(kind, request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
     spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype)
     files = [f"{kind}.onnx", f"{kind}.onnx.data"]
@@ -71,7 +39,7 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
     section: dict[str, Any] = {
         "kind": kind,
         "graph": kind,
-        **tree,
+        **draft.to_manifest(),
         "head": cfg.to_dict(),
         "source": str(request.path),
     }
@@ -82,11 +50,6 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
     src = Path(request.path)
     weights = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
     section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
-    if tree["tree"] == "dynamic":
-        default_k = tree["dynamic"]["depth"]
-    else:
-        default_k = max(len(c) for c in tree["tree"])
-    section["num_draft_tokens"] = int(request.num_draft_tokens or default_k)
     return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section,
                          target_hidden_states=HIDDEN_NEEDED[kind])
 

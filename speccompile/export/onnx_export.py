@@ -15,6 +15,7 @@ import onnx
 
 from ..errors import SpecCompileError
 from ..manifest import TensorSpec
+from ..onnx_versions import save_model
 
 OPSET = 21
 _ELEM_NAMES = {v: k for k, v in onnx.TensorProto.DataType.items()}
@@ -112,9 +113,9 @@ def _save(model: onnx.ModelProto, path: Path) -> None:
     data_path = path.parent / data_name
     if data_path.exists():
         data_path.unlink()
-    onnx.save_model(
+    save_model(
         model,
-        str(path),
+        path,
         save_as_external_data=True,
         all_tensors_to_one_file=True,
         location=data_name,

@@ -26,10 +26,12 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..manifest import GraphSpec, variant_name
+from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, save_model
 from ..models.config import ModelConfig
 from .onnx_export import check_graph, graph_interface
 
 FUSED_SUFFIX = ".ort.onnx"
+FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
 _MS = "com.microsoft"
 
 
@@ -37,38 +39,46 @@ def fused_variant_problem(config: ModelConfig, dtype: str) -> str | None:
     """Why this model cannot get the fused CPU graph (None when it can)."""
     if dtype != "fp32":
         return f"the fused ONNX Runtime CPU graph is fp32 only (export dtype {dtype})"
+    if not onnxruntime_loads(FUSED_MIN_ORT):
+        installed = ".".join(map(str, installed_onnxruntime()))
+        return f"it needs onnxruntime >= {FUSED_MIN_ORT} (GroupQueryAttention with position_ids/attention_bias; installed {installed})"
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
     return None
 
 
 def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
-                      progress=lambda _: None) -> list[str]:
-    """Add graph `name`'s fused CPU variant to `graphs` (as NAME-ort) when the model allows; returns new files."""
+                      progress=lambda _: None, pass_rows: int = 0) -> list[str]:
+    """Add graph `name`'s fused CPU variant to `graphs` (as NAME-ort) when the model allows; returns new files.
+
+    `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
+    long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows."""
     contract = graphs[name]
     problem = fused_variant_problem(decoder.config, contract.dtype)
     if problem:
         progress(f"note: no fused CPU graph for {name}: {problem}")
         return []
     progress(f"writing the fused ONNX Runtime CPU graph for {name}")
-    spec, files = export_fused_variant(decoder, contract, directory, max_context)
+    spec, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows)
     graphs[variant_name(name)] = spec
     return files
 
 
-def export_fused_variant(decoder, contract: GraphSpec, directory: Path, max_context: int) -> tuple[GraphSpec, list[str]]:
-    """Write `<contract stem>.ort.onnx` next to the contract graph; returns its spec and the files written."""
+def export_fused_variant(decoder, contract: GraphSpec, directory: Path, kv_capacity: int) -> tuple[GraphSpec, list[str]]:
+    """Write `<contract stem>.ort.onnx` next to the contract graph (rotary tables for `kv_capacity` slots);
+    returns its spec and the files written."""
     contract_path = Path(directory) / contract.file
     path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + FUSED_SUFFIX)
     weights = SharedWeights(contract_path, path.name + ".data")
-    model = _build_model(decoder, weights, max_context)
+    model = _build_model(decoder, weights, kv_capacity)
     files = [path.name]
     if weights.write_own(directory):
         files.append(weights.own_location)
-    onnx.save_model(model, str(path))
+    save_model(model, path)
     check_graph(path)
     inputs, outputs = graph_interface(path)
-    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"]}
+    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"],
+             "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
     spec = GraphSpec(
         role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
         num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
@@ -180,7 +190,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
         pre = f"layers.{i}"
         gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
         if mlp_out is None:
-            h = n("RMSNormalization", [x, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+            h = _rms_norm(n, x, gamma, eps, const, pre)
         else:
             h, residual = _skip_norm(n, mlp_out, residual, gamma, eps)
         if i in decoder.aux_layers:
@@ -245,7 +255,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
     for i in range(cfg.num_hidden_layers):
         inputs += [_value(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache_shape) for kind in ("key", "value")]
     graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(_MS, 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
     model.producer_name = "speccompile"
     return model
 
@@ -260,8 +270,17 @@ def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tupl
 def _head_norm(n: _Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str) -> str:
     """Qwen3's per-head RMSNorm of q or k: [1, q, heads*dim] -> per head -> back."""
     per_head = n("Reshape", [x, const(f"{prefix}_heads_shape", [0, -1, num_heads, dim])])[0]
-    normed = n("RMSNormalization", [per_head, gamma], axis=-1, epsilon=eps, stash_type=1)[0]
+    normed = _rms_norm(n, per_head, gamma, eps, const, prefix)
     return n("Reshape", [normed, const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
+
+
+def _rms_norm(n: _Nodes, x: str, gamma: str, eps: float, const, prefix: str) -> str:
+    """RMSNorm over the last axis from opset-18 operators (ONNX's RMSNormalization needs opset 23, which
+    onnxruntime < 1.23 and onnx < 1.18 do not have); ONNX Runtime fuses the pattern into one kernel."""
+    square = n("Pow", [x, const(f"{prefix}_norm_two", 2.0, np.float32)])[0]
+    mean = n("ReduceMean", [square, const(f"{prefix}_norm_axis", [-1])], keepdims=1)[0]
+    root = n("Sqrt", [n("Add", [mean, const(f"{prefix}_norm_eps", eps, np.float32)])[0]])[0]
+    return n("Mul", [n("Div", [x, root])[0], gamma])[0]
 
 
 def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:

@@ -69,7 +69,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
         if options.fused_cpu_graph:
-            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress)
+            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens)
         drafter_section = None
         if request is not None:
             request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
@@ -111,7 +111,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
 
 def _warn_tensorrt_incompatible(path: Path, progress: Progress) -> None:
     """Report operators/dtypes the TensorRT ONNX parser would reject (the graph still runs in ONNX Runtime)."""
-    from ..engines.compat import check_tensorrt_compat
+    from ..accel.compat import check_tensorrt_compat
 
     report = check_tensorrt_compat(path)
     for problem in report.errors:

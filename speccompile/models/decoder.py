@@ -1,7 +1,7 @@
 """Export-friendly Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5, Qwen3): the numerical reference.
 
-It implements the verify-graph contract of DESIGN.md: one forward serves prefill and chain/tree
-verification. Inputs are `input_ids`, `position_ids`, a boolean `attention_mask` [batch, q_len,
+It implements the verify-graph contract (docs/DESIGN.md, "The verify graph"): one forward serves
+prefill and chain/tree verification. Inputs are `input_ids`, `position_ids`, a boolean `attention_mask` [batch, q_len,
 past_len + q_len] and the past KV cache; outputs are logits at every position, the present KV cache
 and optional hidden-state taps. Parameter names equal Hugging Face's, so HF state dicts load as is.
 """

@@ -1,6 +1,6 @@
 """Drafter heads as export-friendly torch modules, and loaders for their published checkpoint layouts.
 
-Four kinds (DESIGN.md, "Drafter checkpoint formats"):
+Four kinds (docs/DESIGN.md, "Drafter checkpoint formats"):
 
 * ``eagle``  (EAGLE-1/2): ``fc`` [H, 2H] (+ ``fc.bias`` unless config ``"bias": false``) on
   cat(embed(x_{t+1}), f_t), one Llama decoder layer *without* ``input_layernorm``, logits through

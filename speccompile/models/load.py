@@ -75,16 +75,6 @@ def load_model(name: str) -> LoadedModel:
     raise InputError(f"{path}: expected a Hugging Face model folder (config.json + *.safetensors) or a .gguf file")
 
 
-def load_config(name: str) -> ModelConfig:
-    """Read only the architecture config (cheap; no weights)."""
-    path = resolve_model_path(name)
-    if path.is_dir():
-        return config_from_hf(_read_config_json(path), str(path))
-    reader = _open_gguf(path)
-    names = {t.name for t in reader.tensors}
-    return config_from_gguf(_gguf_metadata(reader), "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
-
-
 # ----------------------------------------------------------------------------------------------
 # Hugging Face folders
 

@@ -1,0 +1,10 @@
+"""The torch-free runtime: open an artifact, draft, verify exactly. The public API is re-exported here."""
+
+from .draft_config import DraftConfig
+from .generate import GenerationResult, GenerationStats
+from .options import GenerationConfig, RunOptions
+from .sampling import SamplingParams
+from .session import Runner, TextStream
+
+__all__ = ["DraftConfig", "GenerationConfig", "GenerationResult", "GenerationStats", "RunOptions", "Runner",
+           "SamplingParams", "TextStream"]

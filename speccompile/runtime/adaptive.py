@@ -20,17 +20,9 @@ anyway (with the drafter's proposal) so a workload that starts paying again is n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable
 
-
-def geometric_acceptance_update(rate: float, drafted: int, accepted: int, alpha: float) -> float:
-    """EMA of the per-position acceptance rate after `accepted` of `drafted` chain tokens were accepted.
-
-    The positions tried are the accepted ones plus the rejected one (none after a full accept); the
-    update weighs in proportion to them."""
-    tried = accepted + (1 if accepted < drafted else 0)
-    weight = min(1.0, 2 * alpha * tried)
-    return (1 - weight) * rate + weight * (accepted / tried)
+from .acceptance import AcceptanceRates
 
 
 @dataclass
@@ -91,18 +83,18 @@ class AdaptiveController:
     deterministic: bool = False
     relative_draft_cost: float = 0.0
     costs: PassCosts = field(default_factory=PassCosts)
-    _acceptance: dict = field(default_factory=dict)
-    _paused: dict = field(default_factory=dict)
+    rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
+        self.rates = AcceptanceRates(self.prior_acceptance, self.alpha, self.probe_every)
         if self.deterministic:  # a fixed cost model of its own: choices depend on the tokens only
             self.costs = PassCosts(by_q={1: 1.0}, slope=0.06)
             self.draft_cost = self.relative_draft_cost
 
-    def acceptance(self, key=None) -> float:
-        return self._acceptance.get(key, self.prior_acceptance)
+    def acceptance(self, key: Hashable = None) -> float:
+        return self.rates.rate(key)
 
-    def expected_tokens(self, k: int, key=None) -> float:
+    def expected_tokens(self, k: int, key: Hashable = None) -> float:
         a = min(max(self.acceptance(key), 1e-6), 1 - 1e-6)
         return (1 - a ** (k + 1)) / (1 - a)
 
@@ -114,7 +106,7 @@ class AdaptiveController:
         t1, slope = self.costs.line()
         return slope / t1, self.draft_cost / t1
 
-    def choose_k(self, key=None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
+    def choose_k(self, key: Hashable = None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
         """Number of tokens (tree: depth) to draft this step (0 = plain step); `available` caps it (proposal
         length); `nodes(k)` is the number of draft tokens a tree of depth k verifies (default k: a chain)."""
         limit = self.max_k if available is None else min(self.max_k, available)
@@ -128,13 +120,8 @@ class AdaptiveController:
             speed = self.expected_tokens(k, key) / (self.pass_cost(verified + 1) + k * self.draft_cost)
             if speed > best_speed * 1.0001:
                 best_k, best_speed = k, speed
-        if best_k == 0:
-            self._paused[key] = self._paused.get(key, 0) + 1
-            if self._paused[key] >= self.probe_every:
-                self._paused[key] = 0
-                return 1
-        else:
-            self._paused[key] = 0
+        if self.rates.probe_due(key, idle=best_k == 0):
+            return 1
         return best_k
 
     def record_pass(self, q: int, seconds: float) -> None:
@@ -142,12 +129,12 @@ class AdaptiveController:
         if not self.deterministic:
             self.costs.record(q, seconds)
 
-    def record_draft(self, drafted: int, accepted: int, seconds: float, key=None, levels: int | None = None) -> None:
+    def record_draft(self, drafted: int, accepted: int, seconds: float, key: Hashable = None, levels: int | None = None) -> None:
         """Outcome of one verified draft: acceptance per drafted position (geometric model); the drafting
         time is spread over `levels` drafter calls (default: one per drafted position)."""
         if drafted <= 0:
             return
-        self._acceptance[key] = geometric_acceptance_update(self.acceptance(key), drafted, accepted, self.alpha)
+        self.rates.observe_chain(key, drafted, accepted)
         levels = drafted if levels is None else levels
         if self.deterministic or levels <= 0:
             return

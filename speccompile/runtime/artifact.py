@@ -9,11 +9,16 @@ import numpy as np
 
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
-from .backends.base import Session, open_session
+from ..onnx_versions import onnxruntime_loads
+from ..tokenizer import TextTokenizer
+from .backends.base import Session
+from .backends.factory import open_session
+from .draft_config import DraftConfig, draft_config_for_run
+from .drafters.base import Drafter
+from .drafters.ngram_corpus import NgramCorpus
+from .options import DRAFTER_CHOICES
 from .sampling import SamplingParams
-from .tokenizer import TextTokenizer
-
-DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+from .timing import EngineClock, TimedSession
 
 
 @dataclass
@@ -25,6 +30,7 @@ class Artifact:
     backend: str
     threads: int | None
     fused: bool = True
+    shape_invariant: int = 0  # rows of every target pass in shape-invariant mode (0 = off)
 
     @property
     def max_context(self) -> int:
@@ -43,38 +49,40 @@ class Artifact:
         """Open another graph of the artifact (a drafter) on the same backend."""
         return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
 
-    def graph_spec(self, graph: str) -> GraphSpec:
-        """The spec of the graph that runs as `graph` here: its ORT CPU variant when there is one and it applies."""
-        return _runnable_spec(self.manifest, graph, self.backend, self.fused)
-
 
 def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
-                  drafter: str = "auto") -> Artifact:
+                  drafter: str = "auto", shape_invariant: bool | int = False) -> Artifact:
     """Verify the manifest (schema, sha256 of every file) and load the target graph + tokenizer.
 
     On `ort-cpu` the fused variant of a graph (`target.ort.onnx`, see export/ort_fused_graph.py) is used
     when the artifact has one and `fused` is set; otherwise the contract graph. `drafter` is the one
     that will run: when it has no graph of its own (n-gram, none) the target's threads may spin.
+    `shape_invariant`: run every target pass with the same shapes (True: `max_verify_tokens` rows; an int:
+    that many rows; runtime/backends/shape_invariant.py).
     """
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
     alone = _resolve_drafter(manifest, drafter) in ("ngram", "none")
-    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone)
-    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused)
+    rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
+    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone, shape_invariant=rows)
+    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows)
 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
-                spinning: bool = False) -> Session:
+                spinning: bool = False, shape_invariant: int = 0) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
     spec = _runnable_spec(manifest, graph, backend, fused)
-    return open_session(directory, spec, backend, threads, max_context=max_context, spinning=spinning)
+    return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,
+                        shape_invariant=shape_invariant or None)
 
 
 def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
-        return manifest.graph(variant)
+        spec = manifest.graph(variant)
+        if onnxruntime_loads(spec.extra.get("min_onnxruntime")):  # else the contract graph (older onnxruntime)
+            return spec
     return manifest.graph(graph)
 
 
@@ -91,27 +99,19 @@ def _resolve_drafter(manifest: Manifest, name: str) -> str:
     return name
 
 
-def default_num_draft_tokens(artifact: Artifact, drafter: str) -> int:
-    recorded = (artifact.manifest.drafter or {}).get("num_draft_tokens")
-    if recorded and (artifact.manifest.drafter or {}).get("kind") == drafter:
-        return int(recorded)
-    return {"ngram": 12, "draft-model": 4}.get(drafter, 4)
+def draft_config(artifact: Artifact, drafter: str, tree: str | None = None, k: int | None = None) -> DraftConfig:
+    """What `drafter` (a resolved name, not none) drafts on this artifact: the exported tree and k unless overridden."""
+    return draft_config_for_run(drafter, artifact.manifest.drafter, tree, k)
 
 
-def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock: list[float] | None = None, tree: str | None = None,
-                 lookup_branch: bool = True, ngram_corpus=None):
-    """Build the runtime drafter `name` for this artifact (None for plain decoding).
+def make_drafter(artifact: Artifact, draft: DraftConfig, sampling: SamplingParams, clock: EngineClock,
+                 lookup_branch: bool = True, ngram_corpus: NgramCorpus | None = None) -> Drafter:
+    """The runtime drafter for `draft` on this artifact, its graphs timed on `clock`.
 
-    `tree` (heads only) overrides the exported tree: a preset, a JSON file, `chain` or `dynamic[-D-K-N[-pP]]`;
     `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
-    `ngram_corpus` (an NgramCorpus; the n-gram drafter's, other drafters ignore it) is where lookup falls back
-    to when the history has no match.
+    `ngram_corpus` (the n-gram drafter's) is where lookup falls back to when the history has no match.
     """
-    name = resolve_drafter_name(artifact, name)
-    if name == "none":
-        return None
-    if tree is not None and name in ("ngram", "draft-model"):
-        raise InputError(f"--tree: the {name} drafter drafts chains; trees need a head drafter (eagle, eagle3, medusa, mtp)")
+    name = draft.kind
     if name == "ngram":
         from .drafters.ngram import NgramDrafter
 
@@ -124,21 +124,13 @@ def make_drafter(artifact: Artifact, name: str, sampling: SamplingParams, clock:
         )
     if name == "draft-model":
         from .drafters.draft_model import DraftModelDrafter
-        from .generate import TimedSession
 
-        session = artifact.session(drafter_section.get("graph", "draft"))
-        if clock is not None:
-            session = TimedSession(session, clock)
+        session = TimedSession(artifact.session(drafter_section.get("graph", "draft")), clock)
         seed = None if sampling.seed is None else sampling.seed + 1
         return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
     from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
 
-    override = None
-    if tree is not None:
-        from ..export.heads import resolve_tree  # pure: parses the tree spec, no torch
-
-        override = heads_factory.tree_config({"kind": name, **resolve_tree(name, tree, None)})
-    head = heads_factory.make(artifact, name, sampling, clock, tree=override)
+    head = heads_factory.make(artifact, draft, clock)
     if not lookup_branch:
         return head
     from .drafters.lookup_branch import LookupBranchDrafter

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .options import RunOptions
 from .sampling import SamplingParams
 from .session import Runner
 
@@ -46,16 +47,14 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def run_bench(artifact, workloads, max_tokens, limit, warmup, drafter, num_draft_tokens, adaptive, backend, threads, tree=None, fused=True,
-              lookup_branch=True, ngram_corpus=None) -> dict[str, Any]:
+def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
-                    ngram_corpus=ngram_corpus)
+    runner = Runner(artifact, options)
     if runner.drafter_name == "none":
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
-    report: dict[str, Any] = {"artifact": str(artifact), "backend": backend, "graph": runner.artifact.target.spec.file,
-                              "drafter": runner.drafter_name,
+    report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
+                              "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
@@ -115,7 +114,7 @@ def print_report(report: dict[str, Any]) -> None:
 
     console = Console()
     console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} graph={report['graph']} drafter={report['drafter']} "
-                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} (greedy)")
+                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} {_mode(report.get('shape_invariant', 0))} (greedy)")
     table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
     for name, w in report["workloads"].items():
         table.add_row(name, str(w["prompts"]), f"{w['plain_tok_s']:.1f}", f"{w['spec_tok_s']:.1f}", f"{w['median_speedup']:.2f}x",
@@ -127,11 +126,14 @@ def print_report(report: dict[str, Any]) -> None:
         console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
 
 
-def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens, adaptive, backend, threads, as_json, tree=None, fused=True,
-               lookup_branch=True, ngram_corpus=None) -> bool:
-    """Greedy speculative == plain for every prompt; prints the first differing position otherwise."""
-    runner = Runner(artifact, backend, threads, drafter, num_draft_tokens, adaptive, tree=tree, fused=fused, lookup_branch=lookup_branch,
-                    ngram_corpus=ngram_corpus)
+def _mode(rows: int) -> str:
+    return f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
+
+
+def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit) -> dict[str, Any]:
+    """Greedy speculative vs plain for every prompt: {drafter, identical, prompts: [{id, identical,
+    first_difference, tokens, mean_accepted_length}]}."""
+    runner = Runner(artifact, options)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
     for item in items:
@@ -143,14 +145,14 @@ def run_verify(artifact, workloads, max_tokens, limit, drafter, num_draft_tokens
             first_diff = min(len(plain.tokens), len(spec.tokens))
         results.append({"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
                         "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
-    ok = all(r["identical"] for r in results)
-    if as_json:
-        from ..console import emit_json
+    return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
+            "identical": all(r["identical"] for r in results), "prompts": results}
 
-        emit_json({"drafter": runner.drafter_name, "identical": ok, "prompts": results})
-    else:
-        for r in results:
-            status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
-            print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
-        print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({runner.drafter_name} vs plain)")
-    return ok
+
+def print_verify_report(report: dict[str, Any]) -> None:
+    """One line per prompt (identical, or the first differing token) and the total."""
+    results = report["prompts"]
+    for r in results:
+        status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
+        print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
+    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({report['drafter']} vs plain, {_mode(report['shape_invariant'])})")

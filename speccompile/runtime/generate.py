@@ -9,32 +9,13 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InputError
+from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController, PassCosts
-from .backends.base import Session
-from .drafters.base import ChainDrafter, Draft
+from .backends.base import Session, StepOutput
+from .drafters.base import Draft, Drafter
+from .options import GenerationConfig
 from .sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
-from .tokenizer import TextTokenizer
-
-
-@dataclass
-class GenerationConfig:
-    max_tokens: int = 128
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: list[str] = field(default_factory=list)
-    num_draft_tokens: int = 8
-    adaptive: bool = True
-    prefill_chunk: int = 256
-    ignore_eos: bool = False
-
-    def validate(self) -> "GenerationConfig":
-        if self.max_tokens is None or self.max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.num_draft_tokens < 0:
-            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
-        if self.prefill_chunk < 1:
-            raise InputError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
-        self.sampling.validate()
-        return self
+from .timing import EngineClock, TimedSession
 
 
 @dataclass
@@ -116,25 +97,6 @@ class GenerationResult:
     stats: GenerationStats
 
 
-class TimedSession:
-    """Wraps a Session to add the time spent inside engine calls to a shared counter."""
-
-    def __init__(self, session: Session, clock: list[float]):
-        self._session = session
-        self._clock = clock
-        self.spec = session.spec
-
-    def new_cache(self):
-        return self._session.new_cache()
-
-    def run(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return self._session.run(*args, **kwargs)
-        finally:
-            self._clock[0] += time.perf_counter() - start
-
-
 class _Output:
     """Collects emitted tokens and applies eos / stop strings / max_tokens; streams text deltas."""
 
@@ -191,12 +153,13 @@ class Generator:
         tokenizer: TextTokenizer | None,
         max_context: int,
         eos_token_ids: list[int],
-        drafter: ChainDrafter | None = None,
+        drafter: Drafter | None = None,
         max_verify_tokens: int = 64,
         pass_costs: PassCosts | None = None,
+        clock: EngineClock | None = None,
     ):
-        self.engine_clock = [0.0]
-        self.target = TimedSession(target, self.engine_clock)
+        self.clock = clock or EngineClock()
+        self.target = TimedSession(target, self.clock)
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.eos_ids = set(eos_token_ids)
@@ -204,125 +167,167 @@ class Generator:
         self.max_verify_tokens = max_verify_tokens
         self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
 
-    def _prefill(self, cache, prompt: list[int], chunk: int, stats: GenerationStats, drafter=None) -> np.ndarray:
-        logits = None
-        for start in range(0, len(prompt), chunk):
-            ids = prompt[start: start + chunk]
-            q = len(ids)
-            mask = cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
-            out = self.target.run(np.asarray(ids), np.arange(start, start + q), mask, cache)
-            cache.append(out.presents, range(q), q)
-            logits = out.logits[-1]
-            stats.prefill_passes += 1
-            if drafter is not None and out.hidden is not None and hasattr(drafter, "observe"):
-                following = prompt[start + q] if start + q < len(prompt) else None
-                drafter.observe(out.hidden, list(ids), following)
-        return logits
+    def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None) -> "Generation":
+        """Prefill `prompt_ids` and emit the first token; `step()` the result until it is `done`."""
+        return Generation(self, prompt_ids, config, on_text)
 
-    def generate(
-        self,
-        prompt_ids: list[int],
-        config: GenerationConfig,
-        on_text: Callable[[str], None] | None = None,
-    ) -> GenerationResult:
+    def generate(self, prompt_ids: list[int], config: GenerationConfig,
+                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
         """Generate up to `config.max_tokens` tokens after `prompt_ids`."""
+        generation = self.start(prompt_ids, config, on_text)
+        while not generation.done:
+            generation.step()
+        return generation.result()
+
+
+class Generation:
+    """One prompt in progress. Each `step()` is one draft -> verify -> commit round:
+
+    draft = self._choose_draft()        the drafter's proposal, sized by the adaptive controller
+    out = self._verify_pass(draft)      one target pass over the pending token + the draft
+    accepted, emitted = _verify_draft(draft, ...)   exact acceptance (greedy or the chain/tree rule)
+    self._commit(draft, out, accepted, emitted)     KV rows kept, drafter told, tokens emitted
+    """
+
+    def __init__(self, generator: Generator, prompt_ids: list[int], config: GenerationConfig,
+                 on_text: Callable[[str], None] | None):
         config.validate()
         if not prompt_ids:
             raise InputError("--prompt: the prompt is empty")
-        if len(prompt_ids) + 1 > self.max_context:
-            raise InputError(f"--prompt: {len(prompt_ids)} tokens exceed the artifact's max_context {self.max_context}")
-        params = config.sampling
-        rng = params.rng()
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        self.engine_clock[0] = 0.0
-        started = time.perf_counter()
-        controller = AdaptiveController(
+        if len(prompt_ids) + 1 > generator.max_context:
+            raise InputError(f"--prompt: {len(prompt_ids)} tokens exceed the artifact's max_context {generator.max_context}")
+        self.generator = generator
+        self.config = config
+        self.params = config.sampling
+        self.rng = self.params.rng()
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self._started = time.perf_counter()
+        self._engine_start = generator.clock.seconds
+        self.controller = AdaptiveController(
             max_k=config.num_draft_tokens,
             enabled=config.adaptive,
-            deterministic=params.seed is not None and not params.greedy,
-            relative_draft_cost=getattr(self.drafter, "relative_cost", 0.0),
-            costs=self.pass_costs,
+            deterministic=self.params.seed is not None and not self.params.greedy,
+            relative_draft_cost=generator.drafter.relative_cost if generator.drafter is not None else 0.0,
+            costs=generator.pass_costs,
         )
-        drafter = self.drafter if config.num_draft_tokens > 0 else None
-        if drafter is not None:
-            drafter.reset()
-            if hasattr(drafter, "plan_with"):  # static trees: adaptive = the planner sizes each step's tree
-                drafter.plan_with(controller.relative_costs if config.adaptive else None, fresh=controller.deterministic)
-        cache = self.target.new_cache()
-        output = _Output(self.tokenizer, config, self.eos_ids, on_text)
+        self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
+        if self.drafter is not None:
+            self.drafter.reset()
+            self.drafter.plan_with(self.controller.relative_costs if config.adaptive else None, fresh=self.controller.deterministic)
+        self.cache = generator.target.new_cache()
+        self.output = _Output(generator.tokenizer, config, generator.eos_ids, on_text)
+        last_logits = self._prefill(list(prompt_ids))
+        self.stats.time_prefill = time.perf_counter() - self._started
+        self.stats.target_passes = 1
+        first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)
+        self.tokens = list(prompt_ids) + [first]
+        self.done = self.output.push(first)
+        self.output.flush()
+        self.finish = self.output.finish
 
-        last_logits = self._prefill(cache, list(prompt_ids), config.prefill_chunk, stats, drafter)
-        stats.time_prefill = time.perf_counter() - started
-        stats.target_passes = 1
-        first = int(np.argmax(last_logits)) if params.greedy else sample(process_logits(last_logits, params), rng)
-        tokens = list(prompt_ids) + [first]
-        done = output.push(first)
-        output.flush()
-        finish = output.finish
-        while not done:
-            remaining = config.max_tokens - len(output.tokens)
-            room = self.max_context - cache.length - 1  # draft rows that still fit next to the pending token
-            budget = max(0, min(config.num_draft_tokens, remaining - 1, self.max_verify_tokens - 1, room))
-            draft, draft_seconds, key = Draft([]), 0.0, None
-            if drafter is not None and budget > 0:
-                cheap = getattr(drafter, "cheap_proposals", False)
-                sizes_itself = cheap or getattr(drafter, "plans_tree", False)
-                k = budget if sizes_itself else min(budget, controller.choose_k(nodes=getattr(drafter, "draft_nodes", None)))
-                if k > 0:
-                    t0 = time.perf_counter()
-                    draft = drafter.propose(tokens, k)
-                    draft_seconds = time.perf_counter() - t0
-                    stats.time_draft += draft_seconds
-                if cheap and draft.tokens and draft.tree is None:
-                    # cheap drafters propose the most they can; keep what pays for this kind of proposal
-                    key = getattr(drafter, "proposal_key", None)
-                    draft.tokens = draft.tokens[: controller.choose_k(key, len(draft.tokens))]
-            if len(draft.tokens) > room:  # a tree wider than the room left: verify the pending token alone
-                draft = Draft([])
-            q = 1 + len(draft.tokens)
-            cache.maybe_compact(q, self.max_context)
-            if cache.length + q > self.max_context:
-                finish = "context"
+    # -- the steps ---------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One draft -> verify -> commit round (sets `done` when generation ends)."""
+        draft, draft_seconds = self._choose_draft()
+        q = 1 + len(draft.tokens)
+        self.cache.maybe_compact(q, self.generator.max_context)
+        if self.cache.length + q > self.generator.max_context:
+            self.finish, self.done = "context", True
+            return
+        out = self._verify_pass(draft)
+        accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out.logits, self.params, self.rng)
+        self._commit(draft, draft_seconds, out, accepted_rows, emitted)
+
+    def _choose_draft(self) -> tuple[Draft, float]:
+        """The drafter's proposal for this step, sized by what pays and what fits (empty: a plain step)."""
+        drafter, controller = self.drafter, self.controller
+        room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
+        remaining = self.config.max_tokens - len(self.output.tokens)
+        budget = max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
+        if drafter is None or budget <= 0:
+            return Draft([]), 0.0
+        sizes_itself = drafter.cheap_proposals or drafter.plans_tree
+        k = budget if sizes_itself else min(budget, controller.choose_k(nodes=drafter.draft_nodes))
+        if k <= 0:
+            return Draft([]), 0.0
+        t0 = time.perf_counter()
+        draft = drafter.propose(self.tokens, k)
+        seconds = time.perf_counter() - t0
+        self.stats.time_draft += seconds
+        if drafter.cheap_proposals and draft.tokens and draft.tree is None:
+            # a cheap drafter proposed the most it could: keep what pays for this kind of proposal
+            draft.tokens = draft.tokens[: controller.choose_k(drafter.proposal_key, len(draft.tokens))]
+        if len(draft.tokens) > room:  # a tree wider than the room left: verify the pending token alone
+            return Draft([]), seconds
+        return draft, seconds
+
+    def _verify_pass(self, draft: Draft) -> StepOutput:
+        """One target pass over the pending token and the draft (chain: causal; tree: ancestry mask)."""
+        q, past = 1 + len(draft.tokens), self.cache.length
+        if draft.tree is not None:
+            new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
+        else:
+            new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
+        ids = np.asarray([self.tokens[-1], *draft.tokens])
+        t0 = time.perf_counter()
+        out = self.generator.target.run(ids, positions, self.cache.attention_mask(new_mask), self.cache)
+        seconds = time.perf_counter() - t0
+        self.stats.time_verify += seconds
+        self.controller.record_pass(q, seconds)
+        return out
+
+    def _commit(self, draft: Draft, draft_seconds: float, out: StepOutput, accepted_rows: list[int], emitted: list[int]) -> None:
+        """Keep the accepted rows' KV, tell the controller and drafter, emit tokens until a stop."""
+        keep = [0, *accepted_rows]
+        self.cache.append(out.presents, keep, 1 + len(draft.tokens))
+        self.stats.target_passes += 1
+        if draft.tokens:
+            self.stats.draft_steps += 1
+            self.stats.count_draft(draft.depth, len(accepted_rows))
+            key = self.drafter.proposal_key if self.drafter.cheap_proposals else None
+            self.controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key, draft.drafted_levels)
+            self.drafter.record_verdict(draft, accepted_rows)
+        if self.drafter is not None and out.hidden is not None:
+            row_tokens = [self.tokens[-1], *[draft.tokens[r - 1] for r in accepted_rows]]
+            self.drafter.observe(out.hidden[keep], row_tokens, emitted[-1])
+        for token in emitted:
+            self.tokens.append(token)
+            if self.output.push(token):
+                self.done = True
                 break
-            past = cache.length
-            if draft.tree is not None:
-                new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
-            else:
-                new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
-            t0 = time.perf_counter()
-            out = self.target.run(np.asarray([tokens[-1], *draft.tokens]), positions, cache.attention_mask(new_mask), cache)
-            verify_seconds = time.perf_counter() - t0
-            stats.time_verify += verify_seconds
-            controller.record_pass(q, verify_seconds)
-            accepted_rows, emitted = _verify_draft(draft, tokens[-1], out.logits, params, rng)
-            keep = [0, *accepted_rows]
-            cache.append(out.presents, keep, q)
-            stats.target_passes += 1
-            if draft.tokens:
-                stats.draft_steps += 1
-                stats.count_draft(draft.depth, len(accepted_rows))
-                controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key, draft.drafted_levels)
-                if hasattr(drafter, "record_verdict"):
-                    drafter.record_verdict(draft, accepted_rows)
-            if drafter is not None and out.hidden is not None and hasattr(drafter, "observe"):
-                row_tokens = [tokens[-1], *[draft.tokens[r - 1] for r in accepted_rows]]
-                drafter.observe(out.hidden[keep], row_tokens, emitted[-1])
-            for token in emitted:
-                tokens.append(token)
-                if output.push(token):
-                    done = True
-                    break
-            output.flush()
-            finish = output.finish
-            if done:
-                cache.truncate(len(tokens) - 1)  # never keep rows past the stop
-        output.flush(final=True)
-        stats.generated_tokens = len(output.tokens)
-        stats.time_total = time.perf_counter() - started
-        stats.time_engine = self.engine_clock[0]
-        stats.compactions = cache.compactions
-        text = output.text if config.stop else (self.tokenizer.decode(output.tokens) if self.tokenizer else "")
-        return GenerationResult(output.tokens, text, finish or "length", stats)
+        self.output.flush()
+        self.finish = self.output.finish
+        if self.done:
+            self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
+
+    def _prefill(self, prompt: list[int]) -> np.ndarray:
+        """The prompt in chunks of `prefill_chunk` tokens; the last position's logits."""
+        chunk, logits = self.config.prefill_chunk, None
+        for start in range(0, len(prompt), chunk):
+            ids = prompt[start: start + chunk]
+            q = len(ids)
+            mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+            out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache)
+            self.cache.append(out.presents, range(q), q)
+            logits = out.logits[-1]
+            self.stats.prefill_passes += 1
+            if self.drafter is not None and out.hidden is not None:
+                following = prompt[start + q] if start + q < len(prompt) else None
+                self.drafter.observe(out.hidden, list(ids), following)
+        return logits
+
+    def result(self) -> GenerationResult:
+        """The finished generation (call once `done`)."""
+        self.output.flush(final=True)
+        stats = self.stats
+        stats.generated_tokens = len(self.output.tokens)
+        stats.time_total = time.perf_counter() - self._started
+        stats.time_engine = self.generator.clock.seconds - self._engine_start
+        stats.compactions = self.cache.compactions
+        output = self.output
+        text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
+        return GenerationResult(output.tokens, text, self.finish or "length", stats)
 
 
 def _verify_draft(draft: Draft, pending: int, logits: np.ndarray, params: SamplingParams, rng) -> tuple[list[int], list[int]]:

@@ -36,6 +36,14 @@ class KVCache:
         self.max_dead = max_dead
         self.compactions = 0
 
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """One of `tensors` as a host array (a copy for device tensors)."""
+        return self._to_numpy(tensor)
+
+    def from_numpy(self, array: np.ndarray) -> Any:
+        """A host array as a tensor of this cache's backend."""
+        return self._from_numpy(array)
+
     @property
     def physical_len(self) -> int:
         return int(self.live.shape[0])

@@ -1,6 +1,6 @@
 """Logits processing and exact speculative verification (pure numpy, no torch).
 
-The invariant (DESIGN.md, "Exact speculative sampling"): whatever the drafter proposes, the
+The invariant (docs/DESIGN.md, "Exact speculative sampling"): whatever the drafter proposes, the
 emitted tokens are distributed exactly as if sampled from the processed target distribution p
 (token-identical to argmax decoding when greedy).
 

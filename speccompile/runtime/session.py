@@ -1,84 +1,103 @@
-"""A ready-to-generate runner: artifact + drafter + generator, as used by the CLI and benchmarks."""
+"""The runtime's Python API: a Runner opens an artifact once and generates, plain or speculative.
+
+    from speccompile.runtime import Runner, RunOptions, SamplingParams
+
+    runner = Runner("exported/smollm2", RunOptions(drafter="ngram"))
+    result = runner.generate("Name three colours.", max_tokens=32)
+    for delta in runner.stream("Name three colours.", max_tokens=32):
+        print(delta, end="")
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import InputError
 from .adaptive import PassCosts
-from .artifact import default_num_draft_tokens, make_drafter, open_artifact, resolve_drafter_name
+from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
+from .draft_config import DraftConfig
+from .drafters.base import Drafter
 from .drafters.ngram_corpus import NgramCorpus
-from .generate import GenerationConfig, GenerationResult, Generator
+from .generate import GenerationResult, Generator
+from .options import GenerationConfig, RunOptions
 from .sampling import SamplingParams
+from .timing import EngineClock
 
 
 class Runner:
-    """Open an artifact once; generate plain or speculative with one drafter."""
+    """An opened artifact plus its drafter: `generate`, `generate_ids`, `stream`, `stream_ids`.
 
-    def __init__(
-        self,
-        artifact: str | Path,
-        backend: str = "ort-cpu",
-        threads: int | None = None,
-        drafter: str = "auto",
-        num_draft_tokens: int | None = None,
-        adaptive: bool = True,
-        sampling: SamplingParams | None = None,
-        tree: str | None = None,
-        fused: bool = True,
-        lookup_branch: bool = True,
-        ngram_corpus: str | Path | None = None,
-    ):
-        self.artifact = open_artifact(artifact, backend, threads, fused, drafter)
-        self.drafter_name = resolve_drafter_name(self.artifact, drafter)
+    `Runner(path, RunOptions(...))`, or `Runner(path, drafter="ngram", threads=2)` with RunOptions fields as
+    keywords. Drafters are built once per sampling setting and keep what they learn (tree planner rates)
+    across generations; the target's measured pass costs are shared by all generations too.
+    """
+
+    def __init__(self, artifact: str | Path, options: RunOptions | None = None, **fields):
+        options = dataclasses.replace(options or RunOptions(), **fields).validate()
+        self.options = options
+        shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
+        self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
+                                      shape_invariant)
+        self.drafter_name = resolve_drafter_name(self.artifact, options.drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
-        if ngram_corpus is not None:
+        if options.ngram_corpus is not None:
             if self.drafter_name != "ngram":  # checked before the file is read
                 raise InputError(f"--ngram-corpus: only the ngram drafter uses a corpus (drafter: {self.drafter_name})")
-            self.ngram_corpus = NgramCorpus.from_file(ngram_corpus, self.artifact.tokenizer)
-        self.num_draft_tokens = num_draft_tokens if num_draft_tokens is not None else default_num_draft_tokens(self.artifact, self.drafter_name)
-        self.adaptive = adaptive
-        self.tree = tree
-        self.lookup_branch = lookup_branch
-        self._drafters: dict[tuple, object] = {}
-        self._sampling = sampling
+            self.ngram_corpus = NgramCorpus.from_file(options.ngram_corpus, self.artifact.tokenizer)
+        self.draft_config: DraftConfig | None = None
+        if self.drafter_name != "none":
+            self.draft_config = draft_config(self.artifact, self.drafter_name, options.tree, options.num_draft_tokens)
+        elif options.tree is not None:
+            raise InputError("--tree: plain decoding (--drafter none) drafts nothing")
+        self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
+        self._drafters: dict[SamplingParams, Drafter] = {}
 
-    def _generator(self, drafter_name: str, sampling: SamplingParams) -> Generator:
+    @property
+    def num_draft_tokens(self) -> int:
+        """k: the most draft positions per step (0 for plain decoding)."""
+        return self.draft_config.k if self.draft_config is not None else 0
+
+    def drafter(self, sampling: SamplingParams | None = None) -> Drafter | None:
+        """The drafter generations with `sampling` use (built on first use; None for plain decoding)."""
+        if self.draft_config is None:
+            return None
+        sampling = sampling or SamplingParams()
+        if sampling not in self._drafters:
+            self._drafters[sampling] = make_drafter(self.artifact, self.draft_config, sampling, self.clock,
+                                                    self.options.lookup_branch, self.ngram_corpus)
+        return self._drafters[sampling]
+
+    def generator(self, sampling: SamplingParams | None = None, plain: bool = False) -> Generator:
+        """The loop over this artifact's target with the drafter for `sampling` (none when `plain`)."""
         a = self.artifact
-        generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, None, a.max_verify_tokens, self.pass_costs)
-        if drafter_name != "none":
-            key = (drafter_name, sampling)
-            if key not in self._drafters:
-                self._drafters[key] = make_drafter(a, drafter_name, sampling, generator.engine_clock, self.tree,
-                                                   self.lookup_branch, self.ngram_corpus)
-            drafter = self._drafters[key]
-            if hasattr(drafter, "session") and hasattr(drafter.session, "_clock"):
-                drafter.session._clock = generator.engine_clock
-            generator.drafter = drafter
-        return generator
+        drafter = None if plain else self.drafter(sampling)
+        max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
+        return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock)
 
-    def generate_ids(
-        self,
-        prompt_ids: list[int],
-        max_tokens: int = 128,
-        sampling: SamplingParams | None = None,
-        stop: list[str] | None = None,
-        on_text: Callable[[str], None] | None = None,
-        drafter: str | None = None,
-    ) -> GenerationResult:
+    @property
+    def shape_invariant(self) -> int:
+        """Rows of every target pass in shape-invariant mode (0: off, each pass has its own shape)."""
+        return self.artifact.shape_invariant
+
+    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool) -> GenerationConfig:
+        return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
+                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive)
+
+    def _plain(self, drafter: str | None) -> bool:
+        if drafter not in (None, "none", self.drafter_name):
+            raise InputError(f"--drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)")
+        return drafter == "none" or self.draft_config is None
+
+    def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
+                     stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
+                     drafter: str | None = None) -> GenerationResult:
         """Generate after token ids; `drafter="none"` gives plain decoding on the same backend."""
         sampling = sampling or SamplingParams()
-        name = self.drafter_name if drafter is None else drafter
-        config = GenerationConfig(
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=list(stop or []),
-            num_draft_tokens=self.num_draft_tokens if name != "none" else 0,
-            adaptive=self.adaptive,
-        )
-        return self._generator(name, sampling).generate(prompt_ids, config, on_text)
+        plain = self._plain(drafter)
+        return self.generator(sampling, plain).generate(prompt_ids, self._config(max_tokens, sampling, stop, plain), on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
@@ -86,3 +105,36 @@ class Runner:
         """Generate from text (through the chat template when `chat`)."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
         return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter)
+
+    def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
+                   stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+        """Like `generate_ids`, as an iterator of text deltas (its `result` once exhausted)."""
+        sampling = sampling or SamplingParams()
+        plain = self._plain(drafter)
+        return TextStream(self.generator(sampling, plain), prompt_ids, self._config(max_tokens, sampling, stop, plain))
+
+    def stream(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
+               stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+        """Like `generate`, as an iterator of text deltas (its `result` once exhausted)."""
+        ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
+        return self.stream_ids(ids, max_tokens, sampling, stop, drafter)
+
+
+class TextStream:
+    """Iterates the text deltas of one generation, one decode step at a time; `result` when done."""
+
+    def __init__(self, generator: Generator, prompt_ids: list[int], config: GenerationConfig):
+        self._pending: list[str] = []
+        self._generation = generator.start(prompt_ids, config, self._pending.append)
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            while self._pending:
+                yield self._pending.pop(0)
+            if self.result is not None:
+                return
+            if self._generation.done:
+                self.result = self._generation.result()
+            else:
+                self._generation.step()

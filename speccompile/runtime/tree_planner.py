@@ -19,6 +19,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Iterable, Sequence
 
+from .acceptance import AcceptanceRates
+from .drafters.base import Drafter
 from .tree import DepthLimitedTrees, TreeSpec
 
 
@@ -28,20 +30,16 @@ class TreePlanner:
     def __init__(self, choices: Iterable[Sequence[int]], max_nodes: int, alpha: float = 0.1,
                  prior: float = 0.5, probe_every: int = 8, probe_extra: int = 3):
         self.full = DepthLimitedTrees(choices, max_nodes)
-        self.alpha = alpha
         self.prior = prior
-        self.probe_every = probe_every
         self.probe_extra = probe_extra
-        self.rate: dict[tuple[int, ...], float] = {}
+        # untried node: the prior per level, halved per rank below the top choice
+        self.rates = AcceptanceRates(lambda path: prior ** len(path) * 0.5 ** sum(1 for c in path if c), alpha, probe_every)
         self._specs: dict[tuple, TreeSpec] = {}
         self._paths: dict[int, list[tuple[int, ...]]] = {}  # depth-k tree's choice paths, parents first
-        self._since_probe = 0
 
     def acceptance(self, path: tuple[int, ...]) -> float:
-        """Estimated probability that the node at `path` is accepted (untried: prior per level, halved per rank)."""
-        if path in self.rate:
-            return self.rate[path]
-        return self.prior ** len(path) * 0.5 ** sum(1 for c in path if c)
+        """Estimated probability that the node at `path` is accepted."""
+        return self.rates.rate(path)
 
     def plan(self, k: int, verify_slope: float, draft_level_cost: float) -> TreeSpec:
         """The subtree of the depth-k tree to draft now (n == 1: draft nothing)."""
@@ -58,9 +56,7 @@ class TreePlanner:
             speed = gain / (1.0 + verify_slope * n + draft_level_cost * depth)
             if speed > best * 1.0001:
                 best, best_n = speed, n
-        self._since_probe += 1
-        if self._since_probe >= self.probe_every:  # also try the next few nodes, so pruned ones can come back
-            self._since_probe = 0
+        if self.rates.probe_due():  # also try the next few nodes, so pruned ones can come back
             best_n = min(len(order), best_n + self.probe_extra)
         key = tuple(sorted(order[:best_n]))
         if key not in self._specs:
@@ -69,16 +65,13 @@ class TreePlanner:
 
     def forget(self) -> None:
         """Back to the prior rates."""
-        self.rate.clear()
-        self._since_probe = 0
+        self.rates.forget()
 
     def record(self, spec: TreeSpec, accepted_rows: Sequence[int]) -> None:
         """After verification: every drafted node was accepted (on the accepted path) or not."""
         on_path = set(int(r) for r in accepted_rows)
         for node, path in enumerate(spec.choices(), 1):
-            key = tuple(path)
-            hit = 1.0 if node in on_path else 0.0
-            self.rate[key] = (1 - self.alpha) * self.acceptance(key) + self.alpha * hit
+            self.rates.observe(tuple(path), 1.0 if node in on_path else 0.0)
 
 
 class StaticTrees:
@@ -108,26 +101,30 @@ def _chain_spec(length: int) -> TreeSpec:
     return TreeSpec.from_choices([[0] * d for d in range(1, length + 1)])
 
 
-class PlannedTreeDrafter:
-    """Mixin for drafters with a static tree in `self._static_trees` (a StaticTrees, or None for a dynamic one)."""
+class PlannedTreeDrafter(Drafter):
+    """Base of drafters with a static tree (`static_trees`; None while drafting a dynamic tree)."""
 
-    _static_trees: StaticTrees | None = None
+    static_trees: StaticTrees | None = None
+
+    @property
+    def planner(self) -> TreePlanner | None:
+        """The per-node acceptance statistics of the static tree (None for a dynamic tree)."""
+        return None if self.static_trees is None else self.static_trees.planner
 
     def plan_with(self, costs, fresh: bool = False) -> None:
-        """Let the planner pick the subtree per step (`costs()` -> relative verify / draft-level costs); None: off.
-        `fresh` forgets the rates learned so far (seeded sampling: the tree, hence the output, then depends
-        only on this generation). Otherwise the rates carry over from prompt to prompt."""
-        if self._static_trees is not None:
-            self._static_trees.costs = costs
+        """Let the planner pick the subtree per step; None: off. `fresh` forgets the rates learned so far
+        (seeded sampling: the tree, hence the output, then depends only on this generation). Otherwise the
+        rates carry over from prompt to prompt."""
+        if self.static_trees is not None:
+            self.static_trees.costs = costs
             if fresh:
-                self._static_trees.planner.forget()
+                self.static_trees.planner.forget()
 
     @property
     def plans_tree(self) -> bool:
-        """True when the drafter sizes its own tree (the loop then offers the full depth)."""
-        return self._static_trees is not None and self._static_trees.planning
+        return self.static_trees is not None and self.static_trees.planning
 
     def record_verdict(self, draft, accepted_rows: Sequence[int]) -> None:
         """Feed the verification result of a draft back to the planner (nothing to do when it is off)."""
         if self.plans_tree:
-            self._static_trees.planner.record(drafted_spec(draft), accepted_rows)
+            self.static_trees.planner.record(drafted_spec(draft), accepted_rows)

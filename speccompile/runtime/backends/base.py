@@ -1,4 +1,9 @@
-"""The one protocol every inference backend implements (ONNX Runtime CPU/CUDA/TensorRT EP, native TensorRT)."""
+"""The protocols every inference backend implements (ONNX Runtime CPU/CUDA/TensorRT EP, native TensorRT).
+
+`factory.open_session` is the one place that opens a graph of an artifact; it returns a `Session` for
+graphs with a KV cache (target, draft model, EAGLE/EAGLE-3/MTP heads) and a `FeatureSession` for the
+stateless Medusa heads graph.
+"""
 
 from __future__ import annotations
 
@@ -10,45 +15,57 @@ import numpy as np
 from ...manifest import GraphSpec
 from ..kvcache import KVCache
 
+BACKENDS = ("ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
+FEATURE_INPUTS = ("hidden_states", "aux_hidden_states")  # a head graph's float inputs: the target's features
+HIDDEN_OUTPUTS = ("hidden_states", "aux_hidden_states", "draft_hidden_states")  # the hidden output, if exported
+
 
 @dataclass
 class StepOutput:
-    """What one verify-graph call returns to the runtime."""
+    """What one graph call returns to the runtime."""
 
     logits: np.ndarray  # [q, vocab] float32
     presents: list[Any]  # backend-native KV tensors, adopted by the KVCache
-    hidden: np.ndarray | None = None  # [q, H] final hidden states or [q, 3H] EAGLE-3 taps, if exported
+    hidden: np.ndarray | None = None  # [q, H] final hidden states, [q, 3H] EAGLE-3 taps, or a head's draft hidden
+
+
+def feature_inputs(spec: GraphSpec) -> list[str]:
+    """Names of the graph's feature inputs (head graphs: `hidden_states`, EAGLE-3's `aux_hidden_states`)."""
+    return [t.name for t in spec.inputs if t.name in FEATURE_INPUTS]
+
+
+def hidden_output(spec: GraphSpec) -> str | None:
+    """Name of the graph's hidden-state output, None when it has none."""
+    names = spec.output_names()
+    return next((n for n in HIDDEN_OUTPUTS if n in names), None)
 
 
 class Session(Protocol):
-    """A loaded verify graph: run new tokens against a KV cache."""
+    """A loaded graph with a KV cache: run q new tokens against the cache."""
 
     spec: GraphSpec
 
     def new_cache(self) -> KVCache:
         """An empty KV cache in this backend's tensor type."""
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache) -> StepOutput:
-        """input_ids/position_ids int64 [q], attention_mask bool [1, q, past + q]; does not modify `cache`."""
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
+            **features: np.ndarray) -> StepOutput:
+        """Run q new tokens: input_ids/position_ids int64 [q], attention_mask bool [1, q, cache slots + q],
+        plus one float [q, width] array per name in `feature_inputs(spec)` (head graphs).
+
+        The committed rows of `cache` are never changed, and its bookkeeping (which slots are live, its
+        length) is left to the caller, who adopts the step with `cache.append(out.presents, keep, q)`.
+        The q new rows are either returned as new tensors holding past + new rows (`KVCache`: the cache
+        object itself is untouched), or written in place into the cache's preallocated buffers right after
+        its committed rows (`BufferKVCache`, the fused CPU graph: `run` may also grow those buffers, and
+        the next `run` overwrites whatever the caller did not keep).
+        """
 
 
-BACKENDS = ("ort-cpu", "ort-cuda", "ort-trt", "tensorrt")
+class FeatureSession(Protocol):
+    """A graph without a KV cache over the target's hidden states (the Medusa heads)."""
 
+    spec: GraphSpec
 
-def open_session(directory, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, **options: Any) -> Session:
-    """Create the backend session for one graph of an artifact."""
-    from ...errors import InputError
-
-    if spec.extra.get("kv_layout") == "buffer":
-        from .ort import OrtBufferSession
-
-        return OrtBufferSession(directory, spec, backend, threads, options.get("max_context"), options.get("spinning", False))
-    if backend in ("ort-cpu", "ort-cuda", "ort-trt"):
-        from .ort import OrtSession
-
-        return OrtSession(directory, spec, backend, threads, options.get("spinning", False))
-    if backend == "tensorrt":
-        from .tensorrt import TensorRTSession
-
-        return TensorRTSession(directory, spec, **options)
-    raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend}")
+    def run(self, hidden_states: np.ndarray) -> np.ndarray:
+        """hidden_states [q, H] float -> logits [q, heads, vocab] float32."""

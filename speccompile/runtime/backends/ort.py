@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError, UnsupportedError
-from ...manifest import GraphSpec
+from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache, KVCache
-from .base import StepOutput
+from .base import StepOutput, feature_inputs, hidden_output
 from .ort_quantized import quantized_session_config
 
 _NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
@@ -31,6 +31,14 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def execution_providers(backend: str, dtype: str) -> list:
+    """The providers for `backend`; fp32 graphs run the CUDA EP without TF32 (exact fp32, not 10-bit mantissas)."""
+    providers: list = list(_PROVIDERS[backend])
+    if dtype == "fp32" and "CUDAExecutionProvider" in providers:
+        providers[providers.index("CUDAExecutionProvider")] = ("CUDAExecutionProvider", {"use_tf32": "0"})
+    return providers
 
 
 def session_options(threads: int | None, spinning: bool = False):
@@ -52,41 +60,60 @@ def session_options(threads: int | None, spinning: bool = False):
     return opts
 
 
-class OrtSession:
-    """One verify graph in an onnxruntime.InferenceSession."""
+def inference_session(directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
+                      threads: int | None = None, spinning: bool = False):
+    """An onnxruntime.InferenceSession for graph `spec` on `backend` (ort-cpu, ort-cuda or ort-trt)."""
+    import onnxruntime as ort
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
-                 spinning: bool = False):
+    providers = _PROVIDERS[backend]
+    available = ort.get_available_providers()
+    if providers[0] not in available:
+        raise InputError(
+            f"--backend {backend}: ONNX Runtime here has no {providers[0]} "
+            f"(available: {', '.join(available)}); install onnxruntime-gpu for CUDA/TensorRT"
+        )
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads must be >= 1, got {threads}")
+    opts = session_options(threads, spinning)
+    for key, value in quantized_session_config(spec, backend).items():  # exact verify passes on Q/DQ graphs
+        opts.add_session_config_entry(key, value)
+    if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
+        raise UnsupportedError(
+            f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
+            "(use --backend tensorrt or ort-trt on a Blackwell GPU)"
+        )
+    provider_list = execution_providers(backend, spec.dtype)
+    if backend == "ort-trt":
+        from ...accel.ort_trt import tensorrt_ep_options
+
+        provider_list[0] = ("TensorrtExecutionProvider", tensorrt_ep_options(manifest, spec))
+    return ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=provider_list)
+
+
+def _np_dtype(spec: GraphSpec, name: str):
+    return _NP_DTYPES.get(next(t.dtype for t in spec.inputs if t.name == name), np.float32)
+
+
+class OrtSession:
+    """One graph with a KV cache in an onnxruntime.InferenceSession (target, draft model, EAGLE/MTP heads).
+
+    Head graphs take the target's features as extra float inputs (`feature_inputs`) and return the
+    head's own hidden state; both are bound like the token inputs.
+    """
+
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
+                 threads: int | None = None, spinning: bool = False):
         import onnxruntime as ort
 
         self.spec = spec
-        providers = _PROVIDERS[backend]
-        available = ort.get_available_providers()
-        if providers[0] not in available:
-            raise InputError(
-                f"--backend {backend}: ONNX Runtime here has no {providers[0]} "
-                f"(available: {', '.join(available)}); install onnxruntime-gpu for CUDA/TensorRT"
-            )
-        if threads is not None and threads < 1:
-            raise InputError(f"--threads must be >= 1, got {threads}")
-        opts = session_options(threads, spinning)
-        for key, value in quantized_session_config(spec, backend).items():  # exact verify passes on Q/DQ graphs
-            opts.add_session_config_entry(key, value)
-        if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
-            raise UnsupportedError(
-                f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
-                "(use --backend tensorrt or ort-trt on a Blackwell GPU)"
-            )
-        provider_list: list = list(providers)
-        if backend == "ort-trt":
-            provider_list[0] = ("TensorrtExecutionProvider", _tensorrt_ep_options(directory, spec))
-        self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=provider_list)
+        self.session = inference_session(directory, manifest, spec, backend, threads, spinning)
         self.device = "cpu" if backend == "ort-cpu" else "cuda"
         self._ort = ort
         self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
         self.output_names = spec.output_names()
         self.present_names = [n for n in self.output_names if n.startswith("present")]
-        self.hidden_name = next((n for n in ("hidden_states", "aux_hidden_states") if n in self.output_names), None)
+        self.hidden_name = hidden_output(spec)
+        self.feature_dtypes = {name: _np_dtype(spec, name) for name in feature_inputs(spec)}
         past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
         self.kv_dtype = _NP_DTYPES.get(past.dtype, np.float32)
         self.kv_shape = (1, int(past.shape[1]), 0, int(past.shape[3]))
@@ -94,14 +121,23 @@ class OrtSession:
     def _to_ort(self, array: np.ndarray):
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
 
+    def _bind_step_inputs(self, binding, input_ids: np.ndarray, position_ids: np.ndarray, features: dict[str, np.ndarray]) -> None:
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
+        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
+        missing = set(self.feature_dtypes) - set(features)
+        if missing:
+            raise ValueError(f"{self.spec.file} needs feature inputs {sorted(missing)}")
+        for name, dtype in self.feature_dtypes.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(features[name], dtype=dtype)[None])
+
     def new_cache(self, max_dead: int = 64) -> KVCache:
         empty = [self._to_ort(np.zeros(self.kv_shape, dtype=self.kv_dtype)) for _ in self.past_names]
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache) -> StepOutput:
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
+            **features: np.ndarray) -> StepOutput:
         binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
+        self._bind_step_inputs(binding, input_ids, position_ids, features)
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=bool))
         for name, value in zip(self.past_names, cache.tensors):
             binding.bind_ortvalue_input(name, value)
@@ -126,11 +162,11 @@ class OrtBufferSession(OrtSession):
 
     initial_capacity = 256  # KV rows allocated up front; the buffers double when a step needs more
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None,
-                 max_context: int | None = None, spinning: bool = False):
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
+                 threads: int | None = None, max_context: int | None = None, spinning: bool = False):
         if backend != "ort-cpu":
             raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; --backend {backend} needs {spec.extra.get('variant_of')}")
-        super().__init__(directory, spec, backend, threads, spinning)
+        super().__init__(directory, manifest, spec, backend, threads, spinning)
         self.max_context = max_context
         # logits (+ hidden) are written into numpy arrays bound as outputs: reading them back wraps no
         # OrtValue per output (get_outputs() wraps all of them, the 2 x layers KV buffers included)
@@ -138,21 +174,25 @@ class OrtBufferSession(OrtSession):
         widths = {t.name: t.shape[-1] for t in spec.outputs if t.name in self._step_outputs}
         self._widths = [int(widths[name]) for name in self._step_outputs]
 
-    def new_cache(self, max_dead: int = 64) -> BufferKVCache:
+    def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
+        """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
         return BufferKVCache(len(self.past_names), self.kv_shape[1], self.kv_shape[3], self.kv_dtype, self._to_ort,
-                             capacity=self.initial_capacity, max_capacity=self.max_context)
+                             capacity=capacity or self.initial_capacity, max_capacity=capacity or self.max_context)
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache) -> StepOutput:
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
+            **features: np.ndarray) -> StepOutput:
+        """`attention_mask` [1, q, T] with T >= cache.length + q: GroupQueryAttention writes the q rows at
+        [length, length + q) and sees T as total_sequence_length (T > length + q: slots past the new rows,
+        masked; the shape-invariant mode passes the full capacity)."""
         total = int(attention_mask.shape[-1])
+        q = int(input_ids.size)
         cache.reserve(total)
         binding = self._binding_for(cache)
         bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
+        self._bind_step_inputs(binding, input_ids, position_ids, features)
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
-        binding.bind_cpu_input("seqlens_k", np.array([total - 1], dtype=np.int32))
+        binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        q = int(input_ids.size)
         arrays = [np.empty((1, q, width), dtype=np.float32) for width in self._widths]  # fresh each step: callers may keep them
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
@@ -173,14 +213,15 @@ class OrtBufferSession(OrtSession):
         return binding
 
 
-def _tensorrt_ep_options(directory: str | Path, spec: GraphSpec) -> dict:
-    """TensorRT EP options (profiles from the manifest limits, engine cache keyed by the graph's sha256)."""
-    from ...engines.ort_trt import tensorrt_ep_options
-    from ...manifest import read_manifest
+class OrtFeatureSession:
+    """A graph without KV cache in ONNX Runtime (the Medusa heads): hidden_states [1, q, H] -> logits [1, q, heads, V]."""
 
-    manifest = read_manifest(directory, verify_files=False)
-    root = Path(os.environ.get("SPECCOMPILE_CACHE", "~/.cache/speccompile")).expanduser()
-    cache = root / manifest.files.get(spec.file, "nohash")[:16]
-    cache.mkdir(parents=True, exist_ok=True)
-    return tensorrt_ep_options(manifest, spec, cache)
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
+                 threads: int | None = None):
+        self.spec = spec
+        self.session = inference_session(directory, manifest, spec, backend, threads)
+        self.float_dtype = _np_dtype(spec, "hidden_states")
 
+    def run(self, hidden_states: np.ndarray) -> np.ndarray:
+        feed = {"hidden_states": np.ascontiguousarray(hidden_states, dtype=self.float_dtype)[None]}
+        return self.session.run(["logits"], feed)[0][0]

@@ -12,14 +12,16 @@ length, the profile covering the shapes is selected, `execute_async_v3` runs, lo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from ...accel.cuda import CudaDriver
+from ...accel.profiles import engine_profiles, select_profile
+from ...accel.trt import check_engine_compat, require_tensorrt
 from ...errors import ArtifactError, InputError
-from ...manifest import GraphSpec, read_manifest
+from ...manifest import GraphSpec, Manifest
 from ..kvcache import KVCache
-from .base import StepOutput
+from .base import StepOutput, feature_inputs, hidden_output
 
 
 class DeviceArray:
@@ -57,16 +59,12 @@ class DeviceArray:
             pass
 
 
-class TensorRTSession:
-    """One graph's TensorRT engine, implementing the runtime Session protocol."""
+class TensorRTEngine:
+    """One graph's serialized TensorRT engine: deserialized after the version/GPU check, run on its own stream."""
 
-    def __init__(self, directory: str | Path, spec: GraphSpec, **options: Any):
-        from ...engines.config import Profile, check_engine_compat, select_profile  # noqa: F401
-        from ...engines.trt_build import CudaDriver, require_tensorrt
-
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0):
         directory = Path(directory)
         self.spec = spec
-        manifest = read_manifest(directory, verify_files=False)
         plan_file = spec.extra.get("engine")
         if not manifest.engine or not plan_file:
             raise ArtifactError(
@@ -75,7 +73,7 @@ class TensorRTSession:
             )
         trt = require_tensorrt()
         self.trt = trt
-        self.driver = CudaDriver(int(options.get("device", 0)))
+        self.driver = CudaDriver(device)
         check_engine_compat(manifest.engine, trt.__version__, self.driver.compute_capability(), self.driver.name())
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
@@ -85,11 +83,7 @@ class TensorRTSession:
         self.context = self.engine.create_execution_context()
         self.stream = self.driver.stream()
         graph_name = next((n for n, g in manifest.graphs.items() if g.file == spec.file), "target")
-        self.profiles = [
-            Profile(p["name"], {k: tuple(v) for k, v in p["shapes"].items()})
-            for p in manifest.engine.get("profiles", {}).get(graph_name, [])
-        ]
-        self._select_profile = select_profile
+        self.profiles = engine_profiles(manifest, graph_name)
         self._profile = 0
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.input_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -98,35 +92,19 @@ class TensorRTSession:
         if missing:
             raise ArtifactError(f"{plan_file}: engine lacks inputs {sorted(missing)} of {spec.file}")
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
-        self.past_names = [n for n in spec.input_names() if n.startswith("past_key_values")]
-        self.present_names = [n for n in spec.output_names() if n.startswith("present")]
-        self.hidden_name = next((n for n in ("hidden_states", "aux_hidden_states") if n in self.output_names), None)
-        past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
-        self.kv_heads, self.head_dim = int(past.shape[1]), int(past.shape[3])
         self._dummy = DeviceArray(self.driver, (1,), np.uint8)  # address for empty tensors
 
-    # -- KV cache ----------------------------------------------------------------------------------
-    def _from_numpy(self, array: np.ndarray) -> DeviceArray:
-        return DeviceArray.from_numpy(self.driver, array, self.stream)
+    def _host(self, name: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        return np.ascontiguousarray(array, dtype=self.dtypes[name]).reshape(shape)
 
-    def new_cache(self, max_dead: int = 64) -> KVCache:
-        empty = [DeviceArray(self.driver, (1, self.kv_heads, 0, self.head_dim), self.dtypes[n]) for n in self.past_names]
-        return KVCache(empty, to_numpy=lambda a: a.numpy(self.stream), from_numpy=self._from_numpy, max_dead=max_dead)
-
-    # -- one step ----------------------------------------------------------------------------------
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache) -> StepOutput:
+    def execute(self, host: dict[str, np.ndarray], on_device: dict[str, DeviceArray]) -> dict[str, DeviceArray]:
+        """One engine call: `host` inputs are copied to the device, `on_device` inputs bound by address; the
+        profile covering the shapes is selected; returns every output in a fresh device buffer (synchronized)."""
         trt_ctx, driver, stream = self.context, self.driver, self.stream
-        q = int(np.asarray(input_ids).size)
-        host = {
-            "input_ids": np.ascontiguousarray(input_ids, dtype=self.dtypes["input_ids"]).reshape(1, q),
-            "position_ids": np.ascontiguousarray(position_ids, dtype=self.dtypes["position_ids"]).reshape(1, q),
-            "attention_mask": np.ascontiguousarray(attention_mask, dtype=self.dtypes["attention_mask"]),
-        }
         shapes = {name: a.shape for name, a in host.items()}
-        for name, tensor in zip(self.past_names, cache.tensors):
-            shapes[name] = tensor.shape
+        shapes.update({name: tensor.shape for name, tensor in on_device.items()})
         if self.profiles:
-            index = self._select_profile(self.profiles, shapes)
+            index = select_profile(self.profiles, shapes)
             if index != self._profile:
                 trt_ctx.set_optimization_profile_async(index, stream)
                 self._profile = index
@@ -138,7 +116,7 @@ class TensorRTSession:
             if not trt_ctx.set_input_shape(name, array.shape):
                 raise InputError(f"TensorRT rejected shape {array.shape} for {name} (outside the engine's profiles?)")
             trt_ctx.set_tensor_address(name, dev.ptr)
-        for name, tensor in zip(self.past_names, cache.tensors):
+        for name, tensor in on_device.items():
             if not trt_ctx.set_input_shape(name, tensor.shape):
                 raise InputError(f"TensorRT rejected shape {tensor.shape} for {name}: context longer than the engine's max_context?")
             trt_ctx.set_tensor_address(name, tensor.ptr if tensor.nbytes else self._dummy.ptr)
@@ -151,7 +129,50 @@ class TensorRTSession:
             trt_ctx.set_tensor_address(name, outputs[name].ptr if outputs[name].nbytes else self._dummy.ptr)
         if not trt_ctx.execute_async_v3(stream):
             raise InputError("TensorRT execute_async_v3 failed")
-        logits = outputs["logits"].numpy(stream)[0].astype(np.float32, copy=False)
-        hidden = outputs[self.hidden_name].numpy(stream)[0] if self.hidden_name else None
-        driver.sync(stream)
+        driver.sync(stream)  # the host inputs' device copies (keep_alive) may be freed after this
+        return outputs
+
+
+class TensorRTSession(TensorRTEngine):
+    """A graph with a KV cache (target, draft model, EAGLE/MTP heads), implementing the runtime Session protocol."""
+
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0):
+        super().__init__(directory, manifest, spec, device)
+        self.past_names = [n for n in spec.input_names() if n.startswith("past_key_values")]
+        self.present_names = [n for n in spec.output_names() if n.startswith("present")]
+        self.hidden_name = hidden_output(spec)
+        self.feature_names = feature_inputs(spec)
+        past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
+        self.kv_heads, self.head_dim = int(past.shape[1]), int(past.shape[3])
+
+    # -- KV cache ----------------------------------------------------------------------------------
+    def _from_numpy(self, array: np.ndarray) -> DeviceArray:
+        return DeviceArray.from_numpy(self.driver, array, self.stream)
+
+    def new_cache(self, max_dead: int = 64) -> KVCache:
+        empty = [DeviceArray(self.driver, (1, self.kv_heads, 0, self.head_dim), self.dtypes[n]) for n in self.past_names]
+        return KVCache(empty, to_numpy=lambda a: a.numpy(self.stream), from_numpy=self._from_numpy, max_dead=max_dead)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
+            **features: np.ndarray) -> StepOutput:
+        q = int(np.asarray(input_ids).size)
+        host = {
+            "input_ids": self._host("input_ids", input_ids, (1, q)),
+            "position_ids": self._host("position_ids", position_ids, (1, q)),
+            "attention_mask": self._host("attention_mask", attention_mask, np.shape(attention_mask)),
+        }
+        for name in self.feature_names:
+            host[name] = self._host(name, features[name], (1, *np.shape(features[name])))
+        outputs = self.execute(host, dict(zip(self.past_names, cache.tensors)))
+        logits = outputs["logits"].numpy(self.stream)[0].astype(np.float32, copy=False)
+        hidden = outputs[self.hidden_name].numpy(self.stream)[0] if self.hidden_name else None
         return StepOutput(logits=logits, presents=[outputs[n] for n in self.present_names], hidden=hidden)
+
+
+class TensorRTFeatureSession(TensorRTEngine):
+    """A graph without KV cache (the Medusa heads), implementing the runtime FeatureSession protocol."""
+
+    def run(self, hidden_states: np.ndarray) -> np.ndarray:
+        host = {"hidden_states": self._host("hidden_states", hidden_states, (1, *np.shape(hidden_states)))}
+        return self.execute(host, {})["logits"].numpy(self.stream)[0].astype(np.float32, copy=False)

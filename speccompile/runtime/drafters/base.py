@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -38,19 +38,52 @@ class Draft:
         return int(self.tree.max_depth) if self.tree is not None else len(self.tokens)
 
 
-class ChainDrafter(Protocol):
-    """Proposes up to `k` tokens that continue `tokens` (the committed sequence, last one pending)."""
+class Drafter:
+    """What every drafter offers the decode loop. The loop calls each hook at a fixed point of a step:
 
-    name: str
+    reset()                 before a new prompt
+    plan_with(costs, fresh) once per generation: the controller's relative costs to size trees by (None: off)
+    propose(tokens, k)      draft up to k positions (a chain's tokens, a tree's depth) after `tokens`
+    record_verdict(...)     after verification: which draft rows were accepted
+    observe(hidden, ...)    after every target pass that exposes hidden states: the committed rows' features
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
-        ...
+    and reads `draft_nodes(k)`, `cheap_proposals`, `plans_tree`, `proposal_key` and `relative_cost` to size
+    the draft. The defaults describe a chain drafter that needs none of these hooks.
+    """
+
+    name: str = "drafter"
+    cheap_proposals: bool = False  # proposing costs ~nothing: the loop asks for the most and keeps what pays
+    relative_cost: float = 0.0  # prior cost of drafting one position, in one-token target passes (seeded mode)
 
     def reset(self) -> None:
         """Forget per-sequence state before a new prompt."""
 
-    # Optional: drafters that read the target's hidden states define
-    #   observe(hidden: np.ndarray [m, H], row_tokens: list[int], next_token: int | None) -> None
-    # It is called after every target pass with the rows that were committed (prompt chunk, or
-    # pending token + accepted drafts), their tokens, and the token that follows the last row
-    # (None after a prefill chunk that is not the last).
+    def propose(self, tokens: list[int], k: int) -> Draft:
+        """Up to `k` draft positions that continue `tokens` (the committed sequence, last one pending)."""
+        raise NotImplementedError
+
+    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
+        """The target's hidden states [m, H] of the rows just committed (prompt chunk, or pending token +
+        accepted drafts), their tokens, and the token that follows the last row (None after a prefill chunk
+        that is not the last)."""
+
+    def plan_with(self, costs: Callable[[], tuple[float, float]] | None, fresh: bool = False) -> None:
+        """Costs to size drafts by: `costs()` -> (extra verify cost of one token, cost of one draft level),
+        relative to a one-token pass; None = not adaptive. `fresh`: forget what was learnt (seeded sampling)."""
+
+    @property
+    def plans_tree(self) -> bool:
+        """True when the drafter sizes its own tree each step (the loop then offers the full depth)."""
+        return False
+
+    def draft_nodes(self, k: int) -> int:
+        """Draft tokens a proposal of depth k holds (what a pass with k verifies): k for a chain."""
+        return k
+
+    @property
+    def proposal_key(self) -> Hashable:
+        """Reliability class of the last proposal, for per-class acceptance estimates (None: one class)."""
+        return None
+
+    def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
+        """Verification result of `draft`: the accepted rows (1-based draft nodes, in path order)."""

@@ -6,10 +6,10 @@ import numpy as np
 
 from ..backends.base import Session
 from ..sampling import SamplingParams, process_logits, sample
-from .base import Draft
+from .base import Draft, Drafter
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """Autoregressive chain drafting with a draft LM.
 
     The drafter remembers which tokens its cache holds. On each `propose` it drops cache rows past

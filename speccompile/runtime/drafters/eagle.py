@@ -18,49 +18,13 @@ best `total_tokens` nodes). Children are deterministic picks, so verification is
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from ..backends.ort import OrtSession
 from ..tree import TreeSpec, build_dynamic_tree
+from ..draft_config import DraftConfig
 from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
-
-
-class HeadSession(OrtSession):
-    """OrtSession for head graphs: binds `hidden_states` (and EAGLE-3's `aux_hidden_states`) too."""
-
-    def __init__(self, directory, spec, backend: str = "ort-cpu", threads: int | None = None):
-        super().__init__(directory, spec, backend, threads)
-        self.hidden_name = "draft_hidden_states"
-        inputs = {t.name: t for t in spec.inputs}
-        self.extra_inputs = [n for n in ("aux_hidden_states", "hidden_states") if n in inputs]
-        dtypes = {"float": np.float32, "float16": np.float16}
-        self.float_dtype = dtypes.get(inputs["hidden_states"].dtype, np.float32)
-
-    def run(self, input_ids, position_ids, attention_mask, cache, **extra: np.ndarray):
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64).reshape(1, -1))
-        binding.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64).reshape(1, -1))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=bool))
-        for name in self.extra_inputs:
-            binding.bind_cpu_input(name, np.ascontiguousarray(extra[name], dtype=self.float_dtype)[None])
-        for name, value in zip(self.past_names, cache.tensors):
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits", "cpu")
-        for name in self.present_names:
-            binding.bind_output(name, self.device)
-        binding.bind_output(self.hidden_name, "cpu")
-        self.session.run_with_iobinding(binding)
-        outputs = dict(zip(self.output_names, binding.get_outputs()))
-        from ..backends.base import StepOutput
-
-        return StepOutput(
-            logits=outputs["logits"].numpy()[0],
-            presents=[outputs[n] for n in self.present_names],
-            hidden=outputs[self.hidden_name].numpy()[0],
-        )
 
 
 def _top(logits: np.ndarray, k: int) -> np.ndarray:
@@ -81,12 +45,11 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 class HeadDrafter(PlannedTreeDrafter):
     """Chain / static tree / dynamic tree drafting with an EAGLE, EAGLE-3 or MTP head graph.
 
-    tree: {"tree": choice list | "dynamic", "dynamic": {"depth", "top_k", "total_tokens"}}.
-    `max_nodes` bounds the verified tree (the target's max_verify_tokens). `draft_to_target` maps
+    `draft` is the tree to draft (a static or dynamic DraftConfig); `max_nodes` bounds the verified tree (the target's max_verify_tokens). `draft_to_target` maps
     a draft-vocabulary id to a target id (EAGLE-3); None = same vocabulary.
     """
 
-    def __init__(self, session, kind: str, tree: dict[str, Any], max_nodes: int = 64,
+    def __init__(self, session, kind: str, draft: DraftConfig, max_nodes: int = 64,
                  draft_to_target: np.ndarray | None = None, hidden_size: int | None = None,
                  max_context: int = 1 << 20):
         self.session = session
@@ -98,30 +61,30 @@ class HeadDrafter(PlannedTreeDrafter):
         self.hidden_size = int(inputs["hidden_states"].shape[-1]) if hidden_size is None else hidden_size
         self._aux_size = int(inputs["aux_hidden_states"].shape[-1]) if "aux_hidden_states" in inputs else 0
         self.max_context = max_context
-        self.set_tree(tree)
+        self.set_tree(draft)
         self.reset()
 
     # -- configuration ------------------------------------------------------------------------
 
-    def set_tree(self, tree: dict[str, Any]) -> None:
-        """Switch between chain / static tree / dynamic tree (benchmarks compare them)."""
-        self.tree_cfg = dict(tree)
-        self.dynamic = tree.get("tree") == "dynamic"
-        self._static_trees = None if self.dynamic else StaticTrees(tree["tree"], self.max_nodes)
+    def set_tree(self, draft: DraftConfig) -> None:
+        """Draft this tree from now on (a static tree, a head's chain, or a dynamic tree)."""
+        self.draft_config = draft
+        self.dynamic = draft.dynamic is not None
+        self.static_trees = None if self.dynamic else StaticTrees(draft.choices, self.max_nodes)
 
     def draft_nodes(self, k: int) -> int:
         """Draft tokens a tree of depth k holds (what a pass with k verifies, for the adaptive controller)."""
         if not self.dynamic:
-            return self._static_trees.cut(k).n - 1
+            return self.static_trees.cut(k).n - 1
         depth, top_k, total, _ = self._dynamic_params(k)
         return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
 
     def _dynamic_params(self, k: int) -> tuple[int, int, int, float]:
         """(depth, top_k, total_tokens, min_prob) of the dynamic tree drafted with budget k."""
-        dyn = self.tree_cfg.get("dynamic") or {}
-        depth = max(1, min(int(dyn.get("depth", 5)), k))
-        total = max(1, min(int(dyn.get("total_tokens", 48)), self.max_nodes - 1))
-        return depth, int(dyn.get("top_k", 8)), total, float(dyn.get("min_prob", 0.0))
+        dyn = self.draft_config.dynamic
+        depth = max(1, min(dyn.depth, k))
+        total = max(1, min(dyn.total_tokens, self.max_nodes - 1))
+        return depth, dyn.top_k, total, dyn.min_prob
 
     # -- state --------------------------------------------------------------------------------
 
@@ -196,7 +159,7 @@ class HeadDrafter(PlannedTreeDrafter):
             return Draft([])
         # a static tree is planned before the head runs: a step the planner skips costs no head call (the
         # committed rows are fed on the next drafting step, in one call)
-        spec = None if self.dynamic else self._static_trees(k)
+        spec = None if self.dynamic else self.static_trees(k)
         if (spec is not None and spec.n <= 1) or not self._sync(tokens):
             return Draft([])
         n = len(tokens) - 1

@@ -19,63 +19,59 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..adaptive import geometric_acceptance_update
+from ..acceptance import AcceptanceRates
 from ..tree import TreeSpec
-from .base import Draft
+from .base import Draft, Drafter
 from .ngram import NgramDrafter
 
 
-class LookupBranchDrafter:
-    """Wraps a deterministic tree/chain drafter; adds the n-gram lookup chain to every proposal."""
+class LookupBranchDrafter(Drafter):
+    """A deterministic tree/chain drafter (`inner`) whose every proposal gets the n-gram lookup chain too.
 
-    cheap_proposals = False
-    enabled = True  # False: the inner drafter's proposals only (benchmarks compare both)
+    Every hook of the loop is answered here: the inner drafter's own (observe, planning, tree size) are
+    passed on, the lookup's acceptance is kept per matched-suffix length."""
 
-    def __init__(self, inner, lookup: NgramDrafter | None = None, max_nodes: int | None = None,
+    def __init__(self, inner: Drafter, lookup: NgramDrafter | None = None, max_nodes: int = 64,
                  prior: float = 0.5, alpha: float = 0.08, probe_every: int = 8):
         self.inner = inner
         self.lookup = lookup or NgramDrafter()
-        self.max_nodes = int(max_nodes if max_nodes is not None else getattr(inner, "max_nodes", 64))
+        self.max_nodes = int(max_nodes)
         self.name = f"{inner.name}+lookup"
-        self.prior = prior
-        self.alpha = alpha
-        self.probe_every = probe_every
-        self.rate: dict[int, float] = {}
-        self._cut_streak: dict[int, int] = {}
+        self.relative_cost = inner.relative_cost
+        self.rates = AcceptanceRates(prior, alpha, probe_every)  # per matched-suffix length
         self._costs: Callable[[], tuple[float, float]] | None = None
         self._last: tuple[Draft, int, list[int], int] | None = None  # inner draft, its node count, chain nodes, key
         self.reset()
 
-    # -- what the loop reads off the inner drafter -------------------------------------------
-
-    def __getattr__(self, name: str):
-        """Everything not defined here (observe, draft_nodes, plans_tree, set_tree, session, the planner, ...)
-        is the inner drafter's."""
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    # -- the inner drafter's hooks ---------------------------------------------------------------
 
     def reset(self) -> None:
         self.inner.reset()
         self.lookup.reset()
         self._last = None
 
+    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
+        self.inner.observe(hidden, row_tokens, next_token)
+
+    @property
+    def plans_tree(self) -> bool:
+        return self.inner.plans_tree
+
+    def draft_nodes(self, k: int) -> int:
+        return self.inner.draft_nodes(k)
+
     def plan_with(self, costs, fresh: bool = False) -> None:
         """Costs for the inner planner and for sizing the lookup branch; `fresh` forgets learned rates."""
         self._costs = costs
-        if hasattr(self.inner, "plan_with"):
-            self.inner.plan_with(costs, fresh)
+        self.inner.plan_with(costs, fresh)
         if fresh:
-            self.rate.clear()
-            self._cut_streak.clear()
+            self.rates.forget()
 
     # -- drafting ------------------------------------------------------------------------------
 
     def propose(self, tokens: list[int], k: int) -> Draft:
         inner = self.inner.propose(tokens, k)
         self._last = None
-        if not self.enabled:
-            return inner
         chain = self.lookup.propose(tokens, k).tokens
         key = self.lookup.last_match_len
         if not chain or not _deterministic(inner):
@@ -98,7 +94,6 @@ class LookupBranchDrafter:
                 added += 1
             chain_nodes.append(child)
             node = child
-        self._cut_streak[key] = 0 if added or len(chain_nodes) == len(chain) else self._cut_streak.get(key, 0) + 1
         self._last = (inner, inner_n, chain_nodes, key)
         if not added:
             return inner
@@ -113,11 +108,11 @@ class LookupBranchDrafter:
         if self._costs is None:  # not adaptive: verify the whole chain
             return self.max_nodes
         slope = self._costs()[0]
-        rate = min(self.rate.get(key, self.prior), 0.999)
+        rate = min(self.rates.rate(key), 0.999)
         if slope <= 0:
             return self.max_nodes
         paying = int(np.floor(np.log(slope) / np.log(rate))) if rate > 0 else 0
-        if paying <= 0 and self._cut_streak.get(key, 0) >= self.probe_every:
+        if self.rates.probe_due(key, idle=paying <= 0):
             return 1
         return max(0, paying)
 
@@ -125,18 +120,17 @@ class LookupBranchDrafter:
         """Split the verdict: the inner drafter's nodes go to its planner, the chain's prefix to the lookup rates."""
         last = self._last
         if last is None:
-            if hasattr(self.inner, "record_verdict"):
-                self.inner.record_verdict(draft, accepted_rows)
+            self.inner.record_verdict(draft, accepted_rows)
             return
         inner, inner_n, chain_nodes, key = last
         on_path = set(int(r) for r in accepted_rows)
-        if inner.tokens and hasattr(self.inner, "record_verdict"):
+        if inner.tokens:
             self.inner.record_verdict(inner, [r for r in accepted_rows if r < inner_n])
         if chain_nodes:
             accepted = 0
             while accepted < len(chain_nodes) and chain_nodes[accepted] in on_path:
                 accepted += 1
-            self.rate[key] = geometric_acceptance_update(self.rate.get(key, self.prior), len(chain_nodes), accepted, self.alpha)
+            self.rates.observe_chain(key, len(chain_nodes), accepted)
 
 
 def _deterministic(draft: Draft) -> bool:

@@ -9,35 +9,14 @@ tree mode); Medusa's lossy "typical acceptance" is not offered.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from ...errors import InputError
+from ..draft_config import DraftConfig
 from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
 from .eagle import _top
-
-
-class MedusaSession:
-    """The Medusa heads graph in ONNX Runtime: hidden_states [1, q, H] -> logits [1, q, heads, V]."""
-
-    def __init__(self, directory, spec, backend: str = "ort-cpu", threads: int | None = None):
-        import onnxruntime as ort
-
-        from ..backends.ort import _PROVIDERS, session_options
-
-        self.spec = spec
-        self.session = ort.InferenceSession(str(Path(directory) / spec.file), session_options(threads), providers=_PROVIDERS[backend])
-        dtype = next(t.dtype for t in spec.inputs if t.name == "hidden_states")
-        self.float_dtype = np.float16 if dtype == "float16" else np.float32
-
-    def new_cache(self):
-        return None
-
-    def run(self, hidden: np.ndarray) -> np.ndarray:
-        feed = {"hidden_states": np.ascontiguousarray(hidden, dtype=self.float_dtype)[None]}
-        return self.session.run(["logits"], feed)[0][0]
 
 
 class MedusaDrafter(PlannedTreeDrafter):
@@ -45,20 +24,23 @@ class MedusaDrafter(PlannedTreeDrafter):
 
     name = "medusa"
 
-    def __init__(self, session, tree: dict[str, Any], num_heads: int, max_nodes: int = 64):
+    def __init__(self, session, draft: DraftConfig, num_heads: int, max_nodes: int = 64):
         self.session = session
         self.num_heads = int(num_heads)
         self.max_nodes = max(2, int(max_nodes))
-        self.set_tree(tree)
+        self.set_tree(draft)
         self.reset()
 
-    def set_tree(self, tree: dict[str, Any]) -> None:
-        self.tree_cfg = dict(tree)
-        self._static_trees = StaticTrees([c for c in tree["tree"] if len(c) <= self.num_heads], self.max_nodes)
+    def set_tree(self, draft: DraftConfig) -> None:
+        """Draft this static tree (paths deeper than the number of heads are dropped)."""
+        if draft.choices is None:
+            raise InputError("--tree: Medusa heads draft static trees (a preset, a JSON file or chain)")
+        self.draft_config = draft
+        self.static_trees = StaticTrees([c for c in draft.choices if len(c) <= self.num_heads], self.max_nodes)
 
     def draft_nodes(self, k: int) -> int:
         """Draft tokens of the tree cut to depth k (what a pass with k verifies, for the adaptive controller)."""
-        return self._static_trees.cut(min(k, self.num_heads)).n - 1
+        return self.static_trees.cut(min(k, self.num_heads)).n - 1
 
     def reset(self) -> None:
         self.last_hidden: np.ndarray | None = None
@@ -71,7 +53,7 @@ class MedusaDrafter(PlannedTreeDrafter):
     def propose(self, tokens: list[int], k: int) -> Draft:
         if k <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
             return Draft([])
-        spec = self._static_trees(min(k, self.num_heads))
+        spec = self.static_trees(min(k, self.num_heads))
         if spec.n <= 1:
             return Draft([])
         logits = self.session.run(self.last_hidden[None])[0]  # [heads, V]

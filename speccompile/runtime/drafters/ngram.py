@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import InputError
-from .base import Draft
+from .base import Draft, Drafter
 from .ngram_corpus import NgramCorpus
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt-lookup decoding over prompt + generated tokens (deterministic: one-hot q)."""
 
     name = "ngram"

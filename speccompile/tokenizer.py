@@ -1,11 +1,13 @@
-"""Text <-> token ids with the `tokenizers` library, chat templates with jinja2, streaming deltas."""
+"""The artifact's tokenizer: text <-> token ids with the `tokenizers` library, chat templates with jinja2.
+
+Shared by the runtime (prompts, output text) and `engines` (calibration texts); torch-free."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ..errors import ArtifactError, InputError
+from .errors import ArtifactError, InputError
 
 
 class TextTokenizer:
@@ -90,22 +92,3 @@ def _token_text(value) -> str | None:
 
 def _raise_template_error(message: str):
     raise InputError(f"chat template error: {message}")
-
-
-class StreamDecoder:
-    """Turns a growing token list into text deltas without splitting multi-byte characters."""
-
-    def __init__(self, tokenizer: TextTokenizer):
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._text = ""
-
-    def push(self, ids: list[int]) -> str:
-        """Add tokens; return the newly completed text (may be empty)."""
-        self._ids.extend(ids)
-        text = self._tokenizer.decode(self._ids)
-        if text.endswith("\ufffd"):
-            return ""
-        delta = text[len(self._text):]
-        self._text = text
-        return delta

@@ -1,0 +1,59 @@
+"""`open_session`: the one place that turns a graph of an opened artifact into a backend session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...errors import InputError
+from ...manifest import GraphSpec, Manifest
+from .base import BACKENDS, FeatureSession, Session
+
+
+def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, *,
+                 manifest: Manifest, max_context: int | None = None, spinning: bool = False,
+                 device: int = 0, shape_invariant: int | None = None) -> Session | FeatureSession:
+    """The backend session for graph `spec` of the artifact in `directory` (whose manifest is `manifest`).
+
+    A graph with KV inputs (target, draft model, EAGLE/EAGLE-3/MTP heads) opens as a `Session`; one
+    without (the Medusa heads) as a `FeatureSession`. `max_context` bounds the fused CPU graph's KV
+    buffers; `spinning` lets ONNX Runtime's threads busy-wait (see `ort.session_options`); `device` is
+    the GPU of the native TensorRT backend. `shape_invariant`: run every pass of a KV graph with this many
+    query rows against a fixed KV extent (backends/shape_invariant.py; needs `max_context`); None = each
+    pass with its own shapes.
+    """
+    session = _open_backend(directory, spec, backend, threads, manifest, max_context, spinning, device)
+    if shape_invariant and has_kv_cache(spec):
+        from .shape_invariant import ShapeInvariantSession
+
+        return ShapeInvariantSession(session, shape_invariant, max_context)
+    return session
+
+
+def _open_backend(directory: str | Path, spec: GraphSpec, backend: str, threads: int | None, manifest: Manifest,
+                  max_context: int | None, spinning: bool, device: int) -> Session | FeatureSession:
+    if backend not in BACKENDS:
+        raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend}")
+    if not has_kv_cache(spec):
+        if backend == "tensorrt":
+            from .tensorrt import TensorRTFeatureSession
+
+            return TensorRTFeatureSession(directory, manifest, spec, device)
+        from .ort import OrtFeatureSession
+
+        return OrtFeatureSession(directory, manifest, spec, backend, threads)
+    if spec.extra.get("kv_layout") == "buffer":
+        from .ort import OrtBufferSession
+
+        return OrtBufferSession(directory, manifest, spec, backend, threads, max_context, spinning)
+    if backend == "tensorrt":
+        from .tensorrt import TensorRTSession
+
+        return TensorRTSession(directory, manifest, spec, device)
+    from .ort import OrtSession
+
+    return OrtSession(directory, manifest, spec, backend, threads, spinning)
+
+
+def has_kv_cache(spec: GraphSpec) -> bool:
+    """True for graphs that take past KV inputs (a `Session`); False for feature-only graphs (Medusa heads)."""
+    return any(name.startswith("past_key_values") for name in spec.input_names())

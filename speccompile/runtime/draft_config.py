@@ -1,0 +1,167 @@
+"""What a drafter drafts each step: its tree shape and k. One grammar for export and runtime.
+
+k is the most draft *positions* per step: the number of tokens of a chain, the depth of a tree (a tree
+of depth k verifies more than k tokens). Shapes:
+
+* chain drafters (n-gram lookup, a draft model): no tree; k defaults to 12 (n-gram) or 4 (draft model);
+* head drafters (EAGLE, EAGLE-3, MTP, Medusa) draft a tree, given by `--tree`:
+  - a preset (``eagle-default``, ``chain-K``, ``tree-WxD``, see runtime/tree.py) or a JSON file of choice
+    paths: a static tree, k defaults to its depth and cuts it to depth k;
+  - ``chain``: a chain of k tokens (k defaults to 4);
+  - ``dynamic`` / ``dynamic-D-K-N`` / ``dynamic-D-K-N-pP``: an EAGLE-2 tree grown each step (depth D, top-K
+    children per expanded node, the N best nodes kept, none whose cumulative draft probability is below P);
+    k defaults to D and caps the depth.
+
+The manifest's drafter section stores a config as ``{"tree": choices | "dynamic", "tree_name", "dynamic":
+{...}, "num_draft_tokens": k}`` (`to_manifest` / `from_manifest`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ArtifactError, InputError
+from .tree import TreeSpec, chain_choices, load_tree
+
+CHAIN_KINDS = ("ngram", "draft-model")
+HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
+DEFAULT_K = {"ngram": 12, "draft-model": 4}
+DEFAULT_CHAIN_K = 4
+DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
+_DYNAMIC = re.compile(r"dynamic(?:-(\d+)-(\d+)-(\d+)(?:-p(\d*\.?\d+))?)?")
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 tree parameters: grown `depth` levels deep from the `top_k` children of the best nodes,
+    `total_tokens` nodes kept, none below `min_prob` cumulative draft probability."""
+
+    depth: int = 5
+    top_k: int = 8
+    total_tokens: int = 48
+    min_prob: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"depth": self.depth, "top_k": self.top_k, "total_tokens": self.total_tokens}
+        if self.min_prob:
+            out["min_prob"] = self.min_prob
+        return out
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """A drafter kind, its tree (static choice paths, a dynamic tree, or none for a chain drafter) and k."""
+
+    kind: str
+    k: int
+    choices: tuple[tuple[int, ...], ...] | None = None  # static tree (a head's chain is a one-path tree)
+    dynamic: DynamicTree | None = None
+    tree_name: str | None = None
+
+    @property
+    def shape(self) -> str:
+        """"chain" (a chain drafter), "static" or "dynamic" (head drafters)."""
+        if self.dynamic is not None:
+            return "dynamic"
+        return "static" if self.choices is not None else "chain"
+
+    def static_tree(self) -> TreeSpec:
+        """The static tree (whole, not cut to k)."""
+        if self.choices is None:
+            raise ValueError(f"{self.kind} drafts a {self.shape} tree, not a static one")
+        return TreeSpec.from_choices([list(c) for c in self.choices])
+
+    def with_k(self, k: int | None) -> "DraftConfig":
+        """The same tree with another k (None: unchanged)."""
+        return self if k is None else replace(self, k=_check_k(k))
+
+    # -- the grammar ---------------------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, kind: str, tree: str | None = None, k: int | None = None) -> "DraftConfig":
+        """The config `--drafter KIND [--tree TREE] [--num-draft-tokens K]` asks for (defaults filled in)."""
+        if k is not None:
+            _check_k(k)
+        if kind in CHAIN_KINDS or kind not in HEAD_KINDS:
+            if tree is not None:
+                raise InputError(f"--tree: the {kind} drafter drafts chains; trees need a head drafter ({', '.join(HEAD_KINDS)})")
+            return cls(kind, DEFAULT_K.get(kind, DEFAULT_CHAIN_K) if k is None else k)
+        name = tree or DEFAULT_TREES[kind]
+        if name == "chain":
+            length = DEFAULT_CHAIN_K if k is None else k
+            return cls(kind, length, _paths(chain_choices(max(length, 1))), tree_name=f"chain-{length}")
+        match = _DYNAMIC.fullmatch(name)
+        if match:
+            if kind == "medusa":
+                raise InputError("--tree dynamic: Medusa heads do not draft autoregressively; use a static tree")
+            dynamic = DynamicTree()
+            if match.group(1):
+                dynamic = DynamicTree(int(match.group(1)), int(match.group(2)), int(match.group(3)))
+            if match.group(4):
+                dynamic = replace(dynamic, min_prob=float(match.group(4)))
+            _check_dynamic(dynamic, f"--tree {name}")
+            return cls(kind, dynamic.depth if k is None else k, dynamic=dynamic, tree_name=name)
+        spec = load_tree(name)
+        return cls(kind, spec.max_depth if k is None else k, _paths(spec.choices()), tree_name=str(name))
+
+    # -- the manifest ---------------------------------------------------------------------------------
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The keys this config adds to the manifest's drafter section."""
+        out: dict[str, Any] = {"num_draft_tokens": self.k}
+        if self.dynamic is not None:
+            out.update(tree="dynamic", tree_name=self.tree_name, dynamic=self.dynamic.to_dict())
+        elif self.choices is not None:
+            out.update(tree=[list(c) for c in self.choices], tree_name=self.tree_name)
+        return out
+
+    @classmethod
+    def from_manifest(cls, section: dict[str, Any]) -> "DraftConfig":
+        """The config an artifact was exported with (its manifest's drafter section)."""
+        kind = section.get("kind")
+        if not kind:
+            raise ArtifactError("manifest drafter section has no kind")
+        recorded = section.get("num_draft_tokens")
+        tree = section.get("tree")
+        if kind not in HEAD_KINDS:
+            return cls(kind, int(recorded) if recorded else DEFAULT_K.get(kind, DEFAULT_CHAIN_K))
+        if tree == "dynamic":
+            raw = dict(section.get("dynamic") or {})
+            try:
+                dynamic = DynamicTree(**raw)
+            except TypeError as exc:
+                raise ArtifactError(f"manifest drafter section of {kind}: bad dynamic tree {raw!r} ({exc})") from None
+            _check_dynamic(dynamic, f"manifest drafter section of {kind}", ArtifactError)
+            return cls(kind, int(recorded or dynamic.depth), dynamic=dynamic, tree_name=section.get("tree_name") or "dynamic")
+        if not isinstance(tree, list) or not tree:
+            raise ArtifactError(f"manifest drafter section of {kind} has no tree (got {tree!r})")
+        choices = _paths(tree)
+        return cls(kind, int(recorded or max(len(c) for c in choices)), choices, tree_name=section.get("tree_name"))
+
+
+def draft_config_for_run(kind: str, exported: dict[str, Any] | None, tree: str | None = None, k: int | None = None) -> DraftConfig:
+    """What `run --drafter KIND [--tree T] [-k K]` drafts on an artifact whose manifest drafter section is
+    `exported`: the exported config when it is this kind's and no tree is given (k overridable), else the
+    parsed one."""
+    if tree is None and exported and exported.get("kind") == kind:
+        return DraftConfig.from_manifest(exported).with_k(k)
+    return DraftConfig.parse(kind, tree, k)
+
+
+def _paths(choices) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(x) for x in c) for c in choices)
+
+
+def _check_k(k: int) -> int:
+    if int(k) < 0:
+        raise InputError(f"--num-draft-tokens must be >= 0, got {k}")
+    return int(k)
+
+
+def _check_dynamic(dynamic: DynamicTree, where: str, error: type[Exception] = InputError) -> None:
+    if dynamic.depth < 1 or dynamic.top_k < 1 or dynamic.total_tokens < 1:
+        raise error(f"{where}: depth, top-k and total tokens must be >= 1")
+    if not 0.0 <= dynamic.min_prob < 1.0:
+        raise error(f"{where}: the minimum draft probability (-pP) must be in [0, 1)")

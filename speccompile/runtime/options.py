@@ -1,0 +1,71 @@
+"""The runtime's options: how to open an artifact and draft (RunOptions), what to generate (GenerationConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+from .backends.base import BACKENDS
+from .sampling import SamplingParams
+
+DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+
+
+@dataclass
+class RunOptions:
+    """How a Runner opens an artifact and drafts; the same choices as `speccompile run`'s options.
+
+    drafter: `auto` (the drafter exported with the artifact, else n-gram lookup), `none` (plain decoding),
+    or a kind. num_draft_tokens (k): most draft positions per step (chain tokens, or tree depth; see
+    runtime/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
+    to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
+    CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
+    max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
+    kernels whose numerics depend on shapes; None = on for the GPU backends, off on ort-cpu.
+    """
+
+    backend: str = "ort-cpu"
+    threads: int | None = None
+    drafter: str = "auto"
+    num_draft_tokens: int | None = None
+    tree: str | None = None
+    adaptive: bool = True
+    lookup_branch: bool = True
+    ngram_corpus: str | Path | None = None
+    contract_graph: bool = False
+    shape_invariant: bool | None = None
+
+    def validate(self) -> "RunOptions":
+        if self.backend not in BACKENDS:
+            raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend}")
+        if self.drafter not in DRAFTER_CHOICES:
+            raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter}")
+        if self.threads is not None and self.threads < 1:
+            raise InputError(f"--threads must be >= 1, got {self.threads}")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
+            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
+        return self
+
+
+@dataclass
+class GenerationConfig:
+    """What one generation produces: length, sampling, stops, and the draft budget the runner sets."""
+
+    max_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    num_draft_tokens: int = 8
+    adaptive: bool = True
+    prefill_chunk: int = 256
+    ignore_eos: bool = False
+
+    def validate(self) -> "GenerationConfig":
+        if self.max_tokens is None or self.max_tokens < 1:
+            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.num_draft_tokens < 0:
+            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
+        if self.prefill_chunk < 1:
+            raise InputError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+        self.sampling.validate()
+        return self

@@ -1,0 +1,160 @@
+"""Quantization methods (engines/methods.py): exact input-scale folding, AWQ / clipping / SmoothQuant / FP8 ranges."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from speccompile.engines import numerics as nx
+from speccompile.engines.calibrate import ActivationStats
+from speccompile.accel.compat import check_tensorrt_compat
+from speccompile.engines.methods import (
+    MethodOptions,
+    apply_methods,
+    awq_search,
+    clip_search,
+    fp8_range,
+    product_error,
+    smoothquant_scale,
+    weight_fake_quant,
+)
+from speccompile.engines.quantize import QuantOptions, quantize_model
+
+K, I, T = 64, 96, 48
+
+
+def _outlier_rows(rng, t: int = T, k: int = K) -> np.ndarray:
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    x[:, [3, 17, 40]] *= 40.0  # a few outlier channels, as in LLM activations
+    return x
+
+
+def _block_model(rng) -> onnx.ModelProto:
+    """RMSNorm-style Mul(x, gamma) -> gated MLP (MatMul, Split, SiLU * up, down) -> Relu -> MatMul."""
+    w = {
+        "gamma": (1.0 + rng.random(K)).astype(np.float32),
+        "mlp.weight_t": rng.standard_normal((K, 2 * I)).astype(np.float32) * 0.2,
+        "mlp.down_proj.weight_t": rng.standard_normal((I, K)).astype(np.float32) * 0.2,
+        "out.weight_t": rng.standard_normal((K, K)).astype(np.float32) * 0.2,
+        "sizes": np.array([I, I], np.int64),
+    }
+    n = helper.make_node
+    nodes = [
+        n("Mul", ["x", "gamma"], ["a"], name="norm"),
+        n("MatMul", ["a", "mlp.weight_t"], ["gu"], name="gate_up"),
+        n("Split", ["gu", "sizes"], ["g", "u"], name="split", axis=-1),
+        n("Sigmoid", ["g"], ["sg"], name="sigmoid"),
+        n("Mul", ["g", "sg"], ["silu"], name="silu"),
+        n("Mul", ["silu", "u"], ["d"], name="gated"),
+        n("MatMul", ["d", "mlp.down_proj.weight_t"], ["o"], name="down"),
+        n("Relu", ["o"], ["r"], name="relu"),
+        n("MatMul", ["r", "out.weight_t"], ["y"], name="out"),
+    ]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [T, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [T, K])],
+                              [numpy_helper.from_array(v, k) for k, v in w.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray, names=("y",)) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for name in names:
+        if name not in [o.name for o in probe.graph.output]:
+            probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(list(names), {"x": x})
+
+
+def _stats(model, x) -> dict[str, ActivationStats]:
+    names = ("a", "d", "r")
+    values = _run(model, x, names)
+    return {n: ActivationStats(np.abs(v).max(axis=0), v) for n, v in zip(names, values)}
+
+
+@pytest.mark.parametrize("scheme,methods", [
+    ("int4", MethodOptions(awq=True, clip=False)),
+    ("nvfp4", MethodOptions(awq=True, clip=False)),
+    ("fp8", MethodOptions(smoothquant=0.5, awq=False, clip=False)),
+])
+def test_input_scales_leave_the_fp32_block_unchanged(scheme, methods):
+    rng = np.random.default_rng(0)
+    model = _block_model(rng)
+    x = _outlier_rows(rng)
+    before = _run(model, x)[0]
+    report = apply_methods(model, QuantOptions(scheme, exclude=(), int4_block=32), _stats(model, x), methods)
+    onnx.checker.check_model(model, full_check=True)
+    folds = {info["folded"] for info in report.input_scales.values()}
+    if scheme == "fp8":  # SmoothQuant scales every activation: all three ways of placing 1/s are used
+        assert folds == {"norm weight", "previous matmul", "mul"}
+    assert report.input_scales, "the search chose no scale on outlier-heavy activations"
+    after = _run(model, x)[0]
+    np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
+    # and the quantized graph built from it is TensorRT-compatible (the inserted Mul included)
+    quantize_model(model, QuantOptions(scheme, exclude=(), int4_block=32), report.act_amax or None, report.weight_clip)
+    assert check_tensorrt_compat(model).ok
+
+
+@pytest.mark.parametrize("scheme", ["int4", "nvfp4"])
+def test_awq_and_clipping_beat_round_to_nearest_on_outlier_activations(scheme):
+    rng = np.random.default_rng(1)
+    x = _outlier_rows(rng, t=128)
+    w = rng.standard_normal((K, 80)).astype(np.float32)
+    options = QuantOptions(scheme, exclude=(), int4_block=32)
+    stats = ActivationStats(np.abs(x).max(axis=0), x)
+    amax = stats.amax
+    rtn = product_error(x, [w], np.ones(K, np.float32), options, amax)
+    scale, alpha, ratio = awq_search(stats, [w], options, rows=128)
+    awq = product_error(x, [w], scale, options, float((stats.channel_amax / scale).max()))
+    assert alpha > 0 and awq < 0.8 * rtn and ratio == pytest.approx(awq / rtn, rel=1e-6)
+    # clipping: smaller second-moment-weighted weight error than the full range
+    h = np.square(x).mean(axis=0)
+    clip = clip_search(w, h, options)
+    assert clip.min() < 1.0
+    full = (np.square(w - weight_fake_quant(w, options)) * h[:, None]).sum()
+    clipped = (np.square(w - weight_fake_quant(w, options, clip)) * h[:, None]).sum()
+    assert clipped < full
+
+
+def test_smoothquant_reduces_fp8_error_on_extreme_outliers():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((128, K)).astype(np.float32) * 0.01
+    x[:, 5] *= 1e5  # one channel five orders of magnitude above the rest: the others fall to fp8 subnormals
+    w = rng.standard_normal((K, 48)).astype(np.float32)
+    options = QuantOptions("fp8", exclude=())
+    stats = ActivationStats(np.abs(x).max(axis=0), x)
+    plain = product_error(x, [w], np.ones(K, np.float32), options, stats.amax)
+    s = smoothquant_scale(stats, [w], 0.5)
+    smooth = product_error(x, [w], s, options, float((stats.channel_amax / s).max()))
+    assert smooth < 0.5 * plain
+
+
+def test_fp8_range_mse_and_percentile_not_above_max():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((256, K)).astype(np.float32)
+    x[0, 0] = 500.0  # one extreme value
+    amax = float(np.abs(x).max())
+    mse = fp8_range(x, amax, "mse")
+    assert fp8_range(x, amax, "max") == amax and mse <= amax and fp8_range(x, amax, "percentile", 99.9) < amax
+    err = {r: np.square(nx.fp8_fake_quant(x, nx.fp8_activation_scale(r)) - x).mean() for r in (amax, mse)}
+    assert err[mse] <= err[amax]
+
+
+def test_build_records_methods_on_tiny_model(tiny_artifact, tmp_path):
+    from speccompile.engines.build import BuildOptions, build_artifact
+    from speccompile.manifest import read_manifest
+
+    out = tmp_path / "int4"
+    build_artifact(tiny_artifact, out, BuildOptions(precision="int4", onnx_only=True, int4_block=32, calib_samples=3, calib_max_tokens=64))
+    record = read_manifest(out).precision["target"]
+    assert record["methods"]["input_scales"]["method"] == "awq"
+    assert record["methods"]["clip_search"]["weights"] == record["quantized_matmuls"]
+    assert read_manifest(out).precision["tensorrt_compat"]["target"]["ok"]

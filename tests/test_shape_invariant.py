@@ -1,0 +1,237 @@
+"""Shape-invariant verification (runtime/backends/shape_invariant.py), proved on ONNX Runtime CPU.
+
+Every decode pass runs with the same number of rows and the same KV extent, so a position's logits are
+bitwise the same whether it was computed by plain decoding, inside a chain verify pass or inside a tree
+pass. Checked on the fused fp32 graph (buffer KV) and the contract graph at fp32 and fp16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccompile.export.pipeline import ExportOptions, export_artifact
+from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.backends.shape_invariant import ShapeInvariantSession
+
+from conftest import make_tiny_hf_model
+
+MAX_CONTEXT = 96
+PROMPT = 21
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict[str, tuple]:
+    """name -> (directory, fused): fused fp32 (buffer KV), contract fp32, contract fp16."""
+    root = tmp_path_factory.mktemp("shape_invariant")
+    model = make_tiny_hf_model(root / "model", hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                               num_key_value_heads=2)
+    fp32, fp16 = root / "fp32", root / "fp16"
+    export_artifact(str(model), fp32, ExportOptions(max_context=MAX_CONTEXT))
+    export_artifact(str(model), fp16, ExportOptions(max_context=MAX_CONTEXT, dtype="fp16"))
+    return {"fused-fp32": (fp32, True), "contract-fp32": (fp32, False), "contract-fp16": (fp16, False)}
+
+
+def _session(artifacts, name: str, rows: int | None):
+    directory, fused = artifacts[name]
+    target = open_artifact(directory, threads=1, fused=fused).target
+    return ShapeInvariantSession(target, rows, MAX_CONTEXT) if rows else target
+
+
+def _tokens(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, 90, n)
+
+
+def _prefill(session, prompt: np.ndarray):
+    cache = session.new_cache()
+    q = len(prompt)
+    out = session.run(prompt, np.arange(q), cache.attention_mask(np.tril(np.ones((q, q), bool))), cache)
+    cache.append(out.presents, range(q), q)
+    return cache
+
+
+def _pass(session, cache, ids, depths, ancestry, keep) -> np.ndarray:
+    """One decode pass (chain or tree rows) committing the rows in `keep`; returns the logits of all rows."""
+    past = cache.length
+    cache.maybe_compact(len(ids), MAX_CONTEXT)
+    out = session.run(np.asarray(ids), past + np.asarray(depths), cache.attention_mask(ancestry), cache)
+    cache.append(out.presents, keep, len(ids))
+    return out.logits.copy()
+
+
+def _chain(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(n), np.tril(np.ones((n, n), bool))
+
+
+def plain_logits(session, prompt, text) -> list[np.ndarray]:
+    """Plain decoding of the fixed tokens `text`: one pass per token; logits at each of its positions."""
+    cache = _prefill(session, prompt)
+    depths, ancestry = _chain(1)
+    return [_pass(session, cache, [token], depths, ancestry, [0])[0] for token in text]
+
+
+def _ancestry(parents: list[int]) -> np.ndarray:
+    ancestry = np.eye(len(parents), dtype=bool)
+    for node, parent in enumerate(parents):
+        while parent >= 0:
+            ancestry[node, parent] = True
+            parent = parents[parent]
+    return ancestry
+
+
+# tree layouts of the pass that verifies text[3..5]: (token slots, parents, rows of the accepted path)
+MAIN_PATH_FIRST = (["t3", "t4", "t5", "d2", "d3"], [-1, 0, 1, 0, 1], [0, 1, 2])  # accepted path = chain prefix
+SIDE_BRANCH = (["t3", "d2", "t4", "d3", "t5"], [-1, 0, 0, 2, 2], [0, 2, 4])  # accepted nodes after siblings
+
+
+def speculative_logits(session, prompt, text, decoys, tree=MAIN_PATH_FIRST) -> list[np.ndarray]:
+    """The same positions verified by speculative passes: a chain with two rejected rows, a tree with
+    rejected siblings, and a last single-row pass."""
+    cache = _prefill(session, prompt)
+    got: list[np.ndarray] = []
+    depths, ancestry = _chain(5)
+    logits = _pass(session, cache, [*text[:3], *decoys[:2]], depths, ancestry, [0, 1, 2])
+    got += list(logits[:3])
+    names, parents, path = tree
+    tokens = {"t3": text[3], "t4": text[4], "t5": text[5], "d2": decoys[2], "d3": decoys[3]}
+    ancestry = _ancestry(parents)
+    logits = _pass(session, cache, [tokens[n] for n in names], ancestry.sum(1) - 1, ancestry, path)
+    got += [logits[row] for row in path]
+    depths, ancestry = _chain(1)
+    got.append(_pass(session, cache, [text[6]], depths, ancestry, [0])[0])
+    return got
+
+
+CASES = ["fused-fp32", "contract-fp32", "contract-fp16"]
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("rows", [5, 8, 16])
+def test_padding_rows_never_change_a_real_row(artifacts, name, rows, monkeypatch):
+    """Whatever the padding rows hold, the real rows' logits are bitwise the same (and match the unpadded pass)."""
+    prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    session = _session(artifacts, name, rows)
+    reference = speculative_logits(session, prompt, text, _tokens(2, 4))
+    rng = np.random.default_rng(3)
+
+    def noisy_pad(ids, count):  # padding rows with random tokens instead of the last real one
+        return np.concatenate([ids.reshape(-1), rng.integers(3, 90, max(0, count - ids.size))])
+
+    monkeypatch.setattr(session, "pad_tokens", noisy_pad)
+    noisy = speculative_logits(session, prompt, text, _tokens(2, 4))
+    for a, b in zip(reference, noisy):
+        assert np.array_equal(a, b)
+    unpadded = speculative_logits(_session(artifacts, name, None), prompt, text, _tokens(2, 4))
+    tolerance = 2e-2 if name.endswith("fp16") else 1e-4
+    for a, b in zip(reference, unpadded):
+        np.testing.assert_allclose(a, b, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_plain_chain_and_tree_logits_are_bitwise_equal(artifacts, name):
+    session = _session(artifacts, name, 8)
+    prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    plain = plain_logits(session, prompt, text)
+    speculative = speculative_logits(session, prompt, text, _tokens(2, 4))
+    for position, (a, b) in enumerate(zip(plain, speculative)):
+        assert np.array_equal(a, b), f"position {PROMPT + position}: max |diff| {np.abs(a - b).max()}"
+
+
+def _differs(plain, speculative) -> bool:
+    return any(not np.array_equal(a, b) for a, b in zip(plain, speculative))
+
+
+def test_without_the_mode_the_fused_graph_differs(artifacts):
+    """The check above has teeth: on ONNX Runtime CPU the fused fp32 graph computes a row differently
+    when the pass has 1 row than when it has 5 (MatMul / attention kernels chosen by q)."""
+    session = _session(artifacts, "fused-fp32", None)
+    prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    assert _differs(plain_logits(session, prompt, text), speculative_logits(session, prompt, text, _tokens(2, 4)))
+
+
+def test_varying_the_rows_breaks_it(artifacts, monkeypatch):
+    """Same as the mode, except that each pass is padded only to its own q: the logits differ again."""
+    session = _session(artifacts, "fused-fp32", 8)
+    run = ShapeInvariantSession.run
+
+    def unpadded(self, input_ids, position_ids, attention_mask, cache):
+        self.rows = int(np.asarray(input_ids).size)
+        try:
+            return run(self, input_ids, position_ids, attention_mask, cache)
+        finally:
+            self.rows = 8
+
+    monkeypatch.setattr(ShapeInvariantSession, "run", unpadded)
+    prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    assert _differs(plain_logits(session, prompt, text), speculative_logits(session, prompt, text, _tokens(2, 4)))
+
+
+def test_contract_graph_without_compaction_differs(artifacts):
+    """The contract graph without the mode: a tree's rejected rows stay as dead slots between live ones, so
+    later keys are not at slot == position and the logits after the tree differ."""
+    session = _session(artifacts, "contract-fp32", None)
+    prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    assert _differs(plain_logits(session, prompt, text), speculative_logits(session, prompt, text, _tokens(2, 4)))
+
+
+@pytest.mark.parametrize("name", ["fused-fp32", "contract-fp32"])
+def test_tree_nodes_after_siblings_are_not_guaranteed(artifacts, name):
+    """The documented limit: a tree node laid out after a sibling sees its ancestors with a masked hole
+    between them, and its logits (and those of every position after it) differ in the last bits."""
+    session = _session(artifacts, name, 8)
+    prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    plain = plain_logits(session, prompt, text)
+    side = speculative_logits(session, prompt, text, _tokens(2, 4), SIDE_BRANCH)
+    assert all(np.array_equal(a, b) for a, b in zip(plain[:4], side[:4]))  # chain and the tree's root
+    assert _differs(plain[4:], side[4:])
+
+
+def test_fused_graph_sees_the_same_kv_extent_every_pass(artifacts):
+    """Every pass (prefill chunk, plain step, chain, tree) reaches GroupQueryAttention with the same
+    rows and total_sequence_length; on the CPU the kernel reads only the live window, so varying the
+    capacity changes no bit there: this checks the shapes the GPU kernels would see."""
+    session = _session(artifacts, "fused-fp32", 8)
+    seen: list[tuple[int, int]] = []
+    inner_run = session.inner.run
+
+    def spy(input_ids, position_ids, attention_mask, cache):
+        seen.append((int(np.asarray(input_ids).size), int(attention_mask.shape[-1])))
+        return inner_run(input_ids, position_ids, attention_mask, cache)
+
+    session.inner.run = spy
+    prompt, text = _tokens(0, 6), _tokens(1, 7)
+    plain_logits(session, prompt, text)
+    speculative_logits(session, prompt, text, _tokens(2, 4))
+    assert set(seen) == {(8, MAX_CONTEXT + 8)}
+
+
+def test_fp32_on_cuda_never_uses_tf32():
+    from speccompile.runtime.backends.ort import execution_providers
+
+    assert execution_providers("ort-cuda", "fp32")[0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
+    assert ("CUDAExecutionProvider", {"use_tf32": "0"}) in execution_providers("ort-trt", "fp32")
+    assert execution_providers("ort-cuda", "fp16")[0] == "CUDAExecutionProvider"
+    assert execution_providers("ort-cpu", "fp32") == ["CPUExecutionProvider"]
+
+
+def test_exact_acceptance_keeps_the_chain_prefix_and_its_next_token():
+    from speccompile.runtime.backends.shape_invariant import exact_acceptance
+
+    assert exact_acceptance([1, 2, 3], [10, 11, 12, 13]) == ([1, 2, 3], [10, 11, 12, 13])
+    assert exact_acceptance([1, 4, 6], [10, 11, 12, 13]) == ([1], [10, 11])  # row 4: a sibling's slot came first
+    assert exact_acceptance([2, 5], [10, 11, 12]) == ([], [10])
+    assert exact_acceptance([], [10]) == ([], [10])
+
+
+def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
+    import json
+
+    from conftest import run_cli
+
+    done = run_cli("verify", str(tiny_artifact), "--drafter", "ngram", "--max-tokens", "24", "--limit", "2",
+                   "--shape-invariant", "--threads", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["identical"] and report["shape_invariant"] == 64
+    done = run_cli("verify", str(tiny_artifact), "--drafter", "ngram", "--max-tokens", "8", "--limit", "1", "--threads", "1")
+    assert done.returncode == 0 and "shape-invariant off" in done.stdout  # ort-cpu default
