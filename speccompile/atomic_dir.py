@@ -1,57 +1,202 @@
-"""Write an output directory atomically: build it in a temporary sibling, rename it into place at the end."""
+"""Safe output directories: what --force may replace, atomic writes, cleanup on SIGTERM, file modes.
+
+Export and build write into a temporary sibling `.NAME.tmp-PID` and rename it into place at the end;
+any error, Ctrl-C or SIGTERM removes it, and temporary siblings left by processes that no longer exist
+(killed with SIGKILL, power loss) are removed by the next write to the same place. `--force` replaces
+only a folder the command itself would have written (an artifact directory, a train-draft head folder)
+or an empty one: never a user's own files.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import InputError
 
+TEMP_TAG = ".tmp-"  # .NAME.tmp-PID: the directory being written
+OLD_TAG = ".old-"  # .NAME.old-PID: the directory being replaced, for the moment of the swap
 
-def prepare_output(out: Path, force: bool) -> Path:
-    """Check the output location and return a fresh temporary directory beside it."""
-    if out.exists() and not force:
-        raise InputError(f"--out {out}: already exists (use --force to replace it)")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
+
+class Terminated(SystemExit):
+    """Raised in the main thread on SIGTERM so cleanup runs as on Ctrl-C; exits with 128 + SIGTERM."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While active, SIGTERM raises `Terminated` (so `finally`/`except` blocks clean up) instead of killing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum, frame) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
+def check_replaceable(out: Path, force: bool, is_ours: Callable[[Path], bool], what: str, flag: str = "--out") -> None:
+    """Refuse (InputError, nothing touched) unless `out` is new, or --force and `out` is `what` or an empty folder."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise InputError(f"{flag} {out}: exists and is not a directory (--force replaces only {what} or an empty folder)")
+    if not is_empty_dir(out) and not is_ours(out):
+        raise InputError(f"{flag} {out}: is neither {what} nor empty, and --force replaces only those "
+                         f"(choose another {flag}, or remove it yourself)")
+    if not force:
+        raise InputError(f"{flag} {out}: already exists (use --force to replace it)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(out: Path) -> list[Path]:
+    """Remove `.NAME.tmp-PID` siblings of `out` whose process is gone (and `.NAME.old-PID` once `out` exists)."""
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for entry in out.parent.iterdir():
+        for tag in (TEMP_TAG, OLD_TAG):
+            prefix = f".{out.name}{tag}"
+            if not entry.name.startswith(prefix):
+                continue
+            pid = entry.name[len(prefix):]
+            if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+                continue
+            if tag == OLD_TAG and not out.exists():
+                continue  # the swap was cut short: this is the only copy of the old output, keep it
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def current_umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(root: Path) -> None:
+    """Give every file and folder under `root` the mode a plain `open`/`mkdir` would (some writers use 0600)."""
+    mask = current_umask()
+    for folder, _dirs, files in os.walk(root):
+        os.chmod(folder, 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                continue
+            executable = os.stat(path).st_mode & 0o111
+            os.chmod(path, (0o777 if executable else 0o666) & ~mask)
+
+
+def _make_parent(out: Path) -> list[Path]:
+    """`mkdir -p` the parent of `out`; returns the folders it created (to remove on failure)."""
+    missing = []
+    parent = out.parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for folder in reversed(missing):
         try:
-            parent.mkdir(parents=True, exist_ok=True)  # like `mkdir -p`: users pass exported/NAME
+            folder.mkdir()
         except OSError as exc:
-            raise InputError(f"--out {out}: cannot create {parent} ({exc.strerror})") from None
-    tmp = parent / f".{out.name}.tmp-{os.getpid()}"
+            raise InputError(f"--out {out}: cannot create {folder} ({exc.strerror})") from None
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def commit_output(tmp: Path, out: Path) -> None:
+    """Move the finished temporary directory into place, replacing an old one (checked by check_replaceable)."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = out.parent / f".{out.name}{OLD_TAG}{os.getpid()}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        if old.is_symlink():
+            old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+ARTIFACT_DIR = "an artifact directory (one with a speccompile manifest.json)"
+
+
+def is_artifact_dir(path: Path) -> bool:
+    from .manifest import is_manifest_dir
+
+    return is_manifest_dir(path)
+
+
+def check_artifact_output(out: Path, force: bool) -> None:
+    """check_replaceable for an artifact directory: what export and build check before they start."""
+    check_replaceable(Path(os.path.abspath(out)), force, is_artifact_dir, ARTIFACT_DIR)
+
+
+@contextmanager
+def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_artifact_dir,
+                  what: str = ARTIFACT_DIR) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it replaces `out`; on any error, Ctrl-C or
+    SIGTERM it is removed (with any parent folders created for it) and `out` is left as it was."""
+    out = Path(os.path.abspath(out))
+    check_replaceable(out, force, is_ours, what)
+    created = _make_parent(out)
+    remove_stale_temps(out)
+    tmp = out.parent / f".{out.name}{TEMP_TAG}{os.getpid()}"
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
     except OSError as exc:
+        _remove_if_empty(created)
         raise InputError(f"--out {out}: cannot write there ({exc.strerror})") from None
-    return tmp
-
-
-def commit_output(tmp: Path, out: Path) -> None:
-    """Move the finished temporary directory into place, replacing an old one (only with --force)."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-@contextmanager
-def atomic_output(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; on success it replaces `out`, on any error it is removed."""
-    tmp = prepare_output(out, force)
     try:
-        yield tmp
-        commit_output(tmp, out)
+        with terminate_as_interrupt():
+            yield tmp
+            honour_umask(tmp)
+            commit_output(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_if_empty(created)
         raise
-

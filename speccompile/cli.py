@@ -8,6 +8,23 @@ import click
 
 from .errors import SpecCompileError
 
+# Top-level module -> the extra that installs it (pip install 'speccompile[EXTRA]').
+EXTRA_OF_MODULE = {
+    "torch": "export", "onnxscript": "export", "onnx_ir": "export", "safetensors": "export", "gguf": "export",
+    "transformers": "export", "tensorrt": "tensorrt", "polygraphy": "tensorrt", "onnxruntime_genai": "bench",
+    "fastapi": "serve", "uvicorn": "serve", "ray": "serve", "prometheus_client": "serve", "openai": "serve",
+}
+
+
+def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """'`speccompile CMD` needs X ...: pip install ...' when `exc` is a module an extra provides, else None."""
+    module = (exc.name or "").partition(".")[0]
+    extra = EXTRA_OF_MODULE.get(module)
+    if extra is None:
+        return None
+    who = f"`speccompile {command}`" if command else "this command"
+    return f"{who} needs {module}, which is not installed: pip install 'speccompile[{extra}]'"
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="speccompile")
@@ -24,9 +41,9 @@ def cli() -> None:
 
 def _register_commands() -> None:
     """Attach the commands of speccompile/commands/ (each imports its heavy dependencies only when run)."""
-    from .commands import artifacts, build, eval, generate, train
+    from .commands import artifacts, build, eval, generate, serve, train
 
-    for module in (artifacts, generate, build, train, eval):
+    for module in (artifacts, generate, build, train, eval, serve):
         for command in module.COMMANDS:
             cli.add_command(command)
 
@@ -50,6 +67,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except SystemExit as exc:
+        from .atomic_dir import Terminated
+
+        if isinstance(exc, Terminated):
+            click.echo("terminated", err=True)
+        raise
+    except ModuleNotFoundError as exc:
+        args = sys.argv[1:] if argv is None else argv
+        message = missing_extra_message(exc, next((a for a in args if not a.startswith("-")), None))
+        if message is None:
+            raise
+        click.echo(f"error: {message}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

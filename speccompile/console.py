@@ -15,6 +15,12 @@ def console():
     return Console(stderr=True, highlight=False)
 
 
+def progress_bar_console(quiet: bool):
+    """The stderr console for a progress bar: None (no bar) when `quiet` (--json) or stderr is not a terminal."""
+    out = console()
+    return None if quiet or not out.is_terminal else out
+
+
 def progress_printer(quiet: bool) -> Callable[[str], None]:
     """A callback printing one dim progress line per message on stderr (silent when `quiet`)."""
     out = console()

@@ -50,42 +50,66 @@ def summarize(directory: str | Path) -> dict[str, Any]:
     }
 
 
-def _compact(specs: list[dict[str, Any]]) -> str:
-    """Group past/present KV tensors so a 30-layer graph fits on a screen."""
-    shown, kv = [], []
+def _shape(shape: list[Any]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _io_rows(specs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(name, dtype, shape) rows, with the per-layer past/present KV tensors folded into one row."""
+    rows, kv = [], []
     for t in specs:
         if t["name"].startswith(("past_key_values.", "present.")):
             kv.append(t)
         else:
-            shown.append(f"{t['name']} {t['dtype']}{t['shape']}")
+            rows.append((t["name"], t["dtype"], _shape(t["shape"])))
     if kv:
         prefix = kv[0]["name"].split(".")[0]
-        shown.append(f"{prefix}.{{0..{len(kv) // 2 - 1}}}.key/value {kv[0]['dtype']}{kv[0]['shape']}")
-    return "\n".join(shown)
+        rows.append((f"{prefix}.{{0..{len(kv) // 2 - 1}}}.key/value", kv[0]["dtype"], _shape(kv[0]["shape"])))
+    return rows
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    """Render the summary with rich tables."""
+def format_value(value: Any) -> str:
+    """A manifest value as text a person reads: key=value pairs, bare lists, tree paths counted."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}=({format_value(v)})" if isinstance(v, dict) and v else f"{k}={format_value(v)}"
+                         for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        if value and all(isinstance(v, list) for v in value):
+            return f"{len(value)} paths"
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def print_summary(summary: dict[str, Any], console=None) -> None:
+    """Render the summary with rich tables (readable at 80 columns)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
+    console = console or Console()
     model = summary["model"]
-    console.print(f"[bold]{summary['artifact']}[/bold]  (schema {summary['schema_version']}, {summary['created_by']})")
-    console.print(
-        f"model: {model['name']}  arch={model['architecture']} layers={model['layers']} hidden={model['hidden_size']} "
-        f"heads={model['heads']}/{model['kv_heads']} vocab={model['vocab_size']}"
-    )
-    console.print(f"limits: {summary['limits']}")
-    if summary["drafter"]:
-        drafter = {k: v for k, v in summary["drafter"].items() if k != "config"}
-        console.print(f"drafter: {drafter}")
-    if summary["precision"]:
-        console.print(f"precision: {summary['precision']}")
-    if summary["engine"]:
-        console.print(f"engine: {summary['engine']}")
-    table = Table("graph", "role", "dtype", "size MB", "inputs", "outputs")
+    console.print(Text(f"{summary['artifact']}", style="bold") + Text(f"  (schema {summary['schema_version']}, {summary['created_by']})"))
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+    facts.add_row("model", Text(f"{model['name']}: {model['architecture']}, {model['layers']} layers, hidden {model['hidden_size']}, "
+                           f"{model['heads']} heads / {model['kv_heads']} KV heads, vocab {model['vocab_size']}"))
+    facts.add_row("limits", Text(format_value(summary["limits"])))
+    sections = {"drafter": {k: v for k, v in (summary["drafter"] or {}).items() if k != "config"},
+                "precision": summary["precision"] or {}, "engine": summary["engine"] or {}}
+    for section, entries in sections.items():
+        for key, value in entries.items():
+            facts.add_row(section, Text(f"{key}: {format_value(value)}"))
+            section = ""
+    console.print(facts)
     for name, g in summary["graphs"].items():
-        table.add_row(name, g["role"], g["dtype"], f"{g['size_mb']:.1f}", _compact(g["inputs"]), _compact(g["outputs"]))
-    console.print(table)
+        table = Table(title=Text(f"{name}: {g['file']} ({g['role']}, {g['dtype']}, {g['size_mb']:.1f} MB)"), title_justify="left")
+        table.add_column("", no_wrap=True)
+        table.add_column("tensor", no_wrap=True)
+        table.add_column("dtype", no_wrap=True)
+        table.add_column("shape", overflow="fold")
+        for direction in ("inputs", "outputs"):
+            for i, row in enumerate(_io_rows(g[direction])):
+                table.add_row(direction[:-1] if i == 0 else "", *(Text(cell) for cell in row))
+        console.print(table)
     console.print(f"total: {summary['total_size_mb']:.1f} MB in {len(summary['files'])} files")

@@ -19,11 +19,12 @@ from .errors import ArtifactError
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FUSED_VARIANT = "-ort"  # graph NAME's fused ONNX Runtime CPU variant is listed as NAME-ort
+GPU_VARIANT = "-ort-cuda"  # ... and its ONNX Runtime CUDA variant (GroupQueryAttention, device KV buffer) as NAME-ort-cuda
 
 
-def variant_name(graph: str) -> str:
-    """Manifest name of graph `graph`'s fused ONNX Runtime CPU variant."""
-    return graph + FUSED_VARIANT
+def variant_name(graph: str, target: str = "cpu") -> str:
+    """Manifest name of graph `graph`'s fused ONNX Runtime variant for `target` ('cpu' or 'cuda')."""
+    return graph + (GPU_VARIANT if target == "cuda" else FUSED_VARIANT)
 
 
 @dataclass
@@ -126,6 +127,16 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def is_manifest_dir(directory: str | Path) -> bool:
+    """True when `directory` holds a speccompile manifest.json (any schema version): an artifact directory."""
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "schema_version" in data and isinstance(data.get("graphs"), dict)
 
 
 def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:

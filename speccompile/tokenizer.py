@@ -61,13 +61,17 @@ class TextTokenizer:
 
     def render_chat(self, user_message: str, system: str | None = None) -> str:
         """Apply the chat template to one user turn, with the assistant generation prompt."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_message}]
+        return self.render_messages(messages)
+
+    def render_messages(self, messages: list[dict[str, str]]) -> str:
+        """Apply the chat template to a conversation ({role, content} dicts), with the assistant generation prompt."""
         if not self.chat_template:
             raise InputError("--chat: this model has no chat template (use --raw)")
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
         env.globals["raise_exception"] = _raise_template_error
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_message}]
         return env.from_string(self.chat_template).render(
             messages=messages,
             add_generation_prompt=True,

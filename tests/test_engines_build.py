@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import run_cli_here as _cli
 from speccompile.accel import profiles as prof
 from speccompile.accel.trt import check_engine_compat, import_tensorrt
 from speccompile.engines import config as cfg
@@ -19,18 +20,6 @@ from speccompile.manifest import GraphSpec, Manifest, TensorSpec, read_manifest
 
 HAS_TRT = import_tensorrt() is not None
 needs_trt = pytest.mark.skipif(not HAS_TRT, reason="TensorRT is not installed here (no GPU machine)")
-
-
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    from speccompile.cli import main
-
-    code = 0
-    try:
-        main(list(args))
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 # ---------------------------------------------------------------- CLI errors (one line, exit 2)

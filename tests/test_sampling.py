@@ -664,3 +664,17 @@ def test_sampling_params_greedy_flag():
     assert SamplingParams().greedy
     assert not SamplingParams(0.7).greedy
     assert SamplingParams(0.7, top_k=5, top_p=0.9, seed=3).validate().top_k == 5
+
+
+def test_greedy_path_follows_each_rows_best_token():
+    """Greedy verification from per-row argmax ids (the GPU graph's next_tokens, or the logits' argmax)."""
+    from speccompile.runtime.sampling import greedy_path
+    from speccompile.runtime.tree import TreeSpec
+
+    best = [5, 7, 9, 4].__getitem__
+    assert greedy_path(None, [1, 5, 6, 8], best) == ([1], [5, 7])  # 5 accepted, 6 rejected for 7
+    assert greedy_path(None, [1, 5, 7, 9], best) == ([1, 2, 3], [5, 7, 9, 4])  # all accepted + the bonus row's best
+    tree = TreeSpec.from_choices([[0], [1], [1, 0]])  # node 1 = rank 0, node 2 = rank 1, node 3 under node 2
+    # node tokens: 1 -> 3, 2 -> 5, 3 -> 6 (under node 2)
+    assert greedy_path(tree, [1, 3, 5, 6], [5, 0, 6, 2].__getitem__) == ([2, 3], [5, 6, 2])  # the rank-1 branch
+    assert greedy_path(tree, [1, 3, 5, 6], [5, 0, 8, 2].__getitem__) == ([2], [5, 8])  # node 3 rejected for row 2's best

@@ -84,6 +84,11 @@ def axis_ranges(
     return ranges
 
 
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # q sizes of the 'buckets' profiles (as runtime/backends/ort_cuda.py)
+BUCKET_PREFIX = "q"  # bucket profile NAME = q<Q>; the tensorrt backend captures one CUDA graph per bucket profile
+PROFILE_MODES = ("single", "split", "buckets")
+
+
 def profiles_for(
     spec: GraphSpec,
     limits: dict[str, int],
@@ -96,12 +101,15 @@ def profiles_for(
 
     single: one profile, q_len 1..max(max_verify_tokens, prefill_chunk) (opt = verify size);
     split:  'verify' (q_len 1..max_verify_tokens) + 'prefill' (q_len max_verify_tokens+1..prefill_chunk):
-            better kernels for each, at the cost of a second set of tactics in the engine.
+            better kernels for each, at the cost of a second set of tactics in the engine;
+    buckets: static shapes for CUDA graphs, see bucket_profiles.
     """
-    if mode not in ("single", "split"):
-        raise InputError(f"--profiles must be single or split, got {mode}")
+    if mode not in PROFILE_MODES:
+        raise InputError(f"--profiles must be one of {', '.join(PROFILE_MODES)}, got {mode}")
     if prefill_chunk < 1:
         raise InputError(f"--prefill-chunk must be >= 1, got {prefill_chunk}")
+    if mode == "buckets":
+        return bucket_profiles(spec, limits, prefill_chunk)
     verify = limits["max_verify_tokens"]
     verify_opt = opt_q or min(verify, 8)
     if mode == "single" or prefill_chunk <= verify:
@@ -128,6 +136,29 @@ def profiles_for(
             shapes[tensor.name] = tuple([x[i] for x in dims] for i in range(3))
         profiles.append(Profile(name, shapes))
     return profiles
+
+
+def bucket_profiles(spec: GraphSpec, limits: dict[str, int], prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                    buckets: tuple[int, ...] = BUCKETS) -> list[Profile]:
+    """Static shapes for CUDA graphs: one profile per q bucket (`q<Q>`, up to max_verify_tokens) with every
+    axis fixed (q_len = Q, past_len = max_context: the KV rows stay allocated, unused and rejected rows
+    masked; total_len = max_context + Q), plus 'prefill' (q_len 1..prefill_chunk over the same KV rows)."""
+    capacity, verify, chunk = limits["max_context"], limits["max_verify_tokens"], max(1, prefill_chunk)
+    axes = {f"{BUCKET_PREFIX}{q}": {"batch": (1, 1, 1), "q_len": (q, q, q), "past_len": (capacity,) * 3,
+                                     "total_len": (capacity + q,) * 3}
+            for q in [b for b in buckets if b < verify] + [verify]}
+    axes["prefill"] = {"batch": (1, 1, 1), "q_len": (1, chunk, chunk), "past_len": (capacity,) * 3,
+                       "total_len": (capacity + 1, capacity + chunk, capacity + chunk)}
+    known = set(axes["prefill"])
+    for tensor in spec.inputs:
+        unknown = [d for d in tensor.shape if not isinstance(d, int) and d not in known]
+        if unknown:
+            raise UnsupportedError(f"graph {spec.file}: input {tensor.name} has dynamic axis '{unknown[0]}' with no known range")
+    return [
+        Profile(name, {t.name: tuple([d if isinstance(d, int) else ranges[d][i] for d in t.shape] for i in range(3))
+                       for t in spec.inputs})
+        for name, ranges in axes.items()
+    ]
 
 
 def select_profile(profiles: list[Profile], shapes: dict[str, tuple[int, ...]]) -> int:

@@ -15,8 +15,11 @@ from ..errors import InputError
 @click.option("--fp8", is_flag=True, help="FP8 E4M3 weights (per channel) and activations (per tensor, calibrated). Ada/Hopper/Blackwell.")
 @click.option("--fp4", is_flag=True, help="NVFP4 weights and dynamic activations (blocks of 16, FP8 scales). Blackwell only.")
 @click.option("--int4", is_flag=True, help="INT4 weight-only, blockwise (see --int4-block). Also runs in ONNX Runtime CPU.")
-@click.option("--fp16", "float16", is_flag=True, help="Unquantized layers in FP16 (graph exported with --dtype fp16; TensorRT 10 --weakly-typed: builder flag).")
-@click.option("--bf16", "bfloat16", is_flag=True, help="Unquantized layers in BF16 (as --fp16).")
+@click.option("--no-quantize", is_flag=True, help="Quantize nothing: engines of the graphs as exported (with --onnx-only: only the trtexec script).")
+@click.option("--fp16", "float16", is_flag=True,
+              help="Run the layers that stay unquantized in FP16. Needs an artifact exported with --dtype fp16 (strongly typed "
+                   "TensorRT takes the precision from the graph), or, on TensorRT 10, --weakly-typed (sets the builder's FP16 flag).")
+@click.option("--bf16", "bfloat16", is_flag=True, help="Run the layers that stay unquantized in BF16 (same rules as --fp16, with --dtype bf16).")
 @click.option("--max-context", type=int, default=None, help="Longest context the engine profiles cover [default: the export's].")
 @click.option("--max-verify-tokens", type=int, default=None, help="Most tokens per verify pass the profiles cover [default: the export's].")
 @click.option("--max-batch", type=int, default=None, help="Largest batch the profiles cover [default: the export's].")
@@ -27,18 +30,19 @@ from ..errors import InputError
 @click.option("--exclude", multiple=True, help="Weight name pattern (fnmatch) to keep unquantized, added to the defaults (repeatable).")
 @click.option("--quantize-lm-head", is_flag=True, help="Also quantize lm_head (excluded by default).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
-@click.option("--profiles", type=click.Choice(["single", "split"]), default="single", show_default=True, help="One optimization profile, or separate verify and prefill profiles.")
+@click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
 @click.option("--opt-context", type=int, default=None, help="past_len the kernels are tuned for [default: max_context / 4].")
 @click.option("--workspace-mb", type=int, default=None, help="TensorRT workspace limit in MiB [default: TensorRT's].")
-@click.option("--builder-optimization-level", type=click.IntRange(0, 5), default=3, show_default=True)
+@click.option("--builder-optimization-level", type=click.IntRange(0, 5), default=3, show_default=True,
+              help="TensorRT builder effort, 0-5: higher searches more kernels (slower builds, sometimes faster engines).")
 @click.option("--timing-cache", type=click.Path(path_type=Path), default=None, help="Timing cache file to read and update (faster rebuilds).")
 @click.option("--weakly-typed", is_flag=True, help="TensorRT 10 only: precision from builder flags instead of strong typing.")
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
-def build(artifact, out, fp8, fp4, int4, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
+def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
           profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
@@ -47,9 +51,12 @@ def build(artifact, out, fp8, fp4, int4, float16, bfloat16, max_context, max_ver
     from ..engines.quantize import DEFAULT_EXCLUDE
     from .artifacts import report_artifact
 
-    chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4)) if on]
+    chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4), ("--no-quantize", no_quantize)) if on]
     if len(chosen) > 1:
         raise InputError(f"{' and '.join(chosen)} are mutually exclusive: pick one precision")
+    if not chosen and not (float16 or bfloat16):
+        raise InputError("build: name the precision: --fp8, --fp4 or --int4 (quantize), --fp16 / --bf16 (unquantized layers "
+                         "in that type) or --no-quantize (the graphs as exported)")
     precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4"}.get(chosen[0], "none") if chosen else "none"
     if float16 and bfloat16:
         raise InputError("--fp16 and --bf16 are mutually exclusive")

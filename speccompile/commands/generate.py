@@ -4,29 +4,72 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import click
 
-from ..console import emit_json
-from ..errors import InputError
+from ..console import emit_json, progress_bar_console
+from ..errors import InputError, UnsupportedError
 from ..runtime.backends.base import BACKENDS
 from ..runtime.options import DRAFTER_CHOICES, RunOptions
 from ..runtime.sampling import SamplingParams
 
 
+def _prompt_label(prompt_file: Path | None) -> str:
+    """How errors name the prompt's source: --prompt, --prompt-file FILE or --prompt-file standard input."""
+    if prompt_file is None:
+        return "--prompt"
+    return f"--prompt-file {'standard input' if str(prompt_file) == '-' else prompt_file}"
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from --prompt, --prompt-file FILE or --prompt-file - (standard input)."""
     if (prompt is None) == (prompt_file is None):
-        raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE")
-    if prompt_file is not None:
-        try:
-            prompt = prompt_file.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"--prompt-file {prompt_file}: cannot read ({exc})") from None
-    if not prompt or not prompt.strip():
-        raise InputError("--prompt: the prompt is empty")
-    return prompt
+        raise InputError("give exactly one of --prompt TEXT or --prompt-file FILE (- reads standard input)")
+    label = _prompt_label(prompt_file)
+    if prompt_file is None:
+        if not prompt.strip():
+            raise InputError(f"{label}: the prompt is empty")
+        return prompt
+    try:
+        text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a directory, expected a text file") from None
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{label}: not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+    if not text.strip():
+        raise InputError(f"{label}: the prompt is empty")
+    return text
+
+
+def check_artifact_backend(artifact: Path, backend: str) -> None:
+    """Refuse an artifact whose target the backend cannot run; say so when it runs but far slower than meant to."""
+    from ..manifest import read_manifest
+
+    manifest = read_manifest(artifact, verify_files=False)  # the runner checks the checksums
+    if backend != "ort-cpu" or "target" not in manifest.graphs:
+        return
+    dtype = manifest.graphs["target"].dtype.split("+")[0]
+    if dtype == "bf16":
+        raise UnsupportedError(f"{artifact}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no bf16 "
+                               "kernels); run it on a GPU (--backend ort-cuda | ort-trt | tensorrt) or export with --dtype fp32")
+    record = manifest.precision.get("target", {})
+    scheme, runs_on = record.get("scheme"), record.get("runs_on")
+    if runs_on and backend not in runs_on:
+        raise UnsupportedError(f"{artifact}: a {scheme} target does not run on {backend} (it runs on {', '.join(runs_on)})")
+    if scheme in SLOW_ON_CPU:
+        click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; ONNX Runtime's CPU "
+                   "provider runs it several times slower than the fp32 export", err=True)
+
+
+SLOW_ON_CPU = {"fp8": "FP8", "int4": "INT4"}
 
 
 def backend_options(func):
@@ -83,10 +126,27 @@ def run_options(func):
     return drafter_options(backend_options(command))
 
 
+def _print_json_line(data: dict) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def _stream_printer(as_json: bool) -> Callable[[str], None]:
+    """--stream: each text delta as it comes (as a {"delta": ...} JSON line under --json)."""
+    def on_text(delta: str) -> None:
+        if as_json:
+            _print_json_line({"delta": delta})
+        else:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+
+    return on_text
+
+
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompt", "-p", default=None, help="Prompt text.")
-@click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
+@click.option("--prompt-file", type=click.Path(path_type=Path, allow_dash=True), default=None, help="Read the prompt from a UTF-8 text file; - reads standard input.")
 @click.option("--chat/--raw", default=True, show_default=True, help="Apply the model's chat template (one user turn) or feed raw text.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Most tokens to generate.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
@@ -95,23 +155,25 @@ def run_options(func):
 @click.option("--seed", type=int, default=None, help="Random seed for sampling.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); output is cut before it.")
 @run_options
-@click.option("--stream", is_flag=True, help="Print text as it is generated.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens and stats.")
+@click.option("--stream", is_flag=True, help="Print text as it is generated (with --json: one JSON line per text delta, then the result).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens, finish reason and stats.")
 def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, options, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
+    from ..runtime.bench import prompt_source
     from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
+    check_artifact_backend(artifact, options.backend)
     runner = Runner(artifact, options)
-    on_text = None
-    if stream and not as_json:
-        def on_text(delta: str) -> None:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
-    result = runner.generate(text, chat, max_tokens, sampling, list(stop), on_text)
+    with prompt_source(_prompt_label(prompt_file)):
+        result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None)
     if as_json:
-        emit_json({"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()})
+        final = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()}
+        if stream:
+            _print_json_line(final)
+        else:
+            emit_json(final)
         return
     if stream:
         sys.stdout.write("\n")
@@ -130,7 +192,7 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--workload", "workloads", type=click.Path(path_type=Path), multiple=True, required=True, help="JSONL file of {id, prompt, chat} (repeatable).")
-@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Most tokens generated per prompt (plain and speculative alike).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One untimed generation first.")
 @run_options
@@ -139,7 +201,8 @@ def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from ..runtime.bench import print_report, run_bench
 
-    report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup)
+    check_artifact_backend(artifact, options.backend)
+    report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress_console=progress_bar_console(as_json))
     if as_json:
         emit_json(report)
     else:
@@ -149,15 +212,16 @@ def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
 @click.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--workload", "workloads", type=click.Path(path_type=Path), multiple=True, help="JSONL prompts [default: a few built-in prompts].")
-@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--max-tokens", type=int, default=64, show_default=True, help="Most tokens generated per prompt (plain and speculative alike).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
 @run_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: drafter, mode, identical, and per prompt the first differing token.")
 def verify(artifact, workloads, max_tokens, limit, options, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
     from ..runtime.bench import print_verify_report, run_verify
 
-    report = run_verify(artifact, options, list(workloads), max_tokens, limit)
+    check_artifact_backend(artifact, options.backend)
+    report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress_console=progress_bar_console(as_json))
     if as_json:
         emit_json(report)
     else:

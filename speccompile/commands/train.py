@@ -22,10 +22,12 @@ import click
 @click.option("--max-tokens", type=int, default=200_000, show_default=True, help="Most training tokens read from --data.")
 @click.option("--save-every", type=int, default=50, show_default=True, help="Checkpoint every N steps.")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Start over in an --out folder holding an earlier train-draft run (its checkpoint is replaced; "
+              "its cached target features are reused). Folders holding other files are never touched.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the head's initial weights and the order of training batches.")
 @click.option("--threads", type=int, default=None, help="torch intra-op threads.")
 @click.option("--json", "as_json", is_flag=True, help="Print the training summary as JSON.")
-def train_draft(target, method, data, out, steps, seq_len, batch, lr, unroll, draft_vocab, medusa_heads, max_tokens, save_every, resume, seed, threads, as_json):
+def train_draft(target, method, data, out, steps, seq_len, batch, lr, unroll, draft_vocab, medusa_heads, max_tokens, save_every, resume, force, seed, threads, as_json):
     """Self-distil a drafter head for TARGET (HF folder, .gguf or alias): the target's hidden states are the
     inputs and its next-token distributions the labels. Writes the published layout `--drafter KIND:OUT` reads."""
     from ..console import emit_json, progress_printer
@@ -34,7 +36,7 @@ def train_draft(target, method, data, out, steps, seq_len, batch, lr, unroll, dr
 
     options = TrainOptions(method=method, steps=steps, seq_len=seq_len, batch=batch, lr=lr, unroll=unroll,
                            draft_vocab=draft_vocab, medusa_heads=medusa_heads, max_tokens=max_tokens,
-                           save_every=save_every, resume=resume, seed=seed, threads=threads)
+                           save_every=save_every, resume=resume, force=force, seed=seed, threads=threads)
     printer = progress_printer(as_json)
     last = {"t": 0.0}
 

@@ -77,8 +77,23 @@ def export_module(
         except Exception as exc:  # noqa: BLE001 - the exporter raises many kinds
             raise SpecCompileError(f"ONNX export failed: {str(exc).splitlines()[0]}") from exc
     model = onnx.load_from_string(buffer.getvalue())
+    with torch.no_grad():
+        example_outputs = module(*example_inputs, *example_past)
+    if isinstance(example_outputs, torch.Tensor):
+        example_outputs = (example_outputs,)
+    _pin_static_output_dims(model, [tuple(t.shape) for t in example_outputs], _dynamic_axes(names, input_axes, output_names, output_axes))
     _name_weights(model)
     _save(model, path)
+
+
+def _pin_static_output_dims(model: onnx.ModelProto, shapes: list[tuple[int, ...]], axes: dict[str, dict[int, str]]) -> None:
+    """Give output axes that are not declared dynamic their size: the exporter sometimes names them
+    (`Castlogits_dim_2` for the vocabulary of a tied lm_head) although they never change."""
+    for output, shape in zip(model.graph.output, shapes):
+        dynamic = axes.get(output.name, {})
+        for i, dim in enumerate(output.type.tensor_type.shape.dim):
+            if i not in dynamic and i < len(shape) and dim.dim_param:
+                dim.dim_value = int(shape[i])
 
 
 def _module_path(node: onnx.NodeProto) -> str | None:
@@ -131,12 +146,21 @@ def check_graph(path: Path) -> None:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise SpecCompileError(f"{path.name}: onnx checker failed: {str(exc).splitlines()[0]}") from exc
+    if _uses_bfloat16(path):
+        return  # ONNX Runtime's CPU provider has no bf16 kernels for most operators: bf16 graphs are for GPUs
     try:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001
         raise SpecCompileError(f"{path.name}: ONNX Runtime cannot load the graph: {str(exc).splitlines()[0]}") from exc
+
+
+def _uses_bfloat16(path: Path) -> bool:
+    model = onnx.load(str(path), load_external_data=False)
+    bf16 = onnx.TensorProto.BFLOAT16
+    values = [*model.graph.input, *model.graph.output]
+    return any(v.type.tensor_type.elem_type == bf16 for v in values) or any(t.data_type == bf16 for t in model.graph.initializer)
 
 
 def graph_interface(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:

@@ -14,6 +14,19 @@ concatenated inside the graph on every call. This module writes a second graph o
 Weights are not written twice: every tensor whose bytes equal a tensor of the contract graph points at
 the same bytes of `target.onnx.data`; only what the contract graph lacks (the rotary cos/sin tables)
 goes to `target.ort.onnx.data`. The contract graph stays the reference: tests compare the two.
+
+The same builder writes the **GPU variant** (`target="cuda"`, `target.ort-cuda.onnx`) for ONNX Runtime's
+CUDA execution provider. What differs follows what the CUDA kernels implement (onnxruntime
+contrib_ops/cuda/bert/group_query_attention.cc):
+
+* the model dtype throughout (GroupQueryAttention registers CUDA kernels for fp16 and bf16 only, so the
+  export writes the GPU variant for those; the builder also writes an fp32 form, which ORT CPU runs and
+  tests compare against the contract graph);
+* no `attention_bias` input: the CUDA kernel rejects it, attention is causal from `seqlens_k`. The GPU
+  variant therefore verifies chains (n-gram, draft model, plain decoding; padding rows at the tail of a
+  padded q are invisible to the real rows); tree drafts run the contract graph;
+* logits leave the graph as float32 plus `next_tokens` = ArgMax of every row, so greedy decoding copies
+  q integers back instead of q x vocab floats.
 """
 
 from __future__ import annotations
@@ -30,55 +43,77 @@ from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, save_model
 from ..models.config import ModelConfig
 from .onnx_export import check_graph, graph_interface
 
-FUSED_SUFFIX = ".ort.onnx"
+TARGETS = ("cpu", "cuda")
+SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx"}
+FUSED_SUFFIX = SUFFIXES["cpu"]
+CUDA_DTYPES = ("fp16", "bf16")  # GroupQueryAttention's CUDA kernels (T = MLFloat16, BFloat16)
+_BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
+_DESCRIPTIONS = {"cpu": "fused ONNX Runtime CPU graph", "cuda": "ONNX Runtime CUDA graph (GPU variant)"}
 FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
 _MS = "com.microsoft"
+_ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 
 
-def fused_variant_problem(config: ModelConfig, dtype: str) -> str | None:
-    """Why this model cannot get the fused CPU graph (None when it can)."""
-    if dtype != "fp32":
+def _np_dtype(dtype: str):
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"fp32": np.float32, "fp16": np.float16}[dtype]
+
+
+def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") -> str | None:
+    """Why this model cannot get the fused `target` graph (None when it can)."""
+    if target == "cpu" and dtype != "fp32":
         return f"the fused ONNX Runtime CPU graph is fp32 only (export dtype {dtype})"
     if not onnxruntime_loads(FUSED_MIN_ORT):
         installed = ".".join(map(str, installed_onnxruntime()))
         return f"it needs onnxruntime >= {FUSED_MIN_ORT} (GroupQueryAttention with position_ids/attention_bias; installed {installed})"
+    if target == "cuda" and dtype not in CUDA_DTYPES:
+        return (f"GroupQueryAttention has CUDA kernels for {'/'.join(CUDA_DTYPES)} only (export dtype {dtype}); "
+                "ort-cuda runs the contract graph")
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
     return None
 
 
 def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
-                      progress=lambda _: None, pass_rows: int = 0) -> list[str]:
-    """Add graph `name`'s fused CPU variant to `graphs` (as NAME-ort) when the model allows; returns new files.
+                      progress=lambda _: None, pass_rows: int = 0, target: str = "cpu") -> list[str]:
+    """Add graph `name`'s fused `target` variant to `graphs` (as variant_name(name, target)) when the model
+    allows; returns the new files.
 
     `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
     long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows."""
     contract = graphs[name]
-    problem = fused_variant_problem(decoder.config, contract.dtype)
+    problem = fused_variant_problem(decoder.config, contract.dtype, target)
     if problem:
-        progress(f"note: no fused CPU graph for {name}: {problem}")
+        progress(f"note: no {_DESCRIPTIONS[target]} for {name}: {problem}")
         return []
-    progress(f"writing the fused ONNX Runtime CPU graph for {name}")
-    spec, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows)
-    graphs[variant_name(name)] = spec
+    progress(f"writing the {_DESCRIPTIONS[target]} for {name}")
+    spec, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows, target)
+    graphs[variant_name(name, target)] = spec
     return files
 
 
-def export_fused_variant(decoder, contract: GraphSpec, directory: Path, kv_capacity: int) -> tuple[GraphSpec, list[str]]:
-    """Write `<contract stem>.ort.onnx` next to the contract graph (rotary tables for `kv_capacity` slots);
+def export_fused_variant(decoder, contract: GraphSpec, directory: Path, kv_capacity: int,
+                         target: str = "cpu") -> tuple[GraphSpec, list[str]]:
+    """Write `<contract stem><SUFFIXES[target]>` next to the contract graph, in the contract's dtype, with
+    rotary tables for `kv_capacity` slots;
     returns its spec and the files written."""
     contract_path = Path(directory) / contract.file
-    path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + FUSED_SUFFIX)
+    path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + SUFFIXES[target])
     weights = SharedWeights(contract_path, path.name + ".data")
-    model = _build_model(decoder, weights, kv_capacity)
+    model = _build_model(decoder, weights, kv_capacity, target, contract.dtype)
     files = [path.name]
     if weights.write_own(directory):
         files.append(weights.own_location)
     save_model(model, path)
     check_graph(path)
     inputs, outputs = graph_interface(path)
-    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": ["ort-cpu"],
+    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": _BACKENDS[target],
              "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
+    if target == "cuda":
+        extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
     spec = GraphSpec(
         role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
         num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
@@ -162,15 +197,20 @@ def _rotary_tables(decoder, max_context: int) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.ModelProto:
+def _build_model(decoder, weights: SharedWeights, max_context: int, target: str = "cpu", dtype: str = "fp32") -> onnx.ModelProto:
+    """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax)."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target}")
     cfg = decoder.config
     heads, kv_heads, dim, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
     eps = float(cfg.rms_norm_eps)
+    elem, np_dtype = _ELEM[dtype], _np_dtype(dtype)
     n = _Nodes()
     inits: list[TensorProto] = []
 
     def init(name: str, array: np.ndarray) -> str:
-        inits.append(weights.tensor(name, array))
+        """A float weight in the graph's dtype (fp32 master copies are rounded the way torch rounds them)."""
+        inits.append(weights.tensor(name, np.asarray(array, dtype=np.float32).astype(np_dtype)))
         return name
 
     def const(name: str, values, dtype=np.int64) -> str:
@@ -190,7 +230,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
         pre = f"layers.{i}"
         gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
         if mlp_out is None:
-            h = _rms_norm(n, x, gamma, eps, const, pre)
+            h = _rms_norm(n, x, gamma, eps, const, pre, elem)
         else:
             h, residual = _skip_norm(n, mlp_out, residual, gamma, eps)
         if i in decoder.aux_layers:
@@ -204,16 +244,17 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
         if attn.q_norm is not None:
             split = const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])
             q, k, v = n("Split", [qkv, split], 3, axis=-1)
-            q = _head_norm(n, q, heads, dim, init(f"{pre}.self_attn.q_norm.weight", _numpy(attn.q_norm.weight)), eps, const, f"{pre}.q")
-            k = _head_norm(n, k, kv_heads, dim, init(f"{pre}.self_attn.k_norm.weight", _numpy(attn.k_norm.weight)), eps, const, f"{pre}.k")
+            q = _head_norm(n, q, heads, dim, init(f"{pre}.self_attn.q_norm.weight", _numpy(attn.q_norm.weight)), eps, const, f"{pre}.q", elem)
+            k = _head_norm(n, k, kv_heads, dim, init(f"{pre}.self_attn.k_norm.weight", _numpy(attn.k_norm.weight)), eps, const, f"{pre}.k", elem)
             query = [q, k, v]
         else:
             query = [qkv, "", ""]
         present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+        bias = ["attention_bias"] if target == "cpu" else []  # the CUDA kernel rejects attention_bias
         out = n(
             "GroupQueryAttention",
             [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length",
-             "rotary.cos_cache", "rotary.sin_cache", "position_ids", "attention_bias"],
+             "rotary.cos_cache", "rotary.sin_cache", "position_ids", *bias],
             [f"attn_{i}", present_k, present_v],
             domain=_MS, num_heads=heads, kv_num_heads=kv_heads, scale=float(1.0 / np.sqrt(dim)),
             do_rotary=1, rotary_interleaved=0, local_window_size=-1,
@@ -230,30 +271,36 @@ def _build_model(decoder, weights: SharedWeights, max_context: int) -> onnx.Mode
         act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
         mlp_out = n("MatMul", [act, init(f"{pre}.mlp.down_proj.weight_t", _numpy(mlp.down_proj.weight).T)])[0]
     final, _ = _skip_norm(n, mlp_out, residual, init("model.norm.weight", _numpy(decoder.model.norm.weight)), eps)
+    raw_logits = "logits" if elem == TensorProto.FLOAT else "logits_model_dtype"
     if cfg.tie_word_embeddings:
         flat = n("Reshape", [final, const("lm_head.flat_shape", [-1, hidden])])[0]
         logits2d = n("Gemm", [flat, embed], transB=1)[0]
-        n("Unsqueeze", [logits2d, const("lm_head.batch_axis", [0])], ["logits"])
+        n("Unsqueeze", [logits2d, const("lm_head.batch_axis", [0])], [raw_logits])
     else:
-        n("MatMul", [final, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], ["logits"])
+        n("MatMul", [final, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], [raw_logits])
+    if raw_logits != "logits":
+        n("Cast", [raw_logits], ["logits"], to=TensorProto.FLOAT)  # the contract graph's logits are float32 too
     outputs = [_value("logits", TensorProto.FLOAT, [1, "q_len", cfg.vocab_size])]
+    if target == "cuda":  # greedy decoding reads q integers back instead of q x vocab floats
+        n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
+        outputs.append(_value("next_tokens", TensorProto.INT64, [1, "q_len"]))
     cache_shape = [1, kv_heads, "kv_capacity", dim]
-    outputs += [_value(name, TensorProto.FLOAT, cache_shape) for name in presents]
+    outputs += [_value(name, elem, cache_shape) for name in presents]
     if decoder.hidden_mode == "final":
         n("Identity", [final], ["hidden_states"])
-        outputs.append(_value("hidden_states", TensorProto.FLOAT, [1, "q_len", hidden]))
+        outputs.append(_value("hidden_states", elem, [1, "q_len", hidden]))
     elif decoder.hidden_mode == "eagle3":
         n("Concat", taps, ["aux_hidden_states"], axis=-1)
-        outputs.append(_value("aux_hidden_states", TensorProto.FLOAT, [1, "q_len", hidden * len(taps)]))
+        outputs.append(_value("aux_hidden_states", elem, [1, "q_len", hidden * len(taps)]))
     inputs = [
         _value("input_ids", TensorProto.INT64, [1, "q_len"]),
         _value("position_ids", TensorProto.INT64, [1, "q_len"]),
-        _value("attention_bias", TensorProto.FLOAT, [1, 1, "q_len", "total_len"]),
+        *([_value("attention_bias", TensorProto.FLOAT, [1, 1, "q_len", "total_len"])] if target == "cpu" else []),
         _value("seqlens_k", TensorProto.INT32, [1]),
         _value("total_sequence_length", TensorProto.INT32, []),
     ]
     for i in range(cfg.num_hidden_layers):
-        inputs += [_value(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, cache_shape) for kind in ("key", "value")]
+        inputs += [_value(f"past_key_values.{i}.{kind}", elem, cache_shape) for kind in ("key", "value")]
     graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
     model.producer_name = "speccompile"
@@ -267,20 +314,26 @@ def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tupl
     return normed, total
 
 
-def _head_norm(n: _Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str) -> str:
+def _head_norm(n: _Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str,
+               elem: int = TensorProto.FLOAT) -> str:
     """Qwen3's per-head RMSNorm of q or k: [1, q, heads*dim] -> per head -> back."""
     per_head = n("Reshape", [x, const(f"{prefix}_heads_shape", [0, -1, num_heads, dim])])[0]
-    normed = _rms_norm(n, per_head, gamma, eps, const, prefix)
+    normed = _rms_norm(n, per_head, gamma, eps, const, prefix, elem)
     return n("Reshape", [normed, const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
 
 
-def _rms_norm(n: _Nodes, x: str, gamma: str, eps: float, const, prefix: str) -> str:
+def _rms_norm(n: _Nodes, x: str, gamma: str, eps: float, const, prefix: str, elem: int = TensorProto.FLOAT) -> str:
     """RMSNorm over the last axis from opset-18 operators (ONNX's RMSNormalization needs opset 23, which
-    onnxruntime < 1.23 and onnx < 1.18 do not have); ONNX Runtime fuses the pattern into one kernel."""
-    square = n("Pow", [x, const(f"{prefix}_norm_two", 2.0, np.float32)])[0]
+    onnxruntime < 1.23 and onnx < 1.18 do not have); ONNX Runtime fuses the pattern into one kernel.
+    A graph in fp16/bf16 (`elem`) normalises in float32 and rounds before the gain, as the torch model does."""
+    wide = x if elem == TensorProto.FLOAT else n("Cast", [x], to=TensorProto.FLOAT)[0]
+    square = n("Pow", [wide, const(f"{prefix}_norm_two", 2.0, np.float32)])[0]
     mean = n("ReduceMean", [square, const(f"{prefix}_norm_axis", [-1])], keepdims=1)[0]
     root = n("Sqrt", [n("Add", [mean, const(f"{prefix}_norm_eps", eps, np.float32)])[0]])[0]
-    return n("Mul", [n("Div", [x, root])[0], gamma])[0]
+    normed = n("Div", [wide, root])[0]
+    if elem != TensorProto.FLOAT:
+        normed = n("Cast", [normed], to=elem)[0]
+    return n("Mul", [normed, gamma])[0]
 
 
 def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:

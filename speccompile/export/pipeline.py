@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__
-from ..atomic_dir import atomic_output
+from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError
 from ..manifest import Manifest
-from ..models.decoder import HIDDEN_STATE_MODES
 from .cpu_draft_weights import DRAFT_WEIGHTS
-from .drafters import export_drafter, parse_drafter, target_hidden_states_for
+from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
 
 Progress = Callable[[str], None]
@@ -30,24 +29,38 @@ class ExportOptions:
     tree: str | None = None
     num_draft_tokens: int | None = None
     fused_cpu_graph: bool = True  # also write *.ort.onnx (GroupQueryAttention, in-place KV) for ORT CPU
+    gpu_graph: bool = True  # fp16/bf16: also write *.ort-cuda.onnx (GroupQueryAttention on CUDA, device KV) for ort-cuda
     draft_cpu_weights: str = "int8"  # weights of a drafter head's ORT CPU variant: int8 | int4 | fp32 (none)
     force: bool = False
 
 
 def export_artifact(model_name: str, out: Path, options: ExportOptions, progress: Progress = lambda _: None) -> Manifest:
-    """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded."""
-    from ..models.decoder import build_decoder
+    """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded.
+    Every option and path is checked first, before torch is even imported (a bad one fails in about a second)."""
     from ..models.load import load_model, resolve_model_path
-    from .decoder_graph import DTYPES, export_decoder
 
-    if options.dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
-    if options.hidden_states is not None and options.hidden_states not in HIDDEN_STATE_MODES:
-        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     if options.draft_cpu_weights not in DRAFT_WEIGHTS:
         raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
     resolve_model_path(model_name)  # a missing path fails before anything is written
+    check_drafter_request(request, options.tree)
+    for flag, value, least in (("--max-context", options.max_context, 2), ("--max-verify-tokens", options.max_verify_tokens, 1),
+                               ("--num-draft-tokens", options.num_draft_tokens, 1)):
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be >= {least}, got {value}")
+    needed = target_hidden_states_for(request)
+    hidden = options.hidden_states or needed
+    if needed != "none" and hidden != needed:
+        raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
+    check_artifact_output(out, options.force)
+
+    from ..models.decoder import HIDDEN_STATE_MODES, build_decoder  # torch from here on
+    from .decoder_graph import DTYPES, export_decoder
+
+    if options.dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
+    if hidden not in HIDDEN_STATE_MODES:
+        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     out = Path(out)
     started = time.time()
     with atomic_output(out, options.force) as tmp:
@@ -55,12 +68,6 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         model = load_model(model_name)
         cfg = model.config
         max_context = options.max_context or cfg.max_position_embeddings
-        if max_context < 2:
-            raise InputError(f"--max-context must be >= 2, got {max_context}")
-        needed = target_hidden_states_for(request)
-        hidden = options.hidden_states or needed
-        if needed != "none" and hidden != needed:
-            raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
         progress("writing tokenizer")
         tokenizer_files = model.write_tokenizer(tmp)
         progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
@@ -70,6 +77,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
         if options.fused_cpu_graph:
             files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens)
+        if options.gpu_graph and options.dtype != "fp32":  # fp32: no CUDA GroupQueryAttention kernel
+            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens, target="cuda")
         drafter_section = None
         if request is not None:
             request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
@@ -107,6 +116,32 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         manifest.write(tmp)
     progress(f"done in {time.time() - started:.1f}s")
     return manifest
+
+
+def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:
+    """--drafter's path and --tree, checked before the (slow) export starts."""
+    from ..models.load import resolve_model_path
+    from ..runtime.draft_config import HEAD_KINDS, DraftConfig
+
+    if tree is not None and (request is None or request.kind not in HEAD_KINDS):
+        raise InputError(f"--tree: only head drafters (--drafter {'|'.join(HEAD_KINDS)}:PATH) draft trees"
+                         + (f", not {request.kind}" if request else ""))
+    if request is None or request.path is None:
+        return
+    label = f"--drafter {request.kind}:{request.path}"
+    if request.kind == "draft-model":
+        try:
+            resolve_model_path(request.path)
+        except InputError as exc:
+            raise InputError(f"{label}: {str(exc).partition(': ')[2] or exc}") from None
+        return
+    if not Path(request.path).exists():
+        raise InputError(f"{label}: no such file or directory")
+    try:
+        DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens)
+    except InputError as exc:
+        message = str(exc)
+        raise InputError(message if message.startswith("--tree") else f"--tree {request.tree}: {message}") from None
 
 
 def _warn_tensorrt_incompatible(path: Path, progress: Progress) -> None:

@@ -63,26 +63,30 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
-    alone = _resolve_drafter(manifest, drafter) in ("ngram", "none")
+    resolved = _resolve_drafter(manifest, drafter)
+    alone = resolved in ("ngram", "none")
+    chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
     rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
-    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone, shape_invariant=rows)
+    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone, shape_invariant=rows, chains=chains)
     return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows)
 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
-                spinning: bool = False, shape_invariant: int = 0) -> Session:
+                spinning: bool = False, shape_invariant: int = 0, chains: bool = False) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
-    spec = _runnable_spec(manifest, graph, backend, fused)
+    spec = _runnable_spec(manifest, graph, backend, fused, chains)
     return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,
                         shape_invariant=shape_invariant or None)
 
 
-def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool) -> GraphSpec:
+def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, chains: bool = False) -> GraphSpec:
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
         spec = manifest.graph(variant)
         if onnxruntime_loads(spec.extra.get("min_onnxruntime")):  # else the contract graph (older onnxruntime)
             return spec
+    if fused and chains and backend == "ort-cuda" and variant_name(graph, "cuda") in manifest.graphs:
+        return manifest.graph(variant_name(graph, "cuda"))
     return manifest.graph(graph)
 
 

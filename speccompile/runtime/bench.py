@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import InputError
 from .options import RunOptions
@@ -40,6 +41,46 @@ def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     return items[:limit] if limit else items
 
 
+@contextmanager
+def prompt_source(label: str) -> Iterator[None]:
+    """Errors about the prompt raised inside name `label` (a file, a workload line) instead of --prompt."""
+    try:
+        yield
+    except InputError as exc:
+        message = str(exc)
+        if not message.startswith("--prompt: "):
+            raise
+        raise InputError(f"{label}: {message.removeprefix('--prompt: ')}") from None
+
+
+class PromptProgress:
+    """A rich progress bar over the prompts of a run, on a stderr console; silent without one."""
+
+    def __init__(self, progress=None, task=None) -> None:
+        self._progress, self._task = progress, task
+
+    def start(self, label: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=label, refresh=True)
+
+    def done(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+
+@contextmanager
+def prompt_progress(total: int, console=None) -> Iterator[PromptProgress]:
+    """A `PromptProgress` over `total` prompts drawn on `console` (removed when finished); None: silent."""
+    if console is None:
+        yield PromptProgress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        yield PromptProgress(progress, progress.add_task("prompts", total=total))
+
+
 def _sum_lists(a: list[int], b: list[int]) -> list[int]:
     out = list(a) + [0] * max(0, len(b) - len(a))
     for i, x in enumerate(b):
@@ -47,8 +88,9 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup) -> dict[str, Any]:
-    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity."""
+def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup, progress_console=None) -> dict[str, Any]:
+    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity.
+    With `progress_console` (a rich Console on stderr), a progress bar counts the prompts."""
     runner = Runner(artifact, options)
     if runner.drafter_name == "none":
         raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
@@ -61,15 +103,25 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
         first = loaded[0][1][0]
         runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
         runner.generate(first["prompt"], first["chat"], 16, sampling)
+    with prompt_progress(sum(len(items) for _, items in loaded), progress_console) as bar:
+        _bench_workloads(runner, loaded, max_tokens, sampling, report, bar)
+    report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
+    return report
+
+
+def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: SamplingParams, report: dict[str, Any],
+                     bar: PromptProgress) -> None:
     for name, items in loaded:
         rows = []
         drafted: list[int] = []
         accepted: list[int] = []
         totals = {"plain_tokens": 0, "plain_time": 0.0, "spec_tokens": 0, "spec_time": 0.0, "passes": 0, "engine": 0.0}
         for item in items:
-            ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
-            plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
-            spec = runner.generate_ids(ids, max_tokens, sampling)
+            bar.start(f"{name}: {item['id']}")
+            with prompt_source(f"--workload {name}: prompt {item['id']}"):
+                ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
+                plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
+                spec = runner.generate_ids(ids, max_tokens, sampling)
             ps, ss = plain.stats, spec.stats
             rows.append({
                 "id": item["id"],
@@ -92,7 +144,8 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
             totals.setdefault("spec_total_time", 0.0)
             totals["spec_total_time"] += ss.time_total
             totals.setdefault("spec_generated", 0)
-            totals["spec_generated"] += ss.generated_tokens
+            totals["spec_generated"] += ss.produced_tokens
+            bar.done()
         report["workloads"][name] = {
             "prompts": len(rows),
             "plain_tok_s": round(totals["plain_tokens"] / max(totals["plain_time"], 1e-9), 2),
@@ -104,47 +157,58 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
             "identical": sum(r["identical"] for r in rows),
             "rows": rows,
         }
-    report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
-    return report
 
 
-def print_report(report: dict[str, Any]) -> None:
+REPORT_ROWS = (  # (label, how a workload's value is shown)
+    ("prompts", lambda w: str(w["prompts"])),
+    ("plain tok/s", lambda w: f"{w['plain_tok_s']:.1f}"),
+    ("speculative tok/s", lambda w: f"{w['spec_tok_s']:.1f}"),
+    ("median speedup", lambda w: f"{w['median_speedup']:.2f}x"),
+    ("tokens per pass", lambda w: f"{w['mean_accepted_length']:.2f}"),
+    ("runtime overhead", lambda w: f"{100 * w['overhead_fraction']:.1f}%"),
+    ("identical to plain", lambda w: f"{w['identical']}/{w['prompts']}"),
+    ("acceptance by position", lambda w: " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]) or "-"),
+)
+
+
+def print_report(report: dict[str, Any], console=None) -> None:
+    """The bench report: one column per workload, one row per measure (readable at 80 columns)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
-    console.print(f"[bold]{report['artifact']}[/bold] backend={report['backend']} graph={report['graph']} drafter={report['drafter']} "
-                  f"k={report['num_draft_tokens']} max_tokens={report['max_tokens']} {_mode(report.get('shape_invariant', 0))} (greedy)")
-    table = Table("workload", "prompts", "plain tok/s", "spec tok/s", "median speedup", "tokens/pass", "overhead", "identical", "acceptance per position")
-    for name, w in report["workloads"].items():
-        table.add_row(name, str(w["prompts"]), f"{w['plain_tok_s']:.1f}", f"{w['spec_tok_s']:.1f}", f"{w['median_speedup']:.2f}x",
-                      f"{w['mean_accepted_length']:.2f}", f"{100 * w['overhead_fraction']:.1f}%", f"{w['identical']}/{w['prompts']}",
-                      " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]))
+    console = console or Console()
+    console.print(Text(f"{report['artifact']}: backend {report['backend']}, graph {report['graph']}, drafter {report['drafter']}, "
+                       f"k={report['num_draft_tokens']}, max_tokens={report['max_tokens']}, greedy, {_mode(report.get('shape_invariant', 0))}"))
+    table = Table()
+    table.add_column("", no_wrap=True)
+    for name in report["workloads"]:
+        table.add_column(Text(name), overflow="fold", justify="right")
+    for label, show in REPORT_ROWS:
+        table.add_row(label, *(Text(show(w)) for w in report["workloads"].values()))
     console.print(table)
     costs = report.get("verify_ms_by_q") or {}
     if costs:
-        console.print("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items()))
+        console.print(Text("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items())))
 
 
 def _mode(rows: int) -> str:
     return f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
 
 
-def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit) -> dict[str, Any]:
-    """Greedy speculative vs plain for every prompt: {drafter, identical, prompts: [{id, identical,
-    first_difference, tokens, mean_accepted_length}]}."""
+def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress_console=None) -> dict[str, Any]:
+    """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, prompts: [{id,
+    identical, first_difference, tokens, mean_accepted_length}]}. With `progress_console` (a rich Console on
+    stderr), a progress bar counts the prompts."""
     runner = Runner(artifact, options)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
     results = []
-    for item in items:
-        ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
-        plain = runner.generate_ids(ids, max_tokens, SamplingParams(), drafter="none")
-        spec = runner.generate_ids(ids, max_tokens, SamplingParams())
-        first_diff = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
-        if first_diff is None and len(plain.tokens) != len(spec.tokens):
-            first_diff = min(len(plain.tokens), len(spec.tokens))
-        results.append({"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
-                        "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)})
+    with prompt_progress(len(items), progress_console) as bar:
+        for item in items:
+            bar.start(item["id"])
+            with prompt_source(f"prompt {item['id']}"):
+                results.append(_verify_prompt(runner, item, max_tokens))
+            bar.done()
     return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
             "identical": all(r["identical"] for r in results), "prompts": results}
 
@@ -156,3 +220,14 @@ def print_verify_report(report: dict[str, Any]) -> None:
         status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
         print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
     print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({report['drafter']} vs plain, {_mode(report['shape_invariant'])})")
+
+
+def _verify_prompt(runner: Runner, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
+    plain = runner.generate_ids(ids, max_tokens, SamplingParams(), drafter="none")
+    spec = runner.generate_ids(ids, max_tokens, SamplingParams())
+    first_diff = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
+    if first_diff is None and len(plain.tokens) != len(spec.tokens):
+        first_diff = min(len(plain.tokens), len(spec.tokens))
+    return {"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
+            "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)}

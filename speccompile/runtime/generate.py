@@ -14,7 +14,7 @@ from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session, StepOutput
 from .drafters.base import Draft, Drafter
 from .options import GenerationConfig
-from .sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
+from .sampling import SamplingParams, greedy_path, process_logits, sample, verify_chain, verify_tree
 from .timing import EngineClock, TimedSession
 
 
@@ -35,6 +35,7 @@ class GenerationStats:
     time_verify: float = 0.0
     time_engine: float = 0.0  # inside engine calls (target and draft graphs)
     compactions: int = 0
+    end_tokens: int = 0  # the eos token that ended generation: produced by a target pass, not part of the output
 
     def count_draft(self, drafted: int, accepted: int) -> None:
         while len(self.drafted) < drafted:
@@ -45,9 +46,14 @@ class GenerationStats:
             self.accepted[i] += int(i < accepted)
 
     @property
+    def produced_tokens(self) -> int:
+        """Tokens the target passes produced: the output plus the eos that ended it."""
+        return self.generated_tokens + self.end_tokens
+
+    @property
     def mean_accepted_length(self) -> float:
-        """Tokens per target pass (1.0 for plain decoding)."""
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+        """Tokens per target pass, the ending eos included (exactly 1.0 for plain decoding)."""
+        return self.produced_tokens / self.target_passes if self.target_passes else 0.0
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -71,6 +77,7 @@ class GenerationStats:
         return {
             "prompt_tokens": self.prompt_tokens,
             "generated_tokens": self.generated_tokens,
+            "end_tokens": self.end_tokens,
             "target_passes": self.target_passes,
             "prefill_passes": self.prefill_passes,
             "draft_steps": self.draft_steps,
@@ -236,7 +243,7 @@ class Generation:
             self.finish, self.done = "context", True
             return
         out = self._verify_pass(draft)
-        accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out.logits, self.params, self.rng)
+        accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
         self._commit(draft, draft_seconds, out, accepted_rows, emitted)
 
     def _choose_draft(self) -> tuple[Draft, float]:
@@ -322,6 +329,7 @@ class Generation:
         self.output.flush(final=True)
         stats = self.stats
         stats.generated_tokens = len(self.output.tokens)
+        stats.end_tokens = int(self.finish == "stop" and self.tokens[-1] in self.generator.eos_ids and not self.config.ignore_eos)
         stats.time_total = time.perf_counter() - self._started
         stats.time_engine = self.generator.clock.seconds - self._engine_start
         stats.compactions = self.cache.compactions
@@ -330,22 +338,24 @@ class Generation:
         return GenerationResult(output.tokens, text, self.finish or "length", stats)
 
 
-def _verify_draft(draft: Draft, pending: int, logits: np.ndarray, params: SamplingParams, rng) -> tuple[list[int], list[int]]:
-    """Exact verification of a chain or tree draft: (accepted row indices 1.., emitted tokens)."""
-    if draft.tree is not None:
-        node_tokens = [pending, *draft.tokens]
-        if params.greedy:
-            result = verify_tree(draft.tree, node_tokens, logits, None, greedy=True)
-        else:
-            probs = process_logits(logits, params)
-            child = None if draft.child_probs is None else [None if c is None else _align_vocab(c[None], probs.shape[-1])[0] for c in draft.child_probs]
-            result = verify_tree(draft.tree, node_tokens, probs, rng, child_probs=child, mode=draft.mode)
-        return list(result.path), list(result.tokens)
+def _verify_draft(draft: Draft, pending: int, out: StepOutput, params: SamplingParams, rng) -> tuple[list[int], list[int]]:
+    """Exact verification of a chain or tree draft: (accepted row indices 1.., emitted tokens).
+
+    Greedy: each row's argmax, from the graph when it computes them (`out.greedy_tokens`, the GPU graph) or from
+    the logits; sampling: the chain rule or the tree rule on the processed distributions."""
+    node_tokens = [pending, *draft.tokens]
     if params.greedy:
-        result = verify_chain(draft.tokens, logits, None, greedy=True)
-    else:
-        probs = process_logits(logits, params)
-        result = verify_chain(draft.tokens, probs, rng, _align_vocab(draft.probs, probs.shape[-1]))
+        if out.greedy_tokens is not None:
+            best = lambda row: int(out.greedy_tokens[row])  # noqa: E731
+        else:
+            best = lambda row: int(out.logits[row].argmax())  # noqa: E731
+        return greedy_path(draft.tree, node_tokens, best)
+    probs = process_logits(out.logits, params)
+    if draft.tree is not None:
+        child = None if draft.child_probs is None else [None if c is None else _align_vocab(c[None], probs.shape[-1])[0] for c in draft.child_probs]
+        result = verify_tree(draft.tree, node_tokens, probs, rng, child_probs=child, mode=draft.mode)
+        return list(result.path), list(result.tokens)
+    result = verify_chain(draft.tokens, probs, rng, _align_vocab(draft.probs, probs.shape[-1]))
     return list(range(1, result.num_accepted + 1)), list(result.tokens)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -331,12 +331,24 @@ def verify_chain(
 
 
 def _verify_chain_greedy(drafts: list[int], target_probs: np.ndarray) -> ChainResult:
-    for i, x in enumerate(drafts):
-        best = int(target_probs[i].argmax())
-        if x != best:
-            return ChainResult(drafts[:i] + [best], i)
-    k = len(drafts)
-    return ChainResult(drafts + [int(target_probs[k].argmax())], k)
+    path, tokens = greedy_path(None, [-1, *drafts], lambda row: int(target_probs[row].argmax()))
+    return ChainResult(tokens, len(path))
+
+
+def greedy_path(tree: "TreeSpec | None", node_tokens: Sequence[int], best: Callable[[int], int]) -> tuple[list[int], list[int]]:
+    """Greedy verification from each row's argmax `best(row)` (computed from the logits, or by the graph):
+    follow the child (chain: the next draft) whose token is the parent row's best; returns (accepted node
+    indices, their tokens + the best token of the last accepted row). Node 0 is the pending token."""
+    path: list[int] = []
+    node = 0
+    while True:
+        token = best(node)
+        children = tree.children[node] if tree is not None else ([node + 1] if node + 1 < len(node_tokens) else [])
+        nxt = next((c for c in children if node_tokens[c] == token), None)
+        if nxt is None:
+            return path, [int(node_tokens[c]) for c in path] + [token]
+        path.append(nxt)
+        node = nxt
 
 
 def _check_rows(a: np.ndarray, rows: int, name: str) -> None:
@@ -501,12 +513,5 @@ def _try_children_iid(
 
 
 def _verify_tree_greedy(tree: "TreeSpec", tokens: list[int], target_probs: np.ndarray) -> TreeResult:
-    path: list[int] = []
-    node = 0
-    while True:
-        best = int(target_probs[node].argmax())
-        nxt = next((c for c in tree.children[node] if tokens[c] == best), None)
-        if nxt is None:
-            return TreeResult(path, [tokens[c] for c in path] + [best])
-        path.append(nxt)
-        node = nxt
+    path, emitted = greedy_path(tree, tokens, lambda row: int(target_probs[row].argmax()))
+    return TreeResult(path, emitted)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ import numpy as np
 from ..errors import InputError
 
 METHODS = ("eagle3", "eagle", "medusa")
+TRAINER_STATE = "trainer_state.pt"
+STAGING = ".saving"  # OUT/.saving.tmp: a checkpoint's head files before they are moved into place
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".jsonl", ".json", ".html", ".c", ".h", ".cpp", ".rs", ".go", ".js", ".ts", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh"}
 Progress = Callable[[str], None]
 
@@ -50,6 +53,7 @@ class TrainOptions:
     max_tokens: int = 200_000  # cap on training tokens read from --data
     save_every: int = 50
     resume: bool = False
+    force: bool = False  # start over in an existing train-draft folder (its feature cache is reused)
     seed: int = 0
     cls_weight: float = 1.0
     reg_weight: float = 1.0
@@ -418,7 +422,11 @@ class HeadTrainer:
         from ..models.heads import save_head
 
         self.head.eval()
-        save_head(self.head, out, {"speccompile_training": summary})
+        staging = out / f"{STAGING}.tmp"  # whole files only: an interrupted save never leaves a truncated head
+        save_head(self.head, staging, {"speccompile_training": summary})
+        for written in staging.iterdir():
+            written.replace(out / written.name)
+        staging.rmdir()
         state = {"step": self.step, "optimizer": self.opt.state_dict(),
                  "head": {k: v for k, v in self.head.state_dict().items()}}
         tmp = out / "trainer_state.pt.tmp"
@@ -440,25 +448,76 @@ class HeadTrainer:
 
 def train_draft(target_name: str, data: list[Path], out: Path, options: TrainOptions, progress: Progress = lambda _: None) -> dict:
     """Train a drafter head for `target_name` and write it to `out` (published layout). Returns a summary."""
-    import torch
-
-    from ..models.load import load_model
+    from ..atomic_dir import terminate_as_interrupt
+    from ..models.load import resolve_model_path
 
     options.validate()
+    out = Path(out)
+    texts = collect_texts(data)  # bad --data / --out fail before torch and the target load, and create nothing
+    check_head_folder(out, options)
+    resolve_model_path(target_name)
+    import torch
+
     if options.threads:
         torch.set_num_threads(options.threads)
-    out = Path(out)
-    state_file = out / "trainer_state.pt"
-    if out.exists() and not options.resume and state_file.exists():
-        raise InputError(f"--out {out}: holds a training run already (use --resume to continue it, or another --out)")
-    if options.resume and not state_file.exists():
-        raise InputError(f"--resume: {out} has no trainer_state.pt to resume from")
-    out.mkdir(parents=True, exist_ok=True)
+    with terminate_as_interrupt():
+        try:
+            return _train(target_name, texts, out, options, progress)
+        finally:
+            _remove_partial_files(out)
+
+
+def is_head_folder(path: Path) -> bool:
+    """True when `path` holds what train-draft writes: a checkpoint, a head it trained or its feature cache."""
+    if (path / TRAINER_STATE).is_file() or any((path / ".cache").glob("features-*.safetensors")):
+        return True
+    try:
+        return "speccompile_training" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_head_folder(out: Path, options: TrainOptions) -> None:
+    """--out must be new, empty or a train-draft folder; --force starts over there, --resume continues."""
+    from ..atomic_dir import check_replaceable, is_empty_dir
+
+    what = "a train-draft head folder"
+    if options.resume and options.force:
+        raise InputError("--resume and --force are mutually exclusive (continue the run, or start over)")
+    if options.resume:
+        if not (out / TRAINER_STATE).is_file():
+            raise InputError(f"--resume: {out} has no {TRAINER_STATE} to resume from")
+        return
+    if out.exists() and out.is_dir() and not options.force:
+        if (out / TRAINER_STATE).is_file():
+            raise InputError(f"--out {out}: holds a training run already (--resume continues it, --force starts over)")
+        if is_empty_dir(out) or is_head_folder(out):
+            return  # e.g. only the feature cache of an earlier run: reused
+    check_replaceable(out, options.force, is_head_folder, what)
+    if options.force and out.is_dir():
+        for name in (TRAINER_STATE, "config.json", "model.safetensors"):  # the feature cache is kept (keyed by content)
+            (out / name).unlink(missing_ok=True)
+
+
+def _remove_partial_files(out: Path) -> None:
+    """Half-written checkpoint or cache files (`*.tmp`) of an interrupted run."""
+    for folder in (out, out / ".cache"):
+        if folder.is_dir():
+            for partial in folder.glob("*.tmp"):
+                if partial.is_dir():
+                    shutil.rmtree(partial, ignore_errors=True)
+                else:
+                    partial.unlink(missing_ok=True)
+
+
+def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: TrainOptions, progress: Progress) -> dict:
+    from ..atomic_dir import honour_umask
+    from ..models.load import load_model
+
     started = time.time()
     progress(f"loading target {target_name}")
     model = load_model(target_name)
     tokenizer = _target_tokenizer(model)
-    texts = collect_texts(data)
     chunks = tokenize_chunks(texts, tokenizer, options.seq_len, options.max_tokens, model.config.bos_token_id)
     progress(f"{len(texts)} documents -> {chunks.shape[0]} chunks x {options.seq_len} tokens")
     feats = load_or_compute_features(model, chunks, options, out, progress)
@@ -487,12 +546,13 @@ def train_draft(target_name: str, data: list[Path], out: Path, options: TrainOpt
             trainer.save(out, _summary(target_name, model, options, chunks, feature_seconds, t0, trainer, history))
     summary = _summary(target_name, model, options, chunks, feature_seconds, t0, trainer, history)
     trainer.save(out, summary)
+    honour_umask(out)
     progress(f"wrote {options.method} head to {out} in {time.time() - started:.0f}s")
     return summary
 
 
 def _summary(target_name, model, options, chunks, feature_seconds, t0, trainer, history) -> dict:
-    opts = {k: v for k, v in asdict(options).items() if k not in ("extra", "resume", "threads")}
+    opts = {k: v for k, v in asdict(options).items() if k not in ("extra", "resume", "force", "threads")}
     return {
         "target": target_name,
         "target_sha256": model.source_sha256,

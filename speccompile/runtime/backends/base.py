@@ -27,6 +27,7 @@ class StepOutput:
     logits: np.ndarray  # [q, vocab] float32
     presents: list[Any]  # backend-native KV tensors, adopted by the KVCache
     hidden: np.ndarray | None = None  # [q, H] final hidden states, [q, 3H] EAGLE-3 taps, or a head's draft hidden
+    greedy_tokens: np.ndarray | None = None  # [q] int64 argmax of each row, when the graph computes it (GPU graph)
 
 
 def feature_inputs(spec: GraphSpec) -> list[str]:

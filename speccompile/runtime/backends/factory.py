@@ -21,6 +21,12 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
     query rows against a fixed KV extent (backends/shape_invariant.py; needs `max_context`); None = each
     pass with its own shapes.
     """
+    if is_gpu_graph(spec):  # fixed shapes per q bucket already: shape-invariant = one bucket of that many rows
+        from .ort_cuda import DEFAULT_BUCKETS, OrtCudaSession
+
+        verify = shape_invariant or int(manifest.limits.get("max_verify_tokens", 64))
+        return OrtCudaSession(directory, spec, "cuda" if backend == "ort-cuda" else "cpu", max_context, verify,
+                              buckets=(shape_invariant,) if shape_invariant else DEFAULT_BUCKETS, device_id=device, threads=threads)
     session = _open_backend(directory, spec, backend, threads, manifest, max_context, spinning, device)
     if shape_invariant and has_kv_cache(spec):
         from .shape_invariant import ShapeInvariantSession
@@ -46,9 +52,9 @@ def _open_backend(directory: str | Path, spec: GraphSpec, backend: str, threads:
 
         return OrtBufferSession(directory, manifest, spec, backend, threads, max_context, spinning)
     if backend == "tensorrt":
-        from .tensorrt import TensorRTSession
+        from .tensorrt_graphs import open_tensorrt_session
 
-        return TensorRTSession(directory, manifest, spec, device)
+        return open_tensorrt_session(directory, manifest, spec, device)
     from .ort import OrtSession
 
     return OrtSession(directory, manifest, spec, backend, threads, spinning)
@@ -57,3 +63,8 @@ def _open_backend(directory: str | Path, spec: GraphSpec, backend: str, threads:
 def has_kv_cache(spec: GraphSpec) -> bool:
     """True for graphs that take past KV inputs (a `Session`); False for feature-only graphs (Medusa heads)."""
     return any(name.startswith("past_key_values") for name in spec.input_names())
+
+
+def is_gpu_graph(spec: GraphSpec) -> bool:
+    """True for the GPU verify graph (`target.ort-cuda.onnx`: in-place KV, CUDA graphs per q bucket)."""
+    return spec.extra.get("kv_layout") == "buffer" and "ort-cuda" in spec.extra.get("backends", ())

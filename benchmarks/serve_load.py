@@ -1,0 +1,222 @@
+#!/usr/bin/env python
+"""Load benchmark of `speccompile serve`: replay the workloads through the real `openai` client, on loopback.
+
+Starts `speccompile serve ARTIFACT --port 0` as a child process (extra server flags after `--`), then runs:
+  1. `streams-1`: the workload prompts one stream at a time (greedy); their answers are the reference;
+  2. `streams-N` (--streams, default 8): the same prompts from N concurrent streams;
+  3. `churn`: --requests (200) requests from --clients (16) concurrent clients over the same prompts, a
+     --disconnect share of them closed after a random number of chunks.
+Every prompt's greedy answer must equal its `streams-1` answer. Printed per phase: requests, completion
+tokens, wall time, aggregate tok/s (completion tokens of the phase / its wall time), TTFT p50/p95 (request
+sent -> first text chunk, at the client), mismatches. Churn also prints lost / duplicated counts (a request
+that ends neither finished nor deliberately disconnected is lost; more than one finish chunk in a stream, or
+server-side generation outcomes beyond the requests sent, is duplicated). The server's RSS is sampled after
+the warm-up and after each phase. Results are printed, never asserted. Example:
+
+  python benchmarks/serve_load.py /tmp/smol --workload benchmarks/workloads/copy.jsonl \
+      --workload benchmarks/workloads/chat.jsonl --limit 4 --max-tokens 32 --requests 200 -- --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speccompile.serve.launch import ServerProcess  # noqa: E402
+
+
+@dataclass
+class Outcome:
+    prompt: str
+    text: str = ""
+    ttft: float | None = None
+    tokens: int = 0
+    finishes: int = 0  # finish chunks seen (1 when the stream completed)
+    disconnected: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Phase:
+    name: str
+    wall: float
+    outcomes: list[Outcome] = field(default_factory=list)
+    mismatches: int = 0
+
+    def report(self) -> dict:
+        finished = [o for o in self.outcomes if o.finishes]
+        ttfts = sorted(o.ttft for o in self.outcomes if o.ttft is not None)
+        tokens = sum(o.tokens for o in finished)
+        return {
+            "phase": self.name, "requests": len(self.outcomes), "finished": len(finished),
+            "disconnected": sum(o.disconnected for o in self.outcomes),
+            "errors": sum(o.error is not None for o in self.outcomes),
+            "completion_tokens": tokens, "wall_s": round(self.wall, 2), "tok_per_s": round(tokens / self.wall, 2),
+            "ttft_p50_s": round(_percentile(ttfts, 50), 3) if ttfts else None,
+            "ttft_p95_s": round(_percentile(ttfts, 95), 3) if ttfts else None,
+            "mismatches": self.mismatches,
+        }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def _one(client: openai.AsyncOpenAI, model: str, prompt: dict, max_tokens: int, cut_after: int | None) -> Outcome:
+    """One streamed request; `cut_after` chunks then close the connection (a client disconnect)."""
+    outcome = Outcome(prompt["id"])
+    sent = time.perf_counter()
+    try:
+        if prompt.get("chat", True):
+            stream = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt["prompt"]}], max_tokens=max_tokens,
+                temperature=0, stream=True, stream_options={"include_usage": True})
+        else:
+            stream = await client.completions.create(model=model, prompt=prompt["prompt"], max_tokens=max_tokens,
+                                                     temperature=0, stream=True, stream_options={"include_usage": True})
+        chunks = 0
+        async for chunk in stream:
+            chunks += 1
+            if chunk.usage is not None:
+                outcome.tokens = chunk.usage.completion_tokens
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            piece = choice.delta.content if hasattr(choice, "delta") else choice.text
+            if piece:
+                if outcome.ttft is None:
+                    outcome.ttft = time.perf_counter() - sent
+                outcome.text += piece
+            if choice.finish_reason:
+                outcome.finishes += 1
+            if cut_after is not None and chunks >= cut_after:
+                outcome.disconnected = True
+                await stream.close()
+                break
+    except openai.APIError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    return outcome
+
+
+async def _run_phase(name: str, url: str, model: str, jobs: list[tuple[dict, int | None]], concurrency: int,
+                     max_tokens: int) -> Phase:
+    queue: asyncio.Queue = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+    outcomes: list[Outcome] = []
+
+    async def worker() -> None:
+        async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=3600) as client:
+            while not queue.empty():
+                prompt, cut_after = queue.get_nowait()
+                outcomes.append(await _one(client, model, prompt, max_tokens, cut_after))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return Phase(name, time.perf_counter() - started, outcomes)
+
+
+def _busy(server: ServerProcess) -> bool:
+    health = httpx.get(server.base + "/health").json()
+    return bool(health["running"] or health["queue_depth"])
+
+
+def _server_outcomes(server: ServerProcess) -> dict[str, float]:
+    counts = {}
+    for family in text_string_to_metric_families(httpx.get(server.base + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "speccompile_generations_total":
+                counts[sample.labels["outcome"]] = sample.value
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("artifact")
+    parser.add_argument("--workload", action="append", default=None)
+    parser.add_argument("--limit", type=int, default=None, help="First N prompts of each workload.")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--disconnect", type=float, default=0.25, help="Share of churn requests closed early.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    server_args = argv[split + 1:]  # after --: extra `speccompile serve` flags
+    workloads = args.workload or ["benchmarks/workloads/copy.jsonl", "benchmarks/workloads/chat.jsonl"]
+    prompts = []
+    for path in workloads:
+        lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        prompts += lines[: args.limit]
+    rng = random.Random(args.seed)
+    limit = ["--max-concurrency", str(max(args.streams, args.clients)), "--max-queue", str(args.clients)]
+
+    with ServerProcess(args.artifact, *limit, *server_args) as server:
+        model = httpx.get(server.url + "/models").json()["data"][0]["id"]
+        asyncio.run(_run_phase("warmup", server.url, model, [(prompts[0], None)], 1, 8))
+        rss = {"after_warmup": server.rss_bytes()}
+        phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
+        reference = {o.prompt: o.text for o in phases[0].outcomes}
+        rss["after_streams-1"] = server.rss_bytes()
+        phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts],
+                                             args.streams, args.max_tokens)))
+        rss[f"after_streams-{args.streams}"] = server.rss_bytes()
+        jobs = [(rng.choice(prompts), rng.randint(1, 6) if rng.random() < args.disconnect else None)
+                for _ in range(args.requests)]
+        before = _server_outcomes(server)
+        phases.append(asyncio.run(_run_phase("churn", server.url, model, jobs, args.clients, args.max_tokens)))
+        deadline = time.monotonic() + 60
+        while _busy(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = _server_outcomes(server)
+        rss["after_churn"] = server.rss_bytes()
+
+    for phase in phases:
+        phase.mismatches = sum(o.finishes > 0 and o.text != reference[o.prompt] for o in phase.outcomes)
+    churn = phases[-1]
+    server_outcomes = sum(after.values()) - sum(before.values())
+    summary = {
+        "phases": [p.report() for p in phases],
+        "churn": {
+            "sent": len(churn.outcomes),
+            "lost": sum(not o.finishes and not o.disconnected for o in churn.outcomes),
+            "duplicated": sum(o.finishes > 1 for o in churn.outcomes) + max(0, int(server_outcomes) - len(churn.outcomes)),
+            "server_outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after},
+        },
+        "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()},
+        "server_exit": server.process.returncode,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    print(f"{'phase':<12}{'requests':>9}{'finished':>9}{'cut':>5}{'errors':>7}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
+          f"{'TTFT p50':>10}{'TTFT p95':>10}{'mismatch':>9}")
+    for r in summary["phases"]:
+        print(f"{r['phase']:<12}{r['requests']:>9}{r['finished']:>9}{r['disconnected']:>5}{r['errors']:>7}"
+              f"{r['completion_tokens']:>8}{r['wall_s']:>8}{r['tok_per_s']:>8}{r['ttft_p50_s']:>10}{r['ttft_p95_s']:>10}"
+              f"{r['mismatches']:>9}")
+    c = summary["churn"]
+    print(f"churn: sent {c['sent']}, lost {c['lost']}, duplicated {c['duplicated']}, server outcomes {c['server_outcomes']}")
+    print("server RSS (MB): " + ", ".join(f"{k} {v}" for k, v in summary["rss_mb"].items())
+          + f"; exit status {summary['server_exit']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""ONNX Runtime CUDA backend for the GPU verify graph (`target.ort-cuda.onnx`): device KV buffers, fixed
+I/O bindings and one CUDA graph per q bucket.
+
+What a step does:
+  * the q new tokens are padded to the step's **bucket** (the smallest of `buckets` >= q; padding rows sit
+    after the real rows, and attention is causal, so they never change a real row), and the bucket's
+    host inputs are written into its preallocated buffers with `OrtValue.update_inplace` (no allocation);
+  * every input and output is bound once per bucket to a fixed buffer: the per-layer KV buffers (past and
+    present are the same device buffer, GroupQueryAttention appends in place), `seqlens_k` (the real
+    length - 1 after this step's rows, on the device), `total_sequence_length` (the fixed KV capacity: the
+    CUDA kernel reads it on the host, so it must not change between replays of a captured graph);
+  * on CUDA the session is created with the CUDA EP option `enable_cuda_graph` and each bucket runs with
+    the run option `gpu_graph_id` = its own id: ONNX Runtime captures the bucket's graph once and replays it
+    (ids >= 1; -1 runs without capture: prefill chunks larger than the largest bucket);
+  * only what the sampler needs comes back: the in-graph ArgMax rows (`next_tokens`, q integers) always, the
+    logits rows when `fetch_logits` is set (sampling; greedy decoding may turn it off).
+
+The same class runs on ONNX Runtime CPU (`device="cpu"`, no CUDA graphs) with the fp32 form of the GPU
+graph: that is how the CPU tests check the bucketing, padding and binding against the contract graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...errors import InputError, UnsupportedError
+from ...manifest import GraphSpec
+from ..kvcache import BufferKVCache
+from .base import StepOutput
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+UNCAPTURED = -1  # gpu_graph_id of a run that ONNX Runtime must neither capture nor replay
+_ONNX_TYPES = {"bfloat16": 16}  # TensorProto element types of buffers numpy has no type for
+_NP_TYPES = {"float": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
+
+
+def q_buckets(max_verify_tokens: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
+    """The q sizes that get a captured graph: `buckets` up to the first that holds `max_verify_tokens`."""
+    if max_verify_tokens < 1:
+        raise InputError(f"max_verify_tokens must be >= 1, got {max_verify_tokens}")
+    chosen: list[int] = []
+    for size in sorted({int(b) for b in buckets if int(b) >= 1}):
+        chosen.append(size)
+        if size >= max_verify_tokens:
+            break
+    if not chosen or chosen[-1] < max_verify_tokens:
+        chosen.append(int(max_verify_tokens))
+    return tuple(chosen)
+
+
+def bucket_for(q: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket that holds q rows (None: larger than every bucket, run uncaptured at q)."""
+    return next((b for b in buckets if b >= q), None)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One fixed buffer of the binding plan: where it lives, its shape and ONNX element type name."""
+
+    key: str  # buffers with the same key are the same memory (KV: past and present)
+    shape: tuple[int, ...]
+    dtype: str
+    device: str  # "device" (the session's device) or "cpu" (host-read inputs)
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    """Which buffer each graph input/output is bound to, per bucket (pure: no onnxruntime needed)."""
+
+    inputs: dict[str, Buffer]
+    outputs: dict[str, Buffer]
+
+    def buffers(self) -> dict[str, Buffer]:
+        return {b.key: b for b in (*self.inputs.values(), *self.outputs.values())}
+
+
+def binding_plan(spec: GraphSpec, q: int, capacity: int) -> BindingPlan:
+    """The fixed buffers of a q-row pass of the GPU graph over a `capacity`-row KV buffer.
+
+    Per-bucket buffers are keyed by q; the KV buffers, `seqlens_k` and `total_sequence_length` are shared by
+    all buckets (KV past and present share one key: the graph writes the new rows in place).
+    """
+    kv_dtype = next(t.dtype for t in spec.inputs if t.name.startswith("past_key_values"))
+    past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
+    kv_shape = (1, int(past.shape[1]), int(capacity), int(past.shape[3]))
+    inputs: dict[str, Buffer] = {}
+    for tensor in spec.inputs:
+        name = tensor.name
+        if name.startswith("past_key_values"):
+            inputs[name] = Buffer("kv." + name.removeprefix("past_key_values."), kv_shape, kv_dtype, "device")
+        elif name == "seqlens_k":
+            inputs[name] = Buffer(name, (1,), "int32", "device")
+        elif name == "total_sequence_length":
+            inputs[name] = Buffer(name, (), "int32", "cpu")
+        elif name in ("input_ids", "position_ids"):
+            inputs[name] = Buffer(f"{name}.q{q}", (1, q), "int64", "device")
+        else:
+            raise UnsupportedError(f"{spec.file}: input {name} is not one the GPU session binds")
+    outputs: dict[str, Buffer] = {}
+    for tensor in spec.outputs:
+        name = tensor.name
+        if name.startswith("present."):
+            outputs[name] = inputs["past_key_values." + name.removeprefix("present.")]
+        elif name == "next_tokens":
+            outputs[name] = Buffer(f"{name}.q{q}", (1, q), "int64", "device")
+        else:  # logits, hidden_states, aux_hidden_states: [1, q, width]
+            outputs[name] = Buffer(f"{name}.q{q}", (1, q, int(tensor.shape[-1])), tensor.dtype, "device")
+    return BindingPlan(inputs, outputs)
+
+
+def pad_step(input_ids: np.ndarray, position_ids: np.ndarray, bucket: int, max_position: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and positions of a q-row step padded to `bucket` rows ([1, bucket] int64 each).
+
+    Padding rows repeat the last token at the following positions (clamped to the rotary table); attention
+    is causal, so no real row sees them, and the next step overwrites the KV rows they wrote.
+    """
+    q = int(input_ids.size)
+    ids = np.empty((1, bucket), dtype=np.int64)
+    pos = np.empty((1, bucket), dtype=np.int64)
+    ids[0, :q] = input_ids.reshape(-1)
+    pos[0, :q] = position_ids.reshape(-1)
+    if bucket > q:
+        ids[0, q:] = ids[0, q - 1]
+        pos[0, q:] = np.minimum(pos[0, q - 1] + np.arange(1, bucket - q + 1), max_position - 1)
+    return ids, pos
+
+
+def is_causal_step(attention_mask: np.ndarray, past: int) -> bool:
+    """True when causal attention over the KV buffer computes what the mask asks for every row whose output
+    is used: each real row sees every committed row and the new rows up to itself (a chain), and any rows
+    after the real ones are padding that sees only its own slot (the shape-invariant wrapper's padding),
+    whose outputs are discarded. The mask may be wider than past + rows (a fixed KV extent)."""
+    mask = attention_mask[0]
+    rows, width = mask.shape
+    if width < past + rows:
+        return False
+    slots = np.arange(width)
+    own = np.arange(rows)[:, None] + past
+    causal = (mask == (slots[None, :] <= own)).all(axis=1)
+    padding = (mask == (slots[None, :] == own)).all(axis=1)
+    real = int(np.argmin(causal)) if not causal.all() else rows  # the leading causal rows
+    return bool(padding[real:].all())
+
+
+class FixedKVCache(BufferKVCache):
+    """KV rows in per-layer buffers of a fixed capacity that the graph writes in place.
+
+    The addresses never change (a captured CUDA graph replays against them), so the cache never grows: a
+    generation that would pass `capacity` rows ends at the context limit. The GPU graph verifies chains,
+    so accepted rows are always the first ones of a step and committing them moves nothing.
+    """
+
+    def __init__(self, tensors: list[Any], capacity: int):
+        self.tensors = list(tensors)
+        self._capacity = int(capacity)
+        self.max_capacity = self._capacity
+        self.length = 0
+        self.compactions = 0
+        self.binding = None
+        self.arrays = []
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def reserve(self, total: int) -> None:
+        if total > self._capacity:
+            raise InputError(f"context of {total} tokens exceeds the KV buffer of {self._capacity} rows (--max-context)")
+
+    def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
+        keep = [int(k) for k in keep]
+        if keep != list(range(len(keep))):
+            raise UnsupportedError("the GPU verify graph keeps a prefix of each step's rows (chains); tree drafts need the contract graph")
+        self.length += len(keep)
+
+
+class OrtCudaSession:
+    """The GPU verify graph in an ONNX Runtime session with fixed bindings per q bucket (CUDA graphs on CUDA)."""
+
+    def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
+                 max_verify_tokens: int = 64, kv_capacity: int | None = None, cuda_graph: bool | None = None,
+                 buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0, threads: int | None = None):
+        import onnxruntime as ort
+
+        from .ort import session_options
+
+        if spec.extra.get("kv_layout") != "buffer" or "next_tokens" not in spec.output_names():
+            raise UnsupportedError(f"{spec.file} is not the GPU verify graph (expected target.ort-cuda.onnx)")
+        self.spec = spec
+        self.device = device
+        self.device_id = device_id
+        self.cuda_graph = (device == "cuda") if cuda_graph is None else bool(cuda_graph)
+        if self.cuda_graph and device != "cuda":
+            raise InputError("CUDA graphs need device 'cuda'")
+        # rows of the graph's rotary tables: the export's kv_capacity when it records one, else max_context
+        self.max_position = int(spec.extra.get("kv_capacity") or max_context or 0)
+        capacity = int(kv_capacity or self.max_position)
+        if capacity < 2:
+            raise InputError(f"{spec.file}: the GPU session needs a KV capacity (the artifact's max_context), got {capacity}")
+        self.capacity = capacity
+        self.buckets = q_buckets(min(max_verify_tokens, capacity), buckets)
+        self.graph_ids = {q: i + 1 for i, q in enumerate(self.buckets)}  # gpu_graph_id per bucket (>= 1)
+        self.fetch_logits = True  # False: only next_tokens (greedy) come back from the device
+        self._ort = ort
+        opts = session_options(threads)
+        if device == "cuda":
+            available = ort.get_available_providers()
+            if "CUDAExecutionProvider" not in available:
+                raise InputError(
+                    f"--backend ort-cuda: ONNX Runtime here has no CUDAExecutionProvider (available: {', '.join(available)}); "
+                    "install onnxruntime-gpu"
+                )
+            cuda_options = {"device_id": str(device_id), "use_tf32": "0",
+                            "enable_cuda_graph": "1" if self.cuda_graph else "0"}
+            providers: list = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=providers)
+        self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
+        self.present_names = [n for n in spec.output_names() if n.startswith("present.")]
+        self.hidden_name = next((n for n in ("hidden_states", "aux_hidden_states") if n in spec.output_names()), None)
+        self._buffers: dict[str, Any] = {}  # key -> OrtValue, shared by every bucket's binding
+        self._bindings: dict[int, tuple[Any, BindingPlan]] = {}
+        self._run_options: dict[int, Any] = {}
+        self._cache: FixedKVCache | None = None
+
+    # -- buffers -----------------------------------------------------------------------------------
+    def _allocate(self, buffer: Buffer):
+        device = "cpu" if buffer.device == "cpu" else self.device
+        if buffer.dtype in _NP_TYPES:
+            value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), _NP_TYPES[buffer.dtype], device, self.device_id)
+            value.update_inplace(np.zeros(buffer.shape, dtype=_NP_TYPES[buffer.dtype]))
+            return value
+        # bfloat16 has no numpy type: an ONNX element type, zeroed from 16-bit host zeros
+        onnx_type = _ONNX_TYPES[buffer.dtype]
+        value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), onnx_type, device, self.device_id)
+        value.update_inplace(self._ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.zeros(buffer.shape, np.uint16), onnx_type))
+        return value
+
+    def _buffer(self, buffer: Buffer):
+        if buffer.key not in self._buffers:
+            self._buffers[buffer.key] = self._allocate(buffer)
+        return self._buffers[buffer.key]
+
+    def _binding(self, q: int) -> tuple[Any, BindingPlan]:
+        """The I/O binding of a q-row pass: built once per bucket, every name bound to its fixed buffer."""
+        if q in self._bindings:
+            return self._bindings[q]
+        plan = binding_plan(self.spec, q, self.capacity)
+        binding = self.session.io_binding()
+        for name, buffer in plan.inputs.items():
+            binding.bind_ortvalue_input(name, self._buffer(buffer))
+        for name, buffer in plan.outputs.items():
+            binding.bind_ortvalue_output(name, self._buffer(buffer))
+        self._buffers["total_sequence_length"].update_inplace(np.array(self.capacity, dtype=np.int32))
+        if q in self.graph_ids:  # uncaptured passes (long prefill chunks) are not kept
+            self._bindings[q] = (binding, plan)
+        return binding, plan
+
+    def _options(self, q: int):
+        graph_id = self.graph_ids.get(q, UNCAPTURED) if self.cuda_graph else None
+        if graph_id not in self._run_options:
+            options = self._ort.RunOptions()
+            if graph_id is not None:
+                options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            self._run_options[graph_id] = options
+        return self._run_options[graph_id]
+
+    # -- Session protocol --------------------------------------------------------------------------
+    def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> FixedKVCache:
+        """The KV buffers, allocated once per session (every bucket's captured graph points at them): a session
+        runs one generation at a time, and a new cache starts that generation over the same buffers.
+        `capacity` (the shape-invariant wrapper's fixed KV extent) cannot exceed the session's buffer."""
+        if capacity is not None and capacity > self.capacity:
+            raise InputError(f"a KV extent of {capacity} rows exceeds the GPU session's buffer of {self.capacity} rows")
+        if self._cache is None:
+            plan = binding_plan(self.spec, self.buckets[0], self.capacity)
+            self._cache = FixedKVCache([self._buffer(plan.inputs[n]) for n in self.past_names], self.capacity)
+        self._cache.length = 0
+        return self._cache
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: FixedKVCache) -> StepOutput:
+        q = int(np.asarray(input_ids).size)
+        past = cache.length
+        if not is_causal_step(attention_mask, past):
+            raise UnsupportedError("the GPU verify graph is causal (GroupQueryAttention on CUDA takes no attention bias): "
+                                   "tree drafts run the contract graph")
+        bucket = bucket_for(q, self.buckets)
+        if bucket is None or past + bucket > self.capacity:
+            bucket = q  # no bucket holds it (or its padding would pass the buffer): run at q, uncaptured
+        cache.reserve(past + bucket)
+        binding, plan = self._binding(bucket)
+        ids, pos = pad_step(np.asarray(input_ids), np.asarray(position_ids), bucket, self.max_position)
+        self._buffers[plan.inputs["input_ids"].key].update_inplace(ids)
+        self._buffers[plan.inputs["position_ids"].key].update_inplace(pos)
+        self._buffers["seqlens_k"].update_inplace(np.array([past + bucket - 1], dtype=np.int32))
+        self.session.run_with_iobinding(binding, self._options(bucket))
+        outputs = {name: self._buffers[buffer.key] for name, buffer in plan.outputs.items()}
+        tokens = outputs["next_tokens"].numpy()[0, :q]
+        logits = outputs["logits"].numpy()[0, :q] if self.fetch_logits else None
+        hidden = outputs[self.hidden_name].numpy()[0, :q] if self.hidden_name else None
+        if bucket not in self.graph_ids:  # a one-off size (a long prefill chunk): free its buffers
+            for buffer in plan.buffers().values():
+                if buffer.key.endswith(f".q{bucket}"):
+                    del self._buffers[buffer.key]
+        return StepOutput(logits=logits, presents=cache.tensors, hidden=hidden, greedy_tokens=tokens)

@@ -1,0 +1,362 @@
+"""The serving engine: owns one model and runs the server's generations on one worker thread.
+
+Every call the server makes into `speccompile.runtime` is in this module, so the runtime's API can change in one
+place. The HTTP app (app.py) sees only the `Engine` interface:
+
+    ids = engine.encode_text(prompt) | engine.encode_chat(messages)   # on the event loop, before any work
+    handle = engine.submit(GenerationRequest(ids, ...))                 # EngineBusy (429), EngineStopped (503)
+    async for event in handle.events(): ...                             # TextDelta ..., then Finished
+    handle.cancel()                                                     # stop at the next step, free the KV
+
+`SequentialEngine` decodes the admitted requests one after another on a single worker thread (the runtime's
+`Runner` is single-threaded); a batched engine that decodes them together would implement the same interface.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError, SpecCompileError
+from ..runtime.options import RunOptions
+from .metrics import ServeMetrics
+
+log = logging.getLogger("speccompile.serve")
+
+
+class EngineBusy(Exception):
+    """Every admission slot and queue place is taken (HTTP 429)."""
+
+
+class EngineStopped(Exception):
+    """The engine is draining for shutdown or its worker has stopped (HTTP 503)."""
+
+
+class GenerationFailed(Exception):
+    """A generation raised inside the runtime; `client_error` when the request itself was at fault."""
+
+    def __init__(self, message: str, client_error: bool):
+        super().__init__(message)
+        self.client_error = client_error
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The runtime options of `speccompile run`, plus the engine's admission limits."""
+
+    artifact: Path
+    run: RunOptions = field(default_factory=RunOptions)  # backend, drafter, tree, ... as for `speccompile run`
+    max_concurrency: int = 8  # requests admitted at once (decoding, or next in line for the worker)
+    max_queue: int = 64  # requests waiting beyond those; more get EngineBusy
+
+    def validate(self) -> "EngineOptions":
+        if self.max_concurrency < 1:
+            raise InputError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_queue < 0:
+            raise InputError(f"--max-queue must be >= 0, got {self.max_queue}")
+        return self
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the HTTP layer needs to know about the model before it submits anything."""
+
+    name: str  # the manifest's model name (the default served model name)
+    max_context: int
+    vocab_size: int
+    drafter: str
+    has_chat_template: bool
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated request: prompt token ids and sampling (temperature 0 = greedy)."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Newly generated text (stop strings are held back until they cannot match)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The end of a generation: its whole text, token counts and speculative statistics."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # OpenAI's: "stop" (eos or a stop string) or "length" (max_tokens or the context)
+    speculative: dict
+
+
+@dataclass(frozen=True)
+class _Cancelled:
+    """Terminal event of a generation stopped by `RequestHandle.cancel`."""
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: GenerationFailed
+
+
+class _Abort(Exception):
+    """Raised inside the runtime's text callback to stop a cancelled generation (its KV cache goes with it)."""
+
+
+@dataclass
+class RequestHandle:
+    """A submitted request: its events arrive on the event loop that submitted it."""
+
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    _events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop the generation at its next step (or skip it if it has not started); safe from any thread."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def emit(self, event: object) -> None:
+        """Hand an event to the event loop (called from the worker thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    async def events(self) -> AsyncIterator[TextDelta | Finished]:
+        """TextDelta events, then one Finished; ends early when cancelled; raises GenerationFailed."""
+        while True:
+            event = await self._events.get()
+            if isinstance(event, _Cancelled):
+                return
+            if isinstance(event, _Failed):
+                raise event.error
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    async def result(self) -> Finished | None:
+        """The Finished event (None when cancelled), skipping the text deltas."""
+        async for event in self.events():
+            if isinstance(event, Finished):
+                return event
+        return None
+
+
+class Engine(abc.ABC):
+    """The model, its tokenizer and admission accounting; subclasses decide how admitted requests are decoded."""
+
+    def __init__(self, options: EngineOptions, replica: str | None = None):
+        from ..runtime.session import Runner
+
+        self.options = options.validate()
+        self.replica = replica
+        self._runner = Runner(options.artifact, options.run)
+        artifact = self._runner.artifact
+        self._tokenizer = artifact.tokenizer
+        self.info = ModelInfo(
+            name=str(artifact.manifest.model.get("name") or Path(options.artifact).name),
+            max_context=artifact.max_context,
+            vocab_size=self._tokenizer.vocab_size,
+            drafter=self._runner.drafter_name,
+            has_chat_template=bool(self._tokenizer.chat_template),
+        )
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+        self._accepting = False
+        self.metrics = ServeMetrics(queue_depth=lambda: self._waiting, running=lambda: self._running)
+
+    # --- tokenization (on the event loop: cheap, and lets the app reject a prompt before any work) ---
+
+    def encode_text(self, prompt: str) -> list[int]:
+        """Token ids of a raw completion prompt (with the tokenizer's special tokens, as `run --raw`)."""
+        return self._tokenizer.prompt_ids(prompt, chat=False)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation through the model's chat template, ending in the assistant's turn."""
+        import jinja2
+
+        if not self.info.has_chat_template:
+            raise InputError("messages: this model has no chat template; use /v1/completions with a raw prompt")
+        try:
+            text = self._tokenizer.render_messages(messages)
+        except jinja2.TemplateError as exc:
+            raise InputError(f"messages: the model's chat template rejected them ({exc})") from None
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    # --- admission ---
+
+    @property
+    def waiting(self) -> int:
+        """Requests admitted but not started."""
+        return self._waiting
+
+    @property
+    def running(self) -> int:
+        """Requests being decoded now."""
+        return self._running
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request (call on the event loop that will read its events)."""
+        handle = RequestHandle(request, asyncio.get_running_loop())
+        limit = self.options.max_concurrency + self.options.max_queue
+        with self._lock:
+            if not self._accepting:
+                raise EngineStopped("the server is shutting down")
+            if self._waiting + self._running >= limit:
+                raise EngineBusy(f"the server is at its limit of {limit} requests in flight; retry later")
+            self._waiting += 1
+            self._enqueue(handle)
+        return handle
+
+    @abc.abstractmethod
+    def _enqueue(self, handle: RequestHandle) -> None:
+        """Hand an admitted request to the decoder (called under the admission lock)."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start decoding; submit() accepts requests from now on."""
+
+    @abc.abstractmethod
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Refuse new requests, finish the admitted ones (drain), stop the decoder."""
+
+    # --- one generation, shared by every engine that decodes with the Runner ---
+
+    def _generate(self, handle: RequestHandle) -> None:
+        """Run one request to its end, sending its events; a cancelled request stops at its next text callback."""
+        from ..runtime.sampling import SamplingParams
+
+        request = handle.request
+        if handle.cancelled:
+            handle.emit(_Cancelled())
+            self.metrics.generations.labels("cancelled").inc()
+            return
+        started = time.perf_counter()
+        first_text_at: list[float] = []
+
+        def on_text(delta: str) -> None:
+            if handle.cancelled:
+                raise _Abort
+            if not first_text_at:
+                first_text_at.append(time.perf_counter())
+            handle.emit(TextDelta(delta))
+
+        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+        try:
+            result = self._runner.generate_ids(list(request.prompt_ids), request.max_tokens, sampling.validate(),
+                                               list(request.stop), on_text)
+        except _Abort:
+            handle.emit(_Cancelled())
+            self.metrics.generations.labels("cancelled").inc()
+            log.info("generation cancelled", extra={"fields": {"request": handle.id, "after_s": round(time.perf_counter() - started, 4)}})
+            return
+        except SpecCompileError as exc:
+            handle.emit(_Failed(GenerationFailed(str(exc), client_error=True)))
+            self.metrics.generations.labels("failed").inc()
+            return
+        except Exception as exc:  # the worker must survive any failure of one request
+            log.exception("generation failed")
+            handle.emit(_Failed(GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}", client_error=False)))
+            self.metrics.generations.labels("failed").inc()
+            return
+        finished_at = time.perf_counter()
+        stats = result.stats
+        speculative = {"drafter": self.info.drafter, **stats.to_dict()}
+        if self.replica is not None:
+            speculative["replica"] = self.replica
+        ttft = (first_text_at[0] if first_text_at else finished_at) - handle.submitted_at
+        speculative["time_to_first_token_s"] = round(ttft, 4)
+        speculative["queue_s"] = round(started - handle.submitted_at, 4)
+        handle.emit(Finished(
+            text=result.text,
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.generated_tokens,
+            finish_reason="stop" if result.finish_reason == "stop" else "length",
+            speculative=speculative,
+        ))
+        self.metrics.observe_generation(
+            prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens, target_passes=stats.target_passes,
+            drafted=stats.drafted, accepted=stats.accepted, time_to_first_token=ttft,
+            duration=finished_at - handle.submitted_at,
+        )
+        log.info("generation finished", extra={"fields": {
+            "request": handle.id, "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "finish_reason": result.finish_reason, "ttft_s": round(ttft, 4), "total_s": round(finished_at - handle.submitted_at, 4),
+            "tokens_per_pass": round(stats.mean_accepted_length, 3),
+        }})
+
+
+class SequentialEngine(Engine):
+    """One worker thread decodes the admitted requests one after another, in arrival order."""
+
+    def __init__(self, options: EngineOptions, replica: str | None = None):
+        super().__init__(options, replica)
+        self._jobs: queue.Queue[RequestHandle | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="speccompile-engine", daemon=True)
+            self._worker.start()
+        self._accepting = True
+
+    def _enqueue(self, handle: RequestHandle) -> None:
+        self._jobs.put(handle)
+
+    def _work(self) -> None:
+        while True:
+            handle = self._jobs.get()
+            if handle is None:
+                return
+            with self._lock:
+                self._waiting -= 1
+                self._running += 1
+            try:
+                self._generate(handle)
+            finally:
+                with self._lock:
+                    self._running -= 1
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        with self._lock:
+            self._accepting = False
+            if self._worker is None:
+                return
+            self._jobs.put(None)  # after every admitted request: the worker drains them first
+        self._worker.join(timeout)
+        self._worker = None
+
+
+def open_engine(options: EngineOptions, replica: str | None = None) -> Engine:
+    """Load the artifact and return the engine that serves it (not started)."""
+    return SequentialEngine(options, replica)
