@@ -31,16 +31,26 @@ def quantized_with_draft(tiny_artifact_with_draft, tmp_path_factory):
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _causal(q: int) -> np.ndarray:
+    return np.tril(np.ones((q, q), bool))
+
+
+def _prefilled(target, ids: np.ndarray):
+    """A cache holding `ids` (one prompt pass)."""
+    cache = target.new_cache()
+    out = target.run(ids, np.arange(len(ids)), cache.attention_mask(_causal(len(ids))), cache)
+    cache.append(out.presents, list(range(len(ids))), len(ids))
+    return cache
+
+
 def _passes(target, ids: np.ndarray, prefix: int, step: int) -> np.ndarray:
     """Logits of ids[prefix:] computed `step` tokens per pass after a prefix pass (later rows read the KV
     rows earlier passes wrote, so equal logits also mean equal KV)."""
-    cache = target.new_cache()
-    out = target.run(ids[:prefix], np.arange(prefix), cache.attention_mask(np.tril(np.ones((prefix, prefix), bool))), cache)
-    cache.append(out.presents, list(range(prefix)), prefix)
+    cache = _prefilled(target, ids[:prefix])
     rows = []
     for start in range(prefix, len(ids), step):
         q = min(step, len(ids) - start)
-        out = target.run(ids[start:start + q], np.arange(start, start + q), cache.attention_mask(np.tril(np.ones((q, q), bool))), cache)
+        out = target.run(ids[start:start + q], np.arange(start, start + q), cache.attention_mask(_causal(q)), cache)
         cache.append(out.presents, list(range(q)), q)
         rows.append(out.logits)
     return np.concatenate(rows)
@@ -55,6 +65,26 @@ def test_row_logits_do_not_depend_on_the_number_of_rows(quantized_with_draft, sc
     for step in (3, 10):  # chains of drafts verified together, like a speculative step
         many = _passes(art.target, ids, prefix=4, step=step)
         assert np.array_equal(one, many), (step, float(np.abs(one - many).max()))
+
+
+@pytest.mark.parametrize("scheme", [*CPU_SCHEMES, "fp32-contract"])
+def test_rejected_rows_leave_no_trace(quantized_with_draft, tiny_artifact_with_draft, scheme):
+    """After a verify pass whose drafts were all rejected, the next token gets a plain step's logits."""
+    path = tiny_artifact_with_draft if scheme == "fp32-contract" else quantized_with_draft[scheme]
+    art = open_artifact(path, threads=2, fused=False, drafter="none")
+    target = art.target
+    ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17, 8, 61, 33, 4, 50, 27, 11, 19, 44], dtype=np.int64)
+    p = len(ids) - 2
+    plain, spec = _prefilled(target, ids[:p]), _prefilled(target, ids[:p])
+    out = target.run(ids[p:p + 1], np.array([p]), plain.attention_mask(_causal(1)), plain)
+    plain.append(out.presents, [0], 1)
+    drafts = np.array([ids[p], 70, 71, 72])  # three drafts the verifier rejects
+    out = target.run(drafts, np.arange(p, p + 4), spec.attention_mask(_causal(4)), spec)
+    spec.append(out.presents, [0], 4)
+    spec.maybe_compact(1, art.max_context)  # what the generation loop does before every pass
+    expected = target.run(ids[p + 1:], np.array([p + 1]), plain.attention_mask(_causal(1)), plain).logits
+    got = target.run(ids[p + 1:], np.array([p + 1]), spec.attention_mask(_causal(1)), spec).logits
+    assert np.array_equal(expected, got), float(np.abs(expected - got).max())
 
 
 @pytest.mark.parametrize("scheme", CPU_SCHEMES)

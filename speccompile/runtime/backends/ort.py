@@ -130,7 +130,12 @@ class OrtSession:
         for name, dtype in self.feature_dtypes.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(features[name], dtype=dtype)[None])
 
-    def new_cache(self, max_dead: int = 64) -> KVCache:
+    def new_cache(self, max_dead: int | None = None) -> KVCache:
+        """`max_dead`: rejected rows that may stay (masked) before a pass squeezes them out. On the CPU none by
+        default: a masked row still shifts how the attention kernels group the key axis in their sums, so the
+        next rows' logits would differ from plain decoding's in the last bits (docs/quantization.md)."""
+        if max_dead is None:
+            max_dead = 0 if self.device == "cpu" else 64
         empty = [self._to_ort(np.zeros(self.kv_shape, dtype=self.kv_dtype)) for _ in self.past_names]
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
