@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import InputError
 from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session
+from .backends.shape_invariant import exact_acceptance
 from .drafters.base import ChainDrafter, Draft
 from .sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
 from .tokenizer import TextTokenizer
@@ -295,6 +296,8 @@ class Generator:
             stats.time_verify += verify_seconds
             controller.record_pass(q, verify_seconds)
             accepted_rows, emitted = _verify_draft(draft, tokens[-1], out.logits, params, rng)
+            if out.plain_exact is not None:  # shape-invariant mode: only rows computed as plain decoding count
+                accepted_rows, emitted = exact_acceptance(accepted_rows, emitted, out.plain_exact)
             keep = [0, *accepted_rows]
             cache.append(out.presents, keep, q)
             stats.target_passes += 1

@@ -18,6 +18,7 @@ class StepOutput:
     logits: np.ndarray  # [q, vocab] float32
     presents: list[Any]  # backend-native KV tensors, adopted by the KVCache
     hidden: np.ndarray | None = None  # [q, H] final hidden states or [q, 3H] EAGLE-3 taps, if exported
+    plain_exact: np.ndarray | None = None  # [q] bool, shape-invariant mode: rows computed exactly as plain decoding
 
 
 class Session(Protocol):
