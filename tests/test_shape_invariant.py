@@ -81,7 +81,8 @@ def _ancestry(parents: list[int]) -> np.ndarray:
 
 # tree layouts of the pass that verifies text[3..5]: (token slots, parents, rows of the accepted path)
 MAIN_PATH_FIRST = (["t3", "t4", "t5", "d2", "d3"], [-1, 0, 1, 0, 1], [0, 1, 2])  # accepted path = chain prefix
-SIDE_BRANCH = (["t3", "d2", "t4", "d3", "t5"], [-1, 0, 0, 2, 2], [0, 2, 4])  # accepted nodes after siblings
+BREADTH_FIRST = (["t3", "t4", "d2", "t5", "d3"], [-1, 0, 0, 1, 2], [0, 1, 3])  # the same tree as drafters order it
+SIDE_BRANCH = (["t3", "d2", "t4", "d3", "t5"], [-1, 0, 0, 2, 2], [0, 2, 4])  # accepted path is not the first children
 
 
 def speculative_logits(session, prompt, text, decoys, tree=MAIN_PATH_FIRST) -> list[np.ndarray]:
@@ -128,11 +129,13 @@ def test_padding_rows_never_change_a_real_row(artifacts, name, rows, monkeypatch
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_plain_chain_and_tree_logits_are_bitwise_equal(artifacts, name):
+@pytest.mark.parametrize("tree", [MAIN_PATH_FIRST, BREADTH_FIRST], ids=["main-path-first", "breadth-first"])
+def test_plain_chain_and_tree_logits_are_bitwise_equal(artifacts, name, tree):
+    """Breadth-first trees too: the session runs the main path first and tells the cache where rows went."""
     session = _session(artifacts, name, 8)
     prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
     plain = plain_logits(session, prompt, text)
-    speculative = speculative_logits(session, prompt, text, _tokens(2, 4))
+    speculative = speculative_logits(session, prompt, text, _tokens(2, 4), tree)
     for position, (a, b) in enumerate(zip(plain, speculative)):
         assert np.array_equal(a, b), f"position {PROMPT + position}: max |diff| {np.abs(a - b).max()}"
 
@@ -228,13 +231,27 @@ def test_fp32_on_cuda_never_uses_tf32():
     assert execution_providers("ort-cpu", "fp32") == ["CPUExecutionProvider"]
 
 
-def test_exact_acceptance_keeps_the_chain_prefix_and_its_next_token():
-    from speccompile.runtime.backends.shape_invariant import exact_acceptance
+def test_exact_acceptance_keeps_the_plain_exact_rows_and_the_next_token():
+    from speccompile.runtime.backends.shape_invariant import exact_acceptance, main_path_first
 
-    assert exact_acceptance([1, 2, 3], [10, 11, 12, 13]) == ([1, 2, 3], [10, 11, 12, 13])
-    assert exact_acceptance([1, 4, 6], [10, 11, 12, 13]) == ([1], [10, 11])  # row 4: a sibling's slot came first
-    assert exact_acceptance([2, 5], [10, 11, 12]) == ([], [10])
-    assert exact_acceptance([], [10]) == ([], [10])
+    order, exact = main_path_first(_ancestry(BREADTH_FIRST[1]))
+    assert order.tolist() == [0, 1, 3, 2, 4] and exact.tolist() == [True, True, False, True, False]
+    deeper_order, deeper_exact = main_path_first(_ancestry([-1, 0, 0, 2, 3]))  # the deepest branch is the main path
+    assert deeper_order.tolist() == [0, 2, 3, 4, 1] and deeper_exact.tolist() == [True, False, True, True, True]
+    assert exact_acceptance([1, 3], [10, 11, 12], exact) == ([1, 3], [10, 11, 12])
+    assert exact_acceptance([2, 4], [10, 11, 12], exact) == ([], [10])  # row 2 is not the first child
+    order, exact = main_path_first(np.tril(np.ones((4, 4), bool)))
+    assert order.tolist() == [0, 1, 2, 3] and exact.all()
+    assert exact_acceptance([], [10], exact) == ([], [10])
+
+
+def test_side_branch_rows_are_marked_not_exact(artifacts):
+    """The pass reports which rows are plain-exact; the side branch's are not (and do differ)."""
+    session = _session(artifacts, "fused-fp32", 8)
+    cache = _prefill(session, _tokens(0, PROMPT))
+    ancestry = _ancestry(SIDE_BRANCH[1])
+    out = session.run(_tokens(1, 5), cache.length + ancestry.sum(1) - 1, cache.attention_mask(ancestry), cache)
+    assert out.plain_exact.tolist() == [True, False, True, True, False]  # main path: root, t4, d3 (the deepest)
 
 
 def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
@@ -249,3 +266,26 @@ def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
     assert report["identical"] and report["shape_invariant"] == 64
     done = run_cli("verify", str(tiny_artifact), "--drafter", "ngram", "--max-tokens", "8", "--limit", "1", "--threads", "1")
     assert done.returncode == 0 and "shape-invariant off" in done.stdout  # ort-cpu default
+
+
+def test_tree_drafter_greedy_equals_plain_in_the_mode(tmp_path, tmp_path_factory):
+    """End to end through the generation loop: a head drafter's trees (with the n-gram lookup branch,
+    which is often not the main path) verified in shape-invariant mode give plain decoding's tokens."""
+    from speccompile.runtime.draft_config import DraftConfig
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    from test_heads_helpers import shared_target, word_prompt_ids
+    from test_heads_runtime import PROMPTS, export_with
+
+    export_with("mtp", shared_target(tmp_path_factory), tmp_path / "art")
+    runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=False, threads=1, shape_invariant=16)
+    drafter = runner.drafter(SamplingParams())
+    drafter.inner.set_tree(DraftConfig("mtp", 4, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))))
+    accepted = 0
+    for prompt in [PROMPTS[0], word_prompt_ids(1)]:
+        plain = runner.generate_ids(prompt, 32, drafter="none")
+        spec = runner.generate_ids(prompt, 32)
+        assert spec.tokens == plain.tokens
+        accepted += sum(spec.stats.accepted)
+    assert accepted > 0

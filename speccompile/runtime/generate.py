@@ -12,6 +12,7 @@ from ..errors import InputError
 from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session, StepOutput
+from .backends.shape_invariant import exact_acceptance
 from .drafters.base import Draft, Drafter
 from .options import GenerationConfig
 from .sampling import SamplingParams, greedy_path, process_logits, sample, verify_chain, verify_tree
@@ -244,6 +245,8 @@ class Generation:
             return
         out = self._verify_pass(draft)
         accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
+        if out.plain_exact is not None:  # shape-invariant mode: only rows computed as plain decoding count
+            accepted_rows, emitted = exact_acceptance(accepted_rows, emitted, out.plain_exact)
         self._commit(draft, draft_seconds, out, accepted_rows, emitted)
 
     def _choose_draft(self) -> tuple[Draft, float]:

@@ -35,6 +35,7 @@ class KVCache:
         self._from_numpy = from_numpy
         self.max_dead = max_dead
         self.compactions = 0
+        self.row_slots: np.ndarray | None = None  # set by a session that ran the last pass's rows in another order
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """One of `tensors` as a host array (a copy for device tensors)."""
@@ -68,7 +69,9 @@ class KVCache:
         self.tensors = list(presents)
         new_live = np.zeros(num_new, dtype=bool)
         if len(keep):
-            new_live[np.asarray(keep, dtype=np.int64)] = True
+            keep = np.asarray(keep, dtype=np.int64)
+            new_live[keep if self.row_slots is None else self.row_slots[keep]] = True
+        self.row_slots = None
         self.live = np.concatenate([self.live, new_live])
 
     def truncate(self, length: int) -> None:
@@ -121,6 +124,7 @@ class BufferKVCache:
         self.max_capacity = max_capacity
         self.length = 0
         self.compactions = 0
+        self.row_slots: np.ndarray | None = None  # set by a session that ran the last pass's rows in another order
         self.binding: Any = None  # the session's I/O binding over these buffers (rebuilt when they grow)
         self.arrays: list[np.ndarray] = []
         self.tensors: list[Any] = []
@@ -158,7 +162,9 @@ class BufferKVCache:
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
         """The graph wrote `num_new` rows at [length, ...); commit those in `keep` (ascending) as the next slots."""
-        for slot, source in enumerate(int(k) for k in keep):
+        slots = self.row_slots
+        self.row_slots = None
+        for slot, source in enumerate(int(k if slots is None else slots[k]) for k in keep):
             if source != slot:
                 for array in self.arrays:
                     array[:, :, self.length + slot] = array[:, :, self.length + source]

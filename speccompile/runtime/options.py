@@ -22,7 +22,7 @@ class RunOptions:
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
     CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
     max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
-    kernels whose numerics depend on shapes; None = on for the GPU backends, off on ort-cpu.
+    kernels whose numerics depend on shapes; an int: that many rows; None = on for the GPU backends, off on ort-cpu.
     """
 
     backend: str = "ort-cpu"
@@ -34,7 +34,7 @@ class RunOptions:
     lookup_branch: bool = True
     ngram_corpus: str | Path | None = None
     contract_graph: bool = False
-    shape_invariant: bool | None = None
+    shape_invariant: bool | int | None = None
 
     def validate(self) -> "RunOptions":
         if self.backend not in BACKENDS:
