@@ -26,6 +26,9 @@ from .sampling import SamplingParams
 from .timing import EngineClock
 
 
+MAX_DRAFTERS = 8  # draft-model drafters kept per runner (one per sampling setting)
+
+
 class Runner:
     """An opened artifact plus its drafter: `generate`, `generate_ids`, `stream`, `stream_ids`.
 
@@ -53,7 +56,7 @@ class Runner:
             raise InputError("--tree: plain decoding (--drafter none) drafts nothing")
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
-        self._drafters: dict[SamplingParams, Drafter] = {}
+        self._drafters: dict[SamplingParams | None, Drafter] = {}
 
     @property
     def num_draft_tokens(self) -> int:
@@ -61,14 +64,22 @@ class Runner:
         return self.draft_config.k if self.draft_config is not None else 0
 
     def drafter(self, sampling: SamplingParams | None = None) -> Drafter | None:
-        """The drafter generations with `sampling` use (built on first use; None for plain decoding)."""
+        """The drafter generations with `sampling` use (built on first use; None for plain decoding).
+
+        Only a draft model drafts differently per sampling setting (it samples from its own distribution, with
+        its own seeded generator): it gets one drafter per setting, the most recent `MAX_DRAFTERS` kept (a server
+        with per-request seeds must not grow without bound). Every other drafter is shared by all settings."""
         if self.draft_config is None:
             return None
-        sampling = sampling or SamplingParams()
-        if sampling not in self._drafters:
-            self._drafters[sampling] = make_drafter(self.artifact, self.draft_config, sampling, self.clock,
-                                                    self.options.lookup_branch, self.ngram_corpus)
-        return self._drafters[sampling]
+        key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
+        drafter = self._drafters.pop(key, None)
+        if drafter is None:
+            drafter = make_drafter(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
+                                   self.options.lookup_branch, self.ngram_corpus)
+        self._drafters[key] = drafter  # most recently used last
+        while len(self._drafters) > MAX_DRAFTERS:
+            self._drafters.pop(next(iter(self._drafters)))
+        return drafter
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False) -> Generator:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`)."""
