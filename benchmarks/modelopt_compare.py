@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/speccompile-modelopt"))
     parser.add_argument("--calib-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--exclude-nodes", nargs="*", default=["/Gemm"],
+                        help="nodes ModelOpt leaves unquantized (default: the lm_head Gemm, which ours excludes too)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -115,7 +117,8 @@ def main() -> None:
         onnx_out = args.work / f"modelopt-{mode}.onnx"
         command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(args.exported / "target.onnx"),
                    "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
-                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format"]
+                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
+                   "--disable_mha_qdq", "--nodes_to_exclude", *args.exclude_nodes]
         print(" ".join(command), file=sys.stderr)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0 or not onnx_out.is_file():
