@@ -118,7 +118,7 @@ def main() -> None:
         command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(args.exported / "target.onnx"),
                    "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
                    "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
-                   "--disable_mha_qdq", "--nodes_to_exclude", *args.exclude_nodes]
+                   "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes]
         print(" ".join(command), file=sys.stderr)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0 or not onnx_out.is_file():
