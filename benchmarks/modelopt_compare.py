@@ -102,6 +102,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/speccompile-modelopt"))
     parser.add_argument("--calib-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--exclude-nodes", nargs="*", default=["/Gemm"],
+                        help="nodes ModelOpt leaves unquantized (default: the lm_head Gemm, which ours excludes too)")
+    parser.add_argument("--reuse", action="store_true", help="take ModelOpt outputs already in --work instead of quantizing again")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -111,11 +114,21 @@ def main() -> None:
     npz = calibration_npz(args.exported, args.work / "calib.npz", args.calib_tokens)
     candidates: dict[str, Path] = {}
     failures: dict[str, str] = {}
+    # ModelOpt rewrites the graph file it is given (node names, value infos): it gets a copy, never the export
+    source = args.work / "source"
+    if not (source / "target.onnx").is_file():
+        source.mkdir(parents=True, exist_ok=True)
+        for name in ("target.onnx", "target.onnx.data"):
+            shutil.copy2(args.exported / name, source / name)
     for mode in args.modes:
         onnx_out = args.work / f"modelopt-{mode}.onnx"
-        command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(args.exported / "target.onnx"),
+        if onnx_out.is_file() and args.reuse:
+            candidates[f"modelopt {mode}"] = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
+            continue
+        command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(source / "target.onnx"),
                    "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
-                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format"]
+                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
+                   "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes]
         print(" ".join(command), file=sys.stderr)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0 or not onnx_out.is_file():

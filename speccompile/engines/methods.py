@@ -63,7 +63,7 @@ class MethodReport:
     act_amax: dict[str, float] = field(default_factory=dict)  # activation (after renames) -> range for Q/DQ
     weight_clip: dict[str, np.ndarray] = field(default_factory=dict)
     input_scales: dict[str, dict] = field(default_factory=dict)  # activation -> {method, alpha, folded, error}
-    weight_error: dict[str, float] = field(default_factory=dict)  # weight -> relative error of its quantized product
+    weight_error: dict[str, float] = field(default_factory=dict)  # weight -> typical per-token relative error of its product
 
     def summary(self) -> dict:
         folded: dict[str, int] = {}
@@ -326,5 +326,8 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
                 xq = activation_fake_quant(x, options, amax)
                 exact = x @ w
                 got = xq @ weight_fake_quant(w, options, report.weight_clip.get(weight))
-                report.weight_error[weight] = float(np.square(exact - got).sum() / max(np.square(exact).sum(), 1e-30))
+                # medians over tokens: neither a few massive-activation tokens (huge outputs, they would hide
+                # everyone else's error) nor near-zero outputs (huge relative error, no effect) decide
+                typical = max(float(np.median(np.square(exact).sum(axis=1))), 1e-30)
+                report.weight_error[weight] = float(np.median(np.square(exact - got).sum(axis=1)) / typical)
     return report
