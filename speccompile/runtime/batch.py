@@ -1,0 +1,159 @@
+"""Continuous batching of generations over the fused CPU graph: requests join and leave between steps.
+
+Every request is a `Generation` of its own (its drafter, sampling RNG, adaptive controller, output and
+stops) whose KV rows live in one slot of shared per-layer buffers [slots, kv_heads, rows, head_dim]. Its
+prefill runs alone (a batch-1 pass on its slot). Each `step()` then does one round for every active request:
+
+    planned = generation.plan_step()      each request drafts (or not) for itself
+    one batched pass over the plain rows  every request with no draft: its pending token, q = 1, batch B
+    one pass per request with a draft     its pending token + draft on its own slot, as when alone
+    generation.complete_step(planned, out)  exact verification and commit, per request
+
+Why not one pass over every request's draft: ONNX Runtime's GroupQueryAttention (the fused graph's attention)
+accepts a batch only for one new token per sequence when there is a past ("batch_size must be 1 when
+sequence_length > 1 and past context is given"). Packing several requests into one sequence would make
+each row's attention run over other requests' masked rows, which changes its floating-point results
+(measured ~1e-6 on the logits) and is bounded by the rotary table length. The design here keeps every row's
+arithmetic identical to the request decoding alone: a batched q = 1 row computes bitwise the same logits as
+the batch-1 pass (tests/test_batch.py measures it), and speculative passes are batch-1 passes.
+
+Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
+prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
+over n rows, divided by n) and a draft of k by the measured time of a batch-1 pass over k + 1 rows. With one
+request that is the single-stream controller; with many, a shared row costs a fraction of a pass and drafting
+stops paying, so it turns off (the probe steps keep measuring whether it pays again). Seeded sampling keeps its
+fixed cost model (choices depend only on tokens), so its output is the same batched or alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from .adaptive import PassCosts
+from .backends.ort import OrtBufferSession
+from .generate import Generation, Generator, PlannedStep
+from .options import GenerationConfig
+
+
+@dataclass
+class LoadPricedCosts:
+    """The pass costs one request of a batch sees: a plain step is its share of the batched q = 1 pass;
+    a step with a draft is a batch-1 pass of its own over the pending token + the draft."""
+
+    alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
+    shared_row: float  # seconds of one row of the batched plain pass at the current batch size
+
+    @property
+    def t1(self) -> float:
+        return self.shared_row
+
+    def seconds(self, q: int) -> float:
+        return self.shared_row if q == 1 else self.alone.seconds(q)
+
+    def line(self) -> tuple[float, float]:
+        return self.alone.line()
+
+    def record(self, q: int, seconds: float) -> None:
+        self.alone.record(q, seconds)
+
+
+class BatchDecoder:
+    """Active generations in slots of shared KV buffers; `join`, `step`, `leave`.
+
+    `new_generator()` returns a Generator for one request (its own drafter) over `session`;
+    `batch_costs` collects the batched pass times by batch size."""
+
+    def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
+                 slots: int, alone_costs: PassCosts):
+        if not session.batches:
+            raise UnsupportedError(f"{session.spec.file} has batch 1 only (re-export for a batch axis)")
+        self.session = session
+        self.new_generator = new_generator
+        self.slots = slots
+        self.alone_costs = alone_costs
+        self.batch_costs = PassCosts()  # keyed by the number of rows of a batched plain pass
+        self.buffers = session.new_batch_buffers(slots, session.kv_rows)
+        self.active: list[Generation] = []  # active[i] lives in slot i
+        self.batched_passes = 0
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.active)
+
+    def join(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None) -> Generation:
+        """Prefill a new request in the next free slot (alone) and emit its first token; it decodes with the
+        batch from the next `step()` unless it is already done."""
+        if not self.free:
+            raise RuntimeError("every batch slot is taken")
+        slot = len(self.active)
+        generation = self.new_generator(config).start(prompt_ids, config, on_text, self.session.slot_cache(self.buffers, slot))
+        if not generation.done:
+            self.active.append(generation)
+        return generation
+
+    def leave(self, generation: Generation) -> None:
+        """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
+        slot = self.active.index(generation)
+        last = self.active.pop()
+        if last is generation:
+            return
+        rows = last.cache.length
+        for buffer in self.buffers:
+            buffer[slot, :, :rows] = buffer[len(self.active), :, :rows]
+        last.cache.point_at([b[slot: slot + 1] for b in self.buffers])
+        self.active[slot] = last
+
+    def step(self) -> list[Generation]:
+        """One round for every active request; returns (and removes) those that finished."""
+        if not self.active:
+            return []
+        shared_row = self._shared_row_seconds(len(self.active))
+        plans: list[PlannedStep | None] = []
+        for generation in self.active:
+            if not generation.controller.deterministic:
+                generation.controller.costs = LoadPricedCosts(self.alone_costs, shared_row)
+            plans.append(generation.plan_step())
+        plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
+        outputs = {}
+        if plain:
+            outputs.update(self._batched_pass(plans, plain))
+        for i, planned in enumerate(plans):
+            if planned is not None and planned.draft.tokens:
+                outputs[i] = self.active[i]._verify_pass(planned)
+        for i, out in outputs.items():
+            self.active[i].complete_step(plans[i], out)
+        finished = [g for g in self.active if g.done]
+        for generation in finished:
+            self.leave(generation)
+        return finished
+
+    def _batched_pass(self, plans: list[PlannedStep | None], plain: list[int]) -> dict:
+        """One q = 1 pass over slots 0..h (h: the last plain request); slots in between that draft or are
+        done get a row too (their KV row lands past what they commit, their logits are dropped)."""
+        rows = self.active[: plain[-1] + 1]
+        one = np.ones((1, 1), dtype=bool)
+        inputs = [(np.asarray([g.tokens[-1]]), np.asarray([g.cache.length]), one) for g in rows]
+        t0 = time.perf_counter()
+        outs = self.session.run_batch(self.buffers, inputs, [g.cache for g in rows])
+        seconds = time.perf_counter() - t0
+        self.batched_passes += 1
+        self.batch_costs.record(len(rows), seconds)
+        if len(rows) == 1:
+            self.alone_costs.record(1, seconds)
+        self.active[0].generator.clock.seconds += seconds
+        for i in plain:
+            self.active[i].stats.time_verify += seconds
+        return {i: outs[i] for i in plain}
+
+    def _shared_row_seconds(self, rows: int) -> float:
+        """Seconds of one row of a batched plain pass over `rows` rows (measured, else the batch-1 pass)."""
+        measured = self.batch_costs.by_q
+        if measured:  # the nearest measured batch size (a row costs less in a larger batch)
+            nearest = min(measured, key=lambda n: (abs(n - rows), n))
+            return measured[nearest] / nearest
+        return self.alone_costs.seconds(1) if self.alone_costs.t1 is not None else 1.0
