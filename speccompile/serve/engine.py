@@ -328,8 +328,10 @@ class Engine(abc.ABC):
         }})
 
 
-class SequentialEngine(Engine):
-    """One worker thread decodes the admitted requests one after another, in arrival order."""
+class _WorkerEngine(Engine):
+    """An engine whose one worker thread takes admitted requests from a queue (None: drain, then stop)."""
+
+    worker_name = "speccompile-engine"
 
     def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
         super().__init__(options, replica, runner)
@@ -338,12 +340,29 @@ class SequentialEngine(Engine):
 
     def start(self) -> None:
         if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="speccompile-engine", daemon=True)
+            self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)
             self._worker.start()
         self._accepting = True
 
     def _enqueue(self, handle: RequestHandle) -> None:
         self._jobs.put(handle)
+
+    @abc.abstractmethod
+    def _work(self) -> None:
+        """The worker thread's loop: decode what `_jobs` holds until its None."""
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        with self._lock:
+            self._accepting = False
+            if self._worker is None:
+                return
+            self._jobs.put(None)  # after every admitted request: the worker drains them first
+        self._worker.join(timeout)
+        self._worker = None
+
+
+class SequentialEngine(_WorkerEngine):
+    """One worker thread decodes the admitted requests one after another, in arrival order."""
 
     def _work(self) -> None:
         while True:
@@ -359,39 +378,20 @@ class SequentialEngine(Engine):
                 with self._lock:
                     self._running -= 1
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        with self._lock:
-            self._accepting = False
-            if self._worker is None:
-                return
-            self._jobs.put(None)  # after every admitted request: the worker drains them first
-        self._worker.join(timeout)
-        self._worker = None
 
-
-class BatchedEngine(Engine):
+class BatchedEngine(_WorkerEngine):
     """One worker thread decodes up to `max_concurrency` requests together (runtime/batch.py): requests join
     between steps (their prefill runs alone), every step is one round for all of them, a finished or cancelled
     request leaves at once and frees its slot. Each request's tokens equal its tokens decoded alone."""
 
     batched = True
+    worker_name = "speccompile-batched-engine"
 
     def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
         super().__init__(options, replica, runner)
         self._decoder = self._runner.batch_decoder(options.max_concurrency)
-        self._jobs: queue.Queue[RequestHandle | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
         self._draining = False
         self._live: dict[int, tuple[RequestHandle, object, float, list[float]]] = {}  # id(generation) -> request
-
-    def start(self) -> None:
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="speccompile-batched-engine", daemon=True)
-            self._worker.start()
-        self._accepting = True
-
-    def _enqueue(self, handle: RequestHandle) -> None:
-        self._jobs.put(handle)
 
     def _work(self) -> None:
         while True:
@@ -483,15 +483,6 @@ class BatchedEngine(Engine):
             self._failed(handle, exc)
             return
         self._finished(handle, result, started, first_text_at)
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        with self._lock:
-            self._accepting = False
-            if self._worker is None:
-                return
-            self._jobs.put(None)  # after every admitted request: the worker drains them first
-        self._worker.join(timeout)
-        self._worker = None
 
 
 def _sampling(request: GenerationRequest):
