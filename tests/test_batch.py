@@ -7,7 +7,7 @@ import pytest
 
 from speccompile.runtime import Runner
 from speccompile.runtime.adaptive import AdaptiveController, PassCosts
-from speccompile.runtime.batch import LoadPricedCosts
+from speccompile.runtime.batch import BatchDecoder, LoadPricedCosts
 from speccompile.runtime.sampling import SamplingParams
 
 PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]
@@ -68,11 +68,12 @@ def _decode_together(runner: Runner, prompts: list[list[int]], max_tokens: int, 
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
-def test_batched_greedy_equals_alone(tiny_artifact, adaptive):
+def test_batched_greedy_equals_alone(tiny_artifact, adaptive, monkeypatch):
+    monkeypatch.setattr(BatchDecoder, "initial_rows", 8)  # the slot buffers grow (and move) while decoding
     runner = Runner(tiny_artifact, drafter="ngram", threads=1, adaptive=adaptive)
     prompts = [_ids(runner, p) for p in PROMPTS]
     together, decoder = _decode_together(runner, prompts, 24)
-    assert decoder.batched_passes > 0
+    assert decoder.batched_passes > 0 and decoder.rows > 8
     drafted = 0
     for ids, result in zip(prompts, together):
         alone = runner.generate_ids(ids, 24)
@@ -107,3 +108,16 @@ def test_load_priced_costs_turn_drafting_off_under_load():
 
     assert k_for(0.020) > 0  # one request: its plain pass is a whole pass
     assert k_for(0.030 / 8) == 0  # eight requests share a 30 ms pass: a row costs 3.75 ms
+
+
+def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    decoder = runner.batch_decoder(8)
+    decoder.alone_costs.by_q.clear()
+    decoder.alone_costs.by_q.update({1: 0.020})
+    decoder.alone_costs.slope = 0.004  # a draft of k costs 20 + 4k ms alone
+    decoder.active = [decoder.join(runner.artifact.tokenizer.prompt_ids("abc abc", chat=False), runner.config(50))]
+    decoder.batch_costs.by_q.clear()
+    decoder.batch_costs.by_q.update({1: 0.020, 8: 0.030})
+    assert decoder.drafting_pays(decoder.shared_row_seconds(1))  # alone: 9 tokens in 52 ms beat 1 in 20 ms
+    assert not decoder.drafting_pays(decoder.shared_row_seconds(8))  # 1 token per 3.75 ms row beats any draft

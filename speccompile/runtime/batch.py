@@ -65,8 +65,13 @@ class LoadPricedCosts:
 class BatchDecoder:
     """Active generations in slots of shared KV buffers; `join`, `step`, `leave`.
 
+    The buffers start with `initial_rows` KV rows per slot and double (up to the graph's rows) when a request
+    needs more: memory follows the longest request, not slots x context.
+
     `new_generator()` returns a Generator for one request (its own drafter) over `session`;
     `batch_costs` collects the batched pass times by batch size."""
+
+    initial_rows = 512
 
     def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
                  slots: int, alone_costs: PassCosts):
@@ -77,7 +82,8 @@ class BatchDecoder:
         self.slots = slots
         self.alone_costs = alone_costs
         self.batch_costs = PassCosts()  # keyed by the number of rows of a batched plain pass
-        self.buffers = session.new_batch_buffers(slots, session.kv_rows)
+        self.rows = min(session.kv_rows, self.initial_rows)  # KV rows per slot now (grows like BufferKVCache)
+        self.buffers = session.new_batch_buffers(slots, self.rows)
         self.active: list[Generation] = []  # active[i] lives in slot i
         self.batched_passes = 0
 
@@ -91,7 +97,9 @@ class BatchDecoder:
         if not self.free:
             raise RuntimeError("every batch slot is taken")
         slot = len(self.active)
-        generation = self.new_generator(config).start(prompt_ids, config, on_text, self.session.slot_cache(self.buffers, slot))
+        generator = self.new_generator(config)
+        self._ensure_rows(len(prompt_ids) + generator.max_verify_tokens)
+        generation = generator.start(prompt_ids, config, on_text, self.session.slot_cache(self.buffers, slot))
         if not generation.done:
             self.active.append(generation)
         return generation
@@ -108,16 +116,32 @@ class BatchDecoder:
         last.cache.point_at([b[slot: slot + 1] for b in self.buffers])
         self.active[slot] = last
 
+    def _ensure_rows(self, rows: int) -> None:
+        """Grow every slot to hold `rows` KV rows (doubling, bounded by the graph's), keeping the active rows."""
+        if rows <= self.rows:
+            return
+        self.rows = min(self.session.kv_rows, max(rows, 2 * self.rows))
+        old, self.buffers = self.buffers, self.session.new_batch_buffers(self.slots, self.rows)
+        for slot, generation in enumerate(self.active):
+            length = generation.cache.length
+            for new, previous in zip(self.buffers, old):
+                new[slot, :, :length] = previous[slot, :, :length]
+            generation.cache.point_at([b[slot: slot + 1] for b in self.buffers])
+
     def step(self) -> list[Generation]:
         """One round for every active request; returns (and removes) those that finished."""
         if not self.active:
             return []
-        shared_row = self._shared_row_seconds(len(self.active))
+        self._ensure_rows(max(g.cache.length for g in self.active) + max(g.generator.max_verify_tokens for g in self.active))
+        shared_row = self.shared_row_seconds(len(self.active))
+        drafting = self.drafting_pays(shared_row)
         plans: list[PlannedStep | None] = []
         for generation in self.active:
-            if not generation.controller.deterministic:
-                generation.controller.costs = LoadPricedCosts(self.alone_costs, shared_row)
-            plans.append(generation.plan_step())
+            controller = generation.controller
+            if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
+                controller.costs = LoadPricedCosts(self.alone_costs, shared_row)
+                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own
+            plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive))
         plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
         outputs = {}
         if plain:
@@ -150,10 +174,16 @@ class BatchDecoder:
             self.active[i].stats.time_verify += seconds
         return {i: outs[i] for i in plain}
 
-    def _shared_row_seconds(self, rows: int) -> float:
-        """Seconds of one row of a batched plain pass over `rows` rows (measured, else the batch-1 pass)."""
-        measured = self.batch_costs.by_q
-        if measured:  # the nearest measured batch size (a row costs less in a larger batch)
-            nearest = min(measured, key=lambda n: (abs(n - rows), n))
-            return measured[nearest] / nearest
-        return self.alone_costs.seconds(1) if self.alone_costs.t1 is not None else 1.0
+    def shared_row_seconds(self, rows: int) -> float:
+        """Seconds of one row of a batched plain pass over `rows` rows: measured, else the line through the
+        measured sizes (a batch of one is a batch-1 pass: its time seeds the line)."""
+        if self.batch_costs.t1 is None and self.alone_costs.t1 is not None:
+            self.batch_costs.by_q[1] = self.alone_costs.t1
+        return self.batch_costs.seconds(rows) / rows
+
+    def drafting_pays(self, shared_row: float) -> bool:
+        """Whether any draft could pay at this load: k drafts all accepted give k + 1 tokens for a batch-1
+        pass over k + 1 rows; a plain step gives one token for one shared row. When not even that pays,
+        nobody drafts this step."""
+        most = max(g.config.num_draft_tokens for g in self.active)
+        return any((k + 1) / self.alone_costs.seconds(k + 1) > 1 / shared_row for k in range(1, most + 1))

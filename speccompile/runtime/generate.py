@@ -255,10 +255,11 @@ class Generation:
             return
         self.complete_step(planned, self._verify_pass(planned))
 
-    def plan_step(self) -> "PlannedStep | None":
-        """The draft and the target pass inputs of the next round; None when the context is full (then `done`).
-        A batch driver runs the passes of several generations together between `plan_step` and `complete_step`."""
-        draft, draft_seconds = self._choose_draft()
+    def plan_step(self, drafting: bool = True) -> "PlannedStep | None":
+        """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
+        is full (then `done`). A batch driver runs the passes of several generations together between
+        `plan_step` and `complete_step`."""
+        draft, draft_seconds = self._choose_draft() if drafting else (Draft([]), 0.0)
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
         if self.cache.length + q > self.generator.max_context:
