@@ -18,7 +18,8 @@ def _ids(runner: Runner, text: str) -> list[int]:
 
 
 def test_batched_rows_equal_batch_one_bitwise(tiny_artifact):
-    """What batching rests on: a sequence's q = 1 row in a batched pass gives the same bits as alone."""
+    """What batching rests on: a prompt prefilled in a batch, and a sequence's q = 1 row in a batched pass,
+    give the same bits as alone (the KV the batched prefill wrote then serves the batched steps)."""
     session = Runner(tiny_artifact, drafter="none", threads=1).artifact.target
     assert session.batches
     rng = np.random.default_rng(0)
@@ -31,15 +32,17 @@ def test_batched_rows_equal_batch_one_bitwise(tiny_artifact):
         cache.append(out.presents, range(len(prompt)), len(prompt))
         return out.logits
 
-    alone = []
+    alone, alone_prefill = [], []
     for prompt, token in zip(prompts, tokens):
         cache = session.new_cache()
-        prefill(cache, prompt)
+        alone_prefill.append(prefill(cache, prompt)[-1].copy())
         alone.append(session.run(np.asarray([token]), np.asarray([len(prompt)]), cache.attention_mask(tril(1)), cache).logits)
     buffers = session.new_batch_buffers(len(prompts), session.kv_rows)
     caches = [session.slot_cache(buffers, b) for b in range(len(prompts))]
-    for cache, prompt in zip(caches, prompts):
-        prefill(cache, prompt)
+    together = session.prefill_batch(buffers, 0, prompts)  # right-padded prompts in one pass
+    for b, (cache, prompt) in enumerate(zip(caches, prompts)):
+        assert np.array_equal(together[b], alone_prefill[b]), b
+        cache.append([], range(len(prompt)), len(prompt))
     for batch in (1, 2, len(prompts)):
         rows = [(np.asarray([t]), np.asarray([c.length]), tril(1)) for t, c in zip(tokens[:batch], caches[:batch])]
         outs = session.run_batch(buffers, rows, caches[:batch])
@@ -53,9 +56,10 @@ def _decode_together(runner: Runner, prompts: list[list[int]], max_tokens: int, 
     waiting = list(enumerate(prompts))
     running, results = {}, {}
     while waiting or running:
-        while waiting and decoder.free:
-            i, ids = waiting.pop(0)
-            generation = decoder.join(ids, runner.config(max_tokens, sampling))
+        batch = waiting[: decoder.free]
+        del waiting[: len(batch)]
+        joined = decoder.join_many([(ids, runner.config(max_tokens, sampling), None) for _, ids in batch])
+        for (i, _), generation in zip(batch, joined):
             if generation.done:
                 results[i] = generation.result()
             else:
@@ -89,7 +93,7 @@ def test_batched_seeded_sampling_equals_alone(tiny_artifact):
     prompts = [_ids(runner, p) for p in PROMPTS[:4]]
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in range(len(prompts))]
     decoder = runner.batch_decoder(4)
-    generations = [decoder.join(ids, runner.config(20, p)) for ids, p in zip(prompts, params)]
+    generations = decoder.join_many([(ids, runner.config(20, p), None) for ids, p in zip(prompts, params)])
     while decoder.active:
         decoder.step()
     for ids, p, generation in zip(prompts, params, generations):

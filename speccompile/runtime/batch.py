@@ -104,6 +104,47 @@ class BatchDecoder:
             self.active.append(generation)
         return generation
 
+    def join_many(self, requests: list[tuple[list[int], GenerationConfig, Callable[[str], None] | None]]) -> list:
+        """Join several requests (at most `free`): prompts that fit one prefill chunk are prefilled together in
+        one pass (bitwise the logits and KV of prefilling each alone), the others alone. Returns, per request,
+        its Generation or the exception that refused it."""
+        if len(requests) > self.free:
+            raise RuntimeError("more requests than free batch slots")
+        together = [i for i, (ids, config, _) in enumerate(requests) if self._prefills_together(ids, config)]
+        if len(together) < 2:
+            together = []
+        results: list = [None] * len(requests)
+        if together:
+            first = len(self.active)
+            generators = [self.new_generator(requests[i][1]) for i in together]
+            self._ensure_rows(max(len(requests[i][0]) + g.max_verify_tokens for i, g in zip(together, generators)))
+            t0 = time.perf_counter()
+            logits = self.session.prefill_batch(self.buffers, first, [np.asarray(requests[i][0]) for i in together])
+            generators[0].clock.seconds += time.perf_counter() - t0
+            for slot, (i, generator, last) in enumerate(zip(together, generators, logits), start=first):
+                ids, config, on_text = requests[i]
+                cache = self.session.slot_cache(self.buffers, slot)
+                cache.append([], range(len(ids)), len(ids))
+                results[i] = generator.start(ids, config, on_text, cache, last)
+                self.active.append(results[i])
+            for generation in [g for g in results if isinstance(g, Generation) and g.done]:
+                self.leave(generation)
+        for i, (ids, config, on_text) in enumerate(requests):
+            if i not in together:
+                try:
+                    results[i] = self.join(ids, config, on_text)
+                except Exception as exc:
+                    results[i] = exc
+        return results
+
+    def _prefills_together(self, ids: list[int], config: GenerationConfig) -> bool:
+        """A valid request whose prompt is one prefill chunk (the others join alone, where errors are raised)."""
+        try:
+            config.validate()
+        except Exception:
+            return False
+        return 0 < len(ids) <= config.prefill_chunk and len(ids) + 1 <= (self.session.max_context or len(ids) + 1)
+
     def leave(self, generation: Generation) -> None:
         """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
         slot = self.active.index(generation)

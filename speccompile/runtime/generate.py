@@ -176,10 +176,11 @@ class Generator:
         self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
 
     def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
-              cache: KVCache | BufferKVCache | None = None) -> "Generation":
+              cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None) -> "Generation":
         """Prefill `prompt_ids` and emit the first token; `step()` the result until it is `done`.
-        `cache`: the (empty) KV cache to decode into (default: a new one of the target's)."""
-        return Generation(self, prompt_ids, config, on_text, cache)
+        `cache`: the (empty) KV cache to decode into (default: a new one of the target's); `prefilled`: the
+        prompt's last logits when `cache` holds its rows already (a batched prefill)."""
+        return Generation(self, prompt_ids, config, on_text, cache, prefilled)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
@@ -211,7 +212,8 @@ class Generation:
     """
 
     def __init__(self, generator: Generator, prompt_ids: list[int], config: GenerationConfig,
-                 on_text: Callable[[str], None] | None, cache: KVCache | BufferKVCache | None = None):
+                 on_text: Callable[[str], None] | None, cache: KVCache | BufferKVCache | None = None,
+                 prefilled: np.ndarray | None = None):
         config.validate()
         if not prompt_ids:
             raise InputError("--prompt: the prompt is empty")
@@ -237,7 +239,10 @@ class Generation:
             self.drafter.plan_with(self.controller.relative_costs if config.adaptive else None, fresh=self.controller.deterministic)
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = _Output(generator.tokenizer, config, generator.eos_ids, on_text)
-        last_logits = self._prefill(list(prompt_ids))
+        if prefilled is None:
+            last_logits = self._prefill(list(prompt_ids))
+        else:
+            last_logits, self.stats.prefill_passes = prefilled, 1
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1
         first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)

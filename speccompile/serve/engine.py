@@ -395,15 +395,10 @@ class BatchedEngine(_WorkerEngine):
 
     def _work(self) -> None:
         while True:
-            self._admit()
+            self._join_all(self._take(wait=not self._live))
             if not self._live:
                 if self._draining:
                     return
-                handle = self._jobs.get()  # idle: wait for work
-                if handle is None:
-                    self._draining = True
-                    continue
-                self._join(handle)
                 continue
             self._drop_cancelled()
             try:
@@ -419,50 +414,58 @@ class BatchedEngine(_WorkerEngine):
                 self._release(generation)
                 self._finish_generation(handle, generation, started, first_text_at)
 
-    def _admit(self) -> None:
-        """Join waiting requests while slots are free (without blocking)."""
-        while self._decoder.free and not self._draining:
+    def _take(self, wait: bool) -> list[RequestHandle]:
+        """Admitted requests for the free slots (waiting for the first one when `wait`); None ends the intake."""
+        handles: list[RequestHandle] = []
+        while len(handles) < self._decoder.free and not self._draining:
             try:
-                handle = self._jobs.get_nowait()
+                handle = self._jobs.get() if wait and not handles else self._jobs.get_nowait()
             except queue.Empty:
-                return
+                break
             if handle is None:
                 self._draining = True
-                return
-            self._join(handle)
+            else:
+                handles.append(handle)
+        return handles
 
-    def _join(self, handle: RequestHandle) -> None:
+    def _join_all(self, handles: list[RequestHandle]) -> None:
+        """Start the requests in free slots (prompts prefilled together where they can be)."""
+        starting = []
+        for handle in handles:
+            with self._lock:
+                self._waiting -= 1
+                self._running += 1
+            started = time.perf_counter()
+            if handle.cancelled:
+                self._release_slotless(handle)
+                self._cancelled(handle, started)
+                continue
+            first_text_at: list[float] = []
+            try:
+                config = self._runner.config(handle.request.max_tokens, _sampling(handle.request), list(handle.request.stop))
+            except Exception as exc:
+                self._release_slotless(handle)
+                self._failed(handle, exc)
+                continue
+            starting.append((handle, started, first_text_at, config))
+        if not starting:
+            return
+        joined = self._decoder.join_many([(list(h.request.prompt_ids), config, _text_sender(h, first))
+                                          for h, _, first, config in starting])
+        for (handle, started, first_text_at, _), generation in zip(starting, joined):
+            if isinstance(generation, Exception):
+                self._release_slotless(handle)
+                self._failed(handle, generation)
+            elif generation.done:
+                self._release_slotless(handle)
+                self._finish_generation(handle, generation, started, first_text_at)
+            else:
+                self._live[id(generation)] = (handle, generation, started, first_text_at)
+
+    def _release_slotless(self, handle: RequestHandle) -> None:
+        """A request that ended before decoding with the batch (refused, cancelled, or done at its first token)."""
         with self._lock:
-            self._waiting -= 1
-            self._running += 1
-        started = time.perf_counter()
-        if handle.cancelled:
-            with self._lock:
-                self._running -= 1
-            self._cancelled(handle, started)
-            return
-        first_text_at: list[float] = []
-
-        def on_text(delta: str) -> None:
-            if not first_text_at:
-                first_text_at.append(time.perf_counter())
-            handle.emit(TextDelta(delta))
-
-        request = handle.request
-        try:
-            config = self._runner.config(request.max_tokens, _sampling(request), list(request.stop))
-            generation = self._decoder.join(list(request.prompt_ids), config, on_text)
-        except Exception as exc:
-            with self._lock:
-                self._running -= 1
-            self._failed(handle, exc)
-            return
-        if generation.done:
-            with self._lock:
-                self._running -= 1
-            self._finish_generation(handle, generation, started, first_text_at)
-            return
-        self._live[id(generation)] = (handle, generation, started, first_text_at)
+            self._running -= 1
 
     def _drop_cancelled(self) -> None:
         for handle, generation, started, _ in list(self._live.values()):
@@ -483,6 +486,17 @@ class BatchedEngine(_WorkerEngine):
             self._failed(handle, exc)
             return
         self._finished(handle, result, started, first_text_at)
+
+
+def _text_sender(handle: RequestHandle, first_text_at: list[float]):
+    """The text callback of a batched request: stream deltas, note the time of the first."""
+
+    def on_text(delta: str) -> None:
+        if not first_text_at:
+            first_text_at.append(time.perf_counter())
+        handle.emit(TextDelta(delta))
+
+    return on_text
 
 
 def _sampling(request: GenerationRequest):

@@ -238,23 +238,49 @@ class OrtBufferSession(OrtSession):
             bias[b, 0, :n, length: length + n] = np.where(mask, np.float32(0), np.float32(-np.inf))
             pad = np.arange(n, q)
             bias[b, 0, pad, length + pad] = 0
+        arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths])
+        return [StepOutput(logits=arrays[0][b, :len(r[0])], presents=c.tensors,
+                           hidden=arrays[1][b, :len(r[0])] if self.hidden_name else None)
+                for b, (r, c) in enumerate(zip(rows, caches))]
+
+    def prefill_batch(self, buffers: list[np.ndarray], first_slot: int, prompts: list[np.ndarray]) -> list[np.ndarray]:
+        """Prompts without past into slots first_slot.. of `buffers` in one pass (right-padded to the longest;
+        GroupQueryAttention takes a batch when no sequence has a past); each prompt's last logits.
+        The callers then commit len(prompt) rows of each slot cache."""
+        batch, q = len(prompts), max(len(p) for p in prompts)
+        ids = np.zeros((batch, q), dtype=np.int64)
+        positions = np.tile(np.arange(q, dtype=np.int64), (batch, 1))
+        causal = np.where(np.tril(np.ones((q, q), dtype=bool)), np.float32(0), np.float32(-np.inf))
+        bias = np.repeat(causal[None, None], batch, axis=0)
+        for b, prompt in enumerate(prompts):
+            n = len(prompt)
+            ids[b, :n] = prompt
+            bias[b, 0, :, n:] = -np.inf
+            pad = np.arange(n, q)
+            bias[b, 0, pad, pad] = 0  # a padding row sees only its own slot
+        arrays = self._run_slots([b[first_slot: first_slot + batch] for b in buffers], ids, positions, bias,
+                                 [len(p) - 1 for p in prompts])
+        return [arrays[0][b, len(p) - 1] for b, p in enumerate(prompts)]
+
+    def _run_slots(self, buffers: list[np.ndarray], ids: np.ndarray, positions: np.ndarray, bias: np.ndarray,
+                   seqlens_k: list[int]) -> list[np.ndarray]:
+        """One pass over the sequences of `buffers` (views [B, ...], written in place); the step outputs [B, q, width]."""
+        batch, q = ids.shape
         binding = self.session.io_binding()
         for past, present, buffer in zip(self.past_names, self.present_names, buffers):
-            value = self._to_ort(buffer[:batch])
+            value = self._to_ort(buffer)
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("position_ids", positions)
         binding.bind_cpu_input("attention_bias", bias)
-        binding.bind_cpu_input("seqlens_k", np.asarray([length + q - 1 for length in lengths], dtype=np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        binding.bind_cpu_input("seqlens_k", np.asarray(seqlens_k, dtype=np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(bias.shape[-1], dtype=np.int32))
         arrays = [np.empty((batch, q, width), dtype=np.float32) for width in self._widths]
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))
         self.session.run_with_iobinding(binding)
-        return [StepOutput(logits=arrays[0][b, :len(r[0])], presents=c.tensors,
-                           hidden=arrays[1][b, :len(r[0])] if self.hidden_name else None)
-                for b, (r, c) in enumerate(zip(rows, caches))]
+        return arrays
 
     def _binding_for(self, cache: BufferKVCache):
         """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow
