@@ -450,8 +450,9 @@ class BatchedEngine(_WorkerEngine):
             starting.append((handle, started, first_text_at, config))
         if not starting:
             return
+        starting.sort(key=lambda s: len(s[0].request.prompt_ids))  # shortest prefill first: earlier first tokens
         joined = self._decoder.join_many([(list(h.request.prompt_ids), config, _text_sender(h, first))
-                                          for h, _, first, config in starting])
+                                          for h, _, first, config in starting], prefill_together=False)
         for (handle, started, first_text_at, _), generation in zip(starting, joined):
             if isinstance(generation, Exception):
                 self._release_slotless(handle)
