@@ -194,7 +194,7 @@ class BatchDecoder:
             outputs.update(self._batched_pass(plans, plain))
         for i, planned in enumerate(plans):
             if planned is not None and planned.draft.tokens:
-                outputs[i] = self.active[i]._verify_pass(planned)
+                outputs[i] = self.active[i].verify_pass(planned)
         for i, out in outputs.items():
             self.active[i].complete_step(plans[i], out)
         finished = [g for g in self.active if g.done]

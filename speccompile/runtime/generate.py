@@ -206,7 +206,7 @@ class Generation:
     """One prompt in progress. Each `step()` is one draft -> verify -> commit round:
 
     planned = self.plan_step()          the drafter's proposal (sized by the adaptive controller) + pass inputs
-    out = self._verify_pass(planned)    one target pass over the pending token + the draft
+    out = self.verify_pass(planned)     one target pass over the pending token + the draft
     accepted, emitted = _verify_draft(draft, ...)   exact acceptance (greedy or the chain/tree rule)
     self._commit(draft, out, accepted, emitted)     KV rows kept, drafter told, tokens emitted
     """
@@ -258,7 +258,7 @@ class Generation:
         planned = self.plan_step()
         if planned is None:
             return
-        self.complete_step(planned, self._verify_pass(planned))
+        self.complete_step(planned, self.verify_pass(planned))
 
     def plan_step(self, drafting: bool = True) -> "PlannedStep | None":
         """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
@@ -306,7 +306,7 @@ class Generation:
             return Draft([]), seconds
         return draft, seconds
 
-    def _verify_pass(self, planned: "PlannedStep") -> StepOutput:
+    def verify_pass(self, planned: "PlannedStep") -> StepOutput:
         """One target pass over the pending token and the draft (chain: causal; tree: ancestry mask)."""
         t0 = time.perf_counter()
         out = self.generator.target.run(planned.ids, planned.positions, self.cache.attention_mask(planned.new_mask), self.cache)
