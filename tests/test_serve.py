@@ -382,3 +382,32 @@ def test_ray_two_replicas_serve_concurrent_requests(artifact, runner):
             assert process.stop() == 0
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_concurrent_greedy_requests_are_batched_and_equal_runner(artifact, runner):
+    """Four requests at once on the batched engine: each answer equals the Runner's alone, streaming or not."""
+    prompts = ["hello world", "abc abc abc abc", "The quick brown fox", "x"]
+    expected = [runner.generate(p, chat=False, max_tokens=48).text for p in prompts]
+    with ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--max-concurrency", "4") as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+        def ask(i: int) -> tuple[str, dict]:
+            kwargs = dict(model=MODEL, prompt=prompts[i], max_tokens=48, temperature=0)
+            if i % 2:
+                chunks = list(client.completions.create(**kwargs, stream=True))
+                return "".join(c.choices[0].text for c in chunks), chunks[-1].model_extra["speculative"]
+            response = client.completions.create(**kwargs)
+            return response.choices[0].text, response.model_extra["speculative"]
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = list(pool.map(ask, range(len(prompts))))
+    assert [text for text, _ in answers] == expected
+    assert all(stats["batched"] for _, stats in answers)
+
+
+def test_no_batching_flag_serves_sequentially(artifact, runner):
+    expected = runner.generate("abc", chat=False, max_tokens=8).text
+    with ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--no-batching") as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        response = client.completions.create(model=MODEL, prompt="abc", max_tokens=8, temperature=0)
+    assert response.choices[0].text == expected and response.model_extra["speculative"]["batched"] is False

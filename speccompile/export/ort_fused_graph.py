@@ -51,6 +51,7 @@ _BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
 _DESCRIPTIONS = {"cpu": "fused ONNX Runtime CPU graph", "cuda": "ONNX Runtime CUDA graph (GPU variant)"}
 FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
 _MS = "com.microsoft"
+BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
 _ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 
 
@@ -275,28 +276,31 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     if cfg.tie_word_embeddings:
         flat = n("Reshape", [final, const("lm_head.flat_shape", [-1, hidden])])[0]
         logits2d = n("Gemm", [flat, embed], transB=1)[0]
-        n("Unsqueeze", [logits2d, const("lm_head.batch_axis", [0])], [raw_logits])
+        # [batch * q, V] -> [batch, q, V]: the same bytes as batch 1's Unsqueeze, any batch
+        rows_shape = n("Shape", ["input_ids"])[0]
+        logits_shape = n("Concat", [rows_shape, const("lm_head.vocab", [cfg.vocab_size])], axis=0)[0]
+        n("Reshape", [logits2d, logits_shape], [raw_logits])
     else:
         n("MatMul", [final, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], [raw_logits])
     if raw_logits != "logits":
         n("Cast", [raw_logits], ["logits"], to=TensorProto.FLOAT)  # the contract graph's logits are float32 too
-    outputs = [_value("logits", TensorProto.FLOAT, [1, "q_len", cfg.vocab_size])]
+    outputs = [_value("logits", TensorProto.FLOAT, [BATCH, "q_len", cfg.vocab_size])]
     if target == "cuda":  # greedy decoding reads q integers back instead of q x vocab floats
         n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
-        outputs.append(_value("next_tokens", TensorProto.INT64, [1, "q_len"]))
-    cache_shape = [1, kv_heads, "kv_capacity", dim]
+        outputs.append(_value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
+    cache_shape = [BATCH, kv_heads, "kv_capacity", dim]
     outputs += [_value(name, elem, cache_shape) for name in presents]
     if decoder.hidden_mode == "final":
         n("Identity", [final], ["hidden_states"])
-        outputs.append(_value("hidden_states", elem, [1, "q_len", hidden]))
+        outputs.append(_value("hidden_states", elem, [BATCH, "q_len", hidden]))
     elif decoder.hidden_mode == "eagle3":
         n("Concat", taps, ["aux_hidden_states"], axis=-1)
-        outputs.append(_value("aux_hidden_states", elem, [1, "q_len", hidden * len(taps)]))
+        outputs.append(_value("aux_hidden_states", elem, [BATCH, "q_len", hidden * len(taps)]))
     inputs = [
-        _value("input_ids", TensorProto.INT64, [1, "q_len"]),
-        _value("position_ids", TensorProto.INT64, [1, "q_len"]),
-        *([_value("attention_bias", TensorProto.FLOAT, [1, 1, "q_len", "total_len"])] if target == "cpu" else []),
-        _value("seqlens_k", TensorProto.INT32, [1]),
+        _value("input_ids", TensorProto.INT64, [BATCH, "q_len"]),
+        _value("position_ids", TensorProto.INT64, [BATCH, "q_len"]),
+        *([_value("attention_bias", TensorProto.FLOAT, [BATCH, 1, "q_len", "total_len"])] if target == "cpu" else []),
+        _value("seqlens_k", TensorProto.INT32, [BATCH]),
         _value("total_sequence_length", TensorProto.INT32, []),
     ]
     for i in range(cfg.num_hidden_layers):

@@ -14,6 +14,7 @@ from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session, StepOutput
 from .backends.shape_invariant import exact_acceptance
 from .drafters.base import Draft, Drafter
+from .kvcache import BufferKVCache, KVCache
 from .options import GenerationConfig
 from .sampling import SamplingParams, greedy_path, process_logits, sample, verify_chain, verify_tree
 from .timing import EngineClock, TimedSession
@@ -175,9 +176,12 @@ class Generator:
         self.max_verify_tokens = max_verify_tokens
         self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
 
-    def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None) -> "Generation":
-        """Prefill `prompt_ids` and emit the first token; `step()` the result until it is `done`."""
-        return Generation(self, prompt_ids, config, on_text)
+    def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
+              cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None) -> "Generation":
+        """Prefill `prompt_ids` and emit the first token; `step()` the result until it is `done`.
+        `cache`: the (empty) KV cache to decode into (default: a new one of the target's); `prefilled`: the
+        prompt's last logits when `cache` holds its rows already (a batched prefill)."""
+        return Generation(self, prompt_ids, config, on_text, cache, prefilled)
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
@@ -188,17 +192,29 @@ class Generator:
         return generation.result()
 
 
+@dataclass
+class PlannedStep:
+    """One round's draft and the target pass it needs: the pending token + the draft, their positions and mask."""
+
+    draft: Draft
+    draft_seconds: float
+    ids: np.ndarray  # int64 [q]
+    positions: np.ndarray  # int64 [q]
+    new_mask: np.ndarray  # bool [q, q]: causal (chain) or ancestry (tree)
+
+
 class Generation:
     """One prompt in progress. Each `step()` is one draft -> verify -> commit round:
 
-    draft = self._choose_draft()        the drafter's proposal, sized by the adaptive controller
-    out = self._verify_pass(draft)      one target pass over the pending token + the draft
+    planned = self.plan_step()          the drafter's proposal (sized by the adaptive controller) + pass inputs
+    out = self.verify_pass(planned)     one target pass over the pending token + the draft
     accepted, emitted = _verify_draft(draft, ...)   exact acceptance (greedy or the chain/tree rule)
     self._commit(draft, out, accepted, emitted)     KV rows kept, drafter told, tokens emitted
     """
 
     def __init__(self, generator: Generator, prompt_ids: list[int], config: GenerationConfig,
-                 on_text: Callable[[str], None] | None):
+                 on_text: Callable[[str], None] | None, cache: KVCache | BufferKVCache | None = None,
+                 prefilled: np.ndarray | None = None):
         config.validate()
         if not prompt_ids:
             raise InputError("--prompt: the prompt is empty")
@@ -222,9 +238,12 @@ class Generation:
         if self.drafter is not None:
             self.drafter.reset()
             self.drafter.plan_with(self.controller.relative_costs if config.adaptive else None, fresh=self.controller.deterministic)
-        self.cache = generator.target.new_cache()
+        self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = _Output(generator.tokenizer, config, generator.eos_ids, on_text)
-        last_logits = self._prefill(list(prompt_ids))
+        if prefilled is None:
+            last_logits = self._prefill(list(prompt_ids))
+        else:
+            last_logits, self.stats.prefill_passes = prefilled, 1
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1
         first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)
@@ -237,17 +256,35 @@ class Generation:
 
     def step(self) -> None:
         """One draft -> verify -> commit round (sets `done` when generation ends)."""
-        draft, draft_seconds = self._choose_draft()
+        planned = self.plan_step()
+        if planned is None:
+            return
+        self.complete_step(planned, self.verify_pass(planned))
+
+    def plan_step(self, drafting: bool = True) -> "PlannedStep | None":
+        """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
+        is full (then `done`). A batch driver runs the passes of several generations together between
+        `plan_step` and `complete_step`."""
+        draft, draft_seconds = self._choose_draft() if drafting else (Draft([]), 0.0)
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
         if self.cache.length + q > self.generator.max_context:
             self.finish, self.done = "context", True
-            return
-        out = self._verify_pass(draft)
+            return None
+        past = self.cache.length
+        if draft.tree is not None:
+            new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
+        else:
+            new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
+        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask)
+
+    def complete_step(self, planned: "PlannedStep", out: StepOutput) -> None:
+        """Verify the pass's logits against the draft and commit the round."""
+        draft = planned.draft
         accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
         if out.plain_exact is not None:  # shape-invariant mode: only rows computed as plain decoding count
             accepted_rows, emitted = exact_acceptance(accepted_rows, emitted, out.plain_exact)
-        self._commit(draft, draft_seconds, out, accepted_rows, emitted)
+        self._commit(draft, planned.draft_seconds, out, accepted_rows, emitted)
 
     def _choose_draft(self) -> tuple[Draft, float]:
         """The drafter's proposal for this step, sized by what pays and what fits (empty: a plain step)."""
@@ -272,19 +309,13 @@ class Generation:
             return Draft([]), seconds
         return draft, seconds
 
-    def _verify_pass(self, draft: Draft) -> StepOutput:
+    def verify_pass(self, planned: "PlannedStep") -> StepOutput:
         """One target pass over the pending token and the draft (chain: causal; tree: ancestry mask)."""
-        q, past = 1 + len(draft.tokens), self.cache.length
-        if draft.tree is not None:
-            new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
-        else:
-            new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
-        ids = np.asarray([self.tokens[-1], *draft.tokens])
         t0 = time.perf_counter()
-        out = self.generator.target.run(ids, positions, self.cache.attention_mask(new_mask), self.cache)
+        out = self.generator.target.run(planned.ids, planned.positions, self.cache.attention_mask(planned.new_mask), self.cache)
         seconds = time.perf_counter() - t0
         self.stats.time_verify += seconds
-        self.controller.record_pass(q, seconds)
+        self.controller.record_pass(len(planned.ids), seconds)
         return out
 
     def _commit(self, draft: Draft, draft_seconds: float, out: StepOutput, accepted_rows: list[int], emitted: list[int]) -> None:

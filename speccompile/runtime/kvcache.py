@@ -128,7 +128,25 @@ class BufferKVCache:
         self.binding: Any = None  # the session's I/O binding over these buffers (rebuilt when they grow)
         self.arrays: list[np.ndarray] = []
         self.tensors: list[Any] = []
+        self.fixed = False  # views into a shared buffer (a slot of a batch): never reallocated
         self._allocate(count, capacity)
+
+    @classmethod
+    def over(cls, arrays: list[np.ndarray], wrap: Callable[[np.ndarray], Any]) -> "BufferKVCache":
+        """An empty cache over existing [1, kv_heads, capacity, head_dim] arrays (one slot of a batched
+        buffer); it cannot grow past their capacity."""
+        cache = cls.__new__(cls)
+        cache._shape, cache._dtype, cache._wrap = (1, arrays[0].shape[1], 0, arrays[0].shape[3]), arrays[0].dtype, wrap
+        cache.max_capacity, cache.length, cache.compactions, cache.binding, cache.fixed = arrays[0].shape[2], 0, 0, None, True
+        cache.row_slots = None
+        cache.point_at(arrays)
+        return cache
+
+    def point_at(self, arrays: list[np.ndarray]) -> None:
+        """Use `arrays` (holding this cache's rows already) from now on (a batch slot that moved)."""
+        self.arrays = list(arrays)
+        self.tensors = [self._wrap(a) for a in self.arrays]
+        self.binding = None
 
     def _allocate(self, count: int, capacity: int) -> None:
         shape = (*self._shape[:2], capacity, self._shape[3])
@@ -150,6 +168,8 @@ class BufferKVCache:
         """Make room for `total` rows (doubling, so growth copies the cache O(log n) times)."""
         if total <= self.capacity:
             return
+        if self.fixed:
+            raise ValueError(f"a batch slot holds {self.capacity} KV rows, {total} needed")
         capacity = max(total, 2 * self.capacity)
         if self.max_capacity:
             capacity = max(total, min(capacity, self.max_capacity))

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedError
 from .adaptive import PassCosts
+from .backends.ort import OrtBufferSession
 from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
 from .draft_config import DraftConfig
 from .drafters.base import Drafter
@@ -24,6 +25,9 @@ from .generate import GenerationResult, Generator
 from .options import GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
+
+if TYPE_CHECKING:
+    from .batch import BatchDecoder
 
 
 MAX_DRAFTERS = 8  # draft-model drafters kept per runner (one per sampling setting)
@@ -81,12 +85,45 @@ class Runner:
             self._drafters.pop(next(iter(self._drafters)))
         return drafter
 
-    def generator(self, sampling: SamplingParams | None = None, plain: bool = False) -> Generator:
-        """The loop over this artifact's target with the drafter for `sampling` (none when `plain`)."""
+    def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
+        """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
+        `own_drafter`: a new drafter for this generator alone (generations decoding at the same time)."""
         a = self.artifact
-        drafter = None if plain else self.drafter(sampling)
+        if plain or self.draft_config is None:
+            drafter = None
+        elif own_drafter:
+            drafter = make_drafter(a, self.draft_config, sampling or SamplingParams(), self.clock, self.options.lookup_branch,
+                                   self.ngram_corpus)
+        else:
+            drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
         return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock)
+
+    def batch_problem(self) -> str | None:
+        """Why this runner cannot decode requests together (`batch_decoder`); None when it can."""
+        target = self.artifact.target
+        if not isinstance(target, OrtBufferSession):
+            return f"batching needs the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
+        if not target.batches:
+            return f"{target.spec.file} was exported with batch 1 (re-export the artifact for a batch axis)"
+        if self.drafter_name not in ("ngram", "none"):
+            return f"batching drafts with n-gram lookup or nothing (drafter: {self.drafter_name})"
+        return None
+
+    def batch_decoder(self, slots: int) -> "BatchDecoder":
+        """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`."""
+        from .batch import BatchDecoder
+
+        problem = self.batch_problem()
+        if problem:
+            raise UnsupportedError(problem)
+        return BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
+                            slots, self.pass_costs)
+
+    def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
+               drafter: str | None = None) -> GenerationConfig:
+        """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
+        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter))
 
     @property
     def shape_invariant(self) -> int:

@@ -8,8 +8,10 @@ place. The HTTP app (app.py) sees only the `Engine` interface:
     async for event in handle.events(): ...                             # TextDelta ..., then Finished
     handle.cancel()                                                     # stop at the next step, free the KV
 
-`SequentialEngine` decodes the admitted requests one after another on a single worker thread (the runtime's
-`Runner` is single-threaded); a batched engine that decodes them together would implement the same interface.
+`BatchedEngine` decodes up to `max_concurrency` admitted requests together on one worker thread (continuous
+batching, runtime/batch.py); `SequentialEngine` decodes them one after another (artifacts whose graph has
+batch 1, drafters other than n-gram, `--no-batching`). Both run on a single worker thread (the runtime's
+`Runner` is single-threaded).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class EngineOptions:
     run: RunOptions = field(default_factory=RunOptions)  # backend, drafter, tree, ... as for `speccompile run`
     max_concurrency: int = 8  # requests admitted at once (decoding, or next in line for the worker)
     max_queue: int = 64  # requests waiting beyond those; more get EngineBusy
+    batching: bool = True  # decode admitted requests together when the artifact allows (BatchedEngine)
 
     def validate(self) -> "EngineOptions":
         if self.max_concurrency < 1:
@@ -170,12 +173,14 @@ class RequestHandle:
 class Engine(abc.ABC):
     """The model, its tokenizer and admission accounting; subclasses decide how admitted requests are decoded."""
 
-    def __init__(self, options: EngineOptions, replica: str | None = None):
+    batched = False  # whether admitted requests share target passes
+
+    def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
         from ..runtime.session import Runner
 
         self.options = options.validate()
         self.replica = replica
-        self._runner = Runner(options.artifact, options.run)
+        self._runner = runner if runner is not None else Runner(options.artifact, options.run)
         artifact = self._runner.artifact
         self._tokenizer = artifact.tokenizer
         self.info = ModelInfo(
@@ -254,8 +259,6 @@ class Engine(abc.ABC):
 
     def _generate(self, handle: RequestHandle) -> None:
         """Run one request to its end, sending its events; a cancelled request stops at its next text callback."""
-        from ..runtime.sampling import SamplingParams
-
         request = handle.request
         if handle.cancelled:
             handle.emit(_Cancelled())
@@ -271,27 +274,36 @@ class Engine(abc.ABC):
                 first_text_at.append(time.perf_counter())
             handle.emit(TextDelta(delta))
 
-        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
         try:
-            result = self._runner.generate_ids(list(request.prompt_ids), request.max_tokens, sampling.validate(),
+            result = self._runner.generate_ids(list(request.prompt_ids), request.max_tokens, _sampling(request),
                                                list(request.stop), on_text)
         except _Abort:
-            handle.emit(_Cancelled())
-            self.metrics.generations.labels("cancelled").inc()
-            log.info("generation cancelled", extra={"fields": {"request": handle.id, "after_s": round(time.perf_counter() - started, 4)}})
-            return
-        except SpecCompileError as exc:
-            handle.emit(_Failed(GenerationFailed(str(exc), client_error=True)))
-            self.metrics.generations.labels("failed").inc()
+            self._cancelled(handle, started)
             return
         except Exception as exc:  # the worker must survive any failure of one request
-            log.exception("generation failed")
-            handle.emit(_Failed(GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}", client_error=False)))
-            self.metrics.generations.labels("failed").inc()
+            self._failed(handle, exc)
             return
+        self._finished(handle, result, started, first_text_at)
+
+    def _cancelled(self, handle: RequestHandle, started: float) -> None:
+        handle.emit(_Cancelled())
+        self.metrics.generations.labels("cancelled").inc()
+        log.info("generation cancelled", extra={"fields": {"request": handle.id, "after_s": round(time.perf_counter() - started, 4)}})
+
+    def _failed(self, handle: RequestHandle, exc: Exception) -> None:
+        """Send a request's failure: a SpecCompileError is the request's fault (400), anything else the server's."""
+        if isinstance(exc, SpecCompileError):
+            handle.emit(_Failed(GenerationFailed(str(exc), client_error=True)))
+        else:
+            log.error("generation failed", exc_info=exc)
+            handle.emit(_Failed(GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}", client_error=False)))
+        self.metrics.generations.labels("failed").inc()
+
+    def _finished(self, handle: RequestHandle, result, started: float, first_text_at: list[float]) -> None:
+        """Send a finished generation's Finished event; record its metrics and log line."""
         finished_at = time.perf_counter()
         stats = result.stats
-        speculative = {"drafter": self.info.drafter, **stats.to_dict()}
+        speculative = {"drafter": self.info.drafter, "batched": self.batched, **stats.to_dict()}
         if self.replica is not None:
             speculative["replica"] = self.replica
         ttft = (first_text_at[0] if first_text_at else finished_at) - handle.submitted_at
@@ -316,22 +328,41 @@ class Engine(abc.ABC):
         }})
 
 
-class SequentialEngine(Engine):
-    """One worker thread decodes the admitted requests one after another, in arrival order."""
+class _WorkerEngine(Engine):
+    """An engine whose one worker thread takes admitted requests from a queue (None: drain, then stop)."""
 
-    def __init__(self, options: EngineOptions, replica: str | None = None):
-        super().__init__(options, replica)
+    worker_name = "speccompile-engine"
+
+    def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
+        super().__init__(options, replica, runner)
         self._jobs: queue.Queue[RequestHandle | None] = queue.Queue()
         self._worker: threading.Thread | None = None
 
     def start(self) -> None:
         if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="speccompile-engine", daemon=True)
+            self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)
             self._worker.start()
         self._accepting = True
 
     def _enqueue(self, handle: RequestHandle) -> None:
         self._jobs.put(handle)
+
+    @abc.abstractmethod
+    def _work(self) -> None:
+        """The worker thread's loop: decode what `_jobs` holds until its None."""
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        with self._lock:
+            self._accepting = False
+            if self._worker is None:
+                return
+            self._jobs.put(None)  # after every admitted request: the worker drains them first
+        self._worker.join(timeout)
+        self._worker = None
+
+
+class SequentialEngine(_WorkerEngine):
+    """One worker thread decodes the admitted requests one after another, in arrival order."""
 
     def _work(self) -> None:
         while True:
@@ -347,16 +378,143 @@ class SequentialEngine(Engine):
                 with self._lock:
                     self._running -= 1
 
-    def shutdown(self, timeout: float | None = None) -> None:
+
+class BatchedEngine(_WorkerEngine):
+    """One worker thread decodes up to `max_concurrency` requests together (runtime/batch.py): requests join
+    between steps (their prefill runs alone), every step is one round for all of them, a finished or cancelled
+    request leaves at once and frees its slot. Each request's tokens equal its tokens decoded alone."""
+
+    batched = True
+    worker_name = "speccompile-batched-engine"
+
+    def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
+        super().__init__(options, replica, runner)
+        self._decoder = self._runner.batch_decoder(options.max_concurrency)
+        self._draining = False
+        self._live: dict[int, tuple[RequestHandle, object, float, list[float]]] = {}  # id(generation) -> request
+
+    def _work(self) -> None:
+        while True:
+            self._join_all(self._take(wait=not self._live))
+            if not self._live:
+                if self._draining:
+                    return
+                continue
+            self._drop_cancelled()
+            try:
+                finished = self._decoder.step()
+            except Exception as exc:  # a failed pass fails the requests in it; the worker goes on
+                for handle, generation, _, _ in list(self._live.values()):
+                    self._release(generation)
+                    self._failed(handle, exc)
+                self._decoder = self._runner.batch_decoder(self.options.max_concurrency)
+                continue
+            for generation in finished:
+                handle, _, started, first_text_at = self._live[id(generation)]
+                self._release(generation)
+                self._finish_generation(handle, generation, started, first_text_at)
+
+    def _take(self, wait: bool) -> list[RequestHandle]:
+        """Admitted requests for the free slots (waiting for the first one when `wait`); None ends the intake."""
+        handles: list[RequestHandle] = []
+        while len(handles) < self._decoder.free and not self._draining:
+            try:
+                handle = self._jobs.get() if wait and not handles else self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if handle is None:
+                self._draining = True
+            else:
+                handles.append(handle)
+        return handles
+
+    def _join_all(self, handles: list[RequestHandle]) -> None:
+        """Start the requests in free slots (prompts prefilled together where they can be)."""
+        starting = []
+        for handle in handles:
+            with self._lock:
+                self._waiting -= 1
+                self._running += 1
+            started = time.perf_counter()
+            if handle.cancelled:
+                self._release_slotless(handle)
+                self._cancelled(handle, started)
+                continue
+            first_text_at: list[float] = []
+            try:
+                config = self._runner.config(handle.request.max_tokens, _sampling(handle.request), list(handle.request.stop))
+            except Exception as exc:
+                self._release_slotless(handle)
+                self._failed(handle, exc)
+                continue
+            starting.append((handle, started, first_text_at, config))
+        if not starting:
+            return
+        starting.sort(key=lambda s: len(s[0].request.prompt_ids))  # shortest prefill first: earlier first tokens
+        joined = self._decoder.join_many([(list(h.request.prompt_ids), config, _text_sender(h, first))
+                                          for h, _, first, config in starting], prefill_together=False)
+        for (handle, started, first_text_at, _), generation in zip(starting, joined):
+            if isinstance(generation, Exception):
+                self._release_slotless(handle)
+                self._failed(handle, generation)
+            elif generation.done:
+                self._release_slotless(handle)
+                self._finish_generation(handle, generation, started, first_text_at)
+            else:
+                self._live[id(generation)] = (handle, generation, started, first_text_at)
+
+    def _release_slotless(self, handle: RequestHandle) -> None:
+        """A request that ended before decoding with the batch (refused, cancelled, or done at its first token)."""
         with self._lock:
-            self._accepting = False
-            if self._worker is None:
-                return
-            self._jobs.put(None)  # after every admitted request: the worker drains them first
-        self._worker.join(timeout)
-        self._worker = None
+            self._running -= 1
+
+    def _drop_cancelled(self) -> None:
+        for handle, generation, started, _ in list(self._live.values()):
+            if handle.cancelled:
+                self._decoder.leave(generation)
+                self._release(generation)
+                self._cancelled(handle, started)
+
+    def _release(self, generation) -> None:
+        del self._live[id(generation)]
+        with self._lock:
+            self._running -= 1
+
+    def _finish_generation(self, handle: RequestHandle, generation, started: float, first_text_at: list[float]) -> None:
+        try:
+            result = generation.result()
+        except Exception as exc:
+            self._failed(handle, exc)
+            return
+        self._finished(handle, result, started, first_text_at)
+
+
+def _text_sender(handle: RequestHandle, first_text_at: list[float]):
+    """The text callback of a batched request: stream deltas, note the time of the first."""
+
+    def on_text(delta: str) -> None:
+        if not first_text_at:
+            first_text_at.append(time.perf_counter())
+        handle.emit(TextDelta(delta))
+
+    return on_text
+
+
+def _sampling(request: GenerationRequest):
+    """The runtime's SamplingParams of a request (validated)."""
+    from ..runtime.sampling import SamplingParams
+
+    return SamplingParams(request.temperature, request.top_k, request.top_p, request.seed).validate()
 
 
 def open_engine(options: EngineOptions, replica: str | None = None) -> Engine:
-    """Load the artifact and return the engine that serves it (not started)."""
-    return SequentialEngine(options, replica)
+    """Load the artifact and return the engine that serves it (not started): the batched engine when the
+    artifact's graph and drafter allow it and `options.batching`, else the sequential one."""
+    from ..runtime.session import Runner
+
+    runner = Runner(options.artifact, options.run)
+    problem = runner.batch_problem() if options.batching else "batching is off"
+    if problem is None:
+        return BatchedEngine(options, replica, runner)
+    log.info("requests are decoded one at a time", extra={"fields": {"reason": problem}})
+    return SequentialEngine(options, replica, runner)

@@ -204,6 +204,89 @@ class OrtBufferSession(OrtSession):
         self.session.run_with_iobinding(binding)
         return StepOutput(logits=arrays[0][0], presents=cache.tensors, hidden=arrays[1][0] if self.hidden_name else None)
 
+    @property
+    def batches(self) -> bool:
+        """Whether the graph has a dynamic batch axis (`run_batch`); graphs exported before it have batch 1."""
+        return not str(next(t for t in self.spec.inputs if t.name == "input_ids").shape[0]).isdigit()
+
+    @property
+    def kv_rows(self) -> int:
+        """KV rows (and rotary positions) the graph accepts per sequence: max_context + max_verify_tokens."""
+        return int(self.spec.extra.get("kv_capacity") or self.max_context or self.initial_capacity)
+
+    def new_batch_buffers(self, slots: int, rows: int) -> list[np.ndarray]:
+        """Per-layer KV buffers [slots, kv_heads, rows, head_dim] for `run_batch` (one slot per sequence)."""
+        return [np.zeros((slots, self.kv_shape[1], rows, self.kv_shape[3]), dtype=self.kv_dtype) for _ in self.past_names]
+
+    def slot_cache(self, buffers: list[np.ndarray], slot: int) -> BufferKVCache:
+        """The cache of one slot of `buffers`: `run` (a prefill, batch 1) and `run_batch` both write into it."""
+        return BufferKVCache.over([b[slot: slot + 1] for b in buffers], self._to_ort)
+
+    def run_batch(self, buffers: list[np.ndarray], rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  caches: list[BufferKVCache]) -> list[StepOutput]:
+        """One pass over sequences 0..B-1 of `buffers`: `rows[b]` = (input_ids [q_b], position_ids [q_b],
+        mask [q_b, q_b] over its own new tokens), `caches[b]` its slot cache (slot b, rows committed by the caller).
+
+        q is padded to the batch's max: sequence b's q rows land at [length_b, length_b + q) (seqlens_k =
+        length_b + q - 1); a padding row sees only its own slot, and its KV lands past what the caller commits."""
+        batch, q = len(rows), max(len(r[0]) for r in rows)
+        lengths = [c.length for c in caches]
+        total = max(lengths) + q
+        ids = np.zeros((batch, q), dtype=np.int64)
+        positions = np.zeros((batch, q), dtype=np.int64)
+        bias = np.full((batch, 1, q, total), -np.inf, dtype=np.float32)
+        for b, ((row_ids, row_positions, mask), length) in enumerate(zip(rows, lengths)):
+            n = len(row_ids)
+            ids[b, :n], positions[b, :n] = row_ids, row_positions
+            positions[b, n:] = row_positions[-1]  # padding rows: any valid rotary position
+            bias[b, 0, :n, :length] = 0
+            bias[b, 0, :n, length: length + n] = np.where(mask, np.float32(0), np.float32(-np.inf))
+            pad = np.arange(n, q)
+            bias[b, 0, pad, length + pad] = 0
+        arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths])
+        return [StepOutput(logits=arrays[0][b, :len(r[0])], presents=c.tensors,
+                           hidden=arrays[1][b, :len(r[0])] if self.hidden_name else None)
+                for b, (r, c) in enumerate(zip(rows, caches))]
+
+    def prefill_batch(self, buffers: list[np.ndarray], first_slot: int, prompts: list[np.ndarray]) -> list[np.ndarray]:
+        """Prompts without past into slots first_slot.. of `buffers` in one pass (right-padded to the longest;
+        GroupQueryAttention takes a batch when no sequence has a past); each prompt's last logits.
+        The callers then commit len(prompt) rows of each slot cache."""
+        batch, q = len(prompts), max(len(p) for p in prompts)
+        ids = np.zeros((batch, q), dtype=np.int64)
+        positions = np.tile(np.arange(q, dtype=np.int64), (batch, 1))
+        causal = np.where(np.tril(np.ones((q, q), dtype=bool)), np.float32(0), np.float32(-np.inf))
+        bias = np.repeat(causal[None, None], batch, axis=0)
+        for b, prompt in enumerate(prompts):
+            n = len(prompt)
+            ids[b, :n] = prompt
+            bias[b, 0, :, n:] = -np.inf
+            pad = np.arange(n, q)
+            bias[b, 0, pad, pad] = 0  # a padding row sees only its own slot
+        arrays = self._run_slots([b[first_slot: first_slot + batch] for b in buffers], ids, positions, bias,
+                                 [len(p) - 1 for p in prompts])
+        return [arrays[0][b, len(p) - 1] for b, p in enumerate(prompts)]
+
+    def _run_slots(self, buffers: list[np.ndarray], ids: np.ndarray, positions: np.ndarray, bias: np.ndarray,
+                   seqlens_k: list[int]) -> list[np.ndarray]:
+        """One pass over the sequences of `buffers` (views [B, ...], written in place); the step outputs [B, q, width]."""
+        batch, q = ids.shape
+        binding = self.session.io_binding()
+        for past, present, buffer in zip(self.past_names, self.present_names, buffers):
+            value = self._to_ort(buffer)
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("position_ids", positions)
+        binding.bind_cpu_input("attention_bias", bias)
+        binding.bind_cpu_input("seqlens_k", np.asarray(seqlens_k, dtype=np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(bias.shape[-1], dtype=np.int32))
+        arrays = [np.empty((batch, q, width), dtype=np.float32) for width in self._widths]
+        for name, array in zip(self._step_outputs, arrays):
+            binding.bind_ortvalue_output(name, self._to_ort(array))
+        self.session.run_with_iobinding(binding)
+        return arrays
+
     def _binding_for(self, cache: BufferKVCache):
         """One I/O binding per cache, reused across steps; the KV buffers are rebound only when they grow
         (logits and hidden are bound by each step, their shape follows q)."""

@@ -1,0 +1,235 @@
+"""Continuous batching of generations over the fused CPU graph: requests join and leave between steps.
+
+Every request is a `Generation` of its own (its drafter, sampling RNG, adaptive controller, output and
+stops) whose KV rows live in one slot of shared per-layer buffers [slots, kv_heads, rows, head_dim]. Its
+prefill runs alone (a batch-1 pass on its slot). Each `step()` then does one round for every active request:
+
+    planned = generation.plan_step()      each request drafts (or not) for itself
+    one batched pass over the plain rows  every request with no draft: its pending token, q = 1, batch B
+    one pass per request with a draft     its pending token + draft on its own slot, as when alone
+    generation.complete_step(planned, out)  exact verification and commit, per request
+
+Why not one pass over every request's draft: ONNX Runtime's GroupQueryAttention (the fused graph's attention)
+accepts a batch only for one new token per sequence when there is a past ("batch_size must be 1 when
+sequence_length > 1 and past context is given"). Packing several requests into one sequence would make
+each row's attention run over other requests' masked rows, which changes its floating-point results
+(measured ~1e-6 on the logits) and is bounded by the rotary table length. The design here keeps every row's
+arithmetic identical to the request decoding alone: a batched q = 1 row computes bitwise the same logits as
+the batch-1 pass (tests/test_batch.py measures it), and speculative passes are batch-1 passes.
+
+Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
+prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
+over n rows, divided by n) and a draft of k by the measured time of a batch-1 pass over k + 1 rows. With one
+request that is the single-stream controller; with many, a shared row costs a fraction of a pass and drafting
+stops paying, so it turns off (the probe steps keep measuring whether it pays again). Seeded sampling keeps its
+fixed cost model (choices depend only on tokens), so its output is the same batched or alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from .adaptive import PassCosts
+from .backends.ort import OrtBufferSession
+from .generate import Generation, Generator, PlannedStep
+from .options import GenerationConfig
+
+
+@dataclass
+class LoadPricedCosts:
+    """The pass costs one request of a batch sees: a plain step is its share of the batched q = 1 pass;
+    a step with a draft is a batch-1 pass of its own over the pending token + the draft."""
+
+    alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
+    shared_row: float  # seconds of one row of the batched plain pass at the current batch size
+
+    @property
+    def t1(self) -> float:
+        return self.shared_row
+
+    def seconds(self, q: int) -> float:
+        return self.shared_row if q == 1 else self.alone.seconds(q)
+
+    def line(self) -> tuple[float, float]:
+        return self.alone.line()
+
+    def record(self, q: int, seconds: float) -> None:
+        self.alone.record(q, seconds)
+
+
+class BatchDecoder:
+    """Active generations in slots of shared KV buffers; `join`, `step`, `leave`.
+
+    The buffers start with `initial_rows` KV rows per slot and double (up to the graph's rows) when a request
+    needs more: memory follows the longest request, not slots x context.
+
+    `new_generator()` returns a Generator for one request (its own drafter) over `session`;
+    `batch_costs` collects the batched pass times by batch size."""
+
+    initial_rows = 512
+
+    def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
+                 slots: int, alone_costs: PassCosts):
+        if not session.batches:
+            raise UnsupportedError(f"{session.spec.file} has batch 1 only (re-export for a batch axis)")
+        self.session = session
+        self.new_generator = new_generator
+        self.slots = slots
+        self.alone_costs = alone_costs
+        self.batch_costs = PassCosts()  # keyed by the number of rows of a batched plain pass
+        self.rows = min(session.kv_rows, self.initial_rows)  # KV rows per slot now (grows like BufferKVCache)
+        self.buffers = session.new_batch_buffers(slots, self.rows)
+        self.active: list[Generation] = []  # active[i] lives in slot i
+        self.batched_passes = 0
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.active)
+
+    def join(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None) -> Generation:
+        """Prefill a new request in the next free slot (alone) and emit its first token; it decodes with the
+        batch from the next `step()` unless it is already done."""
+        if not self.free:
+            raise RuntimeError("every batch slot is taken")
+        slot = len(self.active)
+        generator = self.new_generator(config)
+        self._ensure_rows(len(prompt_ids) + generator.max_verify_tokens)
+        generation = generator.start(prompt_ids, config, on_text, self.session.slot_cache(self.buffers, slot))
+        if not generation.done:
+            self.active.append(generation)
+        return generation
+
+    def join_many(self, requests: list[tuple[list[int], GenerationConfig, Callable[[str], None] | None]],
+                  prefill_together: bool = True) -> list:
+        """Join several requests (at most `free`). `prefill_together`: prompts that fit one prefill chunk are
+        prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone,
+        in order. Returns, per request, its Generation or the exception that refused it.
+
+        Prefill is compute-bound on a CPU: one pass over all prompts takes about as long as their passes one
+        after another, so together every request waits for the whole batch, while one at a time (shortest
+        first) the first ones start streaming early (lower median time to first token; the server does that)."""
+        if len(requests) > self.free:
+            raise RuntimeError("more requests than free batch slots")
+        together = [i for i, (ids, config, _) in enumerate(requests) if prefill_together and self._prefills_together(ids, config)]
+        if len(together) < 2:
+            together = []
+        results: list = [None] * len(requests)
+        if together:
+            first = len(self.active)
+            generators = [self.new_generator(requests[i][1]) for i in together]
+            self._ensure_rows(max(len(requests[i][0]) + g.max_verify_tokens for i, g in zip(together, generators)))
+            t0 = time.perf_counter()
+            logits = self.session.prefill_batch(self.buffers, first, [np.asarray(requests[i][0]) for i in together])
+            generators[0].clock.seconds += time.perf_counter() - t0
+            for slot, (i, generator, last) in enumerate(zip(together, generators, logits), start=first):
+                ids, config, on_text = requests[i]
+                cache = self.session.slot_cache(self.buffers, slot)
+                cache.append([], range(len(ids)), len(ids))
+                results[i] = generator.start(ids, config, on_text, cache, last)
+                self.active.append(results[i])
+            for generation in [g for g in results if isinstance(g, Generation) and g.done]:
+                self.leave(generation)
+        for i, (ids, config, on_text) in enumerate(requests):
+            if i not in together:
+                try:
+                    results[i] = self.join(ids, config, on_text)
+                except Exception as exc:
+                    results[i] = exc
+        return results
+
+    def _prefills_together(self, ids: list[int], config: GenerationConfig) -> bool:
+        """A valid request whose prompt is one prefill chunk (the others join alone, where errors are raised)."""
+        try:
+            config.validate()
+        except Exception:
+            return False
+        return 0 < len(ids) <= config.prefill_chunk and len(ids) + 1 <= (self.session.max_context or len(ids) + 1)
+
+    def leave(self, generation: Generation) -> None:
+        """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
+        slot = self.active.index(generation)
+        last = self.active.pop()
+        if last is generation:
+            return
+        rows = last.cache.length
+        for buffer in self.buffers:
+            buffer[slot, :, :rows] = buffer[len(self.active), :, :rows]
+        last.cache.point_at([b[slot: slot + 1] for b in self.buffers])
+        self.active[slot] = last
+
+    def _ensure_rows(self, rows: int) -> None:
+        """Grow every slot to hold `rows` KV rows (doubling, bounded by the graph's), keeping the active rows."""
+        if rows <= self.rows:
+            return
+        self.rows = min(self.session.kv_rows, max(rows, 2 * self.rows))
+        old, self.buffers = self.buffers, self.session.new_batch_buffers(self.slots, self.rows)
+        for slot, generation in enumerate(self.active):
+            length = generation.cache.length
+            for new, previous in zip(self.buffers, old):
+                new[slot, :, :length] = previous[slot, :, :length]
+            generation.cache.point_at([b[slot: slot + 1] for b in self.buffers])
+
+    def step(self) -> list[Generation]:
+        """One round for every active request; returns (and removes) those that finished."""
+        if not self.active:
+            return []
+        self._ensure_rows(max(g.cache.length for g in self.active) + max(g.generator.max_verify_tokens for g in self.active))
+        shared_row = self.shared_row_seconds(len(self.active))
+        drafting = self.drafting_pays(shared_row)
+        plans: list[PlannedStep | None] = []
+        for generation in self.active:
+            controller = generation.controller
+            if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
+                controller.costs = LoadPricedCosts(self.alone_costs, shared_row)
+                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own
+            plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive))
+        plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
+        outputs = {}
+        if plain:
+            outputs.update(self._batched_pass(plans, plain))
+        for i, planned in enumerate(plans):
+            if planned is not None and planned.draft.tokens:
+                outputs[i] = self.active[i].verify_pass(planned)
+        for i, out in outputs.items():
+            self.active[i].complete_step(plans[i], out)
+        finished = [g for g in self.active if g.done]
+        for generation in finished:
+            self.leave(generation)
+        return finished
+
+    def _batched_pass(self, plans: list[PlannedStep | None], plain: list[int]) -> dict:
+        """One q = 1 pass over slots 0..h (h: the last plain request); slots in between that draft or are
+        done get a row too (their KV row lands past what they commit, their logits are dropped)."""
+        rows = self.active[: plain[-1] + 1]
+        one = np.ones((1, 1), dtype=bool)
+        inputs = [(np.asarray([g.tokens[-1]]), np.asarray([g.cache.length]), one) for g in rows]
+        t0 = time.perf_counter()
+        outs = self.session.run_batch(self.buffers, inputs, [g.cache for g in rows])
+        seconds = time.perf_counter() - t0
+        self.batched_passes += 1
+        self.batch_costs.record(len(rows), seconds)
+        if len(rows) == 1:
+            self.alone_costs.record(1, seconds)
+        self.active[0].generator.clock.seconds += seconds
+        for i in plain:
+            self.active[i].stats.time_verify += seconds
+        return {i: outs[i] for i in plain}
+
+    def shared_row_seconds(self, rows: int) -> float:
+        """Seconds of one row of a batched plain pass over `rows` rows: measured, else the line through the
+        measured sizes (a batch of one is a batch-1 pass: its time seeds the line)."""
+        if self.batch_costs.t1 is None and self.alone_costs.t1 is not None:
+            self.batch_costs.by_q[1] = self.alone_costs.t1
+        return self.batch_costs.seconds(rows) / rows
+
+    def drafting_pays(self, shared_row: float) -> bool:
+        """Whether any draft could pay at this load: k drafts all accepted give k + 1 tokens for a batch-1
+        pass over k + 1 rows; a plain step gives one token for one shared row. When not even that pays,
+        nobody drafts this step."""
+        most = max(g.config.num_draft_tokens for g in self.active)
+        return any((k + 1) / self.alone_costs.seconds(k + 1) > 1 / shared_row for k in range(1, most + 1))

@@ -1,0 +1,127 @@
+"""Batched decoding (runtime/batch.py): rows bitwise equal to batch 1, outputs equal to each request alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccompile.runtime import Runner
+from speccompile.runtime.adaptive import AdaptiveController, PassCosts
+from speccompile.runtime.batch import BatchDecoder, LoadPricedCosts
+from speccompile.runtime.sampling import SamplingParams
+
+PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]
+
+
+def _ids(runner: Runner, text: str) -> list[int]:
+    return runner.artifact.tokenizer.prompt_ids(text, chat=False)
+
+
+def test_batched_rows_equal_batch_one_bitwise(tiny_artifact):
+    """What batching rests on: a prompt prefilled in a batch, and a sequence's q = 1 row in a batched pass,
+    give the same bits as alone (the KV the batched prefill wrote then serves the batched steps)."""
+    session = Runner(tiny_artifact, drafter="none", threads=1).artifact.target
+    assert session.batches
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 60, n) for n in (5, 17, 1, 40)]
+    tokens = rng.integers(3, 60, len(prompts))
+    tril = lambda n: np.tril(np.ones((n, n), bool))
+
+    def prefill(cache, prompt):
+        out = session.run(prompt, np.arange(len(prompt)), cache.attention_mask(tril(len(prompt))), cache)
+        cache.append(out.presents, range(len(prompt)), len(prompt))
+        return out.logits
+
+    alone, alone_prefill = [], []
+    for prompt, token in zip(prompts, tokens):
+        cache = session.new_cache()
+        alone_prefill.append(prefill(cache, prompt)[-1].copy())
+        alone.append(session.run(np.asarray([token]), np.asarray([len(prompt)]), cache.attention_mask(tril(1)), cache).logits)
+    buffers = session.new_batch_buffers(len(prompts), session.kv_rows)
+    caches = [session.slot_cache(buffers, b) for b in range(len(prompts))]
+    together = session.prefill_batch(buffers, 0, prompts)  # right-padded prompts in one pass
+    for b, (cache, prompt) in enumerate(zip(caches, prompts)):
+        assert np.array_equal(together[b], alone_prefill[b]), b
+        cache.append([], range(len(prompt)), len(prompt))
+    for batch in (1, 2, len(prompts)):
+        rows = [(np.asarray([t]), np.asarray([c.length]), tril(1)) for t, c in zip(tokens[:batch], caches[:batch])]
+        outs = session.run_batch(buffers, rows, caches[:batch])
+        for b, out in enumerate(outs):
+            assert np.array_equal(out.logits, alone[b]), (batch, b)
+
+
+def _decode_together(runner: Runner, prompts: list[list[int]], max_tokens: int, sampling=None, slots: int = 3) -> list:
+    """Requests join as slots free up (continuous batching); results in prompt order."""
+    decoder = runner.batch_decoder(slots)
+    waiting = list(enumerate(prompts))
+    running, results = {}, {}
+    while waiting or running:
+        batch = waiting[: decoder.free]
+        del waiting[: len(batch)]
+        joined = decoder.join_many([(ids, runner.config(max_tokens, sampling), None) for _, ids in batch])
+        for (i, _), generation in zip(batch, joined):
+            if generation.done:
+                results[i] = generation.result()
+            else:
+                running[id(generation)] = (i, generation)
+        for generation in decoder.step():
+            i, _ = running.pop(id(generation))
+            results[i] = generation.result()
+    assert not decoder.active
+    return [results[i] for i in range(len(prompts))], decoder
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_batched_greedy_equals_alone(tiny_artifact, adaptive, monkeypatch):
+    monkeypatch.setattr(BatchDecoder, "initial_rows", 8)  # the slot buffers grow (and move) while decoding
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1, adaptive=adaptive)
+    prompts = [_ids(runner, p) for p in PROMPTS]
+    together, decoder = _decode_together(runner, prompts, 24)
+    assert decoder.batched_passes > 0 and decoder.rows > 8
+    drafted = 0
+    for ids, result in zip(prompts, together):
+        alone = runner.generate_ids(ids, 24)
+        assert result.tokens == alone.tokens and result.finish_reason == alone.finish_reason
+        drafted += result.stats.draft_steps
+    if not adaptive:
+        assert drafted > 0  # speculative passes of their own ran next to the batched ones
+
+
+def test_batched_seeded_sampling_equals_alone(tiny_artifact):
+    """Per-request RNG and acceptance: a seeded request gives the same tokens batched or alone."""
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    prompts = [_ids(runner, p) for p in PROMPTS[:4]]
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=s) for s in range(len(prompts))]
+    decoder = runner.batch_decoder(4)
+    generations = decoder.join_many([(ids, runner.config(20, p), None) for ids, p in zip(prompts, params)])
+    while decoder.active:
+        decoder.step()
+    for ids, p, generation in zip(prompts, params, generations):
+        assert generation.result().tokens == runner.generate_ids(ids, 20, p).tokens
+
+
+def test_load_priced_costs_turn_drafting_off_under_load():
+    """A plain step costs a share of the batched pass: drafting pays alone, not in a large batch."""
+    alone = PassCosts(by_q={1: 0.020, 2: 0.022, 3: 0.023, 4: 0.024, 5: 0.025}, slope=0.001)
+
+    def k_for(shared_row: float) -> int:
+        controller = AdaptiveController(max_k=4, probe_every=10**6, costs=LoadPricedCosts(alone, shared_row))
+        for _ in range(30):
+            controller.record_draft(4, 3, 0.0)  # 75% of drafted tokens accepted
+        return controller.choose_k()
+
+    assert k_for(0.020) > 0  # one request: its plain pass is a whole pass
+    assert k_for(0.030 / 8) == 0  # eight requests share a 30 ms pass: a row costs 3.75 ms
+
+
+def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    decoder = runner.batch_decoder(8)
+    decoder.alone_costs.by_q.clear()
+    decoder.alone_costs.by_q.update({1: 0.020})
+    decoder.alone_costs.slope = 0.004  # a draft of k costs 20 + 4k ms alone
+    decoder.active = [decoder.join(runner.artifact.tokenizer.prompt_ids("abc abc", chat=False), runner.config(50))]
+    decoder.batch_costs.by_q.clear()
+    decoder.batch_costs.by_q.update({1: 0.020, 8: 0.030})
+    assert decoder.drafting_pays(decoder.shared_row_seconds(1))  # alone: 9 tokens in 52 ms beat 1 in 20 ms
+    assert not decoder.drafting_pays(decoder.shared_row_seconds(8))  # 1 token per 3.75 ms row beats any draft
