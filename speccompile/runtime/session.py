@@ -37,8 +37,8 @@ class Runner:
     """An opened artifact plus its drafter: `generate`, `generate_ids`, `stream`, `stream_ids`.
 
     `Runner(path, RunOptions(...))`, or `Runner(path, drafter="ngram", threads=2)` with RunOptions fields as
-    keywords. Drafters are built once per sampling setting and keep what they learn (tree planner rates)
-    across generations; the target's measured pass costs are shared by all generations too.
+    keywords. The drafter is built once and keeps what it learns (tree planner rates) across generations (a draft
+    model: one per sampling setting); the target's measured pass costs are shared by all generations too.
     """
 
     def __init__(self, artifact: str | Path, options: RunOptions | None = None, **fields):
