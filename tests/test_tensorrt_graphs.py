@@ -45,6 +45,9 @@ def test_bucket_layout_from_the_manifest_record():
     layout = bucket_layout(recorded)
     assert layout.buckets == {1: 0, 2: 1, 4: 2, 8: 3, 16: 4, 32: 5, 64: 6} and layout.capacity == 2048 and layout.prefill == 7
     assert bucket_layout([asdict(p) for p in cfg.profiles_for(_spec(), LIMITS, "single")]) is None  # dynamic engine
+    # shape-invariant mode: every pass of up to `rows` tokens in the one bucket that holds them
+    assert layout.only(8).buckets == {8: 3} and layout.only(5).buckets == {8: 3} and layout.only(100).buckets == {64: 6}
+    assert layout.only(8).capacity == 2048 and layout.only(8).prefill == 7
 
 
 def test_bucket_mask_pads_and_hides_padding():

@@ -27,6 +27,10 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
         verify = shape_invariant or int(manifest.limits.get("max_verify_tokens", 64))
         return OrtCudaSession(directory, spec, "cuda" if backend == "ort-cuda" else "cpu", max_context, verify,
                               buckets=(shape_invariant,) if shape_invariant else DEFAULT_BUCKETS, device_id=device, threads=threads)
+    if backend == "tensorrt" and has_kv_cache(spec) and _tensorrt_buckets(manifest, spec):
+        from .tensorrt_graphs import open_tensorrt_session  # static shapes per q bucket: the same as the GPU graph
+
+        return open_tensorrt_session(directory, manifest, spec, device, rows=shape_invariant)
     session = _open_backend(directory, spec, backend, threads, manifest, max_context, spinning, device)
     if shape_invariant and has_kv_cache(spec):
         from .shape_invariant import ShapeInvariantSession
@@ -68,3 +72,10 @@ def has_kv_cache(spec: GraphSpec) -> bool:
 def is_gpu_graph(spec: GraphSpec) -> bool:
     """True for the GPU verify graph (`target.ort-cuda.onnx`: in-place KV, CUDA graphs per q bucket)."""
     return spec.extra.get("kv_layout") == "buffer" and "ort-cuda" in spec.extra.get("backends", ())
+
+
+def _tensorrt_buckets(manifest: Manifest, spec: GraphSpec) -> bool:
+    """True when the graph's TensorRT engine was built with `--profiles buckets` (fixed shapes per q bucket)."""
+    from .tensorrt_graphs import engine_bucket_layout
+
+    return engine_bucket_layout(manifest, spec) is not None

@@ -109,6 +109,12 @@ class BucketLayout:
     capacity: int
     prefill: int | None
 
+    def only(self, rows: int) -> "BucketLayout":
+        """The same engine with every pass of up to `rows` tokens in one bucket (the smallest that holds them,
+        else the largest): shape-invariant mode, every decode pass with the same shapes."""
+        bucket = next((q for q in self.buckets if q >= rows), max(self.buckets))
+        return BucketLayout({bucket: self.buckets[bucket]}, self.capacity, self.prefill)
+
 
 def bucket_layout(profiles: list[dict]) -> BucketLayout | None:
     """The bucket layout of an engine's recorded profiles (manifest engine.profiles[graph]); None when the
@@ -325,9 +331,18 @@ def _rows(driver, array: DeviceArray, q: int, stream: int) -> np.ndarray:
     return host
 
 
-def open_tensorrt_session(directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0, cuda_graphs: bool = True):
-    """The engine's session: TensorRTGraphSession for `--profiles buckets` engines, else TensorRTSession."""
-    base = TensorRTSession(directory, manifest, spec, device)
+def engine_bucket_layout(manifest: Manifest, spec: GraphSpec) -> BucketLayout | None:
+    """The bucket layout of graph `spec`'s engine (None: built with dynamic profiles)."""
     graph_name = next((n for n, g in manifest.graphs.items() if g.file == spec.file), "target")
-    layout = bucket_layout(manifest.engine.get("profiles", {}).get(graph_name, []))
-    return TensorRTGraphSession(base, layout, cuda_graphs) if layout else base
+    return bucket_layout((manifest.engine or {}).get("profiles", {}).get(graph_name, []))
+
+
+def open_tensorrt_session(directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0, cuda_graphs: bool = True,
+                          rows: int | None = None):
+    """The engine's session: TensorRTGraphSession for `--profiles buckets` engines (with `rows`: every pass in the
+    one bucket that holds them), else TensorRTSession."""
+    base = TensorRTSession(directory, manifest, spec, device)
+    layout = engine_bucket_layout(manifest, spec)
+    if layout is None:
+        return base
+    return TensorRTGraphSession(base, layout.only(rows) if rows else layout, cuda_graphs)
