@@ -30,6 +30,15 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
+_sigterm_received = threading.Event()
+
+
+def sigterm_received() -> bool:
+    """True once SIGTERM arrived under `terminate_as_interrupt`: a library that caught the `Terminated` raised
+    inside it (a native loader wrapping it in its own error) still ends the command as terminated."""
+    return _sigterm_received.is_set()
+
+
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """While active, SIGTERM raises `Terminated` (so `finally`/`except` blocks clean up) instead of killing."""
@@ -38,6 +47,7 @@ def terminate_as_interrupt() -> Iterator[None]:
         return
 
     def on_sigterm(signum, frame) -> None:
+        _sigterm_received.set()
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)

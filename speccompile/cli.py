@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SpecCompileError as exc:
+        from .atomic_dir import Terminated, sigterm_received
+
+        if sigterm_received():  # SIGTERM arrived inside a library that turned it into an error of its own
+            click.echo("terminated", err=True)
+            raise Terminated() from None
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

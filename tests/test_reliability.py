@@ -495,3 +495,28 @@ def test_a_prompt_too_long_for_the_artifact_names_its_source(capsys, tmp_path, t
     code, _, err = _cli(capsys, "verify", str(tiny_artifact), "--workload", str(workload), "--max-tokens", "4")
     assert code == 2
     _one_error_line(err, "prompt huge:", "max_context")
+
+
+def test_sigterm_turned_into_a_library_error_still_ends_as_terminated():
+    """SIGTERM can arrive inside a native loader that wraps the raised `Terminated` in an error of its own (seen
+    with safetensors during export): the command still ends as terminated (128 + SIGTERM), not as bad input."""
+    script = """
+import os, signal, time
+import speccompile.cli as cli_module
+from speccompile.atomic_dir import terminate_as_interrupt
+from speccompile.errors import InputError
+
+def command(**kwargs):
+    with terminate_as_interrupt():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except BaseException as exc:  # what a wrapping library does
+            raise InputError(f"model.safetensors: not a readable safetensors file ({exc!r})")
+
+cli_module.cli.main = command
+cli_module.main([])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "terminated" in done.stderr and "not a readable" not in done.stderr
