@@ -62,11 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SpecCompileError as exc:
-        from .atomic_dir import Terminated, sigterm_received
-
-        if sigterm_received():  # SIGTERM arrived inside a library that turned it into an error of its own
-            click.echo("terminated", err=True)
-            raise Terminated() from None
+        _end_if_terminated()
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
@@ -79,12 +75,26 @@ def main(argv: list[str] | None = None) -> None:
             click.echo("terminated", err=True)
         raise
     except ModuleNotFoundError as exc:
+        _end_if_terminated()
         args = sys.argv[1:] if argv is None else argv
         message = missing_extra_message(exc, next((a for a in args if not a.startswith("-")), None))
         if message is None:
             raise
         click.echo(f"error: {message}", err=True)
         sys.exit(2)
+    except Exception:
+        _end_if_terminated()
+        raise
+
+
+def _end_if_terminated() -> None:
+    """SIGTERM arrived inside a library that turned the raised `Terminated` into an error of its own (a native
+    loader during export): end as terminated (128 + SIGTERM), not with that error."""
+    from .atomic_dir import Terminated, sigterm_received
+
+    if sigterm_received():
+        click.echo("terminated", err=True)
+        raise Terminated() from None
 
 
 if __name__ == "__main__":
