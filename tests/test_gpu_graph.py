@@ -301,3 +301,25 @@ def test_factory_gives_the_gpu_graph_one_bucket_in_shape_invariant_mode(tmp_path
         cache = session.new_cache()
         out_step = session.run(np.asarray(prompt), np.arange(len(prompt)), cache.attention_mask(np.tril(np.ones((13, 13), bool))), cache)
         assert out_step.logits.shape[0] == 13
+
+
+def test_greedy_decoding_leaves_the_logits_on_the_device(tmp_path, monkeypatch):
+    """Only what the sampler needs comes back: greedy steps verify from the graph's ArgMax rows and never copy
+    the logits; sampling reads them."""
+    from speccompile.runtime.backends import ort_cuda
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    out, spec, _ = _fp32_gpu_form(tmp_path)
+    runner = Runner(out, drafter="ngram", contract_graph=True, threads=1)
+    runner.artifact.target = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1)
+    fetched: list[int] = []
+    read = ort_cuda.DeviceLogitsOutput.logits
+    monkeypatch.setattr(ort_cuda.DeviceLogitsOutput, "logits",
+                        property(lambda self: fetched.append(1) or read.fget(self), read.fset))
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+    greedy = runner.generate_ids(prompt, max_tokens=16)
+    assert greedy.stats.target_passes > 2 and len(fetched) == 1  # the prompt's last row only (the first token)
+    fetched.clear()
+    sampled = runner.generate_ids(prompt, max_tokens=16, sampling=SamplingParams(temperature=0.8, seed=1))
+    assert len(fetched) >= sampled.stats.target_passes  # every step's rows

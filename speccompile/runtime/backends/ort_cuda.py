@@ -13,7 +13,7 @@ What a step does:
     the run option `gpu_graph_id` = its own id: ONNX Runtime captures the bucket's graph once and replays it
     (ids >= 1; -1 runs without capture: prefill chunks larger than the largest bucket);
   * only what the sampler needs comes back: the in-graph ArgMax rows (`next_tokens`, q integers) always, the
-    logits rows when `fetch_logits` is set (sampling; greedy decoding may turn it off).
+    logits rows only when the loop reads them (`DeviceLogitsOutput`: sampling does, greedy decoding does not).
 
 The same class runs on ONNX Runtime CPU (`device="cpu"`, no CUDA graphs) with the fp32 form of the GPU
 graph: that is how the CPU tests check the bucketing, padding and binding against the contract graph.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -178,6 +178,28 @@ class FixedKVCache(BufferKVCache):
         self.length += len(keep)
 
 
+class DeviceLogitsOutput(StepOutput):
+    """A step whose logits rows stay on the device until read: greedy verification uses `greedy_tokens` (the
+    graph's ArgMax) and never copies the [q, vocab] logits back. Valid until the session's next `run`."""
+
+    def __init__(self, fetch_logits: Callable[[], np.ndarray], presents: list[Any], hidden: np.ndarray | None,
+                 greedy_tokens: np.ndarray):
+        super().__init__(logits=None, presents=presents, hidden=hidden, greedy_tokens=greedy_tokens)
+        self._fetch_logits = fetch_logits
+        self._host_logits: np.ndarray | None = None
+
+    @property
+    def logits(self) -> np.ndarray:
+        """[q, vocab] float32, copied from the device on first use."""
+        if self._host_logits is None:
+            self._host_logits = self._fetch_logits()
+        return self._host_logits
+
+    @logits.setter
+    def logits(self, value: np.ndarray | None) -> None:  # the dataclass __init__ assigns it
+        self._host_logits = value
+
+
 class OrtCudaSession:
     """The GPU verify graph in an ONNX Runtime session with fixed bindings per q bucket (CUDA graphs on CUDA)."""
 
@@ -204,7 +226,6 @@ class OrtCudaSession:
         self.capacity = capacity
         self.buckets = q_buckets(min(max_verify_tokens, capacity), buckets)
         self.graph_ids = {q: i + 1 for i, q in enumerate(self.buckets)}  # gpu_graph_id per bucket (>= 1)
-        self.fetch_logits = True  # False: only next_tokens (greedy) come back from the device
         self._ort = ort
         opts = session_options(threads)
         if device == "cuda":
@@ -301,10 +322,10 @@ class OrtCudaSession:
         self.session.run_with_iobinding(binding, self._options(bucket))
         outputs = {name: self._buffers[buffer.key] for name, buffer in plan.outputs.items()}
         tokens = outputs["next_tokens"].numpy()[0, :q]
-        logits = outputs["logits"].numpy()[0, :q] if self.fetch_logits else None
+        device_logits = outputs["logits"]
         hidden = outputs[self.hidden_name].numpy()[0, :q] if self.hidden_name else None
         if bucket not in self.graph_ids:  # a one-off size (a long prefill chunk): free its buffers
             for buffer in plan.buffers().values():
                 if buffer.key.endswith(f".q{bucket}"):
                     del self._buffers[buffer.key]
-        return StepOutput(logits=logits, presents=cache.tensors, hidden=hidden, greedy_tokens=tokens)
+        return DeviceLogitsOutput(lambda: device_logits.numpy()[0, :q], cache.tensors, hidden, tokens)
