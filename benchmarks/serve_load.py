@@ -3,12 +3,14 @@
 
 Starts `speccompile serve ARTIFACT --port 0` as a child process (extra server flags after `--`), then runs:
   1. `streams-1`: the workload prompts one stream at a time (greedy); their answers are the reference;
-  2. `streams-N` (--streams, default 8): the same prompts from N concurrent streams;
+  2. `streams-N` (--streams, default 8): the same prompts (--passes times over) from N concurrent streams;
   3. `churn`: --requests (200) requests from --clients (16) concurrent clients over the same prompts, a
      --disconnect share of them closed after a random number of chunks.
 Every prompt's greedy answer must equal its `streams-1` answer. Printed per phase: requests, completion
 tokens, wall time, aggregate tok/s (completion tokens of the phase / its wall time), TTFT p50/p95 (request
-sent -> first text chunk, at the client), mismatches. Churn also prints lost / duplicated counts (a request
+sent -> first text chunk, at the client), mismatches; and TTFT p50 split into the first wave (each client's
+first request: they arrive together, so they queue for each other's prefill) and the steady state (the later
+requests, which arrive as earlier ones finish). Churn also prints lost / duplicated counts (a request
 that ends neither finished nor deliberately disconnected is lost; more than one finish chunk in a stream, or
 server-side generation outcomes beyond the requests sent, is duplicated). The server's RSS is sampled after
 the warm-up and after each phase. Results are printed, never asserted. Example:
@@ -46,6 +48,7 @@ class Outcome:
     finishes: int = 0  # finish chunks seen (1 when the stream completed)
     disconnected: bool = False
     error: str | None = None
+    first_wave: bool = False  # the client's first request (all clients start at once)
 
 
 @dataclass
@@ -66,8 +69,14 @@ class Phase:
             "completion_tokens": tokens, "wall_s": round(self.wall, 2), "tok_per_s": round(tokens / self.wall, 2),
             "ttft_p50_s": round(_percentile(ttfts, 50), 3) if ttfts else None,
             "ttft_p95_s": round(_percentile(ttfts, 95), 3) if ttfts else None,
+            "ttft_p50_first_wave_s": _p50([o.ttft for o in self.outcomes if o.first_wave and o.ttft is not None]),
+            "ttft_p50_steady_s": _p50([o.ttft for o in self.outcomes if not o.first_wave and o.ttft is not None]),
             "mismatches": self.mismatches,
         }
+
+
+def _p50(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -121,9 +130,12 @@ async def _run_phase(name: str, url: str, model: str, jobs: list[tuple[dict, int
 
     async def worker() -> None:
         async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=3600) as client:
+            first = True
             while not queue.empty():
                 prompt, cut_after = queue.get_nowait()
-                outcomes.append(await _one(client, model, prompt, max_tokens, cut_after))
+                outcome = await _one(client, model, prompt, max_tokens, cut_after)
+                outcome.first_wave, first = first, False
+                outcomes.append(outcome)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -151,6 +163,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="First N prompts of each workload.")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--passes", type=int, default=1, help="Times the prompts are sent in the streams-N phase.")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--disconnect", type=float, default=0.25, help="Share of churn requests closed early.")
@@ -176,7 +189,7 @@ def main() -> None:
         phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
         reference = {o.prompt: o.text for o in phases[0].outcomes}
         rss["after_streams-1"] = server.rss_bytes()
-        phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts],
+        phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts * args.passes],
                                              args.streams, args.max_tokens)))
         rss[f"after_streams-{args.streams}"] = server.rss_bytes()
         before = _server_outcomes(server)
@@ -217,6 +230,8 @@ def main() -> None:
         print(f"{r['phase']:<12}{r['requests']:>9}{r['finished']:>9}{r['disconnected']:>5}{r['errors']:>7}"
               f"{r['completion_tokens']:>8}{r['wall_s']:>8}{r['tok_per_s']:>8}{r['ttft_p50_s']:>10}{r['ttft_p95_s']:>10}"
               f"{r['mismatches']:>9}")
+    print("TTFT p50 first wave / steady state (s): " + ", ".join(
+        f"{r['phase']} {r['ttft_p50_first_wave_s']} / {r['ttft_p50_steady_s']}" for r in summary["phases"]))
     c = summary["churn"]
     print(f"churn: sent {c['sent']}, lost {c['lost']}, duplicated {c['duplicated']}, server outcomes {c['server_outcomes']}")
     print("server RSS (MB): " + ", ".join(f"{k} {v}" for k, v in summary["rss_mb"].items())

@@ -87,6 +87,29 @@ def test_batched_greedy_equals_alone(tiny_artifact, adaptive, monkeypatch):
         assert drafted > 0  # speculative passes of their own ran next to the batched ones
 
 
+def test_fixed_kv_pool_is_allocated_once_and_decodes_as_alone(tiny_artifact):
+    """With a token bound the slots are allocated (and written) at start and never reallocated while serving."""
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    prompts = [_ids(runner, p) for p in PROMPTS]
+    bound = max(len(ids) for ids in prompts) + 24
+    decoder = runner.batch_decoder(3, bound)
+    assert decoder.rows == bound + runner.artifact.max_verify_tokens
+    pool = [id(buffer) for buffer in decoder.buffers]
+    assert decoder.kv_bytes == sum(b.nbytes for b in decoder.buffers) > 0
+    waiting, results = list(enumerate(prompts)), {}
+    running = {}
+    while waiting or running:
+        batch = waiting[: decoder.free]
+        del waiting[: len(batch)]
+        for (i, _), generation in zip(batch, decoder.join_many([(ids, runner.config(24), None) for _, ids in batch])):
+            running[id(generation)] = i
+        for generation in decoder.step():
+            results[running.pop(id(generation))] = generation.result().tokens
+        assert [id(buffer) for buffer in decoder.buffers] == pool
+    for i, ids in enumerate(prompts):
+        assert results[i] == runner.generate_ids(ids, 24).tokens
+
+
 def test_batched_seeded_sampling_equals_alone(tiny_artifact):
     """Per-request RNG and acceptance: a seeded request gives the same tokens batched or alone."""
     runner = Runner(tiny_artifact, drafter="ngram", threads=1)

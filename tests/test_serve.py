@@ -320,6 +320,8 @@ def test_sigterm_drains_in_flight_and_exits_zero(artifact):
     (["--max-concurrency", "0"], "--max-concurrency"),
     (["--replicas", "2"], "--ray"),
     (["--port", "70000"], "--port"),
+    (["--max-model-len", "1"], "--max-model-len"),
+    (["--max-model-len", str(CONTEXT + 1)], "--max-model-len"),
 ])
 def test_cli_rejects_bad_options(artifact, args, message):
     result = run_cli("serve", str(artifact), *args)
@@ -403,6 +405,19 @@ def test_concurrent_greedy_requests_are_batched_and_equal_runner(artifact, runne
             answers = list(pool.map(ask, range(len(prompts))))
     assert [text for text, _ in answers] == expected
     assert all(stats["batched"] for _, stats in answers)
+
+
+def test_max_model_len_bounds_requests_and_the_kv_pool(artifact, runner):
+    """--max-model-len: reported by /v1/models, longer asks are 400 before any work, shorter ones answer as alone."""
+    with ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--max-model-len", "40") as server:
+        models = httpx.get(server.url + "/models").json()["data"]
+        assert models[0]["max_model_len"] == 40
+        ids = runner.artifact.tokenizer.prompt_ids("hello world", chat=False)
+        too_long = _post(server, "/completions", {"model": MODEL, "prompt": "hello world", "max_tokens": 41 - len(ids)})
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        response = client.completions.create(model=MODEL, prompt="hello world", max_tokens=40 - len(ids), temperature=0)
+    assert response.choices[0].text == runner.generate("hello world", chat=False, max_tokens=40 - len(ids)).text
 
 
 def test_no_batching_flag_serves_sequentially(artifact, runner):

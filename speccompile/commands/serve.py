@@ -22,6 +22,9 @@ from .generate import run_options
                    "n-gram or no drafter); otherwise, or when the artifact cannot, one after another.")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests waiting beyond --max-concurrency; more are answered 429.")
+@click.option("--max-model-len", type=int, default=None,
+              help="Most tokens (prompt + completion) of one request; longer asks get 400. Sizes the batched engine's KV "
+                   "pool, allocated at start: --max-concurrency x (this + max verify tokens) rows [default: the artifact's context].")
 @click.option("--max-body-bytes", type=int, default=1 << 20, show_default=True, help="Larger request bodies are answered 413.")
 @run_options
 @click.option("--ray", "use_ray", is_flag=True, help="Deploy on Ray Serve (needs speccompile[ray]): one engine per replica.")
@@ -30,7 +33,7 @@ from .generate import run_options
 @click.option("--ray-options", default=None,
               help="--ray: JSON object of Ray Serve deployment options, e.g. '{\"autoscaling_config\": {\"min_replicas\": 1, \"max_replicas\": 4}}'.")
 @click.option("--json", "json_logs", is_flag=True, help="Log one JSON object per line on stderr.")
-def serve(artifact, host, port, served_model_name, max_concurrency, batching, max_queue, max_body_bytes, options, use_ray, replicas,
+def serve(artifact, host, port, served_model_name, max_concurrency, batching, max_queue, max_model_len, max_body_bytes, options, use_ray, replicas,
           ray_address, ray_options, json_logs):
     """Serve ARTIFACT over the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).
 
@@ -48,7 +51,7 @@ def serve(artifact, host, port, served_model_name, max_concurrency, batching, ma
     if not use_ray and (replicas is not None or ray_address is not None or ray_options is not None):
         raise InputError("--replicas, --ray-address and --ray-options need --ray")
     options = EngineOptions(artifact=artifact, run=options, max_concurrency=max_concurrency, max_queue=max_queue,
-                            batching=batching).validate()
+                            batching=batching, max_model_len=max_model_len).validate()
     logging.config.dictConfig(log_config(json_logs))
     if use_ray:
         from ..serve.ray_app import parse_deployment_options, serve_on_ray

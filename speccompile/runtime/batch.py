@@ -65,8 +65,9 @@ class LoadPricedCosts:
 class BatchDecoder:
     """Active generations in slots of shared KV buffers; `join`, `step`, `leave`.
 
-    The buffers start with `initial_rows` KV rows per slot and double (up to the graph's rows) when a request
-    needs more: memory follows the longest request, not slots x context.
+    `rows`: KV rows per slot, allocated (and written, so the memory is taken) at once — a server's fixed KV pool,
+    sized by the longest request it admits. Without it the buffers start with `initial_rows` rows per slot and
+    double (up to the graph's rows) when a request needs more: memory follows the longest request so far.
 
     `new_generator()` returns a Generator for one request (its own drafter) over `session`;
     `batch_costs` collects the batched pass times by batch size."""
@@ -74,7 +75,7 @@ class BatchDecoder:
     initial_rows = 512
 
     def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
-                 slots: int, alone_costs: PassCosts):
+                 slots: int, alone_costs: PassCosts, rows: int | None = None):
         if not session.batches:
             raise UnsupportedError(f"{session.spec.file} has batch 1 only (re-export for a batch axis)")
         self.session = session
@@ -82,10 +83,20 @@ class BatchDecoder:
         self.slots = slots
         self.alone_costs = alone_costs
         self.batch_costs = PassCosts()  # keyed by the number of rows of a batched plain pass
-        self.rows = min(session.kv_rows, self.initial_rows)  # KV rows per slot now (grows like BufferKVCache)
+        if rows is not None and rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        self.rows = min(session.kv_rows, rows or self.initial_rows)  # KV rows per slot now
         self.buffers = session.new_batch_buffers(slots, self.rows)
+        if rows is not None:
+            for buffer in self.buffers:
+                buffer.fill(0)  # commit the pages now: the pool's memory is taken at start, not as requests arrive
         self.active: list[Generation] = []  # active[i] lives in slot i
         self.batched_passes = 0
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the slot buffers (every layer's keys and values)."""
+        return sum(buffer.nbytes for buffer in self.buffers)
 
     @property
     def free(self) -> int:

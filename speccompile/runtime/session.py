@@ -110,15 +110,18 @@ class Runner:
             return f"batching drafts with n-gram lookup or nothing (drafter: {self.drafter_name})"
         return None
 
-    def batch_decoder(self, slots: int) -> "BatchDecoder":
-        """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`."""
+    def batch_decoder(self, slots: int, max_tokens: int | None = None) -> "BatchDecoder":
+        """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`.
+        `max_tokens`: the most tokens (prompt + generated) one request holds; the KV slots are then allocated at
+        once for that many tokens plus a verify pass (else they grow with the longest request)."""
         from .batch import BatchDecoder
 
         problem = self.batch_problem()
         if problem:
             raise UnsupportedError(problem)
+        rows = None if max_tokens is None else max_tokens + self.artifact.max_verify_tokens
         return BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
-                            slots, self.pass_costs)
+                            slots, self.pass_costs, rows)
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None) -> GenerationConfig:

@@ -59,8 +59,11 @@ class EngineOptions:
     max_concurrency: int = 8  # requests admitted at once (decoding, or next in line for the worker)
     max_queue: int = 64  # requests waiting beyond those; more get EngineBusy
     batching: bool = True  # decode admitted requests together when the artifact allows (BatchedEngine)
+    max_model_len: int | None = None  # most tokens (prompt + completion) of one request [default: the artifact's context]
 
     def validate(self) -> "EngineOptions":
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InputError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if self.max_concurrency < 1:
             raise InputError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_queue < 0:
@@ -182,10 +185,13 @@ class Engine(abc.ABC):
         self.replica = replica
         self._runner = runner if runner is not None else Runner(options.artifact, options.run)
         artifact = self._runner.artifact
+        if options.max_model_len is not None and options.max_model_len > artifact.max_context:
+            raise InputError(f"--max-model-len {options.max_model_len} exceeds {options.artifact}'s context of "
+                             f"{artifact.max_context} tokens")
         self._tokenizer = artifact.tokenizer
         self.info = ModelInfo(
             name=str(artifact.manifest.model.get("name") or Path(options.artifact).name),
-            max_context=artifact.max_context,
+            max_context=options.max_model_len or artifact.max_context,
             vocab_size=self._tokenizer.vocab_size,
             drafter=self._runner.drafter_name,
             has_chat_template=bool(self._tokenizer.chat_template),
@@ -389,7 +395,10 @@ class BatchedEngine(_WorkerEngine):
 
     def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
         super().__init__(options, replica, runner)
-        self._decoder = self._runner.batch_decoder(options.max_concurrency)
+        self._decoder = self._new_decoder()
+        log.info("KV cache allocated", extra={"fields": {
+            "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows,
+            "gib": round(self._decoder.kv_bytes / 2**30, 3)}})
         self._draining = False
         self._live: dict[int, tuple[RequestHandle, object, float, list[float]]] = {}  # id(generation) -> request
 
@@ -407,12 +416,17 @@ class BatchedEngine(_WorkerEngine):
                 for handle, generation, _, _ in list(self._live.values()):
                     self._release(generation)
                     self._failed(handle, exc)
-                self._decoder = self._runner.batch_decoder(self.options.max_concurrency)
+                self._decoder = self._new_decoder()
                 continue
             for generation in finished:
                 handle, _, started, first_text_at = self._live[id(generation)]
                 self._release(generation)
                 self._finish_generation(handle, generation, started, first_text_at)
+
+    def _new_decoder(self):
+        """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, so the
+        server's memory does not grow with the requests it serves."""
+        return self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context)
 
     def _take(self, wait: bool) -> list[RequestHandle]:
         """Admitted requests for the free slots (waiting for the first one when `wait`); None ends the intake."""
