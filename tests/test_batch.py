@@ -88,7 +88,8 @@ def test_batched_greedy_equals_alone(tiny_artifact, adaptive, monkeypatch):
 
 
 def test_fixed_kv_pool_is_allocated_once_and_decodes_as_alone(tiny_artifact):
-    """With a token bound the slots are allocated (and written) at start and never reallocated while serving."""
+    """With a token bound the slots are allocated (and written) at start and never reallocated while serving;
+    the warm-up leaves nothing that changes what the requests decode."""
     runner = Runner(tiny_artifact, drafter="ngram", threads=1)
     prompts = [_ids(runner, p) for p in PROMPTS]
     bound = max(len(ids) for ids in prompts) + 24
@@ -96,6 +97,9 @@ def test_fixed_kv_pool_is_allocated_once_and_decodes_as_alone(tiny_artifact):
     assert decoder.rows == bound + runner.artifact.max_verify_tokens
     pool = [id(buffer) for buffer in decoder.buffers]
     assert decoder.kv_bytes == sum(b.nbytes for b in decoder.buffers) > 0
+    passes = decoder.batched_passes
+    decoder.warm_up(runner.config(2))  # the server's start: the largest passes once, then an empty decoder
+    assert not decoder.active and decoder.free == 3 and decoder.batched_passes > passes
     waiting, results = list(enumerate(prompts)), {}
     running = {}
     while waiting or running:

@@ -161,6 +161,19 @@ class BatchDecoder:
             return False
         return 0 < len(ids) <= config.prefill_chunk and len(ids) + 1 <= (self.session.max_context or len(ids) + 1)
 
+    def warm_up(self, config: GenerationConfig, token: int = 0) -> None:
+        """Run the decoder's largest passes once — a whole prefill chunk, then batched steps over every slot — so
+        ONNX Runtime's memory arena has its working size before the first request (a server's memory is then
+        flat from the start, as vLLM's profiling run at startup). `config`: a short greedy generation config.
+        Leaves the decoder empty."""
+        if self.active:
+            raise RuntimeError("warm_up needs an empty decoder")
+        chunk = max(1, min(config.prefill_chunk, self.rows - config.max_tokens - self.new_generator(config).max_verify_tokens))
+        prompts = [[token] * chunk] + [[token]] * (self.slots - 1)
+        self.join_many([(ids, config, None) for ids in prompts], prefill_together=False)
+        while self.active:
+            self.step()
+
     def leave(self, generation: Generation) -> None:
         """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
         slot = self.active.index(generation)

@@ -424,9 +424,11 @@ class BatchedEngine(_WorkerEngine):
                 self._finish_generation(handle, generation, started, first_text_at)
 
     def _new_decoder(self):
-        """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, so the
-        server's memory does not grow with the requests it serves."""
-        return self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context)
+        """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, and its
+        largest passes run once (warm_up), so the server's memory does not grow with the requests it serves."""
+        decoder = self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context)
+        decoder.warm_up(self._runner.config(2))
+        return decoder
 
     def _take(self, wait: bool) -> list[RequestHandle]:
         """Admitted requests for the free slots (waiting for the first one when `wait`); None ends the intake."""
