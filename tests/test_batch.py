@@ -152,3 +152,41 @@ def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
     decoder.batch_costs.by_q.update({1: 0.020, 8: 0.030})
     assert decoder.drafting_pays(decoder.shared_row_seconds(1))  # alone: 9 tokens in 52 ms beat 1 in 20 ms
     assert not decoder.drafting_pays(decoder.shared_row_seconds(8))  # 1 token per 3.75 ms row beats any draft
+
+
+@pytest.fixture(scope="module")
+def head_artifacts(tmp_path_factory) -> dict:
+    """Artifacts of the tiny head target with a random EAGLE-3 head and Medusa heads (exported once)."""
+    from test_heads_helpers import shared_target, write_checkpoint
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    target = shared_target(tmp_path_factory)
+    root = tmp_path_factory.mktemp("batch_heads")
+    artifacts = {}
+    for kind in ("eagle3", "medusa"):
+        ckpt = write_checkpoint(root / f"{kind}_ckpt", kind)
+        export_artifact(str(target), root / kind, ExportOptions(drafter=f"{kind}:{ckpt}", max_context=256))
+        artifacts[kind] = root / kind
+    return artifacts
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model"])
+def test_every_drafter_batches_and_equals_alone(kind, head_artifacts, tiny_artifact_with_draft):
+    """Head and draft-model drafters decode together too: one drafter (own state) per request over one shared
+    session of its graph; every request's greedy tokens equal its tokens alone."""
+    artifact = tiny_artifact_with_draft if kind == "draft-model" else head_artifacts[kind]
+    runner = Runner(artifact, drafter=kind, threads=1, adaptive=False)
+    assert runner.batch_problem() is None
+    if kind == "draft-model":
+        prompts = [_ids(runner, p) for p in PROMPTS]
+    else:
+        from test_heads_helpers import word_prompt_ids
+
+        prompts = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]] + [word_prompt_ids(s) for s in range(1, 5)]
+    together, decoder = _decode_together(runner, prompts, 20)
+    assert decoder.batched_passes > 0
+    assert sum(r.stats.draft_steps for r in together) > 0
+    assert len(runner.artifact._shared_sessions) == 1  # the drafter graph opened once for every request
+    for ids, result in zip(prompts, together):
+        assert result.tokens == runner.generate_ids(ids, 20).tokens

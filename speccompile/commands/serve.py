@@ -19,7 +19,7 @@ from .generate import run_options
               help="Requests admitted at once: decoded together (batching), else one after another in arrival order.")
 @click.option("--batching/--no-batching", default=True, show_default=True,
               help="Decode the admitted requests together in shared target passes (fused CPU graph with a batch axis; "
-                   "n-gram or no drafter); otherwise, or when the artifact cannot, one after another.")
+                   "every drafter, each request with its own); otherwise, or when the artifact cannot, one after another.")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests waiting beyond --max-concurrency; more are answered 429.")
 @click.option("--max-model-len", type=int, default=None,

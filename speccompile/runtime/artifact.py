@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ class Artifact:
     threads: int | None
     fused: bool = True
     shape_invariant: int = 0  # rows of every target pass in shape-invariant mode (0 = off)
+    _shared_sessions: dict[str, Session] = field(default_factory=dict, repr=False)
 
     @property
     def max_context(self) -> int:
@@ -45,9 +46,17 @@ class Artifact:
         ids = list(self.manifest.tokenizer.get("eos_token_ids") or [])
         return sorted(set(ids) | set(self.tokenizer.eos_token_ids))
 
-    def session(self, graph: str) -> Session:
-        """Open another graph of the artifact (a drafter) on the same backend."""
-        return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
+    def session(self, graph: str, shared: bool = False) -> Session:
+        """Open another graph of the artifact (a drafter) on the same backend. `shared`: the one session of that
+        graph opened for drafters that decode side by side (continuous batching, ort-cpu): each keeps its state
+        in its own KV cache, and an ONNX Runtime CPU session keeps none between runs."""
+        if not shared:
+            return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
+        if self.backend != "ort-cpu":
+            raise ValueError(f"shared drafter sessions are for ort-cpu, not {self.backend}")
+        if graph not in self._shared_sessions:
+            self._shared_sessions[graph] = _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
+        return self._shared_sessions[graph]
 
 
 def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
@@ -109,11 +118,12 @@ def draft_config(artifact: Artifact, drafter: str, tree: str | None = None, k: i
 
 
 def make_drafter(artifact: Artifact, draft: DraftConfig, sampling: SamplingParams, clock: EngineClock,
-                 lookup_branch: bool = True, ngram_corpus: NgramCorpus | None = None) -> Drafter:
+                 lookup_branch: bool = True, ngram_corpus: NgramCorpus | None = None, shared_session: bool = False) -> Drafter:
     """The runtime drafter for `draft` on this artifact, its graphs timed on `clock`.
 
     `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
-    `ngram_corpus` (the n-gram drafter's) is where lookup falls back to when the history has no match.
+    `ngram_corpus` (the n-gram drafter's) is where lookup falls back to when the history has no match;
+    `shared_session`: the drafter's graph runs in the artifact's shared session (`Artifact.session`).
     """
     name = draft.kind
     if name == "ngram":
@@ -129,12 +139,12 @@ def make_drafter(artifact: Artifact, draft: DraftConfig, sampling: SamplingParam
     if name == "draft-model":
         from .drafters.draft_model import DraftModelDrafter
 
-        session = TimedSession(artifact.session(drafter_section.get("graph", "draft")), clock)
+        session = TimedSession(artifact.session(drafter_section.get("graph", "draft"), shared_session), clock)
         seed = None if sampling.seed is None else sampling.seed + 1
         return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
     from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
 
-    head = heads_factory.make(artifact, draft, clock)
+    head = heads_factory.make(artifact, draft, clock, shared_session)
     if not lookup_branch:
         return head
     from .drafters.lookup_branch import LookupBranchDrafter

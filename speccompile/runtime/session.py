@@ -87,13 +87,14 @@ class Runner:
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
-        `own_drafter`: a new drafter for this generator alone (generations decoding at the same time)."""
+        `own_drafter`: a new drafter for this generator alone (generations decoding at the same time; on ort-cpu
+        its graph runs in a session shared by all of them)."""
         a = self.artifact
         if plain or self.draft_config is None:
             drafter = None
         elif own_drafter:
             drafter = make_drafter(a, self.draft_config, sampling or SamplingParams(), self.clock, self.options.lookup_branch,
-                                   self.ngram_corpus)
+                                   self.ngram_corpus, shared_session=a.backend == "ort-cpu")
         else:
             drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
@@ -106,8 +107,6 @@ class Runner:
             return f"batching needs the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
         if not target.batches:
             return f"{target.spec.file} was exported with batch 1 (re-export the artifact for a batch axis)"
-        if self.drafter_name not in ("ngram", "none"):
-            return f"batching drafts with n-gram lookup or nothing (drafter: {self.drafter_name})"
         return None
 
     def batch_decoder(self, slots: int, max_tokens: int | None = None) -> "BatchDecoder":

@@ -10,7 +10,7 @@ place. The HTTP app (app.py) sees only the `Engine` interface:
 
 `BatchedEngine` decodes up to `max_concurrency` admitted requests together on one worker thread (continuous
 batching, runtime/batch.py); `SequentialEngine` decodes them one after another (artifacts whose graph has
-batch 1, drafters other than n-gram, `--no-batching`). Both run on a single worker thread (the runtime's
+batch 1 or that run on another backend than ort-cpu's fused graph, `--no-batching`). Both run on a single worker thread (the runtime's
 `Runner` is single-threaded).
 """
 

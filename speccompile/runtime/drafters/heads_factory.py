@@ -6,15 +6,16 @@ from ..draft_config import DraftConfig
 from ..timing import EngineClock, TimedSession
 
 
-def open_head_session(artifact, graph: str):
-    """The head graph on the artifact's backend, through the backend factory (its int8/int4 variant on ort-cpu)."""
-    return artifact.session(graph)
+def open_head_session(artifact, graph: str, shared: bool = False):
+    """The head graph on the artifact's backend, through the backend factory (its int8/int4 variant on ort-cpu);
+    `shared`: the artifact's one session of it (drafters decoding side by side)."""
+    return artifact.session(graph, shared)
 
 
-def make(artifact, draft: DraftConfig, clock: EngineClock):
+def make(artifact, draft: DraftConfig, clock: EngineClock, shared_session: bool = False):
     """The head drafter of `draft.kind` (eagle, eagle3, medusa, mtp) for `artifact`, drafting `draft`'s tree."""
     section = artifact.manifest.drafter or {}
-    session = TimedSession(open_head_session(artifact, section.get("graph", draft.kind)), clock)
+    session = TimedSession(open_head_session(artifact, section.get("graph", draft.kind), shared_session), clock)
     max_nodes = artifact.max_verify_tokens
     if draft.kind == "medusa":
         from .medusa import MedusaDrafter
