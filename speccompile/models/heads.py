@@ -40,7 +40,7 @@ from torch import nn
 
 from ..errors import InputError, UnsupportedError
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, describe_key_mismatch, eagle3_tap_layers, rotate_half, mask_to_bias, rope_inv_freq
+from .decoder import MLP, RMSNorm, RotaryEmbedding, describe_key_mismatch, eagle3_tap_layers, rotate_half, mask_to_bias
 
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
 _LAYER_KEYS = (
