@@ -5,7 +5,10 @@ Starts `speccompile serve ARTIFACT --port 0` as a child process (extra server fl
   1. `streams-1`: the workload prompts one stream at a time (greedy); their answers are the reference;
   2. `streams-N` (--streams, default 8): the same prompts (--passes times over) from N concurrent streams;
   3. `churn`: --requests (200) requests from --clients (16) concurrent clients over the same prompts, a
-     --disconnect share of them closed after a random number of chunks.
+     --disconnect share of them closed after a random number of chunks;
+  4. with --request-rate R: `rate-R`, --rate-requests requests sent at random (Poisson) times, R per second
+     on average, whatever the server's pace (open loop, as vLLM's benchmark_serving); also prints the most
+     requests in flight at once.
 Every prompt's greedy answer must equal its `streams-1` answer. Printed per phase: requests, completion
 tokens, wall time, aggregate tok/s (completion tokens of the phase / its wall time), TTFT p50/p95 (request
 sent -> first text chunk, at the client), mismatches; and TTFT p50 split into the first wave (each client's
@@ -57,6 +60,7 @@ class Phase:
     wall: float
     outcomes: list[Outcome] = field(default_factory=list)
     mismatches: int = 0
+    most_in_flight: int | None = None  # open-loop phases: the most requests in flight at once
 
     def report(self) -> dict:
         finished = [o for o in self.outcomes if o.finishes]
@@ -72,6 +76,7 @@ class Phase:
             "ttft_p50_first_wave_s": _p50([o.ttft for o in self.outcomes if o.first_wave and o.ttft is not None]),
             "ttft_p50_steady_s": _p50([o.ttft for o in self.outcomes if not o.first_wave and o.ttft is not None]),
             "mismatches": self.mismatches,
+            **({"most_in_flight": self.most_in_flight} if self.most_in_flight is not None else {}),
         }
 
 
@@ -121,6 +126,33 @@ async def _one(client: openai.AsyncOpenAI, model: str, prompt: dict, max_tokens:
     return outcome
 
 
+async def _run_open_loop(name: str, url: str, model: str, prompts: list[dict], rate: float, count: int, max_tokens: int,
+                         rng: random.Random) -> Phase:
+    """`count` requests at exponential inter-arrival times of mean 1 / `rate` seconds."""
+    in_flight, most = 0, 0
+
+    async def one(client: openai.AsyncOpenAI, prompt: dict, delay: float) -> Outcome:
+        nonlocal in_flight, most
+        await asyncio.sleep(delay)
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            return await _one(client, model, prompt, max_tokens, None)
+        finally:
+            in_flight -= 1
+
+    delays, t = [], 0.0
+    for _ in range(count):
+        t += rng.expovariate(rate)
+        delays.append(t)
+    started = time.perf_counter()
+    async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=3600) as client:
+        outcomes = await asyncio.gather(*(one(client, rng.choice(prompts), d) for d in delays))
+    phase = Phase(name, time.perf_counter() - started, list(outcomes))
+    phase.most_in_flight = most
+    return phase
+
+
 async def _run_phase(name: str, url: str, model: str, jobs: list[tuple[dict, int | None]], concurrency: int,
                      max_tokens: int) -> Phase:
     queue: asyncio.Queue = asyncio.Queue()
@@ -168,6 +200,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--disconnect", type=float, default=0.25, help="Share of churn requests closed early.")
     parser.add_argument("--rounds", type=int, default=1, help="Churn rounds (RSS is sampled after each).")
+    parser.add_argument("--request-rate", type=float, default=None, help="Add an open-loop phase: requests per second (Poisson).")
+    parser.add_argument("--rate-requests", type=int, default=64, help="Requests of the --request-rate phase.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
     argv = sys.argv[1:]
@@ -180,7 +214,8 @@ def main() -> None:
         lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         prompts += lines[: args.limit]
     rng = random.Random(args.seed)
-    limit = ["--max-concurrency", str(max(args.streams, args.clients)), "--max-queue", str(args.clients)]
+    queue = max(args.clients, args.rate_requests if args.request_rate else 0)  # open loop: every request may wait
+    limit = ["--max-concurrency", str(max(args.streams, args.clients)), "--max-queue", str(queue)]
 
     with ServerProcess(args.artifact, *limit, *server_args) as server:
         model = httpx.get(server.url + "/models").json()["data"][0]["id"]
@@ -205,6 +240,11 @@ def main() -> None:
             rss[f"after_{name}"] = server.rss_bytes()
         after = _server_outcomes(server)
         phases += churns
+        if args.request_rate:
+            name = f"rate-{args.request_rate:g}"
+            phases.append(asyncio.run(_run_open_loop(name, server.url, model, prompts, args.request_rate, args.rate_requests,
+                                                     args.max_tokens, rng)))
+            rss[f"after_{name}"] = server.rss_bytes()
 
     for phase in phases:
         phase.mismatches = sum(o.finishes > 0 and o.text != reference[o.prompt] for o in phase.outcomes)
@@ -232,6 +272,9 @@ def main() -> None:
               f"{r['mismatches']:>9}")
     print("TTFT p50 first wave / steady state (s): " + ", ".join(
         f"{r['phase']} {r['ttft_p50_first_wave_s']} / {r['ttft_p50_steady_s']}" for r in summary["phases"]))
+    for r in summary["phases"]:
+        if "most_in_flight" in r:
+            print(f"{r['phase']}: at most {r['most_in_flight']} requests in flight")
     c = summary["churn"]
     print(f"churn: sent {c['sent']}, lost {c['lost']}, duplicated {c['duplicated']}, server outcomes {c['server_outcomes']}")
     print("server RSS (MB): " + ", ".join(f"{k} {v}" for k, v in summary["rss_mb"].items())
