@@ -1,0 +1,31 @@
+"""benchmarks/serve_load.py end to end on a tiny artifact: every phase runs, nothing is lost or duplicated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_serve_load_runs_every_phase_and_loses_nothing(tiny_artifact, tmp_path):
+    workload = tmp_path / "prompts.jsonl"
+    workload.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": text, "chat": False})
+                                  for i, text in enumerate(["abc abc abc", "hello there", "the cat sat"])) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), str(tiny_artifact), "--workload", str(workload),
+         "--max-tokens", "8", "--streams", "2", "--passes", "2", "--requests", "8", "--clients", "3",
+         "--request-rate", "20", "--rate-requests", "5", "--json", "--", "--threads", "1"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    phases = {p["phase"]: p for p in summary["phases"]}
+    assert list(phases) == ["streams-1", "streams-2", "churn", "rate-20"]
+    assert phases["streams-2"]["requests"] == 6  # the prompts twice over
+    assert phases["streams-2"]["ttft_p50_first_wave_s"] is not None and phases["streams-2"]["ttft_p50_steady_s"] is not None
+    assert phases["rate-20"]["requests"] == 5 and phases["rate-20"]["most_in_flight"] >= 1
+    assert all(p["mismatches"] == 0 and p["errors"] == 0 for p in phases.values()), phases
+    assert summary["churn"]["sent"] == 8 and summary["churn"]["lost"] == 0 and summary["churn"]["duplicated"] == 0
+    assert summary["server_exit"] == 0
