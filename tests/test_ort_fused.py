@@ -50,6 +50,32 @@ def test_fused_graph_matches_contract_graph(tmp_path, arch, overrides, hidden):
             np.testing.assert_allclose(f_hidden, c_hidden, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_last_logits_only_is_the_last_row_bitwise(tmp_path, tied):
+    """A prefill chunk projects only its last row to the vocabulary: the same bits as the last row of the whole
+    pass, the same KV rows and hidden states; without the flag every row comes back."""
+    model = make_tiny_hf_model(tmp_path / "m", tie_word_embeddings=tied)
+    export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=64, hidden_states="final"))
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.selects_logits
+    rng = np.random.default_rng(0)
+    for q in (1, 7, 20):
+        ids = rng.integers(3, 60, q)
+        mask = np.tril(np.ones((q, q), bool))
+        results = []
+        for last_only in (False, True):
+            cache = session.new_cache()
+            out = session.run(ids, np.arange(q), cache.attention_mask(mask), cache, last_logits_only=last_only)
+            cache.append(out.presents, range(q), q)
+            results.append((out, [np.array(a[:, :, :q]) for a in cache.arrays]))
+        (full, full_kv), (last, last_kv) = results
+        assert full.logits.shape[0] == q and last.logits.shape[0] == 1
+        np.testing.assert_array_equal(last.logits[-1], full.logits[-1])
+        np.testing.assert_array_equal(last.hidden, full.hidden)
+        for a, b in zip(full_kv, last_kv):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_fused_graph_shares_the_contract_weights(tiny_artifact):
     manifest = read_manifest(tiny_artifact)
     spec = manifest.graph("target-ort")

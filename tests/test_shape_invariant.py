@@ -179,8 +179,8 @@ class _DeadSlots:
     def new_cache(self):
         return self.inner.new_cache(max_dead=64)
 
-    def run(self, input_ids, position_ids, attention_mask, cache):
-        return self.inner.run(input_ids, position_ids, attention_mask, cache)
+    def run(self, input_ids, position_ids, attention_mask, cache, last_logits_only=False):
+        return self.inner.run(input_ids, position_ids, attention_mask, cache, last_logits_only)
 
 
 def test_contract_graph_without_compaction_differs(artifacts):

@@ -273,18 +273,22 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         mlp_out = n("MatMul", [act, init(f"{pre}.mlp.down_proj.weight_t", _numpy(mlp.down_proj.weight).T)])[0]
     final, _ = _skip_norm(n, mlp_out, residual, init("model.norm.weight", _numpy(decoder.model.norm.weight)), eps)
     raw_logits = "logits" if elem == TensorProto.FLOAT else "logits_model_dtype"
+    # CPU: only the rows in `logits_rows` go through lm_head (a prefill chunk needs its last row's logits; on
+    # SmolLM2 the vocabulary projection is a fifth of a token's work). Each row's logits are those of the
+    # whole pass: the Gather copies rows, and the projection computes every row alike.
+    head_input = n("Gather", [final, "logits_rows"], axis=1)[0] if target == "cpu" else final
     if cfg.tie_word_embeddings:
-        flat = n("Reshape", [final, const("lm_head.flat_shape", [-1, hidden])])[0]
+        flat = n("Reshape", [head_input, const("lm_head.flat_shape", [-1, hidden])])[0]
         logits2d = n("Gemm", [flat, embed], transB=1)[0]
-        # [batch * q, V] -> [batch, q, V]: the same bytes as batch 1's Unsqueeze, any batch
-        rows_shape = n("Shape", ["input_ids"])[0]
+        # [batch * rows, V] -> [batch, rows, V]: the same bytes as batch 1's Unsqueeze, any batch
+        rows_shape = n("Shape", [head_input], end=2)[0]
         logits_shape = n("Concat", [rows_shape, const("lm_head.vocab", [cfg.vocab_size])], axis=0)[0]
         n("Reshape", [logits2d, logits_shape], [raw_logits])
     else:
-        n("MatMul", [final, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], [raw_logits])
+        n("MatMul", [head_input, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], [raw_logits])
     if raw_logits != "logits":
         n("Cast", [raw_logits], ["logits"], to=TensorProto.FLOAT)  # the contract graph's logits are float32 too
-    outputs = [_value("logits", TensorProto.FLOAT, [BATCH, "q_len", cfg.vocab_size])]
+    outputs = [_value("logits", TensorProto.FLOAT, [BATCH, "logits_len" if target == "cpu" else "q_len", cfg.vocab_size])]
     if target == "cuda":  # greedy decoding reads q integers back instead of q x vocab floats
         n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
         outputs.append(_value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
@@ -302,6 +306,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         *([_value("attention_bias", TensorProto.FLOAT, [BATCH, 1, "q_len", "total_len"])] if target == "cpu" else []),
         _value("seqlens_k", TensorProto.INT32, [BATCH]),
         _value("total_sequence_length", TensorProto.INT32, []),
+        *([_value("logits_rows", TensorProto.INT64, ["logits_len"])] if target == "cpu" else []),
     ]
     for i in range(cfg.num_hidden_layers):
         inputs += [_value(f"past_key_values.{i}.{kind}", elem, cache_shape) for kind in ("key", "value")]

@@ -349,7 +349,7 @@ class Generation:
             ids = prompt[start: start + chunk]
             q = len(ids)
             mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
-            out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache)
+            out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
             self.cache.append(out.presents, range(q), q)
             logits = out.logits[-1]
             self.stats.prefill_passes += 1

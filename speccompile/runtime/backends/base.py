@@ -51,9 +51,11 @@ class Session(Protocol):
         """An empty KV cache in this backend's tensor type."""
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
-            **features: np.ndarray) -> StepOutput:
+            last_logits_only: bool = False, **features: np.ndarray) -> StepOutput:
         """Run q new tokens: input_ids/position_ids int64 [q], attention_mask bool [1, q, cache slots + q],
         plus one float [q, width] array per name in `feature_inputs(spec)` (head graphs).
+        `last_logits_only`: the caller reads only the last row's logits (a prefill chunk); a graph that can
+        skip the other rows' vocabulary projection returns [1, vocab], others [q, vocab] as always.
 
         The committed rows of `cache` are never changed, and its bookkeeping (which slots are live, its
         length) is left to the caller, who adopts the step with `cache.append(out.presents, keep, q)`.

@@ -140,7 +140,7 @@ class OrtSession:
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
-            **features: np.ndarray) -> StepOutput:
+            last_logits_only: bool = False, **features: np.ndarray) -> StepOutput:
         binding = self.session.io_binding()
         self._bind_step_inputs(binding, input_ids, position_ids, features)
         binding.bind_cpu_input("attention_mask", np.ascontiguousarray(attention_mask, dtype=bool))
@@ -178,6 +178,8 @@ class OrtBufferSession(OrtSession):
         self._step_outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
         widths = {t.name: t.shape[-1] for t in spec.outputs if t.name in self._step_outputs}
         self._widths = [int(widths[name]) for name in self._step_outputs]
+        # graphs exported since the input exists project only the rows in `logits_rows` to the vocabulary
+        self.selects_logits = any(t.name == "logits_rows" for t in spec.inputs)
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -185,10 +187,11 @@ class OrtBufferSession(OrtSession):
                              capacity=capacity or self.initial_capacity, max_capacity=capacity or self.max_context)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
-            **features: np.ndarray) -> StepOutput:
+            last_logits_only: bool = False, **features: np.ndarray) -> StepOutput:
         """`attention_mask` [1, q, T] with T >= cache.length + q: GroupQueryAttention writes the q rows at
         [length, length + q) and sees T as total_sequence_length (T > length + q: slots past the new rows,
-        masked; the shape-invariant mode passes the full capacity)."""
+        masked; the shape-invariant mode passes the full capacity). `last_logits_only`: logits of the last
+        row only (a prefill chunk), where the graph can skip the others."""
         total = int(attention_mask.shape[-1])
         q = int(input_ids.size)
         cache.reserve(total)
@@ -198,7 +201,12 @@ class OrtBufferSession(OrtSession):
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
         binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        arrays = [np.empty((1, q, width), dtype=np.float32) for width in self._widths]  # fresh each step: callers may keep them
+        rows = q
+        if self.selects_logits:
+            rows = 1 if last_logits_only else q
+            binding.bind_cpu_input("logits_rows", np.arange(q - rows, q, dtype=np.int64))
+        shapes = [(1, rows, self._widths[0])] + [(1, q, width) for width in self._widths[1:]]
+        arrays = [np.empty(shape, dtype=np.float32) for shape in shapes]  # fresh each step: callers may keep them
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
         self.session.run_with_iobinding(binding)
@@ -281,6 +289,8 @@ class OrtBufferSession(OrtSession):
         binding.bind_cpu_input("attention_bias", bias)
         binding.bind_cpu_input("seqlens_k", np.asarray(seqlens_k, dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(bias.shape[-1], dtype=np.int32))
+        if self.selects_logits:
+            binding.bind_cpu_input("logits_rows", np.arange(q, dtype=np.int64))
         arrays = [np.empty((batch, q, width), dtype=np.float32) for width in self._widths]
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))

@@ -304,7 +304,8 @@ class OrtCudaSession:
         self._cache.length = 0
         return self._cache
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: FixedKVCache) -> StepOutput:
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: FixedKVCache,
+            last_logits_only: bool = False) -> StepOutput:
         q = int(np.asarray(input_ids).size)
         past = cache.length
         if not is_causal_step(attention_mask, past):

@@ -72,9 +72,11 @@ class ShapeInvariantSession:
             return self.inner.new_cache(capacity=self.capacity)
         return self.inner.new_cache()
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache) -> StepOutput:
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache,
+            last_logits_only: bool = False) -> StepOutput:
         """One pass; a tree's rows run main path first (`cache.row_slots` tells the cache where each row
-        went) and `plain_exact` marks the rows computed exactly as plain decoding computes them."""
+        went) and `plain_exact` marks the rows computed exactly as plain decoding computes them. Every row's
+        logits come back (`last_logits_only` is not used: the pass keeps its fixed shapes)."""
         q = int(np.asarray(input_ids).size)
         rows = max(self.rows, q)
         width = int(attention_mask.shape[-1])

@@ -155,7 +155,7 @@ class TensorRTSession(TensorRTEngine):
 
     # -- one step ----------------------------------------------------------------------------------
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
-            **features: np.ndarray) -> StepOutput:
+            last_logits_only: bool = False, **features: np.ndarray) -> StepOutput:
         q = int(np.asarray(input_ids).size)
         host = {
             "input_ids": self._host("input_ids", input_ids, (1, q)),

@@ -262,7 +262,8 @@ class TensorRTGraphSession:
         self._cache.length = 0
         return self._cache
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: DeviceKVCache) -> StepOutput:
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: DeviceKVCache,
+            last_logits_only: bool = False) -> StepOutput:
         q, length = int(np.asarray(input_ids).size), cache.length
         if not attention_mask[0, :, :length].all():
             raise UnsupportedError("the bucket engine's KV rows are always committed rows (no dead slots)")

@@ -38,7 +38,7 @@ class DraftModelDrafter(Drafter):
         self.cache.maybe_compact(q, self.max_context)
         start = len(self.cached)
         mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
-        out = self.session.run(np.asarray(new_tokens), np.arange(start, start + q), mask, self.cache)
+        out = self.session.run(np.asarray(new_tokens), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
         self.cache.append(out.presents, range(q), q)
         self.cached.extend(new_tokens)
         return out.logits[-1]
