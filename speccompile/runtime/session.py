@@ -28,6 +28,7 @@ from .timing import EngineClock
 
 if TYPE_CHECKING:
     from .batch import BatchDecoder
+    from .prefix_cache import PrefixCache
 
 
 MAX_DRAFTERS = 8  # draft-model drafters kept per runner (one per sampling setting)
@@ -110,15 +111,18 @@ class Runner:
             return f"batching drafts with n-gram lookup or nothing (drafter: {self.drafter_name})"
         return None
 
-    def batch_decoder(self, slots: int) -> "BatchDecoder":
-        """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`."""
+    def batch_decoder(self, slots: int, prefix_cache: "PrefixCache | None" = None) -> "BatchDecoder":
+        """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`.
+        `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder)."""
         from .batch import BatchDecoder
 
         problem = self.batch_problem()
         if problem:
             raise UnsupportedError(problem)
-        return BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
-                            slots, self.pass_costs)
+        decoder = BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
+                               slots, self.pass_costs)
+        decoder.prefix_cache = prefix_cache
+        return decoder
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None) -> GenerationConfig:
