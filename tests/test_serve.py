@@ -320,6 +320,7 @@ def test_sigterm_drains_in_flight_and_exits_zero(artifact):
     (["--max-concurrency", "0"], "--max-concurrency"),
     (["--replicas", "2"], "--ray"),
     (["--port", "70000"], "--port"),
+    (["--prefix-cache-mb", "0"], "--prefix-cache-mb"),
 ])
 def test_cli_rejects_bad_options(artifact, args, message):
     result = run_cli("serve", str(artifact), *args)
