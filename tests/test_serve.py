@@ -322,6 +322,7 @@ def test_sigterm_drains_in_flight_and_exits_zero(artifact):
     (["--port", "70000"], "--port"),
     (["--max-model-len", "1"], "--max-model-len"),
     (["--max-model-len", str(CONTEXT + 1)], "--max-model-len"),
+    (["--prefix-cache-mb", "0"], "--prefix-cache-mb"),
 ])
 def test_cli_rejects_bad_options(artifact, args, message):
     result = run_cli("serve", str(artifact), *args)

@@ -20,6 +20,11 @@ from .generate import run_options
 @click.option("--batching/--no-batching", default=True, show_default=True,
               help="Decode the admitted requests together in shared target passes (fused CPU graph with a batch axis; "
                    "every drafter, each request with its own); otherwise, or when the artifact cannot, one after another.")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="Batched engine: reuse the KV rows of earlier prompts (whole prefill chunks of a shared prefix, or a "
+                   "repeated prompt); exact by construction (docs/serving.md).")
+@click.option("--prefix-cache-mb", type=int, default=512, show_default=True,
+              help="Memory bound of the prefix cache (least recently used entries go first).")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests waiting beyond --max-concurrency; more are answered 429.")
 @click.option("--max-model-len", type=int, default=None,
@@ -33,7 +38,7 @@ from .generate import run_options
 @click.option("--ray-options", default=None,
               help="--ray: JSON object of Ray Serve deployment options, e.g. '{\"autoscaling_config\": {\"min_replicas\": 1, \"max_replicas\": 4}}'.")
 @click.option("--json", "json_logs", is_flag=True, help="Log one JSON object per line on stderr.")
-def serve(artifact, host, port, served_model_name, max_concurrency, batching, max_queue, max_model_len, max_body_bytes, options, use_ray, replicas,
+def serve(artifact, host, port, served_model_name, max_concurrency, batching, prefix_caching, prefix_cache_mb, max_queue, max_model_len, max_body_bytes, options, use_ray, replicas,
           ray_address, ray_options, json_logs):
     """Serve ARTIFACT over the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).
 
@@ -51,7 +56,8 @@ def serve(artifact, host, port, served_model_name, max_concurrency, batching, ma
     if not use_ray and (replicas is not None or ray_address is not None or ray_options is not None):
         raise InputError("--replicas, --ray-address and --ray-options need --ray")
     options = EngineOptions(artifact=artifact, run=options, max_concurrency=max_concurrency, max_queue=max_queue,
-                            batching=batching, max_model_len=max_model_len).validate()
+                            batching=batching, prefix_caching=prefix_caching, prefix_cache_mb=prefix_cache_mb,
+                            max_model_len=max_model_len).validate()
     logging.config.dictConfig(log_config(json_logs))
     if use_ray:
         from ..serve.ray_app import parse_deployment_options, serve_on_ray

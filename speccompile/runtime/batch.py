@@ -38,6 +38,7 @@ from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
+from .prefix_cache import PrefixCache
 
 
 @dataclass
@@ -73,6 +74,7 @@ class BatchDecoder:
     `batch_costs` collects the batched pass times by batch size."""
 
     initial_rows = 512
+    prefix_cache: PrefixCache | None = None  # reuse prompt rows across requests (`join`; Runner.batch_decoder sets it)
 
     def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
                  slots: int, alone_costs: PassCosts, rows: int | None = None):
@@ -104,13 +106,23 @@ class BatchDecoder:
 
     def join(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None) -> Generation:
         """Prefill a new request in the next free slot (alone) and emit its first token; it decodes with the
-        batch from the next `step()` unless it is already done."""
+        batch from the next `step()` unless it is already done. With a `prefix_cache`, the rows it holds of
+        the prompt (whole prefill chunks, or the whole prompt) are copied into the slot instead of prefilled,
+        and what the prefill computed is kept for later prompts (exact: runtime/prefix_cache.py)."""
         if not self.free:
             raise RuntimeError("every batch slot is taken")
         slot = len(self.active)
         generator = self.new_generator(config)
         self._ensure_rows(len(prompt_ids) + generator.max_verify_tokens)
-        generation = generator.start(prompt_ids, config, on_text, self.session.slot_cache(self.buffers, slot))
+        cache = self.session.slot_cache(self.buffers, slot)
+        caching = self.prefix_cache is not None and generator.resumes_prefill
+        hit = self.prefix_cache.lookup(self.session, config.prefill_chunk, prompt_ids) if caching and prompt_ids else None
+        if hit is not None:
+            hit.copy_into(cache.arrays)
+            cache.append([], range(hit.rows), hit.rows)
+        generation = generator.start(prompt_ids, config, on_text, cache, hit and hit.logits, hit.rows if hit else 0)
+        if caching and not (hit and hit.full):
+            self.prefix_cache.store(self.session, config.prefill_chunk, prompt_ids, cache.arrays, generation.prompt_logits)
         if not generation.done:
             self.active.append(generation)
         return generation
@@ -119,14 +131,17 @@ class BatchDecoder:
                   prefill_together: bool = True) -> list:
         """Join several requests (at most `free`). `prefill_together`: prompts that fit one prefill chunk are
         prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone,
-        in order. Returns, per request, its Generation or the exception that refused it.
+        in order (with a `prefix_cache`, every prompt joins alone: a padded pass's rows are not what a
+        fresh prefill computes, so they are neither cached nor served from the cache). Returns, per request,
+        its Generation or the exception that refused it.
 
         Prefill is compute-bound on a CPU: one pass over all prompts takes about as long as their passes one
         after another, so together every request waits for the whole batch, while one at a time (shortest
         first) the first ones start streaming early (lower median time to first token; the server does that)."""
         if len(requests) > self.free:
             raise RuntimeError("more requests than free batch slots")
-        together = [i for i, (ids, config, _) in enumerate(requests) if prefill_together and self._prefills_together(ids, config)]
+        together = [i for i, (ids, config, _) in enumerate(requests)
+                    if prefill_together and self.prefix_cache is None and self._prefills_together(ids, config)]
         if len(together) < 2:
             together = []
         results: list = [None] * len(requests)

@@ -28,6 +28,7 @@ class GenerationStats:
     generated_tokens: int = 0
     target_passes: int = 0  # passes that produced tokens: the last prefill chunk + every decode pass
     prefill_passes: int = 0
+    cached_tokens: int = 0  # prompt rows taken from a prefix cache instead of prefilled
     draft_steps: int = 0
     drafted: list[int] = field(default_factory=list)  # per draft position: how often a token was drafted there
     accepted: list[int] = field(default_factory=list)  # per draft position: how often it was accepted
@@ -82,6 +83,7 @@ class GenerationStats:
             "end_tokens": self.end_tokens,
             "target_passes": self.target_passes,
             "prefill_passes": self.prefill_passes,
+            "cached_tokens": self.cached_tokens,
             "draft_steps": self.draft_steps,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "drafted_per_position": self.drafted,
@@ -177,11 +179,21 @@ class Generator:
         self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
 
     def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
-              cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None) -> "Generation":
+              cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None,
+              cached_rows: int = 0) -> "Generation":
         """Prefill `prompt_ids` and emit the first token; `step()` the result until it is `done`.
-        `cache`: the (empty) KV cache to decode into (default: a new one of the target's); `prefilled`: the
-        prompt's last logits when `cache` holds its rows already (a batched prefill)."""
-        return Generation(self, prompt_ids, config, on_text, cache, prefilled)
+        `cache`: the KV cache to decode into (default: a new one of the target's), empty or holding the
+        prompt's first rows; `prefilled`: the prompt's last logits when `cache` holds all its rows already (a
+        batched prefill, or a whole prompt from a prefix cache); `cached_rows`: rows `cache` holds from a
+        prefix cache (runtime/prefix_cache.py): the prefill continues after them, so they must be whole
+        `prefill_chunk`s (or the whole prompt, with `prefilled`) for the result to be what a fresh prefill gives."""
+        return Generation(self, prompt_ids, config, on_text, cache, prefilled, cached_rows)
+
+    @property
+    def resumes_prefill(self) -> bool:
+        """Whether a generation may start from cached prompt rows with the drafter in the state a full
+        prefill leaves: not when the drafter reads the target's hidden states of the prompt's passes."""
+        return self.drafter is None or not self.drafter.reads_hidden_states
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
@@ -214,7 +226,7 @@ class Generation:
 
     def __init__(self, generator: Generator, prompt_ids: list[int], config: GenerationConfig,
                  on_text: Callable[[str], None] | None, cache: KVCache | BufferKVCache | None = None,
-                 prefilled: np.ndarray | None = None):
+                 prefilled: np.ndarray | None = None, cached_rows: int = 0):
         config.validate()
         if not prompt_ids:
             raise InputError("--prompt: the prompt is empty")
@@ -224,7 +236,9 @@ class Generation:
         self.config = config
         self.params = config.sampling
         self.rng = self.params.rng()
-        self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=cached_rows)
+        if cached_rows:
+            _check_resume(generator, config, len(prompt_ids), cached_rows, prefilled is not None)
         self._started = time.perf_counter()
         self._engine_start = generator.clock.seconds
         self.controller = AdaptiveController(
@@ -240,12 +254,15 @@ class Generation:
             self.drafter.plan_with(self.controller.relative_costs if config.adaptive else None, fresh=self.controller.deterministic)
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = _Output(generator.tokenizer, config, generator.eos_ids, on_text)
+        if cached_rows and self.cache.length != cached_rows:
+            raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
         if prefilled is None:
-            last_logits = self._prefill(list(prompt_ids))
+            last_logits = self._prefill(list(prompt_ids), cached_rows)
         else:
-            last_logits, self.stats.prefill_passes = prefilled, 1
+            last_logits, self.stats.prefill_passes = prefilled, int(cached_rows < len(prompt_ids))
+        self.prompt_logits = last_logits  # the prompt's last logits (what a prefix cache keeps of a whole prompt)
         self.stats.time_prefill = time.perf_counter() - self._started
-        self.stats.target_passes = 1
+        self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
         first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)
         self.tokens = list(prompt_ids) + [first]
         self.done = self.output.push(first)
@@ -342,10 +359,11 @@ class Generation:
         if self.done:
             self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
 
-    def _prefill(self, prompt: list[int]) -> np.ndarray:
-        """The prompt in chunks of `prefill_chunk` tokens; the last position's logits."""
+    def _prefill(self, prompt: list[int], first: int = 0) -> np.ndarray:
+        """The prompt in chunks of `prefill_chunk` tokens from `first` (the cache holds the rows before it:
+        whole chunks); the last position's logits."""
         chunk, logits = self.config.prefill_chunk, None
-        for start in range(0, len(prompt), chunk):
+        for start in range(first, len(prompt), chunk):
             ids = prompt[start: start + chunk]
             q = len(ids)
             mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
@@ -370,6 +388,17 @@ class Generation:
         output = self.output
         text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
         return GenerationResult(output.tokens, text, self.finish or "length", stats)
+
+
+def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, cached_rows: int, whole: bool) -> None:
+    """Refuse a start from cached rows that a fresh prefill would not reproduce bit for bit."""
+    if not generator.resumes_prefill:
+        raise ValueError(f"the {generator.drafter.name} drafter reads the prompt's hidden states: start without cached rows")
+    if whole != (cached_rows == prompt):
+        raise ValueError("the prompt's last logits come with all its rows cached, and only then")
+    if not whole and (cached_rows % config.prefill_chunk or cached_rows >= prompt):
+        raise ValueError(f"{cached_rows} cached rows of a {prompt}-token prompt: not whole prefill chunks of "
+                         f"{config.prefill_chunk} before its last token (a fresh prefill would compute other bits)")
 
 
 def _verify_draft(draft: Draft, pending: int, out: StepOutput, params: SamplingParams, rng) -> tuple[list[int], list[int]]:

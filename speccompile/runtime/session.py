@@ -28,6 +28,7 @@ from .timing import EngineClock
 
 if TYPE_CHECKING:
     from .batch import BatchDecoder
+    from .prefix_cache import PrefixCache
 
 
 MAX_DRAFTERS = 8  # draft-model drafters kept per runner (one per sampling setting)
@@ -109,18 +110,21 @@ class Runner:
             return f"{target.spec.file} was exported with batch 1 (re-export the artifact for a batch axis)"
         return None
 
-    def batch_decoder(self, slots: int, max_tokens: int | None = None) -> "BatchDecoder":
+    def batch_decoder(self, slots: int, max_tokens: int | None = None, prefix_cache: "PrefixCache | None" = None) -> "BatchDecoder":
         """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`.
         `max_tokens`: the most tokens (prompt + generated) one request holds; the KV slots are then allocated at
-        once for that many tokens plus a verify pass (else they grow with the longest request)."""
+        once for that many tokens plus a verify pass (else they grow with the longest request).
+        `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder)."""
         from .batch import BatchDecoder
 
         problem = self.batch_problem()
         if problem:
             raise UnsupportedError(problem)
         rows = None if max_tokens is None else max_tokens + self.artifact.max_verify_tokens
-        return BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
-                            slots, self.pass_costs, rows)
+        decoder = BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
+                               slots, self.pass_costs, rows)
+        decoder.prefix_cache = prefix_cache
+        return decoder
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None) -> GenerationConfig:

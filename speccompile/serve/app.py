@@ -226,7 +226,8 @@ class _Shape:
 
 def _usage(finished: Finished) -> dict:
     return {"prompt_tokens": finished.prompt_tokens, "completion_tokens": finished.completion_tokens,
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens}
+            "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": finished.cached_tokens}}
 
 
 def _sse(data: dict | str) -> str:

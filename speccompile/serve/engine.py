@@ -60,6 +60,8 @@ class EngineOptions:
     max_queue: int = 64  # requests waiting beyond those; more get EngineBusy
     batching: bool = True  # decode admitted requests together when the artifact allows (BatchedEngine)
     max_model_len: int | None = None  # most tokens (prompt + completion) of one request [default: the artifact's context]
+    prefix_caching: bool = True  # batched engine: reuse the KV rows of earlier prompts (runtime/prefix_cache.py)
+    prefix_cache_mb: int = 512  # the prefix cache's memory bound
 
     def validate(self) -> "EngineOptions":
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -68,6 +70,8 @@ class EngineOptions:
             raise InputError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_queue < 0:
             raise InputError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.prefix_cache_mb < 1:
+            raise InputError(f"--prefix-cache-mb must be >= 1, got {self.prefix_cache_mb}")
         return self
 
 
@@ -111,6 +115,7 @@ class Finished:
     completion_tokens: int
     finish_reason: str  # OpenAI's: "stop" (eos or a stop string) or "length" (max_tokens or the context)
     speculative: dict
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -321,14 +326,16 @@ class Engine(abc.ABC):
             completion_tokens=stats.generated_tokens,
             finish_reason="stop" if result.finish_reason == "stop" else "length",
             speculative=speculative,
+            cached_tokens=stats.cached_tokens,
         ))
         self.metrics.observe_generation(
             prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens, target_passes=stats.target_passes,
             drafted=stats.drafted, accepted=stats.accepted, time_to_first_token=ttft,
-            duration=finished_at - handle.submitted_at,
+            duration=finished_at - handle.submitted_at, cached_tokens=stats.cached_tokens,
         )
         log.info("generation finished", extra={"fields": {
-            "request": handle.id, "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "request": handle.id, "prompt_tokens": stats.prompt_tokens, "cached_tokens": stats.cached_tokens,
+            "completion_tokens": stats.generated_tokens,
             "finish_reason": result.finish_reason, "ttft_s": round(ttft, 4), "total_s": round(finished_at - handle.submitted_at, 4),
             "tokens_per_pass": round(stats.mean_accepted_length, 3),
         }})
@@ -368,7 +375,8 @@ class _WorkerEngine(Engine):
 
 
 class SequentialEngine(_WorkerEngine):
-    """One worker thread decodes the admitted requests one after another, in arrival order."""
+    """One worker thread decodes the admitted requests one after another, in arrival order (no prefix cache:
+    `Runner.generate_ids` prefills every prompt)."""
 
     def _work(self) -> None:
         while True:
@@ -388,13 +396,20 @@ class SequentialEngine(_WorkerEngine):
 class BatchedEngine(_WorkerEngine):
     """One worker thread decodes up to `max_concurrency` requests together (runtime/batch.py): requests join
     between steps (their prefill runs alone), every step is one round for all of them, a finished or cancelled
-    request leaves at once and frees its slot. Each request's tokens equal its tokens decoded alone."""
+    request leaves at once and frees its slot. Each request's tokens equal its tokens decoded alone.
+    With `prefix_caching`, prompt rows are reused across requests where that is exact (runtime/prefix_cache.py)."""
 
     batched = True
     worker_name = "speccompile-batched-engine"
 
     def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
         super().__init__(options, replica, runner)
+        self._prefix_cache = None
+        if options.prefix_caching:
+            from ..runtime.prefix_cache import PrefixCache
+
+            self._prefix_cache = PrefixCache(options.prefix_cache_mb << 20)
+            self.metrics.watch_prefix_cache(lambda: self._prefix_cache.bytes)
         self._decoder = self._new_decoder()
         log.info("KV cache allocated", extra={"fields": {
             "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows,
@@ -427,7 +442,8 @@ class BatchedEngine(_WorkerEngine):
         """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, and its
         largest passes run once (warm_up), so the server's memory does not grow with the requests it serves."""
         decoder = self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context)
-        decoder.warm_up(self._runner.config(2))
+        decoder.warm_up(self._runner.config(2))  # before the prefix cache joins: warm-up prompts are not kept
+        decoder.prefix_cache = self._prefix_cache
         return decoder
 
     def _take(self, wait: bool) -> list[RequestHandle]:

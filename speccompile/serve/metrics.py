@@ -38,6 +38,12 @@ class ServeMetrics:
                                ["position"], registry=registry)
         self.accepted = Counter("speccompile_accepted_draft_tokens", "Draft tokens accepted, by position in the draft.",
                                 ["position"], registry=registry)
+        self.cached_prompt_tokens = Counter("speccompile_cached_prompt_tokens",
+                                            "Prompt tokens of finished generations whose KV came from the prefix cache.",
+                                            registry=registry)
+        self.prefix_cache_hits = Counter("speccompile_prefix_cache_hits",
+                                         "Finished generations that reused prompt KV from the prefix cache: the whole "
+                                         "prompt (full) or whole prefill chunks of it (partial).", ["kind"], registry=registry)
         self.ttft = Histogram("speccompile_time_to_first_token_seconds", "From admission to the first text.",
                               buckets=_LATENCY_BUCKETS, registry=registry)
         self.duration = Histogram("speccompile_generation_duration_seconds", "From admission to the last token.",
@@ -51,10 +57,13 @@ class ServeMetrics:
         self._by_position: dict[int, list[int]] = {}  # position -> [drafted, accepted]
 
     def observe_generation(self, prompt_tokens: int, generated_tokens: int, target_passes: int, drafted: list[int],
-                           accepted: list[int], time_to_first_token: float, duration: float) -> None:
+                           accepted: list[int], time_to_first_token: float, duration: float, cached_tokens: int = 0) -> None:
         """Record one finished generation (thread-safe: the engine's worker calls it)."""
         self.generations.labels("finished").inc()
         self.prompt_tokens.inc(prompt_tokens)
+        self.cached_prompt_tokens.inc(cached_tokens)
+        if cached_tokens:
+            self.prefix_cache_hits.labels("full" if cached_tokens == prompt_tokens else "partial").inc()
         self.generated_tokens.inc(generated_tokens)
         self.target_passes.inc(target_passes)
         self.ttft.observe(time_to_first_token)
@@ -69,6 +78,11 @@ class ServeMetrics:
         for position, (d, a) in enumerate(zip(drafted, accepted), start=1):
             self.drafted.labels(str(position)).inc(d)
             self.accepted.labels(str(position)).inc(a)
+
+    def watch_prefix_cache(self, used_bytes: Callable[[], float]) -> None:
+        """Export the prefix cache's memory use (an engine with a prefix cache calls it once)."""
+        Gauge("speccompile_prefix_cache_bytes", "Bytes of KV rows and logits the prefix cache holds.",
+              registry=self.registry).set_function(used_bytes)
 
     def acceptance(self) -> dict[int, float]:
         """Accepted / drafted per draft position, over every finished generation."""

@@ -54,6 +54,7 @@ class Drafter:
     name: str = "drafter"
     cheap_proposals: bool = False  # proposing costs ~nothing: the loop asks for the most and keeps what pays
     relative_cost: float = 0.0  # prior cost of drafting one position, in one-token target passes (seeded mode)
+    reads_hidden_states: bool = False  # observe() needs the target's hidden states of every row, the prompt's too
 
     def reset(self) -> None:
         """Forget per-sequence state before a new prompt."""

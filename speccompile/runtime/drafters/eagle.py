@@ -49,6 +49,8 @@ class HeadDrafter(PlannedTreeDrafter):
     a draft-vocabulary id to a target id (EAGLE-3); None = same vocabulary.
     """
 
+    reads_hidden_states = True
+
     def __init__(self, session, kind: str, draft: DraftConfig, max_nodes: int = 64,
                  draft_to_target: np.ndarray | None = None, hidden_size: int | None = None,
                  max_context: int = 1 << 20):

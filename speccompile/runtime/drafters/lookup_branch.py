@@ -54,6 +54,10 @@ class LookupBranchDrafter(Drafter):
         self.inner.observe(hidden, row_tokens, next_token)
 
     @property
+    def reads_hidden_states(self) -> bool:
+        return self.inner.reads_hidden_states
+
+    @property
     def plans_tree(self) -> bool:
         return self.inner.plans_tree
 

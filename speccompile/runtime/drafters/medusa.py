@@ -23,6 +23,7 @@ class MedusaDrafter(PlannedTreeDrafter):
     """Static-tree (or chain) drafting from the Medusa heads' top-k."""
 
     name = "medusa"
+    reads_hidden_states = True
 
     def __init__(self, session, draft: DraftConfig, num_heads: int, max_nodes: int = 64):
         self.session = session

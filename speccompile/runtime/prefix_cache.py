@@ -1,0 +1,189 @@
+"""Automatic prefix caching that is exact by construction: KV rows of whole prefill chunks, and whole prompts.
+
+On ONNX Runtime a row's KV (and logits) can differ in the last bits with the shape of the pass that computed
+it (q, past length), so KV rows computed in an arbitrary pass cannot stand in for the rows a fresh prefill
+computes. The generation loop prefills in fixed chunks of `prefill_chunk` (C) tokens from position 0
+(`Generation._prefill`), so:
+
+* the rows of chunk i, [i*C, (i+1)*C), come from a pass of q = C over the tokens [0, (i+1)*C) with a past of
+  i*C rows: they depend only on those tokens. A prompt that starts with the same (i+1)*C tokens computes the
+  same bits for them, and prefilling it from (i+1)*C on runs the same passes as a fresh prefill does;
+* a whole prompt's rows and last logits come from its chunks and its last (possibly shorter) pass: the same
+  token ids prefilled again compute the same bits, so a repeat needs no prefill pass at all.
+
+The cache keeps only such entries, in a trie per (graph, chunk size): a node per whole chunk (its C tokens, its
+rows of every KV buffer) under the node of the chunks before it, and at a node the *tails* of whole prompts
+that end after those chunks (the remaining < C tokens, or none: their rows and the prompt's last logits).
+`lookup` returns the longest exact reuse; `store` adds what a finished prefill computed. Memory is bounded
+in bytes (least recently used entries go first; an entry is always used together with its ancestors and
+after them, so leaves go before the chunks they hang on).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import numpy as np
+
+
+@dataclass
+class PrefixHit:
+    """What the cache holds of one prompt: its first `rows` KV rows (a whole number of chunks, or the whole
+    prompt) and, for a whole prompt, its last logits (`logits`: None on a partial hit)."""
+
+    rows: int
+    segments: list[tuple[int, list[np.ndarray]]]  # (first row, per-buffer rows [kv_heads, n, head_dim])
+    logits: np.ndarray | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.logits is not None
+
+    def copy_into(self, arrays: Sequence[np.ndarray]) -> None:
+        """Write the rows into a cache's per-buffer arrays [1, kv_heads, capacity, head_dim] at [0, rows)."""
+        for start, kv in self.segments:
+            for array, rows in zip(arrays, kv):
+                array[0, :, start: start + rows.shape[1]] = rows
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A chunk node (`tokens`: its C tokens) or a prompt tail (`logits` set; `tokens`: the < C tokens after
+    the parent's chunks) with its KV rows per buffer."""
+
+    tokens: tuple[int, ...]
+    kv: list[np.ndarray]
+    parent: "_Entry | None" = None
+    logits: np.ndarray | None = None
+    children: dict[tuple[int, ...], "_Entry"] = field(default_factory=dict)  # chunk nodes after this one
+    tails: dict[tuple[int, ...], "_Entry"] = field(default_factory=dict)  # whole prompts ending after this one
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.kv) + (self.logits.nbytes if self.logits is not None else 0)
+
+
+class PrefixCache:
+    """A bounded (bytes) LRU cache of chunk-aligned prompt prefixes and whole prompts; see the module doc.
+
+    `graph` names what computed the rows (the session: a different graph, thread count or dtype computes
+    other bits) and `chunk` the prefill chunk; entries of another (graph, chunk) never match."""
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 1:
+            raise ValueError(f"a prefix cache needs a positive byte budget, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self.bytes = 0
+        self._roots: dict[tuple[Hashable, int], _Entry] = {}
+        self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry, least recently used first
+        self.lookups = 0
+        self.hits = 0  # lookups that reused rows
+        self.hit_tokens = 0  # prompt rows reused
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def lookup(self, graph: Hashable, chunk: int, prompt: Sequence[int]) -> PrefixHit | None:
+        """The longest exact reuse for `prompt`: the whole prompt (rows + last logits), else the most whole
+        chunks that leave at least one token to prefill; None when nothing is cached."""
+        self.lookups += 1
+        prompt = tuple(int(t) for t in prompt)
+        if not prompt:
+            return None
+        node = self._roots.get((graph, chunk))
+        path: list[_Entry] = []
+        while node is not None and (len(path) + 1) * chunk <= len(prompt):
+            start = len(path) * chunk
+            node = node.children.get(prompt[start: start + chunk])
+            if node is not None:
+                path.append(node)
+        tail = None
+        if len(path) == len(prompt) // chunk:
+            parent = path[-1] if path else self._roots.get((graph, chunk))
+            tail = parent.tails.get(prompt[len(path) * chunk:]) if parent is not None else None
+        if tail is None:
+            del path[(len(prompt) - 1) // chunk:]  # keep a token to prefill: its pass gives the logits
+        if not path and tail is None:
+            return None
+        self._touch(path, tail)
+        segments = [(i * chunk, node.kv) for i, node in enumerate(path)]
+        if tail is not None:
+            segments.append((len(path) * chunk, tail.kv))
+        hit = PrefixHit(len(prompt) if tail is not None else len(path) * chunk, segments,
+                        tail.logits if tail is not None else None)
+        self.hits += 1
+        self.hit_tokens += hit.rows
+        return hit
+
+    def store(self, graph: Hashable, chunk: int, prompt: Sequence[int], arrays: Sequence[np.ndarray],
+              logits: np.ndarray) -> None:
+        """Keep what a prefill of `prompt` in chunks of `chunk` from position 0 computed: its rows
+        ([1, kv_heads, >= len(prompt), head_dim] per KV buffer; rows a lookup provided are bitwise the same)
+        and its last logits. Entries already cached are only marked used; then the budget is enforced."""
+        prompt = tuple(int(t) for t in prompt)
+        whole = len(prompt) // chunk
+        parent = self._roots.setdefault((graph, chunk), _Entry((), []))
+        path: list[_Entry] = []
+        for i in range(whole):
+            key = prompt[i * chunk: (i + 1) * chunk]
+            node = parent.children.get(key)
+            if node is None:
+                node = self._add(parent.children, _Entry(key, _rows(arrays, i * chunk, (i + 1) * chunk), parent))
+                if node is None:  # larger than the whole budget
+                    break
+            path.append(node)
+            parent = node
+        tail = None
+        if len(path) == whole:
+            key = prompt[whole * chunk:]
+            tail = parent.tails.get(key) or self._add(
+                parent.tails, _Entry(key, _rows(arrays, whole * chunk, len(prompt)), parent, _frozen(logits)))
+        self._touch(path, tail)
+        while self.bytes > self.max_bytes:
+            self._evict(next(iter(self._lru.values())))
+
+    def clear(self) -> None:
+        self._roots.clear()
+        self._lru.clear()
+        self.bytes = 0
+
+    def _add(self, siblings: dict, entry: _Entry) -> _Entry | None:
+        if entry.nbytes > self.max_bytes:
+            return None
+        siblings[entry.tokens] = entry
+        self._lru[id(entry)] = entry
+        self.bytes += entry.nbytes
+        return entry
+
+    def _touch(self, path: list[_Entry], tail: _Entry | None) -> None:
+        """Mark used: the tail, then the chunks from the deepest up (so a parent is always used after its
+        children and never evicted before them)."""
+        for entry in ([tail] if tail is not None else []) + path[::-1]:
+            self._lru.move_to_end(id(entry))
+
+    def _evict(self, entry: _Entry) -> None:
+        """Drop `entry` and whatever hangs below it."""
+        for below in [*entry.children.values(), *entry.tails.values()]:
+            self._evict(below)
+        self._lru.pop(id(entry), None)
+        self.bytes -= entry.nbytes
+        self.evictions += 1
+        parent = entry.parent
+        if parent is not None:
+            siblings = parent.tails if entry.logits is not None else parent.children
+            siblings.pop(entry.tokens, None)
+
+
+def _rows(arrays: Sequence[np.ndarray], start: int, stop: int) -> list[np.ndarray]:
+    """Read-only copies of rows [start, stop) of every KV buffer [1, kv_heads, rows, head_dim]."""
+    return [_frozen(a[0, :, start:stop]) for a in arrays]
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only copy (what the cache hands out must never change under it)."""
+    copy = np.array(array, copy=True)
+    copy.setflags(write=False)
+    return copy
