@@ -196,6 +196,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--passes", type=int, default=1, help="Times the prompts are sent in the streams-N phase.")
+    parser.add_argument("--warm-all", action="store_true",
+                        help="Warm up with every prompt (not just the first): with the server's prefix cache, every "
+                             "measured request is then a whole-prompt hit, one stream and N alike.")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--disconnect", type=float, default=0.25, help="Share of churn requests closed early.")
@@ -219,7 +222,8 @@ def main() -> None:
 
     with ServerProcess(args.artifact, *limit, *server_args) as server:
         model = httpx.get(server.url + "/models").json()["data"][0]["id"]
-        asyncio.run(_run_phase("warmup", server.url, model, [(prompts[0], None)], 1, 8))
+        warm = prompts if args.warm_all else prompts[:1]
+        asyncio.run(_run_phase("warmup", server.url, model, [(p, None) for p in warm], 1, 8))
         rss = {"after_warmup": server.rss_bytes()}
         phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
         reference = {o.prompt: o.text for o in phases[0].outcomes}
