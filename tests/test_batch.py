@@ -190,3 +190,30 @@ def test_every_drafter_batches_and_equals_alone(kind, head_artifacts, tiny_artif
     assert len(runner.artifact._shared_sessions) == 1  # the drafter graph opened once for every request
     for ids, result in zip(prompts, together):
         assert result.tokens == runner.generate_ids(ids, 20).tokens
+
+
+def test_requests_joining_between_passes_decode_as_alone(tiny_artifact):
+    """A fixed pool admits requests between the passes of a round (the server's hook): each joins the rounds
+    from the next one and decodes exactly its tokens alone; the round's own requests are undisturbed."""
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1, adaptive=False)
+    prompts = [_ids(runner, p) for p in PROMPTS]
+    decoder = runner.batch_decoder(4, max(len(ids) for ids in prompts) + 24)
+    waiting, generations, hooks = list(range(1, len(prompts))), {}, []
+
+    def admit() -> None:
+        hooks.append(len(decoder.active))
+        if waiting and decoder.free:
+            i = waiting.pop(0)
+            generations[i] = decoder.join(prompts[i], runner.config(24))
+
+    generations[0] = decoder.join(prompts[0], runner.config(24))
+    while decoder.active or waiting:
+        if not decoder.active:
+            admit()
+        decoder.step(admit)
+    assert len(hooks) > len(prompts)  # called after every pass, joins while a round was running
+    for i, ids in enumerate(prompts):
+        assert generations[i].result().tokens == runner.generate_ids(ids, 24).tokens
+    grows = runner.batch_decoder(2)  # a growing pool never calls the hook (its slots may move mid-round)
+    grows.join(prompts[0], runner.config(4))
+    grows.step(lambda: pytest.fail("called on a growing pool"))

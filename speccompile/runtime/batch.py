@@ -88,6 +88,7 @@ class BatchDecoder:
         if rows is not None and rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         self.rows = min(session.kv_rows, rows or self.initial_rows)  # KV rows per slot now
+        self.fixed = rows is not None  # a pool allocated once: the slots never move (requests may join mid-round)
         self.buffers = session.new_batch_buffers(slots, self.rows)
         if rows is not None:
             for buffer in self.buffers:
@@ -213,10 +214,15 @@ class BatchDecoder:
                 new[slot, :, :length] = previous[slot, :, :length]
             generation.cache.point_at([b[slot: slot + 1] for b in self.buffers])
 
-    def step(self) -> list[Generation]:
-        """One round for every active request; returns (and removes) those that finished."""
+    def step(self, between_passes: Callable[[], None] | None = None) -> list[Generation]:
+        """One round for every active request; returns (and removes) those that finished.
+
+        `between_passes` (a fixed pool only) is called after each pass of the round: a server admits new
+        requests there (`join`), so a newcomer waits for one pass rather than the whole round; it joins the
+        rounds from the next one (the slots of this round's requests stay where they are)."""
         if not self.active:
             return []
+        hook = between_passes if self.fixed else None
         self._ensure_rows(max(g.cache.length for g in self.active) + max(g.generator.max_verify_tokens for g in self.active))
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
@@ -231,9 +237,13 @@ class BatchDecoder:
         outputs = {}
         if plain:
             outputs.update(self._batched_pass(plans, plain))
+            if hook:
+                hook()
         for i, planned in enumerate(plans):
             if planned is not None and planned.draft.tokens:
                 outputs[i] = self.active[i].verify_pass(planned)
+                if hook:
+                    hook()
         for i, out in outputs.items():
             self.active[i].complete_step(plans[i], out)
         finished = [g for g in self.active if g.done]

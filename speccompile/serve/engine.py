@@ -426,7 +426,7 @@ class BatchedEngine(_WorkerEngine):
                 continue
             self._drop_cancelled()
             try:
-                finished = self._decoder.step()
+                finished = self._decoder.step(self._admit_waiting)
             except Exception as exc:  # a failed pass fails the requests in it; the worker goes on
                 for handle, generation, _, _ in list(self._live.values()):
                     self._release(generation)
@@ -437,6 +437,11 @@ class BatchedEngine(_WorkerEngine):
                 handle, _, started, first_text_at = self._live[id(generation)]
                 self._release(generation)
                 self._finish_generation(handle, generation, started, first_text_at)
+
+    def _admit_waiting(self) -> None:
+        """Between two passes of a round: start the requests waiting for a free slot (prefill and first token
+        now; they decode from the next round), so time to first token waits for a pass, not a round."""
+        self._join_all(self._take(wait=False))
 
     def _new_decoder(self):
         """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, and its
