@@ -217,3 +217,30 @@ def test_requests_joining_between_passes_decode_as_alone(tiny_artifact):
     grows = runner.batch_decoder(2)  # a growing pool never calls the hook (its slots may move mid-round)
     grows.join(prompts[0], runner.config(4))
     grows.step(lambda: pytest.fail("called on a growing pool"))
+
+
+def test_deferred_prefill_interleaves_chunks_and_decodes_as_alone(tiny_artifact):
+    """join(defer_prefill=True): prompts prefill between passes, shortest first, a long one a chunk at a time;
+    a short prompt joining behind a long one gets its first token before the long one's; every request's
+    tokens equal its tokens alone with the same prefill chunks."""
+    import dataclasses
+
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    chunked = lambda: dataclasses.replace(runner.config(16), prefill_chunk=4)  # noqa: E731
+    long_prompt, short_prompts = _ids(runner, "the cat sat on the mat. " * 3), [_ids(runner, p) for p in ("x", "ab")]
+    assert len(long_prompt) > 12 and all(len(p) <= 4 for p in short_prompts)
+    decoder = runner.batch_decoder(4, len(long_prompt) + 16)
+    first_at: dict[str, int] = {}
+    clock = iter(range(10**6))
+    on_first = lambda name: (lambda _text: first_at.setdefault(name, next(clock)))  # noqa: E731
+    generations = {"decoding": decoder.join(short_prompts[1], chunked(), on_first("decoding"))}
+    generations["long"] = decoder.join(long_prompt, chunked(), on_first("long"), defer_prefill=True)
+    decoder.step()  # one pass of the decoding request, then one chunk of the long prompt
+    assert generations["long"].prefilling and "long" not in first_at
+    generations["short"] = decoder.join(short_prompts[0], chunked(), on_first("short"), defer_prefill=True)
+    while decoder.active:
+        decoder.step()
+    assert first_at["short"] < first_at["long"]
+    for name, ids in (("decoding", short_prompts[1]), ("long", long_prompt), ("short", short_prompts[0])):
+        alone = runner.generator().generate(ids, chunked())
+        assert generations[name].result().tokens == alone.tokens, name

@@ -105,11 +105,14 @@ class BatchDecoder:
     def free(self) -> int:
         return self.slots - len(self.active)
 
-    def join(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None) -> Generation:
+    def join(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
+             defer_prefill: bool = False) -> Generation:
         """Prefill a new request in the next free slot (alone) and emit its first token; it decodes with the
         batch from the next `step()` unless it is already done. With a `prefix_cache`, the rows it holds of
         the prompt (whole prefill chunks, or the whole prompt) are copied into the slot instead of prefilled,
-        and what the prefill computed is kept for later prompts (exact: runtime/prefix_cache.py)."""
+        and what the prefill computed is kept for later prompts (exact: runtime/prefix_cache.py).
+        `defer_prefill`: take the slot now and prefill during the next steps, between passes (`_advance_prefills`:
+        a prompt of one chunk at once, a longer one a chunk at a time, shortest remaining first)."""
         if not self.free:
             raise RuntimeError("every batch slot is taken")
         slot = len(self.active)
@@ -121,15 +124,34 @@ class BatchDecoder:
         if hit is not None:
             hit.copy_into(cache.arrays)
             cache.append([], range(hit.rows), hit.rows)
-        generation = generator.start(prompt_ids, config, on_text, cache, hit and hit.logits, hit.rows if hit else 0)
-        if caching and not (hit and hit.full):
-            self.prefix_cache.store(self.session, config.prefill_chunk, prompt_ids, cache.arrays, generation.prompt_logits)
+        generation = generator.start(prompt_ids, config, on_text, cache, hit and hit.logits, hit.rows if hit else 0,
+                                     defer_prefill)
+        if not generation.prefilling:
+            self._prefilled(generation, hit is not None and hit.full)
         if not generation.done:
             self.active.append(generation)
         return generation
 
+    def _prefilled(self, generation: Generation, whole_prompt_hit: bool = False) -> None:
+        """A prompt is prefilled: keep what it computed in the prefix cache."""
+        if self.prefix_cache is not None and generation.generator.resumes_prefill and not whole_prompt_hit:
+            self.prefix_cache.store(self.session, generation.config.prefill_chunk, generation.prompt_ids,
+                                    generation.cache.arrays, generation.prompt_logits)
+
+    def _advance_prefills(self) -> None:
+        """Deferred prompts (`join(defer_prefill=True)`), shortest remaining first: every one that needs a
+        single chunk more is finished (its first token now, as a prompt prefilled at join), then one chunk of
+        the shortest longer one. A long prompt thus takes its chunks between other requests' passes, and a
+        short prompt arriving meanwhile waits for one chunk of it, not for all of it."""
+        waiting = sorted((g for g in self.active if g.prefilling), key=lambda g: g.prefill_remaining)
+        longer = [g for g in waiting if g.prefill_remaining > g.config.prefill_chunk]
+        for generation in [g for g in waiting if g not in longer] + longer[:1]:
+            generation.prefill_next_chunk()
+            if not generation.prefilling:
+                self._prefilled(generation)
+
     def join_many(self, requests: list[tuple[list[int], GenerationConfig, Callable[[str], None] | None]],
-                  prefill_together: bool = True) -> list:
+                  prefill_together: bool = True, defer_prefill: bool = False) -> list:
         """Join several requests (at most `free`). `prefill_together`: prompts that fit one prefill chunk are
         prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone,
         in order (with a `prefix_cache`, every prompt joins alone: a padded pass's rows are not what a
@@ -141,6 +163,8 @@ class BatchDecoder:
         first) the first ones start streaming early (lower median time to first token; the server does that)."""
         if len(requests) > self.free:
             raise RuntimeError("more requests than free batch slots")
+        if defer_prefill:
+            return [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
         together = [i for i, (ids, config, _) in enumerate(requests)
                     if prefill_together and self.prefix_cache is None and self._prefills_together(ids, config)]
         if len(together) < 2:
@@ -163,11 +187,14 @@ class BatchDecoder:
                 self.leave(generation)
         for i, (ids, config, on_text) in enumerate(requests):
             if i not in together:
-                try:
-                    results[i] = self.join(ids, config, on_text)
-                except Exception as exc:
-                    results[i] = exc
+                results[i] = self._join_or_error(ids, config, on_text)
         return results
+
+    def _join_or_error(self, ids: list[int], config: GenerationConfig, on_text, defer_prefill: bool = False):
+        try:
+            return self.join(ids, config, on_text, defer_prefill)
+        except Exception as exc:
+            return exc
 
     def _prefills_together(self, ids: list[int], config: GenerationConfig) -> bool:
         """A valid request whose prompt is one prefill chunk (the others join alone, where errors are raised)."""
@@ -219,15 +246,26 @@ class BatchDecoder:
 
         `between_passes` (a fixed pool only) is called after each pass of the round: a server admits new
         requests there (`join`), so a newcomer waits for one pass rather than the whole round; it joins the
-        rounds from the next one (the slots of this round's requests stay where they are)."""
+        rounds from the next one (the slots of this round's requests stay where they are). After each pass
+        (after the hook) the deferred prefills advance (`join(defer_prefill=True)`, `_advance_prefills`), and in
+        a round with nothing to decode too."""
         if not self.active:
             return []
         hook = between_passes if self.fixed else None
+
+        def after_pass() -> None:
+            if hook:
+                hook()
+            self._advance_prefills()
+
         self._ensure_rows(max(g.cache.length for g in self.active) + max(g.generator.max_verify_tokens for g in self.active))
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
         plans: list[PlannedStep | None] = []
         for generation in self.active:
+            if generation.prefilling:  # no token to decode yet: its chunks run between the passes
+                plans.append(None)
+                continue
             controller = generation.controller
             if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
                 controller.costs = LoadPricedCosts(self.alone_costs, shared_row)
@@ -237,13 +275,13 @@ class BatchDecoder:
         outputs = {}
         if plain:
             outputs.update(self._batched_pass(plans, plain))
-            if hook:
-                hook()
+            after_pass()
         for i, planned in enumerate(plans):
             if planned is not None and planned.draft.tokens:
                 outputs[i] = self.active[i].verify_pass(planned)
-                if hook:
-                    hook()
+                after_pass()
+        if not outputs:
+            self._advance_prefills()
         for i, out in outputs.items():
             self.active[i].complete_step(plans[i], out)
         finished = [g for g in self.active if g.done]

@@ -180,14 +180,16 @@ class Generator:
 
     def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
               cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None,
-              cached_rows: int = 0) -> "Generation":
+              cached_rows: int = 0, defer_prefill: bool = False) -> "Generation":
         """Prefill `prompt_ids` and emit the first token; `step()` the result until it is `done`.
         `cache`: the KV cache to decode into (default: a new one of the target's), empty or holding the
         prompt's first rows; `prefilled`: the prompt's last logits when `cache` holds all its rows already (a
         batched prefill, or a whole prompt from a prefix cache); `cached_rows`: rows `cache` holds from a
         prefix cache (runtime/prefix_cache.py): the prefill continues after them, so they must be whole
-        `prefill_chunk`s (or the whole prompt, with `prefilled`) for the result to be what a fresh prefill gives."""
-        return Generation(self, prompt_ids, config, on_text, cache, prefilled, cached_rows)
+        `prefill_chunk`s (or the whole prompt, with `prefilled`) for the result to be what a fresh prefill gives.
+        `defer_prefill`: prefill nothing yet; the caller runs `prefill_next_chunk()` until the generation is no
+        longer `prefilling` (a batch driver interleaves the chunks with other requests' passes)."""
+        return Generation(self, prompt_ids, config, on_text, cache, prefilled, cached_rows, defer_prefill)
 
     @property
     def resumes_prefill(self) -> bool:
@@ -226,7 +228,7 @@ class Generation:
 
     def __init__(self, generator: Generator, prompt_ids: list[int], config: GenerationConfig,
                  on_text: Callable[[str], None] | None, cache: KVCache | BufferKVCache | None = None,
-                 prefilled: np.ndarray | None = None, cached_rows: int = 0):
+                 prefilled: np.ndarray | None = None, cached_rows: int = 0, defer_prefill: bool = False):
         config.validate()
         if not prompt_ids:
             raise InputError("--prompt: the prompt is empty")
@@ -256,15 +258,45 @@ class Generation:
         self.output = _Output(generator.tokenizer, config, generator.eos_ids, on_text)
         if cached_rows and self.cache.length != cached_rows:
             raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
-        if prefilled is None:
-            last_logits = self._prefill(list(prompt_ids), cached_rows)
-        else:
-            last_logits, self.stats.prefill_passes = prefilled, int(cached_rows < len(prompt_ids))
-        self.prompt_logits = last_logits  # the prompt's last logits (what a prefix cache keeps of a whole prompt)
+        self.prompt_ids = list(prompt_ids)
+        self.tokens = list(prompt_ids)
+        self.done, self.finish = False, None
+        self.prompt_logits: np.ndarray | None = None  # the prompt's last logits (what a prefix cache keeps)
+        self._prefilled_rows = cached_rows
+        if prefilled is not None:
+            self.stats.prefill_passes = int(cached_rows < len(prompt_ids))
+            self._first_token(prefilled)
+        elif not defer_prefill:
+            while self.prefilling:
+                self.prefill_next_chunk()
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the prompt is not prefilled yet (no first token; `defer_prefill`)."""
+        return self.prompt_logits is None
+
+    @property
+    def prefill_remaining(self) -> int:
+        """Prompt tokens still to prefill."""
+        return len(self.prompt_ids) - self._prefilled_rows if self.prefilling else 0
+
+    def prefill_next_chunk(self) -> None:
+        """The next `prefill_chunk` tokens of the prompt (chunks start at position 0, or after whole cached
+        chunks, as in a prefill at once); after the last one, the first token."""
+        if not self.prefilling:
+            raise RuntimeError("the prompt is prefilled already")
+        logits = self._prefill_chunk(self.prompt_ids, self._prefilled_rows)
+        self._prefilled_rows = min(len(self.prompt_ids), self._prefilled_rows + self.config.prefill_chunk)
+        if self._prefilled_rows == len(self.prompt_ids):
+            self._first_token(logits)
+
+    def _first_token(self, last_logits: np.ndarray) -> None:
+        """The prompt is prefilled: choose and emit the first token."""
+        self.prompt_logits = last_logits
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
         first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)
-        self.tokens = list(prompt_ids) + [first]
+        self.tokens = self.prompt_ids + [first]
         self.done = self.output.push(first)
         self.output.flush()
         self.finish = self.output.finish
@@ -359,22 +391,19 @@ class Generation:
         if self.done:
             self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
 
-    def _prefill(self, prompt: list[int], first: int = 0) -> np.ndarray:
-        """The prompt in chunks of `prefill_chunk` tokens from `first` (the cache holds the rows before it:
-        whole chunks); the last position's logits."""
-        chunk, logits = self.config.prefill_chunk, None
-        for start in range(first, len(prompt), chunk):
-            ids = prompt[start: start + chunk]
-            q = len(ids)
-            mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
-            out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
-            self.cache.append(out.presents, range(q), q)
-            logits = out.logits[-1]
-            self.stats.prefill_passes += 1
-            if self.drafter is not None and out.hidden is not None:
-                following = prompt[start + q] if start + q < len(prompt) else None
-                self.drafter.observe(out.hidden, list(ids), following)
-        return logits
+    def _prefill_chunk(self, prompt: list[int], start: int) -> np.ndarray:
+        """One chunk of `prefill_chunk` tokens of the prompt from `start` (the cache holds the rows before it);
+        the chunk's last logits."""
+        ids = prompt[start: start + self.config.prefill_chunk]
+        q = len(ids)
+        mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+        out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
+        self.cache.append(out.presents, range(q), q)
+        self.stats.prefill_passes += 1
+        if self.drafter is not None and out.hidden is not None:
+            following = prompt[start + q] if start + q < len(prompt) else None
+            self.drafter.observe(out.hidden, list(ids), following)
+        return out.logits[-1]
 
     def result(self) -> GenerationResult:
         """The finished generation (call once `done`)."""

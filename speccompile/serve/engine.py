@@ -487,9 +487,9 @@ class BatchedEngine(_WorkerEngine):
             starting.append((handle, started, first_text_at, config))
         if not starting:
             return
-        starting.sort(key=lambda s: len(s[0].request.prompt_ids))  # shortest prefill first: earlier first tokens
+        starting.sort(key=lambda s: len(s[0].request.prompt_ids))  # slots in prompt order (the decoder prefills shortest first)
         joined = self._decoder.join_many([(list(h.request.prompt_ids), config, _text_sender(h, first))
-                                          for h, _, first, config in starting], prefill_together=False)
+                                          for h, _, first, config in starting], prefill_together=False, defer_prefill=True)
         for (handle, started, first_text_at, _), generation in zip(starting, joined):
             if isinstance(generation, Exception):
                 self._release_slotless(handle)
