@@ -50,8 +50,9 @@ class PassCosts:
         self.by_q[q] = seconds if previous is None else (1 - self.alpha) * previous + self.alpha * seconds
 
     def line(self) -> tuple[float, float]:
-        """(t1, slope) of the line fitted to every pass, with defaults until measured."""
-        t1 = self.t1 if self.t1 is not None else 1.0
+        """(t1, slope) of the line fitted to every pass, with defaults until measured: t1 is at most the
+        cheapest pass measured (a batched server may measure only passes over several tokens), 1 s before any."""
+        t1 = self.t1 if self.t1 is not None else min(self.by_q.values(), default=1.0)
         return t1, self.slope if self.slope is not None else 0.05 * t1
 
     def seconds(self, q: int) -> float:
@@ -84,6 +85,7 @@ class AdaptiveController:
     relative_draft_cost: float = 0.0
     costs: PassCosts = field(default_factory=PassCosts)
     probing: bool = True  # draft once after `probe_every` idle steps (off while a probe costs a pass of its own)
+    probe_new_keys: bool = False  # while not probing: draft a key never observed once, whole (batched requests)
     rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +125,8 @@ class AdaptiveController:
                 best_k, best_speed = k, speed
         if self.rates.probe_due(key, idle=best_k == 0) and self.probing:
             return 1
+        if best_k == 0 and self.probe_new_keys and key not in self.rates.observed:
+            return limit  # the whole proposal: one probe measures the key's acceptance at every position
         return best_k
 
     def record_pass(self, q: int, seconds: float) -> None:

@@ -47,14 +47,20 @@ class LoadPricedCosts:
     a step with a draft is a batch-1 pass of its own over the pending token + the draft."""
 
     alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
-    shared_row: float  # seconds of one row of the batched plain pass at the current batch size
+    shared_row: float | None  # seconds of one row of the batched plain pass at the current batch size (None: unmeasured)
+    batched: PassCosts | None = None  # batched plain passes by rows: the estimate of a q-token pass until one ran
 
     @property
-    def t1(self) -> float:
+    def t1(self) -> float | None:
+        """None until a plain pass was measured (the controller then takes a plain step first, as alone)."""
         return self.shared_row
 
     def seconds(self, q: int) -> float:
-        return self.shared_row if q == 1 else self.alone.seconds(q)
+        if q == 1 and self.shared_row is not None:
+            return self.shared_row
+        if not self.alone.by_q and self.batched is not None and self.batched.by_q:
+            return self.batched.seconds(q)  # a batch-1 pass over q tokens ~ a batched pass over q rows
+        return self.alone.seconds(q)
 
     def line(self) -> tuple[float, float]:
         return self.alone.line()
@@ -268,8 +274,9 @@ class BatchDecoder:
                 continue
             controller = generation.controller
             if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
-                controller.costs = LoadPricedCosts(self.alone_costs, shared_row)
-                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own
+                controller.costs = self._costs(shared_row)
+                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own,
+                controller.probe_new_keys = True  # so only keys it has not drafted yet are probed
             plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive))
         plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
         outputs = {}
@@ -307,16 +314,24 @@ class BatchDecoder:
             self.active[i].stats.time_verify += seconds
         return {i: outs[i] for i in plain}
 
-    def shared_row_seconds(self, rows: int) -> float:
+    def shared_row_seconds(self, rows: int) -> float | None:
         """Seconds of one row of a batched plain pass over `rows` rows: measured, else the line through the
-        measured sizes (a batch of one is a batch-1 pass: its time seeds the line)."""
+        measured sizes (a batch of one is a batch-1 pass: its time seeds the line); None before any."""
         if self.batch_costs.t1 is None and self.alone_costs.t1 is not None:
             self.batch_costs.by_q[1] = self.alone_costs.t1
+        if not self.batch_costs.by_q:
+            return None
         return self.batch_costs.seconds(rows) / rows
 
-    def drafting_pays(self, shared_row: float) -> bool:
+    def _costs(self, shared_row: float | None) -> LoadPricedCosts:
+        return LoadPricedCosts(self.alone_costs, shared_row, self.batch_costs)
+
+    def drafting_pays(self, shared_row: float | None) -> bool:
         """Whether any draft could pay at this load: k drafts all accepted give k + 1 tokens for a batch-1
         pass over k + 1 rows; a plain step gives one token for one shared row. When not even that pays,
-        nobody drafts this step."""
+        nobody drafts this step. Before a plain pass was measured: not yet (the first step measures one)."""
+        if shared_row is None:
+            return False
         most = max(g.config.num_draft_tokens for g in self.active)
-        return any((k + 1) / self.alone_costs.seconds(k + 1) > 1 / shared_row for k in range(1, most + 1))
+        costs = self._costs(shared_row)
+        return any((k + 1) / costs.seconds(k + 1) > 1 / shared_row for k in range(1, most + 1))
