@@ -155,19 +155,6 @@ def test_costs_before_measurements_do_not_freeze_drafting():
     assert warm.seconds(1) == 0.02 and warm.seconds(13) == 0.04
 
 
-def test_batched_requests_probe_keys_they_have_not_drafted():
-    """Batched, a probe is a pass of its own, so the schedule is off; a key the request never drafted is still
-    drafted once, whole, so its acceptance is learned (else the prior keeps drafting off for good)."""
-    costs = LoadPricedCosts(PassCosts(by_q={1: 0.020, 13: 0.030}, slope=0.001), 0.030 / 8)
-    controller = AdaptiveController(max_k=12, costs=costs, probing=False, probe_new_keys=True)
-    assert controller.choose_k("long match", available=9) == 9
-    controller.record_draft(9, 9, 0.0, "long match")
-    assert controller.choose_k("long match", available=12) > 0  # learned: every token accepted, drafting pays
-    controller.record_draft(12, 0, 0.0, "short match")
-    assert controller.choose_k("short match", available=12) == 0  # observed and poor: no more probes
-    assert AdaptiveController(max_k=12, costs=costs, probing=False).choose_k("new", available=12) == 0
-
-
 def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
     runner = Runner(tiny_artifact, drafter="ngram", threads=1)
     decoder = runner.batch_decoder(8)

@@ -85,7 +85,6 @@ class AdaptiveController:
     relative_draft_cost: float = 0.0
     costs: PassCosts = field(default_factory=PassCosts)
     probing: bool = True  # draft once after `probe_every` idle steps (off while a probe costs a pass of its own)
-    probe_new_keys: bool = False  # while not probing: draft a key never observed once, whole (batched requests)
     rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,8 +124,6 @@ class AdaptiveController:
                 best_k, best_speed = k, speed
         if self.rates.probe_due(key, idle=best_k == 0) and self.probing:
             return 1
-        if best_k == 0 and self.probe_new_keys and key not in self.rates.observed:
-            return limit  # the whole proposal: one probe measures the key's acceptance at every position
         return best_k
 
     def record_pass(self, q: int, seconds: float) -> None:

@@ -275,8 +275,7 @@ class BatchDecoder:
             controller = generation.controller
             if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
                 controller.costs = self._costs(shared_row)
-                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own,
-                controller.probe_new_keys = True  # so only keys it has not drafted yet are probed
+                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own
             plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive))
         plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
         outputs = {}
