@@ -38,7 +38,7 @@ class _Identity:
 def test_identity_quantizer_leaves_the_layer_unchanged():
     rng = np.random.default_rng(0)
     x, w = _correlated_rows(rng), rng.standard_normal((K, N)).astype(np.float32)
-    out = gptq_rows(w, inverse_hessian_factor(x), _Identity())
+    out = gptq_rows(w, inverse_hessian_factor(x, 0.01), _Identity())
     np.testing.assert_array_equal(out, w)
 
 
@@ -52,7 +52,7 @@ def test_inverse_hessian_factor_is_the_upper_cholesky_of_the_damped_inverse():
     np.testing.assert_allclose(u.T @ u, np.linalg.inv(h), rtol=1e-3, atol=1e-3 * np.abs(np.linalg.inv(h)).max())
 
 
-@pytest.mark.parametrize("scheme,block", [("int4", 32), ("nvfp4", 16)])
+@pytest.mark.parametrize("scheme,block", [("int4", 32), ("nvfp4", 16), ("fp8", 0)])
 def test_gptq_output_error_below_rtn_and_awq_on_correlated_inputs(scheme, block):
     rng = np.random.default_rng(2)
     x, w = _correlated_rows(rng), rng.standard_normal((K, N)).astype(np.float32)
@@ -62,7 +62,7 @@ def test_gptq_output_error_below_rtn_and_awq_on_correlated_inputs(scheme, block)
         return float(np.square(xs @ w - xs @ quantized).sum())
 
     rtn = error(weight_fake_quant(w, options))
-    quantized, grid = gptq_weight(w, x, scheme, block)
+    quantized, grid = gptq_weight(w, x, scheme, block, damp=0.01)
     assert error(quantized) < 0.5 * rtn
     # AWQ on the same rows (weight-side error, activations unquantized for the comparison)
     stats = ActivationStats(np.abs(x).max(axis=0), x)
@@ -77,7 +77,7 @@ def test_gptq_output_error_below_rtn_and_awq_on_correlated_inputs(scheme, block)
     assert error(quantized, held_out) < error(weight_fake_quant(w, options), held_out)
 
 
-@pytest.mark.parametrize("scheme", ["int4", "nvfp4"])
+@pytest.mark.parametrize("scheme", ["int4", "nvfp4", "fp8"])
 def test_gptq_in_the_pass_stores_its_grid_and_keeps_fp32_weights_for_unquantized_ones(scheme):
     from onnx.reference import ReferenceEvaluator
 

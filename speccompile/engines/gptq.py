@@ -1,4 +1,4 @@
-"""GPTQ-style error compensation for blockwise 4-bit weights (INT4, NVFP4), in numpy.
+"""GPTQ-style error compensation for quantized weights (INT4, NVFP4 blocks; FP8 per channel), in numpy.
 
 For a MatMul x W (W [K, N], K = input channels) and calibration rows X [T, K], the rows of W are quantized
 one input channel at a time, in order; the rounding error of row k is spread over the rows not yet
@@ -8,7 +8,7 @@ H = X^T X / T + damping, applied through the upper Cholesky factor U of H^-1, Hi
     e = (w_k - q(w_k)) / U[k, k];   w_j <- w_j - U[k, j] e   for j > k
 
 with the update to later batches of rows applied lazily as one matrix product. Quantization groups are
-the blocks TensorRT needs along K (INT4: the block size; NVFP4: 16): a group's scale is set from the
+the blocks TensorRT needs along K (INT4: the block size; NVFP4: 16; FP8: all of K): a group's scale is set from the
 group's current rows (times its clipping ratio) when its first row comes up, then fixed. The result is
 the compensated weight on the quantization grid plus the scales (`GridScales`) that the Q/DQ pass stores
 unchanged, so re-quantizing it gives back exactly the same codes.
@@ -23,14 +23,16 @@ import numpy as np
 
 from . import numerics as nx
 
-DEFAULT_DAMP = 1.0  # fraction of the mean diagonal of H added to it (measured: docs/quantization.md)
-GPTQ_DEFAULT = False  # on by default for INT4 / NVFP4 builds
+# fraction of the mean diagonal of H added to it, per scheme (measured on SmolLM2: docs/quantization.md)
+DEFAULT_DAMP = {"fp8": 0.1, "int4": 3.0, "nvfp4": 3.0}
+GPTQ_DEFAULT = True  # measured better on SmolLM2 (docs/quantization.md); --no-gptq turns it off
 LAZY_ROWS = 128
 
 
 @dataclass
 class GridScales:
-    """The scales that fix a weight's quantization grid (INT4 [K/B, N] float32; NVFP4 fp8 [N, K/16] + global),
+    """The scales that fix a weight's quantization grid (INT4 [K/B, N] float32; NVFP4 fp8 [N, K/16] + global;
+    FP8 [N] float32),
     and the compensated weight [K, N] on that grid that the Q/DQ pass stores instead of the original."""
 
     scale: np.ndarray
@@ -97,7 +99,24 @@ class Nvfp4Rows:
         return GridScales(self.scales, self.global_scale)
 
 
-def inverse_hessian_factor(x: np.ndarray, damp: float = DEFAULT_DAMP) -> np.ndarray:
+class Fp8Rows:
+    """FP8 E4M3 with one scale per output channel (the column amax / 448, set once from the uncompensated W)."""
+
+    def __init__(self, k: int, n: int):
+        self.group = k
+        self.scale = np.ones(n, np.float32)
+
+    def start(self, index: int, rows: np.ndarray) -> None:
+        self.scale = nx.safe_scale(np.abs(rows).max(axis=0), nx.FP8_MAX)
+
+    def round(self, row: np.ndarray) -> np.ndarray:
+        return (nx.to_fp8(row.astype(np.float32) / self.scale).astype(np.float32) * self.scale).astype(np.float32)
+
+    def grid(self) -> GridScales:
+        return GridScales(self.scale)
+
+
+def inverse_hessian_factor(x: np.ndarray, damp: float) -> np.ndarray:
     """Upper Cholesky factor U of (X^T X / T + damp * mean diag * I)^-1 (float32 [K, K])."""
     x = np.asarray(x, np.float64)
     h = x.T @ x / max(len(x), 1)
@@ -114,7 +133,10 @@ def gptq_rows(w: np.ndarray, factor: np.ndarray, quantizer: GroupQuantizer, lazy
     w = np.array(w, dtype=np.float32, copy=True)
     k = w.shape[0]
     group = quantizer.group
-    lazy = max(group, lazy // group * group)
+    # a group's scale is set at its first row, which must have every earlier row's update by then: groups
+    # start at batch starts (batches a multiple of the group), unless one group spans every row (starts at 0)
+    if group < k:
+        lazy = max(group, lazy // group * group)
     out = np.empty_like(w)
     for begin in range(0, k, lazy):
         end = min(begin + lazy, k)
@@ -132,17 +154,20 @@ def gptq_rows(w: np.ndarray, factor: np.ndarray, quantizer: GroupQuantizer, lazy
 
 
 def gptq_weight(w: np.ndarray, x: np.ndarray, scheme: str, block: int, clip: np.ndarray | None = None,
-                damp: float = DEFAULT_DAMP) -> tuple[np.ndarray, GridScales]:
-    """(compensated quantized W, its grid) for `scheme` "int4" (`block` along K) or "nvfp4" (blocks of `block`)."""
+                damp: float | None = None) -> tuple[np.ndarray, GridScales]:
+    """(compensated quantized W, its grid) for `scheme` "int4" (`block` along K), "nvfp4" (blocks of `block`) or "fp8"
+    (per output channel; `block` and `clip` unused)."""
     w = np.asarray(w, np.float32)
     k, n = w.shape
-    if scheme == "int4":
-        quantizer: GroupQuantizer = Int4Rows(k, n, block, clip)
+    if scheme == "fp8":
+        quantizer: GroupQuantizer = Fp8Rows(k, n)
+    elif scheme == "int4":
+        quantizer = Int4Rows(k, n, block, clip)
     elif scheme == "nvfp4":
         quantizer = Nvfp4Rows(k, n, block, clip, nx.nvfp4_global_scale(float(np.abs(w).max())))
     else:
         raise ValueError(f"GPTQ: no blockwise grid for scheme {scheme!r}")
-    quantized = gptq_rows(w, inverse_hessian_factor(x, damp), quantizer)
+    quantized = gptq_rows(w, inverse_hessian_factor(x, DEFAULT_DAMP[scheme] if damp is None else damp), quantizer)
     grid = quantizer.grid()
     grid.weight = quantized
     return quantized, grid

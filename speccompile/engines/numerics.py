@@ -47,11 +47,13 @@ def safe_scale(amax: np.ndarray, qmax: float) -> np.ndarray:
     return np.where((scale > 0) & np.isfinite(scale), scale, np.float32(1.0)).astype(np.float32)
 
 
-def quantize_fp8_per_channel(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """W [K, N] -> (fp8 W, float32 scale [N]) with one scale per output channel (`axis`)."""
+def quantize_fp8_per_channel(w: np.ndarray, axis: int = 1, scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] -> (fp8 W, float32 scale [N]) with one scale per output channel (`axis`; `scale`: these scales)."""
     w = np.asarray(w, dtype=np.float32)
     reduce_axes = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
-    scale = safe_scale(np.abs(w).max(axis=reduce_axes), FP8_MAX)
+    if scale is None:
+        scale = safe_scale(np.abs(w).max(axis=reduce_axes), FP8_MAX)
+    scale = np.asarray(scale, np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
     return to_fp8(w / scale.reshape(shape)), scale

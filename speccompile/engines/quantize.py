@@ -270,7 +270,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         k, n = w.shape
         out = _unique(f"{weight}_dq", taken)
         if scheme == "fp8":
-            q, scale = nx.quantize_fp8_per_channel(w, axis=1)
+            q, scale = nx.quantize_fp8_per_channel(w, axis=1, scale=grid.scale if grid else None)
             qn = add_init(_raw_tensor(_unique(f"{weight}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=1))
@@ -304,7 +304,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         clip = weight_clip.get(table.name)
         out = _unique(f"{table.name}_dq", taken)
         if scheme == "fp8":  # one scale per row: the lm_head's output channel, the Gather's token
-            q, scale = nx.quantize_fp8_per_channel(t, axis=0)
+            q, scale = nx.quantize_fp8_per_channel(t, axis=0, scale=grid.scale if grid else None)
             qn = add_init(_raw_tensor(_unique(f"{table.name}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{table.name}/DequantizeLinear", axis=0))
