@@ -103,3 +103,13 @@ def test_gptq_in_the_pass_stores_its_grid_and_keeps_fp32_weights_for_unquantized
     probe.graph.output.append(onnx.helper.make_tensor_value_info(weight_read, onnx.TensorProto.FLOAT, None))
     got = ReferenceEvaluator(probe, new_ops=[trt_fp4_dynamic_quantize_reference()]).run([weight_read], {"x": x})[0]
     np.testing.assert_array_equal(got, report.weight_grid["out.weight_t"].weight)
+
+
+def test_gptq_and_headroom_options_are_validated():
+    from speccompile.errors import InputError
+
+    for bad in (MethodOptions(gptq_damp=0.0), MethodOptions(gptq_damp=20.0), MethodOptions(act_headroom=0.5)):
+        with pytest.raises(InputError):
+            bad.validate()
+    assert MethodOptions().damp("int4") > MethodOptions().damp("fp8")
+    assert MethodOptions(gptq=False).uses_gptq("int4") is False and MethodOptions(gptq=True).uses_gptq("nvfp4") is True

@@ -31,7 +31,7 @@ from ..errors import InputError
 @click.option("--quantize-lm-head", is_flag=True,
               help="Also quantize lm_head and the embedding table (excluded by default). A tied table is stored once, "
                    "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
-@click.option("--table-block", type=click.Choice(["16", "32", "64", "128"]), default="32", show_default=True,
+@click.option("--table-block", type=click.Choice(["16", "32", "64", "128"]), default="16", show_default=True,
               help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
 @click.option("--act-calib", type=click.Choice(["max", "percentile", "mse"]), default="max", show_default=True, help="FP8 activation range from calibration: max, a percentile of |x| (--percentile) or the smallest fake-quant MSE.")
@@ -43,7 +43,7 @@ from ..errors import InputError
               help="FP8: activation ranges times this factor, room for values above the calibration's [default: 2].")
 @click.option("--gptq/--no-gptq", default=None,
               help="GPTQ error compensation of the quantized weights: each input channel's rounding error is spread over the "
-                   "channels not yet quantized, from the calibration activations' Hessian (INT4/NVFP4: after AWQ and clipping) [default: on].")
+                   "channels not yet quantized, from the calibration activations' Hessian (INT4/NVFP4: after AWQ and clipping) [default: on for FP8 and INT4, off for NVFP4].")
 @click.option("--gptq-damp", type=float, default=None,
               help="GPTQ damping: this fraction of the Hessian's mean diagonal is added to it (larger: closer to plain rounding) [default: fp8 0.1, int4 and nvfp4 3].")
 @click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph on the calibration prompts is >= this.")

@@ -48,7 +48,7 @@ class BuildOptions:
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
-    table_block: int = 32  # INT4 block along H of an embedding table
+    table_block: int = 16  # INT4 block along H of an embedding table
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
@@ -162,7 +162,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
         stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
-                                      max_rows=methods.calibration_rows if methods.needs_rows or options.min_top1 is not None else 0)
+                                      max_rows=methods.calibration_rows(options.precision) if methods.needs_rows or options.min_top1 is not None else 0)
         calibration = {
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),

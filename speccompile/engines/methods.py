@@ -44,9 +44,12 @@ class MethodOptions:
     smoothquant: float | None = None  # FP8: SmoothQuant migration strength alpha (None: off)
     awq: bool = True  # INT4 / NVFP4: activation-aware input-channel scales
     clip: bool = True  # INT4 / NVFP4: per-block clipping search
-    gptq: bool = GPTQ_DEFAULT  # GPTQ error compensation on the calibration rows (engines/gptq.py)
+    gptq: bool | None = None  # GPTQ error compensation on the calibration rows (engines/gptq.py); None: GPTQ_DEFAULT
     gptq_damp: float | None = None  # None: the scheme's default (DEFAULT_DAMP)
     act_headroom: float = ACT_HEADROOM  # FP8: activation ranges times this (room for values above the calibration's)
+
+    def uses_gptq(self, scheme: str) -> bool:
+        return self.gptq if self.gptq is not None else GPTQ_DEFAULT[scheme]
 
     def damp(self, scheme: str) -> float:
         return self.gptq_damp if self.gptq_damp is not None else DEFAULT_DAMP[scheme]
@@ -66,14 +69,13 @@ class MethodOptions:
             raise InputError(f"--smoothquant must be in [0, 1], got {self.smoothquant}")
         return self
 
-    @property
-    def calibration_rows(self) -> int:
+    def calibration_rows(self, scheme: str) -> int:
         """How many rows calibration keeps per activation."""
-        return max(self.search_rows, self.hessian_rows if self.gptq else 0)
+        return max(self.search_rows, self.hessian_rows if self.uses_gptq(scheme) else 0)
 
     @property
     def needs_rows(self) -> bool:
-        return self.awq or self.clip or self.gptq or self.act_calib != "max" or self.smoothquant is not None
+        return self.awq or self.clip or self.gptq is not False or self.act_calib != "max" or self.smoothquant is not None
 
 
 @dataclass
@@ -396,7 +398,7 @@ def _compensate(report: MethodReport, init: onnx.TensorProto, w: np.ndarray, row
     clip = clip_search(w, np.square(evenly(rows, methods.search_rows)).mean(axis=0), options) if methods.clip and blockwise else None
     if clip is not None:
         report.weight_clip[init.name] = clip
-    if not methods.gptq:
+    if not methods.uses_gptq(options.scheme):
         return w
     block = nx.pick_block(w.shape[0], options.int4_block) if options.scheme == "int4" else options.fp4_block
     quantized, grid = gptq_weight(w, rows, options.scheme, block, clip, methods.damp(options.scheme))
