@@ -172,3 +172,15 @@ def test_build_quantize_lm_head_on_the_tiny_export(tiny_artifact, tmp_path):
     logits = art.target.run(ids, np.arange(4), cache.attention_mask(np.tril(np.ones((4, 4), bool))), cache).logits
     assert np.isfinite(logits).all()
     shutil.rmtree(out)
+
+
+def test_compat_check_refuses_a_quantized_table_read_without_its_dequantize():
+    """Negative control for the check above: an INT4 table that the Gather reads directly is not TensorRT's pattern."""
+    model = _tied_model()
+    quantize_model(model, QuantOptions("int4", exclude=(), tables=True, table_block=16))
+    assert check_tensorrt_compat(model).ok
+    stored = next(i.name for i in model.graph.initializer if i.data_type == TensorProto.INT4 and i.name.startswith("model.embed"))
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    gather.input[0] = stored
+    report = check_tensorrt_compat(model)
+    assert not report.ok and any(stored in e and "int4" in e for e in report.errors)
