@@ -20,7 +20,7 @@ from speccompile.engines.quantize import (
     trt_fp4_dynamic_quantize_reference,
 )
 
-V, H, T = 40, 64, 6
+V, H, T = 40, 128, 6
 STORED = {"fp8": TensorProto.FLOAT8E4M3FN, "int4": TensorProto.INT4, "nvfp4": TensorProto.FLOAT4E2M1}
 
 
@@ -86,7 +86,7 @@ def test_tied_table_stored_once_both_readers_share_its_dq(scheme):
     table = numpy_helper.to_array(model.graph.initializer[0]).copy()
     acts = _activations(model)
     amax = {k: float(np.abs(v).max()) for k, v in acts.items()}
-    options = QuantOptions(scheme, exclude=(), tables=True, table_block=16)
+    options = QuantOptions(scheme, exclude=(), tables=True, table_block=64)
     report = quantize_model(model, options, amax if scheme != "int4" else None)
     onnx.checker.check_model(model, full_check=True)
     assert report.tables == {"model.embed_tokens.weight": "gather+lm_head"}
@@ -101,7 +101,7 @@ def test_tied_table_stored_once_both_readers_share_its_dq(scheme):
     dq = by_out[gather.input[0]]
     assert dq.op_type == "DequantizeLinear" and dq.input[0] == stored[0].name
     attrs = {a.name: a.i for a in dq.attribute}
-    assert attrs == {"fp8": {"axis": 0}, "int4": {"axis": 1, "block_size": 16}, "nvfp4": {"axis": -1, "block_size": 16}}[scheme]
+    assert attrs == {"fp8": {"axis": 0}, "int4": {"axis": 1, "block_size": 64}, "nvfp4": {"axis": -1, "block_size": 16}}[scheme]
     if scheme != "int4":  # the lm_head input is quantized like every quantized MatMul input
         assert by_out[gemm.input[0]].op_type == "DequantizeLinear"
     compat = check_tensorrt_compat(model)
@@ -110,7 +110,7 @@ def test_tied_table_stored_once_both_readers_share_its_dq(scheme):
     # numbers: the graph (onnx.reference, the TRT op's reference for nvfp4) against numpy, table included
     ev = ReferenceEvaluator(model, new_ops=[trt_fp4_dynamic_quantize_reference()])
     got, a, h = ev.run(["logits", "a", "h"], {"ids": IDS})
-    table_q = _table_dq(table, scheme, 16)
+    table_q = _table_dq(table, scheme, 64)
     np.testing.assert_allclose(a, table_q[IDS] * numpy_helper.to_array(inits["gamma"]), rtol=1e-6)  # the Gather's rows
     if scheme == "fp8":
         hq = nx.fp8_fake_quant(h, nx.fp8_activation_scale(amax["h"]))
@@ -132,7 +132,7 @@ def test_tied_table_runs_in_onnx_runtime(scheme):
     acts = _activations(model)
     amax = {k: float(np.abs(v).max()) for k, v in acts.items()}
     reference = numpy_helper.to_array(model.graph.initializer[0])[IDS]
-    quantize_model(model, QuantOptions(scheme, exclude=(), tables=True, table_block=16), amax if scheme == "fp8" else None)
+    quantize_model(model, QuantOptions(scheme, exclude=(), tables=True, table_block=64), amax if scheme == "fp8" else None)
     model.graph.output.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, None))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -157,7 +157,7 @@ def test_build_quantize_lm_head_on_the_tiny_export(tiny_artifact, tmp_path):
     from speccompile.runtime.artifact import open_artifact
 
     out = tmp_path / "int4-head"
-    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--quantize-lm-head", "--table-block", "16",
+    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--quantize-lm-head", "--table-block", "64",
                      "--calib-samples", "2", "--calib-max-tokens", "32", "--out", str(out))
     assert result.returncode == 0, result.stderr
     record = read_manifest(out, verify_files=True).precision["target"]
@@ -177,10 +177,18 @@ def test_build_quantize_lm_head_on_the_tiny_export(tiny_artifact, tmp_path):
 def test_compat_check_refuses_a_quantized_table_read_without_its_dequantize():
     """Negative control for the check above: an INT4 table that the Gather reads directly is not TensorRT's pattern."""
     model = _tied_model()
-    quantize_model(model, QuantOptions("int4", exclude=(), tables=True, table_block=16))
+    quantize_model(model, QuantOptions("int4", exclude=(), tables=True, table_block=64))
     assert check_tensorrt_compat(model).ok
     stored = next(i.name for i in model.graph.initializer if i.data_type == TensorProto.INT4 and i.name.startswith("model.embed"))
     gather = next(n for n in model.graph.node if n.op_type == "Gather")
     gather.input[0] = stored
     report = check_tensorrt_compat(model)
     assert not report.ok and any(stored in e and "int4" in e for e in report.errors)
+
+
+def test_compat_warns_on_int4_blocks_tensorrt_does_not_take():
+    model = _tied_model()
+    quantize_model(model, QuantOptions("int4", exclude=(), int4_block=32, tables=True, table_block=64))
+    report = check_tensorrt_compat(model)
+    assert report.ok  # ONNX Runtime runs it; TensorRT's INT4 block quantization takes 64 and 128 only
+    assert [w for w in report.warnings if "INT4 block_size 32" in w] and not [w for w in report.warnings if "block_size 64" in w]

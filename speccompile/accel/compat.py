@@ -42,6 +42,7 @@ SUPPORTED_TYPES = {
     TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT32, TensorProto.INT64,
     TensorProto.INT8, TensorProto.BOOL, TensorProto.UINT8,
 }
+TRT_INT4_BLOCKS = (64, 128)  # INT4 block quantization: the block sizes TensorRT supports
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "TRT_FP4DynamicQuantize", "TRT_FP8QuantizeLinear",
                      "TRT_FP8DequantizeLinear", "TRT_INT4QuantizeLinear", "TRT_INT4DequantizeLinear"})
 # Types only allowed as the quantized side of Q/DQ (weights or QuantizeLinear outputs).
@@ -90,6 +91,7 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
                 f"that TensorRT cannot parse without a plugin"
             )
 
+    int4_values = {i.name for i in graph.initializer if i.data_type == TensorProto.INT4}
     qdq_inputs: set[str] = set()
     qdq_outputs: set[str] = set()
     for node in graph.node:
@@ -97,7 +99,10 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
             qdq_inputs.update(node.input)
             if node.op_type == "DequantizeLinear":
                 block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
-                if block and block not in (16, 32, 64, 128, 256):
+                if block and node.input[0] in int4_values and block not in TRT_INT4_BLOCKS:
+                    report.warnings.append(f"{node.name or node.output[0]}: INT4 block_size {block}: TensorRT takes "
+                                           f"{' or '.join(map(str, TRT_INT4_BLOCKS))}")
+                elif block and block not in (16, 32, 64, 128, 256):
                     report.warnings.append(f"{node.name or node.output[0]}: block_size {block} may not be supported")
         if node.op_type in ("QuantizeLinear", "TRT_FP4DynamicQuantize"):
             qdq_outputs.update(node.output)

@@ -31,9 +31,9 @@ from ..errors import InputError
 @click.option("--quantize-lm-head", is_flag=True,
               help="Also quantize lm_head and the embedding table (excluded by default). A tied table is stored once, "
                    "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
-@click.option("--table-block", type=click.Choice(["16", "32", "64", "128"]), default="16", show_default=True,
-              help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head).")
-@click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
+@click.option("--table-block", type=click.Choice(["64", "128"]), default="64", show_default=True,
+              help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head; TensorRT's INT4 blocks).")
+@click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K). TensorRT takes 64 and 128; smaller blocks run on ONNX Runtime only.")
 @click.option("--act-calib", type=click.Choice(["max", "percentile", "mse"]), default="max", show_default=True, help="FP8 activation range from calibration: max, a percentile of |x| (--percentile) or the smallest fake-quant MSE.")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --act-calib percentile.")
 @click.option("--smoothquant", type=float, default=None, help="FP8: migrate activation outliers into the weights with SmoothQuant strength ALPHA (0..1).")

@@ -17,7 +17,7 @@ from typing import Callable
 import onnx
 
 from .. import __version__
-from ..accel.compat import check_tensorrt_compat
+from ..accel.compat import TRT_INT4_BLOCKS, check_tensorrt_compat
 from ..accel.profiles import DEFAULT_PREFILL_CHUNK, profiles_for, required_limits
 from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
@@ -48,7 +48,7 @@ class BuildOptions:
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
-    table_block: int = 16  # INT4 block along H of an embedding table
+    table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
@@ -74,9 +74,10 @@ class BuildOptions:
             raise InputError(f"--calib-samples must be >= 1, got {self.calib_samples}")
         if self.calib_max_tokens < 2:
             raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
-        for flag, block in (("--int4-block", self.int4_block), ("--table-block", self.table_block)):
-            if block not in (16, 32, 64, 128, 256):
-                raise InputError(f"{flag} must be one of 16, 32, 64, 128, 256, got {block}")
+        if self.int4_block not in (16, 32, 64, 128, 256):
+            raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
+        if self.table_block not in TRT_INT4_BLOCKS:
+            raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
         if self.min_top1 is not None and not 0.0 < self.min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in (0, 1], got {self.min_top1}")

@@ -58,7 +58,7 @@ class QuantOptions:
     int4_block: int = 128
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
-    table_block: int = 16  # INT4 block along H of an embedding table
+    table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
 
     def for_table(self) -> "QuantOptions":
         """The options whose weight quantizer gives a table's numbers (as W = T^T [H, V])."""
