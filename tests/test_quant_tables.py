@@ -192,3 +192,26 @@ def test_compat_warns_on_int4_blocks_tensorrt_does_not_take():
     report = check_tensorrt_compat(model)
     assert report.ok  # ONNX Runtime runs it; TensorRT's INT4 block quantization takes 64 and 128 only
     assert [w for w in report.warnings if "INT4 block_size 32" in w] and not [w for w in report.warnings if "block_size 64" in w]
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "int4", "nvfp4"])
+def test_int8_table_format_is_weight_only_per_row(scheme):
+    from onnx.reference import ReferenceEvaluator
+
+    model = _tied_model()
+    table = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    options = QuantOptions(scheme, exclude=(), tables=True, table_format="int8")
+    assert activation_tensors(model, options) == ([] if scheme == "int4" else ["a"])  # no lm_head input range needed
+    amax = {k: float(np.abs(v).max()) for k, v in _activations(model).items()}
+    report = quantize_model(model, options, amax if scheme != "int4" else None)
+    onnx.checker.check_model(model, full_check=True)
+    assert report.tables == {"model.embed_tokens.weight": "gather+lm_head"}
+    [stored] = [i for i in model.graph.initializer if i.name.startswith("model.embed_tokens.weight") and i.data_type == TensorProto.INT8]
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert gather.input[0] == gemm.input[1] and gemm.input[0] == "h"  # weight-only: the lm_head input is not quantized
+    assert check_tensorrt_compat(model).ok
+    q, s = nx.quantize_int8_per_row(table)
+    np.testing.assert_array_equal(numpy_helper.to_array(stored), q)
+    got, h = ReferenceEvaluator(model, new_ops=[trt_fp4_dynamic_quantize_reference()]).run(["logits", "h"], {"ids": IDS})
+    np.testing.assert_allclose(got, h @ (q.astype(np.float32) * s[:, None]).T, rtol=1e-5, atol=1e-5 * np.abs(got).max())

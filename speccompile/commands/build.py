@@ -31,6 +31,9 @@ from ..errors import InputError
 @click.option("--quantize-lm-head", is_flag=True,
               help="Also quantize lm_head and the embedding table (excluded by default). A tied table is stored once, "
                    "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
+@click.option("--table-format", type=click.Choice(["scheme", "int8"]), default="scheme", show_default=True,
+              help="Format of the embedding table with --quantize-lm-head: the build's weight format, or INT8 per row "
+                   "(weight-only on the Gather and the lm_head, whatever the scheme).")
 @click.option("--table-block", type=click.Choice(["64", "128"]), default="64", show_default=True,
               help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head; TensorRT's INT4 blocks).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K). TensorRT takes 64 and 128; smaller blocks run on ONNX Runtime only.")
@@ -59,7 +62,7 @@ from ..errors import InputError
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
-def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_block, int4_block,
+def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
           act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, min_top1, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
@@ -89,6 +92,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         int4_block=int(int4_block),
         quantize_tables=quantize_lm_head,
         table_block=int(table_block),
+        table_format=table_format,
         profiles=profiles,
         prefill_chunk=prefill_chunk,
         opt_q=opt_q,

@@ -49,6 +49,7 @@ class BuildOptions:
     int4_block: int = 128
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
+    table_format: str = "scheme"  # "scheme" | "int8" (per row, weight-only)
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
@@ -76,6 +77,8 @@ class BuildOptions:
             raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
         if self.int4_block not in (16, 32, 64, 128, 256):
             raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
+        if self.table_format not in ("scheme", "int8"):
+            raise InputError(f"--table-format must be scheme or int8, got {self.table_format}")
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
@@ -143,7 +146,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
 
     spec = manifest.graph(graph)
     qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block, tables=options.quantize_tables,
-                         table_block=options.table_block)
+                         table_block=options.table_block, table_format=options.table_format)
     methods = options.methods.validate()
     progress(f"loading {spec.file}")
     model = onnx.load(str(src_dir / spec.file), load_external_data=True)

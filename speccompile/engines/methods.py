@@ -317,7 +317,7 @@ def quantized_groups(model: onnx.ModelProto, options: QuantOptions) -> dict[str,
 
 def calibrated_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[str]:
     """Every activation the methods search on: quantized MatMul inputs and tied lm_head inputs."""
-    tables = [t.head_input for t in quantized_tables(model, options) if t.head is not None]
+    tables = [t.head_input for t in quantized_tables(model, options) if t.head is not None and not options.table_int8]
     return list(dict.fromkeys([*quantized_groups(model, options), *tables]))
 
 
@@ -362,7 +362,7 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
             progress(f"  {number + 1}/{len(groups)} activations")
     inits = {i.name: i for i in model.graph.initializer}
     for table in quantized_tables(model, options):  # a tied lm_head: its input range, the table's clipping
-        st = stats.get(table.head_input) if table.head is not None else None
+        st = stats.get(table.head_input) if table.head is not None and not options.table_int8 else None
         if st is None:
             continue
         rows = st.rows

@@ -63,6 +63,15 @@ def fp8_activation_scale(amax: float) -> np.float32:
     return np.float32(safe_scale(np.float32(amax), FP8_MAX))
 
 
+# ---------------------------------------------------------------- INT8 per row
+
+def quantize_int8_per_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W [R, C] -> (int8 [R, C] in [-127, 127], float32 scale [R]): symmetric, one scale per row (axis 0)."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = safe_scale(np.abs(w).max(axis=1), 127.0)
+    return np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8), scale
+
+
 # ---------------------------------------------------------------- 4-bit packing
 
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:

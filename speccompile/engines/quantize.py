@@ -23,6 +23,7 @@ reader sees the same DequantizeLinear output: per row (fp8, axis 0), blocks alon
 (`Gemm(x, T, transB=1)`: H is the reduction axis, rows are output channels) the Gemm reads that DQ too,
 with its input quantized like any other quantized MatMul's (fp8, nvfp4); the Gather reads DQ(T) -> Gather,
 the weight-only embedding pattern TensorRT and ModelOpt's ONNX INT4 mode (gather_quantize_axis) use.
+`table_format="int8"` stores the table INT8 per row instead, for every scheme, weight-only on both readers.
 
 One Q/DQ pair is shared by all MatMuls that read the same activation (q/k/v, gate/up), as TensorRT's
 Q/DQ fusion wants. Scales are in the graph's float type (float32 graphs: float32 scales).
@@ -59,6 +60,16 @@ class QuantOptions:
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
+    table_format: str = "scheme"  # "scheme": the scheme's weight format; "int8": INT8 per row, weight-only
+
+    @property
+    def table_int8(self) -> bool:
+        return self.table_format == "int8"
+
+    @property
+    def head_activation_quantized(self) -> bool:
+        """Whether a tied lm_head's input gets the scheme's activation quantization."""
+        return self.scheme != "int4" and not self.table_int8
 
     def for_table(self) -> "QuantOptions":
         """The options whose weight quantizer gives a table's numbers (as W = T^T [H, V])."""
@@ -155,9 +166,9 @@ def quantized_tables(model: onnx.ModelProto, options: QuantOptions) -> list[Embe
         h = inits[table.name].dims[1]
         if is_excluded(table.name, options.exclude):
             continue
-        if options.scheme == "int4" and nx.pick_block(h, options.table_block) is None:
+        if options.scheme == "int4" and not options.table_int8 and nx.pick_block(h, options.table_block) is None:
             continue
-        if options.scheme == "nvfp4" and h % options.fp4_block:
+        if options.scheme == "nvfp4" and not options.table_int8 and h % options.fp4_block:
             continue
         found.append(table)
     return found
@@ -176,7 +187,7 @@ def activation_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[st
         if not is_excluded(weight, options.exclude):
             seen.setdefault(act)
     for table in quantized_tables(model, options):
-        if table.head is not None:
+        if table.head is not None and options.head_activation_quantized:
             seen.setdefault(table.head_input)
     return list(seen)
 
@@ -249,7 +260,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     heads = {id(t.head): t for t in tables if t.head is not None}
     gathers = {id(g): t for t in tables for g in t.gathers}
     for table in tables:
-        if scheme in ("fp8", "nvfp4") and table.head is not None and table.head_input not in act_amax:
+        if options.head_activation_quantized and table.head is not None and table.head_input not in act_amax:
             raise InputError(f"{table.name}: the tied lm_head input {table.head_input} was not calibrated")
 
     new_nodes: list[onnx.NodeProto] = []
@@ -303,7 +314,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         v, h = t.shape
         clip = weight_clip.get(table.name)
         out = _unique(f"{table.name}_dq", taken)
-        if scheme == "fp8":  # one scale per row: the lm_head's output channel, the Gather's token
+        if options.table_int8:  # INT8 per row, weight-only (the lm_head input stays unquantized)
+            q, scale = nx.quantize_int8_per_row(t)
+            qn = add_init(numpy_helper.from_array(q, _unique(f"{table.name}_int8", taken)))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{table.name}/DequantizeLinear", axis=0))
+        elif scheme == "fp8":  # one scale per row: the lm_head's output channel, the Gather's token
             q, scale = nx.quantize_fp8_per_channel(t, axis=0, scale=grid.scale if grid else None)
             qn = add_init(_raw_tensor(_unique(f"{table.name}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
@@ -358,7 +374,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         elif id(node) in heads:
             act = node.input[0]
             elem, np_float = _float_type(inits[node.input[1]])
-            if scheme != "int4":
+            if options.head_activation_quantized:
                 if act not in act_dq:
                     act_dq[act] = quantize_activation(act, elem, np_float)
                 node.input[0] = act_dq[act]
