@@ -13,7 +13,10 @@ amax + a subset of rows), in numpy:
       - SmoothQuant (FP8, optional): s = amax_x^alpha / amax_w^(1 - alpha).
   * clipping search (INT4, NVFP4): per block of every weight the range ratio in CLIP_RATIOS with the
     smallest error weighted by the calibration second moment of each input channel.
-  * FP8 activation ranges: max, a percentile of |x|, or the clipped amax with the smallest fake-quant MSE.
+  * GPTQ (engines/gptq.py, after the above): error compensation of each quantized weight on the
+    calibration rows, within the scheme's blocks; its grid goes to the Q/DQ pass unchanged.
+  * FP8 activation ranges: max, a percentile of |x|, or the clipped amax with the smallest fake-quant MSE,
+    times a headroom factor.
 """
 
 from __future__ import annotations
@@ -47,14 +50,14 @@ class MethodOptions:
     gptq: bool | None = None  # GPTQ error compensation on the calibration rows (engines/gptq.py); None: GPTQ_DEFAULT
     gptq_damp: float | None = None  # None: the scheme's default (DEFAULT_DAMP)
     act_headroom: float = ACT_HEADROOM  # FP8: activation ranges times this (room for values above the calibration's)
+    search_rows: int = 256  # calibration rows used by the searches (evenly spaced over those kept)
+    hessian_rows: int = 2048  # calibration rows kept for GPTQ's Hessian
 
     def uses_gptq(self, scheme: str) -> bool:
         return self.gptq if self.gptq is not None else GPTQ_DEFAULT[scheme]
 
     def damp(self, scheme: str) -> float:
         return self.gptq_damp if self.gptq_damp is not None else DEFAULT_DAMP[scheme]
-    search_rows: int = 256  # calibration rows used by the searches (evenly spaced over those kept)
-    hessian_rows: int = 2048  # calibration rows kept for GPTQ's Hessian
 
     def validate(self) -> "MethodOptions":
         if self.act_calib not in ACT_CALIB:
