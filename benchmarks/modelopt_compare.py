@@ -38,7 +38,7 @@ def calibration_npz(exported: Path, path: Path, tokens: int) -> Path:
     """The built-in calibration prompts as one stacked batch of contract-graph inputs."""
     from speccompile.engines.calibrate import load_calibration_texts, prefill_feeds, tokenize_calibration
     from speccompile.manifest import read_manifest
-    from speccompile.runtime.tokenizer import TextTokenizer
+    from speccompile.tokenizer import TextTokenizer
 
     manifest = read_manifest(exported, verify_files=False)
     tokenizer = TextTokenizer(exported, manifest.tokenizer.get("eos_token_ids"))
@@ -83,7 +83,7 @@ def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str) ->
 def op_pattern(directory: Path) -> tuple[str, bool]:
     import onnx
 
-    from speccompile.engines.compat import check_tensorrt_compat
+    from speccompile.accel.compat import check_tensorrt_compat
 
     model = onnx.load(str(directory / "target.onnx"), load_external_data=False)
     counts = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node)

@@ -42,6 +42,9 @@ SUPPORTED_TYPES = {
     TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT32, TensorProto.INT64,
     TensorProto.INT8, TensorProto.BOOL, TensorProto.UINT8,
 }
+TRT_INT4_BLOCKS = (64, 128)  # INT4 block quantization: the block sizes TensorRT supports
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "TRT_FP4DynamicQuantize", "TRT_FP8QuantizeLinear",
+                     "TRT_FP8DequantizeLinear", "TRT_INT4QuantizeLinear", "TRT_INT4DequantizeLinear"})
 # Types only allowed as the quantized side of Q/DQ (weights or QuantizeLinear outputs).
 QDQ_ONLY_TYPES = {TensorProto.FLOAT8E4M3FN, TensorProto.INT4, TensorProto.FLOAT4E2M1}
 _TYPE_NAMES = {v: k for k, v in TensorProto.DataType.items()}
@@ -88,6 +91,7 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
                 f"that TensorRT cannot parse without a plugin"
             )
 
+    int4_values = {i.name for i in graph.initializer if i.data_type == TensorProto.INT4}
     qdq_inputs: set[str] = set()
     qdq_outputs: set[str] = set()
     for node in graph.node:
@@ -95,7 +99,10 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
             qdq_inputs.update(node.input)
             if node.op_type == "DequantizeLinear":
                 block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
-                if block and block not in (16, 32, 64, 128, 256):
+                if block and node.input[0] in int4_values and block not in TRT_INT4_BLOCKS:
+                    report.warnings.append(f"{node.name or node.output[0]}: INT4 block_size {block}: TensorRT takes "
+                                           f"{' or '.join(map(str, TRT_INT4_BLOCKS))}")
+                elif block and block not in (16, 32, 64, 128, 256):
                     report.warnings.append(f"{node.name or node.output[0]}: block_size {block} may not be supported")
         if node.op_type in ("QuantizeLinear", "TRT_FP4DynamicQuantize"):
             qdq_outputs.update(node.output)
@@ -105,10 +112,13 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
             if to is not None and to not in SUPPORTED_TYPES:
                 report.errors.append(f"Cast {node.name or node.output[0]} to {_type_name(to)}: type not supported by TensorRT")
 
+    # a Q/DQ-only tensor must be read by Q/DQ nodes alone (e.g. an INT4 table read by a Gather is not)
+    read_elsewhere = {name for node in graph.node if node.op_type not in QDQ_OPS for name in node.input}
+
     def check_value(kind: str, name: str, elem: int) -> None:
         if elem in SUPPORTED_TYPES or elem == TensorProto.UNDEFINED:
             return
-        if elem in QDQ_ONLY_TYPES and (name in qdq_inputs or name in qdq_outputs):
+        if elem in QDQ_ONLY_TYPES and (name in qdq_inputs or name in qdq_outputs) and name not in read_elsewhere:
             return
         report.errors.append(f"{kind} {name}: element type {_type_name(elem)} is not supported by TensorRT")
 

@@ -28,13 +28,27 @@ from ..errors import InputError
 @click.option("--calib-samples", type=int, default=16, show_default=True, help="Most calibration samples used.")
 @click.option("--calib-max-tokens", type=int, default=256, show_default=True, help="Tokens per calibration sample (longer ones are cut).")
 @click.option("--exclude", multiple=True, help="Weight name pattern (fnmatch) to keep unquantized, added to the defaults (repeatable).")
-@click.option("--quantize-lm-head", is_flag=True, help="Also quantize lm_head (excluded by default).")
-@click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K).")
+@click.option("--quantize-lm-head", is_flag=True,
+              help="Also quantize lm_head and the embedding table (excluded by default). A tied table is stored once, "
+                   "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
+@click.option("--table-format", type=click.Choice(["scheme", "int8"]), default="scheme", show_default=True,
+              help="Format of the embedding table with --quantize-lm-head: the build's weight format, or INT8 per row "
+                   "(weight-only on the Gather and the lm_head, whatever the scheme).")
+@click.option("--table-block", type=click.Choice(["64", "128"]), default="64", show_default=True,
+              help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head; TensorRT's INT4 blocks).")
+@click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K). TensorRT takes 64 and 128; smaller blocks run on ONNX Runtime only.")
 @click.option("--act-calib", type=click.Choice(["max", "percentile", "mse"]), default="max", show_default=True, help="FP8 activation range from calibration: max, a percentile of |x| (--percentile) or the smallest fake-quant MSE.")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --act-calib percentile.")
 @click.option("--smoothquant", type=float, default=None, help="FP8: migrate activation outliers into the weights with SmoothQuant strength ALPHA (0..1).")
 @click.option("--awq/--no-awq", default=True, show_default=True, help="INT4/NVFP4: activation-aware input-channel scales searched on calibration activations.")
 @click.option("--clip-search/--no-clip-search", default=True, show_default=True, help="INT4/NVFP4: per-block clipping ratio search.")
+@click.option("--act-headroom", type=float, default=None,
+              help="FP8: activation ranges times this factor, room for values above the calibration's [default: 2].")
+@click.option("--gptq/--no-gptq", default=None,
+              help="GPTQ error compensation of the quantized weights: each input channel's rounding error is spread over the "
+                   "channels not yet quantized, from the calibration activations' Hessian (INT4/NVFP4: after AWQ and clipping) [default: on for FP8 and INT4, off for NVFP4].")
+@click.option("--gptq-damp", type=float, default=None,
+              help="GPTQ damping: this fraction of the Hessian's mean diagonal is added to it (larger: closer to plain rounding) [default: fp8 0.1, int4 and nvfp4 3].")
 @click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph on the calibration prompts is >= this.")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
@@ -48,8 +62,8 @@ from ..errors import InputError
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
-def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, min_top1, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
+          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, min_top1, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
@@ -67,7 +81,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
     precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4"}.get(chosen[0], "none") if chosen else "none"
     if float16 and bfloat16:
         raise InputError("--fp16 and --bf16 are mutually exclusive")
-    patterns = [p for p in DEFAULT_EXCLUDE if not (quantize_lm_head and p.startswith("lm_head"))] + list(exclude)
+    patterns = [p for p in DEFAULT_EXCLUDE if not quantize_lm_head] + list(exclude)
     options = BuildOptions(
         precision=precision,
         onnx_only=onnx_only,
@@ -76,6 +90,9 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         calib_max_tokens=calib_max_tokens,
         exclude=tuple(patterns),
         int4_block=int(int4_block),
+        quantize_tables=quantize_lm_head,
+        table_block=int(table_block),
+        table_format=table_format,
         profiles=profiles,
         prefill_chunk=prefill_chunk,
         opt_q=opt_q,
@@ -90,7 +107,8 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         max_context=max_context,
         max_verify_tokens=max_verify_tokens,
         max_batch=max_batch,
-        methods=MethodOptions(act_calib=act_calib, percentile=percentile, smoothquant=smoothquant, awq=awq, clip=clip_search),
+        methods=MethodOptions(act_calib=act_calib, percentile=percentile, smoothquant=smoothquant, awq=awq, clip=clip_search,
+                              **{k: v for k, v in (("act_headroom", act_headroom), ("gptq", gptq), ("gptq_damp", gptq_damp)) if v is not None}),
         min_top1=min_top1,
     )
     build_artifact(artifact, out, options, progress_printer(as_json))

@@ -17,14 +17,14 @@ from typing import Callable
 import onnx
 
 from .. import __version__
-from ..accel.compat import check_tensorrt_compat
+from ..accel.compat import TRT_INT4_BLOCKS, check_tensorrt_compat
 from ..accel.profiles import DEFAULT_PREFILL_CHUNK, profiles_for, required_limits
 from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
-from .methods import MethodOptions, apply_methods, quantized_groups
+from .methods import MethodOptions, apply_methods, calibrated_tensors
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
 
 Progress = Callable[[str], None]
@@ -47,6 +47,9 @@ class BuildOptions:
     calib_max_tokens: int = 256
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
+    quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
+    table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
+    table_format: str = "scheme"  # "scheme" | "int8" (per row, weight-only)
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
@@ -74,6 +77,10 @@ class BuildOptions:
             raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
         if self.int4_block not in (16, 32, 64, 128, 256):
             raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
+        if self.table_format not in ("scheme", "int8"):
+            raise InputError(f"--table-format must be scheme or int8, got {self.table_format}")
+        if self.table_block not in TRT_INT4_BLOCKS:
+            raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
         if self.min_top1 is not None and not 0.0 < self.min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in (0, 1], got {self.min_top1}")
@@ -138,17 +145,19 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     from .calibrate import calibrate_activations, load_calibration_texts, tokenize_calibration
 
     spec = manifest.graph(graph)
-    qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block)
+    qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block, tables=options.quantize_tables,
+                         table_block=options.table_block, table_format=options.table_format)
     methods = options.methods.validate()
     progress(f"loading {spec.file}")
     model = onnx.load(str(src_dir / spec.file), load_external_data=True)
     amax = None
     weight_clip = None
+    weight_grid = None
     method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
     if options.precision == "int4" and (methods.awq or methods.clip or options.min_top1 is not None):
-        tensors = list(quantized_groups(model, qopts))
+        tensors = calibrated_tensors(model, qopts)
     if tensors:
         from ..tokenizer import TextTokenizer
 
@@ -157,7 +166,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
         stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
-                                      max_rows=methods.search_rows if methods.needs_rows or options.min_top1 is not None else 0)
+                                      max_rows=methods.calibration_rows(options.precision) if methods.needs_rows or options.min_top1 is not None else 0)
         calibration = {
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),
@@ -168,17 +177,18 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         applied = apply_methods(model, qopts, stats, methods, progress, measure_errors=options.min_top1 is not None)
         amax = applied.act_amax if options.precision != "int4" else None
         weight_clip = applied.weight_clip
+        weight_grid = applied.weight_grid
         method_record = applied.summary()
         if options.min_top1 is not None:
             from .sensitivity import search_kept_weights
 
             progress(f"sensitivity: keeping the worst MatMuls unquantized until calibration top-1 >= {options.min_top1}")
-            kept = search_kept_weights(model, qopts, amax, weight_clip, applied.weight_error, spec, samples,
+            kept = search_kept_weights(model, qopts, amax, weight_clip, applied.weight_error, weight_grid, spec, samples,
                                        options.min_top1, options.threads, progress)
-            qopts = QuantOptions(qopts.scheme, (*qopts.exclude, *kept.kept), qopts.int4_block, qopts.fp4_block)
+            qopts = dataclasses.replace(qopts, exclude=(*qopts.exclude, *kept.kept))
             method_record["sensitivity"] = kept.summary()
     progress(f"quantizing {graph} to {options.precision}")
-    report = quantize_model(model, qopts, amax, weight_clip)
+    report = quantize_model(model, qopts, amax, weight_clip, weight_grid)
     data_name = dst.name + ".data"
     save_model(model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     del model

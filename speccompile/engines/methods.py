@@ -13,7 +13,10 @@ amax + a subset of rows), in numpy:
       - SmoothQuant (FP8, optional): s = amax_x^alpha / amax_w^(1 - alpha).
   * clipping search (INT4, NVFP4): per block of every weight the range ratio in CLIP_RATIOS with the
     smallest error weighted by the calibration second moment of each input channel.
-  * FP8 activation ranges: max, a percentile of |x|, or the clipped amax with the smallest fake-quant MSE.
+  * GPTQ (engines/gptq.py, after the above): error compensation of each quantized weight on the
+    calibration rows, within the scheme's blocks; its grid goes to the Q/DQ pass unchanged.
+  * FP8 activation ranges: max, a percentile of |x|, or the clipped amax with the smallest fake-quant MSE,
+    times a headroom factor.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from onnx import helper, numpy_helper
 from ..errors import InputError
 from . import numerics as nx
 from .calibrate import ActivationStats
-from .quantize import QuantOptions, is_excluded, weight_matmuls
+from .gptq import DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
+from .quantize import QuantOptions, is_excluded, quantized_tables, weight_matmuls
 
 ACT_CALIB = ("max", "percentile", "mse")
+ACT_HEADROOM = 2.0  # FP8: measured better than 1 on held-out text (docs/quantization.md)
 AWQ_GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 11))
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
 MSE_RATIOS = tuple(round(r, 3) for r in np.linspace(0.5, 1.0, 21))
@@ -42,20 +47,38 @@ class MethodOptions:
     smoothquant: float | None = None  # FP8: SmoothQuant migration strength alpha (None: off)
     awq: bool = True  # INT4 / NVFP4: activation-aware input-channel scales
     clip: bool = True  # INT4 / NVFP4: per-block clipping search
-    search_rows: int = 256  # calibration rows used by the searches
+    gptq: bool | None = None  # GPTQ error compensation on the calibration rows (engines/gptq.py); None: GPTQ_DEFAULT
+    gptq_damp: float | None = None  # None: the scheme's default (DEFAULT_DAMP)
+    act_headroom: float = ACT_HEADROOM  # FP8: activation ranges times this (room for values above the calibration's)
+    search_rows: int = 256  # calibration rows used by the searches (evenly spaced over those kept)
+    hessian_rows: int = 2048  # calibration rows kept for GPTQ's Hessian
+
+    def uses_gptq(self, scheme: str) -> bool:
+        return self.gptq if self.gptq is not None else GPTQ_DEFAULT[scheme]
+
+    def damp(self, scheme: str) -> float:
+        return self.gptq_damp if self.gptq_damp is not None else DEFAULT_DAMP[scheme]
 
     def validate(self) -> "MethodOptions":
         if self.act_calib not in ACT_CALIB:
             raise InputError(f"--act-calib must be one of {', '.join(ACT_CALIB)}, got {self.act_calib}")
         if not 50.0 < self.percentile <= 100.0:
             raise InputError(f"--percentile must be in (50, 100], got {self.percentile}")
+        if not 1.0 <= self.act_headroom <= 64.0:
+            raise InputError(f"--act-headroom must be in [1, 64], got {self.act_headroom}")
+        if self.gptq_damp is not None and not 0.0 < self.gptq_damp <= 10.0:
+            raise InputError(f"--gptq-damp must be in (0, 10], got {self.gptq_damp}")
         if self.smoothquant is not None and not 0.0 <= self.smoothquant <= 1.0:
             raise InputError(f"--smoothquant must be in [0, 1], got {self.smoothquant}")
         return self
 
+    def calibration_rows(self, scheme: str) -> int:
+        """How many rows calibration keeps per activation."""
+        return max(self.search_rows, self.hessian_rows if self.uses_gptq(scheme) else 0)
+
     @property
     def needs_rows(self) -> bool:
-        return self.awq or self.clip or self.act_calib != "max" or self.smoothquant is not None
+        return self.awq or self.clip or self.gptq is not False or self.act_calib != "max" or self.smoothquant is not None
 
 
 @dataclass
@@ -64,6 +87,8 @@ class MethodReport:
     weight_clip: dict[str, np.ndarray] = field(default_factory=dict)
     input_scales: dict[str, dict] = field(default_factory=dict)  # activation -> {method, alpha, folded, error}
     weight_error: dict[str, float] = field(default_factory=dict)  # weight -> typical per-token relative error of its product
+    weight_grid: dict[str, GridScales] = field(default_factory=dict)  # weight -> scales GPTQ quantized it with
+    gptq_error_ratio: list[float] = field(default_factory=list)  # per weight: calibration product error GPTQ / without
 
     def summary(self) -> dict:
         folded: dict[str, int] = {}
@@ -78,6 +103,9 @@ class MethodReport:
                                    "alpha_mean": round(float(np.mean(alphas)), 3)}
             if ratio:
                 out["input_scales"]["error_vs_rtn_mean"] = round(float(np.mean(ratio)), 4)
+        if self.weight_grid:
+            out["gptq"] = {"weights": len(self.weight_grid),
+                           "error_vs_without_mean": round(float(np.mean(self.gptq_error_ratio)), 4) if self.gptq_error_ratio else None}
         if self.weight_clip:
             out["clip_search"] = {"weights": len(self.weight_clip),
                                   "mean_ratio": round(float(np.mean([c.mean() for c in self.weight_clip.values()])), 4)}
@@ -86,16 +114,21 @@ class MethodReport:
 
 # ---------------------------------------------------------------- fake quantization (numpy)
 
-def weight_fake_quant(w: np.ndarray, options: QuantOptions, clip: np.ndarray | None = None) -> np.ndarray:
-    """W [K, N] as the Q/DQ graph of `options.scheme` will see it (float32)."""
+def weight_fake_quant(w: np.ndarray, options: QuantOptions, clip: np.ndarray | None = None,
+                      grid: GridScales | None = None) -> np.ndarray:
+    """W [K, N] as the Q/DQ graph of `options.scheme` will see it (float32; on `grid` when GPTQ chose one)."""
     if options.scheme == "fp8":
-        q, scale = nx.quantize_fp8_per_channel(w, axis=1)
+        q, scale = nx.quantize_fp8_per_channel(w, axis=1, scale=grid.scale if grid else None)
         return q.astype(np.float32) * scale
     if options.scheme == "int4":
         block = nx.pick_block(w.shape[0], options.int4_block)
-        q, scale = nx.quantize_int4_blockwise(w, block, clip)
+        q, scale = nx.quantize_int4_blockwise(w, block, clip, grid.scale if grid else None)
         return nx.dequantize_int4_blockwise(q, scale, block)
-    codes, s8, s2 = nx.nvfp4_quantize(np.ascontiguousarray(w.T), block=options.fp4_block, clip=clip)
+    w_t = np.ascontiguousarray(w.T)
+    if grid is None:
+        codes, s8, s2 = nx.nvfp4_quantize(w_t, block=options.fp4_block, clip=clip)
+    else:
+        codes, s8, s2 = nx.nvfp4_quantize(w_t, grid.global_scale, options.fp4_block, block_scale=grid.scale)
     return nx.nvfp4_dequantize(codes, s8, s2, options.fp4_block).T
 
 
@@ -109,6 +142,13 @@ def activation_fake_quant(x: np.ndarray, options: QuantOptions, amax: float) -> 
     return x
 
 
+def evenly(rows: np.ndarray, count: int) -> np.ndarray:
+    """At most `count` rows, evenly spaced over all of them (calibration rows come sample after sample)."""
+    if len(rows) <= count:
+        return rows
+    return rows[np.linspace(0, len(rows) - 1, count).astype(np.int64)]
+
+
 def fp8_range(rows: np.ndarray, amax: float, method: str, percentile: float = 99.99) -> float:
     """The activation range an FP8 per-tensor scale is derived from (scale = range / 448)."""
     if method == "max" or rows.size == 0 or amax <= 0:
@@ -118,6 +158,13 @@ def fp8_range(rows: np.ndarray, amax: float, method: str, percentile: float = 99
         return float(min(amax, max(np.percentile(magnitude, percentile), amax * 1e-3)))
     errors = [float(np.square(nx.fp8_fake_quant(rows, nx.fp8_activation_scale(amax * r)) - rows).mean()) for r in MSE_RATIOS]
     return float(amax * MSE_RATIOS[int(np.argmin(errors))])
+
+
+def activation_range(rows: np.ndarray, amax: float, scheme: str, methods: MethodOptions) -> float:
+    """The range a Q/DQ activation scale is derived from: FP8 `--act-calib` times `--act-headroom`; NVFP4 amax."""
+    if scheme != "fp8":
+        return amax
+    return fp8_range(evenly(rows, methods.search_rows), amax, methods.act_calib, methods.percentile) * methods.act_headroom
 
 
 # ---------------------------------------------------------------- searches
@@ -130,7 +177,7 @@ def product_error(x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray, o
 
 def awq_search(stats: ActivationStats, weights: list[np.ndarray], options: QuantOptions, rows: int) -> tuple[np.ndarray, float, float]:
     """(s, alpha, error / error of plain RTN) minimizing `product_error` over s = mean|x|^alpha."""
-    x = stats.rows[:rows]
+    x = evenly(stats.rows, rows)
     mean_abs = np.maximum(np.abs(x).mean(axis=0), 1e-6)
     best = (np.ones_like(mean_abs), 0.0, None)
     base = None
@@ -271,6 +318,12 @@ def quantized_groups(model: onnx.ModelProto, options: QuantOptions) -> dict[str,
     return groups
 
 
+def calibrated_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[str]:
+    """Every activation the methods search on: quantized MatMul inputs and tied lm_head inputs."""
+    tables = [t.head_input for t in quantized_tables(model, options) if t.head is not None and not options.table_int8]
+    return list(dict.fromkeys([*quantized_groups(model, options), *tables]))
+
+
 def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str, ActivationStats],
                   methods: MethodOptions, progress=lambda _m: None, measure_errors: bool = False) -> MethodReport:
     """Rewrite `model` (weights loaded) with the input scales of `methods`; return ranges and clip ratios for Q/DQ.
@@ -306,28 +359,54 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
             report.input_scales[name] = info
             rows, channel_amax = rows / scale, channel_amax / scale
         amax = float(channel_amax.max())
-        report.act_amax[name] = fp8_range(rows[: methods.search_rows], amax, methods.act_calib, methods.percentile) if scheme == "fp8" else amax
+        report.act_amax[name] = activation_range(rows, amax, scheme, methods)
         scaled_rows[name] = rows
         if number % 20 == 19:
             progress(f"  {number + 1}/{len(groups)} activations")
     inits = {i.name: i for i in model.graph.initializer}
+    for table in quantized_tables(model, options):  # a tied lm_head: its input range, the table's clipping
+        st = stats.get(table.head_input) if table.head is not None and not options.table_int8 else None
+        if st is None:
+            continue
+        rows = st.rows
+        report.act_amax[table.head_input] = activation_range(rows, st.amax, scheme, methods)
+        if rows.size:
+            w = numpy_helper.to_array(inits[table.name]).astype(np.float32).T
+            _compensate(report, inits[table.name], w, rows, options.for_table(), methods)
     for act, readers in quantized_groups(model, options).items():  # on the final weights (after every fold)
         rows = scaled_rows.get(act)
         if rows is None or not rows.size:
             continue
-        second_moment = np.square(rows).mean(axis=0)
         for _node, weight in readers:
             w = numpy_helper.to_array(inits[weight]).astype(np.float32)
-            if scheme in ("int4", "nvfp4") and methods.clip:
-                report.weight_clip[weight] = clip_search(w, second_moment, options)
+            w = _compensate(report, inits[weight], w, rows, options, methods)
             if measure_errors:
-                x = rows[: methods.search_rows]
+                x = evenly(rows, methods.search_rows)
                 amax = report.act_amax.get(act, float(np.abs(x).max()))
                 xq = activation_fake_quant(x, options, amax)
                 exact = x @ w
-                got = xq @ weight_fake_quant(w, options, report.weight_clip.get(weight))
+                got = xq @ weight_fake_quant(w, options, report.weight_clip.get(weight), report.weight_grid.get(weight))
                 # medians over tokens: neither a few massive-activation tokens (huge outputs, they would hide
                 # everyone else's error) nor near-zero outputs (huge relative error, no effect) decide
                 typical = max(float(np.median(np.square(exact).sum(axis=1))), 1e-30)
                 report.weight_error[weight] = float(np.median(np.square(exact - got).sum(axis=1)) / typical)
     return report
+
+
+def _compensate(report: MethodReport, init: onnx.TensorProto, w: np.ndarray, rows: np.ndarray, options: QuantOptions,
+                methods: MethodOptions) -> np.ndarray:
+    """Clipping search, then GPTQ on W [K, N] (an embedding table's T^T); returns the weight the Q/DQ pass will
+    quantize (GPTQ's compensated one, kept in the grid: the graph's fp32 weight stays for weights left unquantized)."""
+    blockwise = options.scheme in ("int4", "nvfp4")
+    clip = clip_search(w, np.square(evenly(rows, methods.search_rows)).mean(axis=0), options) if methods.clip and blockwise else None
+    if clip is not None:
+        report.weight_clip[init.name] = clip
+    if not methods.uses_gptq(options.scheme):
+        return w
+    block = nx.pick_block(w.shape[0], options.int4_block) if options.scheme == "int4" else options.fp4_block
+    quantized, grid = gptq_weight(w, rows, options.scheme, block, clip, methods.damp(options.scheme))
+    before = float(np.square(rows @ (w - weight_fake_quant(w, options, clip))).sum())
+    after = float(np.square(rows @ (w - quantized)).sum())
+    report.gptq_error_ratio.append(after / before if before > 0 else 1.0)
+    report.weight_grid[init.name] = grid
+    return quantized

@@ -47,11 +47,13 @@ def safe_scale(amax: np.ndarray, qmax: float) -> np.ndarray:
     return np.where((scale > 0) & np.isfinite(scale), scale, np.float32(1.0)).astype(np.float32)
 
 
-def quantize_fp8_per_channel(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """W [K, N] -> (fp8 W, float32 scale [N]) with one scale per output channel (`axis`)."""
+def quantize_fp8_per_channel(w: np.ndarray, axis: int = 1, scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] -> (fp8 W, float32 scale [N]) with one scale per output channel (`axis`; `scale`: these scales)."""
     w = np.asarray(w, dtype=np.float32)
     reduce_axes = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
-    scale = safe_scale(np.abs(w).max(axis=reduce_axes), FP8_MAX)
+    if scale is None:
+        scale = safe_scale(np.abs(w).max(axis=reduce_axes), FP8_MAX)
+    scale = np.asarray(scale, np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
     return to_fp8(w / scale.reshape(shape)), scale
@@ -59,6 +61,15 @@ def quantize_fp8_per_channel(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, 
 
 def fp8_activation_scale(amax: float) -> np.float32:
     return np.float32(safe_scale(np.float32(amax), FP8_MAX))
+
+
+# ---------------------------------------------------------------- INT8 per row
+
+def quantize_int8_per_row(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W [R, C] -> (int8 [R, C] in [-127, 127], float32 scale [R]): symmetric, one scale per row (axis 0)."""
+    w = np.asarray(w, dtype=np.float32)
+    scale = safe_scale(np.abs(w).max(axis=1), 127.0)
+    return np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8), scale
 
 
 # ---------------------------------------------------------------- 4-bit packing
@@ -92,19 +103,23 @@ def pick_block(k: int, requested: int, minimum: int = 16) -> int | None:
     return None
 
 
-def quantize_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def quantize_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None = None,
+                            scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """W [K, N] -> (int8 values in [-8, 7] [K, N], float32 scales [K // block, N]); blocks along axis 0.
 
-    `clip` [K // block, N] (ratios <= 1) shrinks each block's range: values beyond it saturate."""
+    `clip` [K // block, N] (ratios <= 1) shrinks each block's range: values beyond it saturate.
+    `scale` [K // block, N]: use these scales (a grid chosen before, e.g. by GPTQ) instead."""
     w = np.asarray(w, dtype=np.float32)
     k, n = w.shape
     if k % block:
         raise ValueError(f"K={k} is not a multiple of the INT4 block size {block}")
     blocks = w.reshape(k // block, block, n)
-    amax = np.abs(blocks).max(axis=1)
-    if clip is not None:
-        amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
-    scale = safe_scale(amax, INT4_MAX)  # [K/B, N]
+    if scale is None:
+        amax = np.abs(blocks).max(axis=1)
+        if clip is not None:
+            amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
+        scale = safe_scale(amax, INT4_MAX)  # [K/B, N]
+    scale = np.asarray(scale, np.float32)
     q = np.clip(np.rint(blocks / scale[:, None, :]), -8, 7).astype(np.int8).reshape(k, n)
     return q, scale
 
@@ -145,8 +160,9 @@ def nvfp4_global_scale(amax: float) -> np.float32:
 
 
 def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block: int = NVFP4_BLOCK,
-                   clip: np.ndarray | None = None):
-    """Blockwise NVFP4 along the LAST axis of x (`clip` [..., K // block]: ratios <= 1 shrinking block ranges).
+                   clip: np.ndarray | None = None, block_scale: np.ndarray | None = None):
+    """Blockwise NVFP4 along the LAST axis of x (`clip` [..., K // block]: ratios <= 1 shrinking block ranges;
+    `block_scale` [..., K // block] float8_e4m3fn: use these block scales, a grid chosen before, e.g. by GPTQ).
 
     Returns (codes uint8 [..., K] in 0..15, block scales float8_e4m3fn [..., K // block], global scale float32).
     Used for weights (x = W^T [N, K], static global scale from the weight amax) and, with a calibrated
@@ -160,10 +176,13 @@ def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block:
         global_scale = nvfp4_global_scale(float(np.abs(x).max()) if x.size else 0.0)
     global_scale = np.float32(global_scale)
     blocks = x.reshape(*x.shape[:-1], k // block, block)
-    block_amax = np.abs(blocks).max(axis=-1)
-    if clip is not None:
-        block_amax = (block_amax * np.asarray(clip, np.float32)).astype(np.float32)
-    scale_fp8 = to_fp8(block_amax / np.float32(FP4_MAX) / global_scale)
+    if block_scale is None:
+        block_amax = np.abs(blocks).max(axis=-1)
+        if clip is not None:
+            block_amax = (block_amax * np.asarray(clip, np.float32)).astype(np.float32)
+        scale_fp8 = to_fp8(block_amax / np.float32(FP4_MAX) / global_scale)
+    else:
+        scale_fp8 = np.asarray(block_scale).astype(ml_dtypes.float8_e4m3fn)
     effective = scale_fp8.astype(np.float32) * global_scale  # exactly what DQ(scale_fp8, global) computes
     with np.errstate(divide="ignore", invalid="ignore"):
         scaled = np.where(effective[..., None] > 0, blocks / effective[..., None], 0.0).astype(np.float32)

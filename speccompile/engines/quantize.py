@@ -16,12 +16,22 @@ What each scheme inserts (x = activation, W = weight [K, N], K = reduction axis)
               DequantizeLinear(W_fp4, ., axis=-1, block_size=16) -> Transpose -> MatMul
          (the layout ModelOpt exports and TensorRT's NVFP4 GEMMs expect: blocks along the last axis)
 
+Embedding tables (`QuantOptions.tables`, `build --quantize-lm-head`): an initializer T [V, H] read by
+`Gather(T, ids)` is stored once in the scheme's weight format with blocks / channels chosen so that every
+reader sees the same DequantizeLinear output: per row (fp8, axis 0), blocks along H (int4: axis 1,
+`table_block`; nvfp4: blocks of 16 on the last axis). When the same T is the tied lm_head
+(`Gemm(x, T, transB=1)`: H is the reduction axis, rows are output channels) the Gemm reads that DQ too,
+with its input quantized like any other quantized MatMul's (fp8, nvfp4); the Gather reads DQ(T) -> Gather,
+the weight-only embedding pattern TensorRT and ModelOpt's ONNX INT4 mode (gather_quantize_axis) use.
+`table_format="int8"` stores the table INT8 per row instead, for every scheme, weight-only on both readers.
+
 One Q/DQ pair is shared by all MatMuls that read the same activation (q/k/v, gate/up), as TensorRT's
 Q/DQ fusion wants. Scales are in the graph's float type (float32 graphs: float32 scales).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -32,6 +42,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import InputError, UnsupportedError
 from . import numerics as nx
+from .gptq import GridScales
 
 SCHEMES = ("fp8", "int4", "nvfp4")
 DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
@@ -47,6 +58,22 @@ class QuantOptions:
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
     fp4_block: int = nx.NVFP4_BLOCK
+    tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
+    table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
+    table_format: str = "scheme"  # "scheme": the scheme's weight format; "int8": INT8 per row, weight-only
+
+    @property
+    def table_int8(self) -> bool:
+        return self.table_format == "int8"
+
+    @property
+    def head_activation_quantized(self) -> bool:
+        """Whether a tied lm_head's input gets the scheme's activation quantization."""
+        return self.scheme != "int4" and not self.table_int8
+
+    def for_table(self) -> "QuantOptions":
+        """The options whose weight quantizer gives a table's numbers (as W = T^T [H, V])."""
+        return dataclasses.replace(self, int4_block=self.table_block)
 
 
 @dataclass
@@ -59,6 +86,7 @@ class QuantReport:
     skipped: dict[str, str] = field(default_factory=dict)  # weight -> reason (shape not blockable, ...)
     activations: dict[str, float] = field(default_factory=dict)  # activation tensor -> amax used
     blocks: dict[str, int] = field(default_factory=dict)  # weight -> INT4 block size actually used
+    tables: dict[str, str] = field(default_factory=dict)  # embedding table -> "gather" | "gather+lm_head"
 
     def summary(self) -> dict:
         out = {
@@ -70,6 +98,8 @@ class QuantReport:
         }
         if self.blocks:
             out["int4_block_sizes"] = sorted(set(self.blocks.values()))
+        if self.tables:
+            out["tables"] = dict(sorted(self.tables.items()))
         return out
 
 
@@ -95,14 +125,70 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[int, str, str]]:
     return found
 
 
+@dataclass
+class EmbeddingTable:
+    """An initializer [V, H] that Gather nodes read as their data, and the tied lm_head Gemm if one reads it."""
+
+    name: str
+    gathers: list[onnx.NodeProto]
+    head: onnx.NodeProto | None = None  # Gemm(x, table, transB=1)
+
+    @property
+    def head_input(self) -> str | None:
+        return self.head.input[0] if self.head is not None else None
+
+
+def embedding_tables(model: onnx.ModelProto) -> list[EmbeddingTable]:
+    """Every 2-D float initializer read only by Gather (axis 0, as data) and at most one Gemm(x, T, transB=1)."""
+    inits = {i.name: i for i in model.graph.initializer if len(i.dims) == 2 and i.data_type in _FLOAT_TYPES}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for position, name in enumerate(node.input):
+            if name in inits:
+                readers.setdefault(name, []).append((node, position))
+    tables = []
+    for name, uses in readers.items():
+        gathers = [n for n, pos in uses if n.op_type == "Gather" and pos == 0 and _attr(n, "axis", 0) == 0]
+        heads = [n for n, pos in uses if n.op_type == "Gemm" and pos == 1 and _attr(n, "transB", 0) == 1
+                 and _attr(n, "transA", 0) == 0 and len(n.input) == 2]
+        if gathers and len(gathers) + len(heads) == len(uses) and len(heads) <= 1:
+            tables.append(EmbeddingTable(name, gathers, heads[0] if heads else None))
+    return tables
+
+
+def quantized_tables(model: onnx.ModelProto, options: QuantOptions) -> list[EmbeddingTable]:
+    """The embedding tables the Q/DQ pass will quantize (`options.tables`, name not excluded, H blockable)."""
+    if not options.tables:
+        return []
+    inits = {i.name: i for i in model.graph.initializer}
+    found = []
+    for table in embedding_tables(model):
+        h = inits[table.name].dims[1]
+        if is_excluded(table.name, options.exclude):
+            continue
+        if options.scheme == "int4" and not options.table_int8 and nx.pick_block(h, options.table_block) is None:
+            continue
+        if options.scheme == "nvfp4" and not options.table_int8 and h % options.fp4_block:
+            continue
+        found.append(table)
+    return found
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
 def activation_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[str]:
-    """Activation tensors whose amax calibration needs (inputs of quantized MatMuls), in graph order."""
+    """Activation tensors whose amax calibration needs (inputs of quantized MatMuls and tied lm_heads), in graph order."""
     if options.scheme == "int4":
         return []
     seen: dict[str, None] = {}
     for _index, act, weight in weight_matmuls(model):
         if not is_excluded(weight, options.exclude):
             seen.setdefault(act)
+    for table in quantized_tables(model, options):
+        if table.head is not None and options.head_activation_quantized:
+            seen.setdefault(table.head_input)
     return list(seen)
 
 
@@ -129,11 +215,13 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, float] | None = None,
-                   weight_clip: dict[str, np.ndarray] | None = None) -> QuantReport:
+                   weight_clip: dict[str, np.ndarray] | None = None, weight_grid: dict[str, GridScales] | None = None) -> QuantReport:
     """Rewrite `model` in place (weights must be loaded). `act_amax` is needed for fp8 and nvfp4.
 
-    `weight_clip` (INT4 / NVFP4): per weight, the clipping ratio of every block (engines/methods.py)."""
+    `weight_clip` (INT4 / NVFP4): per weight, the clipping ratio of every block (engines/methods.py);
+    `weight_grid`: per weight, the scales GPTQ quantized it with (engines/gptq.py), stored as they are."""
     weight_clip = weight_clip or {}
+    weight_grid = weight_grid or {}
     scheme = options.scheme
     if scheme not in SCHEMES:
         raise InputError(f"unknown quantization scheme {scheme!r} (one of {', '.join(SCHEMES)})")
@@ -168,6 +256,12 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             continue
         targets.add(index)
         plan[weight] = ""
+    tables = quantized_tables(model, options)
+    heads = {id(t.head): t for t in tables if t.head is not None}
+    gathers = {id(g): t for t in tables for g in t.gathers}
+    for table in tables:
+        if options.head_activation_quantized and table.head is not None and table.head_input not in act_amax:
+            raise InputError(f"{table.name}: the tied lm_head input {table.head_input} was not calibrated")
 
     new_nodes: list[onnx.NodeProto] = []
     new_inits: list[onnx.TensorProto] = []
@@ -182,23 +276,24 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     def quantize_weight(weight: str) -> str:
         init = inits[weight]
         elem, np_float = _float_type(init)
-        w = numpy_helper.to_array(init).astype(np.float32)
+        grid = weight_grid.get(weight)
+        w = grid.weight if grid is not None and grid.weight is not None else numpy_helper.to_array(init).astype(np.float32)
         k, n = w.shape
         out = _unique(f"{weight}_dq", taken)
         if scheme == "fp8":
-            q, scale = nx.quantize_fp8_per_channel(w, axis=1)
+            q, scale = nx.quantize_fp8_per_channel(w, axis=1, scale=grid.scale if grid else None)
             qn = add_init(_raw_tensor(_unique(f"{weight}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=1))
         elif scheme == "int4":
             block = nx.pick_block(k, options.int4_block)
             report.blocks[weight] = block
-            q, scale = nx.quantize_int4_blockwise(w, block, weight_clip.get(weight))
+            q, scale = nx.quantize_int4_blockwise(w, block, weight_clip.get(weight), grid.scale if grid else None)
             qn = add_init(_raw_tensor(_unique(f"{weight}_int4", taken), TensorProto.INT4, q.shape, nx.pack_nibbles(q.view(np.uint8)).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=0, block_size=block))
         else:  # nvfp4: W^T [N, K], blocks along K (last axis)
-            codes, s_fp8, s2 = nx.nvfp4_quantize(w.T, block=options.fp4_block, clip=weight_clip.get(weight))
+            codes, s_fp8, s2 = _nvfp4(w.T, options.fp4_block, weight_clip.get(weight), grid)
             qn = add_init(_raw_tensor(_unique(f"{weight}_fp4", taken), TensorProto.FLOAT4E2M1, (n, k), nx.pack_nibbles(codes).tobytes()))
             bn = add_init(_raw_tensor(_unique(f"{weight}_fp4_scale", taken), TensorProto.FLOAT8E4M3FN, s_fp8.shape, s_fp8.view(np.uint8).tobytes()))
             gn = add_init(numpy_helper.from_array(np.array(s2, dtype=np_float), _unique(f"{weight}_fp4_global_scale", taken)))
@@ -208,6 +303,45 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, scale_out], [wt], name=f"{weight}/DequantizeLinear", axis=-1, block_size=options.fp4_block))
             new_nodes.append(helper.make_node("Transpose", [wt], [out], name=f"{weight}/Transpose", perm=[1, 0]))
         report.quantized.append(weight)
+        return out
+
+    def quantize_table(table: EmbeddingTable) -> str:
+        """T [V, H] stored once; returns the DequantizeLinear output every reader of T gets."""
+        init = inits[table.name]
+        _elem, np_float = _float_type(init)
+        grid = weight_grid.get(table.name)
+        t = grid.weight.T if grid is not None and grid.weight is not None else numpy_helper.to_array(init).astype(np.float32)
+        v, h = t.shape
+        clip = weight_clip.get(table.name)
+        out = _unique(f"{table.name}_dq", taken)
+        if options.table_int8:  # INT8 per row, weight-only (the lm_head input stays unquantized)
+            q, scale = nx.quantize_int8_per_row(t)
+            qn = add_init(numpy_helper.from_array(q, _unique(f"{table.name}_int8", taken)))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{table.name}/DequantizeLinear", axis=0))
+        elif scheme == "fp8":  # one scale per row: the lm_head's output channel, the Gather's token
+            q, scale = nx.quantize_fp8_per_channel(t, axis=0, scale=grid.scale if grid else None)
+            qn = add_init(_raw_tensor(_unique(f"{table.name}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{table.name}/DequantizeLinear", axis=0))
+        elif scheme == "int4":  # blocks along H (axis 1): the lm_head's reduction axis
+            block = nx.pick_block(h, options.table_block)
+            report.blocks[table.name] = block
+            q, scale = nx.quantize_int4_blockwise(t.T, block, clip, grid.scale if grid else None)  # [H, V] blocks along H
+            q, scale = np.ascontiguousarray(q.T), np.ascontiguousarray(scale.T)
+            qn = add_init(_raw_tensor(_unique(f"{table.name}_int4", taken), TensorProto.INT4, q.shape, nx.pack_nibbles(q.view(np.uint8)).tobytes()))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{table.name}/DequantizeLinear", axis=1, block_size=block))
+        else:  # nvfp4: [V, H] is already the [N, K] layout, blocks along the last axis
+            codes, s_fp8, s2 = _nvfp4(t, options.fp4_block, clip, grid)
+            qn = add_init(_raw_tensor(_unique(f"{table.name}_fp4", taken), TensorProto.FLOAT4E2M1, (v, h), nx.pack_nibbles(codes).tobytes()))
+            bn = add_init(_raw_tensor(_unique(f"{table.name}_fp4_scale", taken), TensorProto.FLOAT8E4M3FN, s_fp8.shape, s_fp8.view(np.uint8).tobytes()))
+            gn = add_init(numpy_helper.from_array(np.array(s2, dtype=np_float), _unique(f"{table.name}_fp4_global_scale", taken)))
+            scale_out = _unique(f"{table.name}_fp4_block_scale", taken)
+            new_nodes.append(helper.make_node("DequantizeLinear", [bn, gn], [scale_out], name=f"{table.name}/DequantizeLinear_scale"))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, scale_out], [out], name=f"{table.name}/DequantizeLinear", axis=-1, block_size=options.fp4_block))
+        report.tables[table.name] = "gather+lm_head" if table.head is not None else "gather"
+        removed_weights.add(table.name)
         return out
 
     def quantize_activation(act: str, elem: int, np_float) -> str:
@@ -233,8 +367,19 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, scale_out], [out], name=f"{stem}/DequantizeLinear", axis=-1, block_size=options.fp4_block))
         return out
 
+    table_dq = {table.name: quantize_table(table) for table in tables}  # DQ nodes first: they read initializers only
     for index, node in enumerate(graph.node):
-        if index in targets:
+        if id(node) in gathers:
+            node.input[0] = table_dq[gathers[id(node)].name]
+        elif id(node) in heads:
+            act = node.input[0]
+            elem, np_float = _float_type(inits[node.input[1]])
+            if options.head_activation_quantized:
+                if act not in act_dq:
+                    act_dq[act] = quantize_activation(act, elem, np_float)
+                node.input[0] = act_dq[act]
+            node.input[1] = table_dq[heads[id(node)].name]
+        elif index in targets:
             act, weight = node.input[0], node.input[1]
             elem, np_float = _float_type(inits[weight])
             if scheme != "int4":
@@ -261,6 +406,13 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     if not report.quantized:
         raise UnsupportedError(f"--{scheme}: no MatMul weight to quantize (all excluded or unsupported shapes)")
     return report
+
+
+def _nvfp4(w_t: np.ndarray, block: int, clip: np.ndarray | None, grid: GridScales | None):
+    """NVFP4 codes, block scales and global scale of W^T [N, K] (on GPTQ's grid when it chose one)."""
+    if grid is None:
+        return nx.nvfp4_quantize(w_t, block=block, clip=clip)
+    return nx.nvfp4_quantize(w_t, grid.global_scale, block, block_scale=grid.scale)
 
 
 def _set_opset(model: onnx.ModelProto, domain: str, version: int) -> None:

@@ -9,6 +9,7 @@ model needs about 2 log2(kept) full-model measurements.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -59,6 +60,7 @@ def search_kept_weights(
     act_amax: dict[str, float] | None,
     weight_clip: dict[str, np.ndarray],
     weight_error: dict[str, float],
+    weight_grid: dict | None,
     spec: GraphSpec,
     samples: Sequence[Sequence[int]],
     min_top1: float,
@@ -79,8 +81,7 @@ def search_kept_weights(
             trial = onnx.ModelProto()
             trial.CopyFrom(model)
             kept = tuple(order[:count])
-            quantize_model(trial, QuantOptions(options.scheme, (*options.exclude, *kept), options.int4_block, options.fp4_block),
-                           act_amax, weight_clip)
+            quantize_model(trial, dataclasses.replace(options, exclude=(*options.exclude, *kept)), act_amax, weight_clip, weight_grid)
             if options.scheme == "nvfp4":
                 emulate_nvfp4(trial)
             comparison = LogitComparison()

@@ -1,0 +1,174 @@
+"""GPTQ-style error compensation for quantized weights (INT4, NVFP4 blocks; FP8 per channel), in numpy.
+
+For a MatMul x W (W [K, N], K = input channels) and calibration rows X [T, K], the rows of W are quantized
+one input channel at a time, in order; the rounding error of row k is spread over the rows not yet
+quantized so that X W changes as little as possible (the optimal-brain-surgeon update with the inverse of
+H = X^T X / T + damping, applied through the upper Cholesky factor U of H^-1, Hinv = U^T U, as GPTQ does):
+
+    e = (w_k - q(w_k)) / U[k, k];   w_j <- w_j - U[k, j] e   for j > k
+
+with the update to later batches of rows applied lazily as one matrix product. Quantization groups are
+the blocks TensorRT needs along K (INT4: the block size; NVFP4: 16; FP8: all of K): a group's scale is set from the
+group's current rows (times its clipping ratio) when its first row comes up, then fixed. The result is
+the compensated weight on the quantization grid plus the scales (`GridScales`) that the Q/DQ pass stores
+unchanged, so re-quantizing it gives back exactly the same codes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from . import numerics as nx
+
+# fraction of the mean diagonal of H added to it, per scheme (measured on SmolLM2: docs/quantization.md)
+DEFAULT_DAMP = {"fp8": 0.1, "int4": 3.0, "nvfp4": 3.0}
+# on by default where it measured better on SmolLM2 held-out text (docs/quantization.md); --gptq / --no-gptq
+GPTQ_DEFAULT = {"fp8": True, "int4": True, "nvfp4": False}
+LAZY_ROWS = 128
+
+
+@dataclass
+class GridScales:
+    """The scales that fix a weight's quantization grid (INT4 [K/B, N] float32; NVFP4 fp8 [N, K/16] + global;
+    FP8 [N] float32),
+    and the compensated weight [K, N] on that grid that the Q/DQ pass stores instead of the original."""
+
+    scale: np.ndarray
+    global_scale: np.float32 | None = None
+    weight: np.ndarray | None = None
+
+
+class GroupQuantizer(Protocol):
+    """Rounds the rows of one weight; `start` fixes the scales of the group whose first row comes next."""
+
+    group: int
+
+    def start(self, index: int, rows: np.ndarray) -> None: ...
+
+    def round(self, row: np.ndarray) -> np.ndarray: ...
+
+    def grid(self) -> GridScales | None: ...
+
+
+class Int4Rows:
+    """Symmetric INT4, scale = clip * block amax / 7 per (block along K, output channel)."""
+
+    def __init__(self, k: int, n: int, block: int, clip: np.ndarray | None):
+        self.group, self.clip = block, clip
+        self.scales = np.ones((k // block, n), np.float32)
+        self.current = self.scales[0]
+
+    def start(self, index: int, rows: np.ndarray) -> None:
+        amax = np.abs(rows).max(axis=0).astype(np.float32)
+        if self.clip is not None:
+            amax = (amax * self.clip[index]).astype(np.float32)
+        self.scales[index] = self.current = nx.safe_scale(amax, nx.INT4_MAX)
+
+    def round(self, row: np.ndarray) -> np.ndarray:
+        q = np.clip(np.rint(row.astype(np.float32) / self.current), -8, 7)
+        return (q * self.current).astype(np.float32)
+
+    def grid(self) -> GridScales:
+        return GridScales(self.scales)
+
+
+class Nvfp4Rows:
+    """NVFP4 on W^T: E2M1 values, an FP8 scale per (output channel, block of 16 along K), a fixed global scale."""
+
+    def __init__(self, k: int, n: int, block: int, clip: np.ndarray | None, global_scale: np.float32):
+        self.group, self.clip, self.global_scale = block, clip, np.float32(global_scale)
+        self.scales = nx.to_fp8(np.zeros((n, k // block), np.float32))
+        self.effective = np.ones(n, np.float32)
+
+    def start(self, index: int, rows: np.ndarray) -> None:
+        amax = np.abs(rows).max(axis=0).astype(np.float32)
+        if self.clip is not None:
+            amax = (amax * self.clip[:, index]).astype(np.float32)
+        scale = nx.to_fp8(amax / np.float32(nx.FP4_MAX) / self.global_scale)
+        self.scales[:, index] = scale
+        self.effective = (scale.astype(np.float32) * self.global_scale).astype(np.float32)
+
+    def round(self, row: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scaled = np.where(self.effective > 0, row.astype(np.float32) / self.effective, 0.0).astype(np.float32)
+        return (nx.e2m1_decode(nx.e2m1_codes(scaled)) * self.effective).astype(np.float32)
+
+    def grid(self) -> GridScales:
+        return GridScales(self.scales, self.global_scale)
+
+
+class Fp8Rows:
+    """FP8 E4M3 with one scale per output channel (the column amax / 448, set once from the uncompensated W)."""
+
+    def __init__(self, k: int, n: int):
+        self.group = k
+        self.scale = np.ones(n, np.float32)
+
+    def start(self, index: int, rows: np.ndarray) -> None:
+        self.scale = nx.safe_scale(np.abs(rows).max(axis=0), nx.FP8_MAX)
+
+    def round(self, row: np.ndarray) -> np.ndarray:
+        return (nx.to_fp8(row.astype(np.float32) / self.scale).astype(np.float32) * self.scale).astype(np.float32)
+
+    def grid(self) -> GridScales:
+        return GridScales(self.scale)
+
+
+def inverse_hessian_factor(x: np.ndarray, damp: float) -> np.ndarray:
+    """Upper Cholesky factor U of (X^T X / T + damp * mean diag * I)^-1 (float32 [K, K])."""
+    x = np.asarray(x, np.float64)
+    h = x.T @ x / max(len(x), 1)
+    diag = np.diag(h).copy()
+    dead = diag <= 0
+    h[dead, dead] = 1.0  # a channel calibration never saw: its row is rounded without compensation
+    h[np.diag_indices_from(h)] += damp * float(np.mean(np.diag(h)))
+    inverse = np.linalg.inv(h)
+    return np.linalg.cholesky((inverse + inverse.T) / 2).T.astype(np.float32)
+
+
+def gptq_rows(w: np.ndarray, factor: np.ndarray, quantizer: GroupQuantizer, lazy: int = LAZY_ROWS) -> np.ndarray:
+    """W [K, N] quantized row by row with the error compensation; returns the quantized weight (float32)."""
+    w = np.array(w, dtype=np.float32, copy=True)
+    k = w.shape[0]
+    group = quantizer.group
+    # a group's scale is set at its first row, which must have every earlier row's update by then: groups
+    # start at batch starts (batches a multiple of the group), unless one group spans every row (starts at 0)
+    if group < k:
+        lazy = max(group, lazy // group * group)
+    out = np.empty_like(w)
+    for begin in range(0, k, lazy):
+        end = min(begin + lazy, k)
+        errors = np.zeros((end - begin, w.shape[1]), np.float32)
+        for i in range(begin, end):
+            if i % group == 0:
+                quantizer.start(i // group, w[i: i + group])
+            q = quantizer.round(w[i])
+            out[i] = q
+            err = (w[i] - q) / factor[i, i]
+            w[i + 1: end] -= np.outer(factor[i, i + 1: end], err)
+            errors[i - begin] = err
+        w[end:] -= factor[begin:end, end:].T @ errors
+    return out
+
+
+def gptq_weight(w: np.ndarray, x: np.ndarray, scheme: str, block: int, clip: np.ndarray | None = None,
+                damp: float | None = None) -> tuple[np.ndarray, GridScales]:
+    """(compensated quantized W, its grid) for `scheme` "int4" (`block` along K), "nvfp4" (blocks of `block`) or "fp8"
+    (per output channel; `block` and `clip` unused)."""
+    w = np.asarray(w, np.float32)
+    k, n = w.shape
+    if scheme == "fp8":
+        quantizer: GroupQuantizer = Fp8Rows(k, n)
+    elif scheme == "int4":
+        quantizer = Int4Rows(k, n, block, clip)
+    elif scheme == "nvfp4":
+        quantizer = Nvfp4Rows(k, n, block, clip, nx.nvfp4_global_scale(float(np.abs(w).max())))
+    else:
+        raise ValueError(f"GPTQ: no blockwise grid for scheme {scheme!r}")
+    quantized = gptq_rows(w, inverse_hessian_factor(x, DEFAULT_DAMP[scheme] if damp is None else damp), quantizer)
+    grid = quantizer.grid()
+    grid.weight = quantized
+    return quantized, grid
