@@ -75,7 +75,7 @@ def test_embedding_tables_finds_the_tied_table_only():
     assert table.name == "model.embed_tokens.weight" and table.head_input == "h"
     assert [g.name for g in table.gathers] == ["/embed_tokens/Gather"]
     assert activation_tensors(model, QuantOptions("fp8", exclude=())) == ["a"]  # tables off: no lm_head input
-    assert activation_tensors(model, QuantOptions("fp8", exclude=(), tables=True)) == ["a", "h"]
+    assert activation_tensors(model, QuantOptions("fp8", exclude=(), tables=True, table_format="scheme")) == ["a", "h"]
 
 
 @pytest.mark.parametrize("scheme", ["fp8", "int4", "nvfp4"])
@@ -86,7 +86,7 @@ def test_tied_table_stored_once_both_readers_share_its_dq(scheme):
     table = numpy_helper.to_array(model.graph.initializer[0]).copy()
     acts = _activations(model)
     amax = {k: float(np.abs(v).max()) for k, v in acts.items()}
-    options = QuantOptions(scheme, exclude=(), tables=True, table_block=64)
+    options = QuantOptions(scheme, exclude=(), tables=True, table_block=64, table_format="scheme")
     report = quantize_model(model, options, amax if scheme != "int4" else None)
     onnx.checker.check_model(model, full_check=True)
     assert report.tables == {"model.embed_tokens.weight": "gather+lm_head"}
@@ -132,7 +132,7 @@ def test_tied_table_runs_in_onnx_runtime(scheme):
     acts = _activations(model)
     amax = {k: float(np.abs(v).max()) for k, v in acts.items()}
     reference = numpy_helper.to_array(model.graph.initializer[0])[IDS]
-    quantize_model(model, QuantOptions(scheme, exclude=(), tables=True, table_block=64), amax if scheme == "fp8" else None)
+    quantize_model(model, QuantOptions(scheme, exclude=(), tables=True, table_block=64, table_format="scheme"), amax if scheme == "fp8" else None)
     model.graph.output.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, None))
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -143,7 +143,7 @@ def test_tied_table_runs_in_onnx_runtime(scheme):
 
 
 def test_tables_off_or_excluded_leave_the_table_fp32():
-    for options in (QuantOptions("int4", exclude=()), QuantOptions("int4", exclude=("*embed_tokens*",), tables=True)):
+    for options in (QuantOptions("int4", exclude=()), QuantOptions("int4", exclude=("*embed_tokens*",), tables=True, table_format="scheme")):
         model = _tied_model()
         report = quantize_model(model, options)
         assert not report.tables
@@ -157,7 +157,7 @@ def test_build_quantize_lm_head_on_the_tiny_export(tiny_artifact, tmp_path):
     from speccompile.runtime.artifact import open_artifact
 
     out = tmp_path / "int4-head"
-    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--quantize-lm-head", "--table-block", "64",
+    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--quantize-lm-head", "--table-format", "scheme", "--table-block", "64",
                      "--calib-samples", "2", "--calib-max-tokens", "32", "--out", str(out))
     assert result.returncode == 0, result.stderr
     record = read_manifest(out, verify_files=True).precision["target"]
@@ -177,7 +177,7 @@ def test_build_quantize_lm_head_on_the_tiny_export(tiny_artifact, tmp_path):
 def test_compat_check_refuses_a_quantized_table_read_without_its_dequantize():
     """Negative control for the check above: an INT4 table that the Gather reads directly is not TensorRT's pattern."""
     model = _tied_model()
-    quantize_model(model, QuantOptions("int4", exclude=(), tables=True, table_block=64))
+    quantize_model(model, QuantOptions("int4", exclude=(), tables=True, table_block=64, table_format="scheme"))
     assert check_tensorrt_compat(model).ok
     stored = next(i.name for i in model.graph.initializer if i.data_type == TensorProto.INT4 and i.name.startswith("model.embed"))
     gather = next(n for n in model.graph.node if n.op_type == "Gather")
@@ -188,7 +188,7 @@ def test_compat_check_refuses_a_quantized_table_read_without_its_dequantize():
 
 def test_compat_warns_on_int4_blocks_tensorrt_does_not_take():
     model = _tied_model()
-    quantize_model(model, QuantOptions("int4", exclude=(), int4_block=32, tables=True, table_block=64))
+    quantize_model(model, QuantOptions("int4", exclude=(), int4_block=32, tables=True, table_block=64, table_format="scheme"))
     report = check_tensorrt_compat(model)
     assert report.ok  # ONNX Runtime runs it; TensorRT's INT4 block quantization takes 64 and 128 only
     assert [w for w in report.warnings if "INT4 block_size 32" in w] and not [w for w in report.warnings if "block_size 64" in w]

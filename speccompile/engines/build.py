@@ -49,7 +49,7 @@ class BuildOptions:
     int4_block: int = 128
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
-    table_format: str = "scheme"  # "scheme" | "int8" (per row, weight-only)
+    table_format: str = "int8"  # "int8" (per row, weight-only) | "scheme"
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None

@@ -60,7 +60,7 @@ class QuantOptions:
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
-    table_format: str = "scheme"  # "scheme": the scheme's weight format; "int8": INT8 per row, weight-only
+    table_format: str = "int8"  # "int8": INT8 per row, weight-only; "scheme": the scheme's weight format
 
     @property
     def table_int8(self) -> bool:
