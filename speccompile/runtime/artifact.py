@@ -55,7 +55,7 @@ class Artifact:
         if self.backend != "ort-cpu":
             raise ValueError(f"shared drafter sessions are for ort-cpu, not {self.backend}")
         if graph not in self._shared_sessions:
-            self._shared_sessions[graph] = _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
+            self._shared_sessions[graph] = self.session(graph)
         return self._shared_sessions[graph]
 
 

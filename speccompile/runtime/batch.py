@@ -150,8 +150,9 @@ class BatchDecoder:
         the shortest longer one. A long prompt thus takes its chunks between other requests' passes, and a
         short prompt arriving meanwhile waits for one chunk of it, not for all of it."""
         waiting = sorted((g for g in self.active if g.prefilling), key=lambda g: g.prefill_remaining)
+        last_chunk = [g for g in waiting if g.prefill_remaining <= g.config.prefill_chunk]
         longer = [g for g in waiting if g.prefill_remaining > g.config.prefill_chunk]
-        for generation in [g for g in waiting if g not in longer] + longer[:1]:
+        for generation in last_chunk + longer[:1]:
             generation.prefill_next_chunk()
             if not generation.prefilling:
                 self._prefilled(generation)

@@ -285,10 +285,19 @@ class Generation:
         chunks, as in a prefill at once); after the last one, the first token."""
         if not self.prefilling:
             raise RuntimeError("the prompt is prefilled already")
-        logits = self._prefill_chunk(self.prompt_ids, self._prefilled_rows)
-        self._prefilled_rows = min(len(self.prompt_ids), self._prefilled_rows + self.config.prefill_chunk)
-        if self._prefilled_rows == len(self.prompt_ids):
-            self._first_token(logits)
+        prompt, start = self.prompt_ids, self._prefilled_rows
+        ids = prompt[start: start + self.config.prefill_chunk]
+        q = len(ids)
+        mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+        out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
+        self.cache.append(out.presents, range(q), q)
+        self.stats.prefill_passes += 1
+        if self.drafter is not None and out.hidden is not None:
+            following = prompt[start + q] if start + q < len(prompt) else None
+            self.drafter.observe(out.hidden, list(ids), following)
+        self._prefilled_rows = start + q
+        if self._prefilled_rows == len(prompt):
+            self._first_token(out.logits[-1])
 
     def _first_token(self, last_logits: np.ndarray) -> None:
         """The prompt is prefilled: choose and emit the first token."""
@@ -390,20 +399,6 @@ class Generation:
         self.finish = self.output.finish
         if self.done:
             self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
-
-    def _prefill_chunk(self, prompt: list[int], start: int) -> np.ndarray:
-        """One chunk of `prefill_chunk` tokens of the prompt from `start` (the cache holds the rows before it);
-        the chunk's last logits."""
-        ids = prompt[start: start + self.config.prefill_chunk]
-        q = len(ids)
-        mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
-        out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
-        self.cache.append(out.presents, range(q), q)
-        self.stats.prefill_passes += 1
-        if self.drafter is not None and out.hidden is not None:
-            following = prompt[start + q] if start + q < len(prompt) else None
-            self.drafter.observe(out.hidden, list(ids), following)
-        return out.logits[-1]
 
     def result(self) -> GenerationResult:
         """The finished generation (call once `done`)."""

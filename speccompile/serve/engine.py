@@ -439,8 +439,9 @@ class BatchedEngine(_WorkerEngine):
                 self._finish_generation(handle, generation, started, first_text_at)
 
     def _admit_waiting(self) -> None:
-        """Between two passes of a round: start the requests waiting for a free slot (prefill and first token
-        now; they decode from the next round), so time to first token waits for a pass, not a round."""
+        """Between two passes of a round: admit the requests waiting for a free slot (their prefill advances
+        between the next passes; they decode from the round after their first token), so time to first token
+        waits for a pass, not a round."""
         self._join_all(self._take(wait=False))
 
     def _new_decoder(self):
@@ -487,7 +488,6 @@ class BatchedEngine(_WorkerEngine):
             starting.append((handle, started, first_text_at, config))
         if not starting:
             return
-        starting.sort(key=lambda s: len(s[0].request.prompt_ids))  # slots in prompt order (the decoder prefills shortest first)
         joined = self._decoder.join_many([(list(h.request.prompt_ids), config, _text_sender(h, first))
                                           for h, _, first, config in starting], prefill_together=False, defer_prefill=True)
         for (handle, started, first_text_at, _), generation in zip(starting, joined):
