@@ -76,6 +76,45 @@ def test_last_logits_only_is_the_last_row_bitwise(tmp_path, tied):
             np.testing.assert_array_equal(a, b)
 
 
+def _chunked_logits(session, prompt: np.ndarray, tokens: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prefill `prompt`, then decode `tokens` in chain passes of q rows; every row's logits and hidden state."""
+    cache = session.new_cache()
+    out = session.run(prompt, np.arange(len(prompt)), cache.attention_mask(np.tril(np.ones((len(prompt),) * 2, bool))), cache)
+    cache.append(out.presents, range(len(prompt)), len(prompt))
+    logits, hidden = [], []
+    for start in range(0, len(tokens), q):
+        chunk = tokens[start: start + q]
+        n = len(chunk)
+        out = session.run(chunk, np.arange(cache.length, cache.length + n), cache.attention_mask(np.tril(np.ones((n, n), bool))), cache)
+        cache.append(out.presents, range(n), n)
+        logits.append(out.logits)
+        hidden.append(out.hidden)
+    return np.concatenate(logits), np.concatenate(hidden)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_position_gets_the_same_bits_in_any_pass(tmp_path, arch, monkeypatch):
+    """Exact by construction on the CPU: a position's logits and hidden state are the same bits whether it is
+    decoded alone (q = 1, plain decoding) or inside a verify pass of 2, 3, 5 or 12 rows, because a one-row pass
+    gets attention's padding row (export/ort_fused_graph.py, _OneRowPadding). Negative control: without the
+    padding row, q = 1 rounds differently (ONNX Runtime's one-row attention kernel)."""
+    model = make_tiny_hf_model(tmp_path / arch, arch=arch)
+    export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=128, hidden_states="final"))
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.row_invariant
+    rng = np.random.default_rng(1)
+    prompt, tokens = rng.integers(3, 60, 20), rng.integers(3, 60, 12)
+    one_row, one_row_hidden = _chunked_logits(session, prompt, tokens, 1)
+    for q in (2, 3, 5, 12):
+        logits, hidden = _chunked_logits(session, prompt, tokens, q)
+        np.testing.assert_array_equal(logits, one_row, err_msg=f"q={q}")
+        np.testing.assert_array_equal(hidden, one_row_hidden, err_msg=f"q={q}")
+    monkeypatch.setattr(session, "_padding_rows", lambda q, batch=1: 0)
+    unpadded, _ = _chunked_logits(session, prompt, tokens, 1)
+    assert not np.array_equal(unpadded, one_row)  # what the padding row prevents
+    np.testing.assert_allclose(unpadded, one_row, atol=1e-4, rtol=1e-4)  # the same function otherwise
+
+
 def test_fused_graph_shares_the_contract_weights(tiny_artifact):
     manifest = read_manifest(tiny_artifact)
     spec = manifest.graph("target-ort")
@@ -95,7 +134,7 @@ def test_fused_graph_shares_the_contract_weights(tiny_artifact):
     shared = [i for i in model.graph.initializer if any(e.value == "target.onnx.data" for e in i.external_data)]
     assert len(shared) >= 2 * manifest.model["config"]["num_hidden_layers"] + 1  # big matmul weights + embeddings
     head_dim = manifest.model["config"]["head_dim"]
-    assert own >= 2 * 256 * head_dim // 2 * 4  # cos + sin: max_context x head_dim/2 floats each
+    assert own >= 2 * 256 * head_dim // 2 * 4  # cos + sin: (kv capacity + 1) x head_dim/2 floats each
     assert (tiny_artifact / "target.ort.onnx.data").stat().st_size == own
     assert "target.ort.onnx" in manifest.files and "target.ort.onnx.data" in manifest.files
 

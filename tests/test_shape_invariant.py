@@ -12,6 +12,7 @@ import pytest
 
 from speccompile.export.pipeline import ExportOptions, export_artifact
 from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.backends.ort import OrtBufferSession
 from speccompile.runtime.backends.shape_invariant import ShapeInvariantSession
 
 from conftest import make_tiny_hf_model
@@ -144,16 +145,30 @@ def _differs(plain, speculative) -> bool:
     return any(not np.array_equal(a, b) for a, b in zip(plain, speculative))
 
 
-def test_without_the_mode_the_fused_graph_differs(artifacts):
-    """The check above has teeth: on ONNX Runtime CPU the fused fp32 graph computes a row differently
-    when the pass has 1 row than when it has 5 (MatMul / attention kernels chosen by q)."""
+def _without_attention_padding(monkeypatch) -> None:
+    """The fused graph as exported before its one-row attention padding (export/ort_fused_graph.py): a pass
+    of one row runs ONNX Runtime's one-row attention kernel."""
+    monkeypatch.setattr(OrtBufferSession, "_padding_rows", lambda self, q, batch=1: 0)
+
+
+def test_the_fused_graph_is_exact_for_chains_without_the_mode(artifacts, monkeypatch):
+    """On the CPU the fused fp32 graph needs no mode for chains and a main-path-first tree: its one-row passes
+    get attention's padding row, and ONNX Runtime CPU computes each row alike in any pass of >= 2 rows. The
+    check has teeth: without the padding row a row differs between a 1-row and a 5-row pass (the one-row
+    attention kernel); and a breadth-first tree (keys after a masked sibling) still differs without the mode."""
     session = _session(artifacts, "fused-fp32", None)
     prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
+    plain = plain_logits(session, prompt, text)
+    assert not _differs(plain, speculative_logits(session, prompt, text, _tokens(2, 4)))
+    assert _differs(plain, speculative_logits(session, prompt, text, _tokens(2, 4), BREADTH_FIRST))
+    _without_attention_padding(monkeypatch)
     assert _differs(plain_logits(session, prompt, text), speculative_logits(session, prompt, text, _tokens(2, 4)))
 
 
 def test_varying_the_rows_breaks_it(artifacts, monkeypatch):
-    """Same as the mode, except that each pass is padded only to its own q: the logits differ again."""
+    """Same as the mode, except that each pass is padded only to its own q, on a graph whose one-row passes
+    run the one-row attention kernel (as a GPU kernel picks its tiles by q): the logits differ again."""
+    _without_attention_padding(monkeypatch)
     session = _session(artifacts, "fused-fp32", 8)
     run = ShapeInvariantSession.run
 

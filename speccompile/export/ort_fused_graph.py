@@ -218,7 +218,8 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         inits.append(onnx.numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
         return name
 
-    cos, sin = _rotary_tables(decoder, max_context)
+    # CPU: one spare rotary slot past kv_capacity, for the padding row of a one-row pass (_OneRowPadding)
+    cos, sin = _rotary_tables(decoder, max_context + (1 if target == "cpu" else 0))
     init("rotary.cos_cache", cos)
     init("rotary.sin_cache", sin)
     embed = init("model.embed_tokens.weight", _numpy(decoder.model.embed_tokens.weight))
@@ -227,6 +228,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     taps: list[str] = []
     presents: list[str] = []
     mlp_out = None
+    padding = _OneRowPadding(n, const) if target == "cpu" else None
     for i, layer in enumerate(decoder.model.layers):
         pre = f"layers.{i}"
         gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
@@ -251,15 +253,23 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         else:
             query = [qkv, "", ""]
         present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-        bias = ["attention_bias"] if target == "cpu" else []  # the CUDA kernel rejects attention_bias
+        if padding is None:  # the CUDA kernel rejects attention_bias
+            lengths = ["seqlens_k", "total_sequence_length"]
+            extra = ["position_ids"]
+        else:
+            query = [padding.rows(x) if x else "" for x in query]
+            lengths = [padding.seqlens_k, padding.total_sequence_length]
+            extra = [padding.position_ids, padding.attention_bias]
         out = n(
             "GroupQueryAttention",
-            [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k", "total_sequence_length",
-             "rotary.cos_cache", "rotary.sin_cache", "position_ids", *bias],
-            [f"attn_{i}", present_k, present_v],
+            [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
+             "rotary.cos_cache", "rotary.sin_cache", *extra],
+            [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v],
             domain=_MS, num_heads=heads, kv_num_heads=kv_heads, scale=float(1.0 / np.sqrt(dim)),
             do_rotary=1, rotary_interleaved=0, local_window_size=-1,
         )[0]
+        if padding is not None:
+            out = padding.drop(out, f"attn_{i}")
         presents += [present_k, present_v]
         o = n("MatMul", [out, init(f"{pre}.self_attn.o_proj.weight_t", _numpy(attn.o_proj.weight).T)])[0]
         gamma = init(f"{pre}.post_attention_layernorm.weight", _numpy(layer.post_attention_layernorm.weight))
@@ -307,6 +317,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         _value("seqlens_k", TensorProto.INT32, [BATCH]),
         _value("total_sequence_length", TensorProto.INT32, []),
         *([_value("logits_rows", TensorProto.INT64, ["logits_len"])] if target == "cpu" else []),
+        *([_value(PAD_INPUT, TensorProto.INT64, [1])] if target == "cpu" else []),
     ]
     for i in range(cfg.num_hidden_layers):
         inputs += [_value(f"past_key_values.{i}.{kind}", elem, cache_shape) for kind in ("key", "value")]
@@ -314,6 +325,50 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
     model.producer_name = "speccompile"
     return model
+
+
+class _OneRowPadding:
+    """The CPU graph's `attention_pad` input (int64 [1], 0 or 1): with 1, every GroupQueryAttention gets a copy
+    of the pass's last row appended (same position; its KV lands one slot past the pass's rows; its output is
+    dropped), so a one-row pass runs the same kernels as a multi-row one.
+
+    Why: ONNX Runtime CPU's attention multiplies probabilities by values with MLAS's dedicated one-row SGEMM
+    kernel when a pass has one row, and with the general kernel otherwise; the two sum in different orders, so
+    a position's logits differed by up to ~4e-5 between plain decoding (q = 1) and a verify pass (q > 1).
+    With the padding row every pass has >= 2 rows, and MLAS computes each row of the general kernel alike
+    whatever the number of rows: a position's logits are the same bits in any pass (tests/test_ort_fused.py).
+    Everything outside the attention (the weight matmuls, norms, lm_head) already is row-independent.
+    ONNX Runtime refuses more than one row per sequence at batch > 1 with a past, so batched one-row
+    passes run with 0 (runtime/batch.py)."""
+
+    def __init__(self, n: _Nodes, const):
+        self._n = n
+        pad = PAD_INPUT
+        const("pad.axis", [1])
+        const("pad.zero", [0])
+        q_len = n("Shape", ["input_ids"], start=1, end=2)[0]
+        self.q_len = q_len
+        self._last = n("Sub", [q_len, const("pad.one", [1])])[0]
+        self._end = n("Add", [self._last, pad])[0]  # [last, last + pad): the last row, or no row
+        self.position_ids = self.rows("position_ids")
+        pad32 = n("Cast", [pad], to=TensorProto.INT32)[0]
+        self.seqlens_k = n("Add", ["seqlens_k", pad32])[0]
+        self.total_sequence_length = n("Add", ["total_sequence_length", n("Squeeze", [pad32])[0]])[0]
+        # the padding row sees every slot up to its own (bias 0; causal inside); no real row reaches its slot
+        pads = n("Concat", [const("pad.bias_begin", [0, 0, 0, 0, 0, 0]), pad, pad], axis=0)[0]
+        self.attention_bias = n("Pad", ["attention_bias", pads])[0]
+
+    def rows(self, x: str) -> str:
+        """`x` [batch, q, ...] with the padding row (if any) appended."""
+        extra = self._n("Slice", [x, self._last, self._end, "pad.axis"])[0]
+        return self._n("Concat", [x, extra], axis=1)[0]
+
+    def drop(self, x: str, name: str) -> str:
+        """`x` without the padding row, as `name`."""
+        return self._n("Slice", [x, "pad.zero", self.q_len, "pad.axis"], [name])[0]
+
+
+PAD_INPUT = "attention_pad"
 
 
 def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[str, str]:

@@ -13,9 +13,13 @@ Why not one pass over every request's draft: ONNX Runtime's GroupQueryAttention 
 accepts a batch only for one new token per sequence when there is a past ("batch_size must be 1 when
 sequence_length > 1 and past context is given"). Packing several requests into one sequence would make
 each row's attention run over other requests' masked rows, which changes its floating-point results
-(measured ~1e-6 on the logits) and is bounded by the rotary table length. The design here keeps every row's
-arithmetic identical to the request decoding alone: a batched q = 1 row computes bitwise the same logits as
-the batch-1 pass (tests/test_batch.py measures it), and speculative passes are batch-1 passes.
+(measured ~1e-6 on the logits) and is bounded by the rotary table length. The design here keeps a row's
+arithmetic as close to the request decoding alone as ONNX Runtime allows: prefill, speculative passes and the
+plain passes of a lone request are batch-1 passes, the same bits as alone. A q = 1 row of a batch > 1 runs the
+operator's one-row kernel (the padding row that makes a lone one-row pass compute like a multi-row pass,
+export/ort_fused_graph.py, is refused at batch > 1): the same bits at every batch size > 1 and the same
+function as alone (tests/test_batch.py), but not bitwise alone's, so a batched request's greedy output equal
+to its output alone is tested and measured, not guaranteed by construction.
 
 Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
 prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
@@ -237,7 +241,9 @@ class BatchDecoder:
         self.active[slot] = last
 
     def _ensure_rows(self, rows: int) -> None:
-        """Grow every slot to hold `rows` KV rows (doubling, bounded by the graph's), keeping the active rows."""
+        """Grow every slot to hold `rows` KV rows (+ the slot a one-row pass's attention padding row takes;
+        doubling, bounded by the graph's), keeping the active rows."""
+        rows += 1
         if rows <= self.rows:
             return
         self.rows = min(self.session.kv_rows, max(rows, 2 * self.rows))

@@ -180,6 +180,9 @@ class OrtBufferSession(OrtSession):
         self._widths = [int(widths[name]) for name in self._step_outputs]
         # graphs exported since the input exists project only the rows in `logits_rows` to the vocabulary
         self.selects_logits = any(t.name == "logits_rows" for t in spec.inputs)
+        # graphs exported since the input exists run a one-row pass with a padding row in attention, so that
+        # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
+        self.row_invariant = any(t.name == "attention_pad" for t in spec.inputs)
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -194,13 +197,16 @@ class OrtBufferSession(OrtSession):
         row only (a prefill chunk), where the graph can skip the others."""
         total = int(attention_mask.shape[-1])
         q = int(input_ids.size)
-        cache.reserve(total)
+        pad = self._padding_rows(q)
+        cache.reserve(total + pad)
         binding = self._binding_for(cache)
         bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
         self._bind_step_inputs(binding, input_ids, position_ids, features)
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
         binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
+        if self.row_invariant:
+            binding.bind_cpu_input("attention_pad", np.array([pad], dtype=np.int64))
         rows = q
         if self.selects_logits:
             rows = 1 if last_logits_only else q
@@ -211,6 +217,12 @@ class OrtBufferSession(OrtSession):
             binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
         self.session.run_with_iobinding(binding)
         return StepOutput(logits=arrays[0][0], presents=cache.tensors, hidden=arrays[1][0] if self.hidden_name else None)
+
+    def _padding_rows(self, q: int, batch: int = 1) -> int:
+        """1 when a pass of one row per sequence gets attention's padding row: where the graph has it and
+        ONNX Runtime allows it (a batch of one, or sequences without a past); the caller's buffers need one
+        slot past the pass's rows for it."""
+        return int(self.row_invariant and q == 1 and batch == 1)
 
     @property
     def batches(self) -> bool:
@@ -251,7 +263,8 @@ class OrtBufferSession(OrtSession):
             bias[b, 0, :n, length: length + n] = np.where(mask, np.float32(0), np.float32(-np.inf))
             pad = np.arange(n, q)
             bias[b, 0, pad, length + pad] = 0
-        arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths])
+        arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths],
+                                 self._padding_rows(q, batch))
         return [StepOutput(logits=arrays[0][b, :len(r[0])], presents=c.tensors,
                            hidden=arrays[1][b, :len(r[0])] if self.hidden_name else None)
                 for b, (r, c) in enumerate(zip(rows, caches))]
@@ -272,12 +285,13 @@ class OrtBufferSession(OrtSession):
             pad = np.arange(n, q)
             bias[b, 0, pad, pad] = 0  # a padding row sees only its own slot
         arrays = self._run_slots([b[first_slot: first_slot + batch] for b in buffers], ids, positions, bias,
-                                 [len(p) - 1 for p in prompts])
+                                 [len(p) - 1 for p in prompts], self._padding_rows(q))  # no past: any batch
         return [arrays[0][b, len(p) - 1] for b, p in enumerate(prompts)]
 
     def _run_slots(self, buffers: list[np.ndarray], ids: np.ndarray, positions: np.ndarray, bias: np.ndarray,
-                   seqlens_k: list[int]) -> list[np.ndarray]:
-        """One pass over the sequences of `buffers` (views [B, ...], written in place); the step outputs [B, q, width]."""
+                   seqlens_k: list[int], pad: int) -> list[np.ndarray]:
+        """One pass over the sequences of `buffers` (views [B, ...], written in place); the step outputs [B, q, width].
+        `pad`: attention's padding row (`_padding_rows`)."""
         batch, q = ids.shape
         binding = self.session.io_binding()
         for past, present, buffer in zip(self.past_names, self.present_names, buffers):
@@ -289,6 +303,8 @@ class OrtBufferSession(OrtSession):
         binding.bind_cpu_input("attention_bias", bias)
         binding.bind_cpu_input("seqlens_k", np.asarray(seqlens_k, dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(bias.shape[-1], dtype=np.int32))
+        if self.row_invariant:
+            binding.bind_cpu_input("attention_pad", np.array([pad], dtype=np.int64))
         if self.selects_logits:
             binding.bind_cpu_input("logits_rows", np.arange(q, dtype=np.int64))
         arrays = [np.empty((batch, q, width), dtype=np.float32) for width in self._widths]
