@@ -115,6 +115,23 @@ def test_a_position_gets_the_same_bits_in_any_pass(tmp_path, arch, monkeypatch):
     np.testing.assert_allclose(unpadded, one_row, atol=1e-4, rtol=1e-4)  # the same function otherwise
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "contract"])
+def test_one_query_head_per_kv_head_is_row_invariant_too(tmp_path, fused):
+    """Multi-head attention (as many KV heads as query heads) has no query groups to fill the attention matmuls'
+    rows, so the exported decoder pads them (models/decoder.py, _with_last_row): the contract graph, which
+    quantized builds run on the CPU, is then row-invariant like the fused one."""
+    model = make_tiny_hf_model(tmp_path / "mha", hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                               num_key_value_heads=4)
+    export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=96, hidden_states="final"))
+    session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
+    rng = np.random.default_rng(2)
+    prompt, tokens = rng.integers(3, 60, 20), rng.integers(3, 60, 9)
+    one_row = _chunked_logits(session, prompt, tokens, 1)
+    for q in (2, 3, 9):
+        for got, want in zip(_chunked_logits(session, prompt, tokens, q), one_row):
+            np.testing.assert_array_equal(got, want, err_msg=f"q={q}")
+
+
 def test_fused_graph_shares_the_contract_weights(tiny_artifact):
     manifest = read_manifest(tiny_artifact)
     spec = manifest.graph("target-ort")

@@ -208,6 +208,26 @@ def test_verify_and_bench_cli(tiny_artifact, tmp_path):
     _clean_error(run_cli("bench", str(tiny_artifact), "--workload", str(tmp_path / "nope.jsonl")), "nope.jsonl")
 
 
+def test_verify_compares_the_logits_bit_for_bit(tiny_artifact, monkeypatch):
+    """`verify` checks the logits every token was chosen from, plain vs n-gram: bitwise equal on the fused CPU
+    graph (its one-row passes get attention's padding row). Without that padding row the tokens still agree
+    on this model, but the logits do not: the check sees what token identity hides."""
+    from speccompile.runtime.backends.ort import OrtBufferSession
+    from speccompile.runtime.bench import run_verify
+    from speccompile.runtime.options import RunOptions
+
+    options = RunOptions(drafter="ngram", threads=1)
+    report = run_verify(tiny_artifact, options, [], 24, None)
+    assert report["identical"] and report["logits_bitwise"]
+    for prompt in report["prompts"]:
+        assert prompt["logit_positions"] == prompt["tokens"] and prompt["max_logit_difference"] == 0.0
+    assert sum(p["mean_accepted_length"] > 1 for p in report["prompts"]) >= 2  # the n-gram drafts were verified
+    monkeypatch.setattr(OrtBufferSession, "_padding_rows", lambda self, q, batch=1: 0)
+    unpadded = run_verify(tiny_artifact, options, [], 24, None)
+    assert not unpadded["logits_bitwise"]
+    assert 0 < max(p["max_logit_difference"] for p in unpadded["prompts"]) < 1e-3
+
+
 def test_artifact_errors(tmp_path):
     with pytest.raises(ArtifactError, match="not an artifact directory"):
         Runner(tmp_path / "nothing")

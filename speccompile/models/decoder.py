@@ -186,11 +186,26 @@ class Attention(nn.Module):
         # [b, kv, groups*q, d]: the query heads of a group attend the same kv head without repeating KV;
         # `bias` is already tiled over the groups: [b, 1, groups*q, T].
         qg = static_reshape(q, 0, kv_heads, -1, dim)
+        if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls
+            qg, bias = _with_last_row(qg), _with_last_row(bias)
         scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * (1.0 / math.sqrt(dim))
         probs = torch.softmax(scores + bias, dim=-1).to(v_all.dtype)
-        out = static_reshape(torch.matmul(probs, v_all), 0, heads, -1, dim)
+        context = torch.matmul(probs, v_all)
+        if heads == kv_heads:
+            context = context[:, :, :-1]
+        out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
         return self.o_proj(out), k_all, v_all
+
+
+def _with_last_row(x: torch.Tensor) -> torch.Tensor:
+    """`x` [b, h, rows, n] with a copy of its last row appended (dropped again after the attention matmuls).
+
+    ONNX Runtime CPU multiplies a one-row matrix with MLAS's one-row SGEMM kernel, which sums in another order
+    than the general kernel, so a plain-decoding pass (q = 1) would round a position differently from a verify
+    pass. Grouped-query attention folds its query heads into the rows (groups x q >= 2); with one query head per
+    KV head the rows are q, hence the copy: the real rows are then computed alike in every pass."""
+    return torch.cat((x, x[:, :, -1:]), dim=2)
 
 
 class MLP(nn.Module):

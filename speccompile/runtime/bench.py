@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 from ..errors import InputError
 from .options import RunOptions
 from .sampling import SamplingParams
@@ -197,8 +199,9 @@ def _mode(rows: int) -> str:
 
 
 def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress_console=None) -> dict[str, Any]:
-    """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, prompts: [{id,
-    identical, first_difference, tokens, mean_accepted_length}]}. With `progress_console` (a rich Console on
+    """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, logits_bitwise, prompts:
+    [{id, identical, first_difference, tokens, mean_accepted_length, logits_bitwise, max_logit_difference,
+    logit_positions}]}. With `progress_console` (a rich Console on
     stderr), a progress bar counts the prompts."""
     runner = Runner(artifact, options)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
@@ -210,7 +213,8 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, prog
                 results.append(_verify_prompt(runner, item, max_tokens))
             bar.done()
     return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
-            "identical": all(r["identical"] for r in results), "prompts": results}
+            "identical": all(r["identical"] for r in results),
+            "logits_bitwise": all(r["logits_bitwise"] for r in results), "prompts": results}
 
 
 def print_verify_report(report: dict[str, Any]) -> None:
@@ -218,16 +222,31 @@ def print_verify_report(report: dict[str, Any]) -> None:
     results = report["prompts"]
     for r in results:
         status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
-        print(f"{r['id']}: {status} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
-    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical ({report['drafter']} vs plain, {_mode(report['shape_invariant'])})")
+        logits = "logits bitwise equal" if r["logits_bitwise"] else f"logits differ by up to {r['max_logit_difference']:.2g}"
+        print(f"{r['id']}: {status}, {logits} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
+    bitwise = sum(r["logits_bitwise"] for r in results)
+    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical, logits bitwise equal in {bitwise}/{len(results)} "
+          f"({report['drafter']} vs plain, {_mode(report['shape_invariant'])})")
 
 
 def _verify_prompt(runner: Runner, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """Plain and speculative greedy decoding of one prompt: the tokens, and the logits each token was chosen
+    from compared bit for bit (`logits_bitwise`: every compared position equal; `max_logit_difference`)."""
     ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
-    plain = runner.generate_ids(ids, max_tokens, SamplingParams(), drafter="none")
-    spec = runner.generate_ids(ids, max_tokens, SamplingParams())
+    plain, spec = (_traced(runner, ids, max_tokens, drafter) for drafter in ("none", None))
     first_diff = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b), None)
     if first_diff is None and len(plain.tokens) != len(spec.tokens):
         first_diff = min(len(plain.tokens), len(spec.tokens))
+    # positions whose logits both runs computed from the same tokens: up to and including the first difference
+    compared = min(len(plain.logits), len(spec.logits), len(plain.tokens) if first_diff is None else first_diff + 1)
+    difference = float(np.abs(plain.logits[:compared] - spec.logits[:compared]).max()) if compared else 0.0
     return {"id": item["id"], "identical": first_diff is None, "first_difference": first_diff,
-            "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3)}
+            "tokens": len(plain.tokens), "mean_accepted_length": round(spec.stats.mean_accepted_length, 3),
+            "logits_bitwise": difference == 0.0, "max_logit_difference": difference, "logit_positions": compared}
+
+
+def _traced(runner: Runner, ids: list[int], max_tokens: int, drafter: str | None):
+    """A greedy generation that keeps the logits each token was chosen from."""
+    config = runner.config(max_tokens, SamplingParams(), drafter=drafter)
+    config.trace_logits = True
+    return runner.generator(SamplingParams(), plain=config.num_draft_tokens == 0).generate(ids, config)

@@ -106,6 +106,7 @@ class GenerationResult:
     text: str
     finish_reason: str  # "stop" (eos or stop string), "length" (max_tokens) or "context" (limit reached)
     stats: GenerationStats
+    logits: np.ndarray | None = None  # with GenerationConfig.trace_logits: [tokens, vocab], the logits each token was chosen from
 
 
 class _Output:
@@ -262,6 +263,7 @@ class Generation:
         self.tokens = list(prompt_ids)
         self.done, self.finish = False, None
         self.prompt_logits: np.ndarray | None = None  # the prompt's last logits (what a prefix cache keeps)
+        self._logit_trace: list[np.ndarray] | None = [] if config.trace_logits else None
         self._prefilled_rows = cached_rows
         if prefilled is not None:
             self.stats.prefill_passes = int(cached_rows < len(prompt_ids))
@@ -305,6 +307,8 @@ class Generation:
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
         first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)
+        if self._logit_trace is not None:
+            self._logit_trace.append(np.array(last_logits))
         self.tokens = self.prompt_ids + [first]
         self.done = self.output.push(first)
         self.output.flush()
@@ -379,6 +383,8 @@ class Generation:
     def _commit(self, draft: Draft, draft_seconds: float, out: StepOutput, accepted_rows: list[int], emitted: list[int]) -> None:
         """Keep the accepted rows' KV, tell the controller and drafter, emit tokens until a stop."""
         keep = [0, *accepted_rows]
+        if self._logit_trace is not None:  # the rows whose logits chose the emitted tokens, in order
+            self._logit_trace += [np.array(out.logits[row]) for row in keep[: len(emitted)]]
         self.cache.append(out.presents, keep, 1 + len(draft.tokens))
         self.stats.target_passes += 1
         if draft.tokens:
@@ -411,7 +417,8 @@ class Generation:
         stats.compactions = self.cache.compactions
         output = self.output
         text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
-        return GenerationResult(output.tokens, text, self.finish or "length", stats)
+        logits = np.stack(self._logit_trace[: len(output.tokens)]) if self._logit_trace else None
+        return GenerationResult(output.tokens, text, self.finish or "length", stats, logits)
 
 
 def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, cached_rows: int, whole: bool) -> None:

@@ -59,6 +59,7 @@ class GenerationConfig:
     adaptive: bool = True
     prefill_chunk: int = 256
     ignore_eos: bool = False
+    trace_logits: bool = False  # keep the logits that chose each token (GenerationResult.logits; `verify`)
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:
