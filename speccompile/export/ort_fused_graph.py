@@ -51,6 +51,7 @@ _BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
 _DESCRIPTIONS = {"cpu": "fused ONNX Runtime CPU graph", "cuda": "ONNX Runtime CUDA graph (GPU variant)"}
 FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
 _MS = "com.microsoft"
+PAD_INPUT = "attention_pad"  # CPU graph: 1 appends attention's padding row to a pass (_OneRowPadding)
 BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
 _ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 
@@ -366,9 +367,6 @@ class _OneRowPadding:
     def drop(self, x: str, name: str) -> str:
         """`x` without the padding row, as `name`."""
         return self._n("Slice", [x, "pad.zero", self.q_len, "pad.axis"], [name])[0]
-
-
-PAD_INPUT = "attention_pad"
 
 
 def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[str, str]:
