@@ -3,7 +3,8 @@
 
 Starts `speccompile serve ARTIFACT --port 0` as a child process (extra server flags after `--`), then runs:
   1. `streams-1`: the workload prompts one stream at a time (greedy); their answers are the reference;
-  2. `streams-N` (--streams, default 8): the same prompts (--passes times over) from N concurrent streams;
+  2. `streams-N` (--streams, default 8): the same prompts (--passes times over) from N concurrent streams
+     (all starting together, or with --stagger spread over one one-stream request time);
   3. `churn`: --requests (200) requests from --clients (16) concurrent clients over the same prompts, a
      --disconnect share of them closed after a random number of chunks;
   4. with --request-rate R: `rate-R`, --rate-requests requests sent at random (Poisson) times, R per second
@@ -154,13 +155,15 @@ async def _run_open_loop(name: str, url: str, model: str, prompts: list[dict], r
 
 
 async def _run_phase(name: str, url: str, model: str, jobs: list[tuple[dict, int | None]], concurrency: int,
-                     max_tokens: int) -> Phase:
+                     max_tokens: int, stagger: float = 0.0) -> Phase:
+    """`concurrency` clients take the jobs in turn; client i starts after i x `stagger` seconds."""
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
     outcomes: list[Outcome] = []
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
+        await asyncio.sleep(index * stagger)
         async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=3600) as client:
             first = True
             while not queue.empty():
@@ -170,7 +173,7 @@ async def _run_phase(name: str, url: str, model: str, jobs: list[tuple[dict, int
                 outcomes.append(outcome)
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
     return Phase(name, time.perf_counter() - started, outcomes)
 
 
@@ -196,6 +199,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--passes", type=int, default=1, help="Times the prompts are sent in the streams-N phase.")
+    parser.add_argument("--stagger", action="store_true",
+                        help="Start the streams-N clients spread over one one-stream request time instead of together: "
+                             "requests then arrive while others decode (steady state) rather than in waves.")
     parser.add_argument("--warm-all", action="store_true",
                         help="Warm up with every prompt (not just the first): with the server's prefix cache, every "
                              "measured request is then a whole-prompt hit, one stream and N alike.")
@@ -228,8 +234,10 @@ def main() -> None:
         phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
         reference = {o.prompt: o.text for o in phases[0].outcomes}
         rss["after_streams-1"] = server.rss_bytes()
+        # --stagger: the N clients start one N-th of a one-stream request apart (a steady state, not a burst)
+        stagger = phases[0].wall / len(prompts) / args.streams if args.stagger else 0.0
         phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts * args.passes],
-                                             args.streams, args.max_tokens)))
+                                             args.streams, args.max_tokens, stagger)))
         rss[f"after_streams-{args.streams}"] = server.rss_bytes()
         before = _server_outcomes(server)
         churns = []
@@ -262,6 +270,7 @@ def main() -> None:
             "duplicated": sum(o.finishes > 1 for o in sent) + max(0, int(server_outcomes) - len(sent)),
             "server_outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after},
         },
+        "stagger_s": round(stagger, 4),
         "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()},
         "server_exit": server.process.returncode,
     }
@@ -274,6 +283,8 @@ def main() -> None:
         print(f"{r['phase']:<12}{r['requests']:>9}{r['finished']:>9}{r['disconnected']:>5}{r['errors']:>7}"
               f"{r['completion_tokens']:>8}{r['wall_s']:>8}{r['tok_per_s']:>8}{r['ttft_p50_s']:>10}{r['ttft_p95_s']:>10}"
               f"{r['mismatches']:>9}")
+    if summary["stagger_s"]:
+        print(f"streams-{args.streams} clients started {summary['stagger_s']} s apart (--stagger)")
     print("TTFT p50 first wave / steady state (s): " + ", ".join(
         f"{r['phase']} {r['ttft_p50_first_wave_s']} / {r['ttft_p50_steady_s']}" for r in summary["phases"]))
     for r in summary["phases"]:

@@ -16,7 +16,7 @@ def test_serve_load_runs_every_phase_and_loses_nothing(tiny_artifact, tmp_path):
                                   for i, text in enumerate(["abc abc abc", "hello there", "the cat sat"])) + "\n")
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), str(tiny_artifact), "--workload", str(workload),
-         "--max-tokens", "8", "--streams", "2", "--passes", "2", "--requests", "8", "--clients", "3",
+         "--max-tokens", "8", "--streams", "2", "--passes", "2", "--stagger", "--requests", "8", "--clients", "3",
          "--request-rate", "20", "--rate-requests", "5", "--json", "--", "--threads", "1"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -26,6 +26,7 @@ def test_serve_load_runs_every_phase_and_loses_nothing(tiny_artifact, tmp_path):
     assert phases["streams-2"]["requests"] == 6  # the prompts twice over
     assert phases["streams-2"]["ttft_p50_first_wave_s"] is not None and phases["streams-2"]["ttft_p50_steady_s"] is not None
     assert phases["rate-20"]["requests"] == 5 and phases["rate-20"]["most_in_flight"] >= 1
+    assert summary["stagger_s"] > 0  # --stagger: the streams-2 clients started one after the other
     assert all(p["mismatches"] == 0 and p["errors"] == 0 for p in phases.values()), phases
     assert summary["churn"]["sent"] == 8 and summary["churn"]["lost"] == 0 and summary["churn"]["duplicated"] == 0
     assert summary["server_exit"] == 0
