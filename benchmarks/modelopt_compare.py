@@ -14,6 +14,12 @@ For every mode: `python -m modelopt.onnx.quantization` on EXPORTED/target.onnx w
 (built-in, as `speccompile build` uses them; one prefill pass each, cut to --calib-tokens so they stack),
 the result wrapped as an artifact next to the export's tokenizer, then `speccompile eval`'s library on the
 held-out text: top-1 agreement, KL, perplexity, target size, and the graph's quantization op pattern.
+
+A ModelOpt graph with a QuantizeLinear scale that is not finite is evaluated twice: as written, and as a
+copy with those QuantizeLinear -> DequantizeLinear pairs removed (the tensor stays fp32), its row saying
+which. ModelOpt 0.47's fp8 mode derives each scale as its int8 max-calibration scale x 448 / 127 in float32;
+for the contract graph's attention mask (entries of float32's lowest value) that product overflows to inf,
+so Q gives 0 and DequantizeLinear 0 x inf = NaN, and every logit is NaN.
 """
 
 from __future__ import annotations
@@ -51,8 +57,55 @@ def calibration_npz(exported: Path, path: Path, tokens: int) -> Path:
     return path
 
 
-def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str) -> Path:
-    """An artifact directory: the export's files with target.onnx replaced by `onnx_path` (weights external)."""
+def constant_values(graph) -> dict[str, np.ndarray]:
+    """Every initializer and Constant node output of `graph`, by name."""
+    from onnx import numpy_helper
+
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def drop_nonfinite_qdq(model) -> list[str]:
+    """Remove, in place, each QuantizeLinear -> DequantizeLinear pair whose scale holds inf or NaN.
+
+    The DequantizeLinear consumers read the tensor the QuantizeLinear quantized, in full precision.
+    Returns those tensors' names. A pair whose DequantizeLinear output is a graph output, or whose
+    QuantizeLinear feeds anything but DequantizeLinear, is left alone."""
+    graph = model.graph
+    values = constant_values(graph)
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    replace: dict[str, str] = {}
+    removed: list = []
+    dropped: list[str] = []
+    for q in graph.node:
+        if q.op_type != "QuantizeLinear" or q.input[1] not in values or np.isfinite(values[q.input[1]]).all():
+            continue
+        dqs = consumers.get(q.output[0], [])
+        if not dqs or any(d.op_type != "DequantizeLinear" or d.output[0] in outputs for d in dqs) or q.output[0] in outputs:
+            continue
+        replace.update({d.output[0]: q.input[0] for d in dqs})
+        removed += [q, *dqs]
+        dropped.append(q.input[0])
+    kept = [n for n in graph.node if all(n is not r for r in removed)]
+    for node in kept:
+        for i, name in enumerate(node.input):
+            node.input[i] = replace.get(name, name)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return dropped
+
+
+def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str, finite_scales: bool = False) -> tuple[Path, list[str]]:
+    """An artifact directory: the export's files with target.onnx replaced by `onnx_path` (weights external).
+
+    `finite_scales`: the graph goes in with `drop_nonfinite_qdq` applied; returns the tensors it affected."""
     import dataclasses
 
     import onnx
@@ -71,13 +124,23 @@ def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str) ->
     for name in fused:
         del manifest.graphs[name]
     model = onnx.load(str(onnx_path), load_external_data=True)
+    dropped = drop_nonfinite_qdq(model) if finite_scales else []
     onnx.save_model(model, str(out / spec.file), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=spec.file + ".data", size_threshold=1024)
     manifest.graphs["target"] = dataclasses.replace(spec, extra={**spec.extra, "quantization": scheme})
     manifest.files = {}
     manifest.record_files(out, sorted(p.name for p in out.iterdir() if p.is_file()))
     manifest.write(out)
-    return out
+    return out, dropped
+
+
+def has_nonfinite_scale(onnx_path: Path) -> bool:
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=True)
+    values = constant_values(model.graph)
+    return any(n.op_type == "QuantizeLinear" and n.input[1] in values and not np.isfinite(values[n.input[1]]).all()
+               for n in model.graph.node)
 
 
 def op_pattern(directory: Path) -> tuple[str, bool]:
@@ -88,7 +151,7 @@ def op_pattern(directory: Path) -> tuple[str, bool]:
     model = onnx.load(str(directory / "target.onnx"), load_external_data=False)
     counts = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node)
     types = Counter(onnx.TensorProto.DataType.Name(i.data_type).lower() for i in model.graph.initializer if len(i.dims) == 2)
-    quant = {k: v for k, v in counts.items() if "Quant" in k or k in ("Mul", "MatMulNBits")}
+    quant = {k: v for k, v in counts.items() if "quant" in k.lower() or k in ("Mul", "MatMulNBits")}
     text = ", ".join(f"{k} {v}" for k, v in sorted(quant.items())) + "; 2-D weights: " + ", ".join(f"{k} {v}" for k, v in sorted(types.items()))
     return text, check_tensorrt_compat(model).ok
 
@@ -122,19 +185,20 @@ def main() -> None:
             shutil.copy2(args.exported / name, source / name)
     for mode in args.modes:
         onnx_out = args.work / f"modelopt-{mode}.onnx"
-        if onnx_out.is_file() and args.reuse:
-            candidates[f"modelopt {mode}"] = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
-            continue
-        command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(source / "target.onnx"),
-                   "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
-                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
-                   "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes]
-        print(" ".join(command), file=sys.stderr)
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 or not onnx_out.is_file():
-            failures[f"modelopt {mode}"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            continue
-        candidates[f"modelopt {mode}"] = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
+        if not (onnx_out.is_file() and args.reuse):
+            command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(source / "target.onnx"),
+                       "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
+                       "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
+                       "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes]
+            print(" ".join(command), file=sys.stderr)
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0 or not onnx_out.is_file():
+                failures[f"modelopt {mode}"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                continue
+        candidates[f"modelopt {mode}"], _ = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
+        if has_nonfinite_scale(onnx_out):
+            path, dropped = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}-finite", mode, finite_scales=True)
+            candidates[f"modelopt {mode}, Q/DQ with a non-finite scale removed ({', '.join(dropped)} stays fp32)"] = path
     for item in args.ours:
         scheme, _, path = item.partition("=")
         candidates[f"ours {scheme}"] = Path(path)
