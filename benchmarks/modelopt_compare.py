@@ -17,9 +17,10 @@ held-out text: top-1 agreement, KL, perplexity, target size, and the graph's qua
 
 A ModelOpt graph with a QuantizeLinear scale that is not finite is evaluated twice: as written, and as a
 copy with those QuantizeLinear -> DequantizeLinear pairs removed (the tensor stays fp32), its row saying
-which. ModelOpt 0.47's fp8 mode derives each scale as its int8 max-calibration scale x 448 / 127 in float32;
-for the contract graph's attention mask (entries of float32's lowest value) that product overflows to inf,
-so Q gives 0 and DequantizeLinear 0 x inf = NaN, and every logit is NaN.
+which. ModelOpt 0.47 (fp8 and int8 modes) puts a Q/DQ pair on the contract graph's attention mask, whose
+masked entries are float32's lowest value; the int8 scale is computed by onnxruntime.quantization's
+`compute_scale_zp`, whose symmetric range width rmax - rmin = 2 x 3.4e38 overflows float32 to inf (fp8
+then multiplies it by 448 / 127). With scale inf, Q gives 0 and DequantizeLinear 0 x inf = NaN.
 """
 
 from __future__ import annotations
@@ -57,25 +58,31 @@ def calibration_npz(exported: Path, path: Path, tokens: int) -> Path:
     return path
 
 
-def constant_values(graph) -> dict[str, np.ndarray]:
-    """Every initializer and Constant node output of `graph`, by name."""
+def constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
+    """The values of those of `names` that are initializers or Constant node outputs of `graph`."""
     from onnx import numpy_helper
 
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer if init.name in names}
     for node in graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        if node.op_type == "Constant" and node.output[0] in names and node.attribute[0].name == "value":
             values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
     return values
+
+
+def nonfinite_quantizers(graph) -> list:
+    """The QuantizeLinear nodes of `graph` whose scale holds inf or NaN."""
+    quantizers = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    scales = constant_values(graph, {q.input[1] for q in quantizers})
+    return [q for q in quantizers if q.input[1] in scales and not np.isfinite(scales[q.input[1]]).all()]
 
 
 def drop_nonfinite_qdq(model) -> list[str]:
     """Remove, in place, each QuantizeLinear -> DequantizeLinear pair whose scale holds inf or NaN.
 
-    The DequantizeLinear consumers read the tensor the QuantizeLinear quantized, in full precision.
-    Returns those tensors' names. A pair whose DequantizeLinear output is a graph output, or whose
-    QuantizeLinear feeds anything but DequantizeLinear, is left alone."""
+    The DequantizeLinear consumers read the tensor the QuantizeLinear quantized, in full precision; the
+    pair's scale and zero point go too where nothing else reads them. Returns those tensors' names. A pair
+    whose QuantizeLinear feeds anything but DequantizeLinear, or whose output is a graph output, stays."""
     graph = model.graph
-    values = constant_values(graph)
     consumers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
@@ -83,23 +90,25 @@ def drop_nonfinite_qdq(model) -> list[str]:
     outputs = {o.name for o in graph.output}
     replace: dict[str, str] = {}
     removed: list = []
-    dropped: list[str] = []
-    for q in graph.node:
-        if q.op_type != "QuantizeLinear" or q.input[1] not in values or np.isfinite(values[q.input[1]]).all():
-            continue
+    for q in nonfinite_quantizers(graph):
         dqs = consumers.get(q.output[0], [])
-        if not dqs or any(d.op_type != "DequantizeLinear" or d.output[0] in outputs for d in dqs) or q.output[0] in outputs:
+        if not dqs or q.output[0] in outputs or any(d.op_type != "DequantizeLinear" or d.output[0] in outputs for d in dqs):
             continue
         replace.update({d.output[0]: q.input[0] for d in dqs})
         removed += [q, *dqs]
-        dropped.append(q.input[0])
-    kept = [n for n in graph.node if all(n is not r for r in removed)]
+    gone = {out for node in removed for out in node.output}
+    kept = [n for n in graph.node if n.output[0] not in gone]
     for node in kept:
         for i, name in enumerate(node.input):
             node.input[i] = replace.get(name, name)
     del graph.node[:]
     graph.node.extend(kept)
-    return dropped
+    used = {name for node in kept for name in node.input} | outputs
+    orphans = {name for node in removed for name in node.input[1:]} - used
+    inits = [i for i in graph.initializer if i.name not in orphans]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    return [q.input[0] for q in removed if q.op_type == "QuantizeLinear"]
 
 
 def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str, finite_scales: bool = False) -> tuple[Path, list[str]]:
@@ -137,10 +146,7 @@ def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str, fi
 def has_nonfinite_scale(onnx_path: Path) -> bool:
     import onnx
 
-    model = onnx.load(str(onnx_path), load_external_data=True)
-    values = constant_values(model.graph)
-    return any(n.op_type == "QuantizeLinear" and n.input[1] in values and not np.isfinite(values[n.input[1]]).all()
-               for n in model.graph.node)
+    return bool(nonfinite_quantizers(onnx.load(str(onnx_path), load_external_data=True).graph))
 
 
 def op_pattern(directory: Path) -> tuple[str, bool]:

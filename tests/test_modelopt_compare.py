@@ -45,6 +45,7 @@ def test_an_inf_scale_makes_nan_and_dropping_its_pair_keeps_the_tensor_in_fp32()
     assert np.isnan(_run(model, FEEDS)).all()  # Q gives 0, DequantizeLinear 0 x inf: NaN, whatever the input
     assert script.drop_nonfinite_qdq(model) == ["mask"]
     assert [n.op_type for n in model.graph.node].count("QuantizeLinear") == 1  # the finite pair stays
+    assert sorted(i.name for i in model.graph.initializer) == ["x_zero"]  # no orphan FP8 zero point left behind
     expected = _run(_graph(1.0), {"x": FEEDS["x"], "mask": np.zeros_like(FEEDS["mask"])}) + FEEDS["mask"]
     np.testing.assert_array_equal(_run(model, FEEDS), expected)
 
