@@ -14,6 +14,8 @@ For every mode: `python -m modelopt.onnx.quantization` on EXPORTED/target.onnx w
 (built-in, as `speccompile build` uses them; one prefill pass each, cut to --calib-tokens so they stack),
 the result wrapped as an artifact next to the export's tokenizer, then `speccompile eval`'s library on the
 held-out text: top-1 agreement, KL, perplexity, target size, and the graph's quantization op pattern.
+Other ModelOpt settings: `--variant NAME --modelopt-args "..."` (e.g. `--variant matmul --modelopt-args
+"--op_types_to_quantize MatMul"`), written to modelopt-MODE-NAME* in --work and named in the rows.
 
 A ModelOpt graph with a QuantizeLinear scale that is not finite is evaluated twice: as written, and as a
 copy with those QuantizeLinear -> DequantizeLinear pairs removed (the tensor stays fp32), its row saying
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -173,9 +176,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--exclude-nodes", nargs="*", default=["/Gemm"],
                         help="nodes ModelOpt leaves unquantized (default: the lm_head Gemm, which ours excludes too)")
+    parser.add_argument("--modelopt-args", default="",
+                        help="more arguments for ModelOpt, after the script's (a repeated option overrides), "
+                             "e.g. \"--op_types_to_quantize MatMul\"; needs --variant")
+    parser.add_argument("--variant", default="", help="name of this ModelOpt setting, in its file names and rows")
     parser.add_argument("--reuse", action="store_true", help="take ModelOpt outputs already in --work instead of quantizing again")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.modelopt_args and not args.variant:
+        parser.error("--modelopt-args needs --variant NAME (its outputs must not be taken for the plain run's)")
 
     from speccompile.evaluation import EvalOptions, evaluate
 
@@ -190,21 +199,24 @@ def main() -> None:
         for name in ("target.onnx", "target.onnx.data"):
             shutil.copy2(args.exported / name, source / name)
     for mode in args.modes:
-        onnx_out = args.work / f"modelopt-{mode}.onnx"
+        stem = f"modelopt-{mode}" + (f"-{args.variant}" if args.variant else "")
+        label = f"modelopt {mode}" + (f" [{args.variant}: {args.modelopt_args}]" if args.variant else "")
+        onnx_out = args.work / f"{stem}.onnx"
         if not (onnx_out.is_file() and args.reuse):
             command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(source / "target.onnx"),
                        "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
                        "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
-                       "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes]
+                       "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes,
+                       *shlex.split(args.modelopt_args)]
             print(" ".join(command), file=sys.stderr)
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0 or not onnx_out.is_file():
-                failures[f"modelopt {mode}"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                failures[label] = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 continue
-        candidates[f"modelopt {mode}"], _ = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
+        candidates[label], _ = wrap_as_artifact(args.exported, onnx_out, args.work / stem, mode)
         if has_nonfinite_scale(onnx_out):
-            path, dropped = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}-finite", mode, finite_scales=True)
-            candidates[f"modelopt {mode}, Q/DQ with a non-finite scale removed ({', '.join(dropped)} stays fp32)"] = path
+            path, dropped = wrap_as_artifact(args.exported, onnx_out, args.work / f"{stem}-finite", mode, finite_scales=True)
+            candidates[f"{label}, Q/DQ with a non-finite scale removed ({', '.join(dropped)} stays fp32)"] = path
     for item in args.ours:
         scheme, _, path = item.partition("=")
         candidates[f"ours {scheme}"] = Path(path)
