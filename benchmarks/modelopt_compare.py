@@ -14,8 +14,9 @@ For every mode: `python -m modelopt.onnx.quantization` on EXPORTED/target.onnx w
 (built-in, as `speccompile build` uses them; one prefill pass each, cut to --calib-tokens so they stack),
 the result wrapped as an artifact next to the export's tokenizer, then `speccompile eval`'s library on the
 held-out text: top-1 agreement, KL, perplexity, target size, and the graph's quantization op pattern.
-Other ModelOpt settings: `--variant NAME --modelopt-args "..."` (e.g. `--variant matmul --modelopt-args
-"--op_types_to_quantize MatMul"`), written to modelopt-MODE-NAME* in --work and named in the rows.
+Other ModelOpt settings: `--variant NAME --modelopt-args="..."` (with `=`: the value starts with `--`; e.g.
+`--variant matmul --modelopt-args="--op_types_to_quantize MatMul"`), written to modelopt-MODE-NAME* in
+--work and named in the rows.
 
 A ModelOpt graph with a QuantizeLinear scale that is not finite is evaluated twice: as written, and as a
 copy with those QuantizeLinear -> DequantizeLinear pairs removed (the tensor stays fp32), its row saying
@@ -178,7 +179,7 @@ def main() -> None:
                         help="nodes ModelOpt leaves unquantized (default: the lm_head Gemm, which ours excludes too)")
     parser.add_argument("--modelopt-args", default="",
                         help="more arguments for ModelOpt, after the script's (a repeated option overrides), "
-                             "e.g. \"--op_types_to_quantize MatMul\"; needs --variant")
+                             "as --modelopt-args=\"--op_types_to_quantize MatMul\"; needs --variant")
     parser.add_argument("--variant", default="", help="name of this ModelOpt setting, in its file names and rows")
     parser.add_argument("--reuse", action="store_true", help="take ModelOpt outputs already in --work instead of quantizing again")
     parser.add_argument("--json", action="store_true")
