@@ -62,21 +62,12 @@ def calibration_npz(exported: Path, path: Path, tokens: int) -> Path:
     return path
 
 
-def constant_values(graph, names: set[str]) -> dict[str, np.ndarray]:
-    """The values of those of `names` that are initializers or Constant node outputs of `graph`."""
-    from onnx import numpy_helper
-
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer if init.name in names}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] in names and node.attribute[0].name == "value":
-            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return values
-
-
 def nonfinite_quantizers(graph) -> list:
     """The QuantizeLinear nodes of `graph` whose scale holds inf or NaN."""
+    from speccompile.accel.compat import stored_values
+
     quantizers = [n for n in graph.node if n.op_type == "QuantizeLinear"]
-    scales = constant_values(graph, {q.input[1] for q in quantizers})
+    scales = stored_values(graph, {q.input[1] for q in quantizers})
     return [q for q in quantizers if q.input[1] in scales and not np.isfinite(scales[q.input[1]]).all()]
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/modelopt_compare.py's repair of Q/DQ pairs with a non-finite scale (no ModelOpt needed)."""
+"""benchmarks/modelopt_compare.py's repair of Q/DQ pairs with a non-finite scale (no ModelOpt needed), and the
+TensorRT check's refusal of such scales."""
 
 from __future__ import annotations
 
@@ -57,3 +58,15 @@ def test_finite_scales_and_pairs_feeding_graph_outputs_are_left_alone():
     exposed = _graph(np.nan)
     exposed.graph.output.append(helper.make_tensor_value_info("mask_dq", TensorProto.FLOAT, [2, 3]))
     assert script.drop_nonfinite_qdq(exposed) == [] and len(exposed.graph.node) == 6
+
+
+def test_tensorrt_check_refuses_a_scale_that_is_not_finite_and_positive_and_passes_the_repaired_graph():
+    from speccompile.accel.compat import check_tensorrt_compat
+
+    script = load_benchmark("modelopt_compare")
+    for value in (np.inf, np.nan, 0.0, -1.0):
+        report = check_tensorrt_compat(_graph(value))
+        assert [e for e in report.errors if e.startswith("Q/DQ scale mask_scale:")], (value, report.errors)
+    model = _graph(np.inf)
+    script.drop_nonfinite_qdq(model)
+    assert check_tensorrt_compat(model).ok and check_tensorrt_compat(_graph(1.0)).ok
