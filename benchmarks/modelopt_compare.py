@@ -14,12 +14,23 @@ For every mode: `python -m modelopt.onnx.quantization` on EXPORTED/target.onnx w
 (built-in, as `speccompile build` uses them; one prefill pass each, cut to --calib-tokens so they stack),
 the result wrapped as an artifact next to the export's tokenizer, then `speccompile eval`'s library on the
 held-out text: top-1 agreement, KL, perplexity, target size, and the graph's quantization op pattern.
+Other ModelOpt settings: `--variant NAME --modelopt-args="..."` (with `=`: the value starts with `--`; e.g.
+`--variant matmul --modelopt-args="--op_types_to_quantize MatMul"`), written to modelopt-MODE-NAME* in
+--work and named in the rows.
+
+A ModelOpt graph with a QuantizeLinear scale that is not finite is evaluated twice: as written, and as a
+copy with those QuantizeLinear -> DequantizeLinear pairs removed (the tensor stays fp32), its row saying
+which. ModelOpt 0.47 (fp8 and int8 modes) puts a Q/DQ pair on the contract graph's attention mask, whose
+masked entries are float32's lowest value; the int8 scale is computed by onnxruntime.quantization's
+`compute_scale_zp`, whose symmetric range width rmax - rmin = 2 x 3.4e38 overflows float32 to inf (fp8
+then multiplies it by 448 / 127). With scale inf, Q gives 0 and DequantizeLinear 0 x inf = NaN.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,8 +62,54 @@ def calibration_npz(exported: Path, path: Path, tokens: int) -> Path:
     return path
 
 
-def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str) -> Path:
-    """An artifact directory: the export's files with target.onnx replaced by `onnx_path` (weights external)."""
+def nonfinite_quantizers(graph) -> list:
+    """The QuantizeLinear nodes of `graph` whose scale holds inf or NaN."""
+    from speccompile.accel.compat import stored_values
+
+    quantizers = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    scales = stored_values(graph, {q.input[1] for q in quantizers})
+    return [q for q in quantizers if q.input[1] in scales and not np.isfinite(scales[q.input[1]]).all()]
+
+
+def drop_nonfinite_qdq(model) -> list[str]:
+    """Remove, in place, each QuantizeLinear -> DequantizeLinear pair whose scale holds inf or NaN.
+
+    The DequantizeLinear consumers read the tensor the QuantizeLinear quantized, in full precision; the
+    pair's scale and zero point go too where nothing else reads them. Returns those tensors' names. A pair
+    whose QuantizeLinear feeds anything but DequantizeLinear, or whose output is a graph output, stays."""
+    graph = model.graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    replace: dict[str, str] = {}
+    removed: list = []
+    for q in nonfinite_quantizers(graph):
+        dqs = consumers.get(q.output[0], [])
+        if not dqs or q.output[0] in outputs or any(d.op_type != "DequantizeLinear" or d.output[0] in outputs for d in dqs):
+            continue
+        replace.update({d.output[0]: q.input[0] for d in dqs})
+        removed += [q, *dqs]
+    gone = {out for node in removed for out in node.output}
+    kept = [n for n in graph.node if n.output[0] not in gone]
+    for node in kept:
+        for i, name in enumerate(node.input):
+            node.input[i] = replace.get(name, name)
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in kept for name in node.input} | outputs
+    orphans = {name for node in removed for name in node.input[1:]} - used
+    inits = [i for i in graph.initializer if i.name not in orphans]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    return [q.input[0] for q in removed if q.op_type == "QuantizeLinear"]
+
+
+def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str, finite_scales: bool = False) -> tuple[Path, list[str]]:
+    """An artifact directory: the export's files with target.onnx replaced by `onnx_path` (weights external).
+
+    `finite_scales`: the graph goes in with `drop_nonfinite_qdq` applied; returns the tensors it affected."""
     import dataclasses
 
     import onnx
@@ -71,13 +128,20 @@ def wrap_as_artifact(exported: Path, onnx_path: Path, out: Path, scheme: str) ->
     for name in fused:
         del manifest.graphs[name]
     model = onnx.load(str(onnx_path), load_external_data=True)
+    dropped = drop_nonfinite_qdq(model) if finite_scales else []
     onnx.save_model(model, str(out / spec.file), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=spec.file + ".data", size_threshold=1024)
     manifest.graphs["target"] = dataclasses.replace(spec, extra={**spec.extra, "quantization": scheme})
     manifest.files = {}
     manifest.record_files(out, sorted(p.name for p in out.iterdir() if p.is_file()))
     manifest.write(out)
-    return out
+    return out, dropped
+
+
+def has_nonfinite_scale(onnx_path: Path) -> bool:
+    import onnx
+
+    return bool(nonfinite_quantizers(onnx.load(str(onnx_path), load_external_data=True).graph))
 
 
 def op_pattern(directory: Path) -> tuple[str, bool]:
@@ -88,7 +152,7 @@ def op_pattern(directory: Path) -> tuple[str, bool]:
     model = onnx.load(str(directory / "target.onnx"), load_external_data=False)
     counts = Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.node)
     types = Counter(onnx.TensorProto.DataType.Name(i.data_type).lower() for i in model.graph.initializer if len(i.dims) == 2)
-    quant = {k: v for k, v in counts.items() if "Quant" in k or k in ("Mul", "MatMulNBits")}
+    quant = {k: v for k, v in counts.items() if "quant" in k.lower() or k in ("Mul", "MatMulNBits")}
     text = ", ".join(f"{k} {v}" for k, v in sorted(quant.items())) + "; 2-D weights: " + ", ".join(f"{k} {v}" for k, v in sorted(types.items()))
     return text, check_tensorrt_compat(model).ok
 
@@ -104,9 +168,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--exclude-nodes", nargs="*", default=["/Gemm"],
                         help="nodes ModelOpt leaves unquantized (default: the lm_head Gemm, which ours excludes too)")
+    parser.add_argument("--modelopt-args", default="",
+                        help="more arguments for ModelOpt, after the script's (a repeated option overrides), "
+                             "as --modelopt-args=\"--op_types_to_quantize MatMul\"; needs --variant")
+    parser.add_argument("--variant", default="", help="name of this ModelOpt setting, in its file names and rows")
     parser.add_argument("--reuse", action="store_true", help="take ModelOpt outputs already in --work instead of quantizing again")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.modelopt_args and not args.variant:
+        parser.error("--modelopt-args needs --variant NAME (its outputs must not be taken for the plain run's)")
 
     from speccompile.evaluation import EvalOptions, evaluate
 
@@ -121,20 +191,24 @@ def main() -> None:
         for name in ("target.onnx", "target.onnx.data"):
             shutil.copy2(args.exported / name, source / name)
     for mode in args.modes:
-        onnx_out = args.work / f"modelopt-{mode}.onnx"
-        if onnx_out.is_file() and args.reuse:
-            candidates[f"modelopt {mode}"] = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
-            continue
-        command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(source / "target.onnx"),
-                   "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
-                   "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
-                   "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes]
-        print(" ".join(command), file=sys.stderr)
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 or not onnx_out.is_file():
-            failures[f"modelopt {mode}"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            continue
-        candidates[f"modelopt {mode}"] = wrap_as_artifact(args.exported, onnx_out, args.work / f"modelopt-{mode}", mode)
+        stem = f"modelopt-{mode}" + (f"-{args.variant}" if args.variant else "")
+        label = f"modelopt {mode}" + (f" [{args.variant}: {args.modelopt_args}]" if args.variant else "")
+        onnx_out = args.work / f"{stem}.onnx"
+        if not (onnx_out.is_file() and args.reuse):
+            command = [args.modelopt_python, "-m", "modelopt.onnx.quantization", "--onnx_path", str(source / "target.onnx"),
+                       "--quantize_mode", mode, "--calibration_method", MODELOPT_METHOD[mode], "--calibration_data_path", str(npz),
+                       "--calibration_eps", "cpu", "--output_path", str(onnx_out), "--use_external_data_format",
+                       "--disable_mha_qdq", "--high_precision_dtype", "fp32", "--nodes_to_exclude", *args.exclude_nodes,
+                       *shlex.split(args.modelopt_args)]
+            print(" ".join(command), file=sys.stderr)
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0 or not onnx_out.is_file():
+                failures[label] = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                continue
+        candidates[label], _ = wrap_as_artifact(args.exported, onnx_out, args.work / stem, mode)
+        if has_nonfinite_scale(onnx_out):
+            path, dropped = wrap_as_artifact(args.exported, onnx_out, args.work / f"{stem}-finite", mode, finite_scales=True)
+            candidates[f"{label}, Q/DQ with a non-finite scale removed ({', '.join(dropped)} stays fp32)"] = path
     for item in args.ours:
         scheme, _, path = item.partition("=")
         candidates[f"ours {scheme}"] = Path(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -132,3 +133,11 @@ def run_cli_here(capsys, *args: str) -> tuple[int, str, str]:
 def copy_artifact(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def load_benchmark(name: str):
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from conftest import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_smollm2_head", BENCHMARKS / "train_smollm2_head.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train_smollm2_head")
 
 
 def test_prompt_sets_are_disjoint_from_each_other_and_the_chat_workload():

@@ -11,8 +11,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 TRT_ONNX_OPS = frozenset("""
 Abs Acos Acosh Add AffineGrid And ArgMax ArgMin Asin Asinh Atan Atanh AveragePool BatchNormalization Bernoulli
@@ -68,8 +69,25 @@ def _type_name(t: int) -> str:
     return _TYPE_NAMES.get(t, str(t)).lower()
 
 
+def stored_values(graph: onnx.GraphProto, names: set[str]) -> dict[str, np.ndarray]:
+    """The values of those of `names` that are Constant node outputs or initializers whose data the model
+    holds (an initializer in external data that was not loaded is left out)."""
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer
+              if i.name in names and i.data_location != TensorProto.EXTERNAL}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] in names and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return values
+
+
+def bad_scale(value: np.ndarray) -> float | None:
+    """The first value of a Q/DQ scale TensorRT cannot take (not finite, or not > 0), else None."""
+    wrong = ~(np.isfinite(value) & (value > 0))
+    return float(value[wrong].flat[0]) if wrong.any() else None
+
+
 def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
-    """Check operators, domains and element types against what the TensorRT ONNX parser supports."""
+    """Check operators, domains, element types and stored Q/DQ scales against what TensorRT supports."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
     graph = model.graph
@@ -133,4 +151,9 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
             for a in node.attribute:
                 if a.name == "value":
                     check_value("constant", node.output[0], a.t.data_type)
+    # TensorRT's Quantize/Dequantize layers take strictly positive scales; an inf one makes DQ give 0 x inf = NaN
+    scales = {n.input[1] for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 1}
+    for name, value in sorted(stored_values(graph, scales).items()):
+        if (wrong := bad_scale(value.astype(np.float32))) is not None:
+            report.errors.append(f"Q/DQ scale {name}: {wrong} (TensorRT takes only finite scales > 0)")
     return report
