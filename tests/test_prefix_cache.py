@@ -1,4 +1,7 @@
-"""Prefix caching (runtime/prefix_cache.py): reused rows are bitwise what a fresh prefill computes; LRU bound."""
+"""Prefix caching (runtime/prefix_cache.py): reused rows are bitwise what a fresh prefill computes; LRU bound.
+
+The tiny artifact's fused graph is row-invariant, so the cache works in blocks of PREFIX_BLOCK (16) tokens;
+tests that set `row_invariant` False check the prefill-chunk granularity of other graphs."""
 
 from __future__ import annotations
 
@@ -31,8 +34,12 @@ def _fresh(runner: Runner, ids: list[int]):
     return [a[0, :, : len(ids)].copy() for a in generation.cache.arrays], generation.prompt_logits
 
 
-def test_reused_rows_and_first_logits_equal_a_fresh_prefill_bitwise(tiny_artifact):
+@pytest.mark.parametrize("row_invariant", [True, False], ids=["blocks-of-16", "chunks-of-8"])
+def test_reused_rows_and_first_logits_equal_a_fresh_prefill_bitwise(tiny_artifact, row_invariant, monkeypatch):
+    """The same counts at both granularities here: blocks of 16 (the row-invariant graph) and prefill chunks of 8
+    (a graph that is not) both reuse 16 rows of these prompts."""
     runner = Runner(tiny_artifact, drafter="none", threads=1)
+    monkeypatch.setattr(runner.artifact.target, "row_invariant", row_invariant)
     decoder = runner.batch_decoder(2, prefix_cache=PrefixCache(64 << 20))
     base = _ids(runner, "the cat sat on the mat and looked.")  # 34 ids: 4 whole chunks + 2
     assert len(base) == 34
@@ -58,16 +65,51 @@ def test_reused_rows_and_first_logits_equal_a_fresh_prefill_bitwise(tiny_artifac
     assert decoder.prefix_cache.hits == 4
 
 
-def test_start_refuses_cached_rows_a_fresh_prefill_would_not_reproduce(tiny_artifact):
+@pytest.mark.parametrize("row_invariant", [True, False])
+def test_start_refuses_cached_rows_a_fresh_prefill_would_not_reproduce(tiny_artifact, row_invariant, monkeypatch):
+    """Cached rows not ending on a prefill chunk are refused unless the graph is row-invariant (then any prefix
+    is what a fresh prefill computes); all rows come with the last logits, and only all rows."""
     runner = Runner(tiny_artifact, drafter="none", threads=1)
+    monkeypatch.setattr(runner.artifact.target, "row_invariant", row_invariant)
     ids = _ids(runner, "the cat sat on the mat")
     config = _config(runner, 4)
     fresh = runner.generator(plain=True).start(ids, config)
-    for rows, logits in [(12, None), (len(ids), None), (CHUNK, fresh.prompt_logits)]:
+    refused = [(len(ids), None), (CHUNK, fresh.prompt_logits)] + ([] if row_invariant else [(12, None)])
+    for rows, logits in refused:
         cache = runner.artifact.target.new_cache()
         cache.append([], range(rows), rows)
         with pytest.raises(ValueError):
             runner.generator(plain=True).start(ids, config, cache=cache, prefilled=logits, cached_rows=rows)
+    if row_invariant:  # 12 rows of a fresh prefill, then the rest prefilled: the fresh prefill's logits
+        cache = runner.artifact.target.new_cache()
+        for array, rows in zip(cache.arrays, fresh.cache.arrays):
+            array[:, :, :12] = rows[:, :, :12]
+        cache.append([], range(12), 12)
+        resumed = runner.generator(plain=True).start(ids, config, cache=cache, cached_rows=12)
+        assert np.array_equal(resumed.prompt_logits, fresh.prompt_logits)
+
+
+@pytest.mark.parametrize("row_invariant", [True, False])
+def test_a_shared_system_prompt_is_reused_in_blocks(tiny_artifact, row_invariant, monkeypatch):
+    """With the default prefill chunk (256 tokens, longer than these prompts): on the row-invariant graph a
+    prompt reuses every whole 16-token block it shares with an earlier one, and its rows and first logits are
+    bitwise a fresh prefill's; on a graph that is not row-invariant nothing short of a chunk is reused."""
+    from speccompile.runtime.prefix_cache import PREFIX_BLOCK
+
+    runner = Runner(tiny_artifact, drafter="none", threads=1)
+    monkeypatch.setattr(runner.artifact.target, "row_invariant", row_invariant)
+    first, second = (_ids(runner, SYSTEM + "and " + q) for q in ("what is a cat?", "where is the dog going now?"))
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert shared >= PREFIX_BLOCK
+    decoder = runner.batch_decoder(2, prefix_cache=PrefixCache(64 << 20))
+    decoder.leave(decoder.join(first, runner.config(4)))
+    generation = decoder.join(second, runner.config(4))
+    expected = shared // PREFIX_BLOCK * PREFIX_BLOCK if row_invariant else 0
+    assert generation.stats.cached_tokens == expected
+    fresh = runner.generator(plain=True).start(second, runner.config(4))
+    for buffer, rows in zip(decoder.buffers, fresh.cache.arrays):
+        assert np.array_equal(buffer[0, :, : len(second)], rows[0, :, : len(second)])
+    assert np.array_equal(generation.prompt_logits, fresh.prompt_logits)
 
 
 def _decode(runner: Runner, decoder, prompts: list[list[int]], max_tokens: int) -> list:

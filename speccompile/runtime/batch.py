@@ -42,7 +42,7 @@ from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
-from .prefix_cache import PrefixCache
+from .prefix_cache import PREFIX_BLOCK, PrefixCache
 
 
 @dataclass
@@ -119,7 +119,7 @@ class BatchDecoder:
              defer_prefill: bool = False) -> Generation:
         """Prefill a new request in the next free slot (alone) and emit its first token; it decodes with the
         batch from the next `step()` unless it is already done. With a `prefix_cache`, the rows it holds of
-        the prompt (whole prefill chunks, or the whole prompt) are copied into the slot instead of prefilled,
+        the prompt (whole blocks or prefill chunks, or the whole prompt) are copied into the slot instead of prefilled,
         and what the prefill computed is kept for later prompts (exact: runtime/prefix_cache.py).
         `defer_prefill`: take the slot now and prefill during the next steps, between passes (`_advance_prefills`:
         a prompt of one chunk at once, a longer one a chunk at a time, shortest remaining first)."""
@@ -130,7 +130,7 @@ class BatchDecoder:
         self._ensure_rows(len(prompt_ids) + generator.max_verify_tokens)
         cache = self.session.slot_cache(self.buffers, slot)
         caching = self.prefix_cache is not None and generator.resumes_prefill
-        hit = self.prefix_cache.lookup(self.session, config.prefill_chunk, prompt_ids) if caching and prompt_ids else None
+        hit = self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids) if caching and prompt_ids else None
         if hit is not None:
             hit.copy_into(cache.arrays)
             cache.append([], range(hit.rows), hit.rows)
@@ -145,8 +145,13 @@ class BatchDecoder:
     def _prefilled(self, generation: Generation, whole_prompt_hit: bool = False) -> None:
         """A prompt is prefilled: keep what it computed in the prefix cache."""
         if self.prefix_cache is not None and generation.generator.resumes_prefill and not whole_prompt_hit:
-            self.prefix_cache.store(self.session, generation.config.prefill_chunk, generation.prompt_ids,
+            self.prefix_cache.store(self.session, self._prefix_block(generation.config), generation.prompt_ids,
                                     generation.cache.arrays, generation.prompt_logits)
+
+    def _prefix_block(self, config: GenerationConfig) -> int:
+        """The prefix cache's granularity: blocks of PREFIX_BLOCK tokens where the graph computes a row alike
+        in any pass (any cached prefix then stands in for a prefill), else whole prefill chunks."""
+        return PREFIX_BLOCK if self.session.row_invariant else config.prefill_chunk
 
     def _advance_prefills(self) -> None:
         """Deferred prompts (`join(defer_prefill=True)`), shortest remaining first: every one that needs a

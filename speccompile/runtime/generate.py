@@ -427,7 +427,8 @@ def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, c
         raise ValueError(f"the {generator.drafter.name} drafter reads the prompt's hidden states: start without cached rows")
     if whole != (cached_rows == prompt):
         raise ValueError("the prompt's last logits come with all its rows cached, and only then")
-    if not whole and (cached_rows % config.prefill_chunk or cached_rows >= prompt):
+    aligned = generator.target.row_invariant or cached_rows % config.prefill_chunk == 0
+    if not whole and (not aligned or cached_rows >= prompt):
         raise ValueError(f"{cached_rows} cached rows of a {prompt}-token prompt: not whole prefill chunks of "
                          f"{config.prefill_chunk} before its last token (a fresh prefill would compute other bits)")
 

@@ -1,22 +1,29 @@
-"""Automatic prefix caching that is exact by construction: KV rows of whole prefill chunks, and whole prompts.
+"""Automatic prefix caching that is exact by construction: KV rows of whole blocks of a prompt, and whole prompts.
 
-On ONNX Runtime a row's KV (and logits) can differ in the last bits with the shape of the pass that computed
-it (q, past length), so KV rows computed in an arbitrary pass cannot stand in for the rows a fresh prefill
-computes. The generation loop prefills in fixed chunks of `prefill_chunk` (C) tokens from position 0
-(`Generation._prefill`), so:
+A cached row may stand in for a prefill's row only if it is the same bits. What that allows depends on the graph:
 
-* the rows of chunk i, [i*C, (i+1)*C), come from a pass of q = C over the tokens [0, (i+1)*C) with a past of
-  i*C rows: they depend only on those tokens. A prompt that starts with the same (i+1)*C tokens computes the
-  same bits for them, and prefilling it from (i+1)*C on runs the same passes as a fresh prefill does;
-* a whole prompt's rows and last logits come from its chunks and its last (possibly shorter) pass: the same
-  token ids prefilled again compute the same bits, so a repeat needs no prefill pass at all.
+* **Row-invariant graphs** (`Session.row_invariant`: the fused CPU graph with its one-row attention padding):
+  a position's KV rows and logits are the same bits whatever pass computed them — any number of rows, any split
+  of a prompt into passes (tests/test_prefix_cache.py checks splits down to one token). So the rows of a
+  prompt's first n tokens depend only on those tokens, and any prefix of a cached prompt can be reused. The
+  cache works in blocks of PREFIX_BLOCK tokens (as vLLM's 16-token KV blocks): a new prompt reuses every
+  whole block it shares with an earlier prompt (a shared system prompt, a resent conversation) and prefills
+  the rest from there.
+* **Other graphs**: a row's bits can depend on the shape of the pass (q, past length). The generation loop
+  prefills in fixed chunks of `prefill_chunk` (C) tokens from position 0 (`Generation._prefill`), so the rows
+  of chunk i, [i*C, (i+1)*C), come from a pass of q = C over the tokens [0, (i+1)*C) with a past of i*C rows:
+  a prompt that starts with the same (i+1)*C tokens computes the same bits for them, and prefilling it from
+  (i+1)*C on runs the same passes as a fresh prefill. The block is then the prefill chunk.
 
-The cache keeps only such entries, in a trie per (graph, chunk size): a node per whole chunk (its C tokens, its
-rows of every KV buffer) under the node of the chunks before it, and at a node the *tails* of whole prompts
-that end after those chunks (the remaining < C tokens, or none: their rows and the prompt's last logits).
+In both, a whole prompt's rows and last logits come from passes over the same token ids, so a repeat needs
+no prefill pass at all.
+
+The cache keeps only such entries, in a trie per (graph, block size): a node per whole block (its tokens, its
+rows of every KV buffer) under the node of the blocks before it, and at a node the *tails* of whole prompts
+that end after those blocks (the remaining < block tokens, or none: their rows and the prompt's last logits).
 `lookup` returns the longest exact reuse; `store` adds what a finished prefill computed. Memory is bounded
 in bytes (least recently used entries go first; an entry is always used together with its ancestors and
-after them, so leaves go before the chunks they hang on).
+after them, so leaves go before the blocks they hang on).
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+PREFIX_BLOCK = 16  # tokens per cached block on row-invariant graphs
+
 
 @dataclass
 class PrefixHit:
-    """What the cache holds of one prompt: its first `rows` KV rows (a whole number of chunks, or the whole
+    """What the cache holds of one prompt: its first `rows` KV rows (a whole number of blocks, or the whole
     prompt) and, for a whole prompt, its last logits (`logits`: None on a partial hit)."""
 
     rows: int
@@ -50,14 +59,14 @@ class PrefixHit:
 
 @dataclass(eq=False)
 class _Entry:
-    """A chunk node (`tokens`: its C tokens) or a prompt tail (`logits` set; `tokens`: the < C tokens after
-    the parent's chunks) with its KV rows per buffer."""
+    """A block node (`tokens`: its block of tokens) or a prompt tail (`logits` set; `tokens`: the tokens after
+    the parent's blocks, fewer than a block) with its KV rows per buffer."""
 
     tokens: tuple[int, ...]
     kv: list[np.ndarray]
     parent: "_Entry | None" = None
     logits: np.ndarray | None = None
-    children: dict[tuple[int, ...], "_Entry"] = field(default_factory=dict)  # chunk nodes after this one
+    children: dict[tuple[int, ...], "_Entry"] = field(default_factory=dict)  # block nodes after this one
     tails: dict[tuple[int, ...], "_Entry"] = field(default_factory=dict)  # whole prompts ending after this one
 
     @property
@@ -66,10 +75,11 @@ class _Entry:
 
 
 class PrefixCache:
-    """A bounded (bytes) LRU cache of chunk-aligned prompt prefixes and whole prompts; see the module doc.
+    """A bounded (bytes) LRU cache of block-aligned prompt prefixes and whole prompts; see the module doc.
 
     `graph` names what computed the rows (the session: a different graph, thread count or dtype computes
-    other bits) and `chunk` the prefill chunk; entries of another (graph, chunk) never match."""
+    other bits) and `block` the block size (PREFIX_BLOCK on a row-invariant graph, else the prefill chunk);
+    entries of another (graph, block) never match."""
 
     def __init__(self, max_bytes: int):
         if max_bytes < 1:
@@ -86,61 +96,62 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def lookup(self, graph: Hashable, chunk: int, prompt: Sequence[int]) -> PrefixHit | None:
+    def lookup(self, graph: Hashable, block: int, prompt: Sequence[int]) -> PrefixHit | None:
         """The longest exact reuse for `prompt`: the whole prompt (rows + last logits), else the most whole
-        chunks that leave at least one token to prefill; None when nothing is cached."""
+        blocks that leave at least one token to prefill; None when nothing is cached."""
         self.lookups += 1
         prompt = tuple(int(t) for t in prompt)
         if not prompt:
             return None
-        node = self._roots.get((graph, chunk))
+        node = self._roots.get((graph, block))
         path: list[_Entry] = []
-        while node is not None and (len(path) + 1) * chunk <= len(prompt):
-            start = len(path) * chunk
-            node = node.children.get(prompt[start: start + chunk])
+        while node is not None and (len(path) + 1) * block <= len(prompt):
+            start = len(path) * block
+            node = node.children.get(prompt[start: start + block])
             if node is not None:
                 path.append(node)
         tail = None
-        if len(path) == len(prompt) // chunk:
-            parent = path[-1] if path else self._roots.get((graph, chunk))
-            tail = parent.tails.get(prompt[len(path) * chunk:]) if parent is not None else None
+        if len(path) == len(prompt) // block:
+            parent = path[-1] if path else self._roots.get((graph, block))
+            tail = parent.tails.get(prompt[len(path) * block:]) if parent is not None else None
         if tail is None:
-            del path[(len(prompt) - 1) // chunk:]  # keep a token to prefill: its pass gives the logits
+            del path[(len(prompt) - 1) // block:]  # keep a token to prefill: its pass gives the logits
         if not path and tail is None:
             return None
         self._touch(path, tail)
-        segments = [(i * chunk, node.kv) for i, node in enumerate(path)]
+        segments = [(i * block, node.kv) for i, node in enumerate(path)]
         if tail is not None:
-            segments.append((len(path) * chunk, tail.kv))
-        hit = PrefixHit(len(prompt) if tail is not None else len(path) * chunk, segments,
+            segments.append((len(path) * block, tail.kv))
+        hit = PrefixHit(len(prompt) if tail is not None else len(path) * block, segments,
                         tail.logits if tail is not None else None)
         self.hits += 1
         self.hit_tokens += hit.rows
         return hit
 
-    def store(self, graph: Hashable, chunk: int, prompt: Sequence[int], arrays: Sequence[np.ndarray],
+    def store(self, graph: Hashable, block: int, prompt: Sequence[int], arrays: Sequence[np.ndarray],
               logits: np.ndarray) -> None:
-        """Keep what a prefill of `prompt` in chunks of `chunk` from position 0 computed: its rows
+        """Keep what a prefill of `prompt` computed (on a graph that is not row-invariant: in chunks of `block`
+        from position 0): its rows
         ([1, kv_heads, >= len(prompt), head_dim] per KV buffer; rows a lookup provided are bitwise the same)
         and its last logits. Entries already cached are only marked used; then the budget is enforced."""
         prompt = tuple(int(t) for t in prompt)
-        whole = len(prompt) // chunk
-        parent = self._roots.setdefault((graph, chunk), _Entry((), []))
+        whole = len(prompt) // block
+        parent = self._roots.setdefault((graph, block), _Entry((), []))
         path: list[_Entry] = []
         for i in range(whole):
-            key = prompt[i * chunk: (i + 1) * chunk]
+            key = prompt[i * block: (i + 1) * block]
             node = parent.children.get(key)
             if node is None:
-                node = self._add(parent.children, _Entry(key, _rows(arrays, i * chunk, (i + 1) * chunk), parent))
+                node = self._add(parent.children, _Entry(key, _rows(arrays, i * block, (i + 1) * block), parent))
                 if node is None:  # larger than the whole budget
                     break
             path.append(node)
             parent = node
         tail = None
         if len(path) == whole:
-            key = prompt[whole * chunk:]
+            key = prompt[whole * block:]
             tail = parent.tails.get(key) or self._add(
-                parent.tails, _Entry(key, _rows(arrays, whole * chunk, len(prompt)), parent, _frozen(logits)))
+                parent.tails, _Entry(key, _rows(arrays, whole * block, len(prompt)), parent, _frozen(logits)))
         self._touch(path, tail)
         while self.bytes > self.max_bytes:
             self._evict(next(iter(self._lru.values())))
@@ -159,7 +170,7 @@ class PrefixCache:
         return entry
 
     def _touch(self, path: list[_Entry], tail: _Entry | None) -> None:
-        """Mark used: the tail, then the chunks from the deepest up (so a parent is always used after its
+        """Mark used: the tail, then the blocks from the deepest up (so a parent is always used after its
         children and never evicted before them)."""
         for entry in ([tail] if tail is not None else []) + path[::-1]:
             self._lru.move_to_end(id(entry))

@@ -22,6 +22,11 @@ class TimedSession:
         self.clock = clock
         self.spec = session.spec
 
+    @property
+    def row_invariant(self) -> bool:
+        """The wrapped Session's (see backends/base.py)."""
+        return self.session.row_invariant
+
     def new_cache(self):
         return self.session.new_cache()
 

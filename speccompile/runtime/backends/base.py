@@ -46,6 +46,10 @@ class Session(Protocol):
     """A loaded graph with a KV cache: run q new tokens against the cache."""
 
     spec: GraphSpec
+    # True when a position's KV rows and logits are the same bits whatever pass computed them (any number of
+    # rows, any split of a prompt into passes): rows cached from one prompt may then stand in for any prefix of
+    # another (runtime/prefix_cache.py). The fused CPU graph with its one-row attention padding; False elsewhere.
+    row_invariant: bool
 
     def new_cache(self) -> KVCache:
         """An empty KV cache in this backend's tensor type."""

@@ -101,6 +101,8 @@ class OrtSession:
     head's own hidden state; both are bound like the token inputs.
     """
 
+    row_invariant = False  # the contract graph's KV concatenation squeezes rejected rows: not claimed here
+
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
                  threads: int | None = None, spinning: bool = False):
         import onnxruntime as ort
@@ -182,7 +184,8 @@ class OrtBufferSession(OrtSession):
         self.selects_logits = any(t.name == "logits_rows" for t in spec.inputs)
         # graphs exported since the input exists run a one-row pass with a padding row in attention, so that
         # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
-        self.row_invariant = any(t.name == "attention_pad" for t in spec.inputs)
+        self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
+        self.row_invariant = self.takes_attention_pad
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -205,7 +208,7 @@ class OrtBufferSession(OrtSession):
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
         binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        if self.row_invariant:
+        if self.takes_attention_pad:
             binding.bind_cpu_input("attention_pad", np.array([pad], dtype=np.int64))
         rows = q
         if self.selects_logits:
@@ -303,7 +306,7 @@ class OrtBufferSession(OrtSession):
         binding.bind_cpu_input("attention_bias", bias)
         binding.bind_cpu_input("seqlens_k", np.asarray(seqlens_k, dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(bias.shape[-1], dtype=np.int32))
-        if self.row_invariant:
+        if self.takes_attention_pad:
             binding.bind_cpu_input("attention_pad", np.array([pad], dtype=np.int64))
         if self.selects_logits:
             binding.bind_cpu_input("logits_rows", np.arange(q, dtype=np.int64))

@@ -203,6 +203,8 @@ class DeviceLogitsOutput(StepOutput):
 class OrtCudaSession:
     """The GPU verify graph in an ONNX Runtime session with fixed bindings per q bucket (CUDA graphs on CUDA)."""
 
+    row_invariant = False  # GPU kernels choose their reductions by shape
+
     def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
                  max_verify_tokens: int = 64, kv_capacity: int | None = None, cuda_graph: bool | None = None,
                  buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0, threads: int | None = None):

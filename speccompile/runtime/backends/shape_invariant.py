@@ -51,6 +51,8 @@ class ShapeInvariantSession:
     """Runs every pass of `inner` with `rows` query rows, every key at slot == position and, on the fused
     graph, a fixed KV extent (see the module doc)."""
 
+    row_invariant = False  # its passes pad to `rows`, a prefill chunk runs unpadded: not claimed
+
     def __init__(self, inner: Session, rows: int, max_context: int):
         if rows < 1:
             raise InputError(f"--shape-invariant: the fixed number of rows must be >= 1, got {rows}")

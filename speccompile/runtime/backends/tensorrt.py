@@ -136,6 +136,8 @@ class TensorRTEngine:
 class TensorRTSession(TensorRTEngine):
     """A graph with a KV cache (target, draft model, EAGLE/MTP heads), implementing the runtime Session protocol."""
 
+    row_invariant = False  # GPU kernels choose their reductions by shape
+
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0):
         super().__init__(directory, manifest, spec, device)
         self.past_names = [n for n in spec.input_names() if n.startswith("past_key_values")]

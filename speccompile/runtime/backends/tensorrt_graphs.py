@@ -199,6 +199,8 @@ class DeviceKVCache(FixedKVCache):
 class TensorRTGraphSession:
     """A `--profiles buckets` engine: per-bucket contexts with fixed addresses, each replayed as a CUDA graph."""
 
+    row_invariant = False  # GPU kernels choose their reductions by shape
+
     def __init__(self, base: TensorRTSession, layout: BucketLayout, cuda_graphs: bool = True):
         self.base, self.layout, self.spec = base, layout, base.spec
         base.context = None  # its profile 0 belongs to the q1 bucket's context (one context per profile)
