@@ -2,8 +2,10 @@
 
 On a held-out text set (paragraphs of a plain-text file), both targets score every paragraph in one
 teacher-forced pass: top-1 agreement per position, KL(reference || quantized) and the perplexity of each.
-On JSONL workloads both generate greedily with the n-gram drafter: tokens per target pass and how many
-outputs are identical. FP8 and INT4 graphs run on ONNX Runtime CPU as built; an NVFP4 graph runs as its
+On JSONL workloads both generate greedily with the n-gram drafter at a fixed draft length (adaptive
+drafting off: its choices follow each graph's measured pass times, which differ between an fp32 graph and a
+Q/DQ graph on the CPU, so they would blur what is measured here, how well the quantized model keeps
+accepting drafts): tokens per target pass and how many outputs are identical. FP8 and INT4 graphs run on ONNX Runtime CPU as built; an NVFP4 graph runs as its
 exact fp32 emulation (engines/emulate.py) written to a temporary directory.
 """
 
@@ -95,8 +97,8 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
             progress("NVFP4: writing the exact fp32 emulation (folded FP4 weights, fake-quantized activations)")
             runnable = write_emulated_artifact(artifact, Path(tmp) / "emulated")
         progress(f"opening {reference} and {artifact}")
-        ref_runner = Runner(reference, threads=options.threads, drafter="ngram")
-        runner = Runner(runnable, threads=options.threads, drafter="ngram")
+        ref_runner = Runner(reference, threads=options.threads, drafter="ngram", adaptive=False)
+        runner = Runner(runnable, threads=options.threads, drafter="ngram", adaptive=False)
         tokenizer = ref_runner.artifact.tokenizer
         sequences = [ids[: options.max_text_tokens] for ids in (list(tokenizer.encode(p)) for p in paragraphs) if len(ids) >= 2]
         if not sequences:
@@ -125,6 +127,7 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
                 "workload": str(path),
                 "prompts": len(prompts),
                 "max_tokens": options.max_tokens,
+                "num_draft_tokens": runner.num_draft_tokens,  # every step drafts this many (adaptive off)
                 "tokens_per_pass": {k: round(t / p, 3) if p else 0.0 for k, (t, p) in passes.items()},
                 "identical_greedy": identical,
             })

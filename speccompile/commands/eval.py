@@ -54,7 +54,7 @@ def print_report(report: dict) -> None:
     for row in report["ngram"]:
         tpp = row["tokens_per_pass"]
         name = Path(row["workload"]).stem
-        table.add_row(f"n-gram tok/pass: {name}", f"{tpp['reference']:.2f}", f"{tpp['artifact']:.2f}")
+        table.add_row(f"n-gram tok/pass (k={row['num_draft_tokens']}): {name}", f"{tpp['reference']:.2f}", f"{tpp['artifact']:.2f}")
         table.add_row(f"identical greedy: {name}", "", f"{row['identical_greedy']}/{row['prompts']}")
     console().print(table)
 
