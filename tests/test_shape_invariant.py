@@ -278,9 +278,9 @@ def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
                    "--shape-invariant", "--threads", "1", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["identical"] and report["shape_invariant"] == 64
+    assert report["identical"] and report["shape_invariant"] == 64 and report["row_invariant"] is False  # the wrapper claims none
     done = run_cli("verify", str(tiny_artifact), "--drafter", "ngram", "--max-tokens", "8", "--limit", "1", "--threads", "1")
-    assert done.returncode == 0 and "shape-invariant off" in done.stdout  # ort-cpu default
+    assert done.returncode == 0 and "shape-invariant off, row-invariant graph" in done.stdout  # ort-cpu default
 
 
 def test_tree_drafter_greedy_equals_plain_in_the_mode(tmp_path, tmp_path_factory):

@@ -99,6 +99,7 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
     sampling = SamplingParams()
     report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
                               "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
+                              "row_invariant": runner.artifact.target.row_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
@@ -181,7 +182,7 @@ def print_report(report: dict[str, Any], console=None) -> None:
 
     console = console or Console()
     console.print(Text(f"{report['artifact']}: backend {report['backend']}, graph {report['graph']}, drafter {report['drafter']}, "
-                       f"k={report['num_draft_tokens']}, max_tokens={report['max_tokens']}, greedy, {_mode(report.get('shape_invariant', 0))}"))
+                       f"k={report['num_draft_tokens']}, max_tokens={report['max_tokens']}, greedy, {_mode(report)}"))
     table = Table()
     table.add_column("", no_wrap=True)
     for name in report["workloads"]:
@@ -194,8 +195,11 @@ def print_report(report: dict[str, Any], console=None) -> None:
         console.print(Text("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items())))
 
 
-def _mode(rows: int) -> str:
-    return f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
+def _mode(report: dict[str, Any]) -> str:
+    """How the verify passes are made to compute plain decoding's logits (docs/DESIGN.md, equal logits)."""
+    rows = report.get("shape_invariant", 0)
+    mode = f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
+    return mode + (", row-invariant graph" if report.get("row_invariant") else "")
 
 
 def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress_console=None) -> dict[str, Any]:
@@ -213,7 +217,7 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, prog
                 results.append(_verify_prompt(runner, item, max_tokens))
             bar.done()
     return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
-            "identical": all(r["identical"] for r in results),
+            "row_invariant": runner.artifact.target.row_invariant, "identical": all(r["identical"] for r in results),
             "logits_bitwise": all(r["logits_bitwise"] for r in results), "prompts": results}
 
 
@@ -226,7 +230,7 @@ def print_verify_report(report: dict[str, Any]) -> None:
         print(f"{r['id']}: {status}, {logits} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
     bitwise = sum(r["logits_bitwise"] for r in results)
     print(f"{sum(r['identical'] for r in results)}/{len(results)} identical, logits bitwise equal in {bitwise}/{len(results)} "
-          f"({report['drafter']} vs plain, {_mode(report['shape_invariant'])})")
+          f"({report['drafter']} vs plain, {_mode(report)})")
 
 
 def _verify_prompt(runner: Runner, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:
