@@ -89,7 +89,7 @@ def _chunked_logits(session, prompt: np.ndarray, tokens: np.ndarray, q: int) -> 
         cache.append(out.presents, range(n), n)
         logits.append(out.logits)
         hidden.append(out.hidden)
-    return np.concatenate(logits), np.concatenate(hidden)
+    return np.concatenate(logits), (np.concatenate(hidden) if hidden[0] is not None else None)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -115,6 +115,31 @@ def test_a_position_gets_the_same_bits_in_any_pass(tmp_path, arch, monkeypatch):
     np.testing.assert_allclose(unpadded, one_row, atol=1e-4, rtol=1e-4)  # the same function otherwise
 
 
+def test_a_fused_graph_from_before_the_padding_row_still_runs(tiny_artifact, tmp_path):
+    """An artifact exported before `attention_pad` existed (emulated: the input turned into a constant 0) runs
+    as before: the runtime does not bind the input, claims no row invariance, and decodes the same tokens."""
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(tiny_artifact, old)
+    model = onnx.load(str(old / "target.ort.onnx"), load_external_data=False)
+    model.graph.input.remove(next(i for i in model.graph.input if i.name == "attention_pad"))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "attention_pad"))
+    onnx.save(model, str(old / "target.ort.onnx"))
+    manifest = read_manifest(old, verify_files=False)
+    spec = manifest.graph("target-ort")
+    spec.inputs = [t for t in spec.inputs if t.name != "attention_pad"]
+    manifest.record_files(old, ["target.ort.onnx"])
+    manifest.write(old)
+    session = open_artifact(old, threads=1).target
+    assert not session.takes_attention_pad and not session.row_invariant
+    rng = np.random.default_rng(4)
+    prompt, tokens = rng.integers(3, 60, 12), rng.integers(3, 60, 6)
+    new_logits, _ = _chunked_logits(open_artifact(tiny_artifact, threads=1).target, prompt, tokens, 2)
+    old_logits, _ = _chunked_logits(session, prompt, tokens, 2)
+    np.testing.assert_array_equal(old_logits, new_logits)  # passes of >= 2 rows never had the padding row
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "contract"])
 def test_one_query_head_per_kv_head_is_row_invariant_too(tmp_path, fused):
     """Multi-head attention (as many KV heads as query heads) has no query groups to fill the attention matmuls'
@@ -126,10 +151,11 @@ def test_one_query_head_per_kv_head_is_row_invariant_too(tmp_path, fused):
     session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
     rng = np.random.default_rng(2)
     prompt, tokens = rng.integers(3, 60, 20), rng.integers(3, 60, 9)
-    one_row = _chunked_logits(session, prompt, tokens, 1)
+    one_row, one_row_hidden = _chunked_logits(session, prompt, tokens, 1)
     for q in (2, 3, 9):
-        for got, want in zip(_chunked_logits(session, prompt, tokens, q), one_row):
-            np.testing.assert_array_equal(got, want, err_msg=f"q={q}")
+        logits, hidden = _chunked_logits(session, prompt, tokens, q)
+        np.testing.assert_array_equal(logits, one_row, err_msg=f"q={q}")
+        np.testing.assert_array_equal(hidden, one_row_hidden, err_msg=f"q={q}")
 
 
 def test_fused_graph_shares_the_contract_weights(tiny_artifact):
