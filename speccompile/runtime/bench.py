@@ -253,4 +253,4 @@ def _traced(runner: Runner, ids: list[int], max_tokens: int, drafter: str | None
     """A greedy generation that keeps the logits each token was chosen from."""
     config = runner.config(max_tokens, SamplingParams(), drafter=drafter)
     config.trace_logits = True
-    return runner.generator(SamplingParams(), plain=config.num_draft_tokens == 0).generate(ids, config)
+    return runner.generator(SamplingParams(), plain=drafter == "none").generate(ids, config)

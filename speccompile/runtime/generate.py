@@ -186,8 +186,9 @@ class Generator:
         `cache`: the KV cache to decode into (default: a new one of the target's), empty or holding the
         prompt's first rows; `prefilled`: the prompt's last logits when `cache` holds all its rows already (a
         batched prefill, or a whole prompt from a prefix cache); `cached_rows`: rows `cache` holds from a
-        prefix cache (runtime/prefix_cache.py): the prefill continues after them, so they must be whole
-        `prefill_chunk`s (or the whole prompt, with `prefilled`) for the result to be what a fresh prefill gives.
+        prefix cache (runtime/prefix_cache.py): the prefill continues after them, so they must be rows a fresh prefill
+        computes alike (any prefix on a row-invariant target, else whole `prefill_chunk`s; or the whole prompt, with
+        `prefilled`).
         `defer_prefill`: prefill nothing yet; the caller runs `prefill_next_chunk()` until the generation is no
         longer `prefilling` (a batch driver interleaves the chunks with other requests' passes)."""
         return Generation(self, prompt_ids, config, on_text, cache, prefilled, cached_rows, defer_prefill)
@@ -427,10 +428,13 @@ def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, c
         raise ValueError(f"the {generator.drafter.name} drafter reads the prompt's hidden states: start without cached rows")
     if whole != (cached_rows == prompt):
         raise ValueError("the prompt's last logits come with all its rows cached, and only then")
-    aligned = generator.target.row_invariant or cached_rows % config.prefill_chunk == 0
-    if not whole and (not aligned or cached_rows >= prompt):
+    if whole:
+        return
+    if cached_rows >= prompt:
+        raise ValueError(f"{cached_rows} cached rows of a {prompt}-token prompt leave no token to prefill")
+    if not generator.target.row_invariant and cached_rows % config.prefill_chunk:
         raise ValueError(f"{cached_rows} cached rows of a {prompt}-token prompt: not whole prefill chunks of "
-                         f"{config.prefill_chunk} before its last token (a fresh prefill would compute other bits)")
+                         f"{config.prefill_chunk} (a fresh prefill on this graph would compute other bits)")
 
 
 def _verify_draft(draft: Draft, pending: int, out: StepOutput, params: SamplingParams, rng) -> tuple[list[int], list[int]]:
