@@ -151,16 +151,27 @@ def _without_attention_padding(monkeypatch) -> None:
     monkeypatch.setattr(OrtBufferSession, "_padding_rows", lambda self, q, batch=1: 0)
 
 
-def test_the_fused_graph_is_exact_for_chains_without_the_mode(artifacts, monkeypatch):
-    """On the CPU the fused fp32 graph needs no mode for chains and a main-path-first tree: its one-row passes
-    get attention's padding row, and ONNX Runtime CPU computes each row alike in any pass of >= 2 rows. The
-    check has teeth: without the padding row a row differs between a 1-row and a 5-row pass (the one-row
-    attention kernel); and a breadth-first tree (keys after a masked sibling) still differs without the mode."""
+def _without_tree_layout(monkeypatch) -> None:
+    """Trees run in the drafter's row order (breadth first), as before the fused session laid them out."""
+    from speccompile.runtime.backends import tree_layout
+
+    monkeypatch.setattr(tree_layout, "main_path_first", lambda ancestry: (np.arange(len(ancestry)), np.ones(len(ancestry), bool)))
+
+
+def test_the_fused_graph_is_exact_without_the_mode(artifacts, monkeypatch):
+    """On the CPU the fused fp32 graph needs no mode: its one-row passes get attention's padding row, ONNX
+    Runtime CPU computes each row alike in any pass of >= 2 rows, and the session lays a tree out main path
+    first (tree_layout.py), so a breadth-first tree's accepted main path is bitwise plain decoding too. The
+    checks have teeth: in the drafter's order a breadth-first tree (keys after a masked sibling) differs, and
+    without the padding row a row differs between a 1-row and a 5-row pass (the one-row attention kernel)."""
     session = _session(artifacts, "fused-fp32", None)
     prompt, text = _tokens(0, PROMPT), _tokens(1, 7)
     plain = plain_logits(session, prompt, text)
     assert not _differs(plain, speculative_logits(session, prompt, text, _tokens(2, 4)))
-    assert _differs(plain, speculative_logits(session, prompt, text, _tokens(2, 4), BREADTH_FIRST))
+    assert not _differs(plain, speculative_logits(session, prompt, text, _tokens(2, 4), BREADTH_FIRST))
+    with monkeypatch.context() as patch:
+        _without_tree_layout(patch)
+        assert _differs(plain, speculative_logits(session, prompt, text, _tokens(2, 4), BREADTH_FIRST))
     _without_attention_padding(monkeypatch)
     assert _differs(plain_logits(session, prompt, text), speculative_logits(session, prompt, text, _tokens(2, 4)))
 
@@ -247,7 +258,7 @@ def test_fp32_on_cuda_never_uses_tf32():
 
 
 def test_exact_acceptance_keeps_the_plain_exact_rows_and_the_next_token():
-    from speccompile.runtime.backends.shape_invariant import exact_acceptance, main_path_first
+    from speccompile.runtime.backends.tree_layout import exact_acceptance, main_path_first
 
     order, exact = main_path_first(_ancestry(BREADTH_FIRST[1]))
     assert order.tolist() == [0, 1, 3, 2, 4] and exact.tolist() == [True, True, False, True, False]
@@ -260,13 +271,18 @@ def test_exact_acceptance_keeps_the_plain_exact_rows_and_the_next_token():
     assert exact_acceptance([], [10], exact) == ([], [10])
 
 
-def test_side_branch_rows_are_marked_not_exact(artifacts):
-    """The pass reports which rows are plain-exact; the side branch's are not (and do differ)."""
-    session = _session(artifacts, "fused-fp32", 8)
+@pytest.mark.parametrize("rows", [8, None], ids=["mode", "fused-default"])
+def test_side_branch_rows_are_marked_not_exact(artifacts, rows):
+    """The pass reports which rows are plain-exact; the side branch's are not (and do differ). The fused
+    session does so without the mode too; a chain needs no marks there (every row is plain decoding's)."""
+    session = _session(artifacts, "fused-fp32", rows)
     cache = _prefill(session, _tokens(0, PROMPT))
     ancestry = _ancestry(SIDE_BRANCH[1])
     out = session.run(_tokens(1, 5), cache.length + ancestry.sum(1) - 1, cache.attention_mask(ancestry), cache)
     assert out.plain_exact.tolist() == [True, False, True, True, False]  # main path: root, t4, d3 (the deepest)
+    if rows is None:
+        chain = session.run(_tokens(1, 3), cache.length + np.arange(3), cache.attention_mask(np.tril(np.ones((3, 3), bool))), cache)
+        assert chain.plain_exact is None
 
 
 def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
@@ -283,9 +299,11 @@ def test_verify_and_bench_say_which_mode_ran(tiny_artifact):
     assert done.returncode == 0 and "shape-invariant off, row-invariant graph" in done.stdout  # ort-cpu default
 
 
-def test_tree_drafter_greedy_equals_plain_in_the_mode(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("shape_invariant", [16, False], ids=["mode", "fused-default"])
+def test_tree_drafter_greedy_equals_plain(tmp_path, tmp_path_factory, shape_invariant):
     """End to end through the generation loop: a head drafter's trees (with the n-gram lookup branch,
-    which is often not the main path) verified in shape-invariant mode give plain decoding's tokens."""
+    which is often not the main path) give plain decoding's tokens, chosen from bitwise the same logits, in
+    shape-invariant mode and on the CPU's default fused session (trees laid out main path first)."""
     from speccompile.runtime.draft_config import DraftConfig
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
@@ -294,13 +312,24 @@ def test_tree_drafter_greedy_equals_plain_in_the_mode(tmp_path, tmp_path_factory
     from test_heads_runtime import PROMPTS, export_with
 
     export_with("mtp", shared_target(tmp_path_factory), tmp_path / "art")
-    runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=False, threads=1, shape_invariant=16)
+    runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=False, threads=1, shape_invariant=shape_invariant)
+    assert runner.artifact.target.row_invariant == (not shape_invariant)
     drafter = runner.drafter(SamplingParams())
     drafter.inner.set_tree(DraftConfig("mtp", 4, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))))
-    accepted = 0
+    accepted = cuts = 0
     for prompt in [PROMPTS[0], word_prompt_ids(1)]:
-        plain = runner.generate_ids(prompt, 32, drafter="none")
-        spec = runner.generate_ids(prompt, 32)
+        plain, spec = (_traced(runner, prompt, 32, drafter) for drafter in ("none", None))
         assert spec.tokens == plain.tokens
+        assert np.array_equal(spec.logits, plain.logits)
         accepted += sum(spec.stats.accepted)
-    assert accepted > 0
+        cuts += spec.stats.exact_cuts
+    assert accepted > 0 and cuts > 0  # the lookup branch is accepted off the main path: cut, then carried
+
+
+def _traced(runner, ids, max_tokens: int, drafter: str | None):
+    """A greedy generation that keeps the logits each token was chosen from."""
+    from speccompile.runtime.sampling import SamplingParams
+
+    config = runner.config(max_tokens, SamplingParams(), drafter=drafter)
+    config.trace_logits = True
+    return runner.generator(SamplingParams(), plain=drafter == "none").generate(ids, config)

@@ -12,7 +12,7 @@ from ..errors import InputError
 from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session, StepOutput
-from .backends.shape_invariant import exact_acceptance
+from .backends.tree_layout import exact_acceptance
 from .drafters.base import Draft, Drafter
 from .kvcache import BufferKVCache, KVCache
 from .options import GenerationConfig
@@ -39,6 +39,7 @@ class GenerationStats:
     time_engine: float = 0.0  # inside engine calls (target and draft graphs)
     compactions: int = 0
     end_tokens: int = 0  # the eos token that ended generation: produced by a target pass, not part of the output
+    exact_cuts: int = 0  # verdicts cut at a tree row not computed as plain decoding (its rest carried to the next pass)
 
     def count_draft(self, drafted: int, accepted: int) -> None:
         while len(self.drafted) < drafted:
@@ -85,6 +86,7 @@ class GenerationStats:
             "prefill_passes": self.prefill_passes,
             "cached_tokens": self.cached_tokens,
             "draft_steps": self.draft_steps,
+            "exact_cuts": self.exact_cuts,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "drafted_per_position": self.drafted,
             "accepted_per_position": self.accepted,
@@ -265,6 +267,7 @@ class Generation:
         self.done, self.finish = False, None
         self.prompt_logits: np.ndarray | None = None  # the prompt's last logits (what a prefix cache keeps)
         self._logit_trace: list[np.ndarray] | None = [] if config.trace_logits else None
+        self._carried: list[int] = []  # an accepted tree path's tokens past an exactness cut: the next draft
         self._prefilled_rows = cached_rows
         if prefilled is not None:
             self.stats.prefill_passes = int(cached_rows < len(prompt_ids))
@@ -328,7 +331,8 @@ class Generation:
         """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
         is full (then `done`). A batch driver runs the passes of several generations together between
         `plan_step` and `complete_step`."""
-        draft, draft_seconds = self._choose_draft() if drafting else (Draft([]), 0.0)
+        carried, self._carried = self._carried, []
+        draft, draft_seconds = self._choose_draft(carried) if drafting else (Draft([]), 0.0)
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
         if self.cache.length + q > self.generator.max_context:
@@ -345,18 +349,26 @@ class Generation:
         """Verify the pass's logits against the draft and commit the round."""
         draft = planned.draft
         accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
-        if out.plain_exact is not None:  # shape-invariant mode: only rows computed as plain decoding count
+        if out.plain_exact is not None:  # a tree laid out main path first: only rows computed as plain decoding count
+            verdict = emitted
             accepted_rows, emitted = exact_acceptance(accepted_rows, emitted, out.plain_exact)
+            # what the cut left of the verdict is proposed again, as a chain the next pass computes exactly
+            self._carried = verdict[len(emitted):]
+            self.stats.exact_cuts += int(bool(self._carried))
         self._commit(draft, planned.draft_seconds, out, accepted_rows, emitted)
 
-    def _choose_draft(self) -> tuple[Draft, float]:
-        """The drafter's proposal for this step, sized by what pays and what fits (empty: a plain step)."""
+    def _choose_draft(self, carried: list[int] | None = None) -> tuple[Draft, float]:
+        """The drafter's proposal for this step, sized by what pays and what fits (empty: a plain step).
+        `carried`: the tokens an exactness cut left of the last verdict (`complete_step`), proposed again as a
+        chain instead of asking the drafter."""
         drafter, controller = self.drafter, self.controller
         room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
         remaining = self.config.max_tokens - len(self.output.tokens)
         budget = max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
         if drafter is None or budget <= 0:
             return Draft([]), 0.0
+        if carried:
+            return Draft(carried[:budget], carried=True), 0.0
         sizes_itself = drafter.cheap_proposals or drafter.plans_tree
         k = budget if sizes_itself else min(budget, controller.choose_k(nodes=drafter.draft_nodes))
         if k <= 0:
@@ -391,9 +403,10 @@ class Generation:
         if draft.tokens:
             self.stats.draft_steps += 1
             self.stats.count_draft(draft.depth, len(accepted_rows))
-            key = self.drafter.proposal_key if self.drafter.cheap_proposals else None
-            self.controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key, draft.drafted_levels)
-            self.drafter.record_verdict(draft, accepted_rows)
+            if not draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
+                key = self.drafter.proposal_key if self.drafter.cheap_proposals else None
+                self.controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key, draft.drafted_levels)
+                self.drafter.record_verdict(draft, accepted_rows)
         if self.drafter is not None and out.hidden is not None:
             row_tokens = [self.tokens[-1], *[draft.tokens[r - 1] for r in accepted_rows]]
             self.drafter.observe(out.hidden[keep], row_tokens, emitted[-1])

@@ -28,7 +28,7 @@ class StepOutput:
     presents: list[Any]  # backend-native KV tensors, adopted by the KVCache
     hidden: np.ndarray | None = None  # [q, H] final hidden states, [q, 3H] EAGLE-3 taps, or a head's draft hidden
     greedy_tokens: np.ndarray | None = None  # [q] int64 argmax of each row, when the graph computes it (GPU graph)
-    plain_exact: np.ndarray | None = None  # [q] bool, shape-invariant mode: rows computed exactly as plain decoding
+    plain_exact: np.ndarray | None = None  # [q] bool, a tree laid out main path first: rows computed exactly as plain decoding
 
 
 def feature_inputs(spec: GraphSpec) -> list[str]:

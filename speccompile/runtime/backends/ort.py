@@ -16,6 +16,7 @@ from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache, KVCache
 from .base import StepOutput, feature_inputs, hidden_output
 from .ort_quantized import quantized_session_config
+from .tree_layout import MainPathLayout
 
 _NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
 _PROVIDERS = {
@@ -197,14 +198,27 @@ class OrtBufferSession(OrtSession):
         """`attention_mask` [1, q, T] with T >= cache.length + q: GroupQueryAttention writes the q rows at
         [length, length + q) and sees T as total_sequence_length (T > length + q: slots past the new rows,
         masked; the shape-invariant mode passes the full capacity). `last_logits_only`: logits of the last
-        row only (a prefill chunk), where the graph can skip the others."""
-        total = int(attention_mask.shape[-1])
+        row only (a prefill chunk), where the graph can skip the others. On a row-invariant graph a tree (a mask
+        over the committed rows and the new ones, as `cache.attention_mask` makes it) runs main path first, its
+        rows marked `plain_exact` (tree_layout.py); the shape-invariant wrapper lays out its own passes."""
         q = int(input_ids.size)
+        if self.row_invariant and q > 1 and not features and attention_mask.shape[-1] == cache.length + q:
+            layout = MainPathLayout.of(attention_mask, q)
+            if not layout.is_chain:  # a tree: its main path's rows are plain decoding's (tree_layout.py)
+                out = self._run_rows(layout.rows(input_ids), layout.rows(position_ids), layout.mask(attention_mask), cache)
+                return layout.restore(out, cache)
+        return self._run_rows(input_ids, position_ids, attention_mask, cache, last_logits_only, features)
+
+    def _run_rows(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
+                  last_logits_only: bool = False, features: dict[str, np.ndarray] | None = None) -> StepOutput:
+        """One pass over the rows as given."""
+        q = int(input_ids.size)
+        total = int(attention_mask.shape[-1])
         pad = self._padding_rows(q)
         cache.reserve(total + pad)
         binding = self._binding_for(cache)
         bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
-        self._bind_step_inputs(binding, input_ids, position_ids, features)
+        self._bind_step_inputs(binding, input_ids, position_ids, features or {})
         binding.bind_cpu_input("attention_bias", np.ascontiguousarray(bias))
         binding.bind_cpu_input("seqlens_k", np.array([cache.length + q - 1], dtype=np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))

@@ -25,12 +25,8 @@ with the same shapes:
     pass, one gather of the cache) and fixes the rows; the KV length grows with the context, as in plain
     decoding. The padding rows' KV is cut out after the pass (one host copy of the cache).
 
-Trees: a node's keys are at slot == position only when its ancestors sit in the slots right before it.
-The session runs a tree's main path (root to its deepest node) first and marks those rows
-`plain_exact`; other nodes see their ancestors with siblings' slots masked in between (kernels that
-reduce over the key axis in lanes or blocks then round differently), so the loop cuts a verdict at the
-first accepted node off the main path (`exact_acceptance`): that node's token is still exact and is
-emitted, its logits and KV row are not used.
+Trees run main path first (`tree_layout.MainPathLayout`): those rows are marked `plain_exact`, and the
+loop cuts a verdict at the first accepted node off the main path (`tree_layout.exact_acceptance`).
 
 Rejected and padding rows' KV lands in slots that are never committed (buffer: overwritten by the next
 pass; concat: cut out or marked dead by the cache), so the cache holds exactly what plain decoding writes.
@@ -45,6 +41,7 @@ import numpy as np
 from ...errors import InputError
 from ..kvcache import BufferKVCache, KVCache
 from .base import Session, StepOutput
+from .tree_layout import MainPathLayout
 
 
 class ShapeInvariantSession:
@@ -81,20 +78,15 @@ class ShapeInvariantSession:
         logits come back (`last_logits_only` is not used: the pass keeps its fixed shapes)."""
         q = int(np.asarray(input_ids).size)
         rows = max(self.rows, q)
-        width = int(attention_mask.shape[-1])
-        order, exact = main_path_first(attention_mask[0, :, width - q:])
-        columns = np.concatenate([np.arange(width - q), width - q + order])
-        attention_mask = attention_mask[:, order][:, :, columns]
-        ids = self.pad_tokens(np.asarray(input_ids, dtype=np.int64).reshape(-1)[order], rows)
-        positions = _pad(np.asarray(position_ids, dtype=np.int64).reshape(-1)[order], rows)
+        layout = MainPathLayout.of(attention_mask, q)
+        attention_mask = layout.mask(attention_mask)
+        ids = self.pad_tokens(layout.rows(np.asarray(input_ids, dtype=np.int64)), rows)
+        positions = _pad(layout.rows(np.asarray(position_ids, dtype=np.int64)), rows)
         if self.buffer:
             out = self._run_buffer(ids, positions, attention_mask, cache, q, rows)
         else:
             out = self._run_concat(ids, positions, attention_mask, cache, q, rows)
-        slots = np.argsort(order)  # original row r was computed as pass row slots[r]
-        cache.row_slots = None if np.array_equal(order, np.arange(q)) else slots
-        hidden = out.hidden[:q][slots] if out.hidden is not None else None
-        return StepOutput(logits=out.logits[:q][slots], presents=out.presents, hidden=hidden, plain_exact=exact)
+        return layout.restore(out, cache)
 
     def pad_tokens(self, input_ids: np.ndarray, rows: int) -> np.ndarray:
         """The pass's token ids padded to `rows` (padding rows repeat the last token)."""
@@ -137,34 +129,3 @@ def _pad(values: np.ndarray, rows: int) -> np.ndarray:
     if values.size >= rows:
         return values
     return np.concatenate([values, np.full(rows - values.size, values[-1], dtype=values.dtype)])
-
-
-def main_path_first(ancestry: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The row order that lays a tree's main path out first, and which rows are then computed exactly as
-    plain decoding would (the main path's: each row's ancestors sit in the slots right before it).
-
-    Main path: root to the deepest node (the first in row order among equally deep ones, i.e. the
-    highest-ranked choices of a tree in (depth, choice) order; the n-gram lookup branch when it reaches
-    deeper than the head's tree). A chain: the identity and every row exact."""
-    q = ancestry.shape[0]
-    if np.array_equal(ancestry, np.tril(np.ones((q, q), dtype=bool))):
-        return np.arange(q), np.ones(q, dtype=bool)
-    depth = ancestry.sum(axis=1)
-    leaf = int(np.argmax(depth))  # first of the deepest
-    main = sorted(np.flatnonzero(ancestry[leaf]).tolist(), key=lambda r: depth[r])
-    exact = np.zeros(q, dtype=bool)
-    exact[main] = True
-    return np.array(main + [r for r in range(q) if not exact[r]], dtype=np.int64), exact
-
-
-def exact_acceptance(accepted_rows: list[int], emitted: list[int], plain_exact: np.ndarray) -> tuple[list[int], list[int]]:
-    """A verdict cut to the rows computed exactly as plain decoding (`StepOutput.plain_exact`).
-
-    The first accepted row that is not exact still has an exact token (chosen from its parent's exact
-    logits), so it is emitted as the step's last token, like a bonus token; neither its logits nor its KV
-    row are used: `(accepted_rows[:n], emitted[:n + 1])` for the n leading exact accepted rows.
-    """
-    n = 0
-    while n < len(accepted_rows) and plain_exact[accepted_rows[n]]:
-        n += 1
-    return accepted_rows[:n], emitted[: n + 1]

@@ -18,6 +18,7 @@ class Draft:
     1..n-1; `mode` is "deterministic" (top-k children) or "iid"/"iid_without_replacement" with
     `child_probs[u]` the distribution the children of node u were drawn from.
     `levels`: the drafter calls behind it, when fewer than its depth (a lookup branch costs none).
+    `carried`: the generation loop's own chain (runtime/backends/tree_layout.py), not the drafter's.
     """
 
     tokens: list[int]
@@ -26,6 +27,7 @@ class Draft:
     mode: str = "deterministic"
     child_probs: Sequence[np.ndarray | None] | None = None
     levels: int | None = None  # drafter calls (levels) it took, when not its depth (extra free branches)
+    carried: bool = False  # not proposed by the drafter: the rest of an accepted tree path, verified again as a chain
 
     @property
     def drafted_levels(self) -> int:
