@@ -305,3 +305,12 @@ def test_onnx_only_keeps_drafter_graphs(capsys, tiny_artifact_with_draft, tmp_pa
     code, stdout, err = _cli(capsys, "run", str(out), "--prompt", "abc abc", "--raw", "--max-tokens", "6", "--drafter", "draft-model", "--json")
     assert code == 0, err
     assert len(json.loads(stdout)["tokens"]) == 6
+
+
+def test_gptq_act_order_flag_reaches_the_methods(capsys, tiny_artifact, tmp_path):
+    """INT4 runs GPTQ in activation order by default; --no-gptq-act-order turns it off (recorded in the manifest)."""
+    out = tmp_path / "int4-row-order"
+    code, _, err = _cli(capsys, "build", str(tiny_artifact), "--out", str(out), "--int4", "--int4-block", "64",
+                        "--no-gptq-act-order", "--onnx-only", "--json")
+    assert code == 0, err
+    assert read_manifest(out).precision["target"]["methods"]["gptq"]["act_order"] is False

@@ -157,6 +157,7 @@ def test_build_records_methods_on_tiny_model(tiny_artifact, tmp_path):
     record = read_manifest(out).precision["target"]
     assert record["methods"]["input_scales"]["method"] == "awq"
     assert record["methods"]["clip_search"]["weights"] == record["quantized_matmuls"]
+    assert record["methods"]["gptq"]["act_order"] is True and record["methods"]["gptq"]["damping"] == 3.0  # INT4 defaults
     assert read_manifest(out).precision["tensorrt_compat"]["target"]["ok"]
 
 

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from ..errors import InputError
 from . import numerics as nx
 from .calibrate import ActivationStats
-from .gptq import DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
+from .gptq import ACT_ORDER_DEFAULT, DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
 from .quantize import QuantOptions, is_excluded, quantized_tables, weight_matmuls
 
 ACT_CALIB = ("max", "percentile", "mse")
@@ -49,6 +49,7 @@ class MethodOptions:
     clip: bool = True  # INT4 / NVFP4: per-block clipping search
     gptq: bool | None = None  # GPTQ error compensation on the calibration rows (engines/gptq.py); None: GPTQ_DEFAULT
     gptq_damp: float | None = None  # None: the scheme's default (DEFAULT_DAMP)
+    gptq_act_order: bool | None = None  # GPTQ in decreasing Hessian-diagonal order, static groups; None: ACT_ORDER_DEFAULT
     act_headroom: float = ACT_HEADROOM  # FP8: activation ranges times this (room for values above the calibration's)
     search_rows: int = 256  # calibration rows used by the searches (evenly spaced over those kept)
     hessian_rows: int = 2048  # calibration rows kept for GPTQ's Hessian
@@ -58,6 +59,9 @@ class MethodOptions:
 
     def damp(self, scheme: str) -> float:
         return self.gptq_damp if self.gptq_damp is not None else DEFAULT_DAMP[scheme]
+
+    def act_order(self, scheme: str) -> bool:
+        return self.gptq_act_order if self.gptq_act_order is not None else ACT_ORDER_DEFAULT[scheme]
 
     def validate(self) -> "MethodOptions":
         if self.act_calib not in ACT_CALIB:
@@ -89,6 +93,7 @@ class MethodReport:
     weight_error: dict[str, float] = field(default_factory=dict)  # weight -> typical per-token relative error of its product
     weight_grid: dict[str, GridScales] = field(default_factory=dict)  # weight -> scales GPTQ quantized it with
     gptq_error_ratio: list[float] = field(default_factory=list)  # per weight: calibration product error GPTQ / without
+    gptq_settings: dict = field(default_factory=dict)  # damping and activation order, when GPTQ ran
 
     def summary(self) -> dict:
         folded: dict[str, int] = {}
@@ -104,7 +109,7 @@ class MethodReport:
             if ratio:
                 out["input_scales"]["error_vs_rtn_mean"] = round(float(np.mean(ratio)), 4)
         if self.weight_grid:
-            out["gptq"] = {"weights": len(self.weight_grid),
+            out["gptq"] = {"weights": len(self.weight_grid), **self.gptq_settings,
                            "error_vs_without_mean": round(float(np.mean(self.gptq_error_ratio)), 4) if self.gptq_error_ratio else None}
         if self.weight_clip:
             out["clip_search"] = {"weights": len(self.weight_clip),
@@ -331,6 +336,8 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
     `measure_errors`: also record each weight's relative product error on the calibration rows (sensitivity)."""
     scheme = options.scheme
     report = MethodReport()
+    if methods.uses_gptq(scheme):
+        report.gptq_settings = {"damping": methods.damp(scheme), "act_order": methods.act_order(scheme)}
     inits = {i.name: i for i in model.graph.initializer}
     groups = quantized_groups(model, options)
     scaled_rows: dict[str, np.ndarray] = {}
@@ -404,7 +411,7 @@ def _compensate(report: MethodReport, init: onnx.TensorProto, w: np.ndarray, row
     if not methods.uses_gptq(options.scheme):
         return w
     block = nx.pick_block(w.shape[0], options.int4_block) if options.scheme == "int4" else options.fp4_block
-    quantized, grid = gptq_weight(w, rows, options.scheme, block, clip, methods.damp(options.scheme))
+    quantized, grid = gptq_weight(w, rows, options.scheme, block, clip, methods.damp(options.scheme), methods.act_order(options.scheme))
     before = float(np.square(rows @ (w - weight_fake_quant(w, options, clip))).sum())
     after = float(np.square(rows @ (w - quantized)).sum())
     report.gptq_error_ratio.append(after / before if before > 0 else 1.0)
