@@ -205,6 +205,10 @@ def main() -> None:
     parser.add_argument("--warm-all", action="store_true",
                         help="Warm up with every prompt (not just the first): with the server's prefix cache, every "
                              "measured request is then a whole-prompt hit, one stream and N alike.")
+    parser.add_argument("--restart", action="store_true",
+                        help="Run the streams-N phase and what follows on a freshly started server, warmed up like the "
+                             "first: its prefix cache then holds only the warm-up prompt, so the N streams' prompts are "
+                             "as new to it as they were to the one stream (not whole-prompt hits).")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--disconnect", type=float, default=0.25, help="Share of churn requests closed early.")
@@ -226,14 +230,28 @@ def main() -> None:
     queue = max(args.clients, args.rate_requests if args.request_rate else 0)  # open loop: every request may wait
     limit = ["--max-concurrency", str(max(args.streams, args.clients)), "--max-queue", str(queue)]
 
-    with ServerProcess(args.artifact, *limit, *server_args) as server:
+    warm = prompts if args.warm_all else prompts[:1]
+
+    def start_server() -> tuple[ServerProcess, str]:
+        server = ServerProcess(args.artifact, *limit, *server_args)
         model = httpx.get(server.url + "/models").json()["data"][0]["id"]
-        warm = prompts if args.warm_all else prompts[:1]
         asyncio.run(_run_phase("warmup", server.url, model, [(p, None) for p in warm], 1, 8))
+        return server, model
+
+    server, model = start_server()
+    try:
         rss = {"after_warmup": server.rss_bytes()}
         phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
         reference = {o.prompt: o.text for o in phases[0].outcomes}
         rss["after_streams-1"] = server.rss_bytes()
+        if args.restart:
+            server.stop()
+            server, model = start_server()
+            rss["after_restart_warmup"] = server.rss_bytes()
+    except BaseException:
+        server.stop()
+        raise
+    with server:
         # --stagger: the N clients start one N-th of a one-stream request apart (a steady state, not a burst)
         stagger = phases[0].wall / len(prompts) / args.streams if args.stagger else 0.0
         phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts * args.passes],

@@ -36,25 +36,29 @@ def _fresh(runner: Runner, ids: list[int]):
 
 @pytest.mark.parametrize("row_invariant", [True, False], ids=["blocks-of-16", "chunks-of-8"])
 def test_reused_rows_and_first_logits_equal_a_fresh_prefill_bitwise(tiny_artifact, row_invariant, monkeypatch):
-    """The same counts at both granularities here: blocks of 16 (the row-invariant graph) and prefill chunks of 8
-    (a graph that is not) both reuse 16 rows of these prompts."""
+    """Blocks of 16 down to the token (the row-invariant graph) and whole prefill chunks of 8 (a graph that is
+    not): whatever either reuses, the rows and first logits are a fresh prefill's, bit for bit."""
     runner = Runner(tiny_artifact, drafter="none", threads=1)
     monkeypatch.setattr(runner.artifact.target, "row_invariant", row_invariant)
     decoder = runner.batch_decoder(2, prefix_cache=PrefixCache(64 << 20))
     base = _ids(runner, "the cat sat on the mat and looked.")  # 34 ids: 4 whole chunks + 2
     assert len(base) == 34
-    other = base[:20] + _ids(runner, "a dog ran fast")  # shares 2 whole chunks (the 3rd differs at 20)
-    cases = [  # (prompt, rows the cache gives, prefill passes then run)
-        (base, 0, 5),  # a miss: prefilled and stored
-        (base, 34, 0),  # the whole prompt: rows and logits, no pass
-        (other, 16, 3),  # two whole chunks, then passes to 24, 32, 34
-        (base[:24], 16, 1),  # three whole chunks cached, but no logits for them: the last chunk runs again
-        (base[:5], 0, 1),  # a prefix of a cached prompt shorter than a chunk: its rows came from a pass of 8
-        (_ids(runner, "zzz"), 0, 1),  # shorter than a chunk and different
-        (base[:5], 5, 0),  # now cached as a whole prompt
+    other = base[:20] + _ids(runner, "a dog ran fast")  # shares 20+ tokens (a chunk boundary at 16, a block at 16)
+    shared = next(i for i, (a, b) in enumerate(zip(base, other)) if a != b)
+    assert 20 <= shared < 32
+    cases = [  # (prompt, rows the cache gives: row-invariant, chunks)
+        (base, 0, 0),  # a miss: prefilled and stored
+        (base, 34, 34),  # the whole prompt: rows and logits, no pass
+        (other, shared, 16),  # a whole block / two chunks, then (row-invariant) the shared rows of the next block
+        (base[:24], 23, 16),  # no logits cached for 24 tokens: all but the last / the whole chunks
+        (base[:5], 4, 0),  # a prefix shorter than a block: leading rows of one (its chunk's rows came from a pass of 8)
+        (_ids(runner, "zzz"), 0, 0),  # shorter than a chunk and different
+        (base[:5], 5, 5),  # now cached as a whole prompt
     ]
-    for ids, cached, passes in cases:
+    for ids, cached_rows, cached_chunks in cases:
+        cached = cached_rows if row_invariant else cached_chunks
         generation = decoder.join(ids, _config(runner, 4))
+        passes = -(-(len(ids) - cached) // CHUNK)  # prefill in chunks from the first uncached token
         assert (generation.stats.cached_tokens, generation.stats.prefill_passes) == (cached, passes), (len(ids), cached)
         rows, logits = _fresh(runner, ids)
         for buffer, expected in zip(decoder.buffers, rows):
@@ -62,7 +66,7 @@ def test_reused_rows_and_first_logits_equal_a_fresh_prefill_bitwise(tiny_artifac
         assert np.array_equal(generation.prompt_logits, logits), (len(ids), cached)
         if not generation.done:
             decoder.leave(generation)
-    assert decoder.prefix_cache.hits == 4
+    assert decoder.prefix_cache.hits == (5 if row_invariant else 4)
 
 
 @pytest.mark.parametrize("row_invariant", [True, False])
@@ -90,10 +94,11 @@ def test_start_refuses_cached_rows_a_fresh_prefill_would_not_reproduce(tiny_arti
 
 
 @pytest.mark.parametrize("row_invariant", [True, False])
-def test_a_shared_system_prompt_is_reused_in_blocks(tiny_artifact, row_invariant, monkeypatch):
+def test_a_shared_system_prompt_is_reused_to_the_token(tiny_artifact, row_invariant, monkeypatch):
     """With the default prefill chunk (256 tokens, longer than these prompts): on the row-invariant graph a
-    prompt reuses every whole 16-token block it shares with an earlier one, and its rows and first logits are
-    bitwise a fresh prefill's; on a graph that is not row-invariant nothing short of a chunk is reused."""
+    prompt reuses every token it shares with an earlier one (whole 16-token blocks, then the leading rows of
+    the next), and its rows and first logits are bitwise a fresh prefill's; on a graph that is not
+    row-invariant nothing short of a chunk is reused."""
     from speccompile.runtime.prefix_cache import PREFIX_BLOCK
 
     runner = Runner(tiny_artifact, drafter="none", threads=1)
@@ -104,8 +109,8 @@ def test_a_shared_system_prompt_is_reused_in_blocks(tiny_artifact, row_invariant
     decoder = runner.batch_decoder(2, prefix_cache=PrefixCache(64 << 20))
     decoder.leave(decoder.join(first, runner.config(4)))
     generation = decoder.join(second, runner.config(4))
-    expected = shared // PREFIX_BLOCK * PREFIX_BLOCK if row_invariant else 0
-    assert generation.stats.cached_tokens == expected
+    assert shared % PREFIX_BLOCK  # the shared part ends inside a block
+    assert generation.stats.cached_tokens == (shared if row_invariant else 0)
     fresh = runner.generator(plain=True).start(second, runner.config(4))
     for buffer, rows in zip(decoder.buffers, fresh.cache.arrays):
         assert np.array_equal(buffer[0, :, : len(second)], rows[0, :, : len(second)])
@@ -212,3 +217,27 @@ def test_server_reports_cached_tokens(tiny_artifact):
         answers = [client.completions.create(**ask) for _ in range(2)]
     assert [a.choices[0].text for a in answers] == [expected] * 2
     assert answers[1].usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_partial_lookup_reuses_the_leading_rows_of_the_closest_entry():
+    """`partial`: after the whole blocks, the leading rows of the block or prompt tail sharing the most next
+    tokens (never the prompt's last token: its pass gives the logits); off, whole blocks only."""
+    rng = np.random.default_rng(2)
+    logits = np.zeros(10, np.float32)
+    cache = PrefixCache(1 << 20)
+    stored = _arrays(rng)
+    cache.store("g", 4, list(range(10)), stored, logits)  # blocks [0:4], [4:8], tail [8:10]
+    for prompt, whole, partial in [
+        (list(range(6)) + [99], 4, 6),  # one block, then 2 rows of the second
+        (list(range(9)) + [99], 8, 9),  # two blocks, then 1 row of the tail
+        (list(range(9)), 8, 8),  # the tail's first row would leave no token to prefill
+        ([0, 1, 99], None, 2),  # shorter than a block: 2 rows of the first
+        ([99, 0, 1], None, None),  # nothing shares its first token
+    ]:
+        off, on = cache.lookup("g", 4, prompt), cache.lookup("g", 4, prompt, partial=True)
+        assert (off.rows if off else None, on.rows if on else None) == (whole, partial), prompt
+        if on is not None:
+            target = [np.zeros_like(a) for a in stored]
+            on.copy_into(target)
+            assert all(np.array_equal(t[0, :, : on.rows], s[0, :, : on.rows]) for t, s in zip(target, stored))
+            assert not on.full

@@ -30,3 +30,19 @@ def test_serve_load_runs_every_phase_and_loses_nothing(tiny_artifact, tmp_path):
     assert all(p["mismatches"] == 0 and p["errors"] == 0 for p in phases.values()), phases
     assert summary["churn"]["sent"] == 8 and summary["churn"]["lost"] == 0 and summary["churn"]["duplicated"] == 0
     assert summary["server_exit"] == 0
+
+
+def test_serve_load_restart_runs_the_n_streams_on_a_fresh_server(tiny_artifact, tmp_path):
+    """--restart: the streams-N phase runs on a second server (its cache holds only the warm-up prompt), and
+    its answers still equal the first server's."""
+    workload = tmp_path / "prompts.jsonl"
+    workload.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": text, "chat": False})
+                                  for i, text in enumerate(["abc abc abc", "hello there"])) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), str(tiny_artifact), "--workload", str(workload),
+         "--max-tokens", "8", "--streams", "2", "--requests", "0", "--restart", "--json", "--", "--threads", "1"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads(result.stdout)
+    assert "after_restart_warmup" in summary["rss_mb"] and summary["server_exit"] == 0
+    assert all(p["mismatches"] == 0 and p["errors"] == 0 for p in summary["phases"])

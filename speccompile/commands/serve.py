@@ -21,8 +21,8 @@ from .generate import run_options
               help="Decode the admitted requests together in shared target passes (fused CPU graph with a batch axis; "
                    "every drafter, each request with its own); otherwise, or when the artifact cannot, one after another.")
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-              help="Batched engine: reuse the KV rows of earlier prompts (every shared 16-token block of a prefix, or a "
-                   "repeated prompt); exact by construction (docs/serving.md).")
+              help="Batched engine: reuse the KV rows of earlier prompts (every shared token of a prefix, kept in 16-token "
+                   "blocks, or a repeated prompt); exact by construction (docs/serving.md).")
 @click.option("--prefix-cache-mb", type=int, default=512, show_default=True,
               help="Memory bound of the prefix cache (least recently used entries go first).")
 @click.option("--max-queue", type=int, default=64, show_default=True,

@@ -130,7 +130,8 @@ class BatchDecoder:
         self._ensure_rows(len(prompt_ids) + generator.max_verify_tokens)
         cache = self.session.slot_cache(self.buffers, slot)
         caching = self.prefix_cache is not None and generator.resumes_prefill
-        hit = self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids) if caching and prompt_ids else None
+        hit = (self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids, partial=self.session.row_invariant)
+               if caching and prompt_ids else None)
         if hit is not None:
             hit.copy_into(cache.arrays)
             cache.append([], range(hit.rows), hit.rows)

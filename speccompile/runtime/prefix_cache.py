@@ -6,9 +6,10 @@ A cached row may stand in for a prefill's row only if it is the same bits. What 
   a position's KV rows and logits are the same bits whatever pass computed them — any number of rows, any split
   of a prompt into passes (tests/test_prefix_cache.py checks splits down to one token). So the rows of a
   prompt's first n tokens depend only on those tokens, and any prefix of a cached prompt can be reused. The
-  cache works in blocks of PREFIX_BLOCK tokens (as vLLM's 16-token KV blocks): a new prompt reuses every
-  whole block it shares with an earlier prompt (a shared system prompt, a resent conversation) and prefills
-  the rest from there.
+  cache stores blocks of PREFIX_BLOCK tokens (as vLLM's 16-token KV blocks) and reuses down to the token (as
+  SGLang's radix cache): a new prompt takes every whole block it shares with an earlier prompt (a shared
+  system prompt, a resent conversation), then the leading rows of the cached block or prompt tail that
+  shares the most tokens after them (`lookup(..., partial=True)`), and prefills the rest from there.
 * **Other graphs**: a row's bits can depend on the shape of the pass (q, past length). The generation loop
   prefills in fixed chunks of `prefill_chunk` (C) tokens from position 0 (`Generation._prefill`), so the rows
   of chunk i, [i*C, (i+1)*C), come from a pass of q = C over the tokens [0, (i+1)*C) with a past of i*C rows:
@@ -96,9 +97,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def lookup(self, graph: Hashable, block: int, prompt: Sequence[int]) -> PrefixHit | None:
+    def lookup(self, graph: Hashable, block: int, prompt: Sequence[int], partial: bool = False) -> PrefixHit | None:
         """The longest exact reuse for `prompt`: the whole prompt (rows + last logits), else the most whole
-        blocks that leave at least one token to prefill; None when nothing is cached."""
+        blocks that leave at least one token to prefill and, with `partial` (row-invariant graphs only), the
+        leading rows of the entry after them that shares the most next tokens; None when nothing is cached."""
         self.lookups += 1
         prompt = tuple(int(t) for t in prompt)
         if not prompt:
@@ -114,15 +116,21 @@ class PrefixCache:
         if len(path) == len(prompt) // block:
             parent = path[-1] if path else self._roots.get((graph, block))
             tail = parent.tails.get(prompt[len(path) * block:]) if parent is not None else None
+        shared, rows = None, 0  # an entry after the blocks, and how many of its leading rows the prompt shares
         if tail is None:
             del path[(len(prompt) - 1) // block:]  # keep a token to prefill: its pass gives the logits
-        if not path and tail is None:
+            parent = path[-1] if path else self._roots.get((graph, block))
+            if partial and parent is not None:  # at most all but the last token: it is prefilled for the logits
+                shared, rows = _longest_shared(parent, prompt[len(path) * block: len(prompt) - 1])
+        if not path and tail is None and shared is None:
             return None
-        self._touch(path, tail)
+        self._touch(path, tail if tail is not None else shared)
         segments = [(i * block, node.kv) for i, node in enumerate(path)]
         if tail is not None:
             segments.append((len(path) * block, tail.kv))
-        hit = PrefixHit(len(prompt) if tail is not None else len(path) * block, segments,
+        elif shared is not None:
+            segments.append((len(path) * block, [kv[:, :rows] for kv in shared.kv]))
+        hit = PrefixHit(len(prompt) if tail is not None else len(path) * block + rows, segments,
                         tail.logits if tail is not None else None)
         self.hits += 1
         self.hit_tokens += hit.rows
@@ -186,6 +194,21 @@ class PrefixCache:
         if parent is not None:
             siblings = parent.tails if entry.logits is not None else parent.children
             siblings.pop(entry.tokens, None)
+
+
+def _longest_shared(parent: _Entry, tokens: tuple[int, ...]) -> tuple[_Entry | None, int]:
+    """The block or prompt tail under `parent` whose tokens begin with the longest prefix of `tokens`, and its
+    length (None, 0 when no entry shares the first token)."""
+    best, length = None, 0
+    for entry in [*parent.children.values(), *parent.tails.values()]:
+        n = 0
+        for a, b in zip(entry.tokens, tokens):
+            if a != b:
+                break
+            n += 1
+        if n > length:
+            best, length = entry, n
+    return best, length
 
 
 def _rows(arrays: Sequence[np.ndarray], start: int, stop: int) -> list[np.ndarray]:

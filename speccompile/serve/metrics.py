@@ -43,7 +43,7 @@ class ServeMetrics:
                                             registry=registry)
         self.prefix_cache_hits = Counter("speccompile_prefix_cache_hits",
                                          "Finished generations that reused prompt KV from the prefix cache: the whole "
-                                         "prompt (full) or whole blocks of it (partial).", ["kind"], registry=registry)
+                                         "prompt (full) or a prefix of it (partial).", ["kind"], registry=registry)
         self.ttft = Histogram("speccompile_time_to_first_token_seconds", "From admission to the first text.",
                               buckets=_LATENCY_BUCKETS, registry=registry)
         self.duration = Histogram("speccompile_generation_duration_seconds", "From admission to the last token.",
