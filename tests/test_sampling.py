@@ -329,6 +329,48 @@ def test_tree_deterministic_children_is_exact():
     assert_exact(counts, p)
 
 
+def run_tree_cut_and_carry(p: np.ndarray, tree: TreeSpec, q: np.ndarray, seed: int, n: int = N, cut: bool = True):
+    """Counts of the first T tokens when only the main path's rows are exact (the others get another
+    context's distribution, as a row computed with a masked hole before it might): each verdict is cut at the
+    first accepted node off the main path (`exact_acceptance`) and what it chose past the cut is the next
+    round's draft, a one-hot chain verified on exact rows (runtime/generate.py). `cut=False`: the verdict is
+    used as computed (the negative control)."""
+    from speccompile.runtime.backends.tree_layout import exact_acceptance, main_path_first
+
+    rng = np.random.default_rng(seed)
+    _order, exact = main_path_first(tree.ancestry)
+    codes = np.empty(n, dtype=np.int64)
+    for s in range(n):
+        out: list[int] = []
+        last, carried = ROOT, []
+        while len(out) < T:
+            if carried:
+                res = verify_chain(carried, p[[last, *carried]], rng, None)
+                emitted, carried = res.tokens, []
+            else:
+                toks = draft_tree_tokens(tree, q, last)
+                rows = np.where(exact[:, None], p[toks], p[(np.asarray(toks) + 1) % V])
+                verdict = verify_tree(tree, toks, rows, rng)
+                emitted = verdict.tokens
+                if cut:
+                    _rows, emitted = exact_acceptance(verdict.path, verdict.tokens, exact)
+                    carried = verdict.tokens[len(emitted):]
+            out += emitted
+            last = out[-1]
+        codes[s] = encode(out)
+    return np.bincount(codes, minlength=V**T)
+
+
+def test_tree_cut_and_carry_is_exact():
+    """The rule that makes trees exact where only the main path's rows are plain decoding's keeps the
+    target distribution; without the cut, the off-path rows' wrong distributions show."""
+    p, q = tables(SamplingParams(0.9), SamplingParams(1.1))
+    tree = TreeSpec.from_choices([[0], [1], [0, 0], [1, 0], [0, 0, 0], [1, 0, 0]])
+    assert_exact(run_tree_cut_and_carry(p, tree, q, seed=21), p)
+    wrong = run_tree_cut_and_carry(p, tree, q, seed=22, n=20_000, cut=False)
+    assert chi_square_p_value(wrong, exact_joint(p)) < 1e-6
+
+
 def test_dynamic_tree_is_exact():
     p, q = tables(SamplingParams(0.9), T1)
     log_q = np.log(q)
