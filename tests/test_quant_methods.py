@@ -178,6 +178,16 @@ def test_min_top1_keeps_the_worst_weights_until_met(tiny_artifact, tmp_path):
     assert kept <= float_weights  # kept weights stay fp32 initializers
     assert record["quantized_matmuls"] + len(kept) == 8  # 2 layers x 4 weight MatMuls (lm_head excluded)
     assert sensitivity["kept_fp32_mb"] > 0 or not kept
+    assert sensitivity["check_samples"] == 1 and record["calibration"]["samples"] == 2  # 3 samples: 2 fit, 1 checks
+
+
+def test_min_top1_checks_on_samples_the_methods_did_not_fit():
+    from speccompile.engines.build import split_check_samples
+
+    samples = [[i] for i in range(9)]
+    fit, check = split_check_samples(samples)
+    assert check == [[1], [5]] and fit == [[0], [2], [3], [4], [6], [7], [8]]
+    assert split_check_samples([[1, 2]]) == ([[1, 2]], [[1, 2]])  # one sample: both (the manifest says 1 check sample)
 
 
 def test_min_top1_out_of_range_is_an_input_error(tiny_artifact, tmp_path):

@@ -52,7 +52,7 @@ from ..errors import InputError
 @click.option("--gptq-act-order/--no-gptq-act-order", default=None,
               help="GPTQ in activation order: input channels by decreasing calibration energy (Hessian diagonal), each block's "
                    "scale fixed from the original weights first, so blocks stay contiguous along K [default: on for INT4].")
-@click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph on the calibration prompts is >= this.")
+@click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph is >= this on calibration prompts held back from the fitting (every fourth).")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")

@@ -140,6 +140,16 @@ def _check_onnx(path: Path, run_ort: bool) -> None:
             raise SpecCompileError(f"{path.name}: ONNX Runtime cannot load the quantized graph: {str(exc).splitlines()[0]}") from exc
 
 
+def split_check_samples(samples: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
+    """(fit, check): every fourth calibration sample (from the second) held back for `--min-top1`'s measurements,
+    so the agreement it targets is not measured on the text GPTQ, AWQ and the ranges were fitted to; a single
+    sample serves both (said so in the manifest by `check_samples`)."""
+    if len(samples) < 2:
+        return samples, samples
+    check = samples[1::4]
+    return [s for i, s in enumerate(samples) if i % 4 != 1], check
+
+
 def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, options: BuildOptions, progress: Progress) -> dict:
     """Calibrate (if needed) and quantize one graph of `src_dir` into `dst` (+ `dst.data`); returns the precision record."""
     from .calibrate import calibrate_activations, load_calibration_texts, tokenize_calibration
@@ -164,6 +174,9 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         texts = load_calibration_texts(options.calib)
         tokenizer = TextTokenizer(src_dir, manifest.tokenizer.get("eos_token_ids"))
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
+        check: list[list[int]] = []
+        if options.min_top1 is not None:  # the target is measured on samples the methods did not fit (GPTQ fits its own)
+            samples, check = split_check_samples(samples)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
         stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
                                       max_rows=methods.calibration_rows(options.precision) if methods.needs_rows or options.min_top1 is not None else 0)
@@ -182,11 +195,12 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         if options.min_top1 is not None:
             from .sensitivity import search_kept_weights
 
-            progress(f"sensitivity: keeping the worst MatMuls unquantized until calibration top-1 >= {options.min_top1}")
-            kept = search_kept_weights(model, qopts, amax, weight_clip, applied.weight_error, weight_grid, spec, samples,
+            progress(f"sensitivity: keeping the worst MatMuls unquantized until top-1 >= {options.min_top1} on "
+                     f"{len(check)} held-back calibration samples ({sum(map(len, check))} tokens)")
+            kept = search_kept_weights(model, qopts, amax, weight_clip, applied.weight_error, weight_grid, spec, check,
                                        options.min_top1, options.threads, progress)
             qopts = dataclasses.replace(qopts, exclude=(*qopts.exclude, *kept.kept))
-            method_record["sensitivity"] = kept.summary()
+            method_record["sensitivity"] = {**kept.summary(), "check_samples": len(check), "check_tokens": sum(map(len, check))}
     progress(f"quantizing {graph} to {options.precision}")
     report = quantize_model(model, qopts, amax, weight_clip, weight_grid)
     data_name = dst.name + ".data"

@@ -2,9 +2,10 @@
 
 Each quantized weight's effect is measured on calibration activations: the median over tokens of its quantized
 product's squared error over the median squared output (`MethodReport.weight_error`). Weights are kept unquantized worst first; how many is decided by
-quantizing the whole graph and measuring top-1 agreement with the unquantized graph over the calibration
-prompts in ONNX Runtime CPU (NVFP4 through its exact emulation): doubling, then bisection, so a 120-weight
-model needs about 2 log2(kept) full-model measurements.
+quantizing the whole graph and measuring top-1 agreement with the unquantized graph over calibration
+prompts held back from the fitting (`build.split_check_samples`: GPTQ fits the others closely, so agreement on
+them says little of new text) in ONNX Runtime CPU (NVFP4 through its exact emulation): doubling, then
+bisection, so a 120-weight model needs about 2 log2(kept) full-model measurements.
 """
 
 from __future__ import annotations
