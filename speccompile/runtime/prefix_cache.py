@@ -103,10 +103,10 @@ class PrefixCache:
         leading rows of the entry after them that shares the most next tokens; None when nothing is cached."""
         self.lookups += 1
         prompt = tuple(int(t) for t in prompt)
-        if not prompt:
+        root = self._roots.get((graph, block))
+        if not prompt or root is None:
             return None
-        node = self._roots.get((graph, block))
-        path: list[_Entry] = []
+        node, path = root, []
         while node is not None and (len(path) + 1) * block <= len(prompt):
             start = len(path) * block
             node = node.children.get(prompt[start: start + block])
@@ -114,22 +114,19 @@ class PrefixCache:
                 path.append(node)
         tail = None
         if len(path) == len(prompt) // block:
-            parent = path[-1] if path else self._roots.get((graph, block))
-            tail = parent.tails.get(prompt[len(path) * block:]) if parent is not None else None
+            tail = (path[-1] if path else root).tails.get(prompt[len(path) * block:])
         shared, rows = None, 0  # an entry after the blocks, and how many of its leading rows the prompt shares
         if tail is None:
             del path[(len(prompt) - 1) // block:]  # keep a token to prefill: its pass gives the logits
-            parent = path[-1] if path else self._roots.get((graph, block))
-            if partial and parent is not None:  # at most all but the last token: it is prefilled for the logits
-                shared, rows = _longest_shared(parent, prompt[len(path) * block: len(prompt) - 1])
-        if not path and tail is None and shared is None:
+            if partial:  # at most all but the last token: it is prefilled for the logits
+                shared, rows = _longest_shared(path[-1] if path else root, prompt[len(path) * block: len(prompt) - 1])
+        last = tail if tail is not None else shared
+        if not path and last is None:
             return None
-        self._touch(path, tail if tail is not None else shared)
+        self._touch(path, last)
         segments = [(i * block, node.kv) for i, node in enumerate(path)]
-        if tail is not None:
-            segments.append((len(path) * block, tail.kv))
-        elif shared is not None:
-            segments.append((len(path) * block, [kv[:, :rows] for kv in shared.kv]))
+        if last is not None:
+            segments.append((len(path) * block, last.kv if tail is not None else [kv[:, :rows] for kv in last.kv]))
         hit = PrefixHit(len(prompt) if tail is not None else len(path) * block + rows, segments,
                         tail.logits if tail is not None else None)
         self.hits += 1

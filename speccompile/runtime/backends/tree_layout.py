@@ -84,7 +84,7 @@ class MainPathLayout:
         row's KV went (`row_slots`, read by its next commit)."""
         q = len(self.order)
         slots = np.argsort(self.order)  # original row r was computed as pass row slots[r]
-        cache.row_slots = None if self.is_chain or np.array_equal(self.order, np.arange(q)) else slots
+        cache.row_slots = None if np.array_equal(self.order, np.arange(q)) else slots
         hidden = out.hidden[:q][slots] if out.hidden is not None else None
         greedy = out.greedy_tokens[:q][slots] if out.greedy_tokens is not None else None
         return dataclasses.replace(out, logits=out.logits[:q][slots], hidden=hidden, greedy_tokens=greedy,
