@@ -54,7 +54,7 @@ def _fp32_gpu_form(tmp_path, arch: str = "llama", **overrides):
     model = load_model(str(model_dir))
     decoder = build_decoder(model.config, model.weights, "none")
     contract = read_manifest(out).graph("target")
-    spec, files = export_fused_variant(decoder, contract, out, MAX_CONTEXT, target="cuda")
+    (spec,), files = export_fused_variant(decoder, contract, out, MAX_CONTEXT, target="cuda")
     return out, spec, files
 
 

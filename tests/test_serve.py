@@ -323,6 +323,8 @@ def test_sigterm_drains_in_flight_and_exits_zero(artifact):
     (["--max-model-len", "1"], "--max-model-len"),
     (["--max-model-len", str(CONTEXT + 1)], "--max-model-len"),
     (["--prefix-cache-mb", "0"], "--prefix-cache-mb"),
+    (["--slot-passes", "all", "--max-concurrency", "9"], "--batch-slots"),  # the slotted graph has 8 slots
+    (["--slot-passes", "never"], "--slot-passes"),
 ])
 def test_cli_rejects_bad_options(artifact, args, message):
     result = run_cli("serve", str(artifact), *args)
@@ -387,11 +389,13 @@ def test_ray_two_replicas_serve_concurrent_requests(artifact, runner):
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def test_concurrent_greedy_requests_are_batched_and_equal_runner(artifact, runner):
-    """Four requests at once on the batched engine: each answer equals the Runner's alone, streaming or not."""
+@pytest.mark.parametrize("mode", [[], ["--slot-passes", "drafts"], ["--slot-passes", "all"]])
+def test_concurrent_greedy_requests_are_batched_and_equal_runner(artifact, runner, mode):
+    """Four requests at once on the batched engine: each answer equals the Runner's alone, streaming or not
+    (by default and with every step a slot pass)."""
     prompts = ["hello world", "abc abc abc abc", "The quick brown fox", "x"]
     expected = [runner.generate(p, chat=False, max_tokens=48).text for p in prompts]
-    with ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--max-concurrency", "4") as server:
+    with ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--max-concurrency", "4", *mode) as server:
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
 
         def ask(i: int) -> tuple[str, dict]:

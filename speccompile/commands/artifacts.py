@@ -21,11 +21,15 @@ from ..console import console, emit_json, progress_printer
 @click.option("--num-draft-tokens", type=int, default=None, help="Draft tokens per step recorded as the default for `run`.")
 @click.option("--fused-cpu-graph/--no-fused-cpu-graph", default=True, show_default=True,
               help="Also write *.ort.onnx: the same model with ONNX Runtime's fused CPU operators and an in-place KV buffer (sharing the weights file).")
+@click.option("--batch-slots", type=click.IntRange(0, 64), default=8, show_default=True,
+              help="Also write *.ort-slots.onnx for a server decoding up to this many requests in one pass each step, "
+                   "drafts included, every request's rows the bits it gets alone (0: none; same weights file).")
 @click.option("--draft-cpu-weights", type=click.Choice(["int8", "int4", "fp32"]), default="int8", show_default=True,
               help="Weights of a drafter head's ONNX Runtime CPU variant (<kind>.ort.onnx); fp32 writes none. Drafts may change, outputs never do.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
-def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, fused_cpu_graph, draft_cpu_weights, force, as_json):
+def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, fused_cpu_graph,
+           batch_slots, draft_cpu_weights, force, as_json):
     """Export MODEL (Hugging Face folder, .gguf file or alias such as smollm2-135m) to ONNX verify graphs."""
     from ..export.pipeline import ExportOptions, export_artifact
 
@@ -38,6 +42,7 @@ def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, dra
         tree=tree,
         num_draft_tokens=num_draft_tokens,
         fused_cpu_graph=fused_cpu_graph,
+        batch_slots=batch_slots,
         draft_cpu_weights=draft_cpu_weights,
         force=force,
     )

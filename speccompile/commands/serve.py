@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
+from ..runtime.options import SLOT_PASSES
 from .generate import run_options
 
 
@@ -25,6 +26,11 @@ from .generate import run_options
                    "blocks, or a repeated prompt); exact by construction (docs/serving.md).")
 @click.option("--prefix-cache-mb", type=int, default=512, show_default=True,
               help="Memory bound of the prefix cache (least recently used entries go first).")
+@click.option("--slot-passes", type=click.Choice(SLOT_PASSES), default="off", show_default=True,
+              help="Batched engine: steps run as one pass of the slotted graph (export --batch-slots; one attention call per "
+                   "request, every row the bits it gets alone, drafts in the shared pass): 'drafts' steps in which requests "
+                   "draft, 'all' every step (batch invariance: each answer's logits bitwise its logits alone). Loads a "
+                   "second copy of the weights.")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests waiting beyond --max-concurrency; more are answered 429.")
 @click.option("--max-model-len", type=int, default=None,
@@ -38,7 +44,7 @@ from .generate import run_options
 @click.option("--ray-options", default=None,
               help="--ray: JSON object of Ray Serve deployment options, e.g. '{\"autoscaling_config\": {\"min_replicas\": 1, \"max_replicas\": 4}}'.")
 @click.option("--json", "json_logs", is_flag=True, help="Log one JSON object per line on stderr.")
-def serve(artifact, host, port, served_model_name, max_concurrency, batching, prefix_caching, prefix_cache_mb, max_queue, max_model_len, max_body_bytes, options, use_ray, replicas,
+def serve(artifact, host, port, served_model_name, max_concurrency, batching, prefix_caching, prefix_cache_mb, slot_passes, max_queue, max_model_len, max_body_bytes, options, use_ray, replicas,
           ray_address, ray_options, json_logs):
     """Serve ARTIFACT over the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).
 
@@ -57,7 +63,7 @@ def serve(artifact, host, port, served_model_name, max_concurrency, batching, pr
         raise InputError("--replicas, --ray-address and --ray-options need --ray")
     options = EngineOptions(artifact=artifact, run=options, max_concurrency=max_concurrency, max_queue=max_queue,
                             batching=batching, prefix_caching=prefix_caching, prefix_cache_mb=prefix_cache_mb,
-                            max_model_len=max_model_len).validate()
+                            max_model_len=max_model_len, slot_passes=slot_passes).validate()
     logging.config.dictConfig(log_config(json_logs))
     if use_ray:
         from ..serve.ray_app import parse_deployment_options, serve_on_ray

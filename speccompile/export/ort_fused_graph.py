@@ -44,7 +44,7 @@ from ..models.config import ModelConfig
 from .onnx_export import check_graph, graph_interface
 
 TARGETS = ("cpu", "cuda")
-SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx"}
+SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx", "slots": ".ort-slots.onnx"}
 FUSED_SUFFIX = SUFFIXES["cpu"]
 CUDA_DTYPES = ("fp16", "bf16")  # GroupQueryAttention's CUDA kernels (T = MLFloat16, BFloat16)
 _BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
@@ -80,9 +80,10 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
 
 
 def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
-                      progress=lambda _: None, pass_rows: int = 0, target: str = "cpu") -> list[str]:
+                      progress=lambda _: None, pass_rows: int = 0, target: str = "cpu", slots: int = 0) -> list[str]:
     """Add graph `name`'s fused `target` variant to `graphs` (as variant_name(name, target)) when the model
-    allows; returns the new files.
+    allows; returns the new files. `slots` (cpu): also its slotted form for that many batch slots
+    (variant_name(name, "slots"), the same weight files; `_SlotInputs`).
 
     `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
     long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows."""
@@ -91,37 +92,47 @@ def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], director
     if problem:
         progress(f"note: no {_DESCRIPTIONS[target]} for {name}: {problem}")
         return []
-    progress(f"writing the {_DESCRIPTIONS[target]} for {name}")
-    spec, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows, target)
-    graphs[variant_name(name, target)] = spec
+    progress(f"writing the {_DESCRIPTIONS[target]} for {name}" + (f" (and its {slots}-slot form)" if slots else ""))
+    specs, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows, target, slots)
+    graphs[variant_name(name, target)] = specs[0]
+    if slots:
+        graphs[variant_name(name, "slots")] = specs[1]
     return files
 
 
 def export_fused_variant(decoder, contract: GraphSpec, directory: Path, kv_capacity: int,
-                         target: str = "cpu") -> tuple[GraphSpec, list[str]]:
+                         target: str = "cpu", slots: int = 0) -> tuple[list[GraphSpec], list[str]]:
     """Write `<contract stem><SUFFIXES[target]>` next to the contract graph, in the contract's dtype, with
-    rotary tables for `kv_capacity` slots;
-    returns its spec and the files written."""
+    rotary tables for `kv_capacity` slots (and, `slots` > 0 on the CPU, `<stem>.ort-slots.onnx` over the same
+    weight files); returns their specs and the files written."""
     contract_path = Path(directory) / contract.file
-    path = contract_path.with_name(contract_path.name.removesuffix(".onnx") + SUFFIXES[target])
+    stem = contract_path.name.removesuffix(".onnx")
+    path = contract_path.with_name(stem + SUFFIXES[target])
     weights = SharedWeights(contract_path, path.name + ".data")
-    model = _build_model(decoder, weights, kv_capacity, target, contract.dtype)
-    files = [path.name]
+    models = [(path, _build_model(decoder, weights, kv_capacity, target, contract.dtype))]
+    if slots and target == "cpu":
+        models.append((contract_path.with_name(stem + SUFFIXES["slots"]),
+                       _build_model(decoder, weights, kv_capacity, target, contract.dtype, slots=slots)))
+    files = [p.name for p, _ in models]
     if weights.write_own(directory):
         files.append(weights.own_location)
-    save_model(model, path)
-    check_graph(path)
-    inputs, outputs = graph_interface(path)
-    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": _BACKENDS[target],
-             "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
-    if target == "cuda":
-        extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
-    spec = GraphSpec(
-        role=contract.role, file=path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
-        num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
-        hidden_states=contract.hidden_states, extra=extra,
-    )
-    return spec, files
+    specs = []
+    for graph_path, model in models:
+        save_model(model, graph_path)
+        check_graph(graph_path)
+        inputs, outputs = graph_interface(graph_path)
+        extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": _BACKENDS[target],
+                 "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
+        if target == "cuda":
+            extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
+        if graph_path != path:
+            extra["slots"] = int(slots)
+        specs.append(GraphSpec(
+            role=contract.role, file=graph_path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
+            num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
+            hidden_states=contract.hidden_states, extra=extra,
+        ))
+    return specs, files
 
 
 class SharedWeights:
@@ -153,11 +164,12 @@ class SharedWeights:
         proto = onnx.numpy_helper.from_array(array, name)
         key = (proto.data_type, tuple(array.shape), hashlib.blake2b(array.tobytes(), digest_size=16).digest())
         external = self._index.get(key)
-        if external is None:
+        if external is None:  # written once to the own file, shared by every graph built with these weights
             raw = array.tobytes()
             external = [("location", self.own_location), ("offset", str(self._own_size)), ("length", str(len(raw)))]
             self._own.append(raw)
             self._own_size += len(raw)
+            self._index[key] = external
         proto.ClearField("raw_data")
         proto.data_location = TensorProto.EXTERNAL
         for k, v in external:
@@ -199,8 +211,10 @@ def _rotary_tables(decoder, max_context: int) -> tuple[np.ndarray, np.ndarray]:
     return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
 
 
-def _build_model(decoder, weights: SharedWeights, max_context: int, target: str = "cpu", dtype: str = "fp32") -> onnx.ModelProto:
-    """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax)."""
+def _build_model(decoder, weights: SharedWeights, max_context: int, target: str = "cpu", dtype: str = "fp32",
+                 slots: int = 0) -> onnx.ModelProto:
+    """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
+    `slots` (cpu): the slotted form, one GroupQueryAttention per slot (`_SlotInputs`)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target}")
     cfg = decoder.config
@@ -215,8 +229,16 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         inits.append(weights.tensor(name, np.asarray(array, dtype=np.float32).astype(np_dtype)))
         return name
 
+    consts: dict[str, np.ndarray] = {}
+
     def const(name: str, values, dtype=np.int64) -> str:
-        inits.append(onnx.numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+        """An integer constant initializer; asking again for `name` (with the same values) reuses it."""
+        values = np.asarray(values, dtype=dtype)
+        if name in consts:
+            assert np.array_equal(consts[name], values), name
+            return name
+        consts[name] = values
+        inits.append(onnx.numpy_helper.from_array(values, name))
         return name
 
     # CPU: one spare rotary slot past kv_capacity, for the padding row of a one-row pass (_OneRowPadding)
@@ -229,7 +251,8 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     taps: list[str] = []
     presents: list[str] = []
     mlp_out = None
-    padding = _OneRowPadding(n, const) if target == "cpu" else None
+    slot_inputs = _SlotInputs(n, const, slots) if slots else None
+    padding = _OneRowPadding.whole_pass(n, const) if target == "cpu" and not slots else None
     for i, layer in enumerate(decoder.model.layers):
         pre = f"layers.{i}"
         gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
@@ -253,25 +276,35 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
             query = [q, k, v]
         else:
             query = [qkv, "", ""]
-        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-        if padding is None:  # the CUDA kernel rejects attention_bias
-            lengths = ["seqlens_k", "total_sequence_length"]
-            extra = ["position_ids"]
+        gqa = dict(domain=_MS, num_heads=heads, kv_num_heads=kv_heads, scale=float(1.0 / np.sqrt(dim)),
+                   do_rotary=1, rotary_interleaved=0, local_window_size=-1)
+        rotary = ["rotary.cos_cache", "rotary.sin_cache"]
+        if slot_inputs is not None:  # each slot's rows through a GroupQueryAttention of their own, over that slot's KV
+            parts = [slot_inputs.split(x) if x else [""] * slots for x in query]
+            outs = []
+            for b in range(slots):
+                past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
+                out = n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
+                                                *slot_inputs.lengths[b], *rotary, slot_inputs.positions[b], f"attention_bias.{b}"],
+                        [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **gqa)[0]
+                outs.append(out)
+                presents += [f"{present}.key", f"{present}.value"]
+            out = slot_inputs.join(outs, f"attn_{i}")
         else:
-            query = [padding.rows(x) if x else "" for x in query]
-            lengths = [padding.seqlens_k, padding.total_sequence_length]
-            extra = [padding.position_ids, padding.attention_bias]
-        out = n(
-            "GroupQueryAttention",
-            [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
-             "rotary.cos_cache", "rotary.sin_cache", *extra],
-            [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v],
-            domain=_MS, num_heads=heads, kv_num_heads=kv_heads, scale=float(1.0 / np.sqrt(dim)),
-            do_rotary=1, rotary_interleaved=0, local_window_size=-1,
-        )[0]
-        if padding is not None:
-            out = padding.drop(out, f"attn_{i}")
-        presents += [present_k, present_v]
+            present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+            if padding is None:  # the CUDA kernel rejects attention_bias
+                lengths = ["seqlens_k", "total_sequence_length"]
+                extra = ["position_ids"]
+            else:
+                query = [padding.rows(x) if x else "" for x in query]
+                lengths = [padding.seqlens_k, padding.total_sequence_length]
+                extra = [padding.position_ids, padding.attention_bias]
+            out = n("GroupQueryAttention", [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
+                                            *rotary, *extra],
+                    [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v], **gqa)[0]
+            if padding is not None:
+                out = padding.drop(out, f"attn_{i}")
+            presents += [present_k, present_v]
         o = n("MatMul", [out, init(f"{pre}.self_attn.o_proj.weight_t", _numpy(attn.o_proj.weight).T)])[0]
         gamma = init(f"{pre}.post_attention_layernorm.weight", _numpy(layer.post_attention_layernorm.weight))
         h, residual = _skip_norm(n, o, residual, gamma, eps)
@@ -303,7 +336,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     if target == "cuda":  # greedy decoding reads q integers back instead of q x vocab floats
         n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
         outputs.append(_value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
-    cache_shape = [BATCH, kv_heads, "kv_capacity", dim]
+    cache_shape = [1 if slots else BATCH, kv_heads, "kv_capacity", dim]
     outputs += [_value(name, elem, cache_shape) for name in presents]
     if decoder.hidden_mode == "final":
         n("Identity", [final], ["hidden_states"])
@@ -311,7 +344,23 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     elif decoder.hidden_mode == "eagle3":
         n("Concat", taps, ["aux_hidden_states"], axis=-1)
         outputs.append(_value("aux_hidden_states", elem, [BATCH, "q_len", hidden * len(taps)]))
-    inputs = [
+    if slot_inputs is not None:
+        inputs = slot_inputs.values()
+    else:
+        inputs = _pass_inputs(target)
+    for i in range(cfg.num_hidden_layers):
+        for b in range(slots or 1):
+            past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
+            inputs += [_value(f"{past}.{kind}", elem, cache_shape) for kind in ("key", "value")]
+    graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
+    model.producer_name = "speccompile"
+    return model
+
+
+def _pass_inputs(target: str) -> list[onnx.ValueInfoProto]:
+    """The inputs of the (unslotted) fused graph before its KV buffers."""
+    return [
         _value("input_ids", TensorProto.INT64, [BATCH, "q_len"]),
         _value("position_ids", TensorProto.INT64, [BATCH, "q_len"]),
         *([_value("attention_bias", TensorProto.FLOAT, [BATCH, 1, "q_len", "total_len"])] if target == "cpu" else []),
@@ -320,12 +369,6 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
         *([_value("logits_rows", TensorProto.INT64, ["logits_len"])] if target == "cpu" else []),
         *([_value(PAD_INPUT, TensorProto.INT64, [1])] if target == "cpu" else []),
     ]
-    for i in range(cfg.num_hidden_layers):
-        inputs += [_value(f"past_key_values.{i}.{kind}", elem, cache_shape) for kind in ("key", "value")]
-    graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
-    model.producer_name = "speccompile"
-    return model
 
 
 class _OneRowPadding:
@@ -342,22 +385,29 @@ class _OneRowPadding:
     ONNX Runtime refuses more than one row per sequence at batch > 1 with a past, so batched one-row
     passes run with 0 (runtime/batch.py)."""
 
-    def __init__(self, n: _Nodes, const):
+    def __init__(self, n: _Nodes, const, q_len: str, pad: str, position_ids: str, seqlens_k: str,
+                 total_sequence_length: str, attention_bias: str):
+        """`q_len` int64 [1] rows of the pass, `pad` int64 [1], `total_sequence_length` an int32 scalar; the
+        others as GroupQueryAttention takes them."""
         self._n = n
-        pad = PAD_INPUT
         const("pad.axis", [1])
         const("pad.zero", [0])
-        q_len = n("Shape", ["input_ids"], start=1, end=2)[0]
         self.q_len = q_len
         self._last = n("Sub", [q_len, const("pad.one", [1])])[0]
         self._end = n("Add", [self._last, pad])[0]  # [last, last + pad): the last row, or no row
-        self.position_ids = self.rows("position_ids")
+        self.position_ids = self.rows(position_ids)
         pad32 = n("Cast", [pad], to=TensorProto.INT32)[0]
-        self.seqlens_k = n("Add", ["seqlens_k", pad32])[0]
-        self.total_sequence_length = n("Add", ["total_sequence_length", n("Squeeze", [pad32])[0]])[0]
+        self.seqlens_k = n("Add", [seqlens_k, pad32])[0]
+        self.total_sequence_length = n("Add", [total_sequence_length, n("Squeeze", [pad32])[0]])[0]
         # the padding row sees every slot up to its own (bias 0; causal inside); no real row reaches its slot
         pads = n("Concat", [const("pad.bias_begin", [0, 0, 0, 0, 0, 0]), pad, pad], axis=0)[0]
-        self.attention_bias = n("Pad", ["attention_bias", pads])[0]
+        self.attention_bias = n("Pad", [attention_bias, pads])[0]
+
+    @classmethod
+    def whole_pass(cls, n: _Nodes, const) -> "_OneRowPadding":
+        """The padding of the fused CPU graph's one GroupQueryAttention per layer (its graph inputs)."""
+        q_len = n("Shape", ["input_ids"], start=1, end=2)[0]
+        return cls(n, const, q_len, PAD_INPUT, "position_ids", "seqlens_k", "total_sequence_length", "attention_bias")
 
     def rows(self, x: str) -> str:
         """`x` [batch, q, ...] with the padding row (if any) appended."""
@@ -367,6 +417,54 @@ class _OneRowPadding:
     def drop(self, x: str, name: str) -> str:
         """`x` without the padding row, as `name`."""
         return self._n("Slice", [x, "pad.zero", self.q_len, "pad.axis"], [name])[0]
+
+
+class _SlotInputs:
+    """The slotted CPU graph's inputs: the rows of up to `slots` sequences packed along one pass (`input_ids`,
+    `position_ids` [1, rows], slot b's rows after slot b - 1's; at least one each), and how each slot's
+    GroupQueryAttention sees them, laid out by the caller (backends/ort_slots.py): `padded_index` [padded]
+    gathers every slot's rows plus, for a one-row slot, its row again as the attention padding row
+    (`_OneRowPadding`); `padded_rows` [slots] splits them per slot; `unpadded_index` [rows] gathers the real rows
+    back; per slot `seqlens_k`, `total_sequence_length` (int32 [slots], padding counted) and
+    `attention_bias.{b}` [1, 1, q_b + pad_b, total_b] (padding row and column 0), and its KV buffers
+    `past_key_values.{layer}.{b}.*`. The weight matmuls run over every slot's rows at once; each slot's
+    attention is a batch of one, which ONNX Runtime takes with several rows and the padding row, so a slot's
+    rows compute the same bits as the same rows of that sequence alone. One Gather, Split and Concat per
+    layer and tensor lay the rows out (per-slot Slice/Concat nodes cost ~5 ms a pass on SmolLM2)."""
+
+    def __init__(self, n: _Nodes, const, slots: int):
+        self._n = n
+        self.slots = slots
+        self.positions = self.split("position_ids")
+        self.lengths = []
+        for b in range(slots):
+            at, to = const(f"slot.{b}.start", [b]), const(f"slot.{b}.end", [b + 1])
+            seqlens = n("Slice", ["seqlens_k", at, to])[0]
+            total = n("Squeeze", [n("Slice", ["total_sequence_length", at, to])[0]])[0]
+            self.lengths.append((seqlens, total))
+
+    def split(self, x: str) -> list[str]:
+        """`x` [1, rows, ...] as each slot's padded rows."""
+        padded = self._n("Gather", [x, "padded_index"], axis=1)[0]
+        return self._n("Split", [padded, "padded_rows"], self.slots, axis=1)
+
+    def join(self, outs: list[str], name: str) -> str:
+        """Every slot's attention output back as the pass's real rows."""
+        padded = self._n("Concat", outs, axis=1)[0]
+        return self._n("Gather", [padded, "unpadded_index"], [name], axis=1)[0]
+
+    def values(self) -> list[onnx.ValueInfoProto]:
+        return [
+            _value("input_ids", TensorProto.INT64, [1, "rows"]),
+            _value("position_ids", TensorProto.INT64, [1, "rows"]),
+            _value("padded_index", TensorProto.INT64, ["padded"]),
+            _value("padded_rows", TensorProto.INT64, [self.slots]),
+            _value("unpadded_index", TensorProto.INT64, ["rows"]),
+            _value("seqlens_k", TensorProto.INT32, [self.slots]),
+            _value("total_sequence_length", TensorProto.INT32, [self.slots]),
+            *[_value(f"attention_bias.{b}", TensorProto.FLOAT, [1, 1, f"q_{b}", f"total_{b}"]) for b in range(self.slots)],
+            _value("logits_rows", TensorProto.INT64, ["logits_len"]),
+        ]
 
 
 def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[str, str]:

@@ -29,6 +29,7 @@ class ExportOptions:
     tree: str | None = None
     num_draft_tokens: int | None = None
     fused_cpu_graph: bool = True  # also write *.ort.onnx (GroupQueryAttention, in-place KV) for ORT CPU
+    batch_slots: int = 8  # and *.ort-slots.onnx: batched passes with one GroupQueryAttention per slot (0: none)
     gpu_graph: bool = True  # fp16/bf16: also write *.ort-cuda.onnx (GroupQueryAttention on CUDA, device KV) for ort-cuda
     draft_cpu_weights: str = "int8"  # weights of a drafter head's ORT CPU variant: int8 | int4 | fp32 (none)
     force: bool = False
@@ -76,7 +77,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
         if options.fused_cpu_graph:
-            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens)
+            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
+                                       slots=options.batch_slots)
         if options.gpu_graph and options.dtype != "fp32":  # fp32: no CUDA GroupQueryAttention kernel
             files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens, target="cuda")
         drafter_section = None

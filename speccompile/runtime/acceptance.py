@@ -46,15 +46,17 @@ class AcceptanceRates:
         if drafted > 0:
             self.observed[key] = chain_update(self.rate(key), drafted, accepted, self.alpha)
 
-    def probe_due(self, key: Hashable = None, idle: bool = True) -> bool:
+    def probe_due(self, key: Hashable = None, idle: bool = True, allowed: bool = True) -> bool:
         """Count one more step in which `key` was left out (`idle`) or used (not idle, resets the count);
-        True on every `probe_every`-th idle step in a row: draft it once anyway."""
+        True on every `probe_every`-th idle step in a row: draft it once anyway. A probe that is due but not
+        `allowed` now (a batched round where it would cost a pass of its own) stays due for the next step."""
         if not idle:
             self._idle[key] = 0
             return False
-        count = self._idle.get(key, 0) + 1
-        self._idle[key] = 0 if count >= self.probe_every else count
-        return count >= self.probe_every
+        count = min(self._idle.get(key, 0) + 1, self.probe_every)
+        due = count >= self.probe_every
+        self._idle[key] = 0 if due and allowed else count
+        return due and allowed
 
     def forget(self) -> None:
         """Back to the priors (seeded sampling: decisions then depend on this generation only)."""

@@ -84,7 +84,7 @@ class AdaptiveController:
     deterministic: bool = False
     relative_draft_cost: float = 0.0
     costs: PassCosts = field(default_factory=PassCosts)
-    probing: bool = True  # draft once after `probe_every` idle steps (off while a probe costs a pass of its own)
+    probing: bool = True  # draft once after `probe_every` idle steps (off while a probe costs a pass of its own: it stays due)
     rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
@@ -122,7 +122,7 @@ class AdaptiveController:
             speed = self.expected_tokens(k, key) / (self.pass_cost(verified + 1) + k * self.draft_cost)
             if speed > best_speed * 1.0001:
                 best_k, best_speed = k, speed
-        if self.rates.probe_due(key, idle=best_k == 0) and self.probing:
+        if self.rates.probe_due(key, idle=best_k == 0, allowed=self.probing):
             return 1
         return best_k
 

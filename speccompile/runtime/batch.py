@@ -21,12 +21,25 @@ export/ort_fused_graph.py, is refused at batch > 1): the same bits at every batc
 function as alone (tests/test_batch.py), but not bitwise alone's, so a batched request's greedy output equal
 to its output alone is tested and measured, not guaranteed by construction.
 
+With slot passes (`Runner.batch_decoder(slot_passes="drafts"|"all")`: the slotted graph
+`target.ort-slots.onnx`, `export --batch-slots`; backends/ort_slots.py) a round in which any request drafts
+runs as one slot pass instead, where the drafts pay for it: every request's rows, plain or with its draft, in
+one pass, each sequence's attention a GroupQueryAttention of its own, so every row computes the bits it gets
+alone and a draft's rows ride in the shared weight matmuls. A round without drafts stays one batched pass
+(cheaper: one attention call per layer instead of one per slot) unless `batch_invariant` ("all"; vLLM's term
+for a batch that does not change any request's bits): then every round of two or more requests is a slot
+pass, and each request's logits are bitwise its logits alone by construction.
+
 Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
 prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
 over n rows, divided by n) and a draft of k by the measured time of a batch-1 pass over k + 1 rows. With one
 request that is the single-stream controller; with many, a shared row costs a fraction of a pass and drafting
 stops paying, so it turns off (the probe steps keep measuring whether it pays again). Seeded sampling keeps its
-fixed cost model (choices depend only on tokens), so its output is the same batched or alone.
+fixed cost model (choices depend only on tokens), so its output is the same batched or alone. With slot
+passes a draft instead adds rows to the shared pass: it is priced at the slot pass's cost per row
+(`SlotPassCosts`), the round checks that its drafts pay for the switch to a slot pass (`_slot_round_pays`), a
+request's probe (a draft after idle steps) waits for a round that is a slot pass anyway, and a plain step
+still measures a cheap drafter (`plan_step(shadow=True)`).
 """
 
 from __future__ import annotations
@@ -40,6 +53,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
+from .backends.ort_slots import OrtSlotSession, SlotRows
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
 from .prefix_cache import PREFIX_BLOCK, PrefixCache
@@ -53,6 +67,7 @@ class LoadPricedCosts:
     alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
     shared_row: float | None  # seconds of one row of the batched plain pass at the current batch size (None: unmeasured)
     batched: PassCosts | None = None  # batched plain passes by rows: the estimate of a q-token pass until one ran
+    row_slope: float | None = None  # slot passes: a draft's rows ride in the shared pass at this many seconds each
 
     @property
     def t1(self) -> float | None:
@@ -62,6 +77,8 @@ class LoadPricedCosts:
     def seconds(self, q: int) -> float:
         if q == 1 and self.shared_row is not None:
             return self.shared_row
+        if self.row_slope is not None and self.shared_row is not None:
+            return self.shared_row + self.row_slope * (q - 1)
         if not self.alone.by_q and self.batched is not None and self.batched.by_q:
             return self.batched.seconds(q)  # a batch-1 pass over q tokens ~ a batched pass over q rows
         return self.alone.seconds(q)
@@ -71,6 +88,41 @@ class LoadPricedCosts:
 
     def record(self, q: int, seconds: float) -> None:
         self.alone.record(q, seconds)
+
+
+@dataclass
+class SlotPassCosts:
+    """Seconds of a slot pass as a line in its rows (every slot's rows, dummies included): the slope, what one
+    more draft row costs in the shared pass, is timed once (`calibrate`: passes of two sizes, when the decoder
+    starts: `BatchDecoder.calibrate_slot_passes`); the level follows every pass (EMA). Fitting the slope online does not work: most rounds differ by
+    a few rows, and timing noise then sets the slope (measured anywhere from 0 to 4 ms a row on SmolLM2)."""
+
+    alpha: float = 0.1  # weight of the newest pass in the level
+    row_seconds: float | None = None  # the slope (None: not calibrated)
+    _base: float | None = None  # seconds of a pass minus row_seconds x its rows (EMA)
+    _per_row: float | None = None  # before a calibration: seconds per row (EMA)
+
+    def calibrate(self, rows: tuple[int, int], seconds: tuple[float, float]) -> None:
+        """Two passes of different sizes, timed: their line."""
+        self.row_seconds = max(0.0, (seconds[1] - seconds[0]) / (rows[1] - rows[0]))
+        self._base = seconds[0] - self.row_seconds * rows[0]
+
+    def record(self, rows: int, seconds: float) -> None:
+        if self.row_seconds is not None:
+            base = seconds - self.row_seconds * rows
+            self._base = base if self._base is None else (1 - self.alpha) * self._base + self.alpha * base
+        per_row = seconds / rows
+        self._per_row = per_row if self._per_row is None else (1 - self.alpha) * self._per_row + self.alpha * per_row
+
+    @property
+    def measured(self) -> bool:
+        return self._base is not None or self._per_row is not None
+
+    def seconds(self, rows: int) -> float | None:
+        """Expected seconds of a slot pass over `rows` rows (None before any)."""
+        if self.row_seconds is not None and self._base is not None:
+            return max(0.0, self._base + self.row_seconds * rows)
+        return None if self._per_row is None else self._per_row * rows
 
 
 class BatchDecoder:
@@ -85,6 +137,9 @@ class BatchDecoder:
 
     initial_rows = 512
     prefix_cache: PrefixCache | None = None  # reuse prompt rows across requests (`join`; Runner.batch_decoder sets it)
+    slot_session: OrtSlotSession | None = None  # rounds with drafts as one slot pass (Runner.batch_decoder sets it)
+    batch_invariant = False  # with a slot session: every round of 2+ requests a slot pass (slot_passes="all")
+    prior_row_share = 0.25  # a draft row's price before slot passes of different sizes were timed, x a shared row
 
     def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
                  slots: int, alone_costs: PassCosts, rows: int | None = None):
@@ -105,6 +160,8 @@ class BatchDecoder:
                 buffer.fill(0)  # commit the pages now: the pool's memory is taken at start, not as requests arrive
         self.active: list[Generation] = []  # active[i] lives in slot i
         self.batched_passes = 0
+        self.slot_passes = 0  # rounds run as one slot pass
+        self.slot_costs = SlotPassCosts()
 
     @property
     def kv_bytes(self) -> int:
@@ -234,6 +291,27 @@ class BatchDecoder:
         while self.active:
             self.step()
 
+    def calibrate_slot_passes(self, rows_per_slot: int, token: int = 0, repeats: int = 3) -> None:
+        """Time slot passes of one row and of `rows_per_slot` rows in every slot (scratch KV rows at the start of
+        each slot, which the next requests overwrite): the price of a draft row (`SlotPassCosts.calibrate`).
+        Needs an empty decoder with a slot session."""
+        if self.active or self.slot_session is None:
+            raise RuntimeError("calibrate_slot_passes needs an empty decoder with a slot session")
+        rows_per_slot = max(2, min(rows_per_slot, self.rows - 1))
+        caches = [self.session.slot_cache(self.buffers, b) for b in range(min(self.slots, self.slot_session.slots))]
+        dummies = self.slot_session.slots - len(caches)
+        sizes, timings = [], []
+        for q in (1, rows_per_slot):
+            rows = [SlotRows(np.full(q, token, np.int64), np.arange(q), np.tril(np.ones((q, q), bool))) for _ in caches]
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                self.slot_session.run(self.buffers, self.session.past_names, rows, caches)
+                best = min(best, time.perf_counter() - t0)
+            sizes.append(q * len(caches) + dummies)
+            timings.append(best)
+        self.slot_costs.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
+
     def leave(self, generation: Generation) -> None:
         """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
         slot = self.active.index(generation)
@@ -278,6 +356,7 @@ class BatchDecoder:
             self._advance_prefills()
 
         self._ensure_rows(max(g.cache.length for g in self.active) + max(g.generator.max_verify_tokens for g in self.active))
+        slot_capable = self._slot_capable()
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
         plans: list[PlannedStep | None] = []
@@ -288,17 +367,28 @@ class BatchDecoder:
             controller = generation.controller
             if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
                 controller.costs = self._costs(shared_row)
-                controller.probing = len(self.active) == 1  # batched, a probe is a whole pass of its own
-            plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive))
-        plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
+                controller.probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
+            plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive,
+                                              shadow=slot_capable))
+        slotted = slot_capable and any(p is not None for p in plans) and (
+            self.batch_invariant or any(p is not None and p.draft.tokens for p in plans))
+        if slotted and not self.batch_invariant and not self._slot_round_pays(plans):
+            self._drop_drafts(plans)
+            slotted = False
         outputs = {}
-        if plain:
-            outputs.update(self._batched_pass(plans, plain))
+        if slotted:
+            self._probe_idle(plans)
+            outputs.update(self._slot_pass(plans))
             after_pass()
-        for i, planned in enumerate(plans):
-            if planned is not None and planned.draft.tokens:
-                outputs[i] = self.active[i].verify_pass(planned)
+        else:
+            plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
+            if plain:
+                outputs.update(self._batched_pass(plans, plain))
                 after_pass()
+            for i, planned in enumerate(plans):
+                if planned is not None and planned.draft.tokens:
+                    outputs[i] = self.active[i].verify_pass(planned)
+                    after_pass()
         if not outputs:
             self._advance_prefills()
         for i, out in outputs.items():
@@ -326,21 +416,100 @@ class BatchDecoder:
             self.active[i].stats.time_verify += seconds
         return {i: outs[i] for i in plain}
 
+    def _slot_capable(self) -> bool:
+        """Whether a round may run as one slot pass: a slot graph and two or more requests (one runs alone)."""
+        return self.slot_session is not None and len(self.active) >= 2
+
+    def _slot_round_pays(self, plans: list[PlannedStep | None]) -> bool:
+        """Whether this round's drafts pay for making it one slot pass: the tokens the requests expect from it
+        (their controllers' acceptance estimates) a second of the slot pass's expected time, against one token
+        per request in a batched pass's time. The controllers price their own rows; this prices the switch
+        (a slot pass runs one attention call per slot and layer, a batched pass one per layer)."""
+        rows = sum(len(p.ids) if p is not None else 1 for p in plans) + self.slot_session.slots - len(plans)
+        slot_seconds = self.slot_costs.seconds(rows)
+        batched_seconds = self.batch_costs.seconds(len(self.active)) if self.batch_costs.by_q else None
+        if slot_seconds is None or batched_seconds is None:
+            return True  # measure both
+        expected = sum(self._expected_tokens(generation, planned)
+                       for generation, planned in zip(self.active, plans) if planned is not None)
+        plain = sum(planned is not None for planned in plans)
+        return expected / slot_seconds > plain / batched_seconds
+
+    @staticmethod
+    def _expected_tokens(generation: Generation, planned: PlannedStep) -> float:
+        """Tokens a request expects from its planned step: 1 for a plain step, a carried chain's all (it was
+        accepted once), else its controller's estimate for the draft's depth and kind."""
+        draft = planned.draft
+        if not draft.tokens:
+            return 1.0
+        if draft.carried:
+            return 1.0 + len(draft.tokens)
+        drafter = generation.drafter
+        key = drafter.proposal_key if drafter is not None and drafter.cheap_proposals else None
+        return generation.controller.expected_tokens(draft.depth, key)
+
+    def _drop_drafts(self, plans: list[PlannedStep | None]) -> None:
+        """Plan every request that drafted this round again as a plain step (its draft is not verified)."""
+        for i, (generation, planned) in enumerate(zip(self.active, plans)):
+            if planned is not None and planned.draft.tokens:
+                plans[i] = generation.plan_step(False, shadow=True)
+
+    def _probe_idle(self, plans: list[PlannedStep | None]) -> None:
+        """A round that is one slot pass anyway: plan again every request without a draft, with probing on, so
+        one whose probe is due drafts now (a few rows more in this pass, not a pass of its own)."""
+        for i, (generation, planned) in enumerate(zip(self.active, plans)):
+            controller = generation.controller
+            if planned is None or planned.draft.tokens or controller.deterministic or not generation.config.adaptive:
+                continue
+            controller.probing = True
+            plans[i] = generation.plan_step(True, shadow=True)
+
+    def _slot_pass(self, plans: list[PlannedStep | None]) -> dict:
+        """Every request's rows, plain or with its draft, in one pass of the slotted graph (each row the bits it
+        gets alone; requests still prefilling and free slots get a dummy row)."""
+        rows = [SlotRows(p.ids, p.positions, p.new_mask) if p is not None else None for p in plans]
+        t0 = time.perf_counter()
+        outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active])
+        seconds = time.perf_counter() - t0
+        self.slot_costs.record(sum(len(p.ids) if p is not None else 1 for p in plans) + self.slot_session.slots - len(plans),
+                               seconds)
+        self.slot_passes += 1
+        self.active[0].generator.clock.seconds += seconds
+        for i, planned in enumerate(plans):
+            if planned is not None:
+                self.active[i].stats.time_verify += seconds
+        return {i: out for i, out in enumerate(outs) if out is not None}
+
     def shared_row_seconds(self, rows: int) -> float | None:
-        """Seconds of one row of a batched plain pass over `rows` rows: measured, else the line through the
-        measured sizes (a batch of one is a batch-1 pass: its time seeds the line); None before any."""
+        """Seconds of one row of a plain round over `rows` requests: its share of a slot pass over every slot
+        where every round is one (`batch_invariant`), else of a batched pass (measured, else the line through
+        the measured sizes; a batch of one is a batch-1 pass: its time seeds the line); None before any."""
+        if self._slot_capable() and self.batch_invariant and self.slot_costs.measured:
+            return self.slot_costs.seconds(self.slot_session.slots) / rows
         if self.batch_costs.t1 is None and self.alone_costs.t1 is not None:
             self.batch_costs.by_q[1] = self.alone_costs.t1
         if not self.batch_costs.by_q:
             return None
         return self.batch_costs.seconds(rows) / rows
 
+    def draft_row_seconds(self, shared_row: float | None) -> float | None:
+        """What one draft row adds to a slot pass: as calibrated (`calibrate_slot_passes`), else a batch-1 pass's
+        slope (the runner's), else a share of a plain row."""
+        slope = self.slot_costs.row_seconds
+        if slope is None:
+            slope = self.alone_costs.slope
+        if slope is None and shared_row is not None:
+            slope = self.prior_row_share * shared_row
+        return slope
+
     def _costs(self, shared_row: float | None) -> LoadPricedCosts:
-        return LoadPricedCosts(self.alone_costs, shared_row, self.batch_costs)
+        slope = self.draft_row_seconds(shared_row) if self._slot_capable() else None
+        return LoadPricedCosts(self.alone_costs, shared_row, self.batch_costs, slope)
 
     def drafting_pays(self, shared_row: float | None) -> bool:
         """Whether any draft could pay at this load: k drafts all accepted give k + 1 tokens for a batch-1
-        pass over k + 1 rows; a plain step gives one token for one shared row. When not even that pays,
+        pass over k + 1 rows (with a slot graph: k rows more in the shared pass); a plain step gives one token
+        for one shared row. When not even that pays,
         nobody drafts this step. Before a plain pass was measured: not yet (the first step measures one)."""
         if shared_row is None:
             return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -268,6 +268,7 @@ class Generation:
         self.prompt_logits: np.ndarray | None = None  # the prompt's last logits (what a prefix cache keeps)
         self._logit_trace: list[np.ndarray] | None = [] if config.trace_logits else None
         self._carried: list[int] = []  # an accepted tree path's tokens past an exactness cut: the next draft
+        self._shadow: tuple[int, Hashable] | None = None  # a plain step's unverified guess (`plan_step(shadow=True)`)
         self._prefilled_rows = cached_rows
         if prefilled is not None:
             self.stats.prefill_passes = int(cached_rows < len(prompt_ids))
@@ -327,12 +328,21 @@ class Generation:
             return
         self.complete_step(planned, self.verify_pass(planned))
 
-    def plan_step(self, drafting: bool = True) -> "PlannedStep | None":
+    def plan_step(self, drafting: bool = True, shadow: bool = False) -> "PlannedStep | None":
         """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
         is full (then `done`). A batch driver runs the passes of several generations together between
-        `plan_step` and `complete_step`."""
+        `plan_step` and `complete_step`. `shadow`: a plain step of a cheap drafter still asks it for one token,
+        and `complete_step` tells the controller whether it was the token chosen (its acceptance keeps being
+        measured while a batch makes drafting too dear to try)."""
         carried, self._carried = self._carried, []
         draft, draft_seconds = self._choose_draft(carried) if drafting else (Draft([]), 0.0)
+        self._shadow = None
+        drafter = self.drafter
+        if (shadow and not draft.tokens and drafter is not None and drafter.cheap_proposals and self.config.adaptive
+                and not self.controller.deterministic):
+            guess = drafter.propose(self.tokens, 1)
+            if guess.tokens and guess.tree is None:
+                self._shadow = (int(guess.tokens[0]), drafter.proposal_key)
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
         if self.cache.length + q > self.generator.max_context:
@@ -349,6 +359,9 @@ class Generation:
         """Verify the pass's logits against the draft and commit the round."""
         draft = planned.draft
         accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
+        if self._shadow is not None and not draft.tokens:
+            guess, key = self._shadow
+            self.controller.rates.observe_chain(key, 1, int(emitted[0] == guess))
         if out.plain_exact is not None:  # a tree laid out main path first: only rows computed as plain decoding count
             verdict = emitted
             accepted_rows, emitted = exact_acceptance(accepted_rows, emitted, out.plain_exact)

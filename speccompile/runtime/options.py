@@ -10,6 +10,7 @@ from .backends.base import BACKENDS
 from .sampling import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+SLOT_PASSES = ("off", "drafts", "all")  # batch rounds run as one pass of the slotted graph (Runner.batch_decoder)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..errors import InputError, UnsupportedError
+from ..manifest import variant_name
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
 from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
@@ -22,7 +23,7 @@ from .draft_config import DraftConfig
 from .drafters.base import Drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import GenerationResult, Generator
-from .options import GenerationConfig, RunOptions
+from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
 
@@ -110,13 +111,22 @@ class Runner:
             return f"{target.spec.file} was exported with batch 1 (re-export the artifact for a batch axis)"
         return None
 
-    def batch_decoder(self, slots: int, max_tokens: int | None = None, prefix_cache: "PrefixCache | None" = None) -> "BatchDecoder":
+    def batch_decoder(self, slots: int, max_tokens: int | None = None, prefix_cache: "PrefixCache | None" = None,
+                      slot_passes: str = "off") -> "BatchDecoder":
         """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`.
         `max_tokens`: the most tokens (prompt + generated) one request holds; the KV slots are then allocated at
         once for that many tokens plus a verify pass (else they grow with the longest request).
-        `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder)."""
+        `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder).
+        `slot_passes` (SLOT_PASSES): which rounds run as one pass of the artifact's slotted graph
+        (`target.ort-slots.onnx`, every row the bits it gets alone, drafts in the shared pass): "off" none,
+        "drafts" those in which a request drafts (and the drafts pay for it), "all" every round of two or more
+        requests (batch invariance: each request's logits bitwise its logits alone). Its ONNX Runtime session
+        holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots."""
+        from .backends.ort_slots import OrtSlotSession
         from .batch import BatchDecoder
 
+        if slot_passes not in SLOT_PASSES:
+            raise InputError(f"--slot-passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}")
         problem = self.batch_problem()
         if problem:
             raise UnsupportedError(problem)
@@ -124,6 +134,14 @@ class Runner:
         decoder = BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
                                slots, self.pass_costs, rows)
         decoder.prefix_cache = prefix_cache
+        if slot_passes != "off":
+            spec = self.artifact.manifest.graphs.get(variant_name("target", "slots"))
+            if spec is None or int(spec.extra.get("slots", 0)) < slots or not self.artifact.target.row_invariant:
+                raise UnsupportedError(f"--slot-passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
+                                       f"requests (re-export with `speccompile export --batch-slots {slots}`)")
+            decoder.slot_session = OrtSlotSession(self.artifact.directory, self.artifact.manifest, spec, self.options.threads)
+            decoder.batch_invariant = slot_passes == "all"
+            decoder.calibrate_slot_passes(1 + self.num_draft_tokens)
         return decoder
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,

@@ -62,6 +62,7 @@ class EngineOptions:
     max_model_len: int | None = None  # most tokens (prompt + completion) of one request [default: the artifact's context]
     prefix_caching: bool = True  # batched engine: reuse the KV rows of earlier prompts (runtime/prefix_cache.py)
     prefix_cache_mb: int = 512  # the prefix cache's memory bound
+    slot_passes: str = "off"  # batched engine: steps as one slot pass: off | drafts | all (runtime/batch.py SLOT_PASSES)
 
     def validate(self) -> "EngineOptions":
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -413,6 +414,7 @@ class BatchedEngine(_WorkerEngine):
         self._decoder = self._new_decoder()
         log.info("KV cache allocated", extra={"fields": {
             "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows,
+            "slot_passes": self.options.slot_passes,
             "gib": round(self._decoder.kv_bytes / 2**30, 3)}})
         self._draining = False
         self._live: dict[int, tuple[RequestHandle, object, float, list[float]]] = {}  # id(generation) -> request
@@ -447,7 +449,8 @@ class BatchedEngine(_WorkerEngine):
     def _new_decoder(self):
         """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, and its
         largest passes run once (warm_up), so the server's memory does not grow with the requests it serves."""
-        decoder = self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context)
+        decoder = self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context,
+                                             slot_passes=self.options.slot_passes)
         decoder.warm_up(self._runner.config(2))  # before the prefix cache joins: warm-up prompts are not kept
         decoder.prefix_cache = self._prefix_cache
         return decoder

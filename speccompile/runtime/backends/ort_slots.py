@@ -1,0 +1,152 @@
+"""The slotted fused CPU graph (`target.ort-slots.onnx`; export/ort_fused_graph.py, `_SlotInputs`).
+
+One pass over the new rows of up to `slots` sequences, plain steps and drafts mixed, packed along one axis:
+the weight matmuls run over every row at once, and each sequence's attention is a GroupQueryAttention of its
+own over its own KV buffer, a batch of one. ONNX Runtime takes several rows and the one-row padding row there,
+so every row computes the bits it gets in a pass of that sequence alone (tests/test_ort_slots.py), which the
+batched fused graph cannot give (its batched GroupQueryAttention refuses more than one row per sequence with
+a past). Every slot of the graph needs at least one row: an idle slot gets a dummy row whose KV lands past
+what its sequence commits (or in a spare buffer) and whose outputs are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...manifest import GraphSpec, Manifest
+from ..kvcache import BufferKVCache
+from .base import StepOutput, hidden_output
+from .ort import inference_session
+from .tree_layout import MainPathLayout
+
+
+@dataclass
+class SlotRows:
+    """One sequence's rows in a slot pass: its new tokens, their positions, their own (causal or tree) mask."""
+
+    input_ids: np.ndarray  # [q] int64
+    position_ids: np.ndarray  # [q] int64
+    mask: np.ndarray  # [q, q] bool
+
+
+class OrtSlotSession:
+    """The slotted graph in ONNX Runtime, over the KV buffers of a batch decoder ([slots, kv_heads, rows, head_dim]
+    per layer and kind, in the order of `past_names`: the fused graph's `past_key_values.{layer}.{kind}`)."""
+
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, threads: int | None = None):
+        import onnxruntime as ort
+
+        self.spec = spec
+        self.slots = int(spec.extra["slots"])
+        self.session = inference_session(directory, manifest, spec, "ort-cpu", threads)
+        self._ort = ort
+        self.hidden_name = hidden_output(spec)
+        self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
+        widths = {t.name: int(t.shape[-1]) for t in spec.outputs if t.name in self._outputs}
+        self._widths = [widths[name] for name in self._outputs]
+        self._spare: list[np.ndarray] = []  # 2-row KV buffers for graph slots the decoder does not have
+        self._binding = None  # the I/O binding with every slot's KV bound, kept while the buffers stay the same
+        self._bound: tuple = ()
+        self._values: list = []  # the OrtValues over the buffers (alive as long as the binding)
+
+    def run(self, buffers: list[np.ndarray], past_names: list[str], rows: list[SlotRows | None],
+            caches: list[BufferKVCache | None]) -> list[StepOutput | None]:
+        """One pass; `rows[b]` for slot b of `buffers` (None: a dummy row), `caches[b]` its cache (None: a free slot,
+        nothing committed). A tree's rows run main path first (tree_layout.py; its cache is told where rows went).
+        Returns slot b's StepOutput (None for a dummy). The buffers need one row past every pass for the padding."""
+        layouts: list[MainPathLayout | None] = []
+        ids, positions, slot_rows, seqlens, totals, biases, real = [], [], [], [], [], [], []
+        padded_index, padded_rows, unpadded_index = [], [], []
+        start = padded_start = 0
+        for b in range(self.slots):
+            given = rows[b] if b < len(rows) else None
+            length = caches[b].length if b < len(caches) and caches[b] is not None else 0
+            layout = None
+            if given is None:  # a dummy row at the next free position: its KV lands past what the slot commits
+                new_ids, new_positions, mask = np.zeros(1, np.int64), np.array([length], np.int64), np.ones((1, 1), bool)
+            else:
+                new_ids = np.asarray(given.input_ids, np.int64).reshape(-1)
+                new_positions = np.asarray(given.position_ids, np.int64).reshape(-1)
+                mask = np.asarray(given.mask, bool)
+                q = len(new_ids)
+                if q > 1:
+                    layout = MainPathLayout.of(mask[None], q)
+                    if layout.is_chain:
+                        layout = None
+                    else:
+                        new_ids, new_positions, mask = layout.rows(new_ids), layout.rows(new_positions), layout.mask(mask[None])[0]
+                real.extend(range(start, start + q))
+            q = len(new_ids)
+            pad = int(q == 1)  # a one-row slot gets its row again as attention's padding row (_OneRowPadding)
+            layouts.append(layout)
+            ids.append(new_ids)
+            positions.append(new_positions)
+            slot_rows.append(q)
+            padded_index.extend([*range(start, start + q), *([start + q - 1] * pad)])
+            unpadded_index.extend(range(padded_start, padded_start + q))
+            padded_rows.append(q + pad)
+            seqlens.append(length + q + pad - 1)
+            totals.append(length + q + pad)
+            bias = np.zeros((1, 1, q + pad, length + q + pad), np.float32)  # the padding row and column: 0
+            bias[0, 0, :q, length: length + q] = np.where(mask, np.float32(0), np.float32(-np.inf))
+            biases.append(bias)
+            start += q
+            padded_start += q + pad
+        binding = self._kv_binding(buffers, past_names)
+        binding.bind_cpu_input("input_ids", np.concatenate(ids)[None])
+        binding.bind_cpu_input("position_ids", np.concatenate(positions)[None])
+        binding.bind_cpu_input("padded_index", np.asarray(padded_index, np.int64))
+        binding.bind_cpu_input("padded_rows", np.asarray(padded_rows, np.int64))
+        binding.bind_cpu_input("unpadded_index", np.asarray(unpadded_index, np.int64))
+        binding.bind_cpu_input("seqlens_k", np.asarray(seqlens, np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.asarray(totals, np.int32))
+        binding.bind_cpu_input("logits_rows", np.asarray(real, np.int64))
+        for b, bias in enumerate(biases):
+            binding.bind_cpu_input(f"attention_bias.{b}", bias)
+        total_rows = sum(slot_rows)
+        arrays = [np.empty((1, len(real), self._widths[0]), np.float32)]
+        arrays += [np.empty((1, total_rows, width), np.float32) for width in self._widths[1:]]
+        for name, array in zip(self._outputs, arrays):
+            binding.bind_ortvalue_output(name, self._ort.OrtValue.ortvalue_from_numpy(array))
+        self.session.run_with_iobinding(binding)
+        return self._split(arrays, rows, caches, layouts, slot_rows)
+
+    def _kv_binding(self, buffers: list[np.ndarray], past_names: list[str]):
+        """The binding with slot b's KV (buffer row b, or a spare 2-row buffer past the decoder's slots) as both
+        the past input and the present output of its GroupQueryAttention; rebuilt when the buffers change."""
+        key = tuple((id(buffer), buffer.shape) for buffer in buffers)
+        if self._binding is not None and self._bound == key:
+            return self._binding
+        slots_here = buffers[0].shape[0]
+        if self.slots > slots_here and not self._spare:
+            self._spare = [np.zeros((1, buffer.shape[1], 2, buffer.shape[3]), buffer.dtype) for buffer in buffers]
+        binding, values = self.session.io_binding(), []
+        for index, (name, buffer) in enumerate(zip(past_names, buffers)):
+            stem, kind = name.rsplit(".", 1)
+            present = stem.replace("past_key_values", "present", 1)
+            for b in range(self.slots):
+                value = self._ort.OrtValue.ortvalue_from_numpy(buffer[b: b + 1] if b < slots_here else self._spare[index])
+                binding.bind_ortvalue_input(f"{stem}.{b}.{kind}", value)
+                binding.bind_ortvalue_output(f"{present}.{b}.{kind}", value)
+                values.append(value)
+        self._binding, self._bound, self._values = binding, key, values
+        return binding
+
+    def _split(self, arrays, rows, caches, layouts, slot_rows) -> list[StepOutput | None]:
+        """Each real slot's logits (and hidden) back in its own row order."""
+        outputs: list[StepOutput | None] = []
+        start = real_start = 0
+        for b in range(self.slots):
+            q = slot_rows[b]
+            if b < len(rows) and rows[b] is not None:
+                hidden = arrays[1][0, start: start + q] if self.hidden_name else None
+                out = StepOutput(logits=arrays[0][0, real_start: real_start + q], presents=caches[b].tensors, hidden=hidden)
+                outputs.append(layouts[b].restore(out, caches[b]) if layouts[b] is not None else out)
+                real_start += q
+            else:
+                outputs.append(None)
+            start += q
+        return outputs[: len(rows)]
