@@ -408,7 +408,12 @@ def test_concurrent_greedy_requests_are_batched_and_equal_runner(artifact, runne
 
         with ThreadPoolExecutor(len(prompts)) as pool:
             answers = list(pool.map(ask, range(len(prompts))))
+        passes = _metrics(server)
     assert [text for text, _ in answers] == expected
+    if mode[-1:] == ["all"]:  # every step of two or more requests a slot pass
+        assert passes["speccompile_batch_passes_total{kind=slot}"] > 0
+    if not mode:
+        assert passes["speccompile_batch_passes_total{kind=slot}"] == 0 < passes["speccompile_batch_passes_total{kind=batched}"]
     assert all(stats["batched"] for _, stats in answers)
 
 

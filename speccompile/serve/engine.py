@@ -412,6 +412,7 @@ class BatchedEngine(_WorkerEngine):
             self._prefix_cache = PrefixCache(options.prefix_cache_mb << 20)
             self.metrics.watch_prefix_cache(lambda: self._prefix_cache.bytes)
         self._decoder = self._new_decoder()
+        self.metrics.watch_batch_passes(lambda: {"batched": self._decoder.batched_passes, "slot": self._decoder.slot_passes})
         log.info("KV cache allocated", extra={"fields": {
             "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows,
             "slot_passes": self.options.slot_passes,

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -84,6 +84,11 @@ class ServeMetrics:
         Gauge("speccompile_prefix_cache_bytes", "Bytes of KV rows and logits the prefix cache holds.",
               registry=self.registry).set_function(used_bytes)
 
+    def watch_batch_passes(self, passes: Callable[[], dict[str, int]]) -> None:
+        """speccompile_batch_passes_total{kind}: the batched engine's shared passes, `batched` (one q = 1 row per
+        request) and `slot` (one pass of the slotted graph, `--slot-passes`), as `passes()` counts them."""
+        self.registry.register(_BatchPassesCollector(passes))
+
     def acceptance(self) -> dict[int, float]:
         """Accepted / drafted per draft position, over every finished generation."""
         with self._lock:
@@ -103,6 +108,23 @@ class ServeMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _BatchPassesCollector:
+    """speccompile_batch_passes_total{kind}: read from the engine's decoder at each scrape."""
+
+    def __init__(self, passes: Callable[[], dict[str, int]]):
+        self._passes = passes
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("speccompile_batch_passes", "Shared passes of the batched engine, by kind (batched, slot).",
+                                     labels=["kind"])
+        for kind, count in self._passes().items():
+            family.add_metric([kind], count)
+        yield family
 
 
 class _AcceptanceCollector:
