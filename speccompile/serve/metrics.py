@@ -50,7 +50,9 @@ class ServeMetrics:
                                   buckets=_LATENCY_BUCKETS, registry=registry)
         Gauge("speccompile_tokens_per_second", f"Tokens of the generations finished in the last {window_s:g} s, per second.",
               registry=registry).set_function(self._throughput)
-        registry.register(_AcceptanceCollector(self))
+        registry.register(_LabelledCollector(GaugeMetricFamily, "speccompile_acceptance_rate",
+                                             "Accepted / drafted draft tokens, by position in the draft.", "position",
+                                             self.acceptance))
         self._window_s = window_s
         self._finished: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
@@ -87,7 +89,9 @@ class ServeMetrics:
     def watch_batch_passes(self, passes: Callable[[], dict[str, int]]) -> None:
         """speccompile_batch_passes_total{kind}: the batched engine's shared passes, `batched` (one q = 1 row per
         request) and `slot` (one pass of the slotted graph, `--slot-passes`), as `passes()` counts them."""
-        self.registry.register(_BatchPassesCollector(passes))
+        self.registry.register(_LabelledCollector(CounterMetricFamily, "speccompile_batch_passes",
+                                                  "Shared passes of the batched engine, by kind (batched, slot).", "kind",
+                                                  passes))
 
     def acceptance(self) -> dict[int, float]:
         """Accepted / drafted per draft position, over every finished generation."""
@@ -110,35 +114,18 @@ class ServeMetrics:
         return generate_latest(self.registry)
 
 
-class _BatchPassesCollector:
-    """speccompile_batch_passes_total{kind}: read from the engine's decoder at each scrape."""
+class _LabelledCollector:
+    """One metric family with one label, its values read from `values()` at each scrape."""
 
-    def __init__(self, passes: Callable[[], dict[str, int]]):
-        self._passes = passes
-
-    def describe(self) -> list:
-        return []
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily("speccompile_batch_passes", "Shared passes of the batched engine, by kind (batched, slot).",
-                                     labels=["kind"])
-        for kind, count in self._passes().items():
-            family.add_metric([kind], count)
-        yield family
-
-
-class _AcceptanceCollector:
-    """speccompile_acceptance_rate{position}: accepted / drafted draft tokens per position."""
-
-    def __init__(self, metrics: ServeMetrics):
-        self._metrics = metrics
+    def __init__(self, family: type, name: str, documentation: str, label: str, values: Callable[[], dict]):
+        self._family, self._name, self._documentation, self._label = family, name, documentation, label
+        self._values = values
 
     def describe(self) -> list:
         return []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("speccompile_acceptance_rate", "Accepted / drafted draft tokens, by position in the draft.",
-                                   labels=["position"])
-        for position, rate in self._metrics.acceptance().items():
-            family.add_metric([str(position)], rate)
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        family = self._family(self._name, self._documentation, labels=[self._label])
+        for key, value in self._values().items():
+            family.add_metric([str(key)], value)
         yield family
