@@ -10,7 +10,7 @@ group), for --seconds in each mode, alternating:
 (`serve --slot-passes`).
 
 Prompts come from the prefix cache after the first round (as `serve_load.py --warm-all`), so the numbers are
-decoding, not prefill. Prints tokens/s per mode, its ratio to the first mode measured in the same run, the slot and
+decoding, not prefill. Prints tokens/s per mode (every token generated in the window, finished or not), its ratio to the first mode measured in the same run, the slot and
 batched passes, and how many finished requests differ from their greedy output alone (must be 0). Example:
 
   python benchmarks/batch_modes.py exported/smollm2 --workload benchmarks/workloads/copy.jsonl \\
@@ -81,7 +81,8 @@ def main() -> None:
                     mismatches += out != alone[tuple(prompt)]
                     start(client)
             wall = time.perf_counter() - t0
-            for _, _, generation in owner.values():
+            for _, _, generation in owner.values():  # tokens of the requests still running count too
+                tokens += len(generation.output.tokens)
                 decoder.leave(generation)
             rate = tokens / wall
             results.setdefault(mode, []).append(rate)
