@@ -252,7 +252,7 @@ def _build_model(decoder, weights: SharedWeights, max_context: int, target: str 
     presents: list[str] = []
     mlp_out = None
     slot_inputs = _SlotInputs(n, const, slots) if slots else None
-    padding = _OneRowPadding.whole_pass(n, const) if target == "cpu" and not slots else None
+    padding = _OneRowPadding(n, const) if target == "cpu" and not slots else None
     for i, layer in enumerate(decoder.model.layers):
         pre = f"layers.{i}"
         gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
@@ -383,31 +383,25 @@ class _OneRowPadding:
     whatever the number of rows: a position's logits are the same bits in any pass (tests/test_ort_fused.py).
     Everything outside the attention (the weight matmuls, norms, lm_head) already is row-independent.
     ONNX Runtime refuses more than one row per sequence at batch > 1 with a past, so batched one-row
-    passes run with 0 (runtime/batch.py)."""
+    passes run with 0 (runtime/batch.py); the slotted graph gets the same padding row per slot from the
+    caller's row layout (`_SlotInputs`)."""
 
-    def __init__(self, n: _Nodes, const, q_len: str, pad: str, position_ids: str, seqlens_k: str,
-                 total_sequence_length: str, attention_bias: str):
-        """`q_len` int64 [1] rows of the pass, `pad` int64 [1], `total_sequence_length` an int32 scalar; the
-        others as GroupQueryAttention takes them."""
+    def __init__(self, n: _Nodes, const):
         self._n = n
+        pad = PAD_INPUT
         const("pad.axis", [1])
         const("pad.zero", [0])
+        q_len = n("Shape", ["input_ids"], start=1, end=2)[0]
         self.q_len = q_len
         self._last = n("Sub", [q_len, const("pad.one", [1])])[0]
         self._end = n("Add", [self._last, pad])[0]  # [last, last + pad): the last row, or no row
-        self.position_ids = self.rows(position_ids)
+        self.position_ids = self.rows("position_ids")
         pad32 = n("Cast", [pad], to=TensorProto.INT32)[0]
-        self.seqlens_k = n("Add", [seqlens_k, pad32])[0]
-        self.total_sequence_length = n("Add", [total_sequence_length, n("Squeeze", [pad32])[0]])[0]
+        self.seqlens_k = n("Add", ["seqlens_k", pad32])[0]
+        self.total_sequence_length = n("Add", ["total_sequence_length", n("Squeeze", [pad32])[0]])[0]
         # the padding row sees every slot up to its own (bias 0; causal inside); no real row reaches its slot
         pads = n("Concat", [const("pad.bias_begin", [0, 0, 0, 0, 0, 0]), pad, pad], axis=0)[0]
-        self.attention_bias = n("Pad", [attention_bias, pads])[0]
-
-    @classmethod
-    def whole_pass(cls, n: _Nodes, const) -> "_OneRowPadding":
-        """The padding of the fused CPU graph's one GroupQueryAttention per layer (its graph inputs)."""
-        q_len = n("Shape", ["input_ids"], start=1, end=2)[0]
-        return cls(n, const, q_len, PAD_INPUT, "position_ids", "seqlens_k", "total_sequence_length", "attention_bias")
+        self.attention_bias = n("Pad", ["attention_bias", pads])[0]
 
     def rows(self, x: str) -> str:
         """`x` [batch, q, ...] with the padding row (if any) appended."""
