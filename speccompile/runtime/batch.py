@@ -299,7 +299,6 @@ class BatchDecoder:
             raise RuntimeError("calibrate_slot_passes needs an empty decoder with a slot session")
         rows_per_slot = max(2, min(rows_per_slot, self.rows - 1))
         caches = [self.session.slot_cache(self.buffers, b) for b in range(min(self.slots, self.slot_session.slots))]
-        dummies = self.slot_session.slots - len(caches)
         sizes, timings = [], []
         for q in (1, rows_per_slot):
             rows = [SlotRows(np.full(q, token, np.int64), np.arange(q), np.tril(np.ones((q, q), bool))) for _ in caches]
@@ -308,7 +307,7 @@ class BatchDecoder:
                 t0 = time.perf_counter()
                 self.slot_session.run(self.buffers, self.session.past_names, rows, caches)
                 best = min(best, time.perf_counter() - t0)
-            sizes.append(q * len(caches) + dummies)
+            sizes.append(self._slot_pass_rows([q] * len(caches)))
             timings.append(best)
         self.slot_costs.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
 
@@ -359,6 +358,7 @@ class BatchDecoder:
         slot_capable = self._slot_capable()
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
+        costs = self._costs(shared_row)  # one per round, the same for every request
         plans: list[PlannedStep | None] = []
         for generation in self.active:
             if generation.prefilling:  # no token to decode yet: its chunks run between the passes
@@ -366,7 +366,7 @@ class BatchDecoder:
                 continue
             controller = generation.controller
             if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
-                controller.costs = self._costs(shared_row)
+                controller.costs = costs
                 controller.probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
             plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive,
                                               shadow=slot_capable))
@@ -420,13 +420,16 @@ class BatchDecoder:
         """Whether a round may run as one slot pass: a slot graph and two or more requests (one runs alone)."""
         return self.slot_session is not None and len(self.active) >= 2
 
+    def _slot_pass_rows(self, request_rows: list[int]) -> int:
+        """Rows of a slot pass whose first slots carry `request_rows` rows: every other slot gets a dummy row."""
+        return sum(request_rows) + self.slot_session.slots - len(request_rows)
+
     def _slot_round_pays(self, plans: list[PlannedStep | None]) -> bool:
         """Whether this round's drafts pay for making it one slot pass: the tokens the requests expect from it
         (their controllers' acceptance estimates) a second of the slot pass's expected time, against one token
         per request in a batched pass's time. The controllers price their own rows; this prices the switch
         (a slot pass runs one attention call per slot and layer, a batched pass one per layer)."""
-        rows = sum(len(p.ids) if p is not None else 1 for p in plans) + self.slot_session.slots - len(plans)
-        slot_seconds = self.slot_costs.seconds(rows)
+        slot_seconds = self.slot_costs.seconds(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]))
         batched_seconds = self.batch_costs.seconds(len(self.active)) if self.batch_costs.by_q else None
         if slot_seconds is None or batched_seconds is None:
             return True  # measure both
@@ -471,8 +474,7 @@ class BatchDecoder:
         t0 = time.perf_counter()
         outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active])
         seconds = time.perf_counter() - t0
-        self.slot_costs.record(sum(len(p.ids) if p is not None else 1 for p in plans) + self.slot_session.slots - len(plans),
-                               seconds)
+        self.slot_costs.record(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]), seconds)
         self.slot_passes += 1
         self.active[0].generator.clock.seconds += seconds
         for i, planned in enumerate(plans):
@@ -492,7 +494,7 @@ class BatchDecoder:
             return None
         return self.batch_costs.seconds(rows) / rows
 
-    def draft_row_seconds(self, shared_row: float | None) -> float | None:
+    def _draft_row_seconds(self, shared_row: float | None) -> float | None:
         """What one draft row adds to a slot pass: as calibrated (`calibrate_slot_passes`), else a batch-1 pass's
         slope (the runner's), else a share of a plain row."""
         slope = self.slot_costs.row_seconds
@@ -503,7 +505,7 @@ class BatchDecoder:
         return slope
 
     def _costs(self, shared_row: float | None) -> LoadPricedCosts:
-        slope = self.draft_row_seconds(shared_row) if self._slot_capable() else None
+        slope = self._draft_row_seconds(shared_row) if self._slot_capable() else None
         return LoadPricedCosts(self.alone_costs, shared_row, self.batch_costs, slope)
 
     def drafting_pays(self, shared_row: float | None) -> bool:

@@ -62,7 +62,7 @@ class EngineOptions:
     max_model_len: int | None = None  # most tokens (prompt + completion) of one request [default: the artifact's context]
     prefix_caching: bool = True  # batched engine: reuse the KV rows of earlier prompts (runtime/prefix_cache.py)
     prefix_cache_mb: int = 512  # the prefix cache's memory bound
-    slot_passes: str = "off"  # batched engine: steps as one slot pass: off | drafts | all (runtime/batch.py SLOT_PASSES)
+    slot_passes: str = "off"  # batched engine: steps as one slot pass: off | drafts | all (runtime/options.py SLOT_PASSES)
 
     def validate(self) -> "EngineOptions":
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -202,9 +202,9 @@ class OrtBufferSession(OrtSession):
         over the committed rows and the new ones, as `cache.attention_mask` makes it) runs main path first, its
         rows marked `plain_exact` (tree_layout.py); the shape-invariant wrapper lays out its own passes."""
         q = int(input_ids.size)
-        if self.row_invariant and q > 1 and not features and attention_mask.shape[-1] == cache.length + q:
-            layout = MainPathLayout.of(attention_mask, q)
-            if not layout.is_chain:  # a tree: its main path's rows are plain decoding's (tree_layout.py)
+        if self.row_invariant and not features and attention_mask.shape[-1] == cache.length + q:
+            layout = MainPathLayout.of_tree(attention_mask, q)
+            if layout is not None:  # a tree: its main path's rows are plain decoding's (tree_layout.py)
                 out = self._run_rows(layout.rows(input_ids), layout.rows(position_ids), layout.mask(attention_mask), cache)
                 return layout.restore(out, cache)
         return self._run_rows(input_ids, position_ids, attention_mask, cache, last_logits_only, features)

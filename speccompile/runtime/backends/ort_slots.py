@@ -72,12 +72,9 @@ class OrtSlotSession:
                 new_positions = np.asarray(given.position_ids, np.int64).reshape(-1)
                 mask = np.asarray(given.mask, bool)
                 q = len(new_ids)
-                if q > 1:
-                    layout = MainPathLayout.of(mask[None], q)
-                    if layout.is_chain:
-                        layout = None
-                    else:
-                        new_ids, new_positions, mask = layout.rows(new_ids), layout.rows(new_positions), layout.mask(mask[None])[0]
+                layout = MainPathLayout.of_tree(mask[None], q)
+                if layout is not None:
+                    new_ids, new_positions, mask = layout.rows(new_ids), layout.rows(new_positions), layout.mask(mask[None])[0]
                 real.extend(range(start, start + q))
             q = len(new_ids)
             pad = int(q == 1)  # a one-row slot gets its row again as attention's padding row (_OneRowPadding)

@@ -65,6 +65,12 @@ class MainPathLayout:
         width = int(attention_mask.shape[-1])
         return cls(*main_path_first(np.asarray(attention_mask)[0, :, width - q:]))
 
+    @classmethod
+    def of_tree(cls, attention_mask: np.ndarray, q: int) -> "MainPathLayout | None":
+        """`of`, or None when the new rows are a chain (every row already computed as plain decoding)."""
+        layout = cls.of(attention_mask, q) if q > 1 else None
+        return None if layout is None or layout.is_chain else layout
+
     @property
     def is_chain(self) -> bool:
         return bool(self.exact.all())
