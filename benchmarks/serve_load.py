@@ -2,7 +2,8 @@
 """Load benchmark of `speccompile serve`: replay the workloads through the real `openai` client, on loopback.
 
 Starts `speccompile serve ARTIFACT --port 0` as a child process (extra server flags after `--`), then runs:
-  1. `streams-1`: the workload prompts one stream at a time (greedy); their answers are the reference;
+  1. `streams-1`: the workload prompts one stream at a time (greedy; --one-stream-passes times over, for a
+     steadier baseline); their answers are the reference;
   2. `streams-N` (--streams, default 8): the same prompts (--passes times over) from N concurrent streams
      (all starting together, or with --stagger spread over one one-stream request time);
   3. `churn`: --requests (200) requests from --clients (16) concurrent clients over the same prompts, a
@@ -17,7 +18,10 @@ first request: they arrive together, so they queue for each other's prefill) and
 requests, which arrive as earlier ones finish). Churn also prints lost / duplicated counts (a request
 that ends neither finished nor deliberately disconnected is lost; more than one finish chunk in a stream, or
 server-side generation outcomes beyond the requests sent, is duplicated). The server's RSS is sampled after
-the warm-up and after each phase. Results are printed, never asserted. Example:
+the warm-up and after each phase, and the CPU time each phase took in the server and in this client (on a
+small machine the load generator competes with the server for cores). The goals' ratios are printed as
+measured in the same run: streams-N tok/s over streams-1 tok/s, streams-N TTFT p50 over streams-1's.
+Results are printed, never asserted. Example:
 
   python benchmarks/serve_load.py /tmp/smol --workload benchmarks/workloads/copy.jsonl \
       --workload benchmarks/workloads/chat.jsonl --limit 4 --max-tokens 32 --requests 200 -- --threads 2
@@ -62,6 +66,8 @@ class Phase:
     outcomes: list[Outcome] = field(default_factory=list)
     mismatches: int = 0
     most_in_flight: int | None = None  # open-loop phases: the most requests in flight at once
+    client_cpu: float = 0.0  # CPU seconds of this process (the load generator) during the phase
+    server_cpu: float = 0.0  # CPU seconds of the server during the phase
 
     def report(self) -> dict:
         finished = [o for o in self.outcomes if o.finishes]
@@ -77,6 +83,7 @@ class Phase:
             "ttft_p50_first_wave_s": _p50([o.ttft for o in self.outcomes if o.first_wave and o.ttft is not None]),
             "ttft_p50_steady_s": _p50([o.ttft for o in self.outcomes if not o.first_wave and o.ttft is not None]),
             "mismatches": self.mismatches,
+            "client_cpu_s": round(self.client_cpu, 2), "server_cpu_s": round(self.server_cpu, 2),
             **({"most_in_flight": self.most_in_flight} if self.most_in_flight is not None else {}),
         }
 
@@ -177,6 +184,22 @@ async def _run_phase(name: str, url: str, model: str, jobs: list[tuple[dict, int
     return Phase(name, time.perf_counter() - started, outcomes)
 
 
+def _measured(server: ServerProcess, phase) -> Phase:
+    """Run one phase coroutine, noting the CPU time it took in the server and in this process."""
+    client, served = time.process_time(), server.cpu_seconds()
+    result = asyncio.run(phase)
+    result.client_cpu, result.server_cpu = time.process_time() - client, server.cpu_seconds() - served
+    return result
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 2) if numerator and denominator else None
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
+
+
 def _busy(server: ServerProcess) -> bool:
     health = httpx.get(server.base + "/health").json()
     return bool(health["running"] or health["queue_depth"])
@@ -199,6 +222,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--passes", type=int, default=1, help="Times the prompts are sent in the streams-N phase.")
+    parser.add_argument("--one-stream-passes", type=int, default=1,
+                        help="Times the prompts are sent in the streams-1 phase (every answer must equal the first).")
     parser.add_argument("--stagger", action="store_true",
                         help="Start the streams-N clients spread over one one-stream request time instead of together: "
                              "requests then arrive while others decode (steady state) rather than in waves.")
@@ -241,8 +266,11 @@ def main() -> None:
     server, model = start_server()
     try:
         rss = {"after_warmup": server.rss_bytes()}
-        phases = [asyncio.run(_run_phase("streams-1", server.url, model, [(p, None) for p in prompts], 1, args.max_tokens))]
-        reference = {o.prompt: o.text for o in phases[0].outcomes}
+        phases = [_measured(server, _run_phase("streams-1", server.url, model, [(p, None) for p in prompts * args.one_stream_passes],
+                                               1, args.max_tokens))]
+        reference = {}
+        for outcome in phases[0].outcomes:  # the first answer of each prompt
+            reference.setdefault(outcome.prompt, outcome.text)
         rss["after_streams-1"] = server.rss_bytes()
         if args.restart:
             server.stop()
@@ -253,9 +281,9 @@ def main() -> None:
         raise
     with server:
         # --stagger: the N clients start one N-th of a one-stream request apart (a steady state, not a burst)
-        stagger = phases[0].wall / len(prompts) / args.streams if args.stagger else 0.0
-        phases.append(asyncio.run(_run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts * args.passes],
-                                             args.streams, args.max_tokens, stagger)))
+        stagger = phases[0].wall / len(phases[0].outcomes) / args.streams if args.stagger else 0.0
+        phases.append(_measured(server, _run_phase(f"streams-{args.streams}", server.url, model, [(p, None) for p in prompts * args.passes],
+                                                   args.streams, args.max_tokens, stagger)))
         rss[f"after_streams-{args.streams}"] = server.rss_bytes()
         before = _server_outcomes(server)
         churns = []
@@ -263,7 +291,7 @@ def main() -> None:
             jobs = [(rng.choice(prompts), rng.randint(1, 6) if rng.random() < args.disconnect else None)
                     for _ in range(args.requests)]
             name = "churn" if args.rounds == 1 else f"churn-{round_}"
-            churns.append(asyncio.run(_run_phase(name, server.url, model, jobs, args.clients, args.max_tokens)))
+            churns.append(_measured(server, _run_phase(name, server.url, model, jobs, args.clients, args.max_tokens)))
             deadline = time.monotonic() + 60
             while _busy(server) and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -272,8 +300,8 @@ def main() -> None:
         phases += churns
         if args.request_rate:
             name = f"rate-{args.request_rate:g}"
-            phases.append(asyncio.run(_run_open_loop(name, server.url, model, prompts, args.request_rate, args.rate_requests,
-                                                     args.max_tokens, rng)))
+            phases.append(_measured(server, _run_open_loop(name, server.url, model, prompts, args.request_rate, args.rate_requests,
+                                                           args.max_tokens, rng)))
             rss[f"after_{name}"] = server.rss_bytes()
 
     for phase in phases:
@@ -288,23 +316,33 @@ def main() -> None:
             "duplicated": sum(o.finishes > 1 for o in sent) + max(0, int(server_outcomes) - len(sent)),
             "server_outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after},
         },
+        "ratios": {
+            f"streams-{args.streams}_over_streams-1_tok_per_s": _ratio(phases[1].report()["tok_per_s"], phases[0].report()["tok_per_s"]),
+            f"streams-{args.streams}_over_streams-1_ttft_p50": _ratio(phases[1].report()["ttft_p50_s"], phases[0].report()["ttft_p50_s"]),
+        },
         "stagger_s": round(stagger, 4),
         "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()},
         "server_exit": server.process.returncode,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
-        return
+    else:
+        print_summary(summary)
+
+
+def print_summary(summary: dict) -> None:
+    """The summary as a table and lines (a phase without requests prints "-" for what it could not measure)."""
     print(f"{'phase':<12}{'requests':>9}{'finished':>9}{'cut':>5}{'errors':>7}{'tokens':>8}{'wall s':>8}{'tok/s':>8}"
-          f"{'TTFT p50':>10}{'TTFT p95':>10}{'mismatch':>9}")
+          f"{'TTFT p50':>10}{'TTFT p95':>10}{'mismatch':>9}{'CPU server':>11}{'CPU client':>11}")
     for r in summary["phases"]:
         print(f"{r['phase']:<12}{r['requests']:>9}{r['finished']:>9}{r['disconnected']:>5}{r['errors']:>7}"
-              f"{r['completion_tokens']:>8}{r['wall_s']:>8}{r['tok_per_s']:>8}{r['ttft_p50_s']:>10}{r['ttft_p95_s']:>10}"
-              f"{r['mismatches']:>9}")
+              f"{r['completion_tokens']:>8}{r['wall_s']:>8}{r['tok_per_s']:>8}{_cell(r['ttft_p50_s']):>10}"
+              f"{_cell(r['ttft_p95_s']):>10}{r['mismatches']:>9}{r['server_cpu_s']:>11}{r['client_cpu_s']:>11}")
+    print("same run, streams-N / streams-1: " + ", ".join(f"{k} {_cell(v)}{'' if v is None else 'x'}" for k, v in summary["ratios"].items()))
     if summary["stagger_s"]:
-        print(f"streams-{args.streams} clients started {summary['stagger_s']} s apart (--stagger)")
+        print(f"streams-N clients started {summary['stagger_s']} s apart (--stagger)")
     print("TTFT p50 first wave / steady state (s): " + ", ".join(
-        f"{r['phase']} {r['ttft_p50_first_wave_s']} / {r['ttft_p50_steady_s']}" for r in summary["phases"]))
+        f"{r['phase']} {_cell(r['ttft_p50_first_wave_s'])} / {_cell(r['ttft_p50_steady_s'])}" for r in summary["phases"]))
     for r in summary["phases"]:
         if "most_in_flight" in r:
             print(f"{r['phase']}: at most {r['most_in_flight']} requests in flight")

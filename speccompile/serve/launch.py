@@ -83,6 +83,11 @@ class ServerProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS in /proc")
 
+    def cpu_seconds(self) -> float:
+        """The server's user + system CPU time so far (Linux /proc; every thread, ONNX Runtime's spinning included)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 120.0) -> int:
         """Send `sig` and wait; the exit status (the child is killed if it outlives `timeout`)."""
         if self.process.poll() is None:
