@@ -56,6 +56,36 @@ def test_slot_rows_equal_each_sequence_alone_bitwise(tmp_path, arch):
         np.testing.assert_array_equal(outs[b].logits, expected[b], err_msg=f"slot {b} next to a dummy")
 
 
+def test_one_row_slots_without_padding_equal_the_batched_pass_bitwise(tmp_path):
+    """`pad_one_row=False` (the batch decoder's slot passes unless batch-invariant): a plain row skips attention's
+    padding row and computes what the batched pass computes for it, bit for bit."""
+    art = tmp_path / "art"
+    export_artifact(str(make_tiny_hf_model(tmp_path / "m")), art, ExportOptions(max_context=96, batch_slots=4))
+    manifest = read_manifest(art)
+    alone = open_artifact(art, threads=1).target
+    slotted = OrtSlotSession(art, manifest, manifest.graphs[variant_name("target", "slots")], threads=1)
+    pool = alone.new_batch_buffers(3, 128)
+    rng = np.random.default_rng(1)
+    caches = []
+    for b, n in enumerate((6, 19, 33)):
+        prompt = rng.integers(3, 60, n)
+        cache = alone.new_cache()
+        out = alone.run(prompt, np.arange(n), cache.attention_mask(_tril(n)), cache)
+        cache.append(out.presents, range(n), n)
+        for buffer, own in zip(pool, cache.arrays):
+            buffer[b, :, :n] = own[0, :, :n]
+        caches.append(alone.slot_cache(pool, b))
+        caches[-1].append([], range(n), n)
+    new = [rng.integers(3, 60, 1) for _ in caches]
+    batched = alone.run_batch(pool, [(t, np.array([c.length]), _tril(1)) for t, c in zip(new, caches)], caches)
+    rows = [SlotRows(t, np.array([c.length]), _tril(1)) for t, c in zip(new, caches)]
+    outs = slotted.run(pool, alone.past_names, rows, caches, pad_one_row=False)
+    for b, (out, expected) in enumerate(zip(outs, batched)):
+        np.testing.assert_array_equal(out.logits, expected.logits, err_msg=f"slot {b}")
+    padded = slotted.run(pool, alone.past_names, rows, caches)  # negative control: the padding row's kernel differs
+    assert any(not np.array_equal(p.logits, e.logits) for p, e in zip(padded, batched))
+
+
 def test_export_without_slots_writes_no_slotted_graph(tmp_path):
     art = tmp_path / "art"
     export_artifact(str(make_tiny_hf_model(tmp_path / "m")), art, ExportOptions(max_context=64, batch_slots=0))

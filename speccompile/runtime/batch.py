@@ -24,8 +24,9 @@ to its output alone is tested and measured, not guaranteed by construction.
 With slot passes (`Runner.batch_decoder(slot_passes="drafts"|"all")`: the slotted graph
 `target.ort-slots.onnx`, `export --batch-slots`; backends/ort_slots.py) a round in which any request drafts
 runs as one slot pass instead, where the drafts pay for it: every request's rows, plain or with its draft, in
-one pass, each sequence's attention a GroupQueryAttention of its own, so every row computes the bits it gets
-alone and a draft's rows ride in the shared weight matmuls. A round without drafts stays one batched pass
+one pass, each sequence's attention a GroupQueryAttention of its own, so a draft's rows compute the bits they
+get alone and ride in the shared weight matmuls (a plain row there skips the padding row and computes what the
+batched pass would: half the attention work, and a plain step's bits do not depend on the kind of round). A round without drafts stays one batched pass
 (cheaper: one attention call per layer instead of one per slot) unless `batch_invariant` ("all"; vLLM's term
 for a batch that does not change any request's bits): then every round of two or more requests is a slot
 pass, and each request's logits are bitwise its logits alone by construction.
@@ -305,7 +306,7 @@ class BatchDecoder:
             best = float("inf")
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                self.slot_session.run(self.buffers, self.session.past_names, rows, caches)
+                self.slot_session.run(self.buffers, self.session.past_names, rows, caches, pad_one_row=self.batch_invariant)
                 best = min(best, time.perf_counter() - t0)
             sizes.append(self._slot_pass_rows([q] * len(caches)))
             timings.append(best)
@@ -468,11 +469,14 @@ class BatchDecoder:
             plans[i] = generation.plan_step(True, shadow=True)
 
     def _slot_pass(self, plans: list[PlannedStep | None]) -> dict:
-        """Every request's rows, plain or with its draft, in one pass of the slotted graph (each row the bits it
-        gets alone; requests still prefilling and free slots get a dummy row)."""
+        """Every request's rows, plain or with its draft, in one pass of the slotted graph (requests still
+        prefilling and free slots get a dummy row). Draft rows compute the bits they get alone; a plain row too
+        when `batch_invariant`, else it skips attention's padding row and computes the bits a batched pass gives
+        it (bitwise: tests/test_ort_slots.py), so a plain step does not depend on which kind of round ran it."""
         rows = [SlotRows(p.ids, p.positions, p.new_mask) if p is not None else None for p in plans]
         t0 = time.perf_counter()
-        outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active])
+        outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active],
+                                     pad_one_row=self.batch_invariant)
         seconds = time.perf_counter() - t0
         self.slot_costs.record(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]), seconds)
         self.slot_passes += 1

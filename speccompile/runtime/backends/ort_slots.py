@@ -53,10 +53,13 @@ class OrtSlotSession:
         self._values: list = []  # the OrtValues over the buffers (alive as long as the binding)
 
     def run(self, buffers: list[np.ndarray], past_names: list[str], rows: list[SlotRows | None],
-            caches: list[BufferKVCache | None]) -> list[StepOutput | None]:
+            caches: list[BufferKVCache | None], pad_one_row: bool = True) -> list[StepOutput | None]:
         """One pass; `rows[b]` for slot b of `buffers` (None: a dummy row), `caches[b]` its cache (None: a free slot,
         nothing committed). A tree's rows run main path first (tree_layout.py; its cache is told where rows went).
-        Returns slot b's StepOutput (None for a dummy). The buffers need one row past every pass for the padding."""
+        Returns slot b's StepOutput (None for a dummy). The buffers need one row past every pass for the padding.
+        `pad_one_row`: a one-row slot gets attention's padding row, so it computes the bits of that sequence's
+        pass alone; without it, ONNX Runtime's one-row kernel, the bits a batched pass gives that row (and half
+        the attention work: what a batch decoder wants when it promises no more than the batched pass)."""
         layouts: list[MainPathLayout | None] = []
         ids, positions, slot_rows, seqlens, totals, biases, real = [], [], [], [], [], [], []
         padded_index, padded_rows, unpadded_index = [], [], []
@@ -77,7 +80,7 @@ class OrtSlotSession:
                     new_ids, new_positions, mask = layout.rows(new_ids), layout.rows(new_positions), layout.mask(mask[None])[0]
                 real.extend(range(start, start + q))
             q = len(new_ids)
-            pad = int(q == 1)  # a one-row slot gets its row again as attention's padding row (_OneRowPadding)
+            pad = int(q == 1 and pad_one_row)  # its row again as attention's padding row (_OneRowPadding)
             layouts.append(layout)
             ids.append(new_ids)
             positions.append(new_positions)
