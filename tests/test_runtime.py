@@ -40,6 +40,39 @@ def test_ngram_lookup_resumes_the_copy_after_an_edit():
     assert d.propose(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]
 
 
+def _brute_force_proposal(history: list[int], k: int, pointer: int | None, d: NgramDrafter) -> tuple[list[int], int]:
+    """The lookup rule by brute force: the longest suffix seen earlier with something after it; among its
+    occurrences the closest to `pointer` within [pointer - back, pointer + window], else the latest."""
+    for n in range(min(d.max_match, len(history) - 1), d.min_match - 1, -1):
+        starts = [s for s in range(n, len(history)) if history[s - n: s] == history[-n:]]
+        if not starts:
+            continue
+        start = starts[-1]
+        near = [s for s in starts if pointer is not None and pointer - d.resume_back <= s <= pointer + d.resume_window]
+        if near:
+            start = min(near, key=lambda s: abs(s - pointer))
+        return history[start: start + k], start
+    return [], -1
+
+
+def test_ngram_lookup_equals_the_brute_force_rule_as_the_history_grows():
+    """The drafter's n-gram index (kept up to date as the history grows, rebuilt for another history) proposes
+    what a scan of the whole history would, resumed copies included."""
+    rng = np.random.default_rng(0)
+    d = NgramDrafter(min_match=1, max_match=4)
+    for _ in range(3):  # a new history each time: the index starts over
+        history = [int(t) for t in rng.integers(0, 6, 5)]
+        pointer = None
+        for _ in range(150):
+            k = int(rng.integers(1, 6))
+            expected, start = _brute_force_proposal(history, k, pointer, d)
+            assert d.propose(history, k).tokens == expected
+            copied_from, proposed_at = (start, len(history)) if expected else (None, 0)
+            accepted = expected[: int(rng.integers(0, len(expected) + 1))] if rng.random() < 0.7 else []
+            history = history + accepted + [int(t) for t in rng.integers(0, 6, int(rng.integers(1, 3)))]
+            pointer = None if copied_from is None else copied_from + len(history) - proposed_at
+
+
 def test_kvcache_lazy_drop_and_compact():
     cache = KVCache([np.zeros((1, 1, 0, 2), np.float32)], max_dead=2)
     rows = np.arange(5, dtype=np.float32).reshape(1, 1, 5, 1).repeat(2, axis=3)

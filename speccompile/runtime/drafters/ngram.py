@@ -11,11 +11,39 @@ the last tokens in the corpus; those proposals get their own acceptance class (n
 
 from __future__ import annotations
 
-import numpy as np
+from bisect import bisect_left, bisect_right
 
 from ...errors import InputError
 from .base import Draft, Drafter
 from .ngram_corpus import NgramCorpus
+
+
+class _NgramIndex:
+    """Where every n-gram of a history (n in `sizes`) ended, kept up to date as the history grows: a proposal
+    then costs a few dictionary lookups instead of a scan of the whole history."""
+
+    def __init__(self, sizes: range):
+        self.sizes = sizes
+        self.tokens: list[int] = []  # the history indexed so far
+        self.ends: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}  # n-gram -> ascending ends
+
+    def update(self, tokens: list[int]) -> None:
+        """Index what `tokens` added to the history (another history: start over)."""
+        known = len(self.tokens)
+        if len(tokens) < known or tokens[:known] != self.tokens:
+            self.__init__(self.sizes)
+            known = 0
+        for end in range(known + 1, len(tokens) + 1):
+            for n in self.sizes:
+                if end >= n:
+                    self.ends[n].setdefault(tuple(tokens[end - n: end]), []).append(end)
+        self.tokens.extend(tokens[known:])
+
+    def earlier_ends(self, n: int) -> tuple[list[int], int]:
+        """Where the history's last n tokens occurred before: the first `count` of the ascending list (the
+        suffix itself, always its last entry, excluded)."""
+        ends = self.ends[n].get(tuple(self.tokens[-n:]), [])
+        return ends, len(ends) - 1 if ends and ends[-1] == len(self.tokens) else len(ends)
 
 
 class NgramDrafter(Drafter):
@@ -42,6 +70,7 @@ class NgramDrafter(Drafter):
         self.reset()
 
     def reset(self) -> None:
+        self._index = _NgramIndex(range(self.min_match, self.max_match + 1))
         self.last_match_len = 0
         self._copied_from: int | None = None  # history index the last proposal copied from
         self._proposed_at = 0  # history length when it was made
@@ -60,20 +89,21 @@ class NgramDrafter(Drafter):
         self._copied_from = None
         if k <= 0 or len(tokens) < self.min_match + 1:
             return Draft([])
-        seq = np.asarray(tokens, dtype=np.int64)
-        n_total = len(seq)
+        self._index.update(tokens)
+        history = self._index.tokens
+        n_total = len(history)
         for n in range(min(self.max_match, n_total - 1), self.min_match - 1, -1):
-            # candidate continuations: windows seq[i:i+n] == suffix with i + n < n_total (something follows)
-            windows = np.lib.stride_tricks.sliding_window_view(seq[: n_total - 1], n)
-            starts = np.flatnonzero((windows == seq[n_total - n:]).all(axis=1)) + n
-            if not len(starts):
+            # candidate continuations: where the suffix occurred earlier, something following it
+            starts, count = self._index.earlier_ends(n)
+            if not count:
                 continue
-            start = int(starts[-1])
+            start = starts[count - 1]
             if pointer is not None:
-                near = starts[(starts >= pointer - self.resume_back) & (starts <= pointer + self.resume_window)]
-                if len(near):
-                    start = int(near[np.argmin(np.abs(near - pointer))])
-            proposal = seq[start: start + k].tolist()
+                low = bisect_left(starts, pointer - self.resume_back, 0, count)
+                high = bisect_right(starts, pointer + self.resume_window, 0, count)
+                if low < high:  # the closest occurrence resuming the copy (the first of equals, as ascending)
+                    start = min(starts[low:high], key=lambda s: abs(s - pointer))
+            proposal = [int(t) for t in history[start: start + k]]
             if proposal:
                 self.last_match_len = n
                 self._copied_from, self._proposed_at = start, n_total
