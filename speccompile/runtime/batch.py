@@ -26,10 +26,11 @@ With slot passes (`Runner.batch_decoder(slot_passes="drafts"|"all")`: the slotte
 runs as one slot pass instead, where the drafts pay for it: every request's rows, plain or with its draft, in
 one pass, each sequence's attention a GroupQueryAttention of its own, so a draft's rows compute the bits they
 get alone and ride in the shared weight matmuls (a plain row there skips the padding row and computes what the
-batched pass would: half the attention work, and a plain step's bits do not depend on the kind of round). A round without drafts stays one batched pass
-(cheaper: one attention call per layer instead of one per slot) unless `batch_invariant` ("all"; vLLM's term
-for a batch that does not change any request's bits): then every round of two or more requests is a slot
-pass, and each request's logits are bitwise its logits alone by construction.
+batched pass would: half the attention work, and a plain step's bits do not depend on the kind of round). A
+round without drafts stays one batched pass (cheaper: one attention call per layer instead of one per slot)
+unless `batch_invariant` ("all"; vLLM's term for a batch that does not change any request's bits): then every
+round of two or more requests is a slot pass, every row padded as alone, and each request's logits are
+bitwise its logits alone by construction.
 
 Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
 prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
