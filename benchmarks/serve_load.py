@@ -308,8 +308,9 @@ def main() -> None:
         phase.mismatches = sum(o.finishes > 0 and o.text != reference[o.prompt] for o in phase.outcomes)
     sent = [o for phase in churns for o in phase.outcomes]
     server_outcomes = sum(after.values()) - sum(before.values())
+    reports = [p.report() for p in phases]
     summary = {
-        "phases": [p.report() for p in phases],
+        "phases": reports,
         "churn": {
             "sent": len(sent),
             "lost": sum(not o.finishes and not o.disconnected for o in sent),
@@ -317,8 +318,8 @@ def main() -> None:
             "server_outcomes": {k: after.get(k, 0) - before.get(k, 0) for k in after},
         },
         "ratios": {
-            f"streams-{args.streams}_over_streams-1_tok_per_s": _ratio(phases[1].report()["tok_per_s"], phases[0].report()["tok_per_s"]),
-            f"streams-{args.streams}_over_streams-1_ttft_p50": _ratio(phases[1].report()["ttft_p50_s"], phases[0].report()["ttft_p50_s"]),
+            f"streams-{args.streams}_over_streams-1_tok_per_s": _ratio(reports[1]["tok_per_s"], reports[0]["tok_per_s"]),
+            f"streams-{args.streams}_over_streams-1_ttft_p50": _ratio(reports[1]["ttft_p50_s"], reports[0]["ttft_p50_s"]),
         },
         "stagger_s": round(stagger, 4),
         "rss_mb": {k: round(v / 2**20, 1) for k, v in rss.items()},

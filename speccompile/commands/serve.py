@@ -28,8 +28,8 @@ from .generate import run_options
               help="Memory bound of the prefix cache (least recently used entries go first).")
 @click.option("--slot-passes", type=click.Choice(SLOT_PASSES), default="off", show_default=True,
               help="Batched engine: steps run as one pass of the slotted graph (export --batch-slots; one attention call per "
-                   "request, every row the bits it gets alone, drafts in the shared pass): 'drafts' steps in which requests "
-                   "draft, 'all' every step (batch invariance: each answer's logits bitwise its logits alone). Loads a "
+                   "request, drafts in the shared pass, their rows the bits they get alone): 'drafts' steps in which requests "
+                   "draft (plain rows as in a batched pass), 'all' every step (batch invariance: each answer's logits bitwise its logits alone). Loads a "
                    "second copy of the weights.")
 @click.option("--max-queue", type=int, default=64, show_default=True,
               help="Requests waiting beyond --max-concurrency; more are answered 429.")

@@ -118,9 +118,10 @@ class Runner:
         once for that many tokens plus a verify pass (else they grow with the longest request).
         `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder).
         `slot_passes` (SLOT_PASSES): which rounds run as one pass of the artifact's slotted graph
-        (`target.ort-slots.onnx`, every row the bits it gets alone, drafts in the shared pass): "off" none,
-        "drafts" those in which a request drafts (and the drafts pay for it), "all" every round of two or more
-        requests (batch invariance: each request's logits bitwise its logits alone). Its ONNX Runtime session
+        (`target.ort-slots.onnx`, drafts in the shared pass, a draft's rows the bits they get alone): "off" none,
+        "drafts" those in which a request drafts (and the drafts pay for it; plain rows compute the batched
+        pass's bits), "all" every round of two or more requests (batch invariance: each request's logits bitwise
+        its logits alone). Its ONNX Runtime session
         holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots."""
         from .backends.ort_slots import OrtSlotSession
         from .batch import BatchDecoder

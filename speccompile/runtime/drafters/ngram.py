@@ -31,7 +31,7 @@ class _NgramIndex:
         """Index what `tokens` added to the history (another history: start over)."""
         known = len(self.tokens)
         if len(tokens) < known or tokens[:known] != self.tokens:
-            self.__init__(self.sizes)
+            self.tokens, self.ends = [], {n: {} for n in self.sizes}
             known = 0
         for end in range(known + 1, len(tokens) + 1):
             for n in self.sizes:
