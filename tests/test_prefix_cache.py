@@ -241,3 +241,22 @@ def test_partial_lookup_reuses_the_leading_rows_of_the_closest_entry():
             on.copy_into(target)
             assert all(np.array_equal(t[0, :, : on.rows], s[0, :, : on.rows]) for t, s in zip(target, stored))
             assert not on.full
+
+
+def test_whole_prompt_logits_peeks_only_whole_prompts():
+    """`whole_prompt_logits`: a stored prompt's logits (any length, a multiple of the block or not), nothing for
+    its prefixes, extensions or another graph/block, and the LRU order and counters stay as they were."""
+    rng = np.random.default_rng(3)
+    cache = PrefixCache(1 << 20)
+    stored = {}
+    for prompt in (list(range(10)), list(range(8)), [7, 7, 7]):
+        stored[tuple(prompt)] = rng.standard_normal(10).astype(np.float32)
+        cache.store("g", 4, prompt, _arrays(rng), stored[tuple(prompt)])
+    for prompt, logits in stored.items():
+        assert np.array_equal(cache.whole_prompt_logits("g", 4, list(prompt)), logits)
+    order, counts = list(cache._lru), (cache.lookups, cache.hits)
+    for prompt in (list(range(9)), list(range(11)), list(range(4)), [7, 7], [], [5]):
+        assert cache.whole_prompt_logits("g", 4, prompt) is None, prompt
+    assert cache.whole_prompt_logits("g", 8, list(range(8))) is None
+    assert cache.whole_prompt_logits("other", 4, list(range(8))) is None
+    assert list(cache._lru) == order and (cache.lookups, cache.hits) == counts

@@ -313,3 +313,28 @@ def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
     generator.drafter = TwoWide()
     spec = generator.generate(ids, GenerationConfig(max_tokens=1000, num_draft_tokens=1, adaptive=False, ignore_eos=True))
     assert spec.tokens == plain.tokens and spec.finish_reason == "context"
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, top_k=20, seed=11)],
+                         ids=["greedy", "seeded"])
+def test_opening_text_is_the_first_delta_a_generation_streams(tiny_artifact, sampling):
+    """`opening_text` (what a server sends at once for a prompt whose logits a prefix cache holds) is the
+    generation's own first text delta; None where that is not fixed in advance."""
+    from speccompile.runtime.generate import opening_text
+
+    runner = Runner(tiny_artifact, threads=1)
+    tokenizer, eos = runner.artifact.tokenizer, set(runner.artifact.eos_token_ids)
+    checked = 0
+    for prompt in ("hello world", "abc abc abc", "The quick brown fox", "x y z"):
+        ids = tokenizer.prompt_ids(prompt, chat=False)
+        config = runner.config(16, sampling)
+        deltas: list[str] = []
+        generation = runner.generator(sampling).start(ids, config, deltas.append)
+        opening = opening_text(tokenizer, eos, config, generation.prompt_logits)
+        if opening is not None:
+            checked += 1
+            assert [opening] == deltas[:1] and len(deltas) == 1  # nothing else streamed before the first step
+    assert checked >= 3
+    logits = generation.prompt_logits
+    assert opening_text(tokenizer, eos, runner.config(16, SamplingParams(temperature=0.9)), logits) is None  # unseeded
+    assert opening_text(tokenizer, eos, runner.config(1, sampling), logits) is None  # the first token ends it

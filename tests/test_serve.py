@@ -436,3 +436,45 @@ def test_no_batching_flag_serves_sequentially(artifact, runner):
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         response = client.completions.create(model=MODEL, prompt="abc", max_tokens=8, temperature=0)
     assert response.choices[0].text == expected and response.model_extra["speculative"]["batched"] is False
+
+
+def test_a_cached_prompt_streams_its_first_token_before_it_joins(artifact, runner):
+    """In process, one slot: while a long request holds it, a repeated prompt (its logits in the prefix cache)
+    gets its first token's text at submission, still queued; once it joins, its answer is the Runner's alone
+    and its deltas add up to it (the first one is not sent twice)."""
+    import asyncio
+
+    from speccompile.runtime.options import RunOptions
+    from speccompile.serve.engine import EngineOptions, Finished, GenerationRequest, TextDelta, open_engine
+
+    tokenizer = runner.artifact.tokenizer
+    ids = tuple(tokenizer.prompt_ids("hello world", chat=False))
+    expected = runner.generate_ids(list(ids), 24).text
+
+    async def scenario() -> tuple[str, list[str], Finished, int]:
+        engine = open_engine(EngineOptions(artifact, RunOptions(threads=1), max_concurrency=1, max_queue=2))
+        engine.start()
+        try:
+            first = await engine.submit(GenerationRequest(ids, 24)).result()  # prefilled: now in the cache
+            long = engine.submit(GenerationRequest(tuple(tokenizer.prompt_ids(LONG_PROMPT, chat=False)), 3000))
+            async for _ in long.events():  # it holds the slot
+                break
+            repeat = engine.submit(GenerationRequest(ids, 24))
+            events = repeat.events()
+            opening = await asyncio.wait_for(events.__anext__(), 30)
+            queued = engine.waiting
+            long.cancel()
+            deltas, finished = [opening.text], None
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    deltas.append(event.text)
+                else:
+                    finished = event
+            return first.text, deltas, finished, queued
+        finally:
+            engine.shutdown(60)
+
+    first_text, deltas, finished, queued = asyncio.run(scenario())
+    assert queued == 1  # the repeat had not joined when its first text arrived
+    assert first_text == finished.text == "".join(deltas) == expected
+    assert finished.cached_tokens == len(ids) and finished.speculative["time_to_first_token_s"] < finished.speculative["queue_s"]

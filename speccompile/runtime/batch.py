@@ -202,6 +202,14 @@ class BatchDecoder:
             self.active.append(generation)
         return generation
 
+    def cached_prompt_logits(self, prompt_ids: list[int], config: GenerationConfig) -> np.ndarray | None:
+        """The last logits of `prompt_ids` when the prefix cache holds the whole prompt for this decoder's graph
+        (what `join` would start from), else None. Safe from another thread than the one that steps: it reads
+        only the (locked) prefix cache."""
+        if self.prefix_cache is None or not prompt_ids:
+            return None
+        return self.prefix_cache.whole_prompt_logits(self.session, self._prefix_block(config), prompt_ids)
+
     def _prefilled(self, generation: Generation, whole_prompt_hit: bool = False) -> None:
         """A prompt is prefilled: keep what it computed in the prefix cache."""
         if self.prefix_cache is not None and generation.generator.resumes_prefill and not whole_prompt_hit:

@@ -158,6 +158,26 @@ class _Output:
             self._streamed = end
 
 
+def choose_first_token(prompt_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """The first generated token, from the prompt's last logits (the generation's first draw of `rng`)."""
+    return int(np.argmax(prompt_logits)) if params.greedy else sample(process_logits(prompt_logits, params), rng)
+
+
+def opening_text(tokenizer: TextTokenizer, eos_ids: set[int], config: GenerationConfig, prompt_logits: np.ndarray) -> str | None:
+    """The text a generation of `config` whose prompt ends in `prompt_logits` streams with its first token, known
+    before it starts: a server sends it at once for a prompt whose logits a prefix cache holds. None when that
+    text is not fixed by the logits (sampling without a seed), when the first token ends the generation, or
+    when it streams nothing yet (held back for a stop string or an incomplete character)."""
+    if not config.sampling.greedy and config.sampling.seed is None:
+        return None
+    sent: list[str] = []
+    output = _Output(tokenizer, config, eos_ids, sent.append)
+    if output.push(choose_first_token(prompt_logits, config.sampling, config.sampling.rng())):
+        return None
+    output.flush()
+    return sent[0] if sent else None
+
+
 class Generator:
     """Speculative (or plain, with no drafter) generation over a target verify graph."""
 
@@ -311,7 +331,7 @@ class Generation:
         self.prompt_logits = last_logits
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
-        first = int(np.argmax(last_logits)) if self.params.greedy else sample(process_logits(last_logits, self.params), self.rng)
+        first = choose_first_token(last_logits, self.params, self.rng)
         if self._logit_trace is not None:
             self._logit_trace.append(np.array(last_logits))
         self.tokens = self.prompt_ids + [first]

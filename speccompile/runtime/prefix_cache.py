@@ -24,11 +24,13 @@ rows of every KV buffer) under the node of the blocks before it, and at a node t
 that end after those blocks (the remaining < block tokens, or none: their rows and the prompt's last logits).
 `lookup` returns the longest exact reuse; `store` adds what a finished prefill computed. Memory is bounded
 in bytes (least recently used entries go first; an entry is always used together with its ancestors and
-after them, so leaves go before the blocks they hang on).
+after them, so leaves go before the blocks they hang on). Every method holds the cache's lock: a server's
+event loop may ask `whole_prompt_logits` while its decoder thread looks up and stores.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
@@ -93,6 +95,7 @@ class PrefixCache:
         self.hits = 0  # lookups that reused rows
         self.hit_tokens = 0  # prompt rows reused
         self.evictions = 0
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -101,6 +104,25 @@ class PrefixCache:
         """The longest exact reuse for `prompt`: the whole prompt (rows + last logits), else the most whole
         blocks that leave at least one token to prefill and, with `partial` (row-invariant graphs only), the
         leading rows of the entry after them that shares the most next tokens; None when nothing is cached."""
+        with self._lock:
+            return self._lookup(graph, block, prompt, partial)
+
+    def whole_prompt_logits(self, graph: Hashable, block: int, prompt: Sequence[int]) -> np.ndarray | None:
+        """The last logits of `prompt` when the whole prompt is cached (read-only), else None. A peek: neither
+        the LRU order nor the hit counts change (a `lookup` when the prompt joins does that)."""
+        prompt = tuple(int(t) for t in prompt)
+        with self._lock:
+            node = self._roots.get((graph, block))
+            whole = len(prompt) // block
+            for i in range(whole):
+                if node is None:
+                    return None
+                node = node.children.get(prompt[i * block: (i + 1) * block])
+            tail = node.tails.get(prompt[whole * block:]) if node is not None and prompt else None
+            return tail.logits if tail is not None else None
+
+    def _lookup(self, graph: Hashable, block: int, prompt: Sequence[int], partial: bool = False) -> PrefixHit | None:
+        """`lookup` under the caller's lock."""
         self.lookups += 1
         prompt = tuple(int(t) for t in prompt)
         root = self._roots.get((graph, block))
@@ -139,6 +161,12 @@ class PrefixCache:
         from position 0): its rows
         ([1, kv_heads, >= len(prompt), head_dim] per KV buffer; rows a lookup provided are bitwise the same)
         and its last logits. Entries already cached are only marked used; then the budget is enforced."""
+        with self._lock:
+            self._store(graph, block, prompt, arrays, logits)
+
+    def _store(self, graph: Hashable, block: int, prompt: Sequence[int], arrays: Sequence[np.ndarray],
+               logits: np.ndarray) -> None:
+        """`store` under the caller's lock."""
         prompt = tuple(int(t) for t in prompt)
         whole = len(prompt) // block
         parent = self._roots.setdefault((graph, block), _Entry((), []))
@@ -162,9 +190,10 @@ class PrefixCache:
             self._evict(next(iter(self._lru.values())))
 
     def clear(self) -> None:
-        self._roots.clear()
-        self._lru.clear()
-        self.bytes = 0
+        with self._lock:
+            self._roots.clear()
+            self._lru.clear()
+            self.bytes = 0
 
     def _add(self, siblings: dict, entry: _Entry) -> _Entry | None:
         if entry.nbytes > self.max_bytes:

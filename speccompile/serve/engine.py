@@ -141,6 +141,8 @@ class RequestHandle:
     loop: asyncio.AbstractEventLoop
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     submitted_at: float = field(default_factory=time.perf_counter)
+    opening: str | None = None  # text sent at submission (a cached prompt's first token: BatchedEngine._send_opening)
+    opening_at: float | None = None
     _events: asyncio.Queue = field(default_factory=asyncio.Queue)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
@@ -417,8 +419,34 @@ class BatchedEngine(_WorkerEngine):
             "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows,
             "slot_passes": self.options.slot_passes,
             "gib": round(self._decoder.kv_bytes / 2**30, 3)}})
+        self._eos_ids = set(self._runner.artifact.eos_token_ids)
         self._draining = False
         self._live: dict[int, tuple[RequestHandle, object, float, list[float]]] = {}  # id(generation) -> request
+
+    def _enqueue(self, handle: RequestHandle) -> None:
+        self._send_opening(handle)
+        super()._enqueue(handle)
+
+    def _send_opening(self, handle: RequestHandle) -> None:
+        """A prompt whose logits the prefix cache holds needs no pass for its first token: send that token's
+        text now (on the event loop), not after the pass the worker is in. The generation, when it joins,
+        computes the same first token from the same logits (or, if the entry was evicted meanwhile, from a
+        prefill: the same bits) and its first delta, this text, is not sent again (`_text_sender`).
+        Greedy and seeded requests only (runtime/generate.py `opening_text`)."""
+        from ..runtime.generate import opening_text
+
+        request = handle.request
+        if self._prefix_cache is None:
+            return
+        try:
+            config = self._runner.config(request.max_tokens, _sampling(request), list(request.stop))
+        except Exception:  # the worker reports it when the request joins
+            return
+        logits = self._decoder.cached_prompt_logits(list(request.prompt_ids), config)
+        text = None if logits is None else opening_text(self._tokenizer, self._eos_ids, config, logits)
+        if text is not None:
+            handle.opening, handle.opening_at = text, time.perf_counter()
+            handle.emit(TextDelta(text))
 
     def _work(self) -> None:
         while True:
@@ -482,7 +510,7 @@ class BatchedEngine(_WorkerEngine):
                 self._release_slotless(handle)
                 self._cancelled(handle, started)
                 continue
-            first_text_at: list[float] = []
+            first_text_at: list[float] = [handle.opening_at] if handle.opening_at is not None else []
             try:
                 config = self._runner.config(handle.request.max_tokens, _sampling(handle.request), list(handle.request.stop))
             except Exception as exc:
@@ -531,9 +559,16 @@ class BatchedEngine(_WorkerEngine):
 
 
 def _text_sender(handle: RequestHandle, first_text_at: list[float]):
-    """The text callback of a batched request: stream deltas, note the time of the first."""
+    """The text callback of a batched request: stream deltas, note the time of the first. The first delta
+    repeats the opening sent at submission, if one was: it is checked and dropped."""
+    opening = [handle.opening] if handle.opening is not None else []
 
     def on_text(delta: str) -> None:
+        if opening:
+            sent = opening.pop()
+            if delta != sent:
+                raise RuntimeError(f"the first token's text {delta!r} differs from the {sent!r} sent at submission")
+            return
         if not first_text_at:
             first_text_at.append(time.perf_counter())
         handle.emit(TextDelta(delta))
