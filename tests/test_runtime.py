@@ -272,14 +272,20 @@ def test_tree_flag_needs_a_head_drafter(tiny_artifact):
 
 
 def test_target_threads_spin_only_when_no_drafter_graph_runs(tiny_artifact, tiny_artifact_with_draft):
-    def spinning(runner) -> str:
-        options = runner.artifact.target.session.get_session_options()
-        return options.get_session_config_entry("session.intra_op.allow_spinning")
+    """(allow spinning, stop spinning when a run returns) of the target's session."""
+    from speccompile.runtime.options import RunOptions
 
-    assert spinning(Runner(tiny_artifact, drafter="ngram", threads=1)) == "1"
-    assert spinning(Runner(tiny_artifact, drafter="none", threads=1)) == "1"
+    def spinning(runner) -> tuple[str, str]:
+        options = runner.artifact.target.session.get_session_options()
+        return (options.get_session_config_entry("session.intra_op.allow_spinning"),
+                options.get_session_config_entry("session.force_spinning_stop"))
+
+    assert spinning(Runner(tiny_artifact, drafter="ngram", threads=1)) == ("1", "0")
+    assert spinning(Runner(tiny_artifact, drafter="none", threads=1)) == ("1", "0")
     # a draft-model graph alternates with the target on the same cores: no busy-waiting
-    assert spinning(Runner(tiny_artifact_with_draft, drafter="auto", threads=1)) == "0"
+    assert spinning(Runner(tiny_artifact_with_draft, drafter="auto", threads=1))[0] == "0"
+    # a server: its event loop (and a slotted graph) take turns with the target: busy-waiting within a run only
+    assert spinning(Runner(tiny_artifact, RunOptions(threads=1, shared_cores=True))) == ("1", "1")
 
 
 def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):

@@ -113,7 +113,7 @@ def drafter_options(func):
     return func
 
 
-RUN_OPTION_FIELDS = tuple(field.name for field in dataclasses.fields(RunOptions))  # one click option each
+RUN_OPTION_FIELDS = tuple(field.name for field in dataclasses.fields(RunOptions) if field.metadata.get("cli", True))  # one click option each
 
 
 def run_options(func):

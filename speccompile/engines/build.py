@@ -166,7 +166,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
-    if options.precision == "int4" and (methods.awq or methods.clip or options.min_top1 is not None):
+    if options.precision == "int4" and (methods.awq or methods.clip or methods.low_rank or options.min_top1 is not None):
         tensors = calibrated_tensors(model, qopts)
     if tensors:
         from ..tokenizer import TextTokenizer

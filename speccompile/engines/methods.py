@@ -17,6 +17,11 @@ amax + a subset of rows), in numpy:
     calibration rows, within the scheme's blocks; its grid goes to the Q/DQ pass unchanged.
   * FP8 activation ranges: max, a percentile of |x|, or the clipped amax with the smallest fake-quant MSE,
     times a headroom factor.
+  * low-rank branch (optional, `MethodOptions.low_rank`; SVDQuant's split, any scheme, after the input scales):
+    W = A B + R, where A B is the best rank-r approximation of W weighted by each input channel's calibration
+    RMS; A [K, r] and B [r, N] are stored in float16 and multiply the unquantized activation (x A) B, a 16-bit
+    side branch added to the MatMul's output, and only R is quantized (clipping and GPTQ run on R). The fp32
+    graph computes the same function (R is W minus the float16 factors' product).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ..errors import InputError
 from . import numerics as nx
 from .calibrate import ActivationStats
 from .gptq import ACT_ORDER_DEFAULT, DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
-from .quantize import QuantOptions, is_excluded, quantized_tables, weight_matmuls
+from .quantize import LOW_RANK_SUFFIXES, QuantOptions, is_excluded, quantized_tables, weight_matmuls
 
 ACT_CALIB = ("max", "percentile", "mse")
 ACT_HEADROOM = 2.0  # FP8: measured better than 1 on held-out text (docs/quantization.md)
@@ -51,6 +56,7 @@ class MethodOptions:
     gptq_damp: float | None = None  # None: the scheme's default (DEFAULT_DAMP)
     gptq_act_order: bool | None = None  # GPTQ in decreasing Hessian-diagonal order, static groups; None: ACT_ORDER_DEFAULT
     act_headroom: float = ACT_HEADROOM  # FP8: activation ranges times this (room for values above the calibration's)
+    low_rank: int = 0  # rank of a float16 branch that takes the weights' principal part out of quantization (0: off)
     search_rows: int = 256  # calibration rows used by the searches (evenly spaced over those kept)
     hessian_rows: int = 2048  # calibration rows kept for GPTQ's Hessian
 
@@ -74,6 +80,8 @@ class MethodOptions:
             raise InputError(f"--gptq-damp must be in (0, 10], got {self.gptq_damp}")
         if self.smoothquant is not None and not 0.0 <= self.smoothquant <= 1.0:
             raise InputError(f"--smoothquant must be in [0, 1], got {self.smoothquant}")
+        if self.low_rank < 0:
+            raise InputError(f"--low-rank must be >= 0, got {self.low_rank}")
         return self
 
     def calibration_rows(self, scheme: str) -> int:
@@ -82,7 +90,8 @@ class MethodOptions:
 
     @property
     def needs_rows(self) -> bool:
-        return self.awq or self.clip or self.gptq is not False or self.act_calib != "max" or self.smoothquant is not None
+        return (self.awq or self.clip or self.gptq is not False or self.act_calib != "max" or self.smoothquant is not None
+                or self.low_rank > 0)
 
 
 @dataclass
@@ -94,6 +103,8 @@ class MethodReport:
     weight_grid: dict[str, GridScales] = field(default_factory=dict)  # weight -> scales GPTQ quantized it with
     gptq_error_ratio: list[float] = field(default_factory=list)  # per weight: calibration product error GPTQ / without
     gptq_settings: dict = field(default_factory=dict)  # damping and activation order, when GPTQ ran
+    low_rank: dict[str, int] = field(default_factory=dict)  # weight -> rank of its float16 branch
+    low_rank_bytes: int = 0  # the branches' float16 factors
 
     def summary(self) -> dict:
         folded: dict[str, int] = {}
@@ -111,6 +122,9 @@ class MethodReport:
         if self.weight_grid:
             out["gptq"] = {"weights": len(self.weight_grid), **self.gptq_settings,
                            "error_vs_without_mean": round(float(np.mean(self.gptq_error_ratio)), 4) if self.gptq_error_ratio else None}
+        if self.low_rank:
+            out["low_rank"] = {"weights": len(self.low_rank), "ranks": sorted(set(self.low_rank.values())),
+                               "mb": round(self.low_rank_bytes / 1e6, 1)}
         if self.weight_clip:
             out["clip_search"] = {"weights": len(self.weight_clip),
                                   "mean_ratio": round(float(np.mean([c.mean() for c in self.weight_clip.values()])), 4)}
@@ -231,6 +245,63 @@ def clip_search(w: np.ndarray, second_moment: np.ndarray, options: QuantOptions)
             best = np.where(better, clip, best)
             best_err = np.where(better, err, best_err)
     return best
+
+
+def low_rank_factors(w: np.ndarray, second_moment: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """float16 A [K, r], B [r, N] with A B the best rank-r approximation of W [K, N] in the norm that weights
+    input channel k by its calibration RMS (SVD of diag(d) W, d = sqrt(E[x_k^2]), then A = U S / d)."""
+    d = np.sqrt(second_moment.astype(np.float64) + 0.01 * float(second_moment.mean()) + 1e-30)
+    u, sv, vt = np.linalg.svd(d[:, None] * w.astype(np.float64), full_matrices=False)
+    a = (u[:, :rank] * sv[:rank]) / d[:, None]
+    return a.astype(np.float16), vt[:rank].astype(np.float16)
+
+
+def split_low_rank(model: onnx.ModelProto, options: QuantOptions, rows: dict[str, np.ndarray], rank: int,
+                   report: MethodReport) -> None:
+    """Every quantized MatMul x W becomes x R + (x A) B: R = W - A B replaces W (what the Q/DQ pass quantizes),
+    A and B float16 initializers (named with LOW_RANK_SUFFIXES: never quantized) behind a Cast in a float32 graph. The rank
+    is at most half of min(K, N) (beyond that the branch costs more than the weight it takes out)."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    for act, readers in quantized_groups(model, options).items():
+        x = rows.get(act)
+        if x is None or not x.size:
+            continue
+        moment = np.square(evenly(x, 2048).astype(np.float64)).mean(axis=0)
+        for node, weight in readers:
+            w_init = inits[weight]
+            w = numpy_helper.to_array(w_init)
+            r = min(rank, min(w.shape) // 2)
+            if r < 1:
+                continue
+            a, b = low_rank_factors(w.astype(np.float32), moment, r)
+            w_init.CopyFrom(numpy_helper.from_array((w.astype(np.float32) - a.astype(np.float32) @ b.astype(np.float32)).astype(w.dtype), weight))
+            _insert_branch(graph, node, weight, a, b, w.dtype)
+            report.low_rank[weight] = r
+            report.low_rank_bytes += a.nbytes + b.nbytes
+
+
+def _insert_branch(graph: onnx.GraphProto, matmul: onnx.NodeProto, weight: str, a: np.ndarray, b: np.ndarray,
+                   dtype: np.dtype) -> None:
+    """After `matmul` (y = x W): y = (x W) + (x A) B under y's name (its readers and graph outputs unchanged)."""
+    x, y = matmul.input[0], matmul.output[0]
+    nodes, factors = [], []
+    for suffix, value in zip(LOW_RANK_SUFFIXES, (a, b)):
+        name = weight + suffix
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        if dtype != np.float16:
+            nodes.append(helper.make_node("Cast", [name], [name + "_cast"], name=f"{name}/Cast",
+                                          to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype))))
+            name += "_cast"
+        factors.append(name)
+    main, low, branch = f"{y}_quantized_part", f"{weight}_low_rank_in", f"{weight}_low_rank_out"
+    matmul.output[0] = main
+    nodes += [helper.make_node("MatMul", [x, factors[0]], [low], name=f"{weight}/LowRankA"),
+              helper.make_node("MatMul", [low, factors[1]], [branch], name=f"{weight}/LowRankB"),
+              helper.make_node("Add", [main, branch], [y], name=f"{weight}/LowRankAdd")]
+    at = list(graph.node).index(matmul) + 1
+    for offset, node in enumerate(nodes):
+        graph.node.insert(at + offset, node)
 
 
 # ---------------------------------------------------------------- graph surgery
@@ -370,6 +441,8 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
         scaled_rows[name] = rows
         if number % 20 == 19:
             progress(f"  {number + 1}/{len(groups)} activations")
+    if methods.low_rank:
+        split_low_rank(model, options, scaled_rows, methods.low_rank, report)
     inits = {i.name: i for i in model.graph.initializer}
     for table in quantized_tables(model, options):  # a tied lm_head: its input range, the table's clipping
         st = stats.get(table.head_input) if table.head is not None and not options.table_int8 else None

@@ -46,6 +46,7 @@ from .gptq import GridScales
 
 SCHEMES = ("fp8", "int4", "nvfp4")
 DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
+LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py): never quantized
 TRT_DOMAIN = "trt"
 FP4_OPSET = 23  # FLOAT4E2M1 in DequantizeLinear
 FP4_IR_VERSION = 11
@@ -119,7 +120,7 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[int, str, str]]:
         w = inits.get(node.input[1])
         if w is None or len(w.dims) != 2 or w.data_type not in _FLOAT_TYPES:
             continue
-        if node.input[0] in inits:
+        if node.input[0] in inits or node.input[1].endswith(LOW_RANK_SUFFIXES):
             continue
         found.append((index, node.input[0], node.input[1]))
     return found

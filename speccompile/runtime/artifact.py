@@ -60,12 +60,14 @@ class Artifact:
 
 
 def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int | None = None, fused: bool = True,
-                  drafter: str = "auto", shape_invariant: bool | int = False) -> Artifact:
+                  drafter: str = "auto", shape_invariant: bool | int = False, shared_cores: bool = False) -> Artifact:
     """Verify the manifest (schema, sha256 of every file) and load the target graph + tokenizer.
 
     On `ort-cpu` the fused variant of a graph (`target.ort.onnx`, see export/ort_fused_graph.py) is used
     when the artifact has one and `fused` is set; otherwise the contract graph. `drafter` is the one
-    that will run: when it has no graph of its own (n-gram, none) the target's threads may spin.
+    that will run: when it has no graph of its own (n-gram, none) the target's threads may spin between runs,
+    unless `shared_cores` (other sessions or threads of the process run between its passes: a server), where
+    they spin only within a run (backends/ort.py `session_options`).
     `shape_invariant`: run every target pass with the same shapes (True: `max_verify_tokens` rows; an int:
     that many rows; runtime/backends/shape_invariant.py).
     """
@@ -74,14 +76,15 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
     resolved = _resolve_drafter(manifest, drafter)
     alone = resolved in ("ngram", "none")
+    spinning = "in-run" if shared_cores else ("always" if alone else "off")
     chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
     rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
-    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=alone, shape_invariant=rows, chains=chains)
+    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=spinning, shape_invariant=rows, chains=chains)
     return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows)
 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
-                spinning: bool = False, shape_invariant: int = 0, chains: bool = False) -> Session:
+                spinning: str = "off", shape_invariant: int = 0, chains: bool = False) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
     spec = _runnable_spec(manifest, graph, backend, fused, chains)
     return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,

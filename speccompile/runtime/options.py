@@ -36,6 +36,8 @@ class RunOptions:
     ngram_corpus: str | Path | None = None
     contract_graph: bool = False
     shape_invariant: bool | int | None = None
+    # other sessions or threads run between the target's passes (a server): ORT threads spin only within a run; no CLI flag
+    shared_cores: bool = field(default=False, metadata={"cli": False})
 
     def validate(self) -> "RunOptions":
         if self.backend not in BACKENDS:

@@ -48,7 +48,7 @@ class Runner:
         self.options = options
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
         self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
-                                      shape_invariant)
+                                      shape_invariant, options.shared_cores)
         self.drafter_name = resolve_drafter_name(self.artifact, options.drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if options.ngram_corpus is not None:

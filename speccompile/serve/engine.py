@@ -187,11 +187,9 @@ class Engine(abc.ABC):
     batched = False  # whether admitted requests share target passes
 
     def __init__(self, options: EngineOptions, replica: str | None = None, runner=None):
-        from ..runtime.session import Runner
-
         self.options = options.validate()
         self.replica = replica
-        self._runner = runner if runner is not None else Runner(options.artifact, options.run)
+        self._runner = runner if runner is not None else open_runner(options)
         artifact = self._runner.artifact
         if options.max_model_len is not None and options.max_model_len > artifact.max_context:
             raise InputError(f"--max-model-len {options.max_model_len} exceeds {options.artifact}'s context of "
@@ -583,12 +581,21 @@ def _sampling(request: GenerationRequest):
     return SamplingParams(request.temperature, request.top_k, request.top_p, request.seed).validate()
 
 
+def open_runner(options: EngineOptions):
+    """The runtime's Runner for a server: its event loop and (with slot passes) a second graph take turns with
+    the target's passes on the same cores, so ONNX Runtime's threads busy-wait only within a run
+    (`RunOptions.shared_cores`)."""
+    import dataclasses
+
+    from ..runtime.session import Runner
+
+    return Runner(options.artifact, dataclasses.replace(options.run, shared_cores=True))
+
+
 def open_engine(options: EngineOptions, replica: str | None = None) -> Engine:
     """Load the artifact and return the engine that serves it (not started): the batched engine when the
     artifact's graph and drafter allow it and `options.batching`, else the sequential one."""
-    from ..runtime.session import Runner
-
-    runner = Runner(options.artifact, options.run)
+    runner = open_runner(options)
     problem = runner.batch_problem() if options.batching else "batching is off"
     if problem is None:
         return BatchedEngine(options, replica, runner)

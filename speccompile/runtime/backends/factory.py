@@ -10,13 +10,13 @@ from .base import BACKENDS, FeatureSession, Session
 
 
 def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, *,
-                 manifest: Manifest, max_context: int | None = None, spinning: bool = False,
+                 manifest: Manifest, max_context: int | None = None, spinning: str = "off",
                  device: int = 0, shape_invariant: int | None = None) -> Session | FeatureSession:
     """The backend session for graph `spec` of the artifact in `directory` (whose manifest is `manifest`).
 
     A graph with KV inputs (target, draft model, EAGLE/EAGLE-3/MTP heads) opens as a `Session`; one
     without (the Medusa heads) as a `FeatureSession`. `max_context` bounds the fused CPU graph's KV
-    buffers; `spinning` lets ONNX Runtime's threads busy-wait (see `ort.session_options`); `device` is
+    buffers; `spinning`: when ONNX Runtime's threads busy-wait (ort.SPINNING, see `ort.session_options`); `device` is
     the GPU of the native TensorRT backend. `shape_invariant`: run every pass of a KV graph with this many
     query rows against a fixed KV extent (backends/shape_invariant.py; needs `max_context`); None = each
     pass with its own shapes.
@@ -40,7 +40,7 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
 
 
 def _open_backend(directory: str | Path, spec: GraphSpec, backend: str, threads: int | None, manifest: Manifest,
-                  max_context: int | None, spinning: bool, device: int) -> Session | FeatureSession:
+                  max_context: int | None, spinning: str, device: int) -> Session | FeatureSession:
     if backend not in BACKENDS:
         raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend}")
     if not has_kv_cache(spec):

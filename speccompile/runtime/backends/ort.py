@@ -42,12 +42,19 @@ def execution_providers(backend: str, dtype: str) -> list:
     return providers
 
 
-def session_options(threads: int | None, spinning: bool = False):
+SPINNING = ("off", "in-run", "always")
+
+
+def session_options(threads: int | None, spinning: str = "off"):
     """The ONNX Runtime options every speccompile graph runs with (sequential, fully optimised).
 
-    `spinning`: let the intra-op threads busy-wait between operators and runs. That is ~15% faster per
-    decode step when the target is the only graph running (plain, n-gram), but when a drafter graph
-    alternates with the target the spinning pools steal the cores from each other (2-3x slower steps).
+    `spinning` (SPINNING): whether the intra-op threads busy-wait for work instead of sleeping. "always":
+    between operators and between runs, ~15% faster per decode step when the target is the only graph
+    running back to back (plain, n-gram); when another graph alternates with it such pools steal the cores
+    from each other (2-3x slower steps with a drafter graph). "in-run": between operators only, the pool stops
+    spinning when a run returns (`session.force_spinning_stop`): for sessions that take turns with other
+    sessions or threads (a server's batched and slotted graphs and its event loop: +10 % tokens/s with
+    `--slot-passes drafts`, docs/serving.md). "off": never.
     """
     import onnxruntime as ort
 
@@ -57,12 +64,15 @@ def session_options(threads: int | None, spinning: bool = False):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if spinning not in SPINNING:
+        raise ValueError(f"spinning must be one of {SPINNING}, got {spinning!r}")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if spinning == "off" else "1")
+    opts.add_session_config_entry("session.force_spinning_stop", "1" if spinning == "in-run" else "0")
     return opts
 
 
 def inference_session(directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
-                      threads: int | None = None, spinning: bool = False):
+                      threads: int | None = None, spinning: str = "off"):
     """An onnxruntime.InferenceSession for graph `spec` on `backend` (ort-cpu, ort-cuda or ort-trt)."""
     import onnxruntime as ort
 
@@ -105,7 +115,7 @@ class OrtSession:
     row_invariant = False  # the contract graph's KV concatenation squeezes rejected rows: not claimed here
 
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
-                 threads: int | None = None, spinning: bool = False):
+                 threads: int | None = None, spinning: str = "off"):
         import onnxruntime as ort
 
         self.spec = spec
@@ -171,7 +181,7 @@ class OrtBufferSession(OrtSession):
     initial_capacity = 256  # KV rows allocated up front; the buffers double when a step needs more
 
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
-                 threads: int | None = None, max_context: int | None = None, spinning: bool = False):
+                 threads: int | None = None, max_context: int | None = None, spinning: str = "off"):
         if backend != "ort-cpu":
             raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; --backend {backend} needs {spec.extra.get('variant_of')}")
         super().__init__(directory, manifest, spec, backend, threads, spinning)

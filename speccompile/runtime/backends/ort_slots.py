@@ -36,12 +36,13 @@ class OrtSlotSession:
     """The slotted graph in ONNX Runtime, over the KV buffers of a batch decoder ([slots, kv_heads, rows, head_dim]
     per layer and kind, in the order of `past_names`: the fused graph's `past_key_values.{layer}.{kind}`)."""
 
-    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, threads: int | None = None):
+    def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, threads: int | None = None,
+                 spinning: str = "in-run"):
         import onnxruntime as ort
 
         self.spec = spec
         self.slots = int(spec.extra["slots"])
-        self.session = inference_session(directory, manifest, spec, "ort-cpu", threads)
+        self.session = inference_session(directory, manifest, spec, "ort-cpu", threads, spinning)
         self._ort = ort
         self.hidden_name = hidden_output(spec)
         self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
