@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -325,6 +326,7 @@ def test_sigterm_drains_in_flight_and_exits_zero(artifact):
     (["--prefix-cache-mb", "0"], "--prefix-cache-mb"),
     (["--slot-passes", "all", "--max-concurrency", "9"], "--batch-slots"),  # the slotted graph has 8 slots
     (["--slot-passes", "never"], "--slot-passes"),
+    (["--engine-nice", "20"], "--engine-nice"),
 ])
 def test_cli_rejects_bad_options(artifact, args, message):
     result = run_cli("serve", str(artifact), *args)
@@ -478,3 +480,42 @@ def test_a_cached_prompt_streams_its_first_token_before_it_joins(artifact, runne
     assert queued == 1  # the repeat had not joined when its first text arrived
     assert first_text == finished.text == "".join(deltas) == expected
     assert finished.cached_tokens == len(ids) and finished.speculative["time_to_first_token_s"] < finished.speculative["queue_s"]
+
+
+def _thread_nice() -> dict[int, int]:
+    """Linux: the nice value of every thread of this process, by thread id."""
+    values = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        values[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return values
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread priorities from Linux /proc")
+def test_engine_nice_lowers_the_engine_threads_only(artifact, runner):
+    """--engine-nice 3: the worker thread and ONNX Runtime's pool threads run 3 nice steps lower, the thread that
+    opened the engine (the event loop's) keeps its priority; answers are unchanged."""
+    import asyncio
+
+    from speccompile.runtime.options import RunOptions
+    from speccompile.serve.engine import EngineOptions, GenerationRequest, open_engine
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    before = set(_thread_nice())
+    ids = tuple(runner.artifact.tokenizer.prompt_ids("hello world", chat=False))
+    engine = open_engine(EngineOptions(artifact, RunOptions(threads=2), max_concurrency=2, engine_nice=3))
+    engine.start()
+    try:
+        niced = {tid for tid, nice in _thread_nice().items() if nice == base + 3}
+        assert engine._worker.native_id in niced and niced - before - {engine._worker.native_id}  # + ONNX Runtime's pools
+        assert _thread_nice()[threading.get_native_id()] == base
+
+        async def ask() -> str:
+            return (await engine.submit(GenerationRequest(ids, 12)).result()).text
+
+        assert asyncio.run(ask()) == runner.generate_ids(list(ids), 12).text
+    finally:
+        engine.shutdown(60)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,7 @@ class EngineOptions:
     prefix_caching: bool = True  # batched engine: reuse the KV rows of earlier prompts (runtime/prefix_cache.py)
     prefix_cache_mb: int = 512  # the prefix cache's memory bound
     slot_passes: str = "off"  # batched engine: steps as one slot pass: off | drafts | all (runtime/options.py SLOT_PASSES)
+    engine_nice: int = 0  # Unix nice increment of the engine's threads (worker, ONNX Runtime's pools); the event loop keeps the process's
 
     def validate(self) -> "EngineOptions":
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -73,6 +75,10 @@ class EngineOptions:
             raise InputError(f"--max-queue must be >= 0, got {self.max_queue}")
         if self.prefix_cache_mb < 1:
             raise InputError(f"--prefix-cache-mb must be >= 1, got {self.prefix_cache_mb}")
+        if not 0 <= self.engine_nice <= 19:
+            raise InputError(f"--engine-nice must be in 0..19, got {self.engine_nice}")
+        if self.engine_nice and os.name != "posix":
+            raise InputError("--engine-nice needs a Unix system (os.nice)")
         return self
 
 
@@ -354,7 +360,7 @@ class _WorkerEngine(Engine):
 
     def start(self) -> None:
         if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name=self.worker_name, daemon=True)
+            self._worker = threading.Thread(target=_niced(self.options.engine_nice, self._work), name=self.worker_name, daemon=True)
             self._worker.start()
         self._accepting = True
 
@@ -592,9 +598,47 @@ def open_runner(options: EngineOptions):
     return Runner(options.artifact, dataclasses.replace(options.run, shared_cores=True))
 
 
+def _niced(increment: int, work: Callable[[], object]) -> Callable[[], object]:
+    """`work`, run with the calling thread's nice value raised by `increment` first (Linux: per thread; threads
+    it starts, ONNX Runtime's pools among them, inherit it)."""
+
+    def run():
+        if increment:
+            os.nice(increment)
+        return work()
+
+    return run
+
+
 def open_engine(options: EngineOptions, replica: str | None = None) -> Engine:
     """Load the artifact and return the engine that serves it (not started): the batched engine when the
-    artifact's graph and drafter allow it and `options.batching`, else the sequential one."""
+    artifact's graph and drafter allow it and `options.batching`, else the sequential one.
+
+    With `engine_nice` the engine is built on a thread of its own at that nice increment, so the thread pools
+    of its ONNX Runtime sessions inherit it (as does the worker thread, which raises its own when it starts):
+    the engine then yields the cores to the event loop, whose requests are parsed and streamed without waiting
+    for a pass (docs/serving.md)."""
+    if not options.validate().engine_nice:
+        return _open_engine(options, replica)
+    built: list = []
+    thread = threading.Thread(target=_niced(options.engine_nice, lambda: built.append(_capture(_open_engine, options, replica))),
+                              name="speccompile-engine-loader")
+    thread.start()
+    thread.join()
+    if isinstance(built[0], Exception):
+        raise built[0]
+    return built[0]
+
+
+def _capture(function: Callable, *args):
+    """function(*args), or the exception it raised (to be raised again on the calling thread)."""
+    try:
+        return function(*args)
+    except Exception as exc:
+        return exc
+
+
+def _open_engine(options: EngineOptions, replica: str | None) -> Engine:
     runner = open_runner(options)
     problem = runner.batch_problem() if options.batching else "batching is off"
     if problem is None:
