@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    runner = Runner(args.artifact, drafter=args.drafter, threads=args.threads)
+    runner = Runner(args.artifact, drafter=args.drafter, threads=args.threads, shared_cores=True)  # as the server opens it
     tokenizer = runner.artifact.tokenizer
     workloads = []
     for path in args.workload:
