@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -330,17 +331,19 @@ def test_opening_text_is_the_first_delta_a_generation_streams(tiny_artifact, sam
 
     runner = Runner(tiny_artifact, threads=1)
     tokenizer, eos = runner.artifact.tokenizer, set(runner.artifact.eos_token_ids)
-    checked = 0
-    for prompt in ("hello world", "abc abc abc", "The quick brown fox", "x y z"):
+    checked: list[bool] = []  # per opening compared: whether its config had a stop string
+    prompts = ("hello world", "abc abc abc", "The quick brown fox", "x y z")
+    for prompt, stop in itertools.product(prompts, (None, ["\x07"])):  # a stop string the model never writes
         ids = tokenizer.prompt_ids(prompt, chat=False)
-        config = runner.config(16, sampling)
+        config = runner.config(16, sampling, stop)
         deltas: list[str] = []
         generation = runner.generator(sampling).start(ids, config, deltas.append)
         opening = opening_text(tokenizer, eos, config, generation.prompt_logits)
+        assert (opening is None) == (not deltas) or generation.done
         if opening is not None:
-            checked += 1
-            assert [opening] == deltas[:1] and len(deltas) == 1  # nothing else streamed before the first step
-    assert checked >= 3
+            checked.append(stop is not None)
+            assert [opening] == deltas  # nothing else streamed before the first step
+    assert len(checked) >= 3 and any(checked)
     logits = generation.prompt_logits
     assert opening_text(tokenizer, eos, runner.config(16, SamplingParams(temperature=0.9)), logits) is None  # unseeded
     assert opening_text(tokenizer, eos, runner.config(1, sampling), logits) is None  # the first token ends it
