@@ -24,6 +24,8 @@ class RunOptions:
     CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
     max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
     kernels whose numerics depend on shapes; an int: that many rows; None = on for the GPU backends, off on ort-cpu.
+    shared_cores (no CLI flag; the serving engine sets it): other threads or sessions of the process run between
+    the target's passes, so ONNX Runtime's threads busy-wait within a run only (backends/ort.py SPINNING).
     """
 
     backend: str = "ort-cpu"
