@@ -267,16 +267,17 @@ def split_low_rank(model: onnx.ModelProto, options: QuantOptions, rows: dict[str
         x = rows.get(act)
         if x is None or not x.size:
             continue
-        moment = np.square(evenly(x, 2048).astype(np.float64)).mean(axis=0)
+        moment = np.square(x.astype(np.float64)).mean(axis=0)
         for node, weight in readers:
-            w_init = inits[weight]
-            w = numpy_helper.to_array(w_init)
-            r = min(rank, min(w.shape) // 2)
+            stored = numpy_helper.to_array(inits[weight])
+            r = min(rank, min(stored.shape) // 2)
             if r < 1:
                 continue
-            a, b = low_rank_factors(w.astype(np.float32), moment, r)
-            w_init.CopyFrom(numpy_helper.from_array((w.astype(np.float32) - a.astype(np.float32) @ b.astype(np.float32)).astype(w.dtype), weight))
-            _insert_branch(graph, node, weight, a, b, w.dtype)
+            w = stored.astype(np.float32)
+            a, b = low_rank_factors(w, moment, r)
+            residual = w - a.astype(np.float32) @ b.astype(np.float32)
+            inits[weight].CopyFrom(numpy_helper.from_array(residual.astype(stored.dtype), weight))
+            _insert_branch(graph, node, weight, a, b, stored.dtype)
             report.low_rank[weight] = r
             report.low_rank_bytes += a.nbytes + b.nbytes
 

@@ -112,13 +112,10 @@ class PrefixCache:
         the LRU order nor the hit counts change (a `lookup` when the prompt joins does that)."""
         prompt = tuple(int(t) for t in prompt)
         with self._lock:
-            node = self._roots.get((graph, block))
-            whole = len(prompt) // block
-            for i in range(whole):
-                if node is None:
-                    return None
-                node = node.children.get(prompt[i * block: (i + 1) * block])
-            tail = node.tails.get(prompt[whole * block:]) if node is not None and prompt else None
+            root = self._roots.get((graph, block))
+            if not prompt or root is None:
+                return None
+            _path, tail = _walk(root, block, prompt)
             return tail.logits if tail is not None else None
 
     def _lookup(self, graph: Hashable, block: int, prompt: Sequence[int], partial: bool = False) -> PrefixHit | None:
@@ -128,15 +125,7 @@ class PrefixCache:
         root = self._roots.get((graph, block))
         if not prompt or root is None:
             return None
-        node, path = root, []
-        while node is not None and (len(path) + 1) * block <= len(prompt):
-            start = len(path) * block
-            node = node.children.get(prompt[start: start + block])
-            if node is not None:
-                path.append(node)
-        tail = None
-        if len(path) == len(prompt) // block:
-            tail = (path[-1] if path else root).tails.get(prompt[len(path) * block:])
+        path, tail = _walk(root, block, prompt)
         shared, rows = None, 0  # an entry after the blocks, and how many of its leading rows the prompt shares
         if tail is None:
             del path[(len(prompt) - 1) // block:]  # keep a token to prefill: its pass gives the logits
@@ -220,6 +209,20 @@ class PrefixCache:
         if parent is not None:
             siblings = parent.tails if entry.logits is not None else parent.children
             siblings.pop(entry.tokens, None)
+
+
+def _walk(root: _Entry, block: int, prompt: tuple[int, ...]) -> tuple[list[_Entry], _Entry | None]:
+    """The block nodes the prompt's leading whole blocks match, in order, and the whole prompt's tail entry
+    (None unless every whole block matched and its remaining tokens are a cached tail)."""
+    node, path = root, []
+    while node is not None and (len(path) + 1) * block <= len(prompt):
+        start = len(path) * block
+        node = node.children.get(prompt[start: start + block])
+        if node is not None:
+            path.append(node)
+    if len(path) != len(prompt) // block:
+        return path, None
+    return path, (path[-1] if path else root).tails.get(prompt[len(path) * block:])
 
 
 def _longest_shared(parent: _Entry, tokens: tuple[int, ...]) -> tuple[_Entry | None, int]:
