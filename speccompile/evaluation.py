@@ -139,6 +139,7 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
         "size_mb": {"artifact": round(target_size_mb(artifact), 1), "reference": round(target_size_mb(reference), 1)},
         "text": {"file": str(text_path), "sequences": len(sequences), "positions": comparison.positions},
         "top1_agreement": round(comparison.top1_agreement, 4),
+        "top1_interval_95": [round(bound, 4) for bound in comparison.top1_interval()],
         "kl_divergence": round(comparison.kl_divergence, 5),
         "kl_divergence_max": round(comparison.kl_max, 4),
         "perplexity": {"artifact": round(comparison.perplexity("quantized"), 3),

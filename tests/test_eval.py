@@ -91,6 +91,29 @@ def test_logit_comparison_identical_and_different():
     assert other.top1_agreement < 1.0 and other.kl_divergence > 0
 
 
+def test_top1_interval_resamples_whole_sequences():
+    """The bootstrap interval contains the pooled agreement, is a point when every sequence agrees alike, widens
+    when sequences disagree with each other, and is the same on every call (fixed seed)."""
+    def comparison(rates: list[float], positions: int = 40) -> LogitComparison:
+        c = LogitComparison()
+        eye = np.eye(positions)
+        for rate in rates:
+            wrong = int(round(positions * (1 - rate)))
+            quantized = eye.copy()
+            quantized[:wrong] = np.roll(eye[:wrong], 1, axis=1)  # these positions pick another token
+            c.add(eye, quantized)
+        return c
+
+    even = comparison([0.9] * 6)
+    assert even.top1_agreement == 0.9 and even.top1_interval() == (0.9, 0.9)
+    mixed = comparison([1.0, 0.6, 1.0, 0.7, 0.95, 0.85])
+    low, high = mixed.top1_interval()
+    assert low < mixed.top1_agreement < high and high - low > 0.05
+    assert mixed.top1_interval() == (low, high)
+    single = comparison([0.5])
+    assert single.top1_interval() == (0.5, 0.5)
+
+
 @pytest.fixture(scope="module")
 def int4_tiny(tiny_artifact, tmp_path_factory):
     from speccompile.engines.build import BuildOptions, build_artifact
@@ -133,6 +156,8 @@ def test_eval_cli_json_on_int4(tiny_artifact, int4_tiny, text_file, tmp_path):
     assert {"top1_agreement", "kl_divergence", "perplexity", "ngram", "size_mb", "scheme"} <= set(report)
     assert report["scheme"] == "int4"
     assert 0.0 <= report["top1_agreement"] < 1.0
+    low, high = report["top1_interval_95"]
+    assert low <= report["top1_agreement"] <= high
     assert 0.0 < report["kl_divergence"] < float("inf")
     assert report["size_mb"]["artifact"] < report["size_mb"]["reference"]
     table = run_cli("eval", str(int4_tiny), "--reference", str(tiny_artifact), "--text", str(text_file))

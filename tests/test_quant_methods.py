@@ -265,3 +265,64 @@ def test_build_low_rank_through_the_cli(tiny_artifact, tmp_path):
     assert ran.returncode == 0, ran.stderr
     bad = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(tmp_path / "x"), "--low-rank", "-1")
     assert bad.returncode == 2 and "--low-rank" in bad.stderr and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "nvfp4"])
+def test_weight_only_quantizes_the_weights_and_no_activation(scheme):
+    """`weight_only`: every quantized MatMul reads DQ(weight) and its unquantized input, so the graph computes
+    x W_q exactly (no activation rounding), passes the TensorRT check, and on outlier activations errs less
+    than the same scheme with its activation quantization."""
+    rng = np.random.default_rng(5)
+    x = _outlier_rows(rng)
+    errors = {}
+    for weight_only in (False, True):
+        model = _block_model(np.random.default_rng(0))
+        reference = _run(model, x, ("a", "d", "r", "y"))
+        options = QuantOptions(scheme, exclude=(), weight_only=weight_only)
+        amax = None if weight_only else {name: float(np.abs(v).max()) for name, v in zip(("a", "d", "r"), reference)}
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        report = quantize_model(model, options, amax)
+        assert len(report.quantized) == 3
+        assert check_tensorrt_compat(model).ok
+        ops = [n.op_type for n in model.graph.node]
+        if weight_only:
+            assert "QuantizeLinear" not in ops and "TRT_FP4DynamicQuantize" not in ops and not report.activations
+            # the last MatMul's input is the fp32 Relu output; its weight the scheme's rounding of W
+            out = _run(_emulated(model) if scheme == "nvfp4" else model, x, ("r", "y"))
+            expected = out[0] @ weight_fake_quant(inits["out.weight_t"], options)
+            np.testing.assert_allclose(out[1], expected, rtol=1e-4, atol=1e-4)
+        model = _emulated(model) if scheme == "nvfp4" else model
+        errors[weight_only] = float(np.square(_run(model, x)[0] - reference[3]).mean())
+    assert errors[True] < errors[False]
+
+
+def _emulated(model: onnx.ModelProto) -> onnx.ModelProto:
+    from speccompile.engines.emulate import emulate_nvfp4
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    emulate_nvfp4(copy)
+    return copy
+
+
+def test_build_weight_only_through_the_cli(tiny_artifact, tmp_path):
+    """`build --fp8 --weight-only`: FP8 weights, no activation Q/DQ, recorded in the manifest, runs in ONNX Runtime;
+    the flag without --fp8/--fp4, or with SmoothQuant (an activation method), is exit 2 with nothing written."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "wo"
+    result = run_cli("build", str(tiny_artifact), "--fp8", "--weight-only", "--onnx-only", "--calib-samples", "3", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((out / "manifest.json").read_text())["precision"]["target"]
+    assert record["weight_only"] is True and record["activation_tensors"] == 0 and record["quantized_matmuls"] == 8
+    assert record["methods"]["gptq"]["damping"] == 0.1  # FP8's GPTQ still ran on the calibration rows
+    model = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    assert not [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert sum(i.data_type == TensorProto.FLOAT8E4M3FN for i in model.graph.initializer) == 8
+    ran = run_cli("run", str(out), "--prompt", "hello", "--max-tokens", "4", "--raw", "--threads", "1")
+    assert ran.returncode == 0, ran.stderr
+    for flags, named in ((["--no-quantize", "--weight-only"], "--weight-only"), (["--fp8", "--weight-only", "--smoothquant", "0.5"], "--smoothquant")):
+        bad = run_cli("build", str(tiny_artifact), *flags, "--onnx-only", "--out", str(tmp_path / "x"))
+        assert bad.returncode == 2 and named in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "x").exists()

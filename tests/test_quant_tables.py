@@ -215,3 +215,28 @@ def test_int8_table_format_is_weight_only_per_row(scheme):
     np.testing.assert_array_equal(numpy_helper.to_array(stored), q)
     got, h = ReferenceEvaluator(model, new_ops=[trt_fp4_dynamic_quantize_reference()]).run(["logits", "h"], {"ids": IDS})
     np.testing.assert_allclose(got, h @ (q.astype(np.float32) * s[:, None]).T, rtol=1e-5, atol=1e-5 * np.abs(got).max())
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "int4", "nvfp4"])
+def test_fp16_table_format_is_the_table_in_float16_behind_a_cast(scheme):
+    """`--table-format fp16`: one float16 copy of the tied table, Cast to the graph's float type, read by the Gather
+    and the lm_head (its input unquantized); the logits are the lm_head's input times the float16-rounded table."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _tied_model()
+    table = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    options = QuantOptions(scheme, exclude=(), tables=True, table_format="fp16")
+    assert activation_tensors(model, options) == ([] if scheme == "int4" else ["a"])
+    amax = {k: float(np.abs(v).max()) for k, v in _activations(model).items()}
+    report = quantize_model(model, options, amax if scheme != "int4" else None)
+    onnx.checker.check_model(model, full_check=True)
+    assert report.tables == {"model.embed_tokens.weight": "gather+lm_head"}
+    [stored] = [i for i in model.graph.initializer if i.name.startswith("model.embed_tokens.weight")]
+    assert stored.data_type == TensorProto.FLOAT16
+    cast = next(n for n in model.graph.node if n.op_type == "Cast")
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert cast.input[0] == stored.name and gather.input[0] == gemm.input[1] == cast.output[0] and gemm.input[0] == "h"
+    assert check_tensorrt_compat(model).ok
+    got, h = ReferenceEvaluator(model, new_ops=[trt_fp4_dynamic_quantize_reference()]).run(["logits", "h"], {"ids": IDS})
+    np.testing.assert_allclose(got, h @ table.astype(np.float16).astype(np.float32).T, rtol=1e-5, atol=1e-5 * np.abs(got).max())

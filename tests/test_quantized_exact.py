@@ -1,6 +1,6 @@
 """Quantized artifacts on ONNX Runtime CPU: a verify pass reproduces one-token passes bit for bit, so
 greedy speculative decoding is token-identical to plain decoding (one check per precision `build` writes
-that ORT CPU runs: fp8, int4)."""
+that ORT CPU runs: fp8, int4, fp8 weight-only)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.backends.ort_quantized import quantized_session_config
 from speccompile.runtime.session import Runner
 
-CPU_SCHEMES = ["fp8", "int4"]
+CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only"]
 PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", "x = 1\ny = 2\nx = 1\ny ="]
 
 
@@ -26,7 +26,9 @@ def quantized_with_draft(tiny_artifact_with_draft, tmp_path_factory):
     built = {}
     for scheme in CPU_SCHEMES:
         built[scheme] = root / scheme
-        build_artifact(tiny_artifact_with_draft, built[scheme], BuildOptions(precision=scheme, onnx_only=True, calib_samples=3, calib_max_tokens=64))
+        precision, _, variant = scheme.partition("-")
+        build_artifact(tiny_artifact_with_draft, built[scheme], BuildOptions(precision=precision, onnx_only=True, calib_samples=3,
+                                                                             calib_max_tokens=64, weight_only=variant == "weight-only"))
     yield built
     shutil.rmtree(root, ignore_errors=True)
 
@@ -59,7 +61,7 @@ def _passes(target, ids: np.ndarray, prefix: int, step: int) -> np.ndarray:
 @pytest.mark.parametrize("scheme", CPU_SCHEMES)
 def test_row_logits_do_not_depend_on_the_number_of_rows(quantized_with_draft, scheme):
     art = open_artifact(quantized_with_draft[scheme], threads=2, drafter="none")
-    assert art.target.spec.extra["quantization"] == scheme
+    assert art.target.spec.extra["quantization"] == scheme.partition("-")[0]
     ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17, 8, 61, 33, 4], dtype=np.int64)
     one = _passes(art.target, ids, prefix=4, step=1)
     for step in (3, 10):  # chains of drafts verified together, like a speculative step

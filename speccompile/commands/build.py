@@ -15,6 +15,10 @@ from ..errors import InputError
 @click.option("--fp8", is_flag=True, help="FP8 E4M3 weights (per channel) and activations (per tensor, calibrated). Ada/Hopper/Blackwell.")
 @click.option("--fp4", is_flag=True, help="NVFP4 weights and dynamic activations (blocks of 16, FP8 scales). Blackwell only.")
 @click.option("--int4", is_flag=True, help="INT4 weight-only, blockwise (see --int4-block). Also runs in ONNX Runtime CPU.")
+@click.option("--weight-only", is_flag=True,
+              help="With --fp8 / --fp4: quantize the weights only; activations stay in the graph's float type (W8A16 / W4A16, "
+                   "a DQ prologue into a 16-bit GEMM). Verify passes of a few tokens are bound by weight reads, which it "
+                   "shrinks the same; it keeps far more of the model (docs/quantization.md).")
 @click.option("--no-quantize", is_flag=True, help="Quantize nothing: engines of the graphs as exported (with --onnx-only: only the trtexec script).")
 @click.option("--fp16", "float16", is_flag=True,
               help="Run the layers that stay unquantized in FP16. Needs an artifact exported with --dtype fp16 (strongly typed "
@@ -31,9 +35,10 @@ from ..errors import InputError
 @click.option("--quantize-lm-head", is_flag=True,
               help="Also quantize lm_head and the embedding table (excluded by default). A tied table is stored once, "
                    "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
-@click.option("--table-format", type=click.Choice(["int8", "scheme"]), default="int8", show_default=True,
+@click.option("--table-format", type=click.Choice(["int8", "fp16", "scheme"]), default="int8", show_default=True,
               help="Format of the embedding table with --quantize-lm-head: INT8 per row (weight-only on the Gather and "
-                   "the lm_head, whatever the scheme; the accurate one), or the build's weight format (smaller with INT4).")
+                   "the lm_head, whatever the scheme), float16 (half the fp32 size, the most accurate), or the build's "
+                   "weight format (smaller with INT4).")
 @click.option("--table-block", type=click.Choice(["64", "128"]), default="64", show_default=True,
               help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head; TensorRT's INT4 blocks).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K). TensorRT takes 64 and 128; smaller blocks run on ONNX Runtime only.")
@@ -69,7 +74,7 @@ from ..errors import InputError
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
 def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, min_top1, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, min_top1, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
@@ -117,6 +122,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
                               **{k: v for k, v in (("act_headroom", act_headroom), ("gptq", gptq), ("gptq_damp", gptq_damp),
                                                    ("gptq_act_order", gptq_act_order)) if v is not None}),
         min_top1=min_top1,
+        weight_only=weight_only,
     )
     build_artifact(artifact, out, options, progress_printer(as_json))
     what = "quantized ONNX" if onnx_only else "TensorRT engines"

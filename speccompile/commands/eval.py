@@ -47,7 +47,8 @@ def print_report(report: dict) -> None:
     table.add_column("artifact", justify="right")
     size = report["size_mb"]
     table.add_row("target size", f"{size['reference']:.1f} MB", f"{size['artifact']:.1f} MB ({size['artifact'] / size['reference']:.0%})")
-    table.add_row("top-1 agreement", "1", f"{report['top1_agreement']:.4f}")
+    low, high = report["top1_interval_95"]
+    table.add_row("top-1 agreement (95% interval)", "1", f"{report['top1_agreement']:.4f} ({low:.3f}-{high:.3f})")
     table.add_row("KL(ref || artifact)", "0", f"{report['kl_divergence']:.4f} (max {report['kl_divergence_max']:.2f})")
     ppl = report["perplexity"]
     table.add_row("perplexity", f"{ppl['reference']:.2f}", f"{ppl['artifact']:.2f}")

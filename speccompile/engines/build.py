@@ -49,7 +49,7 @@ class BuildOptions:
     int4_block: int = 128
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
-    table_format: str = "int8"  # "int8" (per row, weight-only) | "scheme"
+    table_format: str = "int8"  # "int8" (per row, weight-only) | "fp16" | "scheme"
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
@@ -66,6 +66,7 @@ class BuildOptions:
     max_batch: int | None = None
     methods: MethodOptions = field(default_factory=MethodOptions)
     min_top1: float | None = None  # keep the most sensitive MatMuls unquantized until calibration top-1 >= this
+    weight_only: bool = False  # fp8 / nvfp4: quantize the weights only (activations in the graph's float type)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":
@@ -77,11 +78,19 @@ class BuildOptions:
             raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
         if self.int4_block not in (16, 32, 64, 128, 256):
             raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
-        if self.table_format not in ("scheme", "int8"):
-            raise InputError(f"--table-format must be scheme or int8, got {self.table_format}")
+        if self.table_format not in ("scheme", "int8", "fp16"):
+            raise InputError(f"--table-format must be int8, fp16 or scheme, got {self.table_format}")
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
+        if self.weight_only:
+            if self.precision == "none":
+                raise InputError("--weight-only needs a quantized precision: --fp8 or --fp4 (--int4 is weight-only already)")
+            if self.methods.smoothquant is not None:
+                raise InputError("--smoothquant moves activation outliers into the weights for activation quantization; "
+                                 "--weight-only leaves the activations unquantized")
+            if self.methods.act_calib != "max":
+                raise InputError(f"--act-calib {self.methods.act_calib}: --weight-only quantizes no activation")
         if self.min_top1 is not None and not 0.0 < self.min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in (0, 1], got {self.min_top1}")
         if self.calib is not None:
@@ -156,7 +165,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
 
     spec = manifest.graph(graph)
     qopts = QuantOptions(options.precision, tuple(options.exclude), options.int4_block, tables=options.quantize_tables,
-                         table_block=options.table_block, table_format=options.table_format)
+                         table_block=options.table_block, table_format=options.table_format, weight_only=options.weight_only)
     methods = options.methods.validate()
     progress(f"loading {spec.file}")
     model = onnx.load(str(src_dir / spec.file), load_external_data=True)
@@ -166,8 +175,8 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
-    if options.precision == "int4" and (methods.awq or methods.clip or methods.low_rank or options.min_top1 is not None):
-        tensors = calibrated_tensors(model, qopts)
+    if not qopts.quantizes_activations and (methods.needs_rows or options.min_top1 is not None):
+        tensors = calibrated_tensors(model, qopts)  # no activation range to calibrate, but the methods need the rows
     if tensors:
         from ..tokenizer import TextTokenizer
 
@@ -184,11 +193,11 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),
             "tokens": sum(map(len, samples)),
-            "method": methods.act_calib if options.precision == "fp8" else "max",
+            "method": methods.act_calib if options.precision == "fp8" and qopts.quantizes_activations else "max",
         }
         progress("searching input-channel scales, clipping and activation ranges on the calibration activations")
         applied = apply_methods(model, qopts, stats, methods, progress, measure_errors=options.min_top1 is not None)
-        amax = applied.act_amax if options.precision != "int4" else None
+        amax = applied.act_amax if qopts.quantizes_activations else None
         weight_clip = applied.weight_clip
         weight_grid = applied.weight_grid
         method_record = applied.summary()
@@ -210,6 +219,8 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     _check_onnx(dst, run_ort="ort-cpu" in RUNS_ON[options.precision])
     record = report.summary()
     record["exclude_patterns"] = list(qopts.exclude)
+    if options.weight_only:
+        record["weight_only"] = True
     if options.precision == "int4":
         record["int4_block"] = options.int4_block
     if calibration:

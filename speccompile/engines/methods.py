@@ -152,7 +152,9 @@ def weight_fake_quant(w: np.ndarray, options: QuantOptions, clip: np.ndarray | N
 
 
 def activation_fake_quant(x: np.ndarray, options: QuantOptions, amax: float) -> np.ndarray:
-    """x [T, K] after the activation Q/DQ of the scheme (INT4 is weight-only: unchanged)."""
+    """x [T, K] after the activation Q/DQ of the scheme (INT4 and weight-only builds: unchanged)."""
+    if not options.quantizes_activations:
+        return x
     if options.scheme == "fp8":
         return nx.fp8_fake_quant(x, nx.fp8_activation_scale(amax))
     if options.scheme == "nvfp4":
@@ -397,7 +399,7 @@ def quantized_groups(model: onnx.ModelProto, options: QuantOptions) -> dict[str,
 
 def calibrated_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[str]:
     """Every activation the methods search on: quantized MatMul inputs and tied lm_head inputs."""
-    tables = [t.head_input for t in quantized_tables(model, options) if t.head is not None and not options.table_int8]
+    tables = [t.head_input for t in quantized_tables(model, options) if t.head is not None and not options.table_weight_only]
     return list(dict.fromkeys([*quantized_groups(model, options), *tables]))
 
 
@@ -446,7 +448,7 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
         split_low_rank(model, options, scaled_rows, methods.low_rank, report)
     inits = {i.name: i for i in model.graph.initializer}
     for table in quantized_tables(model, options):  # a tied lm_head: its input range, the table's clipping
-        st = stats.get(table.head_input) if table.head is not None and not options.table_int8 else None
+        st = stats.get(table.head_input) if table.head is not None and not options.table_weight_only else None
         if st is None:
             continue
         rows = st.rows

@@ -28,7 +28,7 @@ class LogitComparison:
     nll_reference: float = 0.0
     nll_quantized: float = 0.0
     scored: int = 0  # positions with a next token (perplexity)
-    per_sequence_top1: list[float] = field(default_factory=list)
+    per_sequence: list[tuple[int, int]] = field(default_factory=list)  # (agreeing positions, positions) per sequence
 
     def add(self, reference: np.ndarray, quantized: np.ndarray, token_ids: np.ndarray | None = None) -> None:
         """reference/quantized logits [positions, vocab]; token_ids [positions] of the sequence (perplexity)."""
@@ -41,7 +41,7 @@ class LogitComparison:
         self.agree += int(agree.sum())
         self.kl_sum += float(kl.sum())
         self.kl_max = max(self.kl_max, float(kl.max(initial=0.0)))
-        self.per_sequence_top1.append(float(agree.mean()) if len(agree) else 1.0)
+        self.per_sequence.append((int(agree.sum()), len(agree)))
         if token_ids is not None and len(token_ids) > 1:
             nxt = np.asarray(token_ids[1:], dtype=np.int64)
             rows = np.arange(len(nxt))
@@ -52,6 +52,18 @@ class LogitComparison:
     @property
     def top1_agreement(self) -> float:
         return self.agree / self.positions if self.positions else 1.0
+
+    def top1_interval(self, level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+        """A percentile-bootstrap interval of top-1 agreement that resamples whole sequences (positions within a
+        text agree or not together, so resampling positions would claim too narrow an interval); deterministic."""
+        counts = np.asarray(self.per_sequence, dtype=np.float64).reshape(-1, 2)
+        if len(counts) < 2:
+            return self.top1_agreement, self.top1_agreement
+        picks = np.random.default_rng(seed).integers(0, len(counts), size=(resamples, len(counts)))
+        pooled = counts[picks, 0].sum(axis=1) / np.maximum(counts[picks, 1].sum(axis=1), 1.0)
+        tail = (1.0 - level) / 2.0 * 100.0
+        low, high = np.percentile(pooled, [tail, 100.0 - tail])
+        return float(low), float(high)
 
     @property
     def kl_divergence(self) -> float:

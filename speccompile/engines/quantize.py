@@ -23,7 +23,12 @@ reader sees the same DequantizeLinear output: per row (fp8, axis 0), blocks alon
 (`Gemm(x, T, transB=1)`: H is the reduction axis, rows are output channels) the Gemm reads that DQ too,
 with its input quantized like any other quantized MatMul's (fp8, nvfp4); the Gather reads DQ(T) -> Gather,
 the weight-only embedding pattern TensorRT and ModelOpt's ONNX INT4 mode (gather_quantize_axis) use.
-`table_format="int8"` stores the table INT8 per row instead, for every scheme, weight-only on both readers.
+`table_format="int8"` stores the table INT8 per row instead, for every scheme, weight-only on both readers;
+`table_format="fp16"` stores it float16 behind a Cast to the graph's float type (half the fp32 size, no rounding
+that moves the lm_head's ranking in practice).
+
+`weight_only` (fp8, nvfp4): the weight chains above and no activation quantization: each MatMul reads its
+unquantized input (W8A16 / W4A16, a DQ prologue into a 16-bit GEMM); calibration then serves only the methods.
 
 One Q/DQ pair is shared by all MatMuls that read the same activation (q/k/v, gate/up), as TensorRT's
 Q/DQ fusion wants. Scales are in the graph's float type (float32 graphs: float32 scales).
@@ -61,16 +66,23 @@ class QuantOptions:
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
-    table_format: str = "int8"  # "int8": INT8 per row, weight-only; "scheme": the scheme's weight format
+    table_format: str = "int8"  # "int8": INT8 per row, weight-only; "fp16": float16; "scheme": the scheme's weight format
+    weight_only: bool = False  # fp8 / nvfp4: weights only, activations stay in the graph's float type
 
     @property
-    def table_int8(self) -> bool:
-        return self.table_format == "int8"
+    def table_weight_only(self) -> bool:
+        """Whether a table's readers keep their inputs unquantized (INT8 and float16 tables)."""
+        return self.table_format != "scheme"
+
+    @property
+    def quantizes_activations(self) -> bool:
+        """Whether quantized MatMuls get an activation Q/DQ (fp8, nvfp4; not INT4 or a weight-only build)."""
+        return self.scheme != "int4" and not self.weight_only
 
     @property
     def head_activation_quantized(self) -> bool:
         """Whether a tied lm_head's input gets the scheme's activation quantization."""
-        return self.scheme != "int4" and not self.table_int8
+        return self.quantizes_activations and not self.table_weight_only
 
     def for_table(self) -> "QuantOptions":
         """The options whose weight quantizer gives a table's numbers (as W = T^T [H, V])."""
@@ -167,9 +179,9 @@ def quantized_tables(model: onnx.ModelProto, options: QuantOptions) -> list[Embe
         h = inits[table.name].dims[1]
         if is_excluded(table.name, options.exclude):
             continue
-        if options.scheme == "int4" and not options.table_int8 and nx.pick_block(h, options.table_block) is None:
+        if options.scheme == "int4" and not options.table_weight_only and nx.pick_block(h, options.table_block) is None:
             continue
-        if options.scheme == "nvfp4" and not options.table_int8 and h % options.fp4_block:
+        if options.scheme == "nvfp4" and not options.table_weight_only and h % options.fp4_block:
             continue
         found.append(table)
     return found
@@ -181,7 +193,7 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
 
 def activation_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[str]:
     """Activation tensors whose amax calibration needs (inputs of quantized MatMuls and tied lm_heads), in graph order."""
-    if options.scheme == "int4":
+    if not options.quantizes_activations:
         return []
     seen: dict[str, None] = {}
     for _index, act, weight in weight_matmuls(model):
@@ -226,7 +238,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     scheme = options.scheme
     if scheme not in SCHEMES:
         raise InputError(f"unknown quantization scheme {scheme!r} (one of {', '.join(SCHEMES)})")
-    if scheme in ("fp8", "nvfp4") and act_amax is None:
+    if options.quantizes_activations and act_amax is None:
         raise InputError(f"{scheme} quantizes activations and needs calibration (act_amax)")
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -252,7 +264,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         if scheme == "nvfp4" and k % options.fp4_block:
             report.skipped[weight] = f"K={k} is not a multiple of {options.fp4_block}"
             continue
-        if scheme in ("fp8", "nvfp4") and act not in act_amax:
+        if options.quantizes_activations and act not in act_amax:
             report.skipped[weight] = "activation not calibrated"
             continue
         targets.add(index)
@@ -315,7 +327,11 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         v, h = t.shape
         clip = weight_clip.get(table.name)
         out = _unique(f"{table.name}_dq", taken)
-        if options.table_int8:  # INT8 per row, weight-only (the lm_head input stays unquantized)
+        if options.table_format == "fp16":  # float16 behind a Cast (the lm_head input stays unquantized)
+            elem, _np_float = _float_type(init)
+            hn = add_init(numpy_helper.from_array(t.astype(np.float16), _unique(f"{table.name}_fp16", taken)))
+            new_nodes.append(helper.make_node("Cast", [hn], [out], name=f"{table.name}/Cast", to=elem))
+        elif options.table_format == "int8":  # INT8 per row, weight-only (the lm_head input stays unquantized)
             q, scale = nx.quantize_int8_per_row(t)
             qn = add_init(numpy_helper.from_array(q, _unique(f"{table.name}_int8", taken)))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
@@ -383,7 +399,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
         elif index in targets:
             act, weight = node.input[0], node.input[1]
             elem, np_float = _float_type(inits[weight])
-            if scheme != "int4":
+            if options.quantizes_activations:
                 if act not in act_dq:
                     act_dq[act] = quantize_activation(act, elem, np_float)
                 node.input[0] = act_dq[act]
