@@ -326,3 +326,24 @@ def test_build_weight_only_through_the_cli(tiny_artifact, tmp_path):
     for flags, named in ((["--no-quantize", "--weight-only"], "--weight-only"), (["--fp8", "--weight-only", "--smoothquant", "0.5"], "--smoothquant")):
         bad = run_cli("build", str(tiny_artifact), *flags, "--onnx-only", "--out", str(tmp_path / "x"))
         assert bad.returncode == 2 and named in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_weight_only_nvfp4_defaults_to_gptq_in_activation_order(tiny_artifact, tmp_path):
+    """A weight-only NVFP4 build has its own method defaults (GPTQ in activation order, as INT4), which the
+    manifest records; full NVFP4 keeps GPTQ off, and INT4 (weight-only anyway) keeps its own."""
+    from speccompile.engines.build import BuildOptions, build_artifact
+    from speccompile.manifest import read_manifest
+
+    methods = MethodOptions()
+    full, weight_only = QuantOptions("nvfp4"), QuantOptions("nvfp4", weight_only=True)
+    assert not methods.uses_gptq(full.defaults_key)
+    assert methods.uses_gptq(weight_only.defaults_key) and methods.act_order(weight_only.defaults_key)
+    assert QuantOptions("int4", weight_only=True).defaults_key == "int4"
+    out = tmp_path / "fp4wo"
+    build_artifact(tiny_artifact, out, BuildOptions(precision="nvfp4", onnx_only=True, calib_samples=3, calib_max_tokens=64, weight_only=True))
+    record = read_manifest(out).precision["target"]
+    assert record["weight_only"] is True and record["activation_tensors"] == 0
+    assert record["methods"]["gptq"]["act_order"] is True and record["methods"]["gptq"]["damping"] == 3.0
+    model = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    assert not [n for n in model.graph.node if n.op_type == "TRT_FP4DynamicQuantize"]
+    assert read_manifest(out).precision["tensorrt_compat"]["target"]["ok"]

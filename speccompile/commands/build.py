@@ -51,12 +51,12 @@ from ..errors import InputError
               help="FP8: activation ranges times this factor, room for values above the calibration's [default: 2].")
 @click.option("--gptq/--no-gptq", default=None,
               help="GPTQ error compensation of the quantized weights: each input channel's rounding error is spread over the "
-                   "channels not yet quantized, from the calibration activations' Hessian (INT4/NVFP4: after AWQ and clipping) [default: on for FP8 and INT4, off for NVFP4].")
+                   "channels not yet quantized, from the calibration activations' Hessian (INT4/NVFP4: after AWQ and clipping) [default: on for FP8, INT4 and weight-only NVFP4, off for NVFP4].")
 @click.option("--gptq-damp", type=float, default=None,
               help="GPTQ damping: this fraction of the Hessian's mean diagonal is added to it (larger: closer to plain rounding) [default: fp8 0.1, int4 and nvfp4 3].")
 @click.option("--gptq-act-order/--no-gptq-act-order", default=None,
               help="GPTQ in activation order: input channels by decreasing calibration energy (Hessian diagonal), each block's "
-                   "scale fixed from the original weights first, so blocks stay contiguous along K [default: on for INT4].")
+                   "scale fixed from the original weights first, so blocks stay contiguous along K [default: on for INT4 and weight-only NVFP4].")
 @click.option("--low-rank", type=click.IntRange(0, None), default=0, show_default=True,
               help="Rank of a float16 side branch per quantized MatMul that carries the weight's principal part "
                    "(SVD weighted by calibration activations; SVDQuant's split); only the rest is quantized. 0: off.")

@@ -188,7 +188,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
             samples, check = split_check_samples(samples)
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
         stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
-                                      max_rows=methods.calibration_rows(options.precision) if methods.needs_rows or options.min_top1 is not None else 0)
+                                      max_rows=methods.calibration_rows(qopts.defaults_key) if methods.needs_rows or options.min_top1 is not None else 0)
         calibration = {
             "source": str(options.calib) if options.calib else "builtin",
             "samples": len(samples),

@@ -28,12 +28,13 @@ import numpy as np
 
 from . import numerics as nx
 
-# fraction of the mean diagonal of H added to it, per scheme (measured on SmolLM2: docs/quantization.md)
-DEFAULT_DAMP = {"fp8": 0.1, "int4": 3.0, "nvfp4": 3.0}
+# fraction of the mean diagonal of H added to it, per scheme (measured on SmolLM2: docs/quantization.md); keys are
+# `QuantOptions.defaults_key`: the scheme, or "<scheme>-weight-only" for a weight-only FP8 / NVFP4 build
+DEFAULT_DAMP = {"fp8": 0.1, "int4": 3.0, "nvfp4": 3.0, "fp8-weight-only": 0.1, "nvfp4-weight-only": 3.0}
 # on by default where it measured better on SmolLM2 held-out text (docs/quantization.md); --gptq / --no-gptq
-GPTQ_DEFAULT = {"fp8": True, "int4": True, "nvfp4": False}
+GPTQ_DEFAULT = {"fp8": True, "int4": True, "nvfp4": False, "fp8-weight-only": True, "nvfp4-weight-only": True}
 # activation order where it measured better on SmolLM2 held-out text (docs/quantization.md); --gptq-act-order
-ACT_ORDER_DEFAULT = {"fp8": False, "int4": True, "nvfp4": False}
+ACT_ORDER_DEFAULT = {"fp8": False, "int4": True, "nvfp4": False, "fp8-weight-only": False, "nvfp4-weight-only": True}
 LAZY_ROWS = 128
 
 

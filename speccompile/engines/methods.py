@@ -410,8 +410,9 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
     `measure_errors`: also record each weight's relative product error on the calibration rows (sensitivity)."""
     scheme = options.scheme
     report = MethodReport()
-    if methods.uses_gptq(scheme):
-        report.gptq_settings = {"damping": methods.damp(scheme), "act_order": methods.act_order(scheme)}
+    if methods.uses_gptq(options.defaults_key):
+        key = options.defaults_key
+        report.gptq_settings = {"damping": methods.damp(key), "act_order": methods.act_order(key)}
     inits = {i.name: i for i in model.graph.initializer}
     groups = quantized_groups(model, options)
     scaled_rows: dict[str, np.ndarray] = {}
@@ -484,10 +485,11 @@ def _compensate(report: MethodReport, init: onnx.TensorProto, w: np.ndarray, row
     clip = clip_search(w, np.square(evenly(rows, methods.search_rows)).mean(axis=0), options) if methods.clip and blockwise else None
     if clip is not None:
         report.weight_clip[init.name] = clip
-    if not methods.uses_gptq(options.scheme):
+    key = options.defaults_key
+    if not methods.uses_gptq(key):
         return w
     block = nx.pick_block(w.shape[0], options.int4_block) if options.scheme == "int4" else options.fp4_block
-    quantized, grid = gptq_weight(w, rows, options.scheme, block, clip, methods.damp(options.scheme), methods.act_order(options.scheme))
+    quantized, grid = gptq_weight(w, rows, options.scheme, block, clip, methods.damp(key), methods.act_order(key))
     before = float(np.square(rows @ (w - weight_fake_quant(w, options, clip))).sum())
     after = float(np.square(rows @ (w - quantized)).sum())
     report.gptq_error_ratio.append(after / before if before > 0 else 1.0)

@@ -80,6 +80,11 @@ class QuantOptions:
         return self.scheme != "int4" and not self.weight_only
 
     @property
+    def defaults_key(self) -> str:
+        """Which per-scheme method defaults apply (engines/gptq.py): a weight-only build has its own."""
+        return f"{self.scheme}-weight-only" if self.weight_only and self.scheme != "int4" else self.scheme
+
+    @property
     def head_activation_quantized(self) -> bool:
         """Whether a tied lm_head's input gets the scheme's activation quantization."""
         return self.quantizes_activations and not self.table_weight_only
