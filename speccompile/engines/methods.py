@@ -410,8 +410,8 @@ def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str
     `measure_errors`: also record each weight's relative product error on the calibration rows (sensitivity)."""
     scheme = options.scheme
     report = MethodReport()
-    if methods.uses_gptq(options.defaults_key):
-        key = options.defaults_key
+    key = options.defaults_key
+    if methods.uses_gptq(key):
         report.gptq_settings = {"damping": methods.damp(key), "act_order": methods.act_order(key)}
     inits = {i.name: i for i in model.graph.initializer}
     groups = quantized_groups(model, options)
