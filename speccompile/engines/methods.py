@@ -36,7 +36,7 @@ from ..errors import InputError
 from . import numerics as nx
 from .calibrate import ActivationStats
 from .gptq import ACT_ORDER_DEFAULT, DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
-from .quantize import LOW_RANK_SUFFIXES, QuantOptions, is_excluded, quantized_tables, weight_matmuls
+from .quantize import LOW_RANK_SUFFIXES, QuantOptions, float16_constant, is_excluded, quantized_tables, weight_matmuls
 
 ACT_CALIB = ("max", "percentile", "mse")
 ACT_HEADROOM = 2.0  # FP8: measured better than 1 on held-out text (docs/quantization.md)
@@ -290,12 +290,9 @@ def _insert_branch(graph: onnx.GraphProto, matmul: onnx.NodeProto, weight: str, 
     x, y = matmul.input[0], matmul.output[0]
     nodes, factors = [], []
     for suffix, value in zip(LOW_RANK_SUFFIXES, (a, b)):
-        name = weight + suffix
-        graph.initializer.append(numpy_helper.from_array(value, name))
-        if dtype != np.float16:
-            nodes.append(helper.make_node("Cast", [name], [name + "_cast"], name=f"{name}/Cast",
-                                          to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype))))
-            name += "_cast"
+        init, cast, name = float16_constant(weight + suffix, value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+        graph.initializer.append(init)
+        nodes += cast
         factors.append(name)
     main, low, branch = f"{y}_quantized_part", f"{weight}_low_rank_in", f"{weight}_low_rank_out"
     matmul.output[0] = main

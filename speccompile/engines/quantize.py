@@ -223,6 +223,16 @@ def _raw_tensor(name: str, data_type: int, dims, raw: bytes) -> onnx.TensorProto
     return t
 
 
+def float16_constant(name: str, value: np.ndarray, to: int, output: str | None = None) -> tuple[onnx.TensorProto, list[onnx.NodeProto], str]:
+    """(initializer, nodes, tensor readers use): `value` stored float16 as `name`, read as type `to` through a
+    Cast into `output` (default `name`_cast); no Cast when `to` is float16."""
+    init = numpy_helper.from_array(np.asarray(value).astype(np.float16), name)
+    if to == TensorProto.FLOAT16:
+        return init, [], name
+    output = output or f"{name}_cast"
+    return init, [helper.make_node("Cast", [name], [output], name=f"{name}/Cast", to=to)], output
+
+
 def _unique(name: str, taken: set[str]) -> str:
     base, i = name, 1
     while name in taken:
@@ -326,16 +336,16 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     def quantize_table(table: EmbeddingTable) -> str:
         """T [V, H] stored once; returns the DequantizeLinear output every reader of T gets."""
         init = inits[table.name]
-        _elem, np_float = _float_type(init)
+        elem, np_float = _float_type(init)
         grid = weight_grid.get(table.name)
         t = grid.weight.T if grid is not None and grid.weight is not None else numpy_helper.to_array(init).astype(np.float32)
         v, h = t.shape
         clip = weight_clip.get(table.name)
         out = _unique(f"{table.name}_dq", taken)
         if options.table_format == "fp16":  # float16 behind a Cast (the lm_head input stays unquantized)
-            elem, _np_float = _float_type(init)
-            hn = add_init(numpy_helper.from_array(t.astype(np.float16), _unique(f"{table.name}_fp16", taken)))
-            new_nodes.append(helper.make_node("Cast", [hn], [out], name=f"{table.name}/Cast", to=elem))
+            stored, cast, out = float16_constant(_unique(f"{table.name}_fp16", taken), t, elem, out)
+            add_init(stored)
+            new_nodes.extend(cast)
         elif options.table_format == "int8":  # INT8 per row, weight-only (the lm_head input stays unquantized)
             q, scale = nx.quantize_int8_per_row(t)
             qn = add_init(numpy_helper.from_array(q, _unique(f"{table.name}_int8", taken)))
