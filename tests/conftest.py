@@ -76,6 +76,73 @@ def make_tiny_hf_model(folder: Path, arch: str = "llama", seed: int = 0, layers:
     return folder
 
 
+def _permute_for_gguf(w, n_head: int):
+    """llama.cpp's row order of q / k projections (the loader undoes it)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: str | None = None):
+    """Write the Hugging Face model in `folder` as a llama GGUF file: 2-D weights in the gguf quantization type
+    `quant` ("Q8_0", "Q4_1", ...; None: F32), the token embedding in `table_quant` (default `quant`). Returns the
+    model as loaded from `folder`."""
+    import gguf
+    import numpy as np
+
+    from speccompile.models.load import _GGUF_BLOCK_NAMES, _GGUF_NAMES, load_model
+
+    loaded = load_model(str(folder))
+    cfg = loaded.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    reverse = {v: k for k, v in _GGUF_NAMES.items()}
+    block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
+    for name, tensor in loaded.weights.items():
+        stored = tensor.numpy().astype(np.float32)
+        if name in reverse:
+            gname = reverse[name]
+        else:
+            parts = name.split(".")
+            gname = f"blk.{parts[2]}.{block_reverse['.'.join(parts[3:-1])]}.{parts[-1]}"
+        if gname.endswith("attn_q.weight"):
+            stored = _permute_for_gguf(stored, cfg.num_attention_heads)
+        elif gname.endswith("attn_k.weight"):
+            stored = _permute_for_gguf(stored, cfg.num_key_value_heads)
+        kind = (table_quant or quant) if gname.startswith("token_embd") else quant
+        if kind and stored.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[kind]
+            q = gguf.quants.quantize(stored, qtype)
+            writer.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qtype)
+        else:
+            writer.add_tensor(gname, stored)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return loaded
+
+
+def export_as_gguf(root: Path, folder: Path, drafter: str | None = None, **quant) -> Path:
+    """Write the model in `folder` as `root`/model.gguf (`write_gguf` types, the tokenizer files beside it) and
+    export it to `root`/exported."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    root.mkdir(parents=True, exist_ok=True)
+    write_gguf(root / "model.gguf", folder, **quant)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, root / name)
+    export_artifact(str(root / "model.gguf"), root / "exported", ExportOptions(max_context=256, drafter=drafter))
+    return root / "exported"
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_hf_model(tmp_path_factory.mktemp("tiny") / "llama")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -11,7 +10,7 @@ from speccompile.models.config import config_from_hf
 from speccompile.models.decoder import build_decoder, causal_mask, eagle3_tap_layers
 from speccompile.models.load import load_model
 
-from conftest import make_tiny_hf_model
+from conftest import make_tiny_hf_model, write_gguf
 
 CASES = {
     "llama": {},
@@ -80,64 +79,10 @@ def test_hidden_state_taps(tmp_path):
     assert torch.allclose(aux, torch.cat(taps, -1), atol=1e-6)
 
 
-def _permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
-    rows = w.shape[0]
-    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _write_gguf(path, folder, quantize_linear: bool):
-    import gguf
-
-    loaded = load_model(str(folder))
-    cfg = loaded.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    from speccompile.models.load import _GGUF_BLOCK_NAMES, _GGUF_NAMES
-
-    reverse = {v: k for k, v in _GGUF_NAMES.items()}
-    block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
-    expected = {}
-    for name, tensor in loaded.weights.items():
-        array = tensor.numpy().astype(np.float32)
-        if name in reverse:
-            gname = reverse[name]
-        else:
-            parts = name.split(".")
-            gname = f"blk.{parts[2]}.{block_reverse['.'.join(parts[3:-1])]}.{parts[-1]}"
-        stored = array
-        if gname.endswith("attn_q.weight"):
-            stored = _permute_for_gguf(array, cfg.num_attention_heads)
-        elif gname.endswith("attn_k.weight"):
-            stored = _permute_for_gguf(array, cfg.num_key_value_heads)
-        if quantize_linear and stored.ndim == 2:
-            q = gguf.quants.quantize(stored, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            deq = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(stored.shape)
-            if gname.endswith("attn_q.weight"):
-                deq = _permute_for_gguf(deq, cfg.num_attention_heads)  # permutation is its own inverse pattern-wise
-            expected[name] = deq
-        else:
-            writer.add_tensor(gname, stored)
-            expected[name] = array
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return loaded, expected
-
-
 def test_gguf_loads_f32_and_unpermutes_qk(tmp_path):
     folder = make_tiny_hf_model(tmp_path / "m")
     path = tmp_path / "tiny.gguf"
-    hf, _ = _write_gguf(path, folder, quantize_linear=False)
+    hf = write_gguf(path, folder)
     gg = load_model(str(path))
     assert gg.config.num_hidden_layers == hf.config.num_hidden_layers
     assert gg.config.tie_word_embeddings is False
@@ -148,7 +93,7 @@ def test_gguf_loads_f32_and_unpermutes_qk(tmp_path):
 def test_gguf_q8_0_dequantizes_close(tmp_path):
     folder = make_tiny_hf_model(tmp_path / "m")
     path = tmp_path / "tiny_q8.gguf"
-    hf, _ = _write_gguf(path, folder, quantize_linear=True)
+    hf = write_gguf(path, folder, quant="Q8_0")
     gg = load_model(str(path))
     for name, tensor in hf.weights.items():
         ref = tensor.float()

@@ -1,6 +1,6 @@
 """Quantized artifacts on ONNX Runtime CPU: a verify pass reproduces one-token passes bit for bit, so
 greedy speculative decoding is token-identical to plain decoding (one check per precision `build` writes
-that ORT CPU runs: fp8, int4, fp8 weight-only)."""
+that ORT CPU runs: fp8, int4, fp8 weight-only, and int4 of a Q4_1 GGUF stored on its own grid with offset branches)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,36 @@ import shutil
 import numpy as np
 import pytest
 
+from speccompile.manifest import read_manifest
 from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.backends.ort_quantized import quantized_session_config
 from speccompile.runtime.session import Runner
 
-CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only"]
+from conftest import export_as_gguf
+
+CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid"]
 PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", "x = 1\ny = 2\nx = 1\ny ="]
 
 
 @pytest.fixture(scope="module")
-def quantized_with_draft(tiny_artifact_with_draft, tmp_path_factory):
-    """The tiny target (+ its draft model) built --onnx-only at each CPU precision."""
+def quantized_with_draft(tiny_artifact_with_draft, tiny_model_dir, tiny_draft_dir, tmp_path_factory):
+    """The tiny target (+ its draft model) built --onnx-only at each CPU precision; "int4-source-grid" from the
+    same model written as a Q4_1 GGUF (every weight on its grid)."""
     from speccompile.engines.build import BuildOptions, build_artifact
 
     root = tmp_path_factory.mktemp("quantexact")
+    gguf_export = export_as_gguf(root / "gguf", tiny_model_dir, drafter=f"draft-model:{tiny_draft_dir}", quant="Q4_1", table_quant="Q8_0")
     built = {}
     for scheme in CPU_SCHEMES:
         built[scheme] = root / scheme
         precision, _, variant = scheme.partition("-")
-        build_artifact(tiny_artifact_with_draft, built[scheme], BuildOptions(precision=precision, onnx_only=True, calib_samples=3,
-                                                                             calib_max_tokens=64, weight_only=variant == "weight-only"))
+        source = gguf_export if variant == "source-grid" else tiny_artifact_with_draft
+        build_artifact(source, built[scheme], BuildOptions(precision=precision, onnx_only=True, calib_samples=3, calib_max_tokens=64,
+                                                           weight_only=variant == "weight-only",
+                                                           **({"quantize_tables": True, "exclude": ()} if variant == "source-grid" else {})))
+        if variant == "source-grid":  # every MatMul (lm_head too) and the table on its own grid
+            record = read_manifest(built[scheme]).precision["target"]
+            assert record["source_grid"]["weights"] == record["quantized_matmuls"] + 1 and record["source_grid"]["with_offset"] > 0
     yield built
     shutil.rmtree(root, ignore_errors=True)
 

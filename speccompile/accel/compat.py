@@ -110,6 +110,7 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
             )
 
     int4_values = {i.name for i in graph.initializer if i.data_type == TensorProto.INT4}
+    int8_values = {i.name for i in graph.initializer if i.data_type == TensorProto.INT8}
     qdq_inputs: set[str] = set()
     qdq_outputs: set[str] = set()
     for node in graph.node:
@@ -120,6 +121,9 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
                 if block and node.input[0] in int4_values and block not in TRT_INT4_BLOCKS:
                     report.warnings.append(f"{node.name or node.output[0]}: INT4 block_size {block}: TensorRT takes "
                                            f"{' or '.join(map(str, TRT_INT4_BLOCKS))}")
+                elif block and node.input[0] in int8_values:
+                    report.warnings.append(f"{node.name or node.output[0]}: blocked INT8 (block_size {block}): TensorRT 10's "
+                                           "Dequantize layer takes block scales for INT4 only")
                 elif block and block not in (16, 32, 64, 128, 256):
                     report.warnings.append(f"{node.name or node.output[0]}: block_size {block} may not be supported")
         if node.op_type in ("QuantizeLinear", "TRT_FP4DynamicQuantize"):

@@ -60,6 +60,10 @@ from ..errors import InputError
 @click.option("--low-rank", type=click.IntRange(0, None), default=0, show_default=True,
               help="Rank of a float16 side branch per quantized MatMul that carries the weight's principal part "
                    "(SVD weighted by calibration activations; SVDQuant's split); only the rest is quantized. 0: off.")
+@click.option("--source-grid/--no-source-grid", default=True, show_default=True,
+              help="Store weights that are already on a block grid (a Q4_0 / Q4_1 / Q8_0 GGUF, a dequantized GPTQ or AWQ "
+                   "checkpoint) on that grid: INT4 MatMul weights with --int4, the embedding table with --table-format int8. "
+                   "Nothing is lost; blocks other than 64 / 128 run on ONNX Runtime only (docs/quantization.md).")
 @click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph is >= this on calibration prompts held back from the fitting (every fourth).")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
@@ -74,7 +78,7 @@ from ..errors import InputError
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
 def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, min_top1, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
@@ -119,6 +123,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         max_verify_tokens=max_verify_tokens,
         max_batch=max_batch,
         methods=MethodOptions(act_calib=act_calib, percentile=percentile, smoothquant=smoothquant, awq=awq, clip=clip_search, low_rank=low_rank,
+                              source_grid=source_grid,
                               **{k: v for k, v in (("act_headroom", act_headroom), ("gptq", gptq), ("gptq_damp", gptq_damp),
                                                    ("gptq_act_order", gptq_act_order)) if v is not None}),
         min_top1=min_top1,

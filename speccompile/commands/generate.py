@@ -54,16 +54,18 @@ def check_artifact_backend(artifact: Path, backend: str) -> None:
     from ..manifest import read_manifest
 
     manifest = read_manifest(artifact, verify_files=False)  # the runner checks the checksums
-    if backend != "ort-cpu" or "target" not in manifest.graphs:
+    if "target" not in manifest.graphs:
+        return
+    record = manifest.precision.get("target", {})
+    scheme, runs_on = record.get("scheme"), record.get("runs_on")
+    if runs_on and backend not in runs_on:
+        raise UnsupportedError(f"{artifact}: a {scheme} target does not run on {backend} (it runs on {', '.join(runs_on)})")
+    if backend != "ort-cpu":
         return
     dtype = manifest.graphs["target"].dtype.split("+")[0]
     if dtype == "bf16":
         raise UnsupportedError(f"{artifact}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no bf16 "
                                "kernels); run it on a GPU (--backend ort-cuda | ort-trt | tensorrt) or export with --dtype fp32")
-    record = manifest.precision.get("target", {})
-    scheme, runs_on = record.get("scheme"), record.get("runs_on")
-    if runs_on and backend not in runs_on:
-        raise UnsupportedError(f"{artifact}: a {scheme} target does not run on {backend} (it runs on {', '.join(runs_on)})")
     if scheme in SLOW_ON_CPU:
         click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; on ONNX Runtime's CPU "
                    "provider it runs as fp32 without the fused CPU graph (speculative steps ~2-3x slower than the fp32 export)",

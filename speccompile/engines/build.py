@@ -25,7 +25,8 @@ from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
 from .methods import MethodOptions, apply_methods, calibrated_tensors
-from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model
+from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
+from .source_grid import source_grids
 
 Progress = Callable[[str], None]
 TRTEXEC_SCRIPT = "build_engines.sh"
@@ -171,12 +172,19 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     model = onnx.load(str(src_dir / spec.file), load_external_data=True)
     amax = None
     weight_clip = None
-    weight_grid = None
+    # weights already on an INT4 / INT8 block grid are stored on it; the methods leave them alone
+    grids = source_grids(model, qopts) if methods.source_grid else {}
+    if grids and not options.onnx_only:
+        grids = _tensorrt_grids(grids, model, qopts, progress)
+    if grids:
+        progress(f"{len(grids)} weights are already on a block grid: stored on it, not quantized again")
+    method_qopts = dataclasses.replace(qopts, exclude=(*qopts.exclude, *grids)) if grids else qopts
+    weight_grid = dict(grids)
     method_record = {}
     calibration = None
     tensors = activation_tensors(model, qopts)
     if not qopts.quantizes_activations and (methods.needs_rows or options.min_top1 is not None):
-        tensors = calibrated_tensors(model, qopts)  # no activation range to calibrate, but the methods need the rows
+        tensors = calibrated_tensors(model, method_qopts)  # no activation range to calibrate, but the methods need the rows
     if tensors:
         from ..tokenizer import TextTokenizer
 
@@ -196,10 +204,10 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
             "method": methods.act_calib if options.precision == "fp8" and qopts.quantizes_activations else "max",
         }
         progress("searching input-channel scales, clipping and activation ranges on the calibration activations")
-        applied = apply_methods(model, qopts, stats, methods, progress, measure_errors=options.min_top1 is not None)
+        applied = apply_methods(model, method_qopts, stats, methods, progress, measure_errors=options.min_top1 is not None)
         amax = applied.act_amax if qopts.quantizes_activations else None
         weight_clip = applied.weight_clip
-        weight_grid = applied.weight_grid
+        weight_grid.update(applied.weight_grid)
         method_record = applied.summary()
         if options.min_top1 is not None:
             from .sensitivity import search_kept_weights
@@ -227,8 +235,25 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         record["calibration"] = calibration
     if method_record:
         record["methods"] = method_record
-    record["runs_on"] = RUNS_ON[options.precision]
+    record["runs_on"] = RUNS_ON[options.precision] if _tensorrt_blocks(report) else ["ort-cpu"]
     return record
+
+
+def _tensorrt_blocks(report) -> bool:
+    """Whether every block-quantized weight uses a block TensorRT takes (INT4 64 / 128; no blocked INT8 table)."""
+    tables = {name for name in report.tables if name in report.source_grid}
+    return all(b in TRT_INT4_BLOCKS for b in report.blocks.values()) and not tables
+
+
+def _tensorrt_grids(grids: dict, model: onnx.ModelProto, qopts: QuantOptions, progress: Progress) -> dict:
+    """The source grids a TensorRT build can store (INT4 blocks of 64 / 128); the others are quantized again."""
+    tables = {t.name for t in quantized_tables(model, qopts)}
+    kept = {w: g for w, g in grids.items() if w not in tables and g.block in TRT_INT4_BLOCKS}
+    if len(kept) < len(grids):
+        blocks = sorted({g.block for w, g in grids.items() if w not in kept})
+        progress(f"{len(grids) - len(kept)} weights are on block grids of {', '.join(map(str, blocks))} that TensorRT does not "
+                 "take: quantized again (--onnx-only keeps them exactly, on ONNX Runtime)")
+    return kept
 
 
 def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, progress: Progress = lambda _: None) -> Manifest:

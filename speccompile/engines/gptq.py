@@ -42,11 +42,17 @@ LAZY_ROWS = 128
 class GridScales:
     """The scales that fix a weight's quantization grid (INT4 [K/B, N] float32; NVFP4 fp8 [N, K/16] + global;
     FP8 [N] float32),
-    and the compensated weight [K, N] on that grid that the Q/DQ pass stores instead of the original."""
+    and the compensated weight [K, N] on that grid that the Q/DQ pass stores instead of the original.
+
+    A grid read back from the weights themselves (engines/source_grid.py) also fixes the block size along K
+    (`block`, else the build's) and may carry per-block offsets [K/B, N] (`offset`: the original weight is
+    `weight` plus each block's offset, added by a side branch)."""
 
     scale: np.ndarray
     global_scale: np.float32 | None = None
     weight: np.ndarray | None = None
+    block: int | None = None
+    offset: np.ndarray | None = None
 
 
 class GroupQuantizer(Protocol):

@@ -36,7 +36,8 @@ from ..errors import InputError
 from . import numerics as nx
 from .calibrate import ActivationStats
 from .gptq import ACT_ORDER_DEFAULT, DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
-from .quantize import LOW_RANK_SUFFIXES, QuantOptions, float16_constant, is_excluded, quantized_tables, weight_matmuls
+from .quantize import (LOW_RANK_SUFFIXES, QuantOptions, add_side_branch, float16_constant, is_excluded, quantized_tables,
+                       weight_matmuls)
 
 ACT_CALIB = ("max", "percentile", "mse")
 ACT_HEADROOM = 2.0  # FP8: measured better than 1 on held-out text (docs/quantization.md)
@@ -57,6 +58,7 @@ class MethodOptions:
     gptq_act_order: bool | None = None  # GPTQ in decreasing Hessian-diagonal order, static groups; None: ACT_ORDER_DEFAULT
     act_headroom: float = ACT_HEADROOM  # FP8: activation ranges times this (room for values above the calibration's)
     low_rank: int = 0  # rank of a float16 branch that takes the weights' principal part out of quantization (0: off)
+    source_grid: bool = True  # store weights already on an INT4 / INT8 block grid on it (engines/source_grid.py)
     search_rows: int = 256  # calibration rows used by the searches (evenly spaced over those kept)
     hessian_rows: int = 2048  # calibration rows kept for GPTQ's Hessian
 
@@ -286,22 +288,17 @@ def split_low_rank(model: onnx.ModelProto, options: QuantOptions, rows: dict[str
 
 def _insert_branch(graph: onnx.GraphProto, matmul: onnx.NodeProto, weight: str, a: np.ndarray, b: np.ndarray,
                    dtype: np.dtype) -> None:
-    """After `matmul` (y = x W): y = (x W) + (x A) B under y's name (its readers and graph outputs unchanged)."""
-    x, y = matmul.input[0], matmul.output[0]
-    nodes, factors = [], []
+    """After `matmul` (y = x W): y = (x W) + (x A) B, A and B float16 behind their Casts."""
+    factors = []
+    at = list(graph.node).index(matmul)
     for suffix, value in zip(LOW_RANK_SUFFIXES, (a, b)):
         init, cast, name = float16_constant(weight + suffix, value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
         graph.initializer.append(init)
-        nodes += cast
+        for node in cast:
+            graph.node.insert(at, node)
+            at += 1
         factors.append(name)
-    main, low, branch = f"{y}_quantized_part", f"{weight}_low_rank_in", f"{weight}_low_rank_out"
-    matmul.output[0] = main
-    nodes += [helper.make_node("MatMul", [x, factors[0]], [low], name=f"{weight}/LowRankA"),
-              helper.make_node("MatMul", [low, factors[1]], [branch], name=f"{weight}/LowRankB"),
-              helper.make_node("Add", [main, branch], [y], name=f"{weight}/LowRankAdd")]
-    at = list(graph.node).index(matmul) + 1
-    for offset, node in enumerate(nodes):
-        graph.node.insert(at + offset, node)
+    add_side_branch(graph, matmul, factors[0], factors[1], "low_rank")
 
 
 # ---------------------------------------------------------------- graph surgery

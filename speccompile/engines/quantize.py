@@ -27,6 +27,11 @@ the weight-only embedding pattern TensorRT and ModelOpt's ONNX INT4 mode (gather
 `table_format="fp16"` stores it float16 behind a Cast to the graph's float type (half the fp32 size; on SmolLM2
 within 0.002 top-1 of the fp32 table, docs/quantization.md).
 
+Weights already on a block grid (engines/source_grid.py, passed in `weight_grid` with `block` set): INT4 with
+that block size and those scales, plus `x E O`, a float16 side branch adding the blocks' offsets
+(`_add_offset_branches`) where the grid has them; an INT8 table on a blocked grid (Q8_0) as blocked INT8
+(DequantizeLinear axis 1, block_size B).
+
 `weight_only` (fp8, nvfp4): the weight chains above and no activation quantization: each MatMul reads its
 unquantized input (W8A16 / W4A16, a DQ prologue into a 16-bit GEMM); calibration then serves only the methods.
 
@@ -51,7 +56,9 @@ from .gptq import GridScales
 
 SCHEMES = ("fp8", "int4", "nvfp4")
 DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
-LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py): never quantized
+LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py)
+OFFSET_SUFFIXES = (".block_sum", ".block_offset")  # the offset branch of a weight on an asymmetric source grid
+SIDE_BRANCH_SUFFIXES = LOW_RANK_SUFFIXES + OFFSET_SUFFIXES  # side-branch factors: never quantized
 TRT_DOMAIN = "trt"
 FP4_OPSET = 23  # FLOAT4E2M1 in DequantizeLinear
 FP4_IR_VERSION = 11
@@ -105,6 +112,8 @@ class QuantReport:
     activations: dict[str, float] = field(default_factory=dict)  # activation tensor -> amax used
     blocks: dict[str, int] = field(default_factory=dict)  # weight -> INT4 block size actually used
     tables: dict[str, str] = field(default_factory=dict)  # embedding table -> "gather" | "gather+lm_head"
+    source_grid: dict[str, int] = field(default_factory=dict)  # weight or table stored on its own grid -> block size
+    offsets: int = 0  # of those, weights with an offset branch
 
     def summary(self) -> dict:
         out = {
@@ -118,6 +127,9 @@ class QuantReport:
             out["int4_block_sizes"] = sorted(set(self.blocks.values()))
         if self.tables:
             out["tables"] = dict(sorted(self.tables.items()))
+        if self.source_grid:
+            out["source_grid"] = {"weights": len(self.source_grid), "blocks": sorted(set(self.source_grid.values())),
+                                  "with_offset": self.offsets}
         return out
 
 
@@ -137,7 +149,7 @@ def weight_matmuls(model: onnx.ModelProto) -> list[tuple[int, str, str]]:
         w = inits.get(node.input[1])
         if w is None or len(w.dims) != 2 or w.data_type not in _FLOAT_TYPES:
             continue
-        if node.input[0] in inits or node.input[1].endswith(LOW_RANK_SUFFIXES):
+        if node.input[0] in inits or node.input[1].endswith(SIDE_BRANCH_SUFFIXES):
             continue
         found.append((index, node.input[0], node.input[1]))
     return found
@@ -233,6 +245,24 @@ def float16_constant(name: str, value: np.ndarray, to: int, output: str | None =
     return init, [helper.make_node("Cast", [name], [output], name=f"{name}/Cast", to=to)], output
 
 
+def add_side_branch(graph: onnx.GraphProto, matmul: onnx.NodeProto, first: str, second: str, label: str) -> None:
+    """After `matmul` (y = x W): y = (x W) + (x first) second under y's name (its readers and graph outputs unchanged)."""
+    x, y = matmul.input[0], matmul.output[0]
+    main, low, branch = f"{y}_{label}_main", f"{y}_{label}_in", f"{y}_{label}_out"
+    matmul.output[0] = main
+    nodes = [helper.make_node("MatMul", [x, first], [low], name=f"{y}/{label}_first"),
+             helper.make_node("MatMul", [low, second], [branch], name=f"{y}/{label}_second"),
+             helper.make_node("Add", [main, branch], [y], name=f"{y}/{label}_add")]
+    at = list(graph.node).index(matmul) + 1
+    for offset, node in enumerate(nodes):
+        graph.node.insert(at + offset, node)
+
+
+def block_sum_matrix(k: int, block: int) -> np.ndarray:
+    """E [K, K/B] with E[i, j] = 1 where input channel i is in block j: x E sums each block of x."""
+    return np.repeat(np.eye(k // block, dtype=np.float32), block, axis=0)
+
+
 def _unique(name: str, taken: set[str]) -> str:
     base, i = name, 1
     while name in taken:
@@ -314,7 +344,7 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=1))
         elif scheme == "int4":
-            block = nx.pick_block(k, options.int4_block)
+            block = grid.block if grid is not None and grid.block else nx.pick_block(k, options.int4_block)
             report.blocks[weight] = block
             q, scale = nx.quantize_int4_blockwise(w, block, weight_clip.get(weight), grid.scale if grid else None)
             qn = add_init(_raw_tensor(_unique(f"{weight}_int4", taken), TensorProto.INT4, q.shape, nx.pack_nibbles(q.view(np.uint8)).tobytes()))
@@ -331,6 +361,8 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, scale_out], [wt], name=f"{weight}/DequantizeLinear", axis=-1, block_size=options.fp4_block))
             new_nodes.append(helper.make_node("Transpose", [wt], [out], name=f"{weight}/Transpose", perm=[1, 0]))
         report.quantized.append(weight)
+        if grid is not None and grid.block:
+            report.source_grid[weight] = grid.block
         return out
 
     def quantize_table(table: EmbeddingTable) -> str:
@@ -346,6 +378,14 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             stored, cast, out = float16_constant(_unique(f"{table.name}_fp16", taken), t, elem, out)
             add_init(stored)
             new_nodes.extend(cast)
+        elif options.table_format == "int8" and grid is not None and grid.block:  # on its own blocked INT8 grid (Q8_0)
+            scale = np.ascontiguousarray(grid.scale.T)  # [V, H/B]
+            q = np.clip(np.rint(t / np.repeat(scale, grid.block, axis=1)), -127, 127).astype(np.int8)
+            qn = add_init(numpy_helper.from_array(q, _unique(f"{table.name}_int8", taken)))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{table.name}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{table.name}/DequantizeLinear",
+                                              axis=1, block_size=grid.block))
+            report.source_grid[table.name] = grid.block
         elif options.table_format == "int8":  # INT8 per row, weight-only (the lm_head input stays unquantized)
             q, scale = nx.quantize_int8_per_row(t)
             qn = add_init(numpy_helper.from_array(q, _unique(f"{table.name}_int8", taken)))
@@ -431,6 +471,9 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     graph.initializer.extend(kept + new_inits)
     del graph.node[:]
     graph.node.extend(new_nodes)
+    _add_offset_branches(graph, {w: weight_grid[w] for w in report.quantized if w in weight_grid and weight_grid[w].offset is not None},
+                         plan, inits, taken)
+    report.offsets = sum(1 for w in report.quantized if w in weight_grid and weight_grid[w].offset is not None)
     if uses_fp4:
         _set_opset(model, "", FP4_OPSET)
         _set_opset(model, TRT_DOMAIN, 1)
@@ -438,6 +481,37 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     if not report.quantized:
         raise UnsupportedError(f"--{scheme}: no MatMul weight to quantize (all excluded or unsupported shapes)")
     return report
+
+
+def _add_offset_branches(graph: onnx.GraphProto, grids: dict[str, GridScales], plan: dict[str, str],
+                         inits: dict[str, onnx.TensorProto], taken: set[str]) -> None:
+    """x W = x DQ(codes) + (x E) O for every weight whose source grid has offsets O [K/B, N] (E: block_sum_matrix,
+    one per (K, B), shared). Both float16 behind a Cast; O in the graph's float type where float16 would round it."""
+    sums: dict[tuple[int, int, int], str] = {}
+    readers = {}
+    for node in graph.node:
+        if node.op_type == "MatMul" and len(node.input) == 2:
+            readers.setdefault(node.input[1], []).append(node)
+    for weight, grid in grids.items():
+        elem = inits[weight].data_type
+        k = inits[weight].dims[0]
+        key = (k, grid.block, elem)
+        if key not in sums:
+            init, cast, sums[key] = float16_constant(_unique(f"block_sum_{k}x{grid.block}{OFFSET_SUFFIXES[0]}", taken),
+                                                     block_sum_matrix(k, grid.block), elem)
+            graph.initializer.append(init)
+            for node in reversed(cast):
+                graph.node.insert(0, node)
+        offset_name = _unique(f"{weight}{OFFSET_SUFFIXES[1]}", taken)
+        if np.array_equal(grid.offset.astype(np.float16).astype(np.float32), grid.offset):
+            init, cast, offset = float16_constant(offset_name, grid.offset, elem)
+        else:
+            init, cast, offset = numpy_helper.from_array(grid.offset.astype(_FLOAT_TYPES[elem]), offset_name), [], offset_name
+        graph.initializer.append(init)
+        for node in reversed(cast):
+            graph.node.insert(0, node)
+        for matmul in readers.get(plan[weight], []):
+            add_side_branch(graph, matmul, sums[key], offset, "offset")
 
 
 def _nvfp4(w_t: np.ndarray, block: int, clip: np.ndarray | None, grid: GridScales | None):

@@ -1,0 +1,133 @@
+"""Weights that are already on a block grid: read the grid back instead of quantizing them again.
+
+A model that was quantized before it reached the exporter (a GGUF file in Q4_0 / Q4_1 / Q8_0, a dequantized
+GPTQ or AWQ checkpoint) has weights in which every block of B consecutive input channels of one output
+column takes evenly spaced values, w = d c + m (d the block's step, c an integer code, m an offset). Quantizing
+such a weight again with scales of our own moves nearly every value (SmolLM2's bundled GGUF is Q4_1: a fresh
+INT4 build keeps 0.77 top-1 of it); storing the codes it already has loses nothing.
+
+  * INT4 weights (W [K, N], blocks along K, B in 128 / 64 / 32 / 16, the largest that fits exactly): codes
+    c in [-8, 7] and the step d as the DequantizeLinear scale. A grid whose codes do not sit symmetrically
+    around zero (Q4_1, asymmetric GPTQ: w = d q + m with q in 0..15) also has an offset o = m + 8 d per block
+    and column: W = DQ(c) + E O with E [K, K/B] the 0/1 matrix that sums each block's inputs and O [K/B, N]
+    the offsets, so the MatMul becomes x DQ(c) + (x E) O, a small float16 side branch (TensorRT's
+    DequantizeLinear takes no non-zero zero point, ONNX's takes integers only).
+  * INT8 embedding tables (T [V, H], blocks along H): symmetric codes in [-127, 127] with one step per block
+    (Q8_0), stored as a blocked INT8 DequantizeLinear.
+
+A weight counts as on a grid when every value is within GRID_TOLERANCE of its block's range of d c + m; the
+tolerance is float32 rounding, far below any quantization step, so an ordinary float weight never passes.
+The grid is returned as `GridScales` (block, scale, the weight minus its offsets, the offsets), which the
+Q/DQ pass stores exactly as GPTQ's grids are stored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .gptq import GridScales
+from .quantize import QuantOptions, is_excluded, quantized_tables, weight_matmuls
+
+GRID_TOLERANCE = 1e-5  # of the block's largest magnitude (float32 weights; float16 ones: their own epsilon)
+INT4_GRID_BLOCKS = (128, 64, 32, 16)
+INT8_GRID_BLOCKS = (128, 64, 32, 16)
+INT4_LEVELS = 15  # codes 0..15 before centering to [-8, 7]
+INT8_MAX = 127
+
+
+def _relative_tolerance(dtype: np.dtype) -> float:
+    """How far (relative to its block's largest magnitude) a stored value may sit from its grid point: the
+    rounding of the weight's own float type (a float16 export rounds d q + m to float16)."""
+    return max(GRID_TOLERANCE, 4 * float(np.finfo(dtype).eps)) if np.issubdtype(dtype, np.floating) else GRID_TOLERANCE
+
+
+def _fits(blocks: np.ndarray, step: np.ndarray, base: np.ndarray, low: int, high: int, tolerance: float) -> np.ndarray:
+    """[G, N]: whether each block of `blocks` [G, B, N] is base + step c with integer c in [low, high]."""
+    codes = np.rint((blocks - base[:, None, :]) / step[:, None, :])
+    bound = tolerance * np.abs(blocks).max(axis=1, keepdims=True) + 1e-30
+    close = np.abs(codes * step[:, None, :] + base[:, None, :] - blocks) <= bound
+    return close.all(axis=1) & (codes.min(axis=1) >= low) & (codes.max(axis=1) <= high)
+
+
+def _int4_steps(blocks: np.ndarray, tolerance: float) -> np.ndarray | None:
+    """The step d [G, N] of blocks [G, B, N] = d q + min with q integer in 0..15, or None when some block is not."""
+    lo, hi = blocks.min(axis=1), blocks.max(axis=1)
+    full = (hi - lo) / INT4_LEVELS  # codes that span 0..15 (Q4_1, min/max asymmetric quantizers)
+    full = np.where(full > 0, full, 1.0)
+    ok = _fits(blocks, full, lo, 0, INT4_LEVELS, tolerance)
+    if ok.all():
+        return full
+    gaps = np.diff(np.sort(blocks, axis=1), axis=1)  # codes that use fewer levels: the smallest gap is the step
+    gaps = np.where(gaps > 2 * tolerance * np.abs(blocks).max(axis=1, keepdims=True), gaps, np.inf).min(axis=1)
+    gaps = np.where(np.isfinite(gaps), gaps, 1.0)
+    ok_gaps = _fits(blocks, gaps, lo, 0, INT4_LEVELS, tolerance)
+    if not (ok | ok_gaps).all():
+        return None
+    return np.where(ok, full, gaps)
+
+
+def find_int4_grid(w: np.ndarray) -> GridScales | None:
+    """The INT4 grid W [K, N] is on (blocks along K), or None. `offset` is None where no block needs one."""
+    tolerance = _relative_tolerance(np.asarray(w).dtype)
+    w64 = np.asarray(w, dtype=np.float64)
+    k, n = w64.shape
+    for block in INT4_GRID_BLOCKS:
+        if k % block:
+            continue
+        blocks = w64.reshape(k // block, block, n)
+        if _int4_steps(blocks[:, :, : min(n, 8)], tolerance) is None:  # cheap rejection on a few columns
+            continue
+        step = _int4_steps(blocks, tolerance)
+        if step is None:
+            continue
+        zero = np.zeros_like(step)
+        if _fits(blocks, step, zero, -8, 7, tolerance).all():  # symmetric (Q4_0, symmetric GPTQ / AWQ)
+            offset = None
+        else:
+            offset = blocks.min(axis=1) + 8.0 * step  # codes q in 0..15 become c = q - 8 in [-8, 7]
+        codes = np.rint((blocks - (zero if offset is None else offset)[:, None, :]) / step[:, None, :])
+        return GridScales(scale=step.astype(np.float32), weight=(codes * step[:, None, :]).reshape(k, n).astype(np.float32),
+                          block=block, offset=None if offset is None else offset.astype(np.float32))
+    return None
+
+
+def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
+    """The symmetric INT8 grid of an embedding table T [V, H] with blocks along H (Q8_0), or None.
+
+    Returned in the lm_head's weight layout (as the table's other grids): scale [H/B, V], weight T^T [H, V]."""
+    tolerance = _relative_tolerance(np.asarray(t).dtype)
+    w = np.asarray(t, dtype=np.float64).T  # [H, V], blocks along axis 0
+    h, v = w.shape
+    for block in INT8_GRID_BLOCKS:
+        if h % block:
+            continue
+        blocks = w.reshape(h // block, block, v)
+        step = np.abs(blocks).max(axis=1) / INT8_MAX
+        step = np.where(step > 0, step, 1.0)
+        if _fits(blocks, step, np.zeros_like(step), -INT8_MAX, INT8_MAX, tolerance).all():
+            codes = np.rint(blocks / step[:, None, :])
+            return GridScales(scale=step.astype(np.float32), weight=(codes * step[:, None, :]).reshape(h, v).astype(np.float32),
+                              block=block)
+    return None
+
+
+def source_grids(model: onnx.ModelProto, options: QuantOptions) -> dict[str, GridScales]:
+    """weight (or embedding table) -> the grid it is already on, for the weights the Q/DQ pass will quantize:
+    INT4 MatMul weights of an INT4 build, and embedding tables stored INT8 (`--table-format int8`)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    grids: dict[str, GridScales] = {}
+    if options.scheme == "int4":
+        for _index, _act, weight in weight_matmuls(model):
+            if weight in grids or is_excluded(weight, options.exclude):
+                continue
+            grid = find_int4_grid(numpy_helper.to_array(inits[weight]))
+            if grid is not None:
+                grids[weight] = grid
+    if options.table_format == "int8":
+        for table in quantized_tables(model, options):
+            grid = find_int8_table_grid(numpy_helper.to_array(inits[table.name]))
+            if grid is not None:
+                grids[table.name] = grid
+    return grids
