@@ -144,7 +144,7 @@ def has_nonfinite_scale(onnx_path: Path) -> bool:
     return bool(nonfinite_quantizers(onnx.load(str(onnx_path), load_external_data=True).graph))
 
 
-def op_pattern(directory: Path) -> tuple[str, bool]:
+def op_pattern(directory: Path) -> tuple[str, bool, int]:
     import onnx
 
     from speccompile.accel.compat import check_tensorrt_compat
@@ -154,7 +154,15 @@ def op_pattern(directory: Path) -> tuple[str, bool]:
     types = Counter(onnx.TensorProto.DataType.Name(i.data_type).lower() for i in model.graph.initializer if len(i.dims) == 2)
     quant = {k: v for k, v in counts.items() if "quant" in k.lower() or k in ("Mul", "MatMulNBits")}
     text = ", ".join(f"{k} {v}" for k, v in sorted(quant.items())) + "; 2-D weights: " + ", ".join(f"{k} {v}" for k, v in sorted(types.items()))
-    return text, check_tensorrt_compat(model).ok
+    compat = check_tensorrt_compat(model)
+    return text, compat.ok, len(compat.warnings)
+
+
+def _compat_cell(row: dict) -> str:
+    """The TensorRT-check column: ok, ok with warnings (e.g. INT4 blocks TensorRT does not take), or errors."""
+    if not row["tensorrt_compat"]:
+        return "errors"
+    return f"ok, {row['tensorrt_warnings']} warnings" if row["tensorrt_warnings"] else "ok"
 
 
 def main() -> None:
@@ -219,10 +227,11 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - one failing candidate must not hide the others
             failures[name] = f"eval: {str(exc).splitlines()[0]}"
             continue
-        pattern, trt_ok = op_pattern(path)
+        pattern, trt_ok, trt_warnings = op_pattern(path)
         rows[name] = {"top1_agreement": report["top1_agreement"], "kl_divergence": report["kl_divergence"],
                       "perplexity": report["perplexity"]["artifact"], "reference_perplexity": report["perplexity"]["reference"],
-                      "size_mb": report["size_mb"]["artifact"], "tensorrt_compat": trt_ok, "ops": pattern}
+                      "size_mb": report["size_mb"]["artifact"], "tensorrt_compat": trt_ok,
+                      "tensorrt_warnings": trt_warnings, "ops": pattern}
     if args.json:
         print(json.dumps({"rows": rows, "failures": failures}, indent=2))
         return
@@ -231,7 +240,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['top1_agreement']:.4f} | {r['kl_divergence']:.4f} | {r['perplexity']:.2f} | {r['size_mb']:.1f} | "
-              f"{'ok' if r['tensorrt_compat'] else 'errors'} | {r['ops']} |")
+              f"{_compat_cell(r)} | {r['ops']} |")
     for name, why in failures.items():
         print(f"| {name} | failed: {why} | | | | | |")
 

@@ -144,6 +144,24 @@ def test_offset_branch_keeps_the_function():
     assert np.abs(_run(plain, x) - expected).max() > 1e-3 * np.abs(expected).max()
 
 
+def test_a_tensorrt_build_keeps_only_the_grids_tensorrt_takes():
+    """Block 64 stays on its grid in a TensorRT build, block 32 is quantized afresh there (and the build says so);
+    an ONNX-only build keeps both."""
+    from speccompile.engines.build import _tensorrt_grids
+
+    rng = np.random.default_rng(7)
+    w32 = _gguf_roundtrip(rng.standard_normal((64, 64)).astype(np.float32), "Q4_1").T
+    codes, step = rng.integers(-8, 8, (64, 32)), np.repeat(rng.uniform(0.01, 0.05, (1, 32)), 64, axis=0)
+    model = _two_matmuls(w32, (codes * step).astype(np.float32))
+    options = QuantOptions("int4", exclude=())
+    grids = source_grids(model, options)
+    assert {w: g.block for w, g in grids.items()} == {"a.weight_t": 32, "b.weight_t": 64}
+    said = []
+    assert set(_tensorrt_grids(grids, model, options, False, said.append)) == {"b.weight_t"}
+    assert "INT4 blocks of 32" in said[0] and "quantized again" in said[0]
+    assert set(_tensorrt_grids(grids, model, options, True, said.append)) == {"a.weight_t", "b.weight_t"}
+
+
 @pytest.fixture(scope="module")
 def q4_1_gguf_export(tmp_path_factory):
     """A tiny tied-embedding model written as a GGUF file like SmolLM2's (Q4_1 weights, Q8_0 table), exported."""

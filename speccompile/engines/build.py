@@ -174,10 +174,9 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     weight_clip = None
     # weights already on an INT4 / INT8 block grid are stored on it; the methods leave them alone
     grids = source_grids(model, qopts) if methods.source_grid else {}
-    if grids and not options.onnx_only:
-        grids = _tensorrt_grids(grids, model, qopts, progress)
     if grids:
         progress(f"{len(grids)} weights are already on a block grid: stored on it, not quantized again")
+        grids = _tensorrt_grids(grids, model, qopts, options.onnx_only, progress)
     method_qopts = dataclasses.replace(qopts, exclude=(*qopts.exclude, *grids)) if grids else qopts
     weight_grid = dict(grids)
     method_record = {}
@@ -245,15 +244,22 @@ def _tensorrt_blocks(report) -> bool:
     return all(b in TRT_INT4_BLOCKS for b in report.blocks.values()) and not tables
 
 
-def _tensorrt_grids(grids: dict, model: onnx.ModelProto, qopts: QuantOptions, progress: Progress) -> dict:
-    """The source grids a TensorRT build can store (INT4 blocks of 64 / 128); the others are quantized again."""
+def _tensorrt_grids(grids: dict, model: onnx.ModelProto, qopts: QuantOptions, onnx_only: bool, progress: Progress) -> dict:
+    """The source grids to store: all of them for an ONNX-only build (saying when that makes it ONNX Runtime only),
+    for a TensorRT build those TensorRT takes (INT4 blocks of 64 / 128; no blocked INT8 table), the others quantized again."""
     tables = {t.name for t in quantized_tables(model, qopts)}
-    kept = {w: g for w, g in grids.items() if w not in tables and g.block in TRT_INT4_BLOCKS}
-    if len(kept) < len(grids):
-        blocks = sorted({g.block for w, g in grids.items() if w not in kept})
-        progress(f"{len(grids) - len(kept)} weights are on block grids of {', '.join(map(str, blocks))} that TensorRT does not "
-                 "take: quantized again (--onnx-only keeps them exactly, on ONNX Runtime)")
-    return kept
+    fit = {w: g for w, g in grids.items() if w not in tables and g.block in TRT_INT4_BLOCKS}
+    if len(fit) == len(grids):
+        return grids
+    what = ", ".join(sorted({f"INT8 blocks of {g.block}" if w in tables else f"INT4 blocks of {g.block}"
+                             for w, g in grids.items() if w not in fit}))
+    if onnx_only:
+        progress(f"{len(grids) - len(fit)} of them on grids TensorRT does not take ({what}): this build runs on ONNX "
+                 "Runtime (--no-source-grid quantizes them afresh, for TensorRT)")
+        return grids
+    progress(f"{len(grids) - len(fit)} of them on grids TensorRT does not take ({what}): quantized again "
+             "(--onnx-only keeps them exactly, on ONNX Runtime)")
+    return fit
 
 
 def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, progress: Progress = lambda _: None) -> Manifest:
