@@ -193,6 +193,7 @@ def test_int4_build_of_a_q4_1_gguf_keeps_the_model(q4_1_gguf_export, tmp_path):
     assert "calibration" not in target and target["runs_on"] == ["ort-cpu"]
     warnings = record["tensorrt_compat"]["target"]["warnings"]
     assert record["tensorrt_compat"]["target"]["ok"] and any("INT4 block_size 32" in w for w in warnings)
+    assert any("blocked INT8 (block_size 32)" in w for w in warnings)  # the Q8_0 table
     got = _logits(exact, ids)
     assert np.array_equal(got.argmax(-1), reference.argmax(-1))
     assert np.abs(got - reference).max() <= 1e-4 * np.abs(reference).max()
