@@ -61,7 +61,7 @@ from ..errors import InputError
               help="Rank of a float16 side branch per quantized MatMul that carries the weight's principal part "
                    "(SVD weighted by calibration activations; SVDQuant's split); only the rest is quantized. 0: off.")
 @click.option("--source-grid/--no-source-grid", default=True, show_default=True,
-              help="Store weights that are already on a block grid (a Q4_0 / Q4_1 / Q8_0 GGUF, a dequantized GPTQ or AWQ "
+              help="Store weights that are already on a block grid (a Q4_0 / Q4_1 / Q4_K / Q8_0 GGUF, a dequantized GPTQ or AWQ "
                    "checkpoint) on that grid: INT4 MatMul weights with --int4, the embedding table with --table-format int8. "
                    "Nothing is lost; blocks other than 64 / 128 run on ONNX Runtime only (docs/quantization.md).")
 @click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph is >= this on calibration prompts held back from the fitting (every fourth).")
