@@ -347,3 +347,28 @@ def test_weight_only_nvfp4_defaults_to_gptq_in_activation_order(tiny_artifact, t
     model = onnx.load(str(out / "target.onnx"), load_external_data=False)
     assert not [n for n in model.graph.node if n.op_type == "TRT_FP4DynamicQuantize"]
     assert read_manifest(out).precision["tensorrt_compat"]["target"]["ok"]
+
+
+def test_min_top1_can_keep_the_worst_weights_in_fp8(tiny_artifact, tmp_path):
+    """`--keep-format fp8`: the weights --min-top1 keeps are stored FP8 weight-only (per channel) rather than fp32,
+    the search measures them that way, and the manifest records the format and its size; the flag alone is exit 2."""
+    from speccompile.engines.build import BuildOptions, build_artifact
+    from speccompile.manifest import read_manifest
+
+    from conftest import run_cli
+
+    out = tmp_path / "int4-keep-fp8"
+    build_artifact(tiny_artifact, out, BuildOptions(precision="int4", onnx_only=True, int4_block=32, calib_samples=3,
+                                                    calib_max_tokens=64, min_top1=0.8, keep_format="fp8"))
+    record = read_manifest(out).precision["target"]
+    sensitivity = record["methods"]["sensitivity"]
+    kept = set(sensitivity["kept"])
+    assert kept and sensitivity["keep_format"] == "fp8" and sensitivity["calibration_top1"] >= 0.8
+    assert sensitivity["kept_mb"] <= sensitivity["kept_fp32_mb"]  # a quarter, plus scales (tiny here: both round small)
+    model = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    stored = {i.name: i.data_type for i in model.graph.initializer}
+    assert not kept & set(stored)  # no kept weight left as a float initializer
+    assert sum(t == TensorProto.FLOAT8E4M3FN for t in stored.values()) == len(kept)
+    assert sum(t == TensorProto.INT4 for t in stored.values()) == record["quantized_matmuls"] == 8 - len(kept)
+    bad = run_cli("build", str(tiny_artifact), "--int4", "--keep-format", "fp8", "--onnx-only", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "--min-top1" in bad.stderr and not (tmp_path / "x").exists()

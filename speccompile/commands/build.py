@@ -65,6 +65,9 @@ from ..errors import InputError
                    "checkpoint) on that grid: INT4 MatMul weights with --int4, the embedding table with --table-format int8. "
                    "Nothing is lost; blocks other than 64 / 128 run on ONNX Runtime only (docs/quantization.md).")
 @click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph is >= this on calibration prompts held back from the fitting (every fourth).")
+@click.option("--keep-format", type=click.Choice(["fp32", "fp8"]), default="fp32", show_default=True,
+              help="With --min-top1: store the weights it keeps in fp32 (unquantized) or FP8 weight-only per channel "
+                   "(a quarter of the size; the search measures them in FP8).")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
@@ -78,7 +81,7 @@ from ..errors import InputError
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
 def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
@@ -127,6 +130,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
                               **{k: v for k, v in (("act_headroom", act_headroom), ("gptq", gptq), ("gptq_damp", gptq_damp),
                                                    ("gptq_act_order", gptq_act_order)) if v is not None}),
         min_top1=min_top1,
+        keep_format=keep_format,
         weight_only=weight_only,
     )
     build_artifact(artifact, out, options, progress_printer(as_json))

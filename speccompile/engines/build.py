@@ -26,6 +26,7 @@ from ..onnx_versions import save_model
 from . import config as cfg
 from .methods import MethodOptions, apply_methods, calibrated_tensors
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
+from .sensitivity import KEEP_FORMATS, search_kept_weights, store_kept
 from .source_grid import source_grids
 
 Progress = Callable[[str], None]
@@ -67,6 +68,7 @@ class BuildOptions:
     max_batch: int | None = None
     methods: MethodOptions = field(default_factory=MethodOptions)
     min_top1: float | None = None  # keep the most sensitive MatMuls unquantized until calibration top-1 >= this
+    keep_format: str = "fp32"  # what --min-top1 keeps them in: fp32, or fp8 (weight-only, per channel)
     weight_only: bool = False  # fp8 / nvfp4: quantize the weights only (activations in the graph's float type)
     extra: dict = field(default_factory=dict)
 
@@ -94,6 +96,10 @@ class BuildOptions:
                 raise InputError(f"--act-calib {self.methods.act_calib}: --weight-only quantizes no activation")
         if self.min_top1 is not None and not 0.0 < self.min_top1 <= 1.0:
             raise InputError(f"--min-top1 must be in (0, 1], got {self.min_top1}")
+        if self.keep_format not in KEEP_FORMATS:
+            raise InputError(f"--keep-format must be one of {', '.join(KEEP_FORMATS)}, got {self.keep_format}")
+        if self.keep_format != "fp32" and self.min_top1 is None:
+            raise InputError(f"--keep-format {self.keep_format}: it is the format of the weights --min-top1 keeps; pass --min-top1")
         if self.calib is not None:
             path = Path(self.calib)
             if not path.is_file():
@@ -181,6 +187,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     weight_grid = dict(grids)
     method_record = {}
     calibration = None
+    kept_weights: list[str] = []
     tensors = activation_tensors(model, qopts)
     if not qopts.quantizes_activations and (methods.needs_rows or options.min_top1 is not None):
         tensors = calibrated_tensors(model, method_qopts)  # no activation range to calibrate, but the methods need the rows
@@ -209,16 +216,17 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         weight_grid.update(applied.weight_grid)
         method_record = applied.summary()
         if options.min_top1 is not None:
-            from .sensitivity import search_kept_weights
-
-            progress(f"sensitivity: keeping the worst MatMuls unquantized until top-1 >= {options.min_top1} on "
+            progress(f"sensitivity: keeping the worst MatMuls in {options.keep_format} until top-1 >= {options.min_top1} on "
                      f"{len(check)} held-back calibration samples ({sum(map(len, check))} tokens)")
             kept = search_kept_weights(model, qopts, amax, weight_clip, applied.weight_error, weight_grid, spec, check,
-                                       options.min_top1, options.threads, progress)
+                                       options.min_top1, options.threads, progress, options.keep_format)
             qopts = dataclasses.replace(qopts, exclude=(*qopts.exclude, *kept.kept))
+            kept_weights = kept.kept
             method_record["sensitivity"] = {**kept.summary(), "check_samples": len(check), "check_tokens": sum(map(len, check))}
     progress(f"quantizing {graph} to {options.precision}")
     report = quantize_model(model, qopts, amax, weight_clip, weight_grid)
+    if kept_weights:
+        store_kept(model, kept_weights, options.keep_format)
     data_name = dst.name + ".data"
     save_model(model, dst, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
     del model

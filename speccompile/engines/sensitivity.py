@@ -6,6 +6,9 @@ quantizing the whole graph and measuring top-1 agreement with the unquantized gr
 prompts held back from the fitting (`build.split_check_samples`: GPTQ fits the others closely, so agreement on
 them says little of new text) in ONNX Runtime CPU (NVFP4 through its exact emulation): doubling, then
 bisection, so a 120-weight model needs about 2 log2(kept) full-model measurements.
+
+Kept weights stay fp32, or (`keep_format="fp8"`, `build --keep-format fp8`) go to FP8 weight-only per output
+channel (`store_kept`): a quarter of the fp32 size, and the search measures the graph with them in FP8.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from ..errors import UnsupportedError
 from ..manifest import GraphSpec
 from .calibrate import prefill_feeds
 from .quality import LogitComparison
-from .quantize import QuantOptions, quantize_model
+from .quantize import QuantOptions, quantize_model, weight_matmuls
+
+KEEP_FORMATS = ("fp32", "fp8")
 
 Progress = Callable[[str], None]
 
@@ -33,11 +38,22 @@ class SensitivityResult:
     kept: list[str] = field(default_factory=list)
     kept_fp32_mb: float = 0.0
     measurements: dict[int, float] = field(default_factory=dict)  # number kept -> calibration top-1
+    keep_format: str = "fp32"
+    kept_mb: float = 0.0  # what the kept weights take in keep_format
 
     def summary(self) -> dict:
         return {"min_top1": self.min_top1, "calibration_top1": round(self.top1, 4), "kept": self.kept,
-                "kept_fp32_mb": round(self.kept_fp32_mb, 1),
+                "kept_fp32_mb": round(self.kept_fp32_mb, 1), "keep_format": self.keep_format, "kept_mb": round(self.kept_mb, 1),
                 "measured": {str(k): round(v, 4) for k, v in sorted(self.measurements.items())}}
+
+
+def store_kept(model: onnx.ModelProto, kept: Sequence[str], keep_format: str) -> None:
+    """Store the kept weights (still float after the scheme's pass) in `keep_format`: fp32 leaves them, fp8 quantizes
+    exactly them to FP8 weight-only (per output channel)."""
+    if keep_format == "fp32" or not kept:
+        return
+    others = tuple(w for _i, _a, w in weight_matmuls(model) if w not in set(kept))
+    quantize_model(model, QuantOptions("fp8", exclude=others, weight_only=True))
 
 
 def _session(model: onnx.ModelProto, threads: int | None):
@@ -67,8 +83,9 @@ def search_kept_weights(
     min_top1: float,
     threads: int | None = None,
     progress: Progress = lambda _m: None,
+    keep_format: str = "fp32",
 ) -> SensitivityResult:
-    """The fewest worst-first weights to leave unquantized for calibration top-1 >= min_top1 (`model` is not changed)."""
+    """The fewest worst-first weights to keep in `keep_format` for calibration top-1 >= min_top1 (`model` is not changed)."""
     from .emulate import emulate_nvfp4
 
     reference = _logits(_session(model, threads), spec, samples)
@@ -77,19 +94,20 @@ def search_kept_weights(
 
     def top1(count: int) -> float:
         if count == len(order):
-            return 1.0  # nothing quantized: the reference itself
+            return 1.0  # nothing quantized in the scheme (never measured: the search stops below it)
         if count not in measured:
             trial = onnx.ModelProto()
             trial.CopyFrom(model)
             kept = tuple(order[:count])
             quantize_model(trial, dataclasses.replace(options, exclude=(*options.exclude, *kept)), act_amax, weight_clip, weight_grid)
+            store_kept(trial, kept, keep_format)
             if options.scheme == "nvfp4":
                 emulate_nvfp4(trial)
             comparison = LogitComparison()
             for ref, got in zip(reference, _logits(_session(trial, threads), spec, samples)):
                 comparison.add(ref, got)
             measured[count] = comparison.top1_agreement
-            progress(f"  {count} weight(s) kept unquantized: calibration top-1 {measured[count]:.4f}")
+            progress(f"  {count} weight(s) kept in {keep_format}: calibration top-1 {measured[count]:.4f}")
         return measured[count]
 
     # doubling, then bisection on the number kept (quality grows roughly monotonically with it)
@@ -107,9 +125,10 @@ def search_kept_weights(
     else:
         count = 0
     if count == len(order):
-        raise UnsupportedError(f"--min-top1 {min_top1}: not reached unless every MatMul stays unquantized "
+        raise UnsupportedError(f"--min-top1 {min_top1}: not reached unless every MatMul is kept in {keep_format} "
                                f"(best measured: {max(measured.values(), default=0.0):.4f}); lower the target")
     inits = {i.name: i for i in model.graph.initializer}
     kept = order[:count]
     mb = sum(int(np.prod(inits[w].dims)) * 4 for w in kept) / 1e6
-    return SensitivityResult(min_top1, top1(count), kept, mb, measured)
+    stored = mb if keep_format == "fp32" else sum(int(np.prod(inits[w].dims)) + 4 * inits[w].dims[1] for w in kept) / 1e6
+    return SensitivityResult(min_top1, top1(count), kept, mb, measured, keep_format, stored)
