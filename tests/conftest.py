@@ -130,16 +130,16 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
     return loaded
 
 
-def export_as_gguf(root: Path, folder: Path, drafter: str | None = None, **quant) -> Path:
+def export_as_gguf(root: Path, folder: Path, drafter: str | None = None, dtype: str = "fp32", **quant) -> Path:
     """Write the model in `folder` as `root`/model.gguf (`write_gguf` types, the tokenizer files beside it) and
-    export it to `root`/exported."""
+    export it (in `dtype`) to `root`/exported."""
     from speccompile.export.pipeline import ExportOptions, export_artifact
 
     root.mkdir(parents=True, exist_ok=True)
     write_gguf(root / "model.gguf", folder, **quant)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(folder / name, root / name)
-    export_artifact(str(root / "model.gguf"), root / "exported", ExportOptions(max_context=256, drafter=drafter))
+    export_artifact(str(root / "model.gguf"), root / "exported", ExportOptions(max_context=256, drafter=drafter, dtype=dtype))
     return root / "exported"
 
 

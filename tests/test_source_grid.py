@@ -205,3 +205,18 @@ def test_int4_build_of_a_q4_1_gguf_keeps_the_model(q4_1_gguf_export, tmp_path):
     assert ran.returncode == 0, ran.stderr
     refused = run_cli("run", str(exact), "--prompt", "the cat", "--backend", "tensorrt")  # block 32: not TensorRT's
     assert refused.returncode == 2 and "runs on ort-cpu" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_int4_build_of_a_float16_export_stays_on_the_grid(tmp_path):
+    """A float16 export rounds the GGUF's values to float16: the grids are still found, and the INT4 build's logits
+    stay within float16 rounding of the export's (same argmax)."""
+    folder = make_tiny_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    exported = export_as_gguf(tmp_path / "gguf", folder, dtype="fp16", quant="Q4_1", table_quant="Q8_0")
+    built = tmp_path / "built"
+    result = run_cli("build", str(exported), "--int4", "--quantize-lm-head", "--onnx-only", "--out", str(built))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((built / "manifest.json").read_text())["precision"]["target"]["source_grid"]["weights"] == 9
+    ids = np.array([5, 9, 20, 31, 7, 12, 40, 3], dtype=np.int64)
+    reference, got = _logits(exported, ids).astype(np.float32), _logits(built, ids).astype(np.float32)
+    assert np.array_equal(got.argmax(-1), reference.argmax(-1))
+    assert np.abs(got - reference).max() <= 4e-3 * np.abs(reference).max()
