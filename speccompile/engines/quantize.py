@@ -471,9 +471,9 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
     graph.initializer.extend(kept + new_inits)
     del graph.node[:]
     graph.node.extend(new_nodes)
-    _add_offset_branches(graph, {w: weight_grid[w] for w in report.quantized if w in weight_grid and weight_grid[w].offset is not None},
-                         plan, inits, taken)
-    report.offsets = sum(1 for w in report.quantized if w in weight_grid and weight_grid[w].offset is not None)
+    offset_grids = {w: weight_grid[w] for w in report.quantized if w in weight_grid and weight_grid[w].offset is not None}
+    _add_offset_branches(graph, offset_grids, plan, inits, taken)
+    report.offsets = len(offset_grids)
     if uses_fp4:
         _set_opset(model, "", FP4_OPSET)
         _set_opset(model, TRT_DOMAIN, 1)
@@ -488,6 +488,7 @@ def _add_offset_branches(graph: onnx.GraphProto, grids: dict[str, GridScales], p
     """x W = x DQ(codes) + (x E) O for every weight whose source grid has offsets O [K/B, N] (E: block_sum_matrix,
     one per (K, B), shared). Both float16 behind a Cast; O in the graph's float type where float16 would round it."""
     sums: dict[tuple[int, int, int], str] = {}
+    casts: list[onnx.NodeProto] = []  # they read initializers only: placed first
     readers = {}
     for node in graph.node:
         if node.op_type == "MatMul" and len(node.input) == 2:
@@ -500,18 +501,18 @@ def _add_offset_branches(graph: onnx.GraphProto, grids: dict[str, GridScales], p
             init, cast, sums[key] = float16_constant(_unique(f"block_sum_{k}x{grid.block}{OFFSET_SUFFIXES[0]}", taken),
                                                      block_sum_matrix(k, grid.block), elem)
             graph.initializer.append(init)
-            for node in reversed(cast):
-                graph.node.insert(0, node)
+            casts += cast
         offset_name = _unique(f"{weight}{OFFSET_SUFFIXES[1]}", taken)
         if np.array_equal(grid.offset.astype(np.float16).astype(np.float32), grid.offset):
             init, cast, offset = float16_constant(offset_name, grid.offset, elem)
         else:
             init, cast, offset = numpy_helper.from_array(grid.offset.astype(_FLOAT_TYPES[elem]), offset_name), [], offset_name
         graph.initializer.append(init)
-        for node in reversed(cast):
-            graph.node.insert(0, node)
+        casts += cast
         for matmul in readers.get(plan[weight], []):
             add_side_branch(graph, matmul, sums[key], offset, "offset")
+    for node in reversed(casts):
+        graph.node.insert(0, node)
 
 
 def _nvfp4(w_t: np.ndarray, block: int, clip: np.ndarray | None, grid: GridScales | None):

@@ -52,7 +52,8 @@ def store_kept(model: onnx.ModelProto, kept: Sequence[str], keep_format: str) ->
     exactly them to FP8 weight-only (per output channel)."""
     if keep_format == "fp32" or not kept:
         return
-    others = tuple(w for _i, _a, w in weight_matmuls(model) if w not in set(kept))
+    keep = set(kept)
+    others = tuple(w for _i, _a, w in weight_matmuls(model) if w not in keep)
     quantize_model(model, QuantOptions("fp8", exclude=others, weight_only=True))
 
 
