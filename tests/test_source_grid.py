@@ -180,17 +180,19 @@ def _logits(path, ids: np.ndarray) -> np.ndarray:
 
 def test_int4_build_of_a_q4_1_gguf_keeps_the_model(q4_1_gguf_export, tmp_path):
     """`build --int4 --quantize-lm-head` of a Q4_1 / Q8_0 GGUF export: every weight and the table stored on their
-    own grids, no calibration, logits equal to the export's; `--no-source-grid` quantizes afresh and moves them."""
+    own grids, no calibration and nothing for `--qad-steps` to train, logits equal to the export's;
+    `--no-source-grid` quantizes afresh and moves them."""
     ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17, 8, 61], dtype=np.int64)
     reference = _logits(q4_1_gguf_export, ids)
     exact, fresh = tmp_path / "exact", tmp_path / "fresh"
     flags = ["--int4", "--quantize-lm-head", "--onnx-only", "--calib-samples", "3", "--calib-max-tokens", "64"]
-    result = run_cli("build", str(q4_1_gguf_export), *flags, "--out", str(exact))
+    result = run_cli("build", str(q4_1_gguf_export), *flags, "--qad-steps", "3", "--out", str(exact))
     assert result.returncode == 0, result.stderr
+    assert "QAD: nothing to train" in result.stdout + result.stderr  # every weight is exact on its grid
     record = json.loads((exact / "manifest.json").read_text())["precision"]
     target = record["target"]
     assert target["source_grid"] == {"weights": 9, "blocks": [32], "with_offset": 8}  # 8 MatMuls + the table
-    assert "calibration" not in target and target["runs_on"] == ["ort-cpu"]
+    assert "calibration" not in target and "methods" not in target and target["runs_on"] == ["ort-cpu"]
     warnings = record["tensorrt_compat"]["target"]["warnings"]
     assert record["tensorrt_compat"]["target"]["ok"] and any("INT4 block_size 32" in w for w in warnings)
     assert any("blocked INT8 (block_size 32)" in w for w in warnings)  # the Q8_0 table

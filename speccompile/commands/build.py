@@ -68,6 +68,18 @@ from ..errors import InputError
 @click.option("--keep-format", type=click.Choice(["fp32", "fp8"]), default="fp32", show_default=True,
               help="With --min-top1: store the weights it keeps in fp32 (unquantized) or FP8 weight-only per channel "
                    "(a quarter of the size; the search measures them in FP8).")
+@click.option("--qad-steps", type=click.IntRange(0, None), default=0, show_default=True,
+              help="Quantization-aware distillation: train the quantized weights (on their grids) and the norm weights this many "
+                   "steps to match the unquantized model's next-token distributions on the calibration text (weight-only "
+                   "builds: --int4, --fp8/--fp4 --weight-only; torch on the CPU, about 2 s a step for a 135M model). 0: off.")
+@click.option("--qad-lr", type=float, default=0.002, show_default=True, help="QAD: Adam step of the quantized weights, in grid steps (0: their codes stay).")
+@click.option("--qad-float-lr", type=float, default=0.0001, show_default=True,
+              help="QAD: Adam step of the float parameters (norm weights, low-rank factors), relative to each one's RMS (0: they stay).")
+@click.option("--qad-data", type=click.Choice(["generated", "calib"]), default="generated", show_default=True,
+              help="QAD's text: the unquantized model's own continuations of the calibration prompts, or the calibration text.")
+@click.option("--qad-samples", type=click.IntRange(1, None), default=64, show_default=True,
+              help="QAD with --qad-data generated: continuations sampled (--calib-max-tokens tokens each).")
+@click.option("--qad-batch", type=click.IntRange(1, None), default=2, show_default=True, help="QAD: rows of --calib-max-tokens tokens per step.")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
@@ -81,12 +93,13 @@ from ..errors import InputError
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
 def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, qad_steps, qad_lr, qad_float_lr, qad_data, qad_samples, qad_batch, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
     from ..engines.build import BuildOptions, build_artifact
     from ..engines.methods import MethodOptions
+    from ..engines.qad import QadOptions
     from ..engines.quantize import DEFAULT_EXCLUDE
     from .artifacts import report_artifact
 
@@ -132,6 +145,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         min_top1=min_top1,
         keep_format=keep_format,
         weight_only=weight_only,
+        qad=QadOptions(steps=qad_steps, lr=qad_lr, lr_free=qad_float_lr, batch=qad_batch, data=qad_data, samples=qad_samples),
     )
     build_artifact(artifact, out, options, progress_printer(as_json))
     what = "quantized ONNX" if onnx_only else "TensorRT engines"

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .. import __version__
 from ..accel.compat import TRT_INT4_BLOCKS, check_tensorrt_compat
@@ -24,8 +26,11 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
+from . import numerics as nx
 from .methods import MethodOptions, apply_methods, calibrated_tensors
-from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
+from .qad import QadOptions, QadResult
+from .quantize import (DEFAULT_EXCLUDE, QuantOptions, activation_tensors, is_excluded, quantize_model, quantized_tables,
+                       weight_matmuls)
 from .sensitivity import KEEP_FORMATS, search_kept_weights, store_kept
 from .source_grid import source_grids
 
@@ -70,6 +75,7 @@ class BuildOptions:
     min_top1: float | None = None  # keep the most sensitive MatMuls unquantized until calibration top-1 >= this
     keep_format: str = "fp32"  # what --min-top1 keeps them in: fp32, or fp8 (weight-only, per channel)
     weight_only: bool = False  # fp8 / nvfp4: quantize the weights only (activations in the graph's float type)
+    qad: QadOptions = field(default_factory=QadOptions)  # quantization-aware distillation (engines/qad.py)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":
@@ -86,6 +92,7 @@ class BuildOptions:
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
+        self.qad.validate(QuantOptions(self.precision, weight_only=self.weight_only).defaults_key)
         if self.weight_only:
             if self.precision == "none":
                 raise InputError("--weight-only needs a quantized precision: --fp8 or --fp4 (--int4 is weight-only already)")
@@ -191,15 +198,17 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     tensors = activation_tensors(model, qopts)
     if not qopts.quantizes_activations and (methods.needs_rows or options.min_top1 is not None):
         tensors = calibrated_tensors(model, method_qopts)  # no activation range to calibrate, but the methods need the rows
-    if tensors:
+    samples: list[list[int]] = []
+    check: list[list[int]] = []
+    if tensors or options.qad.steps:
         from ..tokenizer import TextTokenizer
 
         texts = load_calibration_texts(options.calib)
         tokenizer = TextTokenizer(src_dir, manifest.tokenizer.get("eos_token_ids"))
         samples = tokenize_calibration(texts, tokenizer, options.calib_samples, options.calib_max_tokens)
-        check: list[list[int]] = []
         if options.min_top1 is not None:  # the target is measured on samples the methods did not fit (GPTQ fits its own)
             samples, check = split_check_samples(samples)
+    if tensors:
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens)")
         stats = calibrate_activations(src_dir, spec, tensors, samples, options.threads, workdir=dst.parent,
                                       max_rows=methods.calibration_rows(qopts.defaults_key) if methods.needs_rows or options.min_top1 is not None else 0)
@@ -215,6 +224,14 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         weight_clip = applied.weight_clip
         weight_grid.update(applied.weight_grid)
         method_record = applied.summary()
+    result = _distill(model, src_dir, spec, manifest.tokenizer.get("eos_token_ids") or [], method_qopts, weight_grid,
+                      weight_clip or {}, samples, options, progress) if options.qad.steps else None
+    if result is not None:
+        weight_grid.update(result.grids)
+        method_record["qad"] = result.summary
+        calibration = calibration or {"source": str(options.calib) if options.calib else "builtin", "samples": len(samples),
+                                      "tokens": sum(map(len, samples)), "method": "none"}
+    if tensors:
         if options.min_top1 is not None:
             progress(f"sensitivity: keeping the worst MatMuls in {options.keep_format} until top-1 >= {options.min_top1} on "
                      f"{len(check)} held-back calibration samples ({sum(map(len, check))} tokens)")
@@ -244,6 +261,44 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         record["methods"] = method_record
     record["runs_on"] = RUNS_ON[options.precision] if _tensorrt_blocks(report) else ["ort-cpu"]
     return record
+
+
+def _distill(model: onnx.ModelProto, src_dir: Path, spec, eos_ids: list[int], qopts: QuantOptions, weight_grid: dict,
+             weight_clip: dict, samples: list[list[int]], options: BuildOptions, progress: Progress) -> QadResult | None:
+    """Quantization-aware distillation of every weight the pass will quantize that has no source grid (engines/qad.py)."""
+    from .calibrate import prefill_feeds, sample_continuations
+    from .qad import batches, distill, free_parameters, pack_rows, store_free, weight_grid_for
+
+    inits = {i.name: i for i in model.graph.initializer}
+    weights = {}
+    for _, _, name in weight_matmuls(model):
+        if is_excluded(name, qopts.exclude) or name in weights:
+            continue
+        k = inits[name].dims[0]
+        if (qopts.scheme == "int4" and nx.pick_block(k, qopts.int4_block) is None) or (qopts.scheme == "nvfp4" and k % qopts.fp4_block):
+            continue
+        grid = weight_grid.get(name)
+        if grid is not None and grid.block:  # a source grid: stored exactly, nothing to fit
+            continue
+        weights[name] = grid or weight_grid_for(numpy_helper.to_array(inits[name]).astype(np.float32), qopts, weight_clip.get(name))
+    free = free_parameters(model, set(weights))
+    if not weights or (options.qad.lr == 0 and not free):
+        progress("QAD: nothing to train (no weight quantized afresh: all on their source grid or excluded)")
+        return None
+    if options.qad.data == "generated":
+        prompts = [samples[i] for i in np.linspace(0, len(samples) - 1, min(len(samples), options.qad.samples)).astype(int)]
+        per_prompt = -(-options.qad.samples // len(prompts))
+        progress(f"QAD: sampling {per_prompt * len(prompts)} continuations of {options.calib_max_tokens} tokens from the "
+                 f"unquantized graph ({per_prompt} per calibration prompt)")
+        samples = sample_continuations(src_dir, spec, prompts, per_prompt, options.calib_max_tokens, options.qad.seed,
+                                       options.threads, avoid=eos_ids)
+    rows = pack_rows(samples, options.calib_max_tokens)
+    feeds = [prefill_feeds(spec, b) for b in batches(rows, options.qad.batch)]
+    progress(f"QAD: training {len(weights)} quantized weights and {len(free)} float parameters for {options.qad.steps} steps "
+             f"on {rows.size} tokens ({len(rows)} rows of {rows.shape[1]})")
+    result = distill(model, qopts.scheme, weights, free, feeds, options.qad, options.threads, progress)
+    store_free(model, result.free)
+    return result
 
 
 def _tensorrt_blocks(report) -> bool:

@@ -103,18 +103,19 @@ def _float_elem(model: onnx.ModelProto) -> int:
     return TensorProto.FLOAT
 
 
-def prefill_feeds(spec: GraphSpec, ids: Sequence[int]) -> dict[str, np.ndarray]:
-    """Inputs of one full-prompt pass of a contract graph on an empty KV cache."""
-    q = len(ids)
+def prefill_feeds(spec: GraphSpec, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+    """Inputs of one full-prompt pass of a contract graph on an empty KV cache (`ids` [T], or [B, T] rows)."""
+    ids = np.atleast_2d(np.asarray(ids, dtype=np.int64))
+    b, q = ids.shape
     feeds = {
-        "input_ids": np.asarray(ids, dtype=np.int64)[None],
-        "position_ids": np.arange(q, dtype=np.int64)[None],
-        "attention_mask": np.tril(np.ones((q, q), dtype=bool))[None],
+        "input_ids": ids,
+        "position_ids": np.tile(np.arange(q, dtype=np.int64), (b, 1)),
+        "attention_mask": np.tile(np.tril(np.ones((q, q), dtype=bool)), (b, 1, 1)),
     }
     for t in spec.inputs:
         if t.name.startswith("past_key_values"):
             dtype = np.float16 if t.dtype == "float16" else np.float32
-            feeds[t.name] = np.zeros((1, int(t.shape[1]), 0, int(t.shape[3])), dtype=dtype)
+            feeds[t.name] = np.zeros((b, int(t.shape[1]), 0, int(t.shape[3])), dtype=dtype)
     return feeds
 
 
@@ -188,3 +189,46 @@ def calibrate_activations(
                     kept[name].append(value[::stride])
     empty = np.zeros((0, 0), np.float32)
     return {name: ActivationStats(amax[name], np.concatenate(kept[name])[:max_rows] if kept[name] else empty) for name in tensors}
+
+
+def sample_continuations(directory: Path, spec: GraphSpec, prompts: Sequence[Sequence[int]], per_prompt: int, new_tokens: int,
+                         seed: int = 0, threads: int | None = None, avoid: Sequence[int] = (), top_k: int = 64) -> list[list[int]]:
+    """`per_prompt` continuations of each prompt, `new_tokens` long, sampled from the graph's own next-token
+    distribution (temperature 1 over its top `top_k` tokens, never an id in `avoid`, e.g. end of sequence):
+    text the model itself would write, for distilling it (LLM-QAT's data-free distillation). Returns prompt +
+    continuation token lists."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=["CPUExecutionProvider"])
+    past = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
+    present = [name.replace("past_key_values", "present", 1) for name in past]
+    rng = np.random.default_rng(seed)
+    rows: list[list[int]] = []
+    for ids in prompts:
+        ids = list(ids)
+        feeds = prefill_feeds(spec, np.tile(np.asarray(ids, np.int64), (per_prompt, 1)))
+        tokens = np.zeros((per_prompt, 0), np.int64)
+        for step in range(new_tokens):
+            logits, *cache = session.run(["logits", *present], feeds)
+            nxt = _sample_top_k(logits[:, -1].astype(np.float64), top_k, avoid, rng)
+            tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+            total = len(ids) + step + 1
+            feeds = {"input_ids": nxt[:, None], "position_ids": np.full((per_prompt, 1), total - 1, np.int64),
+                     "attention_mask": np.ones((per_prompt, 1, total), bool), **dict(zip(past, cache))}
+        rows += [ids + row.tolist() for row in tokens]
+    return rows
+
+
+def _sample_top_k(logits: np.ndarray, k: int, avoid: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+    """One token per row from softmax(logits) restricted to its top k (ids in `avoid` excluded)."""
+    logits = logits.copy()
+    logits[:, list(avoid)] = -np.inf
+    top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
+    chosen = np.take_along_axis(logits, top, axis=-1)
+    p = np.exp(chosen - chosen.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.array([top[r, rng.choice(k, p=p[r])] for r in range(len(p))], dtype=np.int64)
