@@ -34,7 +34,7 @@ from onnx import helper, numpy_helper
 from ..errors import InputError
 from . import numerics as nx
 from .gptq import GridScales
-from .quantize import LOW_RANK_SUFFIXES, QuantOptions, _nvfp4
+from .quantize import LOW_RANK_SUFFIXES, QuantOptions
 
 Progress = Callable[[str], None]
 
@@ -85,7 +85,7 @@ def weight_grid_for(w: np.ndarray, qopts: QuantOptions, clip: np.ndarray | None)
         return GridScales(nx.quantize_fp8_per_channel(w, axis=1)[1])
     if qopts.scheme == "int4":
         return GridScales(nx.quantize_int4_blockwise(w, nx.pick_block(w.shape[0], qopts.int4_block), clip)[1])
-    _, s_fp8, s2 = _nvfp4(w.T, qopts.fp4_block, clip, None)
+    _, s_fp8, s2 = nx.nvfp4_quantize(w.T, block=qopts.fp4_block, clip=clip)
     return GridScales(s_fp8, s2)
 
 
