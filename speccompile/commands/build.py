@@ -69,9 +69,9 @@ from ..errors import InputError
               help="With --min-top1: store the weights it keeps in fp32 (unquantized) or FP8 weight-only per channel "
                    "(a quarter of the size; the search measures them in FP8).")
 @click.option("--qad-steps", type=click.IntRange(0, None), default=0, show_default=True,
-              help="Quantization-aware distillation: train the quantized weights (on their grids) and the norm weights this many "
-                   "steps to match the unquantized model's next-token distributions on the calibration text (weight-only "
-                   "builds: --int4, --fp8/--fp4 --weight-only; torch on the CPU, about 2 s a step for a 135M model). 0: off.")
+              help="Quantization-aware distillation: train the quantized weights (on their grids), the norm weights and the "
+                   "low-rank factors this many steps to match the unquantized model's next-token distributions (--qad-data; "
+                   "weight-only builds: --int4, --fp8/--fp4 --weight-only; torch on the CPU, about 4-5 s a step for a 135M model). 0: off.")
 @click.option("--qad-lr", type=float, default=0.002, show_default=True, help="QAD: Adam step of the quantized weights, in grid steps (0: their codes stay).")
 @click.option("--qad-float-lr", type=float, default=0.0001, show_default=True,
               help="QAD: Adam step of the float parameters (norm weights, low-rank factors), relative to each one's RMS (0: they stay).")

@@ -26,11 +26,9 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
-from . import numerics as nx
-from .methods import MethodOptions, apply_methods, calibrated_tensors
+from .methods import MethodOptions, apply_methods, calibrated_tensors, quantized_groups
 from .qad import QadOptions, QadResult
-from .quantize import (DEFAULT_EXCLUDE, QuantOptions, activation_tensors, is_excluded, quantize_model, quantized_tables,
-                       weight_matmuls)
+from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
 from .sensitivity import KEEP_FORMATS, search_kept_weights, store_kept
 from .source_grid import source_grids
 
@@ -153,12 +151,10 @@ def _check_onnx(path: Path, run_ort: bool) -> None:
     except Exception as exc:  # noqa: BLE001
         raise SpecCompileError(f"{path.name}: onnx checker failed after quantization: {str(exc).splitlines()[0]}") from exc
     if run_ort:
-        import onnxruntime as ort
+        from .calibrate import cpu_session
 
         try:
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
-            ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            cpu_session(str(path))
         except Exception as exc:  # noqa: BLE001
             raise SpecCompileError(f"{path.name}: ONNX Runtime cannot load the quantized graph: {str(exc).splitlines()[0]}") from exc
 
@@ -271,14 +267,9 @@ def _distill(model: onnx.ModelProto, src_dir: Path, spec, eos_ids: list[int], qo
 
     inits = {i.name: i for i in model.graph.initializer}
     weights = {}
-    for _, _, name in weight_matmuls(model):
-        if is_excluded(name, qopts.exclude) or name in weights:
-            continue
-        k = inits[name].dims[0]
-        if (qopts.scheme == "int4" and nx.pick_block(k, qopts.int4_block) is None) or (qopts.scheme == "nvfp4" and k % qopts.fp4_block):
-            continue
+    for name in (w for group in quantized_groups(model, qopts).values() for _, w in group):
         grid = weight_grid.get(name)
-        if grid is not None and grid.block:  # a source grid: stored exactly, nothing to fit
+        if name in weights or (grid is not None and grid.block):  # a source grid: stored exactly, nothing to fit
             continue
         weights[name] = grid or weight_grid_for(numpy_helper.to_array(inits[name]).astype(np.float32), qopts, weight_clip.get(name))
     free = free_parameters(model, set(weights))

@@ -103,6 +103,20 @@ def _float_elem(model: onnx.ModelProto) -> int:
     return TensorProto.FLOAT
 
 
+def cpu_session(source: str | bytes, threads: int | None = None, config: dict[str, str] | None = None):
+    """An ONNX Runtime CPU session on a graph file or serialized model (errors only logged; `config`: session
+    config entries)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
+
+
 def prefill_feeds(spec: GraphSpec, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
     """Inputs of one full-prompt pass of a contract graph on an empty KV cache (`ids` [T], or [B, T] rows)."""
     ids = np.atleast_2d(np.asarray(ids, dtype=np.int64))
@@ -150,8 +164,6 @@ def calibrate_activations(
     `workdir` (default: the system temp dir) holds the graph copy and hard links to the weight files
     (ONNX Runtime refuses external data reached through symbolic links); across file systems the
     weights are copied."""
-    import onnxruntime as ort
-
     if not tensors:
         return {}
     total = sum(len(ids) for ids in samples)
@@ -174,11 +186,7 @@ def calibrate_activations(
                 shutil.copyfile(source, link)
         graph_path = Path(tmp) / spec.file
         save_model(model, graph_path)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        if threads:
-            opts.intra_op_num_threads = threads
-        session = ort.InferenceSession(str(graph_path), opts, providers=["CPUExecutionProvider"])
+        session = cpu_session(str(graph_path), threads)
         for ids in samples:
             outputs = session.run(list(tensors), prefill_feeds(spec, ids))
             for name, value in zip(tensors, outputs):
@@ -197,13 +205,7 @@ def sample_continuations(directory: Path, spec: GraphSpec, prompts: Sequence[Seq
     distribution (temperature 1 over its top `top_k` tokens, never an id in `avoid`, e.g. end of sequence):
     text the model itself would write, for distilling it (LLM-QAT's data-free distillation). Returns prompt +
     continuation token lists."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=["CPUExecutionProvider"])
+    session = cpu_session(str(Path(directory) / spec.file), threads)
     past = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
     present = [name.replace("past_key_values", "present", 1) for name in past]
     rng = np.random.default_rng(seed)

@@ -22,7 +22,7 @@ import onnx
 
 from ..errors import UnsupportedError
 from ..manifest import GraphSpec
-from .calibrate import prefill_feeds
+from .calibrate import cpu_session, prefill_feeds
 from .quality import LogitComparison
 from .quantize import QuantOptions, quantize_model, weight_matmuls
 
@@ -58,14 +58,8 @@ def store_kept(model: onnx.ModelProto, kept: Sequence[str], keep_format: str) ->
 
 
 def _session(model: onnx.ModelProto, threads: int | None):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")  # as the runtime does for INT4
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    # INT4 MatMuls at the accuracy level the runtime uses
+    return cpu_session(model.SerializeToString(), threads, {"session.qdq_matmulnbits_accuracy_level": "0"})
 
 
 def _logits(session, spec: GraphSpec, samples: Sequence[Sequence[int]]) -> list[np.ndarray]:
