@@ -6,6 +6,12 @@
 #   export fp16 -> /tmp/e16 (kept while the machine stays warm), pass ms by q (GPU graph with and without
 #   CUDA graphs, contract graph), verify (greedy identity n-gram vs plain) and bench on ort-cuda, the
 #   pytest GPU tests, the transformers peer benchmark. Results also land in $OUT.
+#   Not in the default list: qad (issue 18) exports fp32 -> /tmp/e32, builds NVFP4 weight-only rank 128 with
+#   quantization-aware distillation on the GPU (QAD_STEPS, QAD_BATCH, QAD_SAMPLES) and evals it vs fp32:
+#     STEPS=qad QAD_STEPS=1000 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~540)
+#   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
+#   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
+#   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,11 +27,17 @@ mkdir -p /tmp/scbin && printf '#!/bin/bash\nexec python3 -c "import sys; from sp
 export PATH=/tmp/scbin:$PATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" | tee -a "$OUT/gpu.txt"
-if [ ! -f /tmp/e16/target.ort-cuda.onnx ]; then
+FP32_ONLY=$(case "$STEPS" in *pass*|*verify*|*bench*|*test*|*peer*) echo 0 ;; *) echo 1 ;; esac)
+if [ "$FP32_ONLY" = 0 ] && [ ! -f /tmp/e16/target.ort-cuda.onnx ]; then
   start=$SECONDS; timeout 150 sc export smollm2-135m --dtype fp16 --out /tmp/e16 --force > "$OUT/export16.txt" 2>&1
   echo "export fp16: $((SECONDS - start)) s"; tail -n 3 "$OUT/export16.txt"
 fi
-[ -f /tmp/e16/target.ort-cuda.onnx ] || { echo "fp16 export has no target.ort-cuda.onnx"; exit 4; }
+[ "$FP32_ONLY" = 1 ] || [ -f /tmp/e16/target.ort-cuda.onnx ] || { echo "fp16 export has no target.ort-cuda.onnx"; exit 4; }
+export32() {  # the fp32 export the quantization steps start from
+  [ -f /tmp/e32/manifest.json ] && return
+  local start=$SECONDS; timeout 150 sc export smollm2-135m --out /tmp/e32 --force > "$OUT/export32.txt" 2>&1
+  echo "export fp32: $((SECONDS - start)) s"
+}
 W="--workload benchmarks/workloads/copy.jsonl --workload benchmarks/workloads/chat.jsonl"
 for step in $STEPS; do
   echo "== $step"
@@ -36,9 +48,29 @@ for step in $STEPS; do
     bench) timeout 200 sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram $SC_ARGS > "$OUT/bench16.txt" 2>&1
       tail -n 12 "$OUT/bench16.txt" ;;
     test) if python3 -m pytest --version > /dev/null 2>&1; then
-        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
+        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
+          tests/test_qad.py::test_torch_graph_computes_what_onnxruntime_computes tests/test_qad.py::test_the_stored_graph_is_the_trained_student 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
       else echo "no pytest on this machine: skipped"; fi ;;
     peer) timeout 240 python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
-    *) echo "unknown step $step (pass verify bench test peer)" ;;
+    qad) export32
+      start=$SECONDS
+      timeout ${QAD_LIMIT:-400} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
+        --qad-device cuda --qad-steps ${QAD_STEPS:-1000} --qad-batch ${QAD_BATCH:-8} --qad-samples ${QAD_SAMPLES:-512} \
+        --force --out /tmp/q4 > "$OUT/qad_build.txt" 2>&1
+      echo "build with QAD: $((SECONDS - start)) s"; grep -E "QAD" "$OUT/qad_build.txt" | tail -n 6
+      timeout 240 sc eval /tmp/q4 --reference /tmp/e32 --threads 16 --json > "$OUT/qad_eval.json" 2>&1
+      python3 -c "import json;j=json.load(open('$OUT/qad_eval.json'));print({k:j[k] for k in j if k!='workloads'})" 2>&1 | tail -c 600 ;;
+    modelopt) if [ ! -d /tmp/mosite/modelopt ]; then
+        [ -f .dev/modelopt.tar ] || { echo "no .dev/modelopt.tar: run bash scripts/modelopt_payload.sh here and carry it"; continue; }
+        mkdir -p /tmp/mow /tmp/mosite && tar -xf .dev/modelopt.tar -C /tmp/mow &&
+          python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mosite /tmp/mow/*.whl || { echo "ModelOpt install failed"; continue; }
+      fi
+      export32
+      ours=$([ -f /tmp/q4/manifest.json ] && echo "--ours nvfp4-weight-only-lr128-qad=/tmp/q4")
+      PYTHONPATH=$PYTHONPATH:/tmp/mosite timeout ${MO_LIMIT:-420} python3 benchmarks/modelopt_torch_compare.py /tmp/e32 \
+        --modelopt-python python3 --device cuda --work /tmp/mot --threads 16 $ours \
+        ${MO_CONFIGS:---config W4A16_NVFP4_CFG --config W4A16_NVFP4_CFG:awq_lite --config W4A16_NVFP4_CFG:awq_clip --config NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG+weight-only --config NVFP4_FOUR_OVER_SIX_CFG+weight-only} \
+        2>&1 | tee "$OUT/modelopt_torch.txt" | tail -n 12 ;;
+    *) echo "unknown step $step (pass verify bench test peer qad modelopt)" ;;
   esac
 done

@@ -21,15 +21,19 @@ from speccompile.manifest import read_manifest
 
 from conftest import run_cli
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU"))
 
-def test_torch_graph_computes_what_onnxruntime_computes(tiny_artifact):
-    """The exported contract graph run node by node in torch gives ONNX Runtime's logits (batch of two rows)."""
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_torch_graph_computes_what_onnxruntime_computes(tiny_artifact, device):
+    """The exported contract graph run node by node in torch gives ONNX Runtime's logits (batch of two rows), on
+    the CPU and on a CUDA GPU."""
     spec = read_manifest(tiny_artifact).graph("target")
     path = tiny_artifact / spec.file
     feeds = prefill_feeds(spec, np.random.default_rng(0).integers(3, 60, (2, 24)))
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0]
     with torch.no_grad():
-        got = TorchGraph(onnx.load(str(path))).run(feeds, ["logits"])["logits"].numpy()
+        got = TorchGraph(onnx.load(str(path)), device).run(feeds, ["logits"])["logits"].cpu().numpy()
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
 
@@ -111,9 +115,10 @@ def test_qad_build_fits_the_quantized_graph_to_the_unquantized_one(tiny_artifact
     assert ran.returncode == 0, ran.stderr
 
 
-def test_the_stored_graph_is_the_trained_student(tiny_artifact):
-    """After `distill`, the Q/DQ pass on the returned grids (+ the trained norm weight) gives a graph whose ONNX
-    Runtime logits are the torch student's: training and storage agree on every code."""
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_the_stored_graph_is_the_trained_student(tiny_artifact, device):
+    """After `distill` (on the CPU or a CUDA GPU), the Q/DQ pass on the returned grids (+ the trained norm weight)
+    gives a graph whose ONNX Runtime logits are the torch student's: training and storage agree on every code."""
     import copy
 
     from speccompile.engines.qad import QadOptions, batches, distill, free_parameters, store_free
@@ -126,8 +131,9 @@ def test_the_stored_graph_is_the_trained_student(tiny_artifact):
     weights = {w: weight_grid_for(inits[w].astype(np.float32), qopts, None) for _, _, w in weight_matmuls(model) if not is_excluded(w, qopts.exclude)}
     rows = np.random.default_rng(2).integers(3, 90, (4, 32))
     feeds = [prefill_feeds(spec, b) for b in batches(rows, 2)]
-    result = distill(model, "int4", weights, free_parameters(model, set(weights)), feeds, QadOptions(steps=12, lr=0.05, lr_free=0.01), 1, lambda _: None)
+    result = distill(model, "int4", weights, free_parameters(model, set(weights)), feeds, QadOptions(steps=12, lr=0.05, lr_free=0.01, device=device), 1, lambda _: None)
     assert result.summary["codes_changed"] > 0 and result.free
+    assert (result.summary["device"] == "cpu") == (device == "cpu")
     replace = {w: torch.from_numpy(g.weight) for w, g in result.grids.items()} | {n: torch.from_numpy(v) for n, v in result.free.items()}
     with torch.no_grad():
         student = TorchGraph(model).run(feeds[0], ["logits"], replace)["logits"].numpy()
@@ -181,6 +187,10 @@ def test_qad_lr_zero_trains_only_the_float_parameters(tiny_artifact, tmp_path):
     (["--int4", "--qad-steps", "5", "--qad-lr", "2"], "--qad-lr"),
     (["--int4", "--qad-steps", "5", "--qad-lr", "0", "--qad-float-lr", "0"], "--qad-float-lr 0"),
     (["--fp4", "--qad-steps", "5", "--qad-data", "web"], "--qad-data"),
+    (["--int4", "--qad-steps", "5", "--qad-device", "gpu"], "--qad-device"),
+    (["--int4", "--qad-steps", "5", "--qad-device", "cpu:1"], "--qad-device"),
+    pytest.param(["--int4", "--qad-steps", "5", "--qad-device", "cuda"], "sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="torch sees a CUDA GPU")),
 ])
 def test_qad_flags_are_checked_before_any_work(tiny_artifact, tmp_path, flags, named):
     bad = run_cli("build", str(tiny_artifact), *flags, "--onnx-only", "--out", str(tmp_path / "x"))

@@ -71,7 +71,7 @@ from ..errors import InputError
 @click.option("--qad-steps", type=click.IntRange(0, None), default=0, show_default=True,
               help="Quantization-aware distillation: train the quantized weights (on their grids), the norm weights and the "
                    "low-rank factors this many steps to match the unquantized model's next-token distributions (--qad-data; "
-                   "weight-only builds: --int4, --fp8/--fp4 --weight-only; torch on the CPU, about 4-5 s a step for a 135M model). 0: off.")
+                   "weight-only builds: --int4, --fp8/--fp4 --weight-only; torch on --qad-device, on two CPU cores about 4-5 s a step for a 135M model). 0: off.")
 @click.option("--qad-lr", type=float, default=0.002, show_default=True, help="QAD: Adam step of the quantized weights, in grid steps (0: their codes stay).")
 @click.option("--qad-float-lr", type=float, default=0.0001, show_default=True,
               help="QAD: Adam step of the float parameters (norm weights, low-rank factors), relative to each one's RMS (0: they stay).")
@@ -80,6 +80,8 @@ from ..errors import InputError
 @click.option("--qad-samples", type=click.IntRange(1, None), default=64, show_default=True,
               help="QAD with --qad-data generated: continuations sampled (--calib-max-tokens tokens each).")
 @click.option("--qad-batch", type=click.IntRange(1, None), default=2, show_default=True, help="QAD: rows of --calib-max-tokens tokens per step.")
+@click.option("--qad-device", default="auto", show_default=True, metavar="auto|cpu|cuda|cuda:N",
+              help="QAD: the torch device to train on (auto: a CUDA GPU when torch sees one, else the CPU).")
 @click.option("--profiles", type=click.Choice(["single", "split", "buckets"]), default="single", show_default=True, help="One optimization profile, separate verify and prefill profiles, or static shapes per q bucket (CUDA graphs in the tensorrt backend).")
 @click.option("--prefill-chunk", type=int, default=256, show_default=True, help="Longest prompt chunk the engine must accept (the runtime's prefill chunk).")
 @click.option("--opt-q", type=int, default=None, help="q_len the kernels are tuned for [default: min(8, max_verify_tokens)].")
@@ -93,7 +95,7 @@ from ..errors import InputError
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
 def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, qad_steps, qad_lr, qad_float_lr, qad_data, qad_samples, qad_batch, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
+          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, qad_steps, qad_lr, qad_float_lr, qad_data, qad_samples, qad_batch, qad_device, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
@@ -145,7 +147,8 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
         min_top1=min_top1,
         keep_format=keep_format,
         weight_only=weight_only,
-        qad=QadOptions(steps=qad_steps, lr=qad_lr, lr_free=qad_float_lr, batch=qad_batch, data=qad_data, samples=qad_samples),
+        qad=QadOptions(steps=qad_steps, lr=qad_lr, lr_free=qad_float_lr, batch=qad_batch, data=qad_data, samples=qad_samples,
+                       device=qad_device),
     )
     build_artifact(artifact, out, options, progress_printer(as_json))
     what = "quantized ONNX" if onnx_only else "TensorRT engines"

@@ -15,6 +15,9 @@ calibration rows; they cannot see how errors add up over the layers. QAD trains 
 4. the result goes to the Q/DQ pass as a `GridScales` whose weight sits exactly on the grid (code x step), so the
    stored codes are the ones training ended with.
 
+Training runs on the CPU, or on a CUDA GPU torch sees (`--qad-device`; `auto` takes one when there is one), where
+the thousands of steps quantization-aware training usually takes are minutes rather than hours.
+
 Weight-only schemes only (INT4, FP8 / NVFP4 `--weight-only`): activation quantization is not emulated here.
 Weights on their source grid, weights kept or excluded, and embedding tables are not trained.
 """
@@ -53,6 +56,7 @@ class QadOptions:
     samples: int = 64  # generated continuations (data="generated"), spread over the prompts
     top_k: int = 64  # teacher probabilities kept per position
     seed: int = 0
+    device: str = "auto"  # torch device: "auto" (CUDA when torch sees one, else the CPU), "cpu", "cuda", "cuda:N"
 
     def validate(self, defaults_key: str) -> "QadOptions":
         if self.steps < 0:
@@ -76,7 +80,25 @@ class QadOptions:
             raise InputError(f"--qad-samples must be >= 1, got {self.samples}")
         if self.batch < 1:
             raise InputError(f"--qad-batch must be >= 1, got {self.batch}")
+        resolve_device(self.device)
         return self
+
+
+def resolve_device(device: str) -> str:
+    """The torch device `--qad-device` names ("auto": the first CUDA GPU torch sees, else "cpu"); an unknown name
+    or a CUDA device torch cannot see is an InputError."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise InputError(f"--qad-device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--qad-device {device}: torch {torch.__version__} sees no CUDA device (use cpu or auto)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise InputError(f"--qad-device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def weight_grid_for(w: np.ndarray, qopts: QuantOptions, clip: np.ndarray | None) -> GridScales:
@@ -108,7 +130,7 @@ def round_to_grid(u, scheme: str):
         return torch.clamp(torch.round(u), -8, 7)
     if scheme == "fp8":
         return torch.clamp(u, -nx.FP8_MAX, nx.FP8_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    levels = torch.from_numpy(nx.E2M1_VALUES)
+    levels = torch.from_numpy(nx.E2M1_VALUES).to(u.device)
     return torch.sign(u) * levels[torch.bucketize(u.abs(), (levels[1:] + levels[:-1]) / 2)]
 
 
@@ -153,18 +175,19 @@ def distill(model: onnx.ModelProto, scheme: str, weights: dict[str, GridScales],
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(options.seed)
-    graph = TorchGraph(model)
+    device = resolve_device(options.device)
+    graph = TorchGraph(model, device)
     steps, units = {}, {}
     for name, grid in weights.items():
-        w = grid.weight if grid.weight is not None else graph.constants[name].numpy()
+        w = grid.weight if grid.weight is not None else graph.constants[name].cpu().numpy()
         step = grid_steps(grid, w.shape, scheme)
-        steps[name] = torch.from_numpy(step)
-        units[name] = torch.from_numpy(np.where(step > 0, w / np.where(step > 0, step, 1), 0).astype(np.float32))
+        steps[name] = torch.from_numpy(step).to(device)
+        units[name] = torch.from_numpy(np.where(step > 0, w / np.where(step > 0, step, 1), 0).astype(np.float32)).to(device)
         units[name].requires_grad_(options.lr > 0)  # --qad-lr 0: the codes stay, only the float parameters train
     floats = {name: torch.nn.Parameter(graph.constants[name].clone()) for name in free} if options.lr_free > 0 else {}
     start_codes = {name: round_to_grid(u.detach(), scheme) for name, u in units.items()}
 
-    progress(f"QAD: the unquantized graph's top-{options.top_k} next tokens on {len(feeds)} batches")
+    progress(f"QAD on {device}: the unquantized graph's top-{options.top_k} next tokens on {len(feeds)} batches")
     targets = []
     with torch.no_grad():
         for feed in feeds:
@@ -209,7 +232,7 @@ def distill(model: onnx.ModelProto, scheme: str, weights: dict[str, GridScales],
         for name, grid in weights.items():
             codes = round_to_grid(units[name], scheme)
             changed += int((codes != start_codes[name]).sum())
-            grids[name] = dataclasses.replace(grid, weight=(codes * steps[name]).numpy())
+            grids[name] = dataclasses.replace(grid, weight=(codes * steps[name]).cpu().numpy())
     total = sum(int(u.numel()) for u in units.values())
     first, last = np.mean(history[:10], axis=0), np.mean(history[-10:], axis=0)
     summary = {"steps": options.steps, "data": options.data, "lr": options.lr, "lr_free": options.lr_free, "batch_rows": int(feeds[0]["input_ids"].shape[0]),
@@ -217,8 +240,9 @@ def distill(model: onnx.ModelProto, scheme: str, weights: dict[str, GridScales],
                "weights": len(weights), "float_parameters": len(floats), "codes_changed": changed,
                "codes_changed_fraction": round(changed / max(total, 1), 5),
                "kl_first_10": round(float(first[0]), 5), "kl_last_10": round(float(last[0]), 5),
+               "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
                "seconds": round(time.time() - started, 1)}
-    return QadResult(grids, {n: p.detach().numpy() for n, p in floats.items()}, summary)
+    return QadResult(grids, {n: p.detach().cpu().numpy() for n, p in floats.items()}, summary)
 
 
 def _top_k_kl(p, idx, log_q):

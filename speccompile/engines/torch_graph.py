@@ -1,7 +1,7 @@
 """Run an ONNX graph with torch, so gradients reach chosen initializers (quantization-aware distillation).
 
 `TorchGraph` evaluates the graph node by node with torch operations in float32 (float16 / bfloat16 tensors are
-computed in float32), its constants prepared once. Initializers named in `run(..., replace=...)` are taken from
+computed in float32), its constants prepared once on the chosen torch device (`cpu`, `cuda`, ...). Initializers named in `run(..., replace=...)` are taken from
 the caller (e.g. fake-quantized trainable weights) instead of the graph. It covers the standard operators the
 exported decoder graphs use; any other operator is an error naming it, never a silent approximation.
 """
@@ -111,12 +111,12 @@ def _expand(x, shape):
 def _constant_of_shape(shape, *, value=None):
     torch = _torch()
     fill = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
-    return torch.full(_ints(shape), fill.reshape(-1)[0].item(), dtype=_as_tensor(fill).dtype)
+    return torch.full(_ints(shape), fill.reshape(-1)[0].item(), dtype=_as_tensor(fill).dtype, device=shape.device)
 
 
 def _shape(x, *, start=0, end=None):
     torch = _torch()
-    return torch.tensor(list(x.shape)[start:end], dtype=torch.int64)
+    return torch.tensor(list(x.shape)[start:end], dtype=torch.int64, device=x.device)
 
 
 def _cast(x, *, to, saturate=1):
@@ -150,19 +150,20 @@ def _ops() -> dict[str, Callable]:
 class TorchGraph:
     """One ONNX graph (default domain, weights loaded) as a differentiable torch function."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, device: str = "cpu"):
         graph = model.graph
+        self.device = device
         self.ops = _ops()
         unknown = sorted({n.op_type for n in graph.node if n.op_type not in self.ops and n.op_type != "Constant"}
                          | {f"{n.domain}::{n.op_type}" for n in graph.node if n.domain not in ("", "ai.onnx")})
         if unknown:
             raise SpecCompileError(f"torch graph: operators not supported for distillation: {', '.join(unknown)}")
-        self.constants = {i.name: _as_tensor(numpy_helper.to_array(i)) for i in graph.initializer}
+        self.constants = {i.name: _as_tensor(numpy_helper.to_array(i)).to(device) for i in graph.initializer}
         self.nodes = []
         for node in graph.node:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             if node.op_type == "Constant":
-                self.constants[node.output[0]] = _as_tensor(numpy_helper.to_array(attrs["value"]))
+                self.constants[node.output[0]] = _as_tensor(numpy_helper.to_array(attrs["value"])).to(device)
                 continue
             if node.op_type == "Split" and "num_outputs" not in attrs and len(node.input) < 2:
                 attrs["count"] = len(node.output)
@@ -170,10 +171,11 @@ class TorchGraph:
         self.outputs = [o.name for o in graph.output]
 
     def run(self, feeds: dict[str, np.ndarray], outputs: list[str] | None = None, replace: dict | None = None) -> dict:
-        """Evaluate the graph on `feeds`; `replace`: {initializer: torch tensor} used instead of the graph's."""
+        """Evaluate the graph on `feeds` (numpy, moved to the graph's device); `replace`: {initializer: torch tensor on
+        that device} used instead of the graph's."""
         values = dict(self.constants)
         values.update(replace or {})
-        values.update({name: _as_tensor(np.asarray(v)) for name, v in feeds.items()})
+        values.update({name: _as_tensor(np.asarray(v)).to(self.device) for name, v in feeds.items()})
         for fn, inputs, outs, attrs in self.nodes:
             args = [values[n] if n else None for n in inputs]
             while args and args[-1] is None:
