@@ -124,6 +124,27 @@ def test_awq_and_clipping_beat_round_to_nearest_on_outlier_activations(scheme):
     assert clipped < full
 
 
+def test_nvfp4_range_search_also_widens_blocks(monkeypatch):
+    """NVFP4's block-range search takes ratios above 1 too (a block's largest value on a lower E2M1 level): on
+    weights that sit on an evenly spaced 4-bit grid (what a GGUF Q4 source holds) some blocks pick one, and the
+    weighted error is below that of the search limited to clipping."""
+    import speccompile.engines.methods as methods
+
+    rng = np.random.default_rng(3)
+    w = (rng.integers(0, 16, (K, 80)) - 7.5).astype(np.float32) * rng.uniform(0.01, 0.03, (1, 80)).astype(np.float32)
+    h = rng.uniform(0.5, 2.0, K).astype(np.float32)
+    options = QuantOptions("nvfp4", exclude=())
+
+    def error(clip):
+        return float((np.square(w - weight_fake_quant(w, options, clip)) * h[:, None]).sum())
+
+    widened = clip_search(w, h, options)
+    monkeypatch.setattr(methods, "NVFP4_RANGE_RATIOS", methods.CLIP_RATIOS)
+    clipped = clip_search(w, h, options)
+    assert widened.max() > 1.0 and clipped.max() <= 1.0
+    assert error(widened) < 0.95 * error(clipped)
+
+
 def test_smoothquant_reduces_fp8_error_on_extreme_outliers():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((128, K)).astype(np.float32) * 0.01

@@ -11,8 +11,9 @@ amax + a subset of rows), in numpy:
         quantized product on the calibration rows (alpha = 0 is plain round-to-nearest, so the search
         never does worse than RTN on them);
       - SmoothQuant (FP8, optional): s = amax_x^alpha / amax_w^(1 - alpha).
-  * clipping search (INT4, NVFP4): per block of every weight the range ratio in CLIP_RATIOS with the
-    smallest error weighted by the calibration second moment of each input channel.
+  * clipping search (INT4, NVFP4): per block of every weight the range ratio in CLIP_RATIOS (NVFP4:
+    NVFP4_RANGE_RATIOS, 2 down to 0.7) with the smallest error weighted by the calibration second moment of
+    each input channel.
   * GPTQ (engines/gptq.py, after the above): error compensation of each quantized weight on the
     calibration rows, within the scheme's blocks; its grid goes to the Q/DQ pass unchanged.
   * FP8 activation ranges: max, a percentile of |x|, or the clipped amax with the smallest fake-quant MSE,
@@ -43,6 +44,9 @@ ACT_CALIB = ("max", "percentile", "mse")
 ACT_HEADROOM = 2.0  # FP8: measured better than 1 on held-out text (docs/quantization.md)
 AWQ_GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 11))
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+# NVFP4: E2M1's levels are not evenly spaced (..., 3, 4, 6), so a block can also fit better with its largest value
+# on a lower level (ratio > 1, e.g. 1.5: the max on 4); steps of 1/16 reach every FP8 block scale in the range
+NVFP4_RANGE_RATIOS = tuple(2.0 - i / 16 for i in range(21)) + (0.7,)
 MSE_RATIOS = tuple(round(r, 3) for r in np.linspace(0.5, 1.0, 21))
 
 
@@ -239,7 +243,7 @@ def clip_search(w: np.ndarray, second_moment: np.ndarray, options: QuantOptions)
         def block_error(q: np.ndarray) -> np.ndarray:
             return (np.square(w - q) * h[:, None]).T.reshape(shape[0], shape[1], block).sum(axis=2)
     best_err = best = None
-    for ratio in CLIP_RATIOS:
+    for ratio in NVFP4_RANGE_RATIOS if options.scheme == "nvfp4" else CLIP_RATIOS:
         clip = np.full(shape, ratio, np.float32)
         err = block_error(weight_fake_quant(w, options, clip))
         if best is None:

@@ -161,7 +161,7 @@ def nvfp4_global_scale(amax: float) -> np.float32:
 
 def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block: int = NVFP4_BLOCK,
                    clip: np.ndarray | None = None, block_scale: np.ndarray | None = None):
-    """Blockwise NVFP4 along the LAST axis of x (`clip` [..., K // block]: ratios <= 1 shrinking block ranges;
+    """Blockwise NVFP4 along the LAST axis of x (`clip` [..., K // block]: ratios scaling block ranges, < 1 clipping;
     `block_scale` [..., K // block] float8_e4m3fn: use these block scales, a grid chosen before, e.g. by GPTQ).
 
     Returns (codes uint8 [..., K] in 0..15, block scales float8_e4m3fn [..., K // block], global scale float32).
