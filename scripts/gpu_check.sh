@@ -8,7 +8,7 @@
 #   pytest GPU tests, the transformers peer benchmark. Results also land in $OUT.
 #   Not in the default list: qad (issue 18) exports fp32 -> /tmp/e32, builds NVFP4 weight-only rank 128 with
 #   quantization-aware distillation on the GPU (QAD_STEPS, QAD_BATCH, QAD_SAMPLES) and evals it vs fp32:
-#     STEPS=qad QAD_STEPS=1000 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~540)
+#     STEPS=qad QAD_STEPS=600 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~590)
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
 #   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
 #   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
@@ -54,8 +54,8 @@ for step in $STEPS; do
     peer) timeout 240 python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
     qad) export32
       start=$SECONDS
-      timeout ${QAD_LIMIT:-400} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
-        --qad-device cuda --qad-steps ${QAD_STEPS:-1000} --qad-batch ${QAD_BATCH:-8} --qad-samples ${QAD_SAMPLES:-512} \
+      timeout ${QAD_LIMIT:-480} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
+        --qad-device cuda --qad-steps ${QAD_STEPS:-600} --qad-batch ${QAD_BATCH:-8} --qad-samples ${QAD_SAMPLES:-512} \
         --force --out /tmp/q4 > "$OUT/qad_build.txt" 2>&1
       echo "build with QAD: $((SECONDS - start)) s"; grep -E "QAD" "$OUT/qad_build.txt" | tail -n 6
       timeout 240 sc eval /tmp/q4 --reference /tmp/e32 --threads 16 --json > "$OUT/qad_eval.json" 2>&1
