@@ -61,8 +61,9 @@ def stored_bytes(quantizer, numel: int, rows: int) -> tuple[float, str]:
     block = blocks.get(-1) or blocks.get(1)
     if bits == (2, 1):
         return numel / 2 + numel / 16 + 4, "NVFP4"
-    if bits == (4, 3):
-        return numel + (4 * numel / block if block else 4 * rows), "FP8"
+    if bits == (4, 3):  # one float32 scale per block (2-D blocks: rows x columns), else per output channel
+        per_scale = block * (blocks.get(-2) or 1) if block else numel // rows
+        return numel + 4 * numel / per_scale, "FP8" + (f" blocks {blocks.get(-2)}x{block}" if blocks.get(-2) else "")
     if bits == 4:
         return numel / 2 + 2 * numel / (block or numel // rows), f"INT4 block {block}" if block else "INT4 per channel"
     raise SystemExit(f"weight quantizer with num_bits {bits}: no size rule")

@@ -88,6 +88,7 @@ def test_a_layer_that_quantizes_its_input_is_refused():
     (4, {-1: 128}, 4096 / 2 + 2 * 4096 / 128),  # INT4 blocks of 128, float16 scales
     (4, None, 4096 / 2 + 2 * 64),  # INT4 per output channel
     ((4, 3), None, 4096 + 4 * 64),  # FP8 per output channel
+    ((4, 3), {-1: 32, -2: 32}, 4096 + 4 * 4),  # FP8 in 32 x 32 blocks
 ])
 def test_checkpoint_sizes(bits, blocks, expected):
     bench = load_benchmark("modelopt_torch_compare")
