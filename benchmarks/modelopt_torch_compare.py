@@ -28,7 +28,11 @@ block; NVFP4: one FP8 per 16 + a float32 global scale), FP8 8 bits + its scales,
 and every other tensor (the tied embedding table / lm_head, the norms) in float16.
 
 ModelOpt 0.47's NVFP4 fake quantization runs only on CUDA (its dynamic block quantizer asserts a CUDA tensor, the
-static one is a triton kernel): NVFP4 configs need `--device cuda`; INT4 and FP8 ones run on the CPU.
+static one is a triton kernel): NVFP4 configs need `--device cuda`; INT4 and FP8 ones run on the CPU. With
+`--cpu-nvfp4`, configs whose NVFP4 quantizers are dynamic (`W4A16_NVFP4_CFG` and its `:METHOD` variants) run on
+the CPU with that one kernel replaced by the project's NVFP4 arithmetic (`engines/numerics.py`: FP8 E4M3 block
+scales of amax / 6 under a float32 global scale of amax / (6 x 448), E2M1 rounding; the arithmetic our NVFP4 graphs
+are checked against `onnx.reference` with); ModelOpt's calibration algorithms run as they are. Rows made so say it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,33 @@ def stored_bytes(quantizer, numel: int, rows: int) -> tuple[float, str]:
     if bits == 4:
         return numel / 2 + 2 * numel / (block or numel // rows), f"INT4 block {block}" if block else "INT4 per channel"
     raise SystemExit(f"weight quantizer with num_bits {bits}: no size rule")
+
+
+def nvfp4_fake_quant_cpu(inputs, block_size: int, amax):
+    """NVFP4 fake quantization of `inputs` in blocks of `block_size` along its last axis under the global `amax`,
+    by numerics.nvfp4_quantize / nvfp4_dequantize (the stand-in for ModelOpt's CUDA kernel under --cpu-nvfp4)."""
+    import torch
+
+    from speccompile.engines import numerics as nx
+
+    x = inputs.detach().float().cpu().numpy()
+    flat = x.reshape(-1, x.shape[-1])
+    codes, scale_fp8, global_scale = nx.nvfp4_quantize(flat, nx.nvfp4_global_scale(float(amax.detach().float().max())), block_size)
+    out = nx.nvfp4_dequantize(codes, scale_fp8, global_scale, block_size).reshape(x.shape)
+    return torch.from_numpy(out).to(inputs.dtype)
+
+
+def emulate_nvfp4_on_cpu(tensor_quant) -> None:
+    """Route ModelOpt's dynamic block quantization of NVFP4 (E2M1 values, E4M3 scales) on CPU tensors to
+    nvfp4_fake_quant_cpu; every other format and CUDA tensors keep ModelOpt's own kernels."""
+    original = tensor_quant.dynamic_block_quantize_op
+
+    def dispatch(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits):
+        if not inputs.is_cuda and (num_bits, exponent_bits, scale_num_bits, scale_exponent_bits) == (4, 2, 8, 4):
+            return nvfp4_fake_quant_cpu(inputs, block_size, amax)
+        return original(inputs, block_size, amax, num_bits, exponent_bits, scale_num_bits, scale_exponent_bits)
+
+    tensor_quant.dynamic_block_quantize_op = dispatch
 
 
 @contextlib.contextmanager
@@ -158,7 +189,7 @@ def modelopt_config(mtq, spec: str) -> dict:
     return cfg
 
 
-def worker(exported: Path, config: str, device: str, out: Path, calib_tokens: int) -> None:
+def worker(exported: Path, config: str, device: str, out: Path, calib_tokens: int, cpu_nvfp4: bool = False) -> None:
     """In ModelOpt's interpreter: quantize the export's source model with `config`, write the artifact + meta.json."""
     import onnx
     import torch
@@ -172,8 +203,13 @@ def worker(exported: Path, config: str, device: str, out: Path, calib_tokens: in
     from speccompile.tokenizer import TextTokenizer
 
     cfg = modelopt_config(mtq, config)
-    if not device.startswith("cuda") and "'num_bits': (2, 1)" in str(cfg["quant_cfg"]):
-        raise SystemExit(f"{config}: ModelOpt's NVFP4 fake quantization runs only on CUDA (--device cuda)")
+    emulated = not device.startswith("cuda") and "'num_bits': (2, 1)" in str(cfg["quant_cfg"])
+    if emulated and not cpu_nvfp4:
+        raise SystemExit(f"{config}: ModelOpt's NVFP4 fake quantization runs only on CUDA (--device cuda, or --cpu-nvfp4)")
+    if emulated:
+        import modelopt.torch.quantization.tensor_quant as tensor_quant
+
+        emulate_nvfp4_on_cpu(tensor_quant)
     manifest = read_manifest(exported, verify_files=False)
     spec = manifest.graph("target")
     loaded = load_model(manifest.model["source"])
@@ -207,7 +243,7 @@ def worker(exported: Path, config: str, device: str, out: Path, calib_tokens: in
     (out / "graph.onnx").unlink()
     (out / "graph.onnx.data").unlink()
     meta = {"config": config, "algorithm": str(cfg.get("algorithm")), "formats": sorted(formats), "weights": len(linears),
-            "stored_mb": stored / 1e6, "device": device}
+            "stored_mb": stored / 1e6, "device": device, "nvfp4_kernel": "emulated on the CPU" if emulated else "ModelOpt's"}
     (out / "meta.json").write_text(json.dumps(meta))
 
 
@@ -220,13 +256,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="torch device for ModelOpt (NVFP4: cuda)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/speccompile-modelopt-torch"))
     parser.add_argument("--calib-tokens", type=int, default=256, help="longest calibration prompt (speccompile build's default)")
+    parser.add_argument("--cpu-nvfp4", action="store_true", help="NVFP4 configs on the CPU with the project's NVFP4 arithmetic in place of ModelOpt's CUDA kernel")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reuse", action="store_true", help="take ModelOpt outputs already in --work")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.exported, args.worker, args.device, args.work, args.calib_tokens)
+        worker(args.exported, args.worker, args.device, args.work, args.calib_tokens, args.cpu_nvfp4)
         return
     if args.config and not args.modelopt_python:
         parser.error("--config needs --modelopt-python")
@@ -240,14 +277,15 @@ def main() -> None:
         label = f"ModelOpt torch {config}"
         if not ((work / "meta.json").is_file() and args.reuse):
             command = [args.modelopt_python, __file__, str(args.exported), "--worker", config, "--device", args.device,
-                       "--work", str(work), "--calib-tokens", str(args.calib_tokens)]
+                       "--work", str(work), "--calib-tokens", str(args.calib_tokens), *(["--cpu-nvfp4"] if args.cpu_nvfp4 else [])]
             print(" ".join(command), file=sys.stderr)
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 failures[label] = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 continue
         meta = json.loads((work / "meta.json").read_text())
-        candidates[f"{label} ({', '.join(meta['formats'])}; {meta['algorithm']})"] = (work / "artifact", meta["stored_mb"])
+        kernel = ", NVFP4 kernel emulated on the CPU" if meta.get("nvfp4_kernel", "").startswith("emulated") else ""
+        candidates[f"{label} ({', '.join(meta['formats'])}; {meta['algorithm']}{kernel})"] = (work / "artifact", meta["stored_mb"])
     for item in args.ours:
         label, _, path = item.partition("=")
         candidates[f"ours {label}"] = (Path(path), None)

@@ -94,3 +94,24 @@ def test_checkpoint_sizes(bits, blocks, expected):
     bench = load_benchmark("modelopt_torch_compare")
     size, _fmt = bench.stored_bytes(SimpleNamespace(num_bits=bits, block_sizes=blocks), 4096, 64)
     assert size == pytest.approx(expected)
+
+
+def test_cpu_nvfp4_stands_in_for_the_cuda_kernel_only():
+    """--cpu-nvfp4: NVFP4 dynamic block quantization of a CPU tensor goes to the project's NVFP4 arithmetic (blocks
+    of 16 along the last axis, the global scale from ModelOpt's amax); any other format still reaches ModelOpt's
+    own kernel."""
+    from speccompile.engines import numerics as nx
+
+    bench = load_benchmark("modelopt_torch_compare")
+    calls = []
+    tensor_quant = SimpleNamespace(dynamic_block_quantize_op=lambda *args: calls.append(args) or args[0])
+    bench.emulate_nvfp4_on_cpu(tensor_quant)
+    x = torch.randn(4, 64) * torch.linspace(0.1, 3.0, 64)
+    amax = x.abs().max()
+    got = tensor_quant.dynamic_block_quantize_op(x, 16, amax, 4, 2, 8, 4)
+    assert not calls and got.shape == x.shape and got.dtype == x.dtype
+    codes, scales, global_scale = nx.nvfp4_quantize(x.numpy(), nx.nvfp4_global_scale(float(amax)), 16)
+    assert np.array_equal(got.numpy(), nx.nvfp4_dequantize(codes, scales, global_scale, 16))
+    assert 0 < (got - x).abs().max() <= x.abs().max() / 6  # rounded, within one E2M1 step of the top level
+    tensor_quant.dynamic_block_quantize_op(x, 32, amax, 8, 4, 8, 8)  # MXFP8: not NVFP4
+    assert len(calls) == 1
