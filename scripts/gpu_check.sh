@@ -27,12 +27,12 @@ mkdir -p /tmp/scbin && printf '#!/bin/bash\nexec python3 -c "import sys; from sp
 export PATH=/tmp/scbin:$PATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" | tee -a "$OUT/gpu.txt"
-FP32_ONLY=$(case "$STEPS" in *pass*|*verify*|*bench*|*test*|*peer*) echo 0 ;; *) echo 1 ;; esac)
-if [ "$FP32_ONLY" = 0 ] && [ ! -f /tmp/e16/target.ort-cuda.onnx ]; then
+NEEDS_FP16=$(case "$STEPS" in *pass*|*verify*|*bench*|*test*|*peer*) echo 1 ;; *) echo 0 ;; esac)  # qad/modelopt: fp32 only
+if [ "$NEEDS_FP16" = 1 ] && [ ! -f /tmp/e16/target.ort-cuda.onnx ]; then
   start=$SECONDS; timeout 150 sc export smollm2-135m --dtype fp16 --out /tmp/e16 --force > "$OUT/export16.txt" 2>&1
   echo "export fp16: $((SECONDS - start)) s"; tail -n 3 "$OUT/export16.txt"
 fi
-[ "$FP32_ONLY" = 1 ] || [ -f /tmp/e16/target.ort-cuda.onnx ] || { echo "fp16 export has no target.ort-cuda.onnx"; exit 4; }
+[ "$NEEDS_FP16" = 0 ] || [ -f /tmp/e16/target.ort-cuda.onnx ] || { echo "fp16 export has no target.ort-cuda.onnx"; exit 4; }
 export32() {  # the fp32 export the quantization steps start from
   [ -f /tmp/e32/manifest.json ] && return
   local start=$SECONDS; timeout 150 sc export smollm2-135m --out /tmp/e32 --force > "$OUT/export32.txt" 2>&1
