@@ -194,19 +194,19 @@ def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_a
     created = _make_parent(out)
     remove_stale_temps(out)
     tmp = out.parent / f".{out.name}{TEMP_TAG}{os.getpid()}"
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    except OSError as exc:
-        _remove_if_empty(created)
-        raise InputError(f"--out {out}: cannot write there ({exc.strerror})") from None
-    try:
-        with terminate_as_interrupt():
+    # The SIGTERM handler is in place before the folder exists: a signal can never leave it behind.
+    with terminate_as_interrupt():
+        try:
+            try:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+            except OSError as exc:
+                raise InputError(f"--out {out}: cannot write there ({exc.strerror})") from None
             yield tmp
             honour_umask(tmp)
             commit_output(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        _remove_if_empty(created)
-        raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_if_empty(created)
+            raise
