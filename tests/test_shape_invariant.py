@@ -258,7 +258,8 @@ def test_fp32_on_cuda_never_uses_tf32():
 
 
 def test_exact_acceptance_keeps_the_plain_exact_rows_and_the_next_token():
-    from speccompile.runtime.backends.tree_layout import exact_acceptance, main_path_first
+    from speccompile.runtime.backends.tree_layout import main_path_first
+    from speccompile.runtime.verification import exact_acceptance
 
     order, exact = main_path_first(_ancestry(BREADTH_FIRST[1]))
     assert order.tolist() == [0, 1, 3, 2, 4] and exact.tolist() == [True, True, False, True, False]

@@ -22,7 +22,8 @@ from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter
 from .draft_config import DraftConfig
 from .drafters.base import Drafter
 from .drafters.ngram_corpus import NgramCorpus
-from .generate import GenerationResult, Generator
+from .generate import Generator
+from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
