@@ -8,7 +8,7 @@ import pytest
 
 from speccompile.runtime import Runner
 from speccompile.runtime.acceptance import AcceptanceRates
-from speccompile.runtime.batch import SlotPassCosts
+from speccompile.runtime.costs import SlotPassCosts
 from speccompile.runtime.sampling import SamplingParams
 
 PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]

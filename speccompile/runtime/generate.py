@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..tokenizer import TextTokenizer
-from .adaptive import AdaptiveController, PassCosts
+from .adaptive import AdaptiveController
+from .costs import PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
 from .drafters.base import Draft, Drafter
 from .kvcache import BufferKVCache, KVCache
@@ -145,8 +146,7 @@ class Generation:
         )
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
         if self.drafter is not None:
-            self.drafter.reset()
-            self.drafter.plan_with(self.controller.relative_costs if config.adaptive else None, fresh=self.controller.deterministic)
+            self.drafter.reset(fresh=self.controller.deterministic)
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = TokenOutput(generator.tokenizer, config, generator.eos_ids, on_text)
         if cached_rows and self.cache.length != cached_rows:
@@ -217,14 +217,17 @@ class Generation:
         if plan is not None:
             self.complete_step(plan, self.verify_pass(plan))
 
-    def plan_step(self, drafting: bool = True, shadow: bool = False) -> PlannedStep | None:
+    def plan_step(self, drafting: bool = True, shadow: bool = False, costs: PassCostModel | None = None,
+                  probing: bool = True) -> PlannedStep | None:
         """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
         is full (then `done`). A batch driver runs the passes of several generations together between
-        `plan_step` and `complete_step`. `shadow`: a plain step of a cheap drafter still asks it for one token
-        (`PlannedStep.guess`), and the commit tells the controller whether it was the token chosen (its
-        acceptance keeps being measured while a batch makes drafting too dear to try)."""
+        `plan_step` and `complete_step`, and prices the round: `costs`, the pass costs this request sees at the
+        batch's load (default: its controller's), `probing`, whether a due probe may draft now. `shadow`: a
+        plain step still asks a drafter that guesses for one token (`PlannedStep.guess`), and the commit tells
+        the controller whether it was the token chosen (its acceptance keeps being measured while a batch makes
+        drafting too dear to try)."""
         carried, self.carried = self.carried, []
-        draft, draft_seconds = self._choose_draft(carried) if drafting else (Draft([]), 0.0)
+        draft, draft_seconds = self._choose_draft(carried, costs, probing) if drafting else (Draft([]), 0.0)
         guess = self._guess() if shadow and not draft.tokens else None
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
@@ -294,17 +297,16 @@ class Generation:
         self.stats.count_draft(draft.depth, min(accepted, used - 1))  # drafts past a stop were not used
         if draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
             return
-        key = self.drafter.proposal_key if self.drafter.cheap_proposals else None
-        self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, key, draft.drafted_levels)
+        self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, draft.key, draft.drafted_levels)
         self.drafter.record_verdict(draft, verdict.accepted_rows)
 
     # -- drafting ----------------------------------------------------------------------------------
 
-    def _choose_draft(self, carried: list[int]) -> tuple[Draft, float]:
+    def _choose_draft(self, carried: list[int], costs: PassCostModel | None, probing: bool) -> tuple[Draft, float]:
         """The drafter's proposal for this round, sized by what pays and what fits (empty: a plain step).
         `carried`: the last verdict's tokens past an exactness cut, proposed again as a chain instead of asking
         the drafter."""
-        drafter, controller = self.drafter, self.controller
+        drafter = self.drafter
         room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
         remaining = self.config.max_tokens - len(self.output.tokens)
         budget = max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
@@ -312,28 +314,20 @@ class Generation:
             return Draft([]), 0.0
         if carried:
             return Draft(carried[:budget], carried=True), 0.0
-        sizes_itself = drafter.cheap_proposals or drafter.plans_tree
-        k = budget if sizes_itself else min(budget, controller.choose_k(nodes=drafter.draft_nodes))
-        if k <= 0:
-            return Draft([]), 0.0
         t0 = time.perf_counter()
-        draft = drafter.propose(self.tokens, k)
+        draft = drafter.propose(self.tokens, self.controller.sizing(budget, costs, probing))
         seconds = time.perf_counter() - t0
         self.stats.time_draft += seconds
-        if drafter.cheap_proposals and draft.tokens and draft.tree is None:
-            # a cheap drafter proposed the most it could: keep what pays for this kind of proposal
-            draft.tokens = draft.tokens[: controller.choose_k(drafter.proposal_key, len(draft.tokens))]
         if len(draft.tokens) > room:  # a tree wider than the room left: verify the pending token alone
             return Draft([]), seconds
         return draft, seconds
 
     def _guess(self) -> tuple[int, Hashable] | None:
-        """A cheap drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""
-        drafter = self.drafter
-        if drafter is None or not drafter.cheap_proposals or not self.config.adaptive or self.controller.deterministic:
+        """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""
+        if self.drafter is None or not self.config.adaptive or self.controller.deterministic:
             return None
-        guess = drafter.propose(self.tokens, 1)
-        return (int(guess.tokens[0]), drafter.proposal_key) if guess.tokens and guess.tree is None else None
+        guess = self.drafter.guess(self.tokens)
+        return (int(guess.tokens[0]), guess.key) if guess is not None and guess.tokens else None
 
     # -- the end -----------------------------------------------------------------------------------
 

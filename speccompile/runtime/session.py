@@ -18,9 +18,10 @@ from ..errors import InputError, UnsupportedError
 from ..manifest import variant_name
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
-from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
+from .artifact import draft_config, open_artifact, resolve_drafter_name
 from .draft_config import DraftConfig
 from .drafters.base import Drafter
+from .drafters.registry import DrafterRequest, make_drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import Generator
 from .stats import GenerationResult
@@ -81,12 +82,15 @@ class Runner:
         key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
         drafter = self._drafters.pop(key, None)
         if drafter is None:
-            drafter = make_drafter(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
-                                   self.options.lookup_branch, self.ngram_corpus)
+            drafter = make_drafter(self._drafter_request(sampling))
         self._drafters[key] = drafter  # most recently used last
         while len(self._drafters) > MAX_DRAFTERS:
             self._drafters.pop(next(iter(self._drafters)))
         return drafter
+
+    def _drafter_request(self, sampling: SamplingParams | None, shared_session: bool = False) -> DrafterRequest:
+        return DrafterRequest(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
+                              self.options.lookup_branch, self.ngram_corpus, shared_session)
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
@@ -96,8 +100,7 @@ class Runner:
         if plain or self.draft_config is None:
             drafter = None
         elif own_drafter:
-            drafter = make_drafter(a, self.draft_config, sampling or SamplingParams(), self.clock, self.options.lookup_branch,
-                                   self.ngram_corpus, shared_session=a.backend == "ort-cpu")
+            drafter = make_drafter(self._drafter_request(sampling, shared_session=a.backend == "ort-cpu"))
         else:
             drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q

@@ -63,27 +63,23 @@ class Verdict:
 
 class TargetRows:
     """The target's distribution after each row of a verify pass, as the rules read it: the row's argmax
-    (greedy; the graph's own argmax when it computes one) or its processed distribution p (sampling)."""
+    (greedy; the graph's own argmax when it computes one, so the logits need not leave the device) or its
+    processed distribution p (sampling)."""
 
-    def __init__(self, logits: np.ndarray, params: SamplingParams, greedy_tokens: np.ndarray | None = None):
-        self.logits = logits
+    def __init__(self, out: StepOutput, params: SamplingParams):
+        self.out = out
         self.params = params
-        self.greedy_tokens = greedy_tokens
-
-    @classmethod
-    def of(cls, out: StepOutput, params: SamplingParams) -> "TargetRows":
-        return cls(out.logits, params, out.greedy_tokens)
 
     def best(self, row: int) -> int:
         """The row's argmax (ties: the lowest id)."""
-        if self.greedy_tokens is not None:
-            return int(self.greedy_tokens[row])
-        return int(self.logits[row].argmax())
+        if self.out.greedy_tokens is not None:
+            return int(self.out.greedy_tokens[row])
+        return int(self.out.logits[row].argmax())
 
     @cached_property
     def probs(self) -> np.ndarray:
         """float64 [q, V]: each row's processed distribution p."""
-        return process_logits(self.logits, self.params)
+        return process_logits(self.out.logits, self.params)
 
 
 def verify_draft(draft: Draft, pending: int, out: StepOutput, params: SamplingParams,
@@ -93,7 +89,7 @@ def verify_draft(draft: Draft, pending: int, out: StepOutput, params: SamplingPa
     Greedy: follow each row's argmax; sampling: the chain rule or the tree rule on the processed rows (a
     draft distribution over another vocabulary size is aligned to the target's first). A tree laid out main
     path first (`out.plain_exact`) gets its verdict cut where it leaves the rows computed as plain decoding."""
-    rows = TargetRows.of(out, params)
+    rows = TargetRows(out, params)
     node_tokens = [pending, *draft.tokens]
     if params.greedy:
         accepted, tokens = greedy_path(draft.tree, node_tokens, rows.best)
