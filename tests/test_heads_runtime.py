@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speccompile.runtime.draft_config import DraftConfig
+from speccompile.draft_config import DraftConfig
 from test_heads_helpers import shared_target, trained_head, word_prompt_ids, write_checkpoint
 
 PROMPTS = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]]  # + two word prompts (set in target_dir)

@@ -305,7 +305,7 @@ def test_tree_drafter_greedy_equals_plain(tmp_path, tmp_path_factory, shape_inva
     """End to end through the generation loop: a head drafter's trees (with the n-gram lookup branch,
     which is often not the main path) give plain decoding's tokens, chosen from bitwise the same logits, in
     shape-invariant mode and on the CPU's default fused session (trees laid out main path first)."""
-    from speccompile.runtime.draft_config import DraftConfig
+    from speccompile.draft_config import DraftConfig
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 

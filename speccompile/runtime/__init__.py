@@ -1,6 +1,6 @@
 """The torch-free runtime: open an artifact, draft, verify exactly. The public API is re-exported here."""
 
-from .draft_config import DraftConfig
+from ..draft_config import DraftConfig
 from .stats import GenerationResult, GenerationStats
 from .options import GenerationConfig, RunOptions
 from .sampling import SamplingParams

@@ -11,7 +11,7 @@ from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
-from .draft_config import DraftConfig, draft_config_for_run
+from ..draft_config import DraftConfig, draft_config_for_run
 from .options import DRAFTER_CHOICES
 
 
@@ -103,7 +103,7 @@ def resolve_drafter_name(artifact: Artifact, name: str) -> str:
 
 def _resolve_drafter(manifest: Manifest, name: str) -> str:
     if name not in DRAFTER_CHOICES:
-        raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}")
+        raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}", "drafter")
     if name == "auto":
         return (manifest.drafter or {}).get("kind") or "ngram"
     return name

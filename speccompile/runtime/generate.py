@@ -125,9 +125,9 @@ class Generation:
                  prefilled: np.ndarray | None = None, cached_rows: int = 0, defer_prefill: bool = False):
         config.validate()
         if not prompt_ids:
-            raise InputError("--prompt: the prompt is empty")
+            raise InputError("prompt: the prompt is empty", "prompt")
         if len(prompt_ids) + 1 > generator.max_context:
-            raise InputError(f"--prompt: {len(prompt_ids)} tokens exceed the artifact's max_context {generator.max_context}")
+            raise InputError(f"prompt: {len(prompt_ids)} tokens exceed the artifact's max_context {generator.max_context}", "prompt")
         self.generator = generator
         self.config = config
         self.params = config.sampling

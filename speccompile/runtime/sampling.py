@@ -42,18 +42,18 @@ class SamplingParams:
         return self.temperature == 0
 
     def validate(self) -> "SamplingParams":
-        """Raise :class:`InputError` (naming the CLI flag) for out-of-range values; return self."""
+        """Raise :class:`InputError` (naming the field) for out-of-range values; return self."""
         t, k, p = self.temperature, self.top_k, self.top_p
         if not _is_real(t) or not t >= 0 or math.isinf(t):
-            raise InputError(f"--temperature must be >= 0, got {_fmt(t)}")
+            raise InputError(f"temperature must be >= 0, got {_fmt(t)}", "temperature")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-            raise InputError(f"--top-k must be >= 0, got {_fmt(k)}")
+            raise InputError(f"top_k must be >= 0, got {_fmt(k)}", "top_k")
         if not _is_real(p) or not 0 < p <= 1:
-            raise InputError(f"--top-p must be in (0, 1], got {_fmt(p)}")
+            raise InputError(f"top_p must be in (0, 1], got {_fmt(p)}", "top_p")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0
         ):
-            raise InputError(f"--seed must be a non-negative integer, got {_fmt(self.seed)}")
+            raise InputError(f"seed must be a non-negative integer, got {_fmt(self.seed)}", "seed")
         return self
 
     def rng(self) -> np.random.Generator:

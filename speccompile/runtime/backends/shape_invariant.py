@@ -52,7 +52,7 @@ class ShapeInvariantSession:
 
     def __init__(self, inner: Session, rows: int, max_context: int):
         if rows < 1:
-            raise InputError(f"--shape-invariant: the fixed number of rows must be >= 1, got {rows}")
+            raise InputError(f"shape_invariant: the fixed number of rows must be >= 1, got {rows}", "shape_invariant")
         self.inner = inner
         self.spec = inner.spec
         self.rows = int(rows)

@@ -1,4 +1,5 @@
-"""The drafter contract: what a drafter gives the decode loop (`Draft`) and the hooks the loop calls (`Drafter`)."""
+"""The drafter contract: what a drafter gives the decode loop (`Draft`), the hooks the loop calls (`Drafter`) and
+what a drafter is built from (`DrafterRequest`, drafters/registry.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
 
+from ...draft_config import DraftConfig
+from ...errors import InputError
+from ..sampling import SamplingParams
+from ..timing import EngineClock
 from ..tree import TreeSpec
+from .ngram_corpus import NgramCorpus
 
-if TYPE_CHECKING:  # the loop's sizing of a round (runtime/adaptive.py)
-    from ..adaptive import Sizing
+if TYPE_CHECKING:
+    from ..adaptive import Sizing  # the loop's sizing of a round
+    from ..artifact import Artifact
 
 
 @dataclass
@@ -87,3 +94,29 @@ class Drafter(ABC):
     def guess(self, tokens: list[int]) -> Draft | None:
         """A one-token chain guessed for a plain step (None: this drafter does not guess)."""
         return None
+
+
+@dataclass(frozen=True)
+class DrafterRequest:
+    """What a factory builds a drafter from: the opened artifact, what to draft (`draft.kind`, its tree and k),
+    the generation's sampling (a draft model samples its own tokens) and the clock its graphs are timed on.
+    `lookup_branch` (heads): add the n-gram lookup continuation to every tree; `ngram_corpus`: the n-gram
+    drafter's fallback; `shared_session`: its graph runs in the artifact's shared session (`Artifact.session`)."""
+
+    artifact: "Artifact"
+    draft: DraftConfig
+    sampling: SamplingParams
+    clock: EngineClock
+    lookup_branch: bool = True
+    ngram_corpus: NgramCorpus | None = None
+    shared_session: bool = False
+
+    def exported_section(self) -> dict:
+        """The artifact's drafter section; InputError when the artifact was exported without this kind."""
+        section = self.artifact.manifest.drafter or {}
+        kind = self.draft.kind
+        if section.get("kind") != kind:
+            raise InputError(f"drafter {kind}: this artifact was exported without it (re-export it with that drafter: "
+                             f"speccompile export --drafter {kind}:PATH; exported drafter: {section.get('kind') or 'none'})",
+                             "drafter")
+        return section

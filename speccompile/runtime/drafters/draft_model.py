@@ -9,8 +9,7 @@ import numpy as np
 from ..backends.base import Session
 from ..sampling import SamplingParams, process_logits, sample
 from ..timing import TimedSession
-from .base import Draft, Drafter
-from .registry import DrafterRequest
+from .base import Draft, Drafter, DrafterRequest
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..draft_config import DraftConfig
+from ...draft_config import DraftConfig
 from ..tree import TreeSpec, build_dynamic_tree
 from .base import Draft
 from .static_tree import StaticTreeDrafter, StaticTrees

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ..timing import TimedSession
-from .base import Drafter
-from .registry import DrafterRequest
+from .base import Drafter, DrafterRequest
 
 
 def make_head(request: DrafterRequest) -> Drafter:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import InputError
-from ..draft_config import DraftConfig
+from ...draft_config import DraftConfig
 from .base import Draft
 from .eagle import _top
 from .static_tree import StaticTreeDrafter, StaticTrees
@@ -39,7 +39,7 @@ class MedusaDrafter(StaticTreeDrafter):
     def set_tree(self, draft: DraftConfig) -> None:
         """Draft this static tree (paths deeper than the number of heads are dropped)."""
         if draft.choices is None:
-            raise InputError("--tree: Medusa heads draft static trees (a preset, a JSON file or chain)")
+            raise InputError("tree: Medusa heads draft static trees (a preset, a JSON file or chain)", "tree")
         self.draft_config = draft
         self.static_trees = StaticTrees([c for c in draft.choices if len(c) <= self.num_heads], self.max_nodes)
 

@@ -15,9 +15,8 @@ from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
 from ...errors import InputError
-from .base import Draft, Drafter
+from .base import Draft, Drafter, DrafterRequest
 from .ngram_corpus import NgramCorpus
-from .registry import DrafterRequest
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing
@@ -61,7 +60,7 @@ class NgramDrafter(Drafter):
     def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2,
                  corpus: NgramCorpus | None = None):
         if not 1 <= min_match <= max_match:
-            raise InputError(f"--ngram-min/--ngram-max: need 1 <= min <= max, got {min_match}, {max_match}")
+            raise InputError(f"min_match, max_match: need 1 <= min_match <= max_match, got {min_match}, {max_match}")
         self.min_match = min_match
         self.max_match = max_match
         self.resume_window = resume_window  # how far past the source pointer an occurrence still counts as "resuming"
