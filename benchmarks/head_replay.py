@@ -27,7 +27,8 @@ def teacher_forced_predictions(head, decoder, seq: np.ndarray):
     """(top-2 at depth 1, top-1 at depth 2) per row j: row j drafts x[j+2] (and x[j+3] given x[j+2])."""
     import torch
 
-    from speccompile.training.trainer import compute_features, _unroll_mask
+    from speccompile.training.data import compute_features
+    from speccompile.training.trainer import _unroll_mask
 
     feats = compute_features(decoder, seq[None], 1, lambda _: None, batch=1)
     m = len(seq) - 1

@@ -26,7 +26,26 @@ def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str 
     return f"{who} needs {module}, which is not installed: pip install 'speccompile[{extra}]'"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class CommandLine(click.Group):
+    """The command group: a library error a command raises is worded with that command's flags (`flag_message`)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecCompileError as exc:
+            command = self.commands.get(ctx.invoked_subcommand or "")
+            if command is not None:
+                exc.args = (flag_message(exc, command), *exc.args[1:])
+            raise
+
+
+def flag_message(exc: SpecCompileError, command: click.Command) -> str:
+    """The error's message in the command line's terms: each API field it is about (`exc.fields`) named by the
+    command's option for it (max_tokens -> --max-tokens), where it has one."""
+    return exc.naming({p.name: max(p.opts, key=len) for p in command.params if isinstance(p, click.Option) and p.name})
+
+
+@click.group(cls=CommandLine, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="speccompile")
 def cli() -> None:
     """Compile an LLM plus a drafter into ONNX / TensorRT artifacts and run exact speculative decoding.
@@ -63,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except SpecCompileError as exc:
         _end_if_terminated()
-        click.echo(f"error: {flag_message(exc, sys.argv[1:] if argv is None else argv)}", err=True)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
@@ -85,18 +104,6 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         _end_if_terminated()
         raise
-
-
-def flag_message(exc: SpecCompileError, args: list[str]) -> str:
-    """The error's message in the command line's terms: the API field it is about (`exc.field`) named by the
-    running command's option for it (max_tokens -> --max-tokens), when it has one."""
-    command = cli.commands.get(next((a for a in args if not a.startswith("-")), ""))
-    if exc.field is None or command is None:
-        return str(exc)
-    for param in command.params:
-        if isinstance(param, click.Option) and param.name == exc.field:
-            return exc.naming(max(param.opts, key=len))
-    return str(exc)
 
 
 def _end_if_terminated() -> None:

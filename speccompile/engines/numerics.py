@@ -36,10 +36,6 @@ def to_fp8(x: np.ndarray) -> np.ndarray:
     return np.clip(np.asarray(x, dtype=np.float32), -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
 
 
-def fp8_to_float(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x).astype(np.float32)
-
-
 def safe_scale(amax: np.ndarray, qmax: float) -> np.ndarray:
     """amax / qmax, with 1.0 where amax is 0 or not finite (scales must be positive for TensorRT)."""
     amax = np.asarray(amax, dtype=np.float32)

@@ -32,16 +32,12 @@ unless `batch_invariant` ("all"; vLLM's term for a batch that does not change an
 round of two or more requests is a slot pass, every row padded as alone, and each request's logits are
 bitwise its logits alone by construction.
 
-Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
-prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
-over n rows, divided by n) and a draft of k by the measured time of a batch-1 pass over k + 1 rows. With one
-request that is the single-stream controller; with many, a shared row costs a fraction of a pass and drafting
-stops paying, so it turns off (the probe steps keep measuring whether it pays again). Seeded sampling keeps its
-fixed cost model (choices depend only on tokens), so its output is the same batched or alone. With slot
-passes a draft instead adds rows to the shared pass: it is priced at the slot pass's cost per row
-(`SlotPassCosts`), the round checks that its drafts pay for the switch to a slot pass (`_slot_round_pays`), a
-request's probe (a draft after idle steps) waits for a round that is a slot pass anyway, and a plain step
-still measures a cheap drafter (`plan_step(shadow=True)`).
+Load-aware drafting (runtime/batch_pricing.py): each round every request plans with the pass costs it sees at
+the batch's load (`plan_step(costs=...)`), drafting stops when not even a fully accepted draft would beat a
+plain row, and it turns back on as the probe steps measure that it pays. Seeded sampling keeps its fixed cost
+model (choices depend only on tokens), so its output is the same batched or alone. With slot passes a request's
+probe (a draft after idle steps) waits for a round that is a slot pass anyway, and a plain step still measures
+a guessing drafter (`plan_step(shadow=True)`).
 """
 
 from __future__ import annotations
@@ -52,9 +48,10 @@ from typing import Callable
 import numpy as np
 
 from ..errors import UnsupportedError
-from .costs import LoadPricedCosts, PassCosts, SlotPassCosts, expected_speed, faster
 from .backends.ort import OrtBufferSession
 from .backends.ort_slots import OrtSlotSession, SlotRows
+from .batch_pricing import BatchPricing
+from .costs import LoadPricedCosts, PassCosts
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
 from .prefix_cache import PREFIX_BLOCK, PrefixCache
@@ -67,14 +64,13 @@ class BatchDecoder:
     sized by the longest request it admits. Without it the buffers start with `initial_rows` rows per slot and
     double (up to the graph's rows) when a request needs more: memory follows the longest request so far.
 
-    `new_generator()` returns a Generator for one request (its own drafter) over `session`;
-    `batch_costs` collects the batched pass times by batch size."""
+    `new_generator()` returns a Generator for one request (its own drafter) over `session`; `pricing` collects the
+    measured pass times (batched by rows, batch-1 by q: `alone_costs`, the runner's; slot passes by rows)."""
 
     initial_rows = 512
     prefix_cache: PrefixCache | None = None  # reuse prompt rows across requests (`join`; Runner.batch_decoder sets it)
     slot_session: OrtSlotSession | None = None  # rounds with drafts as one slot pass (Runner.batch_decoder sets it)
     batch_invariant = False  # with a slot session: every round of 2+ requests a slot pass (slot_passes="all")
-    prior_row_share = 0.25  # a draft row's price before slot passes of different sizes were timed, x a shared row
 
     def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
                  slots: int, alone_costs: PassCosts, rows: int | None = None):
@@ -83,8 +79,7 @@ class BatchDecoder:
         self.session = session
         self.new_generator = new_generator
         self.slots = slots
-        self.alone_costs = alone_costs
-        self.batch_costs = PassCosts()  # keyed by the number of rows of a batched plain pass
+        self.pricing = BatchPricing(alone_costs)  # the measured costs of its passes, what a round pays for
         if rows is not None and rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         self.rows = min(session.kv_rows, rows or self.initial_rows)  # KV rows per slot now
@@ -96,7 +91,6 @@ class BatchDecoder:
         self.active: list[Generation] = []  # active[i] lives in slot i
         self.batched_passes = 0
         self.slot_passes = 0  # rounds run as one slot pass
-        self.slot_costs = SlotPassCosts()
 
     @property
     def kv_bytes(self) -> int:
@@ -250,9 +244,9 @@ class BatchDecoder:
                 t0 = time.perf_counter()
                 self.slot_session.run(self.buffers, self.session.past_names, rows, caches, pad_one_row=self.batch_invariant)
                 best = min(best, time.perf_counter() - t0)
-            sizes.append(self._slot_pass_rows([q] * len(caches)))
+            sizes.append(sum([q] * len(caches)) + self.slot_session.slots - len(caches))
             timings.append(best)
-        self.slot_costs.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
+        self.pricing.slots.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
 
     def leave(self, generation: Generation) -> None:
         """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
@@ -301,7 +295,7 @@ class BatchDecoder:
         slot_capable = self._slot_capable()
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
-        costs = self._costs(shared_row)  # one per round, the same for every request (seeded ones keep their own)
+        costs = self.pricing.request_costs(shared_row, slot_capable)  # one per round, the same for every request (seeded ones keep their own)
         probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
         plans: list[PlannedStep | None] = []
         for generation in self.active:
@@ -349,9 +343,9 @@ class BatchDecoder:
         outs = self.session.run_batch(self.buffers, inputs, [g.cache for g in rows])
         seconds = time.perf_counter() - t0
         self.batched_passes += 1
-        self.batch_costs.record(len(rows), seconds)
+        self.pricing.batched.record(len(rows), seconds)
         if len(rows) == 1:
-            self.alone_costs.record(1, seconds)
+            self.pricing.alone.record(1, seconds)
         self.active[0].generator.clock.seconds += seconds
         for i in plain:
             self.active[i].stats.time_verify += seconds
@@ -361,23 +355,18 @@ class BatchDecoder:
         """Whether a round may run as one slot pass: a slot graph and two or more requests (one runs alone)."""
         return self.slot_session is not None and len(self.active) >= 2
 
-    def _slot_pass_rows(self, request_rows: list[int]) -> int:
-        """Rows of a slot pass whose first slots carry `request_rows` rows: every other slot gets a dummy row."""
+    def _slot_pass_rows(self, plans: list[PlannedStep | None]) -> int:
+        """Rows of a slot pass whose first slots carry these plans (a request without one: a dummy row); every
+        other slot gets a dummy row."""
+        request_rows = [len(p.ids) if p is not None else 1 for p in plans]
         return sum(request_rows) + self.slot_session.slots - len(request_rows)
 
     def _slot_round_pays(self, plans: list[PlannedStep | None]) -> bool:
-        """Whether this round's drafts pay for making it one slot pass: the tokens the requests expect from it
-        (their controllers' acceptance estimates) a second of the slot pass's expected time, against one token
-        per request in a batched pass's time. The controllers price their own rows; this prices the switch
-        (a slot pass runs one attention call per slot and layer, a batched pass one per layer)."""
-        slot_seconds = self.slot_costs.seconds(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]))
-        batched_seconds = self.batch_costs.seconds(len(self.active)) if self.batch_costs.by_q else None
-        if slot_seconds is None or batched_seconds is None:
-            return True  # measure both
+        """Whether this round's drafts pay for making it one slot pass (`BatchPricing.slot_round_pays`)."""
         expected = sum(self._expected_tokens(generation, planned)
                        for generation, planned in zip(self.active, plans) if planned is not None)
-        plain = sum(planned is not None for planned in plans)
-        return faster(expected_speed(expected, slot_seconds), expected_speed(plain, batched_seconds))
+        planned = sum(p is not None for p in plans)
+        return self.pricing.slot_round_pays(expected, planned, len(self.active), self._slot_pass_rows(plans))
 
     @staticmethod
     def _expected_tokens(generation: Generation, planned: PlannedStep) -> float:
@@ -415,7 +404,7 @@ class BatchDecoder:
         outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active],
                                      pad_one_row=self.batch_invariant)
         seconds = time.perf_counter() - t0
-        self.slot_costs.record(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]), seconds)
+        self.pricing.slots.record(self._slot_pass_rows(plans), seconds)
         self.slot_passes += 1
         self.active[0].generator.clock.seconds += seconds
         for i, planned in enumerate(plans):
@@ -424,39 +413,11 @@ class BatchDecoder:
         return {i: out for i, out in enumerate(outs) if out is not None}
 
     def shared_row_seconds(self, rows: int) -> float | None:
-        """Seconds of one row of a plain round over `rows` requests: its share of a slot pass over every slot
-        where every round is one (`batch_invariant`), else of a batched pass (measured, else the line through
-        the measured sizes; a batch of one is a batch-1 pass: its time seeds the line); None before any."""
-        if self._slot_capable() and self.batch_invariant and self.slot_costs.measured:
-            return self.slot_costs.seconds(self.slot_session.slots) / rows
-        if self.batch_costs.t1 is None and self.alone_costs.t1 is not None:
-            self.batch_costs.by_q[1] = self.alone_costs.t1
-        if not self.batch_costs.by_q:
-            return None
-        return self.batch_costs.seconds(rows) / rows
-
-    def _draft_row_seconds(self, shared_row: float | None) -> float | None:
-        """What one draft row adds to a slot pass: as calibrated (`calibrate_slot_passes`), else a batch-1 pass's
-        slope (the runner's), else a share of a plain row."""
-        slope = self.slot_costs.row_seconds
-        if slope is None:
-            slope = self.alone_costs.slope
-        if slope is None and shared_row is not None:
-            slope = self.prior_row_share * shared_row
-        return slope
-
-    def _costs(self, shared_row: float | None) -> LoadPricedCosts:
-        slope = self._draft_row_seconds(shared_row) if self._slot_capable() else None
-        return LoadPricedCosts(self.alone_costs, shared_row, self.batch_costs, slope)
+        """Seconds of one row of a plain round over `rows` requests (`BatchPricing.shared_row_seconds`)."""
+        every_round_a_slot_pass = self._slot_capable() and self.batch_invariant
+        return self.pricing.shared_row_seconds(rows, self.slot_session.slots if every_round_a_slot_pass else None)
 
     def drafting_pays(self, shared_row: float | None) -> bool:
-        """Whether any draft could pay at this load: k drafts all accepted give k + 1 tokens for a batch-1
-        pass over k + 1 rows (with a slot graph: k rows more in the shared pass); a plain step gives one token
-        for one shared row. When not even that pays,
-        nobody drafts this step. Before a plain pass was measured: not yet (the first step measures one)."""
-        if shared_row is None:
-            return False
+        """Whether any draft could pay at this load (`BatchPricing.drafting_pays`): when not, nobody drafts."""
         most = max(g.config.num_draft_tokens for g in self.active)
-        costs = self._costs(shared_row)
-        plain = expected_speed(1.0, shared_row)
-        return any(faster(expected_speed(k + 1, costs.seconds(k + 1)), plain) for k in range(1, most + 1))
+        return self.pricing.drafting_pays(shared_row, most, self._slot_capable())
