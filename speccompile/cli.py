@@ -52,9 +52,9 @@ def cli() -> None:
 
     \b
     Typical flow:
-      speccompile export smollm2-135m --out exported/
-      speccompile run exported/ --prompt "Write a haiku about the sea" --drafter ngram
-      speccompile bench exported/ --workload benchmarks/workloads/copy.jsonl
+      speccompile export smollm2-135m --out exported/smollm2 --force
+      speccompile run exported/smollm2 --prompt "Write a haiku about the sea" --drafter ngram
+      speccompile bench exported/smollm2 --workload benchmarks/workloads/copy.jsonl
     """
 
 
@@ -73,12 +73,12 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: SpecCompileError -> one line on stderr, exit code 2."""
     try:
-        cli.main(args=argv, standalone_mode=False)
+        cli.main(args=argv, prog_name="speccompile", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {usage_message(exc)}", err=True)
         sys.exit(exc.exit_code)
     except SpecCompileError as exc:
         _end_if_terminated()
@@ -104,6 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         _end_if_terminated()
         raise
+
+
+def usage_message(exc: click.ClickException) -> str:
+    """Click's error as one line: what is wrong and, for a usage error, where the options are listed."""
+    message = exc.format_message().rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        return f"{ctx.command_path}: {message} (see `{ctx.command_path} --help`)"
+    return message
 
 
 def _end_if_terminated() -> None:

@@ -14,7 +14,7 @@ import click
 from ..console import emit_json, progress_bar_console, prompt_progress_bar
 from ..errors import InputError, UnsupportedError
 from ..runtime.backends.base import BACKENDS
-from ..runtime.options import DRAFTER_CHOICES, RunOptions
+from ..runtime.options import DRAFTER_CHOICES, GenerationConfig, RunOptions
 from ..runtime.sampling import SamplingParams
 
 
@@ -50,23 +50,15 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 
 
 def check_artifact_backend(artifact: Path, backend: str) -> None:
-    """Refuse an artifact whose target the backend cannot run; say so when it runs but far slower than meant to."""
+    """Refuse an artifact whose target the backend cannot run (runtime/artifact.check_backend, before anything
+    loads); say so when it runs but far slower than meant to."""
     from ..manifest import read_manifest
+    from ..runtime.artifact import check_backend
 
     manifest = read_manifest(artifact, verify_files=False)  # the runner checks the checksums
-    if "target" not in manifest.graphs:
-        return
-    record = manifest.precision.get("target", {})
-    scheme, runs_on = record.get("scheme"), record.get("runs_on")
-    if runs_on and backend not in runs_on:
-        raise UnsupportedError(f"{artifact}: a {scheme} target does not run on {backend} (it runs on {', '.join(runs_on)})")
-    if backend != "ort-cpu":
-        return
-    dtype = manifest.graphs["target"].dtype.split("+")[0]
-    if dtype == "bf16":
-        raise UnsupportedError(f"{artifact}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no bf16 "
-                               "kernels); run it on a GPU (--backend ort-cuda | ort-trt | tensorrt) or export with --dtype fp32")
-    if scheme in SLOW_ON_CPU:
+    check_backend(artifact, manifest, backend)
+    scheme = manifest.precision.get("target", {}).get("scheme")
+    if backend == "ort-cpu" and scheme in SLOW_ON_CPU:
         click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; on ONNX Runtime's CPU "
                    "provider it runs as fp32 without the fused CPU graph (speculative steps ~2-3x slower than the fp32 export)",
                    err=True)
@@ -166,7 +158,8 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
     from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
-    sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop)).validate()  # before anything loads
     check_artifact_backend(artifact, options.backend)
     runner = Runner(artifact, options)
     with prompt_source(_prompt_label(prompt_file)):

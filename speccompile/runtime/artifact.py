@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
 from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
-from ..draft_config import DraftConfig, draft_config_for_run
 from .options import DRAFTER_CHOICES
 
 
@@ -68,7 +67,8 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
-    resolved = _resolve_drafter(manifest, drafter)
+    check_backend(directory, manifest, backend)
+    resolved = resolve_drafter(manifest, drafter)
     alone = resolved in ("ngram", "none")
     spinning = "in-run" if shared_cores else ("always" if alone else "off")
     chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
@@ -96,12 +96,24 @@ def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, ch
     return manifest.graph(graph)
 
 
-def resolve_drafter_name(artifact: Artifact, name: str) -> str:
+def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:
+    """Refuse, before anything loads, a target this backend cannot run: one built for other backends (its
+    precision record's `runs_on`), a bf16 graph on ort-cpu (ONNX Runtime's CPU provider has no bf16 kernels)."""
+    if "target" not in manifest.graphs:
+        return
+    record = manifest.precision.get("target", {})
+    scheme, runs_on = record.get("scheme"), record.get("runs_on")
+    if runs_on and backend not in runs_on:
+        raise UnsupportedError(f"{directory}: a {scheme} target does not run on backend {backend} (it runs on "
+                               f"{', '.join(runs_on)})", "backend")
+    if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "bf16":
+        raise UnsupportedError(f"{directory}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no "
+                               "bf16 kernels); run it on a GPU (backend ort-cuda | ort-trt | tensorrt) or export it with "
+                               "--dtype fp32", "backend")
+
+
+def resolve_drafter(manifest: Manifest, name: str) -> str:
     """`auto` -> the drafter exported with the artifact, else n-gram lookup."""
-    return _resolve_drafter(artifact.manifest, name)
-
-
-def _resolve_drafter(manifest: Manifest, name: str) -> str:
     if name not in DRAFTER_CHOICES:
         raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}", "drafter")
     if name == "auto":
@@ -109,6 +121,3 @@ def _resolve_drafter(manifest: Manifest, name: str) -> str:
     return name
 
 
-def draft_config(artifact: Artifact, drafter: str, tree: str | None = None, k: int | None = None) -> DraftConfig:
-    """What `drafter` (a resolved name, not none) drafts on this artifact: the exported tree and k unless overridden."""
-    return draft_config_for_run(drafter, artifact.manifest.drafter, tree, k)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import InputError
-from .options import RunOptions
+from .options import GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .session import Runner
 
@@ -78,15 +78,18 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
               progress: PromptProgress | None = None) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity. `progress` is told
     of each prompt as it starts."""
-    runner = Runner(artifact, options)
-    if runner.drafter_name == "none":
+    _check_request(max_tokens, limit)
+    if options.drafter == "none":
         raise InputError("drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)", "drafter")
+    loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
+    if not loaded:
+        raise InputError("workloads: bench needs at least one workload", "workloads")
+    runner = Runner(artifact, options)
     sampling = SamplingParams()
     report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
                               "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
                               "row_invariant": runner.artifact.target.row_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
-    loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
         first = loaded[0][1][0]
         runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
@@ -154,8 +157,9 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, prog
     """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, logits_bitwise, prompts:
     [{id, identical, first_difference, tokens, mean_accepted_length, logits_bitwise, max_logit_difference,
     logit_positions}]}. `progress` is told of each prompt as it starts."""
-    runner = Runner(artifact, options)
+    _check_request(max_tokens, limit)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
+    runner = Runner(artifact, options)
     results = []
     for item in _counted(items, progress):
         with prompt_source(f"prompt {item['id']}"):
@@ -163,6 +167,13 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, prog
     return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
             "row_invariant": runner.artifact.target.row_invariant, "identical": all(r["identical"] for r in results),
             "logits_bitwise": all(r["logits_bitwise"] for r in results), "prompts": results}
+
+
+def _check_request(max_tokens: int, limit: int | None) -> None:
+    """Refuse, before anything loads, a length or prompt limit no run could use."""
+    GenerationConfig(max_tokens=max_tokens).validate()
+    if limit is not None and limit < 1:
+        raise InputError(f"limit must be >= 1, got {limit}", "limit")
 
 
 def _verify_prompt(runner: Runner, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:

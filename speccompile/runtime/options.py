@@ -48,8 +48,9 @@ class RunOptions:
             raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter}", "drafter")
         if self.threads is not None and self.threads < 1:
             raise InputError(f"threads must be >= 1, got {self.threads}", "threads")
-        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
-            raise InputError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}", "num_draft_tokens")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 1:
+            raise InputError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens} (drafter none decodes without "
+                             "drafting)", ("num_draft_tokens", "drafter"))
         return self
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..errors import InputError, UnsupportedError
-from ..manifest import variant_name
+from ..manifest import Manifest, read_manifest, variant_name
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
-from .artifact import draft_config, open_artifact, resolve_drafter_name
-from ..draft_config import DraftConfig
-from .drafters.base import Drafter, DrafterRequest
+from .artifact import check_backend, open_artifact, resolve_drafter
+from ..draft_config import DraftConfig, draft_config_for_run
+from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import Generator
@@ -48,23 +48,40 @@ class Runner:
     def __init__(self, artifact: str | Path, options: RunOptions | None = None, **fields):
         options = dataclasses.replace(options or RunOptions(), **fields).validate()
         self.options = options
+        manifest = read_manifest(artifact, verify_files=False)  # what the options ask of it is checked before anything loads
+        check_backend(Path(artifact), manifest, options.backend)
+        self.drafter_name = resolve_drafter(manifest, options.drafter)
+        self.draft_config: DraftConfig | None = self._draft_config(manifest)
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
         self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
                                       shape_invariant, options.shared_cores)
-        self.drafter_name = resolve_drafter_name(self.artifact, options.drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if options.ngram_corpus is not None:
-            if self.drafter_name != "ngram":  # checked before the file is read
-                raise InputError(f"ngram_corpus: only the ngram drafter uses a corpus (drafter: {self.drafter_name})", "ngram_corpus")
             self.ngram_corpus = NgramCorpus.from_file(options.ngram_corpus, self.artifact.tokenizer)
-        self.draft_config: DraftConfig | None = None
-        if self.drafter_name != "none":
-            self.draft_config = draft_config(self.artifact, self.drafter_name, options.tree, options.num_draft_tokens)
-        elif options.tree is not None:
-            raise InputError("tree: plain decoding (drafter none) drafts nothing", "tree")
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafters: dict[SamplingParams | None, Drafter] = {}
+
+    def _draft_config(self, manifest: Manifest) -> DraftConfig | None:
+        """What this runner drafts (None: plain decoding), after checking the options against the manifest: a
+        drafter the artifact was exported with, a tree for a head drafter only, k within what one verify pass
+        holds, a corpus file for the n-gram drafter only."""
+        options, name = self.options, self.drafter_name
+        if options.ngram_corpus is not None:
+            if name != "ngram":
+                raise InputError(f"ngram_corpus: only the ngram drafter uses a corpus (drafter: {name})", "ngram_corpus")
+            NgramCorpus.check_file(options.ngram_corpus)
+        if name == "none":
+            if options.tree is not None:
+                raise InputError("tree: plain decoding (drafter none) drafts nothing", "tree")
+            return None
+        if name != "ngram":
+            exported_section(manifest, name)
+        most = int(manifest.limits.get("max_verify_tokens", 64)) - 1
+        if options.num_draft_tokens is not None and options.num_draft_tokens > most:
+            raise InputError(f"num_draft_tokens {options.num_draft_tokens}: one verify pass of this artifact holds "
+                             f"{most + 1} tokens (its max_verify_tokens), so at most {most} draft positions", "num_draft_tokens")
+        return draft_config_for_run(name, manifest.drafter, options.tree, options.num_draft_tokens)
 
     @property
     def num_draft_tokens(self) -> int:

@@ -18,6 +18,7 @@ from .ngram_corpus import NgramCorpus
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing  # the loop's sizing of a round
+    from ...manifest import Manifest
     from ..artifact import Artifact
 
 
@@ -112,11 +113,15 @@ class DrafterRequest:
     shared_session: bool = False
 
     def exported_section(self) -> dict:
-        """The artifact's drafter section; InputError when the artifact was exported without this kind."""
-        section = self.artifact.manifest.drafter or {}
-        kind = self.draft.kind
-        if section.get("kind") != kind:
-            raise InputError(f"drafter {kind}: this artifact was exported without it (re-export it with that drafter: "
-                             f"speccompile export --drafter {kind}:PATH; exported drafter: {section.get('kind') or 'none'})",
-                             "drafter")
-        return section
+        """The artifact's drafter section (`exported_section`)."""
+        return exported_section(self.artifact.manifest, self.draft.kind)
+
+
+def exported_section(manifest: "Manifest", kind: str) -> dict:
+    """The manifest's section of drafter `kind`; InputError when the artifact was exported without it."""
+    section = manifest.drafter or {}
+    if section.get("kind") != kind:
+        raise InputError(f"drafter {kind}: this artifact was exported without it (re-export it with that drafter: "
+                         f"speccompile export --drafter {kind}:PATH; exported drafter: {section.get('kind') or 'none'})",
+                         "drafter")
+    return section

@@ -36,12 +36,18 @@ class NgramCorpus:
                     counts[n][tuple(seq[i - n: i])][seq[i]] += 1
         self.next_token = {n: {ctx: c.most_common(1)[0][0] for ctx, c in counts[n].items()} for n in CONTEXT_LENGTHS}
 
-    @classmethod
-    def from_file(cls, path: str | Path, tokenizer) -> "NgramCorpus":
-        """Read and tokenize a corpus file (JSONL of {"text": ...}, or plain text)."""
+    @staticmethod
+    def check_file(path: str | Path) -> Path:
+        """The corpus file's path; InputError when it is not a readable file (checked before anything loads)."""
         path = Path(path)
         if not path.is_file():
             raise InputError(f"ngram_corpus {path}: no such file", "ngram_corpus")
+        return path
+
+    @classmethod
+    def from_file(cls, path: str | Path, tokenizer) -> "NgramCorpus":
+        """Read and tokenize a corpus file (JSONL of {"text": ...}, or plain text)."""
+        path = cls.check_file(path)
         raw = path.read_text(encoding="utf-8", errors="replace")
         if path.suffix == ".jsonl":
             texts = []
