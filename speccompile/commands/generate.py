@@ -12,7 +12,7 @@ from typing import Callable
 import click
 
 from ..console import emit_json, progress_bar_console, prompt_progress_bar
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError
 from ..runtime.backends.base import BACKENDS
 from ..runtime.options import DRAFTER_CHOICES, GenerationConfig, RunOptions
 from ..runtime.sampling import SamplingParams
