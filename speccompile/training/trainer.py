@@ -322,6 +322,7 @@ def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: T
     started = time.time()
     progress(f"loading target {target_name}")
     model = load_model(target_name)
+    _check_target(model.config, options)
     tokenizer = target_tokenizer(model)
     chunks = tokenize_chunks(texts, tokenizer, options.seq_len, options.max_tokens, model.config.bos_token_id)
     progress(f"{len(texts)} documents -> {chunks.shape[0]} chunks x {options.seq_len} tokens")
@@ -354,6 +355,13 @@ def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: T
     honour_umask(out)
     progress(f"wrote {options.method} head to {out} in {time.time() - started:.0f}s")
     return summary
+
+
+def _check_target(config, options: TrainOptions) -> None:
+    """Refuse a target the head kind cannot read: EAGLE-3 fuses the inputs of layers (2, L//2, L-3)."""
+    if options.method == "eagle3" and config.num_hidden_layers < 3:
+        raise InputError(f"method eagle3: the target has {config.num_hidden_layers} layers; EAGLE-3 reads the inputs of "
+                         "layers (2, L//2, L-3) of an L-layer target, which needs at least 3", "method")
 
 
 def _summary(target_name, model, options, chunks, feature_seconds, t0, trainer, history) -> dict:
