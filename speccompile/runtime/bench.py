@@ -91,9 +91,10 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
                               "row_invariant": runner.artifact.target.row_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
     if warmup:
-        first = loaded[0][1][0]
-        runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
-        runner.generate(first["prompt"], first["chat"], 16, sampling)
+        name, first = loaded[0][0], loaded[0][1][0]
+        with prompt_source(f"workloads {name}: prompt {first['id']}", "workloads"):
+            runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
+            runner.generate(first["prompt"], first["chat"], 16, sampling)
     _bench_workloads(runner, loaded, max_tokens, sampling, report, progress)
     report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
     return report
