@@ -79,11 +79,16 @@ def preset_names() -> list[str]:
 
 
 def load_choices(spec: str | Path) -> list[tuple[int, ...]]:
-    """The choice paths of a preset name (``eagle-default``, ``chain-K``, ``tree-WxD``) or of a JSON file.
+    """The choice paths of a preset name (``eagle-default``, ``chain-K``, ``tree-WxD``) or of a JSON file, in the
+    tree's node order (by depth, then path).
 
     The JSON file holds a list of paths (``[[0], [0, 0], [1]]``) or an object with a
     ``"choices"`` list. Raises :class:`InputError` with a one-line reason otherwise.
     """
+    return sorted(_choices_of(spec), key=lambda path: (len(path), path))
+
+
+def _choices_of(spec: str | Path) -> list[tuple[int, ...]]:
     name = str(spec)
     if name in PRESETS:
         return normalise_choices(PRESETS[name])

@@ -689,9 +689,12 @@ def test_process_logits_keeps_masked_tokens_at_zero():
     ],
 )
 def test_sampling_params_validate(params, message):
+    """The API names its fields (top_p), the CLI its flags (--top-p)."""
     with pytest.raises(InputError) as err:
         params.validate()
-    assert str(err.value) == message
+    flags = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k"}
+    assert err.value.naming(flags) == message
+    assert str(err.value) == message.replace("--top-", "top_").removeprefix("--")
     with pytest.raises(InputError):
         process_logits(np.zeros(4), params)
 

@@ -101,7 +101,7 @@ def print_bench_report(report: dict[str, Any], console: Console | None = None) -
 
 def print_verify_report(report: dict[str, Any], console: Console | None = None) -> None:
     """`verify` (runtime/bench.run_verify): one line per prompt (identical, or the first differing token), the total."""
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)  # one line per prompt, never wrapped
     results = report["prompts"]
     for r in results:
         status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"

@@ -103,6 +103,9 @@ def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:
         return
     record = manifest.precision.get("target", {})
     scheme, runs_on = record.get("scheme"), record.get("runs_on")
+    quantized = manifest.graphs["target"].extra.get("quantization")
+    if quantized is not None and quantized != scheme:
+        runs_on = None  # the record is not this graph's (an exact fp32 emulation of it, engines/emulate.py, runs anywhere)
     if runs_on and backend not in runs_on:
         raise UnsupportedError(f"{directory}: a {scheme} target does not run on backend {backend} (it runs on "
                                f"{', '.join(runs_on)})", "backend")
