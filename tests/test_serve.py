@@ -18,10 +18,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import CHAT_TEMPLATE, make_tiny_hf_model, run_cli
+from conftest import CHAT_TEMPLATE, load_benchmark, make_tiny_hf_model, run_cli
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.session import Runner
-from speccompile.serve.launch import ServerProcess
+
+ServerProcess = load_benchmark("server_process").ServerProcess
 
 MODEL = "tiny"
 CONTEXT = 4096
@@ -447,7 +448,9 @@ def test_a_cached_prompt_streams_its_first_token_before_it_joins(artifact, runne
     import asyncio
 
     from speccompile.runtime.options import RunOptions
-    from speccompile.serve.engine import EngineOptions, Finished, GenerationRequest, TextDelta, open_engine
+    from speccompile.serve.engine import EngineOptions
+    from speccompile.serve.loader import open_engine
+    from speccompile.serve.requests import Finished, GenerationRequest, TextDelta
 
     tokenizer = runner.artifact.tokenizer
     ids = tuple(tokenizer.prompt_ids("hello world", chat=False))
@@ -501,7 +504,9 @@ def test_engine_nice_lowers_the_engine_threads_only(artifact, runner):
     import asyncio
 
     from speccompile.runtime.options import RunOptions
-    from speccompile.serve.engine import EngineOptions, GenerationRequest, open_engine
+    from speccompile.serve.engine import EngineOptions
+    from speccompile.serve.loader import open_engine
+    from speccompile.serve.requests import GenerationRequest
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
     before = set(_thread_nice())
