@@ -13,6 +13,8 @@ from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController, PassCosts
 from .backends.base import Session, StepOutput
 from .backends.tree_layout import exact_acceptance
+from .constrained import GuidedPlan, OutputRules
+from .logprobs import TokenLogprob
 from .drafters.base import Draft, Drafter
 from .kvcache import BufferKVCache, KVCache
 from .options import GenerationConfig
@@ -109,6 +111,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (eos or stop string), "length" (max_tokens) or "context" (limit reached)
     stats: GenerationStats
     logits: np.ndarray | None = None  # with GenerationConfig.trace_logits: [tokens, vocab], the logits each token was chosen from
+    logprobs: list[TokenLogprob] | None = None  # with GenerationConfig.logprobs: one entry per token
 
 
 class _Output:
@@ -239,6 +242,7 @@ class PlannedStep:
     ids: np.ndarray  # int64 [q]
     positions: np.ndarray  # int64 [q]
     new_mask: np.ndarray  # bool [q, q]: causal (chain) or ancestry (tree)
+    guided: GuidedPlan | None = None  # with output rules (a grammar, logprobs): the draft before the grammar's cut, the rows' masks
 
 
 class Generation:
@@ -280,6 +284,8 @@ class Generation:
             self.drafter.plan_with(self.controller.relative_costs if config.adaptive else None, fresh=self.controller.deterministic)
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = _Output(generator.tokenizer, config, generator.eos_ids, on_text)
+        self.rules = (OutputRules(self.params, config.constraint, config.logprobs)
+                      if config.constraint is not None or config.logprobs is not None else None)  # runtime/constrained.py
         if cached_rows and self.cache.length != cached_rows:
             raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
         self.prompt_ids = list(prompt_ids)
@@ -331,11 +337,15 @@ class Generation:
         self.prompt_logits = last_logits
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
+        if self.rules is not None:
+            last_logits = self.rules.first_logits(last_logits)
         first = choose_first_token(last_logits, self.params, self.rng)
         if self._logit_trace is not None:
             self._logit_trace.append(np.array(last_logits))
         self.tokens = self.prompt_ids + [first]
         self.done = self.output.push(first)
+        if self.rules is not None:
+            self.rules.emit(last_logits[None], [first], len(self.output.tokens))
         self.output.flush()
         self.finish = self.output.finish
 
@@ -356,6 +366,9 @@ class Generation:
         measured while a batch makes drafting too dear to try)."""
         carried, self._carried = self._carried, []
         draft, draft_seconds = self._choose_draft(carried) if drafting else (Draft([]), 0.0)
+        guided = None
+        if self.rules is not None:
+            draft, guided = self.rules.plan(draft)
         self._shadow = None
         drafter = self.drafter
         if (shadow and not draft.tokens and drafter is not None and drafter.cheap_proposals and self.config.adaptive
@@ -373,11 +386,13 @@ class Generation:
             new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
         else:
             new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
-        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask)
+        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask, guided)
 
     def complete_step(self, planned: "PlannedStep", out: StepOutput) -> None:
         """Verify the pass's logits against the draft and commit the round."""
         draft = planned.draft
+        if planned.guided is not None:
+            out = self.rules.masked(planned.guided, out)
         accepted_rows, emitted = _verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
         if self._shadow is not None and not draft.tokens:
             guess, key = self._shadow
@@ -388,7 +403,7 @@ class Generation:
             # what the cut left of the verdict is proposed again, as a chain the next pass computes exactly
             self._carried = verdict[len(emitted):]
             self.stats.exact_cuts += int(bool(self._carried))
-        self._commit(draft, planned.draft_seconds, out, accepted_rows, emitted)
+        self._commit(planned, out, accepted_rows, emitted)
 
     def _choose_draft(self, carried: list[int] | None = None) -> tuple[Draft, float]:
         """The drafter's proposal for this step, sized by what pays and what fits (empty: a plain step).
@@ -426,8 +441,9 @@ class Generation:
         self.controller.record_pass(len(planned.ids), seconds)
         return out
 
-    def _commit(self, draft: Draft, draft_seconds: float, out: StepOutput, accepted_rows: list[int], emitted: list[int]) -> None:
+    def _commit(self, planned: PlannedStep, out: StepOutput, accepted_rows: list[int], emitted: list[int]) -> None:
         """Keep the accepted rows' KV, tell the controller and drafter, emit tokens until a stop."""
+        draft, draft_seconds = planned.draft, planned.draft_seconds
         keep = [0, *accepted_rows]
         if self._logit_trace is not None:  # the rows whose logits chose the emitted tokens, in order
             self._logit_trace += [np.array(out.logits[row]) for row in keep[: len(emitted)]]
@@ -439,15 +455,22 @@ class Generation:
             if not draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
                 key = self.drafter.proposal_key if self.drafter.cheap_proposals else None
                 self.controller.record_draft(draft.depth, len(accepted_rows), draft_seconds, key, draft.drafted_levels)
-                self.drafter.record_verdict(draft, accepted_rows)
+                if planned.guided is not None:  # the drafter hears of its own proposal, before the grammar's cut
+                    self.drafter.record_verdict(planned.guided.proposed, planned.guided.proposed_rows(accepted_rows))
+                else:
+                    self.drafter.record_verdict(draft, accepted_rows)
         if self.drafter is not None and out.hidden is not None:
             row_tokens = [self.tokens[-1], *[draft.tokens[r - 1] for r in accepted_rows]]
             self.drafter.observe(out.hidden[keep], row_tokens, emitted[-1])
+        before, used = len(self.output.tokens), 0
         for token in emitted:
             self.tokens.append(token)
+            used += 1
             if self.output.push(token):
                 self.done = True
                 break
+        if self.rules is not None:
+            self.rules.emit(out.logits[keep[:used]], emitted[:used], len(self.output.tokens) - before)
         self.output.flush()
         self.finish = self.output.finish
         if self.done:
@@ -465,7 +488,8 @@ class Generation:
         output = self.output
         text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
         logits = np.stack(self._logit_trace[: len(output.tokens)]) if self._logit_trace else None
-        return GenerationResult(output.tokens, text, self.finish or "length", stats, logits)
+        logprobs = self.config.logprobs.entries[: len(output.tokens)] if self.config.logprobs is not None else None
+        return GenerationResult(output.tokens, text, self.finish or "length", stats, logits, logprobs)
 
 
 def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, cached_rows: int, whole: bool) -> None:

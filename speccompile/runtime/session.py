@@ -19,16 +19,19 @@ from ..manifest import variant_name
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
 from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
+from .constraints import CompiledConstraint, ConstraintSpec
 from .draft_config import DraftConfig
 from .drafters.base import Drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import GenerationResult, Generator
+from .logprobs import LogprobRecorder
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
 
 if TYPE_CHECKING:
     from .batch import BatchDecoder
+    from .grammar import GrammarCompiler
     from .prefix_cache import PrefixCache
 
 
@@ -63,6 +66,18 @@ class Runner:
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafters: dict[SamplingParams | None, Drafter] = {}
+        self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
+
+    def compile_constraint(self, constraint: ConstraintSpec | CompiledConstraint | None) -> CompiledConstraint | None:
+        """A constraint compiled for this artifact's tokenizer (InputError for a bad schema, regex or grammar);
+        a compiled one as it is."""
+        if constraint is None or not isinstance(constraint, ConstraintSpec):
+            return constraint
+        if self._grammar is None:
+            from .grammar import compiler_for
+
+            self._grammar = compiler_for(self.artifact)
+        return self._grammar.compile(constraint)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -146,18 +161,22 @@ class Runner:
         return decoder
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
-               drafter: str | None = None) -> GenerationConfig:
+               drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+               logprobs: LogprobRecorder | None = None) -> GenerationConfig:
         """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
-        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter))
+        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs)
 
     @property
     def shape_invariant(self) -> int:
         """Rows of every target pass in shape-invariant mode (0: off, each pass has its own shape)."""
         return self.artifact.shape_invariant
 
-    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool) -> GenerationConfig:
+    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool,
+                constraint: ConstraintSpec | CompiledConstraint | None = None,
+                logprobs: LogprobRecorder | None = None) -> GenerationConfig:
         return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
-                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive)
+                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive,
+                                constraint=self.compile_constraint(constraint), logprobs=logprobs)
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
@@ -166,18 +185,24 @@ class Runner:
 
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
-                     drafter: str | None = None) -> GenerationResult:
-        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend."""
+                     drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+                     logprobs: int | None = None) -> GenerationResult:
+        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend. `constraint`: the
+        output must match it (`ConstraintSpec.json_schema(...)`, regex, grammar, choice); `logprobs`: record each
+        token's log-probability with that many alternatives (`GenerationResult.logprobs`)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
-        return self.generator(sampling, plain).generate(prompt_ids, self._config(max_tokens, sampling, stop, plain), on_text)
+        recorder = None if logprobs is None else LogprobRecorder(logprobs)
+        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
+        return self.generator(sampling, plain).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
-                 drafter: str | None = None) -> GenerationResult:
-        """Generate from text (through the chat template when `chat`)."""
+                 drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+                 logprobs: int | None = None) -> GenerationResult:
+        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs` as `generate_ids`."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter)
+        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs)
 
     def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                    stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
