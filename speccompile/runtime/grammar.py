@@ -13,15 +13,12 @@ import json
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import InputError, UnsupportedError
 from .constraints import ConstraintSpec
-
-if TYPE_CHECKING:
-    from .artifact import Artifact
 
 _STRUCTURED_EXTRA = "pip install 'speccompile[structured]'"
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # xgrammar's "[14:13:27] /project/cpp/file.cc:94: " before a message
@@ -106,11 +103,16 @@ class GrammarCompiler:
         return compiler.compile_structural_tag(spec.value)
 
 
-def compiler_for(artifact: "Artifact", threads: int = 1) -> GrammarCompiler:
-    """The compiler for an opened artifact: its tokenizer, its model's vocabulary (the logits' width) and eos ids."""
-    config = artifact.manifest.model.get("config") or {}
-    vocab_size = int(config.get("vocab_size") or artifact.tokenizer.vocab_size)
-    return GrammarCompiler(artifact.directory, vocab_size, artifact.eos_token_ids, threads)
+def compiler_for(directory: Path, threads: int = 1) -> GrammarCompiler:
+    """The compiler for an artifact directory (no graph is opened): its tokenizer, its model's vocabulary (the
+    logits' width) and the eos ids that end an output, as the runtime reads them."""
+    from ..manifest import read_manifest
+    from ..tokenizer import TextTokenizer
+
+    manifest = read_manifest(directory, verify_files=False)
+    tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
+    vocab_size = int((manifest.model.get("config") or {}).get("vocab_size") or tokenizer.vocab_size)
+    return GrammarCompiler(directory, vocab_size, sorted(set(tokenizer.eos_token_ids)), threads)
 
 
 class CompiledGrammar:

@@ -76,7 +76,7 @@ class Runner:
         if self._grammar is None:
             from .grammar import compiler_for
 
-            self._grammar = compiler_for(self.artifact)
+            self._grammar = compiler_for(self.artifact.directory)
         return self._grammar.compile(constraint)
 
     @property

@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import InputError
+from ..errors import InputError, SpecCompileError
+from ..runtime.constraints import ConstraintSpec
 from .api_errors import APIError, status_error
 from .engine import Engine
 from .observe import ObserveRequests
@@ -114,23 +115,42 @@ class _Api:
                 "max_model_len": info.max_context, "drafter": info.drafter}
         return JSONResponse({"object": "list", "data": [card]})
 
+    async def compile(self, spec: ConstraintSpec | None, param: str):
+        """The request's grammar compiled off the event loop (400 naming `param` when it is bad)."""
+        if spec is None:
+            return None
+        try:
+            return await asyncio.to_thread(self.engine.compile_constraint, spec)
+        except SpecCompileError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
+
     async def completions(self, request: Request) -> Response:
         body: CompletionRequest = await self.read_json(request, CompletionRequest)
         prompt_ids = self.prompt_ids(body.prompt)
         max_tokens = self.budget(prompt_ids, body.max_tokens, 16, "prompt")  # 16: OpenAI's default for completions
-        handle = self.submit(body.request(prompt_ids, max_tokens))
-        return await self.respond(request, ResponseShape(False, self.model_name), handle, body.stream, body.include_usage)
+        constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
+        handle = self.submit(body.request(prompt_ids, max_tokens, constraint, body.logprobs))
+        shape = ResponseShape(False, self.model_name, self.engine.token_text)
+        return await self.respond(request, shape, handle, body.stream, body.include_usage)
 
     async def chat_completions(self, request: Request) -> Response:
         body: ChatCompletionRequest = await self.read_json(request, ChatCompletionRequest)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.calls_tools else None
         try:
-            prompt_ids = self.engine.encode_chat([m.as_template_message() for m in body.messages])
+            prompt_ids = self.engine.encode_chat([m.as_template_message() for m in body.messages], tools)
         except InputError as exc:
             raise APIError(400, str(exc), param="messages") from None
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = self.budget(prompt_ids, requested, None, "messages")
-        handle = self.submit(body.request(prompt_ids, max_tokens))
-        return await self.respond(request, ResponseShape(True, self.model_name), handle, body.stream, body.include_usage)
+        tool_format = self.engine.tool_format if tools else None
+        tool_spec = body.tool_spec(tool_format) if tool_format is not None else None
+        if tool_spec is not None:
+            constraint = await self.compile(tool_spec, "tools")
+        else:
+            constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
+        handle = self.submit(body.request(prompt_ids, max_tokens, constraint, body.logprob_count))
+        shape = ResponseShape(True, self.model_name, self.engine.token_text, tool_format)
+        return await self.respond(request, shape, handle, body.stream, body.include_usage)
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -185,6 +205,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
         return APIError(500, f"internal error: {type(exc).__name__}", kind="server_error").response()
+
+
+def _constraint_param(body) -> str:
+    return "structured_outputs" if body.structured_outputs is not None else "response_format"
 
 
 def _reject_constant(name: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import time
 
-from .engine import EngineOptions, WorkerEngine, log, sampling_params
+from .engine import EngineOptions, WorkerEngine, generation_config, log
 from .requests import RequestHandle, TextDelta
 
 
@@ -49,10 +49,10 @@ class BatchedEngine(WorkerEngine):
         from ..runtime.generate import opening_text
 
         request = handle.request
-        if self._prefix_cache is None:
-            return
+        if self._prefix_cache is None or request.constraint is not None or request.logprobs is not None:
+            return  # (a grammar's mask and a logprob entry come with the generation)
         try:
-            config = self._runner.config(request.max_tokens, sampling_params(request), list(request.stop))
+            config = generation_config(self._runner, handle)
         except Exception:  # the worker reports it when the request joins
             return
         logits = self._decoder.cached_prompt_logits(list(request.prompt_ids), config)
@@ -125,7 +125,7 @@ class BatchedEngine(WorkerEngine):
                 continue
             first_text_at: list[float] = [handle.opening_at] if handle.opening_at is not None else []
             try:
-                config = self._runner.config(handle.request.max_tokens, sampling_params(handle.request), list(handle.request.stop))
+                config = generation_config(self._runner, handle)
             except Exception as exc:
                 self._release_slotless(handle)
                 self._failed(handle, exc)
@@ -184,6 +184,6 @@ def _text_sender(handle: RequestHandle, first_text_at: list[float]):
             return
         if not first_text_at:
             first_text_at.append(time.perf_counter())
-        handle.emit(TextDelta(delta))
+        handle.emit(handle.text_delta(delta))
 
     return on_text

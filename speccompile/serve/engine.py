@@ -30,7 +30,8 @@ from pathlib import Path
 from ..errors import InputError, SpecCompileError
 from ..runtime.options import RunOptions
 from .metrics import ServeMetrics
-from .requests import Abort, Cancelled, EngineBusy, EngineStopped, Failed, GenerationFailed, GenerationRequest, RequestHandle, TextDelta, Finished
+from .tools import FORMATS, TOOL_FORMATS, ToolFormat, detect_format, with_tools_prompt
+from .requests import Abort, Cancelled, EngineBusy, EngineStopped, Failed, Finished, GenerationFailed, GenerationRequest, RequestHandle
 
 log = logging.getLogger("speccompile.serve")
 
@@ -49,6 +50,7 @@ class EngineOptions:
     prefix_cache_mb: int = 512  # the prefix cache's memory bound
     slot_passes: str = "off"  # batched engine: steps as one slot pass: off | drafts | all (runtime/options.py SLOT_PASSES)
     engine_nice: int = 0  # Unix nice increment of the engine's threads (worker, ONNX Runtime's pools); the event loop keeps the process's
+    tool_call_parser: str = "auto"  # how the model writes tool calls: auto (from its chat template) | hermes | llama3_json
 
     def validate(self) -> "EngineOptions":
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -63,6 +65,8 @@ class EngineOptions:
             raise InputError(f"--engine-nice must be in 0..19, got {self.engine_nice}")
         if self.engine_nice and os.name != "posix":
             raise InputError("--engine-nice needs a Unix system (os.nice)")
+        if self.tool_call_parser not in TOOL_FORMATS:
+            raise InputError(f"--tool-call-parser must be one of {', '.join(TOOL_FORMATS)}, got {self.tool_call_parser}")
         return self
 
 
@@ -99,6 +103,7 @@ class Engine(abc.ABC):
             has_chat_template=bool(self._tokenizer.chat_template),
         )
         self._lock = threading.Lock()
+        self._compile_lock = threading.Lock()
         self._waiting = 0
         self._running = 0
         self._accepting = False
@@ -110,17 +115,37 @@ class Engine(abc.ABC):
         """Token ids of a raw completion prompt (with the tokenizer's special tokens, as `run --raw`)."""
         return self._tokenizer.prompt_ids(prompt, chat=False)
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a conversation through the model's chat template, ending in the assistant's turn."""
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a conversation through the model's chat template, ending in the assistant's turn. `tools`:
+        function definitions, handed to the template's `tools` variable (or described in the system message when
+        the template has none)."""
         import jinja2
 
         if not self.info.has_chat_template:
             raise InputError("messages: this model has no chat template; use /v1/completions with a raw prompt")
+        if tools and not self._tokenizer.template_takes_tools:
+            messages, tools = with_tools_prompt(messages, tools, self.tool_format), None
         try:
-            text = self._tokenizer.render_messages(messages)
+            text = self._tokenizer.render_messages(messages, tools or None)
         except jinja2.TemplateError as exc:
             raise InputError(f"messages: the model's chat template rejected them ({exc})") from None
         return self._tokenizer.encode(text, add_special_tokens=False)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (`--tool-call-parser`, else what its chat template teaches)."""
+        name = self.options.tool_call_parser
+        return detect_format(self._tokenizer.chat_template) if name == "auto" else FORMATS[name]
+
+    def compile_constraint(self, spec):
+        """A ConstraintSpec compiled for this model (InputError, one line, when it is bad); any thread. The first
+        one loads xgrammar (seconds): call it off the event loop."""
+        with self._compile_lock:
+            return self._runner.compile_constraint(spec)
+
+    def token_text(self, token: int) -> str:
+        """One token's text (logprobs)."""
+        return self._tokenizer.decode([token], skip_special_tokens=False)
 
     # --- admission ---
 
@@ -180,11 +205,11 @@ class Engine(abc.ABC):
                 raise Abort
             if not first_text_at:
                 first_text_at.append(time.perf_counter())
-            handle.emit(TextDelta(delta))
+            handle.emit(handle.text_delta(delta))
 
         try:
-            result = self._runner.generate_ids(list(request.prompt_ids), request.max_tokens, sampling_params(request),
-                                               list(request.stop), on_text)
+            config = generation_config(self._runner, handle)
+            result = self._runner.generator(config.sampling).generate(list(request.prompt_ids), config, on_text)
         except Abort:
             self._cancelled(handle, started)
             return
@@ -224,6 +249,7 @@ class Engine(abc.ABC):
             finish_reason="stop" if result.finish_reason == "stop" else "length",
             speculative=speculative,
             cached_tokens=stats.cached_tokens,
+            logprobs=None if handle.recorder is None else tuple(handle.recorder.entries[: stats.generated_tokens]),
         ))
         self.metrics.observe_generation(
             prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens, target_passes=stats.target_passes,
@@ -288,6 +314,13 @@ class SequentialEngine(WorkerEngine):
             finally:
                 with self._lock:
                     self._running -= 1
+
+
+def generation_config(runner, handle: RequestHandle):
+    """The runtime's GenerationConfig of a request: its sampling, stops, grammar and logprob recorder."""
+    request = handle.request
+    return runner.config(request.max_tokens, sampling_params(request), list(request.stop), constraint=request.constraint,
+                         logprobs=handle.recorder)
 
 
 def sampling_params(request: GenerationRequest):

@@ -8,6 +8,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime.logprobs import LogprobRecorder, TokenLogprob
 
 
 class EngineBusy(Exception):
@@ -37,13 +40,17 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    constraint: Any = None  # a CompiledConstraint (runtime/constraints.py): the answer must match it
+    logprobs: int | None = None  # record each token's log-probability with this many alternatives (None: off)
 
 
 @dataclass(frozen=True)
 class TextDelta:
-    """Newly generated text (stop strings are held back until they cannot match)."""
+    """Newly generated text (stop strings are held back until they cannot match) and the logprob entries of the
+    tokens generated since the last delta (with logprobs)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class Finished:
     finish_reason: str  # OpenAI's: "stop" (eos or a stop string) or "length" (max_tokens or the context)
     speculative: dict
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    logprobs: tuple[TokenLogprob, ...] | None = None  # every output token's entry (with logprobs)
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,20 @@ class RequestHandle:
     opening_at: float | None = None
     _events: asyncio.Queue = field(default_factory=asyncio.Queue)
     _cancel: threading.Event = field(default_factory=threading.Event)
+    recorder: LogprobRecorder | None = None  # the generation's logprob entries (with logprobs)
+    _logprobs_sent: int = 0
+
+    def __post_init__(self) -> None:
+        if self.request.logprobs is not None:
+            self.recorder = LogprobRecorder(self.request.logprobs)
+
+    def text_delta(self, text: str) -> TextDelta:
+        """A TextDelta of `text` with the logprob entries recorded since the last one (worker thread)."""
+        if self.recorder is None:
+            return TextDelta(text)
+        entries = self.recorder.entries
+        new, self._logprobs_sent = tuple(entries[self._logprobs_sent:]), len(entries)
+        return TextDelta(text, new)
 
     def cancel(self) -> None:
         """Stop the generation at its next step (or skip it if it has not started); safe from any thread."""

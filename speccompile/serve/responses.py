@@ -6,22 +6,29 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .api_errors import APIError
+from ..runtime.logprobs import TokenLogprob
 from .requests import Finished, GenerationFailed, RequestHandle, TextDelta
+from .tool_parsers import ContentDelta, ParserEvent, ToolCallStart, parse_whole
+from .tools import ToolFormat
 
 
 class ResponseShape:
-    """How one endpoint words its responses and stream chunks."""
+    """How one endpoint words its responses and stream chunks. `token_text`: a token id's text (for logprobs);
+    `tool_format`: read the answer for tool calls in this format (chat with tools)."""
 
-    def __init__(self, chat: bool, model: str):
+    def __init__(self, chat: bool, model: str, token_text: Callable[[int], str] | None = None,
+                 tool_format: ToolFormat | None = None):
         self.chat = chat
         self.model = model
+        self.token_text = token_text or str
+        self.tool_format = tool_format
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -29,26 +36,58 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
     def complete(self, finished: Finished) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": finished.text}, "logprobs": None,
-                      "finish_reason": finished.finish_reason}
-        else:
-            choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": finished.finish_reason}
-        return self._envelope("chat.completion" if self.chat else "text_completion", [choice],
-                              usage=usage(finished), speculative=finished.speculative)
+        logprobs = None if finished.logprobs is None else self.logprobs(finished.logprobs)
+        if not self.chat:
+            choice = {"index": 0, "text": finished.text, "logprobs": logprobs, "finish_reason": finished.finish_reason}
+            return self._envelope("text_completion", [choice], usage=usage(finished), speculative=finished.speculative)
+        message: dict[str, Any] = {"role": "assistant", "content": finished.text}
+        finish_reason = finished.finish_reason
+        if self.tool_format is not None:
+            answer = parse_whole(self.tool_format.parser(), finished.text)
+            message["content"] = answer.content
+            if answer.tool_calls:
+                message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                         for c in answer.tool_calls]
+                finish_reason = _tool_finish(finish_reason)
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return self._envelope("chat.completion", [choice], usage=usage(finished), speculative=finished.speculative)
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False, **extra: Any) -> dict:
+    def chunk(self, delta: dict | str | None, finish_reason: str | None = None, logprobs: dict | None = None,
+              **extra: Any) -> dict:
+        """A stream chunk: chat, a `delta` dict (or its content text); completions, the text."""
         if self.chat:
-            delta: dict[str, str] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            if not isinstance(delta, dict):
+                delta = {} if delta is None else {"content": delta}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": delta or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice], **extra)
 
     def usage_chunk(self, finished: Finished) -> dict:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage=usage(finished))
+
+    def logprobs(self, entries: Sequence[TokenLogprob]) -> dict:
+        """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: OpenAI's legacy columns."""
+        if self.chat:
+            return {"content": [{**self._token(e.token, e.logprob), "top_logprobs": [self._token(t, lp) for t, lp in e.top]}
+                                for e in entries], "refusal": None}
+        texts = [self.token_text(e.token) for e in entries]
+        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+        return {"tokens": texts, "token_logprobs": [_finite(e.logprob) for e in entries],
+                "top_logprobs": [{self.token_text(t): _finite(lp) for t, lp in e.top} for e in entries], "text_offset": offsets}
+
+    def _token(self, token: int, logprob: float) -> dict:
+        text = self.token_text(token)
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def _finite(logprob: float) -> float:
+    """-inf (a token the grammar, top-k or top-p excludes) as OpenAI writes it: JSON has no infinities."""
+    return max(logprob, -9999.0)
+
+
+def _tool_finish(reason: str) -> str:
+    return "tool_calls" if reason == "stop" else reason
 
 
 def usage(finished: Finished) -> dict:
@@ -84,15 +123,28 @@ class EventStream(StreamingResponse):
 
 
 async def stream_events(shape: ResponseShape, handle: RequestHandle, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE body: a role chunk (chat), text chunks, a final chunk with finish_reason, usage, [DONE]."""
+    """The SSE body: a role chunk (chat), content (or tool-call) chunks, a final chunk with finish_reason, usage,
+    [DONE]. A delta's logprob entries ride on its first chunk (or, if it made none, on the next one)."""
+    parser = shape.tool_format.parser() if shape.tool_format is not None else None
+    pending: list[TokenLogprob] = []
+    called = False
     try:
         if shape.chat:
-            yield sse(shape.chunk("", role=True))
+            yield sse(shape.chunk({"role": "assistant", "content": ""}))
         async for event in handle.events():
             if isinstance(event, TextDelta):
-                yield sse(shape.chunk(event.text))
-            elif isinstance(event, Finished):
-                yield sse(shape.chunk(None if shape.chat else "", event.finish_reason, speculative=event.speculative))
+                pending += event.logprobs
+                deltas = [event.text] if parser is None else [_delta(e) for e in parser.feed(event.text)]
+            else:
+                deltas = [] if parser is None else [_delta(e) for e in parser.finish()]
+            for delta in deltas:
+                called = called or (isinstance(delta, dict) and "tool_calls" in delta)
+                yield sse(shape.chunk(delta, logprobs=shape.logprobs(pending) if pending else None))
+                pending = []
+            if isinstance(event, Finished):
+                reason = _tool_finish(event.finish_reason) if called else event.finish_reason
+                logprobs = shape.logprobs(pending) if pending else None
+                yield sse(shape.chunk(None if shape.chat else "", reason, logprobs, speculative=event.speculative))
                 if include_usage:
                     yield sse(shape.usage_chunk(event))
     except GenerationFailed as exc:
@@ -101,6 +153,17 @@ async def stream_events(shape: ResponseShape, handle: RequestHandle, include_usa
     finally:
         handle.cancel()  # a no-op after the end; stops the generation when the stream is abandoned
     yield sse("[DONE]")
+
+
+def _delta(event: ParserEvent) -> dict:
+    """A chat chunk's delta for one parser event: content, a tool call's start, or a piece of its arguments."""
+    if isinstance(event, ContentDelta):
+        return {"content": event.text}
+    if isinstance(event, ToolCallStart):
+        call = {"index": event.index, "id": event.id, "type": "function", "function": {"name": event.name, "arguments": ""}}
+    else:
+        call = {"index": event.index, "function": {"arguments": event.text}}
+    return {"tool_calls": [call]}
 
 
 async def until_disconnected(request: Request, handle: RequestHandle) -> Finished | None:
