@@ -115,7 +115,7 @@ class OutputRules:
         soft = draft.probs is not None and kept < len(tokens) and not self.params.greedy
         end = kept + int(soft)
         if end == len(tokens):
-            return draft, kept, False
+            return draft, kept, soft
         return dataclasses.replace(draft, tokens=tokens[:end], probs=None if draft.probs is None else draft.probs[:end]), kept, soft
 
     def _chain_masks(self, tokens: list[int], soft_refused: bool) -> np.ndarray:
@@ -124,11 +124,17 @@ class OutputRules:
         masks = [state.allowed_tokens().copy()]
         for token in tokens:
             state.advance([token])
-            masks.append(state.allowed_tokens().copy())
+            masks.append(self._mask_or(masks[-1]))
         state.rollback(len(tokens))
         if soft_refused:  # the refused token's row: never accepted, any valid mask will do
             masks.append(masks[-1])
         return np.stack(masks)
+
+    def _mask_or(self, fallback: np.ndarray | None) -> np.ndarray:
+        """The state's allowed tokens; after a stop token (nothing follows it: the row is never used) `fallback`."""
+        if fallback is not None and self.state.terminated:
+            return fallback
+        return self.state.allowed_tokens().copy()
 
     # -- trees -------------------------------------------------------------------------------------
 
@@ -168,7 +174,7 @@ class OutputRules:
         masks: list[np.ndarray | None] = [None] * tree.n
 
         def visit(node: int) -> None:
-            masks[node] = self.state.allowed_tokens().copy()
+            masks[node] = self._mask_or(masks[int(tree.parents[node])] if node else None)
             for child in tree.children[node]:
                 if not valid[child]:
                     masks[child] = masks[node]
