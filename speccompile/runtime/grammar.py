@@ -141,7 +141,7 @@ class GrammarState:
 
     def advance(self, tokens: Sequence[int]) -> int:
         for count, token in enumerate(tokens):
-            if not self._matcher.accept_token(int(token)):
+            if self._matcher.is_terminated() or not self._matcher.accept_token(int(token)):
                 return count
         return len(tokens)
 
