@@ -105,3 +105,22 @@ def test_vocabulary_kinds():
     assert vocabulary_kind(llama2) == ("BYTE_FALLBACK", True)
     assert vocabulary_kind({"decoder": {"type": "Fuse"}}) == ("RAW", False)
     assert json.loads(ConstraintSpec.json_schema(SCHEMA).value) == SCHEMA
+
+
+def test_run_flags_constrain_the_output_and_refuse_bad_ones_in_one_line(tiny_artifact, tmp_path, capsys):
+    from conftest import run_cli_here
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"c": {"enum": ["red", "blue"]}}, "required": ["c"]}))
+    code, out, _ = run_cli_here(capsys, "run", str(tiny_artifact), "-p", "hi", "--raw", "--threads", "1", "--json-schema", str(schema), "--json")
+    assert code == 0 and json.loads(json.loads(out)["text"])["c"] in ("red", "blue")
+    code, out, _ = run_cli_here(capsys, "run", str(tiny_artifact), "-p", "hi", "--threads", "1", "--choice", "yes", "--choice", "no")
+    assert code == 0 and out.strip() in ("yes", "no")
+    (tmp_path / "bad.json").write_text('{"type": "nonsense"}')
+    for args, message in [(["--json-schema", str(tmp_path / "bad.json")], f"--json-schema {tmp_path / 'bad.json'}: Unsupported type"),
+                          (["--json-schema", str(tmp_path / "none.json")], "no such file"),
+                          (["--regex", "(ab"], "--regex: Regex parsing error"),
+                          (["--grammar", str(schema)], f"--grammar {schema}: "),
+                          (["--regex", "a", "--choice", "b"], "give at most one of")]:
+        code, _, err = run_cli_here(capsys, "run", str(tiny_artifact), "-p", "hi", *args)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
