@@ -9,9 +9,12 @@ times. Printed: per prompt and overall, tokens/s of each (generated tokens after
 after prefill, summed over the prompts), tokens per target pass, the speedup ratio, whether the outputs are
 token-identical and valid; and the grammar mask's cost per token (the allowed-token mask of every state an
 output passes through, replayed and timed) against a one-token plain pass (plain decoding's verify time per
-pass). Results are printed, never asserted; `uptime` is printed beside them. Example:
+pass). With --server, the same requests go through one `speccompile serve` (started here, --threads as given)
+with the real `openai` client instead, plain ones asking `"drafter": "none"` (the server's extension), speeds
+from each response's `speculative` statistics. Results are printed, never asserted; `uptime` is printed beside
+them. Example:
 
-  python benchmarks/structured_bench.py /tmp/smol --threads 2
+  python benchmarks/structured_bench.py /tmp/smol --threads 2 [--server]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speccompile.runtime import Runner  # noqa: E402
 from speccompile.runtime.constraints import ConstraintSpec  # noqa: E402
@@ -71,6 +75,46 @@ def mask_seconds(compiled, tokens: list[int]) -> tuple[float, int]:
     return total, len(tokens)
 
 
+def request_body(line: dict, max_tokens: int) -> dict:
+    """The chat request `serve` gets for a workload line (response_format json_schema strict, or forced tools)."""
+    body = {"messages": [{"role": "user", "content": line["prompt"]}], "temperature": 0, "max_tokens": max_tokens}
+    if line.get("tools"):
+        return {**body, "tools": line["tools"], "tool_choice": line.get("tool_choice", "required"), "parallel_tool_calls": False}
+    schema = {"name": line["id"].replace("-", "_")[:64], "schema": line["schema"], "strict": True}
+    return {**body, "response_format": {"type": "json_schema", "json_schema": schema}}
+
+
+def server_phase(args, lines: list[dict]) -> None:
+    """Plain and speculative requests alternating on one server: decode tok/s and tokens per pass of each."""
+    import openai
+    from server_process import ServerProcess
+
+    totals = {"plain": [0, 0.0, 0, 0], "spec": [0, 0.0, 0, 0]}
+    identical = True
+    with ServerProcess(args.artifact, "--threads", str(args.threads), "--served-model-name", "m") as server:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "warm up"}], max_tokens=8)
+        for line in lines:
+            body = request_body(line, args.max_tokens)
+            answers = {}
+            for _ in range(args.repeats):
+                for mode in ("plain", "spec"):
+                    extra = {"extra_body": {"drafter": "none"}} if mode == "plain" else {}
+                    answer = client.chat.completions.create(model="m", **body, **extra)
+                    stats = answer.model_extra["speculative"]
+                    total = totals[mode]
+                    total[0] += max(stats["generated_tokens"] - 1, 0)
+                    total[1] += stats["time_total_s"] - stats["time_prefill_s"]
+                    total[2] += stats["generated_tokens"] + stats["end_tokens"]
+                    total[3] += stats["target_passes"]
+                    answers[mode] = answer.choices[0].message.model_dump_json(exclude={"tool_calls": {"__all__": {"id"}}})
+            identical &= answers["plain"] == answers["spec"]
+    plain, spec = (totals[m][0] / totals[m][1] for m in ("plain", "spec"))
+    print(f"server: plain {plain:.1f} tok/s, speculative {spec:.1f} tok/s = {spec / plain:.2f}x; tokens per pass: plain "
+          f"{totals['plain'][2] / totals['plain'][3]:.2f}, speculative {totals['spec'][2] / totals['spec'][3]:.2f}; "
+          f"identical={identical}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", type=Path)
@@ -80,7 +124,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--server", action="store_true", help="through `speccompile serve` and the openai client")
     args = parser.parse_args()
+    if args.server:
+        lines = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()][: args.limit]
+        print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+        server_phase(args, lines)
+        print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+        return
     runner = Runner(args.artifact, threads=args.threads, drafter=args.drafter)
     lines = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()][: args.limit]
     totals = {"plain": [0, 0.0, 0, 0], "spec": [0, 0.0, 0, 0]}  # decode tokens, seconds, produced tokens, passes

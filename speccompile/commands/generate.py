@@ -35,16 +35,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         if not prompt.strip():
             raise InputError(f"{label}: the prompt is empty")
         return prompt
-    try:
-        text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise InputError(f"{label}: is a directory, expected a text file") from None
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{label}: not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+    text = _read_text(prompt_file, label)
     if not text.strip():
         raise InputError(f"{label}: the prompt is empty")
     return text
@@ -141,17 +132,18 @@ def constraint_options(func):
     return func
 
 
-def _read_text(path: Path, flag: str) -> str:
+def _read_text(path: Path, label: str) -> str:
+    """A UTF-8 text file (- : standard input), or a one-line InputError starting with `label`."""
     try:
-        return path.read_text(encoding="utf-8")
+        return sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
     except IsADirectoryError:
-        raise InputError(f"{flag} {path}: is a directory, expected a file") from None
+        raise InputError(f"{label}: is a directory, expected a text file") from None
     except FileNotFoundError:
-        raise InputError(f"{flag} {path}: no such file") from None
+        raise InputError(f"{label}: no such file") from None
     except UnicodeDecodeError:
-        raise InputError(f"{flag} {path}: not UTF-8 text") from None
+        raise InputError(f"{label}: not UTF-8 text") from None
     except OSError as exc:
-        raise InputError(f"{flag} {path}: cannot read ({exc.strerror})") from None
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
 
 
 def constraint_from_flags(json_schema_file: Path | None, regex: str | None, grammar_file: Path | None,
@@ -167,9 +159,9 @@ def constraint_from_flags(json_schema_file: Path | None, regex: str | None, gram
     label = flag if flag in ("--regex", "--choice") else f"{flag} {value}"
     try:
         if flag == "--json-schema":
-            return ConstraintSpec("json_schema", _read_text(value, flag)).validate(), label
+            return ConstraintSpec("json_schema", _read_text(value, label)).validate(), label
         if flag == "--grammar":
-            return ConstraintSpec("grammar", _read_text(value, flag)).validate(), label
+            return ConstraintSpec("grammar", _read_text(value, label)).validate(), label
         if flag == "--regex":
             return ConstraintSpec("regex", value).validate(), label
         return ConstraintSpec("choice", tuple(value)).validate(), label

@@ -209,7 +209,8 @@ class Engine(abc.ABC):
 
         try:
             config = generation_config(self._runner, handle)
-            result = self._runner.generator(config.sampling).generate(list(request.prompt_ids), config, on_text)
+            result = self._runner.generator(config.sampling, plain=config.num_draft_tokens == 0).generate(
+                list(request.prompt_ids), config, on_text)
         except Abort:
             self._cancelled(handle, started)
             return
@@ -319,8 +320,8 @@ class SequentialEngine(WorkerEngine):
 def generation_config(runner, handle: RequestHandle):
     """The runtime's GenerationConfig of a request: its sampling, stops, grammar and logprob recorder."""
     request = handle.request
-    return runner.config(request.max_tokens, sampling_params(request), list(request.stop), constraint=request.constraint,
-                         logprobs=handle.recorder)
+    return runner.config(request.max_tokens, sampling_params(request), list(request.stop), request.drafter,
+                         constraint=request.constraint, logprobs=handle.recorder)
 
 
 def sampling_params(request: GenerationRequest):

@@ -42,6 +42,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     constraint: Any = None  # a CompiledConstraint (runtime/constraints.py): the answer must match it
     logprobs: int | None = None  # record each token's log-probability with this many alternatives (None: off)
+    drafter: str | None = None  # "none": plain decoding for this request (A/B measurements); None: the server's drafter
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class _GenerationFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's extension: regex, choice, grammar, json")
+    drafter: Literal["none"] | None = Field(None, description="extension: 'none' decodes this request without drafting")
 
     one_choice = field_validator("n")(_only_one)
 
@@ -91,6 +92,7 @@ class _GenerationFields(BaseModel):
             stop=tuple(self.stop or ()),
             constraint=constraint,
             logprobs=logprobs,
+            drafter=self.drafter,
         )
 
     @property
