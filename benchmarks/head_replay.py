@@ -63,7 +63,7 @@ def replay(prompt_len: int, seq: np.ndarray, top2: np.ndarray, top1_next: np.nda
         while n < t - 1:
             accepted = head_accepts(n)
             if mode == "head+lookup":
-                chain = lookup.propose(list(seq[: n + 1]), lookup_cap).tokens
+                chain = lookup.lookup(list(seq[: n + 1]), lookup_cap).tokens
                 run = 0
                 while run < len(chain) and n + 1 + run < t and chain[run] == seq[n + 1 + run]:
                     run += 1

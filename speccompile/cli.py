@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except SpecCompileError as exc:
         _end_if_terminated()
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {flag_message(exc, sys.argv[1:] if argv is None else argv)}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
@@ -85,6 +85,18 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         _end_if_terminated()
         raise
+
+
+def flag_message(exc: SpecCompileError, args: list[str]) -> str:
+    """The error's message in the command line's terms: the API field it is about (`exc.field`) named by the
+    running command's option for it (max_tokens -> --max-tokens), when it has one."""
+    command = cli.commands.get(next((a for a in args if not a.startswith("-")), ""))
+    if exc.field is None or command is None:
+        return str(exc)
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name == exc.field:
+            return exc.naming(max(param.opts, key=len))
+    return str(exc)
 
 
 def _end_if_terminated() -> None:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from speccompile.runtime import Runner
-from speccompile.runtime.adaptive import AdaptiveController, PassCosts
-from speccompile.runtime.batch import BatchDecoder, LoadPricedCosts
+from speccompile.runtime.adaptive import AdaptiveController
+from speccompile.runtime.batch import BatchDecoder
+from speccompile.runtime.costs import LoadPricedCosts, PassCosts
 from speccompile.runtime.sampling import SamplingParams
 
 PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]

@@ -8,7 +8,7 @@ import pytest
 
 from speccompile.runtime import Runner
 from speccompile.runtime.acceptance import AcceptanceRates
-from speccompile.runtime.batch import SlotPassCosts
+from speccompile.runtime.costs import SlotPassCosts
 from speccompile.runtime.sampling import SamplingParams
 
 PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]
@@ -76,7 +76,7 @@ def test_slot_passes_need_a_slotted_graph(tiny_artifact):
     for mode in ("drafts", "all"):
         with pytest.raises(UnsupportedError, match="--batch-slots 9"):
             runner.batch_decoder(9, slot_passes=mode)  # the tiny artifact's slotted graph has 8 slots
-    with pytest.raises(InputError, match="--slot-passes"):
+    with pytest.raises(InputError, match="slot_passes"):
         runner.batch_decoder(2, slot_passes="sometimes")
 
 

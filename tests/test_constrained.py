@@ -15,7 +15,8 @@ from speccompile.runtime.constrained import OutputRules
 from speccompile.runtime.constraints import ConstraintSpec
 from speccompile.runtime.drafters.base import Draft
 from speccompile.runtime.grammar import GrammarCompiler
-from speccompile.runtime.sampling import SamplingParams, process_logits, sample, verify_chain, verify_tree
+from speccompile.runtime.sampling import SamplingParams, process_logits, sample
+from speccompile.runtime.verification import verify_chain, verify_tree
 from speccompile.runtime.session import Runner
 from speccompile.runtime.tree import TreeSpec
 from test_sampling import chi_square_p_value

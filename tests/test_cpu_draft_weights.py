@@ -74,11 +74,10 @@ def test_eagle3_cpu_variant_is_quantized_shares_embeddings_and_stays_close(targe
 
 def test_runtime_uses_the_variant_on_cpu_and_the_contract_head_otherwise(target_dir, tmp_path, tmp_path_factory):
     from speccompile.runtime.artifact import open_artifact
-    from speccompile.runtime.drafters.heads_factory import open_head_session
 
     out, _ = _export(target_dir, tmp_path, "eagle", trained_head(tmp_path_factory, "eagle"))
-    assert open_head_session(open_artifact(out, threads=1), "eagle").spec.file == "eagle.ort.onnx"
-    assert open_head_session(open_artifact(out, threads=1, fused=False), "eagle").spec.file == "eagle.onnx"
+    assert open_artifact(out, threads=1).session("eagle").spec.file == "eagle.ort.onnx"
+    assert open_artifact(out, threads=1, fused=False).session("eagle").spec.file == "eagle.onnx"
 
 
 def test_fp32_writes_no_variant_and_bad_value_is_rejected(target_dir, tmp_path):

@@ -66,7 +66,8 @@ def report_artifact(out: Path, as_json: bool, headline: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def inspect(artifact, as_json):
     """Show what an artifact directory holds: model, graphs, inputs/outputs, sizes, limits."""
-    from ..inspect_artifact import print_summary, summarize
+    from ..inspect_artifact import summarize
+    from .reports import print_summary
 
     summary = summarize(artifact)
     if as_json:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import click
 
-from ..console import emit_json, progress_bar_console
+from ..console import emit_json, progress_bar_console, prompt_progress_bar
 from ..errors import InputError, UnsupportedError
 from ..runtime.backends.base import BACKENDS
 from ..runtime.constraints import ConstraintSpec
@@ -259,14 +259,16 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
-    from ..runtime.bench import print_report, run_bench
+    from ..runtime.bench import run_bench
+    from .reports import print_bench_report
 
     check_artifact_backend(artifact, options.backend)
-    report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress_console=progress_bar_console(as_json))
+    with prompt_progress_bar(progress_bar_console(as_json)) as progress:
+        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress)
     if as_json:
         emit_json(report)
     else:
-        print_report(report)
+        print_bench_report(report)
 
 
 @click.command()
@@ -278,10 +280,12 @@ def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: drafter, mode, identical, and per prompt the first differing token.")
 def verify(artifact, workloads, max_tokens, limit, options, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
-    from ..runtime.bench import print_verify_report, run_verify
+    from ..runtime.bench import run_verify
+    from .reports import print_verify_report
 
     check_artifact_backend(artifact, options.backend)
-    report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress_console=progress_bar_console(as_json))
+    with prompt_progress_bar(progress_bar_console(as_json)) as progress:
+        report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress)
     if as_json:
         emit_json(report)
     else:

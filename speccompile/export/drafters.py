@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..errors import InputError
 from ..manifest import GraphSpec
 from ..models.load import LoadedModel
-from ..runtime.draft_config import DraftConfig
+from ..draft_config import DraftConfig
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..manifest import GraphSpec, sha256_of
 from ..models.load import LoadedModel
-from ..runtime.draft_config import DraftConfig
+from ..draft_config import DraftConfig
 from .cpu_draft_weights import add_quantized_head_variant
 from .drafters import DrafterExport, DrafterRequest, register
 

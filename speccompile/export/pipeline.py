@@ -123,7 +123,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
 def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:
     """--drafter's path and --tree, checked before the (slow) export starts."""
     from ..models.load import resolve_model_path
-    from ..runtime.draft_config import HEAD_KINDS, DraftConfig
+    from ..draft_config import HEAD_KINDS, DraftConfig
 
     if tree is not None and (request is None or request.kind not in HEAD_KINDS):
         raise InputError(f"--tree: only head drafters (--drafter {'|'.join(HEAD_KINDS)}:PATH) draft trees"

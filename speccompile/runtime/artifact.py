@@ -1,11 +1,9 @@
-"""Open an artifact directory for generation: manifest checks, tokenizer, backend sessions, drafters."""
+"""Open an artifact directory for generation: manifest checks, tokenizer, backend sessions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import InputError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
@@ -13,12 +11,8 @@ from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
-from .draft_config import DraftConfig, draft_config_for_run
-from .drafters.base import Drafter
-from .drafters.ngram_corpus import NgramCorpus
+from ..draft_config import DraftConfig, draft_config_for_run
 from .options import DRAFTER_CHOICES
-from .sampling import SamplingParams
-from .timing import EngineClock, TimedSession
 
 
 @dataclass
@@ -109,7 +103,7 @@ def resolve_drafter_name(artifact: Artifact, name: str) -> str:
 
 def _resolve_drafter(manifest: Manifest, name: str) -> str:
     if name not in DRAFTER_CHOICES:
-        raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}")
+        raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}", "drafter")
     if name == "auto":
         return (manifest.drafter or {}).get("kind") or "ngram"
     return name
@@ -118,38 +112,3 @@ def _resolve_drafter(manifest: Manifest, name: str) -> str:
 def draft_config(artifact: Artifact, drafter: str, tree: str | None = None, k: int | None = None) -> DraftConfig:
     """What `drafter` (a resolved name, not none) drafts on this artifact: the exported tree and k unless overridden."""
     return draft_config_for_run(drafter, artifact.manifest.drafter, tree, k)
-
-
-def make_drafter(artifact: Artifact, draft: DraftConfig, sampling: SamplingParams, clock: EngineClock,
-                 lookup_branch: bool = True, ngram_corpus: NgramCorpus | None = None, shared_session: bool = False) -> Drafter:
-    """The runtime drafter for `draft` on this artifact, its graphs timed on `clock`.
-
-    `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
-    `ngram_corpus` (the n-gram drafter's) is where lookup falls back to when the history has no match;
-    `shared_session`: the drafter's graph runs in the artifact's shared session (`Artifact.session`).
-    """
-    name = draft.kind
-    if name == "ngram":
-        from .drafters.ngram import NgramDrafter
-
-        return NgramDrafter(corpus=ngram_corpus)
-    drafter_section = artifact.manifest.drafter or {}
-    if drafter_section.get("kind") != name:
-        raise InputError(
-            f"--drafter {name}: this artifact was exported without it "
-            f"(re-export with --drafter {name}:PATH; exported drafter: {drafter_section.get('kind') or 'none'})"
-        )
-    if name == "draft-model":
-        from .drafters.draft_model import DraftModelDrafter
-
-        session = TimedSession(artifact.session(drafter_section.get("graph", "draft"), shared_session), clock)
-        seed = None if sampling.seed is None else sampling.seed + 1
-        return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
-    from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
-
-    head = heads_factory.make(artifact, draft, clock, shared_session)
-    if not lookup_branch:
-        return head
-    from .drafters.lookup_branch import LookupBranchDrafter
-
-    return LookupBranchDrafter(head, max_nodes=artifact.max_verify_tokens)

@@ -47,84 +47,17 @@ still measures a cheap drafter (`plan_step(shadow=True)`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..errors import UnsupportedError
-from .adaptive import PassCosts
+from .costs import LoadPricedCosts, PassCosts, SlotPassCosts, expected_speed, faster
 from .backends.ort import OrtBufferSession
 from .backends.ort_slots import OrtSlotSession, SlotRows
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
 from .prefix_cache import PREFIX_BLOCK, PrefixCache
-
-
-@dataclass
-class LoadPricedCosts:
-    """The pass costs one request of a batch sees: a plain step is its share of the batched q = 1 pass;
-    a step with a draft is a batch-1 pass of its own over the pending token + the draft."""
-
-    alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
-    shared_row: float | None  # seconds of one row of the batched plain pass at the current batch size (None: unmeasured)
-    batched: PassCosts | None = None  # batched plain passes by rows: the estimate of a q-token pass until one ran
-    row_slope: float | None = None  # slot passes: a draft's rows ride in the shared pass at this many seconds each
-
-    @property
-    def t1(self) -> float | None:
-        """None until a plain pass was measured (the controller then takes a plain step first, as alone)."""
-        return self.shared_row
-
-    def seconds(self, q: int) -> float:
-        if q == 1 and self.shared_row is not None:
-            return self.shared_row
-        if self.row_slope is not None and self.shared_row is not None:
-            return self.shared_row + self.row_slope * (q - 1)
-        if not self.alone.by_q and self.batched is not None and self.batched.by_q:
-            return self.batched.seconds(q)  # a batch-1 pass over q tokens ~ a batched pass over q rows
-        return self.alone.seconds(q)
-
-    def line(self) -> tuple[float, float]:
-        return self.alone.line()
-
-    def record(self, q: int, seconds: float) -> None:
-        self.alone.record(q, seconds)
-
-
-@dataclass
-class SlotPassCosts:
-    """Seconds of a slot pass as a line in its rows (every slot's rows, dummies included): the slope, what one
-    more draft row costs in the shared pass, is timed once (`calibrate`: passes of two sizes, when the decoder
-    starts: `BatchDecoder.calibrate_slot_passes`); the level follows every pass (EMA). Fitting the slope online does not work: most rounds differ by
-    a few rows, and timing noise then sets the slope (measured anywhere from 0 to 4 ms a row on SmolLM2)."""
-
-    alpha: float = 0.1  # weight of the newest pass in the level
-    row_seconds: float | None = None  # the slope (None: not calibrated)
-    _base: float | None = None  # seconds of a pass minus row_seconds x its rows (EMA)
-    _per_row: float | None = None  # before a calibration: seconds per row (EMA)
-
-    def calibrate(self, rows: tuple[int, int], seconds: tuple[float, float]) -> None:
-        """Two passes of different sizes, timed: their line."""
-        self.row_seconds = max(0.0, (seconds[1] - seconds[0]) / (rows[1] - rows[0]))
-        self._base = seconds[0] - self.row_seconds * rows[0]
-
-    def record(self, rows: int, seconds: float) -> None:
-        if self.row_seconds is not None:
-            base = seconds - self.row_seconds * rows
-            self._base = base if self._base is None else (1 - self.alpha) * self._base + self.alpha * base
-        per_row = seconds / rows
-        self._per_row = per_row if self._per_row is None else (1 - self.alpha) * self._per_row + self.alpha * per_row
-
-    @property
-    def measured(self) -> bool:
-        return self._base is not None or self._per_row is not None
-
-    def seconds(self, rows: int) -> float | None:
-        """Expected seconds of a slot pass over `rows` rows (None before any)."""
-        if self.row_seconds is not None and self._base is not None:
-            return max(0.0, self._base + self.row_seconds * rows)
-        return None if self._per_row is None else self._per_row * rows
 
 
 class BatchDecoder:
@@ -368,18 +301,16 @@ class BatchDecoder:
         slot_capable = self._slot_capable()
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
-        costs = self._costs(shared_row)  # one per round, the same for every request
+        costs = self._costs(shared_row)  # one per round, the same for every request (seeded ones keep their own)
+        probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
         plans: list[PlannedStep | None] = []
         for generation in self.active:
             if generation.prefilling:  # no token to decode yet: its chunks run between the passes
                 plans.append(None)
                 continue
             controller = generation.controller
-            if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
-                controller.costs = costs
-                controller.probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
             plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive,
-                                              shadow=slot_capable))
+                                              slot_capable, costs, probing))
         slotted = slot_capable and any(p is not None for p in plans) and (
             self.batch_invariant or any(p is not None and p.draft.tokens for p in plans))
         if slotted and not self.batch_invariant and not self._slot_round_pays(plans):
@@ -387,7 +318,7 @@ class BatchDecoder:
             slotted = False
         outputs = {}
         if slotted:
-            self._probe_idle(plans)
+            self._probe_idle(plans, costs)
             outputs.update(self._slot_pass(plans))
             after_pass()
         else:
@@ -446,7 +377,7 @@ class BatchDecoder:
         expected = sum(self._expected_tokens(generation, planned)
                        for generation, planned in zip(self.active, plans) if planned is not None)
         plain = sum(planned is not None for planned in plans)
-        return expected / slot_seconds > plain / batched_seconds
+        return faster(expected_speed(expected, slot_seconds), expected_speed(plain, batched_seconds))
 
     @staticmethod
     def _expected_tokens(generation: Generation, planned: PlannedStep) -> float:
@@ -457,9 +388,7 @@ class BatchDecoder:
             return 1.0
         if draft.carried:
             return 1.0 + len(draft.tokens)
-        drafter = generation.drafter
-        key = drafter.proposal_key if drafter is not None and drafter.cheap_proposals else None
-        return generation.controller.expected_tokens(draft.depth, key)
+        return generation.controller.expected_tokens(draft.depth, draft.key)
 
     def _drop_drafts(self, plans: list[PlannedStep | None]) -> None:
         """Plan every request that drafted this round again as a plain step (its draft is not verified)."""
@@ -467,15 +396,14 @@ class BatchDecoder:
             if planned is not None and planned.draft.tokens:
                 plans[i] = generation.plan_step(False, shadow=True)
 
-    def _probe_idle(self, plans: list[PlannedStep | None]) -> None:
+    def _probe_idle(self, plans: list[PlannedStep | None], costs: LoadPricedCosts) -> None:
         """A round that is one slot pass anyway: plan again every request without a draft, with probing on, so
         one whose probe is due drafts now (a few rows more in this pass, not a pass of its own)."""
         for i, (generation, planned) in enumerate(zip(self.active, plans)):
             controller = generation.controller
             if planned is None or planned.draft.tokens or controller.deterministic or not generation.config.adaptive:
                 continue
-            controller.probing = True
-            plans[i] = generation.plan_step(True, shadow=True)
+            plans[i] = generation.plan_step(True, True, costs, probing=True)
 
     def _slot_pass(self, plans: list[PlannedStep | None]) -> dict:
         """Every request's rows, plain or with its draft, in one pass of the slotted graph (requests still
@@ -530,4 +458,5 @@ class BatchDecoder:
             return False
         most = max(g.config.num_draft_tokens for g in self.active)
         costs = self._costs(shared_row)
-        return any((k + 1) / costs.seconds(k + 1) > 1 / shared_row for k in range(1, most + 1))
+        plain = expected_speed(1.0, shared_row)
+        return any(faster(expected_speed(k + 1, costs.seconds(k + 1)), plain) for k in range(1, most + 1))

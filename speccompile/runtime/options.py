@@ -21,7 +21,7 @@ class RunOptions:
 
     drafter: `auto` (the drafter exported with the artifact, else n-gram lookup), `none` (plain decoding),
     or a kind. num_draft_tokens (k): most draft positions per step (chain tokens, or tree depth; see
-    runtime/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
+    speccompile/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
     CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
     max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
@@ -45,13 +45,13 @@ class RunOptions:
 
     def validate(self) -> "RunOptions":
         if self.backend not in BACKENDS:
-            raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend}")
+            raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend}", "backend")
         if self.drafter not in DRAFTER_CHOICES:
-            raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter}")
+            raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter}", "drafter")
         if self.threads is not None and self.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {self.threads}")
+            raise InputError(f"threads must be >= 1, got {self.threads}", "threads")
         if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
-            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
+            raise InputError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}", "num_draft_tokens")
         return self
 
 
@@ -72,10 +72,10 @@ class GenerationConfig:
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
         if self.num_draft_tokens < 0:
-            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
+            raise InputError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}", "num_draft_tokens")
         if self.prefill_chunk < 1:
-            raise InputError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+            raise InputError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}", "prefill_chunk")
         self.sampling.validate()
         return self

@@ -18,13 +18,15 @@ from ..errors import InputError, UnsupportedError
 from ..manifest import variant_name
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
-from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
+from .artifact import draft_config, open_artifact, resolve_drafter_name
+from ..draft_config import DraftConfig
 from .constraints import CompiledConstraint, ConstraintSpec
-from .draft_config import DraftConfig
-from .drafters.base import Drafter
+from .drafters.base import Drafter, DrafterRequest
+from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
-from .generate import GenerationResult, Generator
+from .generate import Generator
 from .logprobs import LogprobRecorder
+from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
@@ -56,13 +58,13 @@ class Runner:
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if options.ngram_corpus is not None:
             if self.drafter_name != "ngram":  # checked before the file is read
-                raise InputError(f"--ngram-corpus: only the ngram drafter uses a corpus (drafter: {self.drafter_name})")
+                raise InputError(f"ngram_corpus: only the ngram drafter uses a corpus (drafter: {self.drafter_name})", "ngram_corpus")
             self.ngram_corpus = NgramCorpus.from_file(options.ngram_corpus, self.artifact.tokenizer)
         self.draft_config: DraftConfig | None = None
         if self.drafter_name != "none":
             self.draft_config = draft_config(self.artifact, self.drafter_name, options.tree, options.num_draft_tokens)
         elif options.tree is not None:
-            raise InputError("--tree: plain decoding (--drafter none) drafts nothing")
+            raise InputError("tree: plain decoding (drafter none) drafts nothing", "tree")
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafters: dict[SamplingParams | None, Drafter] = {}
@@ -95,12 +97,15 @@ class Runner:
         key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
         drafter = self._drafters.pop(key, None)
         if drafter is None:
-            drafter = make_drafter(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
-                                   self.options.lookup_branch, self.ngram_corpus)
+            drafter = make_drafter(self._drafter_request(sampling))
         self._drafters[key] = drafter  # most recently used last
         while len(self._drafters) > MAX_DRAFTERS:
             self._drafters.pop(next(iter(self._drafters)))
         return drafter
+
+    def _drafter_request(self, sampling: SamplingParams | None, shared_session: bool = False) -> DrafterRequest:
+        return DrafterRequest(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
+                              self.options.lookup_branch, self.ngram_corpus, shared_session)
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
@@ -110,8 +115,7 @@ class Runner:
         if plain or self.draft_config is None:
             drafter = None
         elif own_drafter:
-            drafter = make_drafter(a, self.draft_config, sampling or SamplingParams(), self.clock, self.options.lookup_branch,
-                                   self.ngram_corpus, shared_session=a.backend == "ort-cpu")
+            drafter = make_drafter(self._drafter_request(sampling, shared_session=a.backend == "ort-cpu"))
         else:
             drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
@@ -138,11 +142,10 @@ class Runner:
         pass's bits), "all" every round of two or more requests (batch invariance: each request's logits bitwise
         its logits alone). Its ONNX Runtime session
         holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots."""
-        from .backends.ort_slots import OrtSlotSession
         from .batch import BatchDecoder
 
         if slot_passes not in SLOT_PASSES:
-            raise InputError(f"--slot-passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}")
+            raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")
         problem = self.batch_problem()
         if problem:
             raise UnsupportedError(problem)
@@ -153,9 +156,9 @@ class Runner:
         if slot_passes != "off":
             spec = self.artifact.manifest.graphs.get(variant_name("target", "slots"))
             if spec is None or int(spec.extra.get("slots", 0)) < slots or not self.artifact.target.row_invariant:
-                raise UnsupportedError(f"--slot-passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
-                                       f"requests (re-export with `speccompile export --batch-slots {slots}`)")
-            decoder.slot_session = OrtSlotSession(self.artifact.directory, self.artifact.manifest, spec, self.options.threads)
+                raise UnsupportedError(f"slot_passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
+                                       f"requests (re-export with `speccompile export --batch-slots {slots}`)", "slot_passes")
+            decoder.slot_session = self.artifact.session(variant_name("target", "slots"))
             decoder.batch_invariant = slot_passes == "all"
             decoder.calibrate_slot_passes(1 + self.num_draft_tokens)
         return decoder
@@ -180,7 +183,7 @@ class Runner:
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
-            raise InputError(f"--drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)")
+            raise InputError(f"drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)", "drafter")
         return drafter == "none" or self.draft_config is None
 
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,

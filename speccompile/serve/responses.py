@@ -127,7 +127,7 @@ async def stream_events(shape: ResponseShape, handle: RequestHandle, include_usa
     [DONE]. A delta's logprob entries ride on its first chunk (or, if it made none, on the next one)."""
     parser = shape.tool_format.parser() if shape.tool_format is not None else None
     pending: list[TokenLogprob] = []
-    called = False
+    sent, called = 0, False
     try:
         if shape.chat:
             yield sse(shape.chunk({"role": "assistant", "content": ""}))
@@ -140,10 +140,11 @@ async def stream_events(shape: ResponseShape, handle: RequestHandle, include_usa
             for delta in deltas:
                 called = called or (isinstance(delta, dict) and "tool_calls" in delta)
                 yield sse(shape.chunk(delta, logprobs=shape.logprobs(pending) if pending else None))
-                pending = []
+                sent, pending = sent + len(pending), []
             if isinstance(event, Finished):
                 reason = _tool_finish(event.finish_reason) if called else event.finish_reason
-                logprobs = shape.logprobs(pending) if pending else None
+                rest = list(event.logprobs[sent:]) if event.logprobs is not None else pending  # every entry, once
+                logprobs = shape.logprobs(rest) if rest else None
                 yield sse(shape.chunk(None if shape.chat else "", reason, logprobs, speculative=event.speculative))
                 if include_usage:
                     yield sse(shape.usage_chunk(event))
