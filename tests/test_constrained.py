@@ -44,6 +44,7 @@ def test_greedy_constrained_speculative_equals_plain(tiny_artifact, tiny_artifac
         assert [e.logprob for e in fast.logprobs] == [e.logprob for e in plain.logprobs]  # the same rows' bits
         _check(fast)
         drafted += sum(fast.stats.drafted)
+        assert "".join(runner.stream(prompt, chat=False, max_tokens=60, constraint=spec)) == fast.text
     assert drafted > 0
 
 

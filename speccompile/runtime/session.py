@@ -208,17 +208,20 @@ class Runner:
         return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs)
 
     def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                   stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+                   stop: list[str] | None = None, drafter: str | None = None,
+                   constraint: ConstraintSpec | CompiledConstraint | None = None) -> "TextStream":
         """Like `generate_ids`, as an iterator of text deltas (its `result` once exhausted)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
-        return TextStream(self.generator(sampling, plain), prompt_ids, self._config(max_tokens, sampling, stop, plain))
+        config = self._config(max_tokens, sampling, stop, plain, constraint)
+        return TextStream(self.generator(sampling, plain), prompt_ids, config)
 
     def stream(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
-               stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+               stop: list[str] | None = None, drafter: str | None = None,
+               constraint: ConstraintSpec | CompiledConstraint | None = None) -> "TextStream":
         """Like `generate`, as an iterator of text deltas (its `result` once exhausted)."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.stream_ids(ids, max_tokens, sampling, stop, drafter)
+        return self.stream_ids(ids, max_tokens, sampling, stop, drafter, constraint)
 
 
 class TextStream:
