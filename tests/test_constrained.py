@@ -163,7 +163,7 @@ def _sample_constrained(target, draft_table, params, letters, mode: str, seed: i
         out = [first]
         while len(out) < T:
             draft = _draft(q_table, out[-1], mode, rng)
-            draft, plan = rules.plan(draft)
+            draft, plan = rules.plan(draft, 4 if mode != "tree" else 0)  # chains: the grammar's forced tokens too
             nodes = [out[-1], *draft.tokens]
             rows = rules.masked(plan, StepOutput(target[nodes].astype(np.float32), [])).logits
             probs = process_logits(rows, params)

@@ -43,9 +43,15 @@ class GuidedPlan:
     nodes: list[int]
     masks: Future | None = None
 
+    def drafted_depth(self, cut: Draft) -> int:
+        """Positions of the cut draft that the drafter proposed (the grammar's forced tokens excluded)."""
+        return cut.depth - self.nodes.count(-1)
+
     def proposed_rows(self, rows: list[int]) -> list[int]:
-        """Rows of the cut draft (1..) as rows of the proposed one, for the drafter's feedback."""
-        return [self.nodes[r] for r in rows]
+        """Rows of the cut draft (1..) as rows of the proposed one, for the drafter's feedback (up to the first
+        token the grammar forced: those were not the drafter's)."""
+        mapped = [self.nodes[r] for r in rows]
+        return mapped[: mapped.index(-1)] if -1 in mapped else mapped
 
 
 class OutputRules:
@@ -65,16 +71,22 @@ class OutputRules:
 
     # -- a round -----------------------------------------------------------------------------------
 
-    def plan(self, draft: Draft) -> tuple[Draft, GuidedPlan]:
-        """The draft cut by the grammar, and the plan whose masks computing on the worker thread."""
+    def plan(self, draft: Draft, forced_room: int = 0) -> tuple[Draft, GuidedPlan]:
+        """The draft cut by the grammar, and the plan whose masks compute on the worker thread. `forced_room`: a
+        chain is extended by what the grammar forces after it (`_extend_forced`), up to that many draft tokens in all."""
         self._settle()
         if self.state is None:
             return draft, GuidedPlan(draft, list(range(1 + len(draft.tokens))))
         tokens = [int(t) for t in draft.tokens]
         if draft.tree is None:
             cut, kept, soft_refused = self._cut_chain(draft, tokens)
-            plan = GuidedPlan(draft, list(range(1 + len(cut.tokens))))
-            plan.masks = self._pending = _MASKS.submit(self._chain_masks, cut.tokens[:kept], soft_refused)
+            nodes = list(range(1 + len(cut.tokens)))
+            if not soft_refused and kept < forced_room:
+                cut, forced = self._extend_forced(cut, forced_room)
+                nodes += [-1] * forced
+            plan = GuidedPlan(draft, nodes)
+            plan.masks = self._pending = _MASKS.submit(self._chain_masks, cut.tokens[: len(nodes) - 1 - int(soft_refused)],
+                                                       soft_refused)
             return cut, plan
         cut, nodes, valid = self._cut_tree(draft, tokens)
         plan = GuidedPlan(draft, nodes)
@@ -117,6 +129,31 @@ class OutputRules:
         if end == len(tokens):
             return draft, kept, soft
         return dataclasses.replace(draft, tokens=tokens[:end], probs=None if draft.probs is None else draft.probs[:end]), kept, soft
+
+    def _extend_forced(self, draft: Draft, room: int) -> tuple[Draft, int]:
+        """The chain extended, up to `room` tokens in all, by what the grammar forces after it: the only token its
+        state allows (certain), else the forced text as the tokenizer writes it (a guess; where the grammar refuses
+        a token of it, the guess ends). Deterministic proposals, so verification is unchanged. (extended, added)"""
+        tokens = [int(t) for t in draft.tokens]
+        state = self.state
+        state.advance(tokens)
+        forced: list[int] = []
+        while len(tokens) + len(forced) < room and not state.terminated:
+            allowed = np.flatnonzero(state.allowed_tokens())
+            guess = [int(allowed[0])] if len(allowed) == 1 else state.forced_tokens()
+            added = state.advance(guess[: room - len(tokens) - len(forced)])
+            if not added:
+                break
+            forced += guess[:added]
+        state.rollback(len(tokens) + len(forced))
+        if not forced:
+            return draft, 0
+        probs = None
+        if draft.probs is not None:  # the grammar's tokens are deterministic proposals: one-hot q
+            one_hot = np.zeros((len(forced), draft.probs.shape[-1]), dtype=draft.probs.dtype)
+            one_hot[np.arange(len(forced)), forced] = 1.0
+            probs = np.concatenate([draft.probs, one_hot])
+        return dataclasses.replace(draft, tokens=tokens + forced, probs=probs), len(forced)
 
     def _chain_masks(self, tokens: list[int], soft_refused: bool) -> np.ndarray:
         """The allowed tokens after the pending token and after each accepted draft token (worker thread)."""

@@ -88,6 +88,11 @@ class Constraint(Protocol):
         """Whether a stop token ended the output (nothing more may follow)."""
         ...
 
+    def forced_tokens(self) -> list[int]:
+        """A guess of the next tokens: the text the grammar allows alone next (a JSON key in a fixed order, a
+        closing quote and brace), tokenized; empty when the next text is open. Proposed as free draft tokens."""
+        ...
+
 
 class CompiledConstraint(Protocol):
     """A grammar compiled for one tokenizer: each generation takes a fresh state from it."""

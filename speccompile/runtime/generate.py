@@ -238,7 +238,7 @@ class Generation:
         draft, draft_seconds = self._choose_draft(carried, costs, probing) if drafting else (Draft([]), 0.0)
         guided = None
         if self.rules is not None:  # the draft cut where the grammar refuses it; its rows' masks start computing
-            draft, guided = self.rules.plan(draft)
+            draft, guided = self.rules.plan(draft, self._draft_budget() if drafting else 0)
         guess = self._guess() if shadow and not draft.tokens else None
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
@@ -312,11 +312,14 @@ class Generation:
         self.stats.count_draft(draft.depth, min(accepted, used - 1))  # drafts past a stop were not used
         if draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
             return
+        if plan.guided is not None:  # the drafter and its controller hear of its own proposal (grammar: cut, forced tokens)
+            own = plan.guided.drafted_depth(draft)
+            if own:
+                self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
+                self.drafter.record_verdict(plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows))
+            return
         self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, draft.key, draft.drafted_levels)
-        if plan.guided is not None:  # the drafter hears of its own proposal, before the grammar's cut
-            self.drafter.record_verdict(plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows))
-        else:
-            self.drafter.record_verdict(draft, verdict.accepted_rows)
+        self.drafter.record_verdict(draft, verdict.accepted_rows)
 
     # -- drafting ----------------------------------------------------------------------------------
 
@@ -325,9 +328,7 @@ class Generation:
         `carried`: the last verdict's tokens past an exactness cut, proposed again as a chain instead of asking
         the drafter."""
         drafter = self.drafter
-        room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
-        remaining = self.config.max_tokens - len(self.output.tokens)
-        budget = max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
+        budget = self._draft_budget()
         if drafter is None or budget <= 0:
             return Draft([]), 0.0
         if carried:
@@ -336,9 +337,18 @@ class Generation:
         draft = drafter.propose(self.tokens, self.controller.sizing(budget, costs, probing))
         seconds = time.perf_counter() - t0
         self.stats.time_draft += seconds
-        if len(draft.tokens) > room:  # a tree wider than the room left: verify the pending token alone
+        if len(draft.tokens) > self.generator.max_context - self.cache.length - 1:  # a tree wider than the room left: verify the pending token alone
             return Draft([]), seconds
         return draft, seconds
+
+    def _draft_budget(self) -> int:
+        """Draft tokens a round may hold: k, what fits in the context and the verify pass, what max_tokens leaves
+        (0 without a drafter). The grammar's forced tokens extend a speculative chain up to it too."""
+        if self.drafter is None:
+            return 0
+        room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
+        remaining = self.config.max_tokens - len(self.output.tokens)
+        return max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
 
     def _guess(self) -> tuple[int, Hashable] | None:
         """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""

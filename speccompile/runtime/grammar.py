@@ -13,7 +13,7 @@ import json
 import re
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -73,6 +73,7 @@ class GrammarCompiler:
         info = xgr.TokenizerInfo(encoded[:vocab_size], xgr.VocabType[kind], vocab_size=vocab_size,
                                  stop_token_ids=list(stop_token_ids) or None, add_prefix_space=prefix_space)
         self.vocab_size = vocab_size
+        self._tokenizer = tokenizer
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
         self._lock = threading.Lock()
 
@@ -81,12 +82,15 @@ class GrammarCompiler:
         spec.validate()
         try:
             with self._lock:
-                return CompiledGrammar(self._compile(spec), self.vocab_size)
+                return CompiledGrammar(self._compile(spec), self.vocab_size, self._encode)
         except InputError:
             raise
         except Exception as exc:  # xgrammar reports a bad schema / regex / grammar as RuntimeError or its own types
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise InputError(f"{spec.kind}: {_LOG_PREFIX.sub('', first)}") from None
+
+    def _encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def _compile(self, spec: ConstraintSpec):
         compiler = self._compiler
@@ -118,20 +122,22 @@ def compiler_for(directory: Path, threads: int = 1) -> GrammarCompiler:
 class CompiledGrammar:
     """A compiled grammar: `new_state()` gives a generation its matcher."""
 
-    def __init__(self, compiled: Any, vocab_size: int):
+    def __init__(self, compiled: Any, vocab_size: int, encode: Callable[[str], list[int]]):
         self._compiled = compiled
         self.vocab_size = vocab_size
+        self._encode = encode
 
     def new_state(self) -> "GrammarState":
-        return GrammarState(_xgrammar().GrammarMatcher(self._compiled), self.vocab_size)
+        return GrammarState(_xgrammar().GrammarMatcher(self._compiled), self.vocab_size, self._encode)
 
 
 class GrammarState:
     """xgrammar's matcher behind the Constraint protocol; the mask is unpacked from its bitmask into bools."""
 
-    def __init__(self, matcher: Any, vocab_size: int):
+    def __init__(self, matcher: Any, vocab_size: int, encode: Callable[[str], list[int]]):
         self._matcher = matcher
         self.vocab_size = vocab_size
+        self._encode = encode
         self._bitmask = np.zeros((1, (vocab_size + 31) // 32), dtype=np.int32)
 
     def allowed_tokens(self) -> np.ndarray:
@@ -152,3 +158,8 @@ class GrammarState:
     @property
     def terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
+
+    def forced_tokens(self) -> list[int]:
+        """The text the grammar forces next (xgrammar's jump-forward string), as the tokenizer writes it alone."""
+        text = "" if self._matcher.is_terminated() else self._matcher.find_jump_forward_string()
+        return self._encode(text) if text else []
