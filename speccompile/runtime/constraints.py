@@ -39,22 +39,22 @@ class ConstraintSpec:
     def validate(self) -> "ConstraintSpec":
         """Shape checks that need no compiler (InputError naming the kind); the compiler checks the rest."""
         if self.kind not in CONSTRAINT_KINDS:
-            raise InputError(f"constraint: unknown kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}")
+            raise InputError(f"constraint: unknown kind {self.kind!r}; expected one of {', '.join(CONSTRAINT_KINDS)}", field="constraint")
         if self.kind == "json_object":
             return self
         if self.kind == "choice":
             if not isinstance(self.value, tuple) or not self.value or not all(isinstance(c, str) and c for c in self.value):
-                raise InputError("choice: expected one or more non-empty strings")
+                raise InputError("choice: expected one or more non-empty strings", field="choice")
             return self
         if not isinstance(self.value, str) or not self.value.strip():
-            raise InputError(f"{self.kind}: expected a non-empty string")
+            raise InputError(f"{self.kind}: expected a non-empty string", field=self.kind)
         if self.kind in ("json_schema", "structural_tag"):
             try:
                 parsed = json.loads(self.value)
             except json.JSONDecodeError as exc:
-                raise InputError(f"{self.kind}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+                raise InputError(f"{self.kind}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", field=self.kind) from None
             if not isinstance(parsed, (dict, bool)) or (self.kind == "structural_tag" and not isinstance(parsed, dict)):
-                raise InputError(f"{self.kind}: expected a JSON object")
+                raise InputError(f"{self.kind}: expected a JSON object", field=self.kind)
         return self
 
     @classmethod

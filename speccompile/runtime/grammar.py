@@ -87,7 +87,7 @@ class GrammarCompiler:
             raise
         except Exception as exc:  # xgrammar reports a bad schema / regex / grammar as RuntimeError or its own types
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-            raise InputError(f"{spec.kind}: {_LOG_PREFIX.sub('', first)}") from None
+            raise InputError(f"{spec.kind}: {_LOG_PREFIX.sub('', first)}", field=spec.kind) from None
 
     def _encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
