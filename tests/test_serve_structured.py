@@ -171,3 +171,12 @@ def test_auto_tools_and_a_tool_conversation(client, runner):
     assert answer.choices[0].message.content == plain.text.rstrip()
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+def test_a_request_may_decode_without_the_drafter(client):
+    schema = {"name": "c", "schema": Colour.model_json_schema(), "strict": True}
+    body = dict(model=MODEL, messages=ASK, temperature=0, max_tokens=60, response_format={"type": "json_schema", "json_schema": schema})
+    fast = client.chat.completions.create(**body)
+    plain = client.chat.completions.create(**body, extra_body={"drafter": "none"})
+    assert plain.choices[0].message.content == fast.choices[0].message.content
+    assert plain.model_extra["speculative"]["draft_steps"] == 0 < fast.model_extra["speculative"]["draft_steps"]
