@@ -14,6 +14,7 @@ import click
 from ..console import emit_json, progress_bar_console, prompt_progress_bar
 from ..errors import InputError
 from ..runtime.backends.base import BACKENDS
+from ..runtime.constraints import ConstraintSpec
 from ..runtime.options import DRAFTER_CHOICES, GenerationConfig, RunOptions
 from ..runtime.sampling import SamplingParams
 
@@ -34,16 +35,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         if not prompt.strip():
             raise InputError(f"{label}: the prompt is empty")
         return prompt
-    try:
-        text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise InputError(f"{label}: is a directory, expected a text file") from None
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{label}: not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+    text = _read_text(prompt_file, label)
     if not text.strip():
         raise InputError(f"{label}: the prompt is empty")
     return text
@@ -121,6 +113,66 @@ def run_options(func):
     return drafter_options(backend_options(command))
 
 
+def constraint_options(func):
+    """--json-schema, --regex, --grammar and --choice: the output must match one of them."""
+    func = click.option("--choice", "choices", multiple=True, help="The output is exactly one of these strings (repeatable).")(func)
+    func = click.option("--grammar", "grammar_file", type=click.Path(path_type=Path), default=None,
+                        help="The output follows this EBNF grammar file (GBNF syntax; its rule `root`).")(func)
+    func = click.option("--regex", default=None, help="The output matches this regular expression.")(func)
+    func = click.option("--json-schema", "json_schema_file", type=click.Path(path_type=Path), default=None,
+                        help="The output is JSON valid against this JSON schema file.")(func)
+    return func
+
+
+def _read_text(path: Path, label: str) -> str:
+    """A UTF-8 text file (- : standard input), or a one-line InputError starting with `label`."""
+    try:
+        return sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a directory, expected a text file") from None
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{label}: not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+
+
+def constraint_from_flags(json_schema_file: Path | None, regex: str | None, grammar_file: Path | None,
+                          choices: tuple[str, ...]) -> tuple[ConstraintSpec | None, str]:
+    """The ConstraintSpec the flags ask for (at most one of them) and the flag, for error messages."""
+    given = [(flag, value) for flag, value in (("--json-schema", json_schema_file), ("--regex", regex),
+                                               ("--grammar", grammar_file), ("--choice", choices or None)) if value is not None]
+    if len(given) > 1:
+        raise InputError(f"give at most one of --json-schema, --regex, --grammar, --choice (got {', '.join(f for f, _ in given)})")
+    if not given:
+        return None, ""
+    flag, value = given[0]
+    label = flag if flag in ("--regex", "--choice") else f"{flag} {value}"
+    try:
+        if flag == "--json-schema":
+            return ConstraintSpec("json_schema", _read_text(value, label)).validate(), label
+        if flag == "--grammar":
+            return ConstraintSpec("grammar", _read_text(value, label)).validate(), label
+        if flag == "--regex":
+            return ConstraintSpec("regex", value).validate(), label
+        return ConstraintSpec("choice", tuple(value)).validate(), label
+    except InputError as exc:
+        raise InputError(exc.naming(label)) from None
+
+
+def compile_for_run(artifact: Path, spec: ConstraintSpec | None, label: str):
+    """The spec compiled against the artifact's tokenizer, before the model loads (a bad one: one line, exit 2)."""
+    if spec is None:
+        return None
+    from ..runtime.grammar import compiler_for
+
+    try:
+        return compiler_for(artifact).compile(spec)
+    except InputError as exc:
+        raise InputError(exc.naming(label)) from None
+
+
 def _print_json_line(data: dict) -> None:
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
@@ -149,10 +201,12 @@ def _stream_printer(as_json: bool) -> Callable[[str], None]:
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, default=None, help="Random seed for sampling.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); output is cut before it.")
+@constraint_options
 @run_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated (with --json: one JSON line per text delta, then the result).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens, finish reason and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, options, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, json_schema_file, regex,
+        grammar_file, choices, options, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from ..runtime.bench import prompt_source
     from ..runtime.session import Runner
@@ -160,10 +214,13 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop)).validate()  # before anything loads
+    spec, label = constraint_from_flags(json_schema_file, regex, grammar_file, choices)
     check_artifact_backend(artifact, options.backend)
+    constraint = compile_for_run(artifact, spec, label)
     runner = Runner(artifact, options)
     with prompt_source(_prompt_label(prompt_file)):
-        result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None)
+        result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None,
+                                 constraint=constraint)
     if as_json:
         final = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()}
         if stream:

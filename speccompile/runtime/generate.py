@@ -26,6 +26,7 @@ from ..tokenizer import TextTokenizer
 from .adaptive import AdaptiveController
 from .costs import PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
+from .constrained import GuidedPlan, OutputRules
 from .drafters.base import Draft, Drafter
 from .kvcache import BufferKVCache, KVCache
 from .options import GenerationConfig
@@ -114,6 +115,7 @@ class PlannedStep:
     positions: np.ndarray  # int64 [q]
     new_mask: np.ndarray  # bool [q, q]: causal (chain) or ancestry (tree)
     guess: tuple[int, Hashable] | None = None
+    guided: GuidedPlan | None = None  # with output rules (a grammar, logprobs): the draft before the grammar's cut, the rows' masks
 
 
 class Generation:
@@ -149,6 +151,8 @@ class Generation:
             self.drafter.reset(fresh=self.controller.deterministic)
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = TokenOutput(generator.tokenizer, config, generator.eos_ids, on_text)
+        self.rules = (OutputRules(self.params, config.constraint, config.logprobs)
+                      if config.constraint is not None or config.logprobs is not None else None)  # runtime/constrained.py
         if cached_rows and self.cache.length != cached_rows:
             raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
         self.prompt_ids = list(prompt_ids)
@@ -201,11 +205,15 @@ class Generation:
         self.prompt_logits = last_logits
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
+        if self.rules is not None:
+            last_logits = self.rules.first_logits(last_logits)
         first = choose_first_token(last_logits, self.params, self.rng)
         if self._logit_trace is not None:
             self._logit_trace.append(np.array(last_logits))
         self.tokens = self.prompt_ids + [first]
         self.done = self.output.push(first)
+        if self.rules is not None:
+            self.rules.emit(last_logits[None], [first], len(self.output.tokens))
         self.output.flush()
         self.finish = self.output.finish
 
@@ -228,6 +236,9 @@ class Generation:
         drafting too dear to try)."""
         carried, self.carried = self.carried, []
         draft, draft_seconds = self._choose_draft(carried, costs, probing) if drafting else (Draft([]), 0.0)
+        guided = None
+        if self.rules is not None:  # the draft cut where the grammar refuses it; its rows' masks start computing
+            draft, guided = self.rules.plan(draft, self._draft_budget() if drafting else 0)
         guess = self._guess() if shadow and not draft.tokens else None
         q = 1 + len(draft.tokens)
         self.cache.maybe_compact(q, self.generator.max_context)
@@ -239,7 +250,7 @@ class Generation:
             new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
         else:
             new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
-        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask, guess)
+        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask, guess, guided)
 
     def verify_pass(self, plan: PlannedStep) -> StepOutput:
         """One target pass over the pending token and the draft (chain: causal; tree: ancestry mask)."""
@@ -251,7 +262,9 @@ class Generation:
         return out
 
     def complete_step(self, plan: PlannedStep, out: StepOutput) -> None:
-        """Verify the pass's logits against the plan's draft and commit the verdict."""
+        """Verify the pass's logits (masked by the request's grammar, if any) against the plan's draft and commit the verdict."""
+        if plan.guided is not None:
+            out = self.rules.masked(plan.guided, out)
         self.commit(plan, out, verify_draft(plan.draft, self.tokens[-1], out, self.params, self.rng))
 
     def commit(self, plan: PlannedStep, out: StepOutput, verdict: Verdict) -> None:
@@ -273,13 +286,15 @@ class Generation:
         """Push the verdict's tokens until a stop; returns how many were used (the stopping one included)."""
         if self._logit_trace is not None:  # the rows whose logits chose the emitted tokens, in order
             self._logit_trace += [np.array(out.logits[row]) for row in verdict.token_rows]
-        used = 0
+        used, before = 0, len(self.output.tokens)
         for token in verdict.tokens:
             used += 1
             self.tokens.append(token)
             if self.output.push(token):
                 self.done = True
                 break
+        if self.rules is not None:  # the grammar advances over the used tokens; their logprobs from the rows that chose them
+            self.rules.emit(out.logits[verdict.token_rows[:used]], verdict.tokens[:used], len(self.output.tokens) - before)
         self.output.flush()
         self.finish = self.output.finish
         return used
@@ -297,6 +312,12 @@ class Generation:
         self.stats.count_draft(draft.depth, min(accepted, used - 1))  # drafts past a stop were not used
         if draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
             return
+        if plan.guided is not None:  # the drafter and its controller hear of its own proposal (grammar: cut, forced tokens)
+            own = plan.guided.drafted_depth(draft)
+            if own:
+                self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
+                self.drafter.record_verdict(plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows))
+            return
         self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, draft.key, draft.drafted_levels)
         self.drafter.record_verdict(draft, verdict.accepted_rows)
 
@@ -307,9 +328,7 @@ class Generation:
         `carried`: the last verdict's tokens past an exactness cut, proposed again as a chain instead of asking
         the drafter."""
         drafter = self.drafter
-        room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
-        remaining = self.config.max_tokens - len(self.output.tokens)
-        budget = max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
+        budget = self._draft_budget()
         if drafter is None or budget <= 0:
             return Draft([]), 0.0
         if carried:
@@ -318,9 +337,18 @@ class Generation:
         draft = drafter.propose(self.tokens, self.controller.sizing(budget, costs, probing))
         seconds = time.perf_counter() - t0
         self.stats.time_draft += seconds
-        if len(draft.tokens) > room:  # a tree wider than the room left: verify the pending token alone
+        if len(draft.tokens) > self.generator.max_context - self.cache.length - 1:  # a tree wider than the room left: verify the pending token alone
             return Draft([]), seconds
         return draft, seconds
+
+    def _draft_budget(self) -> int:
+        """Draft tokens a round may hold: k, what fits in the context and the verify pass, what max_tokens leaves
+        (0 without a drafter). The grammar's forced tokens extend a speculative chain up to it too."""
+        if self.drafter is None:
+            return 0
+        room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
+        remaining = self.config.max_tokens - len(self.output.tokens)
+        return max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
 
     def _guess(self) -> tuple[int, Hashable] | None:
         """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""
@@ -343,7 +371,8 @@ class Generation:
         output = self.output
         text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
         logits = np.stack(self._logit_trace[: len(output.tokens)]) if self._logit_trace else None
-        return GenerationResult(output.tokens, text, self.finish or "length", stats, logits)
+        logprobs = self.config.logprobs.entries[: len(output.tokens)] if self.config.logprobs is not None else None
+        return GenerationResult(output.tokens, text, self.finish or "length", stats, logits, logprobs)
 
 
 def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, cached_rows: int, whole: bool) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from .backends.base import BACKENDS
+from .constraints import CompiledConstraint
+from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
@@ -66,6 +68,8 @@ class GenerationConfig:
     prefill_chunk: int = 256
     ignore_eos: bool = False
     trace_logits: bool = False  # keep the logits that chose each token (GenerationResult.logits; `verify`)
+    constraint: CompiledConstraint | None = None  # the output must match this grammar (runtime/constrained.py)
+    logprobs: LogprobRecorder | None = None  # record each emitted token's log-probability here (runtime/logprobs.py)
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:

@@ -20,10 +20,12 @@ from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
 from .artifact import check_backend, open_artifact, resolve_drafter
 from ..draft_config import DraftConfig, draft_config_for_run
+from .constraints import CompiledConstraint, ConstraintSpec
 from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import Generator
+from .logprobs import LogprobRecorder
 from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
@@ -31,6 +33,7 @@ from .timing import EngineClock
 
 if TYPE_CHECKING:
     from .batch import BatchDecoder
+    from .grammar import GrammarCompiler
     from .prefix_cache import PrefixCache
 
 
@@ -61,6 +64,18 @@ class Runner:
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafters: dict[SamplingParams | None, Drafter] = {}
+        self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
+
+    def compile_constraint(self, constraint: ConstraintSpec | CompiledConstraint | None) -> CompiledConstraint | None:
+        """A constraint compiled for this artifact's tokenizer (InputError for a bad schema, regex or grammar);
+        a compiled one as it is."""
+        if constraint is None or not isinstance(constraint, ConstraintSpec):
+            return constraint
+        if self._grammar is None:
+            from .grammar import compiler_for
+
+            self._grammar = compiler_for(self.artifact.directory)
+        return self._grammar.compile(constraint)
 
     def _draft_config(self, manifest: Manifest) -> DraftConfig | None:
         """What this runner drafts (None: plain decoding), after checking the options against the manifest: a
@@ -166,18 +181,22 @@ class Runner:
         return decoder
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
-               drafter: str | None = None) -> GenerationConfig:
+               drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+               logprobs: LogprobRecorder | None = None) -> GenerationConfig:
         """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
-        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter))
+        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs)
 
     @property
     def shape_invariant(self) -> int:
         """Rows of every target pass in shape-invariant mode (0: off, each pass has its own shape)."""
         return self.artifact.shape_invariant
 
-    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool) -> GenerationConfig:
+    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool,
+                constraint: ConstraintSpec | CompiledConstraint | None = None,
+                logprobs: LogprobRecorder | None = None) -> GenerationConfig:
         return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
-                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive)
+                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive,
+                                constraint=self.compile_constraint(constraint), logprobs=logprobs)
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
@@ -186,31 +205,40 @@ class Runner:
 
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
-                     drafter: str | None = None) -> GenerationResult:
-        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend."""
+                     drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+                     logprobs: int | None = None) -> GenerationResult:
+        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend. `constraint`: the
+        output must match it (`ConstraintSpec.json_schema(...)`, regex, grammar, choice); `logprobs`: record each
+        token's log-probability with that many alternatives (`GenerationResult.logprobs`)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
-        return self.generator(sampling, plain).generate(prompt_ids, self._config(max_tokens, sampling, stop, plain), on_text)
+        recorder = None if logprobs is None else LogprobRecorder(logprobs)
+        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
+        return self.generator(sampling, plain).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
-                 drafter: str | None = None) -> GenerationResult:
-        """Generate from text (through the chat template when `chat`)."""
+                 drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+                 logprobs: int | None = None) -> GenerationResult:
+        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs` as `generate_ids`."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter)
+        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs)
 
     def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                   stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+                   stop: list[str] | None = None, drafter: str | None = None,
+                   constraint: ConstraintSpec | CompiledConstraint | None = None) -> "TextStream":
         """Like `generate_ids`, as an iterator of text deltas (its `result` once exhausted)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
-        return TextStream(self.generator(sampling, plain), prompt_ids, self._config(max_tokens, sampling, stop, plain))
+        config = self._config(max_tokens, sampling, stop, plain, constraint)
+        return TextStream(self.generator(sampling, plain), prompt_ids, config)
 
     def stream(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
-               stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+               stop: list[str] | None = None, drafter: str | None = None,
+               constraint: ConstraintSpec | CompiledConstraint | None = None) -> "TextStream":
         """Like `generate`, as an iterator of text deltas (its `result` once exhausted)."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.stream_ids(ids, max_tokens, sampling, stop, drafter)
+        return self.stream_ids(ids, max_tokens, sampling, stop, drafter, constraint)
 
 
 class TextStream:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .logprobs import TokenLogprob
+
 
 @dataclass
 class GenerationStats:
@@ -96,4 +98,5 @@ class GenerationResult:
     finish_reason: str  # "stop" (eos or stop string), "length" (max_tokens) or "context" (limit reached)
     stats: GenerationStats
     logits: np.ndarray | None = None  # with GenerationConfig.trace_logits: [tokens, vocab], the logits each token was chosen from
+    logprobs: list[TokenLogprob] | None = None  # with GenerationConfig.logprobs: one entry per output token
 
