@@ -26,6 +26,7 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
+from .cpu_graph import quantized_cpu_graphs
 from .methods import MethodOptions, apply_methods, calibrated_tensors, quantized_groups
 from .qad import QadOptions, QadResult
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
@@ -376,6 +377,9 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
             new.graphs["target"] = dataclasses.replace(spec, dtype=f"{spec.dtype}+{options.precision}", extra={**spec.extra, "quantization": options.precision})
             replaced = set(_graph_files(manifest, spec.file))
             files += [spec.file, spec.file + ".data"]
+            cpu_specs, cpu_files = quantized_cpu_graphs(src, fused, spec, tmp, options.precision, progress)
+            new.graphs.update(cpu_specs)
+            files += cpu_files
         progress("copying the other files (tokenizer, drafter graphs)")
         for name in manifest.files:  # everything else listed in the source manifest, unchanged
             if name not in replaced and name not in fused_files:
