@@ -167,3 +167,13 @@ def test_the_packed_graph_computes_the_contract_graphs_function(int4_builds, bui
     assert float(np.abs(level0 - contract).max()) < 1e-4 * scale
     level4 = _logits(int4_builds[build], ids, fused=True)
     assert 1e-6 * scale < float(np.abs(level4 - contract).max()) < 0.05 * scale
+
+
+def test_int8_needs_onnx_only_and_takes_no_calibration_method(tiny_artifact, tmp_path, capsys):
+    from conftest import run_cli_here
+
+    code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int8", "--out", str(tmp_path / "a"))
+    assert code == 2 and "--int8" in err and "--onnx-only" in err and "Traceback" not in err
+    code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int8", "--onnx-only", "--low-rank", "8", "--out", str(tmp_path / "b"))
+    assert code == 2 and "--int8" in err and "--low-rank" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -27,6 +27,7 @@ from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
 from .cpu_graph import quantized_cpu_graphs
+from .int8_weights import check_int8_options
 from .methods import MethodOptions, apply_methods, calibrated_tensors, quantized_groups
 from .qad import QadOptions, QadResult
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
@@ -41,6 +42,7 @@ RUNS_ON = {
     "fp8": ["ort-cpu", "ort-trt", "tensorrt"],
     "int4": ["ort-cpu", "ort-trt", "tensorrt"],
     "nvfp4": ["tensorrt", "ort-trt"],
+    "int8": ["ort-cpu"],  # blocked INT8 weights (engines/int8_weights.py): TensorRT documents block scales for INT4 only
 }
 
 
@@ -91,6 +93,8 @@ class BuildOptions:
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
+        if self.precision == "int8":
+            check_int8_options(self)
         self.qad.validate(QuantOptions(self.precision, weight_only=self.weight_only).defaults_key)
         if self.weight_only:
             if self.precision == "none":
