@@ -16,7 +16,8 @@ import dataclasses
 
 import numpy as np
 
-from .numerics import safe_scale
+from ..errors import InputError
+from .numerics import quantize_symmetric_blockwise
 
 INT8_BLOCK = 32
 INT8_MAX = 127
@@ -25,22 +26,11 @@ INT8_MAX = 127
 def quantize_int8_blockwise(w: np.ndarray, block: int = INT8_BLOCK, scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """W [K, N] -> (int8 codes [K, N] in [-127, 127], float32 scales [K / block, N]); blocks along K.
     `scale`: use these scales (a source grid) instead of amax / 127."""
-    w = np.asarray(w, dtype=np.float32)
-    k, n = w.shape
-    if k % block:
-        raise ValueError(f"K={k} is not a multiple of the INT8 block size {block}")
-    blocks = w.reshape(k // block, block, n)
-    if scale is None:
-        scale = safe_scale(np.abs(blocks).max(axis=1), INT8_MAX)
-    scale = np.asarray(scale, np.float32)
-    codes = np.clip(np.rint(blocks / scale[:, None, :]), -INT8_MAX, INT8_MAX).astype(np.int8)
-    return codes.reshape(k, n), scale
+    return quantize_symmetric_blockwise(w, block, INT8_MAX, -INT8_MAX, INT8_MAX, scale=scale)
 
 
 def check_int8_options(options) -> None:
     """What `build --int8` accepts (engines/build.py's BuildOptions): ONNX only, no calibration-driven method."""
-    from ..errors import InputError
-
     if not options.onnx_only:
         raise InputError("--int8: blocked INT8 weights run on ONNX Runtime only (TensorRT documents block scales for INT4 "
                          "alone): add --onnx-only")

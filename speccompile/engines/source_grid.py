@@ -124,18 +124,12 @@ def source_grids(model: onnx.ModelProto, options: QuantOptions) -> dict[str, Gri
     (`--table-format int8`)."""
     inits = {i.name: i for i in model.graph.initializer}
     grids: dict[str, GridScales] = {}
-    if options.scheme == "int4":
+    find = {"int4": find_int4_grid, "int8": find_int8_grid}.get(options.scheme)
+    if find is not None:
         for _index, _act, weight in weight_matmuls(model):
             if weight in grids or is_excluded(weight, options.exclude):
                 continue
-            grid = find_int4_grid(numpy_helper.to_array(inits[weight]))
-            if grid is not None:
-                grids[weight] = grid
-    if options.scheme == "int8":
-        for _index, _act, weight in weight_matmuls(model):
-            if weight in grids or is_excluded(weight, options.exclude):
-                continue
-            grid = find_int8_grid(numpy_helper.to_array(inits[weight]))
+            grid = find(numpy_helper.to_array(inits[weight]))
             if grid is not None:
                 grids[weight] = grid
     if options.table_format == "int8":
