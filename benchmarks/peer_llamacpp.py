@@ -18,7 +18,8 @@ once by speccompile's tokenizer and handed to every engine as ids; the engines t
 order rotating, so machine drift hits all alike. 2 threads, greedy, --max-tokens new tokens (EOS stops earlier).
 
 Per engine and workload: decode tok/s (tokens after the first / time after the first: prefill excluded, as in
-`speccompile bench`), tokens per target pass (llama.cpp: decode calls after the prompt's), how many speculative
+`speccompile bench`), CPU milliseconds per decoded token (the worker's CPU time over the same span: less
+sensitive to a loaded machine than wall time, though spinning threads count), tokens per target pass (llama.cpp: decode calls after the prompt's), how many speculative
 outputs are token-identical to the same engine's plain output, resident memory after the run (VmRSS, and the
 peak VmHWM) next to the size of the weight file(s) the engine reads. Ratios are against llama.cpp plain decoding
 in the same run (workload tok/s ratio and the median of per-prompt ratios). `uptime` is printed at the start
@@ -90,16 +91,17 @@ def _llamacpp_run(llm, ids: list[int], max_tokens: int) -> dict:
     eos = llm.token_eos()
     out: list[int] = []
     start = time.perf_counter()
-    first = start
+    first, first_cpu = start, time.process_time()
     for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
         if not out:
-            first = time.perf_counter()
+            first, first_cpu = time.perf_counter(), time.process_time()
         out.append(int(token))
         if token == eos or len(out) >= max_tokens:
             break
     end = time.perf_counter()
     llm.eval = original
-    return {"tokens": out, "prefill_s": first - start, "decode_s": end - first, "decode_passes": calls[0] - 1}
+    return {"tokens": out, "prefill_s": first - start, "decode_s": end - first, "decode_cpu_s": time.process_time() - first_cpu,
+            "decode_passes": calls[0] - 1}
 
 
 def _ours_worker(artifact: str, threads: int) -> None:
@@ -118,9 +120,12 @@ def _ours_worker(artifact: str, threads: int) -> None:
             "cpu_kernels": spec.extra.get("cpu_kernels"), "fused": variant_name("target") in runner.artifact.manifest.graphs}
 
     def run(req: dict) -> dict:
-        result = runner.generate_ids(req["ids"], max_tokens=req["max_tokens"], drafter=req["mode"])
+        first_cpu: list[float] = []  # CPU time when the first text arrives (after the prompt's pass)
+        result = runner.generate_ids(req["ids"], max_tokens=req["max_tokens"], drafter=req["mode"],
+                                     on_text=lambda _: first_cpu.append(time.process_time()) if not first_cpu else None)
         st = result.stats
         return {"tokens": list(result.tokens), "prefill_s": st.time_prefill, "decode_s": st.decode_time,
+                "decode_cpu_s": time.process_time() - (first_cpu or [time.process_time()])[0],
                 "decode_passes": st.target_passes - 1}  # the first pass is the prompt's
 
     _serve(run, info)
@@ -197,6 +202,7 @@ def summarize(results: list[dict], engines: list[str]) -> dict:
         tokens = sum(max(len(r["tokens"]) - 1, 0) for r in rows)
         seconds = sum(r["decode_s"] for r in rows)
         out[name] = {"decode_tok_s": round(tokens / seconds, 1) if seconds else None,
+                     "cpu_ms_per_token": round(1000 * sum(r["decode_cpu_s"] for r in rows) / max(tokens, 1), 2),
                      "tokens_per_pass": round(tokens / max(sum(r["decode_passes"] for r in rows), 1), 2),
                      "rss_mb": rows[-1]["VmRSS"], "peak_rss_mb": max(r["VmHWM"] for r in rows)}
         plain = name.rsplit(" ", 1)[0] + " plain"
@@ -214,10 +220,11 @@ def summarize(results: list[dict], engines: list[str]) -> dict:
 
 def print_table(workload: str, summary: dict, workers: dict) -> None:
     print(f"\n{workload}")
-    cols = ["engine", "tok/s", "x llama.cpp plain (median/prompt)", "tok/pass", "== own plain", "RSS MB (peak)", "weights MB"]
+    cols = ["engine", "tok/s", "x llama.cpp plain (median/prompt)", "CPU ms/tok", "tok/pass", "== own plain", "RSS MB (peak)", "weights MB"]
     rows = []
     for name, s in summary.items():
         rows.append([name, str(s["decode_tok_s"]), f"{s['vs_llamacpp_plain']:.2f} ({s['vs_llamacpp_plain_median_prompt']:.2f})",
+                     str(s["cpu_ms_per_token"]),
                      str(s["tokens_per_pass"]), s.get("identical_to_plain", "-"), f"{s['rss_mb']} ({s['peak_rss_mb']})",
                      str(workers[name if name in workers else name.rsplit(' ', 1)[0]].info["weights_mb"])])
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]

@@ -56,6 +56,8 @@ def test_int_builds_run_packed_on_the_cpu(quantized_with_draft, scheme):
     assert (spec.file == "target.ort.onnx") == (scheme in PACKED)
     if scheme in PACKED:
         assert spec.extra["cpu_kernels"]["MatMulNBits"] > 0
+    graphs = read_manifest(quantized_with_draft[scheme]).graphs  # the draft model's fused CPU graph stays (not quantized)
+    assert any(g.extra.get("variant_of") == graphs["draft"].file for g in graphs.values()), sorted(graphs)
 
 
 def _causal(q: int) -> np.ndarray:
