@@ -23,7 +23,9 @@ sensitive to a loaded machine than wall time, though spinning threads count), to
 outputs are token-identical to the same engine's plain output, resident memory after the run (VmRSS, and the
 peak VmHWM) next to the size of the weight file(s) the engine reads. Ratios are against llama.cpp plain decoding
 in the same run (workload tok/s ratio and the median of per-prompt ratios). `uptime` is printed at the start
-and the end: the machine is shared, and numbers from a loaded one only compare within the run.
+and the end: the machine is shared, and numbers from a loaded one only compare within the run. With
+--agreement, also each engine's argmax at every position of the held-out text (teacher-forced, one pass per
+paragraph) against the fp32 export's: how far each one's arithmetic is from the exact model of the GGUF.
 """
 
 from __future__ import annotations
@@ -76,7 +78,14 @@ def _llamacpp_worker(gguf: str, threads: int, lookup: bool, ngram: int, tokens: 
                           draft_model=draft, logits_all=lookup)  # (the drafter needs logits_all set by the caller)
     info = {"version": llama_cpp.__version__, "system": llama_cpp.llama_print_system_info().decode().strip(),
             "weights_mb": round(os.path.getsize(gguf) / 2**20, 1)}
-    _serve(lambda req: _llamacpp_run(llm, req["ids"], req["max_tokens"]), info)
+    def run(req: dict) -> dict:
+        if req["mode"] == "argmax":  # teacher-forced: every position's argmax in one pass (needs logits_all: lookup)
+            llm.reset()
+            llm.eval(req["ids"])
+            return {"argmax": [int(t) for t in llm.scores[: len(req["ids"])].argmax(-1)]}
+        return _llamacpp_run(llm, req["ids"], req["max_tokens"])
+
+    _serve(run, info)
 
 
 def _llamacpp_run(llm, ids: list[int], max_tokens: int) -> dict:
@@ -120,6 +129,10 @@ def _ours_worker(artifact: str, threads: int) -> None:
             "cpu_kernels": spec.extra.get("cpu_kernels"), "fused": variant_name("target") in runner.artifact.manifest.graphs}
 
     def run(req: dict) -> dict:
+        if req["mode"] == "argmax":  # teacher-forced, as `speccompile eval` scores held-out text
+            from speccompile.evaluation import teacher_forced_logits
+
+            return {"argmax": [int(t) for t in teacher_forced_logits(runner.artifact.target, req["ids"]).argmax(-1)]}
         first_cpu: list[float] = []  # CPU time when the first text arrives (after the prompt's pass)
         result = runner.generate_ids(req["ids"], max_tokens=req["max_tokens"], drafter=req["mode"],
                                      on_text=lambda _: first_cpu.append(time.process_time()) if not first_cpu else None)
@@ -218,6 +231,21 @@ def summarize(results: list[dict], engines: list[str]) -> dict:
     return out
 
 
+def agreement(workers: dict, tokenizer) -> dict:
+    """Each engine's argmax at every position of the held-out text (benchmarks/eval/heldout.txt, as `speccompile
+    eval` scores it) against the fp32 export's: how close each runs to the exact model of the GGUF."""
+    from speccompile.evaluation import load_text_set
+
+    _, paragraphs = load_text_set(None)
+    sequences = [ids[:256] for ids in (list(map(int, tokenizer.encode(p))) for p in paragraphs) if len(ids) >= 2]
+    engines = {"llama.cpp": workers["llama.cpp lookup"], **{n: w for n, w in workers.items() if n.startswith("ours")}}
+    argmax = {name: [w.run(ids, 0, "argmax")["argmax"] for ids in sequences] for name, w in engines.items()}
+    reference = argmax["ours fp32"]
+    total = sum(map(len, reference))
+    return {name: round(sum(int(a == b) for seq, ref in zip(rows, reference) for a, b in zip(seq, ref)) / total, 4)
+            for name, rows in argmax.items() if name != "ours fp32"} | {"positions": total}
+
+
 def print_table(workload: str, summary: dict, workers: dict) -> None:
     print(f"\n{workload}")
     cols = ["engine", "tok/s", "x llama.cpp plain (median/prompt)", "CPU ms/tok", "tok/pass", "== own plain", "RSS MB (peak)", "weights MB"]
@@ -247,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookup-ngram", type=int, default=2, help="LlamaPromptLookupDecoding max_ngram_size")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="LlamaPromptLookupDecoding num_pred_tokens")
     ap.add_argument("--json", type=Path, default=None, help="write every number here")
+    ap.add_argument("--agreement", action="store_true",
+                    help="also: each engine's top-1 agreement with the fp32 export on the held-out text")
     ap.add_argument("--worker", choices=["llamacpp", "ours"], help=argparse.SUPPRESS)
     ap.add_argument("--artifact", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -303,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{n} {(len(r['tokens']) - 1) / max(r['decode_s'], 1e-9):.1f}" for n, r in result.items()))
         report["workloads"][path.stem] = summarize(results, engines)
         print_table(path.stem, report["workloads"][path.stem], workers)
+    if args.agreement:
+        report["agreement"] = agreement(workers, tokenizer)
+        print("\ntop-1 agreement with the fp32 export on held-out text (teacher-forced argmax per position):")
+        for name, value in report["agreement"].items():
+            print(f"  {name}: {value}")
     for worker in workers.values():
         worker.close()
     report["uptime_end"] = uptime()
