@@ -177,3 +177,29 @@ def test_int8_needs_onnx_only_and_takes_no_calibration_method(tiny_artifact, tmp
     code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int8", "--onnx-only", "--low-rank", "8", "--out", str(tmp_path / "b"))
     assert code == 2 and "--int8" in err and "--low-rank" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_fused_weight_that_is_no_contract_weight_is_refused(int4_builds, tmp_path, monkeypatch):
+    """A fused graph whose weights do not match the contract graph's (another exporter's layout) gets no packed
+    graph rather than an fp32 one labelled INT4."""
+    from speccompile.engines import cpu_graph
+    from speccompile.errors import UnsupportedError
+
+    matched = cpu_graph.match_weights
+
+    def one_lost(fused, source):
+        pairs = matched(fused, source)
+        lost = next(name for name in pairs if name.endswith("down_proj.weight_t"))
+        return {k: v for k, v in pairs.items() if k != lost}
+
+    monkeypatch.setattr(cpu_graph, "match_weights", one_lost)
+    with pytest.raises(UnsupportedError, match="none of the contract graph's weights"):
+        _with_cpu_graph(int4_builds["int4"], tmp_path, 4)
+    notes: list[str] = []
+    src = read_manifest(int4_builds["int4"]).model["built_from"]
+    source = read_manifest(src)
+    fused = {variant_name("target"): source.graph(variant_name("target"))}
+    copy = tmp_path / "again"
+    shutil.copytree(int4_builds["int4"], copy)
+    assert cpu_graph.quantized_cpu_graphs(src, fused, source.graph("target"), copy, "int4", notes.append) == ({}, [])
+    assert any("no fused CPU graph" in n for n in notes)  # the build goes on with the contract graph

@@ -127,6 +127,22 @@ def _large_candidates(fused: _Graph, source: _Graph, name: str) -> list[str]:
     return [s for s in same_shape if source.content_key(s) == key]
 
 
+WEIGHT_READERS = {"MatMul": 1, "Gemm": 1, "Gather": 0}  # operator -> the input that holds a weight
+
+
+def _check_weights_matched(fused: _Graph, pairs: dict[str, str]) -> None:
+    """Every weight the fused graph multiplies by or gathers from must be a contract weight: one that is not would
+    stay fp32 (and unquantized) in a graph the manifest calls quantized."""
+    for node in fused.model.graph.node:
+        position = WEIGHT_READERS.get(node.op_type)
+        if position is None or position >= len(node.input):
+            continue
+        name = node.input[position]
+        init = fused.inits.get(name)
+        if init is not None and len(init.dims) == 2 and init.data_type == TensorProto.FLOAT and name not in pairs:
+            raise UnsupportedError(f"the fused graph's {name} is none of the contract graph's weights")
+
+
 def region(graph: _Graph, outputs: list[str], boundary: set[str], foreign: set[str]) -> list[onnx.NodeProto]:
     """The nodes of `graph` that compute `outputs` from the `boundary` tensors and initializers, in graph order.
     `foreign`: tensors of the rest of the graph; reaching one means the region is not self-contained."""
@@ -168,6 +184,7 @@ class CpuGraphRewriter:
     def rewrite(self, fused: _Graph) -> onnx.ModelProto:
         """The fused graph with every reader of a quantized weight replaced (a new ModelProto)."""
         pairs = match_weights(fused, self.source)
+        _check_weights_matched(fused, pairs)
         quantized_away = {f for f, s in pairs.items() if s not in self.quantized.inits}
         self._readers_used = {}
         self._emitted_constants: set[str] = set()
