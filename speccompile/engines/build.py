@@ -26,7 +26,7 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
-from .cpu_graph import quantized_cpu_graphs
+from .cpu_graph import quantized_cpu_graphs, reads_files
 from .int8_weights import check_int8_options
 from .methods import MethodOptions, apply_methods, calibrated_tensors, quantized_groups
 from .qad import QadOptions, QadResult
@@ -341,7 +341,8 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     # ONNX-only build keeps the others (draft model, heads: weights the build does not change).
     fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("variant_of")}
     target_file = manifest.graph("target").file
-    cpu_specs = {name: g for name, g in fused.items() if options.onnx_only and g.extra["variant_of"] != target_file}
+    cpu_specs = {name: g for name, g in fused.items() if options.onnx_only and g.extra["variant_of"] != target_file
+                 and not reads_files(src, g, _graph_files(manifest, target_file))}
     fused_files = {f for name, g in fused.items() if name not in cpu_specs for f in _graph_files(manifest, g.file)}
     for name in fused:
         del manifest.graphs[name]

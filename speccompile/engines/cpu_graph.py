@@ -278,6 +278,12 @@ class CpuGraphRewriter:
         return constant
 
 
+def reads_files(directory: Path, spec: GraphSpec, files: list[str]) -> bool:
+    """Whether graph `spec` of the artifact in `directory` reads external data from any of `files`."""
+    graph = onnx.load(str(Path(directory) / spec.file), load_external_data=False)
+    return any(stored is not None and stored.location in files for stored in map(external_location, graph.graph.initializer))
+
+
 PACKED_SCHEMES = ("int4", "int8")  # weights MatMulNBits takes (FP8 / NVFP4 codes are not integers on a grid)
 
 
