@@ -261,7 +261,26 @@ def print_table(workload: str, summary: dict, workers: dict) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
 
 
+def start_workers(args, gguf: Path, paths: dict[str, Path], precisions: list[str]) -> tuple[dict, dict]:
+    """One worker per engine: llama.cpp plain and prompt lookup, ours per artifact (plain and n-gram modes)."""
+    me = [sys.executable, str(Path(__file__).resolve()), "--threads", str(args.threads)]
+    workers, modes = {}, {}
+    for mode in ("plain", "lookup"):
+        workers[f"llama.cpp {mode}"] = Worker(f"llama.cpp {mode}", [
+            str(args.llamacpp_python), str(Path(__file__).resolve()), "--worker", "llamacpp", "--mode", mode, "--gguf", str(gguf),
+            "--threads", str(args.threads), "--lookup-ngram", str(args.lookup_ngram), "--lookup-tokens", str(args.lookup_tokens)])
+        modes[f"llama.cpp {mode}"] = [mode]
+    for precision in precisions:
+        workers[f"ours {precision}"] = Worker(precision, [*me, "--worker", "ours", "--artifact", str(paths[precision])])
+        modes[f"ours {precision}"] = ["none", "ngram"]
+    if args.head_artifact:
+        workers["ours head"] = Worker("head", [*me, "--worker", "ours", "--artifact", str(args.head_artifact)])
+        modes["ours head"] = ["none", workers["ours head"].info["drafter"]]
+    return workers, modes
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The run, top to bottom (over 60 lines: the options, then one interleaved loop that reads as the protocol)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--workload", action="append", type=Path, help="JSONL workload (repeatable; default: copy and chat)")
     ap.add_argument("--limit", type=int, default=None, help="first N prompts of each workload")
@@ -293,19 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = ensure_artifacts(args.cache_dir, gguf, precisions)
     start = uptime()
     log(f"uptime at start: {start}")
-    me = [sys.executable, str(Path(__file__).resolve()), "--threads", str(args.threads)]
-    workers, modes = {}, {}
-    for mode in ("plain", "lookup"):
-        workers[f"llama.cpp {mode}"] = Worker(f"llama.cpp {mode}", [
-            str(args.llamacpp_python), str(Path(__file__).resolve()), "--worker", "llamacpp", "--mode", mode, "--gguf", str(gguf),
-            "--threads", str(args.threads), "--lookup-ngram", str(args.lookup_ngram), "--lookup-tokens", str(args.lookup_tokens)])
-        modes[f"llama.cpp {mode}"] = [mode]
-    for precision in precisions:
-        workers[f"ours {precision}"] = Worker(precision, [*me, "--worker", "ours", "--artifact", str(paths[precision])])
-        modes[f"ours {precision}"] = ["none", "ngram"]
-    if args.head_artifact:
-        workers["ours head"] = Worker("head", [*me, "--worker", "ours", "--artifact", str(args.head_artifact)])
-        modes["ours head"] = ["none", workers["ours head"].info["drafter"]]
+    workers, modes = start_workers(args, gguf, paths, precisions)
     engines = [w if w.startswith("llama.cpp") else f"{w} {'plain' if m == 'none' else m}" for w, ms in modes.items() for m in ms]
     from speccompile.manifest import read_manifest
     from speccompile.tokenizer import TextTokenizer
