@@ -26,6 +26,8 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest
 from ..onnx_versions import save_model
 from . import config as cfg
+from .cpu_graph import quantized_cpu_graphs, reads_files
+from .int8_weights import check_int8_options
 from .methods import MethodOptions, apply_methods, calibrated_tensors, quantized_groups
 from .qad import QadOptions, QadResult
 from .quantize import DEFAULT_EXCLUDE, QuantOptions, activation_tensors, quantize_model, quantized_tables
@@ -40,6 +42,7 @@ RUNS_ON = {
     "fp8": ["ort-cpu", "ort-trt", "tensorrt"],
     "int4": ["ort-cpu", "ort-trt", "tensorrt"],
     "nvfp4": ["tensorrt", "ort-trt"],
+    "int8": ["ort-cpu"],  # blocked INT8 weights (engines/int8_weights.py): TensorRT documents block scales for INT4 only
 }
 
 
@@ -90,6 +93,8 @@ class BuildOptions:
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
+        if self.precision == "int8":
+            check_int8_options(self)
         self.qad.validate(QuantOptions(self.precision, weight_only=self.weight_only).defaults_key)
         if self.weight_only:
             if self.precision == "none":
@@ -331,10 +336,14 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
     manifest.graph("target")  # must exist
     # ONNX Runtime CPU variants (*.ort.onnx: the fused target, int8/int4 heads) share the exported weights
-    # files and use com.microsoft operators: TensorRT cannot build them and quantizing the target would
-    # leave them stale, so drop them.
+    # files and use com.microsoft operators: TensorRT cannot build them, and quantizing the target leaves its
+    # variants stale, so they leave the TensorRT steps. The target's come back packed (engines/cpu_graph.py); an
+    # ONNX-only build keeps the others (draft model, heads: weights the build does not change).
     fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("variant_of")}
-    fused_files = {f for g in fused.values() for f in _graph_files(manifest, g.file)}
+    target_file = manifest.graph("target").file
+    cpu_specs = {name: g for name, g in fused.items() if options.onnx_only and g.extra["variant_of"] != target_file
+                 and not reads_files(src, g, _graph_files(manifest, target_file))}
+    fused_files = {f for name, g in fused.items() if name not in cpu_specs for f in _graph_files(manifest, g.file)}
     for name in fused:
         del manifest.graphs[name]
 
@@ -376,6 +385,9 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
             new.graphs["target"] = dataclasses.replace(spec, dtype=f"{spec.dtype}+{options.precision}", extra={**spec.extra, "quantization": options.precision})
             replaced = set(_graph_files(manifest, spec.file))
             files += [spec.file, spec.file + ".data"]
+            packed, cpu_files = quantized_cpu_graphs(src, fused, spec, tmp, options.precision, progress)
+            cpu_specs.update(packed)
+            files += cpu_files
         progress("copying the other files (tokenizer, drafter graphs)")
         for name in manifest.files:  # everything else listed in the source manifest, unchanged
             if name not in replaced and name not in fused_files:
@@ -410,6 +422,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
                 new.graphs[name] = dataclasses.replace(new.graphs[name], extra={**new.graphs[name].extra, "engine": plan_file})
                 files.append(plan_file)
             new.engine = cfg.engine_section(trt.__version__, gpu[0], gpu[1], plans, build_config, profiles)
+        new.graphs.update(cpu_specs)  # after the TensorRT steps (com.microsoft operators)
         new.created_by = f"speccompile {__version__} (build)"
         new.model = {**new.model, "built_from": str(src)}
         progress("checksumming files")

@@ -105,18 +105,25 @@ def quantize_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None =
 
     `clip` [K // block, N] (ratios <= 1) shrinks each block's range: values beyond it saturate.
     `scale` [K // block, N]: use these scales (a grid chosen before, e.g. by GPTQ) instead."""
+    return quantize_symmetric_blockwise(w, block, INT4_MAX, -8, 7, clip, scale)
+
+
+def quantize_symmetric_blockwise(w: np.ndarray, block: int, qmax: float, low: int, high: int, clip: np.ndarray | None = None,
+                                 scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] -> (int8 codes in [low, high], float32 scales amax / qmax [K // block, N]); blocks along axis 0
+    (`clip`, `scale`: as quantize_int4_blockwise)."""
     w = np.asarray(w, dtype=np.float32)
     k, n = w.shape
     if k % block:
-        raise ValueError(f"K={k} is not a multiple of the INT4 block size {block}")
+        raise ValueError(f"K={k} is not a multiple of the block size {block}")
     blocks = w.reshape(k // block, block, n)
     if scale is None:
         amax = np.abs(blocks).max(axis=1)
         if clip is not None:
             amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
-        scale = safe_scale(amax, INT4_MAX)  # [K/B, N]
+        scale = safe_scale(amax, qmax)  # [K/B, N]
     scale = np.asarray(scale, np.float32)
-    q = np.clip(np.rint(blocks / scale[:, None, :]), -8, 7).astype(np.int8).reshape(k, n)
+    q = np.clip(np.rint(blocks / scale[:, None, :]), low, high).astype(np.int8).reshape(k, n)
     return q, scale
 
 

@@ -53,8 +53,10 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import InputError, UnsupportedError
 from . import numerics as nx
 from .gptq import GridScales
+from .int8_weights import INT8_BLOCK, quantize_int8_blockwise
 
-SCHEMES = ("fp8", "int4", "nvfp4")
+SCHEMES = ("fp8", "int4", "nvfp4", "int8")
+WEIGHT_ONLY_SCHEMES = ("int4", "int8")  # no activation quantization whatever --weight-only says
 DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
 LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py)
 OFFSET_SUFFIXES = (".block_sum", ".block_offset")  # the offset branch of a weight on an asymmetric source grid
@@ -84,12 +86,12 @@ class QuantOptions:
     @property
     def quantizes_activations(self) -> bool:
         """Whether quantized MatMuls get an activation Q/DQ (fp8, nvfp4; not INT4 or a weight-only build)."""
-        return self.scheme != "int4" and not self.weight_only
+        return self.scheme not in WEIGHT_ONLY_SCHEMES and not self.weight_only
 
     @property
     def defaults_key(self) -> str:
         """Which per-scheme method defaults apply (engines/gptq.py): a weight-only build has its own."""
-        return f"{self.scheme}-weight-only" if self.weight_only and self.scheme != "int4" else self.scheme
+        return f"{self.scheme}-weight-only" if self.weight_only and self.scheme not in WEIGHT_ONLY_SCHEMES else self.scheme
 
     @property
     def head_activation_quantized(self) -> bool:
@@ -124,7 +126,7 @@ class QuantReport:
             "activation_tensors": len(self.activations),
         }
         if self.blocks:
-            out["int4_block_sizes"] = sorted(set(self.blocks.values()))
+            out[f"{'int8' if self.scheme == 'int8' else 'int4'}_block_sizes"] = sorted(set(self.blocks.values()))
         if self.tables:
             out["tables"] = dict(sorted(self.tables.items()))
         if self.source_grid:
@@ -303,6 +305,9 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
                 report.excluded.append(weight)
             continue
         k = inits[weight].dims[0]
+        if scheme == "int8" and k % INT8_BLOCK:
+            report.skipped[weight] = f"K={k} is not a multiple of {INT8_BLOCK}"
+            continue
         if scheme == "int4" and nx.pick_block(k, options.int4_block) is None:
             report.skipped[weight] = f"K={k} has no power-of-two block >= 16 dividing it"
             continue
@@ -343,6 +348,13 @@ def quantize_model(model: onnx.ModelProto, options: QuantOptions, act_amax: dict
             qn = add_init(_raw_tensor(_unique(f"{weight}_fp8", taken), TensorProto.FLOAT8E4M3FN, q.shape, q.view(np.uint8).tobytes()))
             sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
             new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=1))
+        elif scheme == "int8":  # engines/int8_weights.py: blocks of 32 along K (or the source grid's)
+            block = grid.block if grid is not None and grid.block else INT8_BLOCK
+            report.blocks[weight] = block
+            q, scale = quantize_int8_blockwise(w, block, grid.scale if grid is not None and grid.block else None)
+            qn = add_init(numpy_helper.from_array(q, _unique(f"{weight}_int8", taken)))
+            sn = add_init(numpy_helper.from_array(scale.astype(np_float), _unique(f"{weight}_scale", taken)))
+            new_nodes.append(helper.make_node("DequantizeLinear", [qn, sn], [out], name=f"{weight}/DequantizeLinear", axis=0, block_size=block))
         elif scheme == "int4":
             block = grid.block if grid is not None and grid.block else nx.pick_block(k, options.int4_block)
             report.blocks[weight] = block

@@ -12,7 +12,7 @@ INT4 build keeps 0.77 top-1 of it); storing the codes it already has loses nothi
     and column: W = DQ(c) + E O with E [K, K/B] the 0/1 matrix that sums each block's inputs and O [K/B, N]
     the offsets, so the MatMul becomes x DQ(c) + (x E) O, a small float16 side branch (TensorRT's
     DequantizeLinear takes no non-zero zero point, ONNX's takes integers only).
-  * INT8 embedding tables (T [V, H], blocks along H): symmetric codes in [-127, 127] with one step per block
+  * INT8 MatMul weights of an INT8 build (blocks along K, Q8_0) and INT8 embedding tables (T [V, H], blocks along H): symmetric codes in [-127, 127] with one step per block
     (Q8_0), stored as a blocked INT8 DequantizeLinear.
 
 A weight counts as on a grid when every value is within GRID_TOLERANCE of its block's range of d c + m; the
@@ -113,16 +113,23 @@ def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
     return None
 
 
+def find_int8_grid(w: np.ndarray) -> GridScales | None:
+    """The symmetric INT8 block grid a MatMul weight W [K, N] is on (blocks along K: a Q8_0 weight), or None."""
+    return find_int8_table_grid(np.asarray(w).T)  # the table test reads T [V, H] as T^T [H, V], blocks along axis 0
+
+
 def source_grids(model: onnx.ModelProto, options: QuantOptions) -> dict[str, GridScales]:
     """weight (or embedding table) -> the grid it is already on, for the weights the Q/DQ pass will quantize:
-    INT4 MatMul weights of an INT4 build, and embedding tables stored INT8 (`--table-format int8`)."""
+    INT4 MatMul weights of an INT4 build, INT8 ones (Q8_0) of an INT8 build, and embedding tables stored INT8
+    (`--table-format int8`)."""
     inits = {i.name: i for i in model.graph.initializer}
     grids: dict[str, GridScales] = {}
-    if options.scheme == "int4":
+    find = {"int4": find_int4_grid, "int8": find_int8_grid}.get(options.scheme)
+    if find is not None:
         for _index, _act, weight in weight_matmuls(model):
             if weight in grids or is_excluded(weight, options.exclude):
                 continue
-            grid = find_int4_grid(numpy_helper.to_array(inits[weight]))
+            grid = find(numpy_helper.to_array(inits[weight]))
             if grid is not None:
                 grids[weight] = grid
     if options.table_format == "int8":
