@@ -5,7 +5,6 @@ tests/test_quantized_exact.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 
 import numpy as np

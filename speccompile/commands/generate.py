@@ -158,7 +158,7 @@ def constraint_from_flags(json_schema_file: Path | None, regex: str | None, gram
             return ConstraintSpec("regex", value).validate(), label
         return ConstraintSpec("choice", tuple(value)).validate(), label
     except InputError as exc:
-        raise InputError(exc.naming(label)) from None
+        raise InputError(exc.naming(dict.fromkeys(exc.fields, label))) from None
 
 
 def compile_for_run(artifact: Path, spec: ConstraintSpec | None, label: str):
@@ -170,7 +170,7 @@ def compile_for_run(artifact: Path, spec: ConstraintSpec | None, label: str):
     try:
         return compiler_for(artifact).compile(spec)
     except InputError as exc:
-        raise InputError(exc.naming(label)) from None
+        raise InputError(exc.naming(dict.fromkeys(exc.fields, label))) from None
 
 
 def _print_json_line(data: dict) -> None:
