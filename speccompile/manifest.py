@@ -110,10 +110,12 @@ class Manifest:
         tmp.replace(path)
         return path
 
-    def record_files(self, directory: Path, names: list[str]) -> None:
-        """Store the sha256 of each named file (relative to `directory`)."""
+    def record_files(self, directory: Path, names: list[str], known: dict[str, str] | None = None) -> None:
+        """Store the sha256 of each named file (relative to `directory`); `known`: digests computed while the
+        files were written (name -> hex), used instead of reading those files again."""
+        known = known or {}
         for name in names:
-            self.files[name] = sha256_of(Path(directory) / name)
+            self.files[name] = known[name] if name in known else sha256_of(Path(directory) / name)
 
     def graph(self, name: str) -> GraphSpec:
         if name not in self.graphs:

@@ -106,7 +106,7 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
     reverse = {v: k for k, v in _GGUF_NAMES.items()}
     block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
     for name, tensor in loaded.weights.items():
-        stored = tensor.numpy().astype(np.float32)
+        stored = np.array(tensor, dtype=np.float32)
         if name in reverse:
             gname = reverse[name]
         else:
