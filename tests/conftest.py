@@ -143,6 +143,19 @@ def export_as_gguf(root: Path, folder: Path, drafter: str | None = None, dtype: 
     return root / "exported"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def verified_files_cache(tmp_path_factory):
+    """manifest.VerifiedFiles keeps its digests in a folder of the test session, not the user's cache
+    (subprocesses inherit the variable)."""
+    before = os.environ.get("SPECCOMPILE_CACHE_DIR")
+    os.environ["SPECCOMPILE_CACHE_DIR"] = str(tmp_path_factory.mktemp("speccompile-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SPECCOMPILE_CACHE_DIR", None)
+    else:
+        os.environ["SPECCOMPILE_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_hf_model(tmp_path_factory.mktemp("tiny") / "llama")

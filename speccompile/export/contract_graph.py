@@ -70,6 +70,7 @@ class _Graph:
     cos: str = ""
     sin: str = ""
     bias: str = ""
+    padded_bias: str = ""  # the bias with its last row repeated, made by the first layer that needs it
 
     @property
     def elem(self) -> int:
@@ -197,7 +198,8 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
     bias = g.bias
     if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
-        qg, bias = _with_last_row(g, s, qg), _with_last_row(g, s, bias)
+        qg = _with_last_row(g, s, qg)
+        g.padded_bias = bias = g.padded_bias or _with_last_row(g, s, bias)  # computed once, as the tracer merged it
     scores = b.one(s, "MatMul", [qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2])])
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, 1.0 / math.sqrt(dim), "float32")])
     probs = b.one(s, "Softmax", [b.one(s, "Add", [scores, bias])], axis=-1)

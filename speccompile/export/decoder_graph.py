@@ -9,19 +9,16 @@ the head, pointing at the same weight bytes), so the check's memory does not gro
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from ..manifest import GraphSpec
 from ..weights_file import WeightsWriter
 from .contract_graph import build_contract_graph
-from .onnx_export import check_graph, graph_interface, save_graph
+from .onnx_export import check_graph_bounded, graph_interface, save_graph
 from .recipes import DTYPES, DecoderWeights, check_weights
 from .weight_store import WeightStore
 
 __all__ = ["DTYPES", "DecoderWeights", "export_decoder"]
-
-ORT_CHECK_BYTES = 1 << 30  # weights up to this size: ONNX Runtime loads the graph itself; above: the probe
 
 
 def export_decoder(model: DecoderWeights, path: Path, role: str, dtype: str = "fp32",
@@ -37,11 +34,8 @@ def export_decoder(model: DecoderWeights, path: Path, role: str, dtype: str = "f
     digests = {} if digests is None else digests
     digests[data.name] = writer.sha256
     digests[path.name] = save_graph(graph, path)
-    if writer.size <= ORT_CHECK_BYTES:
-        check_graph(path)
-    else:
-        check_graph(path, load=False)
-        _check_probe(model, store, path, dtype)
+    probe = WeightStore(model.source, None, shared=store.written)
+    check_graph_bounded(path, graph, lambda: build_contract_graph(model.first_layer(), probe, dtype, layers=1))
     inputs, outputs = graph_interface(path)
     cfg = model.config
     return GraphSpec(
@@ -56,13 +50,3 @@ def export_decoder(model: DecoderWeights, path: Path, role: str, dtype: str = "f
         hidden_states=model.hidden_states,
         extra={"aux_layers": list(model.aux_layers)} if model.hidden_states == "eagle3" else {},
     )
-
-
-def _check_probe(model: DecoderWeights, written: WeightStore, path: Path, dtype: str) -> None:
-    """ONNX Runtime loads a one-layer graph of the same builder over the same weight bytes (the embedding, the
-    first layer, the norm and the head: every kind of node and weight the full graph has)."""
-    store = WeightStore(model.source, None, shared=written.written)
-    probe = build_contract_graph(model, store, dtype, layers=1)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".probe-{path.stem}-", suffix=".onnx") as fh:
-        save_graph(probe, Path(fh.name))
-        check_graph(Path(fh.name))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -154,6 +154,31 @@ def _name_weights(model: onnx.ModelProto) -> None:
         for i, name in enumerate(node.input):
             if name in renames:
                 node.input[i] = renames[name]
+
+
+ORT_CHECK_BYTES = 1 << 30  # weights up to this size: ONNX Runtime loads the graph itself; above: a probe
+
+
+def check_graph_bounded(path: Path, model: onnx.ModelProto, probe: Callable[[], onnx.ModelProto]) -> None:
+    """`check_graph` whose memory does not grow with the model: when the weights `model` (the graph saved at
+    `path`) refers to pass ORT_CHECK_BYTES, ONNX Runtime loads `probe()` instead, a graph of the same builder
+    with one layer over the same weight bytes (saved beside `path` for the check, then deleted)."""
+    import tempfile
+
+    if external_bytes(model) <= ORT_CHECK_BYTES:
+        check_graph(path)
+        return
+    check_graph(path, load=False)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".probe-{path.stem}-", suffix=".onnx") as fh:
+        save_graph(probe(), Path(fh.name))
+        check_graph(Path(fh.name))
+
+
+def external_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the external weights a graph refers to."""
+    from ..weights_file import external_location
+
+    return sum(where.length for t in model.graph.initializer if (where := external_location(t)) is not None)
 
 
 def check_graph(path: Path, load: bool = True) -> None:

@@ -47,7 +47,7 @@ from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
 from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, Nodes, OneRowPadding, SlotInputs, head_norm, rms_norm, skip_norm
 from .graph_builder import value
-from .onnx_export import check_graph, graph_interface, save_graph
+from .onnx_export import check_graph_bounded, graph_interface, save_graph
 from .recipes import ELEM, EMBED, FINAL_NORM, LM_HEAD, DecoderWeights, Recipe, layer_recipe, np_dtype
 from .weight_store import WeightStore, stored_by_recipe
 
@@ -122,11 +122,14 @@ def export_fused_variant(model: DecoderWeights, contract: GraphSpec, directory: 
         files.append(own.name)
     else:
         own.unlink()
+    probe = WeightStore(model.source, None, shared={**shared, **store.written})
     specs = []
     for graph_path, graph in zip(paths, graphs):
         digests[graph_path.name] = save_graph(graph, graph_path)
-        check_graph(graph_path)
-        specs.append(_spec(contract, graph_path, target, kv_capacity, slots if graph_path != path else 0))
+        graph_slots = slots if graph_path != path else 0
+        check_graph_bounded(graph_path, graph, lambda: build_fused_graph(model.first_layer(), probe, kv_capacity, target, contract.dtype,
+                                                                         slots=graph_slots, layers=1))
+        specs.append(_spec(contract, graph_path, target, kv_capacity, graph_slots))
     return specs, files
 
 
@@ -178,9 +181,10 @@ class _Fused:
 
 
 def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: int, target: str = "cpu",
-                      dtype: str = "fp32", slots: int = 0) -> onnx.ModelProto:
+                      dtype: str = "fp32", slots: int = 0, layers: int | None = None) -> onnx.ModelProto:
     """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
-    `slots` (cpu): the slotted form, one GroupQueryAttention per slot (`SlotInputs`)."""
+    `slots` (cpu): the slotted form, one GroupQueryAttention per slot (`SlotInputs`). `layers`: only the first
+    that many decoder layers (the probe of the ONNX Runtime load check)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target}")
     f = _Fused(model, store, dtype, target)
@@ -190,7 +194,8 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     slot_inputs = SlotInputs(f.n, f.const, slots) if slots else None
     padding = OneRowPadding(f.n, f.const) if target == "cpu" and not slots else None
     residual, mlp_out, taps, presents = x, None, [], []
-    for i in range(model.config.num_hidden_layers):
+    count = model.config.num_hidden_layers if layers is None else layers
+    for i in range(count):
         gamma = f.layer_weight(i, "input_layernorm.weight", "input_norm")
         if mlp_out is None:
             h = rms_norm(f.n, x, gamma, model.config.rms_norm_eps, f.const, f"layers.{i}", f.elem)
@@ -208,7 +213,7 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)
     inputs = slot_inputs.values() if slot_inputs is not None else _pass_inputs(target)
     cache_shape = [1 if slots else BATCH, model.config.num_key_value_heads, "kv_capacity", model.config.head_dim]
-    for i in range(model.config.num_hidden_layers):
+    for i in range(count):
         for b in range(slots or 1):
             past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
             inputs += [value(f"{past}.{kind}", f.elem, cache_shape) for kind in ("key", "value")]

@@ -10,10 +10,11 @@ from typing import Callable
 from .. import __version__
 from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError
-from ..manifest import Manifest
+from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
+from .output_size import check_disk_space, drafter_estimate, estimate_export_bytes
 
 Progress = Callable[[str], None]
 
@@ -64,12 +65,16 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     out = Path(out)
     started = time.time()
+    progress(f"loading {model_name}")
+    model = load_model(model_name)  # the file headers: the weights are read while the graphs are written
+    cfg = model.config
+    max_context = options.max_context or cfg.max_position_embeddings
+    drafter = drafter_estimate(model, options.dtype, request.kind if request else None, request.path if request else None)
+    needed = estimate_export_bytes(model, options.dtype, max_context + options.max_verify_tokens, options.fused_cpu_graph,
+                                   options.gpu_graph, drafter)
     with atomic_output(out, options.force) as tmp:
-        progress(f"loading {model_name}")
-        model = load_model(model_name)
+        check_disk_space(tmp, needed, flag=f"--out {out}")  # where the files will be, before any is written
         model.hash_in_background()
-        cfg = model.config
-        max_context = options.max_context or cfg.max_position_embeddings
         progress("writing tokenizer")
         tokenizer_files = model.write_tokenizer(tmp)
         progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
@@ -119,6 +124,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         progress("checksumming files")
         manifest.record_files(tmp, [f for f in files if (tmp / f).exists()], known=digests)
         manifest.write(tmp)
+    remember_verified(out, {name: digests[name] for name in manifest.files if name in digests})  # `run` need not re-read them
     progress(f"done in {time.time() - started:.1f}s")
     return manifest
 

@@ -63,6 +63,10 @@ class DecoderWeights:
     def tied(self) -> bool:
         return self.config.tie_word_embeddings
 
+    def first_layer(self) -> "DecoderWeights":
+        """This decoder as its probe sees it: a one-layer graph whose EAGLE-3 tap (if any) is layer 0's input."""
+        return DecoderWeights(self.config, self.source, self.hidden_states, (0,))
+
 
 # --------------------------------------------------------------------------------- the checkpoint's names
 
