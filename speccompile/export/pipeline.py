@@ -56,6 +56,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
     check_artifact_output(out, options.force)
 
+    import torch  # noqa: F401 - the weight transposes; an install without it fails here, before any work
+
     from ..models.config import HIDDEN_STATE_MODES
     from .decoder_graph import DTYPES, DecoderWeights, export_decoder
 
