@@ -161,10 +161,11 @@ def timed(cmd: list[str], env: dict | None = None) -> dict:
     """Run `cmd` under /usr/bin/time: wall and CPU seconds, peak RSS (GB), exit code, last output line."""
     fmt = "@@time %e %U %S %M"
     result = subprocess.run(["/usr/bin/time", "-f", fmt, *cmd], capture_output=True, text=True, env=env)
-    line = next(l for l in reversed(result.stderr.splitlines()) if l.startswith("@@time"))
-    wall, user, system, rss_kb = line.split()[1:]
+    lines = result.stderr.splitlines()
+    wall, user, system, rss_kb = next(l for l in reversed(lines) if l.startswith("@@time")).split()[1:]
+    errors = [l for l in lines if l.startswith("error:")] or [l for l in lines if l.strip() and not l.startswith("@@time")][-1:]
     return {"wall_s": float(wall), "cpu_s": float(user) + float(system), "peak_rss_gb": int(rss_kb) / 1e6,
-            "rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr[-2000:]}
+            "rc": result.returncode, "stdout": result.stdout, "error": errors[-1] if errors else ""}
 
 
 def floor(checkpoint: Path, out: Path, dtype: str) -> None:
@@ -243,7 +244,7 @@ def run_speed(artifact: Path, tokens: int = 32) -> dict:
 def _slim(result: dict) -> dict:
     out = {k: result[k] for k in ("wall_s", "cpu_s", "peak_rss_gb", "rc")}
     if result["rc"] != 0:
-        out["error"] = result["stderr"].strip().splitlines()[-1] if result["stderr"].strip() else "?"
+        out["error"] = result["error"]
     return out
 
 
