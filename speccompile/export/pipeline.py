@@ -10,10 +10,11 @@ from typing import Callable
 from .. import __version__
 from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError
-from ..manifest import Manifest
+from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
+from .output_size import check_disk_space, drafter_estimate, estimate_export_bytes
 
 Progress = Callable[[str], None]
 
@@ -37,8 +38,63 @@ class ExportOptions:
 
 def export_artifact(model_name: str, out: Path, options: ExportOptions, progress: Progress = lambda _: None) -> Manifest:
     """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded.
-    Every option and path is checked first, before torch is even imported (a bad one fails in about a second)."""
-    from ..models.load import load_model, resolve_model_path
+    Every option and path is checked first, before torch is even imported (a bad one fails in about a second);
+    the disk space the output needs is checked before any weight is written."""
+    from ..models.load import load_model
+
+    request, hidden = _checked_options(model_name, out, options)
+    from .decoder_graph import DecoderWeights, export_decoder
+
+    out = Path(out)
+    started = time.time()
+    progress(f"loading {model_name}")
+    model = load_model(model_name)  # the file headers: the weights are read while the graphs are written
+    cfg = model.config
+    max_context = options.max_context or cfg.max_position_embeddings
+    drafter = drafter_estimate(model, options.dtype, request.kind if request else None, request.path if request else None)
+    needed = estimate_export_bytes(model, options.dtype, max_context + options.max_verify_tokens, options.fused_cpu_graph,
+                                   options.gpu_graph, drafter)
+    with atomic_output(out, options.force) as tmp:
+        check_disk_space(tmp, needed, flag=f"--out {out}")  # where the files will be, before any is written
+        model.hash_in_background()
+        progress("writing tokenizer")
+        tokenizer_files = model.write_tokenizer(tmp)
+        progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
+        digests: dict[str, str] = {}
+        target = DecoderWeights(cfg, model.weights, hidden)
+        graphs = {"target": export_decoder(target, tmp / "target.onnx", "target", options.dtype, digests)}
+        files = ["target.onnx", "target.onnx.data", *tokenizer_files]
+        _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
+        if options.fused_cpu_graph:
+            files += add_fused_variant(target, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
+                                       slots=options.batch_slots, digests=digests)
+        if options.gpu_graph and options.dtype != "fp32":  # fp32: no CUDA GroupQueryAttention kernel
+            files += add_fused_variant(target, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
+                                       target="cuda", digests=digests)
+        drafter_section = None
+        if request is not None:
+            request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
+            request.draft_cpu_weights = options.draft_cpu_weights
+            progress(f"exporting drafter {request.kind}")
+            exported = export_drafter(request, model, tmp, options.dtype, digests)
+            graphs.update(exported.graphs)
+            files += exported.files
+            drafter_section = exported.manifest
+        manifest = _manifest(model_name, model, graphs, max_context, options, tokenizer_files, drafter_section)
+        progress("checksumming files")
+        manifest.record_files(tmp, [f for f in files if (tmp / f).exists()], known=digests)
+        manifest.write(tmp)
+    remember_verified(out, {name: digests[name] for name in manifest.files if name in digests})  # `run` need not re-read them
+    progress(f"done in {time.time() - started:.1f}s")
+    return manifest
+
+
+def _checked_options(model_name: str, out: Path, options: ExportOptions) -> tuple[DrafterRequest | None, str]:
+    """Every option and path checked (InputError naming the flag); returns the drafter request and the target's
+    hidden-state outputs. Imports torch last: an install without it fails here too, before any work."""
+    from ..models.config import HIDDEN_STATE_MODES
+    from ..models.load import resolve_model_path
+    from .recipes import DTYPES
 
     if options.draft_cpu_weights not in DRAFT_WEIGHTS:
         raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
@@ -54,70 +110,41 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     if needed != "none" and hidden != needed:
         raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
     check_artifact_output(out, options.force)
-
-    from ..models.decoder import HIDDEN_STATE_MODES, build_decoder  # torch from here on
-    from .decoder_graph import DTYPES, export_decoder
-
     if options.dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
     if hidden not in HIDDEN_STATE_MODES:
         raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
-    out = Path(out)
-    started = time.time()
-    with atomic_output(out, options.force) as tmp:
-        progress(f"loading {model_name}")
-        model = load_model(model_name)
-        cfg = model.config
-        max_context = options.max_context or cfg.max_position_embeddings
-        progress("writing tokenizer")
-        tokenizer_files = model.write_tokenizer(tmp)
-        progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
-        decoder = build_decoder(cfg, model.weights, hidden)
-        graphs = {"target": export_decoder(decoder, tmp / "target.onnx", role="target", dtype=options.dtype)}
-        files = ["target.onnx", "target.onnx.data", *tokenizer_files]
-        _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
-        if options.fused_cpu_graph:
-            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
-                                       slots=options.batch_slots)
-        if options.gpu_graph and options.dtype != "fp32":  # fp32: no CUDA GroupQueryAttention kernel
-            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens, target="cuda")
-        drafter_section = None
-        if request is not None:
-            request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
-            request.draft_cpu_weights = options.draft_cpu_weights
-            progress(f"exporting drafter {request.kind}")
-            exported = export_drafter(request, model, tmp, options.dtype)
-            graphs.update(exported.graphs)
-            files += exported.files
-            drafter_section = exported.manifest
-        manifest = Manifest(
-            model={
-                "name": model_name,
-                "source": str(model.source),
-                "source_format": model.source_format,
-                "source_sha256": model.source_sha256,
-                "config": cfg.to_dict(),
-            },
-            graphs=graphs,
-            limits={
-                "max_context": int(max_context),
-                "max_verify_tokens": int(options.max_verify_tokens),
-                "max_batch": int(options.max_batch),
-            },
-            tokenizer={
-                "files": tokenizer_files,
-                "chat_template": model.chat_template is not None or "chat_template.jinja" in tokenizer_files,
-                "eos_token_ids": cfg.eos_token_ids,
-                "bos_token_id": cfg.bos_token_id,
-            },
-            drafter=drafter_section,
-            created_by=f"speccompile {__version__}",
-        )
-        progress("checksumming files")
-        manifest.record_files(tmp, [f for f in files if (tmp / f).exists()])
-        manifest.write(tmp)
-    progress(f"done in {time.time() - started:.1f}s")
-    return manifest
+    import torch  # noqa: F401 - the weight transposes
+
+    return request, hidden
+
+
+def _manifest(model_name: str, model, graphs: dict, max_context: int, options: ExportOptions, tokenizer_files: list[str],
+              drafter_section: dict | None) -> Manifest:
+    cfg = model.config
+    return Manifest(
+        model={
+            "name": model_name,
+            "source": str(model.source),
+            "source_format": model.source_format,
+            "source_sha256": model.source_sha256,
+            "config": cfg.to_dict(),
+        },
+        graphs=graphs,
+        limits={
+            "max_context": int(max_context),
+            "max_verify_tokens": int(options.max_verify_tokens),
+            "max_batch": int(options.max_batch),
+        },
+        tokenizer={
+            "files": tokenizer_files,
+            "chat_template": model.chat_template is not None or "chat_template.jinja" in tokenizer_files,
+            "eos_token_ids": cfg.eos_token_ids,
+            "bos_token_id": cfg.bos_token_id,
+        },
+        drafter=drafter_section,
+        created_by=f"speccompile {__version__}",
+    )
 
 
 def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:

@@ -113,6 +113,33 @@ def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:
         raise UnsupportedError(f"{directory}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no "
                                "bf16 kernels); run it on a GPU (backend ort-cuda | ort-trt | tensorrt) or export it with "
                                "--dtype fp32", "backend")
+    if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "fp16" and scheme is None:
+        _check_fp16_fits_cpu(directory, manifest)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the host can give a new process without swapping (MemAvailable; None where unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fp16_fits_cpu(artifact: Path, manifest: Manifest) -> None:
+    """ONNX Runtime's CPU provider runs an fp16 graph as fp32 (it converts every fp16 weight when the session
+    opens): refuse when that needs more memory than the host has available."""
+    data = manifest.graphs["target"].file + ".data"
+    need = 2 * (artifact / data).stat().st_size if (artifact / data).is_file() else 0
+    available = _available_memory()
+    if available is not None and need > available:
+        raise UnsupportedError(
+            f"{artifact}: an fp16 artifact runs on ort-cpu as fp32 (ONNX Runtime's CPU provider converts every fp16 "
+            f"weight): about {need / 1e9:.1f} GB, {available / 1e9:.1f} GB available here; on this CPU run an fp32 export "
+            "(export --dtype fp32) or an INT4 build of it (build --int4), or this one on a GPU (backend ort-cuda | ort-trt | tensorrt)", "backend")
 
 
 def resolve_drafter(manifest: Manifest, name: str) -> str:

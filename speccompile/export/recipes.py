@@ -1,0 +1,241 @@
+"""What each graph initializer is made of: checkpoint tensors, side by side, maybe transposed, in a dtype.
+
+A `Recipe` names the checkpoint tensors (Hugging Face names) an initializer is built from: several are
+stacked along their first axis (q/k/v, gate/up: one larger MatMul), a MatMul weight is transposed to
+[in, out], and the result is converted to the graph's dtype. Every graph of an artifact asks for its
+weights by recipe, so two graphs that need the same bytes (the contract graph and the fused CPU / GPU
+graphs) find them by recipe, without comparing bytes. `recipe_pieces` produces the bytes a slice at a time:
+a pass over a model's recipes holds one weight (and its transposed copy), never the model.
+
+`DecoderWeights` is what a decoder graph is built from: architecture, weight source and hidden-state taps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+from onnx import TensorProto
+
+from ..models.config import ModelConfig, eagle3_tap_layers
+from ..models.weights import WeightSource
+from ..weights_file import Piece
+
+DTYPES = ("fp32", "fp16", "bf16")
+ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+CHUNK_BYTES = 32 << 20  # converted bytes per piece handed to the writer
+
+
+def np_dtype(dtype: str):
+    """numpy dtype of an export dtype name (ml_dtypes' bfloat16 for bf16)."""
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype({"fp32": np.float32, "fp16": np.float16}[dtype])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """An initializer made of checkpoint tensors `sources` stacked on axis 0, transposed or not, in `dtype`."""
+
+    sources: tuple[str, ...]
+    transpose: bool
+    dtype: str
+
+
+@dataclass
+class DecoderWeights:
+    """A decoder to build a graph of: its architecture, its weights and which hidden states the graph returns."""
+
+    config: ModelConfig
+    source: WeightSource
+    hidden_states: str = "none"
+    aux_layers: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.aux_layers:
+            self.aux_layers = eagle3_tap_layers(self.config.num_hidden_layers)
+
+    @property
+    def tied(self) -> bool:
+        return self.config.tie_word_embeddings
+
+    def first_layer(self) -> "DecoderWeights":
+        """This decoder as its probe sees it: a one-layer graph whose EAGLE-3 tap (if any) is layer 0's input."""
+        return DecoderWeights(self.config, self.source, self.hidden_states, (0,))
+
+
+# --------------------------------------------------------------------------------- the checkpoint's names
+
+def layer_sources(i: int) -> dict[str, tuple[str, ...]]:
+    """The Hugging Face tensors of decoder layer `i`, by role."""
+    p = f"model.layers.{i}."
+    return {
+        "input_norm": (p + "input_layernorm.weight",),
+        "qkv": tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
+        "qkv_bias": tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"),
+        "q_norm": (p + "self_attn.q_norm.weight",),
+        "k_norm": (p + "self_attn.k_norm.weight",),
+        "o_proj": (p + "self_attn.o_proj.weight",),
+        "post_norm": (p + "post_attention_layernorm.weight",),
+        "gate_up": (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+        "down": (p + "mlp.down_proj.weight",),
+    }
+
+
+EMBED = ("model.embed_tokens.weight",)
+FINAL_NORM = ("model.norm.weight",)
+LM_HEAD = ("lm_head.weight",)
+TRANSPOSED = {"qkv", "o_proj", "gate_up", "down"}  # roles stored as MatMul weights [in, out]
+
+
+def layer_recipe(i: int, role: str, dtype: str) -> Recipe:
+    return Recipe(layer_sources(i)[role], role in TRANSPOSED, dtype)
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor a decoder of `config` reads, with its shape."""
+    c = config
+    h, q, kv, inter = c.hidden_size, c.num_attention_heads * c.head_dim, c.kv_dim, c.intermediate_size
+    shapes = {EMBED[0]: (c.vocab_size, h), FINAL_NORM[0]: (h,)}
+    if not c.tie_word_embeddings:
+        shapes[LM_HEAD[0]] = (c.vocab_size, h)
+    per_role = {"input_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)], "o_proj": [(h, q)], "post_norm": [(h,)],
+                "gate_up": [(inter, h), (inter, h)], "down": [(h, inter)]}
+    if c.attention_bias:
+        per_role["qkv_bias"] = [(q,), (kv,), (kv,)]
+    if c.qk_norm:
+        per_role.update(q_norm=[(c.head_dim,)], k_norm=[(c.head_dim,)])
+    for i in range(c.num_hidden_layers):
+        names = layer_sources(i)
+        for role, role_shapes in per_role.items():
+            shapes.update(zip(names[role], role_shapes))
+    return shapes
+
+
+def check_weights(config: ModelConfig, source: WeightSource) -> None:
+    """InputError unless `source` holds exactly the tensors a decoder of `config` reads, in their shapes."""
+    from ..errors import InputError
+    from ..models.weights import describe_key_mismatch
+
+    expected = expected_shapes(config)
+    names = source.names()
+    missing = [n for n in expected if n not in source]
+    unexpected = [n for n in names if n not in expected]
+    if missing or unexpected:
+        raise InputError(f"weights do not match the {config.architecture} architecture "
+                         f"({describe_key_mismatch(missing, unexpected)})")
+    wrong = [f"{n} {source.shape(n)} (expected {expected[n]})" for n in names if source.shape(n) != expected[n]]
+    if wrong:
+        raise InputError(f"weights do not match the config's shapes: {', '.join(wrong[:4])}")
+
+
+# ----------------------------------------------------------------------------------------- the bytes
+
+def recipe_shape(source: WeightSource, recipe: Recipe) -> tuple[int, ...]:
+    """The initializer's shape (checked: stacked tensors must agree on their other axes)."""
+    shapes = [source.shape(name) for name in recipe.sources]
+    rest = {s[1:] for s in shapes}
+    if len(rest) != 1:
+        raise ValueError(f"{', '.join(recipe.sources)}: shapes {shapes} cannot be stacked")
+    stacked = (sum(s[0] for s in shapes), *shapes[0][1:])
+    return tuple(reversed(stacked)) if recipe.transpose else stacked
+
+
+def recipe_nbytes(source: WeightSource, recipe: Recipe) -> int:
+    return int(np.prod(recipe_shape(source, recipe), dtype=np.int64)) * np_dtype(recipe.dtype).itemsize
+
+
+def recipe_pieces(source: WeightSource, recipe: Recipe, scratch: "TransposeScratch",
+                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[Piece]:
+    """The initializer's values in C order as consecutive `Piece`s of about `chunk_bytes` (converted bytes), each
+    converted into a buffer the weights writer lends.
+
+    A transposed recipe's tensors are transposed whole in the checkpoint's dtype into `scratch` (torch's blocked
+    transpose is ~3x faster than converting column slices; the stacked tensors side by side as column blocks,
+    never concatenated), then converted a block of rows at a time."""
+    out = np_dtype(recipe.dtype)
+    if not recipe.transpose:
+        for name in recipe.sources:
+            array = source.read(name)
+            yield from _row_pieces([array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)], out, chunk_bytes)
+        return
+    yield from _row_pieces(scratch.transposed([source.read(name) for name in recipe.sources]), out, chunk_bytes)
+
+
+def _row_pieces(parts: list[np.ndarray], out: np.dtype, chunk_bytes: int) -> Iterator[Piece]:
+    """Rows of the column blocks `parts` side by side, converted to `out`, a block of rows per piece."""
+    rows, width = len(parts[0]), sum(p.shape[1] for p in parts)
+    step = max(1, chunk_bytes // max(1, width * out.itemsize))
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+
+        def fill(buffer: np.ndarray, start: int = start, stop: int = stop) -> None:
+            target = buffer.view(out).reshape(stop - start, width)
+            column = 0
+            for part in parts:
+                convert_into(target[:, column:column + part.shape[1]], part[start:stop])
+                column += part.shape[1]
+
+        yield Piece((stop - start) * width * out.itemsize, fill)
+
+
+class TransposeScratch:
+    """One reusable buffer for the transposed tensors of a recipe (its size: the largest transposed recipe)."""
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
+
+    def transposed(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Each 2-D array transposed into the buffer (views, valid until the next call)."""
+        total = sum(a.nbytes for a in arrays)
+        if len(self._buffer) < total:
+            self._buffer = np.empty(0, np.uint8)  # the old buffer goes before the new one comes
+            self._buffer = np.empty(total, np.uint8)
+        views, offset = [], 0
+        for array in arrays:
+            rows, cols = array.shape
+            view = self._buffer[offset:offset + array.nbytes].view(array.dtype).reshape(cols, rows)
+            to_torch(view).copy_(to_torch(array).t())
+            views.append(view)
+            offset += array.nbytes
+        return views
+
+
+def convert_into(target: np.ndarray, block: np.ndarray) -> None:
+    """Write `block` into `target` (same shape) in `target`'s dtype, rounding to nearest even: torch's copy
+    kernels (one thread), about twice as fast as numpy's casts into an existing buffer, and bitwise the same
+    (tests/test_streaming_export.py)."""
+    if block.dtype == target.dtype:
+        np.copyto(target, block)
+    else:
+        to_torch(target).copy_(to_torch(block))
+
+
+def to_torch(array: np.ndarray):
+    """A torch view of a numpy array (ml_dtypes bfloat16 as torch.bfloat16); read-only maps included."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that a read-only memory map is not writable: it is not written
+        if array.dtype.name == "bfloat16":
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
+
+
+@contextlib.contextmanager
+def single_threaded_torch():
+    """torch on one thread: its copy kernels run faster so on this class of machine, and the weights writer's
+    thread hashes and writes on the other core meanwhile."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
