@@ -147,7 +147,7 @@ def _read_checkpoint(path: Path, kind: str) -> tuple[dict[str, Any], dict[str, t
 
     path = Path(path)
     if not path.exists():
-        raise InputError(f"--drafter {kind}:{path}: no such file or directory")
+        raise InputError(f"drafter {kind}:{path}: no such file or directory", "drafter")
     folder = path if path.is_dir() else path.parent
     config: dict[str, Any] = {}
     if (folder / "config.json").is_file():
@@ -163,9 +163,9 @@ def _read_checkpoint(path: Path, kind: str) -> tuple[dict[str, Any], dict[str, t
             files = [folder / "medusa_lm_head.pt"]
         if not files:
             raise InputError(
-                f"--drafter {kind}:{path}: no *.safetensors weights"
+                f"drafter {kind}:{path}: no *.safetensors weights"
                 + (" (or legacy medusa_lm_head.pt)" if kind == "medusa" else "")
-                + "; pickled .bin checkpoints are not loaded for safety"
+                + "; pickled .bin checkpoints are not loaded for safety", "drafter"
             )
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
