@@ -152,10 +152,11 @@ def _qad_options(flags: dict):
 
 
 def _excluded(quantize_lm_head: bool, exclude: tuple[str, ...]) -> tuple[str, ...]:
-    """Weight name patterns kept unquantized: the defaults (lm_head, embeddings) unless --quantize-lm-head, plus --exclude."""
-    from ..engines.quantize import DEFAULT_EXCLUDE
+    """Weight name patterns kept unquantized: BuildOptions' defaults (lm_head, embeddings) unless --quantize-lm-head,
+    plus --exclude."""
+    from ..engines.build import BuildOptions
 
-    return tuple([p for p in DEFAULT_EXCLUDE if not quantize_lm_head] + list(exclude))
+    return tuple([p for p in BuildOptions.exclude if not quantize_lm_head] + list(exclude))
 
 
 COMMANDS = [build]
