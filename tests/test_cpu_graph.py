@@ -70,8 +70,9 @@ def test_the_build_writes_and_the_runtime_opens_the_packed_graph(int4_builds, bu
     tied_heads = sum(kind == "gather+lm_head" for kind in record.get("tables", {}).values())
     assert ops["MatMulNBits"] == record["quantized_matmuls"] + tied_heads
     assert "DequantizeLinear" not in ops
-    if build == "source-grid":  # every MatMul packed; their offsets (x E) O: two fp32 MatMuls each
-        assert ops["GatherBlockQuantized"] == 1 and ops["MatMul"] == 2 * record["source_grid"]["with_offset"]
+    if build == "source-grid":  # every MatMul packed; their offsets (x E) O: a block-sum ReduceSum and a MatMul each
+        offsets = record["source_grid"]["with_offset"]
+        assert ops["GatherBlockQuantized"] == 1 and ops["MatMul"] == ops["ReduceSum"] == offsets
     else:  # the excluded lm_head stays an fp32 MatMul, the table an fp32 Gather
         assert ops["MatMul"] == len(record["excluded"]) == 1 and "GatherBlockQuantized" not in ops
     assert open_artifact(int4_builds[build], drafter="none").target.spec.file == spec.file
@@ -202,3 +203,19 @@ def test_a_fused_weight_that_is_no_contract_weight_is_refused(int4_builds, tmp_p
     shutil.copytree(int4_builds["int4"], copy)
     assert cpu_graph.quantized_cpu_graphs(src, fused, source.graph("target"), copy, "int4", notes.append) == ({}, [])
     assert any("no fused CPU graph" in n for n in notes)  # the build goes on with the contract graph
+
+
+def test_a_packed_int4_build_gets_no_runs_as_fp32_warning(int4_builds, tmp_path, capsys):
+    """The CLI warns that an INT4 target runs as fp32 on the CPU only where it has no packed CPU graph."""
+    from speccompile.commands.generate import check_artifact_backend
+
+    check_artifact_backend(int4_builds["source-grid"], "ort-cpu")
+    assert "runs as fp32" not in capsys.readouterr().err
+    bare = tmp_path / "bare"
+    shutil.copytree(int4_builds["int4"], bare)
+    manifest = read_manifest(bare)
+    for name in [n for n, spec in manifest.graphs.items() if spec.extra.get("variant_of")]:
+        del manifest.graphs[name]  # a build from before the packed graphs
+    manifest.write(bare)
+    check_artifact_backend(bare, "ort-cpu")
+    assert "runs as fp32" in capsys.readouterr().err

@@ -58,6 +58,11 @@ def test_int_builds_run_packed_on_the_cpu(quantized_with_draft, scheme):
         assert spec.extra["cpu_kernels"]["MatMulNBits"] > 0
     graphs = read_manifest(quantized_with_draft[scheme]).graphs  # the draft model's fused CPU graph stays (not quantized)
     assert any(g.extra.get("variant_of") == graphs["draft"].file for g in graphs.values()), sorted(graphs)
+    from speccompile.runtime.costs import PACKED_CPU_SLOPE, SEEDED_SLOPE
+    from speccompile.runtime.sampling import SamplingParams
+
+    seeded = Runner(quantized_with_draft[scheme], drafter="ngram").generator(SamplingParams(temperature=1.0, seed=3)).seeded_costs
+    assert seeded.slope == (PACKED_CPU_SLOPE if scheme in PACKED else SEEDED_SLOPE)  # seeded drafts priced by the graph
 
 
 def _causal(q: int) -> np.ndarray:

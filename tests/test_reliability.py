@@ -250,14 +250,15 @@ def test_bf16_export_succeeds_on_a_cpu_machine_and_run_refuses_it_on_ort_cpu(cap
         _one_error_line(err, "bf16", "ort-cpu", "--backend ort-cuda")
 
 
-def test_int4_artifact_on_ort_cpu_warns_once_that_it_is_meant_for_gpus(capsys, tmp_path, tiny_artifact):
-    built = tmp_path / "int4"
-    code, _, err = _cli(capsys, "build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(built))
+def test_fp8_artifact_on_ort_cpu_warns_once_that_it_is_meant_for_gpus(capsys, tmp_path, tiny_artifact):
+    """FP8 has no packed CPU graph (INT4 / INT8 builds have one and get no warning: tests/test_cpu_graph.py)."""
+    built = tmp_path / "fp8"
+    code, _, err = _cli(capsys, "build", str(tiny_artifact), "--fp8", "--weight-only", "--onnx-only", "--out", str(built))
     assert code == 0, err
     code, _, err = _cli(capsys, "run", str(built), "--prompt", "hi", "--max-tokens", "2", "--drafter", "none")
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "INT4" in warnings[0] and "GPUs" in warnings[0], err
+    assert len(warnings) == 1 and "FP8" in warnings[0] and "GPUs" in warnings[0], err
     code, _, err = _cli(capsys, "run", str(tiny_artifact), "--prompt", "hi", "--max-tokens", "2", "--drafter", "none")
     assert code == 0 and "warning:" not in err
 

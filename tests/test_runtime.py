@@ -109,6 +109,12 @@ def test_greedy_draft_model_equals_plain(tiny_artifact_with_draft, fused):
     runner = Runner(tiny_artifact_with_draft, drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1, contract_graph=not fused)
     assert runner.drafter_name == "draft-model"
     assert runner.artifact.session("draft").spec.file == ("draft.ort.onnx" if fused else "draft.onnx")
+    if fused:  # the draft model's CPU graph runs packed (export/cpu_draft_weights.py: int8 MatMulNBits by default)
+        import onnx
+
+        graph = onnx.load(str(tiny_artifact_with_draft / "draft.ort.onnx"), load_external_data=False).graph
+        assert runner.artifact.session("draft").spec.extra["weights"] == "int8"
+        assert "MatMulNBits" in {n.op_type for n in graph.node} and "MatMul" not in {n.op_type for n in graph.node}
     for prompt in PROMPTS[:3]:
         plain = runner.generate(prompt, chat=True, max_tokens=40, drafter="none")
         spec = runner.generate(prompt, chat=True, max_tokens=40)
@@ -120,7 +126,8 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path, tiny_model_dir):
     from speccompile.export.pipeline import ExportOptions, export_artifact
 
     out = tmp_path / "self"
-    export_artifact(str(tiny_model_dir), out, ExportOptions(max_context=256, drafter=f"draft-model:{tiny_model_dir}"))
+    export_artifact(str(tiny_model_dir), out, ExportOptions(max_context=256, drafter=f"draft-model:{tiny_model_dir}",
+                                                            draft_cpu_weights="fp32"))  # the draft's CPU graph unquantized: the target's numbers
     runner = Runner(out, drafter="draft-model", num_draft_tokens=4, adaptive=False, threads=1)
     result = runner.generate(PROMPTS[1], chat=False, max_tokens=41, sampling=SamplingParams(temperature=0.0))
     assert result.stats.acceptance_per_position == [1.0, 1.0, 1.0, 1.0]

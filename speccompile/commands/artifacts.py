@@ -25,7 +25,7 @@ from ..console import console, emit_json, progress_printer
               help="Also write *.ort-slots.onnx for a server decoding up to this many requests in one pass each step, "
                    "drafts included, every request's rows the bits it gets alone (0: none; same weights file).")
 @click.option("--draft-cpu-weights", type=click.Choice(["int8", "int4", "fp32"]), default="int8", show_default=True,
-              help="Weights of a drafter head's ONNX Runtime CPU variant (<kind>.ort.onnx); fp32 writes none. Drafts may change, outputs never do.")
+              help="Weights of the drafter's ONNX Runtime CPU graph (a head's <kind>.ort.onnx, fp32: none; the draft model's draft.ort.onnx, fp32: unquantized). Drafts may change, outputs never do.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 def export(model, out, as_json, **options):

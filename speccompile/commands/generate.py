@@ -50,7 +50,9 @@ def check_artifact_backend(artifact: Path, backend: str) -> None:
     manifest = read_manifest(artifact, verify_files=False)  # the runner checks the checksums
     check_backend(artifact, manifest, backend)
     scheme = manifest.precision.get("target", {}).get("scheme")
-    if backend == "ort-cpu" and scheme in SLOW_ON_CPU:
+    target = manifest.graphs["target"].file
+    packed = any(spec.extra.get("variant_of") == target and spec.extra.get("cpu_kernels") for spec in manifest.graphs.values())
+    if backend == "ort-cpu" and scheme in SLOW_ON_CPU and not packed:  # INT4 builds run packed (engines/cpu_graph.py)
         click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; on ONNX Runtime's CPU "
                    "provider it runs as fp32 without the fused CPU graph (speculative steps ~2-3x slower than the fp32 export)",
                    err=True)

@@ -1,4 +1,5 @@
-"""Quantized ONNX Runtime CPU variant of a drafter head graph (`<kind>.ort.onnx`).
+"""Quantized ONNX Runtime CPU variants of the drafter graphs: a head's `<kind>.ort.onnx`, the draft model's
+fused `draft.ort.onnx` (`pack_fused_variant`).
 
 A drafter only proposes tokens; the target verifies every one of them, so the drafter's weights may
 be rounded without changing a single output token (only how many drafts are accepted). On the CPU a
@@ -9,10 +10,14 @@ The variant keeps the contract graph's inputs and outputs (the runtime drives it
 MatMul weights become ONNX Runtime `MatMulNBits` (block-wise, symmetric, int8 activations inside the
 kernel). Weights it leaves alone (the token embedding) point into the contract graph's data file.
 Listed in the manifest as `<kind>-ort` with `extra.weights`; `build` drops it like the fused target.
+The draft model's fused CPU graph (GroupQueryAttention over in-place KV, export/ort_fused_graph.py) gets the
+same treatment in place: its MatMul weights (the fused q/k/v and gate/up, o, down, an untied lm_head) become
+MatMulNBits, the rest (norms, rotary tables, the embedding) stays where it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 
@@ -46,7 +51,7 @@ def add_quantized_head_variant(name: str, graphs: dict[str, GraphSpec], director
         progress(f"note: no {weights} CPU variant of {name}: it needs onnxruntime >= {required} "
                  f"(installed {version_string(installed_onnxruntime())})")
         return []
-    files = _save_sharing_weights(model, contract_path, path, {} if digests is None else digests)
+    files = _save_sharing_weights(model, [contract_path], path, {} if digests is None else digests)
     check_graph(path)
     inputs, outputs = graph_interface(path)
     extra = {**contract.extra, "variant_of": contract.file, "weights": weights, "backends": ["ort-cpu"],
@@ -56,6 +61,34 @@ def add_quantized_head_variant(name: str, graphs: dict[str, GraphSpec], director
         num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
         hidden_states=contract.hidden_states, extra=extra,
     )
+    return files
+
+
+def pack_fused_variant(name: str, graphs: dict[str, GraphSpec], directory: Path, weights: str,
+                       progress=lambda _: None, digests: dict[str, str] | None = None) -> list[str] | None:
+    """Turn the MatMul weights of graph `name`'s fused CPU variant (the draft model's `draft.ort.onnx`) into
+    MatMulNBits with `weights` (int8|int4), in place; returns the variant's files now (None: left as it was,
+    fp32 weights asked for, or not quantizable here, said in `progress`)."""
+    spec = graphs.get(variant_name(name))
+    if spec is None or weights == "fp32":
+        return None
+    if spec.dtype != "fp32":
+        progress(f"note: {spec.file} keeps its {spec.dtype} weights: quantizing starts from fp32")
+        return None
+    from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, pin_versions, required_onnxruntime, version_string
+    from .onnx_export import check_graph
+
+    path = Path(directory) / spec.file
+    model = quantize_matmul_weights(path, int(weights.removeprefix("int")))
+    required = version_string(required_onnxruntime(pin_versions(model)) or installed_onnxruntime())
+    if not onnxruntime_loads(required):
+        progress(f"note: {spec.file} keeps fp32 weights: {weights} needs onnxruntime >= {required}")
+        return None
+    progress(f"writing {spec.file} with {weights} weights (MatMulNBits)")
+    files = _save_sharing_weights(model, [Path(directory) / graphs[name].file, path], path, {} if digests is None else digests)
+    check_graph(path)
+    minimum = max(spec.extra.get("min_onnxruntime", "0"), required, key=lambda v: tuple(int(p) for p in v.split(".")))
+    graphs[variant_name(name)] = dataclasses.replace(spec, extra={**spec.extra, "weights": weights, "min_onnxruntime": minimum})
     return files
 
 
@@ -78,21 +111,23 @@ def quantize_matmul_weights(path: Path, bits: int):
     return quantizer.model.model
 
 
-def _save_sharing_weights(model, contract_path: Path, path: Path, digests: dict[str, str]) -> list[str]:
-    """Save `model` at `path`: an initializer the quantizer left alone (its name, type and shape are the contract
-    graph's) points at the contract's bytes; the others of >= 1 KiB go to `path`.data, streamed."""
+def _save_sharing_weights(model, sources: list[Path], path: Path, digests: dict[str, str]) -> list[str]:
+    """Save `model` at `path`: an initializer the quantizer left alone (its name, type and shape are those of an
+    initializer of the graphs at `sources`, stored outside `path`.data) points at those bytes; the others of
+    >= 1 KiB go to `path`.data, streamed (rewritten: `model` holds its own copy of what was there)."""
     from onnx import numpy_helper
 
     from ..weights_file import WeightsWriter, external_location, load_graph
     from .onnx_export import save_graph
     from .weight_store import StoredTensor
 
-    contract = {}
-    for init in load_graph(contract_path).graph.initializer:
-        where = external_location(init)
-        if where is not None:
-            contract[init.name] = StoredTensor(where, init.data_type, tuple(init.dims))
     own = path.with_name(path.name + ".data")
+    contract = {}
+    for source in sources:
+        for init in load_graph(source).graph.initializer:
+            where = external_location(init)
+            if where is not None and where.location != own.name:
+                contract.setdefault(init.name, StoredTensor(where, init.data_type, tuple(init.dims)))
     kept = []
     with WeightsWriter(own) as writer:
         for init in model.graph.initializer:
@@ -110,5 +145,6 @@ def _save_sharing_weights(model, contract_path: Path, path: Path, digests: dict[
         files.append(own.name)
     else:
         own.unlink()
+        digests.pop(own.name, None)
     digests[path.name] = save_graph(model, path)
     return files

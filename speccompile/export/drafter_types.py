@@ -27,4 +27,4 @@ class DrafterRequest:
     num_draft_tokens: int | None = None
     max_context: int = 0  # the artifact's context limit (set by the export pipeline)
     fused_cpu_graph: bool = True  # also write the fused ORT CPU variant of decoder graphs
-    draft_cpu_weights: str = "int8"  # heads: weights of their ORT CPU variant (int8|int4|fp32 = none)
+    draft_cpu_weights: str = "int8"  # heads and the draft model: weights of their ORT CPU variant (int8|int4|fp32)

@@ -89,8 +89,12 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
     if request.fused_cpu_graph:
         from .ort_fused_graph import add_fused_variant
 
+        from .cpu_draft_weights import pack_fused_variant
+
         max_context = request.max_context or draft.config.max_position_embeddings
-        files += add_fused_variant(weights, "draft", graphs, out_dir, max_context, digests=digests)
+        fused = add_fused_variant(weights, "draft", graphs, out_dir, max_context, digests=digests)
+        packed = pack_fused_variant("draft", graphs, out_dir, request.draft_cpu_weights, digests=digests)  # int8 by default
+        files += fused if packed is None else packed  # (the variant's files: slots=0, nothing else)
     return DrafterExport(
         graphs=graphs,
         files=files,

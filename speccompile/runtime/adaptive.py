@@ -8,9 +8,10 @@ plain decoding. A tree drafter says how many nodes its tree has at depth k (`nod
 verifies nodes(k) + 1 tokens, E(k) still counts accepted depths, and d is the cost of one level. While
 paused, every `probe_every` steps it drafts once anyway (a probe) so a workload that starts paying is noticed.
 
-Seeded sampling (`deterministic=True`) does not use timings: a fixed cost model (`FixedCosts`: a pass over q
-tokens costs 1 + 0.06 (q - 1) one-token passes, drafting the drafter's declared relative cost per token), so the
-choice of k, and therefore the random stream and the output, depends only on the tokens.
+Seeded sampling (`deterministic=True`) does not use timings: a fixed cost model (`seeded_costs`, a `FixedCosts`:
+a pass over q tokens costs 1 + s (q - 1) one-token passes, s by the kind of target graph: 0.06, or 0.19 on the
+packed INT4/INT8 CPU graph; drafting the drafter's declared relative cost per token), so the choice of k, and
+therefore the random stream and the output, depends only on the tokens (and the artifact).
 
 Each round the controller hands the drafter a `Sizing`: the most it may draft, and what pays this round (the
 round's pass costs: a batch decoder prices them by its load).
@@ -22,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 from .acceptance import AcceptanceRates
-from .costs import FixedCosts, PassCostModel, PassCosts, best_draft_length, chain_tokens, ema
+from .costs import FixedCosts, PassCostModel, PassCosts, best_draft_length, chain_tokens, ema, seeded_costs
 
-SEEDED_COSTS = FixedCosts(1.0, 0.06)
+SEEDED_COSTS = seeded_costs(packed_cpu_graph=False)
 
 
 @dataclass
@@ -41,13 +42,14 @@ class AdaptiveController:
     deterministic: bool = False
     relative_draft_cost: float = 0.0
     costs: PassCostModel = field(default_factory=PassCosts)  # the pass costs when a round brings none of its own
+    seeded: FixedCosts = SEEDED_COSTS  # the costs of seeded sampling (`deterministic`) on this target graph
     rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
         self.rates = AcceptanceRates(self.prior_acceptance, self.alpha, self.probe_every)
         if self.deterministic:  # a fixed cost model of its own: choices depend on the tokens only
-            self.costs = SEEDED_COSTS
-            self.draft_cost = self.relative_draft_cost * SEEDED_COSTS.t1
+            self.costs = self.seeded
+            self.draft_cost = self.relative_draft_cost * self.seeded.t1
 
     def acceptance(self, key: Hashable = None) -> float:
         return self.rates.rate(key)

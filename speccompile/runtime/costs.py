@@ -126,6 +126,19 @@ class FixedCosts(PassCostModel):
         """Fixed: measurements are ignored."""
 
 
+SEEDED_SLOPE = 0.06  # a verified token's share of a one-token pass, fused fp32 CPU graph and GPU graphs
+# The packed INT4/INT8 CPU graph (MatMulNBits at accuracy level 4): a one-row pass reads a quarter of fp32's bytes,
+# but every extra row costs its integer dot products. SmolLM2-135M INT4, 1 thread (pass over q rows / one row,
+# 2026-12-02): 1.10 (q=2), 1.48 (4), 2.31 (8), 3.9 (16): about 0.19 a row.
+PACKED_CPU_SLOPE = 0.19
+
+
+def seeded_costs(packed_cpu_graph: bool) -> "FixedCosts":
+    """The fixed pass costs seeded sampling sizes drafts with (no timings: its choices depend on the tokens only),
+    by the kind of target graph: what a verified token costs there relative to a one-token pass."""
+    return FixedCosts(1.0, PACKED_CPU_SLOPE if packed_cpu_graph else SEEDED_SLOPE)
+
+
 @dataclass
 class LoadPricedCosts(PassCostModel):
     """The pass costs one request of a batch sees: a plain step is its share of the batched q = 1 pass;

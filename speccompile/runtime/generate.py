@@ -23,8 +23,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..tokenizer import TextTokenizer
-from .adaptive import AdaptiveController
-from .costs import PassCostModel, PassCosts
+from .adaptive import SEEDED_COSTS, AdaptiveController
+from .costs import FixedCosts, PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
 from .constrained import GuidedPlan, OutputRules
 from .drafters.base import Draft, Drafter
@@ -64,6 +64,7 @@ class Generator:
         max_verify_tokens: int = 64,
         pass_costs: PassCosts | None = None,
         clock: EngineClock | None = None,
+        seeded_costs: FixedCosts | None = None,
     ):
         self.clock = clock or EngineClock()
         self.target = TimedSession(target, self.clock)
@@ -73,6 +74,7 @@ class Generator:
         self.drafter = drafter
         self.max_verify_tokens = max_verify_tokens
         self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
+        self.seeded_costs = seeded_costs or SEEDED_COSTS  # seeded sampling's fixed ones (runtime/adaptive.py)
 
     def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
               cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None,
@@ -145,6 +147,7 @@ class Generation:
             deterministic=self.params.seed is not None and not self.params.greedy,
             relative_draft_cost=generator.drafter.relative_cost if generator.drafter is not None else 0.0,
             costs=generator.pass_costs,
+            seeded=generator.seeded_costs,
         )
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
         if self.drafter is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from ..errors import InputError, UnsupportedError
 from ..manifest import Manifest, read_manifest, variant_name
 from .adaptive import PassCosts
+from .costs import seeded_costs
 from .backends.ort import OrtBufferSession
 from .artifact import check_backend, open_artifact, resolve_drafter
 from ..draft_config import DraftConfig, draft_config_for_run
@@ -136,7 +137,8 @@ class Runner:
         else:
             drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
-        return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock)
+        return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
+                         seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))))
 
     def batch_problem(self) -> str | None:
         """Why this runner cannot decode requests together (`batch_decoder`); None when it can."""
