@@ -10,9 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from speccompile.engines import numerics as nx
 from speccompile.engines.calibrate import ActivationStats
 from speccompile.accel.compat import check_tensorrt_compat
-from speccompile.engines.methods import (
-    MethodOptions,
-    apply_methods,
+from speccompile.engines.method_search import (
     awq_search,
     clip_search,
     fp8_range,
@@ -20,6 +18,7 @@ from speccompile.engines.methods import (
     smoothquant_scale,
     weight_fake_quant,
 )
+from speccompile.engines.methods import MethodOptions, apply_methods
 from speccompile.engines.quantize import QuantOptions, quantize_model
 
 K, I, T = 64, 96, 48
@@ -128,7 +127,7 @@ def test_nvfp4_range_search_also_widens_blocks(monkeypatch):
     """NVFP4's block-range search takes ratios above 1 too (a block's largest value on a lower E2M1 level): on
     weights that sit on an evenly spaced 4-bit grid (what a GGUF Q4 source holds) some blocks pick one, and the
     weighted error is below that of the search limited to clipping."""
-    import speccompile.engines.methods as methods
+    import speccompile.engines.method_search as methods
 
     rng = np.random.default_rng(3)
     w = (rng.integers(0, 16, (K, 80)) - 7.5).astype(np.float32) * rng.uniform(0.01, 0.03, (1, 80)).astype(np.float32)

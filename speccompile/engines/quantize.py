@@ -133,9 +133,10 @@ class QdqPlan:
     tables: list[EmbeddingTable]
 
 
-def plan_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, float] | None, report: QuantReport) -> QdqPlan:
+def plan_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, float] | None, report: QuantReport,
+             check_heads: bool = True) -> QdqPlan:
     """Decide per weight MatMul and table from the graph's structure (and which activations have a range); the
-    exclusions and skips go to `report`."""
+    exclusions and skips go to `report`. `check_heads`: refuse a tied lm_head whose input needs a range it lacks."""
     inits = {i.name: i for i in model.graph.initializer}
     scheme = options.scheme
     targets: set[int] = set()
@@ -156,7 +157,7 @@ def plan_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, 
             continue
         targets.add(index)
     tables = quantized_tables(model, options)
-    for table in tables:
+    for table in tables if check_heads else ():
         if options.head_activation_quantized and table.head is not None and table.head_input not in act_amax:
             raise InputError(f"{table.name}: the tied lm_head input {table.head_input} was not calibrated")
     return QdqPlan(targets, tables)

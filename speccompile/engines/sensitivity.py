@@ -22,7 +22,8 @@ import onnx
 
 from ..errors import UnsupportedError
 from ..manifest import GraphSpec
-from .calibrate import cpu_session, prefill_feeds
+from .calibrate import prefill_feeds
+from .segments import cpu_session
 from .quality import LogitComparison
 from .quantize import QuantOptions, quantize_model, weight_matmuls
 

@@ -1,0 +1,124 @@
+"""A graph being rewritten one weight at a time: its structure in memory, each initializer's bytes where they are.
+
+An initializer of the `WorkingGraph` is in one of three places:
+  * in the source's external data file, not read yet (every weight, at first);
+  * in the proto (the small ones, and the weights of the unit being quantized: `load`);
+  * in the output's external data file (`store`: written through an `ExternalSink` as soon as its value is final).
+So memory holds the structure, the small tensors and the unit at work. At the end `copy_sources` appends the
+initializers nothing changed (embedding tables, excluded weights) to the output file, in pieces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from ..weights_file import WeightsWriter, external_location, read_tensor
+
+SIZE_THRESHOLD = 1024  # bytes: smaller initializers stay in the proto (onnx.save's size_threshold of the builds before)
+
+
+class ExternalSink:
+    """Initializers of at least `threshold` bytes go to `writer`'s file as they come; smaller ones stay in the proto."""
+
+    def __init__(self, writer: WeightsWriter, threshold: int = SIZE_THRESHOLD):
+        self.writer = writer
+        self.threshold = threshold
+
+    def put(self, tensor: TensorProto) -> TensorProto:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            return tensor
+        raw = tensor.raw_data if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).tobytes()
+        if len(raw) < self.threshold:
+            return tensor
+        return self.writer.add_bytes(tensor.name, raw, tensor.data_type, tuple(tensor.dims))
+
+
+class WorkingGraph:
+    """The structure of `model` (weights external, in `directory`) and where each initializer's bytes are now."""
+
+    def __init__(self, model: onnx.ModelProto, directory: Path):
+        self.model = model
+        self.directory = Path(directory)
+        self._source = {i.name: _copy(i) for i in model.graph.initializer if i.data_location == TensorProto.EXTERNAL}
+        self._written: set[str] = set()
+
+    def initializers(self) -> dict[str, TensorProto]:
+        return {i.name: i for i in self.model.graph.initializer}
+
+    def is_source(self, tensor: TensorProto) -> bool:
+        """Whether `tensor`'s bytes are still the source's, unread."""
+        return (tensor.data_location == TensorProto.EXTERNAL and tensor.name in self._source
+                and tensor.name not in self._written)
+
+    def value(self, name: str) -> np.ndarray:
+        """The current value of initializer `name` (a read-only memory map while it is in the source file)."""
+        init = self.initializers()[name]
+        if self.is_source(init):
+            return read_tensor(init, self.directory)
+        if init.data_location == TensorProto.EXTERNAL:
+            raise ValueError(f"{name}: already written out")
+        return numpy_helper.to_array(init)
+
+    def load(self, names: Iterable[str]) -> None:
+        """Read initializers from the source file into the proto (the passes then change them in place)."""
+        wanted = set(names)
+        for init in self.model.graph.initializer:
+            if init.name in wanted and self.is_source(init):
+                data = np.ascontiguousarray(read_tensor(init, self.directory))
+                loaded = _copy(init)
+                loaded.ClearField("external_data")
+                loaded.data_location = TensorProto.DEFAULT
+                loaded.raw_data = data.tobytes()
+                init.CopyFrom(loaded)
+
+    def load_all(self) -> None:
+        self.load(self._source)
+
+    def store(self, names: Iterable[str], sink: ExternalSink) -> None:
+        """Write the loaded initializers `names` out through `sink` (values final); unloaded ones stay in the source."""
+        wanted = set(names)
+        for init in self.model.graph.initializer:
+            if init.name in wanted and init.data_location != TensorProto.EXTERNAL:
+                written = sink.put(init)
+                if written is not init:
+                    init.CopyFrom(written)
+                    self._written.add(init.name)
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Forget the loaded values of `names` (quantized: the graph will not read them): back to their source bytes."""
+        wanted = set(names)
+        for init in self.model.graph.initializer:
+            if init.name in wanted and init.name in self._source and init.data_location != TensorProto.EXTERNAL:
+                init.CopyFrom(self._source[init.name])
+
+    def externalize(self, sink: ExternalSink) -> None:
+        """Every initializer held in the proto that `sink` takes (new ones of the passes, changed weights) goes out."""
+        self.store([i.name for i in self.model.graph.initializer], sink)
+
+    def copy_sources(self, writer: WeightsWriter) -> int:
+        """Append every initializer still in the source file to `writer`'s file; returns how many."""
+        count = 0
+        for init in self.model.graph.initializer:
+            if not self.is_source(init):
+                continue
+            stored = external_location(init)
+            data = read_tensor(init, self.directory)
+            view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+            if len(view) != stored.length and stored.length >= 0:
+                raise ValueError(f"{init.name}: {len(view)} bytes read, {stored.length} expected")
+            init.CopyFrom(writer.add_bytes(init.name, view, init.data_type, tuple(init.dims)))
+            self._written.add(init.name)
+            del data, view
+            count += 1
+        return count
+
+
+def _copy(tensor: TensorProto) -> TensorProto:
+    copy = TensorProto()
+    copy.CopyFrom(tensor)
+    return copy
