@@ -202,7 +202,7 @@ def test_min_top1_keeps_the_worst_weights_until_met(tiny_artifact, tmp_path):
 
 
 def test_min_top1_checks_on_samples_the_methods_did_not_fit():
-    from speccompile.engines.build import split_check_samples
+    from speccompile.engines.quantize_graph import split_check_samples
 
     samples = [[i] for i in range(9)]
     fit, check = split_check_samples(samples)

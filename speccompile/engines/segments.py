@@ -23,15 +23,18 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..onnx_versions import save_model
+from ..onnx_versions import installed_onnxruntime, save_model
 from ..weights_file import external_location
 
+EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+EXTERNAL_FOLDER_ORT = (1, 21)  # the first onnxruntime that takes it
 DEFAULT_BUDGET = 256 << 20  # weight bytes a segment reaches before it is cut at the next weight MatMul input
 
 Consume = Callable[[int, str, np.ndarray], None]  # (sample index, tensor name, value)
@@ -244,12 +247,9 @@ class SegmentRunner:
         segments = plan_segments(self.model, wanted, budget)
         wanted_set = set(wanted)
         live: list[dict[str, np.ndarray]] = [dict(f) for f in feeds]
-        with tempfile.TemporaryDirectory(prefix="speccompile-segments-", dir=self.workdir) as tmp:
-            link_weights(self.model, self.directory, Path(tmp))
+        with self._session_maker() as open_session:
             for index, segment in enumerate(segments):
-                path = Path(tmp) / f"segment{index}.onnx"
-                save_model(self.segment_model(segment), path)
-                session = cpu_session(str(path), self.threads, self.session_config)
+                session = open_session(self.segment_model(segment), index)
                 for sample, values in enumerate(live):
                     outputs = session.run(segment.outputs, {name: values[name] for name in segment.inputs})
                     for name, value in zip(segment.outputs, outputs):
@@ -261,8 +261,29 @@ class SegmentRunner:
                         if segment.last_use.get(name) == index:
                             values.pop(name, None)
                 del session
-                path.unlink()
                 yield [name for name in segment.outputs if name in wanted_set]
+
+    @contextmanager
+    def _session_maker(self) -> Iterator[Callable[[onnx.ModelProto, int], object]]:
+        """A function (segment graph, index) -> its ONNX Runtime session, reading the weights where they are: from the
+        graph's folder (onnxruntime >= 1.21 takes the folder of external data as a session option), or through hard
+        links in a temporary folder (ONNX Runtime refuses data reached through symbolic links)."""
+        if installed_onnxruntime() >= EXTERNAL_FOLDER_ORT:
+            config = {**self.session_config, EXTERNAL_FOLDER_KEY: str(self.directory.resolve())}
+            yield lambda graph, _index: cpu_session(graph.SerializeToString(), self.threads, config)
+            return
+        with tempfile.TemporaryDirectory(prefix="speccompile-segments-", dir=self.workdir) as tmp:
+            link_weights(self.model, self.directory, Path(tmp))
+
+            def open_session(graph: onnx.ModelProto, index: int):
+                path = Path(tmp) / f"segment{index}.onnx"
+                save_model(graph, path)
+                try:
+                    return cpu_session(str(path), self.threads, self.session_config)
+                finally:
+                    path.unlink()
+
+            yield open_session
 
     def run(self, feeds: Sequence[dict[str, np.ndarray]], wanted: Sequence[str], consume: Consume,
             budget: int = DEFAULT_BUDGET) -> None:

@@ -64,17 +64,23 @@ class WorkingGraph:
             raise ValueError(f"{name}: already written out")
         return numpy_helper.to_array(init)
 
+    def tensor(self, name: str) -> TensorProto:
+        """Initializer `name` with its data in the proto (a copy, read from the source file if it is still there)."""
+        init = self.initializers()[name]
+        if not self.is_source(init):
+            return _copy(init)
+        loaded = _copy(init)
+        loaded.ClearField("external_data")
+        loaded.data_location = TensorProto.DEFAULT
+        loaded.raw_data = np.ascontiguousarray(read_tensor(init, self.directory)).tobytes()
+        return loaded
+
     def load(self, names: Iterable[str]) -> None:
         """Read initializers from the source file into the proto (the passes then change them in place)."""
         wanted = set(names)
         for init in self.model.graph.initializer:
             if init.name in wanted and self.is_source(init):
-                data = np.ascontiguousarray(read_tensor(init, self.directory))
-                loaded = _copy(init)
-                loaded.ClearField("external_data")
-                loaded.data_location = TensorProto.DEFAULT
-                loaded.raw_data = data.tobytes()
-                init.CopyFrom(loaded)
+                init.CopyFrom(self.tensor(init.name))
 
     def load_all(self) -> None:
         self.load(self._source)
