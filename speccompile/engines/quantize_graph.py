@@ -16,6 +16,7 @@ search measures quantized whole graphs): with them the weights are loaded at the
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -121,10 +122,16 @@ def _run_units(units: UnitPass, plan: list[Unit], src_dir: Path, spec, tensors: 
     stats: dict[str, ActivationStats] = {}
     waiting = list(plan)
 
+    def run(unit: Unit, given: dict[str, ActivationStats]) -> None:
+        started = time.time()
+        units.run(unit, given)
+        waiting.remove(unit)
+        names = ", ".join(unit.weights[:2]) + (f" +{len(unit.weights) - 2}" if len(unit.weights) > 2 else "")
+        progress(f"  unit {len(plan) - len(waiting)}/{len(plan)} ({names}): {time.time() - started:.1f} s")
+
     def run_ready() -> None:
         for unit in [u for u in waiting if all(a in stats for a in u.acts)]:
-            units.run(unit, {a: stats.pop(a) for a in unit.acts})
-            waiting.remove(unit)
+            run(unit, {a: stats.pop(a) for a in unit.acts})
 
     run_ready()
     if tensors:
@@ -133,8 +140,8 @@ def _run_units(units: UnitPass, plan: list[Unit], src_dir: Path, spec, tensors: 
         for step in calibration_steps(src_dir, spec, tensors, samples, options.threads, workdir, max_rows, options.segment_bytes):
             stats.update(step)
             run_ready()
-    for unit in waiting:  # activations calibration never reached
-        units.run(unit, {a: stats.pop(a) for a in unit.acts if a in stats})
+    for unit in list(waiting):  # activations calibration never reached
+        run(unit, {a: stats.pop(a) for a in unit.acts if a in stats})
 
 
 def _record(report, qopts: QuantOptions, options: BuildOptions, calibration: dict | None, method_record: dict) -> dict:
