@@ -82,7 +82,7 @@ def hf_model(artifact: Path, dtype: str, device: str = "cuda"):
         eos_token_id=cfg.eos_token_ids or None,
     )
     model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
-    missing, unexpected = model.load_state_dict(dict(loaded.weights), strict=False)
+    missing, unexpected = model.load_state_dict(loaded.torch_weights(), strict=False)
     allowed = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     if set(missing) - allowed or unexpected:
         fail(f"weights do not fit the transformers model: missing {sorted(set(missing) - allowed)[:3]}, unexpected {sorted(unexpected)[:3]}")

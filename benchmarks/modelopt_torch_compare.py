@@ -226,7 +226,7 @@ def worker(exported: Path, config: str, device: str, out: Path, calib_tokens: in
 
     mtq.quantize(model, cfg, forward_loop)
     graph = onnx.load(str(exported / spec.file), load_external_data=True)
-    linears = replace_projections(graph, model, loaded.weights, projection_inputs(model, feeds[0]), device)
+    linears = replace_projections(graph, model, loaded.torch_weights(), projection_inputs(model, feeds[0]), device)
     stored, formats = 0.0, set()
     for linear in linears:
         size, fmt = stored_bytes(linear.weight_quantizer, linear.weight.numel(), linear.out_features)

@@ -110,10 +110,12 @@ class Manifest:
         tmp.replace(path)
         return path
 
-    def record_files(self, directory: Path, names: list[str]) -> None:
-        """Store the sha256 of each named file (relative to `directory`)."""
+    def record_files(self, directory: Path, names: list[str], known: dict[str, str] | None = None) -> None:
+        """Store the sha256 of each named file (relative to `directory`); `known`: digests computed while the
+        files were written (name -> hex), used instead of reading those files again."""
+        known = known or {}
         for name in names:
-            self.files[name] = sha256_of(Path(directory) / name)
+            self.files[name] = known[name] if name in known else sha256_of(Path(directory) / name)
 
     def graph(self, name: str) -> GraphSpec:
         if name not in self.graphs:
@@ -159,10 +161,87 @@ def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:
 
 
 def verify_checksums(manifest: Manifest, directory: Path) -> None:
-    """Raise ArtifactError naming the first file that is missing or whose sha256 differs."""
+    """Raise ArtifactError naming the first file that is missing or whose sha256 differs.
+
+    A large file whose sha256 was checked before (or computed while export wrote it) and whose stat has not
+    changed since is not read again (`VerifiedFiles`): hashing a 16 GB weights file costs ~25 s per `run`."""
+    verified = VerifiedFiles.load()
     for name, expected in manifest.files.items():
         file = directory / name
         if not file.is_file():
             raise ArtifactError(f"{file}: listed in {MANIFEST_NAME} but missing")
+        if verified.known(file, expected):
+            continue
         if sha256_of(file) != expected:
             raise ArtifactError(f"{file}: sha256 does not match {MANIFEST_NAME} (file modified or corrupt)")
+        verified.remember(file, expected)
+    verified.save()
+
+
+def remember_verified(directory: Path, files: dict[str, str]) -> None:
+    """Record `files` (name -> sha256, known to be right: computed while they were written) as verified."""
+    verified = VerifiedFiles.load()
+    for name, digest in files.items():
+        if (Path(directory) / name).is_file():
+            verified.remember(Path(directory) / name, digest)
+    verified.save()
+
+
+class VerifiedFiles:
+    """sha256 digests of large files checked before, keyed by the file's identity and stat (device, inode, size,
+    mtime and ctime in nanoseconds), kept in `$SPECCOMPILE_CACHE_DIR` (default ~/.cache/speccompile).
+
+    Writing a file changes its mtime and ctime (ctime cannot be set back by a user), copying it gives a new
+    inode: a file whose stat is the one recorded has the bytes that were hashed, short of a disk corrupting
+    data under the filesystem, which the checksum would not catch either once the pages are cached. The
+    scheme is git's index; the cache only saves reading, never decides a mismatch."""
+
+    MIN_SIZE = 64 << 20  # smaller files are hashed every time (milliseconds)
+    MAX_ENTRIES = 4096
+
+    def __init__(self, path: Path, entries: dict[str, list]):
+        self.path = path
+        self.entries = entries
+        self._changed = False
+
+    @classmethod
+    def load(cls) -> "VerifiedFiles":
+        import os
+
+        base = os.environ.get("SPECCOMPILE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "speccompile"
+        path = Path(base) / "verified-files.json"
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+            entries = {}
+        return cls(path, entries if isinstance(entries, dict) else {})
+
+    @staticmethod
+    def _key(file: Path) -> tuple[str, list]:
+        st = file.stat()
+        return f"{st.st_dev}:{st.st_ino}", [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def known(self, file: Path, digest: str) -> bool:
+        key, stamp = self._key(file)
+        return stamp[0] >= self.MIN_SIZE and self.entries.get(key) == [*stamp, digest]
+
+    def remember(self, file: Path, digest: str) -> None:
+        key, stamp = self._key(file)
+        if stamp[0] >= self.MIN_SIZE:
+            self.entries.pop(key, None)
+            self.entries[key] = [*stamp, digest]
+            self._changed = True
+
+    def save(self) -> None:
+        """Write the cache (atomically; the oldest entries beyond MAX_ENTRIES dropped); an unwritable cache is
+        ignored: verification then hashes again next time."""
+        if not self._changed:
+            return
+        entries = dict(list(self.entries.items())[-self.MAX_ENTRIES:])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{id(self)}.tmp")
+            tmp.write_text(json.dumps(entries))
+            tmp.replace(self.path)
+        except OSError:
+            pass

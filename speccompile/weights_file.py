@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterable
 
 import numpy as np
 import onnx
@@ -60,10 +62,17 @@ class WeightsWriter:
     """Appends tensors to one external data file; `close()` returns its sha256.
 
     `add` writes an array and returns its TensorProto; `add_bytes` writes already-encoded bytes (packed 4-bit
-    codes, FP8) under an explicit data type and shape. `stored(name)` tells where a tensor written earlier is,
-    so another graph can point at the same bytes instead of writing them again."""
+    codes, FP8) under an explicit data type and shape; `add_chunks` writes a tensor from consecutive pieces
+    (a large weight converted a slice at a time). `stored(name)` tells where a tensor written earlier is,
+    so another graph can point at the same bytes instead of writing them again.
 
-    def __init__(self, path: Path):
+    `threaded`: hashing and writing happen on a thread of their own (both release the GIL), so a caller that
+    converts the next piece meanwhile keeps two cores busy; at most `QUEUED` pieces wait, which bounds the
+    memory they hold. The caller must not modify an array it handed over until `close()`."""
+
+    QUEUED = 4
+
+    def __init__(self, path: Path, threaded: bool = False):
         self.path = Path(path)
         self.location = self.path.name
         self._file: BinaryIO | None = open(self.path, "wb")
@@ -71,6 +80,13 @@ class WeightsWriter:
         self._size = 0
         self._stored: dict[str, StoredBytes] = {}
         self._sha256: str | None = None
+        self._queue: queue.Queue | None = None
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._queue = queue.Queue(maxsize=self.QUEUED)
+            self._thread = threading.Thread(target=self._drain, name=f"write {self.location}", daemon=True)
+            self._thread.start()
 
     def __enter__(self) -> "WeightsWriter":
         return self
@@ -85,22 +101,26 @@ class WeightsWriter:
     def add(self, name: str, array: np.ndarray) -> TensorProto:
         """Write `array` (C order, little-endian) as initializer `name`."""
         array = np.asarray(array)
-        if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn a scalar into shape (1,))
-            array = array.copy(order="C")
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        return self.add_bytes(name, memoryview(array.reshape(-1).view(np.uint8)), tensor_type_of(array), array.shape)
+        return self.add_chunks(name, tensor_type_of(array), array.shape, [array], array.nbytes)
 
     def add_bytes(self, name: str, data: bytes | memoryview, data_type: int, dims: tuple[int, ...] | list[int]) -> TensorProto:
         """Write encoded bytes as initializer `name` of `data_type` and shape `dims`."""
+        return self.add_chunks(name, data_type, dims, [data], len(data))
+
+    def add_chunks(self, name: str, data_type: int, dims: tuple[int, ...] | list[int],
+                   chunks: Iterable[np.ndarray | bytes | memoryview], length: int) -> TensorProto:
+        """Write initializer `name` (`data_type`, shape `dims`, `length` bytes in all) from consecutive pieces:
+        C-order numpy arrays or bytes. Only the pieces in flight are in memory."""
         if self._file is None:
             raise ValueError(f"{self.path}: already closed")
         if name in self._stored:
             raise ValueError(f"{name}: written twice to {self.path.name}")
-        length = len(data)
         self._pad(ALIGN_LARGE if length >= LARGE_TENSOR else ALIGN_SMALL)
         stored = StoredBytes(self.location, self._size, length)
-        self._write(data)
+        for chunk in chunks:
+            self._write(_as_bytes(chunk))
+        if self._size - stored.offset != length:
+            raise ValueError(f"{name}: {self._size - stored.offset} bytes written to {self.path.name}, expected {length}")
         self._stored[name] = stored
         return external_tensor(name, data_type, dims, stored)
 
@@ -114,8 +134,14 @@ class WeightsWriter:
     def close(self) -> str:
         """Flush and close; returns the file's sha256 (hex). Closing twice returns the same digest."""
         if self._file is not None:
+            if self._thread is not None:
+                assert self._queue is not None
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
             self._file.close()
             self._file = None
+            self._raise_failure()
             self._sha256 = self._digest.hexdigest()
         assert self._sha256 is not None
         return self._sha256
@@ -133,9 +159,40 @@ class WeightsWriter:
 
     def _write(self, data: bytes | memoryview) -> None:
         assert self._file is not None
-        self._file.write(data)
-        self._digest.update(data)
         self._size += len(data)
+        if self._queue is None:
+            self._file.write(data)
+            self._digest.update(data)
+            return
+        self._raise_failure()
+        self._queue.put(data)
+
+    def _drain(self) -> None:
+        """The writer thread: hash and write pieces in order until the None that `close` sends."""
+        assert self._queue is not None and self._file is not None
+        while (data := self._queue.get()) is not None:
+            if self._failure is None:
+                try:
+                    self._file.write(data)
+                    self._digest.update(data)
+                except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                    self._failure = exc
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+
+def _as_bytes(chunk: np.ndarray | bytes | memoryview) -> bytes | memoryview:
+    """A piece's bytes without copying (a numpy array: C order, little-endian)."""
+    if isinstance(chunk, np.ndarray):
+        if not chunk.flags.c_contiguous:
+            chunk = chunk.copy(order="C")
+        if chunk.dtype.byteorder == ">":
+            chunk = chunk.astype(chunk.dtype.newbyteorder("<"))
+        return memoryview(chunk.reshape(-1).view(np.uint8))
+    return chunk
 
 
 # ----------------------------------------------------------------------------------------------- reading

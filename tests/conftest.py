@@ -106,7 +106,7 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
     reverse = {v: k for k, v in _GGUF_NAMES.items()}
     block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
     for name, tensor in loaded.weights.items():
-        stored = tensor.numpy().astype(np.float32)
+        stored = np.array(tensor, dtype=np.float32)
         if name in reverse:
             gname = reverse[name]
         else:
@@ -141,6 +141,19 @@ def export_as_gguf(root: Path, folder: Path, drafter: str | None = None, dtype: 
         shutil.copy(folder / name, root / name)
     export_artifact(str(root / "model.gguf"), root / "exported", ExportOptions(max_context=256, drafter=drafter, dtype=dtype))
     return root / "exported"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def verified_files_cache(tmp_path_factory):
+    """manifest.VerifiedFiles keeps its digests in a folder of the test session, not the user's cache
+    (subprocesses inherit the variable)."""
+    before = os.environ.get("SPECCOMPILE_CACHE_DIR")
+    os.environ["SPECCOMPILE_CACHE_DIR"] = str(tmp_path_factory.mktemp("speccompile-cache"))
+    yield
+    if before is None:
+        os.environ.pop("SPECCOMPILE_CACHE_DIR", None)
+    else:
+        os.environ["SPECCOMPILE_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

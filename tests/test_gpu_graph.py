@@ -45,16 +45,15 @@ def _chain_steps(session, seed: int = 0) -> list[np.ndarray]:
 
 def _fp32_gpu_form(tmp_path, arch: str = "llama", **overrides):
     """An fp32 artifact plus the fp32 form of its GPU graph (what ORT CPU can run)."""
-    from speccompile.models.decoder import build_decoder
+    from speccompile.export.recipes import DecoderWeights
     from speccompile.models.load import load_model
 
     model_dir = make_tiny_hf_model(tmp_path / arch, arch=arch, **overrides)
     out = tmp_path / "art"
     export_artifact(str(model_dir), out, ExportOptions(max_context=MAX_CONTEXT))
     model = load_model(str(model_dir))
-    decoder = build_decoder(model.config, model.weights, "none")
     contract = read_manifest(out).graph("target")
-    (spec,), files = export_fused_variant(decoder, contract, out, MAX_CONTEXT, target="cuda")
+    (spec,), files = export_fused_variant(DecoderWeights(model.config, model.weights), contract, out, MAX_CONTEXT, target="cuda")
     return out, spec, files
 
 

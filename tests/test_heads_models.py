@@ -51,7 +51,7 @@ def test_loader_reads_published_layout_and_onnx_matches(kind, target, tmp_path):
     # every published tensor landed in the module (names mapped, values unchanged)
     if kind == "eagle":
         assert torch.equal(state["fc.weight"], tensors["fc.weight"])
-        assert torch.equal(state["lm_head.weight"], model.weights["lm_head.weight"])
+        assert torch.equal(state["lm_head.weight"], model.weights.torch_tensor("lm_head.weight"))
     elif kind == "eagle3":
         assert torch.equal(state["midlayer.self_attn.q_proj.weight"], tensors["midlayer.self_attn.q_proj.weight"])
         assert torch.equal(head.draft_to_target()[head.t2d[head.draft_to_target()]], head.draft_to_target())

@@ -44,7 +44,7 @@ def test_effective_weights_go_into_the_contract_graph(tiny_artifact):
     args = [torch.from_numpy(np.asarray(feeds[n])) for n in model.input_names]
     graph = onnx.load(str(tiny_artifact / spec.file))
     before = _logits(graph, feeds)
-    linears = bench.replace_projections(graph, model, loaded.weights, bench.projection_inputs(model, args), "cpu")
+    linears = bench.replace_projections(graph, model, loaded.torch_weights(), bench.projection_inputs(model, args), "cpu")
     assert len(linears) == 7 * loaded.config.num_hidden_layers
     with torch.no_grad():
         want = model(*args)[0].numpy()
@@ -57,7 +57,7 @@ def test_the_export_weights_must_be_the_layers_side_by_side(tiny_artifact):
     """A source weight that is not the one the export holds (layer 0's q_proj doubled) stops the replacement."""
     bench = load_benchmark("modelopt_torch_compare")
     spec, loaded, model = _source_model(tiny_artifact)
-    altered = dict(loaded.weights)
+    altered = loaded.torch_weights()
     q_proj = "model.layers.0.self_attn.q_proj.weight"
     altered[q_proj] = altered[q_proj] * 2
     graph = onnx.load(str(tiny_artifact / spec.file))

@@ -66,6 +66,8 @@ def check_artifact_backend(artifact: Path, backend: str) -> None:
     if dtype == "bf16":
         raise UnsupportedError(f"{artifact}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no bf16 "
                                "kernels); run it on a GPU (--backend ort-cuda | ort-trt | tensorrt) or export with --dtype fp32")
+    if dtype == "fp16" and scheme is None:
+        _check_fp16_fits_cpu(artifact, manifest)
     if scheme in SLOW_ON_CPU:
         click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; on ONNX Runtime's CPU "
                    "provider it runs as fp32 without the fused CPU graph (speculative steps ~2-3x slower than the fp32 export)",
@@ -73,6 +75,31 @@ def check_artifact_backend(artifact: Path, backend: str) -> None:
 
 
 SLOW_ON_CPU = {"fp8": "FP8", "int4": "INT4"}
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the host can give a new process without swapping (MemAvailable; None where unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fp16_fits_cpu(artifact: Path, manifest) -> None:
+    """ONNX Runtime's CPU provider runs an fp16 graph as fp32 (it converts every fp16 weight when the session
+    opens): refuse when that needs more memory than the host has available."""
+    data = manifest.graphs["target"].file + ".data"
+    need = 2 * (artifact / data).stat().st_size if (artifact / data).is_file() else 0
+    available = _available_memory()
+    if available is not None and need > available:
+        raise UnsupportedError(
+            f"{artifact}: an fp16 artifact runs on ort-cpu as fp32 (ONNX Runtime's CPU provider converts every fp16 "
+            f"weight): about {need / 1e9:.1f} GB, {available / 1e9:.1f} GB available here; on this CPU run an fp32 export "
+            "(export --dtype fp32) or an INT4 build of it (build --int4), or this one on a GPU (--backend ort-cuda | ort-trt | tensorrt)")
 
 
 def backend_options(func):

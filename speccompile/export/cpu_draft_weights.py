@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 
 from ..manifest import GraphSpec, variant_name
 
@@ -25,8 +24,9 @@ ACCURACY_LEVEL = 4  # MatMulNBits computes with int8-quantized activations (the 
 
 
 def add_quantized_head_variant(name: str, graphs: dict[str, GraphSpec], directory: Path, weights: str,
-                               progress=lambda _: None) -> list[str]:
-    """Add head graph `name`'s CPU variant with `weights` (int8|int4) to `graphs`; returns the files written."""
+                               progress=lambda _: None, digests: dict[str, str] | None = None) -> list[str]:
+    """Add head graph `name`'s CPU variant with `weights` (int8|int4) to `graphs`; returns the files written
+    (their sha256 into `digests`)."""
     if weights == "fp32":
         return []
     contract = graphs[name]
@@ -46,7 +46,7 @@ def add_quantized_head_variant(name: str, graphs: dict[str, GraphSpec], director
         progress(f"note: no {weights} CPU variant of {name}: it needs onnxruntime >= {required} "
                  f"(installed {version_string(installed_onnxruntime())})")
         return []
-    files = _save_sharing_weights(model, contract_path, path)
+    files = _save_sharing_weights(model, contract_path, path, {} if digests is None else digests)
     check_graph(path)
     inputs, outputs = graph_interface(path)
     extra = {**contract.extra, "variant_of": contract.file, "weights": weights, "backends": ["ort-cpu"],
@@ -78,22 +78,37 @@ def quantize_matmul_weights(path: Path, bits: int):
     return quantizer.model.model
 
 
-def _save_sharing_weights(model, contract_path: Path, path: Path) -> list[str]:
-    """Save `model` at `path`; initializers identical to the contract graph's reuse its data file."""
-    import onnx
+def _save_sharing_weights(model, contract_path: Path, path: Path, digests: dict[str, str]) -> list[str]:
+    """Save `model` at `path`: an initializer the quantizer left alone (its name, type and shape are the contract
+    graph's) points at the contract's bytes; the others of >= 1 KiB go to `path`.data, streamed."""
+    from onnx import numpy_helper
 
-    from ..onnx_versions import save_model
-    from .ort_fused_graph import SharedWeights
+    from ..weights_file import WeightsWriter, external_location, load_graph
+    from .onnx_export import save_graph
+    from .weight_store import StoredTensor
 
-    weights = SharedWeights(contract_path, path.name + ".data")
+    contract = {}
+    for init in load_graph(contract_path).graph.initializer:
+        where = external_location(init)
+        if where is not None:
+            contract[init.name] = StoredTensor(where, init.data_type, tuple(init.dims))
+    own = path.with_name(path.name + ".data")
     kept = []
-    for init in model.graph.initializer:
-        array = onnx.numpy_helper.to_array(init)
-        kept.append(weights.tensor(init.name, np.asarray(array)) if array.nbytes >= 1024 else init)
+    with WeightsWriter(own) as writer:
+        for init in model.graph.initializer:
+            shared = contract.get(init.name)
+            if shared is not None and (shared.data_type, shared.dims) == (init.data_type, tuple(init.dims)):
+                kept.append(shared.proto(init.name))
+                continue
+            array = numpy_helper.to_array(init)
+            kept.append(writer.add(init.name, array) if array.nbytes >= 1024 else init)
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     files = [path.name]
-    if weights.write_own(path.parent):
-        files.append(weights.own_location)
-    save_model(model, path)
+    if writer.size:
+        digests[own.name] = writer.sha256
+        files.append(own.name)
+    else:
+        own.unlink()
+    digests[path.name] = save_graph(model, path)
     return files

@@ -1,54 +1,43 @@
-"""Export a `Decoder` (target or separate draft model) as a verify graph."""
+"""Export a decoder (target or separate draft model) as its contract verify graph, streaming its weights.
+
+`export_decoder` builds the graph (export/contract_graph.py) while its weights go from the checkpoint to
+`<graph>.data` one at a time, converted on the way and hashed as they are written; then it checks the
+graph: the onnx checker by path (the weights are never loaded into a proto) and an ONNX Runtime load, on the
+graph itself when its weights are small, else on a probe built by the same builder (the first layer and
+the head, pointing at the same weight bytes), so the check's memory does not grow with the model.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..manifest import GraphSpec
-from ..models.decoder import Decoder, causal_mask
-from .onnx_export import check_graph, export_module, graph_interface
+from ..weights_file import WeightsWriter
+from .contract_graph import build_contract_graph
+from .onnx_export import check_graph_bounded, graph_interface, save_graph
+from .recipes import DTYPES, DecoderWeights, check_weights
+from .weight_store import WeightStore
 
-DTYPES = ("fp32", "fp16", "bf16")
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+__all__ = ["DTYPES", "DecoderWeights", "export_decoder"]
 
 
-def export_decoder(decoder: Decoder, path: Path, role: str, dtype: str = "fp32") -> GraphSpec:
-    """Export `decoder` to `path` with all lengths dynamic; returns the graph's manifest entry."""
-    import torch
-
-    decoder = decoder.to(torch_dtype(dtype)).eval()
-    cfg = decoder.config
-    batch, q_len, past_len = 2, 5, 3  # sizes > 1 so the exporter keeps every axis dynamic
-    ids = torch.randint(0, cfg.vocab_size, (batch, q_len))
-    pos = torch.arange(past_len, past_len + q_len).unsqueeze(0).expand(batch, -1).contiguous()
-    mask = causal_mask(q_len, past_len, batch).contiguous()
-    past = [
-        torch.zeros(batch, cfg.num_key_value_heads, past_len, cfg.head_dim, dtype=torch_dtype(dtype))
-        for _ in range(2 * cfg.num_hidden_layers)
-    ]
-    seq_axes = {0: "batch", 1: "q_len"}
-    output_axes = {
-        "logits": seq_axes,
-        "hidden_states": seq_axes,
-        "aux_hidden_states": seq_axes,
-    }
-    export_module(
-        decoder,
-        (ids, pos, mask),
-        past,
-        [seq_axes, seq_axes, {0: "batch", 1: "q_len", 2: "total_len"}],
-        decoder.input_names,
-        decoder.output_names,
-        output_axes,
-        path,
-    )
-    check_graph(path)
+def export_decoder(model: DecoderWeights, path: Path, role: str, dtype: str = "fp32",
+                   digests: dict[str, str] | None = None) -> GraphSpec:
+    """Write `path` (+ `path`.data) for `model` in `dtype`; returns the graph's manifest entry. The sha256 of
+    the files written go to `digests` (file name -> hex), computed while writing."""
+    check_weights(model.config, model.source)
+    path = Path(path)
+    data = path.with_name(path.name + ".data")
+    with WeightsWriter(data, threaded=True) as writer:
+        store = WeightStore(model.source, writer)
+        graph = build_contract_graph(model, store, dtype)
+    digests = {} if digests is None else digests
+    digests[data.name] = writer.sha256
+    digests[path.name] = save_graph(graph, path)
+    probe = WeightStore(model.source, None, shared=store.written)
+    check_graph_bounded(path, graph, lambda: build_contract_graph(model.first_layer(), probe, dtype, layers=1))
     inputs, outputs = graph_interface(path)
+    cfg = model.config
     return GraphSpec(
         role=role,
         file=path.name,
@@ -58,6 +47,6 @@ def export_decoder(decoder: Decoder, path: Path, role: str, dtype: str = "fp32")
         num_layers=cfg.num_hidden_layers,
         num_kv_heads=cfg.num_key_value_heads,
         head_dim=cfg.head_dim,
-        hidden_states=decoder.hidden_mode,
-        extra={"aux_layers": list(decoder.aux_layers)} if decoder.hidden_mode == "eagle3" else {},
+        hidden_states=model.hidden_states,
+        extra={"aux_layers": list(model.aux_layers)} if model.hidden_states == "eagle3" else {},
     )

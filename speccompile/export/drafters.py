@@ -38,8 +38,9 @@ class DrafterRequest:
     draft_cpu_weights: str = "int8"  # heads: weights of their ORT CPU variant (int8|int4|fp32 = none)
 
 
-# kind -> (needs a path, hidden states the target must expose, exporter)
-Exporter = Callable[[DrafterRequest, LoadedModel, Path, str], DrafterExport]
+# kind -> (needs a path, hidden states the target must expose, exporter); an exporter records the sha256 of the
+# files it writes in its last argument (file name -> hex) when it computes them on the way
+Exporter = Callable[[DrafterRequest, LoadedModel, Path, str, dict[str, str]], DrafterExport]
 _REGISTRY: dict[str, tuple[bool, str, Exporter | None]] = {}
 
 
@@ -68,34 +69,36 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
     return _REGISTRY[request.kind][1]
 
 
-def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
+def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
+                   digests: dict[str, str] | None = None) -> DrafterExport:
     exporter = _REGISTRY[request.kind][2]
     if exporter is None:  # n-gram lookup: nothing to export but its k
         config = DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens)
         return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind, **config.to_manifest()})
-    return exporter(request, target, out_dir, dtype)
+    return exporter(request, target, out_dir, dtype, {} if digests is None else digests)
 
 
 # ----------------------------------------------------------------------------------------------
 # Built-in: a separate, smaller draft model sharing the target's tokenizer.
 
 
-def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
-    """Export a separate draft LM as `draft.onnx` after checking it shares the target's tokenizer."""
-    from ..models.decoder import build_decoder
+def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
+                       digests: dict[str, str]) -> DrafterExport:
+    """Export a separate draft LM as `draft.onnx` (the target's builder) after checking it shares the target's
+    tokenizer."""
     from ..models.load import load_model
-    from .decoder_graph import export_decoder
+    from .decoder_graph import DecoderWeights, export_decoder
 
     draft = load_model(request.path)
     _check_same_tokenizer(draft, out_dir, request.path)
-    decoder = build_decoder(draft.config, draft.weights, "none")
-    graphs = {"draft": export_decoder(decoder, out_dir / "draft.onnx", role="draft-model", dtype=dtype)}
+    weights = DecoderWeights(draft.config, draft.weights, "none")
+    graphs = {"draft": export_decoder(weights, out_dir / "draft.onnx", "draft-model", dtype, digests)}
     files = ["draft.onnx", "draft.onnx.data"]
     if request.fused_cpu_graph:
         from .ort_fused_graph import add_fused_variant
 
         max_context = request.max_context or draft.config.max_position_embeddings
-        files += add_fused_variant(decoder, "draft", graphs, out_dir, max_context)
+        files += add_fused_variant(weights, "draft", graphs, out_dir, max_context, digests=digests)
     return DrafterExport(
         graphs=graphs,
         files=files,

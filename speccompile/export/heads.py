@@ -21,20 +21,23 @@ from .drafters import DrafterExport, DrafterRequest, register
 HIDDEN_NEEDED = {"eagle": "final", "eagle3": "eagle3", "medusa": "final", "mtp": "final"}
 
 
-def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str) -> DrafterExport:
+def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
+                 digests: dict[str, str]) -> DrafterExport:
+    """Trace the head (one layer); of the target it reads only the tables it shares (embedding, lm_head, norm),
+    one tensor at a time from the target's lazy weights."""
     import numpy as np
 
     from ..models.heads import load_head
-    from .decoder_graph import torch_dtype
+    from .onnx_export import torch_dtype
 
     kind = request.kind
     draft = DraftConfig.parse(kind, request.tree, request.num_draft_tokens)
     head = load_head(kind, request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
-    spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype)
+    spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype, digests)
     files = [f"{kind}.onnx", f"{kind}.onnx.data"]
     graphs = {kind: spec}
     if request.fused_cpu_graph:
-        files += add_quantized_head_variant(kind, graphs, out_dir, request.draft_cpu_weights)
+        files += add_quantized_head_variant(kind, graphs, out_dir, request.draft_cpu_weights, digests=digests)
     cfg = head.head_config
     section: dict[str, Any] = {
         "kind": kind,
@@ -54,20 +57,20 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
                          target_hidden_states=HIDDEN_NEEDED[kind])
 
 
-def export_head_graph(head, path: Path, dtype: str = "fp32") -> GraphSpec:
-    """Export a head module to `path` with dynamic batch / q_len / past_len axes."""
+def export_head_graph(head, path: Path, dtype: str = "fp32", digests: dict[str, str] | None = None) -> GraphSpec:
+    """Export a head module to `path` with dynamic batch / q_len / past_len axes (file sha256 into `digests`)."""
     import torch
 
-    from .decoder_graph import torch_dtype
-    from .onnx_export import check_graph, export_module, graph_interface
+    from .onnx_export import check_graph, export_module, graph_interface, torch_dtype
 
     cfg = head.head_config
     tdt = torch_dtype(dtype)
+    digests = {} if digests is None else digests
     batch, q_len, past_len = 2, 5, 3
     seq = {0: "batch", 1: "q_len"}
     if cfg.kind == "medusa":
         hidden = torch.randn(batch, q_len, cfg.target_hidden_size, dtype=tdt)
-        export_module(head, (hidden,), [], [seq], head.input_names, head.output_names, {"logits": seq}, path)
+        digests.update(export_module(head, (hidden,), [], [seq], head.input_names, head.output_names, {"logits": seq}, path))
         check_graph(path)
         inputs, outputs = graph_interface(path)
         return GraphSpec(role="medusa", file=path.name, inputs=inputs, outputs=outputs, dtype=dtype,
@@ -87,8 +90,8 @@ def export_head_graph(head, path: Path, dtype: str = "fp32") -> GraphSpec:
     examples.append(hidden)
     axes.append(seq)
     past = head.empty_past(batch, past_len, tdt)
-    export_module(head, tuple(examples), past, axes, head.input_names, head.output_names,
-                  {"logits": seq, "draft_hidden_states": seq}, path)
+    digests.update(export_module(head, tuple(examples), past, axes, head.input_names, head.output_names,
+                                 {"logits": seq, "draft_hidden_states": seq}, path))
     check_graph(path)
     inputs, outputs = graph_interface(path)
     return GraphSpec(role=cfg.kind, file=path.name, inputs=inputs, outputs=outputs, dtype=dtype, num_layers=1,

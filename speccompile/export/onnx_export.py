@@ -1,7 +1,8 @@
-"""torch -> ONNX for verify-style graphs: dynamic axes, readable names, external weights, checks.
+"""ONNX graph files: tracing torch modules (drafter heads), saving, checking and reading interfaces.
 
 Any module whose forward takes `(tensor inputs..., *flat_past_kv)` and returns a flat tuple can be
-exported here (the target decoder, a separate draft model, drafter heads with their own KV cache).
+traced here (drafter heads with their own KV cache); decoders are built without tracing
+(export/contract_graph.py). Every graph is checked by path, its weights staying on disk.
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ..errors import SpecCompileError
 from ..manifest import TensorSpec
-from ..onnx_versions import save_model
+from ..onnx_versions import pin_versions
 
 OPSET = 21
 _ELEM_NAMES = {v: k for k, v in onnx.TensorProto.DataType.items()}
@@ -37,6 +40,13 @@ def _dynamic_axes(input_names, input_axes, output_names, output_axes) -> dict[st
     return axes
 
 
+def torch_dtype(name: str):
+    """The torch dtype of an export dtype name (fp32 | fp16 | bf16)."""
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
 def export_module(
     module,
     example_inputs: Sequence[Any],
@@ -46,44 +56,67 @@ def export_module(
     output_names: list[str],
     output_axes: dict[str, dict[int, str]],
     path: Path,
-) -> None:
-    """Export `module(*example_inputs, *example_past)` to `path` (+ `path.data` external weights).
+) -> dict[str, str]:
+    """Export `module(*example_inputs, *example_past)` to `path` (+ `path.data` external weights) by tracing;
+    returns the sha256 of the files written (name -> hex).
 
-    Uses torch's TorchScript-based ONNX exporter: on a 30-layer model it traces about 4x faster than
-    the torch.export-based one on this class of machine, and its graph runs equally fast in ONNX Runtime.
-    """
-    import io
+    Uses torch's TorchScript-based ONNX exporter (on a 30-layer model it traces about 4x faster than the
+    torch.export-based one, and its graph runs equally fast in ONNX Runtime). Drafter heads (one layer) are
+    exported this way; decoders are built directly (contract_graph.py). The trace goes to a file in a
+    temporary folder, so the exporter writes external data when the weights pass protobuf's 2 GiB; the graph is
+    then re-saved with its weights streamed through `WeightsWriter` one at a time."""
+    import tempfile
 
     import torch
 
     names = list(input_names[: len(example_inputs)]) + list(input_names[len(example_inputs):])
-    buffer = io.BytesIO()
+    axes = _dynamic_axes(names, input_axes, output_names, output_axes)
     logging.getLogger("torch").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            with torch.no_grad():
-                torch.onnx.export(
-                    module,
-                    (*example_inputs, *example_past),
-                    buffer,
-                    dynamo=False,
-                    input_names=names,
-                    output_names=output_names,
-                    dynamic_axes=_dynamic_axes(names, input_axes, output_names, output_axes),
-                    opset_version=OPSET,
-                    do_constant_folding=True,
-                )
-        except Exception as exc:  # noqa: BLE001 - the exporter raises many kinds
-            raise SpecCompileError(f"ONNX export failed: {str(exc).splitlines()[0]}") from exc
-    model = onnx.load_from_string(buffer.getvalue())
-    with torch.no_grad():
-        example_outputs = module(*example_inputs, *example_past)
-    if isinstance(example_outputs, torch.Tensor):
-        example_outputs = (example_outputs,)
-    _pin_static_output_dims(model, [tuple(t.shape) for t in example_outputs], _dynamic_axes(names, input_axes, output_names, output_axes))
-    _name_weights(model)
-    _save(model, path)
+    with tempfile.TemporaryDirectory(dir=Path(path).parent, prefix=".trace-") as tmp:
+        traced = Path(tmp) / "traced.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                with torch.no_grad():
+                    torch.onnx.export(module, (*example_inputs, *example_past), str(traced), dynamo=False,
+                                      input_names=names, output_names=output_names, dynamic_axes=axes,
+                                      opset_version=OPSET, do_constant_folding=True)
+            except Exception as exc:  # noqa: BLE001 - the exporter raises many kinds
+                raise SpecCompileError(f"ONNX export failed: {str(exc).splitlines()[0]}") from exc
+        model = onnx.load(str(traced), load_external_data=False)
+        with torch.no_grad():
+            example_outputs = module(*example_inputs, *example_past)
+        if isinstance(example_outputs, torch.Tensor):
+            example_outputs = (example_outputs,)
+        _pin_static_output_dims(model, [tuple(t.shape) for t in example_outputs], axes)
+        _name_weights(model)
+        return _resave(model, Path(tmp), Path(path))
+
+
+def _resave(model: onnx.ModelProto, traced_dir: Path, path: Path) -> dict[str, str]:
+    """Save `model` (weights in `traced_dir` or inline) at `path`, every initializer of >= 1 KiB streamed to
+    `path`.data one at a time; returns the files' sha256."""
+    from ..weights_file import WeightsWriter, read_tensor
+
+    data = path.with_name(path.name + ".data")
+    kept = []
+    with WeightsWriter(data) as writer:
+        for init in model.graph.initializer:
+            array = read_tensor(init, traced_dir)
+            kept.append(writer.add(init.name, array) if array.nbytes >= 1024 else numpy_helper.from_array(np.array(array), init.name))
+            del array
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return {data.name: writer.sha256, path.name: save_graph(model, path)}
+
+
+def save_graph(model: onnx.ModelProto, path: Path) -> str:
+    """Write a graph whose weights are external (or small) with its versions pinned; returns its sha256."""
+    import hashlib
+
+    raw = pin_versions(model).SerializeToString()
+    Path(path).write_bytes(raw)
+    return hashlib.sha256(raw).hexdigest()
 
 
 def _pin_static_output_dims(model: onnx.ModelProto, shapes: list[tuple[int, ...]], axes: dict[str, dict[int, str]]) -> None:
@@ -123,34 +156,46 @@ def _name_weights(model: onnx.ModelProto) -> None:
                 node.input[i] = renames[name]
 
 
-def _save(model: onnx.ModelProto, path: Path) -> None:
-    data_name = path.name + ".data"
-    data_path = path.parent / data_name
-    if data_path.exists():
-        data_path.unlink()
-    save_model(
-        model,
-        path,
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=data_name,
-        size_threshold=1024,
-    )
+ORT_CHECK_BYTES = 1 << 30  # weights up to this size: ONNX Runtime loads the graph itself; above: a probe
 
 
-def check_graph(path: Path) -> None:
-    """Full onnx checker (with shape inference) and an ONNX Runtime load; raise on failure."""
+def check_graph_bounded(path: Path, model: onnx.ModelProto, probe: Callable[[], onnx.ModelProto]) -> None:
+    """`check_graph` whose memory does not grow with the model: when the weights `model` (the graph saved at
+    `path`) refers to pass ORT_CHECK_BYTES, ONNX Runtime loads `probe()` instead, a graph of the same builder
+    with one layer over the same weight bytes (saved beside `path` for the check, then deleted)."""
+    import tempfile
+
+    if external_bytes(model) <= ORT_CHECK_BYTES:
+        check_graph(path)
+        return
+    check_graph(path, load=False)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".probe-{path.stem}-", suffix=".onnx") as fh:
+        save_graph(probe(), Path(fh.name))
+        check_graph(Path(fh.name))
+
+
+def external_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the external weights a graph refers to."""
+    from ..weights_file import external_location
+
+    return sum(where.length for t in model.graph.initializer if (where := external_location(t)) is not None)
+
+
+def check_graph(path: Path, load: bool = True) -> None:
+    """The full onnx checker (with shape inference), run by path: the weights stay on disk; with `load`, an
+    ONNX Runtime load too (weights mapped, nothing prepacked: the check costs little memory). Raises on failure."""
     import onnxruntime as ort
 
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise SpecCompileError(f"{path.name}: onnx checker failed: {str(exc).splitlines()[0]}") from exc
-    if _uses_bfloat16(path):
+    if not load or _uses_bfloat16(path):
         return  # ONNX Runtime's CPU provider has no bf16 kernels for most operators: bf16 graphs are for GPUs
     try:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.add_session_config_entry("session.disable_prepacking", "1")
         ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001
         raise SpecCompileError(f"{path.name}: ONNX Runtime cannot load the graph: {str(exc).splitlines()[0]}") from exc

@@ -11,9 +11,10 @@ concatenated inside the graph on every call. This module writes a second graph o
 * `SkipSimplifiedLayerNormalization` (residual add + RMSNorm in one node), fused q/k/v and gate/up
   matmuls, SiLU as Sigmoid*Mul.
 
-Weights are not written twice: every tensor whose bytes equal a tensor of the contract graph points at
-the same bytes of `target.onnx.data`; only what the contract graph lacks (the rotary cos/sin tables)
-goes to `target.ort.onnx.data`. The contract graph stays the reference: tests compare the two.
+Weights are not written twice: the graph asks for each weight by recipe (export/recipes.py), and every recipe
+the contract graph stored points at the same bytes of `target.onnx.data` (found by name in the contract graph,
+never by comparing bytes); only what the contract graph lacks (the rotary cos/sin tables) goes to
+`target.ort.onnx.data`. The contract graph stays the reference: tests compare the two.
 
 The same builder writes the **GPU variant** (`target="cuda"`, `target.ort-cuda.onnx`) for ONNX Runtime's
 CUDA execution provider. What differs follows what the CUDA kernels implement (onnxruntime
@@ -31,7 +32,7 @@ contrib_ops/cuda/bert/group_query_attention.cc):
 
 from __future__ import annotations
 
-import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,16 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..manifest import GraphSpec, variant_name
-from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, save_model
 from ..models.config import ModelConfig
-from .onnx_export import check_graph, graph_interface
+from ..models.rope import rounded_inv_freq
+from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
+from ..weights_file import WeightsWriter
+from .contract_graph import contract_names
+from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, Nodes, OneRowPadding, SlotInputs, head_norm, rms_norm, skip_norm
+from .graph_builder import value
+from .onnx_export import check_graph_bounded, graph_interface, save_graph
+from .recipes import ELEM, EMBED, FINAL_NORM, LM_HEAD, DecoderWeights, Recipe, layer_recipe, np_dtype
+from .weight_store import WeightStore, stored_by_recipe
 
 TARGETS = ("cpu", "cuda")
 SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx", "slots": ".ort-slots.onnx"}
@@ -50,18 +58,7 @@ CUDA_DTYPES = ("fp16", "bf16")  # GroupQueryAttention's CUDA kernels (T = MLFloa
 _BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
 _DESCRIPTIONS = {"cpu": "fused ONNX Runtime CPU graph", "cuda": "ONNX Runtime CUDA graph (GPU variant)"}
 FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
-_MS = "com.microsoft"
-PAD_INPUT = "attention_pad"  # CPU graph: 1 appends attention's padding row to a pass (_OneRowPadding)
-BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
-_ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
-
-
-def _np_dtype(dtype: str):
-    if dtype == "bf16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return {"fp32": np.float32, "fp16": np.float16}[dtype]
+__all__ = ["PAD_INPUT", "BATCH", "add_fused_variant", "export_fused_variant", "fused_variant_problem", "build_fused_graph"]
 
 
 def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") -> str | None:
@@ -79,416 +76,279 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
     return None
 
 
-def add_fused_variant(decoder, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
-                      progress=lambda _: None, pass_rows: int = 0, target: str = "cpu", slots: int = 0) -> list[str]:
+def add_fused_variant(model: DecoderWeights, name: str, graphs: dict[str, GraphSpec], directory: Path, max_context: int,
+                      progress=lambda _: None, pass_rows: int = 0, target: str = "cpu", slots: int = 0,
+                      digests: dict[str, str] | None = None) -> list[str]:
     """Add graph `name`'s fused `target` variant to `graphs` (as variant_name(name, target)) when the model
     allows; returns the new files. `slots` (cpu): also its slotted form for that many batch slots
-    (variant_name(name, "slots"), the same weight files; `_SlotInputs`).
+    (variant_name(name, "slots"), the same weight files; `SlotInputs`). The sha256 of the files written go to
+    `digests`.
 
     `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
     long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows."""
     contract = graphs[name]
-    problem = fused_variant_problem(decoder.config, contract.dtype, target)
+    problem = fused_variant_problem(model.config, contract.dtype, target)
     if problem:
         progress(f"note: no {_DESCRIPTIONS[target]} for {name}: {problem}")
         return []
     progress(f"writing the {_DESCRIPTIONS[target]} for {name}" + (f" (and its {slots}-slot form)" if slots else ""))
-    specs, files = export_fused_variant(decoder, contract, directory, max_context + pass_rows, target, slots)
+    specs, files = export_fused_variant(model, contract, directory, max_context + pass_rows, target, slots, digests)
     graphs[variant_name(name, target)] = specs[0]
     if slots:
         graphs[variant_name(name, "slots")] = specs[1]
     return files
 
 
-def export_fused_variant(decoder, contract: GraphSpec, directory: Path, kv_capacity: int,
-                         target: str = "cpu", slots: int = 0) -> tuple[list[GraphSpec], list[str]]:
+def export_fused_variant(model: DecoderWeights, contract: GraphSpec, directory: Path, kv_capacity: int,
+                         target: str = "cpu", slots: int = 0,
+                         digests: dict[str, str] | None = None) -> tuple[list[GraphSpec], list[str]]:
     """Write `<contract stem><SUFFIXES[target]>` next to the contract graph, in the contract's dtype, with
     rotary tables for `kv_capacity` slots (and, `slots` > 0 on the CPU, `<stem>.ort-slots.onnx` over the same
     weight files); returns their specs and the files written."""
     contract_path = Path(directory) / contract.file
     stem = contract_path.name.removesuffix(".onnx")
     path = contract_path.with_name(stem + SUFFIXES[target])
-    weights = SharedWeights(contract_path, path.name + ".data")
-    models = [(path, _build_model(decoder, weights, kv_capacity, target, contract.dtype))]
-    if slots and target == "cpu":
-        models.append((contract_path.with_name(stem + SUFFIXES["slots"]),
-                       _build_model(decoder, weights, kv_capacity, target, contract.dtype, slots=slots)))
-    files = [p.name for p, _ in models]
-    if weights.write_own(directory):
-        files.append(weights.own_location)
+    shared = stored_by_recipe(contract_path, contract_names(model, contract.dtype))
+    own = path.with_name(path.name + ".data")
+    paths = [path] + ([contract_path.with_name(stem + SUFFIXES["slots"])] if slots and target == "cpu" else [])
+    digests = {} if digests is None else digests
+    with WeightsWriter(own) as writer:
+        store = WeightStore(model.source, writer, shared)
+        graphs = [build_fused_graph(model, store, kv_capacity, target, contract.dtype, slots=slots if p != path else 0)
+                  for p in paths]
+    files = [p.name for p in paths]
+    if writer.size:
+        digests[own.name] = writer.sha256
+        files.append(own.name)
+    else:
+        own.unlink()
+    probe = WeightStore(model.source, None, shared={**shared, **store.written})
     specs = []
-    for graph_path, model in models:
-        save_model(model, graph_path)
-        check_graph(graph_path)
-        inputs, outputs = graph_interface(graph_path)
-        extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": _BACKENDS[target],
-                 "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
-        if target == "cuda":
-            extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
-        if graph_path != path:
-            extra["slots"] = int(slots)
-        specs.append(GraphSpec(
-            role=contract.role, file=graph_path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
-            num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
-            hidden_states=contract.hidden_states, extra=extra,
-        ))
+    for graph_path, graph in zip(paths, graphs):
+        digests[graph_path.name] = save_graph(graph, graph_path)
+        graph_slots = slots if graph_path != path else 0
+        check_graph_bounded(graph_path, graph, lambda: build_fused_graph(model.first_layer(), probe, kv_capacity, target, contract.dtype,
+                                                                         slots=graph_slots, layers=1))
+        specs.append(_spec(contract, graph_path, target, kv_capacity, graph_slots))
     return specs, files
 
 
-class SharedWeights:
-    """Initializers that reuse the contract graph's external data where the bytes are identical."""
-
-    def __init__(self, contract_path: Path, own_location: str):
-        self.own_location = own_location
-        self._own: list[bytes] = []
-        self._own_size = 0
-        self._index: dict[tuple, list[tuple[str, str]]] = {}
-        contract = onnx.load(str(contract_path), load_external_data=False)
-        files: dict[str, np.memmap] = {}
-        for init in contract.graph.initializer:
-            info = {e.key: e.value for e in init.external_data}
-            if init.data_location != TensorProto.EXTERNAL or "location" not in info:
-                continue
-            location = info["location"]
-            if location not in files:
-                files[location] = np.memmap(contract_path.parent / location, dtype=np.uint8, mode="r")
-            data = files[location]
-            start = int(info.get("offset", 0))
-            raw = data[start : start + int(info["length"])]
-            key = (init.data_type, tuple(init.dims), hashlib.blake2b(raw, digest_size=16).digest())
-            self._index[key] = [(k, v) for k, v in info.items()]
-
-    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
-        """An initializer `name` holding `array`, pointing into the contract's data when possible."""
-        array = np.ascontiguousarray(array)
-        proto = onnx.numpy_helper.from_array(array, name)
-        key = (proto.data_type, tuple(array.shape), hashlib.blake2b(array.tobytes(), digest_size=16).digest())
-        external = self._index.get(key)
-        if external is None:  # written once to the own file, shared by every graph built with these weights
-            raw = array.tobytes()
-            external = [("location", self.own_location), ("offset", str(self._own_size)), ("length", str(len(raw)))]
-            self._own.append(raw)
-            self._own_size += len(raw)
-            self._index[key] = external
-        proto.ClearField("raw_data")
-        proto.data_location = TensorProto.EXTERNAL
-        for k, v in external:
-            proto.external_data.add(key=k, value=v)
-        return proto
-
-    def write_own(self, directory: Path) -> bool:
-        """Write the tensors the contract graph did not have; False when there were none."""
-        if not self._own:
-            return False
-        with open(Path(directory) / self.own_location, "wb") as fh:
-            for raw in self._own:
-                fh.write(raw)
-        return True
+def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, slots: int) -> GraphSpec:
+    inputs, outputs = graph_interface(graph_path)
+    extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": _BACKENDS[target],
+             "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
+    if target == "cuda":
+        extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
+    if slots:
+        extra["slots"] = int(slots)
+    return GraphSpec(role=contract.role, file=graph_path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
+                     num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
+                     hidden_states=contract.hidden_states, extra=extra)
 
 
-class _Nodes:
-    """A tiny node writer: unique output names, optional outputs as ''."""
+@dataclass
+class _Fused:
+    """One fused graph under construction: nodes, initializers and what every layer reads."""
 
-    def __init__(self):
-        self.nodes: list[onnx.NodeProto] = []
-        self._count = 0
+    model: DecoderWeights
+    store: WeightStore
+    dtype: str
+    target: str
+    n: Nodes = field(default_factory=Nodes)
+    inits: list[TensorProto] = field(default_factory=list)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def __call__(self, op: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs) -> list[str]:
-        self._count += 1
-        if isinstance(outputs, int):
-            outputs = [f"{op.lower()}_{self._count}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{op}_{self._count}", domain=domain, **attrs))
-        return outputs
+    @property
+    def elem(self) -> int:
+        return ELEM[self.dtype]
 
-
-def _numpy(param) -> np.ndarray:
-    return param.detach().to("cpu").float().numpy()
-
-
-def _rotary_tables(decoder, max_context: int) -> tuple[np.ndarray, np.ndarray]:
-    inv_freq = decoder.model.rotary_emb.inv_freq.detach().float().numpy()
-    freqs = np.arange(max_context, dtype=np.float32)[:, None] * inv_freq[None, :]
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
-
-
-def _build_model(decoder, weights: SharedWeights, max_context: int, target: str = "cpu", dtype: str = "fp32",
-                 slots: int = 0) -> onnx.ModelProto:
-    """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
-    `slots` (cpu): the slotted form, one GroupQueryAttention per slot (`_SlotInputs`)."""
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {TARGETS}, got {target}")
-    cfg = decoder.config
-    heads, kv_heads, dim, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
-    eps = float(cfg.rms_norm_eps)
-    elem, np_dtype = _ELEM[dtype], _np_dtype(dtype)
-    n = _Nodes()
-    inits: list[TensorProto] = []
-
-    def init(name: str, array: np.ndarray) -> str:
-        """A float weight in the graph's dtype (fp32 master copies are rounded the way torch rounds them)."""
-        inits.append(weights.tensor(name, np.asarray(array, dtype=np.float32).astype(np_dtype)))
+    def weight(self, name: str, recipe: Recipe) -> str:
+        self.inits.append(self.store.tensor(name, recipe))
         return name
 
-    consts: dict[str, np.ndarray] = {}
+    def layer_weight(self, i: int, name: str, role: str) -> str:
+        return self.weight(f"layers.{i}.{name}", layer_recipe(i, role, self.dtype))
 
-    def const(name: str, values, dtype=np.int64) -> str:
+    def const(self, name: str, values, dtype=np.int64) -> str:
         """An integer constant initializer; asking again for `name` (with the same values) reuses it."""
         values = np.asarray(values, dtype=dtype)
-        if name in consts:
-            assert np.array_equal(consts[name], values), name
+        if name in self.consts:
+            assert np.array_equal(self.consts[name], values), name
             return name
-        consts[name] = values
-        inits.append(onnx.numpy_helper.from_array(values, name))
+        self.consts[name] = values
+        self.inits.append(onnx.numpy_helper.from_array(values, name))
         return name
 
-    # CPU: one spare rotary slot past kv_capacity, for the padding row of a one-row pass (_OneRowPadding)
-    cos, sin = _rotary_tables(decoder, max_context + (1 if target == "cpu" else 0))
-    init("rotary.cos_cache", cos)
-    init("rotary.sin_cache", sin)
-    embed = init("model.embed_tokens.weight", _numpy(decoder.model.embed_tokens.weight))
-    x = n("Gather", [embed, "input_ids"])[0]
-    residual = x
-    taps: list[str] = []
-    presents: list[str] = []
-    mlp_out = None
-    slot_inputs = _SlotInputs(n, const, slots) if slots else None
-    padding = _OneRowPadding(n, const) if target == "cpu" and not slots else None
-    for i, layer in enumerate(decoder.model.layers):
-        pre = f"layers.{i}"
-        gamma = init(f"{pre}.input_layernorm.weight", _numpy(layer.input_layernorm.weight))
+
+def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: int, target: str = "cpu",
+                      dtype: str = "fp32", slots: int = 0, layers: int | None = None) -> onnx.ModelProto:
+    """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
+    `slots` (cpu): the slotted form, one GroupQueryAttention per slot (`SlotInputs`). `layers`: only the first
+    that many decoder layers (the probe of the ONNX Runtime load check)."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target}")
+    f = _Fused(model, store, dtype, target)
+    _rotary_tables(f, max_context + (1 if target == "cpu" else 0))  # CPU: a spare slot for OneRowPadding's row
+    embed = f.weight("model.embed_tokens.weight", Recipe(EMBED, False, dtype))
+    x = f.n("Gather", [embed, "input_ids"])[0]
+    slot_inputs = SlotInputs(f.n, f.const, slots) if slots else None
+    padding = OneRowPadding(f.n, f.const) if target == "cpu" and not slots else None
+    residual, mlp_out, taps, presents = x, None, [], []
+    count = model.config.num_hidden_layers if layers is None else layers
+    for i in range(count):
+        gamma = f.layer_weight(i, "input_layernorm.weight", "input_norm")
         if mlp_out is None:
-            h = _rms_norm(n, x, gamma, eps, const, pre, elem)
+            h = rms_norm(f.n, x, gamma, model.config.rms_norm_eps, f.const, f"layers.{i}", f.elem)
         else:
-            h, residual = _skip_norm(n, mlp_out, residual, gamma, eps)
-        if i in decoder.aux_layers:
+            h, residual = skip_norm(f.n, mlp_out, residual, gamma, model.config.rms_norm_eps)
+        if i in model.aux_layers:
             taps.append(residual)
-        attn = layer.self_attn
-        qkv_weight = np.concatenate([_numpy(p.weight) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], axis=0)
-        qkv = n("MatMul", [h, init(f"{pre}.self_attn.qkv.weight_t", qkv_weight.T)])[0]
-        if attn.q_proj.bias is not None:
-            bias = np.concatenate([_numpy(p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)])
-            qkv = n("Add", [qkv, init(f"{pre}.self_attn.qkv.bias", bias)])[0]
-        if attn.q_norm is not None:
-            split = const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])
-            q, k, v = n("Split", [qkv, split], 3, axis=-1)
-            q = _head_norm(n, q, heads, dim, init(f"{pre}.self_attn.q_norm.weight", _numpy(attn.q_norm.weight)), eps, const, f"{pre}.q", elem)
-            k = _head_norm(n, k, kv_heads, dim, init(f"{pre}.self_attn.k_norm.weight", _numpy(attn.k_norm.weight)), eps, const, f"{pre}.k", elem)
-            query = [q, k, v]
-        else:
-            query = [qkv, "", ""]
-        gqa = dict(domain=_MS, num_heads=heads, kv_num_heads=kv_heads, scale=float(1.0 / np.sqrt(dim)),
-                   do_rotary=1, rotary_interleaved=0, local_window_size=-1)
-        rotary = ["rotary.cos_cache", "rotary.sin_cache"]
-        if slot_inputs is not None:  # each slot's rows through a GroupQueryAttention of their own, over that slot's KV
-            parts = [slot_inputs.split(x) if x else [""] * slots for x in query]
-            outs = []
-            for b in range(slots):
-                past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
-                out = n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
-                                                *slot_inputs.lengths[b], *rotary, slot_inputs.positions[b], f"attention_bias.{b}"],
-                        [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **gqa)[0]
-                outs.append(out)
-                presents += [f"{present}.key", f"{present}.value"]
-            out = slot_inputs.join(outs, f"attn_{i}")
-        else:
-            present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-            if padding is None:  # the CUDA kernel rejects attention_bias
-                lengths = ["seqlens_k", "total_sequence_length"]
-                extra = ["position_ids"]
-            else:
-                query = [padding.rows(x) if x else "" for x in query]
-                lengths = [padding.seqlens_k, padding.total_sequence_length]
-                extra = [padding.position_ids, padding.attention_bias]
-            out = n("GroupQueryAttention", [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
-                                            *rotary, *extra],
-                    [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v], **gqa)[0]
-            if padding is not None:
-                out = padding.drop(out, f"attn_{i}")
-            presents += [present_k, present_v]
-        o = n("MatMul", [out, init(f"{pre}.self_attn.o_proj.weight_t", _numpy(attn.o_proj.weight).T)])[0]
-        gamma = init(f"{pre}.post_attention_layernorm.weight", _numpy(layer.post_attention_layernorm.weight))
-        h, residual = _skip_norm(n, o, residual, gamma, eps)
-        mlp = layer.mlp
-        gate_up = np.concatenate([_numpy(mlp.gate_proj.weight), _numpy(mlp.up_proj.weight)], axis=0)
-        gu = n("MatMul", [h, init(f"{pre}.mlp.gate_up.weight_t", gate_up.T)])[0]
-        inter = mlp.gate_proj.out_features
-        gate, up = n("Split", [gu, const(f"{pre}.mlp_split", [inter, inter])], 2, axis=-1)
-        act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
-        mlp_out = n("MatMul", [act, init(f"{pre}.mlp.down_proj.weight_t", _numpy(mlp.down_proj.weight).T)])[0]
-    final, _ = _skip_norm(n, mlp_out, residual, init("model.norm.weight", _numpy(decoder.model.norm.weight)), eps)
-    raw_logits = "logits" if elem == TensorProto.FLOAT else "logits_model_dtype"
+        query = _qkv(f, i, h)
+        out, layer_presents = (_slot_attention(f, i, query, slot_inputs) if slot_inputs is not None
+                               else _attention(f, i, query, padding))
+        presents += layer_presents
+        h, residual, mlp_out = _mlp(f, i, out, residual)
+    final, _ = skip_norm(f.n, mlp_out, residual, f.weight("model.norm.weight", Recipe(FINAL_NORM, False, dtype)),
+                         model.config.rms_norm_eps)
+    outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)
+    inputs = slot_inputs.values() if slot_inputs is not None else _pass_inputs(target)
+    cache_shape = [1 if slots else BATCH, model.config.num_key_value_heads, "kv_capacity", model.config.head_dim]
+    for i in range(count):
+        for b in range(slots or 1):
+            past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
+            inputs += [value(f"{past}.{kind}", f.elem, cache_shape) for kind in ("key", "value")]
+    graph = helper.make_graph(f.n.nodes, "speccompile_ort_fused", inputs, outputs, f.inits)
+    model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
+    model_proto.producer_name = "speccompile"
+    return model_proto
+
+
+def _rotary_tables(f: _Fused, rows: int) -> None:
+    """cos/sin caches [rows, head_dim / 2] in the graph dtype (computed in float32 from the rounded frequencies)."""
+    inv_freq = rounded_inv_freq(f.model.config, np_dtype(f.dtype))
+    freqs = np.arange(rows, dtype=np.float32)[:, None] * inv_freq[None, :]
+    for name, fn in (("rotary.cos_cache", np.cos), ("rotary.sin_cache", np.sin)):
+        key = (name, rows, f.dtype, inv_freq.tobytes())
+        f.inits.append(f.store.computed(name, key, lambda fn=fn: fn(freqs).astype(np.float32).astype(np_dtype(f.dtype))))
+
+
+def _qkv(f: _Fused, i: int, h: str) -> list[str]:
+    """GroupQueryAttention's query inputs: the packed q/k/v rows, or (Qwen3) q, k, v after their head norms."""
+    cfg, n = f.model.config, f.n
+    heads, kv_heads, dim, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, float(cfg.rms_norm_eps)
+    qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
+    if cfg.attention_bias:
+        qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
+    if not cfg.qk_norm:
+        return [qkv, "", ""]
+    pre = f"layers.{i}"
+    q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    q = head_norm(n, q, heads, dim, f.layer_weight(i, "self_attn.q_norm.weight", "q_norm"), eps, f.const, f"{pre}.q", f.elem)
+    k = head_norm(n, k, kv_heads, dim, f.layer_weight(i, "self_attn.k_norm.weight", "k_norm"), eps, f.const, f"{pre}.k", f.elem)
+    return [q, k, v]
+
+
+def _gqa_attributes(cfg: ModelConfig) -> dict:
+    return dict(domain=MS_DOMAIN, num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
+                scale=float(1.0 / np.sqrt(cfg.head_dim)), do_rotary=1, rotary_interleaved=0, local_window_size=-1)
+
+
+ROTARY = ["rotary.cos_cache", "rotary.sin_cache"]
+
+
+def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | None) -> tuple[str, list[str]]:
+    """Layer i's GroupQueryAttention over its KV buffer (with the CPU graph's padding row); its output and presents."""
+    present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+    if padding is None:  # the CUDA kernel rejects attention_bias
+        lengths, extra = ["seqlens_k", "total_sequence_length"], ["position_ids"]
+    else:
+        query = [padding.rows(x) if x else "" for x in query]
+        lengths = [padding.seqlens_k, padding.total_sequence_length]
+        extra = [padding.position_ids, padding.attention_bias]
+    out = f.n("GroupQueryAttention", [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
+                                      *ROTARY, *extra],
+              [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v],
+              **_gqa_attributes(f.model.config))[0]
+    if padding is not None:
+        out = padding.drop(out, f"attn_{i}")
+    return out, [present_k, present_v]
+
+
+def _slot_attention(f: _Fused, i: int, query: list[str], slots: SlotInputs) -> tuple[str, list[str]]:
+    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV."""
+    parts = [slots.split(x) if x else [""] * slots.slots for x in query]
+    outs, presents = [], []
+    for b in range(slots.slots):
+        past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
+        out = f.n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
+                                          *slots.lengths[b], *ROTARY, slots.positions[b], f"attention_bias.{b}"],
+                  [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f.model.config))[0]
+        outs.append(out)
+        presents += [f"{present}.key", f"{present}.value"]
+    return slots.join(outs, f"attn_{i}"), presents
+
+
+def _mlp(f: _Fused, i: int, attn: str, residual: str) -> tuple[str, str, str]:
+    """o_proj, the residual add + post-attention norm, and the MLP; returns (normed, residual, mlp output)."""
+    n, eps = f.n, f.model.config.rms_norm_eps
+    o = n("MatMul", [attn, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+    gamma = f.layer_weight(i, "post_attention_layernorm.weight", "post_norm")
+    h, residual = skip_norm(n, o, residual, gamma, eps)
+    gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
+    inter = f.model.config.intermediate_size
+    gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
+    act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
+    mlp_out = n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    return h, residual, mlp_out
+
+
+def _head(f: _Fused, final: str, embed: str) -> list[onnx.ValueInfoProto]:
+    """lm_head to float32 logits (CPU: only the rows in `logits_rows`; CUDA: plus ArgMax `next_tokens`)."""
+    n, cfg, target = f.n, f.model.config, f.target
+    raw_logits = "logits" if f.elem == TensorProto.FLOAT else "logits_model_dtype"
     # CPU: only the rows in `logits_rows` go through lm_head (a prefill chunk needs its last row's logits; on
     # SmolLM2 the vocabulary projection is a fifth of a token's work). Each row's logits are those of the
     # whole pass: the Gather copies rows, and the projection computes every row alike.
     head_input = n("Gather", [final, "logits_rows"], axis=1)[0] if target == "cpu" else final
-    if cfg.tie_word_embeddings:
-        flat = n("Reshape", [head_input, const("lm_head.flat_shape", [-1, hidden])])[0]
+    if f.model.tied:
+        flat = n("Reshape", [head_input, f.const("lm_head.flat_shape", [-1, cfg.hidden_size])])[0]
         logits2d = n("Gemm", [flat, embed], transB=1)[0]
         # [batch * rows, V] -> [batch, rows, V]: the same bytes as batch 1's Unsqueeze, any batch
         rows_shape = n("Shape", [head_input], end=2)[0]
-        logits_shape = n("Concat", [rows_shape, const("lm_head.vocab", [cfg.vocab_size])], axis=0)[0]
+        logits_shape = n("Concat", [rows_shape, f.const("lm_head.vocab", [cfg.vocab_size])], axis=0)[0]
         n("Reshape", [logits2d, logits_shape], [raw_logits])
     else:
-        n("MatMul", [head_input, init("lm_head.weight_t", _numpy(decoder.lm_head.weight).T)], [raw_logits])
+        n("MatMul", [head_input, f.weight("lm_head.weight_t", Recipe(LM_HEAD, True, f.dtype))], [raw_logits])
     if raw_logits != "logits":
         n("Cast", [raw_logits], ["logits"], to=TensorProto.FLOAT)  # the contract graph's logits are float32 too
-    outputs = [_value("logits", TensorProto.FLOAT, [BATCH, "logits_len" if target == "cpu" else "q_len", cfg.vocab_size])]
+    outputs = [value("logits", TensorProto.FLOAT, [BATCH, "logits_len" if target == "cpu" else "q_len", cfg.vocab_size])]
     if target == "cuda":  # greedy decoding reads q integers back instead of q x vocab floats
         n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
-        outputs.append(_value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
-    cache_shape = [1 if slots else BATCH, kv_heads, "kv_capacity", dim]
-    outputs += [_value(name, elem, cache_shape) for name in presents]
-    if decoder.hidden_mode == "final":
-        n("Identity", [final], ["hidden_states"])
-        outputs.append(_value("hidden_states", elem, [BATCH, "q_len", hidden]))
-    elif decoder.hidden_mode == "eagle3":
-        n("Concat", taps, ["aux_hidden_states"], axis=-1)
-        outputs.append(_value("aux_hidden_states", elem, [BATCH, "q_len", hidden * len(taps)]))
-    if slot_inputs is not None:
-        inputs = slot_inputs.values()
-    else:
-        inputs = _pass_inputs(target)
-    for i in range(cfg.num_hidden_layers):
-        for b in range(slots or 1):
-            past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
-            inputs += [_value(f"{past}.{kind}", elem, cache_shape) for kind in ("key", "value")]
-    graph = helper.make_graph(n.nodes, "speccompile_ort_fused", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(_MS, 1)])
-    model.producer_name = "speccompile"
-    return model
+        outputs.append(value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
+    return outputs
+
+
+def _kv_and_hidden_outputs(f: _Fused, presents: list[str], final: str, taps: list[str], slots: int) -> list[onnx.ValueInfoProto]:
+    cfg = f.model.config
+    cache_shape = [1 if slots else BATCH, cfg.num_key_value_heads, "kv_capacity", cfg.head_dim]
+    outputs = [value(name, f.elem, cache_shape) for name in presents]
+    if f.model.hidden_states == "final":
+        f.n("Identity", [final], ["hidden_states"])
+        outputs.append(value("hidden_states", f.elem, [BATCH, "q_len", cfg.hidden_size]))
+    elif f.model.hidden_states == "eagle3":
+        f.n("Concat", taps, ["aux_hidden_states"], axis=-1)
+        outputs.append(value("aux_hidden_states", f.elem, [BATCH, "q_len", cfg.hidden_size * len(taps)]))
+    return outputs
 
 
 def _pass_inputs(target: str) -> list[onnx.ValueInfoProto]:
     """The inputs of the (unslotted) fused graph before its KV buffers."""
     return [
-        _value("input_ids", TensorProto.INT64, [BATCH, "q_len"]),
-        _value("position_ids", TensorProto.INT64, [BATCH, "q_len"]),
-        *([_value("attention_bias", TensorProto.FLOAT, [BATCH, 1, "q_len", "total_len"])] if target == "cpu" else []),
-        _value("seqlens_k", TensorProto.INT32, [BATCH]),
-        _value("total_sequence_length", TensorProto.INT32, []),
-        *([_value("logits_rows", TensorProto.INT64, ["logits_len"])] if target == "cpu" else []),
-        *([_value(PAD_INPUT, TensorProto.INT64, [1])] if target == "cpu" else []),
+        value("input_ids", TensorProto.INT64, [BATCH, "q_len"]),
+        value("position_ids", TensorProto.INT64, [BATCH, "q_len"]),
+        *([value("attention_bias", TensorProto.FLOAT, [BATCH, 1, "q_len", "total_len"])] if target == "cpu" else []),
+        value("seqlens_k", TensorProto.INT32, [BATCH]),
+        value("total_sequence_length", TensorProto.INT32, []),
+        *([value("logits_rows", TensorProto.INT64, ["logits_len"])] if target == "cpu" else []),
+        *([value(PAD_INPUT, TensorProto.INT64, [1])] if target == "cpu" else []),
     ]
-
-
-class _OneRowPadding:
-    """The CPU graph's `attention_pad` input (int64 [1], 0 or 1): with 1, every GroupQueryAttention gets a copy
-    of the pass's last row appended (same position; its KV lands one slot past the pass's rows; its output is
-    dropped), so a one-row pass runs the same kernels as a multi-row one.
-
-    Why: ONNX Runtime CPU's attention multiplies probabilities by values with MLAS's dedicated one-row SGEMM
-    kernel when a pass has one row, and with the general kernel otherwise; the two sum in different orders, so
-    a position's logits differed by up to ~4e-5 between plain decoding (q = 1) and a verify pass (q > 1).
-    With the padding row every pass has >= 2 rows, and MLAS computes each row of the general kernel alike
-    whatever the number of rows: a position's logits are the same bits in any pass (tests/test_ort_fused.py).
-    Everything outside the attention (the weight matmuls, norms, lm_head) already is row-independent.
-    ONNX Runtime refuses more than one row per sequence at batch > 1 with a past, so batched one-row
-    passes run with 0 (runtime/batch.py); the slotted graph gets the same padding row per slot from the
-    caller's row layout (`_SlotInputs`)."""
-
-    def __init__(self, n: _Nodes, const):
-        self._n = n
-        pad = PAD_INPUT
-        const("pad.axis", [1])
-        const("pad.zero", [0])
-        q_len = n("Shape", ["input_ids"], start=1, end=2)[0]
-        self.q_len = q_len
-        self._last = n("Sub", [q_len, const("pad.one", [1])])[0]
-        self._end = n("Add", [self._last, pad])[0]  # [last, last + pad): the last row, or no row
-        self.position_ids = self.rows("position_ids")
-        pad32 = n("Cast", [pad], to=TensorProto.INT32)[0]
-        self.seqlens_k = n("Add", ["seqlens_k", pad32])[0]
-        self.total_sequence_length = n("Add", ["total_sequence_length", n("Squeeze", [pad32])[0]])[0]
-        # the padding row sees every slot up to its own (bias 0; causal inside); no real row reaches its slot
-        pads = n("Concat", [const("pad.bias_begin", [0, 0, 0, 0, 0, 0]), pad, pad], axis=0)[0]
-        self.attention_bias = n("Pad", ["attention_bias", pads])[0]
-
-    def rows(self, x: str) -> str:
-        """`x` [batch, q, ...] with the padding row (if any) appended."""
-        extra = self._n("Slice", [x, self._last, self._end, "pad.axis"])[0]
-        return self._n("Concat", [x, extra], axis=1)[0]
-
-    def drop(self, x: str, name: str) -> str:
-        """`x` without the padding row, as `name`."""
-        return self._n("Slice", [x, "pad.zero", self.q_len, "pad.axis"], [name])[0]
-
-
-class _SlotInputs:
-    """The slotted CPU graph's inputs: the rows of up to `slots` sequences packed along one pass (`input_ids`,
-    `position_ids` [1, rows], slot b's rows after slot b - 1's; at least one each), and how each slot's
-    GroupQueryAttention sees them, laid out by the caller (backends/ort_slots.py): `padded_index` [padded]
-    gathers every slot's rows plus, for a one-row slot, its row again as the attention padding row
-    (`_OneRowPadding`); `padded_rows` [slots] splits them per slot; `unpadded_index` [rows] gathers the real rows
-    back; per slot `seqlens_k`, `total_sequence_length` (int32 [slots], padding counted) and
-    `attention_bias.{b}` [1, 1, q_b + pad_b, total_b] (padding row and column 0), and its KV buffers
-    `past_key_values.{layer}.{b}.*`. The weight matmuls run over every slot's rows at once; each slot's
-    attention is a batch of one, which ONNX Runtime takes with several rows and the padding row, so a slot's
-    rows compute the same bits as the same rows of that sequence alone. One Gather, Split and Concat per
-    layer and tensor lay the rows out (per-slot Slice/Concat nodes cost ~5 ms a pass on SmolLM2)."""
-
-    def __init__(self, n: _Nodes, const, slots: int):
-        self._n = n
-        self.slots = slots
-        self.positions = self.split("position_ids")
-        self.lengths = []
-        for b in range(slots):
-            at, to = const(f"slot.{b}.start", [b]), const(f"slot.{b}.end", [b + 1])
-            seqlens = n("Slice", ["seqlens_k", at, to])[0]
-            total = n("Squeeze", [n("Slice", ["total_sequence_length", at, to])[0]])[0]
-            self.lengths.append((seqlens, total))
-
-    def split(self, x: str) -> list[str]:
-        """`x` [1, rows, ...] as each slot's padded rows."""
-        padded = self._n("Gather", [x, "padded_index"], axis=1)[0]
-        return self._n("Split", [padded, "padded_rows"], self.slots, axis=1)
-
-    def join(self, outs: list[str], name: str) -> str:
-        """Every slot's attention output back as the pass's real rows."""
-        padded = self._n("Concat", outs, axis=1)[0]
-        return self._n("Gather", [padded, "unpadded_index"], [name], axis=1)[0]
-
-    def values(self) -> list[onnx.ValueInfoProto]:
-        return [
-            _value("input_ids", TensorProto.INT64, [1, "rows"]),
-            _value("position_ids", TensorProto.INT64, [1, "rows"]),
-            _value("padded_index", TensorProto.INT64, ["padded"]),
-            _value("padded_rows", TensorProto.INT64, [self.slots]),
-            _value("unpadded_index", TensorProto.INT64, ["rows"]),
-            _value("seqlens_k", TensorProto.INT32, [self.slots]),
-            _value("total_sequence_length", TensorProto.INT32, [self.slots]),
-            *[_value(f"attention_bias.{b}", TensorProto.FLOAT, [1, 1, f"q_{b}", f"total_{b}"]) for b in range(self.slots)],
-            _value("logits_rows", TensorProto.INT64, ["logits_len"]),
-        ]
-
-
-def _skip_norm(n: _Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[str, str]:
-    """RMSNorm(x + residual) and the new residual stream, as one SkipSimplifiedLayerNormalization."""
-    normed, total = f"{x}_normed", f"{x}_plus_residual"
-    n("SkipSimplifiedLayerNormalization", [x, residual, gamma], [normed, "", "", total], domain=_MS, epsilon=eps)
-    return normed, total
-
-
-def _head_norm(n: _Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str,
-               elem: int = TensorProto.FLOAT) -> str:
-    """Qwen3's per-head RMSNorm of q or k: [1, q, heads*dim] -> per head -> back."""
-    per_head = n("Reshape", [x, const(f"{prefix}_heads_shape", [0, -1, num_heads, dim])])[0]
-    normed = _rms_norm(n, per_head, gamma, eps, const, prefix, elem)
-    return n("Reshape", [normed, const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
-
-
-def _rms_norm(n: _Nodes, x: str, gamma: str, eps: float, const, prefix: str, elem: int = TensorProto.FLOAT) -> str:
-    """RMSNorm over the last axis from opset-18 operators (ONNX's RMSNormalization needs opset 23, which
-    onnxruntime < 1.23 and onnx < 1.18 do not have); ONNX Runtime fuses the pattern into one kernel.
-    A graph in fp16/bf16 (`elem`) normalises in float32 and rounds before the gain, as the torch model does."""
-    wide = x if elem == TensorProto.FLOAT else n("Cast", [x], to=TensorProto.FLOAT)[0]
-    square = n("Pow", [wide, const(f"{prefix}_norm_two", 2.0, np.float32)])[0]
-    mean = n("ReduceMean", [square, const(f"{prefix}_norm_axis", [-1])], keepdims=1)[0]
-    root = n("Sqrt", [n("Add", [mean, const(f"{prefix}_norm_eps", eps, np.float32)])[0]])[0]
-    normed = n("Div", [wide, root])[0]
-    if elem != TensorProto.FLOAT:
-        normed = n("Cast", [normed], to=elem)[0]
-    return n("Mul", [normed, gamma])[0]
-
-
-def _value(name: str, elem: int, shape: list) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)

@@ -10,10 +10,11 @@ from typing import Callable
 from .. import __version__
 from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError
-from ..manifest import Manifest
+from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
 from .ort_fused_graph import add_fused_variant
+from .output_size import check_disk_space, drafter_estimate, estimate_export_bytes
 
 Progress = Callable[[str], None]
 
@@ -55,8 +56,10 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
     check_artifact_output(out, options.force)
 
-    from ..models.decoder import HIDDEN_STATE_MODES, build_decoder  # torch from here on
-    from .decoder_graph import DTYPES, export_decoder
+    import torch  # noqa: F401 - the weight transposes; an install without it fails here, before any work
+
+    from ..models.config import HIDDEN_STATE_MODES
+    from .decoder_graph import DTYPES, DecoderWeights, export_decoder
 
     if options.dtype not in DTYPES:
         raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
@@ -64,29 +67,36 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     out = Path(out)
     started = time.time()
+    progress(f"loading {model_name}")
+    model = load_model(model_name)  # the file headers: the weights are read while the graphs are written
+    cfg = model.config
+    max_context = options.max_context or cfg.max_position_embeddings
+    drafter = drafter_estimate(model, options.dtype, request.kind if request else None, request.path if request else None)
+    needed = estimate_export_bytes(model, options.dtype, max_context + options.max_verify_tokens, options.fused_cpu_graph,
+                                   options.gpu_graph, drafter)
     with atomic_output(out, options.force) as tmp:
-        progress(f"loading {model_name}")
-        model = load_model(model_name)
-        cfg = model.config
-        max_context = options.max_context or cfg.max_position_embeddings
+        check_disk_space(tmp, needed, flag=f"--out {out}")  # where the files will be, before any is written
+        model.hash_in_background()
         progress("writing tokenizer")
         tokenizer_files = model.write_tokenizer(tmp)
         progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
-        decoder = build_decoder(cfg, model.weights, hidden)
-        graphs = {"target": export_decoder(decoder, tmp / "target.onnx", role="target", dtype=options.dtype)}
+        digests: dict[str, str] = {}
+        target = DecoderWeights(cfg, model.weights, hidden)
+        graphs = {"target": export_decoder(target, tmp / "target.onnx", "target", options.dtype, digests)}
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)
         if options.fused_cpu_graph:
-            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
-                                       slots=options.batch_slots)
+            files += add_fused_variant(target, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
+                                       slots=options.batch_slots, digests=digests)
         if options.gpu_graph and options.dtype != "fp32":  # fp32: no CUDA GroupQueryAttention kernel
-            files += add_fused_variant(decoder, "target", graphs, tmp, max_context, progress, options.max_verify_tokens, target="cuda")
+            files += add_fused_variant(target, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
+                                       target="cuda", digests=digests)
         drafter_section = None
         if request is not None:
             request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph
             request.draft_cpu_weights = options.draft_cpu_weights
             progress(f"exporting drafter {request.kind}")
-            exported = export_drafter(request, model, tmp, options.dtype)
+            exported = export_drafter(request, model, tmp, options.dtype, digests)
             graphs.update(exported.graphs)
             files += exported.files
             drafter_section = exported.manifest
@@ -114,8 +124,9 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
             created_by=f"speccompile {__version__}",
         )
         progress("checksumming files")
-        manifest.record_files(tmp, [f for f in files if (tmp / f).exists()])
+        manifest.record_files(tmp, [f for f in files if (tmp / f).exists()], known=digests)
         manifest.write(tmp)
+    remember_verified(out, {name: digests[name] for name in manifest.files if name in digests})  # `run` need not re-read them
     progress(f"done in {time.time() - started:.1f}s")
     return manifest
 

@@ -18,6 +18,12 @@ _ARCH_ALIASES = {
     "qwen3": "qwen3",
 }
 _SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
+
+
+def eagle3_tap_layers(num_layers: int) -> tuple[int, int, int]:
+    """Layers whose *inputs* (residual stream before the layer) EAGLE-3 fuses: (2, L//2, L-3)."""
+    return (2, num_layers // 2, num_layers - 3)
 
 
 @dataclass

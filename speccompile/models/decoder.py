@@ -9,41 +9,19 @@ and optional hidden-state taps. Parameter names equal Hugging Face's, so HF stat
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import torch
 from torch import nn
 
-from .config import ModelConfig
-
-HIDDEN_STATE_MODES = ("none", "final", "eagle3")
-
-
-def eagle3_tap_layers(num_layers: int) -> tuple[int, int, int]:
-    """Layers whose *inputs* (residual stream before the layer) EAGLE-3 fuses: (2, L//2, L-3)."""
-    return (2, num_layers // 2, num_layers - 3)
+from . import rope
+from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
+from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse RoPE frequencies, with llama3 / linear rope_scaling applied."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = config.rope_scaling or {}
-    rope_type = scaling.get("rope_type", "default")
-    if rope_type == "linear":
-        inv_freq = inv_freq / float(scaling["factor"])
-    elif rope_type == "llama3":
-        factor = float(scaling["factor"])
-        low = float(scaling.get("low_freq_factor", 1.0))
-        high = float(scaling.get("high_freq_factor", 4.0))
-        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
-        wavelen = 2 * math.pi / inv_freq
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        inv_freq = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-        inv_freq = torch.where(is_medium, smoothed, inv_freq)
-    return inv_freq.to(torch.float32)
+    """Inverse RoPE frequencies, with llama3 / linear rope_scaling applied (models/rope.py: shared with the graphs)."""
+    return torch.from_numpy(rope.rope_inv_freq(config))
 
 
 class RMSNorm(nn.Module):
@@ -329,10 +307,13 @@ class Decoder(nn.Module):
         return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.config.num_hidden_layers)]
 
 
-def build_decoder(config: ModelConfig, weights: dict[str, torch.Tensor], hidden_states: str = "none") -> Decoder:
-    """Instantiate a Decoder and load HF-named weights; missing or unexpected keys are an error."""
+def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none") -> Decoder:
+    """Instantiate a Decoder and load HF-named weights (torch tensors, or a WeightSource: read whole into
+    memory); missing or unexpected keys are an error."""
     from ..errors import InputError
 
+    if isinstance(weights, WeightSource):
+        weights = weights.to_torch()
     model = Decoder(config, hidden_states)
     state = {k: v for k, v in weights.items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -340,15 +321,6 @@ def build_decoder(config: ModelConfig, weights: dict[str, torch.Tensor], hidden_
     if missing or unexpected:
         raise InputError(f"weights do not match the {config.architecture} architecture ({describe_key_mismatch(missing, unexpected)})")
     return model.eval()
-
-
-def describe_key_mismatch(missing: list[str], unexpected: list[str], shown: int = 6) -> str:
-    """'missing keys: a, b ...; unexpected keys: c' for checkpoint errors."""
-    parts = []
-    for label, keys in (("missing keys", missing), ("unexpected keys", unexpected)):
-        if keys:
-            parts.append(f"{label}: {', '.join(keys[:shown])}{' ...' if len(keys) > shown else ''}")
-    return "; ".join(parts)
 
 
 def causal_mask(q_len: int, past_len: int, batch: int = 1) -> torch.Tensor:

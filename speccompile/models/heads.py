@@ -33,7 +33,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -388,14 +388,26 @@ def _check_and_load(module: nn.Module, state: dict[str, torch.Tensor], kind: str
     module.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v.to(expected[k].dtype)) for k, v in state.items()}, strict=False)
 
 
-def _target_embed(target_weights: dict[str, torch.Tensor]) -> torch.Tensor:
-    return target_weights["model.embed_tokens.weight"]
+TargetWeights = Mapping[str, Any]  # the target's weights: torch tensors by HF name, or a (lazy) WeightSource
 
 
-def _target_lm_head(target: ModelConfig, target_weights: dict[str, torch.Tensor]) -> torch.Tensor:
+def target_tensor(target_weights: TargetWeights, name: str) -> torch.Tensor:
+    """One target weight as torch: from a WeightSource only that tensor is read, never the whole target."""
+    from .weights import WeightSource
+
+    if isinstance(target_weights, WeightSource):
+        return target_weights.torch_tensor(name)
+    return target_weights[name]
+
+
+def _target_embed(target_weights: TargetWeights) -> torch.Tensor:
+    return target_tensor(target_weights, "model.embed_tokens.weight")
+
+
+def _target_lm_head(target: ModelConfig, target_weights: TargetWeights) -> torch.Tensor:
     if "lm_head.weight" in target_weights and not target.tie_word_embeddings:
-        return target_weights["lm_head.weight"]
-    return target_weights["model.embed_tokens.weight"]
+        return target_tensor(target_weights, "lm_head.weight")
+    return target_tensor(target_weights, "model.embed_tokens.weight")
 
 
 def _shape(tensors, key, kind, source):
@@ -404,7 +416,7 @@ def _shape(tensors, key, kind, source):
     return tuple(tensors[key].shape)
 
 
-def load_head(kind: str, path: str | Path, target: ModelConfig, target_weights: dict[str, torch.Tensor]) -> nn.Module:
+def load_head(kind: str, path: str | Path, target: ModelConfig, target_weights: TargetWeights) -> nn.Module:
     """Read a drafter checkpoint of `kind` for `target` and return the torch head (eval mode, fp32)."""
     if kind not in HEAD_KINDS:
         raise InputError(f"unknown head kind {kind!r} (expected one of {', '.join(HEAD_KINDS)})")
@@ -596,7 +608,7 @@ def save_head(head: nn.Module, out: str | Path, extra_config: dict[str, Any] | N
     return out
 
 
-def new_head(kind: str, target: ModelConfig, target_weights: dict[str, torch.Tensor] | None = None,
+def new_head(kind: str, target: ModelConfig, target_weights: TargetWeights | None = None,
              draft_vocab_size: int | None = None, medusa_num_heads: int = 4, medusa_num_layers: int = 1,
              intermediate_size: int | None = None, fc_bias: bool = True, seed: int = 0) -> nn.Module:
     """A freshly initialised head for `target` (training, tests); target-shared weights copied in."""
@@ -616,10 +628,10 @@ def new_head(kind: str, target: ModelConfig, target_weights: dict[str, torch.Ten
                 head.lm_head.weight.copy_(_target_lm_head(target, target_weights))
             elif kind == "mtp":
                 head.shared_head.head.weight.copy_(_target_lm_head(target, target_weights))
-                head.shared_head.norm.weight.copy_(target_weights["model.norm.weight"])
+                head.shared_head.norm.weight.copy_(target_tensor(target_weights, "model.norm.weight"))
             elif kind == "eagle3" and cfg.draft_vocab_size == v:
                 head.lm_head.weight.copy_(_target_lm_head(target, target_weights))
-                head.norm.weight.copy_(target_weights["model.norm.weight"])
+                head.norm.weight.copy_(target_tensor(target_weights, "model.norm.weight"))
             elif kind == "medusa":
                 for sub in head.medusa_head:
                     sub[-1].weight.copy_(_target_lm_head(target, target_weights))

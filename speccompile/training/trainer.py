@@ -289,10 +289,10 @@ class HeadTrainer:
                 t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
                 t2d[torch.from_numpy(keep)] = True
                 head.t2d.copy_(t2d)
-                from ..models.heads import _target_lm_head
+                from ..models.heads import _target_lm_head, target_tensor
 
                 head.lm_head.weight.copy_(_target_lm_head(cfg, model.weights)[torch.from_numpy(keep)])
-                head.norm.weight.copy_(model.weights["model.norm.weight"])
+                head.norm.weight.copy_(target_tensor(model.weights, "model.norm.weight"))
         elif self.method == "eagle":
             head = new_head("eagle", cfg, model.weights, seed=options.seed)
         else:

@@ -1,0 +1,312 @@
+"""Real-size models on one host: export (and build) cost next to the physical floor, and `run` speed.
+
+Random-weight checkpoints of the real shapes (Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B: bf16, sharded
+safetensors with a `model.safetensors.index.json` like Hugging Face's, std 0.02, a tokenizer of the right
+vocabulary size) are written tensor by tensor, so writing the 8B checkpoint never holds it in memory. Then, per
+size and dtype, in the same run:
+
+* the floor: reading every weight, converting it (bf16 -> the export dtype) and writing it once, with numpy;
+* `speccompile export --dtype D` (and the `--builds` columns: `speccompile build` of that export);
+
+each in a subprocess under /usr/bin/time (wall, CPU, peak RSS), the checkpoint's pages evicted from the page
+cache first (posix_fadvise DONTNEED: both start cold); then `speccompile run` tokens/s and peak RSS on the
+artifacts asked for. Results go to --results (JSON lines) and a markdown table on stdout.
+
+    python benchmarks/scale.py checkpoints --sizes 1b,3b,8b --root /work/scale
+    python benchmarks/scale.py measure --sizes 1b --dtypes fp32,fp16 --run fp32,fp16 --root /work/scale
+
+Another column: add an entry to BUILDS (name -> `speccompile build` flags) and pass --builds NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SIZES = {  # the published configs (config.json of meta-llama/Llama-3.2-1B, -3.2-3B, -3.1-8B)
+    "1b": dict(name="llama-3.2-1b", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=64, tie_word_embeddings=True, rope_factor=32.0),
+    "3b": dict(name="llama-3.2-3b", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+               num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, rope_factor=32.0),
+    "8b": dict(name="llama-3.1-8b", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, rope_factor=8.0),
+}
+VOCAB = 128256
+SHARD_BYTES = 5 << 30  # Hugging Face's default max_shard_size ("5GB")
+BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (the build side adds its columns here)
+}
+
+
+def hf_config(size: str):
+    """The transformers LlamaConfig of a size."""
+    from transformers import LlamaConfig
+
+    s = dict(SIZES[size])
+    s.pop("name")
+    factor = s.pop("rope_factor")
+    return LlamaConfig(vocab_size=VOCAB, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                       rope_scaling={"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 8192},
+                       bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16", **s)
+
+
+def parameter_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes of the transformers model, from a meta-device instance (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def write_checkpoint(size: str, folder: Path, seed: int = 0) -> Path:
+    """A random bf16 checkpoint of `size` in `folder` with a tokenizer of its vocabulary size."""
+    write_random_checkpoint(hf_config(size), folder, seed=seed)
+    _write_tokenizer(folder, VOCAB)
+    return folder
+
+
+def write_random_checkpoint(config, folder: Path, shard_bytes: int = SHARD_BYTES, seed: int = 0) -> Path:
+    """Random bf16 weights (std 0.02, norm gains 1) for the transformers `config`, sharded like save_pretrained
+    (`model.safetensors.index.json` + `model-0000i-of-0000n.safetensors`), a block of rows in memory at a time;
+    and config.json."""
+    import ml_dtypes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = parameter_shapes(config)
+    shards, current, used = [], [], 0
+    for name, shape in shapes.items():
+        nbytes = int(np.prod(shape)) * 2
+        if current and used + nbytes > shard_bytes:
+            shards.append(current)
+            current, used = [], 0
+        current.append(name)
+        used += nbytes
+    shards.append(current)
+    rng = np.random.default_rng(seed)
+    weight_map = {}
+    for index, names in enumerate(shards):
+        file = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+        _write_shard(folder / file, {n: shapes[n] for n in names}, rng, ml_dtypes.bfloat16)
+        weight_map.update({n: file for n in names})
+    total = sum(int(np.prod(s)) * 2 for s in shapes.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    config.to_json_file(str(folder / "config.json"))
+    return folder
+
+
+def _write_shard(path: Path, shapes: dict[str, tuple[int, ...]], rng, bf16) -> None:
+    """One safetensors file: header (dtype, shape, offsets), then each tensor's bytes as it is drawn."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        nbytes = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(len(raw).to_bytes(8, "little") + raw)
+        for name, shape in shapes.items():
+            if len(shape) == 1:  # norm gains
+                fh.write(np.ones(shape, bf16))
+                continue
+            rows = max(1, (16 << 20) // int(np.prod(shape[1:])))
+            for start in range(0, shape[0], rows):
+                block = rng.standard_normal((min(rows, shape[0] - start), *shape[1:]), dtype=np.float32)
+                fh.write((block * np.float32(0.02)).astype(bf16))
+    tmp.replace(path)
+
+
+def _write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer.json with `vocab_size` entries (characters first, then filler tokens)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    chars = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\"()[]{}<>=+-*/_|\n")
+    vocab = {tok: i for i, tok in enumerate(["<unk>"] + chars)}
+    for i in range(len(vocab), vocab_size):
+        vocab[f"<t{i}>"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<t128001>", "bos_token": "<t128000>"}))
+
+
+# ------------------------------------------------------------------------------------------- measuring
+
+def evict(paths: list[Path]) -> None:
+    """Drop these files' clean pages from the page cache (both the floor and the export then start cold)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def timed(cmd: list[str], env: dict | None = None) -> dict:
+    """Run `cmd` under /usr/bin/time: wall and CPU seconds, peak RSS (GB), exit code, last output line."""
+    fmt = "@@time %e %U %S %M"
+    result = subprocess.run(["/usr/bin/time", "-f", fmt, *cmd], capture_output=True, text=True, env=env)
+    line = next(l for l in reversed(result.stderr.splitlines()) if l.startswith("@@time"))
+    wall, user, system, rss_kb = line.split()[1:]
+    return {"wall_s": float(wall), "cpu_s": float(user) + float(system), "peak_rss_gb": int(rss_kb) / 1e6,
+            "rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr[-2000:]}
+
+
+def floor(checkpoint: Path, out: Path, dtype: str) -> None:
+    """Read, convert (bf16 -> dtype) and write every weight once with numpy: what any export must at least do."""
+    import ml_dtypes
+
+    target = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    with open(out, "wb") as sink:
+        for file in sorted(set(index["weight_map"].values())):
+            path = checkpoint / file
+            with open(path, "rb") as fh:
+                length = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(length))
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                begin, end = entry["data_offsets"]
+                count = (end - begin) // 2
+                values = np.fromfile(path, dtype=ml_dtypes.bfloat16, count=count, offset=8 + length + begin)
+                sink.write(values.astype(target))
+                del values
+
+
+def speccompile(*args: str) -> list[str]:
+    return [sys.executable, "-m", "speccompile.cli", *args]
+
+
+def du_gb(path: Path) -> float:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 1e9
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def measure_size(size: str, dtypes: list[str], builds: list[str], run_dtypes: list[str], root: Path,
+                 keep: set[str], record) -> None:
+    """The floor, the export and the builds of one size, then `run` on the artifacts asked for."""
+    checkpoint = root / "ckpt" / SIZES[size]["name"]
+    shards = sorted(checkpoint.glob("*.safetensors"))
+    params = sum(int(np.prod(s["shape"])) for f in shards for n, s in _header(f).items() if n != "__metadata__")
+    for dtype in dtypes:
+        base = {"size": size, "params_b": round(params / 1e9, 3), "dtype": dtype, "uptime": uptime()}
+        floor_out = root / "tmp" / f"floor-{size}-{dtype}.bin"
+        floor_out.parent.mkdir(parents=True, exist_ok=True)
+        evict(shards)
+        record({**base, "step": "numpy floor", **_slim(timed([sys.executable, __file__, "floor", str(checkpoint), str(floor_out), dtype])),
+                "output_gb": du_gb(floor_out)})
+        floor_out.unlink()
+        artifact = root / "export" / f"{SIZES[size]['name']}-{dtype}"
+        evict(shards)
+        result = timed(speccompile("export", str(checkpoint), "--out", str(artifact), "--dtype", dtype, "--force"))
+        record({**base, "step": "export", **_slim(result), "output_gb": du_gb(artifact) if artifact.exists() else 0})
+        for build in builds:
+            built = root / "build" / f"{SIZES[size]['name']}-{dtype}-{build}"
+            result = timed(speccompile("build", str(artifact), "--out", str(built), "--force", *BUILDS[build]))
+            record({**base, "step": f"build {build}", **_slim(result), "output_gb": du_gb(built) if built.exists() else 0})
+        if dtype in run_dtypes and artifact.exists():
+            record({**base, "step": "run", **run_speed(artifact)})
+        if f"{size}-{dtype}" not in keep and artifact.exists():
+            import shutil
+
+            shutil.rmtree(artifact)
+
+
+def run_speed(artifact: Path, tokens: int = 32) -> dict:
+    """`speccompile run` greedy decoding of `tokens` tokens: tokens/s (its own timer) and the process's peak RSS."""
+    result = timed(speccompile("run", str(artifact), "--prompt", "the quick brown fox", "--raw", "--max-tokens", str(tokens),
+                               "--drafter", "none", "--json"))
+    stats = json.loads(result["stdout"])["stats"] if result["rc"] == 0 else {}
+    return {**_slim(result), "tokens_per_s": stats.get("tokens_per_second"), "generated": stats.get("generated_tokens")}
+
+
+def _slim(result: dict) -> dict:
+    out = {k: result[k] for k in ("wall_s", "cpu_s", "peak_rss_gb", "rc")}
+    if result["rc"] != 0:
+        out["error"] = result["stderr"].strip().splitlines()[-1] if result["stderr"].strip() else "?"
+    return out
+
+
+def _header(path: Path) -> dict:
+    with open(path, "rb") as fh:
+        length = int.from_bytes(fh.read(8), "little")
+        return json.loads(fh.read(length))
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per size, dtype and step, with the export's ratio to the floor of the same run."""
+    floors = {(r["size"], r["dtype"]): r["wall_s"] for r in rows if r["step"] == "numpy floor"}
+    lines = ["| size | params (B) | dtype | step | wall s | x floor | CPU s | peak RSS GB | output GB | tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r["wall_s"] / floors[(r["size"], r["dtype"])] if r["step"] not in ("numpy floor", "run") and (r["size"], r["dtype"]) in floors else None
+        cells = [r["size"], r["params_b"], r["dtype"], r["step"] + (f" (exit {r['rc']}: {r.get('error', '')})" if r["rc"] else ""),
+                 f"{r['wall_s']:.1f}", f"{ratio:.2f}" if ratio else "", f"{r['cpu_s']:.1f}", f"{r['peak_rss_gb']:.2f}",
+                 f"{r['output_gb']:.2f}" if "output_gb" in r else "", f"{r['tokens_per_s']:.2f}" if r.get("tokens_per_s") else ""]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["checkpoints", "measure", "floor", "table"])
+    parser.add_argument("args", nargs="*", help="floor: CHECKPOINT OUT DTYPE")
+    parser.add_argument("--sizes", default="1b", help="comma-separated: " + ",".join(SIZES))
+    parser.add_argument("--dtypes", default="fp16", help="export dtypes (comma-separated)")
+    parser.add_argument("--builds", default="", help="build columns: " + ",".join(BUILDS))
+    parser.add_argument("--run", default="", help="export dtypes whose artifacts `run` is timed on")
+    parser.add_argument("--keep", default="", help="SIZE-DTYPE artifacts to keep (e.g. 8b-fp16); the others are deleted")
+    parser.add_argument("--root", type=Path, default=Path("/work/scale"))
+    parser.add_argument("--results", type=Path, default=None, help="JSON lines file [default: ROOT/results.jsonl]")
+    args = parser.parse_args(argv)
+    if args.command == "floor":
+        floor(Path(args.args[0]), Path(args.args[1]), args.args[2])
+        return
+    sizes = [s for s in args.sizes.split(",") if s]
+    results = args.results or args.root / "results.jsonl"
+    if args.command == "checkpoints":
+        for size in sizes:
+            folder = args.root / "ckpt" / SIZES[size]["name"]
+            started = time.time()
+            write_checkpoint(size, folder)
+            print(f"{folder}: {du_gb(folder):.2f} GB in {time.time() - started:.0f} s")
+        return
+    if args.command == "table":
+        print(table([json.loads(line) for line in results.read_text().splitlines() if line.strip()]))
+        return
+    rows: list[dict] = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        with open(results, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+    for size in sizes:
+        measure_size(size, args.dtypes.split(","), [b for b in args.builds.split(",") if b],
+                     [d for d in args.run.split(",") if d], args.root, set(args.keep.split(",")), record)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
