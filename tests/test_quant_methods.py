@@ -19,7 +19,8 @@ from speccompile.engines.method_search import (
     weight_fake_quant,
 )
 from speccompile.engines.methods import MethodOptions, apply_methods
-from speccompile.engines.quantize import QuantOptions, quantize_model
+from speccompile.engines.qdq_targets import QuantOptions
+from speccompile.engines.quantize import quantize_model
 
 K, I, T = 64, 96, 48
 
@@ -221,7 +222,7 @@ def test_min_top1_out_of_range_is_an_input_error(tiny_artifact, tmp_path):
 def test_low_rank_branch_keeps_the_fp32_function_and_is_never_quantized(scheme):
     """`low_rank`: every quantized MatMul becomes x R + (x A) B; before rounding the block computes what it did,
     the float16 factors stay out of the Q/DQ pass, and the quantized graph is TensorRT-compatible."""
-    from speccompile.engines.quantize import LOW_RANK_SUFFIXES
+    from speccompile.engines.qdq_targets import LOW_RANK_SUFFIXES
 
     rng = np.random.default_rng(4)
     model = _block_model(rng)

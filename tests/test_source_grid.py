@@ -12,7 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from speccompile.engines.quantize import OFFSET_SUFFIXES, QuantOptions, quantize_model
+from speccompile.engines.qdq_targets import OFFSET_SUFFIXES, QuantOptions
+from speccompile.engines.quantize import quantize_model
 from speccompile.engines.source_grid import find_int4_grid, find_int8_table_grid, source_grids
 
 from conftest import export_as_gguf, make_tiny_hf_model, run_cli

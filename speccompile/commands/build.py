@@ -102,7 +102,7 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
     from ..engines.build import BuildOptions, build_artifact
     from ..engines.methods import MethodOptions
     from ..engines.qad import QadOptions
-    from ..engines.quantize import DEFAULT_EXCLUDE
+    from ..engines.qdq_targets import DEFAULT_EXCLUDE
     from .artifacts import report_artifact
 
     chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4), ("--no-quantize", no_quantize)) if on]

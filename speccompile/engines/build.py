@@ -18,7 +18,7 @@ from ..accel.compat import check_tensorrt_compat
 from ..accel.profiles import profiles_for, required_limits
 from ..atomic_dir import atomic_output
 from ..errors import ArtifactError, InputError, SpecCompileError
-from ..manifest import Manifest, read_manifest
+from ..manifest import Manifest, read_manifest, remember_verified
 from . import config as cfg
 from .build_options import BuildOptions
 from .quantize_graph import quantize_graph
@@ -111,9 +111,12 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         new.files = {}
         files: list[str] = []
         replaced: set[str] = set()
+        known: dict[str, str] = {}  # sha256 computed while writing, or the source's for an unchanged copy
         if options.precision != "none":
             spec = manifest.graphs["target"]
-            record = quantize_graph(src, manifest, "target", tmp / spec.file, options, progress)
+            digests: dict[str, str] = {}
+            record = quantize_graph(src, manifest, "target", tmp / spec.file, options, progress, digests)
+            known.update({str(Path(spec.file).parent / name): digest for name, digest in digests.items()})
             new.precision = {**new.precision, "target": record}
             new.graphs["target"] = dataclasses.replace(spec, dtype=f"{spec.dtype}+{options.precision}", extra={**spec.extra, "quantization": options.precision})
             replaced = set(_graph_files(manifest, spec.file))
@@ -124,6 +127,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / name, tmp / name)
                 files.append(name)
+                known[name] = manifest.files[name]
         # TensorRT compatibility of every graph
         compat = {}
         for name, spec in new.graphs.items():
@@ -155,8 +159,9 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         new.created_by = f"speccompile {__version__} (build)"
         new.model = {**new.model, "built_from": str(src)}
         progress("checksumming files")
-        new.record_files(tmp, sorted(set(files)))
+        new.record_files(tmp, sorted(set(files)), known)
         new.write(tmp)
+    remember_verified(out, {name: digest for name, digest in known.items() if name in new.files})
     progress(f"done in {time.time() - started:.1f}s")
     return new
 

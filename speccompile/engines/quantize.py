@@ -51,10 +51,9 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import InputError, UnsupportedError
 from . import numerics as nx
 from .gptq import GridScales
-from .qdq_targets import (  # noqa: F401 - the pass's vocabulary, imported from here by the other engines
-    DEFAULT_EXCLUDE, FLOAT_TYPES, FP4_IR_VERSION, FP4_OPSET, LOW_RANK_SUFFIXES, OFFSET_SUFFIXES, SCHEMES,
-    SIDE_BRANCH_SUFFIXES, TRT_DOMAIN, EmbeddingTable, QuantOptions, activation_tensors, add_side_branch,
-    block_sum_matrix, embedding_tables, float16_constant, is_excluded, quantized_tables, unique_name, weight_matmuls)
+from .qdq_targets import (FLOAT_TYPES, FP4_IR_VERSION, FP4_OPSET, OFFSET_SUFFIXES, SCHEMES, TRT_DOMAIN, EmbeddingTable,
+                          QuantOptions, add_side_branch, block_sum_matrix, float16_constant, is_excluded, quantized_tables,
+                          unique_name, weight_matmuls)
 from .weight_codes import KeepInProto, StoredWeight, TensorSink, store_table, store_weight
 
 StoreWeight = Callable[[str], StoredWeight]  # weight initializer -> its stored form

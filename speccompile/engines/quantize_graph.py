@@ -60,8 +60,10 @@ def build_quant_options(options: BuildOptions) -> QuantOptions:
                         table_block=options.table_block, table_format=options.table_format, weight_only=options.weight_only)
 
 
-def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, options: BuildOptions, progress: Progress) -> dict:
-    """Calibrate (if needed) and quantize one graph of `src_dir` into `dst` (+ `dst.data`); returns the precision record."""
+def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, options: BuildOptions, progress: Progress,
+                   digests: dict[str, str] | None = None) -> dict:
+    """Calibrate (if needed) and quantize one graph of `src_dir` into `dst` (+ `dst.data`); returns the precision record.
+    `digests` gets the sha256 of the weights file (name relative to `dst`'s folder), computed while it was written."""
     spec = manifest.graph(graph)
     qopts = build_quant_options(options)
     methods = options.methods.validate()
@@ -87,7 +89,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     calibration = {"source": str(options.calib) if options.calib else "builtin", "samples": len(samples),
                    "tokens": sum(map(len, samples)),
                    "method": methods.act_calib if options.precision == "fp8" and qopts.quantizes_activations else "max"}
-    with WeightsWriter(dst.parent / (dst.name + ".data")) as writer:
+    with WeightsWriter(dst.parent / (dst.name + ".data"), threaded=True) as writer:
         sink = ExternalSink(writer)
         tables = grid_candidates(work.model, qopts)
         units = UnitPass(work, qopts, method_qopts, methods, {n: tables[n] for n in grids}, sink, hold,
@@ -109,6 +111,8 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         copied = work.copy_sources(writer)
         progress(f"{copied} unchanged initializers copied")
         save_model(work.model, dst)
+    if digests is not None:
+        digests[dst.name + ".data"] = writer.sha256
     run_ort = "ort-cpu" in RUNS_ON[options.precision]
     progress("checking the quantized graph (onnx checker" + (", ONNX Runtime on a few tokens, one segment at a time)" if run_ort else ")"))
     check_graph(dst.parent, dataclasses.replace(spec, file=dst.name), run_ort, threads=options.threads, workdir=dst.parent,

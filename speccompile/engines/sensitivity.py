@@ -25,7 +25,8 @@ from ..manifest import GraphSpec
 from .calibrate import prefill_feeds
 from .segments import cpu_session
 from .quality import LogitComparison
-from .quantize import QuantOptions, quantize_model, weight_matmuls
+from .qdq_targets import QuantOptions, weight_matmuls
+from .quantize import quantize_model
 
 KEEP_FORMATS = ("fp32", "fp8")
 

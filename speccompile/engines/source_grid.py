@@ -30,7 +30,7 @@ import onnx
 from onnx import numpy_helper
 
 from .gptq import GridScales
-from .quantize import QuantOptions, is_excluded, quantized_tables, weight_matmuls
+from .qdq_targets import QuantOptions, is_excluded, quantized_tables, weight_matmuls
 
 GRID_TOLERANCE = 1e-5  # of the block's largest magnitude (float32 weights; float16 ones: their own epsilon)
 INT4_GRID_BLOCKS = (128, 64, 32, 16)

@@ -11,7 +11,7 @@ initializers nothing changed (embedding tables, excluded weights) to the output 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -19,6 +19,7 @@ from onnx import TensorProto, numpy_helper
 
 from ..weights_file import WeightsWriter, external_location, read_tensor
 
+COPY_CHUNK = 16 << 20  # bytes read at a time when an initializer is copied across
 SIZE_THRESHOLD = 1024  # bytes: smaller initializers stay in the proto (onnx.save's size_threshold of the builds before)
 
 
@@ -107,21 +108,30 @@ class WorkingGraph:
         self.store([i.name for i in self.model.graph.initializer], sink)
 
     def copy_sources(self, writer: WeightsWriter) -> int:
-        """Append every initializer still in the source file to `writer`'s file; returns how many."""
+        """Append every initializer still in the source file to `writer`'s file, COPY_CHUNK bytes at a time (plain
+        reads: no mapping keeps the pages resident); returns how many."""
         count = 0
         for init in self.model.graph.initializer:
             if not self.is_source(init):
                 continue
             stored = external_location(init)
-            data = read_tensor(init, self.directory)
-            view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-            if len(view) != stored.length and stored.length >= 0:
-                raise ValueError(f"{init.name}: {len(view)} bytes read, {stored.length} expected")
-            init.CopyFrom(writer.add_bytes(init.name, view, init.data_type, tuple(init.dims)))
+            path = self.directory / stored.location
+            length = stored.length if stored.length >= 0 else path.stat().st_size - stored.offset
+            init.CopyFrom(writer.add_chunks(init.name, init.data_type, tuple(init.dims), _file_chunks(path, stored.offset, length), length))
             self._written.add(init.name)
-            del data, view
             count += 1
         return count
+
+
+def _file_chunks(path: Path, offset: int, length: int, chunk: int = COPY_CHUNK) -> Iterator[bytes]:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        while length > 0:
+            data = fh.read(min(chunk, length))
+            if not data:
+                raise ValueError(f"{path}: ends {length} bytes before the tensor at offset {offset} does")
+            length -= len(data)
+            yield data
 
 
 def _copy(tensor: TensorProto) -> TensorProto:
