@@ -23,7 +23,7 @@ import numpy as np
 
 from .engines.calibrate import prefill_feeds, read_text_input
 from .engines.quality import LogitComparison
-from .engines.segments import DEFAULT_BUDGET, SegmentRunner
+from .engines.segments import SEGMENT_PARAMETERS, SegmentRunner
 from .errors import InputError
 from .manifest import read_manifest
 from .tokenizer import TextTokenizer
@@ -42,7 +42,7 @@ class EvalOptions:
     max_tokens: int = 64  # generated per prompt
     max_text_tokens: int = 256  # longest scored paragraph
     threads: int | None = None
-    segment_bytes: int = DEFAULT_BUDGET  # weights (as float32) per segment of each graph
+    segment_parameters: int = SEGMENT_PARAMETERS  # weights per segment of each graph (engines/segments.py)
 
     def validate(self) -> "EvalOptions":
         if self.limit < 1:
@@ -79,7 +79,7 @@ class TargetLogits:
     """Teacher-forced logits of token sequences from an artifact's target graph: one prefill pass per sequence on an
     empty cache, the graph run one segment at a time with the runtime's ort-cpu settings for it."""
 
-    def __init__(self, directory: Path, threads: int | None, budget: int):
+    def __init__(self, directory: Path, threads: int | None, parameters: int):
         from .runtime.backends.ort_quantized import quantized_session_config
 
         manifest = read_manifest(directory, verify_files=True)
@@ -87,7 +87,7 @@ class TargetLogits:
         self.vocab = int(self.spec.outputs[0].shape[-1]) if self.spec.outputs and isinstance(self.spec.outputs[0].shape[-1], int) else 0
         model = load_graph(Path(directory) / self.spec.file)
         self.runner = SegmentRunner(directory, model, threads, session_config=quantized_session_config(self.spec, "ort-cpu"))
-        self.budget = budget
+        self.parameters = parameters
 
     def __call__(self, sequences: list[list[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0)] * len(sequences)
@@ -95,7 +95,7 @@ class TargetLogits:
         def keep(index: int, _name: str, value: np.ndarray) -> None:
             out[index] = value.reshape(len(sequences[index]), -1)
 
-        self.runner.run([prefill_feeds(self.spec, ids) for ids in sequences], ["logits"], keep, self.budget)
+        self.runner.run([prefill_feeds(self.spec, ids) for ids in sequences], ["logits"], keep, self.parameters)
         return out
 
 
@@ -116,8 +116,8 @@ def chunks(sequences: list[list[int]], vocab: int, limit: int = LOGITS_BYTES) ->
 def compare_targets(reference: Path, artifact: Path, sequences: list[list[int]], options: EvalOptions,
                     progress: Progress) -> LogitComparison:
     """LogitComparison of the two targets' teacher-forced logits on every sequence, chunk after chunk."""
-    ref = TargetLogits(reference, options.threads, options.segment_bytes)
-    got = TargetLogits(artifact, options.threads, options.segment_bytes)
+    ref = TargetLogits(reference, options.threads, options.segment_parameters)
+    got = TargetLogits(artifact, options.threads, options.segment_parameters)
     comparison = LogitComparison()
     groups = chunks(sequences, ref.vocab)
     for number, group in enumerate(groups, 1):

@@ -12,7 +12,7 @@ from . import config as cfg
 from .methods import MethodOptions
 from .qad import QadOptions
 from .qdq_targets import DEFAULT_EXCLUDE, QuantOptions
-from .segments import DEFAULT_BUDGET
+from .segments import SEGMENT_PARAMETERS
 from .sensitivity import KEEP_FORMATS
 
 
@@ -47,7 +47,7 @@ class BuildOptions:
     keep_format: str = "fp32"  # what --min-top1 keeps them in: fp32, or fp8 (weight-only, per channel)
     weight_only: bool = False  # fp8 / nvfp4: quantize the weights only (activations in the graph's float type)
     qad: QadOptions = field(default_factory=QadOptions)  # quantization-aware distillation (engines/qad.py)
-    segment_bytes: int = DEFAULT_BUDGET  # weights (as float32) per calibration / check segment (engines/segments.py)
+    segment_parameters: int = SEGMENT_PARAMETERS  # weights per calibration / check segment (engines/segments.py)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> "BuildOptions":

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InputError
 from ..manifest import GraphSpec
 from ..weights_file import load_graph
-from .segments import DEFAULT_BUDGET, SegmentRunner, cpu_session
+from .segments import SEGMENT_PARAMETERS, SegmentRunner, cpu_session
 
 BUILTIN_CALIBRATION = [
     {"prompt": "Write a short story about a lighthouse keeper who finds a message in a bottle.", "chat": True},
@@ -140,7 +140,7 @@ class ActivationRecorder:
 
 def calibration_steps(directory: Path, spec: GraphSpec, tensors: Sequence[str], samples: Sequence[Sequence[int]],
                       threads: int | None = None, workdir: Path | None = None, max_rows: int = 0,
-                      budget: int = DEFAULT_BUDGET) -> Iterator[dict[str, ActivationStats]]:
+                      parameters: int = SEGMENT_PARAMETERS) -> Iterator[dict[str, ActivationStats]]:
     """Full-prompt (prefill) passes of every sample through the unquantized graph, one segment of it at a time
     (engines/segments.py: memory holds one segment's weights); after each segment, the stats of the tensors it
     completed: their amax and up to `max_rows` rows (evenly spaced tokens over all samples) for the methods that
@@ -154,16 +154,16 @@ def calibration_steps(directory: Path, spec: GraphSpec, tensors: Sequence[str], 
     recorder = ActivationRecorder(tensors, sum(len(ids) for ids in samples), max_rows)
     runner = SegmentRunner(directory, model, threads, workdir)
     feeds = [prefill_feeds(spec, ids) for ids in samples]
-    for completed in runner.steps(feeds, list(tensors), lambda _sample, name, value: recorder.add(name, value), budget):
+    for completed in runner.steps(feeds, list(tensors), lambda _sample, name, value: recorder.add(name, value), parameters):
         yield {name: recorder.pop(name) for name in completed}
 
 
 def calibrate_activations(directory: Path, spec: GraphSpec, tensors: Sequence[str], samples: Sequence[Sequence[int]],
                           threads: int | None = None, workdir: Path | None = None, max_rows: int = 0,
-                          budget: int = DEFAULT_BUDGET) -> dict[str, ActivationStats]:
+                          parameters: int = SEGMENT_PARAMETERS) -> dict[str, ActivationStats]:
     """`calibration_steps` gathered: the stats of every tensor."""
     stats: dict[str, ActivationStats] = {}
-    for step in calibration_steps(directory, spec, tensors, samples, threads, workdir, max_rows, budget):
+    for step in calibration_steps(directory, spec, tensors, samples, threads, workdir, max_rows, parameters):
         stats.update(step)
     return stats
 

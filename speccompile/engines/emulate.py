@@ -196,11 +196,10 @@ def write_emulated_artifact(src: Path, dst: Path) -> Path:
         if name not in target_files:
             (dst / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / name, dst / name)
-    work = WorkingGraph(load_graph(src / spec.file), src)  # one weight at a time: nothing loaded whole
     with WeightsWriter(dst / (spec.file + ".data")) as writer:
         sink = ExternalSink(writer)
+        work = WorkingGraph(load_graph(src / spec.file), src, sink)  # one weight at a time: nothing loaded whole
         emulate_nvfp4(work.model, work.tensor, sink)
-        work.externalize(sink)
         work.copy_sources(writer)
         save_model(work.model, dst / spec.file)
     manifest.graphs["target"] = dataclasses.replace(spec, extra={**spec.extra, "quantization": "nvfp4-emulated"})

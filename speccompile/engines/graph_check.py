@@ -14,13 +14,13 @@ from ..errors import SpecCompileError
 from ..manifest import GraphSpec
 from ..weights_file import load_graph
 from .calibrate import prefill_feeds
-from .segments import DEFAULT_BUDGET, SegmentRunner
+from .segments import SEGMENT_PARAMETERS, SegmentRunner
 
 CHECK_TOKENS = (1, 2, 3, 4)
 
 
 def check_graph(directory: Path, spec: GraphSpec, run_ort: bool, ids: Sequence[int] = CHECK_TOKENS,
-                threads: int | None = None, workdir: Path | None = None, budget: int = DEFAULT_BUDGET) -> None:
+                threads: int | None = None, workdir: Path | None = None, parameters: int = SEGMENT_PARAMETERS) -> None:
     """onnx checker on `spec.file` of `directory`; with `run_ort`, a prefill pass of `ids` through ONNX Runtime CPU,
     which must give finite logits. A failure is a SpecCompileError naming the file and the first line of the cause."""
     path = Path(directory) / spec.file
@@ -33,7 +33,7 @@ def check_graph(directory: Path, spec: GraphSpec, run_ort: bool, ids: Sequence[i
     logits: list[np.ndarray] = []
     try:
         runner = SegmentRunner(directory, load_graph(path), threads, workdir)
-        runner.run([prefill_feeds(spec, list(ids))], ["logits"], lambda _s, _n, value: logits.append(value), budget)
+        runner.run([prefill_feeds(spec, list(ids))], ["logits"], lambda _s, _n, value: logits.append(value), parameters)
     except Exception as exc:  # noqa: BLE001
         raise SpecCompileError(f"{path.name}: ONNX Runtime cannot run the quantized graph: {str(exc).splitlines()[0]}") from exc
     if not logits or not np.isfinite(logits[0]).all():

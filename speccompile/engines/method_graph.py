@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .initializers import Initializers
 from .qdq_targets import LOW_RANK_SUFFIXES, add_side_branch, float16_constant
 
 
@@ -61,28 +62,29 @@ def fold_target(model: onnx.ModelProto, act: str, readers: list[onnx.NodeProto],
     return None
 
 
-def fold_input_scale(model: onnx.ModelProto, act: str, scale: np.ndarray, readers: list[onnx.NodeProto]) -> tuple[str, str]:
-    """Make `readers` see act / scale. Returns (tensor they now read, where 1/scale went)."""
+def fold_input_scale(model: onnx.ModelProto, act: str, scale: np.ndarray, readers: list[onnx.NodeProto],
+                     weights: Initializers) -> tuple[str, str]:
+    """Make `readers` see act / scale (initializer values through `weights`). Returns (tensor they now read, where
+    1/scale went)."""
     graph = model.graph
     target = fold_target(model, act, readers, scale.size)
     inits = {i.name: i for i in graph.initializer}
     if target is not None:
-        init = inits[target.initializer]
-        stored = numpy_helper.to_array(init)
+        stored = weights.value(target.initializer)
         value = stored.astype(np.float32)
         if target.columns is None:
             value = value / scale.reshape(value.shape)
         else:
             value = value.copy()
             value[:, target.columns[0]:target.columns[1]] /= scale[None, :]
-        init.CopyFrom(numpy_helper.from_array(value.astype(stored.dtype), target.initializer))
+        weights.set(target.initializer, value.astype(stored.dtype))
         return act, target.kind
     taken = {n for node in graph.node for n in (*node.input, *node.output)} | set(inits)
     inv_name, out = f"{act}_inv_input_scale", f"{act}_scaled"
     while inv_name in taken or out in taken:
         inv_name, out = inv_name + "_", out + "_"
     dtype = helper.tensor_dtype_to_np_dtype(inits[readers[0].input[1]].data_type)  # the activation's float type
-    graph.initializer.append(numpy_helper.from_array((1.0 / scale).astype(dtype), inv_name))
+    weights.add(numpy_helper.from_array((1.0 / scale).astype(dtype), inv_name))
     mul = helper.make_node("Mul", [act, inv_name], [out], name=f"{act}/InputScale")
     first = min(list(graph.node).index(r) for r in readers)
     graph.node.insert(first, mul)
@@ -123,13 +125,13 @@ def _constant(name: str, producers, inits) -> np.ndarray | None:
 
 
 def insert_low_rank_branch(graph: onnx.GraphProto, matmul: onnx.NodeProto, weight: str, a: np.ndarray, b: np.ndarray,
-                   dtype: np.dtype) -> None:
-    """After `matmul` (y = x W): y = (x W) + (x A) B, A and B float16 behind their Casts."""
+                           dtype: np.dtype, weights: Initializers) -> None:
+    """After `matmul` (y = x W): y = (x W) + (x A) B, A and B float16 behind their Casts (added through `weights`)."""
     factors = []
     at = list(graph.node).index(matmul)
     for suffix, value in zip(LOW_RANK_SUFFIXES, (a, b)):
         init, cast, name = float16_constant(weight + suffix, value, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
-        graph.initializer.append(init)
+        weights.add(init)
         for node in cast:
             graph.node.insert(at, node)
             at += 1

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from ..errors import InputError
 from . import numerics as nx
 from .calibrate import ActivationStats
+from .initializers import Initializers, ModelInitializers
 from .gptq import ACT_ORDER_DEFAULT, DEFAULT_DAMP, GPTQ_DEFAULT, GridScales, gptq_weight
 from .method_graph import fold_input_scale, insert_low_rank_branch
 from .method_search import (activation_fake_quant, awq_search, clip_search, evenly, fp8_range, low_rank_factors,
@@ -160,27 +160,25 @@ def activation_range(rows: np.ndarray, amax: float, scheme: str, methods: Method
 
 
 def split_low_rank(model: onnx.ModelProto, options: QuantOptions, rows: dict[str, np.ndarray], rank: int,
-                   report: MethodReport) -> None:
+                   report: MethodReport, weights: Initializers) -> None:
     """Every quantized MatMul x W becomes x R + (x A) B: R = W - A B replaces W (what the Q/DQ pass quantizes),
     A and B float16 initializers (named with LOW_RANK_SUFFIXES: never quantized) behind a Cast in a float32 graph. The rank
     is at most half of min(K, N) (beyond that the branch costs more than the weight it takes out)."""
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
     for act, readers in quantized_groups(model, options).items():
         x = rows.get(act)
         if x is None or not x.size:
             continue
         moment = np.square(x.astype(np.float64)).mean(axis=0)
         for node, weight in readers:
-            stored = numpy_helper.to_array(inits[weight])
+            stored = weights.value(weight)
             r = min(rank, min(stored.shape) // 2)
             if r < 1:
                 continue
             w = stored.astype(np.float32)
             a, b = low_rank_factors(w, moment, r)
             residual = w - a.astype(np.float32) @ b.astype(np.float32)
-            inits[weight].CopyFrom(numpy_helper.from_array(residual.astype(stored.dtype), weight))
-            insert_low_rank_branch(graph, node, weight, a, b, stored.dtype)
+            weights.set(weight, residual.astype(stored.dtype))
+            insert_low_rank_branch(model.graph, node, weight, a, b, stored.dtype, weights)
             report.low_rank[weight] = r
             report.low_rank_bytes += a.nbytes + b.nbytes
 
@@ -210,88 +208,100 @@ def calibrated_tensors(model: onnx.ModelProto, options: QuantOptions) -> list[st
 
 
 def apply_methods(model: onnx.ModelProto, options: QuantOptions, stats: dict[str, ActivationStats],
-                  methods: MethodOptions, progress=lambda _m: None, measure_errors: bool = False) -> MethodReport:
-    """Rewrite `model` (weights loaded) with the input scales of `methods`; return ranges and clip ratios for Q/DQ.
+                  methods: MethodOptions, progress=lambda _m: None, measure_errors: bool = False,
+                  weights: Initializers | None = None) -> MethodReport:
+    """Rewrite `model` with the input scales of `methods` (initializer values through `weights`, default: the model's
+    own, loaded); return ranges and clip ratios for Q/DQ. Activations without `stats` are left alone.
 
     `measure_errors`: also record each weight's relative product error on the calibration rows (sensitivity)."""
-    scheme = options.scheme
+    weights = weights or ModelInitializers(model)
     report = MethodReport()
     key = options.defaults_key
     if methods.uses_gptq(key):
         report.gptq_settings = {"damping": methods.damp(key), "act_order": methods.act_order(key)}
-    inits = {i.name: i for i in model.graph.initializer}
+    scaled_rows = _input_scales(model, options, stats, methods, weights, report, progress)
+    if methods.low_rank:
+        split_low_rank(model, options, scaled_rows, methods.low_rank, report, weights)
+    for table in quantized_tables(model, options):  # a tied lm_head: its input range, the table's clipping
+        st = stats.get(table.head_input) if table.head is not None and not options.table_weight_only else None
+        if st is None:
+            continue
+        report.act_amax[table.head_input] = activation_range(st.rows, st.amax, options.scheme, methods)
+        if st.rows.size:
+            _compensate(report, table.name, weights.value(table.name).astype(np.float32).T, st.rows, options.for_table(), methods)
+    for act, readers in quantized_groups(model, options).items():  # on the final weights (after every fold)
+        rows = scaled_rows.get(act)
+        if rows is None or not rows.size:
+            continue
+        for _node, weight in readers:
+            w = _compensate(report, weight, weights.value(weight).astype(np.float32), rows, options, methods)
+            if measure_errors:
+                report.weight_error[weight] = _product_error(w, rows, report, act, weight, options, methods)
+    return report
+
+
+def _input_scales(model: onnx.ModelProto, options: QuantOptions, stats: dict[str, ActivationStats], methods: MethodOptions,
+                  weights: Initializers, report: MethodReport, progress) -> dict[str, np.ndarray]:
+    """AWQ / SmoothQuant scales of every activation with stats, folded; the activation ranges. Returns each
+    activation's calibration rows as its readers now see them (under its new name when a Mul took the scale)."""
+    scheme = options.scheme
     groups = quantized_groups(model, options)
     scaled_rows: dict[str, np.ndarray] = {}
     for number, (act, readers) in enumerate(groups.items()):
         st = stats.get(act)
         if st is None:
             continue
-        weights = [numpy_helper.to_array(inits[w]).astype(np.float32) for _n, w in readers]
+        stored = [weights.value(w) for _n, w in readers]
+        values = [w.astype(np.float32) for w in stored]
         scale = None
         info: dict = {}
         if scheme in ("int4", "nvfp4") and methods.awq and st.rows.size:
-            scale, alpha, ratio = awq_search(st, weights, options, methods.search_rows)
+            scale, alpha, ratio = awq_search(st, values, options, methods.search_rows)
             info = {"method": "awq", "alpha": alpha, "error_ratio": round(ratio, 4)}
             if alpha == 0.0:
                 scale = None
         elif scheme == "fp8" and methods.smoothquant is not None:
-            scale = smoothquant_scale(st, weights, methods.smoothquant)
+            scale = smoothquant_scale(st, values, methods.smoothquant)
             info = {"method": "smoothquant", "alpha": methods.smoothquant}
         name, rows, channel_amax = act, st.rows, st.channel_amax
         if scale is not None:
-            for (_node, weight), w in zip(readers, weights):
-                inits[weight].CopyFrom(numpy_helper.from_array((w * scale[:, None]).astype(numpy_helper.to_array(inits[weight]).dtype), weight))
-            name, folded = fold_input_scale(model, act, scale, [n for n, _w in readers])
-            inits = {i.name: i for i in model.graph.initializer}
+            for (_node, weight), w, original in zip(readers, values, stored):
+                weights.set(weight, (w * scale[:, None]).astype(original.dtype))
+            name, folded = fold_input_scale(model, act, scale, [n for n, _w in readers], weights)
             info["folded"] = folded
             report.input_scales[name] = info
             rows, channel_amax = rows / scale, channel_amax / scale
-        amax = float(channel_amax.max())
-        report.act_amax[name] = activation_range(rows, amax, scheme, methods)
+        del stored, values
+        report.act_amax[name] = activation_range(rows, float(channel_amax.max()), scheme, methods)
         scaled_rows[name] = rows
         if number % 20 == 19:
             progress(f"  {number + 1}/{len(groups)} activations")
-    if methods.low_rank:
-        split_low_rank(model, options, scaled_rows, methods.low_rank, report)
-    inits = {i.name: i for i in model.graph.initializer}
-    for table in quantized_tables(model, options):  # a tied lm_head: its input range, the table's clipping
-        st = stats.get(table.head_input) if table.head is not None and not options.table_weight_only else None
-        if st is None:
-            continue
-        rows = st.rows
-        report.act_amax[table.head_input] = activation_range(rows, st.amax, scheme, methods)
-        if rows.size:
-            w = numpy_helper.to_array(inits[table.name]).astype(np.float32).T
-            _compensate(report, inits[table.name], w, rows, options.for_table(), methods)
-    for act, readers in quantized_groups(model, options).items():  # on the final weights (after every fold)
-        rows = scaled_rows.get(act)
-        if rows is None or not rows.size:
-            continue
-        for _node, weight in readers:
-            w = numpy_helper.to_array(inits[weight]).astype(np.float32)
-            w = _compensate(report, inits[weight], w, rows, options, methods)
-            if measure_errors:
-                x = evenly(rows, methods.search_rows)
-                amax = report.act_amax.get(act, float(np.abs(x).max()))
-                xq = activation_fake_quant(x, options, amax)
-                exact = x @ w
-                got = xq @ weight_fake_quant(w, options, report.weight_clip.get(weight), report.weight_grid.get(weight))
-                # medians over tokens: neither a few massive-activation tokens (huge outputs, they would hide
-                # everyone else's error) nor near-zero outputs (huge relative error, no effect) decide
-                typical = max(float(np.median(np.square(exact).sum(axis=1))), 1e-30)
-                report.weight_error[weight] = float(np.median(np.square(exact - got).sum(axis=1)) / typical)
-    return report
+    return scaled_rows
 
 
-def _compensate(report: MethodReport, init: onnx.TensorProto, w: np.ndarray, rows: np.ndarray, options: QuantOptions,
+def _product_error(w: np.ndarray, rows: np.ndarray, report: MethodReport, act: str, weight: str, options: QuantOptions,
+                   methods: MethodOptions) -> float:
+    """The relative error of the quantized product x W on the calibration rows: medians over tokens, so neither a few
+    massive-activation tokens (huge outputs, they would hide everyone else's error) nor near-zero outputs (huge
+    relative error, no effect) decide."""
+    x = evenly(rows, methods.search_rows)
+    amax = report.act_amax.get(act, float(np.abs(x).max()))
+    xq = activation_fake_quant(x, options, amax)
+    exact = x @ w
+    got = xq @ weight_fake_quant(w, options, report.weight_clip.get(weight), report.weight_grid.get(weight))
+    typical = max(float(np.median(np.square(exact).sum(axis=1))), 1e-30)
+    return float(np.median(np.square(exact - got).sum(axis=1)) / typical)
+
+
+def _compensate(report: MethodReport, name: str, w: np.ndarray, rows: np.ndarray, options: QuantOptions,
                 methods: MethodOptions) -> np.ndarray:
     """Clipping search, then GPTQ on W [K, N] (an embedding table's T^T); returns the weight the Q/DQ pass will
     quantize (GPTQ's compensated one, kept in the grid: the graph's fp32 weight stays for weights left unquantized)."""
     blockwise = options.scheme in ("int4", "nvfp4")
     clip = clip_search(w, np.square(evenly(rows, methods.search_rows)).mean(axis=0), options) if methods.clip and blockwise else None
     if clip is not None:
-        report.weight_clip[init.name] = clip
-        report.clip_means[init.name] = clip.mean()
+        report.weight_clip[name] = clip
+        report.clip_means[name] = clip.mean()
     key = options.defaults_key
     if not methods.uses_gptq(key):
         return w
@@ -300,6 +310,6 @@ def _compensate(report: MethodReport, init: onnx.TensorProto, w: np.ndarray, row
     before = float(np.square(rows @ (w - weight_fake_quant(w, options, clip))).sum())
     after = float(np.square(rows @ (w - quantized)).sum())
     report.gptq_error_ratio.append(after / before if before > 0 else 1.0)
-    report.weight_grid[init.name] = grid
-    report.gptq_weights.append(init.name)
+    report.weight_grid[name] = grid
+    report.gptq_weights.append(name)
     return quantized

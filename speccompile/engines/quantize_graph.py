@@ -67,7 +67,9 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     spec = manifest.graph(graph)
     qopts = build_quant_options(options)
     methods = options.methods.validate()
-    work = WorkingGraph(load_graph(src_dir / spec.file), src_dir)
+    writer = WeightsWriter(dst.parent / (dst.name + ".data"), threaded=True)
+    sink = ExternalSink(writer)
+    work = WorkingGraph(load_graph(src_dir / spec.file), src_dir, sink)
     hold = bool(options.qad.steps) or options.min_top1 is not None
     if hold:
         progress(f"loading {spec.file} (--qad-steps and --min-top1 work on the whole model)")
@@ -89,8 +91,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     calibration = {"source": str(options.calib) if options.calib else "builtin", "samples": len(samples),
                    "tokens": sum(map(len, samples)),
                    "method": methods.act_calib if options.precision == "fp8" and qopts.quantizes_activations else "max"}
-    with WeightsWriter(dst.parent / (dst.name + ".data"), threaded=True) as writer:
-        sink = ExternalSink(writer)
+    with writer:
         tables = grid_candidates(work.model, qopts)
         units = UnitPass(work, qopts, method_qopts, methods, {n: tables[n] for n in grids}, sink, hold,
                          options.min_top1 is not None, progress)
@@ -107,7 +108,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
         else:
             progress(f"quantizing {graph} to {options.precision}")
             report = units.rewrite()
-        work.externalize(sink)
+        work.externalize()
         copied = work.copy_sources(writer)
         progress(f"{copied} unchanged initializers copied")
         save_model(work.model, dst)
@@ -116,7 +117,7 @@ def quantize_graph(src_dir: Path, manifest: Manifest, graph: str, dst: Path, opt
     run_ort = "ort-cpu" in RUNS_ON[options.precision]
     progress("checking the quantized graph (onnx checker" + (", ONNX Runtime on a few tokens, one segment at a time)" if run_ort else ")"))
     check_graph(dst.parent, dataclasses.replace(spec, file=dst.name), run_ort, threads=options.threads, workdir=dst.parent,
-                budget=options.segment_bytes)
+                parameters=options.segment_parameters)
     return _record(report, qopts, options, calibration if tensors or "qad" in method_record else None, method_record)
 
 
@@ -141,7 +142,7 @@ def _run_units(units: UnitPass, plan: list[Unit], src_dir: Path, spec, tensors: 
     if tensors:
         progress(f"calibrating {len(tensors)} activations on {len(samples)} samples ({sum(map(len, samples))} tokens), "
                  "one segment of the graph at a time; each unit of weights quantized as soon as its activations are done")
-        for step in calibration_steps(src_dir, spec, tensors, samples, options.threads, workdir, max_rows, options.segment_bytes):
+        for step in calibration_steps(src_dir, spec, tensors, samples, options.threads, workdir, max_rows, options.segment_parameters):
             stats.update(step)
             run_ready()
     for unit in list(waiting):  # activations calibration never reached

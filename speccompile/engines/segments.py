@@ -1,12 +1,14 @@
 """Run an ONNX graph one segment at a time, so that memory holds one segment's weights, not the model's.
 
 A graph whose weights do not fit in memory (or that should not be loaded whole: an 8B model on a 24 GB host)
-is cut into consecutive segments of its node list (`plan_segments`), each holding about `budget` bytes of
-weights. `SegmentRunner.run` sends every sample through the first segment, then every sample through the
-second, and so on (the way GPTQ implementations calibrate models larger than memory): one ONNX Runtime CPU
-session per segment, created when its turn comes and released after it, its weights read from the graph's own
-external data file (hard links in a work folder, as ONNX Runtime refuses data reached through symbolic links),
-so nothing is copied. Between segments only the tensors a later segment still reads are kept, per sample.
+is cut into consecutive segments of its node list (`plan_segments`), each holding about `parameters` weights
+(SEGMENT_PARAMETERS: ONNX Runtime CPU holds them as float32, and MatMul weights once more, packed). `SegmentRunner.run`
+sends every sample through the first segment, then every sample through the second, and so on (the way GPTQ
+implementations calibrate models larger than memory): one ONNX Runtime CPU session per segment, created when its
+turn comes and released after it, its weights read in place from the graph's own external data file (onnxruntime
+>= 1.21 takes that folder as a session option; before, hard links in a work folder, as ONNX Runtime refuses data
+reached through symbolic links), so nothing is copied. Between segments only the tensors a later segment still
+reads are kept, per sample.
 
 Cuts fall only on the inputs of weight MatMuls (`weight_inputs`): the tensor a cut hands over is already an
 output of the node that made it, and the operators ONNX Runtime fuses (normalizations with their residual add,
@@ -21,9 +23,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -35,7 +37,7 @@ from ..weights_file import external_location
 
 EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
 EXTERNAL_FOLDER_ORT = (1, 21)  # the first onnxruntime that takes it
-DEFAULT_BUDGET = 256 << 20  # weight bytes a segment reaches before it is cut at the next weight MatMul input
+SEGMENT_PARAMETERS = 32 << 20  # weights (elements) a segment reaches before it is cut at the next weight MatMul input
 
 Consume = Callable[[int, str, np.ndarray], None]  # (sample index, tensor name, value)
 
@@ -48,16 +50,14 @@ class Segment:
     inputs: list[str]
     outputs: list[str]
     initializers: list[str]
-    weight_bytes: int = 0
+    weight_elements: int = 0
     last_use: dict[str, int] = field(default_factory=dict)  # (filled by plan_segments) tensor -> last segment reading it
 
 
-def tensor_bytes(tensor: TensorProto) -> int:
-    """Bytes of an initializer's data (from its dims and type; external or not)."""
-    count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-    if tensor.data_type in (TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT4E2M1):
-        return (count + 1) // 2
-    return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+def tensor_elements(tensor: TensorProto) -> int:
+    """Elements of an initializer (from its dims): what a segment's weights cost ONNX Runtime CPU does not depend on
+    how they are stored (fp16 and quantized weights become float32 at load, and MatMul weights are packed again)."""
+    return int(np.prod(tensor.dims)) if len(tensor.dims) else 1
 
 
 def constant_tensors(nodes: Sequence[onnx.NodeProto], initializers: Iterable[str]) -> tuple[set[str], dict[str, int]]:
@@ -117,10 +117,10 @@ def _constant_closure(names: Iterable[str], nodes: Sequence[onnx.NodeProto], con
     return found, used
 
 
-def plan_segments(model: onnx.ModelProto, wanted: Sequence[str], budget: int = DEFAULT_BUDGET) -> list[Segment]:
-    """Cut the nodes `wanted` needs into segments of about `budget` weight bytes (0: one weight MatMul each).
+def plan_segments(model: onnx.ModelProto, wanted: Sequence[str], parameters: int = SEGMENT_PARAMETERS) -> list[Segment]:
+    """Cut the nodes `wanted` needs into segments of about `parameters` weights (0: one weight MatMul each).
 
-    A segment ends right after the node that makes a weight MatMul's input once it holds `budget` bytes."""
+    A segment ends right after the node that makes a weight MatMul's input once it holds `parameters` weights."""
     nodes = list(model.graph.node)
     inits = {i.name: i for i in model.graph.initializer}
     names = set(inits)
@@ -135,9 +135,9 @@ def plan_segments(model: onnx.ModelProto, wanted: Sequence[str], budget: int = D
             continue  # constants travel with the segments that read them
         groups[-1].append(index)
         _, used = _constant_closure([n for n in node.input if n in constant], nodes, const_producers, names)
-        size += sum(tensor_bytes(inits[name]) for name in used - held)
+        size += sum(tensor_elements(inits[name]) for name in used - held)
         held |= used
-        if size >= budget and any(out in cuts for out in node.output):
+        if size >= parameters and any(out in cuts for out in node.output):
             groups.append([])
             held, size = set(), 0
     segments = []
@@ -147,7 +147,7 @@ def plan_segments(model: onnx.ModelProto, wanted: Sequence[str], budget: int = D
         const_nodes, used = _constant_closure([n for n in reads if n in constant], nodes, const_producers, names)
         members = [nodes[i] for i in sorted(const_nodes | set(group))]
         inputs = list(dict.fromkeys(name for name in reads if name not in constant))
-        segments.append(Segment(members, inputs, [], sorted(used), sum(tensor_bytes(inits[n]) for n in used)))
+        segments.append(Segment(members, inputs, [], sorted(used), sum(tensor_elements(inits[n]) for n in used)))
     wanted_set = set(wanted)
     last: dict[str, int] = {}
     for index, segment in enumerate(segments):
@@ -240,11 +240,11 @@ class SegmentRunner:
         return sub
 
     def steps(self, feeds: Sequence[dict[str, np.ndarray]], wanted: Sequence[str], consume: Consume,
-              budget: int = DEFAULT_BUDGET) -> Iterator[list[str]]:
+              parameters: int = SEGMENT_PARAMETERS) -> Iterator[list[str]]:
         """Every sample of `feeds` (graph inputs) through every segment; `consume(sample, name, value)` gets each
         tensor of `wanted` as soon as it exists (dropped after, unless a later segment reads it). Yields, after each
         segment, the tensors of `wanted` it completed (every sample has passed them)."""
-        segments = plan_segments(self.model, wanted, budget)
+        segments = plan_segments(self.model, wanted, parameters)
         wanted_set = set(wanted)
         live: list[dict[str, np.ndarray]] = [dict(f) for f in feeds]
         with self._session_maker() as open_session:
@@ -286,7 +286,7 @@ class SegmentRunner:
             yield open_session
 
     def run(self, feeds: Sequence[dict[str, np.ndarray]], wanted: Sequence[str], consume: Consume,
-            budget: int = DEFAULT_BUDGET) -> None:
+            parameters: int = SEGMENT_PARAMETERS) -> None:
         """`steps` to the end."""
-        for _ in self.steps(feeds, wanted, consume, budget):
+        for _ in self.steps(feeds, wanted, consume, parameters):
             pass

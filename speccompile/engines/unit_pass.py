@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from .calibrate import ActivationStats
+from .initializers import ModelInitializers
 from .methods import MethodOptions, MethodReport, apply_methods
 from .qdq_targets import EmbeddingTable, QuantOptions
 from .quantize import QuantReport, graph_names, plan_qdq, rewrite_qdq
@@ -46,10 +47,10 @@ class UnitPass:
 
     def run(self, unit: Unit, stats: dict[str, ActivationStats]) -> None:
         """Fit `unit` on `stats` (its activations' statistics); unless holding, store its weights and forget them."""
-        self.work.load(unit.weights)
         if stats:
+            values = ModelInitializers(self.work.model) if self.hold else self.work
             self.report.merge(apply_methods(self.work.model, self.method_qopts, stats, self.methods, self.progress,
-                                            self.measure_errors))
+                                            self.measure_errors, values))
         if not self.hold:
             self._store(unit)
 
@@ -76,8 +77,7 @@ class UnitPass:
                     replaced.add(name)
         self.report.release(set(unit.weights))
         self.work.drop(replaced)
-        self.work.store([name for name in unit.weights if name not in replaced], self.sink)
-        self.work.externalize(self.sink)  # what the methods added (low-rank factors, input-scale Muls)
+        self.work.store([name for name in unit.weights if name not in replaced])
 
     def _grid(self, name: str):
         grid = self.report.weight_grid.get(name)

@@ -1,11 +1,15 @@
 """A graph being rewritten one weight at a time: its structure in memory, each initializer's bytes where they are.
 
-An initializer of the `WorkingGraph` is in one of three places:
-  * in the source's external data file, not read yet (every weight, at first);
-  * in the proto (the small ones, and the weights of the unit being quantized: `load`);
-  * in the output's external data file (`store`: written through an `ExternalSink` as soon as its value is final).
+An initializer of the `WorkingGraph` is in one of four places:
+  * in the source's external data file, not read yet (every weight, at first; `value` maps it);
+  * in the proto (the small ones);
+  * staged: a numpy array beside the structure, the value a pass gave it (`set`), never in the proto (a ModelProto's
+    arena would keep every replaced value: engines/initializers.py);
+  * in the output's external data file (`store`: written through an `ExternalSink` as soon as its value is final;
+    `add`: a new initializer of the passes, straight through the sink).
 So memory holds the structure, the small tensors and the unit at work. At the end `copy_sources` appends the
-initializers nothing changed (embedding tables, excluded weights) to the output file, in pieces.
+initializers nothing changed (embedding tables, excluded weights) to the output file, in pieces. `load_all` puts
+every weight in the proto instead, for the passes that need the whole model.
 """
 
 from __future__ import annotations
@@ -40,13 +44,16 @@ class ExternalSink:
 
 
 class WorkingGraph:
-    """The structure of `model` (weights external, in `directory`) and where each initializer's bytes are now."""
+    """The structure of `model` (weights external, in `directory`) and where each initializer's bytes are now; new
+    and changed initializers go out through `sink` (an `Initializers`)."""
 
-    def __init__(self, model: onnx.ModelProto, directory: Path):
+    def __init__(self, model: onnx.ModelProto, directory: Path, sink: ExternalSink):
         self.model = model
         self.directory = Path(directory)
+        self.sink = sink
         self._source = {i.name: _copy(i) for i in model.graph.initializer if i.data_location == TensorProto.EXTERNAL}
         self._written: set[str] = set()
+        self._staged: dict[str, np.ndarray] = {}
 
     def initializers(self) -> dict[str, TensorProto]:
         return {i.name: i for i in self.model.graph.initializer}
@@ -58,6 +65,8 @@ class WorkingGraph:
 
     def value(self, name: str) -> np.ndarray:
         """The current value of initializer `name` (a read-only memory map while it is in the source file)."""
+        if name in self._staged:
+            return self._staged[name]
         init = self.initializers()[name]
         if self.is_source(init):
             return read_tensor(init, self.directory)
@@ -76,36 +85,41 @@ class WorkingGraph:
         loaded.raw_data = np.ascontiguousarray(read_tensor(init, self.directory)).tobytes()
         return loaded
 
-    def load(self, names: Iterable[str]) -> None:
-        """Read initializers from the source file into the proto (the passes then change them in place)."""
-        wanted = set(names)
-        for init in self.model.graph.initializer:
-            if init.name in wanted and self.is_source(init):
-                init.CopyFrom(self.tensor(init.name))
+    def set(self, name: str, value: np.ndarray) -> None:
+        """Stage a new value of initializer `name` (kept as an array until `store` or `drop`)."""
+        self._staged[name] = np.asarray(value)
+
+    def add(self, tensor: TensorProto) -> None:
+        """A new initializer: its bytes go through the sink now, the graph lists what the sink returns."""
+        self.model.graph.initializer.append(self.sink.put(tensor))
 
     def load_all(self) -> None:
-        self.load(self._source)
-
-    def store(self, names: Iterable[str], sink: ExternalSink) -> None:
-        """Write the loaded initializers `names` out through `sink` (values final); unloaded ones stay in the source."""
-        wanted = set(names)
+        """Every weight read into the proto (the whole-model passes then change them in place)."""
         for init in self.model.graph.initializer:
-            if init.name in wanted and init.data_location != TensorProto.EXTERNAL:
-                written = sink.put(init)
+            if self.is_source(init):
+                init.CopyFrom(self.tensor(init.name))
+
+    def store(self, names: Iterable[str]) -> None:
+        """Write the staged values of `names` out through the sink (values final); unchanged ones stay in the source."""
+        for init in self.model.graph.initializer:
+            if init.name in self._staged and init.name in set(names):
+                written = self.sink.put(numpy_helper.from_array(self._staged.pop(init.name), init.name))
+                init.CopyFrom(written)
+                self._written.add(init.name)
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Forget the staged values of `names` (quantized: the graph will not read them)."""
+        for name in names:
+            self._staged.pop(name, None)
+
+    def externalize(self) -> None:
+        """Every initializer held in the proto that the sink takes goes out (a whole-model build's weights)."""
+        for init in self.model.graph.initializer:
+            if init.data_location != TensorProto.EXTERNAL:
+                written = self.sink.put(init)
                 if written is not init:
                     init.CopyFrom(written)
                     self._written.add(init.name)
-
-    def drop(self, names: Iterable[str]) -> None:
-        """Forget the loaded values of `names` (quantized: the graph will not read them): back to their source bytes."""
-        wanted = set(names)
-        for init in self.model.graph.initializer:
-            if init.name in wanted and init.name in self._source and init.data_location != TensorProto.EXTERNAL:
-                init.CopyFrom(self._source[init.name])
-
-    def externalize(self, sink: ExternalSink) -> None:
-        """Every initializer held in the proto that `sink` takes (new ones of the passes, changed weights) goes out."""
-        self.store([i.name for i in self.model.graph.initializer], sink)
 
     def copy_sources(self, writer: WeightsWriter) -> int:
         """Append every initializer still in the source file to `writer`'s file, COPY_CHUNK bytes at a time (plain
