@@ -172,14 +172,26 @@ def inverse_hessian_factor(h: np.ndarray, damp: float, overwrite: bool = False) 
 def factor_in_place(h: np.ndarray, block: int = FACTOR_BLOCK) -> np.ndarray:
     """Upper Cholesky factor U of H^-1 (float32) with `h` (symmetric positive definite float64) as the only K x K
     working array: with P the order reversal, P H P = L L^T (lower Cholesky), then H^-1 = (P L^-1 P)^T (P L^-1 P)
-    and P L^-1 P is upper triangular with a positive diagonal: it is U. Both steps run in place on the reversed view
-    of `h`, a block of rows at a time."""
-    view = h[::-1, ::-1]
-    _cholesky_lower_in_place(view, block)
-    _invert_lower_in_place(view, block)
-    for row in range(1, len(h)):  # U is the upper triangle of h now; clear the rest
+    and P L^-1 P is upper triangular with a positive diagonal: it is U. `h` is reversed in place, both steps run
+    on it a block of rows at a time, and it is reversed back: U is its upper triangle."""
+    _reverse_in_place(h)
+    _cholesky_lower_in_place(h, block)
+    _invert_lower_in_place(h, block)
+    _reverse_in_place(h)
+    for row in range(1, len(h)):  # clear what lies below U
         h[row, :row] = 0.0
     return h.astype(np.float32)
+
+
+def _reverse_in_place(a: np.ndarray) -> None:
+    """a <- P a P (rows and columns in reverse order), one row of extra memory at a time."""
+    n = len(a)
+    for i in range(n // 2):
+        top = a[i, ::-1].copy()
+        a[i] = a[n - 1 - i, ::-1]
+        a[n - 1 - i] = top
+    if n % 2:
+        a[n // 2] = a[n // 2, ::-1].copy()
 
 
 def _cholesky_lower_in_place(a: np.ndarray, block: int) -> None:
@@ -190,10 +202,10 @@ def _cholesky_lower_in_place(a: np.ndarray, block: int) -> None:
         a[j:e, j:e] = np.linalg.cholesky(a[j:e, j:e])
         if e == n:
             return
-        a[e:, j:e] = _dense(a[e:, j:e]) @ np.linalg.inv(a[j:e, j:e]).T  # L21 = A21 L11^-T
+        a[e:, j:e] = a[e:, j:e] @ np.linalg.inv(a[j:e, j:e]).T  # L21 = A21 L11^-T
         for i in range(e, n, block):  # trailing update of the lower block rows: A22 -= L21 L21^T
             i2 = min(i + block, n)
-            a[i:i2, e:i2] -= _dense(a[i:i2, j:e]) @ _dense(a[e:i2, j:e]).T
+            a[i:i2, e:i2] -= a[i:i2, j:e] @ a[e:i2, j:e].T
 
 
 def _invert_lower_in_place(a: np.ndarray, block: int) -> None:
@@ -207,12 +219,7 @@ def _invert_lower_in_place(a: np.ndarray, block: int) -> None:
         a[j:e, j:e] = np.tril(diagonal[j])
         for i in (i for i in starts if i > j):
             i2 = min(i + block, n)
-            a[i:i2, j:e] = -diagonal[i] @ (_dense(a[i:i2, j:i]) @ _dense(a[j:i, j:e]))
-
-
-def _dense(block: np.ndarray) -> np.ndarray:
-    """A C-ordered copy of a block of the reversed view (numpy multiplies negative-stride arrays without BLAS)."""
-    return np.ascontiguousarray(block)
+            a[i:i2, j:e] = -diagonal[i] @ (a[i:i2, j:i] @ a[j:i, j:e])
 
 
 def permute_symmetric(h: np.ndarray, order: np.ndarray) -> None:

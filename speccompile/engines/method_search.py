@@ -30,9 +30,7 @@ def weight_fake_quant(w: np.ndarray, options: QuantOptions, clip: np.ndarray | N
         q, scale = nx.quantize_fp8_per_channel(w, axis=1, scale=grid.scale if grid else None)
         return q.astype(np.float32) * scale
     if options.scheme == "int4":
-        block = nx.pick_block(w.shape[0], options.int4_block)
-        q, scale = nx.quantize_int4_blockwise(w, block, clip, grid.scale if grid else None)
-        return nx.dequantize_int4_blockwise(q, scale, block)
+        return nx.fake_quant_int4_blockwise(w, nx.pick_block(w.shape[0], options.int4_block), clip, grid.scale if grid else None)
     w_t = np.ascontiguousarray(w.T)
     if grid is None:
         codes, s8, s2 = nx.nvfp4_quantize(w_t, block=options.fp4_block, clip=clip)
@@ -73,10 +71,12 @@ def fp8_range(rows: np.ndarray, amax: float, method: str, percentile: float = 99
 
 # ---------------------------------------------------------------- searches
 
-def product_error(x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray, options: QuantOptions, amax: float) -> float:
-    """sum_j ||x W_j - Qa(x / s) Qw(diag(s) W_j)||^2 on the calibration rows x."""
+def product_error(x: np.ndarray, weights: list[np.ndarray], scale: np.ndarray, options: QuantOptions, amax: float,
+                  exact: list[np.ndarray] | None = None) -> float:
+    """sum_j ||x W_j - Qa(x / s) Qw(diag(s) W_j)||^2 on the calibration rows x (`exact`: the x W_j, when known)."""
     xq = activation_fake_quant(x / scale, options, amax)
-    return float(sum(np.square(x @ w - xq @ weight_fake_quant(w * scale[:, None], options)).sum() for w in weights))
+    exact = exact if exact is not None else [x @ w for w in weights]
+    return float(sum(np.square(e - xq @ weight_fake_quant(w * scale[:, None], options)).sum() for w, e in zip(weights, exact)))
 
 
 def awq_search(stats: ActivationStats, weights: list[np.ndarray], options: QuantOptions, rows: int) -> tuple[np.ndarray, float, float]:
@@ -85,11 +85,12 @@ def awq_search(stats: ActivationStats, weights: list[np.ndarray], options: Quant
     mean_abs = np.maximum(np.abs(x).mean(axis=0), 1e-6)
     best = (np.ones_like(mean_abs), 0.0, None)
     base = None
+    exact = [x @ w for w in weights]  # the same for every alpha
     for alpha in AWQ_GRID:
         s = np.power(mean_abs, alpha).astype(np.float32)
         s = (s / np.sqrt(s.max() * s.min())).astype(np.float32)
         amax = float((stats.channel_amax / s).max())
-        err = product_error(x, weights, s, options, amax)
+        err = product_error(x, weights, s, options, amax, exact)
         if base is None:
             base = err
         if best[2] is None or err < best[2]:
@@ -112,13 +113,13 @@ def clip_search(w: np.ndarray, second_moment: np.ndarray, options: QuantOptions)
         shape = (w.shape[0] // block, w.shape[1])
 
         def block_error(q: np.ndarray) -> np.ndarray:
-            return (np.square(w - q) * h[:, None]).reshape(shape[0], block, shape[1]).sum(axis=1)
+            return _weighted_square_error(w, q, h).reshape(shape[0], block, shape[1]).sum(axis=1)
     else:
         block = options.fp4_block
         shape = (w.shape[1], w.shape[0] // block)
 
         def block_error(q: np.ndarray) -> np.ndarray:
-            return (np.square(w - q) * h[:, None]).T.reshape(shape[0], shape[1], block).sum(axis=2)
+            return _weighted_square_error(w, q, h).T.reshape(shape[0], shape[1], block).sum(axis=2)
     best_err = best = None
     for ratio in NVFP4_RANGE_RATIOS if options.scheme == "nvfp4" else CLIP_RATIOS:
         clip = np.full(shape, ratio, np.float32)
@@ -130,6 +131,14 @@ def clip_search(w: np.ndarray, second_moment: np.ndarray, options: QuantOptions)
             best = np.where(better, clip, best)
             best_err = np.where(better, err, best_err)
     return best
+
+
+def _weighted_square_error(w: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """(w - q)^2 h[k] elementwise, computed in `q`'s array (a fresh fake-quantized weight)."""
+    np.subtract(w, q, out=q)
+    np.square(q, out=q)
+    q *= h[:, None]
+    return q
 
 
 def low_rank_factors(w: np.ndarray, second_moment: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
