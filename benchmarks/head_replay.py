@@ -27,7 +27,8 @@ def teacher_forced_predictions(head, decoder, seq: np.ndarray):
     """(top-2 at depth 1, top-1 at depth 2) per row j: row j drafts x[j+2] (and x[j+3] given x[j+2])."""
     import torch
 
-    from speccompile.training.trainer import compute_features, _unroll_mask
+    from speccompile.training.data import compute_features
+    from speccompile.training.trainer import _unroll_mask
 
     feats = compute_features(decoder, seq[None], 1, lambda _: None, batch=1)
     m = len(seq) - 1
@@ -63,7 +64,7 @@ def replay(prompt_len: int, seq: np.ndarray, top2: np.ndarray, top1_next: np.nda
         while n < t - 1:
             accepted = head_accepts(n)
             if mode == "head+lookup":
-                chain = lookup.propose(list(seq[: n + 1]), lookup_cap).tokens
+                chain = lookup.lookup(list(seq[: n + 1]), lookup_cap).tokens
                 run = 0
                 while run < len(chain) and n + 1 + run < t and chain[run] == seq[n + 1 + run]:
                     run += 1

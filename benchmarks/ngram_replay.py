@@ -42,26 +42,26 @@ def record(artifact: Path, workloads: list[Path], max_tokens: int, threads: int,
 def replay(rows: list[dict], k: int, max_match: int, slope: float) -> tuple[float, float]:
     """(tokens per target pass, modelled speedup over plain) of n-gram lookup with adaptive trimming."""
     from speccompile.runtime.adaptive import AdaptiveController
+    from speccompile.runtime.costs import FixedCosts
     from speccompile.runtime.drafters.ngram import NgramDrafter
 
     tokens = passes = cost = 0.0
     for row in rows:
         drafter = NgramDrafter(1, max_match)
         controller = AdaptiveController(max_k=k, deterministic=True)
-        controller.costs.slope = slope
+        controller.costs = FixedCosts(1.0, slope)
         out = row["output"]
         history = list(row["prompt"]) + out[:1]  # the first token comes from the prefill
         pos = 1
         while pos < len(out):
             budget = min(k, len(out) - pos - 1)
-            draft = drafter.propose(history, budget).tokens if budget > 0 else []
-            if draft:
-                draft = draft[: controller.choose_k(drafter.proposal_key, len(draft))]
+            proposal = drafter.propose(history, controller.sizing(budget))
+            draft = proposal.tokens if budget > 0 else []
             accepted = 0
             while accepted < len(draft) and draft[accepted] == out[pos + accepted]:
                 accepted += 1
             if draft:
-                controller.record_draft(len(draft), accepted, 0.0, drafter.proposal_key)
+                controller.record_draft(len(draft), accepted, 0.0, proposal.key)
             step = min(accepted + 1, len(out) - pos)
             history += out[pos: pos + step]
             pos += step

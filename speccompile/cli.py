@@ -26,16 +26,35 @@ def missing_extra_message(exc: ModuleNotFoundError, command: str | None) -> str 
     return f"{who} needs {module}, which is not installed: pip install 'speccompile[{extra}]'"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class CommandLine(click.Group):
+    """The command group: a library error a command raises is worded with that command's flags (`flag_message`)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecCompileError as exc:
+            command = self.commands.get(ctx.invoked_subcommand or "")
+            if command is not None:
+                exc.args = (flag_message(exc, command), *exc.args[1:])
+            raise
+
+
+def flag_message(exc: SpecCompileError, command: click.Command) -> str:
+    """The error's message in the command line's terms: each API field it is about (`exc.fields`) named by the
+    command's option for it (max_tokens -> --max-tokens), where it has one."""
+    return exc.naming({p.name: max(p.opts, key=len) for p in command.params if isinstance(p, click.Option) and p.name})
+
+
+@click.group(cls=CommandLine, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="speccompile")
 def cli() -> None:
     """Compile an LLM plus a drafter into ONNX / TensorRT artifacts and run exact speculative decoding.
 
     \b
     Typical flow:
-      speccompile export smollm2-135m --out exported/
-      speccompile run exported/ --prompt "Write a haiku about the sea" --drafter ngram
-      speccompile bench exported/ --workload benchmarks/workloads/copy.jsonl
+      speccompile export smollm2-135m --out exported/smollm2 --force
+      speccompile run exported/smollm2 --prompt "Write a haiku about the sea" --drafter ngram
+      speccompile bench exported/smollm2 --workload benchmarks/workloads/copy.jsonl
     """
 
 
@@ -54,12 +73,12 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: SpecCompileError -> one line on stderr, exit code 2."""
     try:
-        cli.main(args=argv, standalone_mode=False)
+        cli.main(args=argv, prog_name="speccompile", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {usage_message(exc)}", err=True)
         sys.exit(exc.exit_code)
     except SpecCompileError as exc:
         _end_if_terminated()
@@ -85,6 +104,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:
         _end_if_terminated()
         raise
+
+
+def usage_message(exc: click.ClickException) -> str:
+    """Click's error as one line: what is wrong and, for a usage error, where the options are listed."""
+    message = exc.format_message().rstrip(".")
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        return f"{ctx.command_path}: {message} (see `{ctx.command_path} --help`)"
+    return message
 
 
 def _end_if_terminated() -> None:

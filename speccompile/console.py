@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import click
 
@@ -19,6 +20,28 @@ def progress_bar_console(quiet: bool):
     """The stderr console for a progress bar: None (no bar) when `quiet` (--json) or stderr is not a terminal."""
     out = console()
     return None if quiet or not out.is_terminal else out
+
+
+@contextmanager
+def prompt_progress_bar(out) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A progress callback (label, done, total) drawing a bar of prompts on console `out` (removed when finished);
+    None without a console (`progress_bar_console`)."""
+    if out is None:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=out, transient=True) as bar:
+        task = None
+
+        def progress(label: str, done: int, total: int) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task(label, total=total)
+            bar.update(task, description=label or "done", completed=done, total=total, refresh=True)
+
+        yield progress
 
 
 def progress_printer(quiet: bool) -> Callable[[str], None]:

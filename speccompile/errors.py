@@ -1,12 +1,37 @@
-"""One exception family. The CLI turns any `SpecCompileError` into a one-line message and exit code 2."""
+"""One exception family. The CLI turns any `SpecCompileError` into a one-line message and exit code 2.
+
+Library messages speak in API terms: an error about one argument names it as the API does
+(`RunOptions.num_draft_tokens` -> "num_draft_tokens must be >= 0, got -1") and records it in `field`; a front end
+names its own spelling instead (`naming`: the CLI's flags, "--num-draft-tokens must be >= 0, got -1")."""
 
 from __future__ import annotations
+
+import re
+from typing import Mapping
 
 
 class SpecCompileError(Exception):
     """Base class of every error speccompile reports to a user (bad input, unsupported model, ...)."""
 
     exit_code = 2
+
+    def __init__(self, message: str, field: str | tuple[str, ...] | None = None):
+        super().__init__(message)
+        # the API names of the arguments the message is about (the message names each once, as a word)
+        self.fields: tuple[str, ...] = (field,) if isinstance(field, str) else tuple(field or ())
+
+    @property
+    def field(self) -> str | None:
+        """The (first) argument the message is about."""
+        return self.fields[0] if self.fields else None
+
+    def naming(self, names: Mapping[str, str]) -> str:
+        """The message with each of its fields spelled as `names` says (a front end's: the CLI's flags)."""
+        message = str(self)
+        for field in self.fields:
+            if field in names:
+                message = re.sub(rf"(?<![\w-]){re.escape(field)}(?![\w-])", lambda _: names[field], message, count=1)
+        return message
 
 
 class InputError(SpecCompileError):

@@ -143,7 +143,8 @@ def is_manifest_dir(directory: str | Path) -> bool:
 
 
 def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:
-    """Load and validate an artifact's manifest; with `verify_files` every listed file's sha256 is checked."""
+    """Load and validate an artifact's manifest (every graph's file and every listed file present); with
+    `verify_files` every listed file's sha256 is checked."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
@@ -155,9 +156,20 @@ def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
     manifest = Manifest.from_dict(data, str(path))
+    check_present(manifest, directory)
     if verify_files:
         verify_checksums(manifest, directory)
     return manifest
+
+
+def check_present(manifest: Manifest, directory: Path) -> None:
+    """Raise ArtifactError naming the first graph file or listed file that is missing (a stat per file)."""
+    for name, spec in manifest.graphs.items():
+        if not (directory / spec.file).is_file():
+            raise ArtifactError(f"{directory / spec.file}: graph '{name}' of {MANIFEST_NAME} is this file, which is missing")
+    for name in manifest.files:
+        if not (directory / name).is_file():
+            raise ArtifactError(f"{directory / name}: listed in {MANIFEST_NAME} but missing")
 
 
 def verify_checksums(manifest: Manifest, directory: Path) -> None:

@@ -64,20 +64,35 @@ class TextTokenizer:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user_message}]
         return self.render_messages(messages)
 
-    def render_messages(self, messages: list[dict[str, str]]) -> str:
-        """Apply the chat template to a conversation ({role, content} dicts), with the assistant generation prompt."""
+    def render_messages(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Apply the chat template to a conversation (OpenAI-style message dicts: role, content, and for tool use
+        `tool_calls` / `tool_call_id`), with the assistant generation prompt. `tools`: function definitions
+        ({"type": "function", "function": {...}}) handed to the template's `tools` variable."""
         if not self.chat_template:
             raise InputError("--chat: this model has no chat template (use --raw)")
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
         env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson  # as transformers renders templates: plain JSON, no HTML escaping
         return env.from_string(self.chat_template).render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=True,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
+
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template renders a `tools` variable (else tools must be described another way)."""
+        if not self.chat_template:
+            return False
+        import jinja2
+        from jinja2 import meta
+
+        return "tools" in meta.find_undeclared_variables(jinja2.Environment().parse(self.chat_template))
 
     def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
         """Token ids of a prompt, through the chat template when `chat`."""
@@ -96,3 +111,13 @@ def _token_text(value) -> str | None:
 
 def _raise_template_error(message: str):
     raise InputError(f"chat template error: {message}")
+
+
+def _strftime_now(format: str) -> str:
+    import time
+
+    return time.strftime(format)
+
+
+def _tojson(value, indent: int | None = None, separators=None, sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)

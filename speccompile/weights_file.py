@@ -20,7 +20,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Callable, Iterable, NamedTuple
 
 import numpy as np
 import onnx
@@ -53,6 +53,14 @@ def external_tensor(name: str, data_type: int, dims: tuple[int, ...] | list[int]
     return tensor
 
 
+class Piece(NamedTuple):
+    """`nbytes` of a tensor that `fill(buffer)` writes into a uint8 buffer the writer lends (`add_chunks`):
+    converting into reused memory costs a fraction of allocating the converted piece afresh."""
+
+    nbytes: int
+    fill: Callable[[np.ndarray], None]
+
+
 def tensor_type_of(array: np.ndarray) -> int:
     """The ONNX data type of a numpy array (ml_dtypes' bfloat16 / float8 types included)."""
     return helper.np_dtype_to_tensor_dtype(array.dtype)
@@ -68,7 +76,8 @@ class WeightsWriter:
 
     `threaded`: hashing and writing happen on a thread of their own (both release the GIL), so a caller that
     converts the next piece meanwhile keeps two cores busy; at most `QUEUED` pieces wait, which bounds the
-    memory they hold. The caller must not modify an array it handed over until `close()`."""
+    memory they hold. The caller must not modify an array it handed over until `close()`. A `Piece` is
+    filled into one of `QUEUED + 2` buffers the writer reuses (a buffer goes back to the pool once written)."""
 
     QUEUED = 4
 
@@ -83,6 +92,9 @@ class WeightsWriter:
         self._queue: queue.Queue | None = None
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._buffers: queue.Queue = queue.Queue()
+        for _ in range(self.QUEUED + 2):
+            self._buffers.put(np.empty(0, np.uint8))
         if threaded:
             self._queue = queue.Queue(maxsize=self.QUEUED)
             self._thread = threading.Thread(target=self._drain, name=f"write {self.location}", daemon=True)
@@ -108,9 +120,10 @@ class WeightsWriter:
         return self.add_chunks(name, data_type, dims, [data], len(data))
 
     def add_chunks(self, name: str, data_type: int, dims: tuple[int, ...] | list[int],
-                   chunks: Iterable[np.ndarray | bytes | memoryview], length: int) -> TensorProto:
+                   chunks: Iterable[np.ndarray | bytes | memoryview | Piece], length: int) -> TensorProto:
         """Write initializer `name` (`data_type`, shape `dims`, `length` bytes in all) from consecutive pieces:
-        C-order numpy arrays or bytes. Only the pieces in flight are in memory."""
+        C-order numpy arrays, bytes, or `Piece`s filled into the writer's buffers. Only the pieces in flight are
+        in memory."""
         if self._file is None:
             raise ValueError(f"{self.path}: already closed")
         if name in self._stored:
@@ -118,7 +131,10 @@ class WeightsWriter:
         self._pad(ALIGN_LARGE if length >= LARGE_TENSOR else ALIGN_SMALL)
         stored = StoredBytes(self.location, self._size, length)
         for chunk in chunks:
-            self._write(_as_bytes(chunk))
+            if isinstance(chunk, Piece):
+                self._write_piece(chunk)
+            else:
+                self._write(_as_bytes(chunk))
         if self._size - stored.offset != length:
             raise ValueError(f"{name}: {self._size - stored.offset} bytes written to {self.path.name}, expected {length}")
         self._stored[name] = stored
@@ -157,26 +173,42 @@ class WeightsWriter:
         if extra:
             self._write(bytes(extra))
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def _write_piece(self, piece: Piece) -> None:
+        """Fill a pooled buffer (waiting for one the writer thread has finished with) and write it."""
+        buffer = self._buffers.get()
+        if len(buffer) < piece.nbytes:
+            buffer = np.empty(piece.nbytes, np.uint8)
+        view = buffer[:piece.nbytes]
+        piece.fill(view)
+        self._write(memoryview(view), buffer)
+
+    def _write(self, data: bytes | memoryview, pooled: np.ndarray | None = None) -> None:
+        """Hash and write `data` (on the writer thread when there is one); a `pooled` buffer goes back to the
+        pool once written."""
         assert self._file is not None
         self._size += len(data)
         if self._queue is None:
             self._file.write(data)
             self._digest.update(data)
+            if pooled is not None:
+                self._buffers.put(pooled)
             return
         self._raise_failure()
-        self._queue.put(data)
+        self._queue.put((data, pooled))
 
     def _drain(self) -> None:
         """The writer thread: hash and write pieces in order until the None that `close` sends."""
         assert self._queue is not None and self._file is not None
-        while (data := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            data, pooled = item
             if self._failure is None:
                 try:
                     self._file.write(data)
                     self._digest.update(data)
                 except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
                     self._failure = exc
+            if pooled is not None:
+                self._buffers.put(pooled)
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from speccompile.runtime.adaptive import AdaptiveController, PassCosts
+from speccompile.runtime.adaptive import AdaptiveController
+from speccompile.runtime.costs import PassCosts
 
 
 def _measured(acceptance: float, t1: float = 0.035, slope: float = 0.0022, draft: float = 0.001) -> AdaptiveController:

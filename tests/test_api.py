@@ -54,9 +54,9 @@ def test_run_options_are_validated():
     from speccompile.errors import InputError
     from speccompile.runtime import RunOptions
 
-    with pytest.raises(InputError, match="--backend"):
+    with pytest.raises(InputError, match="backend"):
         RunOptions(backend="gpu").validate()
-    with pytest.raises(InputError, match="--drafter"):
+    with pytest.raises(InputError, match="drafter"):
         RunOptions(drafter="magic").validate()
 
 

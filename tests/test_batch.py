@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from speccompile.runtime import Runner
-from speccompile.runtime.adaptive import AdaptiveController, PassCosts
-from speccompile.runtime.batch import BatchDecoder, LoadPricedCosts
+from speccompile.runtime.adaptive import AdaptiveController
+from speccompile.runtime.batch import BatchDecoder
+from speccompile.runtime.costs import LoadPricedCosts, PassCosts
 from speccompile.runtime.sampling import SamplingParams
 
 PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]
@@ -164,12 +165,12 @@ def test_costs_before_measurements_do_not_freeze_drafting():
 def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
     runner = Runner(tiny_artifact, drafter="ngram", threads=1)
     decoder = runner.batch_decoder(8)
-    decoder.alone_costs.by_q.clear()
-    decoder.alone_costs.by_q.update({1: 0.020})
-    decoder.alone_costs.slope = 0.004  # a draft of k costs 20 + 4k ms alone
+    decoder.pricing.alone.by_q.clear()
+    decoder.pricing.alone.by_q.update({1: 0.020})
+    decoder.pricing.alone.slope = 0.004  # a draft of k costs 20 + 4k ms alone
     decoder.active = [decoder.join(runner.artifact.tokenizer.prompt_ids("abc abc", chat=False), runner.config(50))]
-    decoder.batch_costs.by_q.clear()
-    decoder.batch_costs.by_q.update({1: 0.020, 8: 0.030})
+    decoder.pricing.batched.by_q.clear()
+    decoder.pricing.batched.by_q.update({1: 0.020, 8: 0.030})
     assert decoder.drafting_pays(decoder.shared_row_seconds(1))  # alone: 9 tokens in 52 ms beat 1 in 20 ms
     assert not decoder.drafting_pays(decoder.shared_row_seconds(8))  # 1 token per 3.75 ms row beats any draft
 

@@ -8,7 +8,7 @@ import pytest
 
 from speccompile.runtime import Runner
 from speccompile.runtime.acceptance import AcceptanceRates
-from speccompile.runtime.batch import SlotPassCosts
+from speccompile.runtime.costs import SlotPassCosts
 from speccompile.runtime.sampling import SamplingParams
 
 PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123 0123 01"]
@@ -37,7 +37,7 @@ def test_slot_rounds_carry_drafts_and_decode_as_alone(tiny_artifact):
     runner = Runner(tiny_artifact, drafter="ngram", threads=1, adaptive=False)
     prompts = [_ids(runner, p) for p in PROMPTS[:4]]
     decoder = runner.batch_decoder(4, slot_passes="drafts")
-    assert decoder.slot_session is not None and decoder.slot_costs.row_seconds is not None  # calibrated at start
+    assert decoder.slot_session is not None and decoder.pricing.slots.row_seconds is not None  # calibrated at start
     results = _decode_together(decoder, runner, prompts, 24)
     assert decoder.slot_passes > 0
     assert sum(r.stats.draft_steps for r in results) > 0
@@ -76,7 +76,7 @@ def test_slot_passes_need_a_slotted_graph(tiny_artifact):
     for mode in ("drafts", "all"):
         with pytest.raises(UnsupportedError, match="--batch-slots 9"):
             runner.batch_decoder(9, slot_passes=mode)  # the tiny artifact's slotted graph has 8 slots
-    with pytest.raises(InputError, match="--slot-passes"):
+    with pytest.raises(InputError, match="slot_passes"):
         runner.batch_decoder(2, slot_passes="sometimes")
 
 
@@ -127,8 +127,8 @@ def test_drafts_that_do_not_pay_for_a_slot_pass_are_dropped(tiny_artifact):
     prompts = [_ids(runner, p) for p in PROMPTS[:4]]
     for invariant in (False, True):
         decoder = runner.batch_decoder(4, slot_passes="all" if invariant else "drafts")
-        decoder.slot_costs.calibrate((8, 48), (10.0, 11.0))  # 10 s a slot pass
-        decoder.batch_costs.record(4, 0.001)
+        decoder.pricing.slots.calibrate((8, 48), (10.0, 11.0))  # 10 s a slot pass
+        decoder.pricing.batched.record(4, 0.001)
         results = _decode_together(decoder, runner, prompts, 16)
         assert (decoder.slot_passes > 0) == invariant
         for ids, result in zip(prompts, results):

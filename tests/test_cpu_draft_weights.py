@@ -74,11 +74,10 @@ def test_eagle3_cpu_variant_is_quantized_shares_embeddings_and_stays_close(targe
 
 def test_runtime_uses_the_variant_on_cpu_and_the_contract_head_otherwise(target_dir, tmp_path, tmp_path_factory):
     from speccompile.runtime.artifact import open_artifact
-    from speccompile.runtime.drafters.heads_factory import open_head_session
 
     out, _ = _export(target_dir, tmp_path, "eagle", trained_head(tmp_path_factory, "eagle"))
-    assert open_head_session(open_artifact(out, threads=1), "eagle").spec.file == "eagle.ort.onnx"
-    assert open_head_session(open_artifact(out, threads=1, fused=False), "eagle").spec.file == "eagle.onnx"
+    assert open_artifact(out, threads=1).session("eagle").spec.file == "eagle.ort.onnx"
+    assert open_artifact(out, threads=1, fused=False).session("eagle").spec.file == "eagle.onnx"
 
 
 def test_fp32_writes_no_variant_and_bad_value_is_rejected(target_dir, tmp_path):
@@ -102,7 +101,8 @@ def test_medusa_int4_variant_greedy_equals_plain(target_dir, tmp_path, tmp_path_
     assert spec.tokens == plain.tokens and spec.stats.draft_steps > 0
 
 
-def test_build_drops_the_head_variant(target_dir, tmp_path, tmp_path_factory):
+def test_build_keeps_the_head_variant(target_dir, tmp_path, tmp_path_factory):
+    """An ONNX-only build of the target leaves the head's weights alone: its int8 CPU variant stays."""
     from speccompile.manifest import read_manifest
 
     out, _ = _export(target_dir, tmp_path, "eagle", write_checkpoint(tmp_path / "ckpt", "eagle"))
@@ -110,5 +110,5 @@ def test_build_drops_the_head_variant(target_dir, tmp_path, tmp_path_factory):
     result = run_cli("build", str(out), "--int4", "--onnx-only", "--out", str(built))
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(built)
-    assert "eagle-ort" not in manifest.graphs and not (built / "eagle.ort.onnx").exists()
+    assert "eagle-ort" in manifest.graphs and manifest.files["eagle.ort.onnx"] == read_manifest(out).files["eagle.ort.onnx"]
     assert "eagle" in manifest.graphs and (built / "eagle.onnx.data").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speccompile.errors import ArtifactError, InputError
-from speccompile.runtime.draft_config import DraftConfig, DynamicTree, draft_config_for_run
+from speccompile.draft_config import DraftConfig, DynamicTree, draft_config_for_run
 from speccompile.runtime.tree import load_tree
 
 

@@ -193,3 +193,31 @@ def test_save_head_roundtrip(target, tmp_path):
             if kind == "eagle3" and k == "embed_tokens.weight":
                 continue
             assert torch.equal(again.state_dict()[k], v), (kind, k)
+
+
+def test_eagle3_heads_are_written_flat_and_the_speculators_layout_still_reads(target, tmp_path):
+    """`save_head` writes the flat Hugging Face EAGLE-3 config (`LlamaForCausalLMEagle3`: the sizes at the top
+    level, `draft_vocab_size`, the taps under `eagle_config` and as `target_layer_ids`) that vLLM, SGLang,
+    TensorRT-LLM and TensorRT Edge-LLM read; the older speculators layout (sizes nested under
+    `transformer_layer_config`) loads to the same head."""
+    from speccompile.models.decoder import eagle3_tap_layers
+    from speccompile.models.heads import load_head, new_head, save_head
+
+    _, model = target
+    head = new_head("eagle3", model.config, model.weights, draft_vocab_size=32)
+    folder = save_head(head, tmp_path / "flat")
+    config = json.loads((folder / "config.json").read_text())
+    taps = list(eagle3_tap_layers(model.config.num_hidden_layers))
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
+    assert config["hidden_size"] == H and config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 32
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == taps == config["target_layer_ids"]
+    flat = load_head("eagle3", folder, model.config, model.weights)
+    layer = {k: config.pop(k) for k in list(config) if k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                              "num_key_value_heads", "head_dim", "rms_norm_eps")}
+    old = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"], "transformer_layer_config": layer,
+           "draft_vocab_size": 32, "eagle_aux_hidden_state_layer_ids": taps}
+    (folder / "config.json").write_text(json.dumps(old))
+    nested = load_head("eagle3", folder, model.config, model.weights)
+    for key, value in flat.state_dict().items():
+        assert torch.equal(nested.state_dict()[key], value), key
+    assert nested.head_config == flat.head_config

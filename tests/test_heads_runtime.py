@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speccompile.runtime.draft_config import DraftConfig
+from speccompile.draft_config import DraftConfig
 from test_heads_helpers import shared_target, trained_head, word_prompt_ids, write_checkpoint
 
 PROMPTS = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]]  # + two word prompts (set in target_dir)
@@ -99,7 +99,7 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
         spec = runner.generate_ids(prompt, 32)
         assert spec.tokens == plain.tokens
         drafted += spec.stats.draft_steps
-    assert drafter.plans_tree and drafted > 0
+    assert drafter.planner is not None and drafted > 0
     rates = drafter.planner.rates.observed
     assert rates and all(0.0 <= r <= 1.0 for r in rates.values())
     # a head that "never pays": only the probe steps draft, the others skip the head entirely and the

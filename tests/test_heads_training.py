@@ -41,7 +41,7 @@ def test_train_draft_cli_resume_and_reload(tmp_path, tmp_path_factory):
     assert summary["steps"] == 8 and summary["train_tokens"] > 0
     assert torch.load(out / "trainer_state.pt", weights_only=True)["step"] == 8
     config = json.loads((out / "config.json").read_text())
-    assert config["speculators_model_type"] == "eagle3" and config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert list((out / ".cache").glob("features-*.safetensors"))  # resume reused the target features
     model = load_model(str(target))
     head = load_head("eagle3", out, model.config, model.weights)
@@ -55,8 +55,8 @@ def test_resume_on_other_data_keeps_the_checkpoint_draft_vocabulary(tmp_path, tm
 
     from speccompile.cli import cli
     from speccompile.models.load import load_model
-    from speccompile.training.trainer import (HeadTrainer, TrainOptions, _target_tokenizer, collect_texts,
-                                              load_or_compute_features, tokenize_chunks)
+    from speccompile.training.data import collect_texts, load_or_compute_features, target_tokenizer, tokenize_chunks
+    from speccompile.training.trainer import HeadTrainer, TrainOptions
 
     torch.set_num_threads(1)
     target, data = _target_and_data(tmp_path_factory)
@@ -68,7 +68,7 @@ def test_resume_on_other_data_keeps_the_checkpoint_draft_vocabulary(tmp_path, tm
     other.write_text(" ".join(str(i) for i in range(400)))  # digits: a different most-predicted set
     options = TrainOptions(method="eagle3", steps=4, batch=4, seq_len=32, draft_vocab=16, resume=True).validate()
     model = load_model(str(target))
-    chunks = tokenize_chunks(collect_texts([other]), _target_tokenizer(model), 32, options.max_tokens, model.config.bos_token_id)
+    chunks = tokenize_chunks(collect_texts([other]), target_tokenizer(model), 32, options.max_tokens, model.config.bos_token_id)
     trainer = HeadTrainer(model, options, load_or_compute_features(model, chunks, options, tmp_path / "feats", lambda _: None))
     fresh_vocab = np.flatnonzero(trainer.t2d_index >= 0)
     trainer.load(out)
@@ -88,7 +88,8 @@ def test_more_data_reuses_the_features_of_chunks_already_computed(tmp_path, tmp_
 
     from speccompile.models.decoder import build_decoder
     from speccompile.models.load import load_model
-    from speccompile.training.trainer import TrainOptions, compute_features, train_draft
+    from speccompile.training.data import compute_features
+    from speccompile.training.trainer import TrainOptions, train_draft
 
     torch.set_num_threads(1)
     target, data = _target_and_data(tmp_path_factory)

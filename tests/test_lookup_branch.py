@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from speccompile.runtime.adaptive import AdaptiveController, Sizing
 from speccompile.runtime.drafters.base import Draft, Drafter
 from speccompile.runtime.drafters.lookup_branch import LookupBranchDrafter
 from speccompile.runtime.tree import TreeSpec
@@ -25,7 +26,7 @@ class FixedTreeHead(Drafter):
         self.empty = empty
         self.verdicts: list[list[int]] = []
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
+    def propose(self, tokens: list[int], sizing: Sizing) -> Draft:
         return Draft([]) if self.empty else Draft(list(HEAD_TOKENS), tree=HEAD_TREE, mode="deterministic")
 
     def record_verdict(self, draft: Draft, accepted_rows) -> None:
@@ -35,7 +36,7 @@ class FixedTreeHead(Drafter):
 def test_lookup_chain_walks_the_head_tree_then_branches():
     head = FixedTreeHead()
     drafter = LookupBranchDrafter(head, max_nodes=16)
-    draft = drafter.propose(HISTORY, 4)
+    draft = drafter.propose(HISTORY, Sizing(4))
     # 7 and 9 are the head's nodes 1 and 3; 11 and 12 hang below node 3 as new nodes 5 and 6
     assert draft.tokens == [7, 8, 9, 10, 11, 12]
     assert draft.tree.parents.tolist() == [-1, 0, 0, 1, 2, 3, 5]
@@ -50,34 +51,35 @@ def test_lookup_chain_walks_the_head_tree_then_branches():
 def test_lookup_branch_sized_by_acceptance_and_verify_cost():
     head = FixedTreeHead()
     drafter = LookupBranchDrafter(head, probe_every=3)
-    drafter.plan_with(lambda: (0.06, 0.1))
+    # seeded-mode costs: a pass over q tokens costs 1 + 0.06 (q - 1) one-token passes
+    adaptive = AdaptiveController(max_k=4, deterministic=True).sizing(4)
     drafter.rates.observed[2] = 0.1  # 0.1^1 >= 0.06 > 0.1^2: one new token pays
-    draft = drafter.propose(HISTORY, 4)
+    draft = drafter.propose(HISTORY, adaptive)
     assert draft.tokens == [7, 8, 9, 10, 11]
     drafter.rates.observed[2] = 0.01  # nothing pays: the head's own draft, untouched ...
     for _ in range(2):
-        assert drafter.propose(HISTORY, 4).tokens == HEAD_TOKENS
-    assert drafter.propose(HISTORY, 4).tokens == [7, 8, 9, 10, 11]  # ... until a one-token probe
-    drafter.plan_with(lambda: (0.06, 0.1), fresh=True)  # seeded sampling: rates start afresh
+        assert drafter.propose(HISTORY, adaptive).tokens == HEAD_TOKENS
+    assert drafter.propose(HISTORY, adaptive).tokens == [7, 8, 9, 10, 11]  # ... until a one-token probe
+    drafter.reset(fresh=True)  # seeded sampling: rates start afresh
     assert drafter.rates.observed == {}
 
 
 def test_lookup_alone_when_the_head_skips():
     head = FixedTreeHead(empty=True)
     drafter = LookupBranchDrafter(head)
-    draft = drafter.propose(HISTORY, 4)
+    draft = drafter.propose(HISTORY, Sizing(4))
     assert draft.tree is None and draft.tokens == [7, 9, 11, 12] and draft.drafted_levels == 0
     drafter.record_verdict(draft, [1, 2])
     assert head.verdicts == [] and 2 in drafter.rates.observed  # the head drafted nothing: nothing to tell its planner
     # a head tree of max_nodes nodes leaves no room: the lookup adds nothing
     full = LookupBranchDrafter(FixedTreeHead(), max_nodes=HEAD_TREE.n)
-    assert full.propose(HISTORY, 4).tokens == HEAD_TOKENS
+    assert full.propose(HISTORY, Sizing(4)).tokens == HEAD_TOKENS
 
 
 def test_soft_drafts_are_left_alone():
     class SampledChain(FixedTreeHead):
-        def propose(self, tokens, k):
+        def propose(self, tokens, sizing):
             return Draft([7, 9], probs=np.full((2, 16), 1 / 16))
 
     drafter = LookupBranchDrafter(SampledChain())
-    assert drafter.propose(HISTORY, 4).tokens == [7, 9]
+    assert drafter.propose(HISTORY, Sizing(4)).tokens == [7, 9]

@@ -29,9 +29,11 @@ def test_corpus_walks_the_most_frequent_continuation_longest_context_first():
 def test_drafter_uses_the_corpus_only_without_a_match_in_the_history():
     corpus = NgramCorpus([[10, 11, 12, 13, 14]])
     drafter = NgramDrafter(min_match=2, corpus=corpus)
-    assert drafter.propose([1, 2, 3, 10, 11], 3).tokens == [12, 13, 14] and drafter.proposal_key == -2
-    assert drafter.propose([10, 11, 5, 6, 10, 11], 3).tokens == [5, 6, 10] and drafter.proposal_key == 2
-    assert NgramDrafter(min_match=2).propose([1, 2, 3, 10, 11], 3).tokens == []
+    draft = drafter.lookup([1, 2, 3, 10, 11], 3)
+    assert draft.tokens == [12, 13, 14] and draft.key == -2
+    draft = drafter.lookup([10, 11, 5, 6, 10, 11], 3)
+    assert draft.tokens == [5, 6, 10] and draft.key == 2
+    assert NgramDrafter(min_match=2).lookup([1, 2, 3, 10, 11], 3).tokens == []
 
 
 def test_greedy_output_is_unchanged_with_corpus_drafts(tiny_artifact, tmp_path):

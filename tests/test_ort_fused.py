@@ -227,8 +227,10 @@ def test_no_fused_graph_when_disabled_or_unsupported(tmp_path, tiny_model_dir):
 
 
 def test_build_drops_the_fused_variant(tiny_artifact, tmp_path):
-    out = tmp_path / "int4"
-    result = run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(out))
+    """An FP8 build drops the stale fp32 fused graph (an INT4 / INT8 build writes its packed one instead:
+    tests/test_cpu_graph.py)."""
+    out = tmp_path / "fp8"
+    result = run_cli("build", str(tiny_artifact), "--fp8", "--onnx-only", "--calib-samples", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(out)
     assert "target-ort" not in manifest.graphs and not (out / "target.ort.onnx").exists()

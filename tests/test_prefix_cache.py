@@ -12,9 +12,11 @@ import numpy as np
 import openai
 import pytest
 
+from conftest import load_benchmark
 from speccompile.runtime import Runner
 from speccompile.runtime.prefix_cache import PrefixCache
-from speccompile.serve.launch import ServerProcess
+
+ServerProcess = load_benchmark("server_process").ServerProcess
 
 CHUNK = 8  # a small prefill chunk: prompts of a few dozen tokens span several chunks
 SYSTEM = "You are terse; answer in a word. "

@@ -1,6 +1,7 @@
 """Quantized artifacts on ONNX Runtime CPU: a verify pass reproduces one-token passes bit for bit, so
 greedy speculative decoding is token-identical to plain decoding (one check per precision `build` writes
-that ORT CPU runs: fp8, int4, fp8 weight-only, and int4 of a Q4_1 GGUF stored on its own grid with offset branches)."""
+that ORT CPU runs: fp8, int4, fp8 weight-only, int4 of a Q4_1 GGUF stored on its own grid with offset branches,
+int8, and int8 of a Q8_0 GGUF; the int4 and int8 builds run as the packed fused CPU graph)."""
 
 from __future__ import annotations
 
@@ -16,31 +17,47 @@ from speccompile.runtime.session import Runner
 
 from conftest import export_as_gguf
 
-CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid"]
+CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid", "int8", "int8-source-grid"]
+PACKED = {"int4", "int4-source-grid", "int8", "int8-source-grid"}  # run as the packed fused CPU graph (engines/cpu_graph.py)
+GGUF_TYPES = {"int4": "Q4_1", "int8": "Q8_0"}  # the source-grid builds' GGUF weights (the table Q8_0 in both)
 PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", "x = 1\ny = 2\nx = 1\ny ="]
 
 
 @pytest.fixture(scope="module")
 def quantized_with_draft(tiny_artifact_with_draft, tiny_model_dir, tiny_draft_dir, tmp_path_factory):
-    """The tiny target (+ its draft model) built --onnx-only at each CPU precision; "int4-source-grid" from the
-    same model written as a Q4_1 GGUF (every weight on its grid)."""
+    """The tiny target (+ its draft model) built --onnx-only at each CPU precision; "*-source-grid" from the same
+    model written as a Q4_1 (int4) or Q8_0 (int8) GGUF (every weight on its grid)."""
     from speccompile.engines.build import BuildOptions, build_artifact
 
     root = tmp_path_factory.mktemp("quantexact")
-    gguf_export = export_as_gguf(root / "gguf", tiny_model_dir, drafter=f"draft-model:{tiny_draft_dir}", quant="Q4_1", table_quant="Q8_0")
     built = {}
     for scheme in CPU_SCHEMES:
         built[scheme] = root / scheme
         precision, _, variant = scheme.partition("-")
-        source = gguf_export if variant == "source-grid" else tiny_artifact_with_draft
+        source = tiny_artifact_with_draft
+        if variant == "source-grid":
+            source = export_as_gguf(root / f"gguf-{precision}", tiny_model_dir, drafter=f"draft-model:{tiny_draft_dir}",
+                                    quant=GGUF_TYPES[precision], table_quant="Q8_0")
         build_artifact(source, built[scheme], BuildOptions(precision=precision, onnx_only=True, calib_samples=3, calib_max_tokens=64,
                                                            weight_only=variant == "weight-only",
                                                            **({"quantize_tables": True, "exclude": ()} if variant == "source-grid" else {})))
         if variant == "source-grid":  # every MatMul (lm_head too) and the table on its own grid
             record = read_manifest(built[scheme]).precision["target"]
-            assert record["source_grid"]["weights"] == record["quantized_matmuls"] + 1 and record["source_grid"]["with_offset"] > 0
+            assert record["source_grid"]["weights"] == record["quantized_matmuls"] + 1
+            assert (record["source_grid"]["with_offset"] > 0) == (precision == "int4")  # Q4_1 has offsets, Q8_0 none
     yield built
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize("scheme", CPU_SCHEMES)
+def test_int_builds_run_packed_on_the_cpu(quantized_with_draft, scheme):
+    """INT4 / INT8 builds open as the fused CPU graph with packed weights; FP8 ones as the Q/DQ contract graph."""
+    spec = open_artifact(quantized_with_draft[scheme], drafter="none").target.spec
+    assert (spec.file == "target.ort.onnx") == (scheme in PACKED)
+    if scheme in PACKED:
+        assert spec.extra["cpu_kernels"]["MatMulNBits"] > 0
+    graphs = read_manifest(quantized_with_draft[scheme]).graphs  # the draft model's fused CPU graph stays (not quantized)
+    assert any(g.extra.get("variant_of") == graphs["draft"].file for g in graphs.values()), sorted(graphs)
 
 
 def _causal(q: int) -> np.ndarray:

@@ -325,7 +325,8 @@ def test_inspect_prints_tables_not_python_dicts(tmp_path, tiny_artifact):
 
     from rich.console import Console
 
-    from speccompile.inspect_artifact import print_summary, summarize
+    from speccompile.commands.reports import print_summary
+    from speccompile.inspect_artifact import summarize
 
     built = tmp_path / "int4"
     assert run_cli("build", str(tiny_artifact), "--int4", "--onnx-only", "--out", str(built)).returncode == 0
@@ -393,7 +394,8 @@ def test_bench_table_is_readable_at_80_columns(tmp_path, tiny_artifact):
 
     from rich.console import Console
 
-    from speccompile.runtime.bench import print_report, run_bench
+    from speccompile.commands.reports import print_bench_report
+    from speccompile.runtime.bench import run_bench
     from speccompile.runtime.options import RunOptions
 
     workloads = []
@@ -403,7 +405,7 @@ def test_bench_table_is_readable_at_80_columns(tmp_path, tiny_artifact):
         workloads.append(path)
     report = run_bench(tiny_artifact, RunOptions(drafter="ngram", threads=1), workloads, 12, None, False)
     buffer = StringIO()
-    print_report(report, Console(file=buffer, width=80))
+    print_bench_report(report, Console(file=buffer, width=80))
     text = buffer.getvalue()
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
     for label in ("plain tok/s", "speculative tok/s", "median speedup", "tokens per pass", "identical to plain", "chat_questions"):
@@ -415,13 +417,13 @@ def test_verify_shows_a_progress_bar_only_on_a_terminal(monkeypatch, tiny_artifa
 
     from rich.console import Console
 
-    from speccompile.console import progress_bar_console
+    from speccompile.console import progress_bar_console, prompt_progress_bar
     from speccompile.runtime.bench import run_verify
     from speccompile.runtime.options import RunOptions
 
     buffer = StringIO()
-    report = run_verify(tiny_artifact, RunOptions(drafter="ngram", threads=1), [], 8, 2,
-                        progress_console=Console(file=buffer, force_terminal=True, width=80))
+    with prompt_progress_bar(Console(file=buffer, force_terminal=True, width=80)) as progress:
+        report = run_verify(tiny_artifact, RunOptions(drafter="ngram", threads=1), [], 8, 2, progress)
     assert report["identical"]
     assert "builtin-copy" in buffer.getvalue() and "2/2" in buffer.getvalue()
     import speccompile.console

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from speccompile.errors import ArtifactError, InputError
+from speccompile.runtime.adaptive import Sizing
 from speccompile.runtime.drafters.ngram import NgramDrafter
 from speccompile.runtime.kvcache import KVCache
 from speccompile.runtime.sampling import SamplingParams
@@ -22,23 +23,24 @@ PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", 
 
 def test_ngram_lookup_finds_latest_longest_match():
     d = NgramDrafter(min_match=1, max_match=3)
-    assert d.propose([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2).tokens == [7, 1]
-    assert d.last_match_len == 3
-    assert d.propose([5, 6, 7], 3).tokens == []
-    assert d.propose([4, 8, 4], 4).tokens == [8, 4]
+    draft = d.lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2)
+    assert draft.tokens == [7, 1]
+    assert draft.key == 3
+    assert d.lookup([5, 6, 7], 3).tokens == []
+    assert d.lookup([4, 8, 4], 4).tokens == [8, 4]
 
 
 def test_ngram_lookup_resumes_the_copy_after_an_edit():
     source = [1, 5, 2, 5, 3, 5, 4]
     d = NgramDrafter(min_match=1, max_match=1)
-    assert d.propose(source + [1], 3).tokens == [5, 2, 5]  # copying from index 1
+    assert d.lookup(source + [1], 3).tokens == [5, 2, 5]  # copying from index 1
     # three tokens emitted since (an edit: 9, 9 replaced 5, 2), then 5: of the three earlier 5s the
     # one the copy has reached (source index 4) wins over the latest one
-    assert d.propose(source + [1, 9, 9, 5], 3).tokens == [3, 5, 4]
+    assert d.lookup(source + [1, 9, 9, 5], 3).tokens == [3, 5, 4]
     fresh = NgramDrafter(min_match=1, max_match=1)
-    assert fresh.propose(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]  # no copy in progress: the latest
+    assert fresh.lookup(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]  # no copy in progress: the latest
     d.reset()
-    assert d.propose(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]
+    assert d.lookup(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]
 
 
 def _brute_force_proposal(history: list[int], k: int, pointer: int | None, d: NgramDrafter) -> tuple[list[int], int]:
@@ -67,7 +69,7 @@ def test_ngram_lookup_equals_the_brute_force_rule_as_the_history_grows():
         for _ in range(150):
             k = int(rng.integers(1, 6))
             expected, start = _brute_force_proposal(history, k, pointer, d)
-            assert d.propose(history, k).tokens == expected
+            assert d.lookup(history, k).tokens == expected
             copied_from, proposed_at = (start, len(history)) if expected else (None, 0)
             accepted = expected[: int(rng.integers(0, len(expected) + 1))] if rng.random() < 0.7 else []
             history = history + accepted + [int(t) for t in rng.integers(0, 6, int(rng.integers(1, 3)))]
@@ -134,9 +136,9 @@ def test_draft_model_cache_stays_consistent(tiny_artifact_with_draft):
     used = runner.drafter()
     history = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False) + result.tokens
     fresh = Runner(tiny_artifact_with_draft, drafter="draft-model", threads=1).drafter()
-    assert used.propose(history, 4).tokens == fresh.propose(history, 4).tokens
+    assert used.propose(history, Sizing(4)).tokens == fresh.propose(history, Sizing(4)).tokens
     # and after a rollback to an earlier prefix
-    assert used.propose(history[:-7], 4).tokens == fresh.propose(history[:-7], 4).tokens
+    assert used.propose(history[:-7], Sizing(4)).tokens == fresh.propose(history[:-7], Sizing(4)).tokens
 
 
 def test_sampled_speculative_is_seeded_and_valid(tiny_artifact):
@@ -297,8 +299,8 @@ def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
     class AlwaysDrafts(Drafter):  # a real (if poor) drafter: always k copies of the last token, so every draft is full length
         name = "repeat"
 
-        def propose(self, tokens, k):
-            return Draft([tokens[-1]] * k)
+        def propose(self, tokens, sizing):
+            return Draft([tokens[-1]] * sizing.limit)
 
     runner = Runner(tiny_artifact, drafter="none", threads=1)
     ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False)
@@ -312,7 +314,7 @@ def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
     assert spec.stats.draft_steps > 0
 
     class TwoWide(AlwaysDrafts):  # a tree with more nodes than its depth: two first-token candidates
-        def propose(self, tokens, k):
+        def propose(self, tokens, sizing):
             from speccompile.runtime.tree import TreeSpec
 
             return Draft([tokens[-1], (tokens[-1] + 1) % 50], tree=TreeSpec.from_choices([[0], [1]]))

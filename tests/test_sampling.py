@@ -21,15 +21,8 @@ import numpy as np
 import pytest
 
 from speccompile.errors import InputError
-from speccompile.runtime.sampling import (
-    ChainResult,
-    SamplingParams,
-    TreeResult,
-    process_logits,
-    sample,
-    verify_chain,
-    verify_tree,
-)
+from speccompile.runtime.sampling import SamplingParams, process_logits, sample
+from speccompile.runtime.verification import ChainResult, TreeResult, verify_chain, verify_tree
 from speccompile.runtime.tree import TreeSpec, build_dynamic_tree
 
 V = 8  # synthetic vocabulary
@@ -335,7 +328,8 @@ def run_tree_cut_and_carry(p: np.ndarray, tree: TreeSpec, q: np.ndarray, seed: i
     first accepted node off the main path (`exact_acceptance`) and what it chose past the cut is the next
     round's draft, a one-hot chain verified on exact rows (runtime/generate.py). `cut=False`: the verdict is
     used as computed (the negative control)."""
-    from speccompile.runtime.backends.tree_layout import exact_acceptance, main_path_first
+    from speccompile.runtime.backends.tree_layout import main_path_first
+    from speccompile.runtime.verification import exact_acceptance
 
     rng = np.random.default_rng(seed)
     _order, exact = main_path_first(tree.ancestry)
@@ -695,9 +689,12 @@ def test_process_logits_keeps_masked_tokens_at_zero():
     ],
 )
 def test_sampling_params_validate(params, message):
+    """The API names its fields (top_p), the CLI its flags (--top-p)."""
     with pytest.raises(InputError) as err:
         params.validate()
-    assert str(err.value) == message
+    flags = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k"}
+    assert err.value.naming(flags) == message
+    assert str(err.value) == message.replace("--top-", "top_").removeprefix("--")
     with pytest.raises(InputError):
         process_logits(np.zeros(4), params)
 
@@ -710,7 +707,7 @@ def test_sampling_params_greedy_flag():
 
 def test_greedy_path_follows_each_rows_best_token():
     """Greedy verification from per-row argmax ids (the GPU graph's next_tokens, or the logits' argmax)."""
-    from speccompile.runtime.sampling import greedy_path
+    from speccompile.runtime.verification import greedy_path
     from speccompile.runtime.tree import TreeSpec
 
     best = [5, 7, 9, 4].__getitem__

@@ -18,10 +18,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import CHAT_TEMPLATE, make_tiny_hf_model, run_cli
+from conftest import CHAT_TEMPLATE, load_benchmark, make_tiny_hf_model, run_cli
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.session import Runner
-from speccompile.serve.launch import ServerProcess
+
+ServerProcess = load_benchmark("server_process").ServerProcess
 
 MODEL = "tiny"
 CONTEXT = 4096
@@ -186,14 +187,20 @@ COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     ("/chat/completions", {**CHAT, "max_tokens": 2.5}, 400, "max_tokens"),
     ("/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("/chat/completions", {**CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("/chat/completions", {**CHAT, "logprobs": True}, 400, "logprobs"),
+    ("/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("/chat/completions", {**CHAT, "top_logprobs": 2}, 400, None),  # without logprobs: true
+    ("/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type"),
+    ("/chat/completions", {**CHAT, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, "structured_outputs"),
+    ("/chat/completions", {**CHAT, "tool_choice": "required"}, 400, None),  # without tools
     ("/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
-    ("/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
+    ("/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
+    ("/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0"),  # no tool_call_id
     ("/chat/completions", {"model": MODEL}, 400, "messages"),
     ("/completions", {**COMPLETION, "prompt": ""}, 400, "prompt"),
     ("/completions", {**COMPLETION, "prompt": ["a", "b"]}, 400, "prompt"),
     ("/completions", {**COMPLETION, "prompt": [5, 100000]}, 400, "prompt"),
     ("/completions", {**COMPLETION, "echo": True}, 400, "echo"),
+    ("/completions", {**COMPLETION, "logprobs": 6}, 400, "logprobs"),
     ("/completions", {**COMPLETION, "best_of": 3}, 400, "best_of"),
     ("/completions", {**COMPLETION, "max_tokens": CONTEXT}, 400, "max_tokens"),
 ])
@@ -447,7 +454,9 @@ def test_a_cached_prompt_streams_its_first_token_before_it_joins(artifact, runne
     import asyncio
 
     from speccompile.runtime.options import RunOptions
-    from speccompile.serve.engine import EngineOptions, Finished, GenerationRequest, TextDelta, open_engine
+    from speccompile.serve.engine import EngineOptions
+    from speccompile.serve.loader import open_engine
+    from speccompile.serve.requests import Finished, GenerationRequest, TextDelta
 
     tokenizer = runner.artifact.tokenizer
     ids = tuple(tokenizer.prompt_ids("hello world", chat=False))
@@ -501,7 +510,9 @@ def test_engine_nice_lowers_the_engine_threads_only(artifact, runner):
     import asyncio
 
     from speccompile.runtime.options import RunOptions
-    from speccompile.serve.engine import EngineOptions, GenerationRequest, open_engine
+    from speccompile.serve.engine import EngineOptions
+    from speccompile.serve.loader import open_engine
+    from speccompile.serve.requests import GenerationRequest
 
     base = os.getpriority(os.PRIO_PROCESS, 0)
     before = set(_thread_nice())

@@ -258,7 +258,8 @@ def test_fp32_on_cuda_never_uses_tf32():
 
 
 def test_exact_acceptance_keeps_the_plain_exact_rows_and_the_next_token():
-    from speccompile.runtime.backends.tree_layout import exact_acceptance, main_path_first
+    from speccompile.runtime.backends.tree_layout import main_path_first
+    from speccompile.runtime.verification import exact_acceptance
 
     order, exact = main_path_first(_ancestry(BREADTH_FIRST[1]))
     assert order.tolist() == [0, 1, 3, 2, 4] and exact.tolist() == [True, True, False, True, False]
@@ -304,7 +305,7 @@ def test_tree_drafter_greedy_equals_plain(tmp_path, tmp_path_factory, shape_inva
     """End to end through the generation loop: a head drafter's trees (with the n-gram lookup branch,
     which is often not the main path) give plain decoding's tokens, chosen from bitwise the same logits, in
     shape-invariant mode and on the CPU's default fused session (trees laid out main path first)."""
-    from speccompile.runtime.draft_config import DraftConfig
+    from speccompile.draft_config import DraftConfig
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 

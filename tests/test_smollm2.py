@@ -71,7 +71,7 @@ def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
     import torch
 
     from speccompile.export.pipeline import ExportOptions, export_artifact
-    from speccompile.runtime.draft_config import DraftConfig
+    from speccompile.draft_config import DraftConfig
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
     from speccompile.training.trainer import TrainOptions, train_draft

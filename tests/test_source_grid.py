@@ -173,9 +173,10 @@ def q4_1_gguf_export(tmp_path_factory):
 
 
 def _logits(path, ids: np.ndarray) -> np.ndarray:
+    """The contract graph's logits (a build's packed CPU graph rounds activations to int8: tests/test_cpu_graph.py)."""
     from speccompile.runtime.artifact import open_artifact
 
-    target = open_artifact(path, threads=1, drafter="none").target
+    target = open_artifact(path, threads=1, drafter="none", fused=False).target
     cache = target.new_cache()
     return target.run(ids, np.arange(len(ids)), cache.attention_mask(np.tril(np.ones((len(ids), len(ids)), bool))), cache).logits
 

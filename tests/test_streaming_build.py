@@ -151,7 +151,7 @@ def _peak_build_rss(artifact: Path, out: Path) -> int:
     return int(result.stdout.split()[-1])
 
 
-def _random_export(folder: Path, out: Path, **config) -> Path:
+def _random_export(folder: Path, out: Path, max_context: int = 64, fused: bool = False, **config) -> Path:
     import transformers
 
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -161,7 +161,7 @@ def _random_export(folder: Path, out: Path, **config) -> Path:
                     torch_dtype="bfloat16")
     scale.write_random_checkpoint(transformers.LlamaConfig(**{**defaults, **config}), folder, shard_bytes=256 << 20)
     write_char_tokenizer(folder)
-    export_artifact(str(folder), out, ExportOptions(max_context=64, batch_slots=0, fused_cpu_graph=False))
+    export_artifact(str(folder), out, ExportOptions(max_context=max_context, batch_slots=0, fused_cpu_graph=fused))
     return out
 
 
@@ -182,11 +182,12 @@ def test_build_memory_is_bounded_by_a_layer_not_the_model(tmp_path):
 
 @pytest.fixture(scope="module")
 def past_2gib(tmp_path_factory):
-    """One layer, hidden 64, a tied table of 8.45M rows: over 2 GiB in float32 (its INT4 build copies the table)."""
+    """Two layers, hidden 64, a tied table of 8.45M rows: over 2 GiB in float32 (its INT4 build copies the table); a
+    context for `verify`'s built-in prompts (up to 107 tokens of this tokenizer, plus the generated ones)."""
     root = tmp_path_factory.mktemp("past2gib")
     vocab = (1 << 23) + (1 << 16)
-    art = _random_export(root / "ckpt", root / "fp32", vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, tie_word_embeddings=True)
+    art = _random_export(root / "ckpt", root / "fp32", max_context=160, fused=True, vocab_size=vocab, hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=True)
     assert (art / "target.onnx.data").stat().st_size > 2**31
     yield root
     import shutil
@@ -203,7 +204,12 @@ def test_int4_build_past_2gib_runs_and_tracks_its_reference(past_2gib):
     result = run_cli("build", str(art), "--out", str(built), "--int4", "--onnx-only", "--calib-samples", "4")
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = read_manifest(built, verify_files=True)
-    assert manifest.precision["target"]["quantized_matmuls"] == 4 and (built / "target.onnx.data").stat().st_size > 2**31
+    # every weight MatMul of the 2 layers (q/k/v, o, gate/up, down), the tied table kept apart by the default excludes
+    assert manifest.precision["target"]["quantized_matmuls"] == 8 and (built / "target.onnx.data").stat().st_size > 2**31
+    packed = [g for g in manifest.graphs.values()
+              if g.extra.get("variant_of") == "target.onnx" and "ort-cpu" in g.extra.get("backends", ())]
+    assert [g.extra["quantization"] for g in packed] == ["int4"]  # the fused CPU graph, weights packed (MatMulNBits)
+    assert packed[0].extra["cpu_kernels"], packed[0].extra
     text = past_2gib / "text.txt"
     text.write_text("abc abc abc abc abc\n\nthe cat sat on the mat and the cat sat")
     report = evaluate(built, art, EvalOptions(text=text))

@@ -188,13 +188,13 @@ def test_not_enough_disk_space_is_refused_before_anything_is_written(tmp_path, c
 
 
 def test_fp16_artifact_that_does_not_fit_as_fp32_is_refused_on_ort_cpu(tmp_path, capsys, monkeypatch, tiny_model_dir):
-    from speccompile.commands import generate
+    from speccompile.runtime import artifact
 
     export_artifact(str(tiny_model_dir), tmp_path / "fp16", ExportOptions(max_context=64, dtype="fp16"))
-    monkeypatch.setattr(generate, "_available_memory", lambda: 1000)
+    monkeypatch.setattr(artifact, "_available_memory", lambda: 1000)
     code, _, err = run_cli_here(capsys, "run", str(tmp_path / "fp16"), "--prompt", "ab", "--raw", "--max-tokens", "2")
     assert code == 2 and "an fp16 artifact runs on ort-cpu as fp32" in err and "--dtype fp32" in err and "build --int4" in err, err
-    monkeypatch.setattr(generate, "_available_memory", lambda: 1 << 40)
+    monkeypatch.setattr(artifact, "_available_memory", lambda: 1 << 40)
     code, out, err = run_cli_here(capsys, "run", str(tmp_path / "fp16"), "--prompt", "ab", "--raw", "--max-tokens", "2")
     assert code == 0, err
 
@@ -236,3 +236,24 @@ def test_export_records_its_digests_as_verified(tmp_path, monkeypatch, tiny_mode
     written = {"target.onnx", "target.onnx.data", "target.ort.onnx", "target.ort.onnx.data", "target.ort-slots.onnx"}
     assert written <= set(json.loads((tmp_path / "art" / "manifest.json").read_text())["files"])
     assert not written & set(reads)  # hashed while written: not read again (the tokenizer files were copied)
+
+
+@pytest.mark.parametrize("source,target", [("bfloat16", "float16"), ("bfloat16", "float32"), ("float32", "float16"),
+                                           ("float32", "bfloat16"), ("float16", "float32"), ("float16", "bfloat16")])
+def test_weight_conversion_rounds_like_numpy(source, target):
+    """The export converts weights with torch's copy kernels; they round to nearest even like numpy / ml_dtypes
+    (ties, subnormals, overflow to inf included)."""
+    import ml_dtypes
+
+    from speccompile.export.recipes import convert_into
+
+    types = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "float32": np.float32}
+    rng = np.random.default_rng(0)
+    wide = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
+                           [65504.0, 65520.0, 1e5, -1e5, 6e-8, 1e-40, 0.0, -0.0, 1 + 2 ** -11, 1 + 3 * 2 ** -11]])
+    with np.errstate(over="ignore"):  # 1e5 overflows float16: inf on both sides
+        values = wide.astype(np.float32).astype(types[source]).reshape(10, -1)
+        expected = values.astype(types[target])
+    out = np.empty(values.shape, types[target])
+    convert_into(out, values)
+    np.testing.assert_array_equal(out.view(np.uint8), expected.view(np.uint8))

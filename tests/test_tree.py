@@ -8,16 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from speccompile.draft_config import EAGLE_DEFAULT, preset_names
 from speccompile.errors import InputError
-from speccompile.runtime.tree import (
-    EAGLE_DEFAULT,
-    DraftTree,
-    TreeSpec,
-    build_dynamic_tree,
-    grow_dynamic_tree,
-    load_tree,
-    preset_names,
-)
+from speccompile.runtime.tree import DraftTree, TreeSpec, build_dynamic_tree, grow_dynamic_tree, load_tree
 
 CHOICES = [[0], [0, 0], [1], [0, 1], [2]]
 # sorted by (depth, path): 1=[0] 2=[1] 3=[2] 4=[0,0] 5=[0,1]

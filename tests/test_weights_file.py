@@ -57,3 +57,27 @@ def test_a_name_is_written_once(tmp_path):
             assert "written twice" in str(exc)
         else:
             raise AssertionError("a second tensor under the same name was accepted")
+
+
+def test_pieces_and_arrays_from_a_writer_thread_land_in_order_with_their_checksum(tmp_path):
+    """A threaded writer fills pooled buffers (Piece) and takes arrays, more of them than its pool holds: the file
+    has every byte in order, its sha256 is the file's, and a wrong total length is refused."""
+    from speccompile.weights_file import Piece
+
+    rng = np.random.default_rng(1)
+    blocks = [rng.standard_normal((64, 100)).astype(np.float32) for _ in range(3 * WeightsWriter.QUEUED)]
+
+    def piece(block):
+        return Piece(block.nbytes, lambda buffer: np.copyto(buffer.view(np.float32).reshape(block.shape), block))
+
+    with WeightsWriter(tmp_path / "w.data", threaded=True) as writer:
+        chunks = [piece(b) if i % 2 else b for i, b in enumerate(blocks)]
+        tensor = writer.add_chunks("w", TensorProto.FLOAT, [64 * len(blocks), 100], chunks, sum(b.nbytes for b in blocks))
+        try:
+            writer.add_chunks("short", TensorProto.FLOAT, [2], [np.zeros(1, np.float32)], 8)
+        except ValueError as exc:
+            assert "expected 8" in str(exc)
+        else:
+            raise AssertionError("a tensor shorter than its length was accepted")
+    assert writer.sha256 == sha256_of(tmp_path / "w.data")
+    assert np.array_equal(read_tensor(tensor, tmp_path), np.concatenate(blocks))

@@ -92,6 +92,19 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
         model = onnx.load(str(model), load_external_data=False)
     graph = model.graph
     report = CompatReport()
+    _check_operators(graph, report)
+    qdq_tensors = _check_qdq_nodes(graph, report)
+    _check_element_types(graph, qdq_tensors, report)
+    # TensorRT's Quantize/Dequantize layers take strictly positive scales; an inf one makes DQ give 0 x inf = NaN
+    scales = {n.input[1] for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 1}
+    for name, value in sorted(stored_values(graph, scales).items()):
+        if (wrong := bad_scale(value.astype(np.float32))) is not None:
+            report.errors.append(f"Q/DQ scale {name}: {wrong} (TensorRT takes only finite scales > 0)")
+    return report
+
+
+def _check_operators(graph: onnx.GraphProto, report: CompatReport) -> None:
+    """Operator counts, and the operators or domains the TensorRT ONNX parser does not take."""
     ops = Counter((n.domain or "", n.op_type) for n in graph.node)
     report.op_counts = {f"{d + '::' if d else ''}{o}": c for (d, o), c in sorted(ops.items())}
     for (domain, op), count in sorted(ops.items()):
@@ -109,13 +122,15 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
                 f"that TensorRT cannot parse without a plugin"
             )
 
+
+def _check_qdq_nodes(graph: onnx.GraphProto, report: CompatReport) -> set[str]:
+    """Block sizes TensorRT may not take, Casts to types it lacks; returns the tensors Q/DQ nodes read or write."""
     int4_values = {i.name for i in graph.initializer if i.data_type == TensorProto.INT4}
     int8_values = {i.name for i in graph.initializer if i.data_type == TensorProto.INT8}
-    qdq_inputs: set[str] = set()
-    qdq_outputs: set[str] = set()
+    qdq_tensors: set[str] = set()
     for node in graph.node:
         if node.op_type in ("DequantizeLinear", "TRT_FP8DequantizeLinear", "TRT_INT4DequantizeLinear"):
-            qdq_inputs.update(node.input)
+            qdq_tensors.update(node.input)
             if node.op_type == "DequantizeLinear":
                 block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
                 if block and node.input[0] in int4_values and block not in TRT_INT4_BLOCKS:
@@ -127,20 +142,24 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
                 elif block and block not in (16, 32, 64, 128, 256):
                     report.warnings.append(f"{node.name or node.output[0]}: block_size {block} may not be supported")
         if node.op_type in ("QuantizeLinear", "TRT_FP4DynamicQuantize"):
-            qdq_outputs.update(node.output)
-            qdq_inputs.update(node.input[1:])
+            qdq_tensors.update(node.output)
+            qdq_tensors.update(node.input[1:])
         if node.op_type == "Cast":
             to = next((a.i for a in node.attribute if a.name == "to"), None)
             if to is not None and to not in SUPPORTED_TYPES:
                 report.errors.append(f"Cast {node.name or node.output[0]} to {_type_name(to)}: type not supported by TensorRT")
+    return qdq_tensors
 
-    # a Q/DQ-only tensor must be read by Q/DQ nodes alone (e.g. an INT4 table read by a Gather is not)
+
+def _check_element_types(graph: onnx.GraphProto, qdq_tensors: set[str], report: CompatReport) -> None:
+    """Element types TensorRT lacks; the Q/DQ-only types are fine on tensors only Q/DQ nodes read (an INT4 table
+    read by a Gather is not)."""
     read_elsewhere = {name for node in graph.node if node.op_type not in QDQ_OPS for name in node.input}
 
     def check_value(kind: str, name: str, elem: int) -> None:
         if elem in SUPPORTED_TYPES or elem == TensorProto.UNDEFINED:
             return
-        if elem in QDQ_ONLY_TYPES and (name in qdq_inputs or name in qdq_outputs) and name not in read_elsewhere:
+        if elem in QDQ_ONLY_TYPES and name in qdq_tensors and name not in read_elsewhere:
             return
         report.errors.append(f"{kind} {name}: element type {_type_name(elem)} is not supported by TensorRT")
 
@@ -155,9 +174,3 @@ def check_tensorrt_compat(model: onnx.ModelProto | str | Path) -> CompatReport:
             for a in node.attribute:
                 if a.name == "value":
                     check_value("constant", node.output[0], a.t.data_type)
-    # TensorRT's Quantize/Dequantize layers take strictly positive scales; an inf one makes DQ give 0 x inf = NaN
-    scales = {n.input[1] for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 1}
-    for name, value in sorted(stored_values(graph, scales).items()):
-        if (wrong := bad_scale(value.astype(np.float32))) is not None:
-            report.errors.append(f"Q/DQ scale {name}: {wrong} (TensorRT takes only finite scales > 0)")
-    return report

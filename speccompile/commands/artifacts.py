@@ -28,24 +28,11 @@ from ..console import console, emit_json, progress_printer
               help="Weights of a drafter head's ONNX Runtime CPU variant (<kind>.ort.onnx); fp32 writes none. Drafts may change, outputs never do.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
-def export(model, out, dtype, hidden_states, max_context, max_verify_tokens, drafter, tree, num_draft_tokens, fused_cpu_graph,
-           batch_slots, draft_cpu_weights, force, as_json):
+def export(model, out, as_json, **options):
     """Export MODEL (Hugging Face folder, .gguf file or alias such as smollm2-135m) to ONNX verify graphs."""
     from ..export.pipeline import ExportOptions, export_artifact
 
-    options = ExportOptions(
-        dtype=dtype,
-        hidden_states=hidden_states,
-        max_context=max_context,
-        max_verify_tokens=max_verify_tokens,
-        drafter=drafter,
-        tree=tree,
-        num_draft_tokens=num_draft_tokens,
-        fused_cpu_graph=fused_cpu_graph,
-        batch_slots=batch_slots,
-        draft_cpu_weights=draft_cpu_weights,
-        force=force,
-    )
+    options = ExportOptions(**options)  # every other option is an ExportOptions field of the same name
     export_artifact(model, out, options, progress_printer(as_json))
     report_artifact(out, as_json, f"[green]exported[/green] {model} -> {out}")
 
@@ -66,7 +53,8 @@ def report_artifact(out: Path, as_json: bool, headline: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def inspect(artifact, as_json):
     """Show what an artifact directory holds: model, graphs, inputs/outputs, sizes, limits."""
-    from ..inspect_artifact import print_summary, summarize
+    from ..inspect_artifact import summarize
+    from .reports import print_summary
 
     summary = summarize(artifact)
     if as_json:

@@ -15,6 +15,8 @@ from ..errors import InputError
 @click.option("--fp8", is_flag=True, help="FP8 E4M3 weights (per channel) and activations (per tensor, calibrated). Ada/Hopper/Blackwell.")
 @click.option("--fp4", is_flag=True, help="NVFP4 weights and dynamic activations (blocks of 16, FP8 scales). Blackwell only.")
 @click.option("--int4", is_flag=True, help="INT4 weight-only, blockwise (see --int4-block). Also runs in ONNX Runtime CPU.")
+@click.option("--int8", is_flag=True, help="INT8 weight-only in blocks of 32 along the reduction axis (Q8_0's grid), round to "
+              "nearest, no calibration: the accuracy-first choice for ONNX Runtime CPU (needs --onnx-only; docs/cpu.md).")
 @click.option("--weight-only", is_flag=True,
               help="With --fp8 / --fp4: quantize the weights only; activations stay in the graph's float type (W8A16 / W4A16, "
                    "a DQ prologue into a 16-bit GEMM). Verify passes of a few tokens are bound by weight reads, which it "
@@ -94,7 +96,7 @@ from ..errors import InputError
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
-def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
+def build(artifact, out, fp8, fp4, int4, int8, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
           act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, qad_steps, qad_lr, qad_float_lr, qad_data, qad_samples, qad_batch, qad_device, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
           threads, force, as_json):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
@@ -105,13 +107,13 @@ def build(artifact, out, fp8, fp4, int4, no_quantize, float16, bfloat16, max_con
     from ..engines.qdq_targets import DEFAULT_EXCLUDE
     from .artifacts import report_artifact
 
-    chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4), ("--no-quantize", no_quantize)) if on]
+    chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4), ("--int8", int8), ("--no-quantize", no_quantize)) if on]
     if len(chosen) > 1:
         raise InputError(f"{' and '.join(chosen)} are mutually exclusive: pick one precision")
     if not chosen and not (float16 or bfloat16):
-        raise InputError("build: name the precision: --fp8, --fp4 or --int4 (quantize), --fp16 / --bf16 (unquantized layers "
+        raise InputError("build: name the precision: --fp8, --fp4, --int4 or --int8 (quantize), --fp16 / --bf16 (unquantized layers "
                          "in that type) or --no-quantize (the graphs as exported)")
-    precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4"}.get(chosen[0], "none") if chosen else "none"
+    precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4", "--int8": "int8"}.get(chosen[0], "none") if chosen else "none"
     if float16 and bfloat16:
         raise InputError("--fp16 and --bf16 are mutually exclusive")
     patterns = [p for p in DEFAULT_EXCLUDE if not quantize_lm_head] + list(exclude)

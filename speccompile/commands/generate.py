@@ -11,10 +11,11 @@ from typing import Callable
 
 import click
 
-from ..console import emit_json, progress_bar_console
-from ..errors import InputError, UnsupportedError
+from ..console import emit_json, progress_bar_console, prompt_progress_bar
+from ..errors import InputError
 from ..runtime.backends.base import BACKENDS
-from ..runtime.options import DRAFTER_CHOICES, RunOptions
+from ..runtime.constraints import ConstraintSpec
+from ..runtime.options import DRAFTER_CHOICES, GenerationConfig, RunOptions
 from ..runtime.sampling import SamplingParams
 
 
@@ -34,72 +35,28 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         if not prompt.strip():
             raise InputError(f"{label}: the prompt is empty")
         return prompt
-    try:
-        text = sys.stdin.read() if str(prompt_file) == "-" else prompt_file.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise InputError(f"{label}: is a directory, expected a text file") from None
-    except FileNotFoundError:
-        raise InputError(f"{label}: no such file") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{label}: not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+    text = _read_text(prompt_file, label)
     if not text.strip():
         raise InputError(f"{label}: the prompt is empty")
     return text
 
 
 def check_artifact_backend(artifact: Path, backend: str) -> None:
-    """Refuse an artifact whose target the backend cannot run; say so when it runs but far slower than meant to."""
+    """Refuse an artifact whose target the backend cannot run (runtime/artifact.check_backend, before anything
+    loads); say so when it runs but far slower than meant to."""
     from ..manifest import read_manifest
+    from ..runtime.artifact import check_backend
 
     manifest = read_manifest(artifact, verify_files=False)  # the runner checks the checksums
-    if "target" not in manifest.graphs:
-        return
-    record = manifest.precision.get("target", {})
-    scheme, runs_on = record.get("scheme"), record.get("runs_on")
-    if runs_on and backend not in runs_on:
-        raise UnsupportedError(f"{artifact}: a {scheme} target does not run on {backend} (it runs on {', '.join(runs_on)})")
-    if backend != "ort-cpu":
-        return
-    dtype = manifest.graphs["target"].dtype.split("+")[0]
-    if dtype == "bf16":
-        raise UnsupportedError(f"{artifact}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no bf16 "
-                               "kernels); run it on a GPU (--backend ort-cuda | ort-trt | tensorrt) or export with --dtype fp32")
-    if dtype == "fp16" and scheme is None:
-        _check_fp16_fits_cpu(artifact, manifest)
-    if scheme in SLOW_ON_CPU:
+    check_backend(artifact, manifest, backend)
+    scheme = manifest.precision.get("target", {}).get("scheme")
+    if backend == "ort-cpu" and scheme in SLOW_ON_CPU:
         click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; on ONNX Runtime's CPU "
                    "provider it runs as fp32 without the fused CPU graph (speculative steps ~2-3x slower than the fp32 export)",
                    err=True)
 
 
 SLOW_ON_CPU = {"fp8": "FP8", "int4": "INT4"}
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory the host can give a new process without swapping (MemAvailable; None where unknown)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _check_fp16_fits_cpu(artifact: Path, manifest) -> None:
-    """ONNX Runtime's CPU provider runs an fp16 graph as fp32 (it converts every fp16 weight when the session
-    opens): refuse when that needs more memory than the host has available."""
-    data = manifest.graphs["target"].file + ".data"
-    need = 2 * (artifact / data).stat().st_size if (artifact / data).is_file() else 0
-    available = _available_memory()
-    if available is not None and need > available:
-        raise UnsupportedError(
-            f"{artifact}: an fp16 artifact runs on ort-cpu as fp32 (ONNX Runtime's CPU provider converts every fp16 "
-            f"weight): about {need / 1e9:.1f} GB, {available / 1e9:.1f} GB available here; on this CPU run an fp32 export "
-            "(export --dtype fp32) or an INT4 build of it (build --int4), or this one on a GPU (--backend ort-cuda | ort-trt | tensorrt)")
 
 
 def backend_options(func):
@@ -156,6 +113,66 @@ def run_options(func):
     return drafter_options(backend_options(command))
 
 
+def constraint_options(func):
+    """--json-schema, --regex, --grammar and --choice: the output must match one of them."""
+    func = click.option("--choice", "choices", multiple=True, help="The output is exactly one of these strings (repeatable).")(func)
+    func = click.option("--grammar", "grammar_file", type=click.Path(path_type=Path), default=None,
+                        help="The output follows this EBNF grammar file (GBNF syntax; its rule `root`).")(func)
+    func = click.option("--regex", default=None, help="The output matches this regular expression.")(func)
+    func = click.option("--json-schema", "json_schema_file", type=click.Path(path_type=Path), default=None,
+                        help="The output is JSON valid against this JSON schema file.")(func)
+    return func
+
+
+def _read_text(path: Path, label: str) -> str:
+    """A UTF-8 text file (- : standard input), or a one-line InputError starting with `label`."""
+    try:
+        return sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a directory, expected a text file") from None
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{label}: not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot read ({exc.strerror})") from None
+
+
+def constraint_from_flags(json_schema_file: Path | None, regex: str | None, grammar_file: Path | None,
+                          choices: tuple[str, ...]) -> tuple[ConstraintSpec | None, str]:
+    """The ConstraintSpec the flags ask for (at most one of them) and the flag, for error messages."""
+    given = [(flag, value) for flag, value in (("--json-schema", json_schema_file), ("--regex", regex),
+                                               ("--grammar", grammar_file), ("--choice", choices or None)) if value is not None]
+    if len(given) > 1:
+        raise InputError(f"give at most one of --json-schema, --regex, --grammar, --choice (got {', '.join(f for f, _ in given)})")
+    if not given:
+        return None, ""
+    flag, value = given[0]
+    label = flag if flag in ("--regex", "--choice") else f"{flag} {value}"
+    try:
+        if flag == "--json-schema":
+            return ConstraintSpec("json_schema", _read_text(value, label)).validate(), label
+        if flag == "--grammar":
+            return ConstraintSpec("grammar", _read_text(value, label)).validate(), label
+        if flag == "--regex":
+            return ConstraintSpec("regex", value).validate(), label
+        return ConstraintSpec("choice", tuple(value)).validate(), label
+    except InputError as exc:
+        raise InputError(exc.naming(dict.fromkeys(exc.fields, label))) from None
+
+
+def compile_for_run(artifact: Path, spec: ConstraintSpec | None, label: str):
+    """The spec compiled against the artifact's tokenizer, before the model loads (a bad one: one line, exit 2)."""
+    if spec is None:
+        return None
+    from ..runtime.grammar import compiler_for
+
+    try:
+        return compiler_for(artifact).compile(spec)
+    except InputError as exc:
+        raise InputError(exc.naming(dict.fromkeys(exc.fields, label))) from None
+
+
 def _print_json_line(data: dict) -> None:
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
@@ -184,20 +201,26 @@ def _stream_printer(as_json: bool) -> Callable[[str], None]:
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, default=None, help="Random seed for sampling.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable); output is cut before it.")
+@constraint_options
 @run_options
 @click.option("--stream", is_flag=True, help="Print text as it is generated (with --json: one JSON line per text delta, then the result).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with text, tokens, finish reason and stats.")
-def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, options, stream, as_json):
+def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top_p, seed, stop, json_schema_file, regex,
+        grammar_file, choices, options, stream, as_json):
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from ..runtime.bench import prompt_source
     from ..runtime.session import Runner
 
     text = _read_prompt(prompt, prompt_file)
-    sampling = SamplingParams(temperature, top_k, top_p, seed).validate()
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop)).validate()  # before anything loads
+    spec, label = constraint_from_flags(json_schema_file, regex, grammar_file, choices)
     check_artifact_backend(artifact, options.backend)
+    constraint = compile_for_run(artifact, spec, label)
     runner = Runner(artifact, options)
     with prompt_source(_prompt_label(prompt_file)):
-        result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None)
+        result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None,
+                                 constraint=constraint)
     if as_json:
         final = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()}
         if stream:
@@ -229,14 +252,16 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
-    from ..runtime.bench import print_report, run_bench
+    from ..runtime.bench import run_bench
+    from .reports import print_bench_report
 
     check_artifact_backend(artifact, options.backend)
-    report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress_console=progress_bar_console(as_json))
+    with prompt_progress_bar(progress_bar_console(as_json)) as progress:
+        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress)
     if as_json:
         emit_json(report)
     else:
-        print_report(report)
+        print_bench_report(report)
 
 
 @click.command()
@@ -248,10 +273,12 @@ def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: drafter, mode, identical, and per prompt the first differing token.")
 def verify(artifact, workloads, max_tokens, limit, options, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
-    from ..runtime.bench import print_verify_report, run_verify
+    from ..runtime.bench import run_verify
+    from .reports import print_verify_report
 
     check_artifact_backend(artifact, options.backend)
-    report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress_console=progress_bar_console(as_json))
+    with prompt_progress_bar(progress_bar_console(as_json)) as progress:
+        report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress)
     if as_json:
         emit_json(report)
     else:

@@ -8,6 +8,7 @@ import click
 
 from ..errors import InputError
 from ..runtime.options import SLOT_PASSES
+from ..serve.tools import TOOL_FORMATS
 from .generate import run_options
 
 
@@ -41,6 +42,9 @@ from .generate import run_options
               help="Most tokens (prompt + completion) of one request; longer asks get 400. Sizes the batched engine's KV "
                    "pool, allocated at start: --max-concurrency x (this + max verify tokens) rows [default: the artifact's context].")
 @click.option("--max-body-bytes", type=int, default=1 << 20, show_default=True, help="Larger request bodies are answered 413.")
+@click.option("--tool-call-parser", type=click.Choice(TOOL_FORMATS), default="auto", show_default=True,
+              help="How the model writes tool calls: hermes (JSON in <tool_call> tags: Qwen, Hermes), llama3_json "
+                   "(Llama 3.1+), or auto (from the chat template).")
 @run_options
 @click.option("--ray", "use_ray", is_flag=True, help="Deploy on Ray Serve (needs speccompile[ray]): one engine per replica.")
 @click.option("--replicas", type=int, default=None, help="--ray: number of replicas [default: 1].")
@@ -48,7 +52,7 @@ from .generate import run_options
 @click.option("--ray-options", default=None,
               help="--ray: JSON object of Ray Serve deployment options, e.g. '{\"autoscaling_config\": {\"min_replicas\": 1, \"max_replicas\": 4}}'.")
 @click.option("--json", "json_logs", is_flag=True, help="Log one JSON object per line on stderr.")
-def serve(artifact, host, port, served_model_name, max_concurrency, batching, prefix_caching, prefix_cache_mb, slot_passes, engine_nice, max_queue, max_model_len, max_body_bytes, options, use_ray, replicas,
+def serve(artifact, host, port, served_model_name, max_concurrency, batching, prefix_caching, prefix_cache_mb, slot_passes, engine_nice, max_queue, max_model_len, max_body_bytes, tool_call_parser, options, use_ray, replicas,
           ray_address, ray_options, json_logs):
     """Serve ARTIFACT over the OpenAI HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).
 
@@ -67,7 +71,8 @@ def serve(artifact, host, port, served_model_name, max_concurrency, batching, pr
         raise InputError("--replicas, --ray-address and --ray-options need --ray")
     options = EngineOptions(artifact=artifact, run=options, max_concurrency=max_concurrency, max_queue=max_queue,
                             batching=batching, prefix_caching=prefix_caching, prefix_cache_mb=prefix_cache_mb,
-                            max_model_len=max_model_len, slot_passes=slot_passes, engine_nice=engine_nice).validate()
+                            max_model_len=max_model_len, slot_passes=slot_passes, engine_nice=engine_nice,
+                            tool_call_parser=tool_call_parser).validate()
     logging.config.dictConfig(log_config(json_logs))
     if use_ray:
         from ..serve.ray_app import parse_deployment_options, serve_on_ray

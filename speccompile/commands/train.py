@@ -31,7 +31,7 @@ def train_draft(target, method, data, out, steps, seq_len, batch, lr, unroll, dr
     """Self-distil a drafter head for TARGET (HF folder, .gguf or alias): the target's hidden states are the
     inputs and its next-token distributions the labels. Writes the published layout `--drafter KIND:OUT` reads."""
     from ..console import emit_json, progress_printer
-    from ..training.trainer import TrainOptions
+    from ..training.options import TrainOptions
     from ..training.trainer import train_draft as run
 
     options = TrainOptions(method=method, steps=steps, seq_len=seq_len, batch=batch, lr=lr, unroll=unroll,

@@ -21,6 +21,7 @@ from ..errors import ArtifactError, InputError, SpecCompileError
 from ..manifest import Manifest, read_manifest, remember_verified
 from . import config as cfg
 from .build_options import BuildOptions
+from .cpu_graph import quantized_cpu_graphs, reads_files
 from .quantize_graph import quantize_graph
 
 Progress = Callable[[str], None]
@@ -73,10 +74,14 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
     manifest.graph("target")  # must exist
     # ONNX Runtime CPU variants (*.ort.onnx: the fused target, int8/int4 heads) share the exported weights
-    # files and use com.microsoft operators: TensorRT cannot build them and quantizing the target would
-    # leave them stale, so drop them.
+    # files and use com.microsoft operators: TensorRT cannot build them, and quantizing the target leaves its
+    # variants stale, so they leave the TensorRT steps. The target's come back packed (engines/cpu_graph.py); an
+    # ONNX-only build keeps the others (draft model, heads: weights the build does not change).
     fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("variant_of")}
-    fused_files = {f for g in fused.values() for f in _graph_files(manifest, g.file)}
+    target_file = manifest.graph("target").file
+    cpu_specs = {name: g for name, g in fused.items() if options.onnx_only and g.extra["variant_of"] != target_file
+                 and not reads_files(src, g, _graph_files(manifest, target_file))}
+    fused_files = {f for name, g in fused.items() if name not in cpu_specs for f in _graph_files(manifest, g.file)}
     for name in fused:
         del manifest.graphs[name]
 
@@ -121,6 +126,9 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
             new.graphs["target"] = dataclasses.replace(spec, dtype=f"{spec.dtype}+{options.precision}", extra={**spec.extra, "quantization": options.precision})
             replaced = set(_graph_files(manifest, spec.file))
             files += [spec.file, spec.file + ".data"]
+            packed, cpu_files = quantized_cpu_graphs(src, fused, spec, tmp, options.precision, progress)
+            cpu_specs.update(packed)
+            files += cpu_files
         progress("copying the other files (tokenizer, drafter graphs)")
         for name in manifest.files:  # everything else listed in the source manifest, unchanged
             if name not in replaced and name not in fused_files:
@@ -156,6 +164,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
                 new.graphs[name] = dataclasses.replace(new.graphs[name], extra={**new.graphs[name].extra, "engine": plan_file})
                 files.append(plan_file)
             new.engine = cfg.engine_section(trt.__version__, gpu[0], gpu[1], plans, build_config, profiles)
+        new.graphs.update(cpu_specs)  # after the TensorRT steps (com.microsoft operators)
         new.created_by = f"speccompile {__version__} (build)"
         new.model = {**new.model, "built_from": str(src)}
         progress("checksumming files")

@@ -9,6 +9,7 @@ from ..accel.compat import TRT_INT4_BLOCKS
 from ..accel.profiles import DEFAULT_PREFILL_CHUNK
 from ..errors import InputError
 from . import config as cfg
+from .int8_weights import check_int8_options
 from .methods import MethodOptions
 from .qad import QadOptions
 from .qdq_targets import DEFAULT_EXCLUDE, QuantOptions
@@ -18,7 +19,7 @@ from .sensitivity import KEEP_FORMATS
 
 @dataclass
 class BuildOptions:
-    precision: str = "none"  # none | fp8 | int4 | nvfp4
+    precision: str = "none"  # none | fp8 | int4 | nvfp4 | int8
     onnx_only: bool = False
     calib: Path | None = None
     calib_samples: int = 16
@@ -64,6 +65,8 @@ class BuildOptions:
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()
+        if self.precision == "int8":
+            check_int8_options(self)
         self.qad.validate(QuantOptions(self.precision, weight_only=self.weight_only).defaults_key)
         if self.weight_only:
             if self.precision == "none":

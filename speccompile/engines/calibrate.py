@@ -109,9 +109,6 @@ class ActivationStats:
     def amax(self) -> float:
         return float(self.channel_amax.max()) if self.channel_amax.size else 0.0
 
-    @property
-    def channel_mean_abs(self) -> np.ndarray:
-        return np.abs(self.rows).mean(axis=0)
 
 
 class ActivationRecorder:

@@ -15,7 +15,7 @@ from ..accel.profiles import Profile, shapes_arg
 from ..accel.trt import describe_gpu, trt_major, version_tuple
 from ..errors import HardwareError, InputError, UnsupportedError
 
-PRECISIONS = ("none", "fp8", "int4", "nvfp4")
+PRECISIONS = ("none", "fp8", "int4", "nvfp4", "int8")
 
 
 # ---------------------------------------------------------------- TensorRT versions and flags

@@ -36,10 +36,6 @@ def to_fp8(x: np.ndarray) -> np.ndarray:
     return np.clip(np.asarray(x, dtype=np.float32), -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
 
 
-def fp8_to_float(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x).astype(np.float32)
-
-
 def safe_scale(amax: np.ndarray, qmax: float) -> np.ndarray:
     """amax / qmax, with 1.0 where amax is 0 or not finite (scales must be positive for TensorRT)."""
     amax = np.asarray(amax, dtype=np.float32)
@@ -109,36 +105,42 @@ def quantize_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None =
 
     `clip` [K // block, N] (ratios <= 1) shrinks each block's range: values beyond it saturate.
     `scale` [K // block, N]: use these scales (a grid chosen before, e.g. by GPTQ) instead."""
+    return quantize_symmetric_blockwise(w, block, INT4_MAX, -8, 7, clip, scale)
+
+
+def quantize_symmetric_blockwise(w: np.ndarray, block: int, qmax: float, low: int, high: int, clip: np.ndarray | None = None,
+                                 scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] -> (int8 codes in [low, high], float32 scales amax / qmax [K // block, N]); blocks along axis 0
+    (`clip`, `scale`: as quantize_int4_blockwise)."""
+    blocks, scale = _blocks_and_scales(w, block, qmax, clip, scale)
+    k, n = w.shape
+    q = np.clip(np.rint(blocks / scale[:, None, :]), low, high).astype(np.int8).reshape(k, n)
+    return q, scale
+
+
+def _blocks_and_scales(w: np.ndarray, block: int, qmax: float, clip: np.ndarray | None,
+                       scale: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] as blocks [K/B, B, N] (float32) and their scales [K/B, N]: `scale`, or amax (times `clip`) / qmax."""
     w = np.asarray(w, dtype=np.float32)
     k, n = w.shape
     if k % block:
-        raise ValueError(f"K={k} is not a multiple of the INT4 block size {block}")
+        raise ValueError(f"K={k} is not a multiple of the block size {block}")
     blocks = w.reshape(k // block, block, n)
     if scale is None:
-        amax = np.abs(blocks).max(axis=1)
+        amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # max |w| without an |w| array
         if clip is not None:
             amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
-        scale = safe_scale(amax, INT4_MAX)  # [K/B, N]
-    scale = np.asarray(scale, np.float32)
-    q = np.clip(np.rint(blocks / scale[:, None, :]), -8, 7).astype(np.int8).reshape(k, n)
-    return q, scale
+        scale = safe_scale(amax, qmax)  # [K/B, N]
+    return blocks, np.asarray(scale, np.float32)
 
 
 def fake_quant_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None = None,
                               scale: np.ndarray | None = None) -> np.ndarray:
     """dequantize_int4_blockwise(*quantize_int4_blockwise(w, block, clip, scale), block), the same numbers with one
     full-size array instead of seven (the searches call it once per candidate: AWQ's 11, clipping's 7)."""
-    w = np.asarray(w, dtype=np.float32)
+    blocks, scale = _blocks_and_scales(w, block, INT4_MAX, clip, scale)
     k, n = w.shape
-    if k % block:
-        raise ValueError(f"K={k} is not a multiple of the INT4 block size {block}")
-    blocks = w.reshape(k // block, block, n)
-    if scale is None:
-        amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # max |w| without an |w| array
-        if clip is not None:
-            amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
-        scale = safe_scale(amax, INT4_MAX)
-    scale = np.asarray(scale, np.float32)[:, None, :]
+    scale = scale[:, None, :]
     out = blocks / scale
     np.rint(out, out=out)
     np.clip(out, -8, 7, out=out)

@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import numerics as nx
 
-SCHEMES = ("fp8", "int4", "nvfp4")
+SCHEMES = ("fp8", "int4", "nvfp4", "int8")
+WEIGHT_ONLY_SCHEMES = ("int4", "int8")  # no activation quantization whatever --weight-only says
 DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
 LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py)
 OFFSET_SUFFIXES = (".block_sum", ".block_offset")  # the offset branch of a weight on an asymmetric source grid
@@ -50,12 +51,12 @@ class QuantOptions:
     @property
     def quantizes_activations(self) -> bool:
         """Whether quantized MatMuls get an activation Q/DQ (fp8, nvfp4; not INT4 or a weight-only build)."""
-        return self.scheme != "int4" and not self.weight_only
+        return self.scheme not in WEIGHT_ONLY_SCHEMES and not self.weight_only
 
     @property
     def defaults_key(self) -> str:
         """Which per-scheme method defaults apply (engines/gptq.py): a weight-only build has its own."""
-        return f"{self.scheme}-weight-only" if self.weight_only and self.scheme != "int4" else self.scheme
+        return f"{self.scheme}-weight-only" if self.weight_only and self.scheme not in WEIGHT_ONLY_SCHEMES else self.scheme
 
     @property
     def head_activation_quantized(self) -> bool:

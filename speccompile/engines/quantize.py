@@ -51,6 +51,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import InputError, UnsupportedError
 from . import numerics as nx
 from .gptq import GridScales
+from .int8_weights import INT8_BLOCK
 from .qdq_targets import (FLOAT_TYPES, FP4_IR_VERSION, FP4_OPSET, OFFSET_SUFFIXES, SCHEMES, TRT_DOMAIN, EmbeddingTable,
                           QuantOptions, add_side_branch, block_sum_matrix, float16_constant, is_excluded, quantized_tables,
                           unique_name, weight_matmuls)
@@ -83,7 +84,7 @@ class QuantReport:
             "activation_tensors": len(self.activations),
         }
         if self.blocks:
-            out["int4_block_sizes"] = sorted(set(self.blocks.values()))
+            out[f"{'int8' if self.scheme == 'int8' else 'int4'}_block_sizes"] = sorted(set(self.blocks.values()))
         if self.tables:
             out["tables"] = dict(sorted(self.tables.items()))
         if self.source_grid:
@@ -145,6 +146,9 @@ def plan_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, 
                 report.excluded.append(weight)
             continue
         k = inits[weight].dims[0]
+        if scheme == "int8" and k % INT8_BLOCK:
+            report.skipped[weight] = f"K={k} is not a multiple of {INT8_BLOCK}"
+            continue
         if scheme == "int4" and nx.pick_block(k, options.int4_block) is None:
             report.skipped[weight] = f"K={k} has no power-of-two block >= 16 dividing it"
             continue
@@ -232,7 +236,7 @@ def rewrite_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[st
                 value = weight(name)
                 place(name, value)
                 report.quantized.append(name)
-                if value.kind == "int4":
+                if value.kind in ("int4", "int8"):
                     report.blocks[name] = value.block
                 if value.source_block:
                     report.source_grid[name] = value.source_block

@@ -42,6 +42,7 @@ RUNS_ON = {
     "fp8": ["ort-cpu", "ort-trt", "tensorrt"],
     "int4": ["ort-cpu", "ort-trt", "tensorrt"],
     "nvfp4": ["tensorrt", "ort-trt"],
+    "int8": ["ort-cpu"],  # blocked INT8 weights (engines/int8_weights.py): TensorRT documents block scales for INT4 only
 }
 
 
@@ -172,7 +173,7 @@ def _source_grids(work: WorkingGraph, qopts: QuantOptions, options: BuildOptions
     else:
         grids = {}
         for name, table in grid_candidates(work.model, qopts).items():
-            grid = find_source_grid(work.value(name), table)
+            grid = find_source_grid(work.value(name), table, qopts.scheme)
             if grid is not None:
                 grids[name] = grid.block
     if grids:

@@ -12,7 +12,7 @@ INT4 build keeps 0.77 top-1 of it); storing the codes it already has loses nothi
     and column: W = DQ(c) + E O with E [K, K/B] the 0/1 matrix that sums each block's inputs and O [K/B, N]
     the offsets, so the MatMul becomes x DQ(c) + (x E) O, a small float16 side branch (TensorRT's
     DequantizeLinear takes no non-zero zero point, ONNX's takes integers only).
-  * INT8 embedding tables (T [V, H], blocks along H): symmetric codes in [-127, 127] with one step per block
+  * INT8 MatMul weights of an INT8 build (blocks along K, Q8_0) and INT8 embedding tables (T [V, H], blocks along H): symmetric codes in [-127, 127] with one step per block
     (Q8_0), stored as a blocked INT8 DequantizeLinear.
 
 A weight counts as on a grid when every value is within GRID_TOLERANCE of its block's range of d c + m; the
@@ -131,11 +131,19 @@ def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
     return None
 
 
+def find_int8_grid(w: np.ndarray) -> GridScales | None:
+    """The symmetric INT8 block grid a MatMul weight W [K, N] is on (blocks along K: a Q8_0 weight), or None."""
+    return find_int8_table_grid(np.asarray(w).T)  # the table test reads T [V, H] as T^T [H, V], blocks along axis 0
+
+
+MATMUL_GRIDS = {"int4": find_int4_grid, "int8": find_int8_grid}  # the scheme -> its MatMul weights' grid test
+
+
 def grid_candidates(model: onnx.ModelProto, options: QuantOptions) -> dict[str, bool]:
     """The weights whose source grid the pass would keep -> whether each is an embedding table: INT4 MatMul weights
-    of an INT4 build, and embedding tables stored INT8 (`--table-format int8`)."""
+    of an INT4 build, INT8 ones (Q8_0) of an INT8 build, and embedding tables stored INT8 (`--table-format int8`)."""
     found: dict[str, bool] = {}
-    if options.scheme == "int4":
+    if options.scheme in MATMUL_GRIDS:
         for _index, _act, weight in weight_matmuls(model):
             if not is_excluded(weight, options.exclude):
                 found.setdefault(weight, False)
@@ -145,9 +153,10 @@ def grid_candidates(model: onnx.ModelProto, options: QuantOptions) -> dict[str, 
     return found
 
 
-def find_source_grid(value: np.ndarray, table: bool) -> GridScales | None:
-    """The grid a MatMul weight [K, N] (INT4) or an embedding table [V, H] (INT8, Q8_0) is on, or None."""
-    return find_int8_table_grid(value) if table else find_int4_grid(value)
+def find_source_grid(value: np.ndarray, table: bool, scheme: str) -> GridScales | None:
+    """The grid a MatMul weight [K, N] (INT4 or INT8, `scheme`'s) or an embedding table [V, H] (INT8, Q8_0) is on,
+    or None."""
+    return find_int8_table_grid(value) if table else MATMUL_GRIDS[scheme](value)
 
 
 def source_grids(model: onnx.ModelProto, options: QuantOptions,
@@ -158,7 +167,7 @@ def source_grids(model: onnx.ModelProto, options: QuantOptions,
     read = read or (lambda name: numpy_helper.to_array(inits[name]))
     grids: dict[str, GridScales] = {}
     for name, table in grid_candidates(model, options).items():
-        grid = find_source_grid(read(name), table)
+        grid = find_source_grid(read(name), table, options.scheme)
         if grid is not None:
             grids[name] = grid
     return grids

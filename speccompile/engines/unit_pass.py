@@ -82,7 +82,7 @@ class UnitPass:
     def _grid(self, name: str):
         grid = self.report.weight_grid.get(name)
         if grid is None and name in self.grid_tables:
-            grid = find_source_grid(self.work.value(name), self.grid_tables[name])
+            grid = find_source_grid(self.work.value(name), self.grid_tables[name], self.qopts.scheme)
         return grid
 
     def _weight(self, name: str) -> StoredWeight:

@@ -10,6 +10,7 @@ the proto, or appended to an external data file as they come) and the nodes that
 Layouts (W [K, N] a MatMul's B, K the reduction axis; T [V, H] an embedding table):
   fp8    codes float8_e4m3fn [K, N], scale [N] (per output channel)         DQ axis 1
   int4   codes int8 in [-8, 7] [K, N], scale [K/B, N] (blocks along K)       DQ axis 0, block_size B
+  int8   codes int8 in [-127, 127] [K, N], scale [K/B, N] (B = 32 or the source grid's)  DQ axis 0, block_size B
   nvfp4  codes uint8 E2M1 [N, K] (W^T), FP8 block scales [N, K/16], FP32 global scale
          DQ(scale_fp8, global) -> DQ(codes, ., axis -1, block 16) -> Transpose
   tables per row (fp8, int8: axis 0), blocks along H (int4: axis 1; a Q8_0 grid: int8 axis 1), or float16.
@@ -26,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import numerics as nx
 from .gptq import GridScales
+from .int8_weights import INT8_BLOCK, quantize_int8_blockwise
 from .qdq_targets import FLOAT_TYPES, OFFSET_SUFFIXES, QuantOptions, float16_constant, unique_name
 
 
@@ -61,6 +63,10 @@ def matmul_weight_codes(w: np.ndarray, options: QuantOptions, clip: np.ndarray |
         block = grid.block if grid is not None and grid.block else nx.pick_block(k, options.int4_block)
         q, scale = nx.quantize_int4_blockwise(w, block, clip, grid.scale if grid else None)
         return WeightCodes("int4", q, scale, block=block, axis=0)
+    if options.scheme == "int8":  # engines/int8_weights.py: blocks of 32 along K (or the source grid's)
+        block = grid.block if grid is not None and grid.block else INT8_BLOCK
+        q, scale = quantize_int8_blockwise(w, block, grid.scale if grid is not None and grid.block else None)
+        return WeightCodes("int8", q, scale, block=block, axis=0)
     codes, s_fp8, s2 = _nvfp4(w.T, options.fp4_block, clip, grid)  # W^T [N, K], blocks along K (last axis)
     return WeightCodes("nvfp4", codes, s_fp8, s2, options.fp4_block, axis=-1)
 

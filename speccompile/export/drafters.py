@@ -1,59 +1,50 @@
 """Drafter exporters, selected by `--drafter KIND:PATH`.
 
 Each exporter writes its graph(s) into the artifact's temporary directory and returns a
-`DrafterExport`: the graphs, the files written, the drafter's manifest section and which
-hidden-state taps the target graph must expose for it.
+`DrafterExport`: the graphs, the files written and the drafter's manifest section. The registry below also
+says which hidden-state taps the target graph must expose for each kind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ..errors import InputError
-from ..manifest import GraphSpec
 from ..models.load import LoadedModel
-from ..runtime.draft_config import DraftConfig
+from ..draft_config import DraftConfig
+from .drafter_types import DrafterExport, DrafterRequest
+
+__all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter", "target_hidden_states_for"]
 
 
-@dataclass
-class DrafterExport:
-    graphs: dict[str, GraphSpec]
-    files: list[str]
-    manifest: dict[str, Any]
-    target_hidden_states: str = "none"
-
-
-@dataclass
-class DrafterRequest:
-    """A parsed `--drafter` value plus the options that shape drafting."""
-
-    kind: str
-    path: str | None
-    tree: str | None = None
-    num_draft_tokens: int | None = None
-    max_context: int = 0  # the artifact's context limit (set by the export pipeline)
-    fused_cpu_graph: bool = True  # also write the fused ORT CPU variant of decoder graphs
-    draft_cpu_weights: str = "int8"  # heads: weights of their ORT CPU variant (int8|int4|fp32 = none)
-
-
-# kind -> (needs a path, hidden states the target must expose, exporter); an exporter records the sha256 of the
-# files it writes in its last argument (file name -> hex) when it computes them on the way
+# kind -> (needs a path, hidden states the target must expose, exporter: "draft-model" | "head" | None). An exporter
+# (request, target, out_dir, dtype, digests) -> DrafterExport records the sha256 of the files it writes in
+# `digests` (file name -> hex) when it computes them on the way. The exporters import nothing from this module.
 Exporter = Callable[[DrafterRequest, LoadedModel, Path, str, dict[str, str]], DrafterExport]
-_REGISTRY: dict[str, tuple[bool, str, Exporter | None]] = {}
+_REGISTRY: dict[str, tuple[bool, str, str | None]] = {
+    "ngram": (False, "none", None),
+    "draft-model": (True, "none", "draft-model"),
+    "eagle": (True, "final", "head"),
+    "eagle3": (True, "eagle3", "head"),
+    "medusa": (True, "final", "head"),
+    "mtp": (True, "final", "head"),
+}
 
 
-def register(kind: str, needs_path: bool, target_hidden_states: str, exporter: Exporter | None) -> None:
-    """Add a drafter kind (used by this module and by the head exporters)."""
-    _REGISTRY[kind] = (needs_path, target_hidden_states, exporter)
+def _exporter(kind: str) -> Exporter | None:
+    which = _REGISTRY[kind][2]
+    if which == "head":
+        from .heads import export_head  # torch-heavy: imported when a head is exported
+
+        return export_head
+    return export_draft_model if which == "draft-model" else None
 
 
 def parse_drafter(value: str | None, tree: str | None = None, num_draft_tokens: int | None = None) -> DrafterRequest | None:
     """Parse `KIND[:PATH]`; raise InputError naming --drafter on a bad value."""
     if not value or value == "none":
         return None
-    _load_builtin()
     kind, _, path = value.partition(":")
     if kind not in _REGISTRY:
         raise InputError(f"--drafter: unknown kind '{kind}' (expected one of: {', '.join(sorted(_REGISTRY))}, as KIND:PATH)")
@@ -71,7 +62,7 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
 
 def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
                    digests: dict[str, str] | None = None) -> DrafterExport:
-    exporter = _REGISTRY[request.kind][2]
+    exporter = _exporter(request.kind)
     if exporter is None:  # n-gram lookup: nothing to export but its k
         config = DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens)
         return DrafterExport(graphs={}, files=[], manifest={"kind": request.kind, **config.to_manifest()})
@@ -130,21 +121,3 @@ def _check_same_tokenizer(draft: LoadedModel, out_dir: Path, draft_path: str) ->
             f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
             "a draft model must share the target's vocabulary"
         )
-
-
-_LOADED = False
-
-
-def _load_builtin() -> None:
-    """Register the built-in kinds and the head exporters (imported lazily to keep the CLI fast)."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    register("ngram", False, "none", None)
-    register("draft-model", True, "none", export_draft_model)
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec(f"{__package__}.heads") is not None:
-        importlib.import_module(f"{__package__}.heads")  # registers eagle, eagle3, medusa, mtp

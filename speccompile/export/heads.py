@@ -4,7 +4,7 @@ Each writes `<kind>.onnx` (+ `.data`) next to the target graph, plus `<kind>.ort
 with int8 (default) or int4 weights for ONNX Runtime CPU (export/cpu_draft_weights.py; drafts change,
 outputs do not). EAGLE-3 also writes `eagle3_d2t.npy`
 (draft id -> target id). The manifest's drafter section records the graph, the head config, and the
-tree and k as `runtime.draft_config.DraftConfig` writes them (the `--tree` grammar lives there too).
+tree and k as `draft_config.DraftConfig` writes them (the `--tree` grammar lives there too).
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from typing import Any
 
 from ..manifest import GraphSpec, sha256_of
 from ..models.load import LoadedModel
-from ..runtime.draft_config import DraftConfig
+from ..draft_config import DraftConfig
 from .cpu_draft_weights import add_quantized_head_variant
-from .drafters import DrafterExport, DrafterRequest, register
-
-HIDDEN_NEEDED = {"eagle": "final", "eagle3": "eagle3", "medusa": "final", "mtp": "final"}
+from .drafter_types import DrafterExport, DrafterRequest
 
 
-def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
-                 digests: dict[str, str]) -> DrafterExport:
+def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
+                digests: dict[str, str]) -> DrafterExport:
     """Trace the head (one layer); of the target it reads only the tables it shares (embedding, lm_head, norm),
     one tensor at a time from the target's lazy weights."""
     import numpy as np
@@ -53,8 +51,7 @@ def _export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dt
     src = Path(request.path)
     weights = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
     section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
-    return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section,
-                         target_hidden_states=HIDDEN_NEEDED[kind])
+    return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section)
 
 
 def export_head_graph(head, path: Path, dtype: str = "fp32", digests: dict[str, str] | None = None) -> GraphSpec:
@@ -98,7 +95,3 @@ def export_head_graph(head, path: Path, dtype: str = "fp32", digests: dict[str, 
                      num_kv_heads=layer.num_key_value_heads, head_dim=layer.head_dim,
                      extra={"hidden_size": layer.hidden_size, "target_hidden_size": cfg.target_hidden_size,
                             "draft_vocab_size": cfg.draft_vocab_size})
-
-
-for _kind in ("eagle", "eagle3", "medusa", "mtp"):
-    register(_kind, True, HIDDEN_NEEDED[_kind], _export_head)

@@ -38,33 +38,13 @@ class ExportOptions:
 
 def export_artifact(model_name: str, out: Path, options: ExportOptions, progress: Progress = lambda _: None) -> Manifest:
     """Export target (+ drafter) to `out`. Nothing is left at `out` unless everything succeeded.
-    Every option and path is checked first, before torch is even imported (a bad one fails in about a second)."""
-    from ..models.load import load_model, resolve_model_path
+    Every option and path is checked first, before torch is even imported (a bad one fails in about a second);
+    the disk space the output needs is checked before any weight is written."""
+    from ..models.load import load_model
 
-    if options.draft_cpu_weights not in DRAFT_WEIGHTS:
-        raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
-    request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
-    resolve_model_path(model_name)  # a missing path fails before anything is written
-    check_drafter_request(request, options.tree)
-    for flag, value, least in (("--max-context", options.max_context, 2), ("--max-verify-tokens", options.max_verify_tokens, 1),
-                               ("--num-draft-tokens", options.num_draft_tokens, 1)):
-        if value is not None and value < least:
-            raise InputError(f"{flag} must be >= {least}, got {value}")
-    needed = target_hidden_states_for(request)
-    hidden = options.hidden_states or needed
-    if needed != "none" and hidden != needed:
-        raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
-    check_artifact_output(out, options.force)
+    request, hidden = _checked_options(model_name, out, options)
+    from .decoder_graph import DecoderWeights, export_decoder
 
-    import torch  # noqa: F401 - the weight transposes; an install without it fails here, before any work
-
-    from ..models.config import HIDDEN_STATE_MODES
-    from .decoder_graph import DTYPES, DecoderWeights, export_decoder
-
-    if options.dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
-    if hidden not in HIDDEN_STATE_MODES:
-        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
     out = Path(out)
     started = time.time()
     progress(f"loading {model_name}")
@@ -100,29 +80,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
             graphs.update(exported.graphs)
             files += exported.files
             drafter_section = exported.manifest
-        manifest = Manifest(
-            model={
-                "name": model_name,
-                "source": str(model.source),
-                "source_format": model.source_format,
-                "source_sha256": model.source_sha256,
-                "config": cfg.to_dict(),
-            },
-            graphs=graphs,
-            limits={
-                "max_context": int(max_context),
-                "max_verify_tokens": int(options.max_verify_tokens),
-                "max_batch": int(options.max_batch),
-            },
-            tokenizer={
-                "files": tokenizer_files,
-                "chat_template": model.chat_template is not None or "chat_template.jinja" in tokenizer_files,
-                "eos_token_ids": cfg.eos_token_ids,
-                "bos_token_id": cfg.bos_token_id,
-            },
-            drafter=drafter_section,
-            created_by=f"speccompile {__version__}",
-        )
+        manifest = _manifest(model_name, model, graphs, max_context, options, tokenizer_files, drafter_section)
         progress("checksumming files")
         manifest.record_files(tmp, [f for f in files if (tmp / f).exists()], known=digests)
         manifest.write(tmp)
@@ -131,10 +89,68 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     return manifest
 
 
+def _checked_options(model_name: str, out: Path, options: ExportOptions) -> tuple[DrafterRequest | None, str]:
+    """Every option and path checked (InputError naming the flag); returns the drafter request and the target's
+    hidden-state outputs. Imports torch last: an install without it fails here too, before any work."""
+    from ..models.config import HIDDEN_STATE_MODES
+    from ..models.load import resolve_model_path
+    from .recipes import DTYPES
+
+    if options.draft_cpu_weights not in DRAFT_WEIGHTS:
+        raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
+    request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
+    resolve_model_path(model_name)  # a missing path fails before anything is written
+    check_drafter_request(request, options.tree)
+    for flag, value, least in (("--max-context", options.max_context, 2), ("--max-verify-tokens", options.max_verify_tokens, 1),
+                               ("--num-draft-tokens", options.num_draft_tokens, 1)):
+        if value is not None and value < least:
+            raise InputError(f"{flag} must be >= {least}, got {value}")
+    needed = target_hidden_states_for(request)
+    hidden = options.hidden_states or needed
+    if needed != "none" and hidden != needed:
+        raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
+    check_artifact_output(out, options.force)
+    if options.dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
+    if hidden not in HIDDEN_STATE_MODES:
+        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
+    import torch  # noqa: F401 - the weight transposes
+
+    return request, hidden
+
+
+def _manifest(model_name: str, model, graphs: dict, max_context: int, options: ExportOptions, tokenizer_files: list[str],
+              drafter_section: dict | None) -> Manifest:
+    cfg = model.config
+    return Manifest(
+        model={
+            "name": model_name,
+            "source": str(model.source),
+            "source_format": model.source_format,
+            "source_sha256": model.source_sha256,
+            "config": cfg.to_dict(),
+        },
+        graphs=graphs,
+        limits={
+            "max_context": int(max_context),
+            "max_verify_tokens": int(options.max_verify_tokens),
+            "max_batch": int(options.max_batch),
+        },
+        tokenizer={
+            "files": tokenizer_files,
+            "chat_template": model.chat_template is not None or "chat_template.jinja" in tokenizer_files,
+            "eos_token_ids": cfg.eos_token_ids,
+            "bos_token_id": cfg.bos_token_id,
+        },
+        drafter=drafter_section,
+        created_by=f"speccompile {__version__}",
+    )
+
+
 def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:
     """--drafter's path and --tree, checked before the (slow) export starts."""
     from ..models.load import resolve_model_path
-    from ..runtime.draft_config import HEAD_KINDS, DraftConfig
+    from ..draft_config import HEAD_KINDS, DraftConfig
 
     if tree is not None and (request is None or request.kind not in HEAD_KINDS):
         raise InputError(f"--tree: only head drafters (--drafter {'|'.join(HEAD_KINDS)}:PATH) draft trees"

@@ -4,7 +4,7 @@ A `Recipe` names the checkpoint tensors (Hugging Face names) an initializer is b
 stacked along their first axis (q/k/v, gate/up: one larger MatMul), a MatMul weight is transposed to
 [in, out], and the result is converted to the graph's dtype. Every graph of an artifact asks for its
 weights by recipe, so two graphs that need the same bytes (the contract graph and the fused CPU / GPU
-graphs) find them by recipe, without comparing bytes. `recipe_chunks` produces the bytes a slice at a time:
+graphs) find them by recipe, without comparing bytes. `recipe_pieces` produces the bytes a slice at a time:
 a pass over a model's recipes holds one weight (and its transposed copy), never the model.
 
 `DecoderWeights` is what a decoder graph is built from: architecture, weight source and hidden-state taps.
@@ -22,6 +22,7 @@ from onnx import TensorProto
 
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.weights import WeightSource
+from ..weights_file import Piece
 
 DTYPES = ("fp32", "fp16", "bf16")
 ELEM = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
@@ -149,82 +150,81 @@ def recipe_nbytes(source: WeightSource, recipe: Recipe) -> int:
     return int(np.prod(recipe_shape(source, recipe), dtype=np.int64)) * np_dtype(recipe.dtype).itemsize
 
 
-def recipe_chunks(source: WeightSource, recipe: Recipe, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
-    """The initializer's values in C order, as consecutive pieces of about `chunk_bytes` (converted bytes).
+def recipe_pieces(source: WeightSource, recipe: Recipe, scratch: "TransposeScratch",
+                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[Piece]:
+    """The initializer's values in C order as consecutive `Piece`s of about `chunk_bytes` (converted bytes), each
+    converted into a buffer the weights writer lends.
 
-    A transposed recipe is transposed whole in the checkpoint's dtype (one contiguous copy: torch's blocked
-    transpose is ~3x faster than converting column slices), then converted a slice of rows at a time; the
-    checkpoint's memory map is released before the first piece is converted."""
+    A transposed recipe's tensors are transposed whole in the checkpoint's dtype into `scratch` (torch's blocked
+    transpose is ~3x faster than converting column slices; the stacked tensors side by side as column blocks,
+    never concatenated), then converted a block of rows at a time."""
     out = np_dtype(recipe.dtype)
     if not recipe.transpose:
         for name in recipe.sources:
             array = source.read(name)
-            flat = array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)
-            yield from _row_pieces(flat, out, chunk_bytes)
-            del array, flat
+            yield from _row_pieces([array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)], out, chunk_bytes)
         return
-    matrix = _transposed(source, recipe.sources)
-    yield from _row_pieces(matrix, out, chunk_bytes)
+    yield from _row_pieces(scratch.transposed([source.read(name) for name in recipe.sources]), out, chunk_bytes)
 
 
-def _row_pieces(matrix, out: np.dtype, chunk_bytes: int) -> Iterator[np.ndarray]:
-    """`matrix` (numpy or torch, 2-D) converted to `out` a block of rows at a time."""
-    rows = len(matrix)
-    width = int(np.prod(matrix.shape[1:], dtype=np.int64)) if len(matrix.shape) > 1 else 1
+def _row_pieces(parts: list[np.ndarray], out: np.dtype, chunk_bytes: int) -> Iterator[Piece]:
+    """Rows of the column blocks `parts` side by side, converted to `out`, a block of rows per piece."""
+    rows, width = len(parts[0]), sum(p.shape[1] for p in parts)
     step = max(1, chunk_bytes // max(1, width * out.itemsize))
     for start in range(0, rows, step):
-        yield convert(matrix[start:start + step], out)
+        stop = min(rows, start + step)
+
+        def fill(buffer: np.ndarray, start: int = start, stop: int = stop) -> None:
+            target = buffer.view(out).reshape(stop - start, width)
+            column = 0
+            for part in parts:
+                convert_into(target[:, column:column + part.shape[1]], part[start:stop])
+                column += part.shape[1]
+
+        yield Piece((stop - start) * width * out.itemsize, fill)
 
 
-def _transposed(source: WeightSource, names: tuple[str, ...]):
-    """The tensors `names` stacked on axis 0 and transposed, as a contiguous torch tensor of their dtype."""
-    import torch
+class TransposeScratch:
+    """One reusable buffer for the transposed tensors of a recipe (its size: the largest transposed recipe)."""
 
-    with single_threaded_torch():
-        parts = [to_torch(source.read(name)) for name in names]
-        stacked = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-        del parts
-        return stacked.t().contiguous()
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
 
-
-def convert(block, out: np.dtype) -> np.ndarray:
-    """A numpy or torch block as a C-order numpy array of dtype `out`, rounded to nearest even (a view of the
-    block when it already is one).
-
-    numpy converts to and from float32 fastest; torch converts bfloat16 <-> float16 fastest (ml_dtypes goes
-    element by element); both round alike (tests/test_export_builder.py checks it bitwise)."""
-    array = block if isinstance(block, np.ndarray) else from_torch(block)
-    if array.dtype == out:
-        return np.ascontiguousarray(array)
-    if array.dtype == np.float32 or out == np.float32:
-        return np.ascontiguousarray(array.astype(out))
-    with single_threaded_torch():
-        return from_torch(to_torch(array).to(_TORCH_TYPES[out.name]).contiguous())
+    def transposed(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Each 2-D array transposed into the buffer (views, valid until the next call)."""
+        total = sum(a.nbytes for a in arrays)
+        if len(self._buffer) < total:
+            self._buffer = np.empty(0, np.uint8)  # the old buffer goes before the new one comes
+            self._buffer = np.empty(total, np.uint8)
+        views, offset = [], 0
+        for array in arrays:
+            rows, cols = array.shape
+            view = self._buffer[offset:offset + array.nbytes].view(array.dtype).reshape(cols, rows)
+            to_torch(view).copy_(to_torch(array).t())
+            views.append(view)
+            offset += array.nbytes
+        return views
 
 
-_TORCH_TYPES: dict = {}
+def convert_into(target: np.ndarray, block: np.ndarray) -> None:
+    """Write `block` into `target` (same shape) in `target`'s dtype, rounding to nearest even: torch's copy
+    kernels (one thread), about twice as fast as numpy's casts into an existing buffer, and bitwise the same
+    (tests/test_streaming_export.py)."""
+    if block.dtype == target.dtype:
+        np.copyto(target, block)
+    else:
+        to_torch(target).copy_(to_torch(block))
 
 
 def to_torch(array: np.ndarray):
     """A torch view of a numpy array (ml_dtypes bfloat16 as torch.bfloat16); read-only maps included."""
     import torch
 
-    if not _TORCH_TYPES:
-        _TORCH_TYPES.update(float32=torch.float32, float16=torch.float16, bfloat16=torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch warns that a read-only memory map is not writable: it is not written
         if array.dtype.name == "bfloat16":
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
-
-
-def from_torch(tensor) -> np.ndarray:
-    """A numpy view of a CPU torch tensor (bfloat16 as ml_dtypes' bfloat16)."""
-    import torch
-
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(np_dtype("bf16"))
-    return tensor.numpy()
 
 
 @contextlib.contextmanager

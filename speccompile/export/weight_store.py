@@ -19,7 +19,7 @@ import onnx
 
 from ..models.weights import WeightSource
 from ..weights_file import StoredBytes, WeightsWriter, external_location, external_tensor, load_graph, tensor_type_of
-from .recipes import ELEM, Recipe, recipe_chunks, recipe_nbytes, recipe_shape
+from .recipes import ELEM, Recipe, TransposeScratch, recipe_nbytes, recipe_pieces, recipe_shape, single_threaded_torch
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class WeightStore:
         self.writer = writer
         self.shared = dict(shared or {})
         self.written: dict[Hashable, StoredTensor] = {}
+        self._scratch = TransposeScratch()
 
     def tensor(self, name: str, recipe: Recipe) -> onnx.TensorProto:
         """Initializer `name` holding `recipe`."""
@@ -50,7 +51,9 @@ class WeightStore:
         if found is None:
             dims = recipe_shape(self.source, recipe)
             length = recipe_nbytes(self.source, recipe)
-            proto = self._writer(name).add_chunks(name, ELEM[recipe.dtype], dims, recipe_chunks(self.source, recipe), length)
+            with single_threaded_torch():
+                pieces = recipe_pieces(self.source, recipe, self._scratch)
+                proto = self._writer(name).add_chunks(name, ELEM[recipe.dtype], dims, pieces, length)
             found = self.written[recipe] = StoredTensor(self._writer(name).stored(name), proto.data_type, tuple(dims))
         return found.proto(name)
 

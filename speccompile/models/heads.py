@@ -578,19 +578,31 @@ def head_config_json(head: nn.Module) -> dict[str, Any]:
     if cfg.kind == "eagle":
         return {**layer, "bias": cfg.fc_bias}
     if cfg.kind == "eagle3":
-        return {
-            "speculators_model_type": "eagle3",
-            "architectures": ["Eagle3Speculator"],
-            "transformer_layer_config": layer,
-            "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size,
-            "norm_before_residual": cfg.norm_before_residual,
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-        }
+        return eagle3_config_json(layer, cfg)
     if cfg.kind == "mtp":
         return {**layer, "num_nextn_predict_layers": 1}
     return {"medusa_num_heads": cfg.medusa_num_heads, "medusa_num_layers": cfg.medusa_num_layers,
             "hidden_size": cfg.target_hidden_size, "vocab_size": cfg.target_vocab_size}
+
+
+def eagle3_config_json(layer: dict[str, Any], cfg: HeadConfig) -> dict[str, Any]:
+    """The flat Hugging Face EAGLE-3 config (`LlamaForCausalLMEagle3`, as the EAGLE-3 reference heads publish it):
+    the layer's sizes at the top level, `draft_vocab_size`, `target_hidden_size` and the tap layers under
+    `eagle_config` (vLLM, SGLang, TensorRT-LLM's ModelOpt heads) and as `target_layer_ids` (TensorRT Edge-LLM);
+    both count "the input of layer j", the convention of `models.decoder.eagle3_tap_layers`."""
+    taps = list(cfg.aux_layer_ids)
+    return {
+        **layer,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True,
+                         "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
+        "target_layer_ids": taps,
+    }
 
 
 def save_head(head: nn.Module, out: str | Path, extra_config: dict[str, Any] | None = None) -> Path:

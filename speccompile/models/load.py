@@ -46,16 +46,17 @@ class LoadedModel:
 
     @property
     def source_sha256(self) -> str:
-        """sha256 of the checkpoint (one file), or of the list `name:sha256` of its shards (computed once)."""
+        """sha256 of a GGUF file, or of the list `name:sha256` of a Hugging Face folder's safetensors files
+        (computed once)."""
         if self._digest is None:
-            self._digest = _Digest(self.source_files)
+            self._digest = _Digest(self.source_files, listing=self.source_format == "hf")
         return self._digest.result()
 
     def hash_in_background(self) -> None:
         """Start computing `source_sha256` on a thread (hashlib releases the GIL): an export reads the
         checkpoint meanwhile, so the pages are read once for both."""
         if self._digest is None:
-            self._digest = _Digest(self.source_files, background=True)
+            self._digest = _Digest(self.source_files, listing=self.source_format == "hf", background=True)
 
     def torch_weights(self) -> dict[str, Any]:
         """Every weight as a torch tensor of its stored dtype: the whole model in memory (the torch reference)."""
@@ -69,8 +70,9 @@ class LoadedModel:
 class _Digest:
     """The checkpoint's sha256, computed now or on a thread."""
 
-    def __init__(self, files: list[Path], background: bool = False):
+    def __init__(self, files: list[Path], listing: bool, background: bool = False):
         self._files = files
+        self._listing = listing
         self._value: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True) if background else None
@@ -81,7 +83,7 @@ class _Digest:
 
     def _run(self) -> None:
         try:
-            if len(self._files) == 1:
+            if not self._listing:
                 self._value = sha256_of(self._files[0])
                 return
             digest = hashlib.sha256()

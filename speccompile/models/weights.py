@@ -249,7 +249,8 @@ def _safetensors_header(path: Path) -> dict[str, _Stored]:
 # ----------------------------------------------------------------------------------------------- GGUF
 
 class GGUFSource(WeightSource):
-    """The tensors of a GGUF file under their Hugging Face names, dequantized to float32 one at a time.
+    """The tensors of a GGUF file under their Hugging Face names, dequantized to float32 one at a time (each read
+    from a memory map of its own bytes, released after).
 
     `rename(gguf_name)` gives a tensor's HF name (None: skipped); `unpermute(gguf_name)` gives the head count
     whose interleaved-RoPE row permutation to undo (llama.cpp's q/k order), or None."""
@@ -274,8 +275,9 @@ class GGUFSource(WeightSource):
         import gguf
 
         tensor = self._tensors[name]
-        try:
-            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        try:  # a map of this tensor's bytes alone: its pages leave the resident set when it is dropped
+            data = np.memmap(self._path, dtype=tensor.data.dtype, mode="r", offset=tensor.data_offset, shape=tensor.data.shape)
+            array = gguf.quants.dequantize(data, tensor.tensor_type)
         except NotImplementedError:
             raise InputError(f"{self._path}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}") from None
         except Exception as exc:  # truncated data surfaces here as reshape errors

@@ -1,7 +1,7 @@
 """The torch-free runtime: open an artifact, draft, verify exactly. The public API is re-exported here."""
 
-from .draft_config import DraftConfig
-from .generate import GenerationResult, GenerationStats
+from ..draft_config import DraftConfig
+from .stats import GenerationResult, GenerationStats
 from .options import GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .session import Runner, TextStream

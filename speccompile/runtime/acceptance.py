@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Hashable
 
+from .costs import ema
+
 Prior = Callable[[Hashable], float]
 
 
@@ -19,8 +21,7 @@ def chain_update(rate: float, drafted: int, accepted: int, alpha: float) -> floa
     The positions tried are the accepted ones plus the rejected one (none after a full accept); the
     update weighs in proportion to them."""
     tried = accepted + (1 if accepted < drafted else 0)
-    weight = min(1.0, 2 * alpha * tried)
-    return (1 - weight) * rate + weight * (accepted / tried)
+    return ema(rate, accepted / tried, min(1.0, 2 * alpha * tried))
 
 
 class AcceptanceRates:
@@ -39,7 +40,7 @@ class AcceptanceRates:
 
     def observe(self, key: Hashable, accepted: float) -> None:
         """One draft of `key` was accepted (1.0) or not (0.0)."""
-        self.observed[key] = (1 - self.alpha) * self.rate(key) + self.alpha * accepted
+        self.observed[key] = ema(self.rate(key), accepted, self.alpha)
 
     def observe_chain(self, key: Hashable, drafted: int, accepted: int) -> None:
         """A chain of `drafted` tokens of `key` was verified; the first `accepted` were accepted."""

@@ -1,20 +1,19 @@
-"""Adaptive speculation: draft as many tokens as the measured acceptance and verify cost pay for.
+"""Adaptive speculation: draft as many tokens as the measured acceptance and pass costs pay for.
 
-With `deterministic=True` (seeded sampling) timings are not used: the cost model is fixed (a verify
-pass over q tokens costs 1 + 0.06*(q-1) one-token passes, drafting `relative_draft_cost` per token), so
-the choice of k, and therefore the random stream and the output, depends only on the tokens.
+Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a) tokens
+per target pass; a pass over q tokens costs t(q) (runtime/costs.py: measured per q, since on a CPU t(q) is
+closer to a staircase than a line), drafting d per drafted token (measured). The controller picks the k in
+[0, max_k] with the highest expected speed E(k) / (t(k + 1) + k d) (`costs.best_draft_length`); k = 0 is
+plain decoding. A tree drafter says how many nodes its tree has at depth k (`nodes(k)`): the pass then
+verifies nodes(k) + 1 tokens, E(k) still counts accepted depths, and d is the cost of one level. While
+paused, every `probe_every` steps it drafts once anyway (a probe) so a workload that starts paying is noticed.
 
-Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a)
-tokens per target pass. A pass over q tokens costs t(q), measured online per q (`PassCosts`): CPU GEMM
-kernels work on the verified rows in blocks, so t(q) is closer to a staircase than to a line (SmolLM2-135M,
-2 threads, passes timed in isolation: ~1.15 t1 for q = 2..6, then steps at q = 7 and q = 13), and a line
-misprices the block edges. Where a q has not been measured yet, the line t1 + s*(q-1) fitted to all passes
-stands in, kept between the measured neighbours (t does not decrease with q). Drafting costs d per drafted
-token (measured). Speed of k drafts: E(k) / (t(k+1) + k*d). We pick the k in [0, max_k] that maximises it;
-k = 0 is plain decoding. A tree drafter says how many nodes its tree has at depth k (`nodes(k)`): the pass
-then verifies nodes(k) + 1 tokens, E(k) still counts accepted depths (measured per depth of the trees it
-drafts), and d is the cost of drafting one level. While paused, every `probe_every` steps we draft once
-anyway (with the drafter's proposal) so a workload that starts paying again is noticed.
+Seeded sampling (`deterministic=True`) does not use timings: a fixed cost model (`FixedCosts`: a pass over q
+tokens costs 1 + 0.06 (q - 1) one-token passes, drafting the drafter's declared relative cost per token), so the
+choice of k, and therefore the random stream and the output, depends only on the tokens.
+
+Each round the controller hands the drafter a `Sizing`: the most it may draft, and what pays this round (the
+round's pass costs: a batch decoder prices them by its load).
 """
 
 from __future__ import annotations
@@ -23,51 +22,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
 from .acceptance import AcceptanceRates
+from .costs import FixedCosts, PassCostModel, PassCosts, best_draft_length, chain_tokens, ema
 
-
-@dataclass
-class PassCosts:
-    """Measured seconds of one target pass by the number of tokens it verifies, for one engine.
-
-    Kept per q (EMA) because the cost is a staircase, plus the line t1 + slope (q - 1) fitted to every pass
-    for the q not measured yet. One instance can serve every generation of an engine (the runner shares it),
-    so later prompts start from what earlier ones measured."""
-
-    alpha: float = 0.08
-    by_q: dict = field(default_factory=dict)  # q -> seconds of a pass over q tokens (EMA)
-    slope: float | None = None  # extra seconds per extra verified token (EMA over all passes)
-
-    @property
-    def t1(self) -> float | None:
-        return self.by_q.get(1)
-
-    def record(self, q: int, seconds: float) -> None:
-        """Time of one target pass over q tokens."""
-        if q > 1 and self.t1 is not None:
-            slope = max(0.0, (seconds - self.t1) / (q - 1))
-            self.slope = slope if self.slope is None else (1 - self.alpha) * self.slope + self.alpha * slope
-        previous = self.by_q.get(q)
-        self.by_q[q] = seconds if previous is None else (1 - self.alpha) * previous + self.alpha * seconds
-
-    def line(self) -> tuple[float, float]:
-        """(t1, slope) of the line fitted to every pass, with defaults until measured: t1 is at most the
-        cheapest pass measured (a batched server may measure only passes over several tokens), 1 s before any."""
-        t1 = self.t1 if self.t1 is not None else min(self.by_q.values(), default=1.0)
-        return t1, self.slope if self.slope is not None else 0.05 * t1
-
-    def seconds(self, q: int) -> float:
-        """Expected seconds of a pass over q tokens: measured, else the line kept between measured neighbours."""
-        if q in self.by_q:
-            return self.by_q[q]
-        t1, slope = self.line()
-        estimate = t1 + slope * (q - 1)
-        below = [s for k, s in self.by_q.items() if k < q]
-        above = [s for k, s in self.by_q.items() if k > q]
-        if below:
-            estimate = max(estimate, max(below))
-        if above:
-            estimate = min(estimate, min(above))
-        return estimate
+SEEDED_COSTS = FixedCosts(1.0, 0.06)
 
 
 @dataclass
@@ -83,53 +40,52 @@ class AdaptiveController:
     draft_cost: float = 0.0  # seconds per drafted token (EMA)
     deterministic: bool = False
     relative_draft_cost: float = 0.0
-    costs: PassCosts = field(default_factory=PassCosts)
-    probing: bool = True  # draft once after `probe_every` idle steps (off while a probe costs a pass of its own: it stays due)
+    costs: PassCostModel = field(default_factory=PassCosts)  # the pass costs when a round brings none of its own
     rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
         self.rates = AcceptanceRates(self.prior_acceptance, self.alpha, self.probe_every)
         if self.deterministic:  # a fixed cost model of its own: choices depend on the tokens only
-            self.costs = PassCosts(by_q={1: 1.0}, slope=0.06)
-            self.draft_cost = self.relative_draft_cost
+            self.costs = SEEDED_COSTS
+            self.draft_cost = self.relative_draft_cost * SEEDED_COSTS.t1
 
     def acceptance(self, key: Hashable = None) -> float:
         return self.rates.rate(key)
 
     def expected_tokens(self, k: int, key: Hashable = None) -> float:
-        a = min(max(self.acceptance(key), 1e-6), 1 - 1e-6)
-        return (1 - a ** (k + 1)) / (1 - a)
+        return chain_tokens(self.acceptance(key), k)
 
     def pass_cost(self, q: int) -> float:
         return self.costs.seconds(q)
 
-    def relative_costs(self) -> tuple[float, float]:
-        """(extra verify cost of one more token, drafting cost of one level), both in one-token passes."""
-        t1, slope = self.costs.line()
-        return slope / t1, self.draft_cost / t1
+    def sizing(self, limit: int, costs: PassCostModel | None = None, probing: bool = True) -> "Sizing":
+        """What a drafter may draft this round: at most `limit` positions, sized by `costs` (the round's pass
+        costs; default the controller's own). `probing`: a due probe may draft now (a batch holds it back while
+        a probe would cost a pass of its own). Seeded sampling keeps its fixed costs and probes, so its choices
+        (and output) are the same in a batch as alone."""
+        if self.deterministic:
+            return Sizing(limit, self if self.enabled else None, self.costs, True)
+        return Sizing(limit, self if self.enabled else None, self.costs if costs is None else costs, probing)
 
-    def choose_k(self, key: Hashable = None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
+    def choose_k(self, key: Hashable = None, available: int | None = None, nodes: Callable[[int], int] | None = None,
+                 costs: PassCostModel | None = None, probing: bool = True) -> int:
         """Number of tokens (tree: depth) to draft this step (0 = plain step); `available` caps it (proposal
-        length); `nodes(k)` is the number of draft tokens a tree of depth k verifies (default k: a chain)."""
+        length); `nodes(k)` is the number of draft tokens a tree of depth k verifies (default k: a chain);
+        `costs`: the round's pass costs (default: the controller's)."""
         limit = self.max_k if available is None else min(self.max_k, available)
         if not self.enabled or limit <= 0:
             return limit
-        if self.costs.t1 is None:
+        costs = self.costs if costs is None else costs
+        if costs.t1 is None:
             return 0  # one plain pass first, to measure t(1)
-        best_k, best_speed = 0, 1.0 / self.pass_cost(1)
-        for k in range(1, limit + 1):
-            verified = k if nodes is None else nodes(k)
-            speed = self.expected_tokens(k, key) / (self.pass_cost(verified + 1) + k * self.draft_cost)
-            if speed > best_speed * 1.0001:
-                best_k, best_speed = k, speed
-        if self.rates.probe_due(key, idle=best_k == 0, allowed=self.probing):
+        best_k = best_draft_length(self.acceptance(key), costs, limit, self.draft_cost, nodes)
+        if self.rates.probe_due(key, idle=best_k == 0, allowed=probing):
             return 1
         return best_k
 
     def record_pass(self, q: int, seconds: float) -> None:
-        """Time of one target pass over q tokens."""
-        if not self.deterministic:
-            self.costs.record(q, seconds)
+        """Time of one target pass over q tokens (ignored by the fixed model of seeded sampling)."""
+        self.costs.record(q, seconds)
 
     def record_draft(self, drafted: int, accepted: int, seconds: float, key: Hashable = None, levels: int | None = None) -> None:
         """Outcome of one verified draft: acceptance per drafted position (geometric model); the drafting
@@ -140,5 +96,35 @@ class AdaptiveController:
         levels = drafted if levels is None else levels
         if self.deterministic or levels <= 0:
             return
-        per_token = seconds / levels
-        self.draft_cost = per_token if self.draft_cost == 0 else (1 - self.alpha) * self.draft_cost + self.alpha * per_token
+        self.draft_cost = ema(self.draft_cost or None, seconds / levels, self.alpha)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How much a drafter may draft this round and what pays: what the loop hands `Drafter.propose`.
+
+    `limit`: the most draft positions that fit (chain tokens, tree depth; 0: none); `controller`: the
+    generation's adaptive controller (None: not adaptive, draft up to `limit`); `costs`: this round's pass
+    costs; `probing`: whether a due probe may draft now."""
+
+    limit: int
+    controller: AdaptiveController | None = None
+    costs: PassCostModel = SEEDED_COSTS
+    probing: bool = True
+
+    @property
+    def adaptive(self) -> bool:
+        return self.controller is not None
+
+    @property
+    def level_seconds(self) -> float:
+        """Seconds of one drafter call (one draft level), as measured (seeded: the fixed relative cost)."""
+        return self.controller.draft_cost if self.controller is not None else 0.0
+
+    def choose_k(self, key: Hashable = None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
+        """The controller's draft length for proposals of class `key` (`AdaptiveController.choose_k`), at most
+        `limit` and `available`; `limit` (or `available`) when not adaptive."""
+        cap = self.limit if available is None else min(self.limit, available)
+        if self.controller is None or cap <= 0:
+            return max(cap, 0)
+        return self.controller.choose_k(key, cap, nodes, self.costs, self.probing)

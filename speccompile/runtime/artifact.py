@@ -1,24 +1,17 @@
-"""Open an artifact directory for generation: manifest checks, tokenizer, backend sessions, drafters."""
+"""Open an artifact directory for generation: manifest checks, tokenizer, backend sessions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ..errors import InputError
+from ..errors import InputError, UnsupportedError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
 from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
-from .draft_config import DraftConfig, draft_config_for_run
-from .drafters.base import Drafter
-from .drafters.ngram_corpus import NgramCorpus
 from .options import DRAFTER_CHOICES
-from .sampling import SamplingParams
-from .timing import EngineClock, TimedSession
 
 
 @dataclass
@@ -74,7 +67,8 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
-    resolved = _resolve_drafter(manifest, drafter)
+    check_backend(directory, manifest, backend)
+    resolved = resolve_drafter(manifest, drafter)
     alone = resolved in ("ngram", "none")
     spinning = "in-run" if shared_cores else ("always" if alone else "off")
     chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
@@ -102,54 +96,58 @@ def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, ch
     return manifest.graph(graph)
 
 
-def resolve_drafter_name(artifact: Artifact, name: str) -> str:
+def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:
+    """Refuse, before anything loads, a target this backend cannot run: one built for other backends (its
+    precision record's `runs_on`), a bf16 graph on ort-cpu (ONNX Runtime's CPU provider has no bf16 kernels)."""
+    if "target" not in manifest.graphs:
+        return
+    record = manifest.precision.get("target", {})
+    scheme, runs_on = record.get("scheme"), record.get("runs_on")
+    quantized = manifest.graphs["target"].extra.get("quantization")
+    if quantized is not None and quantized != scheme:
+        runs_on = None  # the record is not this graph's (an exact fp32 emulation of it, engines/emulate.py, runs anywhere)
+    if runs_on and backend not in runs_on:
+        raise UnsupportedError(f"{directory}: a {scheme} target does not run on backend {backend} (it runs on "
+                               f"{', '.join(runs_on)})", "backend")
+    if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "bf16":
+        raise UnsupportedError(f"{directory}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no "
+                               "bf16 kernels); run it on a GPU (backend ort-cuda | ort-trt | tensorrt) or export it with "
+                               "--dtype fp32", "backend")
+    if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "fp16" and scheme is None:
+        _check_fp16_fits_cpu(directory, manifest)
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory the host can give a new process without swapping (MemAvailable; None where unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fp16_fits_cpu(artifact: Path, manifest: Manifest) -> None:
+    """ONNX Runtime's CPU provider runs an fp16 graph as fp32 (it converts every fp16 weight when the session
+    opens): refuse when that needs more memory than the host has available."""
+    data = manifest.graphs["target"].file + ".data"
+    need = 2 * (artifact / data).stat().st_size if (artifact / data).is_file() else 0
+    available = _available_memory()
+    if available is not None and need > available:
+        raise UnsupportedError(
+            f"{artifact}: an fp16 artifact runs on ort-cpu as fp32 (ONNX Runtime's CPU provider converts every fp16 "
+            f"weight): about {need / 1e9:.1f} GB, {available / 1e9:.1f} GB available here; on this CPU run an fp32 export "
+            "(export --dtype fp32) or an INT4 build of it (build --int4), or this one on a GPU (backend ort-cuda | ort-trt | tensorrt)", "backend")
+
+
+def resolve_drafter(manifest: Manifest, name: str) -> str:
     """`auto` -> the drafter exported with the artifact, else n-gram lookup."""
-    return _resolve_drafter(artifact.manifest, name)
-
-
-def _resolve_drafter(manifest: Manifest, name: str) -> str:
     if name not in DRAFTER_CHOICES:
-        raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}")
+        raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {name}", "drafter")
     if name == "auto":
         return (manifest.drafter or {}).get("kind") or "ngram"
     return name
 
 
-def draft_config(artifact: Artifact, drafter: str, tree: str | None = None, k: int | None = None) -> DraftConfig:
-    """What `drafter` (a resolved name, not none) drafts on this artifact: the exported tree and k unless overridden."""
-    return draft_config_for_run(drafter, artifact.manifest.drafter, tree, k)
-
-
-def make_drafter(artifact: Artifact, draft: DraftConfig, sampling: SamplingParams, clock: EngineClock,
-                 lookup_branch: bool = True, ngram_corpus: NgramCorpus | None = None, shared_session: bool = False) -> Drafter:
-    """The runtime drafter for `draft` on this artifact, its graphs timed on `clock`.
-
-    `lookup_branch` (heads only) adds the n-gram lookup continuation to every step's tree;
-    `ngram_corpus` (the n-gram drafter's) is where lookup falls back to when the history has no match;
-    `shared_session`: the drafter's graph runs in the artifact's shared session (`Artifact.session`).
-    """
-    name = draft.kind
-    if name == "ngram":
-        from .drafters.ngram import NgramDrafter
-
-        return NgramDrafter(corpus=ngram_corpus)
-    drafter_section = artifact.manifest.drafter or {}
-    if drafter_section.get("kind") != name:
-        raise InputError(
-            f"--drafter {name}: this artifact was exported without it "
-            f"(re-export with --drafter {name}:PATH; exported drafter: {drafter_section.get('kind') or 'none'})"
-        )
-    if name == "draft-model":
-        from .drafters.draft_model import DraftModelDrafter
-
-        session = TimedSession(artifact.session(drafter_section.get("graph", "draft"), shared_session), clock)
-        seed = None if sampling.seed is None else sampling.seed + 1
-        return DraftModelDrafter(session, sampling, np.random.default_rng(seed), artifact.max_context)
-    from .drafters import heads_factory  # EAGLE / Medusa / MTP drafters
-
-    head = heads_factory.make(artifact, draft, clock, shared_session)
-    if not lookup_branch:
-        return head
-    from .drafters.lookup_branch import LookupBranchDrafter
-
-    return LookupBranchDrafter(head, max_nodes=artifact.max_verify_tokens)

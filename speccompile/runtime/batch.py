@@ -32,99 +32,29 @@ unless `batch_invariant` ("all"; vLLM's term for a batch that does not change an
 round of two or more requests is a slot pass, every row padded as alone, and each request's logits are
 bitwise its logits alone by construction.
 
-Load-aware drafting: a request that drafts leaves the shared pass for a pass of its own, so its controller
-prices its plain step as its share of the batched pass (`LoadPricedCosts`: the measured time of a batched pass
-over n rows, divided by n) and a draft of k by the measured time of a batch-1 pass over k + 1 rows. With one
-request that is the single-stream controller; with many, a shared row costs a fraction of a pass and drafting
-stops paying, so it turns off (the probe steps keep measuring whether it pays again). Seeded sampling keeps its
-fixed cost model (choices depend only on tokens), so its output is the same batched or alone. With slot
-passes a draft instead adds rows to the shared pass: it is priced at the slot pass's cost per row
-(`SlotPassCosts`), the round checks that its drafts pay for the switch to a slot pass (`_slot_round_pays`), a
-request's probe (a draft after idle steps) waits for a round that is a slot pass anyway, and a plain step
-still measures a cheap drafter (`plan_step(shadow=True)`).
+Load-aware drafting (runtime/batch_pricing.py): each round every request plans with the pass costs it sees at
+the batch's load (`plan_step(costs=...)`), drafting stops when not even a fully accepted draft would beat a
+plain row, and it turns back on as the probe steps measure that it pays. Seeded sampling keeps its fixed cost
+model (choices depend only on tokens), so its output is the same batched or alone. With slot passes a request's
+probe (a draft after idle steps) waits for a round that is a slot pass anyway, and a plain step still measures
+a guessing drafter (`plan_step(shadow=True)`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..errors import UnsupportedError
-from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
 from .backends.ort_slots import OrtSlotSession, SlotRows
+from .batch_pricing import BatchPricing
+from .costs import LoadPricedCosts, PassCosts
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
 from .prefix_cache import PREFIX_BLOCK, PrefixCache
-
-
-@dataclass
-class LoadPricedCosts:
-    """The pass costs one request of a batch sees: a plain step is its share of the batched q = 1 pass;
-    a step with a draft is a batch-1 pass of its own over the pending token + the draft."""
-
-    alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
-    shared_row: float | None  # seconds of one row of the batched plain pass at the current batch size (None: unmeasured)
-    batched: PassCosts | None = None  # batched plain passes by rows: the estimate of a q-token pass until one ran
-    row_slope: float | None = None  # slot passes: a draft's rows ride in the shared pass at this many seconds each
-
-    @property
-    def t1(self) -> float | None:
-        """None until a plain pass was measured (the controller then takes a plain step first, as alone)."""
-        return self.shared_row
-
-    def seconds(self, q: int) -> float:
-        if q == 1 and self.shared_row is not None:
-            return self.shared_row
-        if self.row_slope is not None and self.shared_row is not None:
-            return self.shared_row + self.row_slope * (q - 1)
-        if not self.alone.by_q and self.batched is not None and self.batched.by_q:
-            return self.batched.seconds(q)  # a batch-1 pass over q tokens ~ a batched pass over q rows
-        return self.alone.seconds(q)
-
-    def line(self) -> tuple[float, float]:
-        return self.alone.line()
-
-    def record(self, q: int, seconds: float) -> None:
-        self.alone.record(q, seconds)
-
-
-@dataclass
-class SlotPassCosts:
-    """Seconds of a slot pass as a line in its rows (every slot's rows, dummies included): the slope, what one
-    more draft row costs in the shared pass, is timed once (`calibrate`: passes of two sizes, when the decoder
-    starts: `BatchDecoder.calibrate_slot_passes`); the level follows every pass (EMA). Fitting the slope online does not work: most rounds differ by
-    a few rows, and timing noise then sets the slope (measured anywhere from 0 to 4 ms a row on SmolLM2)."""
-
-    alpha: float = 0.1  # weight of the newest pass in the level
-    row_seconds: float | None = None  # the slope (None: not calibrated)
-    _base: float | None = None  # seconds of a pass minus row_seconds x its rows (EMA)
-    _per_row: float | None = None  # before a calibration: seconds per row (EMA)
-
-    def calibrate(self, rows: tuple[int, int], seconds: tuple[float, float]) -> None:
-        """Two passes of different sizes, timed: their line."""
-        self.row_seconds = max(0.0, (seconds[1] - seconds[0]) / (rows[1] - rows[0]))
-        self._base = seconds[0] - self.row_seconds * rows[0]
-
-    def record(self, rows: int, seconds: float) -> None:
-        if self.row_seconds is not None:
-            base = seconds - self.row_seconds * rows
-            self._base = base if self._base is None else (1 - self.alpha) * self._base + self.alpha * base
-        per_row = seconds / rows
-        self._per_row = per_row if self._per_row is None else (1 - self.alpha) * self._per_row + self.alpha * per_row
-
-    @property
-    def measured(self) -> bool:
-        return self._base is not None or self._per_row is not None
-
-    def seconds(self, rows: int) -> float | None:
-        """Expected seconds of a slot pass over `rows` rows (None before any)."""
-        if self.row_seconds is not None and self._base is not None:
-            return max(0.0, self._base + self.row_seconds * rows)
-        return None if self._per_row is None else self._per_row * rows
 
 
 class BatchDecoder:
@@ -134,14 +64,13 @@ class BatchDecoder:
     sized by the longest request it admits. Without it the buffers start with `initial_rows` rows per slot and
     double (up to the graph's rows) when a request needs more: memory follows the longest request so far.
 
-    `new_generator()` returns a Generator for one request (its own drafter) over `session`;
-    `batch_costs` collects the batched pass times by batch size."""
+    `new_generator()` returns a Generator for one request (its own drafter) over `session`; `pricing` collects the
+    measured pass times (batched by rows, batch-1 by q: `alone_costs`, the runner's; slot passes by rows)."""
 
     initial_rows = 512
     prefix_cache: PrefixCache | None = None  # reuse prompt rows across requests (`join`; Runner.batch_decoder sets it)
     slot_session: OrtSlotSession | None = None  # rounds with drafts as one slot pass (Runner.batch_decoder sets it)
     batch_invariant = False  # with a slot session: every round of 2+ requests a slot pass (slot_passes="all")
-    prior_row_share = 0.25  # a draft row's price before slot passes of different sizes were timed, x a shared row
 
     def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
                  slots: int, alone_costs: PassCosts, rows: int | None = None):
@@ -150,8 +79,7 @@ class BatchDecoder:
         self.session = session
         self.new_generator = new_generator
         self.slots = slots
-        self.alone_costs = alone_costs
-        self.batch_costs = PassCosts()  # keyed by the number of rows of a batched plain pass
+        self.pricing = BatchPricing(alone_costs)  # the measured costs of its passes, what a round pays for
         if rows is not None and rows < 1:
             raise ValueError(f"rows must be >= 1, got {rows}")
         self.rows = min(session.kv_rows, rows or self.initial_rows)  # KV rows per slot now
@@ -163,7 +91,6 @@ class BatchDecoder:
         self.active: list[Generation] = []  # active[i] lives in slot i
         self.batched_passes = 0
         self.slot_passes = 0  # rounds run as one slot pass
-        self.slot_costs = SlotPassCosts()
 
     @property
     def kv_bytes(self) -> int:
@@ -317,9 +244,9 @@ class BatchDecoder:
                 t0 = time.perf_counter()
                 self.slot_session.run(self.buffers, self.session.past_names, rows, caches, pad_one_row=self.batch_invariant)
                 best = min(best, time.perf_counter() - t0)
-            sizes.append(self._slot_pass_rows([q] * len(caches)))
+            sizes.append(sum([q] * len(caches)) + self.slot_session.slots - len(caches))
             timings.append(best)
-        self.slot_costs.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
+        self.pricing.slots.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
 
     def leave(self, generation: Generation) -> None:
         """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
@@ -368,18 +295,16 @@ class BatchDecoder:
         slot_capable = self._slot_capable()
         shared_row = self.shared_row_seconds(len(self.active))
         drafting = self.drafting_pays(shared_row)
-        costs = self._costs(shared_row)  # one per round, the same for every request
+        costs = self.pricing.request_costs(shared_row, slot_capable)  # one per round, the same for every request (seeded ones keep their own)
+        probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
         plans: list[PlannedStep | None] = []
         for generation in self.active:
             if generation.prefilling:  # no token to decode yet: its chunks run between the passes
                 plans.append(None)
                 continue
             controller = generation.controller
-            if not controller.deterministic:  # seeded sampling keeps its fixed cost model (same output as alone)
-                controller.costs = costs
-                controller.probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
             plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive,
-                                              shadow=slot_capable))
+                                              slot_capable, costs, probing))
         slotted = slot_capable and any(p is not None for p in plans) and (
             self.batch_invariant or any(p is not None and p.draft.tokens for p in plans))
         if slotted and not self.batch_invariant and not self._slot_round_pays(plans):
@@ -387,7 +312,7 @@ class BatchDecoder:
             slotted = False
         outputs = {}
         if slotted:
-            self._probe_idle(plans)
+            self._probe_idle(plans, costs)
             outputs.update(self._slot_pass(plans))
             after_pass()
         else:
@@ -418,9 +343,9 @@ class BatchDecoder:
         outs = self.session.run_batch(self.buffers, inputs, [g.cache for g in rows])
         seconds = time.perf_counter() - t0
         self.batched_passes += 1
-        self.batch_costs.record(len(rows), seconds)
+        self.pricing.batched.record(len(rows), seconds)
         if len(rows) == 1:
-            self.alone_costs.record(1, seconds)
+            self.pricing.alone.record(1, seconds)
         self.active[0].generator.clock.seconds += seconds
         for i in plain:
             self.active[i].stats.time_verify += seconds
@@ -430,23 +355,18 @@ class BatchDecoder:
         """Whether a round may run as one slot pass: a slot graph and two or more requests (one runs alone)."""
         return self.slot_session is not None and len(self.active) >= 2
 
-    def _slot_pass_rows(self, request_rows: list[int]) -> int:
-        """Rows of a slot pass whose first slots carry `request_rows` rows: every other slot gets a dummy row."""
+    def _slot_pass_rows(self, plans: list[PlannedStep | None]) -> int:
+        """Rows of a slot pass whose first slots carry these plans (a request without one: a dummy row); every
+        other slot gets a dummy row."""
+        request_rows = [len(p.ids) if p is not None else 1 for p in plans]
         return sum(request_rows) + self.slot_session.slots - len(request_rows)
 
     def _slot_round_pays(self, plans: list[PlannedStep | None]) -> bool:
-        """Whether this round's drafts pay for making it one slot pass: the tokens the requests expect from it
-        (their controllers' acceptance estimates) a second of the slot pass's expected time, against one token
-        per request in a batched pass's time. The controllers price their own rows; this prices the switch
-        (a slot pass runs one attention call per slot and layer, a batched pass one per layer)."""
-        slot_seconds = self.slot_costs.seconds(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]))
-        batched_seconds = self.batch_costs.seconds(len(self.active)) if self.batch_costs.by_q else None
-        if slot_seconds is None or batched_seconds is None:
-            return True  # measure both
+        """Whether this round's drafts pay for making it one slot pass (`BatchPricing.slot_round_pays`)."""
         expected = sum(self._expected_tokens(generation, planned)
                        for generation, planned in zip(self.active, plans) if planned is not None)
-        plain = sum(planned is not None for planned in plans)
-        return expected / slot_seconds > plain / batched_seconds
+        planned = sum(p is not None for p in plans)
+        return self.pricing.slot_round_pays(expected, planned, len(self.active), self._slot_pass_rows(plans))
 
     @staticmethod
     def _expected_tokens(generation: Generation, planned: PlannedStep) -> float:
@@ -457,9 +377,7 @@ class BatchDecoder:
             return 1.0
         if draft.carried:
             return 1.0 + len(draft.tokens)
-        drafter = generation.drafter
-        key = drafter.proposal_key if drafter is not None and drafter.cheap_proposals else None
-        return generation.controller.expected_tokens(draft.depth, key)
+        return generation.controller.expected_tokens(draft.depth, draft.key)
 
     def _drop_drafts(self, plans: list[PlannedStep | None]) -> None:
         """Plan every request that drafted this round again as a plain step (its draft is not verified)."""
@@ -467,15 +385,14 @@ class BatchDecoder:
             if planned is not None and planned.draft.tokens:
                 plans[i] = generation.plan_step(False, shadow=True)
 
-    def _probe_idle(self, plans: list[PlannedStep | None]) -> None:
+    def _probe_idle(self, plans: list[PlannedStep | None], costs: LoadPricedCosts) -> None:
         """A round that is one slot pass anyway: plan again every request without a draft, with probing on, so
         one whose probe is due drafts now (a few rows more in this pass, not a pass of its own)."""
         for i, (generation, planned) in enumerate(zip(self.active, plans)):
             controller = generation.controller
             if planned is None or planned.draft.tokens or controller.deterministic or not generation.config.adaptive:
                 continue
-            controller.probing = True
-            plans[i] = generation.plan_step(True, shadow=True)
+            plans[i] = generation.plan_step(True, True, costs, probing=True)
 
     def _slot_pass(self, plans: list[PlannedStep | None]) -> dict:
         """Every request's rows, plain or with its draft, in one pass of the slotted graph (requests still
@@ -487,7 +404,7 @@ class BatchDecoder:
         outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active],
                                      pad_one_row=self.batch_invariant)
         seconds = time.perf_counter() - t0
-        self.slot_costs.record(self._slot_pass_rows([len(p.ids) if p is not None else 1 for p in plans]), seconds)
+        self.pricing.slots.record(self._slot_pass_rows(plans), seconds)
         self.slot_passes += 1
         self.active[0].generator.clock.seconds += seconds
         for i, planned in enumerate(plans):
@@ -496,38 +413,11 @@ class BatchDecoder:
         return {i: out for i, out in enumerate(outs) if out is not None}
 
     def shared_row_seconds(self, rows: int) -> float | None:
-        """Seconds of one row of a plain round over `rows` requests: its share of a slot pass over every slot
-        where every round is one (`batch_invariant`), else of a batched pass (measured, else the line through
-        the measured sizes; a batch of one is a batch-1 pass: its time seeds the line); None before any."""
-        if self._slot_capable() and self.batch_invariant and self.slot_costs.measured:
-            return self.slot_costs.seconds(self.slot_session.slots) / rows
-        if self.batch_costs.t1 is None and self.alone_costs.t1 is not None:
-            self.batch_costs.by_q[1] = self.alone_costs.t1
-        if not self.batch_costs.by_q:
-            return None
-        return self.batch_costs.seconds(rows) / rows
-
-    def _draft_row_seconds(self, shared_row: float | None) -> float | None:
-        """What one draft row adds to a slot pass: as calibrated (`calibrate_slot_passes`), else a batch-1 pass's
-        slope (the runner's), else a share of a plain row."""
-        slope = self.slot_costs.row_seconds
-        if slope is None:
-            slope = self.alone_costs.slope
-        if slope is None and shared_row is not None:
-            slope = self.prior_row_share * shared_row
-        return slope
-
-    def _costs(self, shared_row: float | None) -> LoadPricedCosts:
-        slope = self._draft_row_seconds(shared_row) if self._slot_capable() else None
-        return LoadPricedCosts(self.alone_costs, shared_row, self.batch_costs, slope)
+        """Seconds of one row of a plain round over `rows` requests (`BatchPricing.shared_row_seconds`)."""
+        every_round_a_slot_pass = self._slot_capable() and self.batch_invariant
+        return self.pricing.shared_row_seconds(rows, self.slot_session.slots if every_round_a_slot_pass else None)
 
     def drafting_pays(self, shared_row: float | None) -> bool:
-        """Whether any draft could pay at this load: k drafts all accepted give k + 1 tokens for a batch-1
-        pass over k + 1 rows (with a slot graph: k rows more in the shared pass); a plain step gives one token
-        for one shared row. When not even that pays,
-        nobody drafts this step. Before a plain pass was measured: not yet (the first step measures one)."""
-        if shared_row is None:
-            return False
+        """Whether any draft could pay at this load (`BatchPricing.drafting_pays`): when not, nobody drafts."""
         most = max(g.config.num_draft_tokens for g in self.active)
-        costs = self._costs(shared_row)
-        return any((k + 1) / costs.seconds(k + 1) > 1 / shared_row for k in range(1, most + 1))
+        return self.pricing.drafting_pays(shared_row, most, self._slot_capable())

@@ -6,12 +6,12 @@ import json
 import statistics
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..errors import InputError
-from .options import RunOptions
+from .options import GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .session import Runner
 
@@ -25,7 +25,7 @@ BUILTIN_PROMPTS = [
 def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     """Read a JSONL workload: one {"id", "prompt", "chat"} object per line."""
     if not path.is_file():
-        raise InputError(f"--workload {path}: no such file")
+        raise InputError(f"workloads {path}: no such file", "workloads")
     items = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -34,53 +34,37 @@ def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
             item = json.loads(line)
             prompt = item["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise InputError(f"--workload {path}: line {number} is not a JSON object with a 'prompt'") from None
+            raise InputError(f"workloads {path}: line {number} is not a JSON object with a 'prompt'", "workloads") from None
         if not isinstance(prompt, str) or not prompt.strip():
-            raise InputError(f"--workload {path}: line {number} has an empty prompt")
+            raise InputError(f"workloads {path}: line {number} has an empty prompt", "workloads")
         items.append({"id": str(item.get("id", number)), "prompt": prompt, "chat": bool(item.get("chat", True))})
     if not items:
-        raise InputError(f"--workload {path}: no prompts")
+        raise InputError(f"workloads {path}: no prompts", "workloads")
     return items[:limit] if limit else items
 
 
 @contextmanager
-def prompt_source(label: str) -> Iterator[None]:
-    """Errors about the prompt raised inside name `label` (a file, a workload line) instead of --prompt."""
+def prompt_source(label: str, field: str | None = None) -> Iterator[None]:
+    """Errors about the prompt raised inside name `label` (a file, a workload line; about `field`) instead."""
     try:
         yield
     except InputError as exc:
-        message = str(exc)
-        if not message.startswith("--prompt: "):
+        if exc.field != "prompt":
             raise
-        raise InputError(f"{label}: {message.removeprefix('--prompt: ')}") from None
+        raise InputError(label + str(exc)[len("prompt"):], field) from None
 
 
-class PromptProgress:
-    """A rich progress bar over the prompts of a run, on a stderr console; silent without one."""
-
-    def __init__(self, progress=None, task=None) -> None:
-        self._progress, self._task = progress, task
-
-    def start(self, label: str) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, description=label, refresh=True)
-
-    def done(self) -> None:
-        if self._progress is not None:
-            self._progress.advance(self._task)
+PromptProgress = Callable[[str, int, int], None]  # (the prompt starting, or "" when all are done; prompts done; total)
 
 
-@contextmanager
-def prompt_progress(total: int, console=None) -> Iterator[PromptProgress]:
-    """A `PromptProgress` over `total` prompts drawn on `console` (removed when finished); None: silent."""
-    if console is None:
-        yield PromptProgress()
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        yield PromptProgress(progress, progress.add_task("prompts", total=total))
+def _counted(items: list, progress: PromptProgress | None) -> Iterator:
+    """The items, telling `progress` as each starts and when all are done."""
+    for done, item in enumerate(items):
+        if progress is not None:
+            progress(item["id"], done, len(items))
+        yield item
+    if progress is not None:
+        progress("", len(items), len(items))
 
 
 def _sum_lists(a: list[int], b: list[int]) -> list[int]:
@@ -90,38 +74,45 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup, progress_console=None) -> dict[str, Any]:
-    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity.
-    With `progress_console` (a rich Console on stderr), a progress bar counts the prompts."""
+def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup,
+              progress: PromptProgress | None = None) -> dict[str, Any]:
+    """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity. `progress` is told
+    of each prompt as it starts."""
+    _check_request(max_tokens, limit)
+    if options.drafter == "none":
+        raise InputError("drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)", "drafter")
+    loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
+    if not loaded:
+        raise InputError("workloads: bench needs at least one workload", "workloads")
     runner = Runner(artifact, options)
-    if runner.drafter_name == "none":
-        raise InputError("--drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)")
     sampling = SamplingParams()
     report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
                               "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
                               "row_invariant": runner.artifact.target.row_invariant,
                               "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
-    loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
     if warmup:
-        first = loaded[0][1][0]
-        runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
-        runner.generate(first["prompt"], first["chat"], 16, sampling)
-    with prompt_progress(sum(len(items) for _, items in loaded), progress_console) as bar:
-        _bench_workloads(runner, loaded, max_tokens, sampling, report, bar)
+        name, first = loaded[0][0], loaded[0][1][0]
+        with prompt_source(f"workloads {name}: prompt {first['id']}", "workloads"):
+            runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
+            runner.generate(first["prompt"], first["chat"], 16, sampling)
+    _bench_workloads(runner, loaded, max_tokens, sampling, report, progress)
     report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
     return report
 
 
 def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: SamplingParams, report: dict[str, Any],
-                     bar: PromptProgress) -> None:
+                     progress: PromptProgress | None) -> None:
+    done, total = 0, sum(len(items) for _, items in loaded)
     for name, items in loaded:
         rows = []
         drafted: list[int] = []
         accepted: list[int] = []
         totals = {"plain_tokens": 0, "plain_time": 0.0, "spec_tokens": 0, "spec_time": 0.0, "passes": 0, "engine": 0.0}
         for item in items:
-            bar.start(f"{name}: {item['id']}")
-            with prompt_source(f"--workload {name}: prompt {item['id']}"):
+            if progress is not None:
+                progress(f"{name}: {item['id']}", done, total)
+            done += 1
+            with prompt_source(f"workloads {name}: prompt {item['id']}", "workloads"):
                 ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
                 plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
                 spec = runner.generate_ids(ids, max_tokens, sampling)
@@ -148,7 +139,6 @@ def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: Sampling
             totals["spec_total_time"] += ss.time_total
             totals.setdefault("spec_generated", 0)
             totals["spec_generated"] += ss.produced_tokens
-            bar.done()
         report["workloads"][name] = {
             "prompts": len(rows),
             "plain_tok_s": round(totals["plain_tokens"] / max(totals["plain_time"], 1e-9), 2),
@@ -160,77 +150,31 @@ def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: Sampling
             "identical": sum(r["identical"] for r in rows),
             "rows": rows,
         }
+    if progress is not None:
+        progress("", done, total)
 
 
-REPORT_ROWS = (  # (label, how a workload's value is shown)
-    ("prompts", lambda w: str(w["prompts"])),
-    ("plain tok/s", lambda w: f"{w['plain_tok_s']:.1f}"),
-    ("speculative tok/s", lambda w: f"{w['spec_tok_s']:.1f}"),
-    ("median speedup", lambda w: f"{w['median_speedup']:.2f}x"),
-    ("tokens per pass", lambda w: f"{w['mean_accepted_length']:.2f}"),
-    ("runtime overhead", lambda w: f"{100 * w['overhead_fraction']:.1f}%"),
-    ("identical to plain", lambda w: f"{w['identical']}/{w['prompts']}"),
-    ("acceptance by position", lambda w: " ".join(f"{x:.2f}" for x in w["acceptance_per_position"][:8]) or "-"),
-)
-
-
-def print_report(report: dict[str, Any], console=None) -> None:
-    """The bench report: one column per workload, one row per measure (readable at 80 columns)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = console or Console()
-    console.print(Text(f"{report['artifact']}: backend {report['backend']}, graph {report['graph']}, drafter {report['drafter']}, "
-                       f"k={report['num_draft_tokens']}, max_tokens={report['max_tokens']}, greedy, {_mode(report)}"))
-    table = Table()
-    table.add_column("", no_wrap=True)
-    for name in report["workloads"]:
-        table.add_column(Text(name), overflow="fold", justify="right")
-    for label, show in REPORT_ROWS:
-        table.add_row(label, *(Text(show(w)) for w in report["workloads"].values()))
-    console.print(table)
-    costs = report.get("verify_ms_by_q") or {}
-    if costs:
-        console.print(Text("target pass, ms (EMA) by tokens verified: " + "  ".join(f"{q}: {ms:.1f}" for q, ms in costs.items())))
-
-
-def _mode(report: dict[str, Any]) -> str:
-    """How the verify passes are made to compute plain decoding's logits (docs/DESIGN.md, equal logits)."""
-    rows = report.get("shape_invariant", 0)
-    mode = f"shape-invariant ({rows} rows)" if rows else "shape-invariant off"
-    return mode + (", row-invariant graph" if report.get("row_invariant") else "")
-
-
-def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress_console=None) -> dict[str, Any]:
+def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress: PromptProgress | None = None) -> dict[str, Any]:
     """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, logits_bitwise, prompts:
     [{id, identical, first_difference, tokens, mean_accepted_length, logits_bitwise, max_logit_difference,
-    logit_positions}]}. With `progress_console` (a rich Console on
-    stderr), a progress bar counts the prompts."""
-    runner = Runner(artifact, options)
+    logit_positions}]}. `progress` is told of each prompt as it starts."""
+    _check_request(max_tokens, limit)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
+    runner = Runner(artifact, options)
     results = []
-    with prompt_progress(len(items), progress_console) as bar:
-        for item in items:
-            bar.start(item["id"])
-            with prompt_source(f"prompt {item['id']}"):
-                results.append(_verify_prompt(runner, item, max_tokens))
-            bar.done()
+    for item in _counted(items, progress):
+        with prompt_source(f"prompt {item['id']}"):
+            results.append(_verify_prompt(runner, item, max_tokens))
     return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
             "row_invariant": runner.artifact.target.row_invariant, "identical": all(r["identical"] for r in results),
             "logits_bitwise": all(r["logits_bitwise"] for r in results), "prompts": results}
 
 
-def print_verify_report(report: dict[str, Any]) -> None:
-    """One line per prompt (identical, or the first differing token) and the total."""
-    results = report["prompts"]
-    for r in results:
-        status = "identical" if r["identical"] else f"DIFFERS at token {r['first_difference']}"
-        logits = "logits bitwise equal" if r["logits_bitwise"] else f"logits differ by up to {r['max_logit_difference']:.2g}"
-        print(f"{r['id']}: {status}, {logits} ({r['tokens']} tokens, {r['mean_accepted_length']:.2f} tokens/pass)")
-    bitwise = sum(r["logits_bitwise"] for r in results)
-    print(f"{sum(r['identical'] for r in results)}/{len(results)} identical, logits bitwise equal in {bitwise}/{len(results)} "
-          f"({report['drafter']} vs plain, {_mode(report)})")
+def _check_request(max_tokens: int, limit: int | None) -> None:
+    """Refuse, before anything loads, a length or prompt limit no run could use."""
+    GenerationConfig(max_tokens=max_tokens).validate()
+    if limit is not None and limit < 1:
+        raise InputError(f"limit must be >= 1, got {limit}", "limit")
 
 
 def _verify_prompt(runner: Runner, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:

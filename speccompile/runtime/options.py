@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from .backends.base import BACKENDS
+from .constraints import CompiledConstraint
+from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
@@ -19,7 +21,7 @@ class RunOptions:
 
     drafter: `auto` (the drafter exported with the artifact, else n-gram lookup), `none` (plain decoding),
     or a kind. num_draft_tokens (k): most draft positions per step (chain tokens, or tree depth; see
-    runtime/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
+    speccompile/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
     CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
     max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
@@ -43,13 +45,14 @@ class RunOptions:
 
     def validate(self) -> "RunOptions":
         if self.backend not in BACKENDS:
-            raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend}")
+            raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend}", "backend")
         if self.drafter not in DRAFTER_CHOICES:
-            raise InputError(f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter}")
+            raise InputError(f"drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter}", "drafter")
         if self.threads is not None and self.threads < 1:
-            raise InputError(f"--threads must be >= 1, got {self.threads}")
-        if self.num_draft_tokens is not None and self.num_draft_tokens < 0:
-            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
+            raise InputError(f"threads must be >= 1, got {self.threads}", "threads")
+        if self.num_draft_tokens is not None and self.num_draft_tokens < 1:
+            raise InputError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens} (drafter none decodes without "
+                             "drafting)", ("num_draft_tokens", "drafter"))
         return self
 
 
@@ -65,13 +68,15 @@ class GenerationConfig:
     prefill_chunk: int = 256
     ignore_eos: bool = False
     trace_logits: bool = False  # keep the logits that chose each token (GenerationResult.logits; `verify`)
+    constraint: CompiledConstraint | None = None  # the output must match this grammar (runtime/constrained.py)
+    logprobs: LogprobRecorder | None = None  # record each emitted token's log-probability here (runtime/logprobs.py)
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+            raise InputError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
         if self.num_draft_tokens < 0:
-            raise InputError(f"--num-draft-tokens must be >= 0, got {self.num_draft_tokens}")
+            raise InputError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}", "num_draft_tokens")
         if self.prefill_chunk < 1:
-            raise InputError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+            raise InputError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}", "prefill_chunk")
         self.sampling.validate()
         return self

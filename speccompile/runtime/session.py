@@ -15,20 +15,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..errors import InputError, UnsupportedError
-from ..manifest import variant_name
+from ..manifest import Manifest, read_manifest, variant_name
 from .adaptive import PassCosts
 from .backends.ort import OrtBufferSession
-from .artifact import draft_config, make_drafter, open_artifact, resolve_drafter_name
-from .draft_config import DraftConfig
-from .drafters.base import Drafter
+from .artifact import check_backend, open_artifact, resolve_drafter
+from ..draft_config import DraftConfig, draft_config_for_run
+from .constraints import CompiledConstraint, ConstraintSpec
+from .drafters.base import Drafter, DrafterRequest, exported_section
+from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
-from .generate import GenerationResult, Generator
+from .generate import Generator
+from .logprobs import LogprobRecorder
+from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
 
 if TYPE_CHECKING:
     from .batch import BatchDecoder
+    from .grammar import GrammarCompiler
     from .prefix_cache import PrefixCache
 
 
@@ -46,23 +51,52 @@ class Runner:
     def __init__(self, artifact: str | Path, options: RunOptions | None = None, **fields):
         options = dataclasses.replace(options or RunOptions(), **fields).validate()
         self.options = options
+        manifest = read_manifest(artifact, verify_files=False)  # what the options ask of it is checked before anything loads
+        check_backend(Path(artifact), manifest, options.backend)
+        self.drafter_name = resolve_drafter(manifest, options.drafter)
+        self.draft_config: DraftConfig | None = self._draft_config(manifest)
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
         self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
                                       shape_invariant, options.shared_cores)
-        self.drafter_name = resolve_drafter_name(self.artifact, options.drafter)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
         if options.ngram_corpus is not None:
-            if self.drafter_name != "ngram":  # checked before the file is read
-                raise InputError(f"--ngram-corpus: only the ngram drafter uses a corpus (drafter: {self.drafter_name})")
             self.ngram_corpus = NgramCorpus.from_file(options.ngram_corpus, self.artifact.tokenizer)
-        self.draft_config: DraftConfig | None = None
-        if self.drafter_name != "none":
-            self.draft_config = draft_config(self.artifact, self.drafter_name, options.tree, options.num_draft_tokens)
-        elif options.tree is not None:
-            raise InputError("--tree: plain decoding (--drafter none) drafts nothing")
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafters: dict[SamplingParams | None, Drafter] = {}
+        self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
+
+    def compile_constraint(self, constraint: ConstraintSpec | CompiledConstraint | None) -> CompiledConstraint | None:
+        """A constraint compiled for this artifact's tokenizer (InputError for a bad schema, regex or grammar);
+        a compiled one as it is."""
+        if constraint is None or not isinstance(constraint, ConstraintSpec):
+            return constraint
+        if self._grammar is None:
+            from .grammar import compiler_for
+
+            self._grammar = compiler_for(self.artifact.directory)
+        return self._grammar.compile(constraint)
+
+    def _draft_config(self, manifest: Manifest) -> DraftConfig | None:
+        """What this runner drafts (None: plain decoding), after checking the options against the manifest: a
+        drafter the artifact was exported with, a tree for a head drafter only, k within what one verify pass
+        holds, a corpus file for the n-gram drafter only."""
+        options, name = self.options, self.drafter_name
+        if options.ngram_corpus is not None:
+            if name != "ngram":
+                raise InputError(f"ngram_corpus: only the ngram drafter uses a corpus (drafter: {name})", "ngram_corpus")
+            NgramCorpus.check_file(options.ngram_corpus)
+        if name == "none":
+            if options.tree is not None:
+                raise InputError("tree: plain decoding (drafter none) drafts nothing", "tree")
+            return None
+        if name != "ngram":
+            exported_section(manifest, name)
+        most = int(manifest.limits.get("max_verify_tokens", 64)) - 1
+        if options.num_draft_tokens is not None and options.num_draft_tokens > most:
+            raise InputError(f"num_draft_tokens {options.num_draft_tokens}: one verify pass of this artifact holds "
+                             f"{most + 1} tokens (its max_verify_tokens), so at most {most} draft positions", "num_draft_tokens")
+        return draft_config_for_run(name, manifest.drafter, options.tree, options.num_draft_tokens)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -80,12 +114,15 @@ class Runner:
         key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
         drafter = self._drafters.pop(key, None)
         if drafter is None:
-            drafter = make_drafter(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
-                                   self.options.lookup_branch, self.ngram_corpus)
+            drafter = make_drafter(self._drafter_request(sampling))
         self._drafters[key] = drafter  # most recently used last
         while len(self._drafters) > MAX_DRAFTERS:
             self._drafters.pop(next(iter(self._drafters)))
         return drafter
+
+    def _drafter_request(self, sampling: SamplingParams | None, shared_session: bool = False) -> DrafterRequest:
+        return DrafterRequest(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
+                              self.options.lookup_branch, self.ngram_corpus, shared_session)
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
@@ -95,8 +132,7 @@ class Runner:
         if plain or self.draft_config is None:
             drafter = None
         elif own_drafter:
-            drafter = make_drafter(a, self.draft_config, sampling or SamplingParams(), self.clock, self.options.lookup_branch,
-                                   self.ngram_corpus, shared_session=a.backend == "ort-cpu")
+            drafter = make_drafter(self._drafter_request(sampling, shared_session=a.backend == "ort-cpu"))
         else:
             drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
@@ -123,11 +159,10 @@ class Runner:
         pass's bits), "all" every round of two or more requests (batch invariance: each request's logits bitwise
         its logits alone). Its ONNX Runtime session
         holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots."""
-        from .backends.ort_slots import OrtSlotSession
         from .batch import BatchDecoder
 
         if slot_passes not in SLOT_PASSES:
-            raise InputError(f"--slot-passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}")
+            raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")
         problem = self.batch_problem()
         if problem:
             raise UnsupportedError(problem)
@@ -138,59 +173,72 @@ class Runner:
         if slot_passes != "off":
             spec = self.artifact.manifest.graphs.get(variant_name("target", "slots"))
             if spec is None or int(spec.extra.get("slots", 0)) < slots or not self.artifact.target.row_invariant:
-                raise UnsupportedError(f"--slot-passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
-                                       f"requests (re-export with `speccompile export --batch-slots {slots}`)")
-            decoder.slot_session = OrtSlotSession(self.artifact.directory, self.artifact.manifest, spec, self.options.threads)
+                raise UnsupportedError(f"slot_passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
+                                       f"requests (re-export with `speccompile export --batch-slots {slots}`)", "slot_passes")
+            decoder.slot_session = self.artifact.session(variant_name("target", "slots"))
             decoder.batch_invariant = slot_passes == "all"
             decoder.calibrate_slot_passes(1 + self.num_draft_tokens)
         return decoder
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
-               drafter: str | None = None) -> GenerationConfig:
+               drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+               logprobs: LogprobRecorder | None = None) -> GenerationConfig:
         """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
-        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter))
+        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs)
 
     @property
     def shape_invariant(self) -> int:
         """Rows of every target pass in shape-invariant mode (0: off, each pass has its own shape)."""
         return self.artifact.shape_invariant
 
-    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool) -> GenerationConfig:
+    def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool,
+                constraint: ConstraintSpec | CompiledConstraint | None = None,
+                logprobs: LogprobRecorder | None = None) -> GenerationConfig:
         return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
-                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive)
+                                num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive,
+                                constraint=self.compile_constraint(constraint), logprobs=logprobs)
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
-            raise InputError(f"--drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)")
+            raise InputError(f"drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)", "drafter")
         return drafter == "none" or self.draft_config is None
 
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
-                     drafter: str | None = None) -> GenerationResult:
-        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend."""
+                     drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+                     logprobs: int | None = None) -> GenerationResult:
+        """Generate after token ids; `drafter="none"` gives plain decoding on the same backend. `constraint`: the
+        output must match it (`ConstraintSpec.json_schema(...)`, regex, grammar, choice); `logprobs`: record each
+        token's log-probability with that many alternatives (`GenerationResult.logprobs`)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
-        return self.generator(sampling, plain).generate(prompt_ids, self._config(max_tokens, sampling, stop, plain), on_text)
+        recorder = None if logprobs is None else LogprobRecorder(logprobs)
+        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
+        return self.generator(sampling, plain).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
-                 drafter: str | None = None) -> GenerationResult:
-        """Generate from text (through the chat template when `chat`)."""
+                 drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
+                 logprobs: int | None = None) -> GenerationResult:
+        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs` as `generate_ids`."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter)
+        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs)
 
     def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
-                   stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+                   stop: list[str] | None = None, drafter: str | None = None,
+                   constraint: ConstraintSpec | CompiledConstraint | None = None) -> "TextStream":
         """Like `generate_ids`, as an iterator of text deltas (its `result` once exhausted)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
-        return TextStream(self.generator(sampling, plain), prompt_ids, self._config(max_tokens, sampling, stop, plain))
+        config = self._config(max_tokens, sampling, stop, plain, constraint)
+        return TextStream(self.generator(sampling, plain), prompt_ids, config)
 
     def stream(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
-               stop: list[str] | None = None, drafter: str | None = None) -> "TextStream":
+               stop: list[str] | None = None, drafter: str | None = None,
+               constraint: ConstraintSpec | CompiledConstraint | None = None) -> "TextStream":
         """Like `generate`, as an iterator of text deltas (its `result` once exhausted)."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.stream_ids(ids, max_tokens, sampling, stop, drafter)
+        return self.stream_ids(ids, max_tokens, sampling, stop, drafter, constraint)
 
 
 class TextStream:

@@ -1,4 +1,5 @@
-"""Draft trees: static choice-path trees, presets, and EAGLE-2 style dynamic trees.
+"""Draft trees: static choice-path trees (their grammar and presets: speccompile/draft_config.py) and EAGLE-2
+style dynamic trees.
 
 A tree has n nodes; node 0 is the root (the last committed token) and every other node is one
 draft candidate. Nodes are indexed so that a parent always comes before its children; static
@@ -11,17 +12,14 @@ trees are sorted by (depth, choice path) like Medusa/EAGLE. For one verification
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from speccompile.errors import InputError
-
-MAX_PRESET_NODES = 1024
+from ..draft_config import load_choices, normalise_choices
+from ..errors import InputError
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,7 +62,7 @@ class TreeSpec:
 
         Raises :class:`InputError` for malformed, duplicate or non-prefix-closed paths.
         """
-        paths = _normalise_choices(choices)
+        paths = normalise_choices(choices)
         order = sorted(paths, key=lambda t: (len(t), t))
         index = {(): 0}
         for i, path in enumerate(order, start=1):
@@ -196,124 +194,10 @@ def _check_parents(par: np.ndarray, cho: np.ndarray) -> None:
         raise ValueError("choice ranks must be >= 0")
 
 
-def _normalise_choices(choices: Iterable[Sequence[int]]) -> list[tuple[int, ...]]:
-    """Validate choice paths; return them as tuples with the (optional) root [] dropped."""
-    if isinstance(choices, (str, bytes)) or not isinstance(choices, Iterable):
-        raise InputError(f"tree choices must be a list of paths like [[0], [0, 0], [1]], got {choices!r}")
-    seen: set[tuple[int, ...]] = set()
-    out: list[tuple[int, ...]] = []
-    for raw in choices:
-        path = _as_path(raw)
-        if not path:
-            continue
-        if path in seen:
-            raise InputError(f"tree path {list(path)} appears twice")
-        seen.add(path)
-        out.append(path)
-    for path in out:
-        if len(path) > 1 and path[:-1] not in seen:
-            raise InputError(f"tree path {list(path)} has no parent path {list(path[:-1])} (paths must be prefix-closed)")
-    return out
-
-
-def _as_path(raw: object) -> tuple[int, ...]:
-    if isinstance(raw, (str, bytes)) or not isinstance(raw, (list, tuple, np.ndarray)):
-        raise InputError(f"tree path must be a list of non-negative integers, got {raw!r}")
-    path = []
-    for v in raw:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise InputError(f"tree path must be a list of non-negative integers, got {list(raw)!r}")
-        path.append(int(v))
-    return tuple(path)
-
-
-# --------------------------------------------------------------------------------------------
-# Presets and loading
-# --------------------------------------------------------------------------------------------
-
-# ~25 nodes, depth 5, widest near the root: most acceptance mass sits on the drafter's top-1
-# continuation, so the tree spends its width early and keeps a top-1 spine to depth 5.
-EAGLE_DEFAULT: list[list[int]] = [
-    [0], [1], [2], [3],
-    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [3, 0],
-    [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0],
-    [0, 0, 0, 0], [0, 0, 0, 1], [0, 1, 0, 0], [1, 0, 0, 0],
-    [0, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 1, 0, 0, 0],
-]  # fmt: skip
-
-
-def wide_chains(width: int, depth: int) -> list[list[int]]:
-    """``tree-WxD``: the top-W first tokens, each extended by a top-1 chain to depth D."""
-    return [[w] + [0] * d for w in range(width) for d in range(depth)]
-
-
-def chain_choices(k: int) -> list[list[int]]:
-    """``chain-K``: K tokens, each the top-1 continuation of the previous."""
-    return [[0] * d for d in range(1, k + 1)]
-
-
-PRESETS: dict[str, list[list[int]]] = {
-    "chain-4": chain_choices(4),
-    "chain-8": chain_choices(8),
-    "tree-2x4": wide_chains(2, 4),
-    "tree-3x3": wide_chains(3, 3),
-    "tree-4x2": wide_chains(4, 2),
-    "eagle-default": EAGLE_DEFAULT,
-}
-
-
-def preset_names() -> list[str]:
-    """Named presets (``chain-K`` and ``tree-WxD`` also work for other sizes)."""
-    return list(PRESETS)
-
-
 def load_tree(spec: str | Path) -> TreeSpec:
-    """A preset name (``eagle-default``, ``chain-K``, ``tree-WxD``) or a JSON file of choice paths.
-
-    The JSON file holds a list of paths (``[[0], [0, 0], [1]]``) or an object with a
-    ``"choices"`` list. Raises :class:`InputError` with a one-line reason otherwise.
-    """
-    name = str(spec)
-    if name in PRESETS:
-        return TreeSpec.from_choices(PRESETS[name])
-    pattern = _pattern_preset(name)
-    if pattern is not None:
-        return TreeSpec.from_choices(pattern)
-    path = Path(name)
-    if path.is_file():
-        return TreeSpec.from_choices(_read_choices_json(path))
-    if path.suffix.lower() == ".json" or "/" in name or path.exists():
-        raise InputError(f"tree file {name} not found")
-    known = ", ".join(preset_names() + ["chain-K", "tree-WxD"])
-    raise InputError(f"unknown tree preset {name!r} (known: {known}; or a JSON file of choice paths)")
-
-
-def _pattern_preset(name: str) -> list[list[int]] | None:
-    m = re.fullmatch(r"chain-(\d+)", name)
-    if m:
-        choices = chain_choices(int(m.group(1)))
-    else:
-        m = re.fullmatch(r"tree-(\d+)x(\d+)", name)
-        if not m:
-            return None
-        choices = wide_chains(int(m.group(1)), int(m.group(2)))
-    if not choices or len(choices) + 1 > MAX_PRESET_NODES:
-        raise InputError(f"tree preset {name!r} must have between 1 and {MAX_PRESET_NODES - 1} draft nodes")
-    return choices
-
-
-def _read_choices_json(path: Path) -> list:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read tree file {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"tree file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-    if isinstance(data, dict):
-        data = data.get("choices")
-    if not isinstance(data, list):
-        raise InputError(f"tree file {path} must hold a list of choice paths (or {{\"choices\": [...]}})")
-    return data
+    """The tree of a preset name (``eagle-default``, ``chain-K``, ``tree-WxD``) or of a JSON file of choice paths
+    (the grammar: speccompile/draft_config.py `load_choices`)."""
+    return TreeSpec.from_choices(load_choices(spec))
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ path when it was drafted (an EMA). With deterministic top-k children that rate d
 which siblings were drafted, so it stays valid for any subtree.
 
 Planning a step of depth <= k: nodes sorted by their acceptance rate (capped by the parent's, so every
-prefix of the order is ancestor-closed); the prefix kept is the one that maximises expected tokens per
-unit of time, (1 + sum of rates) / (1 + s * nodes + d * levels), with s the measured extra verify cost
-of a token and d the cost of drafting one level, both relative to a one-token pass. An empty prefix
-means a plain step. Every `probe_every` planned steps the next `probe_extra` nodes of the order are
+prefix of the order is ancestor-closed); the prefix kept is the one with the highest expected speed
+(runtime/costs.py): (1 + sum of rates) tokens from a pass over nodes + 1 tokens after drafting its levels,
+t(nodes + 1) + d * levels, with t the round's pass costs and d the seconds of one drafter call. An empty
+prefix means a plain step. Every `probe_every` planned steps the next `probe_extra` nodes of the order are
 drafted too, so the rates of pruned nodes stay current. The output is never affected: the planner only picks which proposals to verify.
 """
 
@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from .acceptance import AcceptanceRates
-from .drafters.base import Drafter
+from .costs import PassCostModel, expected_speed, faster
 from .tree import DepthLimitedTrees, TreeSpec
 
 
@@ -41,20 +41,21 @@ class TreePlanner:
         """Estimated probability that the node at `path` is accepted."""
         return self.rates.rate(path)
 
-    def plan(self, k: int, verify_slope: float, draft_level_cost: float) -> TreeSpec:
-        """The subtree of the depth-k tree to draft now (n == 1: draft nothing)."""
+    def plan(self, k: int, costs: PassCostModel, level_seconds: float) -> TreeSpec:
+        """The subtree of the depth-k tree to draft now (n == 1: draft nothing), priced by the pass costs and
+        the seconds of one drafter call (one tree level)."""
         if k not in self._paths:
             self._paths[k] = sorted((tuple(c) for c in self.full(k).choices()), key=len)
         capped: dict[tuple[int, ...], float] = {(): 1.0}
         for path in self._paths[k]:
             capped[path] = min(self.acceptance(path), capped[path[:-1]])
         order = sorted((p for p in capped if p), key=lambda p: (-capped[p], len(p), p))
-        best, best_n, gain, depth = 1.0, 0, 1.0, 0
+        best, best_n, gain, depth = expected_speed(1.0, costs.seconds(1)), 0, 1.0, 0
         for n, path in enumerate(order, 1):
             gain += capped[path]
             depth = max(depth, len(path))
-            speed = gain / (1.0 + verify_slope * n + draft_level_cost * depth)
-            if speed > best * 1.0001:
+            speed = expected_speed(gain, costs.seconds(n + 1), level_seconds * depth)
+            if faster(speed, best):
                 best, best_n = speed, n
         if self.rates.probe_due():  # also try the next few nodes, so pruned ones can come back
             best_n = min(len(order), best_n + self.probe_extra)
@@ -74,23 +75,6 @@ class TreePlanner:
             self.rates.observe(tuple(path), 1.0 if node in on_path else 0.0)
 
 
-class StaticTrees:
-    """A drafter's static tree at depth k: the exported tree cut to depth k, or (with costs to plan by)
-    the planner's subtree of it."""
-
-    def __init__(self, choices: Iterable[Sequence[int]], max_nodes: int):
-        self.planner = TreePlanner(choices, max_nodes)
-        self.cut = self.planner.full
-        self.costs = None  # callable -> (verify_slope, draft_level_cost), or None: no planning
-
-    @property
-    def planning(self) -> bool:
-        return self.costs is not None
-
-    def __call__(self, k: int) -> TreeSpec:
-        return self.cut(k) if self.costs is None else self.planner.plan(k, *self.costs())
-
-
 def drafted_spec(draft) -> TreeSpec:
     """The tree a Draft verified: its TreeSpec, or the chain of its tokens."""
     return draft.tree if draft.tree is not None else _chain_spec(len(draft.tokens))
@@ -99,32 +83,3 @@ def drafted_spec(draft) -> TreeSpec:
 @lru_cache(maxsize=None)
 def _chain_spec(length: int) -> TreeSpec:
     return TreeSpec.from_choices([[0] * d for d in range(1, length + 1)])
-
-
-class PlannedTreeDrafter(Drafter):
-    """Base of drafters with a static tree (`static_trees`; None while drafting a dynamic tree)."""
-
-    static_trees: StaticTrees | None = None
-
-    @property
-    def planner(self) -> TreePlanner | None:
-        """The per-node acceptance statistics of the static tree (None for a dynamic tree)."""
-        return None if self.static_trees is None else self.static_trees.planner
-
-    def plan_with(self, costs, fresh: bool = False) -> None:
-        """Let the planner pick the subtree per step; None: off. `fresh` forgets the rates learned so far
-        (seeded sampling: the tree, hence the output, then depends only on this generation). Otherwise the
-        rates carry over from prompt to prompt."""
-        if self.static_trees is not None:
-            self.static_trees.costs = costs
-            if fresh:
-                self.static_trees.planner.forget()
-
-    @property
-    def plans_tree(self) -> bool:
-        return self.static_trees is not None and self.static_trees.planning
-
-    def record_verdict(self, draft, accepted_rows: Sequence[int]) -> None:
-        """Feed the verification result of a draft back to the planner (nothing to do when it is off)."""
-        if self.plans_tree:
-            self.static_trees.planner.record(drafted_spec(draft), accepted_rows)

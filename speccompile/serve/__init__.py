@@ -1,5 +1,7 @@
 """`speccompile serve`: an OpenAI-compatible server (FastAPI + uvicorn, or Ray Serve) over an artifact.
 
-engine.py owns the model (every runtime call), app.py the HTTP API, metrics.py the Prometheus metrics,
-server.py the uvicorn process, ray_app.py the Ray Serve deployment.
+The HTTP side: app.py (routes), schemas.py (request bodies), responses.py (response bodies, event streams),
+api_errors.py, observe.py (request counting middleware), metrics.py (Prometheus). The model side: requests.py
+(what the two sides exchange), engine.py (the Engine interface, the sequential engine), batched_engine.py,
+loader.py (opens the runner and picks the engine). server.py runs uvicorn, ray_app.py the Ray Serve deployment.
 """

@@ -34,7 +34,7 @@ def build_deployment(options: EngineOptions, served_model_name: str | None, max_
     from ray import serve
 
     from .app import create_app
-    from .engine import open_engine
+    from .loader import open_engine
 
     def build_app():  # runs inside each replica
         replica = serve.get_replica_context().replica_tag

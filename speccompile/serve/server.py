@@ -14,7 +14,8 @@ import uvicorn
 
 from ..errors import InputError
 from .app import create_app
-from .engine import EngineOptions, open_engine
+from .engine import EngineOptions
+from .loader import open_engine
 
 log = logging.getLogger("speccompile.serve")
 

@@ -18,217 +18,21 @@ continues from them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..errors import InputError
+from .data import Progress, collect_texts, load_or_compute_features, target_tokenizer, tokenize_chunks
+from .options import TrainOptions
 
-METHODS = ("eagle3", "eagle", "medusa")
 TRAINER_STATE = "trainer_state.pt"
 STAGING = ".saving"  # OUT/.saving.tmp: a checkpoint's head files before they are moved into place
-TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".jsonl", ".json", ".html", ".c", ".h", ".cpp", ".rs", ".go", ".js", ".ts", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh"}
-Progress = Callable[[str], None]
-
-
-@dataclass
-class TrainOptions:
-    method: str = "eagle3"
-    steps: int = 200
-    seq_len: int = 256
-    batch: int = 4
-    lr: float = 1e-3
-    warmup: int = 20
-    unroll: int | None = None  # default: 3 for eagle3, 2 for eagle, 1 for medusa
-    label_k: int = 8
-    draft_vocab: int | None = None  # eagle3: default min(vocab, 8192)
-    medusa_heads: int = 3
-    max_tokens: int = 200_000  # cap on training tokens read from --data
-    save_every: int = 50
-    resume: bool = False
-    force: bool = False  # start over in an existing train-draft folder (its feature cache is reused)
-    seed: int = 0
-    cls_weight: float = 1.0
-    reg_weight: float = 1.0
-    threads: int | None = None
-    extra: dict = field(default_factory=dict)
-
-    def validate(self) -> "TrainOptions":
-        if self.method not in METHODS:
-            raise InputError(f"--method must be one of {', '.join(METHODS)}, got {self.method}")
-        for name in ("steps", "seq_len", "batch", "label_k", "save_every", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 4:
-            raise InputError("--seq-len must be >= 4")
-        if self.unroll is None:
-            self.unroll = {"eagle3": 3, "eagle": 2, "medusa": 1}[self.method]
-        return self
-
-
-# ----------------------------------------------------------------------------------------------
-# Data
-
-
-def collect_texts(paths: list[Path]) -> list[tuple[str, str]]:
-    """(name, text) of every readable text file under the given files/dirs (sorted, deterministic)."""
-    files: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise InputError(f"--data {p}: no such file or directory")
-    texts = []
-    for f in files:
-        try:
-            raw = f.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        if f.suffix.lower() == ".jsonl":
-            for line in raw.splitlines():
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(item, dict) and isinstance(item.get("text"), str):
-                    texts.append((f"{f}", item["text"]))
-                elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
-                    texts.append((f"{f}", item["prompt"] + "\n" + str(item.get("response", ""))))
-        elif raw.strip():
-            texts.append((str(f), raw))
-    if not texts:
-        raise InputError(f"--data: no readable text in {', '.join(str(p) for p in paths)}")
-    return texts
-
-
-def tokenize_chunks(texts: list[tuple[str, str]], tokenizer, seq_len: int, max_tokens: int, bos: int | None) -> np.ndarray:
-    """Concatenate tokenized documents (each starting with BOS when there is one) into [N, seq_len] rows."""
-    stream: list[int] = []
-    for _, text in texts:
-        ids = tokenizer.encode(text, add_special_tokens=False).ids
-        if bos is not None:
-            stream.append(bos)
-        stream.extend(ids)
-        if len(stream) >= max_tokens:
-            break
-    stream = stream[:max_tokens]
-    n = len(stream) // seq_len
-    if n == 0:
-        raise InputError(f"--data: only {len(stream)} tokens, need at least --seq-len {seq_len}")
-    return np.asarray(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
-
-
-def _target_tokenizer(model):
-    import tempfile
-
-    from tokenizers import Tokenizer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        model.write_tokenizer(Path(tmp))
-        return Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
-
-
-# ----------------------------------------------------------------------------------------------
-# Target features (cached)
-
-
-def compute_features(decoder, chunks: np.ndarray, label_k: int, progress: Progress, batch: int = 2) -> dict[str, np.ndarray]:
-    """Run the target over every chunk: hidden features (fp16) and the top-k of its next-token distribution."""
-    import torch
-
-    from ..models.decoder import causal_mask
-
-    n, t = chunks.shape
-    hidden, top_idx, top_p = [], [], []
-    started = time.time()
-    with torch.no_grad():
-        for start in range(0, n, batch):
-            ids = torch.from_numpy(chunks[start: start + batch])
-            b = ids.shape[0]
-            out = decoder(ids, torch.arange(t).expand(b, t), causal_mask(t, 0, b), *decoder.empty_past(b))
-            logits, feats = out[0], out[-1]
-            probs = torch.softmax(logits.float(), dim=-1)
-            p, i = probs.topk(label_k, dim=-1)
-            hidden.append(feats.to(torch.float16).numpy())
-            top_idx.append(i.to(torch.int32).numpy())
-            top_p.append(p.to(torch.float16).numpy())
-            done = min(start + batch, n)
-            rate = done * t / max(time.time() - started, 1e-9)
-            progress(f"target features {done}/{n} chunks ({rate:.0f} tok/s)")
-    return {"tokens": chunks, "hidden": np.concatenate(hidden), "top_idx": np.concatenate(top_idx), "top_p": np.concatenate(top_p)}
-
-
-def _cache_key(meta: dict) -> str:
-    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def load_or_compute_features(model, chunks, options: TrainOptions, out: Path, progress: Progress) -> dict[str, np.ndarray]:
-    """Target features of every chunk, cached in `out/.cache`; chunks an earlier run of the same target,
-    taps and label_k already computed (e.g. before more data was added) are taken from its cache."""
-    from safetensors.numpy import load_file, save_file
-
-    from ..models.decoder import build_decoder
-
-    mode = "eagle3" if options.method == "eagle3" else "final"
-    kind = {"target": model.source_sha256, "mode": mode, "label_k": options.label_k}
-    meta = {**kind, "chunks": hashlib.sha256(chunks.tobytes()).hexdigest(), "shape": list(chunks.shape)}
-    cache = out / ".cache" / f"features-{_cache_key(meta)}.safetensors"
-    if cache.is_file():
-        progress(f"reusing cached target features {cache.name}")
-        return load_file(str(cache))
-    tag = json.dumps(kind, sort_keys=True)  # recorded in the cache file: which earlier runs can lend rows
-    known = _features_from_earlier_runs(cache.parent, tag, chunks)
-    todo = np.array([i for i in range(len(chunks)) if i not in known], dtype=np.int64)
-    if known:
-        progress(f"reusing target features of {len(known)}/{len(chunks)} chunks from earlier runs")
-    fresh = {}
-    if len(todo):
-        decoder = build_decoder(model.config, model.weights, mode)
-        fresh = compute_features(decoder, chunks[todo], options.label_k, progress)
-    feats = {"tokens": chunks}
-    for name in ("hidden", "top_idx", "top_p"):
-        sample = fresh[name] if fresh else next(iter(known.values()))[name]
-        rows = np.empty((len(chunks), *sample.shape[1:]), dtype=sample.dtype)
-        if len(todo):
-            rows[todo] = fresh[name]
-        for i, row in known.items():
-            rows[i] = row[name]
-        feats[name] = rows
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    save_file(feats, str(tmp), metadata={"speccompile_features": tag})
-    tmp.replace(cache)
-    return feats
-
-
-def _features_from_earlier_runs(folder: Path, tag: str, chunks: np.ndarray) -> dict[int, dict[str, np.ndarray]]:
-    """{chunk index: its feature rows} for chunks found in earlier caches with the same `tag` in `folder`."""
-    from safetensors import safe_open
-
-    wanted = {chunks[i].tobytes(): i for i in range(len(chunks))}
-    found: dict[int, dict[str, np.ndarray]] = {}
-    for path in sorted(folder.glob("features-*.safetensors")) if folder.is_dir() else []:
-        with safe_open(str(path), framework="numpy") as f:
-            if (f.metadata() or {}).get("speccompile_features") != tag:
-                continue  # another target, taps or label_k (or a cache from before this was recorded)
-            tokens = f.get_tensor("tokens")
-            hits = [(r, i) for r, row in enumerate(tokens) if (i := wanted.get(row.tobytes())) is not None and i not in found]
-            if not hits:
-                continue
-            arrays = {name: f.get_tensor(name) for name in ("hidden", "top_idx", "top_p")}
-            for r, i in hits:
-                found[i] = {name: a[r] for name, a in arrays.items()}
-    return found
 
 
 # ----------------------------------------------------------------------------------------------
@@ -453,7 +257,7 @@ def train_draft(target_name: str, data: list[Path], out: Path, options: TrainOpt
 
     options.validate()
     out = Path(out)
-    texts = collect_texts(data)  # bad --data / --out fail before torch and the target load, and create nothing
+    texts = collect_texts(data)  # bad data / out fail before torch and the target load, and create nothing
     check_head_folder(out, options)
     resolve_model_path(target_name)
     import torch
@@ -478,19 +282,20 @@ def is_head_folder(path: Path) -> bool:
 
 
 def check_head_folder(out: Path, options: TrainOptions) -> None:
-    """--out must be new, empty or a train-draft folder; --force starts over there, --resume continues."""
+    """`out` must be new, empty or a train-draft folder; `force` starts over there, `resume` continues."""
     from ..atomic_dir import check_replaceable, is_empty_dir
 
     what = "a train-draft head folder"
     if options.resume and options.force:
-        raise InputError("--resume and --force are mutually exclusive (continue the run, or start over)")
+        raise InputError("resume and force are mutually exclusive (continue the run, or start over)", ("resume", "force"))
     if options.resume:
         if not (out / TRAINER_STATE).is_file():
-            raise InputError(f"--resume: {out} has no {TRAINER_STATE} to resume from")
+            raise InputError(f"resume: {out} has no {TRAINER_STATE} to resume from", "resume")
         return
     if out.exists() and out.is_dir() and not options.force:
         if (out / TRAINER_STATE).is_file():
-            raise InputError(f"--out {out}: holds a training run already (--resume continues it, --force starts over)")
+            raise InputError(f"out {out}: holds a training run already (resume continues it, force starts over)",
+                             ("out", "resume", "force"))
         if is_empty_dir(out) or is_head_folder(out):
             return  # e.g. only the feature cache of an earlier run: reused
     check_replaceable(out, options.force, is_head_folder, what)
@@ -517,7 +322,8 @@ def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: T
     started = time.time()
     progress(f"loading target {target_name}")
     model = load_model(target_name)
-    tokenizer = _target_tokenizer(model)
+    _check_target(model.config, options)
+    tokenizer = target_tokenizer(model)
     chunks = tokenize_chunks(texts, tokenizer, options.seq_len, options.max_tokens, model.config.bos_token_id)
     progress(f"{len(texts)} documents -> {chunks.shape[0]} chunks x {options.seq_len} tokens")
     feats = load_or_compute_features(model, chunks, options, out, progress)
@@ -549,6 +355,13 @@ def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: T
     honour_umask(out)
     progress(f"wrote {options.method} head to {out} in {time.time() - started:.0f}s")
     return summary
+
+
+def _check_target(config, options: TrainOptions) -> None:
+    """Refuse a target the head kind cannot read: EAGLE-3 fuses the inputs of layers (2, L//2, L-3)."""
+    if options.method == "eagle3" and config.num_hidden_layers < 3:
+        raise InputError(f"method eagle3: the target has {config.num_hidden_layers} layers; EAGLE-3 reads the inputs of "
+                         "layers (2, L//2, L-3) of an L-layer target, which needs at least 3", "method")
 
 
 def _summary(target_name, model, options, chunks, feature_seconds, t0, trainer, history) -> dict:

@@ -1,26 +1,38 @@
-"""`open_session`: the one place that turns a graph of an opened artifact into a backend session."""
+"""`open_session`: the one place in the runtime that turns a graph of an opened artifact into a backend session."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...errors import InputError
 from ...manifest import GraphSpec, Manifest
+from ...errors import UnsupportedError
 from .base import BACKENDS, FeatureSession, Session
+
+if TYPE_CHECKING:
+    from .ort_slots import OrtSlotSession
 
 
 def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, *,
                  manifest: Manifest, max_context: int | None = None, spinning: str = "off",
-                 device: int = 0, shape_invariant: int | None = None) -> Session | FeatureSession:
+                 device: int = 0, shape_invariant: int | None = None) -> "Session | FeatureSession | OrtSlotSession":
     """The backend session for graph `spec` of the artifact in `directory` (whose manifest is `manifest`).
 
     A graph with KV inputs (target, draft model, EAGLE/EAGLE-3/MTP heads) opens as a `Session`; one
-    without (the Medusa heads) as a `FeatureSession`. `max_context` bounds the fused CPU graph's KV
+    without (the Medusa heads) as a `FeatureSession`; the slotted graph (`export --batch-slots`) as the batch
+    decoder's `OrtSlotSession` (ONNX Runtime CPU only). `max_context` bounds the fused CPU graph's KV
     buffers; `spinning`: when ONNX Runtime's threads busy-wait (ort.SPINNING, see `ort.session_options`); `device` is
     the GPU of the native TensorRT backend. `shape_invariant`: run every pass of a KV graph with this many
     query rows against a fixed KV extent (backends/shape_invariant.py; needs `max_context`); None = each
     pass with its own shapes.
     """
+    if spec.extra.get("slots"):
+        if backend != "ort-cpu":
+            raise UnsupportedError(f"{spec.file} (the slotted graph) runs on ort-cpu only, not {backend}")
+        from .ort_slots import OrtSlotSession
+
+        return OrtSlotSession(directory, manifest, spec, threads)
     if is_gpu_graph(spec):  # fixed shapes per q bucket already: shape-invariant = one bucket of that many rows
         from .ort_cuda import DEFAULT_BUCKETS, OrtCudaSession
 
@@ -42,7 +54,7 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
 def _open_backend(directory: str | Path, spec: GraphSpec, backend: str, threads: int | None, manifest: Manifest,
                   max_context: int | None, spinning: str, device: int) -> Session | FeatureSession:
     if backend not in BACKENDS:
-        raise InputError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend}")
+        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend}", "backend")
     if not has_kv_cache(spec):
         if backend == "tensorrt":
             from .tensorrt import TensorRTFeatureSession

@@ -80,18 +80,18 @@ def inference_session(directory: str | Path, manifest: Manifest, spec: GraphSpec
     available = ort.get_available_providers()
     if providers[0] not in available:
         raise InputError(
-            f"--backend {backend}: ONNX Runtime here has no {providers[0]} "
-            f"(available: {', '.join(available)}); install onnxruntime-gpu for CUDA/TensorRT"
+            f"backend {backend}: ONNX Runtime here has no {providers[0]} "
+            f"(available: {', '.join(available)}); install onnxruntime-gpu for CUDA/TensorRT", "backend"
         )
     if threads is not None and threads < 1:
-        raise InputError(f"--threads must be >= 1, got {threads}")
+        raise InputError(f"threads must be >= 1, got {threads}", "threads")
     opts = session_options(threads, spinning)
     for key, value in quantized_session_config(spec, backend).items():  # exact verify passes on Q/DQ graphs
         opts.add_session_config_entry(key, value)
     if spec.extra.get("quantization") == "nvfp4" and backend != "ort-trt":
         raise UnsupportedError(
             f"{spec.file} is NVFP4-quantized: ONNX Runtime {backend} cannot run FP4 "
-            "(use --backend tensorrt or ort-trt on a Blackwell GPU)"
+            "(use the tensorrt or ort-trt backend on a Blackwell GPU)"
         )
     provider_list = execution_providers(backend, spec.dtype)
     if backend == "ort-trt":
@@ -183,7 +183,7 @@ class OrtBufferSession(OrtSession):
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
                  threads: int | None = None, max_context: int | None = None, spinning: str = "off"):
         if backend != "ort-cpu":
-            raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; --backend {backend} needs {spec.extra.get('variant_of')}")
+            raise UnsupportedError(f"{spec.file} is the fused ONNX Runtime CPU graph; backend {backend} needs {spec.extra.get('variant_of')}")
         super().__init__(directory, manifest, spec, backend, threads, spinning)
         self.max_context = max_context
         # logits (+ hidden) are written into numpy arrays bound as outputs: reading them back wraps no

@@ -169,7 +169,7 @@ class FixedKVCache(BufferKVCache):
 
     def reserve(self, total: int) -> None:
         if total > self._capacity:
-            raise InputError(f"context of {total} tokens exceeds the KV buffer of {self._capacity} rows (--max-context)")
+            raise InputError(f"context of {total} tokens exceeds the KV buffer of {self._capacity} rows (the artifact's max_context)")
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
         keep = [int(k) for k in keep]
@@ -234,8 +234,8 @@ class OrtCudaSession:
             available = ort.get_available_providers()
             if "CUDAExecutionProvider" not in available:
                 raise InputError(
-                    f"--backend ort-cuda: ONNX Runtime here has no CUDAExecutionProvider (available: {', '.join(available)}); "
-                    "install onnxruntime-gpu"
+                    f"backend ort-cuda: ONNX Runtime here has no CUDAExecutionProvider (available: {', '.join(available)}); "
+                    "install onnxruntime-gpu", "backend"
                 )
             cuda_options = {"device_id": str(device_id), "use_tf32": "0",
                             "enable_cuda_graph": "1" if self.cuda_graph else "0"}

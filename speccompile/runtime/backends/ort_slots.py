@@ -97,16 +97,13 @@ class OrtSlotSession:
             start += q
             padded_start += q + pad
         binding = self._kv_binding(buffers, past_names)
-        binding.bind_cpu_input("input_ids", np.concatenate(ids)[None])
-        binding.bind_cpu_input("position_ids", np.concatenate(positions)[None])
-        binding.bind_cpu_input("padded_index", np.asarray(padded_index, np.int64))
-        binding.bind_cpu_input("padded_rows", np.asarray(padded_rows, np.int64))
-        binding.bind_cpu_input("unpadded_index", np.asarray(unpadded_index, np.int64))
-        binding.bind_cpu_input("seqlens_k", np.asarray(seqlens, np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.asarray(totals, np.int32))
-        binding.bind_cpu_input("logits_rows", np.asarray(real, np.int64))
-        for b, bias in enumerate(biases):
-            binding.bind_cpu_input(f"attention_bias.{b}", bias)
+        inputs = {"input_ids": np.concatenate(ids)[None], "position_ids": np.concatenate(positions)[None],
+                  "padded_index": np.asarray(padded_index, np.int64), "padded_rows": np.asarray(padded_rows, np.int64),
+                  "unpadded_index": np.asarray(unpadded_index, np.int64), "seqlens_k": np.asarray(seqlens, np.int32),
+                  "total_sequence_length": np.asarray(totals, np.int32), "logits_rows": np.asarray(real, np.int64),
+                  **{f"attention_bias.{b}": bias for b, bias in enumerate(biases)}}
+        for name, value in inputs.items():
+            binding.bind_cpu_input(name, value)
         total_rows = sum(slot_rows)
         arrays = [np.empty((1, len(real), self._widths[0]), np.float32)]
         arrays += [np.empty((1, total_rows, width), np.float32) for width in self._widths[1:]]

@@ -26,7 +26,7 @@ with the same shapes:
     decoding. The padding rows' KV is cut out after the pass (one host copy of the cache).
 
 Trees run main path first (`tree_layout.MainPathLayout`): those rows are marked `plain_exact`, and the
-loop cuts a verdict at the first accepted node off the main path (`tree_layout.exact_acceptance`).
+loop cuts a verdict at the first accepted node off the main path (`verification.exact_acceptance`).
 
 Rejected and padding rows' KV lands in slots that are never committed (buffer: overwritten by the next
 pass; concat: cut out or marked dead by the cache), so the cache holds exactly what plain decoding writes.
@@ -52,7 +52,7 @@ class ShapeInvariantSession:
 
     def __init__(self, inner: Session, rows: int, max_context: int):
         if rows < 1:
-            raise InputError(f"--shape-invariant: the fixed number of rows must be >= 1, got {rows}")
+            raise InputError(f"shape_invariant: the fixed number of rows must be >= 1, got {rows}", "shape_invariant")
         self.inner = inner
         self.spec = inner.spec
         self.rows = int(rows)

@@ -69,7 +69,7 @@ class TensorRTEngine:
         if not manifest.engine or not plan_file:
             raise ArtifactError(
                 f"{directory}: no TensorRT engine for {spec.file} (build one with `speccompile build {directory} --out DIR`, "
-                f"or use --backend ort-cpu / ort-trt)"
+                f"or use the ort-cpu / ort-trt backend)"
             )
         trt = require_tensorrt()
         self.trt = trt

@@ -285,7 +285,7 @@ class TensorRTGraphSession:
     def _run_prefill(self, input_ids, position_ids, attention_mask, cache) -> StepOutput:
         """A chunk larger than every bucket: the 'prefill' profile, shapes set per call, not captured."""
         if self.layout.prefill is None:
-            raise InputError(f"{int(np.asarray(input_ids).size)} tokens in one pass: the engine's largest bucket is {self.buckets[-1]} (lower --prefill-chunk)")
+            raise InputError(f"{int(np.asarray(input_ids).size)} tokens in one pass: the engine's largest bucket is {self.buckets[-1]} (lower prefill_chunk)")
         base, q, length = self.base, int(np.asarray(input_ids).size), cache.length
         trt_ctx = self._contexts.setdefault(-1, {"context": base.engine.create_execution_context()})["context"]
         trt_ctx.set_optimization_profile_async(self.layout.prefill, self.stream)

@@ -6,7 +6,7 @@ path laid out first (the main path); a node after a sibling sees its ancestors w
 between, and attention kernels that reduce over the key axis in lanes or blocks then round differently.
 Sessions that compute a chain's rows as plain decoding does (the fused CPU graph, `Session.row_invariant`;
 the shape-invariant wrapper on GPUs) run a tree main path first, mark those rows `plain_exact`, and the
-generation loop cuts a verdict at the first accepted node off the main path (`exact_acceptance`): that
+verification cuts a verdict at the first accepted node off the main path (`verification.exact_acceptance`): that
 node's token is still exact (chosen from its parent's exact logits) and is emitted, its logits and KV row
 are not used.
 """
@@ -37,19 +37,6 @@ def main_path_first(ancestry: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exact = np.zeros(q, dtype=bool)
     exact[main] = True
     return np.array(main + [r for r in range(q) if not exact[r]], dtype=np.int64), exact
-
-
-def exact_acceptance(accepted_rows: list[int], emitted: list[int], plain_exact: np.ndarray) -> tuple[list[int], list[int]]:
-    """A verdict cut to the rows computed exactly as plain decoding (`StepOutput.plain_exact`).
-
-    The first accepted row that is not exact still has an exact token (chosen from its parent's exact
-    logits), so it is emitted as the step's last token, like a bonus token; neither its logits nor its KV
-    row are used: `(accepted_rows[:n], emitted[:n + 1])` for the n leading exact accepted rows.
-    """
-    n = 0
-    while n < len(accepted_rows) and plain_exact[accepted_rows[n]]:
-        n += 1
-    return accepted_rows[:n], emitted[: n + 1]
 
 
 @dataclass(frozen=True)

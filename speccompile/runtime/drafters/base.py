@@ -1,11 +1,25 @@
-"""What a drafter gives the generation loop."""
+"""The drafter contract: what a drafter gives the decode loop (`Draft`), the hooks the loop calls (`Drafter`) and
+what a drafter is built from (`DrafterRequest`, drafters/registry.py)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
+
+from ...draft_config import DraftConfig
+from ...errors import InputError
+from ..sampling import SamplingParams
+from ..timing import EngineClock
+from ..tree import TreeSpec
+from .ngram_corpus import NgramCorpus
+
+if TYPE_CHECKING:
+    from ..adaptive import Sizing  # the loop's sizing of a round
+    from ...manifest import Manifest
+    from ..artifact import Artifact
 
 
 @dataclass
@@ -14,20 +28,23 @@ class Draft:
 
     Chain: `tokens` continue the pending token; `probs` [k, V] is the distribution each token was drawn
     from (None = one-hot, a deterministic drafter).
-    Tree: `tree` is a TreeSpec whose node 0 is the pending token and `tokens` are the tokens of nodes
-    1..n-1; `mode` is "deterministic" (top-k children) or "iid"/"iid_without_replacement" with
-    `child_probs[u]` the distribution the children of node u were drawn from.
-    `levels`: the drafter calls behind it, when fewer than its depth (a lookup branch costs none).
-    `carried`: the generation loop's own chain (runtime/backends/tree_layout.py), not the drafter's.
+    Tree: `tree`'s node 0 is the pending token and `tokens` are the tokens of nodes 1..n-1; `mode` is
+    "deterministic" (top-k children) or "iid"/"iid_without_replacement" with `child_probs[u]` the
+    distribution the children of node u were drawn from.
+    `key`: the proposal's reliability class, for a per-class acceptance estimate (the n-gram match length;
+    None: the drafter's one class). `levels`: the drafter calls behind it, when fewer than its depth (a
+    lookup branch costs none). `carried`: the generation loop's own chain (the rest of a verdict cut at an
+    inexact row, runtime/verification.py), not the drafter's proposal.
     """
 
     tokens: list[int]
     probs: np.ndarray | None = None
-    tree: Any = None
+    tree: TreeSpec | None = None
     mode: str = "deterministic"
     child_probs: Sequence[np.ndarray | None] | None = None
-    levels: int | None = None  # drafter calls (levels) it took, when not its depth (extra free branches)
-    carried: bool = False  # not proposed by the drafter: the rest of an accepted tree path, verified again as a chain
+    key: Hashable = None
+    levels: int | None = None
+    carried: bool = False
 
     @property
     def drafted_levels(self) -> int:
@@ -40,53 +57,71 @@ class Draft:
         return int(self.tree.max_depth) if self.tree is not None else len(self.tokens)
 
 
-class Drafter:
-    """What every drafter offers the decode loop. The loop calls each hook at a fixed point of a step:
+class Drafter(ABC):
+    """What every drafter offers the decode loop, one hook per point of a round:
 
-    reset()                 before a new prompt
-    plan_with(costs, fresh) once per generation: the controller's relative costs to size trees by (None: off)
-    propose(tokens, k)      draft up to k positions (a chain's tokens, a tree's depth) after `tokens`
-    record_verdict(...)     after verification: which draft rows were accepted
-    observe(hidden, ...)    after every target pass that exposes hidden states: the committed rows' features
+    reset(fresh)             before a new prompt (`fresh`: also forget what was learnt across prompts: seeded
+                             sampling, whose output must depend on this generation alone)
+    propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.limit` positions (chain tokens,
+                             tree depth), as many as pay (`sizing.choose_k`, or the tree planner)
+    record_verdict(...)      after verification: which rows of its draft were accepted
+    observe(hidden, ...)     after every target pass that exposes hidden states: the committed rows' features
+    guess(tokens)            a plain step's one-token guess, from a drafter whose proposals cost nothing (the
+                             loop keeps measuring its acceptance while a batch makes drafting too dear)
 
-    and reads `draft_nodes(k)`, `cheap_proposals`, `plans_tree`, `proposal_key` and `relative_cost` to size
-    the draft. The defaults describe a chain drafter that needs none of these hooks.
+    `reads_hidden_states`: observe() needs the target's hidden states of every row, the prompt's too;
+    `relative_cost`: the prior cost of one draft position in one-token target passes (seeded sampling).
     """
 
     name: str = "drafter"
-    cheap_proposals: bool = False  # proposing costs ~nothing: the loop asks for the most and keeps what pays
-    relative_cost: float = 0.0  # prior cost of drafting one position, in one-token target passes (seeded mode)
-    reads_hidden_states: bool = False  # observe() needs the target's hidden states of every row, the prompt's too
+    relative_cost: float = 0.0
+    reads_hidden_states: bool = False
 
-    def reset(self) -> None:
-        """Forget per-sequence state before a new prompt."""
+    def reset(self, fresh: bool = False) -> None:
+        """Forget per-sequence state before a new prompt (`fresh`: learnt statistics too)."""
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
-        """Up to `k` draft positions that continue `tokens` (the committed sequence, last one pending)."""
-        raise NotImplementedError
+    @abstractmethod
+    def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        """A draft that continues `tokens` (the committed sequence, last one pending), sized by `sizing`."""
 
     def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
         """The target's hidden states [m, H] of the rows just committed (prompt chunk, or pending token +
         accepted drafts), their tokens, and the token that follows the last row (None after a prefill chunk
         that is not the last)."""
 
-    def plan_with(self, costs: Callable[[], tuple[float, float]] | None, fresh: bool = False) -> None:
-        """Costs to size drafts by: `costs()` -> (extra verify cost of one token, cost of one draft level),
-        relative to a one-token pass; None = not adaptive. `fresh`: forget what was learnt (seeded sampling)."""
-
-    @property
-    def plans_tree(self) -> bool:
-        """True when the drafter sizes its own tree each step (the loop then offers the full depth)."""
-        return False
-
-    def draft_nodes(self, k: int) -> int:
-        """Draft tokens a proposal of depth k holds (what a pass with k verifies): k for a chain."""
-        return k
-
-    @property
-    def proposal_key(self) -> Hashable:
-        """Reliability class of the last proposal, for per-class acceptance estimates (None: one class)."""
-        return None
-
     def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
         """Verification result of `draft`: the accepted rows (1-based draft nodes, in path order)."""
+
+    def guess(self, tokens: list[int]) -> Draft | None:
+        """A one-token chain guessed for a plain step (None: this drafter does not guess)."""
+        return None
+
+
+@dataclass(frozen=True)
+class DrafterRequest:
+    """What a factory builds a drafter from: the opened artifact, what to draft (`draft.kind`, its tree and k),
+    the generation's sampling (a draft model samples its own tokens) and the clock its graphs are timed on.
+    `lookup_branch` (heads): add the n-gram lookup continuation to every tree; `ngram_corpus`: the n-gram
+    drafter's fallback; `shared_session`: its graph runs in the artifact's shared session (`Artifact.session`)."""
+
+    artifact: "Artifact"
+    draft: DraftConfig
+    sampling: SamplingParams
+    clock: EngineClock
+    lookup_branch: bool = True
+    ngram_corpus: NgramCorpus | None = None
+    shared_session: bool = False
+
+    def exported_section(self) -> dict:
+        """The artifact's drafter section (`exported_section`)."""
+        return exported_section(self.artifact.manifest, self.draft.kind)
+
+
+def exported_section(manifest: "Manifest", kind: str) -> dict:
+    """The manifest's section of drafter `kind`; InputError when the artifact was exported without it."""
+    section = manifest.drafter or {}
+    if section.get("kind") != kind:
+        raise InputError(f"drafter {kind}: this artifact was exported without it (re-export it with that drafter: "
+                         f"speccompile export --drafter {kind}:PATH; exported drafter: {section.get('kind') or 'none'})",
+                         "drafter")
+    return section

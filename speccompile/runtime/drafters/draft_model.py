@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..backends.base import Session
 from ..sampling import SamplingParams, process_logits, sample
-from .base import Draft, Drafter
+from ..timing import TimedSession
+from .base import Draft, Drafter, DrafterRequest
+
+if TYPE_CHECKING:
+    from ..adaptive import Sizing
 
 
 class DraftModelDrafter(Drafter):
@@ -28,7 +34,7 @@ class DraftModelDrafter(Drafter):
         self.max_context = max_context
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, fresh: bool = False) -> None:
         self.cache = self.session.new_cache()
         self.cached: list[int] = []
 
@@ -54,7 +60,8 @@ class DraftModelDrafter(Drafter):
             del self.cached[common:]
         return tokens[common:]
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
+    def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        k = sizing.choose_k()
         if k <= 0:
             return Draft([])
         logits = self._feed(self._sync(tokens))
@@ -71,3 +78,12 @@ class DraftModelDrafter(Drafter):
             if i + 1 < k:
                 logits = self._feed([token])
         return Draft(drafted, np.stack(rows) if rows else None)
+
+
+def make_draft_model(request: DrafterRequest) -> DraftModelDrafter:
+    """The artifact's draft model, its own seeded generator (the generation's seed + 1)."""
+    section = request.exported_section()
+    session = TimedSession(request.artifact.session(section.get("graph", "draft"), request.shared_session), request.clock)
+    sampling = request.sampling
+    seed = None if sampling.seed is None else sampling.seed + 1
+    return DraftModelDrafter(session, sampling, np.random.default_rng(seed), request.artifact.max_context)

@@ -18,13 +18,17 @@ best `total_tokens` nodes). Children are deterministic picks, so verification is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...draft_config import DraftConfig
 from ..tree import TreeSpec, build_dynamic_tree
-from ..draft_config import DraftConfig
-from ..tree_planner import PlannedTreeDrafter, StaticTrees
 from .base import Draft
+from .static_tree import StaticTreeDrafter, StaticTrees
+
+if TYPE_CHECKING:
+    from ..adaptive import Sizing
 
 
 def _top(logits: np.ndarray, k: int) -> np.ndarray:
@@ -42,7 +46,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-class HeadDrafter(PlannedTreeDrafter):
+class HeadDrafter(StaticTreeDrafter):
     """Chain / static tree / dynamic tree drafting with an EAGLE, EAGLE-3 or MTP head graph.
 
     `draft` is the tree to draft (a static or dynamic DraftConfig); `max_nodes` bounds the verified tree (the target's max_verify_tokens). `draft_to_target` maps
@@ -74,10 +78,8 @@ class HeadDrafter(PlannedTreeDrafter):
         self.dynamic = draft.dynamic is not None
         self.static_trees = None if self.dynamic else StaticTrees(draft.choices, self.max_nodes)
 
-    def draft_nodes(self, k: int) -> int:
-        """Draft tokens a tree of depth k holds (what a pass with k verifies, for the adaptive controller)."""
-        if not self.dynamic:
-            return self.static_trees.cut(k).n - 1
+    def _dynamic_nodes(self, k: int) -> int:
+        """Draft tokens a dynamic tree of depth k holds at most (what a pass with k verifies, for the controller)."""
         depth, top_k, total, _ = self._dynamic_params(k)
         return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
 
@@ -90,7 +92,8 @@ class HeadDrafter(PlannedTreeDrafter):
 
     # -- state --------------------------------------------------------------------------------
 
-    def reset(self) -> None:
+    def reset(self, fresh: bool = False) -> None:
+        super().reset(fresh)
         self.cache = self.session.new_cache()
         self.cache.max_dead = 256
         self.fed = 0  # committed head rows (pairs t = 0 .. fed-1)
@@ -156,13 +159,14 @@ class HeadDrafter(PlannedTreeDrafter):
 
     # -- drafting -----------------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
-        if k <= 0:
-            return Draft([])
+    def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         # a static tree is planned before the head runs: a step the planner skips costs no head call (the
         # committed rows are fed on the next drafting step, in one call)
-        spec = None if self.dynamic else self.static_trees(k)
-        if (spec is not None and spec.n <= 1) or not self._sync(tokens):
+        if self.dynamic:
+            spec, k = None, sizing.choose_k(nodes=self._dynamic_nodes)
+        else:
+            spec, k = self.static_trees.for_round(sizing), sizing.limit
+        if k <= 0 or (spec is not None and spec.n <= 1) or not self._sync(tokens):
             return Draft([])
         n = len(tokens) - 1
         if spec is None:

@@ -1,27 +1,30 @@
-"""Build the runtime drafter for an artifact exported with `--drafter eagle|eagle3|medusa|mtp:PATH`."""
+"""The head drafters of an artifact exported with `--drafter eagle|eagle3|medusa|mtp:PATH` (registered kinds)."""
 
 from __future__ import annotations
 
-from ..draft_config import DraftConfig
-from ..timing import EngineClock, TimedSession
+from ..timing import TimedSession
+from .base import Drafter, DrafterRequest
 
 
-def open_head_session(artifact, graph: str, shared: bool = False):
-    """The head graph on the artifact's backend, through the backend factory (its int8/int4 variant on ort-cpu);
-    `shared`: the artifact's one session of it (drafters decoding side by side)."""
-    return artifact.session(graph, shared)
-
-
-def make(artifact, draft: DraftConfig, clock: EngineClock, shared_session: bool = False):
-    """The head drafter of `draft.kind` (eagle, eagle3, medusa, mtp) for `artifact`, drafting `draft`'s tree."""
-    section = artifact.manifest.drafter or {}
-    session = TimedSession(open_head_session(artifact, section.get("graph", draft.kind), shared_session), clock)
+def make_head(request: DrafterRequest) -> Drafter:
+    """The head drafter of `request.draft.kind` drafting its tree, its graph on the artifact's backend (the
+    int8/int4 variant on ort-cpu); with `lookup_branch`, under the n-gram lookup branch."""
+    artifact, draft = request.artifact, request.draft
+    section = request.exported_section()
+    graph = artifact.session(section.get("graph", draft.kind), request.shared_session)
+    session = TimedSession(graph, request.clock)
     max_nodes = artifact.max_verify_tokens
     if draft.kind == "medusa":
         from .medusa import MedusaDrafter
 
-        return MedusaDrafter(session, draft, section["head"]["medusa_num_heads"], max_nodes)
-    from .eagle import HeadDrafter, load_draft_to_target
+        head: Drafter = MedusaDrafter(session, draft, section["head"]["medusa_num_heads"], max_nodes)
+    else:
+        from .eagle import HeadDrafter, load_draft_to_target
 
-    d2t = load_draft_to_target(artifact.directory, section.get("draft_to_target"))
-    return HeadDrafter(session, draft.kind, draft, max_nodes, d2t, max_context=artifact.max_context + 4 * max_nodes)
+        d2t = load_draft_to_target(artifact.directory, section.get("draft_to_target"))
+        head = HeadDrafter(session, draft.kind, draft, max_nodes, d2t, max_context=artifact.max_context + 4 * max_nodes)
+    if not request.lookup_branch:
+        return head
+    from .lookup_branch import LookupBranchDrafter
+
+    return LookupBranchDrafter(head, max_nodes=max_nodes)

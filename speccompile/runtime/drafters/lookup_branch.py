@@ -7,29 +7,33 @@ cost nothing, the rest hang below the deepest shared node as a new branch. All c
 deterministic proposals with distinct tokens per parent, so tree verification stays exact.
 
 How much of the chain is verified: per matched-suffix length, the acceptance rate of lookup tokens
-(geometric model, as the adaptive controller keeps it); the i-th new token is kept while
-rate^i beats its verify cost (the extra cost of one more verified token relative to a one-token pass,
-from the loop's cost fit; without adaptive speculation the whole chain is verified). A suffix length whose tokens are all
-cut is still tried with one token every `probe_every` steps, so its rate stays current.
+(geometric model, as the adaptive controller keeps it); the new tokens kept are as many as a chain of that
+acceptance would draft at the round's pass costs (`costs.best_draft_length`, the controller's formula;
+without adaptive speculation the whole chain is verified). A suffix length whose tokens are all cut is still
+tried with one token every `probe_every` steps, so its rate stays current.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
 
 from ..acceptance import AcceptanceRates
+from ..costs import best_draft_length
 from ..tree import TreeSpec
 from .base import Draft, Drafter
 from .ngram import NgramDrafter
+
+if TYPE_CHECKING:
+    from ..adaptive import Sizing
 
 
 class LookupBranchDrafter(Drafter):
     """A deterministic tree/chain drafter (`inner`) whose every proposal gets the n-gram lookup chain too.
 
-    Every hook of the loop is answered here: the inner drafter's own (observe, planning, tree size) are
-    passed on, the lookup's acceptance is kept per matched-suffix length."""
+    Every hook of the loop is answered here: the inner drafter's own (reset, observe, its verdicts) are passed
+    on, the lookup's acceptance is kept per matched-suffix length."""
 
     def __init__(self, inner: Drafter, lookup: NgramDrafter | None = None, max_nodes: int = 64,
                  prior: float = 0.5, alpha: float = 0.08, probe_every: int = 8):
@@ -39,15 +43,16 @@ class LookupBranchDrafter(Drafter):
         self.name = f"{inner.name}+lookup"
         self.relative_cost = inner.relative_cost
         self.rates = AcceptanceRates(prior, alpha, probe_every)  # per matched-suffix length
-        self._costs: Callable[[], tuple[float, float]] | None = None
-        self._last: tuple[Draft, int, list[int], int] | None = None  # inner draft, its node count, chain nodes, key
+        self._last: tuple[Draft, int, list[int], Hashable] | None = None  # inner draft, its node count, chain nodes, key
         self.reset()
 
     # -- the inner drafter's hooks ---------------------------------------------------------------
 
-    def reset(self) -> None:
-        self.inner.reset()
+    def reset(self, fresh: bool = False) -> None:
+        self.inner.reset(fresh)
         self.lookup.reset()
+        if fresh:
+            self.rates.forget()
         self._last = None
 
     def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
@@ -57,27 +62,13 @@ class LookupBranchDrafter(Drafter):
     def reads_hidden_states(self) -> bool:
         return self.inner.reads_hidden_states
 
-    @property
-    def plans_tree(self) -> bool:
-        return self.inner.plans_tree
-
-    def draft_nodes(self, k: int) -> int:
-        return self.inner.draft_nodes(k)
-
-    def plan_with(self, costs, fresh: bool = False) -> None:
-        """Costs for the inner planner and for sizing the lookup branch; `fresh` forgets learned rates."""
-        self._costs = costs
-        self.inner.plan_with(costs, fresh)
-        if fresh:
-            self.rates.forget()
-
     # -- drafting ------------------------------------------------------------------------------
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
-        inner = self.inner.propose(tokens, k)
+    def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        inner = self.inner.propose(tokens, sizing)
         self._last = None
-        chain = self.lookup.propose(tokens, k).tokens
-        key = self.lookup.last_match_len
+        lookup = self.lookup.lookup(tokens, sizing.limit)
+        chain, key = lookup.tokens, lookup.key
         if not chain or not _deterministic(inner):
             return inner
         parents, node_tokens = _nodes_of(inner)
@@ -86,7 +77,7 @@ class LookupBranchDrafter(Drafter):
         chain_nodes: list[int] = []
         node = 0
         added = 0
-        keep_new = self._new_tokens_paying(key)
+        keep_new = self._new_tokens_paying(key, sizing, len(chain))
         for token in chain:
             child = child_of.get((node, token))
             if child is None:
@@ -107,18 +98,14 @@ class LookupBranchDrafter(Drafter):
             return Draft(node_tokens[1:], levels=levels)
         return Draft(node_tokens[1:], tree=merged, mode="deterministic", levels=levels)
 
-    def _new_tokens_paying(self, key: int) -> int:
-        """How many lookup tokens not already in the inner tree to verify for a match of this length."""
-        if self._costs is None:  # not adaptive: verify the whole chain
+    def _new_tokens_paying(self, key: Hashable, sizing: "Sizing", most: int) -> int:
+        """How many of `most` lookup tokens not already in the inner tree to verify for a match of this class."""
+        if not sizing.adaptive:  # verify the whole chain
             return self.max_nodes
-        slope = self._costs()[0]
-        rate = min(self.rates.rate(key), 0.999)
-        if slope <= 0:
-            return self.max_nodes
-        paying = int(np.floor(np.log(slope) / np.log(rate))) if rate > 0 else 0
+        paying = best_draft_length(self.rates.rate(key), sizing.costs, most)
         if self.rates.probe_due(key, idle=paying <= 0):
             return 1
-        return max(0, paying)
+        return paying
 
     def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
         """Split the verdict: the inner drafter's nodes go to its planner, the chain's prefix to the lookup rates."""

@@ -9,17 +9,21 @@ tree mode); Medusa's lossy "typical acceptance" is not offered.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import InputError
-from ..draft_config import DraftConfig
-from ..tree_planner import PlannedTreeDrafter, StaticTrees
+from ...draft_config import DraftConfig
 from .base import Draft
 from .eagle import _top
+from .static_tree import StaticTreeDrafter, StaticTrees
+
+if TYPE_CHECKING:
+    from ..adaptive import Sizing
 
 
-class MedusaDrafter(PlannedTreeDrafter):
+class MedusaDrafter(StaticTreeDrafter):
     """Static-tree (or chain) drafting from the Medusa heads' top-k."""
 
     name = "medusa"
@@ -35,15 +39,12 @@ class MedusaDrafter(PlannedTreeDrafter):
     def set_tree(self, draft: DraftConfig) -> None:
         """Draft this static tree (paths deeper than the number of heads are dropped)."""
         if draft.choices is None:
-            raise InputError("--tree: Medusa heads draft static trees (a preset, a JSON file or chain)")
+            raise InputError("tree: Medusa heads draft static trees (a preset, a JSON file or chain)", "tree")
         self.draft_config = draft
         self.static_trees = StaticTrees([c for c in draft.choices if len(c) <= self.num_heads], self.max_nodes)
 
-    def draft_nodes(self, k: int) -> int:
-        """Draft tokens of the tree cut to depth k (what a pass with k verifies, for the adaptive controller)."""
-        return self.static_trees.cut(min(k, self.num_heads)).n - 1
-
-    def reset(self) -> None:
+    def reset(self, fresh: bool = False) -> None:
+        super().reset(fresh)
         self.last_hidden: np.ndarray | None = None
         self.observed = 0
 
@@ -51,10 +52,10 @@ class MedusaDrafter(PlannedTreeDrafter):
         self.last_hidden = np.asarray(hidden[-1])
         self.observed += len(hidden)
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
-        if k <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
+    def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        if sizing.limit <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
             return Draft([])
-        spec = self.static_trees(min(k, self.num_heads))
+        spec = self.static_trees.for_round(sizing, self.num_heads)
         if spec.n <= 1:
             return Draft([])
         logits = self.session.run(self.last_hidden[None])[0]  # [heads, V]

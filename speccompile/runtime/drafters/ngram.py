@@ -12,10 +12,14 @@ the last tokens in the corpus; those proposals get their own acceptance class (n
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import TYPE_CHECKING
 
 from ...errors import InputError
-from .base import Draft, Drafter
+from .base import Draft, Drafter, DrafterRequest
 from .ngram_corpus import NgramCorpus
+
+if TYPE_CHECKING:
+    from ..adaptive import Sizing
 
 
 class _NgramIndex:
@@ -47,21 +51,16 @@ class _NgramIndex:
 
 
 class NgramDrafter(Drafter):
-    """Prompt-lookup decoding over prompt + generated tokens (deterministic: one-hot q)."""
+    """Prompt-lookup decoding over prompt + generated tokens (deterministic: one-hot q). Looking up costs ~nothing,
+    so a proposal is the longest lookup, cut to what pays for its reliability class (`Draft.key`: the matched
+    suffix length, minus the corpus context length for a corpus proposal); a plain step can still `guess`."""
 
     name = "ngram"
-    cheap_proposals = True  # proposing costs ~nothing: the loop asks for the most and trims per match length
-
-    @property
-    def proposal_key(self) -> int:
-        """Reliability class of the last proposal for adaptive speculation: the matched suffix length
-        (minus the corpus context length for a corpus proposal)."""
-        return self.last_match_len
 
     def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2,
                  corpus: NgramCorpus | None = None):
         if not 1 <= min_match <= max_match:
-            raise InputError(f"--ngram-min/--ngram-max: need 1 <= min <= max, got {min_match}, {max_match}")
+            raise InputError(f"min_match, max_match: need 1 <= min_match <= max_match, got {min_match}, {max_match}")
         self.min_match = min_match
         self.max_match = max_match
         self.resume_window = resume_window  # how far past the source pointer an occurrence still counts as "resuming"
@@ -69,9 +68,8 @@ class NgramDrafter(Drafter):
         self.corpus = corpus
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, fresh: bool = False) -> None:
         self._index = _NgramIndex(range(self.min_match, self.max_match + 1))
-        self.last_match_len = 0
         self._copied_from: int | None = None  # history index the last proposal copied from
         self._proposed_at = 0  # history length when it was made
 
@@ -81,14 +79,25 @@ class NgramDrafter(Drafter):
             return None
         return self._copied_from + (history_len - self._proposed_at)
 
-    def propose(self, tokens: list[int], k: int) -> Draft:
-        """Longest suffix (max_match .. min_match tokens) seen earlier wins; among its occurrences the one
-        resuming the previous copy is preferred, else the latest."""
+    def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        """The longest lookup, cut to the length that pays for its class."""
+        draft = self.lookup(tokens, sizing.limit)
+        if draft.tokens:
+            draft.tokens = draft.tokens[: sizing.choose_k(draft.key, len(draft.tokens))]
+        return draft
+
+    def guess(self, tokens: list[int]) -> Draft | None:
+        draft = self.lookup(tokens, 1)
+        return draft if draft.tokens else None
+
+    def lookup(self, tokens: list[int], k: int) -> Draft:
+        """Up to k tokens copied after an earlier occurrence of the history's suffix (`Draft.key`: the match
+        length). The longest suffix (max_match .. min_match tokens) seen earlier wins; among its occurrences the
+        one resuming the previous copy is preferred, else the latest."""
         pointer = self._source_pointer(len(tokens))
-        self.last_match_len = 0
         self._copied_from = None
         if k <= 0 or len(tokens) < self.min_match + 1:
-            return Draft([])
+            return Draft([], key=0)
         self._index.update(tokens)
         history = self._index.tokens
         n_total = len(history)
@@ -105,11 +114,14 @@ class NgramDrafter(Drafter):
                     start = min(starts[low:high], key=lambda s: abs(s - pointer))
             proposal = [int(t) for t in history[start: start + k]]
             if proposal:
-                self.last_match_len = n
                 self._copied_from, self._proposed_at = start, n_total
-                return Draft(proposal)
+                return Draft(proposal, key=n)
         if self.corpus is not None:
             proposal, context = self.corpus.continue_from(tokens, k)
-            self.last_match_len = -context
-            return Draft(proposal)
-        return Draft([])
+            return Draft(proposal, key=-context)
+        return Draft([], key=0)
+
+
+def make_ngram(request: DrafterRequest) -> NgramDrafter:
+    """The registry's factory (drafters/registry.py)."""
+    return NgramDrafter(corpus=request.ngram_corpus)

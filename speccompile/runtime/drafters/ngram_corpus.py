@@ -36,12 +36,18 @@ class NgramCorpus:
                     counts[n][tuple(seq[i - n: i])][seq[i]] += 1
         self.next_token = {n: {ctx: c.most_common(1)[0][0] for ctx, c in counts[n].items()} for n in CONTEXT_LENGTHS}
 
+    @staticmethod
+    def check_file(path: str | Path) -> Path:
+        """The corpus file's path; InputError when it is not a readable file (checked before anything loads)."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"ngram_corpus {path}: no such file", "ngram_corpus")
+        return path
+
     @classmethod
     def from_file(cls, path: str | Path, tokenizer) -> "NgramCorpus":
         """Read and tokenize a corpus file (JSONL of {"text": ...}, or plain text)."""
-        path = Path(path)
-        if not path.is_file():
-            raise InputError(f"--ngram-corpus {path}: no such file")
+        path = cls.check_file(path)
         raw = path.read_text(encoding="utf-8", errors="replace")
         if path.suffix == ".jsonl":
             texts = []
@@ -51,15 +57,16 @@ class NgramCorpus:
                 try:
                     text = json.loads(line)["text"]
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    raise InputError(f"--ngram-corpus {path}: line {number} is not a JSON object with a 'text'") from None
+                    raise InputError(f"ngram_corpus {path}: line {number} is not a JSON object with a 'text'", "ngram_corpus") from None
                 if not isinstance(text, str):
-                    raise InputError(f"--ngram-corpus {path}: line {number}: 'text' is not a string")
+                    raise InputError(f"ngram_corpus {path}: line {number}: 'text' is not a string", "ngram_corpus")
                 texts.append(text)
         else:
             texts = [raw]
         corpus = cls(tokenizer.encode(text) for text in texts if text.strip())
         if not corpus.next_token[CONTEXT_LENGTHS[-1]]:
-            raise InputError(f"--ngram-corpus {path}: no text to learn from (needs at least {CONTEXT_LENGTHS[-1] + 1} tokens)")
+            raise InputError(f"ngram_corpus {path}: no text to learn from (needs at least {CONTEXT_LENGTHS[-1] + 1} tokens)",
+                             "ngram_corpus")
         return corpus
 
     def continue_from(self, history: Sequence[int], k: int) -> tuple[list[int], int]:

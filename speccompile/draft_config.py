@@ -1,11 +1,12 @@
-"""What a drafter drafts each step: its tree shape and k. One grammar for export and runtime.
+"""What a drafter drafts each step: its tree shape and k. One grammar for export and runtime (a part of the
+artifact contract, like manifest.py: export writes it into the manifest, the runtime reads it back).
 
 k is the most draft *positions* per step: the number of tokens of a chain, the depth of a tree (a tree
 of depth k verifies more than k tokens). Shapes:
 
 * chain drafters (n-gram lookup, a draft model): no tree; k defaults to 12 (n-gram) or 4 (draft model);
 * head drafters (EAGLE, EAGLE-3, MTP, Medusa) draft a tree, given by `--tree`:
-  - a preset (``eagle-default``, ``chain-K``, ``tree-WxD``, see runtime/tree.py) or a JSON file of choice
+  - a preset (``eagle-default``, ``chain-K``, ``tree-WxD``) or a JSON file of choice
     paths: a static tree, k defaults to its depth and cuts it to depth k;
   - ``chain``: a chain of k tokens (k defaults to 4);
   - ``dynamic`` / ``dynamic-D-K-N`` / ``dynamic-D-K-N-pP``: an EAGLE-2 tree grown each step (depth D, top-K
@@ -18,12 +19,15 @@ The manifest's drafter section stores a config as ``{"tree": choices | "dynamic"
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
-from ..errors import ArtifactError, InputError
-from .tree import TreeSpec, chain_choices, load_tree
+import numpy as np
+
+from .errors import ArtifactError, InputError
 
 CHAIN_KINDS = ("ngram", "draft-model")
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
@@ -31,6 +35,139 @@ DEFAULT_K = {"ngram": 12, "draft-model": 4}
 DEFAULT_CHAIN_K = 4
 DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
 _DYNAMIC = re.compile(r"dynamic(?:-(\d+)-(\d+)-(\d+)(?:-p(\d*\.?\d+))?)?")
+MAX_PRESET_NODES = 1024
+
+# --------------------------------------------------------------------------------------------
+# Static trees: choice paths, presets and files
+# --------------------------------------------------------------------------------------------
+
+
+# ~25 nodes, depth 5, widest near the root: most acceptance mass sits on the drafter's top-1
+# continuation, so the tree spends its width early and keeps a top-1 spine to depth 5.
+EAGLE_DEFAULT: list[list[int]] = [
+    [0], [1], [2], [3],
+    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [3, 0],
+    [0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 1, 0, 0], [1, 0, 0, 0],
+    [0, 0, 0, 0, 0], [0, 0, 0, 1, 0], [0, 1, 0, 0, 0],
+]  # fmt: skip
+
+
+def wide_chains(width: int, depth: int) -> list[list[int]]:
+    """``tree-WxD``: the top-W first tokens, each extended by a top-1 chain to depth D."""
+    return [[w] + [0] * d for w in range(width) for d in range(depth)]
+
+
+def chain_choices(k: int) -> list[list[int]]:
+    """``chain-K``: K tokens, each the top-1 continuation of the previous."""
+    return [[0] * d for d in range(1, k + 1)]
+
+
+PRESETS: dict[str, list[list[int]]] = {
+    "chain-4": chain_choices(4),
+    "chain-8": chain_choices(8),
+    "tree-2x4": wide_chains(2, 4),
+    "tree-3x3": wide_chains(3, 3),
+    "tree-4x2": wide_chains(4, 2),
+    "eagle-default": EAGLE_DEFAULT,
+}
+
+
+def preset_names() -> list[str]:
+    """Named presets (``chain-K`` and ``tree-WxD`` also work for other sizes)."""
+    return list(PRESETS)
+
+
+def load_choices(spec: str | Path) -> list[tuple[int, ...]]:
+    """The choice paths of a preset name (``eagle-default``, ``chain-K``, ``tree-WxD``) or of a JSON file, in the
+    tree's node order (by depth, then path).
+
+    The JSON file holds a list of paths (``[[0], [0, 0], [1]]``) or an object with a
+    ``"choices"`` list. Raises :class:`InputError` with a one-line reason otherwise.
+    """
+    return sorted(_choices_of(spec), key=lambda path: (len(path), path))
+
+
+def _choices_of(spec: str | Path) -> list[tuple[int, ...]]:
+    name = str(spec)
+    if name in PRESETS:
+        return normalise_choices(PRESETS[name])
+    pattern = _pattern_preset(name)
+    if pattern is not None:
+        return normalise_choices(pattern)
+    path = Path(name)
+    if path.is_file():
+        return normalise_choices(_read_choices_json(path))
+    if path.suffix.lower() == ".json" or "/" in name or path.exists():
+        raise InputError(f"tree file {name} not found")
+    known = ", ".join(preset_names() + ["chain-K", "tree-WxD"])
+    raise InputError(f"unknown tree preset {name!r} (known: {known}; or a JSON file of choice paths)")
+
+
+def _pattern_preset(name: str) -> list[list[int]] | None:
+    m = re.fullmatch(r"chain-(\d+)", name)
+    if m:
+        choices = chain_choices(int(m.group(1)))
+    else:
+        m = re.fullmatch(r"tree-(\d+)x(\d+)", name)
+        if not m:
+            return None
+        choices = wide_chains(int(m.group(1)), int(m.group(2)))
+    if not choices or len(choices) + 1 > MAX_PRESET_NODES:
+        raise InputError(f"tree preset {name!r} must have between 1 and {MAX_PRESET_NODES - 1} draft nodes")
+    return choices
+
+
+def _read_choices_json(path: Path) -> list:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read tree file {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"tree file {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    if isinstance(data, dict):
+        data = data.get("choices")
+    if not isinstance(data, list):
+        raise InputError(f"tree file {path} must hold a list of choice paths (or {{\"choices\": [...]}})")
+    return data
+
+
+def normalise_choices(choices: Iterable[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Validate choice paths (InputError: malformed, duplicate or not prefix-closed); return them as tuples with
+    the (optional) root [] dropped."""
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, Iterable):
+        raise InputError(f"tree choices must be a list of paths like [[0], [0, 0], [1]], got {choices!r}")
+    seen: set[tuple[int, ...]] = set()
+    out: list[tuple[int, ...]] = []
+    for raw in choices:
+        path = _as_path(raw)
+        if not path:
+            continue
+        if path in seen:
+            raise InputError(f"tree path {list(path)} appears twice")
+        seen.add(path)
+        out.append(path)
+    for path in out:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise InputError(f"tree path {list(path)} has no parent path {list(path[:-1])} (paths must be prefix-closed)")
+    return out
+
+
+def _as_path(raw: object) -> tuple[int, ...]:
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, (list, tuple, np.ndarray)):
+        raise InputError(f"tree path must be a list of non-negative integers, got {raw!r}")
+    path = []
+    for v in raw:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise InputError(f"tree path must be a list of non-negative integers, got {list(raw)!r}")
+        path.append(int(v))
+    return tuple(path)
+
+
+
+# --------------------------------------------------------------------------------------------
+# What a drafter drafts
+# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -67,12 +204,6 @@ class DraftConfig:
             return "dynamic"
         return "static" if self.choices is not None else "chain"
 
-    def static_tree(self) -> TreeSpec:
-        """The static tree (whole, not cut to k)."""
-        if self.choices is None:
-            raise ValueError(f"{self.kind} drafts a {self.shape} tree, not a static one")
-        return TreeSpec.from_choices([list(c) for c in self.choices])
-
     def with_k(self, k: int | None) -> "DraftConfig":
         """The same tree with another k (None: unchanged)."""
         return self if k is None else replace(self, k=_check_k(k))
@@ -103,8 +234,8 @@ class DraftConfig:
                 dynamic = replace(dynamic, min_prob=float(match.group(4)))
             _check_dynamic(dynamic, f"--tree {name}")
             return cls(kind, dynamic.depth if k is None else k, dynamic=dynamic, tree_name=name)
-        spec = load_tree(name)
-        return cls(kind, spec.max_depth if k is None else k, _paths(spec.choices()), tree_name=str(name))
+        choices = load_choices(name)
+        return cls(kind, max(map(len, choices)) if k is None else k, _paths(choices), tree_name=str(name))
 
     # -- the manifest ---------------------------------------------------------------------------------
 

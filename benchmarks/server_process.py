@@ -1,4 +1,4 @@
-"""Start `speccompile serve` in a child process and wait until it answers (used by the tests and the load benchmark)."""
+"""Start `speccompile serve` in a child process and wait until it answers (a harness of the tests and the load benchmark)."""
 
 from __future__ import annotations
 

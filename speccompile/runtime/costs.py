@@ -1,0 +1,189 @@
+"""What a target pass costs, and whether drafting pays: one cost protocol, one expected-speed formula.
+
+Every decision to draft compares expected speeds, `expected_speed(tokens, pass_seconds, draft_seconds)`:
+the tokens a round is expected to produce per second it takes, drafting included. An option pays when it is
+`faster` than the alternative (a plain step, the round as it was). The adaptive controller picks the draft
+length that is fastest (`best_draft_length`, also the lookup branch's), the tree planner the fastest prefix
+of its node order, the batch decoder whether drafting can pay at its load and whether a round's drafts pay
+for a slot pass.
+
+Pass costs come from a `PassCostModel`: measured per number of verified tokens (`PassCosts`), fixed
+(`FixedCosts`, seeded sampling: decisions then depend on the tokens only), or priced by a batch's load
+(`LoadPricedCosts`). `SlotPassCosts` prices the batch decoder's slot passes by their rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+MARGIN = 1e-4  # an option must be this much faster to be preferred (ties keep the plainer option)
+
+
+def ema(previous: float | None, value: float, alpha: float) -> float:
+    """The exponential moving average after `value` (weight `alpha`); `value` itself when there is none yet."""
+    return value if previous is None else (1 - alpha) * previous + alpha * value
+
+
+def expected_speed(tokens: float, pass_seconds: float, draft_seconds: float = 0.0) -> float:
+    """Tokens per second of a round: `tokens` expected from a target pass of `pass_seconds` after
+    `draft_seconds` of drafting."""
+    return tokens / max(pass_seconds + draft_seconds, 1e-12)
+
+
+def faster(speed: float, than: float) -> bool:
+    """Whether `speed` beats `than` by more than the margin."""
+    return speed > than * (1 + MARGIN)
+
+
+def chain_tokens(acceptance: float, k: int) -> float:
+    """Tokens a pass yields from a chain of k drafts, each accepted with probability `acceptance` after the
+    previous one: E(k) = (1 - a^(k+1)) / (1 - a) (the accepted run plus the token the pass adds)."""
+    a = min(max(acceptance, 1e-6), 1 - 1e-6)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+class PassCostModel(Protocol):
+    """Seconds of a target pass by the number of tokens it verifies."""
+
+    @property
+    def t1(self) -> float | None:
+        """Seconds of a one-token pass; None until one was measured (a controller then takes a plain step)."""
+
+    def seconds(self, q: int) -> float:
+        """Expected seconds of a pass over q tokens."""
+
+    def record(self, q: int, seconds: float) -> None:
+        """The measured time of one pass over q tokens."""
+
+
+def best_draft_length(acceptance: float, costs: PassCostModel, limit: int, draft_seconds: float = 0.0,
+                      nodes: Callable[[int], int] | None = None) -> int:
+    """The draft length k in [0, limit] with the highest expected speed (0: a plain step is fastest).
+
+    A chain of k drafts yields `chain_tokens(acceptance, k)`; its pass verifies `nodes(k)` draft tokens (a tree
+    of depth k; default k) plus the pending one, after k x `draft_seconds` of drafting."""
+    best_k, best = 0, expected_speed(1.0, costs.seconds(1))
+    for k in range(1, limit + 1):
+        verified = k if nodes is None else nodes(k)
+        speed = expected_speed(chain_tokens(acceptance, k), costs.seconds(verified + 1), k * draft_seconds)
+        if faster(speed, best):
+            best_k, best = k, speed
+    return best_k
+
+
+@dataclass
+class PassCosts(PassCostModel):
+    """Measured seconds of one target pass by the number of tokens it verifies, for one engine.
+
+    Kept per q (EMA) because the cost is a staircase (CPU GEMM kernels work on the verified rows in blocks),
+    plus the line t1 + slope (q - 1) fitted to every pass for the q not measured yet, kept between the measured
+    neighbours: t does not decrease with q. One instance can serve every generation of an engine (the runner
+    shares it), so later prompts start from what earlier ones measured."""
+
+    alpha: float = 0.08
+    by_q: dict = field(default_factory=dict)  # q -> seconds of a pass over q tokens (EMA)
+    slope: float | None = None  # extra seconds per extra verified token (EMA over all passes)
+
+    @property
+    def t1(self) -> float | None:
+        return self.by_q.get(1)
+
+    def record(self, q: int, seconds: float) -> None:
+        if q > 1 and self.t1 is not None:
+            self.slope = ema(self.slope, max(0.0, (seconds - self.t1) / (q - 1)), self.alpha)
+        self.by_q[q] = ema(self.by_q.get(q), seconds, self.alpha)
+
+    def line(self) -> tuple[float, float]:
+        """(t1, slope) of the line fitted to every pass, with defaults until measured: t1 is at most the
+        cheapest pass measured (a batched server may measure only passes over several tokens), 1 s before any."""
+        t1 = self.t1 if self.t1 is not None else min(self.by_q.values(), default=1.0)
+        return t1, self.slope if self.slope is not None else 0.05 * t1
+
+    def seconds(self, q: int) -> float:
+        """Measured (at least what any narrower pass measured: timing noise must not make a wider pass look
+        cheaper), else the line kept between the measured neighbours."""
+        below = max((s for k, s in self.by_q.items() if k < q), default=0.0)
+        if q in self.by_q:
+            return max(self.by_q[q], below)
+        t1, slope = self.line()
+        estimate = max(t1 + slope * (q - 1), below)
+        return min([estimate, *(s for k, s in self.by_q.items() if k > q)])
+
+
+@dataclass(frozen=True)
+class FixedCosts(PassCostModel):
+    """A pass over q tokens costs t1 (1 + slope (q - 1)); nothing measured changes it (seeded sampling: the
+    choices, hence the random stream and the output, depend only on the tokens)."""
+
+    t1: float = 1.0
+    slope: float = 0.06
+
+    def seconds(self, q: int) -> float:
+        return self.t1 * (1 + self.slope * (q - 1))
+
+    def record(self, q: int, seconds: float) -> None:
+        """Fixed: measurements are ignored."""
+
+
+@dataclass
+class LoadPricedCosts(PassCostModel):
+    """The pass costs one request of a batch sees: a plain step is its share of the batched q = 1 pass;
+    a step with a draft is a batch-1 pass of its own over the pending token + the draft (with slot passes:
+    the draft's rows ride in the shared pass at `row_slope` seconds each)."""
+
+    alone: PassCosts  # batch-1 passes by q (the runner's, shared with single-stream generations)
+    shared_row: float | None  # seconds of one row of the batched plain pass at the current batch size (None: unmeasured)
+    batched: PassCosts | None = None  # batched plain passes by rows: the estimate of a q-token pass until one ran
+    row_slope: float | None = None  # slot passes: a draft's rows ride in the shared pass at this many seconds each
+
+    @property
+    def t1(self) -> float | None:
+        """None until a plain pass was measured (the controller then takes a plain step first, as alone)."""
+        return self.shared_row
+
+    def seconds(self, q: int) -> float:
+        if q == 1 and self.shared_row is not None:
+            return self.shared_row
+        if self.row_slope is not None and self.shared_row is not None:
+            return self.shared_row + self.row_slope * (q - 1)
+        if not self.alone.by_q and self.batched is not None and self.batched.by_q:
+            return self.batched.seconds(q)  # a batch-1 pass over q tokens ~ a batched pass over q rows
+        return self.alone.seconds(q)
+
+    def record(self, q: int, seconds: float) -> None:
+        self.alone.record(q, seconds)
+
+
+@dataclass
+class SlotPassCosts:
+    """Seconds of a slot pass as a line in its rows (every slot's rows, dummies included): the slope, what one
+    more draft row costs in the shared pass, is timed once (`calibrate`: passes of two sizes, when the decoder
+    starts: `BatchDecoder.calibrate_slot_passes`); the level follows every pass (EMA). Fitting the slope online
+    does not work: most rounds differ by a few rows, and timing noise then sets the slope (measured anywhere
+    from 0 to 4 ms a row on SmolLM2)."""
+
+    alpha: float = 0.1  # weight of the newest pass in the level
+    row_seconds: float | None = None  # the slope (None: not calibrated)
+    _base: float | None = None  # seconds of a pass minus row_seconds x its rows (EMA)
+    _per_row: float | None = None  # before a calibration: seconds per row (EMA)
+
+    def calibrate(self, rows: tuple[int, int], seconds: tuple[float, float]) -> None:
+        """Two passes of different sizes, timed: their line."""
+        self.row_seconds = max(0.0, (seconds[1] - seconds[0]) / (rows[1] - rows[0]))
+        self._base = seconds[0] - self.row_seconds * rows[0]
+
+    def record(self, rows: int, seconds: float) -> None:
+        if self.row_seconds is not None:
+            self._base = ema(self._base, seconds - self.row_seconds * rows, self.alpha)
+        self._per_row = ema(self._per_row, seconds / rows, self.alpha)
+
+    @property
+    def measured(self) -> bool:
+        return self._base is not None or self._per_row is not None
+
+    def seconds(self, rows: int) -> float | None:
+        """Expected seconds of a slot pass over `rows` rows (None before any)."""
+        if self.row_seconds is not None and self._base is not None:
+            return max(0.0, self._base + self.row_seconds * rows)
+        return None if self._per_row is None else self._per_row * rows

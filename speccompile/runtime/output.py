@@ -1,0 +1,64 @@
+"""The emitted side of a generation: stops (eos, stop strings, max_tokens), the text and its streamed deltas."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..tokenizer import TextTokenizer
+from .options import GenerationConfig
+from .sampling import SamplingParams, process_logits, sample
+
+
+class TokenOutput:
+    """Collects emitted tokens and applies eos / stop strings / max_tokens; streams text deltas."""
+
+    def __init__(self, tokenizer: TextTokenizer | None, config: GenerationConfig, eos_ids: set[int],
+                 on_text: Callable[[str], None] | None):
+        self.tokens: list[int] = []
+        self.tokenizer = tokenizer
+        self.config = config
+        self.eos_ids = eos_ids
+        self.on_text = on_text
+        self.finish: str | None = None
+        self.text = ""
+        self._streamed = 0
+        self._holdback = max((len(s) for s in config.stop), default=1) - 1
+
+    def push(self, token: int) -> bool:
+        """Add one token; True when generation must stop (the token is kept unless it is eos)."""
+        if token in self.eos_ids and not self.config.ignore_eos:
+            self.finish = "stop"
+            return True
+        self.tokens.append(token)
+        if self.config.stop and self.tokenizer is not None:
+            self.text = self.tokenizer.decode(self.tokens)
+            for stop in self.config.stop:
+                cut = self.text.find(stop)
+                if cut >= 0:
+                    self.text = self.text[:cut]
+                    self.finish = "stop"
+                    return True
+        if len(self.tokens) >= self.config.max_tokens:
+            self.finish = "length"
+            return True
+        return False
+
+    def flush(self, final: bool = False) -> None:
+        if self.on_text is None or self.tokenizer is None:
+            return
+        if not self.config.stop:
+            self.text = self.tokenizer.decode(self.tokens)
+        text = self.text
+        if text.endswith("\ufffd") and not final:
+            return
+        end = len(text) if final else max(self._streamed, len(text) - self._holdback)
+        if end > self._streamed:
+            self.on_text(text[self._streamed:end])
+            self._streamed = end
+
+
+def choose_first_token(prompt_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """The first generated token, from the prompt's last logits (the generation's first draw of `rng`)."""
+    return int(np.argmax(prompt_logits)) if params.greedy else sample(process_logits(prompt_logits, params), rng)

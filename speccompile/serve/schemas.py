@@ -1,0 +1,202 @@
+"""The request bodies of /v1/completions and /v1/chat/completions (OpenAI's fields; unknown fields are ignored,
+unsupported ones refused) and what a validated body asks the engine for."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+from ..runtime.constraints import ConstraintSpec
+from .requests import GenerationRequest
+from .structured import ResponseFormat, StructuredOutputs, ToolFields
+
+
+def _refuse_unless_off(value, info):
+    """A field this server does not implement is accepted only at its 'off' value (null, false, 0, empty)."""
+    if value not in (None, False, 0, [], {}):
+        raise ValueError(f"{info.field_name} is not supported by this server")
+    return value
+
+
+def _only_one(value, info):
+    """n and best_of: one choice per request."""
+    if value not in (None, 1):
+        raise ValueError(f"only {info.field_name}=1 is supported, got {value}")
+    return value
+
+
+class _StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _GenerationFields(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: StrictInt | None = Field(None, ge=-1, description="extension: keep the k most likely tokens; 0 or -1 = off")
+    seed: StrictInt | None = Field(None, ge=0)
+    n: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's extension: regex, choice, grammar, json")
+    drafter: Literal["none"] | None = Field(None, description="extension: 'none' decodes this request without drafting")
+
+    one_choice = field_validator("n")(_only_one)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+    refuse_unsupported = field_validator("presence_penalty", "frequency_penalty", "logit_bias")(_refuse_unless_off)
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        if self.structured_outputs is not None and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("give response_format or structured_outputs, not both")
+        return self
+
+    def constraint_spec(self) -> ConstraintSpec | None:
+        """What the answer must match (response_format or structured_outputs), before compiling."""
+        if self.structured_outputs is not None:
+            return self.structured_outputs.spec()
+        return self.response_format.spec() if self.response_format is not None else None
+
+    def request(self, prompt_ids: list[int], max_tokens: int, constraint: Any = None,
+                logprobs: int | None = None) -> GenerationRequest:
+        """The engine's request; `constraint`: the compiled grammar; `logprobs`: alternatives per token (None: off)."""
+        return GenerationRequest(
+            prompt_ids=tuple(prompt_ids),
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,  # OpenAI's default
+            top_k=max(self.top_k or 0, 0),
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed,
+            stop=tuple(self.stop or ()),
+            constraint=constraint,
+            logprobs=logprobs,
+            drafter=self.drafter,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_GenerationFields):
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    echo: bool | None = None
+    suffix: str | None = None
+    logprobs: StrictInt | None = Field(None, ge=0, le=5)
+    best_of: StrictInt | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ValueError(f"one prompt per request is supported, got {len(prompt)}")
+            prompt = prompt[0]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        return prompt
+
+    refuse_unsupported_here = field_validator("echo", "suffix")(_refuse_unless_off)
+
+    one_candidate = field_validator("best_of")(_only_one)
+
+
+class _TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class _CalledFunction(BaseModel):
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_TextPart] | None = None
+    tool_calls: list[_ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The message as chat templates read it (tool-call arguments as objects, as Hugging Face passes them)."""
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                     for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                message[key] = getattr(self, key)
+        return message
+
+
+def _arguments(arguments: str | dict[str, Any]) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+class ChatCompletionRequest(_GenerationFields, ToolFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        forced = self.tool_choice not in (None, "none", "auto") and bool(self.tools)
+        if forced and self.constraint_spec() is not None:
+            raise ValueError("tool_choice required or a named function already fixes the answer's format: drop response_format / structured_outputs")
+        return self
+
+    @property
+    def logprob_count(self) -> int | None:
+        """Alternatives per token (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -1,0 +1,204 @@
+"""The quantized fused CPU graph (engines/cpu_graph.py, engines/nbits.py): packed weights that are exactly the
+build's codes, MatMulNBits / GatherBlockQuantized in place of the weight readers, the same function as the Q/DQ
+contract graph. Exactness under speculative decoding is tested with every quantized CPU build in
+tests/test_quantized_exact.py."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from speccompile.engines.build import BuildOptions, build_artifact
+from speccompile.engines.cpu_graph import write_cpu_graphs
+from speccompile.engines.nbits import NBitsWeight, reblock_rows, symmetric_rows, unpack_codes
+from speccompile.manifest import read_manifest, variant_name
+from speccompile.runtime.artifact import open_artifact
+from speccompile.weights_file import read_tensor
+
+from conftest import export_as_gguf
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("groups", [1, 2, 4])  # one scale per row, blocks of 64, blocks of 32 (K = 128)
+def test_packed_rows_dequantize_to_the_codes_times_their_scales(bits, groups):
+    rng = np.random.default_rng(bits + groups)
+    n, k = 6, 128
+    codes = rng.integers(-(2 ** (bits - 1)), 2 ** (bits - 1), size=(n, k))
+    scales = rng.random((n, groups)).astype(np.float32)
+    weight = symmetric_rows(codes, scales, bits, 32)
+    assert weight.packed.shape == (n, k // 32, 32 * bits // 8) and weight.scales.shape == (n, k // 32)
+    expected = codes.astype(np.float32) * np.repeat(scales, k // groups, axis=1)
+    assert np.array_equal(weight.dequantize(), expected.T)  # NBitsWeight.dequantize is W [K, N]
+
+
+def test_coarser_blocks_only_split_into_whole_blocks():
+    assert reblock_rows(np.ones((2, 3), np.float32), 96, 32).shape == (2, 3)
+    with pytest.raises(ValueError):
+        reblock_rows(np.ones((2, 3), np.float32), 48, 32)  # blocks of 16 are not blocks of 32
+
+
+@pytest.fixture(scope="module")
+def int4_builds(tiny_artifact, tiny_model_dir, tmp_path_factory):
+    """The tiny model built --int4 (blocks of 64 and 128: re-blocked to 32) and from a Q4_1 / Q8_0 GGUF of it
+    (INT4 on its own grid with offset branches, the table blocked INT8)."""
+    root = tmp_path_factory.mktemp("cpugraph")
+    gguf = export_as_gguf(root / "gguf", tiny_model_dir, quant="Q4_1", table_quant="Q8_0")
+    builds = {"int4": root / "int4", "source-grid": root / "grid"}
+    build_artifact(tiny_artifact, builds["int4"], BuildOptions(precision="int4", onnx_only=True, calib_samples=2, calib_max_tokens=32))
+    build_artifact(gguf, builds["source-grid"], BuildOptions(precision="int4", onnx_only=True, quantize_tables=True, exclude=()))
+    yield builds
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _ops(path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("build", ["int4", "source-grid"])
+def test_the_build_writes_and_the_runtime_opens_the_packed_graph(int4_builds, build):
+    manifest = read_manifest(int4_builds[build])
+    spec = manifest.graph(variant_name("target"))
+    assert spec.extra["quantization"] == "int4" and spec.extra["cpu_kernels"]["block"] == 32
+    ops = _ops(int4_builds[build] / spec.file)
+    record = manifest.precision["target"]
+    tied_heads = sum(kind == "gather+lm_head" for kind in record.get("tables", {}).values())
+    assert ops["MatMulNBits"] == record["quantized_matmuls"] + tied_heads
+    assert "DequantizeLinear" not in ops
+    if build == "source-grid":  # every MatMul packed; their offsets (x E) O: two fp32 MatMuls each
+        assert ops["GatherBlockQuantized"] == 1 and ops["MatMul"] == 2 * record["source_grid"]["with_offset"]
+    else:  # the excluded lm_head stays an fp32 MatMul, the table an fp32 Gather
+        assert ops["MatMul"] == len(record["excluded"]) == 1 and "GatherBlockQuantized" not in ops
+    assert open_artifact(int4_builds[build], drafter="none").target.spec.file == spec.file
+
+
+def _dq_weights(model: onnx.ModelProto, folder) -> list[np.ndarray]:
+    """Every weight DequantizeLinear of the contract graph, dequantized as it computes it (float32 codes x scale;
+    [K, N], or the table [V, H])."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = []
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
+            continue
+        init = inits[node.input[0]]
+        shape = tuple(init.dims)
+        raw = np.asarray(read_tensor(init, folder))
+        if init.data_type == onnx.TensorProto.INT4:
+            raw = ((unpack_codes(raw.reshape(-1), 4, int(np.prod(shape))).astype(np.int8) ^ 8) - 8).reshape(shape)
+        scale = np.asarray(read_tensor(inits[node.input[1]], folder), np.float32)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+        if block:
+            scale = np.repeat(scale, block, axis=axis)
+        elif scale.ndim == 1:
+            scale = np.expand_dims(scale, 1 - axis)
+        out.append(raw.astype(np.float32) * scale)
+    return out
+
+
+def _nbits_weights(model: onnx.ModelProto, folder) -> list[np.ndarray]:
+    """Every MatMulNBits weight of the packed graph as W [K, N] ((q - 2^(b-1)) s in float32), and every
+    GatherBlockQuantized table as T^T [H, V]."""
+    inits = {i.name: i for i in model.graph.initializer}
+    out = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMulNBits", "GatherBlockQuantized"):
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        data, scale_name = (node.input[1], node.input[2]) if node.op_type == "MatMulNBits" else (node.input[0], node.input[2])
+        packed = np.asarray(read_tensor(inits[data], folder))
+        scales = np.asarray(read_tensor(inits[scale_name], folder))
+        n, blocks = scales.shape
+        k = blocks * attrs["block_size"]
+        packed = packed.reshape(n, blocks, -1)
+        out.append(NBitsWeight(packed, scales, None, attrs["bits"], attrs["block_size"], k, n).dequantize())
+    return out
+
+
+@pytest.mark.parametrize("build", ["int4", "source-grid"])
+def test_packed_weights_are_the_builds_codes(int4_builds, build):
+    """Each packed weight is, value for value, one DequantizeLinear weight of the contract graph (transposed
+    where the kernel reads rows: a table, a tied lm_head)."""
+    folder = int4_builds[build]
+    contract = _dq_weights(onnx.load(str(folder / "target.onnx"), load_external_data=False), folder)
+    packed = _nbits_weights(onnx.load(str(folder / "target.ort.onnx"), load_external_data=False), folder)
+    assert len(packed) >= len(contract) > 0
+    keys = {(w.shape, w.tobytes()) for w in contract} | {(w.T.shape, w.T.tobytes()) for w in contract}
+    for weight in packed:
+        assert (weight.shape, weight.tobytes()) in keys
+
+
+def _logits(path, ids: np.ndarray, fused: bool) -> np.ndarray:
+    target = open_artifact(path, threads=2, drafter="none", fused=fused).target
+    cache = target.new_cache()
+    mask = np.tril(np.ones((len(ids), len(ids)), bool))
+    return target.run(ids, np.arange(len(ids)), cache.attention_mask(mask), cache).logits
+
+
+def _with_cpu_graph(build, tmp_path, accuracy_level: int):
+    """A copy of `build` whose packed graph was rewritten at `accuracy_level`."""
+    copy = tmp_path / "copy"
+    shutil.copytree(build, copy)
+    manifest = read_manifest(copy)
+    src = manifest.model["built_from"]
+    source = read_manifest(src)
+    fused = {name: spec for name, spec in source.graphs.items() if name == variant_name("target")}
+    specs, files = write_cpu_graphs(src, fused, source.graph("target"), copy, "int4", accuracy_level=accuracy_level)
+    manifest.graphs.update(specs)
+    manifest.record_files(copy, files)
+    manifest.write(copy)
+    return copy
+
+
+@pytest.mark.parametrize("build", ["int4", "source-grid"])
+def test_the_packed_graph_computes_the_contract_graphs_function(int4_builds, build, tmp_path):
+    """At accuracy level 0 (fp32 arithmetic) the packed graph gives the contract graph's logits to float rounding;
+    at the default level 4 (int8 activations per block of 32) to its activation rounding."""
+    ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17], dtype=np.int64)
+    contract = _logits(int4_builds[build], ids, fused=False)
+    scale = float(np.abs(contract).max())
+    level0 = _logits(_with_cpu_graph(int4_builds[build], tmp_path, 0), ids, fused=True)
+    assert float(np.abs(level0 - contract).max()) < 1e-4 * scale
+    level4 = _logits(int4_builds[build], ids, fused=True)
+    assert 1e-6 * scale < float(np.abs(level4 - contract).max()) < 0.05 * scale
+
+
+def test_int8_needs_onnx_only_and_takes_no_calibration_method(tiny_artifact, tmp_path, capsys):
+    from conftest import run_cli_here
+
+    code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int8", "--out", str(tmp_path / "a"))
+    assert code == 2 and "--int8" in err and "--onnx-only" in err and "Traceback" not in err
+    code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int8", "--onnx-only", "--low-rank", "8", "--out", str(tmp_path / "b"))
+    assert code == 2 and "--int8" in err and "--low-rank" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_fused_weight_that_is_no_contract_weight_is_refused(int4_builds, tmp_path, monkeypatch):
+    """A fused graph whose weights do not match the contract graph's (another exporter's layout) gets no packed
+    graph rather than an fp32 one labelled INT4."""
+    from speccompile.engines import cpu_graph
+    from speccompile.errors import UnsupportedError
+
+    matched = cpu_graph.match_weights
+
+    def one_lost(fused, source):
+        pairs = matched(fused, source)
+        lost = next(name for name in pairs if name.endswith("down_proj.weight_t"))
+        return {k: v for k, v in pairs.items() if k != lost}
+
+    monkeypatch.setattr(cpu_graph, "match_weights", one_lost)
+    with pytest.raises(UnsupportedError, match="none of the contract graph's weights"):
+        _with_cpu_graph(int4_builds["int4"], tmp_path, 4)
+    notes: list[str] = []
+    src = read_manifest(int4_builds["int4"]).model["built_from"]
+    source = read_manifest(src)
+    fused = {variant_name("target"): source.graph(variant_name("target"))}
+    copy = tmp_path / "again"
+    shutil.copytree(int4_builds["int4"], copy)
+    assert cpu_graph.quantized_cpu_graphs(src, fused, source.graph("target"), copy, "int4", notes.append) == ({}, [])
+    assert any("no fused CPU graph" in n for n in notes)  # the build goes on with the contract graph

@@ -1,0 +1,151 @@
+"""What a new user gets wrong, answered in one line with exit code 2 (and before the model loads where the mistake
+is in the command line): issue 33's list, one test each."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_artifact, run_cli_here
+from speccompile.errors import InputError, UnsupportedError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def one_error_line(code: int, err: str, *needles: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    for needle in needles:
+        assert needle in lines[0], err
+    return lines[0]
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Opening an artifact's graphs fails the test: a mistake in the command line is reported before that."""
+    import speccompile.runtime.session
+
+    def load(*args, **kwargs):
+        raise AssertionError("the artifact was opened before the mistake was reported")
+
+    monkeypatch.setattr(speccompile.runtime.session, "open_artifact", load)
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:
+    art = copy_artifact(src, dst)
+    manifest = json.loads((art / "manifest.json").read_text())
+    edit(art, manifest)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    return art
+
+
+# ---------------------------------------------------------------- the artifact
+
+
+def test_a_graph_entry_naming_a_missing_file_is_one_line_in_every_command(capsys, tmp_path, tiny_artifact):
+    def rename(art, manifest):
+        manifest["graphs"]["target-ort"]["file"] = "moved.onnx"
+
+    art = _edited(tiny_artifact, tmp_path / "art", rename)
+    for command in (["run", str(art), "--prompt", "hi"], ["verify", str(art)], ["inspect", str(art)]):
+        one_error_line(*run_cli_here(capsys, *command)[::2], "moved.onnx", "target-ort", "missing")
+    served = subprocess.run([sys.executable, "-m", "speccompile.cli", "serve", str(art), "--port", "0", "--threads", "1"],
+                            capture_output=True, text=True, timeout=120)
+    one_error_line(served.returncode, served.stderr, "moved.onnx", "missing")
+
+
+def test_a_missing_contract_graph_is_noticed_without_contract_graph(capsys, tmp_path, tiny_artifact):
+    """The fused CPU graph runs by default, but the contract graph (target.onnx) is part of the artifact."""
+    def drop(art, manifest):
+        (art / "target.onnx").unlink()
+        manifest["files"].pop("target.onnx")
+
+    art = _edited(tiny_artifact, tmp_path / "art", drop)
+    one_error_line(*run_cli_here(capsys, "run", str(art), "--prompt", "hi")[::2], "target.onnx", "missing")
+
+
+def test_a_bf16_artifact_is_refused_by_the_runner_and_the_server_in_one_line(capsys, tmp_path, tiny_artifact):
+    from speccompile.runtime import Runner
+
+    def bf16(art, manifest):
+        manifest["graphs"]["target"]["dtype"] = "bf16"
+
+    art = _edited(tiny_artifact, tmp_path / "art", bf16)
+    with pytest.raises(UnsupportedError, match="bf16 artifact does not run on ort-cpu") as caught:
+        Runner(art, threads=1)
+    assert caught.value.field == "backend"  # the API names its argument; the CLI names --backend
+    served = subprocess.run([sys.executable, "-m", "speccompile.cli", "serve", str(art), "--port", "0", "--threads", "1"],
+                            capture_output=True, text=True, timeout=120)
+    one_error_line(served.returncode, served.stderr, "bf16", "--backend ort-cuda")
+
+
+# ---------------------------------------------------------------- run's options, before anything loads
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--max-tokens", "0"], ["--max-tokens must be >= 1, got 0"]),
+    (["--num-draft-tokens", "0"], ["--num-draft-tokens must be >= 1", "--drafter none"]),
+    (["--num-draft-tokens", "100"], ["--num-draft-tokens 100", "at most 63"]),
+    (["--ngram-corpus", "missing.jsonl"], ["--ngram-corpus missing.jsonl: no such file"]),
+    (["--drafter", "eagle3"], ["--drafter eagle3", "exported without it"]),
+])
+def test_run_option_mistakes_are_one_line_before_the_model_loads(capsys, tiny_artifact, nothing_loads, args, needles):
+    one_error_line(*run_cli_here(capsys, "run", str(tiny_artifact), "--prompt", "hi", *args)[::2], *needles)
+
+
+def test_the_api_names_its_arguments_the_cli_its_flags(tiny_artifact):
+    from speccompile.runtime import Runner
+
+    with pytest.raises(InputError) as caught:
+        Runner(tiny_artifact, num_draft_tokens=100)
+    assert str(caught.value).startswith("num_draft_tokens 100:") and caught.value.field == "num_draft_tokens"
+    runner = Runner(tiny_artifact, threads=1)
+    with pytest.raises(InputError, match=r"^max_tokens must be >= 1, got 0$"):
+        runner.generate("hi", max_tokens=0)
+
+
+@pytest.mark.parametrize("command", [["bench", "--workload", "missing.jsonl"], ["verify", "--max-tokens", "0"],
+                                     ["verify", "--limit", "0"]])
+def test_bench_and_verify_mistakes_before_the_model_loads(capsys, tiny_artifact, nothing_loads, command):
+    one_error_line(*run_cli_here(capsys, command[0], str(tiny_artifact), *command[1:])[::2])
+
+
+# ---------------------------------------------------------------- the command line itself
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["run", "ART", "--max-tokens", "x"], ["speccompile run:", "--max-tokens", "speccompile run --help"]),
+    (["run", "ART", "--no-such-flag"], ["No such option", "--no-such-flag"]),
+    (["runn", "ART"], ["No such command 'runn'", "speccompile --help"]),
+    (["run"], ["Missing argument"]),
+])
+def test_usage_errors_are_one_error_line(capsys, args, needles):
+    one_error_line(*run_cli_here(capsys, *args)[::2], *needles)
+
+
+def test_the_help_flow_exports_where_it_runs_and_replaces_an_earlier_export(capsys, tmp_path, tiny_model_dir, tiny_artifact):
+    """`speccompile --help`'s typical flow runs after the README's first command filled the same folder: its export
+    replaces an artifact there (--force), and run and bench use the folder it exported to."""
+    from speccompile.cli import cli
+
+    flow = [shlex.split(line.strip()) for line in cli.help.splitlines() if line.strip().startswith("speccompile ")]
+    export, run, bench = flow[0], flow[1], flow[2]
+    out = export[export.index("--out") + 1]
+    assert export[1] == "export" and "--force" in export and run[2] == out and bench[2] == out
+    existing = copy_artifact(tiny_artifact, tmp_path / out)  # what an earlier export left there
+    args = [str(tiny_model_dir) if a == export[2] else str(existing) if a == out else a for a in export[1:]]
+    code, _, err = run_cli_here(capsys, *args, "--max-context", "64")
+    assert code == 0, err
+    assert (existing / "manifest.json").is_file()
+
+
+def test_train_draft_on_a_device_says_what_it_is(capsys, tmp_path, tiny_model_dir):
+    line = one_error_line(*run_cli_here(capsys, "train-draft", str(tiny_model_dir), "--data", "/dev/null",
+                                        "--out", str(tmp_path / "head"))[::2], "--data /dev/null")
+    assert "no such file" not in line and "not a text file" in line
+    assert not (tmp_path / "head").exists()
