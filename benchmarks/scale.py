@@ -43,6 +43,7 @@ VOCAB = 128256
 SHARD_BYTES = 5 << 30  # Hugging Face's default max_shard_size ("5GB")
 BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (ONNX only: no TensorRT on the host)
     "int4": ["--int4", "--onnx-only"],
+    "int4-rtn": ["--int4", "--onnx-only", "--no-awq", "--no-clip-search", "--no-gptq"],  # round to nearest: no calibration
     "fp8": ["--fp8", "--onnx-only"],
     "fp8-wo": ["--fp8", "--weight-only", "--onnx-only"],
     "fp4": ["--fp4", "--onnx-only"],

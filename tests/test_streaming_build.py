@@ -139,7 +139,7 @@ PEAK_RSS = """
 import resource, sys
 from pathlib import Path
 from speccompile.engines.build import BuildOptions, build_artifact
-build_artifact(sys.argv[1], Path(sys.argv[2]), BuildOptions(precision="int4", onnx_only=True, calib_samples=4, calib_max_tokens=64,
+build_artifact(sys.argv[1], Path(sys.argv[2]), BuildOptions(precision="int4", onnx_only=True, calib_samples=2, calib_max_tokens=32,
                                                            segment_parameters=0))
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
@@ -166,18 +166,18 @@ def _random_export(folder: Path, out: Path, max_context: int = 64, fused: bool =
 
 
 def test_build_memory_is_bounded_by_a_layer_not_the_model(tmp_path):
-    """Peak RSS of an INT4 build (AWQ, clipping, GPTQ; measured in a subprocess) of a 16-layer model exceeds that of
-    the one-layer model of the same shapes by less than a few copies of its largest weight, though the model is 16x
+    """Peak RSS of an INT4 build (AWQ, clipping, GPTQ; measured in a subprocess) of an 8-layer model exceeds that of
+    the one-layer model of the same shapes by less than a few copies of its largest weight, though the model is 8x
     (calibration segments of one weight MatMul: the default's are larger, SEGMENT_PARAMETERS, not the model)."""
     shapes = dict(vocab_size=96, hidden_size=512, intermediate_size=2048)
     peaks, sizes = {}, {}
-    for layers in (1, 16):
+    for layers in (1, 8):
         art = _random_export(tmp_path / f"m{layers}", tmp_path / f"a{layers}", num_hidden_layers=layers, **shapes)
         peaks[layers] = _peak_build_rss(art, tmp_path / f"b{layers}")
         sizes[layers] = (art / "target.onnx.data").stat().st_size
     largest = 2 * 2048 * 512 * 4  # the gate/up MatMul weight in float32
-    assert sizes[16] - sizes[1] > 20 * largest  # a model held in memory would not fit under the bound
-    assert peaks[16] - peaks[1] < 4 * largest, (peaks, sizes)
+    assert sizes[8] - sizes[1] > 10 * largest  # a model held in memory would not fit under the bound
+    assert peaks[8] - peaks[1] < 4 * largest, (peaks, sizes)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,8 @@ def test_int4_build_past_2gib_runs_and_tracks_its_reference(past_2gib):
     from speccompile.evaluation import EvalOptions, evaluate
 
     art, built = past_2gib / "fp32", past_2gib / "int4"
-    result = run_cli("build", str(art), "--out", str(built), "--int4", "--onnx-only", "--calib-samples", "4")
+    result = run_cli("build", str(art), "--out", str(built), "--int4", "--onnx-only", "--calib-samples", "2",
+                     "--calib-max-tokens", "32")
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = read_manifest(built, verify_files=True)
     # every weight MatMul of the 2 layers (q/k/v, o, gate/up, down), the tied table kept apart by the default excludes
@@ -211,9 +212,10 @@ def test_int4_build_past_2gib_runs_and_tracks_its_reference(past_2gib):
     assert [g.extra["quantization"] for g in packed] == ["int4"]  # the fused CPU graph, weights packed (MatMulNBits)
     assert packed[0].extra["cpu_kernels"], packed[0].extra
     text = past_2gib / "text.txt"
-    text.write_text("abc abc abc abc abc\n\nthe cat sat on the mat and the cat sat")
+    text.write_text("the cat sat on the mat")  # every position's logits span 8.45M tokens: a short text
     report = evaluate(built, art, EvalOptions(text=text))
-    assert report["kl_divergence"] < 0.05 and report["top1_agreement"] >= 0.9, report
-    result = run_cli("verify", str(built), "--max-tokens", "12", "--limit", "2", "--json")
+    # a random model's logits over 8.45M tokens are nearly tied: KL is the measure, top-1 a loose sanity bound
+    assert report["kl_divergence"] < 0.01 and report["top1_agreement"] >= 0.75, report
+    result = run_cli("verify", str(built), "--max-tokens", "8", "--limit", "1", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["identical"] is True
