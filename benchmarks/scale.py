@@ -46,6 +46,7 @@ BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (ON
     "int4-rtn": ["--int4", "--onnx-only", "--no-awq", "--no-clip-search", "--no-gptq"],  # round to nearest: no calibration
     "fp8": ["--fp8", "--onnx-only"],
     "fp8-wo": ["--fp8", "--weight-only", "--onnx-only"],
+    "fp8-wo-rtn": ["--fp8", "--weight-only", "--onnx-only", "--no-gptq"],  # per-channel scales, no GPTQ: no calibration
     "fp4": ["--fp4", "--onnx-only"],
     "fp4-wo": ["--fp4", "--weight-only", "--onnx-only"],
     "int8": ["--int8", "--onnx-only"],

@@ -168,12 +168,14 @@ def _random_export(folder: Path, out: Path, max_context: int = 64, fused: bool =
 def test_build_memory_is_bounded_by_a_layer_not_the_model(tmp_path):
     """Peak RSS of an INT4 build (AWQ, clipping, GPTQ; measured in a subprocess) of an 8-layer model exceeds that of
     the one-layer model of the same shapes by less than a few copies of its largest weight, though the model is 8x
-    (calibration segments of one weight MatMul: the default's are larger, SEGMENT_PARAMETERS, not the model)."""
+    (calibration segments of one weight MatMul: the default's are larger, SEGMENT_PARAMETERS, not the model). The
+    same process writes the packed fused CPU graph (engines/cpu_graph.py)."""
     shapes = dict(vocab_size=96, hidden_size=512, intermediate_size=2048)
     peaks, sizes = {}, {}
     for layers in (1, 8):
-        art = _random_export(tmp_path / f"m{layers}", tmp_path / f"a{layers}", num_hidden_layers=layers, **shapes)
+        art = _random_export(tmp_path / f"m{layers}", tmp_path / f"a{layers}", fused=True, num_hidden_layers=layers, **shapes)
         peaks[layers] = _peak_build_rss(art, tmp_path / f"b{layers}")
+        assert (tmp_path / f"b{layers}" / "target.ort.onnx").is_file()  # the packed CPU graph is inside the bound
         sizes[layers] = (art / "target.onnx.data").stat().st_size
     largest = 2 * 2048 * 512 * 4  # the gate/up MatMul weight in float32
     assert sizes[8] - sizes[1] > 10 * largest  # a model held in memory would not fit under the bound
