@@ -50,6 +50,9 @@ BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (ON
     "fp4": ["--fp4", "--onnx-only"],
     "fp4-wo": ["--fp4", "--weight-only", "--onnx-only"],
     "int8": ["--int8", "--onnx-only"],
+    "fp8-rtn": ["--fp8", "--onnx-only", "--no-gptq"],  # activation ranges calibrated, weights per channel without GPTQ
+    "fp4-rtn": ["--fp4", "--onnx-only", "--no-awq", "--no-clip-search"],
+    "fp4-wo-rtn": ["--fp4", "--weight-only", "--onnx-only", "--no-awq", "--no-clip-search", "--no-gptq"],
 }
 
 
@@ -264,9 +267,22 @@ def _measure_builds(artifact: Path, builds: list[str], base: dict, root: Path, k
 def run_and_verify(artifact: Path, base: dict, label: str, record) -> None:
     """Rows "run LABEL" (tokens/s, peak RSS) and "verify LABEL" (speculative == plain greedy) of `artifact`."""
     record({**base, "uptime": uptime(), "step": f"run{label}", **run_speed(artifact)})
-    verified = timed(speccompile("verify", str(artifact), "--max-tokens", "16", "--limit", "2", "--json"))
+    workload = root_tmp(artifact) / "raw-prompts.jsonl"  # the random checkpoints' tokenizer has no chat template
+    workload.write_text("".join(json.dumps({"id": f"raw-{i}", "prompt": p, "chat": False}) + "\n" for i, p in enumerate(RAW_PROMPTS)))
+    verified = timed(speccompile("verify", str(artifact), "--workload", str(workload), "--max-tokens", "16", "--json"))
+    workload.unlink()
     identical = json.loads(verified["stdout"]).get("identical") if verified["rc"] == 0 else None
     record({**base, "uptime": uptime(), "step": f"verify{label}", **_slim(verified), "identical": identical})
+
+
+RAW_PROMPTS = ("the quick brown fox", "once upon a time there was", "def main(): return")
+
+
+def root_tmp(artifact: Path) -> Path:
+    """ROOT/tmp for an artifact in ROOT/export or ROOT/build."""
+    folder = artifact.parent.parent / "tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def run_speed(artifact: Path, tokens: int = 32) -> dict:
