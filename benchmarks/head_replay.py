@@ -89,7 +89,7 @@ def main() -> None:
     import torch
 
     from speccompile.models.decoder import build_decoder
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
     from speccompile.models.load import load_model
 
     torch.set_num_threads(args.threads)

@@ -4,7 +4,7 @@ Data = (1) SmolLM2's own greedy chat answers to up to three disjoint sets of tra
 (self-distillation on the distribution it will be asked to draft; no prompt of benchmarks/workloads/chat.jsonl,
 and the second and third sets avoid its topics too), rendered with its ChatML template, plus (2) documentation
 and source of installed Python packages. New prompts help, rephrasings do not: held-out depth-1 accuracy
-0.409 with 505 prompts answered twice, 0.455 with 1,480 prompts (see README).
+0.409 with 505 prompts answered twice, 0.455 with 1,480 prompts (docs/benchmarks.md).
 Weights go to /work/scratch_heads (never committed).
 
     python benchmarks/train_smollm2_head.py --steps 400 [--method eagle3] [--answers 80] [--variants 1] [--more-answers 540] [--third-answers 435]

@@ -1,8 +1,8 @@
-"""Safe output directories: what --force may replace, atomic writes, cleanup on SIGTERM, file modes.
+"""Safe output directories: what `force` may replace, atomic writes, cleanup on SIGTERM, file modes.
 
 Export and build write into a temporary sibling `.NAME.tmp-PID` and rename it into place at the end;
 any error, Ctrl-C or SIGTERM removes it, and temporary siblings left by processes that no longer exist
-(killed with SIGKILL, power loss) are removed by the next write to the same place. `--force` replaces
+(killed with SIGKILL, power loss) are removed by the next write to the same place. `force` replaces
 only a folder the command itself would have written (an artifact directory, a train-draft head folder)
 or an empty one: never a user's own files.
 """
@@ -61,17 +61,19 @@ def is_empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
 
 
-def check_replaceable(out: Path, force: bool, is_ours: Callable[[Path], bool], what: str, flag: str = "--out") -> None:
-    """Refuse (InputError, nothing touched) unless `out` is new, or --force and `out` is `what` or an empty folder."""
+def check_replaceable(out: Path, force: bool, is_ours: Callable[[Path], bool], what: str) -> None:
+    """Refuse (InputError about `out` and `force`, nothing touched) unless `out` is new, or `force` is given and
+    `out` is `what` or an empty folder."""
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
-        raise InputError(f"{flag} {out}: exists and is not a directory (--force replaces only {what} or an empty folder)")
+        raise InputError(f"out {out}: exists and is not a directory (force replaces only {what} or an empty folder)",
+                         ("out", "force"))
     if not is_empty_dir(out) and not is_ours(out):
-        raise InputError(f"{flag} {out}: is neither {what} nor empty, and --force replaces only those "
-                         f"(choose another {flag}, or remove it yourself)")
+        raise InputError(f"out {out}: is neither {what} nor empty, and force replaces only those "
+                         "(choose another folder, or remove it yourself)", ("out", "force"))
     if not force:
-        raise InputError(f"{flag} {out}: already exists (use --force to replace it)")
+        raise InputError(f"out {out}: already exists (pass force to replace it)", ("out", "force"))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -144,7 +146,7 @@ def _make_parent(out: Path) -> list[Path]:
         try:
             folder.mkdir()
         except OSError as exc:
-            raise InputError(f"--out {out}: cannot create {folder} ({exc.strerror})") from None
+            raise InputError(f"out {out}: cannot create {folder} ({exc.strerror})", "out") from None
     return missing
 
 
@@ -202,7 +204,7 @@ def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_a
                     shutil.rmtree(tmp)
                 tmp.mkdir()
             except OSError as exc:
-                raise InputError(f"--out {out}: cannot write there ({exc.strerror})") from None
+                raise InputError(f"out {out}: cannot write there ({exc.strerror})", "out") from None
             yield tmp
             honour_umask(tmp)
             commit_output(tmp, out)

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import ArtifactError, InputError
+from .errors import ArtifactError, InputError, SpecCompileError, check_at_least
 
 CHAIN_KINDS = ("ngram", "draft-model")
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
@@ -212,12 +212,13 @@ class DraftConfig:
 
     @classmethod
     def parse(cls, kind: str, tree: str | None = None, k: int | None = None) -> "DraftConfig":
-        """The config `--drafter KIND [--tree TREE] [--num-draft-tokens K]` asks for (defaults filled in)."""
+        """The config drafter KIND with `tree` and k = `num_draft_tokens` asks for (defaults filled in); errors about
+        the tree or k name `tree` / `num_draft_tokens`."""
         if k is not None:
             _check_k(k)
         if kind in CHAIN_KINDS or kind not in HEAD_KINDS:
             if tree is not None:
-                raise InputError(f"--tree: the {kind} drafter drafts chains; trees need a head drafter ({', '.join(HEAD_KINDS)})")
+                raise InputError(f"tree: the {kind} drafter drafts chains; trees need a head drafter ({', '.join(HEAD_KINDS)})", "tree")
             return cls(kind, DEFAULT_K.get(kind, DEFAULT_CHAIN_K) if k is None else k)
         name = tree or DEFAULT_TREES[kind]
         if name == "chain":
@@ -226,13 +227,13 @@ class DraftConfig:
         match = _DYNAMIC.fullmatch(name)
         if match:
             if kind == "medusa":
-                raise InputError("--tree dynamic: Medusa heads do not draft autoregressively; use a static tree")
+                raise InputError("tree dynamic: Medusa heads do not draft autoregressively; use a static tree", "tree")
             dynamic = DynamicTree()
             if match.group(1):
                 dynamic = DynamicTree(int(match.group(1)), int(match.group(2)), int(match.group(3)))
             if match.group(4):
                 dynamic = replace(dynamic, min_prob=float(match.group(4)))
-            _check_dynamic(dynamic, f"--tree {name}")
+            _check_dynamic(dynamic, f"tree {name}", field="tree")
             return cls(kind, dynamic.depth if k is None else k, dynamic=dynamic, tree_name=name)
         choices = load_choices(name)
         return cls(kind, max(map(len, choices)) if k is None else k, _paths(choices), tree_name=str(name))
@@ -273,7 +274,7 @@ class DraftConfig:
 
 
 def draft_config_for_run(kind: str, exported: dict[str, Any] | None, tree: str | None = None, k: int | None = None) -> DraftConfig:
-    """What `run --drafter KIND [--tree T] [-k K]` drafts on an artifact whose manifest drafter section is
+    """What drafter KIND with `tree` and k drafts on an artifact whose manifest drafter section is
     `exported`: the exported config when it is this kind's and no tree is given (k overridable), else the
     parsed one."""
     if tree is None and exported and exported.get("kind") == kind:
@@ -286,13 +287,13 @@ def _paths(choices) -> tuple[tuple[int, ...], ...]:
 
 
 def _check_k(k: int) -> int:
-    if int(k) < 0:
-        raise InputError(f"--num-draft-tokens must be >= 0, got {k}")
+    check_at_least("num_draft_tokens", int(k), 0)
     return int(k)
 
 
-def _check_dynamic(dynamic: DynamicTree, where: str, error: type[Exception] = InputError) -> None:
+def _check_dynamic(dynamic: DynamicTree, where: str, error: type[SpecCompileError] = InputError,
+                   field: str | None = None) -> None:
     if dynamic.depth < 1 or dynamic.top_k < 1 or dynamic.total_tokens < 1:
-        raise error(f"{where}: depth, top-k and total tokens must be >= 1")
+        raise error(f"{where}: depth, top-k and total tokens must be >= 1", field)
     if not 0.0 <= dynamic.min_prob < 1.0:
-        raise error(f"{where}: the minimum draft probability (-pP) must be in [0, 1)")
+        raise error(f"{where}: the minimum draft probability (-pP) must be in [0, 1)", field)

@@ -7,7 +7,7 @@ names its own spelling instead (`naming`: the CLI's flags, "--num-draft-tokens m
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Iterable, Mapping
 
 
 class SpecCompileError(Exception):
@@ -48,3 +48,16 @@ class ArtifactError(SpecCompileError):
 
 class HardwareError(SpecCompileError):
     """The GPU, TensorRT version or engine does not match what the artifact needs."""
+
+
+def check_at_least(name: str, value: float | None, least: float) -> None:
+    """An InputError about argument `name` ("NAME must be >= LEAST, got VALUE") unless `value` >= `least`."""
+    if value is None or value < least:
+        raise InputError(f"{name} must be >= {least}, got {value}", name)
+
+
+def check_one_of(name: str, value: object, choices: Iterable[object]) -> None:
+    """An InputError about argument `name` ("NAME must be one of A, B, got VALUE") unless `value` is a choice."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(map(str, choices))}, got {value}", name)

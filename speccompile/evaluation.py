@@ -17,17 +17,20 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .engines.calibrate import prefill_feeds, read_text_input
 from .engines.quality import LogitComparison
 from .engines.segments import SEGMENT_PARAMETERS, SegmentRunner
-from .errors import InputError
+from .errors import InputError, check_at_least
 from .manifest import read_manifest
 from .tokenizer import TextTokenizer
 from .weights_file import load_graph
+
+if TYPE_CHECKING:
+    from .runtime.session import Runner
 
 Progress = Callable[[str], None]
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "benchmarks" / "eval" / "heldout.txt"
@@ -45,12 +48,8 @@ class EvalOptions:
     segment_parameters: int = SEGMENT_PARAMETERS  # weights per segment of each graph (engines/segments.py)
 
     def validate(self) -> "EvalOptions":
-        if self.limit < 1:
-            raise InputError(f"--limit must be >= 1, got {self.limit}")
-        if self.max_tokens < 1:
-            raise InputError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.max_text_tokens < 2:
-            raise InputError(f"--max-text-tokens must be >= 2, got {self.max_text_tokens}")
+        for name, least in (("limit", 1), ("max_tokens", 1), ("max_text_tokens", 2)):
+            check_at_least(name, getattr(self, name), least)
         return self
 
 
@@ -58,13 +57,16 @@ def load_text_set(path: Path | None) -> tuple[Path, list[str]]:
     """Paragraphs (blank-line separated) of the text file; the bundled held-out set when `path` is None."""
     if path is None:
         if not DEFAULT_TEXT.is_file():
-            raise InputError("--text: no default held-out text here (it ships with the source checkout); pass --text FILE")
+            raise InputError("text: no default held-out text here (it ships with the source checkout); give a text file", "text")
         path = DEFAULT_TEXT
     path = Path(path)
-    content = read_text_input(path, "--text")
+    try:
+        content = read_text_input(path, "text")
+    except InputError as exc:
+        raise InputError(str(exc), "text") from None
     paragraphs = [p.strip("\n") for p in content.split("\n\n") if p.strip()]
     if not paragraphs:
-        raise InputError(f"--text {path}: the file has no text")
+        raise InputError(f"text {path}: the file has no text", "text")
     return path, paragraphs
 
 
@@ -73,6 +75,14 @@ def target_size_mb(directory: Path) -> float:
     spec = read_manifest(directory, verify_files=False).graph("target")
     files = [Path(directory) / spec.file, Path(directory) / (spec.file + ".data")]
     return sum(f.stat().st_size for f in files if f.is_file()) / 1e6
+
+
+def teacher_forced_logits(session, ids: list[int]) -> np.ndarray:
+    """Logits of every position of `ids` from one prefill pass on a fresh cache (a whole target session)."""
+    cache = session.new_cache()
+    q = len(ids)
+    mask = cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+    return session.run(np.asarray(ids, np.int64), np.arange(q, dtype=np.int64), mask, cache).logits.reshape(q, -1)
 
 
 class TargetLogits:
@@ -147,7 +157,7 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
     tokenizer = TextTokenizer(reference, read_manifest(reference, verify_files=False).tokenizer.get("eos_token_ids"))
     sequences = [ids[: options.max_text_tokens] for ids in (list(tokenizer.encode(p)) for p in paragraphs) if len(ids) >= 2]
     if not sequences:
-        raise InputError(f"--text {text_path}: no paragraph has two or more tokens")
+        raise InputError(f"text {text_path}: no paragraph has two or more tokens", "text")
     with tempfile.TemporaryDirectory(prefix="speccompile-eval-") as tmp:
         runnable = artifact
         if scheme == "nvfp4":
@@ -163,25 +173,7 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
             runner = Runner(runnable, threads=options.threads, drafter="ngram", adaptive=False)
         for path, prompts in workloads:
             progress(f"n-gram generation on {Path(path).name} ({len(prompts)} prompts x {options.max_tokens} tokens, both models)")
-            passes = {"reference": [0, 0], "artifact": [0, 0]}
-            identical = 0
-            for prompt in prompts:
-                ids = tokenizer.prompt_ids(prompt["prompt"], prompt["chat"])
-                outputs = {}
-                for name, r in (("reference", ref_runner), ("artifact", runner)):
-                    result = r.generate_ids(ids, options.max_tokens)
-                    passes[name][0] += result.stats.generated_tokens
-                    passes[name][1] += result.stats.target_passes
-                    outputs[name] = list(result.tokens)
-                identical += int(outputs["reference"] == outputs["artifact"])
-            ngram.append({
-                "workload": str(path),
-                "prompts": len(prompts),
-                "max_tokens": options.max_tokens,
-                "num_draft_tokens": runner.num_draft_tokens,  # every step drafts this many (adaptive off)
-                "tokens_per_pass": {k: round(t / p, 3) if p else 0.0 for k, (t, p) in passes.items()},
-                "identical_greedy": identical,
-            })
+            ngram.append({"workload": str(path), **compare_generation(ref_runner, runner, prompts, options.max_tokens)})
     return {
         "artifact": str(artifact),
         "reference": str(reference),
@@ -196,4 +188,36 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
         "perplexity": {"artifact": round(comparison.perplexity("quantized"), 3),
                        "reference": round(comparison.perplexity("reference"), 3)},
         "ngram": ngram,
+    }
+
+
+def compare_logits(ref_runner: "Runner", runner: "Runner", sequences: list[list[int]]) -> LogitComparison:
+    """Both targets' teacher-forced logits over every sequence, compared position by position."""
+    comparison = LogitComparison()
+    for ids in sequences:
+        ref_logits = teacher_forced_logits(ref_runner.artifact.target, ids)
+        logits = teacher_forced_logits(runner.artifact.target, ids)
+        comparison.add(ref_logits, logits, np.asarray(ids))
+    return comparison
+
+
+def compare_generation(ref_runner: "Runner", runner: "Runner", prompts: list[dict], max_tokens: int) -> dict:
+    """Greedy n-gram generation of every prompt with both runners: tokens per target pass and identical outputs."""
+    passes = {"reference": [0, 0], "artifact": [0, 0]}
+    identical = 0
+    for prompt in prompts:
+        ids = ref_runner.artifact.tokenizer.prompt_ids(prompt["prompt"], prompt["chat"])
+        outputs = {}
+        for name, r in (("reference", ref_runner), ("artifact", runner)):
+            result = r.generate_ids(ids, max_tokens)
+            passes[name][0] += result.stats.generated_tokens
+            passes[name][1] += result.stats.target_passes
+            outputs[name] = list(result.tokens)
+        identical += int(outputs["reference"] == outputs["artifact"])
+    return {
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "num_draft_tokens": runner.num_draft_tokens,  # every step drafts this many (adaptive off)
+        "tokens_per_pass": {k: round(t / p, 3) if p else 0.0 for k, (t, p) in passes.items()},
+        "identical_greedy": identical,
     }

@@ -69,7 +69,7 @@ class TextTokenizer:
         `tool_calls` / `tool_call_id`), with the assistant generation prompt. `tools`: function definitions
         ({"type": "function", "function": {...}}) handed to the template's `tools` variable."""
         if not self.chat_template:
-            raise InputError("--chat: this model has no chat template (use --raw)")
+            raise InputError("chat: this model has no chat template (give the prompt raw)", "chat")
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
@@ -97,7 +97,7 @@ class TextTokenizer:
     def prompt_ids(self, prompt: str, chat: bool) -> list[int]:
         """Token ids of a prompt, through the chat template when `chat`."""
         if not prompt:
-            raise InputError("--prompt: the prompt is empty")
+            raise InputError("prompt: the prompt is empty", "prompt")
         if chat:
             return self.encode(self.render_chat(prompt), add_special_tokens=False)
         return self.encode(prompt, add_special_tokens=True)

@@ -50,7 +50,7 @@ def test_run_overrides_the_exported_config():
     ("eagle", "dynamic-3-2-6-p1.5", None, "minimum draft probability"),
     ("eagle", "dynamic-0-2-6", None, ">= 1"),
     ("eagle", "bogus", None, "unknown tree preset"),
-    ("eagle", None, -1, "--num-draft-tokens"),
+    ("eagle", None, -1, "^num_draft_tokens must be >= 0"),
 ])
 def test_bad_configs_are_one_line_input_errors(kind, tree, k, message):
     with pytest.raises(InputError, match=message):

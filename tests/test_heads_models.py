@@ -41,7 +41,7 @@ def test_loader_reads_published_layout_and_onnx_matches(kind, target, tmp_path):
     import onnxruntime as ort
 
     from speccompile.export.heads import export_head_graph
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
 
     _, model = target
     ckpt = write_checkpoint(tmp_path / kind, kind)
@@ -79,7 +79,7 @@ def test_loader_reads_published_layout_and_onnx_matches(kind, target, tmp_path):
 
 
 def test_legacy_medusa_pt_weights_only(target, tmp_path):
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
 
     _, model = target
     config, tensors = published_tensors("medusa")
@@ -101,7 +101,7 @@ def test_legacy_medusa_pt_weights_only(target, tmp_path):
 def test_missing_and_unexpected_keys_are_named(kind, target, tmp_path):
     from safetensors.torch import save_file
 
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
 
     _, model = target
     config, tensors = published_tensors(kind)
@@ -120,7 +120,7 @@ def test_missing_and_unexpected_keys_are_named(kind, target, tmp_path):
 
 
 def test_eagle_vs_eagle3_and_shape_errors(target, tmp_path):
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
 
     _, model = target
     e3 = write_checkpoint(tmp_path / "e3", "eagle3")
@@ -143,7 +143,7 @@ def _hf_hidden_states(folder, ids):
 def test_eagle3_taps_match_hf_and_off_by_one_is_caught(target, tmp_path):
     """Our target's aux output = HF hidden_states[j] for j in the EAGLE-3 ids; the off-by-one wiring differs."""
     from speccompile.models.decoder import build_decoder, causal_mask
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
 
     folder, model = target
     dec = build_decoder(model.config, model.weights, "eagle3")
@@ -177,7 +177,8 @@ def test_eagle3_taps_match_hf_and_off_by_one_is_caught(target, tmp_path):
 
 
 def test_save_head_roundtrip(target, tmp_path):
-    from speccompile.models.heads import load_head, new_head, save_head
+    from speccompile.models.head_loaders import load_head
+    from speccompile.models.head_writers import new_head, save_head
 
     _, model = target
     for kind in KINDS:
@@ -201,7 +202,8 @@ def test_eagle3_heads_are_written_flat_and_the_speculators_layout_still_reads(ta
     TensorRT-LLM and TensorRT Edge-LLM read; the older speculators layout (sizes nested under
     `transformer_layer_config`) loads to the same head."""
     from speccompile.models.decoder import eagle3_tap_layers
-    from speccompile.models.heads import load_head, new_head, save_head
+    from speccompile.models.head_loaders import load_head
+    from speccompile.models.head_writers import new_head, save_head
 
     _, model = target
     head = new_head("eagle3", model.config, model.weights, draft_vocab_size=32)

@@ -21,7 +21,7 @@ def test_train_draft_cli_resume_and_reload(tmp_path, tmp_path_factory):
     import torch
 
     from speccompile.cli import cli
-    from speccompile.models.heads import load_head
+    from speccompile.models.head_loaders import load_head
     from speccompile.models.load import load_model
 
     torch.set_num_threads(1)

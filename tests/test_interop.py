@@ -24,7 +24,7 @@ def test_tensorrt_edge_llm_exports_our_eagle3_head_unchanged(tmp_path, tmp_path_
     from onnx import numpy_helper
     from safetensors.numpy import load_file
 
-    from speccompile.models.heads import new_head, save_head
+    from speccompile.models.head_writers import new_head, save_head
     from speccompile.models.load import load_model
     from test_heads_helpers import shared_target
 

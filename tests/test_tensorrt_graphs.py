@@ -36,7 +36,7 @@ def test_bucket_profiles_fix_every_shape():
     prefill = profiles[-1]
     assert prefill.shapes["input_ids"] == ([1, 1], [1, 256], [1, 256])
     assert prefill.shapes["past_key_values.0.value"][0] == [1, 3, 2048, 64]
-    with pytest.raises(Exception, match="--profiles must be one of single, split, buckets"):
+    with pytest.raises(Exception, match="^profiles must be one of single, split, buckets"):
         cfg.profiles_for(_spec(), LIMITS, "dynamic")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ArtifactError, InputError, UnsupportedError
+from ..errors import ArtifactError, InputError, UnsupportedError, check_at_least, check_one_of
 from ..manifest import GraphSpec, Manifest
 
 DEFAULT_PREFILL_CHUNK = 256  # the runtime's prefill chunk (q_len of a prefill pass)
@@ -104,10 +104,8 @@ def profiles_for(
             better kernels for each, at the cost of a second set of tactics in the engine;
     buckets: static shapes for CUDA graphs, see bucket_profiles.
     """
-    if mode not in PROFILE_MODES:
-        raise InputError(f"--profiles must be one of {', '.join(PROFILE_MODES)}, got {mode}")
-    if prefill_chunk < 1:
-        raise InputError(f"--prefill-chunk must be >= 1, got {prefill_chunk}")
+    check_one_of("profiles", mode, PROFILE_MODES)
+    check_at_least("prefill_chunk", prefill_chunk, 1)
     if mode == "buckets":
         return bucket_profiles(spec, limits, prefill_chunk)
     verify = limits["max_verify_tokens"]

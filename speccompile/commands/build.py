@@ -96,65 +96,67 @@ from ..errors import InputError
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads for calibration.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting manifest summary as JSON.")
-def build(artifact, out, fp8, fp4, int4, int8, no_quantize, float16, bfloat16, max_context, max_verify_tokens, max_batch, onnx_only, calib, calib_samples, calib_max_tokens, exclude, quantize_lm_head, table_format, table_block, int4_block,
-          act_calib, percentile, smoothquant, awq, clip_search, act_headroom, gptq, gptq_damp, gptq_act_order, low_rank, source_grid, min_top1, keep_format, qad_steps, qad_lr, qad_float_lr, qad_data, qad_samples, qad_batch, qad_device, weight_only, profiles, prefill_chunk, opt_q, opt_context, workspace_mb, builder_optimization_level, timing_cache, weakly_typed,
-          threads, force, as_json):
+def build(artifact, out, as_json, **flags):
     """Quantize ARTIFACT (from `speccompile export`) and build TensorRT engines into --out."""
     from ..console import progress_printer
     from ..engines.build import BuildOptions, build_artifact
-    from ..engines.methods import MethodOptions
-    from ..engines.qad import QadOptions
-    from ..engines.qdq_targets import DEFAULT_EXCLUDE
     from .artifacts import report_artifact
 
-    chosen = [flag for flag, on in (("--fp8", fp8), ("--fp4", fp4), ("--int4", int4), ("--int8", int8), ("--no-quantize", no_quantize)) if on]
+    precision, float_dtype = _precision(flags)
+    methods, qad = _method_options(flags), _qad_options(flags)
+    quantize_lm_head, exclude = flags.pop("quantize_lm_head"), flags.pop("exclude")
+    options = BuildOptions(precision=precision, float_dtype=float_dtype, methods=methods, qad=qad,
+                           exclude=_excluded(quantize_lm_head, exclude), quantize_tables=quantize_lm_head,
+                           int4_block=int(flags.pop("int4_block")), table_block=int(flags.pop("table_block")),
+                           **flags)  # every other option is a BuildOptions field of the same name
+    build_artifact(artifact, out, options, progress_printer(as_json))
+    what = "quantized ONNX" if options.onnx_only else "TensorRT engines"
+    report_artifact(out, as_json, f"[green]built[/green] {artifact} -> {out} ({precision}, {what})")
+
+
+# option name -> (its flag, the scheme it asks for)
+PRECISION_FLAGS = {"fp8": ("--fp8", "fp8"), "fp4": ("--fp4", "nvfp4"), "int4": ("--int4", "int4"), "int8": ("--int8", "int8"),
+                   "no_quantize": ("--no-quantize", "none")}
+
+
+def _precision(flags: dict) -> tuple[str, str | None]:
+    """The scheme and the float type of the unquantized layers the precision flags ask for (taken out of `flags`)."""
+    chosen = [PRECISION_FLAGS[name] for name in PRECISION_FLAGS if flags.pop(name)]
+    float16, bfloat16 = flags.pop("float16"), flags.pop("bfloat16")
     if len(chosen) > 1:
-        raise InputError(f"{' and '.join(chosen)} are mutually exclusive: pick one precision")
+        raise InputError(f"{' and '.join(flag for flag, _ in chosen)} are mutually exclusive: pick one precision")
     if not chosen and not (float16 or bfloat16):
         raise InputError("build: name the precision: --fp8, --fp4, --int4 or --int8 (quantize), --fp16 / --bf16 (unquantized layers "
                          "in that type) or --no-quantize (the graphs as exported)")
-    precision = {"--fp8": "fp8", "--fp4": "nvfp4", "--int4": "int4", "--int8": "int8"}.get(chosen[0], "none") if chosen else "none"
     if float16 and bfloat16:
         raise InputError("--fp16 and --bf16 are mutually exclusive")
-    patterns = [p for p in DEFAULT_EXCLUDE if not quantize_lm_head] + list(exclude)
-    options = BuildOptions(
-        precision=precision,
-        onnx_only=onnx_only,
-        calib=calib,
-        calib_samples=calib_samples,
-        calib_max_tokens=calib_max_tokens,
-        exclude=tuple(patterns),
-        int4_block=int(int4_block),
-        quantize_tables=quantize_lm_head,
-        table_block=int(table_block),
-        table_format=table_format,
-        profiles=profiles,
-        prefill_chunk=prefill_chunk,
-        opt_q=opt_q,
-        opt_context=opt_context,
-        workspace_mb=workspace_mb,
-        builder_optimization_level=builder_optimization_level,
-        timing_cache=timing_cache,
-        weakly_typed=weakly_typed,
-        threads=threads,
-        force=force,
-        float_dtype="fp16" if float16 else ("bf16" if bfloat16 else None),
-        max_context=max_context,
-        max_verify_tokens=max_verify_tokens,
-        max_batch=max_batch,
-        methods=MethodOptions(act_calib=act_calib, percentile=percentile, smoothquant=smoothquant, awq=awq, clip=clip_search, low_rank=low_rank,
-                              source_grid=source_grid,
-                              **{k: v for k, v in (("act_headroom", act_headroom), ("gptq", gptq), ("gptq_damp", gptq_damp),
-                                                   ("gptq_act_order", gptq_act_order)) if v is not None}),
-        min_top1=min_top1,
-        keep_format=keep_format,
-        weight_only=weight_only,
-        qad=QadOptions(steps=qad_steps, lr=qad_lr, lr_free=qad_float_lr, batch=qad_batch, data=qad_data, samples=qad_samples,
-                       device=qad_device),
-    )
-    build_artifact(artifact, out, options, progress_printer(as_json))
-    what = "quantized ONNX" if onnx_only else "TensorRT engines"
-    report_artifact(out, as_json, f"[green]built[/green] {artifact} -> {out} ({precision}, {what})")
+    return (chosen[0][1] if chosen else "none"), ("fp16" if float16 else "bf16" if bfloat16 else None)
+
+
+def _method_options(flags: dict):
+    """engines.methods.MethodOptions from its flags (taken out of `flags`); an unset tri-state keeps its default."""
+    from ..engines.methods import MethodOptions
+
+    given = {name: flags.pop(name) for name in ("act_calib", "percentile", "smoothquant", "awq", "low_rank", "source_grid")}
+    optional = {name: flags.pop(name) for name in ("act_headroom", "gptq", "gptq_damp", "gptq_act_order")}
+    return MethodOptions(clip=flags.pop("clip_search"), **given, **{k: v for k, v in optional.items() if v is not None})
+
+
+def _qad_options(flags: dict):
+    """engines.qad.QadOptions from the --qad-* flags (taken out of `flags`)."""
+    from ..engines.qad import QadOptions
+
+    qad = {name[len("qad_"):]: flags.pop(name) for name in [n for n in flags if n.startswith("qad_")]}
+    qad["lr_free"] = qad.pop("float_lr")
+    return QadOptions(**qad)
+
+
+def _excluded(quantize_lm_head: bool, exclude: tuple[str, ...]) -> tuple[str, ...]:
+    """Weight name patterns kept unquantized: BuildOptions' defaults (lm_head, embeddings) unless --quantize-lm-head,
+    plus --exclude."""
+    from ..engines.build import BuildOptions
+
+    return tuple([p for p in BuildOptions.exclude if not quantize_lm_head] + list(exclude))
 
 
 COMMANDS = [build]

@@ -42,15 +42,16 @@ def _exporter(kind: str) -> Exporter | None:
 
 
 def parse_drafter(value: str | None, tree: str | None = None, num_draft_tokens: int | None = None) -> DrafterRequest | None:
-    """Parse `KIND[:PATH]`; raise InputError naming --drafter on a bad value."""
+    """Parse `KIND[:PATH]`; raise InputError about `drafter` on a bad value."""
     if not value or value == "none":
         return None
     kind, _, path = value.partition(":")
     if kind not in _REGISTRY:
-        raise InputError(f"--drafter: unknown kind '{kind}' (expected one of: {', '.join(sorted(_REGISTRY))}, as KIND:PATH)")
+        raise InputError(f"drafter: unknown kind '{kind}' (expected one of: {', '.join(sorted(_REGISTRY))}, as KIND:PATH)",
+                         "drafter")
     needs_path = _REGISTRY[kind][0]
     if needs_path and not path:
-        raise InputError(f"--drafter {kind} needs a path: --drafter {kind}:PATH")
+        raise InputError(f"drafter {kind} needs a path: {kind}:PATH", "drafter")
     return DrafterRequest(kind, path or None, tree, num_draft_tokens)
 
 
@@ -117,7 +118,7 @@ def _check_same_tokenizer(draft: LoadedModel, out_dir: Path, draft_path: str) ->
     if draft_vocab != target_vocab:
         differing = len(set(draft_vocab.items()) ^ set(target_vocab.items()))
         raise InputError(
-            f"--drafter draft-model:{draft_path}: its tokenizer differs from the target's "
+            f"drafter draft-model:{draft_path}: its tokenizer differs from the target's "
             f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
-            "a draft model must share the target's vocabulary"
+            "a draft model must share the target's vocabulary", "drafter"
         )

@@ -25,7 +25,7 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
     one tensor at a time from the target's lazy weights."""
     import numpy as np
 
-    from ..models.heads import load_head
+    from ..models.head_loaders import load_head
     from .onnx_export import torch_dtype
 
     kind = request.kind

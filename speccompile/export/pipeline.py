@@ -9,7 +9,7 @@ from typing import Callable
 
 from .. import __version__
 from ..atomic_dir import atomic_output, check_artifact_output
-from ..errors import InputError
+from ..errors import InputError, check_at_least, check_one_of
 from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
@@ -55,7 +55,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     needed = estimate_export_bytes(model, options.dtype, max_context + options.max_verify_tokens, options.fused_cpu_graph,
                                    options.gpu_graph, drafter)
     with atomic_output(out, options.force) as tmp:
-        check_disk_space(tmp, needed, flag=f"--out {out}")  # where the files will be, before any is written
+        check_disk_space(tmp, needed, out)  # where the files will be, before any is written
         model.hash_in_background()
         progress("writing tokenizer")
         tokenizer_files = model.write_tokenizer(tmp)
@@ -90,30 +90,26 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
 
 
 def _checked_options(model_name: str, out: Path, options: ExportOptions) -> tuple[DrafterRequest | None, str]:
-    """Every option and path checked (InputError naming the flag); returns the drafter request and the target's
+    """Every option and path checked (InputError naming the option, `fields`); returns the drafter request and the target's
     hidden-state outputs. Imports torch last: an install without it fails here too, before any work."""
     from ..models.config import HIDDEN_STATE_MODES
     from ..models.load import resolve_model_path
     from .recipes import DTYPES
 
-    if options.draft_cpu_weights not in DRAFT_WEIGHTS:
-        raise InputError(f"--draft-cpu-weights must be one of {', '.join(DRAFT_WEIGHTS)}, got {options.draft_cpu_weights}")
+    check_one_of("draft_cpu_weights", options.draft_cpu_weights, DRAFT_WEIGHTS)
     request = parse_drafter(options.drafter, options.tree, options.num_draft_tokens)
     resolve_model_path(model_name)  # a missing path fails before anything is written
     check_drafter_request(request, options.tree)
-    for flag, value, least in (("--max-context", options.max_context, 2), ("--max-verify-tokens", options.max_verify_tokens, 1),
-                               ("--num-draft-tokens", options.num_draft_tokens, 1)):
-        if value is not None and value < least:
-            raise InputError(f"{flag} must be >= {least}, got {value}")
+    for name, least in (("max_context", 2), ("max_verify_tokens", 1), ("num_draft_tokens", 1)):
+        if getattr(options, name) is not None:
+            check_at_least(name, getattr(options, name), least)
     needed = target_hidden_states_for(request)
     hidden = options.hidden_states or needed
     if needed != "none" and hidden != needed:
-        raise InputError(f"--hidden-states {hidden}: the {request.kind} drafter needs '{needed}'")
+        raise InputError(f"hidden_states {hidden}: the {request.kind} drafter needs '{needed}'", "hidden_states")
     check_artifact_output(out, options.force)
-    if options.dtype not in DTYPES:
-        raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {options.dtype}")
-    if hidden not in HIDDEN_STATE_MODES:
-        raise InputError(f"--hidden-states must be one of {', '.join(HIDDEN_STATE_MODES)}")
+    check_one_of("dtype", options.dtype, DTYPES)
+    check_one_of("hidden_states", hidden, HIDDEN_STATE_MODES)
     import torch  # noqa: F401 - the weight transposes
 
     return request, hidden
@@ -148,29 +144,30 @@ def _manifest(model_name: str, model, graphs: dict, max_context: int, options: E
 
 
 def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:
-    """--drafter's path and --tree, checked before the (slow) export starts."""
+    """The drafter's path and tree, checked before the (slow) export starts."""
     from ..models.load import resolve_model_path
     from ..draft_config import HEAD_KINDS, DraftConfig
 
     if tree is not None and (request is None or request.kind not in HEAD_KINDS):
-        raise InputError(f"--tree: only head drafters (--drafter {'|'.join(HEAD_KINDS)}:PATH) draft trees"
-                         + (f", not {request.kind}" if request else ""))
+        raise InputError(f"tree: only head drafters (drafter {'|'.join(HEAD_KINDS)}:PATH) draft trees"
+                         + (f", not {request.kind}" if request else ""), ("tree", "drafter"))
     if request is None or request.path is None:
         return
-    label = f"--drafter {request.kind}:{request.path}"
+    label = f"drafter {request.kind}:{request.path}"
     if request.kind == "draft-model":
         try:
             resolve_model_path(request.path)
         except InputError as exc:
-            raise InputError(f"{label}: {str(exc).partition(': ')[2] or exc}") from None
+            raise InputError(f"{label}: {str(exc).partition(': ')[2] or exc}", "drafter") from None
         return
     if not Path(request.path).exists():
-        raise InputError(f"{label}: no such file or directory")
+        raise InputError(f"{label}: no such file or directory", "drafter")
     try:
         DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens)
     except InputError as exc:
-        message = str(exc)
-        raise InputError(message if message.startswith("--tree") else f"--tree {request.tree}: {message}") from None
+        if exc.fields:  # already about an option
+            raise
+        raise InputError(f"tree {request.tree}: {exc}", "tree") from None
 
 
 def _warn_tensorrt_incompatible(path: Path, progress: Progress) -> None:

@@ -1,4 +1,6 @@
-"""Drafter heads as export-friendly torch modules, and loaders for their published checkpoint layouts.
+"""Drafter heads as export-friendly torch modules: their config, their modules, the target weights they share.
+
+Reading a published checkpoint is head_loaders.py's job; a fresh head and writing one, head_writers.py's.
 
 Four kinds (docs/DESIGN.md, "Drafter checkpoint formats"):
 
@@ -29,20 +31,17 @@ Trainers that count "output of layer i" must add 1 before writing the config.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, describe_key_mismatch, eagle3_tap_layers, rotate_half, mask_to_bias
+from .decoder import MLP, RMSNorm, RotaryEmbedding, rotate_half, mask_to_bias
 
-HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
 _LAYER_KEYS = (
     "hidden_size",
     "intermediate_size",
@@ -87,6 +86,46 @@ class HeadConfig:
             "medusa_num_layers": self.medusa_num_layers,
             "has_embed": self.has_embed,
         }
+
+
+TargetWeights = Mapping[str, Any]  # the target's weights: torch tensors by HF name, or a (lazy) WeightSource
+
+
+def head_layer_config(raw: dict[str, Any], target: ModelConfig, hidden: int | None = None) -> ModelConfig:
+    """The head layer's ModelConfig: target values overridden by the checkpoint's config."""
+    base = target.to_dict()
+    base.update(architecture="llama", num_hidden_layers=1, qk_norm=False, attention_bias=False, tie_word_embeddings=False)
+    if hidden is not None and hidden != target.hidden_size and "num_attention_heads" not in raw:
+        raise InputError("head hidden size differs from the target's but its config gives no attention shape")
+    for key in _LAYER_KEYS:
+        if raw.get(key) is not None:
+            base[key] = raw[key]
+    if raw.get("hidden_size") is not None and raw.get("head_dim") is None:
+        base["head_dim"] = int(base["hidden_size"]) // int(base["num_attention_heads"])
+    if raw.get("num_attention_heads") is not None and raw.get("num_key_value_heads") is None:
+        base["num_key_value_heads"] = base["num_attention_heads"]
+    return ModelConfig.from_dict(base)
+
+
+def target_tensor(target_weights: TargetWeights, name: str) -> torch.Tensor:
+    """One target weight as torch: from a WeightSource only that tensor is read, never the whole target."""
+    from .weights import WeightSource
+
+    if isinstance(target_weights, WeightSource):
+        return target_weights.torch_tensor(name)
+    return target_weights[name]
+
+
+def target_embed(target_weights: TargetWeights) -> torch.Tensor:
+    """The target's input embeddings (the heads that do not carry their own share them)."""
+    return target_tensor(target_weights, "model.embed_tokens.weight")
+
+
+def target_lm_head(target: ModelConfig, target_weights: TargetWeights) -> torch.Tensor:
+    """The target's output projection (its embeddings when they are tied)."""
+    if "lm_head.weight" in target_weights and not target.tie_word_embeddings:
+        return target_tensor(target_weights, "lm_head.weight")
+    return target_tensor(target_weights, "model.embed_tokens.weight")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,357 +336,5 @@ class MedusaHeads(nn.Module):
         return torch.stack([head(hidden_states) for head in self.medusa_head], dim=2).to(torch.float32)
 
 
-_CLASSES = {"eagle": EagleHead, "eagle3": Eagle3Head, "mtp": MTPHead, "medusa": MedusaHeads}
+HEAD_CLASSES = {"eagle": EagleHead, "eagle3": Eagle3Head, "mtp": MTPHead, "medusa": MedusaHeads}
 
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoint reading
-
-
-def _read_checkpoint(path: Path, kind: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path]:
-    """(config.json contents or {}, tensors, source) from a folder or a single weights file."""
-    from .load import read_safetensors
-
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"--drafter {kind}:{path}: no such file or directory")
-    folder = path if path.is_dir() else path.parent
-    config: dict[str, Any] = {}
-    if (folder / "config.json").is_file():
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{folder / 'config.json'}: not valid JSON ({exc})") from None
-    if path.is_file():
-        files = [path]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
-        if not files and kind == "medusa" and (folder / "medusa_lm_head.pt").is_file():
-            files = [folder / "medusa_lm_head.pt"]
-        if not files:
-            raise InputError(
-                f"--drafter {kind}:{path}: no *.safetensors weights"
-                + (" (or legacy medusa_lm_head.pt)" if kind == "medusa" else "")
-                + "; pickled .bin checkpoints are not loaded for safety"
-            )
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        if file.suffix == ".safetensors":
-            tensors.update(read_safetensors(file))
-        elif file.suffix in (".pt", ".pth", ".bin") and kind == "medusa":
-            try:
-                data = torch.load(str(file), map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - unpickling errors vary
-                raise InputError(f"{file}: not a readable weights-only torch file ({str(exc).splitlines()[0]})") from None
-            if not isinstance(data, dict):
-                raise InputError(f"{file}: expected a state dict, got {type(data).__name__}")
-            tensors.update(data)
-        else:
-            raise InputError(f"{file}: expected a .safetensors file")
-    return config, tensors, folder
-
-
-def _layer_config(raw: dict[str, Any], target: ModelConfig, hidden: int | None = None) -> ModelConfig:
-    """The head layer's ModelConfig: target values overridden by the checkpoint's config."""
-    base = target.to_dict()
-    base.update(architecture="llama", num_hidden_layers=1, qk_norm=False, attention_bias=False, tie_word_embeddings=False)
-    if hidden is not None and hidden != target.hidden_size and "num_attention_heads" not in raw:
-        raise InputError("head hidden size differs from the target's but its config gives no attention shape")
-    for key in _LAYER_KEYS:
-        if raw.get(key) is not None:
-            base[key] = raw[key]
-    if raw.get("hidden_size") is not None and raw.get("head_dim") is None:
-        base["head_dim"] = int(base["hidden_size"]) // int(base["num_attention_heads"])
-    if raw.get("num_attention_heads") is not None and raw.get("num_key_value_heads") is None:
-        base["num_key_value_heads"] = base["num_attention_heads"]
-    return ModelConfig.from_dict(base)
-
-
-def _strip(tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    out = {}
-    for key, value in tensors.items():
-        for p in prefixes:
-            if key.startswith(p):
-                key = key[len(p):]
-                break
-        out[key] = value
-    return out
-
-
-def _check_and_load(module: nn.Module, state: dict[str, torch.Tensor], kind: str, source: Path, optional: tuple[str, ...] = ()) -> None:
-    """strict load with an InputError naming missing/unexpected keys and shape mismatches."""
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state and k not in optional]
-    unexpected = [k for k in state if k not in expected]
-    if missing or unexpected:
-        raise InputError(f"{source}: not a {kind} checkpoint in the published layout ({describe_key_mismatch(missing, unexpected)})")
-    bad = [f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})" for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
-    if bad:
-        raise InputError(f"{source}: {kind} checkpoint shapes do not match its config: {', '.join(bad[:4])}")
-    dtype = next((v.dtype for k, v in expected.items() if v.is_floating_point()), torch.float32)
-    module.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v.to(expected[k].dtype)) for k, v in state.items()}, strict=False)
-
-
-TargetWeights = Mapping[str, Any]  # the target's weights: torch tensors by HF name, or a (lazy) WeightSource
-
-
-def target_tensor(target_weights: TargetWeights, name: str) -> torch.Tensor:
-    """One target weight as torch: from a WeightSource only that tensor is read, never the whole target."""
-    from .weights import WeightSource
-
-    if isinstance(target_weights, WeightSource):
-        return target_weights.torch_tensor(name)
-    return target_weights[name]
-
-
-def _target_embed(target_weights: TargetWeights) -> torch.Tensor:
-    return target_tensor(target_weights, "model.embed_tokens.weight")
-
-
-def _target_lm_head(target: ModelConfig, target_weights: TargetWeights) -> torch.Tensor:
-    if "lm_head.weight" in target_weights and not target.tie_word_embeddings:
-        return target_tensor(target_weights, "lm_head.weight")
-    return target_tensor(target_weights, "model.embed_tokens.weight")
-
-
-def _shape(tensors, key, kind, source):
-    if key not in tensors:
-        raise InputError(f"{source}: not a {kind} checkpoint in the published layout (missing keys: {key})")
-    return tuple(tensors[key].shape)
-
-
-def load_head(kind: str, path: str | Path, target: ModelConfig, target_weights: TargetWeights) -> nn.Module:
-    """Read a drafter checkpoint of `kind` for `target` and return the torch head (eval mode, fp32)."""
-    if kind not in HEAD_KINDS:
-        raise InputError(f"unknown head kind {kind!r} (expected one of {', '.join(HEAD_KINDS)})")
-    raw, tensors, source = _read_checkpoint(Path(path), kind)
-    if kind == "medusa":
-        return _load_medusa(raw, tensors, source, target)
-    if kind == "eagle":
-        return _load_eagle(raw, tensors, source, target, target_weights)
-    if kind == "eagle3":
-        return _load_eagle3(raw, tensors, source, target, target_weights)
-    return _load_mtp(raw, tensors, source, target, target_weights)
-
-
-def _load_eagle(raw, tensors, source, target, target_weights) -> EagleHead:
-    tensors = _strip(tensors, ("model.",))
-    out_h, in_h = _shape(tensors, "fc.weight", "eagle", source)
-    if in_h != 2 * out_h:
-        raise InputError(f"{source}: eagle fc.weight is {[out_h, in_h]}, expected [H, 2H] (an EAGLE-3 head? use eagle3:PATH)")
-    if out_h != target.hidden_size:
-        raise InputError(f"{source}: eagle head hidden size {out_h} differs from the target's {target.hidden_size}")
-    bias = bool(raw.get("bias", "fc.bias" in tensors))
-    cfg = HeadConfig("eagle", _layer_config(raw, target, out_h), target.hidden_size, target.vocab_size, target.vocab_size,
-                     fc_bias=bias, has_embed="embed_tokens.weight" in tensors)
-    head = EagleHead(cfg)
-    state = dict(tensors)
-    state.setdefault("embed_tokens.weight", _target_embed(target_weights))
-    state["lm_head.weight"] = _target_lm_head(target, target_weights)
-    _check_and_load(head, state, "eagle", source)
-    return head.eval()
-
-
-def _load_eagle3(raw, tensors, source, target, target_weights) -> Eagle3Head:
-    tensors = _strip(tensors, ("model.",))
-    tensors = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in tensors.items()}
-    layer_raw = dict(raw.get("transformer_layer_config") or raw)
-    h, in3 = _shape(tensors, "fc.weight", "eagle3", source)
-    if in3 % 3:
-        raise InputError(f"{source}: eagle3 fc.weight is {[h, in3]}, expected [H, 3*H_target]")
-    t_hidden = in3 // 3
-    if t_hidden != target.hidden_size:
-        raise InputError(f"{source}: eagle3 fc.weight expects target hidden size {t_hidden}, the target has {target.hidden_size}")
-    draft_vocab = _shape(tensors, "lm_head.weight", "eagle3", source)[0]
-    ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    default = list(eagle3_tap_layers(target.num_hidden_layers))
-    ids = [int(i) for i in ids] if ids else default
-    if ids != default:
-        raise UnsupportedError(
-            f"{source}: eagle_aux_hidden_state_layer_ids {ids} (inputs of those layers) differ from the taps the "
-            f"target graph exports {default}; custom taps are not supported yet"
-        )
-    layer_raw.setdefault("hidden_size", h)
-    cfg = HeadConfig("eagle3", _layer_config(layer_raw, target, h), t_hidden, target.vocab_size, draft_vocab,
-                     fc_bias=False, norm_before_residual=bool(raw.get("norm_before_residual", False)),
-                     aux_layer_ids=ids, has_embed="embed_tokens.weight" in tensors)
-    head = Eagle3Head(cfg)
-    state = dict(tensors)
-    if "embed_tokens.weight" not in state:
-        if h != target.hidden_size:
-            raise InputError(f"{source}: eagle3 head of width {h} needs its own embed_tokens.weight")
-        state["embed_tokens.weight"] = _target_embed(target_weights)
-    if "d2t" not in state:
-        if draft_vocab != target.vocab_size:
-            raise InputError(f"{source}: draft vocabulary {draft_vocab} != target {target.vocab_size} but no d2t mapping")
-        state["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)
-    if "t2d" not in state:
-        t2d = torch.zeros(target.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(draft_vocab) + state["d2t"].long()] = True
-        state["t2d"] = t2d
-    mapped = torch.arange(draft_vocab) + state["d2t"].long()
-    if int(mapped.min()) < 0 or int(mapped.max()) >= target.vocab_size:
-        raise InputError(f"{source}: d2t maps draft ids outside the target vocabulary (0..{target.vocab_size - 1})")
-    _check_and_load(head, state, "eagle3", source)
-    return head.eval()
-
-
-def _load_mtp(raw, tensors, source, target, target_weights) -> MTPHead:
-    import re
-
-    layer_ids = {m.group(1) for k in tensors if (m := re.match(r"model\.layers\.(\d+)\.", k))}
-    if len(layer_ids) > 1:
-        raise UnsupportedError(f"{source}: {len(layer_ids)} MTP modules ({', '.join(sorted(layer_ids))}); only one is supported")
-    tensors = _strip(tensors, tuple(f"model.layers.{i}." for i in layer_ids) + ("model.",))
-    renamed = {}
-    for key, value in tensors.items():
-        for sub in ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm."):
-            if key.startswith(sub):
-                key = "block." + key
-                break
-        renamed[key] = value
-    h = _shape(renamed, "eh_proj.weight", "mtp", source)[0]
-    if h != target.hidden_size:
-        raise InputError(f"{source}: mtp hidden size {h} differs from the target's {target.hidden_size}")
-    cfg = HeadConfig("mtp", _layer_config(raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
-                     has_embed="embed_tokens.weight" in renamed)
-    head = MTPHead(cfg)
-    renamed.setdefault("embed_tokens.weight", _target_embed(target_weights))
-    renamed.setdefault("shared_head.head.weight", _target_lm_head(target, target_weights))
-    _check_and_load(head, renamed, "mtp", source)
-    return head.eval()
-
-
-def _load_medusa(raw, tensors, source, target) -> MedusaHeads:
-    tensors = {("medusa_head." + k if not k.startswith("medusa_head.") else k): v for k, v in tensors.items()}
-    heads = sorted({int(k.split(".")[1]) for k in tensors if k.split(".")[1].isdigit()})
-    if not heads:
-        raise InputError(f"{source}: no medusa_head.* tensors (unexpected keys: {', '.join(list(tensors)[:6])})")
-    num_heads = int(raw.get("medusa_num_heads") or len(heads))
-    num_layers = raw.get("medusa_num_layers")
-    if num_layers is None:
-        num_layers = len({k.split(".")[2] for k in tensors if k.startswith("medusa_head.0.") and k.endswith("linear.weight")})
-    cfg = HeadConfig("medusa", _layer_config({}, target), target.hidden_size, target.vocab_size, target.vocab_size,
-                     medusa_num_heads=num_heads, medusa_num_layers=int(num_layers))
-    module = MedusaHeads(cfg)
-    # nn.Sequential names the projection `medusa_head.{i}.{L}.weight`, exactly the published layout
-    _check_and_load(module, tensors, "medusa", source)
-    return module.eval()
-
-
-# ----------------------------------------------------------------------------------------------
-# Writing (the training command and tests write the published layouts)
-
-
-def head_state_dict(head: nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors a published checkpoint of this head holds (target-shared weights left out)."""
-    cfg: HeadConfig = head.head_config
-    state = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
-    if cfg.kind == "eagle":
-        state.pop("lm_head.weight", None)
-        if not cfg.has_embed:
-            state.pop("embed_tokens.weight", None)
-    elif cfg.kind in ("eagle3", "mtp"):
-        if not cfg.has_embed:
-            state.pop("embed_tokens.weight", None)
-    if cfg.kind == "mtp":
-        state = {(k[len("block."):] if k.startswith("block.") else k): v for k, v in state.items()}
-        state = {f"model.layers.0.{k}": v for k, v in state.items()}  # DeepSeek: model.layers.{L}.*
-    return state
-
-
-def head_config_json(head: nn.Module) -> dict[str, Any]:
-    """config.json contents in the published style of each kind."""
-    cfg: HeadConfig = head.head_config
-    c = cfg.layer
-    layer = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_scaling": c.rope_scaling,
-        "max_position_embeddings": c.max_position_embeddings,
-        "vocab_size": cfg.target_vocab_size,
-    }
-    if cfg.kind == "eagle":
-        return {**layer, "bias": cfg.fc_bias}
-    if cfg.kind == "eagle3":
-        return eagle3_config_json(layer, cfg)
-    if cfg.kind == "mtp":
-        return {**layer, "num_nextn_predict_layers": 1}
-    return {"medusa_num_heads": cfg.medusa_num_heads, "medusa_num_layers": cfg.medusa_num_layers,
-            "hidden_size": cfg.target_hidden_size, "vocab_size": cfg.target_vocab_size}
-
-
-def eagle3_config_json(layer: dict[str, Any], cfg: HeadConfig) -> dict[str, Any]:
-    """The flat Hugging Face EAGLE-3 config (`LlamaForCausalLMEagle3`, as the EAGLE-3 reference heads publish it):
-    the layer's sizes at the top level, `draft_vocab_size`, `target_hidden_size` and the tap layers under
-    `eagle_config` (vLLM, SGLang, TensorRT-LLM's ModelOpt heads) and as `target_layer_ids` (TensorRT Edge-LLM);
-    both count "the input of layer j", the convention of `models.decoder.eagle3_tap_layers`."""
-    taps = list(cfg.aux_layer_ids)
-    return {
-        **layer,
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "norm_before_residual": cfg.norm_before_residual,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True,
-                         "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
-        "target_layer_ids": taps,
-    }
-
-
-def save_head(head: nn.Module, out: str | Path, extra_config: dict[str, Any] | None = None) -> Path:
-    """Write config.json + model.safetensors in the published layout of the head's kind."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = head_state_dict(head)
-    save_file({k: v.clone() for k, v in state.items()}, str(out / "model.safetensors"))
-    config = head_config_json(head)
-    if extra_config:
-        config.update(extra_config)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out
-
-
-def new_head(kind: str, target: ModelConfig, target_weights: TargetWeights | None = None,
-             draft_vocab_size: int | None = None, medusa_num_heads: int = 4, medusa_num_layers: int = 1,
-             intermediate_size: int | None = None, fc_bias: bool = True, seed: int = 0) -> nn.Module:
-    """A freshly initialised head for `target` (training, tests); target-shared weights copied in."""
-    torch.manual_seed(seed)
-    raw = {"intermediate_size": intermediate_size} if intermediate_size else {}
-    layer = _layer_config(raw, target)
-    v = target.vocab_size
-    cfg = HeadConfig(kind, layer, target.hidden_size, v, draft_vocab_size or v, fc_bias=fc_bias,
-                     aux_layer_ids=list(eagle3_tap_layers(target.num_hidden_layers)) if kind == "eagle3" else [],
-                     medusa_num_heads=medusa_num_heads if kind == "medusa" else 0, medusa_num_layers=medusa_num_layers)
-    head = _CLASSES[kind](cfg)
-    if target_weights is not None:
-        with torch.no_grad():
-            if hasattr(head, "embed_tokens"):
-                head.embed_tokens.weight.copy_(_target_embed(target_weights))
-            if kind == "eagle":
-                head.lm_head.weight.copy_(_target_lm_head(target, target_weights))
-            elif kind == "mtp":
-                head.shared_head.head.weight.copy_(_target_lm_head(target, target_weights))
-                head.shared_head.norm.weight.copy_(target_tensor(target_weights, "model.norm.weight"))
-            elif kind == "eagle3" and cfg.draft_vocab_size == v:
-                head.lm_head.weight.copy_(_target_lm_head(target, target_weights))
-                head.norm.weight.copy_(target_tensor(target_weights, "model.norm.weight"))
-            elif kind == "medusa":
-                for sub in head.medusa_head:
-                    sub[-1].weight.copy_(_target_lm_head(target, target_weights))
-                    for block in list(sub)[:-1]:
-                        block.linear.weight.zero_()
-                        block.linear.bias.zero_()
-    return head.eval()

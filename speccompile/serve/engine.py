@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, SpecCompileError
+from ..errors import InputError, SpecCompileError, check_at_least, check_one_of
 from ..runtime.options import RunOptions
 from .metrics import ServeMetrics
 from .tools import FORMATS, TOOL_FORMATS, ToolFormat, detect_format, with_tools_prompt
@@ -53,20 +53,15 @@ class EngineOptions:
     tool_call_parser: str = "auto"  # how the model writes tool calls: auto (from its chat template) | hermes | llama3_json
 
     def validate(self) -> "EngineOptions":
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise InputError(f"--max-model-len must be >= 2, got {self.max_model_len}")
-        if self.max_concurrency < 1:
-            raise InputError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
-        if self.max_queue < 0:
-            raise InputError(f"--max-queue must be >= 0, got {self.max_queue}")
-        if self.prefix_cache_mb < 1:
-            raise InputError(f"--prefix-cache-mb must be >= 1, got {self.prefix_cache_mb}")
+        if self.max_model_len is not None:
+            check_at_least("max_model_len", self.max_model_len, 2)
+        for name, least in (("max_concurrency", 1), ("max_queue", 0), ("prefix_cache_mb", 1)):
+            check_at_least(name, getattr(self, name), least)
         if not 0 <= self.engine_nice <= 19:
-            raise InputError(f"--engine-nice must be in 0..19, got {self.engine_nice}")
+            raise InputError(f"engine_nice must be in 0..19, got {self.engine_nice}", "engine_nice")
         if self.engine_nice and os.name != "posix":
-            raise InputError("--engine-nice needs a Unix system (os.nice)")
-        if self.tool_call_parser not in TOOL_FORMATS:
-            raise InputError(f"--tool-call-parser must be one of {', '.join(TOOL_FORMATS)}, got {self.tool_call_parser}")
+            raise InputError("engine_nice needs a Unix system (os.nice)", "engine_nice")
+        check_one_of("tool_call_parser", self.tool_call_parser, TOOL_FORMATS)
         return self
 
 
@@ -92,8 +87,8 @@ class Engine(abc.ABC):
         self._runner = runner
         artifact = self._runner.artifact
         if options.max_model_len is not None and options.max_model_len > artifact.max_context:
-            raise InputError(f"--max-model-len {options.max_model_len} exceeds {options.artifact}'s context of "
-                             f"{artifact.max_context} tokens")
+            raise InputError(f"max_model_len {options.max_model_len} exceeds {options.artifact}'s context of "
+                             f"{artifact.max_context} tokens", "max_model_len")
         self._tokenizer = artifact.tokenizer
         self.info = ModelInfo(
             name=str(artifact.manifest.model.get("name") or Path(options.artifact).name),

@@ -8,7 +8,7 @@ import signal
 import threading
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, check_at_least
 from .engine import EngineOptions
 
 log = logging.getLogger("speccompile.serve")
@@ -16,15 +16,15 @@ DEPLOYMENT_NAME = "speccompile"
 
 
 def parse_deployment_options(text: str | None) -> dict:
-    """--ray-options: a JSON object of Ray Serve deployment options (autoscaling_config, ray_actor_options, ...)."""
+    """ray_options: a JSON object of Ray Serve deployment options (autoscaling_config, ray_actor_options, ...)."""
     if not text:
         return {}
     try:
         options = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"--ray-options: not valid JSON ({exc})") from None
+        raise InputError(f"ray_options: not valid JSON ({exc})", "ray_options") from None
     if not isinstance(options, dict):
-        raise InputError("--ray-options: expected a JSON object of Ray Serve deployment options")
+        raise InputError("ray_options: expected a JSON object of Ray Serve deployment options", "ray_options")
     return options
 
 
@@ -58,11 +58,10 @@ def serve_on_ray(options: EngineOptions, host: str, port: int, served_model_name
         import ray
         from ray import serve
     except ImportError:
-        raise InputError("--ray: Ray Serve is not installed (pip install 'speccompile[ray]')") from None
-    if replicas < 1:
-        raise InputError(f"--replicas must be >= 1, got {replicas}")
+        raise InputError("Ray Serve is not installed (pip install 'speccompile[ray]')") from None
+    check_at_least("replicas", replicas, 1)
     if port == 0:
-        raise InputError("--port 0: Ray Serve's proxy needs a fixed port")
+        raise InputError("port 0: Ray Serve's proxy needs a fixed port", "port")
     if not options.artifact.is_dir():
         raise InputError(f"{options.artifact}: not an artifact directory")
     options = _absolute(options)

@@ -83,14 +83,14 @@ def listen_socket(host: str, port: int) -> socket.socket:
     try:
         family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        raise InputError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+        raise InputError(f"host {host}: cannot resolve it ({exc.strerror})", "host") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise InputError(f"--host/--port: cannot listen on {host}:{port} ({exc.strerror})") from None
+        raise InputError(f"host/port: cannot listen on {host}:{port} ({exc.strerror})", ("host", "port")) from None
     return sock
 
 

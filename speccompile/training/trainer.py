@@ -70,7 +70,7 @@ class HeadTrainer:
     def __init__(self, model, options: TrainOptions, feats: dict[str, np.ndarray]):
         import torch
 
-        from ..models.heads import new_head
+        from ..models.head_writers import new_head
 
         self.torch = torch
         self.options = options
@@ -93,9 +93,9 @@ class HeadTrainer:
                 t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
                 t2d[torch.from_numpy(keep)] = True
                 head.t2d.copy_(t2d)
-                from ..models.heads import _target_lm_head, target_tensor
+                from ..models.heads import target_lm_head, target_tensor
 
-                head.lm_head.weight.copy_(_target_lm_head(cfg, model.weights)[torch.from_numpy(keep)])
+                head.lm_head.weight.copy_(target_lm_head(cfg, model.weights)[torch.from_numpy(keep)])
                 head.norm.weight.copy_(target_tensor(model.weights, "model.norm.weight"))
         elif self.method == "eagle":
             head = new_head("eagle", cfg, model.weights, seed=options.seed)
@@ -223,7 +223,7 @@ class HeadTrainer:
     def save(self, out: Path, summary: dict) -> None:
         import torch
 
-        from ..models.heads import save_head
+        from ..models.head_writers import save_head
 
         self.head.eval()
         staging = out / f"{STAGING}.tmp"  # whole files only: an interrupted save never leaves a truncated head
