@@ -53,7 +53,7 @@ def emulate_nvfp4(src: Path, out: Path) -> Path:
     from onnx import numpy_helper
 
     from speccompile.engines import numerics as nx
-    from speccompile.engines.quantize import DEFAULT_EXCLUDE, is_excluded, weight_matmuls
+    from speccompile.engines.qdq_targets import DEFAULT_EXCLUDE, is_excluded, weight_matmuls
     from speccompile.manifest import read_manifest
 
     tmp = out.parent / f".{out.name}.tmp"

@@ -41,7 +41,18 @@ SIZES = {  # the published configs (config.json of meta-llama/Llama-3.2-1B, -3.2
 }
 VOCAB = 128256
 SHARD_BYTES = 5 << 30  # Hugging Face's default max_shard_size ("5GB")
-BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (the build side adds its columns here)
+BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (ONNX only: no TensorRT on the host)
+    "int4": ["--int4", "--onnx-only"],
+    "int4-rtn": ["--int4", "--onnx-only", "--no-awq", "--no-clip-search", "--no-gptq"],  # round to nearest: no calibration
+    "fp8": ["--fp8", "--onnx-only"],
+    "fp8-wo": ["--fp8", "--weight-only", "--onnx-only"],
+    "fp8-wo-rtn": ["--fp8", "--weight-only", "--onnx-only", "--no-gptq"],  # per-channel scales, no GPTQ: no calibration
+    "fp4": ["--fp4", "--onnx-only"],
+    "fp4-wo": ["--fp4", "--weight-only", "--onnx-only"],
+    "int8": ["--int8", "--onnx-only"],
+    "fp8-rtn": ["--fp8", "--onnx-only", "--no-gptq"],  # activation ranges calibrated, weights per channel without GPTQ
+    "fp4-rtn": ["--fp4", "--onnx-only", "--no-awq", "--no-clip-search"],
+    "fp4-wo-rtn": ["--fp4", "--weight-only", "--onnx-only", "--no-awq", "--no-clip-search", "--no-gptq"],
 }
 
 
@@ -204,33 +215,74 @@ def uptime() -> str:
 
 
 def measure_size(size: str, dtypes: list[str], builds: list[str], run_dtypes: list[str], root: Path,
-                 keep: set[str], record) -> None:
-    """The floor, the export and the builds of one size, then `run` on the artifacts asked for."""
+                 keep: set[str], record, existing: bool = False, run_builds: tuple[str, ...] = ()) -> None:
+    """The floor, the export and the builds of one size, then `run` on the artifacts asked for. `existing`: build
+    from the export already in ROOT/export (no floor, no export); `run_builds`: builds `run` and `verify` are timed
+    on (each build is deleted after it was measured unless SIZE-DTYPE-BUILD is in `keep`)."""
     checkpoint = root / "ckpt" / SIZES[size]["name"]
     shards = sorted(checkpoint.glob("*.safetensors"))
     params = sum(int(np.prod(s["shape"])) for f in shards for n, s in _header(f).items() if n != "__metadata__")
     for dtype in dtypes:
         base = {"size": size, "params_b": round(params / 1e9, 3), "dtype": dtype, "uptime": uptime()}
+        artifact = root / "export" / f"{SIZES[size]['name']}-{dtype}"
+        if existing:
+            _measure_builds(artifact, builds, base, root, keep, record, run_builds)
+            continue
         floor_out = root / "tmp" / f"floor-{size}-{dtype}.bin"
         floor_out.parent.mkdir(parents=True, exist_ok=True)
         evict(shards)
         record({**base, "step": "numpy floor", **_slim(timed([sys.executable, __file__, "floor", str(checkpoint), str(floor_out), dtype])),
                 "output_gb": du_gb(floor_out)})
         floor_out.unlink()
-        artifact = root / "export" / f"{SIZES[size]['name']}-{dtype}"
         evict(shards)
         result = timed(speccompile("export", str(checkpoint), "--out", str(artifact), "--dtype", dtype, "--force"))
         record({**base, "step": "export", **_slim(result), "output_gb": du_gb(artifact) if artifact.exists() else 0})
-        for build in builds:
-            built = root / "build" / f"{SIZES[size]['name']}-{dtype}-{build}"
-            result = timed(speccompile("build", str(artifact), "--out", str(built), "--force", *BUILDS[build]))
-            record({**base, "step": f"build {build}", **_slim(result), "output_gb": du_gb(built) if built.exists() else 0})
+        _measure_builds(artifact, builds, base, root, keep, record, run_builds)
         if dtype in run_dtypes and artifact.exists():
-            record({**base, "step": "run", **run_speed(artifact)})
+            run_and_verify(artifact, base, "", record)
         if f"{size}-{dtype}" not in keep and artifact.exists():
             import shutil
 
             shutil.rmtree(artifact)
+
+
+def _measure_builds(artifact: Path, builds: list[str], base: dict, root: Path, keep: set[str], record,
+                    run_builds: tuple[str, ...]) -> None:
+    """`speccompile build` of `artifact` per build column (then `run` and `verify` where asked), each deleted after."""
+    import shutil
+
+    for build in builds:
+        built = root / "build" / f"{artifact.name}-{build}"
+        result = timed(speccompile("build", str(artifact), "--out", str(built), "--force", *BUILDS[build]))
+        row = {**base, "uptime": uptime(), "step": f"build {build}", **_slim(result), "output_gb": du_gb(built) if built.exists() else 0}
+        if built.exists():
+            row["weights_gb"] = sum(p.stat().st_size for p in built.glob("*.data")) / 1e9
+        record(row)
+        if build in run_builds and built.exists():
+            run_and_verify(built, {**base, "weights_gb": row["weights_gb"]}, f" {build}", record)
+        if f"{base['size']}-{base['dtype']}-{build}" not in keep and built.exists():
+            shutil.rmtree(built)
+
+
+def run_and_verify(artifact: Path, base: dict, label: str, record) -> None:
+    """Rows "run LABEL" (tokens/s, peak RSS) and "verify LABEL" (speculative == plain greedy) of `artifact`."""
+    record({**base, "uptime": uptime(), "step": f"run{label}", **run_speed(artifact)})
+    workload = root_tmp(artifact) / "raw-prompts.jsonl"  # the random checkpoints' tokenizer has no chat template
+    workload.write_text("".join(json.dumps({"id": f"raw-{i}", "prompt": p, "chat": False}) + "\n" for i, p in enumerate(RAW_PROMPTS)))
+    verified = timed(speccompile("verify", str(artifact), "--workload", str(workload), "--max-tokens", "16", "--json"))
+    workload.unlink()
+    identical = json.loads(verified["stdout"]).get("identical") if verified["rc"] == 0 else None
+    record({**base, "uptime": uptime(), "step": f"verify{label}", **_slim(verified), "identical": identical})
+
+
+RAW_PROMPTS = ("the quick brown fox", "once upon a time there was", "def main(): return")
+
+
+def root_tmp(artifact: Path) -> Path:
+    """ROOT/tmp for an artifact in ROOT/export or ROOT/build."""
+    folder = artifact.parent.parent / "tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def run_speed(artifact: Path, tokens: int = 32) -> dict:
@@ -255,15 +307,18 @@ def _header(path: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per size, dtype and step, with the export's ratio to the floor of the same run."""
+    """Markdown: one line per size, dtype and step, with the export's ratio to the floor of the same run, and a run's
+    peak RSS over its weights files."""
     floors = {(r["size"], r["dtype"]): r["wall_s"] for r in rows if r["step"] == "numpy floor"}
-    lines = ["| size | params (B) | dtype | step | wall s | x floor | CPU s | peak RSS GB | output GB | tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | params (B) | dtype | step | wall s | x floor | CPU s | peak RSS GB | output GB | tokens/s | RSS / weights |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ratio = r["wall_s"] / floors[(r["size"], r["dtype"])] if r["step"] not in ("numpy floor", "run") and (r["size"], r["dtype"]) in floors else None
-        cells = [r["size"], r["params_b"], r["dtype"], r["step"] + (f" (exit {r['rc']}: {r.get('error', '')})" if r["rc"] else ""),
+        ratio = r["wall_s"] / floors[(r["size"], r["dtype"])] if r["step"] == "export" and (r["size"], r["dtype"]) in floors else None
+        step = r["step"] + {True: " (identical)", False: " (NOT identical)"}.get(r.get("identical"), "")
+        cells = [r["size"], r["params_b"], r["dtype"], step + (f" (exit {r['rc']}: {r.get('error', '')})" if r["rc"] else ""),
                  f"{r['wall_s']:.1f}", f"{ratio:.2f}" if ratio else "", f"{r['cpu_s']:.1f}", f"{r['peak_rss_gb']:.2f}",
-                 f"{r['output_gb']:.2f}" if "output_gb" in r else "", f"{r['tokens_per_s']:.2f}" if r.get("tokens_per_s") else ""]
+                 f"{r['output_gb']:.2f}" if "output_gb" in r else "", f"{r['tokens_per_s']:.2f}" if r.get("tokens_per_s") else "",
+                 f"{r['peak_rss_gb'] / r['weights_gb']:.2f}" if r["step"].startswith("run") and r.get("weights_gb") else ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -277,6 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--builds", default="", help="build columns: " + ",".join(BUILDS))
     parser.add_argument("--run", default="", help="export dtypes whose artifacts `run` is timed on")
     parser.add_argument("--keep", default="", help="SIZE-DTYPE artifacts to keep (e.g. 8b-fp16); the others are deleted")
+    parser.add_argument("--existing", action="store_true", help="build from the exports already in ROOT/export (no floor or export)")
+    parser.add_argument("--run-builds", default="", help="build columns whose builds `run` and `verify` are timed on")
     parser.add_argument("--root", type=Path, default=Path("/work/scale"))
     parser.add_argument("--results", type=Path, default=None, help="JSON lines file [default: ROOT/results.jsonl]")
     args = parser.parse_args(argv)
@@ -305,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
 
     for size in sizes:
         measure_size(size, args.dtypes.split(","), [b for b in args.builds.split(",") if b],
-                     [d for d in args.run.split(",") if d], args.root, set(args.keep.split(",")), record)
+                     [d for d in args.run.split(",") if d], args.root, set(args.keep.split(",")), record, args.existing,
+                     tuple(b for b in args.run_builds.split(",") if b))
     print(table(rows))
 
 

@@ -1,12 +1,15 @@
 """Quality of a quantized artifact against its fp32 reference: `speccompile eval`.
 
 On a held-out text set (paragraphs of a plain-text file), both targets score every paragraph in one
-teacher-forced pass: top-1 agreement per position, KL(reference || quantized) and the perplexity of each.
+teacher-forced pass: top-1 agreement per position, KL(reference || quantized) and the perplexity of each. Both
+contract graphs run one segment at a time (engines/segments.py, with the session settings the runtime gives each
+graph on ort-cpu), paragraphs in chunks whose logits fit `LOGITS_BYTES`, so neither model is ever whole in memory.
 On JSONL workloads both generate greedily with the n-gram drafter at a fixed draft length (adaptive
 drafting off: its choices follow each graph's measured pass times, which differ between an fp32 graph and a
 Q/DQ graph on the CPU, so they would blur what is measured here, how well the quantized model keeps
-accepting drafts): tokens per target pass and how many outputs are identical. FP8 and INT4 graphs run on ONNX Runtime CPU as built; an NVFP4 graph runs as its
-exact fp32 emulation (engines/emulate.py) written to a temporary directory.
+accepting drafts): tokens per target pass and how many outputs are identical; generation opens both artifacts through
+the runtime (whole). FP8 and INT4 graphs run on ONNX Runtime CPU as built; an NVFP4 graph runs as its exact fp32
+emulation (engines/emulate.py) written, one weight at a time, to a temporary directory.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .engines.calibrate import read_text_input
+from .engines.calibrate import prefill_feeds, read_text_input
 from .engines.quality import LogitComparison
+from .engines.segments import SEGMENT_PARAMETERS, SegmentRunner
 from .errors import InputError, check_at_least
 from .manifest import read_manifest
+from .tokenizer import TextTokenizer
+from .weights_file import load_graph
 
 if TYPE_CHECKING:
     from .runtime.session import Runner
 
 Progress = Callable[[str], None]
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "benchmarks" / "eval" / "heldout.txt"
+LOGITS_BYTES = 256 << 20  # reference logits held at a time (a chunk of paragraphs)
 
 
 @dataclass
@@ -38,6 +45,7 @@ class EvalOptions:
     max_tokens: int = 64  # generated per prompt
     max_text_tokens: int = 256  # longest scored paragraph
     threads: int | None = None
+    segment_parameters: int = SEGMENT_PARAMETERS  # weights per segment of each graph (engines/segments.py)
 
     def validate(self) -> "EvalOptions":
         for name, least in (("limit", 1), ("max_tokens", 1), ("max_text_tokens", 2)):
@@ -70,11 +78,64 @@ def target_size_mb(directory: Path) -> float:
 
 
 def teacher_forced_logits(session, ids: list[int]) -> np.ndarray:
-    """Logits of every position of `ids` from one prefill pass on a fresh cache."""
+    """Logits of every position of `ids` from one prefill pass on a fresh cache (a whole target session)."""
     cache = session.new_cache()
     q = len(ids)
     mask = cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
     return session.run(np.asarray(ids, np.int64), np.arange(q, dtype=np.int64), mask, cache).logits.reshape(q, -1)
+
+
+class TargetLogits:
+    """Teacher-forced logits of token sequences from an artifact's target graph: one prefill pass per sequence on an
+    empty cache, the graph run one segment at a time with the runtime's ort-cpu settings for it."""
+
+    def __init__(self, directory: Path, threads: int | None, parameters: int):
+        from .runtime.backends.ort_quantized import quantized_session_config
+
+        manifest = read_manifest(directory, verify_files=True)
+        self.spec = manifest.graph("target")
+        self.vocab = int(self.spec.outputs[0].shape[-1]) if self.spec.outputs and isinstance(self.spec.outputs[0].shape[-1], int) else 0
+        model = load_graph(Path(directory) / self.spec.file)
+        self.runner = SegmentRunner(directory, model, threads, session_config=quantized_session_config(self.spec, "ort-cpu"))
+        self.parameters = parameters
+
+    def __call__(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.zeros(0)] * len(sequences)
+
+        def keep(index: int, _name: str, value: np.ndarray) -> None:
+            out[index] = value.reshape(len(sequences[index]), -1)
+
+        self.runner.run([prefill_feeds(self.spec, ids) for ids in sequences], ["logits"], keep, self.parameters)
+        return out
+
+
+def chunks(sequences: list[list[int]], vocab: int, limit: int = LOGITS_BYTES) -> list[list[list[int]]]:
+    """Consecutive groups of sequences whose float32 logits take at most `limit` bytes (at least one sequence each)."""
+    groups: list[list[list[int]]] = [[]]
+    held = 0
+    for ids in sequences:
+        size = len(ids) * max(vocab, 1) * 4
+        if groups[-1] and held + size > limit:
+            groups.append([])
+            held = 0
+        groups[-1].append(ids)
+        held += size
+    return [g for g in groups if g]
+
+
+def compare_targets(reference: Path, artifact: Path, sequences: list[list[int]], options: EvalOptions,
+                    progress: Progress) -> LogitComparison:
+    """LogitComparison of the two targets' teacher-forced logits on every sequence, chunk after chunk."""
+    ref = TargetLogits(reference, options.threads, options.segment_parameters)
+    got = TargetLogits(artifact, options.threads, options.segment_parameters)
+    comparison = LogitComparison()
+    groups = chunks(sequences, ref.vocab)
+    for number, group in enumerate(groups, 1):
+        if len(groups) > 1:
+            progress(f"  chunk {number}/{len(groups)}: {len(group)} paragraphs")
+        for ids, ref_logits, logits in zip(group, ref(group), got(group)):
+            comparison.add(ref_logits, logits, np.asarray(ids))
+    return comparison
 
 
 def _scheme(directory: Path) -> str:
@@ -93,21 +154,23 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
     text_path, paragraphs = load_text_set(options.text)
     workloads = [(w, load_workload(Path(w), options.limit)) for w in options.workloads]
     scheme = _scheme(artifact)
+    tokenizer = TextTokenizer(reference, read_manifest(reference, verify_files=False).tokenizer.get("eos_token_ids"))
+    sequences = [ids[: options.max_text_tokens] for ids in (list(tokenizer.encode(p)) for p in paragraphs) if len(ids) >= 2]
+    if not sequences:
+        raise InputError(f"text {text_path}: no paragraph has two or more tokens", "text")
     with tempfile.TemporaryDirectory(prefix="speccompile-eval-") as tmp:
         runnable = artifact
         if scheme == "nvfp4":
             progress("NVFP4: writing the exact fp32 emulation (folded FP4 weights, fake-quantized activations)")
             runnable = write_emulated_artifact(artifact, Path(tmp) / "emulated")
-        progress(f"opening {reference} and {artifact}")
-        ref_runner = Runner(reference, threads=options.threads, drafter="ngram", adaptive=False)
-        runner = Runner(runnable, threads=options.threads, drafter="ngram", adaptive=False)
-        tokenizer = ref_runner.artifact.tokenizer
-        sequences = [ids[: options.max_text_tokens] for ids in (list(tokenizer.encode(p)) for p in paragraphs) if len(ids) >= 2]
-        if not sequences:
-            raise InputError(f"text {text_path}: no paragraph has two or more tokens", "text")
-        progress(f"scoring {len(sequences)} paragraphs ({sum(map(len, sequences))} tokens) with both models")
-        comparison = compare_logits(ref_runner, runner, sequences)
+        progress(f"scoring {len(sequences)} paragraphs ({sum(map(len, sequences))} tokens) with both models, "
+                 "one segment of each graph at a time")
+        comparison = compare_targets(reference, runnable, sequences, options, progress)
         ngram = []
+        if workloads:
+            progress(f"opening {reference} and {artifact}")
+            ref_runner = Runner(reference, threads=options.threads, drafter="ngram", adaptive=False)
+            runner = Runner(runnable, threads=options.threads, drafter="ngram", adaptive=False)
         for path, prompts in workloads:
             progress(f"n-gram generation on {Path(path).name} ({len(prompts)} prompts x {options.max_tokens} tokens, both models)")
             ngram.append({"workload": str(path), **compare_generation(ref_runner, runner, prompts, options.max_tokens)})

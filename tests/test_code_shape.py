@@ -19,9 +19,8 @@ REASON = re.compile(r"^\s*Reason:\s*\S+(\s+\S+){2,}", re.MULTILINE)  # "Reason:"
 
 # engines/ modules the build branch is still reshaping: exempt until it merges (then the lead empties this list)
 ALLOWED_WHILE_RESHAPED = {
-    "engines/build.py",  # 457 lines; build_artifact 109, quantize_graph 88
-    "engines/methods.py",  # 495 lines; apply_methods 72
-    "engines/quantize.py",  # 565 lines; quantize_model 219
+    "engines/build.py",  # build_artifact 114
+    "engines/quantize.py",  # rewrite_qdq 88
     "engines/qad.py",  # distill 79
     "engines/sensitivity.py",  # search_kept_weights 61
 }

@@ -10,13 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from speccompile.engines import numerics as nx
 from speccompile.accel.compat import check_tensorrt_compat
-from speccompile.engines.quantize import (
-    QuantOptions,
-    activation_tensors,
-    is_excluded,
-    quantize_model,
-    trt_fp4_dynamic_quantize_reference,
-)
+from speccompile.engines.qdq_targets import QuantOptions, activation_tensors, is_excluded
+from speccompile.engines.quantize import quantize_model, trt_fp4_dynamic_quantize_reference
 from speccompile.errors import UnsupportedError
 
 

@@ -13,7 +13,8 @@ from conftest import run_cli
 from speccompile.engines import numerics as nx
 from speccompile.engines.emulate import emulate_nvfp4, fake_quant_nvfp4_nodes
 from speccompile.engines.quality import LogitComparison
-from speccompile.engines.quantize import QuantOptions, quantize_model, trt_fp4_dynamic_quantize_reference
+from speccompile.engines.qdq_targets import QuantOptions
+from speccompile.engines.quantize import quantize_model, trt_fp4_dynamic_quantize_reference
 
 TEXT = "The cat sat on the mat.\n\nA small boat drifted past the pier at noon.\n\nprint(sum(range(10)))\n"
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from speccompile.engines import numerics as nx
 from speccompile.engines.calibrate import prefill_feeds
 from speccompile.engines.qad import grid_steps, pack_rows, round_to_grid, weight_grid_for
-from speccompile.engines.quantize import QuantOptions
+from speccompile.engines.qdq_targets import QuantOptions
 from speccompile.engines.torch_graph import TorchGraph
 from speccompile.errors import SpecCompileError
 from speccompile.manifest import read_manifest
@@ -122,7 +122,8 @@ def test_the_stored_graph_is_the_trained_student(tiny_artifact, device):
     import copy
 
     from speccompile.engines.qad import QadOptions, batches, distill, free_parameters, store_free
-    from speccompile.engines.quantize import is_excluded, quantize_model, weight_matmuls
+    from speccompile.engines.qdq_targets import is_excluded, weight_matmuls
+    from speccompile.engines.quantize import quantize_model
 
     spec = read_manifest(tiny_artifact).graph("target")
     model = onnx.load(str(tiny_artifact / spec.file))

@@ -9,8 +9,10 @@ from onnx import numpy_helper
 
 from speccompile.engines.calibrate import ActivationStats
 from speccompile.engines.gptq import gptq_rows, gptq_weight, hessian, inverse_hessian_factor
-from speccompile.engines.methods import MethodOptions, apply_methods, awq_search, weight_fake_quant
-from speccompile.engines.quantize import QuantOptions, quantize_model
+from speccompile.engines.method_search import awq_search, weight_fake_quant
+from speccompile.engines.methods import MethodOptions, apply_methods
+from speccompile.engines.qdq_targets import QuantOptions
+from speccompile.engines.quantize import quantize_model
 
 K, N, T = 128, 48, 384
 

@@ -10,9 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from speccompile.engines import numerics as nx
 from speccompile.engines.calibrate import ActivationStats
 from speccompile.accel.compat import check_tensorrt_compat
-from speccompile.engines.methods import (
-    MethodOptions,
-    apply_methods,
+from speccompile.engines.method_search import (
     awq_search,
     clip_search,
     fp8_range,
@@ -20,7 +18,9 @@ from speccompile.engines.methods import (
     smoothquant_scale,
     weight_fake_quant,
 )
-from speccompile.engines.quantize import QuantOptions, quantize_model
+from speccompile.engines.methods import MethodOptions, apply_methods
+from speccompile.engines.qdq_targets import QuantOptions
+from speccompile.engines.quantize import quantize_model
 
 K, I, T = 64, 96, 48
 
@@ -128,7 +128,7 @@ def test_nvfp4_range_search_also_widens_blocks(monkeypatch):
     """NVFP4's block-range search takes ratios above 1 too (a block's largest value on a lower E2M1 level): on
     weights that sit on an evenly spaced 4-bit grid (what a GGUF Q4 source holds) some blocks pick one, and the
     weighted error is below that of the search limited to clipping."""
-    import speccompile.engines.methods as methods
+    import speccompile.engines.method_search as methods
 
     rng = np.random.default_rng(3)
     w = (rng.integers(0, 16, (K, 80)) - 7.5).astype(np.float32) * rng.uniform(0.01, 0.03, (1, 80)).astype(np.float32)
@@ -203,7 +203,7 @@ def test_min_top1_keeps_the_worst_weights_until_met(tiny_artifact, tmp_path):
 
 
 def test_min_top1_checks_on_samples_the_methods_did_not_fit():
-    from speccompile.engines.build import split_check_samples
+    from speccompile.engines.quantize_graph import split_check_samples
 
     samples = [[i] for i in range(9)]
     fit, check = split_check_samples(samples)
@@ -222,7 +222,7 @@ def test_min_top1_out_of_range_is_an_input_error(tiny_artifact, tmp_path):
 def test_low_rank_branch_keeps_the_fp32_function_and_is_never_quantized(scheme):
     """`low_rank`: every quantized MatMul becomes x R + (x A) B; before rounding the block computes what it did,
     the float16 factors stay out of the Q/DQ pass, and the quantized graph is TensorRT-compatible."""
-    from speccompile.engines.quantize import LOW_RANK_SUFFIXES
+    from speccompile.engines.qdq_targets import LOW_RANK_SUFFIXES
 
     rng = np.random.default_rng(4)
     model = _block_model(rng)

@@ -12,13 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 from conftest import run_cli
 from speccompile.accel.compat import check_tensorrt_compat
 from speccompile.engines import numerics as nx
-from speccompile.engines.quantize import (
-    QuantOptions,
-    activation_tensors,
-    embedding_tables,
-    quantize_model,
-    trt_fp4_dynamic_quantize_reference,
-)
+from speccompile.engines.qdq_targets import QuantOptions, activation_tensors, embedding_tables
+from speccompile.engines.quantize import quantize_model, trt_fp4_dynamic_quantize_reference
 
 V, H, T = 40, 128, 6
 STORED = {"fp8": TensorProto.FLOAT8E4M3FN, "int4": TensorProto.INT4, "nvfp4": TensorProto.FLOAT4E2M1}

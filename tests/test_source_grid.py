@@ -12,7 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from speccompile.engines.quantize import OFFSET_SUFFIXES, QuantOptions, quantize_model
+from speccompile.engines.qdq_targets import OFFSET_SUFFIXES, QuantOptions
+from speccompile.engines.quantize import quantize_model
 from speccompile.engines.source_grid import find_int4_grid, find_int8_table_grid, source_grids
 
 from conftest import export_as_gguf, make_tiny_hf_model, run_cli
@@ -147,7 +148,7 @@ def test_offset_branch_keeps_the_function():
 def test_a_tensorrt_build_keeps_only_the_grids_tensorrt_takes():
     """Block 64 stays on its grid in a TensorRT build, block 32 is quantized afresh there (and the build says so);
     an ONNX-only build keeps both."""
-    from speccompile.engines.build import _tensorrt_grids
+    from speccompile.engines.quantize_graph import tensorrt_grids
 
     rng = np.random.default_rng(7)
     w32 = _gguf_roundtrip(rng.standard_normal((64, 64)).astype(np.float32), "Q4_1").T
@@ -156,10 +157,11 @@ def test_a_tensorrt_build_keeps_only_the_grids_tensorrt_takes():
     options = QuantOptions("int4", exclude=())
     grids = source_grids(model, options)
     assert {w: g.block for w, g in grids.items()} == {"a.weight_t": 32, "b.weight_t": 64}
+    blocks = {w: g.block for w, g in grids.items()}
     said = []
-    assert set(_tensorrt_grids(grids, model, options, False, said.append)) == {"b.weight_t"}
+    assert tensorrt_grids(blocks, model, options, False, said.append) == {"b.weight_t": 64}
     assert "INT4 blocks of 32" in said[0] and "quantized again" in said[0]
-    assert set(_tensorrt_grids(grids, model, options, True, said.append)) == {"a.weight_t", "b.weight_t"}
+    assert tensorrt_grids(blocks, model, options, True, said.append) == blocks
 
 
 @pytest.fixture(scope="module")

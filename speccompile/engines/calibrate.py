@@ -1,26 +1,22 @@
-"""Activation calibration: run the unquantized graph in ONNX Runtime CPU and record each MatMul input's amax.
+"""Activation calibration: run the unquantized graph in ONNX Runtime CPU and record each MatMul input's amax and rows.
 
-The graph is reloaded without weights, the activation tensors are added as graph outputs, and the copy is
-written beside symbolic links to the original external-data files (so no weights are copied).
+The graph runs one segment at a time (engines/segments.py), every calibration sample through a segment before the
+next one is loaded, so memory holds one segment's weights and the samples' activations at the segment boundary.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
 from ..errors import InputError
 from ..manifest import GraphSpec
-from ..onnx_versions import save_model
+from ..weights_file import load_graph
+from .segments import SEGMENT_PARAMETERS, SegmentRunner, cpu_session
 
 BUILTIN_CALIBRATION = [
     {"prompt": "Write a short story about a lighthouse keeper who finds a message in a bottle.", "chat": True},
@@ -86,37 +82,6 @@ def tokenize_calibration(texts: list[dict], tokenizer, max_samples: int, max_tok
     return samples
 
 
-def _external_locations(model: onnx.ModelProto) -> set[str]:
-    locations = set()
-    for init in model.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            for entry in init.external_data:
-                if entry.key == "location":
-                    locations.add(entry.value)
-    return locations
-
-
-def _float_elem(model: onnx.ModelProto) -> int:
-    for init in model.graph.initializer:
-        if init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16) and len(init.dims) == 2:
-            return init.data_type
-    return TensorProto.FLOAT
-
-
-def cpu_session(source: str | bytes, threads: int | None = None, config: dict[str, str] | None = None):
-    """An ONNX Runtime CPU session on a graph file or serialized model (errors only logged; `config`: session
-    config entries)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
-    for key, value in (config or {}).items():
-        opts.add_session_config_entry(key, value)
-    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
-
-
 def prefill_feeds(spec: GraphSpec, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
     """Inputs of one full-prompt pass of a contract graph on an empty KV cache (`ids` [T], or [B, T] rows)."""
     ids = np.atleast_2d(np.asarray(ids, dtype=np.int64))
@@ -146,54 +111,58 @@ class ActivationStats:
 
 
 
-def calibrate_activations(
-    directory: Path,
-    spec: GraphSpec,
-    tensors: Sequence[str],
-    samples: Sequence[Sequence[int]],
-    threads: int | None = None,
-    workdir: Path | None = None,
-    max_rows: int = 0,
-) -> dict[str, ActivationStats]:
-    """amax of each tensor over full-prompt (prefill) passes of every sample, and up to `max_rows` rows
-    (evenly spaced tokens over all samples) for the methods that search on activations.
+class ActivationRecorder:
+    """Accumulates `ActivationStats` of tensors from their values, sample after sample: the per-channel amax over
+    every token and every `stride`-th row of each sample (rows kept in sample order), at most `max_rows`."""
 
-    `workdir` (default: the system temp dir) holds the graph copy and hard links to the weight files
-    (ONNX Runtime refuses external data reached through symbolic links); across file systems the
-    weights are copied."""
+    def __init__(self, tensors: Sequence[str], total_tokens: int, max_rows: int = 0):
+        self.max_rows = max_rows
+        self.stride = max(1, -(-total_tokens // max_rows)) if max_rows else 0
+        self.amax: dict[str, np.ndarray | None] = {name: None for name in tensors}
+        self.kept: dict[str, list[np.ndarray]] = {name: [] for name in tensors}
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        value = np.asarray(value, dtype=np.float32).reshape(-1, np.shape(value)[-1])
+        magnitude = np.where(np.isfinite(value), np.abs(value), 0.0).max(axis=0)
+        self.amax[name] = magnitude if self.amax[name] is None else np.maximum(self.amax[name], magnitude)
+        if self.stride:
+            self.kept[name].append(value[::self.stride])
+
+    def pop(self, name: str) -> ActivationStats:
+        """The stats of `name` (no more values of it will come); forgotten here."""
+        kept = self.kept.pop(name)
+        rows = np.concatenate(kept)[: self.max_rows] if kept else np.zeros((0, 0), np.float32)
+        return ActivationStats(self.amax.pop(name), rows)
+
+
+def calibration_steps(directory: Path, spec: GraphSpec, tensors: Sequence[str], samples: Sequence[Sequence[int]],
+                      threads: int | None = None, workdir: Path | None = None, max_rows: int = 0,
+                      parameters: int = SEGMENT_PARAMETERS) -> Iterator[dict[str, ActivationStats]]:
+    """Full-prompt (prefill) passes of every sample through the unquantized graph, one segment of it at a time
+    (engines/segments.py: memory holds one segment's weights); after each segment, the stats of the tensors it
+    completed: their amax and up to `max_rows` rows (evenly spaced tokens over all samples) for the methods that
+    search on activations. The values are the whole graph's, bit for bit (float32 graphs).
+
+    `workdir` (default: the system temp dir) holds the segment graphs and hard links to the weight files."""
     if not tensors:
-        return {}
-    total = sum(len(ids) for ids in samples)
-    stride = max(1, -(-total // max_rows)) if max_rows else 0
-    kept: dict[str, list[np.ndarray]] = {name: [] for name in tensors}
+        return
     directory = Path(directory)
-    model = onnx.load(str(directory / spec.file), load_external_data=False)
-    elem = _float_elem(model)
-    existing = {o.name for o in model.graph.output}
-    for name in tensors:
-        if name not in existing:
-            model.graph.output.append(helper.make_tensor_value_info(name, elem, None))
-    amax: dict[str, np.ndarray | None] = {name: None for name in tensors}
-    with tempfile.TemporaryDirectory(prefix="speccompile-calib-", dir=workdir) as tmp:
-        for location in _external_locations(model):
-            source, link = (directory / location).resolve(), Path(tmp) / location
-            try:
-                os.link(source, link)
-            except OSError:
-                shutil.copyfile(source, link)
-        graph_path = Path(tmp) / spec.file
-        save_model(model, graph_path)
-        session = cpu_session(str(graph_path), threads)
-        for ids in samples:
-            outputs = session.run(list(tensors), prefill_feeds(spec, ids))
-            for name, value in zip(tensors, outputs):
-                value = np.asarray(value, dtype=np.float32).reshape(-1, np.shape(value)[-1])
-                magnitude = np.where(np.isfinite(value), np.abs(value), 0.0).max(axis=0)
-                amax[name] = magnitude if amax[name] is None else np.maximum(amax[name], magnitude)
-                if stride:
-                    kept[name].append(value[::stride])
-    empty = np.zeros((0, 0), np.float32)
-    return {name: ActivationStats(amax[name], np.concatenate(kept[name])[:max_rows] if kept[name] else empty) for name in tensors}
+    model = load_graph(directory / spec.file)
+    recorder = ActivationRecorder(tensors, sum(len(ids) for ids in samples), max_rows)
+    runner = SegmentRunner(directory, model, threads, workdir)
+    feeds = [prefill_feeds(spec, ids) for ids in samples]
+    for completed in runner.steps(feeds, list(tensors), lambda _sample, name, value: recorder.add(name, value), parameters):
+        yield {name: recorder.pop(name) for name in completed}
+
+
+def calibrate_activations(directory: Path, spec: GraphSpec, tensors: Sequence[str], samples: Sequence[Sequence[int]],
+                          threads: int | None = None, workdir: Path | None = None, max_rows: int = 0,
+                          parameters: int = SEGMENT_PARAMETERS) -> dict[str, ActivationStats]:
+    """`calibration_steps` gathered: the stats of every tensor."""
+    stats: dict[str, ActivationStats] = {}
+    for step in calibration_steps(directory, spec, tensors, samples, threads, workdir, max_rows, parameters):
+        stats.update(step)
+    return stats
 
 
 def sample_continuations(directory: Path, spec: GraphSpec, prompts: Sequence[Sequence[int]], per_prompt: int, new_tokens: int,

@@ -17,6 +17,7 @@ matrix products (tests compare both against onnx.reference and numpy).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -24,18 +25,23 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import InputError
 from ..onnx_versions import save_model
+from ..weights_file import WeightsWriter, load_graph
 from . import numerics as nx
-from .quantize import TRT_DOMAIN
+from .qdq_targets import TRT_DOMAIN
+from .weight_codes import KeepInProto, TensorSink
+from .working_graph import ExternalSink, WorkingGraph
 
 _FOLDABLE = ("DequantizeLinear", "Transpose")
 
 
-def emulate_nvfp4(model: onnx.ModelProto) -> int:
-    """Rewrite an NVFP4 Q/DQ graph in place (weights loaded) into an ORT-CPU runnable fp32 graph.
+def emulate_nvfp4(model: onnx.ModelProto, read: Callable[[str], onnx.TensorProto] | None = None,
+                  sink: TensorSink | None = None) -> int:
+    """Rewrite an NVFP4 Q/DQ graph in place into an ORT-CPU runnable fp32 graph: weights loaded, or `read(name)` gives
+    an initializer with its data; each folded weight goes through `sink` as soon as it exists (default: kept).
 
     Returns the number of activation quantizers replaced."""
     graph = model.graph
-    _fold_constant_dequantize(model)
+    _fold_constant_dequantize(model, read, sink or KeepInProto())
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -71,12 +77,15 @@ def emulate_nvfp4(model: onnx.ModelProto) -> int:
     return count
 
 
-def _fold_constant_dequantize(model: onnx.ModelProto) -> None:
-    """Replace DequantizeLinear/Transpose nodes whose inputs are all constant by their float32 values."""
+def _fold_constant_dequantize(model: onnx.ModelProto, read: Callable[[str], onnx.TensorProto] | None, sink: TensorSink) -> None:
+    """Replace DequantizeLinear/Transpose nodes whose inputs are all constant by their float32 values, one weight's
+    chain at a time (`onnx.reference` on that chain: the arithmetic of the whole graph's evaluation, one weight in
+    memory)."""
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
-    constant = {i.name for i in graph.initializer}
+    inits = {i.name: i for i in graph.initializer}
+    constant = set(inits)
     folded: list[onnx.NodeProto] = []
     for node in graph.node:
         if node.op_type in _FOLDABLE and node.domain in ("", "ai.onnx") and all(i in constant for i in node.input if i):
@@ -85,21 +94,30 @@ def _fold_constant_dequantize(model: onnx.ModelProto) -> None:
     if not folded:
         return
     folded_ids = {id(n) for n in folded}
-    outputs = {o for n in folded for o in n.output}
+    producer = {o: n for n in folded for o in n.output}
     needed = {o for n in graph.node if id(n) not in folded_ids for o in n.input} | {o.name for o in graph.output}
-    wanted = sorted(outputs & needed)
     used_inits = {i for n in folded for i in n.input}
-    sub = helper.make_graph(
-        folded, "fold", [], [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in wanted],
-        [i for i in graph.initializer if i.name in used_inits],
-    )
-    sub_model = helper.make_model(sub, opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")])
-    sub_model.ir_version = model.ir_version
-    values = ReferenceEvaluator(sub_model).run(wanted, {})
+    opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    values = []
+    for name in sorted(set(producer) & needed):
+        chain, stack = {}, [name]
+        while stack:
+            node = producer.get(stack.pop())
+            if node is not None and id(node) not in chain:
+                chain[id(node)] = node
+                stack.extend(node.input)
+        nodes = [n for n in folded if id(n) in chain]
+        reads = sorted({i for n in nodes for i in n.input if i in inits})
+        tensors = [inits[i] if read is None else read(i) for i in reads]
+        sub = helper.make_graph(nodes, "fold", [], [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None)], tensors)
+        sub_model = helper.make_model(sub, opset_imports=opsets)
+        sub_model.ir_version = model.ir_version
+        value = ReferenceEvaluator(sub_model).run([name], {})[0]
+        values.append(sink.put(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name)))
     keep = [i for i in graph.initializer if i.name not in used_inits or i.name in needed]
     del graph.initializer[:]
     graph.initializer.extend(keep)
-    graph.initializer.extend(numpy_helper.from_array(np.asarray(v, dtype=np.float32), name) for name, v in zip(wanted, values))
+    graph.initializer.extend(values)
     remaining = [n for n in graph.node if id(n) not in folded_ids]
     del graph.node[:]
     graph.node.extend(remaining)
@@ -158,7 +176,8 @@ def fake_quant_nvfp4_nodes(x: str, global_scale: str, out: str, stem: str, block
 
 
 def write_emulated_artifact(src: Path, dst: Path) -> Path:
-    """Copy an NVFP4 `--onnx-only` artifact to `dst` with its target replaced by the emulated fp32 graph.
+    """Copy an NVFP4 `--onnx-only` artifact to `dst` with its target replaced by the emulated fp32 graph (written one
+    weight at a time).
 
     The copy opens with the ONNX Runtime CPU backend (its manifest marks the target `nvfp4-emulated`)."""
     import dataclasses
@@ -177,11 +196,12 @@ def write_emulated_artifact(src: Path, dst: Path) -> Path:
         if name not in target_files:
             (dst / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / name, dst / name)
-    model = onnx.load(str(src / spec.file), load_external_data=True)
-    emulate_nvfp4(model)
-    save_model(model, dst / spec.file, save_as_external_data=True, all_tensors_to_one_file=True,
-               location=spec.file + ".data", size_threshold=1024)
-    del model
+    with WeightsWriter(dst / (spec.file + ".data")) as writer:
+        sink = ExternalSink(writer)
+        work = WorkingGraph(load_graph(src / spec.file), src, sink)  # one weight at a time: nothing loaded whole
+        emulate_nvfp4(work.model, work.tensor, sink)
+        work.copy_sources(writer)
+        save_model(work.model, dst / spec.file)
     manifest.graphs["target"] = dataclasses.replace(spec, extra={**spec.extra, "quantization": "nvfp4-emulated"})
     for name in target_files:
         manifest.files.pop(name, None)

@@ -36,6 +36,8 @@ GPTQ_DEFAULT = {"fp8": True, "int4": True, "nvfp4": False, "fp8-weight-only": Tr
 # activation order where it measured better on SmolLM2 held-out text (docs/quantization.md); --gptq-act-order
 ACT_ORDER_DEFAULT = {"fp8": False, "int4": True, "nvfp4": False, "fp8-weight-only": False, "nvfp4-weight-only": True}
 LAZY_ROWS = 128
+IN_PLACE_FROM = 4096  # K above which the inverse-Hessian factor is computed in place (inverse_hessian_factor)
+FACTOR_BLOCK = 512
 
 
 @dataclass
@@ -148,15 +150,94 @@ def hessian(x: np.ndarray) -> np.ndarray:
     return x.T @ x / max(len(x), 1)
 
 
-def inverse_hessian_factor(h: np.ndarray, damp: float) -> np.ndarray:
-    """Upper Cholesky factor U of (H + damp * mean diag * I)^-1 (float32 [K, K])."""
-    h = np.array(h, np.float64, copy=True)
+def inverse_hessian_factor(h: np.ndarray, damp: float, overwrite: bool = False) -> np.ndarray:
+    """Upper Cholesky factor U of (H + damp * mean diag * I)^-1 (float32 [K, K]); `overwrite`: `h` (float64) may
+    be used as working memory.
+
+    Up to K = IN_PLACE_FROM through the inverse (numpy's inv takes about four more K x K float64 arrays); above,
+    in place (`factor_in_place`), which agrees with it to float64 rounding (bit for bit in float32 on the matrices
+    tests/test_quant_gptq.py tries; an 8B model's K = 14336: 1.6 GB per array)."""
+    h = h if overwrite and h.dtype == np.float64 else np.array(h, np.float64, copy=True)
     diag = np.diag(h).copy()
     dead = diag <= 0
     h[dead, dead] = 1.0  # a channel calibration never saw: its row is rounded without compensation
     h[np.diag_indices_from(h)] += damp * float(np.mean(np.diag(h)))
+    if len(h) > IN_PLACE_FROM:
+        return factor_in_place(h)
     inverse = np.linalg.inv(h)
+    del h
     return np.linalg.cholesky((inverse + inverse.T) / 2).T.astype(np.float32)
+
+
+def factor_in_place(h: np.ndarray, block: int = FACTOR_BLOCK) -> np.ndarray:
+    """Upper Cholesky factor U of H^-1 (float32) with `h` (symmetric positive definite float64) as the only K x K
+    working array: with P the order reversal, P H P = L L^T (lower Cholesky), then H^-1 = (P L^-1 P)^T (P L^-1 P)
+    and P L^-1 P is upper triangular with a positive diagonal: it is U. `h` is reversed in place, both steps run
+    on it a block of rows at a time, and it is reversed back: U is its upper triangle."""
+    _reverse_in_place(h)
+    _cholesky_lower_in_place(h, block)
+    _invert_lower_in_place(h, block)
+    _reverse_in_place(h)
+    for row in range(1, len(h)):  # clear what lies below U
+        h[row, :row] = 0.0
+    return h.astype(np.float32)
+
+
+def _reverse_in_place(a: np.ndarray) -> None:
+    """a <- P a P (rows and columns in reverse order), one row of extra memory at a time."""
+    n = len(a)
+    for i in range(n // 2):
+        top = a[i, ::-1].copy()
+        a[i] = a[n - 1 - i, ::-1]
+        a[n - 1 - i] = top
+    if n % 2:
+        a[n // 2] = a[n // 2, ::-1].copy()
+
+
+def _cholesky_lower_in_place(a: np.ndarray, block: int) -> None:
+    """Blocked right-looking Cholesky: the lower triangle of `a` becomes L (a = L L^T); the upper one is left stale."""
+    n = len(a)
+    for j in range(0, n, block):
+        e = min(j + block, n)
+        a[j:e, j:e] = np.linalg.cholesky(a[j:e, j:e])
+        if e == n:
+            return
+        a[e:, j:e] = a[e:, j:e] @ np.linalg.inv(a[j:e, j:e]).T  # L21 = A21 L11^-T
+        for i in range(e, n, block):  # trailing update of the lower block rows: A22 -= L21 L21^T
+            i2 = min(i + block, n)
+            a[i:i2, e:i2] -= a[i:i2, j:e] @ a[e:i2, j:e].T
+
+
+def _invert_lower_in_place(a: np.ndarray, block: int) -> None:
+    """The lower triangle of `a` (lower triangular L) becomes L^-1, a block column at a time from the left, each from
+    the top: X_jj = L_jj^-1, X_ij = -L_ii^-1 (sum over j <= k < i of L_ik X_kj), every L_ik read before it is replaced."""
+    n = len(a)
+    starts = list(range(0, n, block))
+    diagonal = {i: np.linalg.inv(a[i:min(i + block, n), i:min(i + block, n)]) for i in starts}
+    for j in starts:
+        e = min(j + block, n)
+        a[j:e, j:e] = np.tril(diagonal[j])
+        for i in (i for i in starts if i > j):
+            i2 = min(i + block, n)
+            a[i:i2, j:e] = -diagonal[i] @ (a[i:i2, j:i] @ a[j:i, j:e])
+
+
+def permute_symmetric(h: np.ndarray, order: np.ndarray) -> None:
+    """h <- h[np.ix_(order, order)], in place (one row or column of extra memory): rows, then columns, moved along
+    the permutation's cycles."""
+    for a in (h, h.T):
+        done = np.zeros(len(order), bool)
+        for start in range(len(order)):
+            if done[start] or order[start] == start:
+                continue
+            saved = a[start].copy()
+            i = start
+            while order[i] != start:
+                a[i] = a[order[i]]
+                done[i] = True
+                i = order[i]
+            a[i] = saved
+            done[i] = True
 
 
 def gptq_rows(w: np.ndarray, factor: np.ndarray, quantizer: GroupQuantizer, lazy: int = LAZY_ROWS,
@@ -205,17 +286,21 @@ def gptq_weight(w: np.ndarray, x: np.ndarray, scheme: str, block: int, clip: np.
     else:
         raise ValueError(f"GPTQ: no blockwise grid for scheme {scheme!r}")
     damp = DEFAULT_DAMP[scheme] if damp is None else damp
-    h = hessian(x)
+    h = hessian(x)  # the one K x K array (the factor is computed in it)
     if act_order:
         for index in range(0, k, quantizer.group):  # static groups: every scale from the original rows
             quantizer.start(index // quantizer.group, w[index: index + quantizer.group])
         order = np.argsort(-np.diag(h), kind="stable")
-        permuted = gptq_rows(w[order], inverse_hessian_factor(h[np.ix_(order, order)], damp), quantizer,
-                             groups=order // quantizer.group)
+        permute_symmetric(h, order)
+        factor = inverse_hessian_factor(h, damp, overwrite=True)
+        del h
+        permuted = gptq_rows(w[order], factor, quantizer, groups=order // quantizer.group)
         quantized = np.empty_like(permuted)
         quantized[order] = permuted
     else:
-        quantized = gptq_rows(w, inverse_hessian_factor(h, damp), quantizer)
+        factor = inverse_hessian_factor(h, damp, overwrite=True)
+        del h
+        quantized = gptq_rows(w, factor, quantizer)
     grid = quantizer.grid()
     grid.weight = quantized
     return quantized, grid

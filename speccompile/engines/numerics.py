@@ -112,19 +112,41 @@ def quantize_symmetric_blockwise(w: np.ndarray, block: int, qmax: float, low: in
                                  scale: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """W [K, N] -> (int8 codes in [low, high], float32 scales amax / qmax [K // block, N]); blocks along axis 0
     (`clip`, `scale`: as quantize_int4_blockwise)."""
+    blocks, scale = _blocks_and_scales(w, block, qmax, clip, scale)
+    k, n = w.shape
+    q = np.clip(np.rint(blocks / scale[:, None, :]), low, high).astype(np.int8).reshape(k, n)
+    return q, scale
+
+
+def _blocks_and_scales(w: np.ndarray, block: int, qmax: float, clip: np.ndarray | None,
+                       scale: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """W [K, N] as blocks [K/B, B, N] (float32) and their scales [K/B, N]: `scale`, or amax (times `clip`) / qmax."""
     w = np.asarray(w, dtype=np.float32)
     k, n = w.shape
     if k % block:
         raise ValueError(f"K={k} is not a multiple of the block size {block}")
     blocks = w.reshape(k // block, block, n)
     if scale is None:
-        amax = np.abs(blocks).max(axis=1)
+        amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # max |w| without an |w| array
         if clip is not None:
             amax = (amax * np.asarray(clip, np.float32)).astype(np.float32)
         scale = safe_scale(amax, qmax)  # [K/B, N]
-    scale = np.asarray(scale, np.float32)
-    q = np.clip(np.rint(blocks / scale[:, None, :]), low, high).astype(np.int8).reshape(k, n)
-    return q, scale
+    return blocks, np.asarray(scale, np.float32)
+
+
+def fake_quant_int4_blockwise(w: np.ndarray, block: int, clip: np.ndarray | None = None,
+                              scale: np.ndarray | None = None) -> np.ndarray:
+    """dequantize_int4_blockwise(*quantize_int4_blockwise(w, block, clip, scale), block), the same numbers with one
+    full-size array instead of seven (the searches call it once per candidate: AWQ's 11, clipping's 7)."""
+    blocks, scale = _blocks_and_scales(w, block, INT4_MAX, clip, scale)
+    k, n = w.shape
+    scale = scale[:, None, :]
+    out = blocks / scale
+    np.rint(out, out=out)
+    np.clip(out, -8, 7, out=out)
+    out += 0.0  # -0.0 codes to +0.0, as the int8 round trip gives them
+    out *= scale
+    return out.reshape(k, n)
 
 
 def dequantize_int4_blockwise(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:

@@ -37,7 +37,7 @@ from onnx import helper, numpy_helper
 from ..errors import InputError
 from . import numerics as nx
 from .gptq import GridScales
-from .quantize import LOW_RANK_SUFFIXES, QuantOptions
+from .qdq_targets import LOW_RANK_SUFFIXES, QuantOptions
 
 Progress = Callable[[str], None]
 

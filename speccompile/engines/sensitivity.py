@@ -22,9 +22,11 @@ import onnx
 
 from ..errors import UnsupportedError
 from ..manifest import GraphSpec
-from .calibrate import cpu_session, prefill_feeds
+from .calibrate import prefill_feeds
+from .segments import cpu_session
 from .quality import LogitComparison
-from .quantize import QuantOptions, quantize_model, weight_matmuls
+from .qdq_targets import QuantOptions, weight_matmuls
+from .quantize import quantize_model
 
 KEEP_FORMATS = ("fp32", "fp8")
 

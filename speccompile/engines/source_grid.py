@@ -23,12 +23,14 @@ Q/DQ pass stores exactly as GPTQ's grids are stored.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .gptq import GridScales
-from .quantize import QuantOptions, is_excluded, quantized_tables, weight_matmuls
+from .qdq_targets import QuantOptions, is_excluded, quantized_tables, weight_matmuls
 
 GRID_TOLERANCE = 1e-5  # of the block's largest magnitude (float32 weights; float16 ones: their own epsilon)
 INT4_GRID_BLOCKS = (128, 64, 32, 16)
@@ -68,9 +70,23 @@ def _int4_steps(blocks: np.ndarray, tolerance: float) -> np.ndarray | None:
     return np.where(ok, full, gaps)
 
 
+def _first_block_fits(w: np.ndarray, tolerance: float) -> bool:
+    """Whether the first block of the first few columns of W [K, N] is on an INT4 grid of some block size: every
+    (block, column) is checked on its own, so a weight failing here fails the whole check (read: a few KB)."""
+    k, n = w.shape
+    for block in INT4_GRID_BLOCKS:
+        if k % block == 0:
+            corner = np.asarray(w[:block, : min(n, 8)], dtype=np.float64)
+            if _int4_steps(corner.reshape(1, block, -1), tolerance) is not None:
+                return True
+    return False
+
+
 def find_int4_grid(w: np.ndarray) -> GridScales | None:
     """The INT4 grid W [K, N] is on (blocks along K), or None. `offset` is None where no block needs one."""
     tolerance = _relative_tolerance(np.asarray(w).dtype)
+    if not _first_block_fits(w, tolerance):
+        return None
     w64 = np.asarray(w, dtype=np.float64)
     k, n = w64.shape
     for block in INT4_GRID_BLOCKS:
@@ -98,6 +114,8 @@ def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
 
     Returned in the lm_head's weight layout (as the table's other grids): scale [H/B, V], weight T^T [H, V]."""
     tolerance = _relative_tolerance(np.asarray(t).dtype)
+    if len(t) > 8 and find_int8_table_grid(t[:8]) is None:  # each (row, block) is checked on its own: a cheap rejection
+        return None
     w = np.asarray(t, dtype=np.float64).T  # [H, V], blocks along axis 0
     h, v = w.shape
     for block in INT8_GRID_BLOCKS:
@@ -118,23 +136,38 @@ def find_int8_grid(w: np.ndarray) -> GridScales | None:
     return find_int8_table_grid(np.asarray(w).T)  # the table test reads T [V, H] as T^T [H, V], blocks along axis 0
 
 
-def source_grids(model: onnx.ModelProto, options: QuantOptions) -> dict[str, GridScales]:
-    """weight (or embedding table) -> the grid it is already on, for the weights the Q/DQ pass will quantize:
-    INT4 MatMul weights of an INT4 build, INT8 ones (Q8_0) of an INT8 build, and embedding tables stored INT8
-    (`--table-format int8`)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    grids: dict[str, GridScales] = {}
-    find = {"int4": find_int4_grid, "int8": find_int8_grid}.get(options.scheme)
-    if find is not None:
+MATMUL_GRIDS = {"int4": find_int4_grid, "int8": find_int8_grid}  # the scheme -> its MatMul weights' grid test
+
+
+def grid_candidates(model: onnx.ModelProto, options: QuantOptions) -> dict[str, bool]:
+    """The weights whose source grid the pass would keep -> whether each is an embedding table: INT4 MatMul weights
+    of an INT4 build, INT8 ones (Q8_0) of an INT8 build, and embedding tables stored INT8 (`--table-format int8`)."""
+    found: dict[str, bool] = {}
+    if options.scheme in MATMUL_GRIDS:
         for _index, _act, weight in weight_matmuls(model):
-            if weight in grids or is_excluded(weight, options.exclude):
-                continue
-            grid = find(numpy_helper.to_array(inits[weight]))
-            if grid is not None:
-                grids[weight] = grid
+            if not is_excluded(weight, options.exclude):
+                found.setdefault(weight, False)
     if options.table_format == "int8":
         for table in quantized_tables(model, options):
-            grid = find_int8_table_grid(numpy_helper.to_array(inits[table.name]))
-            if grid is not None:
-                grids[table.name] = grid
+            found[table.name] = True
+    return found
+
+
+def find_source_grid(value: np.ndarray, table: bool, scheme: str) -> GridScales | None:
+    """The grid a MatMul weight [K, N] (INT4 or INT8, `scheme`'s) or an embedding table [V, H] (INT8, Q8_0) is on,
+    or None."""
+    return find_int8_table_grid(value) if table else MATMUL_GRIDS[scheme](value)
+
+
+def source_grids(model: onnx.ModelProto, options: QuantOptions,
+                 read: Callable[[str], np.ndarray] | None = None) -> dict[str, GridScales]:
+    """weight (or embedding table) -> the grid it is already on, for the `grid_candidates`; `read(name)` gives an
+    initializer's value (default: from the loaded model)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    read = read or (lambda name: numpy_helper.to_array(inits[name]))
+    grids: dict[str, GridScales] = {}
+    for name, table in grid_candidates(model, options).items():
+        grid = find_source_grid(read(name), table, options.scheme)
+        if grid is not None:
+            grids[name] = grid
     return grids
