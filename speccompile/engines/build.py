@@ -67,48 +67,10 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         raise InputError("--out must differ from the input artifact")
     manifest = read_manifest(src, verify_files=True)
     limits = _apply_limit_overrides(required_limits(manifest), options, src)
-    _check_float_dtype(manifest, options)
-    if manifest.engine:
-        raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
-    if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
-        raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
-    manifest.graph("target")  # must exist
-    # ONNX Runtime CPU variants (*.ort.onnx: the fused target, int8/int4 heads) share the exported weights
-    # files and use com.microsoft operators: TensorRT cannot build them, and quantizing the target leaves its
-    # variants stale, so they leave the TensorRT steps. The target's come back packed (engines/cpu_graph.py); an
-    # ONNX-only build keeps the others (draft model, heads: weights the build does not change).
-    fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("variant_of")}
-    target_file = manifest.graph("target").file
-    cpu_specs = {name: g for name, g in fused.items() if options.onnx_only and g.extra["variant_of"] != target_file
-                 and not reads_files(src, g, _graph_files(manifest, target_file))}
-    fused_files = {f for name, g in fused.items() if name not in cpu_specs for f in _graph_files(manifest, g.file)}
-    for name in fused:
-        del manifest.graphs[name]
-
-    trt = gpu = build_config = None
-    if not options.onnx_only:
-        from ..accel.cuda import gpu_info
-        from ..accel.trt import require_tensorrt
-
-        trt = require_tensorrt()
-        gpu = gpu_info()
-        cfg.check_hardware(options.precision, gpu[1], gpu[0])
-        build_config = cfg.make_build_config(
-            trt.__version__, options.precision, options.weakly_typed, options.workspace_mb,
-            options.builder_optimization_level, str(options.timing_cache) if options.timing_cache else None,
-        )
-        if options.float_dtype and options.weakly_typed:
-            build_config.builder_flags.append(options.float_dtype.upper())
-
-    profiles: dict[str, list] = {}
-    profile_problems: dict[str, str] = {}
-    for name, spec in manifest.graphs.items():
-        try:
-            profiles[name] = profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
-        except SpecCompileError as exc:
-            if not options.onnx_only:
-                raise
-            profile_problems[name] = str(exc)  # no trtexec line for this graph; reported in the manifest
+    _check_source(src, manifest, options)
+    fused, cpu_specs, fused_files = _take_cpu_variants(src, manifest, options.onnx_only)
+    trt, gpu, build_config = _tensorrt_setup(options) if not options.onnx_only else (None, None, None)
+    profiles, profile_problems = _profiles(manifest, limits, options)
     started = time.time()
     with atomic_output(out, options.force) as tmp:
         new = Manifest.from_dict(manifest.to_dict())
@@ -136,34 +98,14 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
                 shutil.copy2(src / name, tmp / name)
                 files.append(name)
                 known[name] = manifest.files[name]
-        # TensorRT compatibility of every graph
-        compat = {}
-        for name, spec in new.graphs.items():
-            report = check_tensorrt_compat(tmp / spec.file)
-            compat[name] = report.to_dict()
-            if not report.ok and not options.onnx_only:
-                raise SpecCompileError(f"{spec.file}: not buildable with TensorRT: {report.errors[0]}" + (f" (+{len(report.errors) - 1} more)" if len(report.errors) > 1 else ""))
-        new.precision = {**new.precision, "tensorrt_compat": compat}
+        _record_compat(new, tmp, options.onnx_only)
         if profile_problems:
             new.precision["tensorrt_profiles"] = profile_problems
-        # trtexec equivalents
-        script = _trtexec_script(new, profiles, options)
-        (tmp / TRTEXEC_SCRIPT).write_text(script)
+        (tmp / TRTEXEC_SCRIPT).write_text(_trtexec_script(new, profiles, options))  # trtexec equivalents
         os.chmod(tmp / TRTEXEC_SCRIPT, 0o755)
         files.append(TRTEXEC_SCRIPT)
         if not options.onnx_only:
-            from .trt_build import build_engine
-
-            plans = {}
-            for name, spec in new.graphs.items():
-                plan_file = f"{name}.plan"
-                progress(f"building TensorRT engine for {name} ({len(profiles[name])} profile(s))")
-                plan = build_engine(trt, tmp / spec.file, build_config, profiles[name])
-                (tmp / plan_file).write_bytes(plan)
-                plans[name] = plan_file
-                new.graphs[name] = dataclasses.replace(new.graphs[name], extra={**new.graphs[name].extra, "engine": plan_file})
-                files.append(plan_file)
-            new.engine = cfg.engine_section(trt.__version__, gpu[0], gpu[1], plans, build_config, profiles)
+            files += _build_engines(new, tmp, trt, gpu, build_config, profiles, progress)
         new.graphs.update(cpu_specs)  # after the TensorRT steps (com.microsoft operators)
         new.created_by = f"speccompile {__version__} (build)"
         new.model = {**new.model, "built_from": str(src)}
@@ -173,6 +115,94 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     remember_verified(out, {name: digest for name, digest in known.items() if name in new.files})
     progress(f"done in {time.time() - started:.1f}s")
     return new
+
+
+def _take_cpu_variants(src: Path, manifest: Manifest, onnx_only: bool) -> tuple[dict, dict, set[str]]:
+    """Take the ONNX Runtime CPU variants out of `manifest`'s graphs: (all of them, those an ONNX-only build keeps
+    as they are, the files of those it does not).
+
+    The variants (*.ort.onnx: the fused target, int8/int4 heads) share the exported weights files and use
+    com.microsoft operators: TensorRT cannot build them, and quantizing the target leaves its variants stale, so
+    they leave the TensorRT steps. The target's come back packed (engines/cpu_graph.py); an ONNX-only build keeps
+    the others (draft model, heads: weights the build does not change)."""
+    fused = {name: g for name, g in manifest.graphs.items() if g.extra.get("variant_of")}
+    target_file = manifest.graph("target").file
+    kept = {name: g for name, g in fused.items() if onnx_only and g.extra["variant_of"] != target_file
+            and not reads_files(src, g, _graph_files(manifest, target_file))}
+    dropped_files = {f for name, g in fused.items() if name not in kept for f in _graph_files(manifest, g.file)}
+    for name in fused:
+        del manifest.graphs[name]
+    return fused, kept, dropped_files
+
+
+def _check_source(src: Path, manifest: Manifest, options: BuildOptions) -> None:
+    """Refuse a source this build cannot start from: engines already built, a target already quantized, no target."""
+    _check_float_dtype(manifest, options)
+    if manifest.engine:
+        raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
+    if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
+        raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
+    manifest.graph("target")  # must exist
+
+
+def _tensorrt_setup(options: BuildOptions) -> tuple:
+    """(tensorrt module, (GPU name, compute capability), build config) for an engine build; refuses what the GPU
+    cannot run before any work."""
+    from ..accel.cuda import gpu_info
+    from ..accel.trt import require_tensorrt
+
+    trt = require_tensorrt()
+    gpu = gpu_info()
+    cfg.check_hardware(options.precision, gpu[1], gpu[0])
+    build_config = cfg.make_build_config(
+        trt.__version__, options.precision, options.weakly_typed, options.workspace_mb,
+        options.builder_optimization_level, str(options.timing_cache) if options.timing_cache else None,
+    )
+    if options.float_dtype and options.weakly_typed:
+        build_config.builder_flags.append(options.float_dtype.upper())
+    return trt, gpu, build_config
+
+
+def _profiles(manifest: Manifest, limits: dict[str, int], options: BuildOptions) -> tuple[dict[str, list], dict[str, str]]:
+    """Each graph's optimization profiles, and (ONNX-only builds) why a graph has none (reported in the manifest)."""
+    profiles: dict[str, list] = {}
+    problems: dict[str, str] = {}
+    for name, spec in manifest.graphs.items():
+        try:
+            profiles[name] = profiles_for(spec, limits, options.profiles, options.prefill_chunk, options.opt_q, options.opt_context)
+        except SpecCompileError as exc:
+            if not options.onnx_only:
+                raise
+            problems[name] = str(exc)  # no trtexec line for this graph
+    return profiles, problems
+
+
+def _record_compat(new: Manifest, tmp: Path, onnx_only: bool) -> None:
+    """TensorRT compatibility of every graph into the manifest; an engine build refuses the first that fails."""
+    compat = {}
+    for name, spec in new.graphs.items():
+        report = check_tensorrt_compat(tmp / spec.file)
+        compat[name] = report.to_dict()
+        if not report.ok and not onnx_only:
+            raise SpecCompileError(f"{spec.file}: not buildable with TensorRT: {report.errors[0]}" + (f" (+{len(report.errors) - 1} more)" if len(report.errors) > 1 else ""))
+    new.precision = {**new.precision, "tensorrt_compat": compat}
+
+
+def _build_engines(new: Manifest, tmp: Path, trt, gpu: tuple, build_config, profiles: dict[str, list],
+                   progress: Progress) -> list[str]:
+    """Build one TensorRT engine (`<graph>.plan`) per graph, recorded in the manifest; the files written."""
+    from .trt_build import build_engine
+
+    plans = {}
+    for name, spec in new.graphs.items():
+        plan_file = f"{name}.plan"
+        progress(f"building TensorRT engine for {name} ({len(profiles[name])} profile(s))")
+        plan = build_engine(trt, tmp / spec.file, build_config, profiles[name])
+        (tmp / plan_file).write_bytes(plan)
+        plans[name] = plan_file
+        new.graphs[name] = dataclasses.replace(new.graphs[name], extra={**new.graphs[name].extra, "engine": plan_file})
+    new.engine = cfg.engine_section(trt.__version__, gpu[0], gpu[1], plans, build_config, profiles)
+    return list(plans.values())
 
 
 def _trtexec_script(manifest: Manifest, profiles: dict, options: BuildOptions) -> str:

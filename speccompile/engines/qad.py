@@ -188,12 +188,7 @@ def distill(model: onnx.ModelProto, scheme: str, weights: dict[str, GridScales],
     start_codes = {name: round_to_grid(u.detach(), scheme) for name, u in units.items()}
 
     progress(f"QAD on {device}: the unquantized graph's top-{options.top_k} next tokens on {len(feeds)} batches")
-    targets = []
-    with torch.no_grad():
-        for feed in feeds:
-            logits = graph.run(feed, ["logits"])["logits"].float()
-            p, idx = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1).topk(options.top_k, dim=-1)
-            targets.append((p, idx))
+    targets = _teacher_targets(graph, feeds, options.top_k)
 
     def student_loss(i: int):
         replace = {name: (u + (round_to_grid(u, scheme) - u).detach()) * steps[name] for name, u in units.items()}
@@ -204,28 +199,8 @@ def distill(model: onnx.ModelProto, scheme: str, weights: dict[str, GridScales],
         kl = _top_k_kl(p, idx, torch.log_softmax(logits, dim=-1))
         return kl, float((logits.argmax(-1) == idx[:, 0]).float().mean())
 
-    groups = [{"params": list(units.values()), "lr": options.lr}] if options.lr > 0 and units else []
-    groups += [{"params": [p], "lr": options.lr_free * max(float(p.detach().pow(2).mean().sqrt()), 1e-6)} for p in floats.values()]
-    if not groups:
-        raise InputError("--qad-steps: nothing to train (no quantized weight with --qad-lr > 0, no float parameter)")
-    optimizer = torch.optim.Adam(groups)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + np.cos(np.pi * s / options.steps)))
-    rng = np.random.default_rng(options.seed)
-    order: list[int] = []
-    history: list[tuple[float, float]] = []
     started = time.time()
-    for step in range(options.steps):
-        order = order or list(rng.permutation(len(feeds)))
-        loss, top1 = student_loss(order.pop())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        history.append((loss.item(), top1))
-        if step % 10 == 9 or step == options.steps - 1:
-            recent = np.mean(history[-10:], axis=0)
-            progress(f"QAD step {step + 1}/{options.steps}: KL {recent[0]:.4f}, top-1 {recent[1]:.3f} "
-                     f"({time.time() - started:.0f} s)")
+    history = _train(student_loss, list(units.values()), list(floats.values()), options, len(feeds), progress)
 
     grids, changed = {}, 0
     with torch.no_grad():
@@ -243,6 +218,49 @@ def distill(model: onnx.ModelProto, scheme: str, weights: dict[str, GridScales],
                "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
                "seconds": round(time.time() - started, 1)}
     return QadResult(grids, {n: p.detach().cpu().numpy() for n, p in floats.items()}, summary)
+
+
+def _teacher_targets(graph, feeds: list[dict[str, np.ndarray]], top_k: int) -> list:
+    """Per batch, the unquantized graph's top-k next-token probabilities and their token ids ([R, k] each)."""
+    import torch
+
+    targets = []
+    with torch.no_grad():
+        for feed in feeds:
+            logits = graph.run(feed, ["logits"])["logits"].float()
+            targets.append(torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1).topk(top_k, dim=-1))
+    return targets
+
+
+def _train(student_loss: Callable, units: list, floats: list, options: QadOptions, batches: int,
+           progress: Progress) -> list[tuple[float, float]]:
+    """Adam with a cosine schedule over the grid positions (`units`, lr) and the float parameters (lr_free scaled by
+    each one's RMS), one batch a step in a seeded shuffled order; (KL, top-1) per step."""
+    import torch
+
+    groups = [{"params": units, "lr": options.lr}] if options.lr > 0 and units else []
+    groups += [{"params": [p], "lr": options.lr_free * max(float(p.detach().pow(2).mean().sqrt()), 1e-6)} for p in floats]
+    if not groups:
+        raise InputError("--qad-steps: nothing to train (no quantized weight with --qad-lr > 0, no float parameter)")
+    optimizer = torch.optim.Adam(groups)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + np.cos(np.pi * s / options.steps)))
+    rng = np.random.default_rng(options.seed)
+    order: list[int] = []
+    history: list[tuple[float, float]] = []
+    started = time.time()
+    for step in range(options.steps):
+        order = order or list(rng.permutation(batches))
+        loss, top1 = student_loss(order.pop())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        history.append((loss.item(), top1))
+        if step % 10 == 9 or step == options.steps - 1:
+            recent = np.mean(history[-10:], axis=0)
+            progress(f"QAD step {step + 1}/{options.steps}: KL {recent[0]:.4f}, top-1 {recent[1]:.3f} "
+                     f"({time.time() - started:.0f} s)")
+    return history
 
 
 def _top_k_kl(p, idx, log_q):

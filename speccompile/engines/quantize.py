@@ -177,23 +177,15 @@ def rewrite_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[st
                 table: StoreTable, taken: set[str], sink: TensorSink) -> QuantReport:
     """Put each target MatMul's weight (`weight(name)`, asked once per weight, in graph order) and each quantized
     table (`table(t)`) in the graph, with the activation Q/DQ of the scheme; drop the float initializers they replace."""
-    scheme = options.scheme
-    if scheme not in SCHEMES:
-        raise InputError(f"unknown quantization scheme {scheme!r} (one of {', '.join(SCHEMES)})")
-    if options.quantizes_activations and act_amax is None:
-        raise InputError(f"{scheme} quantizes activations and needs calibration (act_amax)")
+    scheme = _checked_scheme(options, act_amax)
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     report = QuantReport(scheme)
     plan = plan_qdq(model, options, act_amax, report)
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers[name] = consumers.get(name, 0) + 1
+    consumers = _consumer_counts(graph)
     heads = {id(t.head): t for t in plan.tables if t.head is not None}
     gathers = {id(g): t for t in plan.tables for g in t.gathers}
-    new_nodes: list[onnx.NodeProto] = []
-    new_inits: list[onnx.TensorProto] = []
+    new_nodes, new_inits = [], []  # the nodes and initializers the rewritten graph gets
     stored: dict[str, StoredWeight] = {}
     act_dq: dict[str, str] = {}
     removed: set[str] = set()
@@ -211,16 +203,11 @@ def rewrite_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[st
             act_dq[act] = place(act, value)
         return act_dq[act]
 
-    table_dq = {}
-    for t in plan.tables:  # DQ nodes first: they read initializers only
-        value = table(t)
-        table_dq[t.name] = place(t.name, value)
-        if value.kind == "int4":
-            report.blocks[t.name] = value.block
-        if value.source_block:
-            report.source_grid[t.name] = value.source_block
+    table_dq = {t.name: place(t.name, table(t)) for t in plan.tables}  # DQ nodes first: they read initializers only
+    for t in plan.tables:
+        _record_blocks(report, t.name, stored[t.name], ("int4",))  # an INT8 table's rows are its blocks: not listed
         report.tables[t.name] = "gather+lm_head" if t.head is not None else "gather"
-        removed.add(t.name)
+    removed.update(table_dq)
     for index, node in enumerate(graph.node):
         if id(node) in gathers:
             node.input[0] = table_dq[gathers[id(node)].name]
@@ -236,31 +223,67 @@ def rewrite_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[st
                 value = weight(name)
                 place(name, value)
                 report.quantized.append(name)
-                if value.kind in ("int4", "int8"):
-                    report.blocks[name] = value.block
-                if value.source_block:
-                    report.source_grid[name] = value.source_block
+                _record_blocks(report, name, value, ("int4", "int8"))
             node.input[1] = stored[name].output
             consumers[name] -= 1
             if consumers[name] == 0:
                 removed.add(name)
         new_nodes.append(node)
 
+    _replace_contents(graph, removed, new_inits, new_nodes)
+    _finish(model, report, stored, inits, taken, sink)
+    return report
+
+
+def _checked_scheme(options: QuantOptions, act_amax: dict[str, float] | None) -> str:
+    """The pass's scheme, refused when unknown or when it quantizes activations without their calibration."""
+    if options.scheme not in SCHEMES:
+        raise InputError(f"unknown quantization scheme {options.scheme!r} (one of {', '.join(SCHEMES)})")
+    if options.quantizes_activations and act_amax is None:
+        raise InputError(f"{options.scheme} quantizes activations and needs calibration (act_amax)")
+    return options.scheme
+
+
+def _replace_contents(graph: onnx.GraphProto, removed: set[str], new_inits: list[onnx.TensorProto],
+                      new_nodes: list[onnx.NodeProto]) -> None:
+    """The graph's initializers less `removed` plus `new_inits`, and `new_nodes` as its nodes."""
     kept = [i for i in graph.initializer if i.name not in removed]
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
     del graph.node[:]
     graph.node.extend(new_nodes)
+
+
+def _consumer_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """Tensor name -> how many node inputs read it."""
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    return consumers
+
+
+def _record_blocks(report: QuantReport, name: str, value: StoredWeight, blocked: tuple[str, ...]) -> None:
+    """Note a stored weight's or table's block size (when its kind is one of `blocked`) and the source grid it kept."""
+    if value.kind in blocked:
+        report.blocks[name] = value.block
+    if value.source_block:
+        report.source_grid[name] = value.source_block
+
+
+def _finish(model: onnx.ModelProto, report: QuantReport, stored: dict[str, StoredWeight],
+            inits: dict[str, onnx.TensorProto], taken: set[str], sink: TensorSink) -> None:
+    """After the rewrite: the offset branches of weights on an asymmetric source grid, NVFP4's opsets, and the
+    refusal when nothing was quantized."""
     offsets = {w: stored[w] for w in report.quantized if stored[w].offset is not None}
-    _add_offset_branches(graph, offsets, inits, taken, sink)
+    _add_offset_branches(model.graph, offsets, inits, taken, sink)
     report.offsets = len(offsets)
-    if scheme == "nvfp4":
+    if report.scheme == "nvfp4":
         _set_opset(model, "", FP4_OPSET)
         _set_opset(model, TRT_DOMAIN, 1)
         model.ir_version = max(model.ir_version, FP4_IR_VERSION)
     if not report.quantized:
-        raise UnsupportedError(f"--{scheme}: no MatMul weight to quantize (all excluded or unsupported shapes)")
-    return report
+        raise UnsupportedError(f"--{report.scheme}: no MatMul weight to quantize (all excluded or unsupported shapes)")
 
 
 def quantize_activation(act: str, amax: float, scheme: str, fp4_block: int, np_float, taken: set[str]) -> StoredWeight:

@@ -68,6 +68,23 @@ def _logits(session, spec: GraphSpec, samples: Sequence[Sequence[int]]) -> list[
     return [session.run(["logits"], prefill_feeds(spec, ids))[0].reshape(len(ids), -1) for ids in samples]
 
 
+def _fewest_reaching(top1: Callable[[int], float], total: int, target: float) -> int:
+    """The smallest count with top1(count) >= target: doubling, then bisection (quality grows roughly
+    monotonically with the number of weights kept); `total` when only keeping everything reaches it."""
+    if top1(0) >= target:
+        return 0
+    low, high = 0, 1
+    while high < total and top1(high) < target:
+        low, high = high, min(2 * high, total)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if top1(mid) >= target:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def search_kept_weights(
     model: onnx.ModelProto,
     options: QuantOptions,
@@ -107,20 +124,7 @@ def search_kept_weights(
             progress(f"  {count} weight(s) kept in {keep_format}: calibration top-1 {measured[count]:.4f}")
         return measured[count]
 
-    # doubling, then bisection on the number kept (quality grows roughly monotonically with it)
-    low, high = 0, 1
-    if top1(0) < min_top1:
-        while high < len(order) and top1(high) < min_top1:
-            low, high = high, min(2 * high, len(order))
-        while high - low > 1:
-            mid = (low + high) // 2
-            if top1(mid) >= min_top1:
-                high = mid
-            else:
-                low = mid
-        count = high
-    else:
-        count = 0
+    count = _fewest_reaching(top1, len(order), min_top1)
     if count == len(order):
         raise UnsupportedError(f"--min-top1 {min_top1}: not reached unless every MatMul is kept in {keep_format} "
                                f"(best measured: {max(measured.values(), default=0.0):.4f}); lower the target")
