@@ -111,13 +111,16 @@ class PassCosts(PassCostModel):
         return min([estimate, *(s for k, s in self.by_q.items() if k > q)])
 
 
+SEEDED_SLOPE = 0.06  # a verified token's share of a one-token pass, fused fp32 CPU graph and GPU graphs
+
+
 @dataclass(frozen=True)
 class FixedCosts(PassCostModel):
     """A pass over q tokens costs t1 (1 + slope (q - 1)); nothing measured changes it (seeded sampling: the
     choices, hence the random stream and the output, depend only on the tokens)."""
 
     t1: float = 1.0
-    slope: float = 0.06
+    slope: float = SEEDED_SLOPE
 
     def seconds(self, q: int) -> float:
         return self.t1 * (1 + self.slope * (q - 1))
@@ -126,7 +129,6 @@ class FixedCosts(PassCostModel):
         """Fixed: measurements are ignored."""
 
 
-SEEDED_SLOPE = 0.06  # a verified token's share of a one-token pass, fused fp32 CPU graph and GPU graphs
 # The packed INT4/INT8 CPU graph (MatMulNBits at accuracy level 4): a one-row pass reads a quarter of fp32's bytes,
 # but every extra row costs its integer dot products. SmolLM2-135M INT4, 1 thread (pass over q rows / one row,
 # 2026-12-02): 1.10 (q=2), 1.48 (4), 2.31 (8), 3.9 (16): about 0.19 a row.
