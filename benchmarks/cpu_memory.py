@@ -10,6 +10,7 @@ and file-backed parts) next to the bytes of the tensors the graph reads, and the
 interpreter and ONNX Runtime alone). Everything is written under --work and kept for reruns (--force remakes).
 
   python benchmarks/cpu_memory.py --work /tmp/cpumem --hidden 2048 --intermediate 5632 --layers 8 --precision int4
+  python benchmarks/cpu_memory.py --artifact BUILT          # an existing artifact (e.g. an 8B INT4 build)
 
 Large models are big jobs here: run them under `flock /work/coord/bigjob.lock`.
 """
@@ -83,7 +84,9 @@ print(json.dumps({{"graph": target.spec.file, "weights_mb": round(sum(s.length f
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=None, help="where the random model and its builds are made (required without --artifact)")
+    ap.add_argument("--artifact", type=Path, action="append", default=[],
+                    help="measure this existing artifact instead (repeatable; with an empty session beside it)")
     ap.add_argument("--hidden", type=int, default=1536)
     ap.add_argument("--intermediate", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=6)
@@ -93,6 +96,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args()
+    if args.artifact:
+        report = {"uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
+                  "empty_session": measure(None, args.prompt, args.threads),
+                  **{str(a): measure(a, args.prompt, args.threads) for a in args.artifact}}
+        print_report(report)
+        return 0
+    if args.work is None:
+        ap.error("--work is required without --artifact")
     cli = [sys.executable, "-m", "speccompile.cli"]
     hf, exported = args.work / "hf", args.work / "fp32"
     if args.force or not (hf / "config.json").exists():
@@ -109,14 +120,19 @@ def main() -> int:
             subprocess.run([*cli, "build", str(exported), "--out", str(built), "--onnx-only", "--quantize-lm-head",
                             *BUILD_FLAGS[precision], *(["--force"] if args.force else [])], check=True)
         report[precision] = measure(built, args.prompt, args.threads)
+    print_report(report)
+    (args.work / "report.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def print_report(report: dict) -> None:
+    """One line per measured artifact: the weights its graph reads, memory loaded and after the run, the ratio."""
     for name, row in report.items():
         if isinstance(row, dict) and "ran" in row:
             weights = row.get("weights_mb")
-            ratio = f"  RSS / weights {row['ran']['VmRSS'] / weights:.2f}" if weights else ""
+            ratio = f"  RSS / weights {row['ran']['VmRSS'] / weights:.2f}  peak / weights {row['ran']['VmHWM'] / weights:.2f}" if weights else ""
             print(f"{name:14s} weights {weights or '-':>8} MB  loaded {row['loaded']}  ran {row['ran']}{ratio}")
     print(report["uptime"])
-    (args.work / "report.json").write_text(json.dumps(report, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -169,13 +169,13 @@ def evict(paths: list[Path]) -> None:
 
 
 def timed(cmd: list[str], env: dict | None = None) -> dict:
-    """Run `cmd` under /usr/bin/time: wall and CPU seconds, peak RSS (GB), exit code, last output line."""
+    """Run `cmd` under /usr/bin/time: wall and CPU seconds, peak RSS (GB of 10^9 bytes; %M is KiB), exit code, last output line."""
     fmt = "@@time %e %U %S %M"
     result = subprocess.run(["/usr/bin/time", "-f", fmt, *cmd], capture_output=True, text=True, env=env)
     lines = result.stderr.splitlines()
     wall, user, system, rss_kb = next(l for l in reversed(lines) if l.startswith("@@time")).split()[1:]
     errors = [l for l in lines if l.startswith("error:")] or [l for l in lines if l.strip() and not l.startswith("@@time")][-1:]
-    return {"wall_s": float(wall), "cpu_s": float(user) + float(system), "peak_rss_gb": int(rss_kb) / 1e6,
+    return {"wall_s": float(wall), "cpu_s": float(user) + float(system), "peak_rss_gb": int(rss_kb) * 1024 / 1e9,
             "rc": result.returncode, "stdout": result.stdout, "error": errors[-1] if errors else ""}
 
 
@@ -257,9 +257,10 @@ def _measure_builds(artifact: Path, builds: list[str], base: dict, root: Path, k
         row = {**base, "uptime": uptime(), "step": f"build {build}", **_slim(result), "output_gb": du_gb(built) if built.exists() else 0}
         if built.exists():
             row["weights_gb"] = sum(p.stat().st_size for p in built.glob("*.data")) / 1e9
+            row["cpu_weights_gb"] = cpu_graph_weights_gb(built)
         record(row)
         if build in run_builds and built.exists():
-            run_and_verify(built, {**base, "weights_gb": row["weights_gb"]}, f" {build}", record)
+            run_and_verify(built, {**base, "weights_gb": row["cpu_weights_gb"]}, f" {build}", record)
         if f"{base['size']}-{base['dtype']}-{build}" not in keep and built.exists():
             shutil.rmtree(built)
 
@@ -286,11 +287,25 @@ def root_tmp(artifact: Path) -> Path:
 
 
 def run_speed(artifact: Path, tokens: int = 32) -> dict:
-    """`speccompile run` greedy decoding of `tokens` tokens: tokens/s (its own timer) and the process's peak RSS."""
+    """`speccompile run` greedy decoding of `tokens` tokens: tokens/s (its own timer), the process's peak RSS
+    (the session opening included: ONNX Runtime reads a weight before it prepacks it) and its resident memory
+    after decoding (`run --json`'s "memory")."""
     result = timed(speccompile("run", str(artifact), "--prompt", "the quick brown fox", "--raw", "--max-tokens", str(tokens),
                                "--drafter", "none", "--json"))
-    stats = json.loads(result["stdout"])["stats"] if result["rc"] == 0 else {}
-    return {**_slim(result), "tokens_per_s": stats.get("tokens_per_second"), "generated": stats.get("generated_tokens")}
+    out = json.loads(result["stdout"]) if result["rc"] == 0 else {}
+    stats, memory = out.get("stats", {}), out.get("memory", {})
+    return {**_slim(result), "resident_gb": memory.get("resident_mb", 0) * 2**20 / 1e9 or None,
+            "tokens_per_s": stats.get("tokens_per_second"), "generated": stats.get("generated_tokens")}
+
+
+def cpu_graph_weights_gb(artifact: Path) -> float:
+    """Bytes of the weights the graph `run` opens on ort-cpu reads (a build's packed graph reads its own data and
+    the float tensors it shares with the contract graph; the contract's codes are TensorRT's)."""
+    from speccompile.weights_file import external_location, load_graph
+
+    graph = artifact / ("target.ort.onnx" if (artifact / "target.ort.onnx").exists() else "target.onnx")
+    stored = {external_location(t) for t in load_graph(graph).graph.initializer} - {None}
+    return sum(s.length for s in stored) / 1e9
 
 
 def _slim(result: dict) -> dict:
@@ -310,14 +325,16 @@ def table(rows: list[dict]) -> str:
     """Markdown: one line per size, dtype and step, with the export's ratio to the floor of the same run, and a run's
     peak RSS over its weights files."""
     floors = {(r["size"], r["dtype"]): r["wall_s"] for r in rows if r["step"] == "numpy floor"}
-    lines = ["| size | params (B) | dtype | step | wall s | x floor | CPU s | peak RSS GB | output GB | tokens/s | RSS / weights |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | params (B) | dtype | step | wall s | x floor | CPU s | peak RSS GB | output GB | tokens/s | resident GB | resident / weights | peak / weights |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r["wall_s"] / floors[(r["size"], r["dtype"])] if r["step"] == "export" and (r["size"], r["dtype"]) in floors else None
         step = r["step"] + {True: " (identical)", False: " (NOT identical)"}.get(r.get("identical"), "")
         cells = [r["size"], r["params_b"], r["dtype"], step + (f" (exit {r['rc']}: {r.get('error', '')})" if r["rc"] else ""),
                  f"{r['wall_s']:.1f}", f"{ratio:.2f}" if ratio else "", f"{r['cpu_s']:.1f}", f"{r['peak_rss_gb']:.2f}",
                  f"{r['output_gb']:.2f}" if "output_gb" in r else "", f"{r['tokens_per_s']:.2f}" if r.get("tokens_per_s") else "",
+                 f"{r['resident_gb']:.2f}" if r.get("resident_gb") else "",
+                 f"{r['resident_gb'] / r['weights_gb']:.2f}" if r.get("resident_gb") and r.get("weights_gb") else "",
                  f"{r['peak_rss_gb'] / r['weights_gb']:.2f}" if r["step"].startswith("run") and r.get("weights_gb") else ""]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)

@@ -241,3 +241,52 @@ def test_build_drops_the_fused_variant(tiny_artifact, tmp_path):
 def test_contract_graph_flag(tiny_artifact):
     result = run_cli("run", str(tiny_artifact), "--prompt", "abc abc", "--raw", "--max-tokens", "8", "--json", "--contract-graph", "--threads", "1")
     assert result.returncode == 0, result.stderr
+
+
+def _table_readers(graph_path) -> tuple[onnx.TensorProto, onnx.TensorProto]:
+    """The initializers the embedding Gather and the tied lm_head Gemm of a fused CPU graph read."""
+    model = onnx.load(str(graph_path), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    gather = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits)
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm" and n.input[1] in inits)
+    return inits[gather.input[0]], inits[gemm.input[1]]
+
+
+def _mapped_rss_kb(path) -> int:
+    """Resident kB of this process's mappings of file `path` (/proc/self/smaps)."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            parts = line.split()
+            if parts and "-" in parts[0] and not parts[0].endswith(":"):
+                current = parts[5] if len(parts) > 5 else None
+            elif parts and parts[0] == "Rss:" and current == str(path):
+                total += int(parts[1])
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps (Linux)")
+def test_tied_table_is_not_resident_twice(tmp_path):
+    """A tied table is read by the embedding Gather and by the lm_head Gemm, which ONNX Runtime prepacks (a copy).
+    Each reads an initializer entry of its own over the same bytes, so the Gemm's mapping is released after
+    prepacking and the Gather's keeps only the rows it looked up: the table file is not wholly resident beside
+    the prepacked copy (docs/cpu.md, Memory). The same holds for an INT4 build's packed graph."""
+    from speccompile.weights_file import external_location
+
+    model = make_tiny_hf_model(tmp_path / "m", tie_word_embeddings=True, vocab_size=32768, hidden_size=128, intermediate_size=128)
+    export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=64))
+    built = tmp_path / "int4"
+    assert run_cli("build", str(tmp_path / "art"), "--out", str(built), "--int4", "--onnx-only", "--no-awq",
+                   "--no-clip-search", "--no-gptq").returncode == 0
+    for artifact in (tmp_path / "art", built):
+        embed, head = _table_readers(artifact / "target.ort.onnx")
+        assert embed.name != head.name
+        assert external_location(embed) == external_location(head) is not None  # the bytes are stored once
+        session = open_artifact(artifact, threads=1).target
+        cache = session.new_cache()
+        ids = np.arange(3, 11)
+        session.run(ids, np.arange(8), cache.attention_mask(np.tril(np.ones((8, 8), bool))), cache)
+        table_kb = 32768 * 128 * 4 // 1024
+        resident = _mapped_rss_kb(artifact / external_location(embed).location)
+        assert resident < table_kb // 4, (artifact.name, resident, table_kb)
+        del session

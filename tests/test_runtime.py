@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 
 import numpy as np
@@ -193,6 +194,9 @@ def test_run_cli_json_and_bad_input(tiny_artifact, tmp_path):
     data = json.loads(ok.stdout)
     assert len(data["tokens"]) == 12 and {"text", "stats"} <= set(data)
     assert data["stats"]["target_passes"] >= 1
+    if os.path.exists("/proc/self/status"):  # the process's memory (Linux): resident now, the peak at least that
+        memory = data["memory"]
+        assert 0 < memory["resident_mb"] <= memory["peak_mb"], memory
     art = str(tiny_artifact)
     _clean_error(run_cli("run", art, "--prompt", ""), "empty")
     _clean_error(run_cli("run", art, "--prompt", "hi", "--max-tokens", "0"), "--max-tokens")

@@ -197,6 +197,14 @@ def test_fp16_artifact_that_does_not_fit_as_fp32_is_refused_on_ort_cpu(tmp_path,
     monkeypatch.setattr(artifact, "_available_memory", lambda: 1 << 40)
     code, out, err = run_cli_here(capsys, "run", str(tmp_path / "fp16"), "--prompt", "ab", "--raw", "--max-tokens", "2")
     assert code == 0, err
+    # its INT4 build has no packed CPU graph (the fused CPU graph is fp32 only): the Q/DQ graph, dequantized at load
+    code, _, err = run_cli_here(capsys, "build", str(tmp_path / "fp16"), "--out", str(tmp_path / "int4"), "--int4", "--onnx-only",
+                                "--no-awq", "--no-clip-search", "--no-gptq")
+    assert code == 0, err
+    monkeypatch.setattr(artifact, "_available_memory", lambda: 1000)
+    code, _, err = run_cli_here(capsys, "run", str(tmp_path / "int4"), "--prompt", "ab", "--raw", "--max-tokens", "2")
+    assert code == 2 and "this int4 build of an fp16 export runs on ort-cpu as fp32" in err and "--dtype fp32" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
 def test_verified_weights_are_not_read_again_until_they_change(tmp_path, monkeypatch, tiny_artifact):

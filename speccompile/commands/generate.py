@@ -212,6 +212,7 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
     """Generate from ARTIFACT with exact speculative decoding (output identical to the target alone)."""
     from ..runtime.bench import prompt_source
     from ..runtime.session import Runner
+    from ..runtime.stats import process_memory_mb
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
@@ -224,7 +225,8 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
         result = runner.generate(text, chat, max_tokens, sampling, list(stop), _stream_printer(as_json) if stream else None,
                                  constraint=constraint)
     if as_json:
-        final = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name, "stats": result.stats.to_dict()}
+        final = {"text": result.text, "tokens": result.tokens, "finish_reason": result.finish_reason, "drafter": runner.drafter_name,
+                 "stats": result.stats.to_dict(), "memory": process_memory_mb()}
         if stream:
             _print_json_line(final)
         else:
@@ -239,9 +241,13 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
     click.echo(
         f"[{runner.drafter_name}] {s.generated_tokens} tokens, {s.tokens_per_second:.1f} tok/s, "
         f"{s.mean_accepted_length:.2f} tokens/pass, acceptance per position [{acc}], "
-        f"overhead {100 * s.overhead_fraction:.1f}%, finish={result.finish_reason}",
+        f"overhead {100 * s.overhead_fraction:.1f}%, finish={result.finish_reason}{_memory_note(process_memory_mb())}",
         err=True,
     )
+
+
+def _memory_note(memory: dict[str, float]) -> str:
+    return f", resident {memory['resident_mb'] / 1024:.2f} GiB (peak {memory['peak_mb'] / 1024:.2f})" if memory else ""
 
 
 @click.command()

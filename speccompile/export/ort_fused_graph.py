@@ -312,7 +312,7 @@ def _head(f: _Fused, final: str, embed: str) -> list[onnx.ValueInfoProto]:
     head_input = n("Gather", [final, "logits_rows"], axis=1)[0] if target == "cpu" else final
     if f.model.tied:
         flat = n("Reshape", [head_input, f.const("lm_head.flat_shape", [-1, cfg.hidden_size])])[0]
-        logits2d = n("Gemm", [flat, embed], transB=1)[0]
+        logits2d = n("Gemm", [flat, _tied_head_table(f, embed)], transB=1)[0]
         # [batch * rows, V] -> [batch, rows, V]: the same bytes as batch 1's Unsqueeze, any batch
         rows_shape = n("Shape", [head_input], end=2)[0]
         logits_shape = n("Concat", [rows_shape, f.const("lm_head.vocab", [cfg.vocab_size])], axis=0)[0]
@@ -326,6 +326,19 @@ def _head(f: _Fused, final: str, embed: str) -> list[onnx.ValueInfoProto]:
         n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
         outputs.append(value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
     return outputs
+
+
+def _tied_head_table(f: _Fused, embed: str) -> str:
+    """The tied lm_head's own initializer entry over the embedding table's bytes (nothing is written twice).
+
+    ONNX Runtime's CPU Gemm prepacks its constant B into an anonymous copy and releases the initializer when no
+    other node reads it. Read through one entry, the table would stay mapped and wholly resident for the Gather
+    (the prepacking touched every page) beside that copy: 2x the table. With an entry of its own, the Gemm's
+    mapping is released after prepacking and the Gather's keeps only the rows it looked up (docs/cpu.md,
+    Memory). CUDA keeps the one entry: there each entry would be its own device copy."""
+    if f.target != "cpu":
+        return embed
+    return f.weight(f"{embed}.lm_head", Recipe(EMBED, False, f.dtype))
 
 
 def _kv_and_hidden_outputs(f: _Fused, presents: list[str], final: str, taps: list[str], slots: int) -> list[onnx.ValueInfoProto]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import InputError, UnsupportedError
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
 from ..onnx_versions import onnxruntime_loads
@@ -113,8 +115,8 @@ def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:
         raise UnsupportedError(f"{directory}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no "
                                "bf16 kernels); run it on a GPU (backend ort-cuda | ort-trt | tensorrt) or export it with "
                                "--dtype fp32", "backend")
-    if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "fp16" and scheme is None:
-        _check_fp16_fits_cpu(directory, manifest)
+    if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "fp16" and variant_name("target") not in manifest.graphs:
+        _check_fp16_fits_cpu(directory, manifest, scheme)
 
 
 def _available_memory() -> int | None:
@@ -129,17 +131,22 @@ def _available_memory() -> int | None:
     return None
 
 
-def _check_fp16_fits_cpu(artifact: Path, manifest: Manifest) -> None:
+def _check_fp16_fits_cpu(artifact: Path, manifest: Manifest, scheme: str | None) -> None:
     """ONNX Runtime's CPU provider runs an fp16 graph as fp32 (it converts every fp16 weight when the session
-    opens): refuse when that needs more memory than the host has available."""
-    data = manifest.graphs["target"].file + ".data"
-    need = 2 * (artifact / data).stat().st_size if (artifact / data).is_file() else 0
+    opens; a quantized build's Q/DQ graph has every weight dequantized there too): refuse when that needs more
+    memory than the host has available. Needed: 4 bytes per weight element of the graph."""
+    from ..weights_file import load_graph
+
+    graph = load_graph(artifact / manifest.graphs["target"].file)
+    need = 4 * sum(int(np.prod(init.dims, dtype=np.int64)) for init in graph.graph.initializer)
     available = _available_memory()
     if available is not None and need > available:
+        what = f"this {scheme} build of an fp16 export" if scheme else "an fp16 artifact"
         raise UnsupportedError(
-            f"{artifact}: an fp16 artifact runs on ort-cpu as fp32 (ONNX Runtime's CPU provider converts every fp16 "
-            f"weight): about {need / 1e9:.1f} GB, {available / 1e9:.1f} GB available here; on this CPU run an fp32 export "
-            "(export --dtype fp32) or an INT4 build of it (build --int4), or this one on a GPU (backend ort-cuda | ort-trt | tensorrt)", "backend")
+            f"{artifact}: {what} runs on ort-cpu as fp32 (ONNX Runtime's CPU provider converts every fp16 "
+            f"weight{', dequantized' if scheme else ''}): about {need / 1e9:.1f} GB, {available / 1e9:.1f} GB available here; "
+            "on this CPU run an fp32 export (export --dtype fp32) or an INT4 / INT8 build of one (build --int4 | --int8: "
+            "packed CPU kernels), or this one on a GPU (backend ort-cuda | ort-trt | tensorrt)", "backend")
 
 
 def resolve_drafter(manifest: Manifest, name: str) -> str:

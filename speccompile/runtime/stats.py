@@ -100,3 +100,13 @@ class GenerationResult:
     logits: np.ndarray | None = None  # with GenerationConfig.trace_logits: [tokens, vocab], the logits each token was chosen from
     logprobs: list[TokenLogprob] | None = None  # with GenerationConfig.logprobs: one entry per output token
 
+
+def process_memory_mb() -> dict[str, float]:
+    """This process's resident memory now (`resident_mb`, VmRSS) and at its peak (`peak_mb`, VmHWM: the session
+    opening included, when ONNX Runtime reads weights it then prepacks), in MiB; empty where /proc is absent."""
+    keys = {"VmRSS": "resident_mb", "VmHWM": "peak_mb"}
+    try:
+        with open("/proc/self/status") as fh:
+            return {keys[k]: round(int(v.split()[0]) / 1024, 1) for k, v in (line.split(":", 1) for line in fh) if k in keys}
+    except OSError:
+        return {}
