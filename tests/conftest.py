@@ -210,6 +210,20 @@ def run_cli_here(capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def assert_refused_for_disk_space(capsys, monkeypatch, out: Path, command: str, *args: str, free: int = 1 << 20) -> None:
+    """`speccompile COMMAND ... --out OUT` with only `free` bytes free: one error line (exit 2, no traceback) saying
+    what it would write, and nothing left behind (no OUT, no temporary folder beside it)."""
+    from speccompile.export import output_size
+
+    usage = shutil.disk_usage(out.parent)
+    monkeypatch.setattr(output_size.shutil, "disk_usage", lambda _: usage._replace(free=free))
+    code, _, err = run_cli_here(capsys, command, *args, "--out", str(out))
+    errors = [line for line in err.strip().splitlines() if line.startswith("error:")]
+    assert code == 2 and errors == [err.strip().splitlines()[-1]] and "Traceback" not in err, err
+    assert errors[0].startswith(f"error: --out {out}: not enough disk space: the {command} writes about"), err
+    assert not out.exists() and not any(p.name.startswith("." + out.name) for p in out.parent.iterdir())
+
+
 def copy_artifact(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

@@ -221,3 +221,30 @@ def test_int4_build_past_2gib_runs_and_tracks_its_reference(past_2gib):
     result = run_cli("verify", str(built), "--max-tokens", "8", "--limit", "1", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["identical"] is True
+
+
+@pytest.mark.parametrize("flags,options", [
+    (["--int4", "--no-awq", "--no-clip-search", "--no-gptq"], dict(precision="int4")),
+    (["--int8", "--quantize-lm-head"], dict(precision="int8", quantize_tables=True, exclude=())),
+    (["--fp8", "--weight-only", "--no-gptq"], dict(precision="fp8", weight_only=True)),
+    (["--fp4", "--weight-only", "--no-awq", "--no-clip-search", "--no-gptq"], dict(precision="nvfp4", weight_only=True)),
+])
+def test_build_output_estimate_bounds_what_is_written(tmp_path, flags, options):
+    """The disk estimate `build` checks before any work (engines/output_size.py) is at least what the build writes
+    and not far above it, per scheme (its margin for graphs and small files aside)."""
+    from speccompile.engines.output_size import MARGIN, estimate_build_bytes
+
+    art = _random_export(tmp_path / "m", tmp_path / "a", fused=True, num_hidden_layers=2, vocab_size=2048, hidden_size=256,
+                         intermediate_size=1024)
+    out = tmp_path / "b"
+    result = run_cli("build", str(art), "--out", str(out), "--onnx-only", *flags)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    estimate = estimate_build_bytes(art, read_manifest(art), BuildOptions(onnx_only=True, **options), packs_cpu_graph=True)
+    assert written <= estimate and estimate - MARGIN <= 1.3 * written, (flags, written, estimate - MARGIN)
+
+
+def test_build_without_room_for_its_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, tiny_artifact):
+    from conftest import assert_refused_for_disk_space
+
+    assert_refused_for_disk_space(capsys, monkeypatch, tmp_path / "built", "build", str(tiny_artifact), "--int4", "--onnx-only")

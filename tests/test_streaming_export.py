@@ -173,18 +173,10 @@ def test_export_memory_is_bounded_by_the_largest_tensor_not_the_model(tmp_path):
 
 
 def test_not_enough_disk_space_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch, tiny_model_dir):
-    import shutil
+    from conftest import assert_refused_for_disk_space
 
-    from speccompile.export import output_size
-
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(output_size.shutil, "disk_usage", lambda _: usage._replace(free=10 << 20))
-    out = tmp_path / "art"
-    code, _, err = run_cli_here(capsys, "export", str(tiny_model_dir), "--out", str(out), "--max-context", "32768")
-    errors = [line for line in err.strip().splitlines() if line.startswith("error:")]
-    assert code == 2 and errors == [err.strip().splitlines()[-1]] and "Traceback" not in err, err
-    assert errors[0].startswith(f"error: --out {out}: not enough disk space: the export writes about"), err
-    assert not out.exists() and not any(p.name.startswith(".art") for p in tmp_path.iterdir())
+    assert_refused_for_disk_space(capsys, monkeypatch, tmp_path / "art", "export", str(tiny_model_dir), "--max-context", "32768",
+                                  free=10 << 20)
 
 
 def test_fp16_artifact_that_does_not_fit_as_fp32_is_refused_on_ort_cpu(tmp_path, capsys, monkeypatch, tiny_model_dir):

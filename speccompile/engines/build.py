@@ -22,6 +22,7 @@ from ..manifest import Manifest, read_manifest, remember_verified
 from . import config as cfg
 from .build_options import BuildOptions
 from .cpu_graph import quantized_cpu_graphs, reads_files
+from .output_size import check_build_space
 from .quantize_graph import quantize_graph
 
 Progress = Callable[[str], None]
@@ -69,6 +70,9 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
     limits = _apply_limit_overrides(required_limits(manifest), options, src)
     _check_source(src, manifest, options)
     fused, cpu_specs, fused_files = _take_cpu_variants(src, manifest, options.onnx_only)
+    target_file = manifest.graph("target").file
+    packs = any(g.extra.get("variant_of") == target_file and "ort-cpu" in g.extra.get("backends", ()) for g in fused.values())
+    check_build_space(src, out, manifest, options, packs)  # before any work (the source's file list, as exported)
     trt, gpu, build_config = _tensorrt_setup(options) if not options.onnx_only else (None, None, None)
     profiles, profile_problems = _profiles(manifest, limits, options)
     started = time.time()

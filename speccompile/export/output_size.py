@@ -46,10 +46,10 @@ def drafter_estimate(model: LoadedModel, dtype: str, kind: str | None, path: str
     return 2 * (2 * stored + tables)
 
 
-def check_disk_space(folder: Path, needed: int, out: Path) -> None:
-    """InputError about `out` (the output the export writes in `folder`) when the file system of `folder` has fewer
+def check_disk_space(folder: Path, needed: int, out: Path, command: str = "export") -> None:
+    """InputError about `out` (the output `command` writes in `folder`) when the file system of `folder` has fewer
     than `needed` bytes free."""
     free = shutil.disk_usage(folder).free
     if needed > free:
-        raise InputError(f"out {out}: not enough disk space: the export writes about {needed / 1e9:.1f} GB, "
+        raise InputError(f"out {out}: not enough disk space: the {command} writes about {needed / 1e9:.1f} GB, "
                          f"{free / 1e9:.1f} GB free there", "out")
