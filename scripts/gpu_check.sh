@@ -2,10 +2,13 @@
 # The GPU verify graph's device check (issue 16 item 3), on the device machine in the project root, after the
 # payload parts of ../shared/gpu/make_payload.sh were copied to /tmp/p (see ../shared/gpu/README.md):
 #   run  carry: []  command: bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   timeout ~540
-# Steps (each with its own time limit, most important first; STEPS="pass verify bench test peer" picks):
+# Steps (each with its own time limit, most important first; STEPS="pass verify bench test peer" picks; DEADLINE=S
+# shortens every limit so the whole script ends within S seconds of its start, skipping what no longer fits):
 #   export fp16 -> /tmp/e16 (kept while the machine stays warm), pass ms by q (GPU graph with and without
 #   CUDA graphs, contract graph), verify (greedy identity n-gram vs plain) and bench on ort-cuda, the
-#   pytest GPU tests, the transformers peer benchmark. Results also land in $OUT.
+#   pytest GPU tests, the transformers peer benchmark. Results also land in $OUT. VERIFY_LIMIT=N verifies the first N
+#   prompts of each workload. Not in the default list: loose (verify and bench with --no-shape-invariant: what the
+#   shape-invariant mode costs and what it buys).
 #   Not in the default list: qad (issue 18) exports fp32 -> /tmp/e32, builds NVFP4 weight-only rank 128 with
 #   quantization-aware distillation on the GPU (QAD_STEPS, QAD_BATCH, QAD_SAMPLES) and evals it vs fp32:
 #     STEPS=qad QAD_STEPS=600 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~590)
@@ -16,7 +19,13 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-"pass verify bench test peer"}
-LIMIT=${LIMIT:-6}; NEW=${NEW:-128}; SC_ARGS=${SC_ARGS:-}
+LIMIT=${LIMIT:-6}; NEW=${NEW:-128}; SC_ARGS=${SC_ARGS:-}; DEADLINE=${DEADLINE:-0}
+VERIFY_ARGS=${VERIFY_LIMIT:+--limit $VERIFY_LIMIT}
+lim() {  # a step's time limit: $1 seconds, or what is left before DEADLINE (1: no time left)
+  local want=$1 left
+  if [ "$DEADLINE" -gt 0 ]; then left=$((DEADLINE - SECONDS - 5)); [ "$left" -lt "$want" ] && want=$left; fi
+  [ "$want" -lt 10 ] && want=1; echo "$want"
+}
 if [ ! -d /tmp/site/onnxruntime ]; then
   mkdir -p /tmp/site /tmp/pay && cat /tmp/p/part.* | tar -x -C /tmp/pay && tar -xJf /tmp/pay/ort.tar.xz -C /tmp/site &&
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/pay/*.whl || { echo "payload incomplete: $(ls /tmp/p 2>&1)"; exit 3; }
@@ -39,19 +48,27 @@ export32() {  # the fp32 export the quantization steps start from
   echo "export fp32: $((SECONDS - start)) s"
 }
 W="--workload benchmarks/workloads/copy.jsonl --workload benchmarks/workloads/chat.jsonl"
+identical() {  # one line from a verify --json file: how many prompts were identical, and the first differences
+  python3 -c "import json;j=json.load(open('$1'));b=[(p['id'],p['first_difference']) for p in j['prompts'] if not p['identical']];print('$2 identical',len(j['prompts'])-len(b),'/',len(j['prompts']),b[:8])" 2>&1 | tail -1
+}
 for step in $STEPS; do
-  echo "== $step"
+  echo "== $step ($SECONDS s)"
+  if [ "$DEADLINE" -gt 0 ] && [ "$(lim 60)" -lt 10 ]; then echo "skipped: DEADLINE $DEADLINE s reached"; continue; fi
   case $step in
-    pass) timeout 120 python3 benchmarks/gpu_pass_times.py --artifact /tmp/e16 --json 2>&1 | tee "$OUT/pass_times.txt" ;;
-    verify) timeout 200 sc verify /tmp/e16 --backend ort-cuda $W --max-tokens $NEW --drafter ngram $SC_ARGS --json > "$OUT/verify16.json" 2>&1
-      python3 -c "import json;j=json.load(open('$OUT/verify16.json'));b=[(p['id'],p['first_difference']) for p in j['prompts'] if not p['identical']];print('fp16 identical',len(j['prompts'])-len(b),'/',len(j['prompts']),b)" 2>&1 | tail -1 ;;
-    bench) timeout 200 sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram $SC_ARGS > "$OUT/bench16.txt" 2>&1
+    pass) timeout $(lim 120) python3 benchmarks/gpu_pass_times.py --artifact /tmp/e16 --json 2>&1 | tee "$OUT/pass_times.txt" ;;
+    verify) timeout $(lim 200) sc verify /tmp/e16 --backend ort-cuda $W $VERIFY_ARGS --max-tokens $NEW --drafter ngram $SC_ARGS --json > "$OUT/verify16.json" 2> "$OUT/verify16.err"
+      identical "$OUT/verify16.json" fp16 ;;
+    loose) timeout $(lim 150) sc verify /tmp/e16 --backend ort-cuda $W $VERIFY_ARGS --max-tokens $NEW --drafter ngram --no-shape-invariant $SC_ARGS --json > "$OUT/verify16_loose.json" 2> "$OUT/verify16_loose.err"
+      identical "$OUT/verify16_loose.json" "fp16 --no-shape-invariant"
+      timeout $(lim 150) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram --no-shape-invariant $SC_ARGS > "$OUT/bench16_loose.txt" 2>&1
+      tail -n 12 "$OUT/bench16_loose.txt" ;;
+    bench) timeout $(lim 200) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram $SC_ARGS > "$OUT/bench16.txt" 2>&1
       tail -n 12 "$OUT/bench16.txt" ;;
     test) if python3 -m pytest --version > /dev/null 2>&1; then
-        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
+        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
           tests/test_qad.py::test_torch_graph_computes_what_onnxruntime_computes tests/test_qad.py::test_the_stored_graph_is_the_trained_student 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
       else echo "no pytest on this machine: skipped"; fi ;;
-    peer) timeout 240 python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
+    peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
     qad) export32
       start=$SECONDS
       timeout ${QAD_LIMIT:-480} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
@@ -71,6 +88,6 @@ for step in $STEPS; do
         --modelopt-python python3 --device cuda --work /tmp/mot --threads 16 $ours \
         ${MO_CONFIGS:---config W4A16_NVFP4_CFG --config W4A16_NVFP4_CFG:awq_lite --config W4A16_NVFP4_CFG:awq_clip --config NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG+weight-only --config NVFP4_FOUR_OVER_SIX_CFG+weight-only} \
         2>&1 | tee "$OUT/modelopt_torch.txt" | tail -n 12 ;;
-    *) echo "unknown step $step (pass verify bench test peer qad modelopt)" ;;
+    *) echo "unknown step $step (pass verify bench test peer loose qad modelopt)" ;;
   esac
 done

@@ -4,6 +4,8 @@ without a CUDA execution provider)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -23,7 +25,7 @@ from speccompile.runtime.backends.ort_cuda import (
     q_buckets,
 )
 
-from conftest import make_tiny_hf_model
+from conftest import load_benchmark, make_tiny_hf_model
 
 MAX_CONTEXT = 64
 
@@ -303,8 +305,9 @@ def test_factory_gives_the_gpu_graph_one_bucket_in_shape_invariant_mode(tmp_path
 
 
 def test_greedy_decoding_leaves_the_logits_on_the_device(tmp_path, monkeypatch):
-    """Only what the sampler needs comes back: greedy steps verify from the graph's ArgMax rows and never copy
-    the logits; sampling reads them."""
+    """Only what the sampler needs comes back: greedy decoding takes the first token and verifies every step from
+    the graph's ArgMax rows and never copies the logits (not even the prompt's: [prompt rows, vocab] floats); sampling
+    reads them. The tokens are the contract graph's."""
     from speccompile.runtime.backends import ort_cuda
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
@@ -318,7 +321,38 @@ def test_greedy_decoding_leaves_the_logits_on_the_device(tmp_path, monkeypatch):
                         property(lambda self: fetched.append(1) or read.fget(self), read.fset))
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
     greedy = runner.generate_ids(prompt, max_tokens=16)
-    assert greedy.stats.target_passes > 2 and len(fetched) == 1  # the prompt's last row only (the first token)
+    contract = Runner(out, drafter="ngram", contract_graph=True, threads=1).generate_ids(prompt, max_tokens=16)
+    assert greedy.tokens == contract.tokens
+    assert greedy.stats.target_passes > 2 and not fetched  # the first token too comes from the ArgMax of the prompt's last row
     fetched.clear()
     sampled = runner.generate_ids(prompt, max_tokens=16, sampling=SamplingParams(temperature=0.8, seed=1))
     assert len(fetched) >= sampled.stats.target_passes  # every step's rows
+
+
+def test_pass_time_benchmark_runs_its_sessions_on_the_cpu(tmp_path, capsys):
+    """benchmarks/gpu_pass_times.py opens and times every session it reports (here on ONNX Runtime CPU, no CUDA
+    graphs): a change of a session's constructor breaks this test, not the device run."""
+    model_dir = make_tiny_hf_model(tmp_path / "llama")
+    out = tmp_path / "fp16"
+    export_artifact(str(model_dir), out, ExportOptions(max_context=2 * MAX_CONTEXT, dtype="fp16"))
+    script = load_benchmark("gpu_pass_times")
+    assert script.main(["--artifact", str(out), "--device", "cpu", "--context", "4", "--repeats", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(report["ms_by_q"]) == {"gpu graph, no CUDA graphs", "contract graph"}
+    assert all(len(times) == len(script.QS) and min(times.values()) > 0 for times in report["ms_by_q"].values())
+
+
+def test_warm_up_runs_every_bucket_and_changes_no_output(tmp_path, monkeypatch):
+    """The warm-up at open (every bucket run before the first generation, so its CUDA graph is captured there and
+    not inside a priced decode pass) leaves nothing behind: the same rows after it as without it."""
+    out, spec, _ = _fp32_gpu_form(tmp_path)
+    cold = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1)
+    warm = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1)
+    rows: list[int] = []
+    run = OrtCudaSession.run
+    monkeypatch.setattr(OrtCudaSession, "run", lambda self, ids, *args: rows.append(len(ids)) or run(self, ids, *args))
+    warm.warm_up(runs=2)
+    monkeypatch.undo()
+    assert sorted(rows) == sorted(2 * list(warm.buckets)) and warm.new_cache().length == 0
+    for w, c in zip(_chain_steps(warm), _chain_steps(cold)):
+        np.testing.assert_array_equal(w.logits, c.logits)

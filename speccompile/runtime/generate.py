@@ -161,7 +161,10 @@ class Generation:
         self.prompt_ids = list(prompt_ids)
         self.tokens = list(prompt_ids)
         self.done, self.finish = False, None
-        self.prompt_logits: np.ndarray | None = None  # the prompt's last logits (what a prefix cache keeps)
+        # the prompt's last logits (what a prefix cache keeps); None before the first token, and when the graph's ArgMax
+        # chose it (greedy on a graph that computes it: the row stays on the device)
+        self.prompt_logits: np.ndarray | None = None
+        self._first_chosen = False
         self.carried: list[int] = []  # the last verdict's tokens past an exactness cut: the next round's draft
         self._logit_trace: list[np.ndarray] | None = [] if config.trace_logits else None
         self._prefilled_rows = cached_rows
@@ -177,7 +180,7 @@ class Generation:
     @property
     def prefilling(self) -> bool:
         """Whether the prompt is not prefilled yet (no first token; `defer_prefill`)."""
-        return self.prompt_logits is None
+        return not self._first_chosen
 
     @property
     def prefill_remaining(self) -> int:
@@ -201,22 +204,28 @@ class Generation:
             self.drafter.observe(out.hidden, list(ids), following)
         self._prefilled_rows = start + q
         if self._prefilled_rows == len(prompt):
-            self._first_token(out.logits[-1])
+            if out.greedy_tokens is not None and self.params.greedy and self.rules is None and self._logit_trace is None:
+                self._first_token(None, int(out.greedy_tokens[-1]))  # the [q, vocab] logits are never copied back
+            else:
+                self._first_token(out.logits[-1])
 
-    def _first_token(self, last_logits: np.ndarray) -> None:
-        """The prompt is prefilled: choose and emit the first token."""
+    def _first_token(self, last_logits: np.ndarray | None, chosen: int | None = None) -> None:
+        """The prompt is prefilled: choose (from `last_logits`, unless the graph's ArgMax `chosen` it) and emit the
+        first token."""
         self.prompt_logits = last_logits
+        self._first_chosen = True
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
+        if chosen is None:
+            if self.rules is not None:
+                last_logits = self.rules.first_logits(last_logits)
+            chosen = choose_first_token(last_logits, self.params, self.rng)
+            if self._logit_trace is not None:
+                self._logit_trace.append(np.array(last_logits))
+        self.tokens = self.prompt_ids + [chosen]
+        self.done = self.output.push(chosen)
         if self.rules is not None:
-            last_logits = self.rules.first_logits(last_logits)
-        first = choose_first_token(last_logits, self.params, self.rng)
-        if self._logit_trace is not None:
-            self._logit_trace.append(np.array(last_logits))
-        self.tokens = self.prompt_ids + [first]
-        self.done = self.output.push(first)
-        if self.rules is not None:
-            self.rules.emit(last_logits[None], [first], len(self.output.tokens))
+            self.rules.emit(last_logits[None], [chosen], len(self.output.tokens))
         self.output.flush()
         self.finish = self.output.finish
 

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from ..adaptive import Sizing
 
 
+HISTORY_CHECK = 16  # tokens compared to tell a grown history from another one (a step costs O(1), not O(history))
+
+
 class _NgramIndex:
     """Where every n-gram of a history (n in `sizes`) ended, kept up to date as the history grows: a proposal
     then costs a few dictionary lookups instead of a scan of the whole history."""
@@ -32,9 +35,11 @@ class _NgramIndex:
         self.ends: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}  # n-gram -> ascending ends
 
     def update(self, tokens: list[int]) -> None:
-        """Index what `tokens` added to the history (another history: start over)."""
+        """Index what `tokens` added to the history (another history: start over). Another history is told by its
+        length or its last HISTORY_CHECK indexed tokens: one that differs only before them keeps a stale index,
+        which costs acceptance, never exactness (every draft is verified)."""
         known = len(self.tokens)
-        if len(tokens) < known or tokens[:known] != self.tokens:
+        if len(tokens) < known or tokens[max(0, known - HISTORY_CHECK): known] != self.tokens[-HISTORY_CHECK:]:
             self.tokens, self.ends = [], {n: {} for n in self.sizes}
             known = 0
         for end in range(known + 1, len(tokens) + 1):
