@@ -25,6 +25,8 @@ def test_e2m1_rounding_matches_ml_dtypes():
     mine = nx.e2m1_decode(nx.e2m1_codes(x))
     ref = x.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
     np.testing.assert_array_equal(mine, ref)
+    special = np.array([-0.0, np.nan, np.inf, -np.inf, -0.1, 1e9], np.float32)  # signed zeros +0, NaN 0, saturation
+    np.testing.assert_array_equal(nx.e2m1_codes(special), [0, 0, 7, 15, 0, 7])
 
 
 def test_nibble_packing_low_nibble_first():
