@@ -14,6 +14,7 @@ from speccompile.engines.method_search import (
     awq_search,
     clip_search,
     fp8_range,
+    nvfp4_fake_quantizer,
     product_error,
     smoothquant_scale,
     weight_fake_quant,
@@ -393,3 +394,15 @@ def test_min_top1_can_keep_the_worst_weights_in_fp8(tiny_artifact, tmp_path):
     assert sum(t == TensorProto.INT4 for t in stored.values()) == record["quantized_matmuls"] == 8 - len(kept)
     bad = run_cli("build", str(tiny_artifact), "--int4", "--keep-format", "fp8", "--onnx-only", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "--min-top1" in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_nvfp4_clip_search_quantizes_as_the_graph_will():
+    """The clipping search's NVFP4 fake quantization (W^T, global scale and block amax computed once for every
+    ratio) is `weight_fake_quant`'s, bit for bit, at every ratio."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 24)) * rng.uniform(0.1, 3.0, (64, 1))).astype(np.float32)
+    options = QuantOptions("nvfp4")
+    at_ratios = nvfp4_fake_quantizer(w, options.fp4_block)
+    for ratio in (1.0, 0.9, 0.55):
+        clip = np.full((24, 64 // options.fp4_block), ratio, np.float32)
+        np.testing.assert_array_equal(at_ratios(clip), weight_fake_quant(w, options, clip))

@@ -120,10 +120,12 @@ def clip_search(w: np.ndarray, second_moment: np.ndarray, options: QuantOptions)
 
         def block_error(q: np.ndarray) -> np.ndarray:
             return _weighted_square_error(w, q, h).T.reshape(shape[0], shape[1], block).sum(axis=2)
+    fake_quant = nvfp4_fake_quantizer(w, options.fp4_block) if options.scheme == "nvfp4" else (
+        lambda clip: weight_fake_quant(w, options, clip))
     best_err = best = None
     for ratio in NVFP4_RANGE_RATIOS if options.scheme == "nvfp4" else CLIP_RATIOS:
         clip = np.full(shape, ratio, np.float32)
-        err = block_error(weight_fake_quant(w, options, clip))
+        err = block_error(fake_quant(clip))
         if best is None:
             best, best_err = clip, err
         else:
@@ -131,6 +133,20 @@ def clip_search(w: np.ndarray, second_moment: np.ndarray, options: QuantOptions)
             best = np.where(better, clip, best)
             best_err = np.where(better, err, best_err)
     return best
+
+
+def nvfp4_fake_quantizer(w: np.ndarray, block: int):
+    """clip -> `weight_fake_quant(w, nvfp4 options, clip)`, bit for bit, with what no ratio changes (W^T, the global
+    scale, the blocks' amax) computed once."""
+    w_t = np.ascontiguousarray(w.T)
+    global_scale = nx.nvfp4_global_scale(float(np.abs(w_t).max()) if w_t.size else 0.0)
+    block_amax = np.abs(w_t.reshape(*w_t.shape[:-1], -1, block)).max(axis=-1)
+
+    def fake_quant(clip: np.ndarray) -> np.ndarray:
+        codes, s8, s2 = nx.nvfp4_quantize(w_t, global_scale, block, clip=clip, block_amax=block_amax)
+        return nx.nvfp4_dequantize(codes, s8, s2, block).T
+
+    return fake_quant
 
 
 def _weighted_square_error(w: np.ndarray, q: np.ndarray, h: np.ndarray) -> np.ndarray:

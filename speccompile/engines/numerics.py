@@ -186,13 +186,15 @@ def nvfp4_global_scale(amax: float) -> np.float32:
 
 
 def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block: int = NVFP4_BLOCK,
-                   clip: np.ndarray | None = None, block_scale: np.ndarray | None = None):
+                   clip: np.ndarray | None = None, block_scale: np.ndarray | None = None,
+                   block_amax: np.ndarray | None = None):
     """Blockwise NVFP4 along the LAST axis of x (`clip` [..., K // block]: ratios scaling block ranges, < 1 clipping;
     `block_scale` [..., K // block] float8_e4m3fn: use these block scales, a grid chosen before, e.g. by GPTQ).
 
     Returns (codes uint8 [..., K] in 0..15, block scales float8_e4m3fn [..., K // block], global scale float32).
     Used for weights (x = W^T [N, K], static global scale from the weight amax) and, with a calibrated
-    global scale, as the reference of TensorRT's TRT_FP4DynamicQuantize for activations.
+    global scale, as the reference of TensorRT's TRT_FP4DynamicQuantize for activations. `block_amax`: the blocks'
+    max |x|, when the caller computed it already (a clipping search quantizes the same x at many ratios).
     """
     x = np.asarray(x, dtype=np.float32)
     k = x.shape[-1]
@@ -203,7 +205,7 @@ def nvfp4_quantize(x: np.ndarray, global_scale: np.float32 | None = None, block:
     global_scale = np.float32(global_scale)
     blocks = x.reshape(*x.shape[:-1], k // block, block)
     if block_scale is None:
-        block_amax = np.abs(blocks).max(axis=-1)
+        block_amax = np.abs(blocks).max(axis=-1) if block_amax is None else block_amax
         if clip is not None:
             block_amax = (block_amax * np.asarray(clip, np.float32)).astype(np.float32)
         scale_fp8 = to_fp8(block_amax / np.float32(FP4_MAX) / global_scale)
