@@ -99,3 +99,26 @@ def test_seeded_sampling_drafts_shorter_on_the_packed_cpu_graph():
             c.record_draft(4, 3, 0.0)  # acceptance 0.75
         chosen[packed] = c.choose_k()
     assert 0 < chosen[True] < chosen[False]
+
+
+def test_pass_costs_follow_their_definition_after_every_record():
+    """`PassCosts.seconds` (neighbours from a table rebuilt after each change) is, after every record, what its
+    definition says: a measured q at least every narrower measured pass; another q on the line, at least every
+    narrower measured pass and at most every wider one."""
+    import random
+
+    def by_definition(costs: PassCosts, q: int) -> float:
+        below = max((s for k, s in costs.by_q.items() if k < q), default=0.0)
+        if q in costs.by_q:
+            return max(costs.by_q[q], below)
+        t1, slope = costs.line()
+        return min([max(t1 + slope * (q - 1), below), *(s for k, s in costs.by_q.items() if k > q)])
+
+    rng = random.Random(0)
+    for _ in range(300):
+        costs = PassCosts()
+        for _ in range(rng.randint(1, 12)):
+            costs.record(rng.randint(1, 20), rng.uniform(0.001, 0.01))
+            assert [costs.seconds(q) for q in range(1, 24)] == [by_definition(costs, q) for q in range(1, 24)]
+    costs.set(1, 0.5)  # a seed replaces what was measured, and the table follows
+    assert costs.seconds(1) == 0.5 and costs.seconds(2) >= 0.5

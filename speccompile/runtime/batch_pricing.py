@@ -34,7 +34,7 @@ class BatchPricing:
         if slot_pass_slots is not None and self.slots.measured:
             return self.slots.seconds(slot_pass_slots) / rows
         if self.batched.t1 is None and self.alone.t1 is not None:
-            self.batched.by_q[1] = self.alone.t1
+            self.batched.set(1, self.alone.t1)
         if not self.batched.by_q:
             return None
         return self.batched.seconds(rows) / rows

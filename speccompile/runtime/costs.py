@@ -14,6 +14,7 @@ Pass costs come from a `PassCostModel`: measured per number of verified tokens (
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -82,8 +83,9 @@ class PassCosts(PassCostModel):
     shares it), so later prompts start from what earlier ones measured."""
 
     alpha: float = 0.08
-    by_q: dict = field(default_factory=dict)  # q -> seconds of a pass over q tokens (EMA)
+    by_q: dict = field(default_factory=dict)  # q -> seconds of a pass over q tokens (EMA); change it through `set`
     slope: float | None = None  # extra seconds per extra verified token (EMA over all passes)
+    _bounds: tuple | None = field(default=None, init=False, repr=False, compare=False)  # see `_neighbours`
 
     @property
     def t1(self) -> float | None:
@@ -92,7 +94,12 @@ class PassCosts(PassCostModel):
     def record(self, q: int, seconds: float) -> None:
         if q > 1 and self.t1 is not None:
             self.slope = ema(self.slope, max(0.0, (seconds - self.t1) / (q - 1)), self.alpha)
-        self.by_q[q] = ema(self.by_q.get(q), seconds, self.alpha)
+        self.set(q, ema(self.by_q.get(q), seconds, self.alpha))
+
+    def set(self, q: int, seconds: float) -> None:
+        """Take `seconds` as the cost of a pass over q tokens (a seed, or the EMA `record` keeps)."""
+        self.by_q[q] = seconds
+        self._bounds = None
 
     def line(self) -> tuple[float, float]:
         """(t1, slope) of the line fitted to every pass, with defaults until measured: t1 is at most the
@@ -100,15 +107,36 @@ class PassCosts(PassCostModel):
         t1 = self.t1 if self.t1 is not None else min(self.by_q.values(), default=1.0)
         return t1, self.slope if self.slope is not None else 0.05 * t1
 
+    def _neighbours(self, q: int) -> tuple[float, float]:
+        """(the dearest pass measured below q or 0, the cheapest measured above q or inf): from the measured q in
+        order with their running max from below and running min from above, rebuilt after a change (the
+        adaptive controller asks about a dozen q per step, `record` changes one)."""
+        if self._bounds is None:
+            qs = sorted(self.by_q)
+            below, running = [], 0.0
+            for k in qs:
+                below.append(running)  # max over the measured q before k
+                running = max(running, self.by_q[k])
+            below.append(running)
+            above, running = [], float("inf")
+            for k in reversed(qs):
+                running = min(running, self.by_q[k])
+                above.append(running)
+            above.reverse()
+            above.append(float("inf"))  # min over the measured q from index i on
+            self._bounds = (qs, below, above)
+        qs, below, above = self._bounds
+        i = bisect_left(qs, q)
+        return below[i], above[i + 1 if i < len(qs) and qs[i] == q else i]
+
     def seconds(self, q: int) -> float:
         """Measured (at least what any narrower pass measured: timing noise must not make a wider pass look
         cheaper), else the line kept between the measured neighbours."""
-        below = max((s for k, s in self.by_q.items() if k < q), default=0.0)
+        below, above = self._neighbours(q)
         if q in self.by_q:
             return max(self.by_q[q], below)
         t1, slope = self.line()
-        estimate = max(t1 + slope * (q - 1), below)
-        return min([estimate, *(s for k, s in self.by_q.items() if k > q)])
+        return min(max(t1 + slope * (q - 1), below), above)
 
 
 SEEDED_SLOPE = 0.06  # a verified token's share of a one-token pass, fused fp32 CPU graph and GPU graphs

@@ -28,7 +28,7 @@ from .costs import FixedCosts, PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
 from .constrained import GuidedPlan, OutputRules
 from .drafters.base import Draft, Drafter
-from .kvcache import BufferKVCache, KVCache
+from .kvcache import BufferKVCache, KVCache, causal_mask
 from .options import GenerationConfig
 from .output import TokenOutput, choose_first_token
 from .stats import GenerationResult, GenerationStats
@@ -195,7 +195,7 @@ class Generation:
         prompt, start = self.prompt_ids, self._prefilled_rows
         ids = prompt[start: start + self.config.prefill_chunk]
         q = len(ids)
-        mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+        mask = self.cache.attention_mask(causal_mask(q))
         out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
         self.cache.append(out.presents, range(q), q)
         self.stats.prefill_passes += 1
@@ -261,7 +261,7 @@ class Generation:
         if draft.tree is not None:
             new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
         else:
-            new_mask, positions = np.tril(np.ones((q, q), dtype=bool)), np.arange(past, past + q)
+            new_mask, positions = causal_mask(q), np.arange(past, past + q)
         return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask, guess, guided)
 
     def verify_pass(self, plan: PlannedStep) -> StepOutput:

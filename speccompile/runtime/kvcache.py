@@ -14,9 +14,19 @@ What each step copies:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+
+@lru_cache(maxsize=256)
+def causal_mask(q: int) -> np.ndarray:
+    """[q, q] bool, row i sees rows 0..i: the new tokens' own mask of a chain step (read-only: shared by every
+    caller, built once per q)."""
+    mask = np.tril(np.ones((q, q), dtype=bool))
+    mask.flags.writeable = False
+    return mask
 
 
 class KVCache:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec
-from ..kvcache import BufferKVCache
+from ..kvcache import BufferKVCache, causal_mask
 from .base import StepOutput
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -139,11 +139,13 @@ def is_causal_step(attention_mask: np.ndarray, past: int) -> bool:
     rows, width = mask.shape
     if width < past + rows:
         return False
-    slots = np.arange(width)
-    own = np.arange(rows)[:, None] + past
-    causal = (mask == (slots[None, :] <= own)).all(axis=1)
-    padding = (mask == (slots[None, :] == own)).all(axis=1)
-    real = int(np.argmin(causal)) if not causal.all() else rows  # the leading causal rows
+    own = past + np.arange(rows)
+    visible = np.count_nonzero(mask, axis=1)
+    # a causal row sees all `past` slots, the new rows up to itself (the causal block), and nothing else (its count)
+    sees_past = mask[:, :past].all(axis=1) if past else np.ones(rows, dtype=bool)
+    causal = sees_past & (visible == own + 1) & (mask[:, past: past + rows] == causal_mask(rows)).all(axis=1)
+    padding = (visible == 1) & mask[np.arange(rows), own]  # a padding row sees its own slot only
+    real = rows if causal.all() else int(np.argmin(causal))  # the leading causal rows
     return bool(padding[real:].all())
 
 
@@ -305,7 +307,7 @@ class OrtCudaSession:
             ids, positions = np.zeros(bucket, dtype=np.int64), np.arange(bucket)
             for _ in range(runs):
                 cache = self.new_cache()
-                self.run(ids, positions, cache.attention_mask(np.tril(np.ones((bucket, bucket), dtype=bool))), cache)
+                self.run(ids, positions, cache.attention_mask(causal_mask(bucket)), cache)
         self.new_cache()
 
     # -- Session protocol --------------------------------------------------------------------------

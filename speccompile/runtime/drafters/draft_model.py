@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..backends.base import Session
+from ..kvcache import causal_mask
 from ..sampling import SamplingParams, process_logits, sample
 from ..timing import TimedSession
 from .base import Draft, Drafter, DrafterRequest
@@ -43,7 +44,7 @@ class DraftModelDrafter(Drafter):
         q = len(new_tokens)
         self.cache.maybe_compact(q, self.max_context)
         start = len(self.cached)
-        mask = self.cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+        mask = self.cache.attention_mask(causal_mask(q))
         out = self.session.run(np.asarray(new_tokens), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
         self.cache.append(out.presents, range(q), q)
         self.cached.extend(new_tokens)

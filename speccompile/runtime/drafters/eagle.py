@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...draft_config import DraftConfig
+from ..kvcache import causal_mask
 from ..tree import TreeSpec, build_dynamic_tree
 from .base import Draft
 from .static_tree import StaticTreeDrafter, StaticTrees
@@ -111,7 +112,7 @@ class HeadDrafter(StaticTreeDrafter):
         q = len(ids)
         cache = self.cache
         if committed:
-            mask = cache.attention_mask(np.tril(np.ones((q, q), dtype=bool)))
+            mask = cache.attention_mask(causal_mask(q))
         else:
             past = np.broadcast_to(cache.live, (q, cache.physical_len)).copy()
             for row, slots in enumerate(visible_slots):

@@ -117,7 +117,7 @@ class NgramDrafter(Drafter):
                 high = bisect_right(starts, pointer + self.resume_window, 0, count)
                 if low < high:  # the closest occurrence resuming the copy (the first of equals, as ascending)
                     start = min(starts[low:high], key=lambda s: abs(s - pointer))
-            proposal = [int(t) for t in history[start: start + k]]
+            proposal = list(map(int, history[start: start + k]))
             if proposal:
                 self._copied_from, self._proposed_at = start, n_total
                 return Draft(proposal, key=n)
