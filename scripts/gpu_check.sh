@@ -7,7 +7,9 @@
 #   export fp16 -> /tmp/e16 (kept while the machine stays warm), pass ms by q (GPU graph with and without
 #   CUDA graphs, contract graph), verify (greedy identity n-gram vs plain) and bench on ort-cuda, the
 #   pytest GPU tests, the transformers peer benchmark. Results also land in $OUT. VERIFY_LIMIT=N verifies the first N
-#   prompts of each workload. Not in the default list: loose (verify and bench with --no-shape-invariant: what the
+#   prompts of each workload. The peer step skips transformers' torch.compile mode unless PEER_ARGS="" (on the device
+#   image, transformers 5.17, it failed: "accessing tensor output of CUDAGraphs that has been overwritten", and the
+#   step did not finish in its 240 s). Not in the default list: loose (verify and bench with --no-shape-invariant: what the
 #   shape-invariant mode costs and what it buys).
 #   Not in the default list: qad (issue 18) exports fp32 -> /tmp/e32, builds NVFP4 weight-only rank 128 with
 #   quantization-aware distillation on the GPU (QAD_STEPS, QAD_BATCH, QAD_SAMPLES) and evals it vs fp32:
@@ -68,7 +70,8 @@ for step in $STEPS; do
         timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
           tests/test_qad.py::test_torch_graph_computes_what_onnxruntime_computes tests/test_qad.py::test_the_stored_graph_is_the_trained_student 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
       else echo "no pytest on this machine: skipped"; fi ;;
-    peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
+    peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW \
+        ${PEER_ARGS---no-compile} 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
     qad) export32
       start=$SECONDS
       timeout ${QAD_LIMIT:-480} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
