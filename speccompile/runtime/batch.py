@@ -139,7 +139,8 @@ class BatchDecoder:
 
     def _prefilled(self, generation: Generation, whole_prompt_hit: bool = False) -> None:
         """A prompt is prefilled: keep what it computed in the prefix cache."""
-        if self.prefix_cache is not None and generation.generator.resumes_prefill and not whole_prompt_hit:
+        if (self.prefix_cache is not None and generation.generator.resumes_prefill and not whole_prompt_hit
+                and generation.prompt_logits is not None):  # (None: the graph's ArgMax chose the first token)
             self.prefix_cache.store(self.session, self._prefix_block(generation.config), generation.prompt_ids,
                                     generation.cache.arrays, generation.prompt_logits)
 
