@@ -302,7 +302,7 @@ class OrtCudaSession:
         """Run every bucket `runs` times at the start of the KV buffers, so its CUDA graph is captured before the
         first generation (done at open when CUDA graphs are on). Without this, a bucket's first passes (allocation,
         capture) land inside a generation and the drafting controller prices that bucket at their cost. The KV
-        rows written here lie past any generation's committed rows until its own passes overwrite them."""
+        rows written here are never read: a pass attends to the committed rows and its own, which it writes first."""
         for bucket in self.buckets:
             ids, positions = np.zeros(bucket, dtype=np.int64), np.arange(bucket)
             for _ in range(runs):
