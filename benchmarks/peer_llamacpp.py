@@ -43,6 +43,12 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_CACHE = Path(os.path.expanduser("~/.cache/speccompile/peer_llamacpp"))
 DEFAULT_LLAMACPP_PYTHON = Path("/work/venvs/llamacpp/bin/python")
 LLAMACPP_CONTEXT = 2048  # KV rows llama.cpp allocates (the longest prompt + --max-tokens must fit)
+# where llama.cpp crashes on its first pass (seen on a VM whose CPU reports AMX: its AMX buffer type), build it
+# with the same x86 kernels and without AMX
+NO_AMX_BUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON '
+                '-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON '
+                '-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install --no-cache-dir --force-reinstall --no-deps '
+                '--no-binary llama-cpp-python llama-cpp-python==0.3.36')
 BUILDS = {"fp32": [], "int4": ["--int4", "--quantize-lm-head"], "int8": ["--int8", "--quantize-lm-head"]}
 
 
@@ -155,15 +161,18 @@ def _serve(run, info: dict) -> None:
 class Worker:
     """One engine in a subprocess, spoken to in JSON lines."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict | None = None):
+    def __init__(self, name: str, cmd: list[str], env: dict | None = None, crash_hint: str = ""):
         self.name = name
+        self.crash_hint = crash_hint  # said when the worker dies of a signal
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._read()
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"error: the {self.name} worker exited (exit {self.proc.wait()})")
+            code = self.proc.wait()
+            hint = f"; {self.crash_hint}" if code < 0 and self.crash_hint else ""
+            raise SystemExit(f"error: the {self.name} worker exited (exit {code}){hint}")
         return json.loads(line)
 
     def run(self, ids: list[int], max_tokens: int, mode: str) -> dict:
@@ -268,7 +277,8 @@ def start_workers(args, gguf: Path, paths: dict[str, Path], precisions: list[str
     for mode in ("plain", "lookup"):
         workers[f"llama.cpp {mode}"] = Worker(f"llama.cpp {mode}", [
             str(args.llamacpp_python), str(Path(__file__).resolve()), "--worker", "llamacpp", "--mode", mode, "--gguf", str(gguf),
-            "--threads", str(args.threads), "--lookup-ngram", str(args.lookup_ngram), "--lookup-tokens", str(args.lookup_tokens)])
+            "--threads", str(args.threads), "--lookup-ngram", str(args.lookup_ngram), "--lookup-tokens", str(args.lookup_tokens)],
+            crash_hint=f"if it crashes on every run, rebuild it in its venv without AMX: {NO_AMX_BUILD}")
         modes[f"llama.cpp {mode}"] = [mode]
     for precision in precisions:
         workers[f"ours {precision}"] = Worker(precision, [*me, "--worker", "ours", "--artifact", str(paths[precision])])

@@ -290,3 +290,16 @@ def test_tied_table_is_not_resident_twice(tmp_path):
         resident = _mapped_rss_kb(artifact / external_location(embed).location)
         assert resident < table_kb // 4, (artifact.name, resident, table_kb)
         del session
+
+
+def test_attention_forms_benchmark_agrees_with_group_query_attention(tiny_artifact, capsys):
+    """benchmarks/attention_forms.py: its decomposed attention (TensorScatter into the bound KV buffers, MatMuls,
+    Softmax) computes what GroupQueryAttention computes and writes the same KV rows, and its pass timer runs."""
+    from conftest import load_benchmark
+
+    script = load_benchmark("attention_forms")
+    for result in script.compare_layer(heads=4, kv_heads=2, head_dim=16, cached=20, rows=(2, 5), repeats=1):
+        if "rows" in result:
+            assert result["kv_equal"] and result["max_abs_diff"] < 1e-5
+    times = script.pass_times(str(tiny_artifact), [4, 12], [1, 3], repeats=1)
+    assert set(times) == {(4, 1), (4, 3), (12, 1), (12, 3)} and min(times.values()) > 0
