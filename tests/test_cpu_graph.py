@@ -14,6 +14,7 @@ import pytest
 from speccompile.engines.build import BuildOptions, build_artifact
 from speccompile.engines.cpu_graph import write_cpu_graphs
 from speccompile.engines.nbits import NBitsWeight, reblock_rows, symmetric_rows, unpack_codes
+from speccompile.errors import InputError
 from speccompile.manifest import read_manifest, variant_name
 from speccompile.runtime.artifact import open_artifact
 from speccompile.weights_file import read_tensor
@@ -219,3 +220,14 @@ def test_a_packed_int4_build_gets_no_runs_as_fp32_warning(int4_builds, tmp_path,
     manifest.write(bare)
     check_artifact_backend(bare, "ort-cpu")
     assert "runs as fp32" in capsys.readouterr().err
+
+
+def test_int8_block_must_be_32_or_64(tiny_artifact, tmp_path, capsys):
+    """--int8-block takes the two blocks the packed graph runs row-exactly at 8 bits; another is refused (exit 2)."""
+    from conftest import run_cli_here
+
+    code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int8", "--onnx-only", "--int8-block", "128",
+                                "--out", str(tmp_path / "a"))
+    assert code == 2 and "--int8-block" in err and "Traceback" not in err
+    with pytest.raises(InputError, match="--int8-block"):
+        BuildOptions(precision="int8", onnx_only=True, int8_block=16).validate()

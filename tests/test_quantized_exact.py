@@ -1,7 +1,8 @@
 """Quantized artifacts on ONNX Runtime CPU: a verify pass reproduces one-token passes bit for bit, so
 greedy speculative decoding is token-identical to plain decoding (one check per precision `build` writes
 that ORT CPU runs: fp8, int4, fp8 weight-only, int4 of a Q4_1 GGUF stored on its own grid with offset branches,
-int8, and int8 of a Q8_0 GGUF; the int4 and int8 builds run as the packed fused CPU graph)."""
+int8 (blocks of 32 and, `--int8-block 64`, of 64), and int8 of a Q8_0 GGUF; the int4 and int8 builds run as
+the packed fused CPU graph)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from speccompile.runtime.session import Runner
 
 from conftest import export_as_gguf
 
-CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid", "int8", "int8-source-grid"]
-PACKED = {"int4", "int4-source-grid", "int8", "int8-source-grid"}  # run as the packed fused CPU graph (engines/cpu_graph.py)
+CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid", "int8", "int8-source-grid", "int8-b64"]
+PACKED = {"int4", "int4-source-grid", "int8", "int8-source-grid", "int8-b64"}  # run as the packed fused CPU graph (engines/cpu_graph.py)
 GGUF_TYPES = {"int4": "Q4_1", "int8": "Q8_0"}  # the source-grid builds' GGUF weights (the table Q8_0 in both)
 PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", "x = 1\ny = 2\nx = 1\ny ="]
 
@@ -39,7 +40,7 @@ def quantized_with_draft(tiny_artifact_with_draft, tiny_model_dir, tiny_draft_di
             source = export_as_gguf(root / f"gguf-{precision}", tiny_model_dir, drafter=f"draft-model:{tiny_draft_dir}",
                                     quant=GGUF_TYPES[precision], table_quant="Q8_0")
         build_artifact(source, built[scheme], BuildOptions(precision=precision, onnx_only=True, calib_samples=3, calib_max_tokens=64,
-                                                           weight_only=variant == "weight-only",
+                                                           weight_only=variant == "weight-only", int8_block=64 if variant == "b64" else 32,
                                                            **({"quantize_tables": True, "exclude": ()} if variant == "source-grid" else {})))
         if variant == "source-grid":  # every MatMul (lm_head too) and the table on its own grid
             record = read_manifest(built[scheme]).precision["target"]
@@ -56,6 +57,7 @@ def test_int_builds_run_packed_on_the_cpu(quantized_with_draft, scheme):
     assert (spec.file == "target.ort.onnx") == (scheme in PACKED)
     if scheme in PACKED:
         assert spec.extra["cpu_kernels"]["MatMulNBits"] > 0
+        assert spec.extra["cpu_kernels"].get("wide_block") == (64 if scheme == "int8-b64" else None)  # 8 bits on blocks of 64
     graphs = read_manifest(quantized_with_draft[scheme]).graphs  # the draft model's fused CPU graph stays (not quantized)
     assert any(g.extra.get("variant_of") == graphs["draft"].file for g in graphs.values()), sorted(graphs)
     from speccompile.runtime.costs import PACKED_CPU_SLOPE, SEEDED_SLOPE

@@ -44,6 +44,7 @@ from ..errors import InputError
 @click.option("--table-block", type=click.Choice(["64", "128"]), default="64", show_default=True,
               help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head; TensorRT's INT4 blocks).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K). TensorRT takes 64 and 128; smaller blocks run on ONNX Runtime only.")
+@click.option("--int8-block", type=click.Choice(["32", "64"]), default="32", show_default=True, help="INT8 block size along the reduction axis: 32 is llama.cpp's Q8_0 grid; 64 runs the packed CPU graph about 7 % faster, with coarser blocks (docs/cpu.md).")
 @click.option("--act-calib", type=click.Choice(["max", "percentile", "mse"]), default="max", show_default=True, help="FP8 activation range from calibration: max, a percentile of |x| (--percentile) or the smallest fake-quant MSE.")
 @click.option("--percentile", type=float, default=99.99, show_default=True, help="Percentile for --act-calib percentile.")
 @click.option("--smoothquant", type=float, default=None, help="FP8: migrate activation outliers into the weights with SmoothQuant strength ALPHA (0..1).")
@@ -107,7 +108,8 @@ def build(artifact, out, as_json, **flags):
     quantize_lm_head, exclude = flags.pop("quantize_lm_head"), flags.pop("exclude")
     options = BuildOptions(precision=precision, float_dtype=float_dtype, methods=methods, qad=qad,
                            exclude=_excluded(quantize_lm_head, exclude), quantize_tables=quantize_lm_head,
-                           int4_block=int(flags.pop("int4_block")), table_block=int(flags.pop("table_block")),
+                           int4_block=int(flags.pop("int4_block")), int8_block=int(flags.pop("int8_block")),
+                           table_block=int(flags.pop("table_block")),
                            **flags)  # every other option is a BuildOptions field of the same name
     build_artifact(artifact, out, options, progress_printer(as_json))
     what = "quantized ONNX" if options.onnx_only else "TensorRT engines"

@@ -9,7 +9,7 @@ from ..accel.compat import TRT_INT4_BLOCKS
 from ..accel.profiles import DEFAULT_PREFILL_CHUNK
 from ..errors import InputError
 from . import config as cfg
-from .int8_weights import check_int8_options
+from .int8_weights import INT8_BLOCKS, check_int8_options
 from .methods import MethodOptions
 from .qad import QadOptions
 from .qdq_targets import DEFAULT_EXCLUDE, QuantOptions
@@ -26,6 +26,7 @@ class BuildOptions:
     calib_max_tokens: int = 256
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
+    int8_block: int = 32  # INT8 block along K (32: Q8_0's grid; 64: faster packed CPU passes, docs/cpu.md)
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
     table_format: str = "int8"  # "int8" (per row, weight-only) | "fp16" | "scheme"
@@ -60,6 +61,8 @@ class BuildOptions:
             raise InputError(f"--calib-max-tokens must be >= 2, got {self.calib_max_tokens}")
         if self.int4_block not in (16, 32, 64, 128, 256):
             raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
+        if self.int8_block not in INT8_BLOCKS:
+            raise InputError(f"--int8-block must be one of {', '.join(map(str, INT8_BLOCKS))}, got {self.int8_block}")
         if self.table_format not in ("scheme", "int8", "fp16"):
             raise InputError(f"--table-format must be int8, fp16 or scheme, got {self.table_format}")
         if self.table_block not in TRT_INT4_BLOCKS:

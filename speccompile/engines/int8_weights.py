@@ -1,7 +1,8 @@
 """INT8 weight-only quantization (`build --int8`): the accuracy-first choice for ONNX Runtime CPU.
 
-Every quantized MatMul weight W [K, N] is stored as symmetric INT8 codes in blocks of INT8_BLOCK consecutive
-inputs per output column (llama.cpp's Q8_0 grid: one scale per block, codes in [-127, 127]), behind a blocked
+Every quantized MatMul weight W [K, N] is stored as symmetric INT8 codes in blocks of 32 consecutive inputs
+per output column (llama.cpp's Q8_0 grid: one scale per block, codes in [-127, 127]; `--int8-block 64`: blocks
+of 64, which the packed CPU graph runs at blocks of 64 too, faster and still row-exact), behind a blocked
 `DequantizeLinear(axis=0, block_size=B)`; activations stay float. Round to nearest on blocks of 32 loses little
 (docs/cpu.md), so the build needs no calibration. A weight already on such a grid (a Q8_0 GGUF) keeps its codes
 (engines/source_grid.py's find_int8_grid).
@@ -19,7 +20,8 @@ import numpy as np
 from ..errors import InputError
 from .numerics import quantize_symmetric_blockwise
 
-INT8_BLOCK = 32
+INT8_BLOCK = 32  # the default: llama.cpp's Q8_0 grid
+INT8_BLOCKS = (32, 64)  # --int8-block: 64 halves the scales and runs the packed CPU graph faster (docs/cpu.md)
 INT8_MAX = 127
 
 

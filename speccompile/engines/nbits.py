@@ -120,6 +120,7 @@ def symmetric_rows(codes_rows: np.ndarray, scale_rows: np.ndarray, bits: int, bl
 # ------------------------------------------------------------------------------------------ graph rewriting
 
 KERNEL_BLOCK = 32  # MatMulNBits / GatherBlockQuantized block (see engines/cpu_graph.py for why 32)
+WIDE_BLOCK = 64  # 8-bit weights on a grid of blocks of 64 run at blocks of 64: row-exact too, and faster (docs/cpu.md)
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations per block, integer dot products (row-exact at blocks of 32)
 _MS = "com.microsoft"
 _SIGNED = {TensorProto.INT4: 4, TensorProto.INT8: 8}
@@ -146,7 +147,7 @@ class NBitsPacker:
         self.accuracy_level = accuracy_level
         self.block = block
         self.new_tensors: dict[str, TensorProto] = {}
-        self._packed: dict[tuple[str, str], tuple[str, str, int, int, int]] = {}
+        self._packed: dict[tuple[str, str], tuple[str, str, int, int, int, int]] = {}
         self.counts = {"MatMulNBits": 0, "GatherBlockQuantized": 0, "DequantizeLinear kept": 0}
 
     @staticmethod
@@ -174,7 +175,8 @@ class NBitsPacker:
         return None
 
     def summary(self) -> dict:
-        return {"accuracy_level": self.accuracy_level, "block": self.block, **{k: v for k, v in self.counts.items() if v}}
+        wide = {"wide_block": WIDE_BLOCK} if any(entry[5] == WIDE_BLOCK for entry in self._packed.values()) else {}
+        return {"accuracy_level": self.accuracy_level, "block": self.block, **wide, **{k: v for k, v in self.counts.items() if v}}
 
     def convert(self, nodes: list) -> list:
         """Copies of `nodes` (one region of the quantized graph) with every convertible reader of a weight
@@ -207,35 +209,37 @@ class NBitsPacker:
         packed = self._pack(dq, role)
         if packed is None:
             return None
-        data, scales, k, n, bits = packed
+        data, scales, k, n, bits, block = packed
         if node.op_type == "Gather":
             self.counts["GatherBlockQuantized"] += 1
             return helper.make_node("GatherBlockQuantized", [data + ".rows", node.input[1], scales], list(node.output),
-                                    name=node.name, domain=_MS, bits=bits, block_size=self.block, gather_axis=0, quantize_axis=1)
+                                    name=node.name, domain=_MS, bits=bits, block_size=block, gather_axis=0, quantize_axis=1)
         self.counts["MatMulNBits"] += 1
         return helper.make_node("MatMulNBits", [node.input[0], data, scales], list(node.output), name=node.name, domain=_MS,
-                                K=k, N=n, bits=bits, block_size=self.block, accuracy_level=self.accuracy_level)
+                                K=k, N=n, bits=bits, block_size=block, accuracy_level=self.accuracy_level)
 
-    def _pack(self, dq, role: str) -> tuple[str, str, int, int, int] | None:
-        """(packed codes, scales, K, N, bits) of DequantizeLinear `dq` read as `role` ("cols": a MatMul weight
-        [K, N]; "rows": a table [N, K] read by Gather or by Gemm with transB), written once; None if not convertible."""
+    def _pack(self, dq, role: str) -> tuple[str, str, int, int, int, int] | None:
+        """(packed codes, scales, K, N, bits, kernel block) of DequantizeLinear `dq` read as `role` ("cols": a
+        MatMul weight [K, N]; "rows": a table [N, K] read by Gather or by Gemm with transB), written once; None if
+        not convertible. The kernel block is KERNEL_BLOCK, or WIDE_BLOCK for 8-bit codes on blocks of 64."""
         key = (dq.input[0], role)
         if key not in self._packed:
             grid = self._rows(dq, role)
             if grid is None:
                 return None
             codes, scale_rows, bits = grid
+            block = WIDE_BLOCK if bits == 8 and codes.shape[1] == WIDE_BLOCK * scale_rows.shape[1] else self.block
             try:
-                weight = symmetric_rows(codes, scale_rows, bits, self.block)
+                weight = symmetric_rows(codes, scale_rows, bits, block)
             except ValueError:
                 return None
-            stem = f"{self.name_of(dq.input[0])}.{role}.b{self.block}"
+            stem = f"{self.name_of(dq.input[0])}.{role}.b{block}"
             data = self.writer.add(stem, weight.packed)
             rows = external_tensor(stem + ".rows", TensorProto.UINT8, [weight.n, weight.packed[0].size], self.writer.stored(stem))
             scales = self.writer.add(stem + ".scales", weight.scales)
             for tensor in (data, rows, scales):
                 self.new_tensors[tensor.name] = tensor
-            self._packed[key] = (data.name, scales.name, weight.k, weight.n, bits)
+            self._packed[key] = (data.name, scales.name, weight.k, weight.n, bits, block)
         return self._packed[key]
 
     def _rows(self, dq, role: str) -> tuple[np.ndarray, np.ndarray, int] | None:

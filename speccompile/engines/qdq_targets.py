@@ -37,6 +37,7 @@ class QuantOptions:
     scheme: str
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
+    int8_block: int = 32
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)

@@ -51,7 +51,6 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import InputError, UnsupportedError
 from . import numerics as nx
 from .gptq import GridScales
-from .int8_weights import INT8_BLOCK
 from .qdq_targets import (FLOAT_TYPES, FP4_IR_VERSION, FP4_OPSET, OFFSET_SUFFIXES, SCHEMES, TRT_DOMAIN, EmbeddingTable,
                           QuantOptions, add_side_branch, block_sum_matrix, float16_constant, is_excluded, quantized_tables,
                           unique_name, weight_matmuls)
@@ -146,8 +145,8 @@ def plan_qdq(model: onnx.ModelProto, options: QuantOptions, act_amax: dict[str, 
                 report.excluded.append(weight)
             continue
         k = inits[weight].dims[0]
-        if scheme == "int8" and k % INT8_BLOCK:
-            report.skipped[weight] = f"K={k} is not a multiple of {INT8_BLOCK}"
+        if scheme == "int8" and k % options.int8_block:
+            report.skipped[weight] = f"K={k} is not a multiple of {options.int8_block}"
             continue
         if scheme == "int4" and nx.pick_block(k, options.int4_block) is None:
             report.skipped[weight] = f"K={k} has no power-of-two block >= 16 dividing it"

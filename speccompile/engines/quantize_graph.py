@@ -57,7 +57,7 @@ def split_check_samples(samples: list[list[int]]) -> tuple[list[list[int]], list
 
 
 def build_quant_options(options: BuildOptions) -> QuantOptions:
-    return QuantOptions(options.precision, tuple(options.exclude), options.int4_block, tables=options.quantize_tables,
+    return QuantOptions(options.precision, tuple(options.exclude), options.int4_block, int8_block=options.int8_block, tables=options.quantize_tables,
                         table_block=options.table_block, table_format=options.table_format, weight_only=options.weight_only)
 
 
@@ -157,6 +157,8 @@ def _record(report, qopts: QuantOptions, options: BuildOptions, calibration: dic
         record["weight_only"] = True
     if options.precision == "int4":
         record["int4_block"] = options.int4_block
+    if options.precision == "int8":
+        record["int8_block"] = options.int8_block
     if calibration:
         record["calibration"] = calibration
     if method_record:

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import numerics as nx
 from .gptq import GridScales
-from .int8_weights import INT8_BLOCK, quantize_int8_blockwise
+from .int8_weights import quantize_int8_blockwise
 from .qdq_targets import FLOAT_TYPES, OFFSET_SUFFIXES, QuantOptions, float16_constant, unique_name
 
 
@@ -63,8 +63,8 @@ def matmul_weight_codes(w: np.ndarray, options: QuantOptions, clip: np.ndarray |
         block = grid.block if grid is not None and grid.block else nx.pick_block(k, options.int4_block)
         q, scale = nx.quantize_int4_blockwise(w, block, clip, grid.scale if grid else None)
         return WeightCodes("int4", q, scale, block=block, axis=0)
-    if options.scheme == "int8":  # engines/int8_weights.py: blocks of 32 along K (or the source grid's)
-        block = grid.block if grid is not None and grid.block else INT8_BLOCK
+    if options.scheme == "int8":  # engines/int8_weights.py: blocks of --int8-block along K (or the source grid's)
+        block = grid.block if grid is not None and grid.block else options.int8_block
         q, scale = quantize_int8_blockwise(w, block, grid.scale if grid is not None and grid.block else None)
         return WeightCodes("int8", q, scale, block=block, axis=0)
     codes, s_fp8, s2 = _nvfp4(w.T, options.fp4_block, clip, grid)  # W^T [N, K], blocks along K (last axis)
