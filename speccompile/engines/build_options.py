@@ -9,7 +9,7 @@ from ..accel.compat import TRT_INT4_BLOCKS
 from ..accel.profiles import DEFAULT_PREFILL_CHUNK
 from ..errors import InputError
 from . import config as cfg
-from .int8_weights import INT8_BLOCKS, check_int8_options
+from .int8_weights import INT8_BLOCK, INT8_BLOCKS, check_int8_options
 from .methods import MethodOptions
 from .qad import QadOptions
 from .qdq_targets import DEFAULT_EXCLUDE, QuantOptions
@@ -26,7 +26,7 @@ class BuildOptions:
     calib_max_tokens: int = 256
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
-    int8_block: int = 32  # INT8 block along K (32: Q8_0's grid; 64: faster packed CPU passes, docs/cpu.md)
+    int8_block: int = INT8_BLOCK  # INT8 block along K (32: Q8_0's grid; 64: faster packed CPU passes, docs/cpu.md)
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
     table_format: str = "int8"  # "int8" (per row, weight-only) | "fp16" | "scheme"

@@ -18,7 +18,7 @@ A tied table is the same bytes as the lm_head's MatMulNBits weight (N = V, K = H
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import onnx
@@ -134,6 +134,17 @@ class QuantizedSource(Protocol):
     def array(self, name: str) -> np.ndarray: ...
 
 
+class PackedWeight(NamedTuple):
+    """A weight written in MatMulNBits' layout: its packed codes' and scales' tensor names, shape, bits, kernel block."""
+
+    data: str
+    scales: str
+    k: int
+    n: int
+    bits: int
+    block: int
+
+
 class NBitsPacker:
     """Turns the quantized contract graph's `reader(DequantizeLinear(codes, scale))` patterns into MatMulNBits and
     GatherBlockQuantized nodes over packed copies of the same codes, written once to `writer`.
@@ -147,7 +158,7 @@ class NBitsPacker:
         self.accuracy_level = accuracy_level
         self.block = block
         self.new_tensors: dict[str, TensorProto] = {}
-        self._packed: dict[tuple[str, str], tuple[str, str, int, int, int, int]] = {}
+        self._packed: dict[tuple[str, str], PackedWeight] = {}
         self.counts = {"MatMulNBits": 0, "GatherBlockQuantized": 0, "DequantizeLinear kept": 0}
 
     @staticmethod
@@ -175,7 +186,7 @@ class NBitsPacker:
         return None
 
     def summary(self) -> dict:
-        wide = {"wide_block": WIDE_BLOCK} if any(entry[5] == WIDE_BLOCK for entry in self._packed.values()) else {}
+        wide = {"wide_block": WIDE_BLOCK} if any(p.block == WIDE_BLOCK for p in self._packed.values()) else {}
         return {"accuracy_level": self.accuracy_level, "block": self.block, **wide, **{k: v for k, v in self.counts.items() if v}}
 
     def convert(self, nodes: list) -> list:
@@ -218,10 +229,9 @@ class NBitsPacker:
         return helper.make_node("MatMulNBits", [node.input[0], data, scales], list(node.output), name=node.name, domain=_MS,
                                 K=k, N=n, bits=bits, block_size=block, accuracy_level=self.accuracy_level)
 
-    def _pack(self, dq, role: str) -> tuple[str, str, int, int, int, int] | None:
-        """(packed codes, scales, K, N, bits, kernel block) of DequantizeLinear `dq` read as `role` ("cols": a
-        MatMul weight [K, N]; "rows": a table [N, K] read by Gather or by Gemm with transB), written once; None if
-        not convertible. The kernel block is KERNEL_BLOCK, or WIDE_BLOCK for 8-bit codes on blocks of 64."""
+    def _pack(self, dq, role: str) -> PackedWeight | None:
+        """DequantizeLinear `dq`'s weight read as `role` ("cols": a MatMul weight [K, N]; "rows": a table [N, K]
+        read by Gather or by Gemm with transB), written once; None if not convertible. The kernel block is KERNEL_BLOCK, or WIDE_BLOCK for 8-bit codes on blocks of 64."""
         key = (dq.input[0], role)
         if key not in self._packed:
             grid = self._rows(dq, role)
@@ -239,7 +249,7 @@ class NBitsPacker:
             scales = self.writer.add(stem + ".scales", weight.scales)
             for tensor in (data, rows, scales):
                 self.new_tensors[tensor.name] = tensor
-            self._packed[key] = (data.name, scales.name, weight.k, weight.n, bits, block)
+            self._packed[key] = PackedWeight(data.name, scales.name, weight.k, weight.n, bits, block)
         return self._packed[key]
 
     def _rows(self, dq, role: str) -> tuple[np.ndarray, np.ndarray, int] | None:

@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from . import numerics as nx
+from .int8_weights import INT8_BLOCK
 
 SCHEMES = ("fp8", "int4", "nvfp4", "int8")
 WEIGHT_ONLY_SCHEMES = ("int4", "int8")  # no activation quantization whatever --weight-only says
@@ -37,7 +38,7 @@ class QuantOptions:
     scheme: str
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE
     int4_block: int = 128
-    int8_block: int = 32
+    int8_block: int = INT8_BLOCK
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
