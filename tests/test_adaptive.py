@@ -122,3 +122,21 @@ def test_pass_costs_follow_their_definition_after_every_record():
             assert [costs.seconds(q) for q in range(1, 24)] == [by_definition(costs, q) for q in range(1, 24)]
     costs.set(1, 0.5)  # a seed replaces what was measured, and the table follows
     assert costs.seconds(1) == 0.5 and costs.seconds(2) >= 0.5
+
+
+def test_learned_rates_carry_from_one_controller_to_the_next():
+    learned = AdaptiveController.learned_rates()
+    first = AdaptiveController(max_k=6, learned=learned)
+    first.record_draft(4, 4, 0.0, key=3)
+    second = AdaptiveController(max_k=6, learned=learned)
+    assert second.acceptance(3) == first.acceptance(3) > learned.prior(3)
+    assert second.acceptance(2) == learned.prior(2)  # keys never seen keep the prior
+
+
+def test_seeded_sampling_starts_from_the_prior_whatever_was_learned():
+    learned = AdaptiveController.learned_rates()
+    AdaptiveController(max_k=6, learned=learned).record_draft(4, 0, 0.0, key=3)
+    seeded = AdaptiveController(max_k=6, learned=learned, deterministic=True)
+    assert seeded.acceptance(3) == seeded.prior_acceptance
+    seeded.record_draft(4, 4, 0.0, key=3)
+    assert learned.rate(3) < seeded.prior_acceptance  # and teaches the shared estimates nothing

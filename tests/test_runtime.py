@@ -360,3 +360,19 @@ def test_opening_text_is_the_first_delta_a_generation_streams(tiny_artifact, sam
     logits = generation.prompt_logits
     assert opening_text(tokenizer, eos, runner.config(16, SamplingParams(temperature=0.9)), logits) is None  # unseeded
     assert opening_text(tokenizer, eos, runner.config(1, sampling), logits) is None  # the first token ends it
+
+
+def test_a_runner_carries_draft_acceptance_across_generations(tiny_artifact):
+    """The second generation's controller starts from what the first measured; outputs stay plain decoding's."""
+    runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=4, threads=1)
+    learned = runner.learned_acceptance()
+    assert not learned.observed
+    plain = runner.generate(PROMPTS[0], chat=False, max_tokens=40, drafter="none")
+    first = runner.generate(PROMPTS[0], chat=False, max_tokens=40)
+    assert learned.observed and runner.learned_acceptance() is learned
+    after_first = dict(learned.observed)
+    second = runner.generate(PROMPTS[0], chat=False, max_tokens=40)
+    assert first.tokens == second.tokens == plain.tokens
+    assert learned.observed != after_first  # the second generation went on updating the same estimates
+    assert runner.learned_acceptance(SamplingParams(temperature=0.7)) is not learned  # sampled drafts: their own
+    assert runner.learned_acceptance(SamplingParams(seed=5)) is learned  # the seed changes no rate

@@ -13,6 +13,11 @@ a pass over q tokens costs 1 + s (q - 1) one-token passes, s by the kind of targ
 packed INT4/INT8 CPU graph; drafting the drafter's declared relative cost per token), so the choice of k, and
 therefore the random stream and the output, depends only on the tokens (and the artifact).
 
+What the controller learns outlives a generation: a Runner keeps one `AcceptanceRates` per sampling setting
+(`learned_rates`) and every generation's controller continues it, so a request does not start from the prior
+with what the previous ones measured thrown away (with n-gram lookup on an edit workload: 2.42x -> 2.50x own plain
+decoding, docs/cpu.md). Seeded sampling starts from the prior every time (its choices depend on its tokens only).
+
 Each round the controller hands the drafter a `Sizing`: the most it may draft, and what pays this round (the
 round's pass costs: a batch decoder prices them by its load).
 """
@@ -43,13 +48,21 @@ class AdaptiveController:
     relative_draft_cost: float = 0.0
     costs: PassCostModel = field(default_factory=PassCosts)  # the pass costs when a round brings none of its own
     seeded: FixedCosts = SEEDED_COSTS  # the costs of seeded sampling (`deterministic`) on this target graph
+    learned: AcceptanceRates | None = None  # estimates carried over from earlier generations (`learned_rates`)
     rates: AcceptanceRates = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rates = AcceptanceRates(self.prior_acceptance, self.alpha, self.probe_every)
+        carried = self.learned is not None and not self.deterministic
+        self.rates = self.learned if carried else AcceptanceRates(self.prior_acceptance, self.alpha, self.probe_every)
         if self.deterministic:  # a fixed cost model of its own: choices depend on the tokens only
             self.costs = self.seeded
             self.draft_cost = self.relative_draft_cost * self.seeded.t1
+
+    @classmethod
+    def learned_rates(cls) -> AcceptanceRates:
+        """Acceptance estimates for controllers to share across generations (`learned`): the prior, EMA weight
+        and probe schedule a controller's own would have."""
+        return AcceptanceRates(cls.prior_acceptance, cls.alpha, cls.probe_every)
 
     def acceptance(self, key: Hashable = None) -> float:
         return self.rates.rate(key)

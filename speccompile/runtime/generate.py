@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..tokenizer import TextTokenizer
+from .acceptance import AcceptanceRates
 from .adaptive import SEEDED_COSTS, AdaptiveController
 from .costs import FixedCosts, PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
@@ -65,6 +66,7 @@ class Generator:
         pass_costs: PassCosts | None = None,
         clock: EngineClock | None = None,
         seeded_costs: FixedCosts | None = None,
+        acceptance: AcceptanceRates | None = None,
     ):
         self.clock = clock or EngineClock()
         self.target = TimedSession(target, self.clock)
@@ -75,6 +77,8 @@ class Generator:
         self.max_verify_tokens = max_verify_tokens
         self.pass_costs = pass_costs if pass_costs is not None else PassCosts()  # the target's measured pass times
         self.seeded_costs = seeded_costs or SEEDED_COSTS  # seeded sampling's fixed ones (runtime/adaptive.py)
+        # the draft acceptance its generations learn, carried from one to the next (None: each starts from the prior)
+        self.acceptance = acceptance
 
     def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
               cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None,
@@ -148,6 +152,7 @@ class Generation:
             relative_draft_cost=generator.drafter.relative_cost if generator.drafter is not None else 0.0,
             costs=generator.pass_costs,
             seeded=generator.seeded_costs,
+            learned=generator.acceptance,
         )
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
         if self.drafter is not None:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..errors import InputError, UnsupportedError
 from ..manifest import Manifest, read_manifest, variant_name
-from .adaptive import PassCosts
+from .acceptance import AcceptanceRates
+from .adaptive import AdaptiveController, PassCosts
 from .costs import seeded_costs
 from .backends.ort import OrtBufferSession
 from .artifact import check_backend, open_artifact, resolve_drafter
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
 
 
-MAX_DRAFTERS = 8  # draft-model drafters kept per runner (one per sampling setting)
+MAX_DRAFTERS = 8  # draft-model drafters, and acceptance estimates, kept per runner (one per sampling setting)
 
 
 class Runner:
@@ -65,6 +66,7 @@ class Runner:
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafters: dict[SamplingParams | None, Drafter] = {}
+        self._acceptance: dict[tuple, AcceptanceRates] = {}
         self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
 
     def compile_constraint(self, constraint: ConstraintSpec | CompiledConstraint | None) -> CompiledConstraint | None:
@@ -138,7 +140,20 @@ class Runner:
             drafter = self.drafter(sampling)
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
         return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
-                         seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))))
+                         seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))),
+                         self.learned_acceptance(sampling))
+
+    def learned_acceptance(self, sampling: SamplingParams | None = None) -> AcceptanceRates:
+        """The draft acceptance estimates the generations with `sampling`'s temperature, top-k and top-p carry from
+        one to the next (the seed aside: it changes no rate). Acceptance depends on them: greedy and sampled drafts
+        are accepted at different rates."""
+        s = sampling or SamplingParams()
+        key = (s.temperature, s.top_k, s.top_p)
+        rates = self._acceptance.pop(key, None) or AdaptiveController.learned_rates()
+        self._acceptance[key] = rates  # most recently used last; a server with many settings keeps the latest few
+        while len(self._acceptance) > MAX_DRAFTERS:
+            self._acceptance.pop(next(iter(self._acceptance)))
+        return rates
 
     def batch_problem(self) -> str | None:
         """Why this runner cannot decode requests together (`batch_decoder`); None when it can."""
