@@ -376,3 +376,4 @@ def test_a_runner_carries_draft_acceptance_across_generations(tiny_artifact):
     assert learned.observed != after_first  # the second generation went on updating the same estimates
     assert runner.learned_acceptance(SamplingParams(temperature=0.7)) is not learned  # sampled drafts: their own
     assert runner.learned_acceptance(SamplingParams(seed=5)) is learned  # the seed changes no rate
+    assert runner.generator(own_drafter=True).acceptance is None  # concurrent generations: each learns alone

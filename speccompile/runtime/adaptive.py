@@ -15,8 +15,8 @@ therefore the random stream and the output, depends only on the tokens (and the 
 
 What the controller learns outlives a generation: a Runner keeps one `AcceptanceRates` per sampling setting
 (`learned_rates`) and every generation's controller continues it, so a request does not start from the prior
-with what the previous ones measured thrown away (with n-gram lookup on an edit workload: 2.42x -> 2.50x own plain
-decoding, docs/cpu.md). Seeded sampling starts from the prior every time (its choices depend on its tokens only).
+with what the previous ones measured thrown away (n-gram lookup on the copy workload: 2.5x -> 2.7x own plain
+decoding, docs/benchmarks.md). Seeded sampling starts from the prior every time (its choices depend on its tokens only).
 
 Each round the controller hands the drafter a `Sizing`: the most it may draft, and what pays this round (the
 round's pass costs: a batch decoder prices them by its load).

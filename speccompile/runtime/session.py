@@ -130,7 +130,9 @@ class Runner:
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
         """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
         `own_drafter`: a new drafter for this generator alone (generations decoding at the same time; on ort-cpu
-        its graph runs in a session shared by all of them)."""
+        its graph runs in a session shared by all of them), and acceptance learned by each generation alone (one
+        after another they carry `learned_acceptance`; pooled across concurrent copy and chat requests, estimates
+        drafted worse: docs/benchmarks.md, "Serving and prefill")."""
         a = self.artifact
         if plain or self.draft_config is None:
             drafter = None
@@ -141,7 +143,7 @@ class Runner:
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
         return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
                          seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))),
-                         self.learned_acceptance(sampling))
+                         None if own_drafter else self.learned_acceptance(sampling))
 
     def learned_acceptance(self, sampling: SamplingParams | None = None) -> AcceptanceRates:
         """The draft acceptance estimates the generations with `sampling`'s temperature, top-k and top-p carry from
