@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, TypeVar
 
 from ..errors import InputError, UnsupportedError
 from ..manifest import Manifest, read_manifest, variant_name
@@ -40,6 +40,20 @@ if TYPE_CHECKING:
 
 
 MAX_DRAFTERS = 8  # draft-model drafters, and acceptance estimates, kept per runner (one per sampling setting)
+
+T = TypeVar("T")
+
+
+def most_recent(kept: dict[Hashable, T], key: Hashable, make: Callable[[], T]) -> T:
+    """`kept[key]`, made on first use, in a dict holding the `MAX_DRAFTERS` most recently used values (a server
+    with per-request sampling settings must not grow without bound)."""
+    value = kept.pop(key, None)
+    if value is None:
+        value = make()
+    kept[key] = value  # most recently used last
+    while len(kept) > MAX_DRAFTERS:
+        kept.pop(next(iter(kept)))
+    return value
 
 
 class Runner:
@@ -115,13 +129,7 @@ class Runner:
         if self.draft_config is None:
             return None
         key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
-        drafter = self._drafters.pop(key, None)
-        if drafter is None:
-            drafter = make_drafter(self._drafter_request(sampling))
-        self._drafters[key] = drafter  # most recently used last
-        while len(self._drafters) > MAX_DRAFTERS:
-            self._drafters.pop(next(iter(self._drafters)))
-        return drafter
+        return most_recent(self._drafters, key, lambda: make_drafter(self._drafter_request(sampling)))
 
     def _drafter_request(self, sampling: SamplingParams | None, shared_session: bool = False) -> DrafterRequest:
         return DrafterRequest(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
@@ -150,12 +158,7 @@ class Runner:
         one to the next (the seed aside: it changes no rate). Acceptance depends on them: greedy and sampled drafts
         are accepted at different rates."""
         s = sampling or SamplingParams()
-        key = (s.temperature, s.top_k, s.top_p)
-        rates = self._acceptance.pop(key, None) or AdaptiveController.learned_rates()
-        self._acceptance[key] = rates  # most recently used last; a server with many settings keeps the latest few
-        while len(self._acceptance) > MAX_DRAFTERS:
-            self._acceptance.pop(next(iter(self._acceptance)))
-        return rates
+        return most_recent(self._acceptance, (s.temperature, s.top_k, s.top_p), AdaptiveController.learned_rates)
 
     def batch_problem(self) -> str | None:
         """Why this runner cannot decode requests together (`batch_decoder`); None when it can."""
