@@ -4,7 +4,7 @@ Export and build write into a temporary sibling `.NAME.tmp-PID` and rename it in
 any error, Ctrl-C or SIGTERM removes it, and temporary siblings left by processes that no longer exist
 (killed with SIGKILL, power loss) are removed by the next write to the same place. `force` replaces
 only a folder the command itself would have written (an artifact directory, a train-draft head folder)
-or an empty one: never a user's own files.
+or an empty one, and there only the files it wrote (those its manifest lists): never a user's own files.
 """
 
 from __future__ import annotations
@@ -158,9 +158,33 @@ def _remove_if_empty(folders: list[Path]) -> None:
             return
 
 
-def commit_output(tmp: Path, out: Path) -> None:
-    """Move the finished temporary directory into place, replacing an old one (checked by check_replaceable)."""
+def carry_user_files(out: Path, tmp: Path, ours: set[str]) -> None:
+    """Link every file in `out` that speccompile did not write (not in `ours`, relative paths) into `tmp` at the
+    same place, so replacing `out` by `tmp` keeps it; refuse (InputError, nothing moved) where `tmp` writes a
+    file of that name. Hard links: the user's file is never copied, moved or left with one name only in `tmp`."""
+    for folder, dirs, files in os.walk(out):
+        here = Path(folder).relative_to(out)
+        for name in files + [d for d in dirs if (Path(folder) / d).is_symlink()]:
+            relative = here / name
+            if str(relative) in ours:
+                continue
+            target = tmp / relative
+            if target.exists() or target.is_symlink():
+                raise InputError(f"out {out}: {relative} is not one of the files speccompile wrote there, and the new "
+                                 "output writes one of that name (move yours away)", ("out", "force"))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(out / relative, target, follow_symlinks=False)
+            except OSError:  # a filesystem without hard links
+                shutil.copy2(out / relative, target, follow_symlinks=False)
+
+
+def commit_output(tmp: Path, out: Path, ours: Callable[[Path], set[str]] | None = None) -> None:
+    """Move the finished temporary directory into place, replacing an old one (checked by check_replaceable);
+    `ours`: the files speccompile wrote in the old one, the others are kept (carry_user_files)."""
     old = None
+    if ours is not None and out.is_dir() and not out.is_symlink():
+        carry_user_files(out, tmp, ours(out))
     if out.exists() or out.is_symlink():
         old = out.parent / f".{out.name}{OLD_TAG}{os.getpid()}"
         out.rename(old)
@@ -181,6 +205,12 @@ def is_artifact_dir(path: Path) -> bool:
     return is_manifest_dir(path)
 
 
+def artifact_files(path: Path) -> set[str]:
+    from .manifest import written_files
+
+    return written_files(path)
+
+
 def check_artifact_output(out: Path, force: bool) -> None:
     """check_replaceable for an artifact directory: what export and build check before they start."""
     check_replaceable(Path(os.path.abspath(out)), force, is_artifact_dir, ARTIFACT_DIR)
@@ -188,9 +218,10 @@ def check_artifact_output(out: Path, force: bool) -> None:
 
 @contextmanager
 def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_artifact_dir,
-                  what: str = ARTIFACT_DIR) -> Iterator[Path]:
-    """Yield a temporary directory beside `out`; on success it replaces `out`; on any error, Ctrl-C or
-    SIGTERM it is removed (with any parent folders created for it) and `out` is left as it was."""
+                  what: str = ARTIFACT_DIR, ours: Callable[[Path], set[str]] = artifact_files) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it replaces what `out` held that speccompile wrote
+    (`ours`; other files stay); on any error, Ctrl-C or SIGTERM it is removed (with any parent folders created
+    for it) and `out` is left as it was."""
     out = Path(os.path.abspath(out))
     check_replaceable(out, force, is_ours, what)
     created = _make_parent(out)
@@ -207,7 +238,7 @@ def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_a
                 raise InputError(f"out {out}: cannot write there ({exc.strerror})", "out") from None
             yield tmp
             honour_umask(tmp)
-            commit_output(tmp, out)
+            commit_output(tmp, out, ours)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             _remove_if_empty(created)

@@ -132,14 +132,25 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def _manifest_data(directory: str | Path) -> dict[str, Any] | None:
+    """The parsed manifest.json of `directory` when it is a speccompile one (any schema version), else None."""
+    try:
+        data = json.loads((Path(directory) / MANIFEST_NAME).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) and "schema_version" in data and isinstance(data.get("graphs"), dict) else None
+
+
 def is_manifest_dir(directory: str | Path) -> bool:
     """True when `directory` holds a speccompile manifest.json (any schema version): an artifact directory."""
-    path = Path(directory) / MANIFEST_NAME
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return isinstance(data, dict) and "schema_version" in data and isinstance(data.get("graphs"), dict)
+    return _manifest_data(directory) is not None
+
+
+def written_files(directory: str | Path) -> set[str]:
+    """What speccompile wrote in an artifact directory: manifest.json and the files it lists (relative paths)."""
+    data = _manifest_data(directory) or {}
+    listed = data.get("files")
+    return {MANIFEST_NAME, *(str(name) for name in listed)} if isinstance(listed, dict) else {MANIFEST_NAME}
 
 
 def read_manifest(directory: str | Path, verify_files: bool = True) -> Manifest:

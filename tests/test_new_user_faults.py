@@ -149,3 +149,42 @@ def test_train_draft_on_a_device_says_what_it_is(capsys, tmp_path, tiny_model_di
                                         "--out", str(tmp_path / "head"))[::2], "--data /dev/null")
     assert "no such file" not in line and "not a text file" in line
     assert not (tmp_path / "head").exists()
+
+
+# ---------------------------------------------------------------- round 4 (issue 47): nothing lost
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["export", "build"])
+def test_force_keeps_the_users_files_inside_an_artifact_folder(capsys, tmp_path, tiny_model_dir, tiny_artifact, command):
+    """--force replaces what speccompile wrote (the files the old manifest lists) and keeps the user's own."""
+    from speccompile.manifest import written_files
+
+    out = copy_artifact(tiny_artifact, tmp_path / "art")
+    (out / "NOTES.md").write_text("my notes")
+    (out / "mine").mkdir()
+    (out / "mine" / "data.csv").write_text("1,2,3")
+    args = ["export", str(tiny_model_dir), "--max-context", "64"] if command == "export" else \
+        ["build", str(tiny_artifact), "--int4", "--onnx-only"]
+    code, _, err = run_cli_here(capsys, *args, "--out", str(out), "--force")
+    assert code == 0, err
+    assert (out / "NOTES.md").read_text() == "my notes" and (out / "mine" / "data.csv").read_text() == "1,2,3"
+    assert _files(out) == written_files(out) | {"NOTES.md", "mine/data.csv"}  # nothing of the old output is left
+    assert [p.name for p in tmp_path.iterdir()] == ["art"]
+
+
+def test_force_refuses_to_overwrite_a_users_file_of_a_name_it_writes(capsys, tmp_path, tiny_model_dir, tiny_artifact):
+    def unlist(art, manifest):  # tokenizer.json is then the user's: the new export would write over it
+        manifest["files"].pop("tokenizer.json")
+
+    out = _edited(tiny_artifact, tmp_path / "art", unlist)
+    before = {name: (out / name).read_bytes() for name in _files(out)}
+    code, _, err = run_cli_here(capsys, "export", str(tiny_model_dir), "--max-context", "64", "--out", str(out), "--force")
+    last = err.strip().splitlines()[-1]  # found at the end, after the progress lines
+    assert code == 2 and "Traceback" not in err and [line for line in err.splitlines() if "error" in line] == [last], err
+    assert last.startswith(f"error: --out {out}: tokenizer.json") and "move yours away" in last, err
+    assert {name: (out / name).read_bytes() for name in _files(out)} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["art"]

@@ -297,11 +297,13 @@ def test_full_queue_is_429_and_cancelled_waiters_leave(server, client):
     waiting = client.completions.create(**long)  # admitted: waits behind the running one
     assert httpx.get(server.base + "/health").json()["queue_depth"] == 1
     with pytest.raises(openai.RateLimitError):
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0)
     waiting.close()
     running.close()
     _wait_idle(server)
-    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].finish_reason == "length"
+    # greedy: an unseeded sampled answer met end-of-sequence within 2 tokens about once in 150 runs (issue 47)
+    answer = client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0)
+    assert answer.choices[0].finish_reason == "length"
 
 
 def test_sigterm_drains_in_flight_and_exits_zero(artifact):
