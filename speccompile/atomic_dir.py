@@ -9,6 +9,7 @@ or an empty one, and there only the files it wrote (those its manifest lists): n
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -196,6 +197,22 @@ def commit_output(tmp: Path, out: Path, ours: Callable[[Path], set[str]] | None 
             shutil.rmtree(old, ignore_errors=True)
 
 
+FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up", errno.EFBIG: "a file grew too large"}
+
+
+def write_failure(exc: OSError, out: Path, tmp: Path) -> InputError | None:
+    """The one-line error for an OSError met while writing `out` (into its temporary folder `tmp`): a full disk
+    or quota, or any failure on a file inside `tmp`; None for another file (a source being read)."""
+    name = os.path.abspath(os.fsdecode(exc.filename)) if isinstance(exc.filename, (str, bytes, os.PathLike)) else None
+    inside = name is not None and Path(name).is_relative_to(tmp)
+    if exc.errno not in FULL and not inside:
+        return None
+    reason = exc.strerror or type(exc).__name__
+    reason = f"{FULL[exc.errno]} ({reason})" if exc.errno in FULL else reason
+    where = f" while writing {Path(name).relative_to(tmp)}" if inside and name != str(tmp) else ""
+    return InputError(f"out {out}: {reason}{where}; nothing was written there (its temporary folder is removed)", "out")
+
+
 ARTIFACT_DIR = "an artifact directory (one with a speccompile manifest.json)"
 
 
@@ -236,9 +253,15 @@ def atomic_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_a
                 tmp.mkdir()
             except OSError as exc:
                 raise InputError(f"out {out}: cannot write there ({exc.strerror})", "out") from None
-            yield tmp
-            honour_umask(tmp)
-            commit_output(tmp, out, ours)
+            try:
+                yield tmp
+                honour_umask(tmp)
+                commit_output(tmp, out, ours)
+            except OSError as exc:
+                error = write_failure(exc, out, tmp)
+                if error is None:
+                    raise
+                raise error from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             _remove_if_empty(created)

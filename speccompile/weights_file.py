@@ -155,8 +155,11 @@ class WeightsWriter:
                 self._queue.put(None)
                 self._thread.join()
                 self._thread = None
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()  # flushes the last buffered bytes: where a full disk often shows
+            except OSError as exc:
+                raise self._located(exc) from None
             self._raise_failure()
             self._sha256 = self._digest.hexdigest()
         assert self._sha256 is not None
@@ -188,7 +191,10 @@ class WeightsWriter:
         assert self._file is not None
         self._size += len(data)
         if self._queue is None:
-            self._file.write(data)
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                raise self._located(exc) from None
             self._digest.update(data)
             if pooled is not None:
                 self._buffers.put(pooled)
@@ -206,9 +212,15 @@ class WeightsWriter:
                     self._file.write(data)
                     self._digest.update(data)
                 except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-                    self._failure = exc
+                    self._failure = self._located(exc)
             if pooled is not None:
                 self._buffers.put(pooled)
+
+    def _located(self, exc: BaseException) -> BaseException:
+        """An OSError of a write (a full disk) names the file it was writing, as one of `open` does."""
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            return OSError(exc.errno, exc.strerror or str(exc), str(self.path))
+        return exc
 
     def _raise_failure(self) -> None:
         if self._failure is not None:

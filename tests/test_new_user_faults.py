@@ -3,7 +3,9 @@ is in the command line): issue 33's list, one test each."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -188,3 +190,47 @@ def test_force_refuses_to_overwrite_a_users_file_of_a_name_it_writes(capsys, tmp
     assert last.startswith(f"error: --out {out}: tokenizer.json") and "move yours away" in last, err
     assert {name: (out / name).read_bytes() for name in _files(out)} == before
     assert [p.name for p in tmp_path.iterdir()] == ["art"]
+
+
+class _FullDisk:
+    """A file whose disk fills after `room` bytes: write raises OSError(ENOSPC) as the kernel's does."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        if size > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= size
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+@pytest.mark.parametrize("command", ["export", "build"])
+def test_a_disk_that_fills_while_writing_is_one_line_and_leaves_nothing(capsys, monkeypatch, tmp_path, tiny_model_dir,
+                                                                        tiny_artifact, command):
+    """ENOSPC in the middle of the weights (export and build write them through WeightsWriter): one line naming
+    --out and the file, exit 2, no output and no temporary folder; an existing artifact there stays as it was."""
+    import builtins
+
+    import speccompile.weights_file
+
+    def filling(path, mode="r", *args, **kwargs):
+        file = builtins.open(path, mode, *args, **kwargs)
+        return _FullDisk(file, 4096) if "w" in mode else file
+
+    monkeypatch.setattr(speccompile.weights_file, "open", filling, raising=False)
+    args = ["export", str(tiny_model_dir), "--max-context", "64"] if command == "export" else \
+        ["build", str(tiny_artifact), "--int4", "--onnx-only"]
+    for out in (tmp_path / "new" / "art", copy_artifact(tiny_artifact, tmp_path / "old")):
+        before = {name: (out / name).read_bytes() for name in _files(out)} if out.exists() else None
+        code, _, err = run_cli_here(capsys, *args, "--out", str(out), "--force")
+        last = err.strip().splitlines()[-1]
+        assert code == 2 and "Traceback" not in err and [line for line in err.splitlines() if "error" in line] == [last], err
+        assert last.startswith(f"error: --out {out}: the disk is full (No space left on device) while writing "), err
+        assert ".onnx.data; nothing was written" in last, err
+        assert ({name: (out / name).read_bytes() for name in _files(out)} if out.exists() else None) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # no temporary folder, no parent created for it
