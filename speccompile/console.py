@@ -1,4 +1,4 @@
-"""Terminal output shared by every command: the stderr console, progress lines and JSON on stdout."""
+"""Terminal output shared by every command: the stderr console, reports and JSON on stdout, progress lines."""
 
 from __future__ import annotations
 
@@ -9,11 +9,22 @@ from typing import Callable, Iterator
 import click
 
 
-def console():
-    """A rich console on stderr (stdout stays for results)."""
+UNWRAPPED = 1 << 14  # the width of a console that is not a terminal: lines are never broken
+
+
+def console(stderr: bool = True):
+    """A rich console on stderr (progress, messages) or stdout (reports). On a terminal it wraps at the terminal's
+    width; piped or redirected it never wraps (rich's 80 columns would break "vocab 49152" and progress lines
+    mid-phrase for whatever reads them)."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    out = Console(stderr=stderr, highlight=False)
+    return out if out.is_terminal else Console(stderr=stderr, highlight=False, width=UNWRAPPED, soft_wrap=True)
+
+
+def report_console():
+    """The stdout console a command prints its report on (`console(stderr=False)`)."""
+    return console(stderr=False)
 
 
 def progress_bar_console(quiet: bool):

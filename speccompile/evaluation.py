@@ -1,9 +1,11 @@
 """Quality of a quantized artifact against its fp32 reference: `speccompile eval`.
 
 On a held-out text set (paragraphs of a plain-text file), both targets score every paragraph in one
-teacher-forced pass: top-1 agreement per position, KL(reference || quantized) and the perplexity of each. Both
-contract graphs run one segment at a time (engines/segments.py, with the session settings the runtime gives each
-graph on ort-cpu), paragraphs in chunks whose logits fit `LOGITS_BYTES`, so neither model is ever whole in memory.
+teacher-forced pass: top-1 agreement per position, KL(reference || quantized) and the perplexity of each. The
+artifact is scored on the graph `run` uses on ort-cpu (its packed or fused CPU graph, opened whole as `run` opens
+it; the contract graph with `contract_graph` or where it has none); the reference's contract graph, and a scored
+contract graph, run one segment at a time (engines/segments.py, with the session settings the runtime gives each
+graph on ort-cpu), paragraphs in chunks whose logits fit `LOGITS_BYTES`, so that model is never whole in memory.
 On JSONL workloads both generate greedily with the n-gram drafter at a fixed draft length (adaptive
 drafting off: its choices follow each graph's measured pass times, which differ between an fp32 graph and a
 Q/DQ graph on the CPU, so they would blur what is measured here, how well the quantized model keeps
@@ -17,7 +19,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
@@ -45,6 +47,7 @@ class EvalOptions:
     max_tokens: int = 64  # generated per prompt
     max_text_tokens: int = 256  # longest scored paragraph
     threads: int | None = None
+    contract_graph: bool = False  # score the artifact's contract graph, not the CPU graph `run` uses
     segment_parameters: int = SEGMENT_PARAMETERS  # weights per segment of each graph (engines/segments.py)
 
     def validate(self) -> "EvalOptions":
@@ -109,6 +112,40 @@ class TargetLogits:
         return out
 
 
+class RunGraphLogits:
+    """Teacher-forced logits from the graph `run` uses on ort-cpu (the fused or packed CPU graph), opened whole
+    as `run` opens it."""
+
+    def __init__(self, directory: Path, threads: int | None):
+        from .runtime.artifact import open_artifact
+
+        self.session = open_artifact(directory, "ort-cpu", threads, fused=True, drafter="none").target
+
+    def __call__(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        return [teacher_forced_logits(self.session, ids) for ids in sequences]
+
+
+class ScoredGraph(NamedTuple):
+    file: str
+    what: str
+    contract: bool  # the contract graph (run one segment at a time), not a CPU graph
+
+
+def scored_graph(directory: Path, contract_graph: bool) -> ScoredGraph:
+    """The target graph `eval` scores in `directory`: the one `run` uses on ort-cpu, or the contract graph where
+    `contract_graph` asks for it."""
+    from .runtime.artifact import runnable_spec
+
+    manifest = read_manifest(directory, verify_files=False)
+    contract = manifest.graph("target").file
+    spec = runnable_spec(manifest, "target", "ort-cpu", fused=not contract_graph)
+    if spec.file != contract:
+        return ScoredGraph(spec.file, "the CPU graph `run` uses on ort-cpu", False)
+    if contract_graph:
+        return ScoredGraph(contract, "the contract graph (--contract-graph)", True)
+    return ScoredGraph(contract, "the contract graph (what `run` uses: there is no CPU graph)", True)
+
+
 def chunks(sequences: list[list[int]], vocab: int, limit: int = LOGITS_BYTES) -> list[list[list[int]]]:
     """Consecutive groups of sequences whose float32 logits take at most `limit` bytes (at least one sequence each)."""
     groups: list[list[list[int]]] = [[]]
@@ -125,9 +162,14 @@ def chunks(sequences: list[list[int]], vocab: int, limit: int = LOGITS_BYTES) ->
 
 def compare_targets(reference: Path, artifact: Path, sequences: list[list[int]], options: EvalOptions,
                     progress: Progress) -> LogitComparison:
-    """LogitComparison of the two targets' teacher-forced logits on every sequence, chunk after chunk."""
+    """LogitComparison of the two targets' teacher-forced logits on every sequence, chunk after chunk (the
+    artifact's: of the graph `scored_graph` names)."""
     ref = TargetLogits(reference, options.threads, options.segment_parameters)
-    got = TargetLogits(artifact, options.threads, options.segment_parameters)
+    got: TargetLogits | RunGraphLogits
+    if scored_graph(artifact, options.contract_graph).contract:
+        got = TargetLogits(artifact, options.threads, options.segment_parameters)
+    else:
+        got = RunGraphLogits(artifact, options.threads)
     comparison = LogitComparison()
     groups = chunks(sequences, ref.vocab)
     for number, group in enumerate(groups, 1):
@@ -165,12 +207,14 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
             runnable = write_emulated_artifact(artifact, Path(tmp) / "emulated")
         progress(f"scoring {len(sequences)} paragraphs ({sum(map(len, sequences))} tokens) with both models, "
                  "one segment of each graph at a time")
+        graph = scored_graph(runnable, options.contract_graph)
         comparison = compare_targets(reference, runnable, sequences, options, progress)
         ngram = []
         if workloads:
             progress(f"opening {reference} and {artifact}")
             ref_runner = Runner(reference, threads=options.threads, drafter="ngram", adaptive=False)
-            runner = Runner(runnable, threads=options.threads, drafter="ngram", adaptive=False)
+            runner = Runner(runnable, threads=options.threads, drafter="ngram", adaptive=False,
+                            contract_graph=options.contract_graph)
         for path, prompts in workloads:
             progress(f"n-gram generation on {Path(path).name} ({len(prompts)} prompts x {options.max_tokens} tokens, both models)")
             ngram.append({"workload": str(path), **compare_generation(ref_runner, runner, prompts, options.max_tokens)})
@@ -179,6 +223,9 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
         "reference": str(reference),
         "scheme": scheme,
         "emulated": scheme == "nvfp4",
+        "graphs": {"artifact": {"file": graph.file, "what": graph.what},
+                   "reference": {"file": read_manifest(reference, verify_files=False).graph("target").file,
+                                 "what": "the contract graph"}},
         "size_mb": {"artifact": round(target_size_mb(artifact), 1), "reference": round(target_size_mb(reference), 1)},
         "text": {"file": str(text_path), "sequences": len(sequences), "positions": comparison.positions},
         "top1_agreement": round(comparison.top1_agreement, 4),

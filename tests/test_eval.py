@@ -13,6 +13,7 @@ from conftest import run_cli
 from speccompile.engines import numerics as nx
 from speccompile.engines.emulate import emulate_nvfp4, fake_quant_nvfp4_nodes
 from speccompile.engines.quality import LogitComparison
+from speccompile.evaluation import teacher_forced_logits
 from speccompile.engines.qdq_targets import QuantOptions
 from speccompile.engines.quantize import quantize_model, trt_fp4_dynamic_quantize_reference
 
@@ -162,7 +163,30 @@ def test_eval_cli_json_on_int4(tiny_artifact, int4_tiny, text_file, tmp_path):
     assert 0.0 < report["kl_divergence"] < float("inf")
     assert report["size_mb"]["artifact"] < report["size_mb"]["reference"]
     table = run_cli("eval", str(int4_tiny), "--reference", str(tiny_artifact), "--text", str(text_file))
-    assert table.returncode == 0 and "top-1 agreement" in table.stderr
+    assert table.returncode == 0 and "top-1 agreement" in table.stdout  # the report on stdout (`> report.txt`)
+    assert "scored: target.ort.onnx" in table.stdout and "top-1 agreement" not in table.stderr
+
+
+def test_eval_scores_the_graph_run_uses(tiny_artifact, int4_tiny, text_file):
+    """An INT4 build runs as its packed CPU graph: eval scores that graph (the perplexity of its own logits, as the
+    Runner's target session gives them) and says so; --contract-graph scores target.onnx instead."""
+    from speccompile.evaluation import EvalOptions, evaluate, load_text_set
+    from speccompile.runtime import Runner
+
+    run = evaluate(int4_tiny, tiny_artifact, EvalOptions(text=text_file, threads=1))
+    contract = evaluate(int4_tiny, tiny_artifact, EvalOptions(text=text_file, threads=1, contract_graph=True))
+    assert run["graphs"]["artifact"] == {"file": "target.ort.onnx", "what": "the CPU graph `run` uses on ort-cpu"}
+    assert contract["graphs"]["artifact"] == {"file": "target.onnx", "what": "the contract graph (--contract-graph)"}
+    assert run["graphs"]["reference"]["file"] == "target.onnx"
+    runner = Runner(int4_tiny, threads=1)
+    assert runner.artifact.target.spec.file == "target.ort.onnx"
+    comparison = LogitComparison()
+    for paragraph in load_text_set(text_file)[1]:
+        ids = runner.artifact.tokenizer.encode(paragraph)
+        logits = teacher_forced_logits(runner.artifact.target, ids)
+        comparison.add(logits, logits, np.asarray(ids))
+    assert run["perplexity"]["artifact"] == round(comparison.perplexity("quantized"), 3)
+    assert run["kl_divergence"] != contract["kl_divergence"]  # int8 activations in the packed graph: other logits
 
 
 def test_eval_nvfp4_runs_through_the_emulation(tiny_artifact, text_file, tmp_path):

@@ -135,12 +135,12 @@ def test_artifact_picks_the_gpu_graph_for_chains_only(tmp_path):
     out = tmp_path / "fp16"
     export_artifact(str(model_dir), out, ExportOptions(max_context=MAX_CONTEXT, dtype="fp16"))
     manifest = read_manifest(out)
-    from speccompile.runtime.artifact import _runnable_spec
+    from speccompile.runtime.artifact import runnable_spec
 
-    assert _runnable_spec(manifest, "target", "ort-cuda", True, chains=True).file == "target.ort-cuda.onnx"
-    assert _runnable_spec(manifest, "target", "ort-cuda", True, chains=False).file == "target.onnx"  # trees
-    assert _runnable_spec(manifest, "target", "ort-cuda", False, chains=True).file == "target.onnx"  # --contract-graph
-    assert _runnable_spec(manifest, "target", "ort-cpu", True, chains=True).file == "target.onnx"
+    assert runnable_spec(manifest, "target", "ort-cuda", True, chains=True).file == "target.ort-cuda.onnx"
+    assert runnable_spec(manifest, "target", "ort-cuda", True, chains=False).file == "target.onnx"  # trees
+    assert runnable_spec(manifest, "target", "ort-cuda", False, chains=True).file == "target.onnx"  # --contract-graph
+    assert runnable_spec(manifest, "target", "ort-cpu", True, chains=True).file == "target.onnx"
 
 
 # -- pure parts ---------------------------------------------------------------------------------------

@@ -234,3 +234,19 @@ def test_a_disk_that_fills_while_writing_is_one_line_and_leaves_nothing(capsys, 
         assert ".onnx.data; nothing was written" in last, err
         assert ({name: (out / name).read_bytes() for name in _files(out)} if out.exists() else None) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]  # no temporary folder, no parent created for it
+
+
+# ---------------------------------------------------------------- round 4 (issue 47): what is printed where
+
+
+def test_piped_reports_are_not_wrapped(tmp_path, tiny_artifact):
+    """Piped (not a terminal), `inspect` prints each fact on one line, however long: rich would wrap at 80 columns."""
+    from conftest import run_cli
+
+    art = copy_artifact(tiny_artifact, tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2))
+    result = run_cli("inspect", str(art))
+    assert result.returncode == 0, result.stderr
+    (model,) = [line for line in result.stdout.splitlines() if line.startswith("model")]
+    assert "vocab " in model and model.rstrip()[-1].isdigit() and len(model) > 80, result.stdout
+    (title,) = [line for line in result.stdout.splitlines() if line.startswith(str(art))]
+    assert "(schema" in title

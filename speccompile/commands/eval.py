@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..console import console, emit_json, progress_printer
+from ..console import emit_json, progress_printer, report_console
 
 
 @click.command("eval")
@@ -20,13 +20,16 @@ from ..console import console, emit_json, progress_printer
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="Tokens generated per prompt.")
 @click.option("--max-text-tokens", type=int, default=256, show_default=True, help="Longest scored paragraph (longer ones are cut).")
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads.")
+@click.option("--contract-graph", is_flag=True,
+              help="Score ARTIFACT's contract graph (target.onnx) instead of the CPU graph `run` uses on ort-cpu.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def eval_command(artifact, reference, text, workloads, limit, max_tokens, max_text_tokens, threads, as_json):
-    """Compare ARTIFACT (e.g. from `speccompile build --fp8 --onnx-only`) with --reference on held-out text and workloads."""
+def eval_command(artifact, reference, text, workloads, limit, max_tokens, max_text_tokens, threads, contract_graph, as_json):
+    """Compare ARTIFACT (e.g. from `speccompile build --fp8 --onnx-only`) with --reference on held-out text and workloads:
+    ARTIFACT's graph is the one `run` uses (its CPU graph on ort-cpu), the report says which."""
     from ..evaluation import EvalOptions, evaluate
 
     options = EvalOptions(text=text, workloads=list(workloads), limit=limit, max_tokens=max_tokens,
-                          max_text_tokens=max_text_tokens, threads=threads)
+                          max_text_tokens=max_text_tokens, threads=threads, contract_graph=contract_graph)
     report = evaluate(artifact, reference, options, progress_printer(as_json))
     if as_json:
         emit_json(report)
@@ -39,9 +42,10 @@ def print_report(report: dict) -> None:
     from rich.table import Table
 
     scheme = report["scheme"] + (" (exact fp32 emulation)" if report["emulated"] else "")
-    text = report["text"]
+    text, graph = report["text"], report["graphs"]["artifact"]
     table = Table(title=f"{scheme} vs reference", title_justify="left", caption=f"text: {Path(text['file']).name}, "
-                  f"{text['sequences']} paragraphs, {text['positions']} positions", caption_justify="left")
+                  f"{text['sequences']} paragraphs, {text['positions']} positions; scored: {graph['file']}, "
+                  f"{graph['what']}", caption_justify="left")
     table.add_column("metric")
     table.add_column("reference", justify="right")
     table.add_column("artifact", justify="right")
@@ -57,7 +61,7 @@ def print_report(report: dict) -> None:
         name = Path(row["workload"]).stem
         table.add_row(f"n-gram tok/pass (k={row['num_draft_tokens']}): {name}", f"{tpp['reference']:.2f}", f"{tpp['artifact']:.2f}")
         table.add_row(f"identical greedy: {name}", "", f"{row['identical_greedy']}/{row['prompts']}")
-    console().print(table)
+    report_console().print(table)
 
 
 COMMANDS = [eval_command]

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..console import report_console
+
 
 def _shape(shape: list[Any]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
@@ -41,7 +43,7 @@ def format_value(value: Any) -> str:
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     """`inspect`: the artifact summary (inspect_artifact.summarize) as rich tables (readable at 80 columns)."""
-    console = console or Console()
+    console = console or report_console()
     model = summary["model"]
     console.print(Text(f"{summary['artifact']}", style="bold") + Text(f"  (schema {summary['schema_version']}, {summary['created_by']})"))
     facts = Table.grid(padding=(0, 2))
@@ -84,7 +86,7 @@ BENCH_ROWS = (  # (label, how a workload's value is shown)
 
 def print_bench_report(report: dict[str, Any], console: Console | None = None) -> None:
     """`bench` (runtime/bench.run_bench): one column per workload, one row per measure (readable at 80 columns)."""
-    console = console or Console()
+    console = console or report_console()
     console.print(Text(f"{report['artifact']}: backend {report['backend']}, graph {report['graph']}, drafter {report['drafter']}, "
                        f"k={report['num_draft_tokens']}, max_tokens={report['max_tokens']}, greedy, {_mode(report)}"))
     table = Table()

@@ -82,12 +82,14 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
                 spinning: str = "off", shape_invariant: int = 0, chains: bool = False) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
-    spec = _runnable_spec(manifest, graph, backend, fused, chains)
+    spec = runnable_spec(manifest, graph, backend, fused, chains)
     return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,
                         shape_invariant=shape_invariant or None)
 
 
-def _runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, chains: bool = False) -> GraphSpec:
+def runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, chains: bool = False) -> GraphSpec:
+    """The graph `open_artifact` runs for `graph` on `backend`: its fused variant where there is one (and `fused`),
+    else the contract graph."""
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
         spec = manifest.graph(variant)
