@@ -5,7 +5,9 @@ Shared by the runtime (prompts, output text) and `engines` (calibration texts); 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 from .errors import ArtifactError, InputError
 
@@ -20,6 +22,8 @@ class TextTokenizer:
         if not path.is_file():
             raise ArtifactError(f"{directory}: no tokenizer.json in the artifact")
         self._tok = Tokenizer.from_file(str(path))
+        self._kind = vocabulary_kind(json.loads(path.read_text(encoding="utf-8")))[0]
+        self._added = set(self._tok.get_added_tokens_decoder())
         self.chat_template = self._read_template(Path(directory))
         config = self._read_config(Path(directory))
         self.bos_token = _token_text(config.get("bos_token"))
@@ -58,6 +62,20 @@ class TextTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes token `token` stands for, as OpenAI's logprobs report them: a byte-level piece mapped back to
+        its bytes, a byte-fallback `<0xNN>` its one byte (so a character split over tokens is rebuilt by joining
+        them), an added token or a raw vocabulary's piece its UTF-8 text."""
+        piece = self._tok.id_to_token(int(token))
+        if piece is None or int(token) in self._added:
+            return self.decode([token], skip_special_tokens=False).encode("utf-8")
+        if self._kind == "BYTE_LEVEL" and all(c in _BYTE_OF_CHAR for c in piece):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        if self._kind == "BYTE_FALLBACK":
+            match = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+            return bytes([int(match.group(1), 16)]) if match else piece.replace("\u2581", " ").encode("utf-8")
+        return self.decode([token], skip_special_tokens=False).encode("utf-8")
 
     def render_chat(self, user_message: str, system: str | None = None) -> str:
         """Apply the chat template to one user turn, with the assistant generation prompt."""
@@ -101,6 +119,39 @@ class TextTokenizer:
         if chat:
             return self.encode(self.render_chat(prompt), add_special_tokens=False)
         return self.encode(prompt, add_special_tokens=True)
+
+
+def vocabulary_kind(tokenizer_json: dict[str, Any]) -> tuple[str, bool]:
+    """(xgrammar vocabulary type, add_prefix_space) of a `tokenizers` tokenizer.json: byte-level BPE (GPT-2,
+    Llama 3, Qwen, SmolLM2), byte-fallback (Llama 2, Mistral: '▁' for spaces, <0xNN> for bytes) or raw."""
+    def types(node: Any) -> list[dict]:
+        if not isinstance(node, dict):
+            return []
+        inner = node.get("decoders") or node.get("pretokenizers") or node.get("normalizers") or []
+        return [node] + [t for child in inner for t in types(child)]
+
+    decoders = types(tokenizer_json.get("decoder"))
+    names = {d.get("type") for d in decoders}
+    if "ByteLevel" in names:
+        return "BYTE_LEVEL", False
+    if "ByteFallback" in names:
+        normalizers = types(tokenizer_json.get("normalizer"))
+        pre = types(tokenizer_json.get("pre_tokenizer"))
+        prepends = any(n.get("type") == "Prepend" and n.get("prepend") == "▁" for n in normalizers) or any(
+            p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never" for p in pre)
+        return "BYTE_FALLBACK", prepends
+    return "RAW", False
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves, the other 68 for
+    the characters from U+0100 on, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
 
 
 def _token_text(value) -> str | None:

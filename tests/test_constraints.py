@@ -10,7 +10,8 @@ import pytest
 from conftest import CHARS, SPECIAL, TINY_VOCAB, write_char_tokenizer
 from speccompile.errors import InputError
 from speccompile.runtime.constraints import ConstraintSpec, mask_logits
-from speccompile.runtime.grammar import GrammarCompiler, vocabulary_kind
+from speccompile.runtime.grammar import GrammarCompiler
+from speccompile.tokenizer import vocabulary_kind
 
 MODEL_VOCAB = TINY_VOCAB + 8  # logits wider than the tokenizer, as padded lm_heads are
 EOS = SPECIAL.index("</s>")

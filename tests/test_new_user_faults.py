@@ -250,3 +250,64 @@ def test_piped_reports_are_not_wrapped(tmp_path, tiny_artifact):
     assert "vocab " in model and model.rstrip()[-1].isdigit() and len(model) > 80, result.stdout
     (title,) = [line for line in result.stdout.splitlines() if line.startswith(str(art))]
     assert "(schema" in title
+
+
+# ---------------------------------------------------------------- round 4 (issue 47): logprob bytes
+
+
+def _byte_fallback_tokenizer(folder: Path) -> Path:
+    """Llama 2's kind: '▁' for spaces, <0xNN> tokens for bytes the vocabulary lacks (an emoji: four of them)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    pieces = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], "▁", "h", "i", "▁h", "▁hi"]
+    tok = Tokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, [("▁", "h"), ("▁h", "i")], unk_token="<unk>",
+                               byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _byte_level_tokenizer(folder: Path) -> Path:
+    """GPT-2's kind (SmolLM2's): every byte a character of its alphabet; one merge joins an emoji's first two bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from speccompile.tokenizer import _BYTE_OF_CHAR
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    char = {b: c for c, b in _BYTE_OF_CHAR.items()}
+    first_two = char[0xF0] + char[0x9F]
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    vocab[first_two] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, [(char[0xF0], char[0x9F])]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["byte-fallback", "byte-level"])
+def test_logprob_bytes_are_each_tokens_own_bytes(tmp_path, kind):
+    """An emoji split over tokens: each token's `bytes` are its own (a <0xF0> token gives [240], not U+FFFD's
+    [239, 191, 189]), so joining them rebuilds the emoji, as OpenAI's do."""
+    from speccompile.runtime.logprobs import TokenLogprob
+    from speccompile.serve.responses import ResponseShape
+    from speccompile.tokenizer import TextTokenizer
+
+    folder = (_byte_fallback_tokenizer if kind == "byte-fallback" else _byte_level_tokenizer)(tmp_path / "tok")
+    tokenizer = TextTokenizer(folder)
+    ids = tokenizer.encode("hi 🙂")
+    assert len(ids) >= 3 and tokenizer.decode(ids) == "hi 🙂"
+    shape = ResponseShape(True, "m", lambda t: tokenizer.decode([t], skip_special_tokens=False), token_bytes=tokenizer.token_bytes)
+    content = shape.logprobs([TokenLogprob(t, -1.0, ((t, -1.0),)) for t in ids])["content"]
+    own = " hi 🙂" if kind == "byte-fallback" else "hi 🙂"  # the first piece is '▁hi': the space the normalizer put
+    assert b"".join(bytes(entry["bytes"]) for entry in content) == own.encode()
+    assert [239, 191, 189] not in [entry["bytes"] for entry in content]
+    assert all(entry["top_logprobs"][0]["bytes"] == entry["bytes"] for entry in content)
+    special = tokenizer.encode("<|endoftext|>" if kind == "byte-level" else "</s>", add_special_tokens=False)
+    assert tokenizer.token_bytes(special[-1]) == (b"<|endoftext|>" if kind == "byte-level" else b"</s>")

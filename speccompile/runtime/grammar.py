@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import InputError, UnsupportedError
+from ..tokenizer import vocabulary_kind
 from .constraints import ConstraintSpec
 
 _STRUCTURED_EXTRA = "pip install 'speccompile[structured]'"
@@ -30,28 +31,6 @@ def _xgrammar():
     except ImportError:
         raise UnsupportedError(f"structured outputs need xgrammar ({_STRUCTURED_EXTRA})") from None
     return xgrammar
-
-
-def vocabulary_kind(tokenizer_json: dict[str, Any]) -> tuple[str, bool]:
-    """(xgrammar vocabulary type, add_prefix_space) of a `tokenizers` tokenizer.json: byte-level BPE (GPT-2,
-    Llama 3, Qwen, SmolLM2), byte-fallback (Llama 2, Mistral: '▁' for spaces, <0xNN> for bytes) or raw."""
-    def types(node: Any) -> list[dict]:
-        if not isinstance(node, dict):
-            return []
-        inner = node.get("decoders") or node.get("pretokenizers") or node.get("normalizers") or []
-        return [node] + [t for child in inner for t in types(child)]
-
-    decoders = types(tokenizer_json.get("decoder"))
-    names = {d.get("type") for d in decoders}
-    if "ByteLevel" in names:
-        return "BYTE_LEVEL", False
-    if "ByteFallback" in names:
-        normalizers = types(tokenizer_json.get("normalizer"))
-        pre = types(tokenizer_json.get("pre_tokenizer"))
-        prepends = any(n.get("type") == "Prepend" and n.get("prepend") == "▁" for n in normalizers) or any(
-            p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never" for p in pre)
-        return "BYTE_FALLBACK", prepends
-    return "RAW", False
 
 
 class GrammarCompiler:

@@ -130,7 +130,7 @@ class _Api:
         max_tokens = self.budget(prompt_ids, body.max_tokens, 16, "prompt")  # 16: OpenAI's default for completions
         constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
         handle = self.submit(body.request(prompt_ids, max_tokens, constraint, body.logprobs))
-        shape = ResponseShape(False, self.model_name, self.engine.token_text)
+        shape = ResponseShape(False, self.model_name, self.engine.token_text, token_bytes=self.engine.token_bytes)
         return await self.respond(request, shape, handle, body.stream, body.include_usage)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -149,7 +149,7 @@ class _Api:
         else:
             constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
         handle = self.submit(body.request(prompt_ids, max_tokens, constraint, body.logprob_count))
-        shape = ResponseShape(True, self.model_name, self.engine.token_text, tool_format)
+        shape = ResponseShape(True, self.model_name, self.engine.token_text, tool_format, self.engine.token_bytes)
         return await self.respond(request, shape, handle, body.stream, body.include_usage)
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:

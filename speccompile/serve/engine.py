@@ -142,6 +142,10 @@ class Engine(abc.ABC):
         """One token's text (logprobs)."""
         return self._tokenizer.decode([token], skip_special_tokens=False)
 
+    def token_bytes(self, token: int) -> bytes:
+        """One token's own bytes (logprobs: a byte-fallback token's byte, not the U+FFFD its text decodes to)."""
+        return self._tokenizer.token_bytes(token)
+
     # --- admission ---
 
     @property

@@ -20,14 +20,16 @@ from .tools import ToolFormat
 
 
 class ResponseShape:
-    """How one endpoint words its responses and stream chunks. `token_text`: a token id's text (for logprobs);
-    `tool_format`: read the answer for tool calls in this format (chat with tools)."""
+    """How one endpoint words its responses and stream chunks. `token_text`, `token_bytes`: a token id's text and
+    its own bytes (for logprobs; default: the text's UTF-8); `tool_format`: read the answer for tool calls in this
+    format (chat with tools)."""
 
     def __init__(self, chat: bool, model: str, token_text: Callable[[int], str] | None = None,
-                 tool_format: ToolFormat | None = None):
+                 tool_format: ToolFormat | None = None, token_bytes: Callable[[int], bytes] | None = None):
         self.chat = chat
         self.model = model
         self.token_text = token_text or str
+        self.token_bytes = token_bytes or (lambda token: self.token_text(token).encode("utf-8"))
         self.tool_format = tool_format
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -78,7 +80,7 @@ class ResponseShape:
 
     def _token(self, token: int, logprob: float) -> dict:
         text = self.token_text(token)
-        return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": _finite(logprob), "bytes": list(self.token_bytes(token))}
 
 
 def _finite(logprob: float) -> float:
