@@ -61,3 +61,18 @@ def check_one_of(name: str, value: object, choices: Iterable[object]) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise InputError(f"{name} must be one of {', '.join(map(str, choices))}, got {value}", name)
+
+
+def with_article(word: object) -> str:
+    """`word` after "a" or "an" as it is read aloud: "an int4", "an fp8" / "an NVFP4" / "an mtp" (spelled out
+    letter by letter), "an 8-token", "a bf16", "a medusa"."""
+    text = str(word)
+    number = re.match(r"\d+", text)
+    if number:
+        digits = number.group()
+        vowel = digits.startswith("8") or (len(digits) % 3 == 2 and digits[:2] in ("11", "18"))
+    else:
+        lower = text.lower()
+        spelled = any(c.isdigit() for c in text) or text.isupper() or (len(text) <= 4 and not set(lower) & set("aeiou"))
+        vowel = lower[:1] in set("aeiou") or (spelled and lower[:1] in set("fhlmnrsx"))
+    return f"{'an' if vowel else 'a'} {text}"

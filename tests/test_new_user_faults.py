@@ -311,3 +311,48 @@ def test_logprob_bytes_are_each_tokens_own_bytes(tmp_path, kind):
     assert all(entry["top_logprobs"][0]["bytes"] == entry["bytes"] for entry in content)
     special = tokenizer.encode("<|endoftext|>" if kind == "byte-level" else "</s>", add_special_tokens=False)
     assert tokenizer.token_bytes(special[-1]) == (b"<|endoftext|>" if kind == "byte-level" else b"</s>")
+
+
+# ---------------------------------------------------------------- round 4 (issue 47): words
+
+
+def test_messages_say_an_int4(tmp_path, tiny_artifact):
+    from speccompile.errors import with_article
+    from speccompile.runtime import Runner
+
+    def engines_only(art, manifest):
+        manifest["graphs"]["target"]["extra"]["quantization"] = "int4"
+        manifest["precision"]["target"] = {"scheme": "int4", "runs_on": ["tensorrt"]}
+
+    art = _edited(tiny_artifact, tmp_path / "art", engines_only)
+    with pytest.raises(UnsupportedError, match=r": an int4 target does not run on backend ort-cpu"):
+        Runner(art, threads=1)
+    assert [with_article(w) for w in ("int8", "fp8", "NVFP4", "mtp", "bf16", "medusa", "eagle3", 8, 18, 5)] == [
+        "an int8", "an fp8", "an NVFP4", "an mtp", "a bf16", "a medusa", "an eagle3", "an 8", "an 18", "a 5"]
+
+
+def test_an_empty_stop_string_is_one_line_before_the_model_loads(capsys, tiny_artifact, nothing_loads):
+    one_error_line(*run_cli_here(capsys, "run", str(tiny_artifact), "--prompt", "hi", "--stop", "")[::2],
+                   "--stop: an empty stop string")
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({"stop": ""}, "stop", "must not be empty"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    ({"tool_choice": "required"}, "tool_choice", "'required' needs tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"},
+                                                {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     "messages.0.content", "images, audio and files are not supported"),
+])
+def test_request_errors_name_their_param(body, param, needle):
+    """The 400's `param` names the field (null before for request-wide checks); an image says images are refused."""
+    from pydantic import ValidationError
+
+    from speccompile.serve.api_errors import validation_param
+    from speccompile.serve.schemas import ChatCompletionRequest
+
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+    first = caught.value.errors()[0]
+    assert validation_param(first) == param and needle in first["msg"], first

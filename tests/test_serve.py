@@ -188,10 +188,14 @@ COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     ("/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("/chat/completions", {**CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
     ("/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-    ("/chat/completions", {**CHAT, "top_logprobs": 2}, 400, None),  # without logprobs: true
+    ("/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true
     ("/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type"),
     ("/chat/completions", {**CHAT, "structured_outputs": {"regex": "a", "choice": ["b"]}}, 400, "structured_outputs"),
-    ("/chat/completions", {**CHAT, "tool_choice": "required"}, 400, None),  # without tools
+    ("/chat/completions", {**CHAT, "tool_choice": "required"}, 400, "tool_choice"),  # without tools
+    ("/chat/completions", {**CHAT, "stop": ""}, 400, "stop"),
+    ("/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     400, "messages.0.content"),
     ("/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
     ("/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0"),  # no tool_call_id

@@ -180,3 +180,4 @@ def test_a_request_may_decode_without_the_drafter(client):
     plain = client.chat.completions.create(**body, extra_body={"drafter": "none"})
     assert plain.choices[0].message.content == fast.choices[0].message.content
     assert plain.model_extra["speculative"]["draft_steps"] == 0 < fast.model_extra["speculative"]["draft_steps"]
+    assert plain.model_extra["speculative"]["drafter"] == "none" != fast.model_extra["speculative"]["drafter"]

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..errors import UnsupportedError
+from ..errors import UnsupportedError, with_article
 from ..manifest import GraphSpec
 from ..onnx_versions import required_onnxruntime, save_model
 from ..weights_file import StoredBytes, WeightsWriter, external_location, external_tensor, read_tensor
@@ -297,7 +297,7 @@ def quantized_cpu_graphs(src_dir: Path, fused: dict[str, GraphSpec], contract: G
     if not variants:
         return {}, []
     if scheme not in PACKED_SCHEMES:
-        progress(f"note: no fused CPU graph for a {scheme} build (ONNX Runtime CPU runs {contract.file}, weights dequantized at load)")
+        progress(f"note: no fused CPU graph for {with_article(scheme)} build (ONNX Runtime CPU runs {contract.file}, weights dequantized at load)")
         return {}, []
     try:
         return write_cpu_graphs(src_dir, variants, contract, out_dir, scheme, progress)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..draft_config import HEAD_KINDS
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError, UnsupportedError, with_article
 from .config import ModelConfig
 from .decoder import describe_key_mismatch, eagle3_tap_layers
 from .heads import (Eagle3Head, EagleHead, HeadConfig, MedusaHeads, MTPHead, TargetWeights, head_layer_config,
@@ -201,7 +201,7 @@ def _check_and_load(module: nn.Module, state: dict[str, torch.Tensor], kind: str
     missing = [k for k in expected if k not in state and k not in optional]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
-        raise InputError(f"{source}: not a {kind} checkpoint in the published layout ({describe_key_mismatch(missing, unexpected)})")
+        raise InputError(f"{source}: not {with_article(kind)} checkpoint in the published layout ({describe_key_mismatch(missing, unexpected)})")
     bad = [f"{k} {tuple(v.shape)} (expected {tuple(expected[k].shape)})" for k, v in state.items() if tuple(v.shape) != tuple(expected[k].shape)]
     if bad:
         raise InputError(f"{source}: {kind} checkpoint shapes do not match its config: {', '.join(bad[:4])}")
@@ -211,6 +211,6 @@ def _check_and_load(module: nn.Module, state: dict[str, torch.Tensor], kind: str
 
 def _shape(tensors, key, kind, source):
     if key not in tensors:
-        raise InputError(f"{source}: not a {kind} checkpoint in the published layout (missing keys: {key})")
+        raise InputError(f"{source}: not {with_article(kind)} checkpoint in the published layout (missing keys: {key})")
     return tuple(tensors[key].shape)
 

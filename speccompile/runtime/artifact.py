@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError, UnsupportedError, with_article
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
 from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
@@ -111,7 +111,7 @@ def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:
     if quantized is not None and quantized != scheme:
         runs_on = None  # the record is not this graph's (an exact fp32 emulation of it, engines/emulate.py, runs anywhere)
     if runs_on and backend not in runs_on:
-        raise UnsupportedError(f"{directory}: a {scheme} target does not run on backend {backend} (it runs on "
+        raise UnsupportedError(f"{directory}: {with_article(scheme)} target does not run on backend {backend} (it runs on "
                                f"{', '.join(runs_on)})", "backend")
     if backend == "ort-cpu" and manifest.graphs["target"].dtype.split("+")[0] == "bf16":
         raise UnsupportedError(f"{directory}: a bf16 artifact does not run on ort-cpu (ONNX Runtime's CPU provider has no "

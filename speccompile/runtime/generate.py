@@ -21,7 +21,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, with_article
 from ..tokenizer import TextTokenizer
 from .acceptance import AcceptanceRates
 from .adaptive import SEEDED_COSTS, AdaptiveController
@@ -401,7 +401,7 @@ def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, c
     if whole:
         return
     if cached_rows >= prompt:
-        raise ValueError(f"{cached_rows} cached rows of a {prompt}-token prompt leave no token to prefill")
+        raise ValueError(f"{cached_rows} cached rows of {with_article(prompt)}-token prompt leave no token to prefill")
     if not generator.target.row_invariant and cached_rows % config.prefill_chunk:
-        raise ValueError(f"{cached_rows} cached rows of a {prompt}-token prompt: not whole prefill chunks of "
+        raise ValueError(f"{cached_rows} cached rows of {with_article(prompt)}-token prompt: not whole prefill chunks of "
                          f"{config.prefill_chunk} (a fresh prefill on this graph would compute other bits)")

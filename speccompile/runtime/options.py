@@ -78,5 +78,7 @@ class GenerationConfig:
             raise InputError(f"num_draft_tokens must be >= 0, got {self.num_draft_tokens}", "num_draft_tokens")
         if self.prefill_chunk < 1:
             raise InputError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}", "prefill_chunk")
+        if any(not s for s in self.stop):
+            raise InputError("stop: an empty stop string would end every output before its first token", "stop")
         self.sampling.validate()
         return self

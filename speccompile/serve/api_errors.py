@@ -21,6 +21,22 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
+class ParamError(ValueError):
+    """A request-wide check (a pydantic model validator) that is about one field: the 400 names it as `param`,
+    as a field's own check does."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def validation_param(error: dict) -> str | None:
+    """The `param` of one pydantic error: its location (messages.0.content), or the field a ParamError names."""
+    where = ".".join(str(p) for p in error["loc"])
+    raised = (error.get("ctx") or {}).get("error")
+    return where or (raised.param if isinstance(raised, ParamError) else None)
+
+
 def status_error(status: int, detail: str) -> APIError:
     kinds = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
              503: "service_unavailable_error"}

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError, SpecCompileError
 from ..runtime.constraints import ConstraintSpec
-from .api_errors import APIError, status_error
+from .api_errors import APIError, status_error, validation_param
 from .engine import Engine
 from .observe import ObserveRequests
 from .requests import EngineBusy, EngineStopped, GenerationRequest, RequestHandle
@@ -63,7 +63,7 @@ class _Api:
             parsed = schema.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
+            param = validation_param(first)
             message = first["msg"].removeprefix("Value error, ")
             raise APIError(400, f"{param}: {message}" if param else message, param=param) from None
         if parsed.model != self.model_name:

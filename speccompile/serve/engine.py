@@ -236,7 +236,8 @@ class Engine(abc.ABC):
         """Send a finished generation's Finished event; record its metrics and log line."""
         finished_at = time.perf_counter()
         stats = result.stats
-        speculative = {"drafter": self.info.drafter, "batched": self.batched, **stats.to_dict()}
+        drafter = handle.request.drafter or self.info.drafter  # "none": this request decoded without drafting
+        speculative = {"drafter": drafter, "batched": self.batched, **stats.to_dict()}
         if self.replica is not None:
             speculative["replica"] = self.replica
         ttft = (first_text_at[0] if first_text_at else finished_at) - handle.submitted_at

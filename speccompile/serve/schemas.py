@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ..runtime.constraints import ConstraintSpec
+from .api_errors import ParamError
 from .requests import GenerationRequest
 from .structured import ResponseFormat, StructuredOutputs, ToolFields
 
@@ -158,6 +159,16 @@ class ChatMessage(BaseModel):
             raise ValueError("a tool message needs tool_call_id")
         return self
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        for i, part in enumerate(content if isinstance(content, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise ValueError(f"part {i} is of type {kind!r}: this server takes text only (images, audio and "
+                                 "files are not supported)")
+        return content
+
     def as_template_message(self) -> dict[str, Any]:
         """The message as chat templates read it (tool-call arguments as objects, as Hugging Face passes them)."""
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
@@ -190,10 +201,11 @@ class ChatCompletionRequest(_GenerationFields, ToolFields):
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> "ChatCompletionRequest":
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise ParamError("top_logprobs", "needs logprobs: true")
         forced = self.tool_choice not in (None, "none", "auto") and bool(self.tools)
         if forced and self.constraint_spec() is not None:
-            raise ValueError("tool_choice required or a named function already fixes the answer's format: drop response_format / structured_outputs")
+            raise ParamError("tool_choice", "required or a named function already fixes the answer's format: drop "
+                             "response_format / structured_outputs")
         return self
 
     @property

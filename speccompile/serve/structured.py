@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..runtime.constraints import ConstraintSpec
+from .api_errors import ParamError
 from .tools import ToolFormat
 
 
@@ -130,9 +131,9 @@ class ToolFields(BaseModel):
     def _choice_names_a_tool(self) -> "ToolFields":
         choice = self.tool_choice
         if choice not in (None, "none", "auto") and not self.tools:
-            raise ValueError("tool_choice needs tools")
+            raise ParamError("tool_choice", f"{choice!r} needs tools" if isinstance(choice, str) else "needs tools")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in self.tools}:
-            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+            raise ParamError("tool_choice", f"names {choice.function.name!r}, which is not among the tools")
         return self
 
     @property
