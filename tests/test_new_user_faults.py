@@ -356,3 +356,12 @@ def test_request_errors_name_their_param(body, param, needle):
         ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
     first = caught.value.errors()[0]
     assert validation_param(first) == param and needle in first["msg"], first
+
+
+def test_piped_progress_lines_are_not_wrapped(capsys):
+    """train-draft's (every command's) progress lines on a piped stderr: one line each, however long."""
+    from speccompile.console import progress_printer
+
+    message = "step 10/100: loss 2.345, 1234 tokens/s, the features of the target cached in heads/smollm2_eagle3/.cache. " * 2
+    progress_printer(False)(message.strip())
+    assert capsys.readouterr().err == f"· {message.strip()}\n"
