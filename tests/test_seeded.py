@@ -63,6 +63,25 @@ def test_seeded_request_repeats_in_one_runner(kind, artifacts):
     assert fresh.generate_ids(prompts[0], MAX_TOKENS, SEEDED).tokens == first.tokens
 
 
+@pytest.mark.parametrize("kind", ["draft-model", "eagle3"])
+def test_interleaved_streams_draft_apart(kind, artifacts):
+    """Two streams of one Runner read in turns (and a generation between their steps): each seeded one gives its
+    tokens alone (a generation started while a stream decodes gets a drafter of its own)."""
+    runner = Runner(artifacts[kind], drafter=kind, threads=1)
+    prompts = _prompts(kind, runner)
+    other = SamplingParams(temperature=0.9, seed=8)
+    alone = [runner.generate_ids(prompts[0], MAX_TOKENS, SEEDED).tokens, runner.generate_ids(prompts[1], MAX_TOKENS, other).tokens]
+    streams = [runner.stream_ids(prompts[0], MAX_TOKENS, SEEDED), runner.stream_ids(prompts[1], MAX_TOKENS, other)]
+    pending = [iter(stream) for stream in streams]
+    while pending:
+        for delta in list(pending):
+            if next(delta, None) is None:
+                pending.remove(delta)
+        runner.generate_ids(prompts[2], 2, SamplingParams(0.8))
+    assert [stream.result.tokens for stream in streams] == alone
+    assert all(stream.result.stats.draft_steps > 0 for stream in streams)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_seeded_request_batched_equals_alone(kind, artifacts):
     """Batched with other requests (seeded, unseeded, greedy; two different sets of batch-mates), a seeded

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Iterator, TypeVar
 
@@ -80,6 +81,7 @@ class Runner:
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
         self._drafter: Drafter | None = None  # built on first use (`drafter`)
+        self._stream: weakref.ref[TextStream] | None = None  # the last stream given that drafter
         self._acceptance: dict[tuple, AcceptanceRates] = {}
         self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
 
@@ -130,6 +132,12 @@ class Runner:
             self._drafter = make_drafter(self._drafter_request())
         return self._drafter
 
+    def _drafter_busy(self) -> bool:
+        """Whether a stream still decoding holds the runner's drafter: a generation started meanwhile then gets
+        a drafter of its own (on ort-cpu in the same session), so neither changes the other's drafts."""
+        stream = self._stream() if self._stream is not None else None
+        return stream is not None and stream.decoding
+
     def _drafter_request(self) -> DrafterRequest:
         """On ort-cpu every drafter of this runner (one for sequential generations, one per batched request) runs
         its graph in the artifact's one shared session of it (`Artifact.session`)."""
@@ -140,9 +148,8 @@ class Runner:
         """The loop over this artifact's target with the runner's drafter (none when `plain`) and the acceptance
         estimates of `sampling`'s setting; `own_drafter`: a new drafter for this generator alone (generations
         decoding at the same time; on ort-cpu its graph runs in a session shared by all of them), and acceptance
-        learned by each generation alone (one
-        after another they carry `learned_acceptance`; pooled across concurrent copy and chat requests, estimates
-        drafted worse: docs/benchmarks.md, "Serving and prefill")."""
+        learned by each generation alone (one after another they carry `learned_acceptance`; pooled across
+        concurrent copy and chat requests, estimates drafted worse: docs/benchmarks.md, "Serving and prefill")."""
         a = self.artifact
         if plain or self.draft_config is None:
             drafter = None
@@ -238,7 +245,7 @@ class Runner:
         plain = self._plain(drafter)
         recorder = None if logprobs is None else LogprobRecorder(logprobs)
         config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
-        return self.generator(sampling, plain).generate(prompt_ids, config, on_text)
+        return self.generator(sampling, plain, self._drafter_busy()).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
@@ -255,7 +262,11 @@ class Runner:
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
         config = self._config(max_tokens, sampling, stop, plain, constraint)
-        return TextStream(self.generator(sampling, plain), prompt_ids, config)
+        busy = self._drafter_busy()
+        stream = TextStream(self.generator(sampling, plain, busy), prompt_ids, config)
+        if not busy and not plain:
+            self._stream = weakref.ref(stream)
+        return stream
 
     def stream(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                stop: list[str] | None = None, drafter: str | None = None,
@@ -272,6 +283,11 @@ class TextStream:
         self._pending: list[str] = []
         self._generation = generator.start(prompt_ids, config, self._pending.append)
         self.result: GenerationResult | None = None
+
+    @property
+    def decoding(self) -> bool:
+        """Whether its generation has steps to run (its drafter is in use)."""
+        return not self._generation.done
 
     def __iter__(self) -> Iterator[str]:
         while True:
