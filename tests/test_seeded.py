@@ -1,5 +1,6 @@
 """Seeded sampling is reproducible with every drafter: a seeded request gives the same tokens first, after other
-requests, alone and batched, in a Runner and in the server; and one draft model serves every seed."""
+requests, alone and batched, in a Runner and in the server; and one draft model serves every seed.
+A new drafter kind joins these tests through `KINDS`, `artifacts` and `_prompts`."""
 
 from __future__ import annotations
 
