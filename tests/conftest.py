@@ -184,6 +184,24 @@ def tiny_artifact_with_draft(tmp_path_factory, tiny_model_dir, tiny_draft_dir) -
     return out
 
 
+@pytest.fixture(scope="session")
+def head_artifacts(tmp_path_factory) -> dict:
+    """Artifacts of the tiny head target (test_heads_helpers) with a random EAGLE-3 head and Medusa heads (exported
+    once per session)."""
+    from test_heads_helpers import shared_target, write_checkpoint
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    target = shared_target(tmp_path_factory)
+    root = tmp_path_factory.mktemp("batch_heads")
+    artifacts = {}
+    for kind in ("eagle3", "medusa"):
+        ckpt = write_checkpoint(root / f"{kind}_ckpt", kind)
+        export_artifact(str(target), root / kind, ExportOptions(drafter=f"{kind}:{ckpt}", max_context=256))
+        artifacts[kind] = root / kind
+    return artifacts
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the speccompile CLI in a subprocess (so exit codes and stderr are the real ones)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")

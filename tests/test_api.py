@@ -60,15 +60,13 @@ def test_run_options_are_validated():
         RunOptions(drafter="magic").validate()
 
 
-def test_drafters_are_shared_across_sampling_settings_and_bounded(tiny_artifact, tiny_artifact_with_draft):
+def test_one_drafter_serves_every_sampling_setting_and_seed(tiny_artifact, tiny_artifact_with_draft):
     from speccompile.runtime import Runner, SamplingParams
-    from speccompile.runtime.session import MAX_DRAFTERS
 
-    ngram = Runner(tiny_artifact, drafter="ngram", threads=1)
-    assert ngram.drafter(SamplingParams(0.7, seed=1)) is ngram.drafter(SamplingParams(0.9, seed=2)) is ngram.drafter()
-    draft = Runner(tiny_artifact_with_draft, drafter="draft-model", threads=1)
-    first = draft.drafter(SamplingParams(0.7, seed=0))
-    assert draft.drafter(SamplingParams(0.7, seed=0)) is first  # the same setting: the same drafter
-    for seed in range(1, MAX_DRAFTERS + 3):  # a server with per-request seeds
-        draft.drafter(SamplingParams(0.7, seed=seed))
-    assert draft.drafter(SamplingParams(0.7, seed=0)) is not first  # the oldest settings were let go
+    for artifact, kind in ((tiny_artifact, "ngram"), (tiny_artifact_with_draft, "draft-model")):
+        runner = Runner(artifact, drafter=kind, threads=1)
+        drafter = runner.drafter()
+        for seed in range(3):
+            runner.generate("abc abc", chat=False, max_tokens=4, sampling=SamplingParams(0.7, seed=seed))
+        runner.generate("abc abc", chat=False, max_tokens=4, sampling=SamplingParams(0.9))
+        assert runner.drafter() is drafter is runner.generator(SamplingParams(0.9, seed=5)).drafter

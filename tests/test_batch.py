@@ -175,23 +175,6 @@ def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
     assert not decoder.drafting_pays(decoder.shared_row_seconds(8))  # 1 token per 3.75 ms row beats any draft
 
 
-@pytest.fixture(scope="module")
-def head_artifacts(tmp_path_factory) -> dict:
-    """Artifacts of the tiny head target with a random EAGLE-3 head and Medusa heads (exported once)."""
-    from test_heads_helpers import shared_target, write_checkpoint
-
-    from speccompile.export.pipeline import ExportOptions, export_artifact
-
-    target = shared_target(tmp_path_factory)
-    root = tmp_path_factory.mktemp("batch_heads")
-    artifacts = {}
-    for kind in ("eagle3", "medusa"):
-        ckpt = write_checkpoint(root / f"{kind}_ckpt", kind)
-        export_artifact(str(target), root / kind, ExportOptions(drafter=f"{kind}:{ckpt}", max_context=256))
-        artifacts[kind] = root / kind
-    return artifacts
-
-
 @pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model"])
 def test_every_drafter_batches_and_equals_alone(kind, head_artifacts, tiny_artifact_with_draft):
     """Head and draft-model drafters decode together too: one drafter (own state) per request over one shared

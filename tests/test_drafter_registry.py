@@ -9,7 +9,6 @@ from speccompile.draft_config import DraftConfig
 from speccompile.runtime.drafters import registry
 from speccompile.runtime.drafters.base import Draft, Drafter, DrafterRequest
 from speccompile.runtime.options import DRAFTER_CHOICES
-from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.timing import EngineClock
 
 
@@ -30,7 +29,7 @@ def test_a_registered_kind_is_built_by_its_factory():
         def propose(self, tokens, sizing):
             return Draft([tokens[-1]] * sizing.limit)
 
-    request = DrafterRequest(None, DraftConfig("repeat", 3), SamplingParams(), EngineClock())
+    request = DrafterRequest(None, DraftConfig("repeat", 3), EngineClock())
     with pytest.raises(InputError, match="unknown kind 'repeat'"):
         registry.make_drafter(request)
     registry.register("repeat", lambda req: Repeat())

@@ -35,11 +35,10 @@ def export_with(kind, target_dir, out, ckpt=None, tree=None):
 
 
 def spec_vs_plain(artifact, kind, trees, max_tokens=32, k=4):
-    from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 
     runner = Runner(artifact, drafter=kind, num_draft_tokens=k, adaptive=False, threads=1)
-    drafter = runner.drafter(SamplingParams())
+    drafter = runner.drafter()
     stats = {}
     exported = drafter.inner.draft_config
     for name, tree in trees.items():
@@ -92,7 +91,7 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
     export_with(kind, target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, kind),
                 tree="tree-3x3" if kind == "medusa" else None)
     runner = Runner(tmp_path / "art", drafter=kind, adaptive=True, threads=1)
-    drafter = runner.drafter(SamplingParams()).inner  # the head under the lookup branch
+    drafter = runner.drafter().inner  # the head under the lookup branch
     drafted = 0
     for prompt in PROMPTS:
         plain = runner.generate_ids(prompt, 32, drafter="none")
@@ -106,7 +105,7 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
     # committed rows are fed in one call on the next drafting step (the head cache must stay in step);
     # without the lookup branch, which would still draft on its own
     head_only = Runner(tmp_path / "art", drafter=kind, adaptive=True, threads=1, lookup_branch=False)
-    planner = head_only.drafter(SamplingParams()).planner
+    planner = head_only.drafter().planner
     planner.rates.alpha = 0.0  # keep the rates at zero through the generation
     planner.rates.observed.update({tuple(c): 0.0 for c in planner.full(8).choices()})
     plain = head_only.generate_ids(PROMPTS[0], 40, drafter="none")
@@ -121,12 +120,11 @@ def test_planned_static_tree_greedy_equal_plain(kind, target_dir, tmp_path, tmp_
 def test_head_without_lookup_branch(target_dir, tmp_path, tmp_path_factory):
     # --no-lookup-branch: the head's own tree only (and the same output)
     from speccompile.runtime.drafters.eagle import HeadDrafter
-    from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 
     export_with("eagle3", target_dir, tmp_path / "art", ckpt=trained_head(tmp_path_factory, "eagle3"))
     runner = Runner(tmp_path / "art", drafter="eagle3", threads=1, lookup_branch=False)
-    assert isinstance(runner.drafter(SamplingParams()), HeadDrafter)
+    assert isinstance(runner.drafter(), HeadDrafter)
     for prompt in PROMPTS[:2]:
         assert runner.generate_ids(prompt, 32).tokens == runner.generate_ids(prompt, 32, drafter="none").tokens
 

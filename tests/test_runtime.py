@@ -133,8 +133,10 @@ def test_target_as_its_own_draft_accepts_everything(tmp_path, tiny_model_dir):
     result = runner.generate(PROMPTS[1], chat=False, max_tokens=41, sampling=SamplingParams(temperature=0.0))
     assert result.stats.acceptance_per_position == [1.0, 1.0, 1.0, 1.0]
     assert result.stats.mean_accepted_length > 4.0
-    # sampling with p == q also accepts everything (u < p/q = 1)
-    sampled = runner.generate(PROMPTS[1], chat=False, max_tokens=41, sampling=SamplingParams(temperature=0.8, seed=3))
+    # sampling with p == q also accepts everything (u < p/q = 1; a seed whose draws end in no end token, after
+    # which the drafted tokens are not counted as accepted)
+    sampled = runner.generate(PROMPTS[1], chat=False, max_tokens=41, sampling=SamplingParams(temperature=0.8, seed=4))
+    assert sampled.finish_reason == "length"
     assert all(x == 1.0 for x in sampled.stats.acceptance_per_position)
 
 

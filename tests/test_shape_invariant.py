@@ -306,7 +306,6 @@ def test_tree_drafter_greedy_equals_plain(tmp_path, tmp_path_factory, shape_inva
     which is often not the main path) give plain decoding's tokens, chosen from bitwise the same logits, in
     shape-invariant mode and on the CPU's default fused session (trees laid out main path first)."""
     from speccompile.draft_config import DraftConfig
-    from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 
     from test_heads_helpers import shared_target, word_prompt_ids
@@ -315,7 +314,7 @@ def test_tree_drafter_greedy_equals_plain(tmp_path, tmp_path_factory, shape_inva
     export_with("mtp", shared_target(tmp_path_factory), tmp_path / "art")
     runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=False, threads=1, shape_invariant=shape_invariant)
     assert runner.artifact.target.row_invariant == (not shape_invariant)
-    drafter = runner.drafter(SamplingParams())
+    drafter = runner.drafter()
     drafter.inner.set_tree(DraftConfig("mtp", 4, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))))
     accepted = cuts = 0
     for prompt in [PROMPTS[0], word_prompt_ids(1)]:

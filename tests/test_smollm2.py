@@ -72,7 +72,6 @@ def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
 
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.draft_config import DraftConfig
-    from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
     from speccompile.training.trainer import TrainOptions, train_draft
 
@@ -89,7 +88,7 @@ def test_trained_eagle3_head_greedy_equals_plain_on_smollm2(tmp_path):
     manifest = export_artifact("smollm2-135m", art, ExportOptions(drafter=f"eagle3:{head}", max_context=512))
     assert manifest.graphs["eagle3-ort"].extra["weights"] == "int8"
     runner = Runner(art, drafter="eagle3", num_draft_tokens=4, adaptive=False, threads=2)
-    head = runner.drafter(SamplingParams()).inner  # the head under the lookup branch
+    head = runner.drafter().inner  # the head under the lookup branch
     modes = {"chain": DraftConfig.parse("eagle3", "chain", 4),
              "static": DraftConfig("eagle3", 4, ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))),
              "dynamic": DraftConfig.parse("eagle3", "dynamic-4-3-10"),

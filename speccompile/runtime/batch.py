@@ -167,7 +167,8 @@ class BatchDecoder:
         """Join several requests (at most `free`). `prefill_together`: prompts that fit one prefill chunk are
         prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone,
         in order (with a `prefix_cache`, every prompt joins alone: a padded pass's rows are not what a
-        fresh prefill computes, so they are neither cached nor served from the cache). Returns, per request,
+        fresh prefill computes, so they are neither cached nor served from the cache; so does a request whose
+        drafter reads the prompt's hidden states, which a batched prefill does not hand it). Returns, per request,
         its Generation or the exception that refused it.
 
         Prefill is compute-bound on a CPU: one pass over all prompts takes about as long as their passes one
@@ -177,14 +178,15 @@ class BatchDecoder:
             raise RuntimeError("more requests than free batch slots")
         if defer_prefill:
             return [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
-        together = [i for i, (ids, config, _) in enumerate(requests)
-                    if prefill_together and self.prefix_cache is None and self._prefills_together(ids, config)]
+        candidates = {i: self.new_generator(config) for i, (ids, config, _) in enumerate(requests)
+                      if prefill_together and self.prefix_cache is None and self._prefills_together(ids, config)}
+        together = [i for i, generator in candidates.items() if generator.resumes_prefill]  # (a head reads the prefill's hidden states)
         if len(together) < 2:
             together = []
         results: list = [None] * len(requests)
         if together:
             first = len(self.active)
-            generators = [self.new_generator(requests[i][1]) for i in together]
+            generators = [candidates[i] for i in together]
             self._ensure_rows(max(len(requests[i][0]) + g.max_verify_tokens for i, g in zip(together, generators)))
             t0 = time.perf_counter()
             logits = self.session.prefill_batch(self.buffers, first, [np.asarray(requests[i][0]) for i in together])

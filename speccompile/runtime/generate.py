@@ -141,7 +141,7 @@ class Generation:
         self.params = config.sampling
         self.rng = self.params.rng()
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=cached_rows)
-        if cached_rows:
+        if cached_rows or prefilled is not None:  # (a batched prefill: prefilled logits, no cached rows)
             _check_resume(generator, config, len(prompt_ids), cached_rows, prefilled is not None)
         self._started = time.perf_counter()
         self._engine_start = generator.clock.seconds
@@ -157,6 +157,7 @@ class Generation:
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
         if self.drafter is not None:
             self.drafter.reset(fresh=self.controller.deterministic)
+            self.drafter.start(self.params, self.params.drafter_rng())  # this generation's own draws
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = TokenOutput(generator.tokenizer, config, generator.eos_ids, on_text)
         self.rules = (OutputRules(self.params, config.constraint, config.logprobs)
@@ -393,9 +394,13 @@ class Generation:
 
 
 def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, cached_rows: int, whole: bool) -> None:
-    """Refuse a start from cached rows that a fresh prefill would not reproduce bit for bit."""
+    """Refuse a start from cached rows (or a batched prefill's logits) that a fresh prefill would not reproduce bit
+    for bit, or that leave a drafter without the prompt's hidden states."""
     if not generator.resumes_prefill:
-        raise ValueError(f"the {generator.drafter.name} drafter reads the prompt's hidden states: start without cached rows")
+        raise ValueError(f"the {generator.drafter.name} drafter reads the prompt's hidden states: start without cached "
+                         "rows or prefilled logits")
+    if not cached_rows:
+        return
     if whole != (cached_rows == prompt):
         raise ValueError("the prompt's last logits come with all its rows cached, and only then")
     if whole:

@@ -22,6 +22,8 @@ _TOP_P_FIRST_CANDIDATES = 1024
 # Sampling parameters
 # --------------------------------------------------------------------------------------------
 
+DRAFTER_STREAM = 1  # the spawn key of a seed's drafter stream (`SamplingParams.drafter_rng`)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -59,6 +61,13 @@ class SamplingParams:
     def rng(self) -> np.random.Generator:
         """A generator seeded from ``seed`` (fresh entropy when ``seed`` is None)."""
         return np.random.default_rng(self.seed)
+
+    def drafter_rng(self) -> np.random.Generator:
+        """A drafter's generator for one generation: seeded from ``seed`` too, on a stream independent of
+        ``rng()``'s (fresh entropy when ``seed`` is None). Made anew for every generation (`Drafter.start`)."""
+        if self.seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng(np.random.SeedSequence(int(self.seed), spawn_key=(DRAFTER_STREAM,)))
 
 
 def _is_real(x: object) -> bool:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Iterator, TypeVar
 
@@ -39,19 +40,19 @@ if TYPE_CHECKING:
     from .prefix_cache import PrefixCache
 
 
-MAX_DRAFTERS = 8  # draft-model drafters, and acceptance estimates, kept per runner (one per sampling setting)
+MAX_SETTINGS = 8  # acceptance estimates kept per runner (one per sampling setting)
 
 T = TypeVar("T")
 
 
 def most_recent(kept: dict[Hashable, T], key: Hashable, make: Callable[[], T]) -> T:
-    """`kept[key]`, made on first use, in a dict holding the `MAX_DRAFTERS` most recently used values (a server
+    """`kept[key]`, made on first use, in a dict holding the `MAX_SETTINGS` most recently used values (a server
     with per-request sampling settings must not grow without bound)."""
     value = kept.pop(key, None)
     if value is None:
         value = make()
     kept[key] = value  # most recently used last
-    while len(kept) > MAX_DRAFTERS:
+    while len(kept) > MAX_SETTINGS:
         kept.pop(next(iter(kept)))
     return value
 
@@ -60,8 +61,8 @@ class Runner:
     """An opened artifact plus its drafter: `generate`, `generate_ids`, `stream`, `stream_ids`.
 
     `Runner(path, RunOptions(...))`, or `Runner(path, drafter="ngram", threads=2)` with RunOptions fields as
-    keywords. The drafter is built once and keeps what it learns (tree planner rates) across generations (a draft
-    model: one per sampling setting); the target's measured pass costs are shared by all generations too.
+    keywords. The drafter is built once, for every sampling setting and seed, and keeps what it learns (tree
+    planner rates) across generations; the target's measured pass costs are shared by all generations too.
     """
 
     def __init__(self, artifact: str | Path, options: RunOptions | None = None, **fields):
@@ -79,7 +80,8 @@ class Runner:
             self.ngram_corpus = NgramCorpus.from_file(options.ngram_corpus, self.artifact.tokenizer)
         self.clock = EngineClock()  # engine time of the target and every drafter graph
         self.pass_costs = PassCosts()  # the target's pass times, measured across this runner's generations
-        self._drafters: dict[SamplingParams | None, Drafter] = {}
+        self._drafter: Drafter | None = None  # built on first use (`drafter`)
+        self._stream: weakref.ref[TextStream] | None = None  # the last stream given that drafter
         self._acceptance: dict[tuple, AcceptanceRates] = {}
         self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
 
@@ -120,34 +122,41 @@ class Runner:
         """k: the most draft positions per step (0 for plain decoding)."""
         return self.draft_config.k if self.draft_config is not None else 0
 
-    def drafter(self, sampling: SamplingParams | None = None) -> Drafter | None:
-        """The drafter generations with `sampling` use (built on first use; None for plain decoding).
-
-        Only a draft model drafts differently per sampling setting (it samples from its own distribution, with
-        its own seeded generator): it gets one drafter per setting, the most recent `MAX_DRAFTERS` kept (a server
-        with per-request seeds must not grow without bound). Every other drafter is shared by all settings."""
+    def drafter(self) -> Drafter | None:
+        """The drafter of the generations this runner runs one after another, whatever their sampling settings
+        and seeds (built on first use; None for plain decoding). Each generation hands it its settings and a
+        generator of its own (`Drafter.start`), so a draft model is loaded once however many seeds it serves."""
         if self.draft_config is None:
             return None
-        key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
-        return most_recent(self._drafters, key, lambda: make_drafter(self._drafter_request(sampling)))
+        if self._drafter is None:
+            self._drafter = make_drafter(self._drafter_request())
+        return self._drafter
 
-    def _drafter_request(self, sampling: SamplingParams | None, shared_session: bool = False) -> DrafterRequest:
-        return DrafterRequest(self.artifact, self.draft_config, sampling or SamplingParams(), self.clock,
-                              self.options.lookup_branch, self.ngram_corpus, shared_session)
+    def _drafter_busy(self) -> bool:
+        """Whether a stream still decoding holds the runner's drafter: a generation started meanwhile then gets
+        a drafter of its own (on ort-cpu in the same session), so neither changes the other's drafts."""
+        stream = self._stream() if self._stream is not None else None
+        return stream is not None and stream.decoding
+
+    def _drafter_request(self) -> DrafterRequest:
+        """On ort-cpu every drafter of this runner (one for sequential generations, one per batched request) runs
+        its graph in the artifact's one shared session of it (`Artifact.session`)."""
+        return DrafterRequest(self.artifact, self.draft_config, self.clock, self.options.lookup_branch,
+                              self.ngram_corpus, self.artifact.backend == "ort-cpu")
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
-        """The loop over this artifact's target with the drafter for `sampling` (none when `plain`);
-        `own_drafter`: a new drafter for this generator alone (generations decoding at the same time; on ort-cpu
-        its graph runs in a session shared by all of them), and acceptance learned by each generation alone (one
-        after another they carry `learned_acceptance`; pooled across concurrent copy and chat requests, estimates
-        drafted worse: docs/benchmarks.md, "Serving and prefill")."""
+        """The loop over this artifact's target with the runner's drafter (none when `plain`) and the acceptance
+        estimates of `sampling`'s setting; `own_drafter`: a new drafter for this generator alone (generations
+        decoding at the same time; on ort-cpu its graph runs in a session shared by all of them), and acceptance
+        learned by each generation alone (one after another they carry `learned_acceptance`; pooled across
+        concurrent copy and chat requests, estimates drafted worse: docs/benchmarks.md, "Serving and prefill")."""
         a = self.artifact
         if plain or self.draft_config is None:
             drafter = None
         elif own_drafter:
-            drafter = make_drafter(self._drafter_request(sampling, shared_session=a.backend == "ort-cpu"))
+            drafter = make_drafter(self._drafter_request())
         else:
-            drafter = self.drafter(sampling)
+            drafter = self.drafter()
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
         return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
                          seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))),
@@ -236,7 +245,7 @@ class Runner:
         plain = self._plain(drafter)
         recorder = None if logprobs is None else LogprobRecorder(logprobs)
         config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
-        return self.generator(sampling, plain).generate(prompt_ids, config, on_text)
+        return self.generator(sampling, plain, self._drafter_busy()).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
@@ -253,7 +262,11 @@ class Runner:
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
         config = self._config(max_tokens, sampling, stop, plain, constraint)
-        return TextStream(self.generator(sampling, plain), prompt_ids, config)
+        busy = self._drafter_busy()
+        stream = TextStream(self.generator(sampling, plain, busy), prompt_ids, config)
+        if not busy and not plain:
+            self._stream = weakref.ref(stream)
+        return stream
 
     def stream(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                stop: list[str] | None = None, drafter: str | None = None,
@@ -270,6 +283,11 @@ class TextStream:
         self._pending: list[str] = []
         self._generation = generator.start(prompt_ids, config, self._pending.append)
         self.result: GenerationResult | None = None
+
+    @property
+    def decoding(self) -> bool:
+        """Whether its generation has steps to run (its drafter is in use)."""
+        return not self._generation.done
 
     def __iter__(self) -> Iterator[str]:
         while True:

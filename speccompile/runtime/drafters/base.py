@@ -62,6 +62,7 @@ class Drafter(ABC):
 
     reset(fresh)             before a new prompt (`fresh`: also forget what was learnt across prompts: seeded
                              sampling, whose output must depend on this generation alone)
+    start(sampling, rng)     then: the generation's sampling settings and a random generator for it alone
     propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.limit` positions (chain tokens,
                              tree depth), as many as pay (`sizing.choose_k`, or the tree planner)
     record_verdict(...)      after verification: which rows of its draft were accepted
@@ -71,6 +72,13 @@ class Drafter(ABC):
 
     `reads_hidden_states`: observe() needs the target's hidden states of every row, the prompt's too;
     `relative_cost`: the prior cost of one draft position in one-token target passes (seeded sampling).
+
+    One drafter object serves every sampling setting and seed: a Runner builds one for the generations it runs
+    one after another, a batch one per request (their graphs in one shared session), so what a factory loads
+    (sessions, weights) is loaded once. A drafter that samples its proposals takes the settings and the
+    generator `start` hands it (`SamplingParams.drafter_rng()`: from the request's seed, made anew for every
+    generation, never shared with another generation) and draws from that generator only: a seeded request's
+    drafts then depend on the request alone, not on earlier generations or on the requests beside it.
     """
 
     name: str = "drafter"
@@ -79,6 +87,10 @@ class Drafter(ABC):
 
     def reset(self, fresh: bool = False) -> None:
         """Forget per-sequence state before a new prompt (`fresh`: learnt statistics too)."""
+
+    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        """The coming generation's sampling settings and its own generator (kept for it alone; a deterministic
+        drafter ignores both)."""
 
     @abstractmethod
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
@@ -99,14 +111,13 @@ class Drafter(ABC):
 
 @dataclass(frozen=True)
 class DrafterRequest:
-    """What a factory builds a drafter from: the opened artifact, what to draft (`draft.kind`, its tree and k),
-    the generation's sampling (a draft model samples its own tokens) and the clock its graphs are timed on.
+    """What a factory builds a drafter from: the opened artifact, what to draft (`draft.kind`, its tree and k)
+    and the clock its graphs are timed on (no sampling settings: they come per generation, `Drafter.start`).
     `lookup_branch` (heads): add the n-gram lookup continuation to every tree; `ngram_corpus`: the n-gram
     drafter's fallback; `shared_session`: its graph runs in the artifact's shared session (`Artifact.session`)."""
 
     artifact: "Artifact"
     draft: DraftConfig
-    sampling: SamplingParams
     clock: EngineClock
     lookup_branch: bool = True
     ngram_corpus: NgramCorpus | None = None

@@ -22,18 +22,22 @@ class DraftModelDrafter(Drafter):
     The drafter remembers which tokens its cache holds. On each `propose` it drops cache rows past
     the common prefix with the committed sequence (rejected drafts), feeds the missing tokens in one
     call, then drafts one token per call. Under sampling each draft token is drawn from the draft's
-    processed distribution, which is returned as q for exact verification.
+    processed distribution, which is returned as q for exact verification: with the generation's settings and
+    generator (`start`; greedy and unseeded until then).
     """
 
     name = "draft-model"
     relative_cost = 0.15  # prior cost of one draft token in target passes (seeded adaptive mode)
 
-    def __init__(self, session: Session, params: SamplingParams, rng: np.random.Generator, max_context: int):
+    def __init__(self, session: Session, max_context: int):
         self.session = session
-        self.params = params
-        self.rng = rng
         self.max_context = max_context
+        self.start(SamplingParams(), np.random.default_rng())
         self.reset()
+
+    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        self.params = sampling
+        self.rng = rng
 
     def reset(self, fresh: bool = False) -> None:
         self.cache = self.session.new_cache()
@@ -82,9 +86,7 @@ class DraftModelDrafter(Drafter):
 
 
 def make_draft_model(request: DrafterRequest) -> DraftModelDrafter:
-    """The artifact's draft model, its own seeded generator (the generation's seed + 1)."""
+    """The artifact's draft model (on ort-cpu in the artifact's one shared session of its graph)."""
     section = request.exported_section()
     session = TimedSession(request.artifact.session(section.get("graph", "draft"), request.shared_session), request.clock)
-    sampling = request.sampling
-    seed = None if sampling.seed is None else sampling.seed + 1
-    return DraftModelDrafter(session, sampling, np.random.default_rng(seed), request.artifact.max_context)
+    return DraftModelDrafter(session, request.artifact.max_context)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..acceptance import AcceptanceRates
 from ..costs import best_draft_length
+from ..sampling import SamplingParams
 from ..tree import TreeSpec
 from .base import Draft, Drafter
 from .ngram import NgramDrafter
@@ -54,6 +55,9 @@ class LookupBranchDrafter(Drafter):
         if fresh:
             self.rates.forget()
         self._last = None
+
+    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        self.inner.start(sampling, rng)
 
     def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
         self.inner.observe(hidden, row_tokens, next_token)
