@@ -28,6 +28,7 @@ from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import Generator
 from .logprobs import LogprobRecorder
+from .penalties import LogitPenalties
 from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
@@ -204,9 +205,10 @@ class Runner:
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-               logprobs: LogprobRecorder | None = None) -> GenerationConfig:
+               logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None) -> GenerationConfig:
         """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
-        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs)
+        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs,
+                            penalties)
 
     @property
     def shape_invariant(self) -> int:
@@ -215,10 +217,12 @@ class Runner:
 
     def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool,
                 constraint: ConstraintSpec | CompiledConstraint | None = None,
-                logprobs: LogprobRecorder | None = None) -> GenerationConfig:
+                logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None) -> GenerationConfig:
+        if penalties is not None:
+            penalties.validate(self.artifact.tokenizer.vocab_size)
         return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
                                 num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive,
-                                constraint=self.compile_constraint(constraint), logprobs=logprobs)
+                                constraint=self.compile_constraint(constraint), logprobs=logprobs, penalties=penalties)
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
@@ -228,14 +232,15 @@ class Runner:
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
                      drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-                     logprobs: int | None = None) -> GenerationResult:
+                     logprobs: int | None = None, penalties: LogitPenalties | None = None) -> GenerationResult:
         """Generate after token ids; `drafter="none"` gives plain decoding on the same backend. `constraint`: the
         output must match it (`ConstraintSpec.json_schema(...)`, regex, grammar, choice); `logprobs`: record each
-        token's log-probability with that many alternatives (`GenerationResult.logprobs`)."""
+        token's log-probability with that many alternatives (`GenerationResult.logprobs`); `penalties`: logit bias and
+        repetition penalties (runtime/penalties.py)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
         recorder = None if logprobs is None else LogprobRecorder(logprobs)
-        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
+        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder, penalties)
         return self.generator(sampling, plain).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,

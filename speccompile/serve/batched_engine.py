@@ -56,7 +56,8 @@ class BatchedEngine(WorkerEngine):
         except Exception:  # the worker reports it when the request joins
             return
         logits = self._decoder.cached_prompt_logits(list(request.prompt_ids), config)
-        text = None if logits is None else opening_text(self._tokenizer, self._eos_ids, config, logits)
+        text = None if logits is None else opening_text(self._tokenizer, self._eos_ids, config, logits,
+                                                                    request.prompt_ids)
         if text is not None:
             handle.opening, handle.opening_at = text, time.perf_counter()
             handle.emit(TextDelta(text))
