@@ -246,3 +246,132 @@ def test_batched_penalties_and_seeds_equal_alone(ngram_runner):
     assert decoder.batched_passes > 0
     for (ids, sampling, penalties), generation in zip(requests, generations):
         assert generation.result().tokens == runner.generate_ids(ids, 24, sampling, penalties=penalties).tokens
+
+
+# --------------------------------------------------------------------------------------------
+# The server through the `openai` client
+# --------------------------------------------------------------------------------------------
+
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_artifact):
+    from conftest import load_benchmark
+
+    process = load_benchmark("server_process").ServerProcess(tiny_artifact, "--served-model-name", MODEL, "--threads", "1",
+                                                            "--max-concurrency", "4")
+    yield process
+    assert process.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_artifact) -> Runner:
+    return Runner(tiny_artifact, threads=1)
+
+
+def _ids(runner: Runner, text: str) -> list[int]:
+    return runner.artifact.tokenizer.prompt_ids(text, chat=False)
+
+
+def _text(runner: Runner, ids: list[int], max_tokens: int, sampling: SamplingParams | None = None,
+          penalties: LogitPenalties | None = None) -> str:
+    return runner.generate_ids(ids, max_tokens, sampling, penalties=penalties).text
+
+
+def test_n_choices_are_seeded_per_choice_and_share_the_prefill(client, runner):
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    ids = _ids(runner, prompt)
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0.9, seed=7, n=3)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    expected = [_text(runner, ids, 12, SamplingParams(temperature=0.9, seed=7 + i)) for i in range(3)]
+    assert [c.text for c in response.choices] == expected
+    assert len(set(expected)) > 1  # distinct seeds, distinct answers
+    completion = sum(len(runner.generate_ids(ids, 12, SamplingParams(temperature=0.9, seed=7 + i)).tokens) for i in range(3))
+    assert response.usage.prompt_tokens == len(ids) and response.usage.completion_tokens == completion
+    cached = [c.model_extra["speculative"]["cached_tokens"] for c in response.choices]
+    assert cached.count(len(ids)) >= 2  # choices after the first start from its prefill (the prefix cache)
+
+
+def test_chat_n_streams_every_choice(client):
+    messages = [{"role": "user", "content": "abc abc abc"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.8, seed=3, n=2)
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0.8, seed=3, n=2,
+                                            stream=True, stream_options={"include_usage": True})
+    texts, reasons, usage = ["", ""], [None, None], None
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+        usage = chunk.usage or usage
+    assert texts == [c.message.content for c in whole.choices]
+    assert reasons == [c.finish_reason for c in whole.choices]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+@pytest.mark.parametrize("fields,penalties", [
+    ({"presence_penalty": 0.3, "frequency_penalty": 0.2}, LogitPenalties(presence=0.3, frequency=0.2)),
+    ({"extra_body": {"repetition_penalty": 1.2}}, LogitPenalties(repetition=1.2)),
+    ({"logit_bias": {"4": 6, "3": -100}}, LogitPenalties(logit_bias=((3, -100.0), (4, 6.0)))),
+])
+def test_penalties_and_logit_bias_through_the_client_equal_plain(client, runner, fields, penalties):
+    prompt = "abc abc abc abc abc"
+    ids = _ids(runner, prompt)
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, **fields)
+    plain = runner.generate_ids(ids, 24, drafter="none", penalties=penalties).text
+    assert response.choices[0].text == plain != runner.generate_ids(ids, 24, drafter="none").text
+    sampled = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0.9, seed=5,
+                                        **{**fields, "extra_body": {**fields.get("extra_body", {}), "min_p": 0.1}})
+    assert sampled.choices[0].text == _text(runner, ids, 16, SamplingParams(temperature=0.9, seed=5, min_p=0.1), penalties)
+
+
+def test_echo_and_prompt_lists(client, runner):
+    prompts = ["abc abc", "x = 1\ny ="]
+    response = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0.7, seed=1, n=2,
+                                         echo=True, logprobs=1)
+    assert [c.index for c in response.choices] == [0, 1, 2, 3]
+    for choice in response.choices:
+        prompt = prompts[choice.index // 2]
+        ids = _ids(runner, prompt)
+        answer = _text(runner, ids, 6, SamplingParams(temperature=0.7, seed=1 + choice.index % 2))
+        assert choice.text == prompt + answer
+        columns = choice.logprobs
+        assert len(columns.tokens) == len(ids) + len(runner.generate_ids(ids, 6, SamplingParams(temperature=0.7, seed=1 + choice.index % 2)).tokens)
+        assert columns.token_logprobs[0] is None and columns.token_logprobs[-1] <= 0
+    by_ids = client.completions.create(model=MODEL, prompt=[_ids(runner, p) for p in prompts], max_tokens=6, temperature=0)
+    assert [c.text for c in by_ids.choices] == [_text(runner, _ids(runner, p), 6) for p in prompts]
+    assert by_ids.usage.prompt_tokens == sum(len(_ids(runner, p)) for p in prompts)
+    streamed = client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=6, temperature=0, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == prompts[0] + _text(runner, _ids(runner, prompts[0]), 6)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"n": 0}, "n"),
+    ({"n": 129}, "n"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"logit_bias": {"a": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"96": 1}}, "logit_bias"),
+    ({"prompt": ["abc", ""]}, "prompt"),
+    ({"echo": "maybe"}, "echo"),
+    ({"n": 20}, "n"),  # more choices than the server admits at once (4 + its queue of 64 is fine; 20 x 4 prompts is not)
+])
+def test_out_of_range_fields_are_400_naming_them(server, body, param):
+    import httpx
+
+    request = {"model": MODEL, "prompt": "hi", "max_tokens": 2, **body}
+    if param == "n" and body["n"] == 20:
+        request["prompt"] = ["a", "b", "c", "d"]
+    response = httpx.post(server.url + "/completions", json=request, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

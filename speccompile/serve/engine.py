@@ -138,6 +138,10 @@ class Engine(abc.ABC):
         with self._compile_lock:
             return self._runner.compile_constraint(spec)
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (a completion prompt given as ids, echoed)."""
+        return self._tokenizer.decode(ids)
+
     def token_text(self, token: int) -> str:
         """One token's text (logprobs)."""
         return self._tokenizer.decode([token], skip_special_tokens=False)
@@ -313,17 +317,22 @@ class SequentialEngine(WorkerEngine):
 
 
 def generation_config(runner, handle: RequestHandle):
-    """The runtime's GenerationConfig of a request: its sampling, stops, grammar and logprob recorder."""
+    """The runtime's GenerationConfig of a request: its sampling, penalties, stops, grammar and logprob recorder."""
+    from ..runtime.penalties import LogitPenalties
+
     request = handle.request
+    penalties = LogitPenalties(request.presence_penalty, request.frequency_penalty, request.repetition_penalty,
+                               request.logit_bias)
     return runner.config(request.max_tokens, sampling_params(request), list(request.stop), request.drafter,
-                         constraint=request.constraint, logprobs=handle.recorder)
+                         constraint=request.constraint, logprobs=handle.recorder,
+                         penalties=penalties if penalties.active else None)
 
 
 def sampling_params(request: GenerationRequest):
     """The runtime's SamplingParams of a request (validated)."""
     from ..runtime.sampling import SamplingParams
 
-    return SamplingParams(request.temperature, request.top_k, request.top_p, request.seed).validate()
+    return SamplingParams(request.temperature, request.top_k, request.top_p, request.seed, request.min_p).validate()
 
 
 def niced(increment: int, work: Callable[[], object]) -> Callable[[], object]:

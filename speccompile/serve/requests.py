@@ -43,6 +43,11 @@ class GenerationRequest:
     constraint: Any = None  # a CompiledConstraint (runtime/constraints.py): the answer must match it
     logprobs: int | None = None  # record each token's log-probability with this many alternatives (None: off)
     drafter: str | None = None  # "none": plain decoding for this request (A/B measurements); None: the server's drafter
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
 
 @dataclass(frozen=True)
