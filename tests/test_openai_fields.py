@@ -248,6 +248,23 @@ def test_batched_penalties_and_seeds_equal_alone(ngram_runner):
         assert generation.result().tokens == runner.generate_ids(ids, 24, sampling, penalties=penalties).tokens
 
 
+@pytest.mark.parametrize("penalties", [LogitPenalties(logit_bias=((30, 100.0),)), LogitPenalties(repetition=3.0)])
+def test_opening_text_applies_the_penalties(ngram_runner, penalties):
+    """What a server sends at once for a cached prompt is the generation's own first delta, penalised alike."""
+    from speccompile.runtime.generate import opening_text
+
+    runner = ngram_runner
+    tokenizer, eos = runner.artifact.tokenizer, set(runner.artifact.eos_token_ids)
+    for text in PROMPTS:
+        ids = tokenizer.prompt_ids(text, chat=False)
+        config = runner.config(8, SamplingParams(), penalties=penalties)
+        deltas: list[str] = []
+        generation = runner.generator(config.sampling).start(ids, config, deltas.append)
+        assert [opening_text(tokenizer, eos, config, generation.prompt_logits, ids)] == deltas
+        if penalties.logit_bias:
+            assert deltas == ["A"]  # token 30 (conftest's ids), pushed up by 100
+
+
 # --------------------------------------------------------------------------------------------
 # The server through the `openai` client
 # --------------------------------------------------------------------------------------------
