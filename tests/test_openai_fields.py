@@ -392,3 +392,35 @@ def test_out_of_range_fields_are_400_naming_them(server, body, param):
     response = httpx.post(server.url + "/completions", json=request, timeout=60)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+@pytest.fixture(scope="module")
+def medusa_artifact(tmp_path_factory):
+    """The tiny head target with random Medusa heads: its trees carry the n-gram lookup branch (accepted on
+    repetitive text), so verify passes over trees with accepted paths."""
+    from test_heads_helpers import shared_target, write_checkpoint
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    root = tmp_path_factory.mktemp("fields_medusa")
+    ckpt = write_checkpoint(root / "ckpt", "medusa")
+    export_artifact(str(shared_target(tmp_path_factory)), root / "medusa", ExportOptions(drafter=f"medusa:{ckpt}", max_context=256))
+    return root / "medusa"
+
+
+def test_greedy_tree_drafts_with_penalties_equal_plain(medusa_artifact):
+    """Tree verify passes (random Medusa heads under the lookup branch) with penalties that change the output: greedy
+    identical to plain. (Random heads are accepted at the first level only; deeper paths: the chi-square above.)"""
+    runner = Runner(medusa_artifact, drafter="medusa", adaptive=False, threads=1)
+    trees, accepted, changed = 0, 0, 0
+    for penalties in (LogitPenalties(frequency=0.5), LogitPenalties(presence=1.5, logit_bias=((40, 2.0),))):
+        for seed in range(2):
+            ids = [int(t) for t in np.random.default_rng(seed).integers(3, 60, size=5)] * 4
+            plain = runner.generate_ids(ids, 32, drafter="none", penalties=penalties)
+            spec = runner.generate_ids(ids, 32, penalties=penalties)
+            assert spec.tokens == plain.tokens, (penalties, seed)
+            assert spec.stats.drafted[1:] and max(spec.stats.drafted[1:]) > 0  # trees deeper than one level
+            trees += spec.stats.draft_steps
+            accepted += sum(spec.stats.accepted)
+            changed += plain.tokens != runner.generate_ids(ids, 32, drafter="none").tokens
+    assert trees > 0 and accepted > 0 and changed > 0
