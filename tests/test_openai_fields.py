@@ -349,6 +349,16 @@ def test_penalties_and_logit_bias_through_the_client_equal_plain(client, runner,
     assert sampled.choices[0].text == _text(runner, ids, 16, SamplingParams(temperature=0.9, seed=5, min_p=0.1), penalties)
 
 
+def _prompt_logprobs(runner: Runner, ids: list[int]) -> list[float]:
+    """Each prompt token's log-probability after the tokens before it: the last logits of a prefill of that prefix."""
+    out = []
+    for i in range(1, len(ids)):
+        logits = runner.generator(SamplingParams(temperature=1.0)).start(ids[:i], runner.config(1, SamplingParams(1.0))).prompt_logits
+        shifted = logits.astype(np.float64) - logits.max()
+        out.append(float(shifted[ids[i]] - np.log(np.exp(shifted).sum())))
+    return out
+
+
 def test_echo_and_prompt_lists(client, runner):
     prompts = ["abc abc", "x = 1\ny ="]
     response = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0.7, seed=1, n=2,
@@ -361,12 +371,19 @@ def test_echo_and_prompt_lists(client, runner):
         assert choice.text == prompt + answer
         columns = choice.logprobs
         assert len(columns.tokens) == len(ids) + len(runner.generate_ids(ids, 6, SamplingParams(temperature=0.7, seed=1 + choice.index % 2)).tokens)
-        assert columns.token_logprobs[0] is None and columns.token_logprobs[-1] <= 0
+        assert columns.token_logprobs[0] is None and columns.top_logprobs[0] is None
+        assert columns.token_logprobs[1:len(ids)] == pytest.approx(_prompt_logprobs(runner, ids), abs=1e-4)
+        assert all(len(top) == 1 for top in columns.top_logprobs[1:])
     by_ids = client.completions.create(model=MODEL, prompt=[_ids(runner, p) for p in prompts], max_tokens=6, temperature=0)
     assert [c.text for c in by_ids.choices] == [_text(runner, _ids(runner, p), 6) for p in prompts]
     assert by_ids.usage.prompt_tokens == sum(len(_ids(runner, p)) for p in prompts)
     streamed = client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=6, temperature=0, echo=True, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == prompts[0] + _text(runner, _ids(runner, prompts[0]), 6)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=6, temperature=0, echo=True,
+                                            logprobs=0, stream=True))
+    assert chunks[0].choices[0].text == prompts[0]
+    lead = chunks[0].choices[0].logprobs.token_logprobs
+    assert lead[0] is None and lead[1:] == pytest.approx(_prompt_logprobs(runner, _ids(runner, prompts[0])), abs=1e-4)
 
 
 @pytest.mark.parametrize("body,param", [

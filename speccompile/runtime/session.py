@@ -27,7 +27,7 @@ from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import Generator
-from .logprobs import LogprobRecorder
+from .logprobs import LogprobRecorder, TokenLogprob, prompt_logprobs
 from .penalties import LogitPenalties
 from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
@@ -228,6 +228,11 @@ class Runner:
         if drafter not in (None, "none", self.drafter_name):
             raise InputError(f"drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)", "drafter")
         return drafter == "none" or self.draft_config is None
+
+    def prompt_logprobs(self, prompt_ids: list[int], top: int = 0) -> list[TokenLogprob]:
+        """Each prompt token's log-probability after the tokens before it (tokens 1..; `top` alternatives), from a
+        prefill of its own (runtime/logprobs.py)."""
+        return prompt_logprobs(self.artifact.target, prompt_ids, top)
 
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,

@@ -147,11 +147,12 @@ class _Api:
         prompts = [self.prompt_ids(prompt) for prompt in body.prompts]
         budgets = [self.budget(ids, body.max_tokens, 16, "prompt") for ids in prompts]  # 16: OpenAI's default
         constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
-        handles = self.submit([body.request(ids, max_tokens, constraint, body.logprobs, choice)
+        scored = bool(body.echo) and body.logprobs is not None  # the prompt's logprobs too
+        handles = self.submit([body.request(ids, max_tokens, constraint, body.logprobs, choice, scored)
                                for ids, max_tokens in zip(prompts, budgets) for choice in range(body.choices)])
         echo = None
         if body.echo:
-            echo = [Echo(prompt if isinstance(prompt, str) else self.engine.decode(ids), tuple(ids), body.logprobs is not None)
+            echo = [Echo(prompt if isinstance(prompt, str) else self.engine.decode(ids), tuple(ids), scored)
                     for prompt, ids in zip(body.prompts, prompts)]
         shape = ResponseShape(False, self.model_name, self.engine.token_text, n=body.choices, echo=echo)
         return await self.respond(request, shape, handles, body.stream, body.include_usage)

@@ -129,6 +129,7 @@ class BatchedEngine(WorkerEngine):
                 continue
             first_text_at: list[float] = [handle.opening_at] if handle.opening_at is not None else []
             try:
+                self._score_prompt(handle)
                 config = generation_config(self._runner, handle)
             except Exception as exc:
                 self._release_slotless(handle)

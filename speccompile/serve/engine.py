@@ -207,6 +207,7 @@ class Engine(abc.ABC):
             handle.emit(handle.text_delta(delta))
 
         try:
+            self._score_prompt(handle)
             config = generation_config(self._runner, handle)
             result = self._runner.generator(config.sampling, plain=config.num_draft_tokens == 0).generate(
                 list(request.prompt_ids), config, on_text)
@@ -217,6 +218,12 @@ class Engine(abc.ABC):
             self._failed(handle, exc)
             return
         self._finished(handle, result, started, first_text_at)
+
+    def _score_prompt(self, handle: RequestHandle) -> None:
+        """The prompt tokens' log-probabilities when the request asks for them (worker thread, before it generates)."""
+        request = handle.request
+        if request.prompt_logprobs:
+            handle.prompt_entries = tuple(self._runner.prompt_logprobs(list(request.prompt_ids), request.logprobs or 0))
 
     def _cancelled(self, handle: RequestHandle, started: float) -> None:
         handle.emit(Cancelled())
@@ -250,6 +257,7 @@ class Engine(abc.ABC):
             speculative=speculative,
             cached_tokens=stats.cached_tokens,
             logprobs=None if handle.recorder is None else tuple(handle.recorder.entries[: stats.generated_tokens]),
+            prompt_logprobs=handle.prompt_entries,
         ))
         self.metrics.observe_generation(
             prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens, target_passes=stats.target_passes,

@@ -63,7 +63,8 @@ class ResponseShape:
         return self._envelope(obj, choices, usage=usage(finished, self.n), speculative=finished[0].speculative)
 
     def _choice(self, index: int, finished: Finished) -> dict:
-        logprobs = None if finished.logprobs is None else self.logprobs(finished.logprobs, self.echoed(index))
+        logprobs = None if finished.logprobs is None else self.logprobs(finished.logprobs, self.echoed(index),
+                                                                          prompt=finished.prompt_logprobs or ())
         if not self.chat:
             echo = self.echoed(index)
             text = finished.text if echo is None else echo.text + finished.text
@@ -93,17 +94,20 @@ class ResponseShape:
     def usage_chunk(self, finished: Sequence[Finished]) -> dict:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage=usage(finished, self.n))
 
-    def logprobs(self, entries: Sequence[TokenLogprob], echo: Echo | None = None, offset: int = 0) -> dict:
-        """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: OpenAI's legacy columns, after
-        the echoed prompt's tokens (their log-probabilities null: not computed) and from text offset `offset`."""
+    def logprobs(self, entries: Sequence[TokenLogprob], echo: Echo | None = None, offset: int = 0,
+                 prompt: Sequence[TokenLogprob] = ()) -> dict:
+        """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: OpenAI's legacy columns from text
+        offset `offset`, after the echoed prompt's tokens (`prompt`: the entries of its tokens 1..; the first is null)."""
         if self.chat:
             return {"content": [{**self._token(e.token, e.logprob), "top_logprobs": [self._token(t, lp) for t, lp in e.top]}
                                 for e in entries], "refusal": None}
-        prompt = [] if echo is None else [self.token_text(t) for t in echo.tokens]
-        texts = prompt + [self.token_text(e.token) for e in entries]
+        lead = [] if echo is None else [None, *prompt]  # the prompt's first token has no context: null
+        texts = [] if echo is None else [self.token_text(t) for t in echo.tokens]
+        texts += [self.token_text(e.token) for e in entries]
         offsets = [offset + sum(len(t) for t in texts[:i]) for i in range(len(texts))]
-        return {"tokens": texts, "token_logprobs": [None] * len(prompt) + [_finite(e.logprob) for e in entries],
-                "top_logprobs": [None] * len(prompt) + [{self.token_text(t): _finite(lp) for t, lp in e.top} for e in entries],
+        columns = [*lead, *entries]
+        return {"tokens": texts, "token_logprobs": [None if e is None else _finite(e.logprob) for e in columns],
+                "top_logprobs": [None if e is None else {self.token_text(t): _finite(lp) for t, lp in e.top} for e in columns],
                 "text_offset": offsets}
 
     def _token(self, token: int, logprob: float) -> dict:
@@ -167,8 +171,9 @@ class _ChoiceStream:
     chunk with its finish_reason. A delta's logprob entries ride on its first chunk (or, if it made none, on the
     next one)."""
 
-    def __init__(self, shape: ResponseShape, index: int):
-        self.shape, self.index = shape, index
+    def __init__(self, shape: ResponseShape, index: int, handle: RequestHandle):
+        self.shape, self.index, self.handle = shape, index, handle
+        self.echoed = False
         self.parser = shape.tool_format.parser() if shape.tool_format is not None else None
         self.pending: list[TokenLogprob] = []
         self.sent, self.called = 0, False
@@ -176,18 +181,23 @@ class _ChoiceStream:
         self.offset = 0 if echo is None else len(echo.text)  # text offsets of the logprob columns (completions)
 
     def opening(self) -> list[dict]:
-        """The chunks before any generated text: the role (chat), the echoed prompt (completions with echo)."""
+        """The chunks before any generated text: the role (chat), the echoed prompt (completions with echo; with
+        logprobs, once the prompt's entries are in: on the choice's first event)."""
         echo = self.shape.echoed(self.index)
         if self.shape.chat:
             return [self.shape.chunk({"role": "assistant", "content": ""}, index=self.index)]
-        if echo is None:
+        if echo is None or echo.logprobs:
             return []
-        logprobs = self.shape.logprobs([], echo) if echo.logprobs else None
-        return [self.shape.chunk(echo.text, logprobs=logprobs, index=self.index)]
+        return [self.shape.chunk(echo.text, index=self.index)]
 
     def chunks(self, event: TextDelta | Finished) -> list[dict]:
         shape, parser = self.shape, self.parser
         out = []
+        echo = shape.echoed(self.index)
+        if echo is not None and echo.logprobs and not self.echoed:  # the worker scored the prompt before this event
+            self.echoed = True
+            logprobs = shape.logprobs([], echo, prompt=self.handle.prompt_entries or ())
+            out.append(shape.chunk(echo.text, logprobs=logprobs, index=self.index))
         if isinstance(event, TextDelta):
             self.pending += event.logprobs
             deltas = [event.text] if parser is None else [_delta(e) for e in parser.feed(event.text)]
@@ -214,7 +224,7 @@ async def stream_events(shape: ResponseShape, handles: Sequence[RequestHandle], 
     chunk with finish_reason (choices interleaved as their text arrives); then usage, [DONE]."""
     events: asyncio.Queue = asyncio.Queue()
     pumps = [asyncio.ensure_future(_pump(i, handle, events)) for i, handle in enumerate(handles)]
-    choices = [_ChoiceStream(shape, i) for i in range(len(handles))]
+    choices = [_ChoiceStream(shape, i, handle) for i, handle in enumerate(handles)]
     finished: list[Finished | None] = [None] * len(handles)
     failed = False
     try:

@@ -96,9 +96,9 @@ class _GenerationFields(BaseModel):
         return self.n or 1
 
     def request(self, prompt_ids: list[int], max_tokens: int, constraint: Any = None,
-                logprobs: int | None = None, choice: int = 0) -> GenerationRequest:
+                logprobs: int | None = None, choice: int = 0, prompt_logprobs: bool = False) -> GenerationRequest:
         """The engine's request for choice `choice` (its seed: seed + choice); `constraint`: the compiled grammar;
-        `logprobs`: alternatives per token (None: off)."""
+        `logprobs`: alternatives per token (None: off); `prompt_logprobs`: the prompt's too (echo)."""
         bias: dict[int, float] = {}
         for key, value in (self.logit_bias or {}).items():
             bias[int(key)] = bias.get(int(key), 0.0) + value  # ("7" and "007" name one token)
@@ -118,6 +118,7 @@ class _GenerationFields(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=tuple(sorted(bias.items())),
+            prompt_logprobs=prompt_logprobs,
         )
 
     @property
