@@ -386,6 +386,26 @@ def test_echo_and_prompt_lists(client, runner):
     assert lead[0] is None and lead[1:] == pytest.approx(_prompt_logprobs(runner, _ids(runner, prompts[0])), abs=1e-4)
 
 
+def test_n_choices_on_the_sequential_engine(tiny_artifact, runner):
+    """--no-batching: the choices are generations one after another, seeded alike."""
+    import openai
+
+    from conftest import load_benchmark
+
+    process = load_benchmark("server_process").ServerProcess(tiny_artifact, "--served-model-name", MODEL, "--threads", "1",
+                                                            "--no-batching")
+    try:
+        client = openai.OpenAI(base_url=process.url, api_key="unused", max_retries=0, timeout=120)
+        prompt = "abc abc abc"
+        response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=1.0, seed=2, n=2,
+                                             presence_penalty=0.5)
+        ids = _ids(runner, prompt)
+        assert [c.text for c in response.choices] == [
+            _text(runner, ids, 8, SamplingParams(temperature=1.0, seed=2 + i), LogitPenalties(presence=0.5)) for i in range(2)]
+    finally:
+        assert process.stop() == 0
+
+
 @pytest.mark.parametrize("body,param", [
     ({"n": 0}, "n"),
     ({"n": 129}, "n"),
@@ -396,6 +416,7 @@ def test_echo_and_prompt_lists(client, runner):
     ({"logit_bias": {"a": 1}}, "logit_bias"),
     ({"logit_bias": {"5": 101}}, "logit_bias"),
     ({"logit_bias": {"96": 1}}, "logit_bias"),
+    ({"logit_bias": {"7": 1, "007": 2}}, "logit_bias"),
     ({"prompt": ["abc", ""]}, "prompt"),
     ({"echo": "maybe"}, "echo"),
     ({"n": 20}, "n"),  # more choices than the server admits at once (4 + its queue of 64 is fine; 20 x 4 prompts is not)

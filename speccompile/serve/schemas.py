@@ -71,9 +71,13 @@ class _GenerationFields(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _bias_pairs(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        seen: set[int] = set()
         for key, value in (bias or {}).items():
             if not key.isdigit() or not key.isascii():
                 raise ValueError(f"keys are token ids, got {key!r}")
+            if int(key) in seen:
+                raise ValueError(f"token {int(key)} is given twice")
+            seen.add(int(key))
             if not -100 <= value <= 100:  # (NaN fails too)
                 raise ValueError(f"the bias of token {key} must be in [-100, 100], got {value}")
         return bias
@@ -99,9 +103,7 @@ class _GenerationFields(BaseModel):
                 logprobs: int | None = None, choice: int = 0, prompt_logprobs: bool = False) -> GenerationRequest:
         """The engine's request for choice `choice` (its seed: seed + choice); `constraint`: the compiled grammar;
         `logprobs`: alternatives per token (None: off); `prompt_logprobs`: the prompt's too (echo)."""
-        bias: dict[int, float] = {}
-        for key, value in (self.logit_bias or {}).items():
-            bias[int(key)] = bias.get(int(key), 0.0) + value  # ("7" and "007" name one token)
+        bias = {int(key): value for key, value in (self.logit_bias or {}).items()}
         return GenerationRequest(
             prompt_ids=tuple(prompt_ids),
             max_tokens=max_tokens,
