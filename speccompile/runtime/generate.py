@@ -15,7 +15,6 @@ guess travels in its plan (`PlannedStep.guess`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
@@ -302,7 +301,7 @@ class Generation:
         rows, tree = len(plan.ids), plan.draft.tree
         paths = draft_paths(rows, plan.draft.tokens, None if tree is None else tree.parents)
         logits = self.config.penalties.apply(out.logits[:rows], self.prompt_ids, self.tokens[len(self.prompt_ids):], paths)
-        return dataclasses.replace(out, logits=logits, greedy_tokens=None)
+        return StepOutput(logits, out.presents, out.hidden, None, out.plain_exact)  # (a plain output: any backend's)
 
     def commit(self, plan: PlannedStep, out: StepOutput, verdict: Verdict) -> None:
         """Keep the accepted rows' KV, emit the verdict's tokens until a stop, tell the controller and the drafter."""

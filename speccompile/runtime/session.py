@@ -251,10 +251,11 @@ class Runner:
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
                  drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-                 logprobs: int | None = None) -> GenerationResult:
-        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs` as `generate_ids`."""
+                 logprobs: int | None = None, penalties: LogitPenalties | None = None) -> GenerationResult:
+        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs`, `penalties` as
+        `generate_ids`."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs)
+        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs, penalties)
 
     def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                    stop: list[str] | None = None, drafter: str | None = None,
