@@ -177,7 +177,7 @@ COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     ("/chat/completions", b"[1, 2]", 400, None),
     ("/chat/completions", b'{"model": "tiny", "messages": [], "temperature": NaN}', 400, None),
     ("/chat/completions", {**CHAT, "model": "gpt-4"}, 404, "model"),
-    ("/chat/completions", {**CHAT, "n": 2}, 400, "n"),
+    ("/chat/completions", {**CHAT, "n": 0}, 400, "n"),
     ("/chat/completions", {**CHAT, "temperature": -1}, 400, "temperature"),
     ("/chat/completions", {**CHAT, "temperature": 2.5}, 400, "temperature"),
     ("/chat/completions", {**CHAT, "top_p": 0}, 400, "top_p"),
@@ -186,7 +186,7 @@ COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     ("/chat/completions", {**CHAT, "max_tokens": 0}, 400, "max_tokens"),
     ("/chat/completions", {**CHAT, "max_tokens": 2.5}, 400, "max_tokens"),
     ("/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ("/chat/completions", {**CHAT, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/chat/completions", {**CHAT, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs: true
     ("/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type"),
@@ -201,9 +201,9 @@ COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
     ("/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0"),  # no tool_call_id
     ("/chat/completions", {"model": MODEL}, 400, "messages"),
     ("/completions", {**COMPLETION, "prompt": ""}, 400, "prompt"),
-    ("/completions", {**COMPLETION, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("/completions", {**COMPLETION, "prompt": ["a", ""]}, 400, "prompt"),
     ("/completions", {**COMPLETION, "prompt": [5, 100000]}, 400, "prompt"),
-    ("/completions", {**COMPLETION, "echo": True}, 400, "echo"),
+    ("/completions", {**COMPLETION, "echo": "maybe"}, 400, "echo"),
     ("/completions", {**COMPLETION, "logprobs": 6}, 400, "logprobs"),
     ("/completions", {**COMPLETION, "best_of": 3}, 400, "best_of"),
     ("/completions", {**COMPLETION, "max_tokens": CONTEXT}, 400, "max_tokens"),
@@ -244,8 +244,8 @@ def test_unknown_route_and_method(server):
 def test_client_raises_typed_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="nope", prompt="hi", max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, n=3)
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, presence_penalty=3)
 
 
 def test_metrics(server, client):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -32,20 +32,25 @@ from .drafters.base import Draft, Drafter
 from .kvcache import BufferKVCache, KVCache, causal_mask
 from .options import GenerationConfig
 from .output import TokenOutput, choose_first_token
+from .penalties import draft_paths
 from .stats import GenerationResult, GenerationStats
 from .timing import EngineClock, TimedSession
 from .verification import Verdict, verify_draft
 
 
-def opening_text(tokenizer: TextTokenizer, eos_ids: set[int], config: GenerationConfig, prompt_logits: np.ndarray) -> str | None:
+def opening_text(tokenizer: TextTokenizer, eos_ids: set[int], config: GenerationConfig, prompt_logits: np.ndarray,
+                 prompt_ids: Sequence[int] = ()) -> str | None:
     """The text a generation of `config` whose prompt ends in `prompt_logits` streams with its first token, known
     before it starts: a server sends it at once for a prompt whose logits a prefix cache holds. None when that
     text is not fixed by the logits (sampling without a seed), when the first token ends the generation, or
-    when it streams nothing yet (held back for a stop string or an incomplete character)."""
+    when it streams nothing yet (held back for a stop string or an incomplete character). `prompt_ids`: the prompt
+    (for the repetition penalty; runtime/penalties.py)."""
     if not config.sampling.greedy and config.sampling.seed is None:
         return None
     sent: list[str] = []
     output = TokenOutput(tokenizer, config, eos_ids, sent.append)
+    if config.adjusts_logits:
+        prompt_logits = config.penalties.first_row(prompt_logits, prompt_ids)
     if output.push(choose_first_token(prompt_logits, config.sampling, config.sampling.rng())):
         return None
     output.flush()
@@ -210,7 +215,8 @@ class Generation:
             self.drafter.observe(out.hidden, list(ids), following)
         self._prefilled_rows = start + q
         if self._prefilled_rows == len(prompt):
-            if out.greedy_tokens is not None and self.params.greedy and self.rules is None and self._logit_trace is None:
+            if (out.greedy_tokens is not None and self.params.greedy and self.rules is None and self._logit_trace is None
+                    and not self.config.adjusts_logits):
                 self._first_token(None, int(out.greedy_tokens[-1]))  # the [q, vocab] logits are never copied back
             else:
                 self._first_token(out.logits[-1])
@@ -223,6 +229,8 @@ class Generation:
         self.stats.time_prefill = time.perf_counter() - self._started
         self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
         if chosen is None:
+            if self.config.adjusts_logits:
+                last_logits = self.config.penalties.first_row(last_logits, self.prompt_ids)
             if self.rules is not None:
                 last_logits = self.rules.first_logits(last_logits)
             chosen = choose_first_token(last_logits, self.params, self.rng)
@@ -280,10 +288,21 @@ class Generation:
         return out
 
     def complete_step(self, plan: PlannedStep, out: StepOutput) -> None:
-        """Verify the pass's logits (masked by the request's grammar, if any) against the plan's draft and commit the verdict."""
+        """Verify the pass's logits (adjusted by the request's penalties, masked by its grammar, if any) against the
+        plan's draft and commit the verdict."""
+        if self.config.adjusts_logits:
+            out = self._adjusted(plan, out)
         if plan.guided is not None:
             out = self.rules.masked(plan.guided, out)
         self.commit(plan, out, verify_draft(plan.draft, self.tokens[-1], out, self.params, self.rng))
+
+    def _adjusted(self, plan: PlannedStep, out: StepOutput) -> StepOutput:
+        """The pass's rows with the request's logit bias and penalties, each row after its own history: the output so
+        far, then the draft tokens on its path (runtime/penalties.py); the graph's own argmax dropped."""
+        rows, tree = len(plan.ids), plan.draft.tree
+        paths = draft_paths(rows, plan.draft.tokens, None if tree is None else tree.parents)
+        logits = self.config.penalties.apply(out.logits[:rows], self.prompt_ids, self.tokens[len(self.prompt_ids):], paths)
+        return StepOutput(logits, out.presents, out.hidden, None, out.plain_exact)  # (a plain output: any backend's)
 
     def commit(self, plan: PlannedStep, out: StepOutput, verdict: Verdict) -> None:
         """Keep the accepted rows' KV, emit the verdict's tokens until a stop, tell the controller and the drafter."""

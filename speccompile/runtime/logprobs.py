@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
+from .backends.base import Session
+from .kvcache import causal_mask
 from .sampling import SamplingParams, process_logits
 
 
@@ -55,3 +58,19 @@ def processed_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray
     probs = process_logits(np.asarray(logits), params)
     with np.errstate(divide="ignore"):
         return np.log(probs)
+
+
+def prompt_logprobs(session: Session, prompt_ids: Sequence[int], top: int = 0, chunk: int = 256) -> list[TokenLogprob]:
+    """The entries of prompt tokens 1..n-1 (the first has no context), each from the logits of the row before it at
+    temperature 1 (OpenAI's `echo` with `logprobs`): the prompt runs in passes of its own (chunks of `chunk`
+    tokens, every row's logits kept), apart from any generation."""
+    recorder, cache, n = LogprobRecorder(top), session.new_cache(), len(prompt_ids)
+    plain = SamplingParams(temperature=1.0)
+    for start in range(0, n - 1, chunk):
+        ids = np.asarray(prompt_ids[start: start + chunk], dtype=np.int64)
+        q = len(ids)
+        out = session.run(ids, np.arange(start, start + q), cache.attention_mask(causal_mask(q)), cache)
+        cache.append(out.presents, range(q), q)
+        for row in range(min(q, n - 1 - start)):
+            recorder.record(out.logits[row], plain, int(prompt_ids[start + row + 1]))
+    return recorder.entries

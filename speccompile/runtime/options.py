@@ -9,6 +9,7 @@ from ..errors import InputError
 from .backends.base import BACKENDS
 from .constraints import CompiledConstraint
 from .logprobs import LogprobRecorder
+from .penalties import LogitPenalties
 from .sampling import SamplingParams
 
 DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
@@ -70,6 +71,7 @@ class GenerationConfig:
     trace_logits: bool = False  # keep the logits that chose each token (GenerationResult.logits; `verify`)
     constraint: CompiledConstraint | None = None  # the output must match this grammar (runtime/constrained.py)
     logprobs: LogprobRecorder | None = None  # record each emitted token's log-probability here (runtime/logprobs.py)
+    penalties: LogitPenalties | None = None  # logit bias, repetition / frequency / presence penalties (runtime/penalties.py)
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:
@@ -81,4 +83,11 @@ class GenerationConfig:
         if any(not s for s in self.stop):
             raise InputError("stop: an empty stop string would end every output before its first token", "stop")
         self.sampling.validate()
+        if self.penalties is not None:
+            self.penalties.validate()
         return self
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the target's logits are adjusted (runtime/penalties.py) before sampling processes them."""
+        return self.penalties is not None and self.penalties.active

@@ -27,16 +27,18 @@ DRAFTER_STREAM = 1  # the spawn key of a seed's drafter stream (`SamplingParams.
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target distribution is processed: temperature -> top-k -> top-p -> softmax.
+    """How the target distribution is processed: temperature -> min-p -> top-k -> top-p -> softmax.
 
-    ``temperature == 0`` means greedy (argmax). ``top_k == 0`` and ``top_p == 1`` disable
-    the respective filters. ``seed`` seeds the runtime's random generator.
+    ``temperature == 0`` means greedy (argmax). ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable
+    the respective filters. ``seed`` seeds the runtime's random generator. ``min_p`` (vLLM's): keep the
+    tokens whose probability is at least ``min_p`` times the most likely one's (after the temperature).
     """
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -52,6 +54,8 @@ class SamplingParams:
             raise InputError(f"top_k must be >= 0, got {_fmt(k)}", "top_k")
         if not _is_real(p) or not 0 < p <= 1:
             raise InputError(f"top_p must be in (0, 1], got {_fmt(p)}", "top_p")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InputError(f"min_p must be in [0, 1], got {_fmt(self.min_p)}", "min_p")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0
         ):
@@ -90,7 +94,7 @@ def process_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Turn logits [V] or [N, V] into float64 probabilities of the same shape.
 
     Greedy gives a one-hot at the argmax. Otherwise: divide by the temperature, keep the
-    ``top_k`` largest logits, softmax, keep the smallest set of most probable tokens whose
+    ``top_k`` largest logits, softmax, drop tokens under ``min_p`` times the largest probability, keep the smallest set of most probable tokens whose
     mass reaches ``top_p`` (at least one), renormalise. Ties in argmax/top-k/top-p go to the
     lowest token id. Top-k is selected on the logits as given (dividing by a positive
     temperature preserves their order), and then only k exponentials are computed.
@@ -108,7 +112,7 @@ def process_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         out = _process_top_k(rows, params)
     else:
         z = np.divide(rows, float(params.temperature), dtype=np.float64)  # a fresh float64 array
-        weights = _exp_shifted_(z)
+        weights = _min_p_(_exp_shifted_(z), params.min_p)
         out = _nucleus(weights, float(params.top_p)) if params.top_p < 1 else _normalise_(weights)
     return out.reshape(x.shape)
 
@@ -129,6 +133,14 @@ def _exp_shifted_(z: np.ndarray) -> np.ndarray:
     return z
 
 
+def _min_p_(w: np.ndarray, min_p: float) -> np.ndarray:
+    """Min-p in place on weights whose row maximum is 1 (`_exp_shifted_`): a weight is its probability over the
+    largest one's, so the tokens under `min_p` are zeroed (the largest always stays)."""
+    if min_p > 0:
+        w[w < min_p] = 0.0
+    return w
+
+
 def _normalise_(w: np.ndarray) -> np.ndarray:
     w /= w.sum(axis=1, keepdims=True)
     return w
@@ -138,7 +150,7 @@ def _process_top_k(rows: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Top-k (then optional top-p) on the k selected entries only; scattered back to [N, V]."""
     idx = _top_k_indices(rows, int(params.top_k))
     z = np.take_along_axis(rows, idx, axis=1).astype(np.float64) / float(params.temperature)
-    weights = _exp_shifted_(z)
+    weights = _min_p_(_exp_shifted_(z), params.min_p)
     small = _nucleus(weights, float(params.top_p)) if params.top_p < 1 else _normalise_(weights)
     out = np.zeros(rows.shape, dtype=np.float64)
     np.put_along_axis(out, idx, small, axis=1)

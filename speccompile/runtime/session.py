@@ -28,7 +28,8 @@ from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
 from .generate import Generator
-from .logprobs import LogprobRecorder
+from .logprobs import LogprobRecorder, TokenLogprob, prompt_logprobs
+from .penalties import LogitPenalties
 from .stats import GenerationResult
 from .options import SLOT_PASSES, GenerationConfig, RunOptions
 from .sampling import SamplingParams
@@ -213,9 +214,10 @@ class Runner:
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-               logprobs: LogprobRecorder | None = None) -> GenerationConfig:
+               logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None) -> GenerationConfig:
         """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
-        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs)
+        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs,
+                            penalties)
 
     @property
     def shape_invariant(self) -> int:
@@ -224,36 +226,45 @@ class Runner:
 
     def _config(self, max_tokens: int, sampling: SamplingParams, stop: list[str] | None, plain: bool,
                 constraint: ConstraintSpec | CompiledConstraint | None = None,
-                logprobs: LogprobRecorder | None = None) -> GenerationConfig:
+                logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None) -> GenerationConfig:
+        if penalties is not None:
+            penalties.validate(self.artifact.tokenizer.vocab_size)
         return GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop or []),
                                 num_draft_tokens=0 if plain else self.num_draft_tokens, adaptive=self.options.adaptive,
-                                constraint=self.compile_constraint(constraint), logprobs=logprobs)
+                                constraint=self.compile_constraint(constraint), logprobs=logprobs, penalties=penalties)
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
             raise InputError(f"drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)", "drafter")
         return drafter == "none" or self.draft_config is None
 
+    def prompt_logprobs(self, prompt_ids: list[int], top: int = 0) -> list[TokenLogprob]:
+        """Each prompt token's log-probability after the tokens before it (tokens 1..; `top` alternatives), from a
+        prefill of its own (runtime/logprobs.py)."""
+        return prompt_logprobs(self.artifact.target, prompt_ids, top)
+
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                      stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
                      drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-                     logprobs: int | None = None) -> GenerationResult:
+                     logprobs: int | None = None, penalties: LogitPenalties | None = None) -> GenerationResult:
         """Generate after token ids; `drafter="none"` gives plain decoding on the same backend. `constraint`: the
         output must match it (`ConstraintSpec.json_schema(...)`, regex, grammar, choice); `logprobs`: record each
-        token's log-probability with that many alternatives (`GenerationResult.logprobs`)."""
+        token's log-probability with that many alternatives (`GenerationResult.logprobs`); `penalties`: logit bias and
+        repetition penalties (runtime/penalties.py)."""
         sampling = sampling or SamplingParams()
         plain = self._plain(drafter)
         recorder = None if logprobs is None else LogprobRecorder(logprobs)
-        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder)
+        config = self._config(max_tokens, sampling, stop, plain, constraint, recorder, penalties)
         return self.generator(sampling, plain, self._drafter_busy()).generate(prompt_ids, config, on_text)
 
     def generate(self, prompt: str, chat: bool = True, max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] | None = None, on_text: Callable[[str], None] | None = None,
                  drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-                 logprobs: int | None = None) -> GenerationResult:
-        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs` as `generate_ids`."""
+                 logprobs: int | None = None, penalties: LogitPenalties | None = None) -> GenerationResult:
+        """Generate from text (through the chat template when `chat`); `constraint`, `logprobs`, `penalties` as
+        `generate_ids`."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
-        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs)
+        return self.generate_ids(ids, max_tokens, sampling, stop, on_text, drafter, constraint, logprobs, penalties)
 
     def stream_ids(self, prompt_ids: list[int], max_tokens: int = 128, sampling: SamplingParams | None = None,
                    stop: list[str] | None = None, drafter: str | None = None,

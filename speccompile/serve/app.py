@@ -25,7 +25,7 @@ from .api_errors import APIError, status_error, validation_param
 from .engine import Engine
 from .observe import ObserveRequests
 from .requests import EngineBusy, EngineStopped, GenerationRequest, RequestHandle
-from .responses import EventStream, ResponseShape, stream_events, until_disconnected
+from .responses import Echo, EventStream, ResponseShape, stream_events, until_disconnected
 from .schemas import ChatCompletionRequest, CompletionRequest
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -84,22 +84,39 @@ class _Api:
                                 f"max_tokens asks for {requested} more", param="max_tokens", code="context_length_exceeded")
         return requested if requested is not None else min(room, default or room)
 
-    def submit(self, request: GenerationRequest) -> RequestHandle:
+    def submit(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
+        """Submit every choice of a request (all or none: a refused one cancels those submitted before it)."""
+        limit = self.engine.options.max_concurrency + self.engine.options.max_queue
+        if len(requests) > limit:
+            raise APIError(400, f"n: {len(requests)} choices exceed this server's limit of {limit} requests in flight",
+                           param="n")
+        handles: list[RequestHandle] = []
         try:
-            return self.engine.submit(request)
-        except EngineBusy as exc:
-            raise APIError(429, str(exc), kind="rate_limit_error", headers={"Retry-After": "1"}) from None
-        except EngineStopped as exc:
+            for request in requests:
+                handles.append(self.engine.submit(request))
+        except (EngineBusy, EngineStopped) as exc:
+            for handle in handles:
+                handle.cancel()
+            if isinstance(exc, EngineBusy):
+                raise APIError(429, str(exc), kind="rate_limit_error", headers={"Retry-After": "1"}) from None
             raise APIError(503, str(exc), kind="service_unavailable_error") from None
+        return handles
 
-    async def respond(self, request: Request, shape: ResponseShape, handle: RequestHandle, stream: bool,
+    async def respond(self, request: Request, shape: ResponseShape, handles: list[RequestHandle], stream: bool,
                       include_usage: bool) -> Response:
         if stream:
-            return EventStream(stream_events(shape, handle, include_usage), handle)
-        finished = await until_disconnected(request, handle)
+            return EventStream(stream_events(shape, handles, include_usage), handles)
+        finished = await until_disconnected(request, handles)
         if finished is None:  # the client left; nobody reads this
             return Response(status_code=499)
         return JSONResponse(shape.complete(finished))
+
+    def check_logit_bias(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        """Token ids of logit_bias inside the vocabulary (400 naming logit_bias)."""
+        vocab = self.engine.info.vocab_size
+        bad = [key for key in body.logit_bias or {} if int(key) >= vocab]
+        if bad:
+            raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="logit_bias")
 
     async def health(self) -> JSONResponse:
         if not self.engine.accepting:
@@ -126,15 +143,24 @@ class _Api:
 
     async def completions(self, request: Request) -> Response:
         body: CompletionRequest = await self.read_json(request, CompletionRequest)
-        prompt_ids = self.prompt_ids(body.prompt)
-        max_tokens = self.budget(prompt_ids, body.max_tokens, 16, "prompt")  # 16: OpenAI's default for completions
+        self.check_logit_bias(body)
+        prompts = [self.prompt_ids(prompt) for prompt in body.prompts]
+        budgets = [self.budget(ids, body.max_tokens, 16, "prompt") for ids in prompts]  # 16: OpenAI's default
         constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
-        handle = self.submit(body.request(prompt_ids, max_tokens, constraint, body.logprobs))
-        shape = ResponseShape(False, self.model_name, self.engine.token_text, token_bytes=self.engine.token_bytes)
-        return await self.respond(request, shape, handle, body.stream, body.include_usage)
+        scored = bool(body.echo) and body.logprobs is not None  # the prompt's logprobs too
+        handles = self.submit([body.request(ids, max_tokens, constraint, body.logprobs, choice, scored)
+                               for ids, max_tokens in zip(prompts, budgets) for choice in range(body.choices)])
+        echo = None
+        if body.echo:
+            echo = [Echo(prompt if isinstance(prompt, str) else self.engine.decode(ids), tuple(ids), scored)
+                    for prompt, ids in zip(body.prompts, prompts)]
+        shape = ResponseShape(False, self.model_name, self.engine.token_text, token_bytes=self.engine.token_bytes,
+                              n=body.choices, echo=echo)
+        return await self.respond(request, shape, handles, body.stream, body.include_usage)
 
     async def chat_completions(self, request: Request) -> Response:
         body: ChatCompletionRequest = await self.read_json(request, ChatCompletionRequest)
+        self.check_logit_bias(body)
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.calls_tools else None
         try:
             prompt_ids = self.engine.encode_chat([m.as_template_message() for m in body.messages], tools)
@@ -148,9 +174,11 @@ class _Api:
             constraint = await self.compile(tool_spec, "tools")
         else:
             constraint = await self.compile(body.constraint_spec(), _constraint_param(body))
-        handle = self.submit(body.request(prompt_ids, max_tokens, constraint, body.logprob_count))
-        shape = ResponseShape(True, self.model_name, self.engine.token_text, tool_format, self.engine.token_bytes)
-        return await self.respond(request, shape, handle, body.stream, body.include_usage)
+        handles = self.submit([body.request(prompt_ids, max_tokens, constraint, body.logprob_count, choice)
+                               for choice in range(body.choices)])
+        shape = ResponseShape(True, self.model_name, self.engine.token_text, tool_format, self.engine.token_bytes,
+                              n=body.choices)
+        return await self.respond(request, shape, handles, body.stream, body.include_usage)
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -35,6 +35,7 @@ class BatchedEngine(WorkerEngine):
         self._eos_ids = set(self._runner.artifact.eos_token_ids)
         self._draining = False
         self._live: dict[int, tuple[RequestHandle, object, float, list[float]]] = {}  # id(generation) -> request
+        self._held: list[RequestHandle] = []  # a prompt another request is prefilling: joins after it (`_hold_repeats`)
 
     def _enqueue(self, handle: RequestHandle) -> None:
         self._send_opening(handle)
@@ -56,16 +57,17 @@ class BatchedEngine(WorkerEngine):
         except Exception:  # the worker reports it when the request joins
             return
         logits = self._decoder.cached_prompt_logits(list(request.prompt_ids), config)
-        text = None if logits is None else opening_text(self._tokenizer, self._eos_ids, config, logits)
+        text = None if logits is None else opening_text(self._tokenizer, self._eos_ids, config, logits,
+                                                                    request.prompt_ids)
         if text is not None:
             handle.opening, handle.opening_at = text, time.perf_counter()
             handle.emit(TextDelta(text))
 
     def _work(self) -> None:
         while True:
-            self._join_all(self._take(wait=not self._live))
+            self._join_all(self._take(wait=not self._live and not self._held))
             if not self._live:
-                if self._draining:
+                if self._draining and not self._held:
                     return
                 continue
             self._drop_cancelled()
@@ -100,7 +102,7 @@ class BatchedEngine(WorkerEngine):
     def _take(self, wait: bool) -> list[RequestHandle]:
         """Admitted requests for the free slots (waiting for the first one when `wait`); None ends the intake."""
         handles: list[RequestHandle] = []
-        while len(handles) < self._decoder.free and not self._draining:
+        while len(handles) + len(self._held) < self._decoder.free and not self._draining:
             try:
                 handle = self._jobs.get() if wait and not handles else self._jobs.get_nowait()
             except queue.Empty:
@@ -112,7 +114,9 @@ class BatchedEngine(WorkerEngine):
         return handles
 
     def _join_all(self, handles: list[RequestHandle]) -> None:
-        """Start the requests in free slots (prompts prefilled together where they can be)."""
+        """Start the requests in free slots (prompts prefilled together where they can be); a request whose prompt
+        another one is prefilling waits for that prefill (`_hold_repeats`)."""
+        handles = self._hold_repeats(self._held + handles)
         starting = []
         for handle in handles:
             with self._lock:
@@ -125,6 +129,7 @@ class BatchedEngine(WorkerEngine):
                 continue
             first_text_at: list[float] = [handle.opening_at] if handle.opening_at is not None else []
             try:
+                self._score_prompt(handle)
                 config = generation_config(self._runner, handle)
             except Exception as exc:
                 self._release_slotless(handle)
@@ -144,6 +149,20 @@ class BatchedEngine(WorkerEngine):
                 self._finish_generation(handle, generation, started, first_text_at)
             else:
                 self._live[id(generation)] = (handle, generation, started, first_text_at)
+
+    def _hold_repeats(self, handles: list[RequestHandle]) -> list[RequestHandle]:
+        """The handles to start now; the others (`_held`) repeat a prompt that an active generation, or an earlier
+        handle here, is prefilling: they join once it is prefilled, from the prefix cache's whole-prompt entry
+        instead of a prefill of their own (the n choices of one request share the prompt's prefill this way)."""
+        if self._prefix_cache is None:
+            return handles
+        prefilling = {tuple(g.prompt_ids) for g in self._decoder.active if g.prefilling}
+        self._held, starting = [], []
+        for handle in handles:
+            prompt = tuple(handle.request.prompt_ids)
+            (self._held if prompt in prefilling else starting).append(handle)
+            prefilling.add(prompt)
+        return starting
 
     def _release_slotless(self, handle: RequestHandle) -> None:
         """A request that ended before decoding with the batch (refused, cancelled, or done at its first token)."""

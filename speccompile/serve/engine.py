@@ -138,6 +138,10 @@ class Engine(abc.ABC):
         with self._compile_lock:
             return self._runner.compile_constraint(spec)
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (a completion prompt given as ids, echoed)."""
+        return self._tokenizer.decode(ids)
+
     def token_text(self, token: int) -> str:
         """One token's text (logprobs)."""
         return self._tokenizer.decode([token], skip_special_tokens=False)
@@ -207,6 +211,7 @@ class Engine(abc.ABC):
             handle.emit(handle.text_delta(delta))
 
         try:
+            self._score_prompt(handle)
             config = generation_config(self._runner, handle)
             result = self._runner.generator(config.sampling, plain=config.num_draft_tokens == 0).generate(
                 list(request.prompt_ids), config, on_text)
@@ -217,6 +222,12 @@ class Engine(abc.ABC):
             self._failed(handle, exc)
             return
         self._finished(handle, result, started, first_text_at)
+
+    def _score_prompt(self, handle: RequestHandle) -> None:
+        """The prompt tokens' log-probabilities when the request asks for them (worker thread, before it generates)."""
+        request = handle.request
+        if request.prompt_logprobs:
+            handle.prompt_entries = tuple(self._runner.prompt_logprobs(list(request.prompt_ids), request.logprobs or 0))
 
     def _cancelled(self, handle: RequestHandle, started: float) -> None:
         handle.emit(Cancelled())
@@ -251,6 +262,7 @@ class Engine(abc.ABC):
             speculative=speculative,
             cached_tokens=stats.cached_tokens,
             logprobs=None if handle.recorder is None else tuple(handle.recorder.entries[: stats.generated_tokens]),
+            prompt_logprobs=handle.prompt_entries,
         ))
         self.metrics.observe_generation(
             prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens, target_passes=stats.target_passes,
@@ -318,17 +330,22 @@ class SequentialEngine(WorkerEngine):
 
 
 def generation_config(runner, handle: RequestHandle):
-    """The runtime's GenerationConfig of a request: its sampling, stops, grammar and logprob recorder."""
+    """The runtime's GenerationConfig of a request: its sampling, penalties, stops, grammar and logprob recorder."""
+    from ..runtime.penalties import LogitPenalties
+
     request = handle.request
+    penalties = LogitPenalties(request.presence_penalty, request.frequency_penalty, request.repetition_penalty,
+                               request.logit_bias)
     return runner.config(request.max_tokens, sampling_params(request), list(request.stop), request.drafter,
-                         constraint=request.constraint, logprobs=handle.recorder)
+                         constraint=request.constraint, logprobs=handle.recorder,
+                         penalties=penalties if penalties.active else None)
 
 
 def sampling_params(request: GenerationRequest):
     """The runtime's SamplingParams of a request (validated)."""
     from ..runtime.sampling import SamplingParams
 
-    return SamplingParams(request.temperature, request.top_k, request.top_p, request.seed).validate()
+    return SamplingParams(request.temperature, request.top_k, request.top_p, request.seed, request.min_p).validate()
 
 
 def niced(increment: int, work: Callable[[], object]) -> Callable[[], object]:

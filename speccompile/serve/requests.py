@@ -43,6 +43,12 @@ class GenerationRequest:
     constraint: Any = None  # a CompiledConstraint (runtime/constraints.py): the answer must match it
     logprobs: int | None = None  # record each token's log-probability with this many alternatives (None: off)
     drafter: str | None = None  # "none": plain decoding for this request (A/B measurements); None: the server's drafter
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    prompt_logprobs: bool = False  # also the prompt tokens' log-probabilities (`echo` with `logprobs`), `logprobs` alternatives
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Finished:
     speculative: dict
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     logprobs: tuple[TokenLogprob, ...] | None = None  # every output token's entry (with logprobs)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # prompt tokens 1.. (`GenerationRequest.prompt_logprobs`)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,7 @@ class RequestHandle:
     _events: asyncio.Queue = field(default_factory=asyncio.Queue)
     _cancel: threading.Event = field(default_factory=threading.Event)
     recorder: LogprobRecorder | None = None  # the generation's logprob entries (with logprobs)
+    prompt_entries: tuple[TokenLogprob, ...] | None = None  # the prompt's (set by the worker before it generates)
     _logprobs_sent: int = 0
 
     def __post_init__(self) -> None:

@@ -22,10 +22,13 @@ def _refuse_unless_off(value, info):
 
 
 def _only_one(value, info):
-    """n and best_of: one choice per request."""
+    """best_of: one candidate per choice."""
     if value not in (None, 1):
         raise ValueError(f"only {info.field_name}=1 is supported, got {value}")
     return value
+
+
+MAX_CHOICES = 128  # n (OpenAI's limit); the engine's admission limit applies to the choices of all prompts together
 
 
 class _StreamOptions(BaseModel):
@@ -43,18 +46,18 @@ class _GenerationFields(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=-1, description="extension: keep the k most likely tokens; 0 or -1 = off")
     seed: StrictInt | None = Field(None, ge=0)
-    n: StrictInt | None = None
+    n: StrictInt | None = Field(None, ge=1, le=MAX_CHOICES)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: _StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False, description="vLLM's extension")
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description="vLLM's extension")
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's extension: regex, choice, grammar, json")
     drafter: Literal["none"] | None = Field(None, description="extension: 'none' decodes this request without drafting")
-
-    one_choice = field_validator("n")(_only_one)
 
     @field_validator("stop")
     @classmethod
@@ -66,7 +69,19 @@ class _GenerationFields(BaseModel):
             raise ValueError("stop sequences must not be empty")
         return stops
 
-    refuse_unsupported = field_validator("presence_penalty", "frequency_penalty", "logit_bias")(_refuse_unless_off)
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_pairs(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        seen: set[int] = set()
+        for key, value in (bias or {}).items():
+            if not key.isdigit() or not key.isascii():
+                raise ValueError(f"keys are token ids, got {key!r}")
+            if int(key) in seen:
+                raise ValueError(f"token {int(key)} is given twice")
+            seen.add(int(key))
+            if not -100 <= value <= 100:  # (NaN fails too)
+                raise ValueError(f"the bias of token {key} must be in [-100, 100], got {value}")
+        return bias
 
     @model_validator(mode="after")
     def _one_constraint(self):
@@ -80,20 +95,33 @@ class _GenerationFields(BaseModel):
             return self.structured_outputs.spec()
         return self.response_format.spec() if self.response_format is not None else None
 
+    @property
+    def choices(self) -> int:
+        """Choices per prompt (n)."""
+        return self.n or 1
+
     def request(self, prompt_ids: list[int], max_tokens: int, constraint: Any = None,
-                logprobs: int | None = None) -> GenerationRequest:
-        """The engine's request; `constraint`: the compiled grammar; `logprobs`: alternatives per token (None: off)."""
+                logprobs: int | None = None, choice: int = 0, prompt_logprobs: bool = False) -> GenerationRequest:
+        """The engine's request for choice `choice` (its seed: seed + choice); `constraint`: the compiled grammar;
+        `logprobs`: alternatives per token (None: off); `prompt_logprobs`: the prompt's too (echo)."""
+        bias = {int(key): value for key, value in (self.logit_bias or {}).items()}
         return GenerationRequest(
             prompt_ids=tuple(prompt_ids),
             max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,  # OpenAI's default
             top_k=max(self.top_k or 0, 0),
             top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed + choice,
             stop=tuple(self.stop or ()),
             constraint=constraint,
             logprobs=logprobs,
             drafter=self.drafter,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=tuple(sorted(bias.items())),
+            prompt_logprobs=prompt_logprobs,
         )
 
     @property
@@ -110,16 +138,20 @@ class CompletionRequest(_GenerationFields):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt):
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ValueError(f"one prompt per request is supported, got {len(prompt)}")
-            prompt = prompt[0]
+    def _prompts_given(cls, prompt):
         if not prompt:
             raise ValueError("the prompt is empty")
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) and not all(prompt):
+            raise ValueError(f"prompt {[bool(p) for p in prompt].index(False)} of the list is empty")
         return prompt
 
-    refuse_unsupported_here = field_validator("echo", "suffix")(_refuse_unless_off)
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts (one, or a list: each gets n choices)."""
+        prompt = self.prompt
+        return list(prompt) if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
+
+    refuse_unsupported_here = field_validator("suffix")(_refuse_unless_off)
 
     one_candidate = field_validator("best_of")(_only_one)
 
