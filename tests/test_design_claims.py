@@ -111,6 +111,8 @@ CLAIMS: list[tuple[str, Callable[[], Any], Any]] = [
     ("MatMulNBits in blocks of 32 at accuracy level 4",
      lambda: (attr("speccompile.engines.nbits", "KERNEL_BLOCK")(), attr("speccompile.engines.nbits", "ACCURACY_LEVEL")()), (32, 4)),
     ("blocks of 16 packed two per byte", attr("speccompile.engines.numerics", "NVFP4_BLOCK"), 16),
+    ("the residual-stream inputs of layers (2, L//2, L-3)",
+     lambda: attr("speccompile.models.config", "eagle3_tap_layers")()(30), (2, 15, 27)),
 ]
 
 
