@@ -79,7 +79,6 @@ CLAIMS: list[tuple[str, Callable[[], Any], Any]] = [
     ("tensors of 64 KiB or more aligned to 64 KiB", attr("speccompile.weights_file", "ALIGN_LARGE"), 1 << 16),
     ("when its weights are at most 1 GiB", attr("speccompile.export.onnx_export", "ORT_CHECK_BYTES"), 1 << 30),
     ("(`prefill_chunk` = 256 tokens a pass by default)", attr(f"{RT}.options", "GenerationConfig.prefill_chunk"), 256),
-    ("the `MAX_DRAFTERS` = 8 most recently used kept", attr(f"{RT}.session", "MAX_DRAFTERS"), 8),
     ("(int8 by default, block 32; `--draft-cpu-weights int4|fp32`)",
      option_default("speccompile.commands.artifacts", "export", "draft_cpu_weights"), "int8"),
     ("(int8 by default, block 32;", attr("speccompile.export.cpu_draft_weights", "BLOCK_SIZE"), 32),
