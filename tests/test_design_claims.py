@@ -67,6 +67,9 @@ def tree_planner_prior(path: tuple[int, ...]) -> Callable[[], float]:
 RT = "speccompile.runtime"
 # (phrase of DESIGN.md, where the code keeps the value, the value the phrase quotes)
 CLAIMS: list[tuple[str, Callable[[], Any], Any]] = [
+    ("contract errors, manifest, draft_config, atomic_dir, weights_file, tokenizer, onnx_versions, accel/",
+     lambda: constant_in_tests("test_layering.py", "CONTRACT")() - {"__init__"},
+     {"errors", "manifest", "draft_config", "atomic_dir", "weights_file", "tokenizer", "onnx_versions", "accel"}),
     ("no module over 450 lines", constant_in_tests("test_code_shape.py", "MAX_MODULE_LINES"), 450),
     ("no function over 60 lines", constant_in_tests("test_code_shape.py", "MAX_FUNCTION_LINES"), 60),
     ("`ALLOWED_WHILE_RESHAPED` set may exempt an engines/ module while a branch restructures it; it is empty",
@@ -184,3 +187,26 @@ def test_the_name_check_finds_what_is_gone(tmp_path):
         "runtime/costs.py::gone: runtime/costs.py does not define gone",
         "runtime/nowhere.py: no such file",
     ]
+
+
+# ---------------------------------------------------------------- the layering diagram
+
+
+def diagram_rules(text: str) -> dict[str, set[str]]:
+    """The library parts of the "Layering" diagram and the parts each may import besides the contract."""
+    diagram = re.search(r"## Layering\s+```\n(.*?)```", text, re.S).group(1)
+    rules = {}
+    for line in diagram.splitlines():
+        m = re.match(r"(?:libraries)?\s+(\w+)(?:/|\.py)?(?:\s+->\s+([\w, ]+?))?(?:\s{2,}|$)", line)
+        if m and not line.startswith(("front ends", "contract")):
+            rules[m[1]] = set(re.split(r",\s*", m[2])) if m[2] else set()
+    return rules
+
+
+def test_the_layering_diagram_is_what_the_layering_test_enforces():
+    layering = constant_in_tests("test_layering.py", "ALLOWED")()
+    contract = constant_in_tests("test_layering.py", "CONTRACT")()
+    libraries = constant_in_tests("test_layering.py", "LIBRARIES")()
+    drawn = diagram_rules(DESIGN.read_text())
+    assert set(drawn) == libraries
+    assert {part: layering[part] - contract - {part} for part in libraries} == drawn
