@@ -2,7 +2,7 @@
 
 import pytest
 
-from speccompile.runtime.costs import FixedCosts
+from speccompile.runtime.costs import FixedCosts, best_prefix
 from speccompile.runtime.drafters.base import Draft
 from speccompile.runtime.tree import TreeSpec
 from speccompile.runtime.tree_planner import TreePlanner, drafted_spec
@@ -58,3 +58,11 @@ def test_probe_steps_try_a_few_pruned_nodes():
     p.rates.observed.update({tuple(k): v for k, v in RATES.items()})
     sizes = [p.plan(3, line(0.06), 0.0).n - 1 for _ in range(8)]
     assert sizes == [3, 3, 3, 5, 3, 3, 3, 5]
+
+
+def test_best_prefix_keeps_the_nodes_that_pay_for_their_rows():
+    costs = FixedCosts(1.0, 0.06)  # a row costs 6 % of a one-token pass
+    assert best_prefix([0.9, 0.1], [1, 1], costs, 0.0) == 1  # 1.9 / 1.06 beats 2.0 / 1.12
+    assert best_prefix([0.9, 0.8], [1, 2], costs, 0.0) == 2
+    assert best_prefix([0.9, 0.8], [1, 2], costs, 0.75) == 1  # a second level's drafter call costs more than it brings
+    assert best_prefix([0.01], [1], costs, 0.0) == 0  # a plain step

@@ -32,7 +32,7 @@ unless `batch_invariant` ("all"; vLLM's term for a batch that does not change an
 round of two or more requests is a slot pass, every row padded as alone, and each request's logits are
 bitwise its logits alone by construction.
 
-Load-aware drafting (runtime/batch_pricing.py): each round every request plans with the pass costs it sees at
+Load-aware drafting (runtime/costs.py, `BatchPricing`): each round every request plans with the pass costs it sees at
 the batch's load (`plan_step(costs=...)`), drafting stops when not even a fully accepted draft would beat a
 plain row, and it turns back on as the probe steps measure that it pays. Seeded sampling keeps its fixed cost
 model (choices depend only on tokens), so its output is the same batched or alone. With slot passes a request's
@@ -50,8 +50,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from .backends.ort import OrtBufferSession
 from .backends.ort_slots import OrtSlotSession, SlotRows
-from .batch_pricing import BatchPricing
-from .costs import LoadPricedCosts, PassCosts
+from .costs import BatchPricing, LoadPricedCosts, PassCosts
 from .generate import Generation, Generator, PlannedStep
 from .options import GenerationConfig
 from .prefix_cache import PREFIX_BLOCK, PrefixCache

@@ -8,7 +8,7 @@ which siblings were drafted, so it stays valid for any subtree.
 
 Planning a step of depth <= k: nodes sorted by their acceptance rate (capped by the parent's, so every
 prefix of the order is ancestor-closed); the prefix kept is the one with the highest expected speed
-(runtime/costs.py): (1 + sum of rates) tokens from a pass over nodes + 1 tokens after drafting its levels,
+(runtime/costs.py, `best_prefix`): (1 + sum of rates) tokens from a pass over nodes + 1 tokens after drafting its levels,
 t(nodes + 1) + d * levels, with t the round's pass costs and d the seconds of one drafter call. An empty
 prefix means a plain step. Every `probe_every` planned steps the next `probe_extra` nodes of the order are
 drafted too, so the rates of pruned nodes stay current. The output is never affected: the planner only picks which proposals to verify.
@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from .acceptance import AcceptanceRates
-from .costs import PassCostModel, expected_speed, faster
+from .costs import PassCostModel, best_prefix
 from .tree import DepthLimitedTrees, TreeSpec
 
 
@@ -50,13 +50,7 @@ class TreePlanner:
         for path in self._paths[k]:
             capped[path] = min(self.acceptance(path), capped[path[:-1]])
         order = sorted((p for p in capped if p), key=lambda p: (-capped[p], len(p), p))
-        best, best_n, gain, depth = expected_speed(1.0, costs.seconds(1)), 0, 1.0, 0
-        for n, path in enumerate(order, 1):
-            gain += capped[path]
-            depth = max(depth, len(path))
-            speed = expected_speed(gain, costs.seconds(n + 1), level_seconds * depth)
-            if faster(speed, best):
-                best, best_n = speed, n
+        best_n = best_prefix([capped[p] for p in order], [len(p) for p in order], costs, level_seconds)
         if self.rates.probe_due():  # also try the next few nodes, so pruned ones can come back
             best_n = min(len(order), best_n + self.probe_extra)
         key = tuple(sorted(order[:best_n]))
