@@ -23,6 +23,12 @@ def _tril(n: int) -> np.ndarray:
 def test_slot_rows_equal_each_sequence_alone_bitwise(tmp_path, arch):
     art = tmp_path / "art"
     export_artifact(str(make_tiny_hf_model(tmp_path / "m", arch=arch)), art, ExportOptions(max_context=96, batch_slots=4))
+    assert_slot_rows_equal_alone(art)
+
+
+def assert_slot_rows_equal_alone(art) -> None:
+    """Three sequences' plain and draft rows in one slotted pass: each slot's logits are those of its sequence's
+    pass alone, bit for bit, also next to an idle slot (tests/test_moe.py runs it on MoE models)."""
     manifest = read_manifest(art)
     spec = manifest.graphs[variant_name("target", "slots")]
     assert spec.extra["slots"] == 4 and (art / spec.file).exists()

@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
 from ..models.rope import rounded_inv_freq
 from .graph_builder import INT64_MAX, GraphBuilder, value
+from .moe_ops import Emitter, moe_block, moe_names
 from .recipes import EMBED, FINAL_NORM, LM_HEAD, ELEM, DecoderWeights, Recipe, layer_recipe, np_dtype
 from .weight_store import WeightStore
 
@@ -46,15 +48,17 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
             f"layers.{i}.self_attn.weight_t": "qkv",
             f"layers.{i}.self_attn.o_proj.weight_t": "o_proj",
             f"model.layers.{i}.post_attention_layernorm.weight": "post_norm",
-            f"layers.{i}.mlp.weight_t": "gate_up",
-            f"layers.{i}.mlp.down_proj.weight_t": "down",
         }
+        if cfg.moe is None or not cfg.moe.is_moe(i):
+            roles.update({f"layers.{i}.mlp.weight_t": "gate_up", f"layers.{i}.mlp.down_proj.weight_t": "down"})
         if cfg.attention_bias:
             roles[f"layers.{i}.self_attn.bias"] = "qkv_bias"
         if cfg.qk_norm:
             roles[f"model.layers.{i}.self_attn.q_norm.weight"] = "q_norm"
             roles[f"model.layers.{i}.self_attn.k_norm.weight"] = "k_norm"
         names.update({name: layer_recipe(i, role, dtype) for name, role in roles.items()})
+        if cfg.moe is not None and cfg.moe.is_moe(i):
+            names.update(moe_names(cfg, i, dtype))
     return names
 
 
@@ -78,6 +82,9 @@ class _Graph:
 
     def weight(self, name: str) -> str:
         return self.b.initializer(self.store.tensor(name, self.recipes[name]))
+
+    def weight_of(self, name: str, recipe: Recipe) -> str:
+        return self.b.initializer(self.store.tensor(name, recipe))
 
 
 def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, layers: int | None = None) -> onnx.ModelProto:
@@ -167,8 +174,12 @@ def _layer(g: _Graph, i: int, x: str) -> str:
 
 
 def _mlp(g: _Graph, i: int, h: str) -> str:
-    """down(silu(gate) * up), gate and up from one MatMul."""
+    """down(silu(gate) * up), gate and up from one MatMul; or the layer's mixture of experts (export/moe_ops.py)."""
     b, scope = g.b, f"/layers.{i}/mlp"
+    if g.model.config.moe is not None and g.model.config.moe.is_moe(i):
+        emit = Emitter(lambda op, inputs, outputs=1, **attrs: b.op(scope, op, inputs, outputs, **attrs),
+                       lambda key, values, dtype=np.int64: b.const(scope, values, dtype), g.weight_of, g.elem, g.dtype)
+        return moe_block(emit, g.model.config, i, h)
     inter = g.model.config.intermediate_size
     both = b.one(scope, "MatMul", [h, g.weight(f"layers.{i}.mlp.weight_t")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)

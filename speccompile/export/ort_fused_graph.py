@@ -47,6 +47,7 @@ from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
 from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, Nodes, OneRowPadding, SlotInputs, head_norm, rms_norm, skip_norm
 from .graph_builder import value
+from .moe_ops import Emitter, moe_block
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
 from .recipes import ELEM, EMBED, FINAL_NORM, LM_HEAD, DecoderWeights, Recipe, layer_recipe, np_dtype
 from .weight_store import WeightStore, stored_by_recipe
@@ -294,6 +295,8 @@ def _mlp(f: _Fused, i: int, attn: str, residual: str) -> tuple[str, str, str]:
     o = n("MatMul", [attn, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
     gamma = f.layer_weight(i, "post_attention_layernorm.weight", "post_norm")
     h, residual = skip_norm(n, o, residual, gamma, eps)
+    if f.model.config.moe is not None and f.model.config.moe.is_moe(i):
+        return h, residual, moe_block(Emitter(n, f.const, f.weight, f.elem, f.dtype), f.model.config, i, h)
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.intermediate_size
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)

@@ -112,8 +112,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         per_role.update(q_norm=[(c.head_dim,)], k_norm=[(c.head_dim,)])
     for i in range(c.num_hidden_layers):
         names = layer_sources(i)
+        moe = c.moe is not None and c.moe.is_moe(i)
         for role, role_shapes in per_role.items():
-            shapes.update(zip(names[role], role_shapes))
+            if not (moe and role in ("gate_up", "down")):
+                shapes.update(zip(names[role], role_shapes))
+        if moe:
+            shapes.update(c.moe.shapes(i, h))
     return shapes
 
 

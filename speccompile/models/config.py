@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
+from .moe_config import MoeConfig, moe_from_hf
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 _ARCH_ALIASES = {
     "llama": "llama",
     "smollm2": "llama",
@@ -16,6 +17,9 @@ _ARCH_ALIASES = {
     "mistral": "mistral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen2_moe": "qwen2_moe",
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
 }
 _SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
@@ -47,6 +51,11 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    moe: MoeConfig | None = None  # mixture-of-experts layers (models/moe_config.py); None: dense MLPs
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):  # from a manifest's JSON
+            self.moe = MoeConfig(**self.moe)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -96,12 +105,12 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     if model_type is None:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
-    if arch == "mistral" and data.get("sliding_window"):
+    if arch in ("mistral", "mixtral") and data.get("sliding_window"):
         raise UnsupportedError(
-            f"{source}: Mistral with sliding_window={data['sliding_window']} is not supported yet "
+            f"{source}: {model_type} with sliding_window={data['sliding_window']} is not supported yet "
             "(only full attention, sliding_window null)"
         )
-    if arch in ("qwen2", "qwen3") and data.get("use_sliding_window"):
+    if arch.startswith("qwen") and data.get("use_sliding_window"):
         raise UnsupportedError(f"{source}: use_sliding_window=true is not supported yet")
     try:
         hidden = int(data["hidden_size"])
@@ -124,10 +133,11 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             rope_scaling=_check_rope_scaling(rope_scaling, source),
             max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-            attention_bias=bool(data.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
+            attention_bias=bool(data.get("attention_bias", data.get("qkv_bias", arch in ("qwen2", "qwen2_moe")))),
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             bos_token_id=data.get("bos_token_id"),
             eos_token_ids=_eos_list(data.get("eos_token_id")),
+            moe=moe_from_hf(arch, data),
         )
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
@@ -139,6 +149,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
+    if arch in ("qwen2_moe", "qwen3_moe", "mixtral"):
+        raise UnsupportedError(f"{source}: mixture-of-experts GGUF files ({arch_name}) are not supported yet; export the safetensors checkpoint")
     p = f"{arch_name}."
     try:
         hidden = int(meta[p + "embedding_length"])

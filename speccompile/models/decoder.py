@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from . import rope
+from .moe import SparseMoe
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 
@@ -199,17 +200,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        moe = config.moe
+        is_moe = moe is not None and moe.is_moe(index)
+        self.mlp_name = moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
+        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, moe) if is_moe else MLP(config))
 
     def forward(self, x, cos, sin, bias, past_k, past_v):
         attn, k_all, v_all = self.self_attn(self.input_layernorm(x), cos, sin, bias, past_k, past_v)
         x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + getattr(self, self.mlp_name)(self.post_attention_layernorm(x))
         return x, k_all, v_all
 
 
@@ -219,7 +223,7 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 

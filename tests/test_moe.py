@@ -1,0 +1,176 @@
+"""Mixture-of-experts families (models/moe.py, export/moe_ops.py) against transformers' fp32 eager forward, and the
+exactness of their graphs: a row's routing and output do not depend on the other rows of the pass."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from speccompile.export.pipeline import ExportOptions, export_artifact
+from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.session import Runner
+
+from conftest import TINY_VOCAB, write_char_tokenizer
+from test_ort_slots import assert_slot_rows_equal_alone
+from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
+
+EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+FAMILIES = {  # tiny configs: 4 experts, top 2; one with a dense layer, one with a shared expert, one renormalising
+    "qwen3_moe": dict(num_experts=4, norm_topk_prob=True, mlp_only_layers=[1], **EXPERTS),
+    "qwen2_moe": dict(num_experts=4, norm_topk_prob=False, shared_expert_intermediate_size=64, **EXPERTS),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+}
+
+
+def make_tiny_moe_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path:
+    """A tiny random transformers checkpoint of MoE family `arch` (weights x4: peaked logits, decided routing)."""
+    import torch
+    import transformers
+
+    kwargs = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  tie_word_embeddings=False, **FAMILIES[arch])
+    kwargs.update(overrides)
+    config = transformers.AutoConfig.for_model(arch, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def moe_artifacts(tmp_path_factory):
+    """Each family's checkpoint and its fp32 export (contract, fused CPU and slotted graphs)."""
+    root = tmp_path_factory.mktemp("moe")
+    built = {}
+    for arch in FAMILIES:
+        model = make_tiny_moe_model(root / arch, arch)
+        export_artifact(str(model), root / f"{arch}-art", ExportOptions(max_context=256, batch_slots=4))
+        built[arch] = (model, root / f"{arch}-art")
+    yield built
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _tril(n: int) -> np.ndarray:
+    return np.tril(np.ones((n, n), bool))
+
+
+def _logits_in_passes(session, ids: np.ndarray, prefix: int, step: int) -> np.ndarray:
+    """Every position's logits: a prefill pass of `prefix` tokens, then passes of `step` tokens."""
+    cache, rows = session.new_cache(), []
+    for start in [0, *range(prefix, len(ids), step)]:
+        q = prefix if start == 0 else min(step, len(ids) - start)
+        out = session.run(ids[start:start + q], np.arange(start, start + q), cache.attention_mask(_tril(q)), cache)
+        cache.append(out.presents, range(q), q)
+        rows.append(out.logits)
+    return np.concatenate(rows)
+
+
+def _transformers_logits(model: Path, ids: np.ndarray) -> np.ndarray:
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor(ids)[None]).logits[0].numpy()
+
+
+IDS = np.random.default_rng(7).integers(3, TINY_VOCAB, 40)
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("graph", ["contract", "fused"])
+def test_exported_logits_match_transformers(moe_artifacts, arch, graph):
+    """Teacher-forced, every position (a prefill of 16, then passes of 5): within 1e-4 of each row's largest logit."""
+    model, art = moe_artifacts[arch]
+    session = open_artifact(art, threads=1, fused=graph == "fused").target
+    assert session.spec.file == ("target.ort.onnx" if graph == "fused" else "target.onnx")
+    expected = _transformers_logits(model, IDS)
+    got = _logits_in_passes(session, IDS, 16, 5)
+    error = np.abs(got - expected).max(axis=-1) / np.abs(expected).max(axis=-1)
+    assert error.max() < 1e-4, float(error.max())
+    assert len(set(expected.argmax(-1))) > 3  # not one token everywhere: the check can tell models apart
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_torch_reference_matches_transformers(moe_artifacts, arch):
+    import torch
+
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    model, _ = moe_artifacts[arch]
+    loaded = load_model(str(model))
+    decoder = build_decoder(loaded.config, loaded.weights)
+    with torch.no_grad():
+        got = decoder(torch.tensor(IDS)[None], torch.arange(len(IDS))[None], causal_mask(len(IDS), 0), *decoder.empty_past())[0]
+    np.testing.assert_allclose(got[0].numpy(), _transformers_logits(model, IDS), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_a_position_gets_the_same_bits_in_any_pass(moe_artifacts, arch):
+    """The fused CPU graph: a position's logits are the same bits decoded alone (q = 1) or inside passes of 2, 3,
+    7 rows, whichever experts the other rows of the pass chose."""
+    _, art = moe_artifacts[arch]
+    session = open_artifact(art, threads=1).target
+    assert session.row_invariant
+    one_row = _logits_in_passes(session, IDS, 8, 1)
+    for q in (2, 3, 7):
+        np.testing.assert_array_equal(_logits_in_passes(session, IDS, 8, q), one_row, err_msg=f"q={q}")
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_greedy_ngram_speculative_equals_plain(moe_artifacts, arch):
+    _, art = moe_artifacts[arch]
+    runner = Runner(art, drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    assert runner.artifact.target.spec.file == "target.ort.onnx"
+    assert_greedy_speculative_equals_plain(runner, PROMPTS, 32)
+
+
+def test_slotted_graph_rows_equal_each_sequence_alone(moe_artifacts):
+    assert_slot_rows_equal_alone(moe_artifacts["qwen2_moe"][1])
+
+
+def test_moe_graph_is_sparse_standard_onnx(moe_artifacts):
+    """Experts as plain 2-D MatMuls reached through NonZero/GatherND/ScatterND (no com.microsoft MoE: not row-exact)."""
+    _, art = moe_artifacts["qwen2_moe"]
+    for name in ("target.onnx", "target.ort.onnx"):
+        graph = onnx.load(str(art / name), load_external_data=False).graph
+        ops = [n.op_type for n in graph.node]
+        assert "MoE" not in ops and ops.count("ScatterND") == 2 * 4  # 2 layers x 4 experts
+        assert {f"layers.0.mlp.experts.{e}.weight_t" for e in range(4)} <= {i.name for i in graph.initializer}
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp_path, arch):
+    """`build --int4`: every expert (and shared expert) MatMul is a MatMulNBits of the packed fused CPU graph, the
+    routers stay float; rows are exact in any pass and `verify` finds speculative decoding identical to plain."""
+    from conftest import run_cli
+
+    _, art = moe_artifacts[arch]
+    built = tmp_path / "int4"
+    result = run_cli("build", str(art), "--int4", "--onnx-only", "--calib-samples", "2", "--out", str(built))
+    assert result.returncode == 0, result.stderr
+    graph = onnx.load(str(built / "target.ort.onnx"), load_external_data=False).graph
+    packed = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
+    float_matmuls = {n.input[1] for n in graph.node if n.op_type == "MatMul"} & {i.name for i in graph.initializer}
+    shared = 2 if arch == "qwen2_moe" else 0
+    assert len(packed) == 2 * (2 + 4 * 2 + shared)  # per layer: qkv, o_proj, 4 experts x 2, shared expert x 2
+    assert float_matmuls == {"lm_head.weight_t"} | {f"layers.{i}.mlp.{name}.weight_t" for i in range(2)
+                                                     for name in ("router", *(["shared_expert_gate"] if shared else []))}
+    session = open_artifact(built, threads=1).target
+    assert session.spec.file == "target.ort.onnx" and session.row_invariant
+    one_row = _logits_in_passes(session, IDS, 8, 1)
+    np.testing.assert_array_equal(_logits_in_passes(session, IDS, 8, 4), one_row)
+    result = run_cli("verify", str(built), "--max-tokens", "16", "--limit", "2")
+    assert result.returncode == 0 and "identical" in result.stdout, result.stdout + result.stderr
