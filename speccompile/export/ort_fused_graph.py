@@ -73,6 +73,8 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
                 "ort-cuda runs the contract graph")
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
+    if config.rope_dim % 16:
+        return f"GroupQueryAttention's rotary kernel needs rotated dims % 16 == 0 (partial rotary: {config.rope_dim})"
     return None
 
 
