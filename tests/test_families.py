@@ -37,6 +37,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "glm4": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),
     "cohere2": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25),
     "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
+    "ernie4_5": {},
 }
 
 

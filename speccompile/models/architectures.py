@@ -101,6 +101,7 @@ FAMILIES: dict[str, Family] = {
     "cohere2": Family(("cohere2",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
                       logit_key="logit_scale"),
     "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES),
+    "ernie4_5": Family(("ernie4_5",), rope_interleaved=True),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
