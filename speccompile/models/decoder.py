@@ -314,8 +314,11 @@ class Decoder(nn.Module):
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none") -> Decoder:
     """Instantiate a Decoder and load HF-named weights (torch tensors, or a WeightSource: read whole into
     memory); missing or unexpected keys are an error."""
-    from ..errors import InputError
+    from ..errors import InputError, UnsupportedError
 
+    if not llama_layer(config):
+        raise UnsupportedError(f"the torch reference decoder runs the Llama layer only ({config.architecture} has other "
+                               "layer features; the exported graphs run it)")
     if isinstance(weights, WeightSource):
         weights = weights.to_torch()
     model = Decoder(config, hidden_states)
@@ -325,6 +328,16 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     if missing or unexpected:
         raise InputError(f"weights do not match the {config.architecture} architecture ({describe_key_mismatch(missing, unexpected)})")
     return model.eval()
+
+
+def llama_layer(config: ModelConfig) -> bool:
+    """Whether `config`'s layer description is the Llama / Qwen layer this module implements."""
+    defaults = ModelConfig(architecture="llama", vocab_size=1, hidden_size=1, intermediate_size=1, num_hidden_layers=1,
+                           num_attention_heads=1, num_key_value_heads=1, head_dim=1)
+    fields = ("norm", "norm_offset", "placement", "qk_norm_full", "mlp_act", "rotary_dim", "rope_interleaved", "layer_types",
+              "nope_layers", "attn_scale", "attn_softcap", "final_softcap", "embed_scale", "residual_scale", "logit_scale")
+    rope_type = (config.rope_scaling or {}).get("rope_type", "default")
+    return rope_type in ("default", "linear", "llama3") and all(getattr(config, f) == getattr(defaults, f) for f in fields)
 
 
 def causal_mask(q_len: int, past_len: int, batch: int = 1) -> torch.Tensor:

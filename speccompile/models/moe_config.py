@@ -86,20 +86,21 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(layers) if i in only or (i + 1) % step)
 
 
-def moe_from_hf(arch: str, data: dict[str, Any]) -> MoeConfig | None:
-    """The MoE layout of a config.json of family `arch` (None for a dense family); KeyError when a key is missing."""
+def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
+    """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
+    KeyError when a key is missing."""
     experts = data.get("num_experts", data.get("num_local_experts"))
     top_k = int(data.get("num_experts_per_tok", 0))
     layers = int(data["num_hidden_layers"])
-    if arch in ("qwen2_moe", "qwen3_moe"):
+    if kind in ("qwen2_moe", "qwen3_moe"):
         return MoeConfig(int(experts), top_k, int(data["moe_intermediate_size"]), "softmax_topk",
                          bool(data.get("norm_topk_prob", False)),
-                         shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if arch == "qwen2_moe" else 0,
+                         shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0,
                          dense_layers=_dense_layers(data, layers))
-    if arch == "mixtral":
+    if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
-    if arch == "gpt_oss":
+    if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),
                          swiglu_alpha=float(data.get("swiglu_alpha", 1.702)))

@@ -1,0 +1,116 @@
+"""Every family of the architecture table against transformers itself: a tiny random checkpoint written by
+transformers, exported, its contract and fused CPU graphs' logits within 1e-4 (of the row's largest |logit|) of
+transformers' fp32 eager forward at every position of a prefill, a tree verify and a chain pass (sliding-window
+families with contexts longer than the window), and greedy n-gram speculative decoding equal to plain decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccompile.export.pipeline import ExportOptions, export_artifact
+from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.session import Runner
+
+from conftest import TINY_VOCAB, write_char_tokenizer
+
+WINDOW = 8  # sliding families: shorter than the 26-token test sequence
+_TWO = ["sliding_attention", "full_attention"]
+FAMILIES = {  # model_type -> config overrides of the tiny shape
+    "llama": {},
+    "llama-yarn": dict(model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                            "original_max_position_embeddings": 128}),
+    "mistral": dict(sliding_window=WINDOW),
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=None),
+    "qwen3": {},
+    "gemma": {},
+    "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),
+    "gemma3_text": dict(sliding_window=WINDOW, query_pre_attn_scalar=16, layer_types=_TWO, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "phi3": dict(sliding_window=WINDOW, num_attention_heads=2, num_key_value_heads=1, head_dim=32, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 256,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 1.8, 2.0, 2.5, 3.0], "long_factor": [2.0] * 8}),
+    "granite": dict(embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    "olmo2": {},
+    "smollm3": dict(no_rope_layer_interval=2, no_rope_layers=None),
+    "glm4": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),
+    "cohere2": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25),
+    "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
+    "ernie4_5": {},
+}
+
+
+def make_family_model(folder, name: str, seed: int = 0):
+    """A tiny random checkpoint of family `name` saved by transformers (weights scaled: logits not near-ties)."""
+    import torch
+    import transformers
+
+    overrides = dict(FAMILIES[name])
+    model_type = overrides.pop("model_type", name)
+    kwargs = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    kwargs.update(overrides)
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+            else:  # norm gains and biases away from their initial values
+                p.add_(0.2 * torch.randn_like(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    return model
+
+
+def _hf_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    err = np.abs(got - want).max(axis=-1) / np.abs(want).max(axis=-1)
+    assert err.max() <= 1e-4, f"{what}: relative error {err.max():.2e} at row {int(err.argmax())}"
+
+
+TREE = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=bool)  # root, a, b, a's child
+
+
+def _check_graph(session, hf, seq: list[int], other: int, what: str) -> None:
+    """Prefill 20, a 4-node tree (root, a, b, a's child = seq[20], seq[21], other, seq[22]), keep root/a/child,
+    then a 3-row chain pass: each row against transformers on the same tokens."""
+    full = _hf_logits(hf, seq)
+    cache = session.new_cache()
+    out = session.run(np.array(seq[:20]), np.arange(20), cache.attention_mask(np.tril(np.ones((20, 20), bool))), cache)
+    _close(out.logits, full[:20], f"{what} prefill")
+    cache.append(out.presents, range(20), 20)
+    tree_ids = np.array([seq[20], seq[21], other, seq[22]])
+    out = session.run(tree_ids, 20 + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
+    _close(out.logits[[0, 1, 3]], full[20:23], f"{what} tree")
+    _close(out.logits[2:3], _hf_logits(hf, seq[:21] + [other])[-1:], f"{what} tree branch")
+    cache.append(out.presents, [0, 1, 3], 4)
+    out = session.run(np.array(seq[23:26]), np.arange(23, 26), cache.attention_mask(np.tril(np.ones((3, 3), bool))), cache)
+    _close(out.logits, full[23:26], f"{what} chain")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_matches_transformers(tmp_path, name):
+    hf = make_family_model(tmp_path / "hf", name)
+    out = tmp_path / "art"
+    export_artifact(str(tmp_path / "hf"), out, ExportOptions(max_context=96))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    for fused in (True, False):
+        session = open_artifact(out, threads=1, fused=fused).target
+        assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
+        _check_graph(session, hf, seq, 5, f"{name} {'fused' if fused else 'contract'}")
+    runner = Runner(out, drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    plain = runner.generate(prompt, chat=False, max_tokens=40, drafter="none")
+    spec = runner.generate(prompt, chat=False, max_tokens=40)
+    assert spec.tokens == plain.tokens
