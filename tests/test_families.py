@@ -38,6 +38,10 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "cohere2": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25),
     "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
     "ernie4_5": {},
+    # mixture of experts (tests/test_moe.py: row exactness, INT4): 4 experts, top 2
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
 }
 
 

@@ -14,38 +14,13 @@ from speccompile.export.pipeline import ExportOptions, export_artifact
 from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
-from conftest import TINY_VOCAB, write_char_tokenizer
+from conftest import TINY_VOCAB
+from test_families import make_family_model
 from test_ort_slots import assert_slot_rows_equal_alone
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
-EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=32)
-FAMILIES = {  # tiny configs: 4 experts, top 2; one with a dense layer, one with a shared expert, one renormalising
-    "qwen3_moe": dict(num_experts=4, norm_topk_prob=True, mlp_only_layers=[1], **EXPERTS),
-    "qwen2_moe": dict(num_experts=4, norm_topk_prob=False, shared_expert_intermediate_size=64, **EXPERTS),
-    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
-}
-
-
-def make_tiny_moe_model(folder: Path, arch: str, seed: int = 0, **overrides) -> Path:
-    """A tiny random transformers checkpoint of MoE family `arch` (weights x4: peaked logits, decided routing)."""
-    import torch
-    import transformers
-
-    kwargs = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-                  tie_word_embeddings=False, **FAMILIES[arch])
-    kwargs.update(overrides)
-    config = transformers.AutoConfig.for_model(arch, **kwargs)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    write_char_tokenizer(folder)
-    return folder
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral"]  # tests/test_families.py: the tiny configs (one with a dense layer,
+# one with a shared expert, one renormalising; Mixtral with a sliding window)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +28,9 @@ def moe_artifacts(tmp_path_factory):
     """Each family's checkpoint and its fp32 export (contract, fused CPU and slotted graphs)."""
     root = tmp_path_factory.mktemp("moe")
     built = {}
-    for arch in FAMILIES:
-        model = make_tiny_moe_model(root / arch, arch)
+    for arch in MOE:
+        model = root / arch
+        make_family_model(model, arch)
         export_artifact(str(model), root / f"{arch}-art", ExportOptions(max_context=256, batch_slots=4))
         built[arch] = (model, root / f"{arch}-art")
     yield built
@@ -88,7 +64,7 @@ def _transformers_logits(model: Path, ids: np.ndarray) -> np.ndarray:
 IDS = np.random.default_rng(7).integers(3, TINY_VOCAB, 40)
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", MOE)
 @pytest.mark.parametrize("graph", ["contract", "fused"])
 def test_exported_logits_match_transformers(moe_artifacts, arch, graph):
     """Teacher-forced, every position (a prefill of 16, then passes of 5): within 1e-4 of each row's largest logit."""
@@ -102,7 +78,7 @@ def test_exported_logits_match_transformers(moe_artifacts, arch, graph):
     assert len(set(expected.argmax(-1))) > 3  # not one token everywhere: the check can tell models apart
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])  # the reference runs no sliding window (Mixtral's: below)
 def test_torch_reference_matches_transformers(moe_artifacts, arch):
     import torch
 
@@ -117,7 +93,7 @@ def test_torch_reference_matches_transformers(moe_artifacts, arch):
     np.testing.assert_allclose(got[0].numpy(), _transformers_logits(model, IDS), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", MOE)
 def test_a_position_gets_the_same_bits_in_any_pass(moe_artifacts, arch):
     """The fused CPU graph: a position's logits are the same bits decoded alone (q = 1) or inside passes of 2, 3,
     7 rows, whichever experts the other rows of the pass chose."""
@@ -129,7 +105,7 @@ def test_a_position_gets_the_same_bits_in_any_pass(moe_artifacts, arch):
         np.testing.assert_array_equal(_logits_in_passes(session, IDS, 8, q), one_row, err_msg=f"q={q}")
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", MOE)
 def test_greedy_ngram_speculative_equals_plain(moe_artifacts, arch):
     _, art = moe_artifacts[arch]
     runner = Runner(art, drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
@@ -174,3 +150,26 @@ def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp
     np.testing.assert_array_equal(_logits_in_passes(session, IDS, 8, 4), one_row)
     result = run_cli("verify", str(built), "--max-tokens", "16", "--limit", "2")
     assert result.returncode == 0 and "identical" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_torch_moe_block_matches_transformers_block(moe_artifacts, arch):
+    """models.moe.SparseMoe with the checkpoint's layer-0 tensors = transformers' MoE block on the same rows."""
+    import torch
+    import transformers
+
+    from speccompile.models.load import load_model
+    from speccompile.models.moe import SparseMoe
+
+    model, _ = moe_artifacts[arch]
+    loaded = load_model(str(model))
+    moe = loaded.config.moe
+    prefix = moe.prefix(0)
+    block = SparseMoe(loaded.config.hidden_size, moe)
+    block.load_state_dict({k[len(prefix):]: v for k, v in loaded.torch_weights().items() if k.startswith(prefix)})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    x = torch.randn(1, 9, loaded.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = hf.model.layers[0].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
+        expected = expected[0] if isinstance(expected, tuple) else expected
+        np.testing.assert_allclose(block(x).numpy(), expected.numpy(), atol=1e-6, rtol=1e-5)
