@@ -42,6 +42,8 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, layer_types=_TWO,  # yarn rope, sinks
+                    swiglu_limit=1.0),  # a low clamp: the tiny model's gate/up values reach it
 }
 
 

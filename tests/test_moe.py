@@ -19,8 +19,8 @@ from test_families import make_family_model
 from test_ort_slots import assert_slot_rows_equal_alone
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral"]  # tests/test_families.py: the tiny configs (one with a dense layer,
-# one with a shared expert, one renormalising; Mixtral with a sliding window)
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"]  # tests/test_families.py: the tiny configs (a dense layer,
+# a shared expert, renormalised top k; Mixtral with a sliding window; gpt-oss: biases, clamped SwiGLU, sinks, yarn)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_moe_graph_is_sparse_standard_onnx(moe_artifacts):
         assert {f"layers.0.mlp.experts.{e}.weight_t" for e in range(4)} <= {i.name for i in graph.initializer}
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss"])
 def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp_path, arch):
     """`build --int4`: every expert (and shared expert) MatMul is a MatMulNBits of the packed fused CPU graph, the
     routers stay float; rows are exact in any pass and `verify` finds speculative decoding identical to plain."""

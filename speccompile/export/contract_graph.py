@@ -268,13 +268,32 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
         scores = _softcap(g, s, scores, cfg.attn_softcap)
-    probs = b.one(s, "Softmax", [b.one(s, "Add", [scores, bias])], axis=-1)
+    scores = b.one(s, "Add", [scores, bias])
+    if cfg.attn_sinks:
+        probs = _with_sinks(g, i, s, scores, q)
+    else:
+        probs = b.one(s, "Softmax", [scores], axis=-1)
     context = b.one(s, "MatMul", [b.one(s, "Cast", [probs], to=g.elem), v_all])
     if heads == kv_heads:
         context = b.one(s, "Slice", [context, b.const(s, [0]), b.const(s, [-1]), b.const(s, [2]), b.const(s, [1])])
     out = b.one(s, "Reshape", [context, b.const(s, [0, heads, -1, dim])])
     out = b.one(s, "Reshape", [b.one(s, "Transpose", [out], perm=[0, 2, 1, 3]), b.const(s, [0, -1, heads * dim])])
-    return b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
+    out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
+    return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
+
+
+def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
+    """Softmax over the scores [b, kv, rows, T] and one more column per row, its head's sink logit (gpt-oss),
+    which is then dropped: the rows' probabilities sum to less than 1."""
+    b, cfg = g.b, g.model.config
+    sinks = b.one(s, "Cast", [g.role(i, "sinks")], to=TensorProto.FLOAT)
+    sinks = b.one(s, "Reshape", [sinks, b.const(s, [1, cfg.num_attention_heads, 1, 1])])
+    rows = b.one(s, "Concat", [b.one(s, "Shape", [q], end=3), b.const(s, [1])], axis=0)  # [b, heads, q, 1]
+    column = b.one(s, "Reshape", [b.one(s, "Expand", [sinks, rows]), b.const(s, [0, cfg.num_key_value_heads, -1, 1])])
+    if cfg.num_attention_heads == cfg.num_key_value_heads:
+        column = _with_last_row(g, s, column)
+    probs = b.one(s, "Softmax", [b.one(s, "Concat", [scores, column], axis=-1)], axis=-1)
+    return b.one(s, "Slice", [probs, b.const(s, [0]), b.const(s, [-1]), b.const(s, [-1]), b.const(s, [1])])
 
 
 def _softcap(g: _Graph, scope: str, x: str, cap: float) -> str:

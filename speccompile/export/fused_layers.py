@@ -113,6 +113,8 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         out, layer_presents = _attention(f, i, _qkv(f, i, h, norms), padding, slots)
         presents += layer_presents
         attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+        if cfg.o_proj_bias:
+            attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
         if cfg.placement == "parallel":
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
             continue
@@ -173,6 +175,11 @@ def _rotary(f: _Fused, i: int) -> list[str]:
     return rotary_names(kind) if kind else ["", ""]
 
 
+def _sinks(f: _Fused, i: int) -> list[str]:
+    """GroupQueryAttention's `head_sink` input (gpt-oss' per-head sink logits), or nothing."""
+    return [f.layer_weight(i, "self_attn.sinks", "sinks")] if f.model.config.attn_sinks else []
+
+
 def _bias(f: _Fused, i: int, slot: int | None, bias: str, positions: str) -> str:
     """Layer i's attention bias: the pass's, or for a sliding layer the windowed one (made once per slot)."""
     if not f.model.config.sliding(i):
@@ -190,11 +197,11 @@ def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | Non
         return _slot_attention(f, i, query, slots)
     present_k, present_v = f"present.{i}.key", f"present.{i}.value"
     if padding is None:  # the CUDA kernel rejects attention_bias
-        lengths, extra = ["seqlens_k", "total_sequence_length"], ["position_ids"]
+        lengths, extra = ["seqlens_k", "total_sequence_length"], ["position_ids", *[x for s in _sinks(f, i) for x in ("", s)]]
     else:
         query = [padding.rows(x) if x else "" for x in query]
         lengths = [padding.seqlens_k, padding.total_sequence_length]
-        extra = [padding.position_ids, _bias(f, i, None, padding.attention_bias, padding.position_ids)]
+        extra = [padding.position_ids, _bias(f, i, None, padding.attention_bias, padding.position_ids), *_sinks(f, i)]
     out = f.n("GroupQueryAttention", [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
                                       *_rotary(f, i), *extra],
               [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v], **_gqa_attributes(f, i))[0]
@@ -206,12 +213,12 @@ def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | Non
 def _slot_attention(f: _Fused, i: int, query: list[str], slots: SlotInputs) -> tuple[str, list[str]]:
     """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV."""
     parts = [slots.split(x) if x else [""] * slots.slots for x in query]
-    outs, presents = [], []
+    outs, presents, sinks = [], [], _sinks(f, i)
     for b in range(slots.slots):
         past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
         bias = _bias(f, i, b, f"attention_bias.{b}", slots.positions[b])
         out = f.n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
-                                          *slots.lengths[b], *_rotary(f, i), slots.positions[b], bias],
+                                          *slots.lengths[b], *_rotary(f, i), slots.positions[b], bias, *sinks],
                   [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f, i))[0]
         outs.append(out)
         presents += [f"{present}.key", f"{present}.value"]

@@ -94,6 +94,7 @@ def layer_roles(config: ModelConfig, layer: int = 0) -> list[str]:
     roles = [*_PLACEMENT_NORMS[config.placement], "qkv", "o_proj", *([] if moe else ["gate_up", "down"])]
     if config.attention_bias:
         roles.append("qkv_bias")
+    roles += [role for role, used in (("o_bias", config.o_proj_bias), ("sinks", config.attn_sinks)) if used]
     if config.qk_norm:
         roles += ["q_norm", "k_norm"]
     return roles
@@ -118,7 +119,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     qk = [(q,), (kv,)] if c.qk_norm_full else [(c.head_dim,), (c.head_dim,)]
     per_role = {"input_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)], "o_proj": [(h, q)], "post_norm": [(h,)],
                 "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
-                "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:]}
+                "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:],
+                "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)]}
     fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
     for i in range(c.num_hidden_layers):
         names = layer_sources(c, i)

@@ -33,6 +33,8 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "post_norm": ("post_attention_layernorm.weight",),
     "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "down": ("mlp.down_proj.weight",),
+    "o_bias": ("self_attn.o_proj.bias",),
+    "sinks": ("self_attn.sinks",),
 }
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
     "post_attn_norm": ("post_attention_layernorm.weight",),
@@ -74,6 +76,8 @@ class Family:
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # roles overriding LLAMA_NAMES
     gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))
     gguf_llama_order: bool = False  # llama.cpp permuted the q/k rows (llama, mistral)
+    attn_sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss `self_attn.sinks`)
+    o_bias: bool = False  # o_proj has a bias
     moe: str = ""  # the MLP kind: "" dense, else the MoE layout of models/moe_config.py (qwen2_moe|qwen3_moe|mixtral|gpt_oss)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
@@ -106,6 +110,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2_moe": Family(("qwen2_moe",), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
     "qwen3_moe": Family(("qwen3_moe",), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe"),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
+    "gpt_oss": Family(("gpt_oss",), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss"),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

@@ -59,6 +59,8 @@ class ModelConfig:
     embed_scale: float = 1.0
     residual_scale: float = 1.0  # multiplies each block's output before the residual add
     logit_scale: float = 1.0
+    attn_sinks: bool = False  # per-head sink logits in the attention softmax (gpt-oss)
+    o_proj_bias: bool = False
     moe: MoeConfig | None = None  # mixture-of-experts layers (models/moe_config.py); None: dense MLPs
 
     def __post_init__(self) -> None:
@@ -201,7 +203,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_check_rope_scaling(rope, source),
-        attention_bias=bool(qkv_bias),
+        attention_bias=bool(qkv_bias), attn_sinks=fam.attn_sinks, o_proj_bias=fam.o_bias,
         qk_norm=bool(fam.qk_norm), qk_norm_full=fam.qk_norm == "full",
         norm=fam.norm, norm_offset=fam.norm_offset, placement=fam.placement, mlp_act=fam.mlp_act,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,

@@ -335,7 +335,8 @@ def llama_layer(config: ModelConfig) -> bool:
     defaults = ModelConfig(architecture="llama", vocab_size=1, hidden_size=1, intermediate_size=1, num_hidden_layers=1,
                            num_attention_heads=1, num_key_value_heads=1, head_dim=1)
     fields = ("norm", "norm_offset", "placement", "qk_norm_full", "mlp_act", "rotary_dim", "rope_interleaved", "layer_types",
-              "nope_layers", "attn_scale", "attn_softcap", "final_softcap", "embed_scale", "residual_scale", "logit_scale")
+              "nope_layers", "attn_scale", "attn_softcap", "final_softcap", "embed_scale", "residual_scale", "logit_scale",
+              "attn_sinks", "o_proj_bias")
     rope_type = (config.rope_scaling or {}).get("rope_type", "default")
     return rope_type in ("default", "linear", "llama3") and all(getattr(config, f) == getattr(defaults, f) for f in fields)
 

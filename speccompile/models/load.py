@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .moe_weights import per_expert
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
@@ -173,7 +174,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
     config = config_from_hf(_read_config_json(folder), str(folder))
     files = _safetensors_files(folder)
-    weights = SafetensorsSource(files)
+    weights = per_expert(SafetensorsSource(files))  # gpt-oss' fused experts, per expert
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
         dropped.add("lm_head.weight")
