@@ -173,3 +173,14 @@ def test_torch_moe_block_matches_transformers_block(moe_artifacts, arch):
         expected = hf.model.layers[0].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
         expected = expected[0] if isinstance(expected, tuple) else expected
         np.testing.assert_allclose(block(x).numpy(), expected.numpy(), atol=1e-6, rtol=1e-5)
+
+
+def test_fp16_export_runs_on_the_cpu(moe_artifacts, tmp_path):
+    """An fp16 export's contract graph runs on ONNX Runtime CPU (its ScatterND has no fp16 `add` reduction, so the
+    block writes sums back without one) and stays near the fp32 graph."""
+    model, art = moe_artifacts["qwen2_moe"]
+    export_artifact(str(model), tmp_path / "fp16", ExportOptions(max_context=64, dtype="fp16"))
+    half = _logits_in_passes(open_artifact(tmp_path / "fp16", threads=1).target, IDS[:20], 12, 4)
+    full = _logits_in_passes(open_artifact(art, threads=1, fused=False).target, IDS[:20], 12, 4)
+    error = np.abs(half - full).max(axis=-1) / np.abs(full).max(axis=-1)
+    assert error.max() < 2e-2, float(error.max())

@@ -9,7 +9,8 @@ therefore decomposed into standard operators, sparse by expert:
     routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), in float32, per row
     expert e  rows = the rows whose top k hold e (NonZero of TopK's indices == e); their routing weights
               (GatherND); the expert's SwiGLU MLP on those rows only (two MatMuls with 2-D weights);
-              ScatterND(reduction=add) of weight * output into the rows' sums, experts in index order
+              the rows' sums plus weight * output, written back (GatherND, Add, ScatterND), experts in
+              index order
     shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE)
 
 Each row's routing reads that row alone, and its expert outputs come from weight MatMuls whose rows ONNX Runtime
@@ -89,7 +90,8 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
         rows = em.one("Slice", [pairs, em.const("moe.zero", [0]), em.const("moe.one", [1]), em.const("moe.one", [1])])
         x_e = em.one("GatherND", [x, rows])
         y_e = _expert(em, moe, x_e, w, f"{p}mlp.experts.{e}", moe.expert_size, moe.expert_bias)
-        total = em.one("ScatterND", [total, rows, em.one("Mul", [y_e, weight])], reduction="add")
+        summed = em.one("Add", [em.one("GatherND", [total, rows]), em.one("Mul", [y_e, weight])])
+        total = em.one("ScatterND", [total, rows, summed])  # no reduction="add": ONNX Runtime CPU lacks it in fp16
     if moe.shared_expert_size:
         shared = _expert(em, MoeConfig(1, 1, moe.shared_expert_size), x, w, f"{p}mlp.shared_expert",
                          moe.shared_expert_size, False)
