@@ -12,7 +12,7 @@ from speccompile.export.pipeline import ExportOptions, export_artifact
 from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
-from conftest import TINY_VOCAB, write_char_tokenizer
+from conftest import TINY_VOCAB, run_cli, write_char_tokenizer
 
 WINDOW = 8  # sliding families: shorter than the 26-token test sequence
 _TWO = ["sliding_attention", "full_attention"]
@@ -120,3 +120,18 @@ def test_family_matches_transformers(tmp_path, name):
     plain = runner.generate(prompt, chat=False, max_tokens=40, drafter="none")
     spec = runner.generate(prompt, chat=False, max_tokens=40)
     assert spec.tokens == plain.tokens
+
+
+def test_verify_and_bench_raw(tmp_path):
+    """`verify` / `bench --raw` feed the prompts raw, each identical to plain decoding."""
+    make_family_model(tmp_path / "hf", "gemma3_text")
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=128))
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"id": "copy", "prompt": "abc abd abc abd abc abd", "chat": true}\n')
+    done = run_cli("verify", str(tmp_path / "art"), "--raw", "--max-tokens", "24", "--drafter", "ngram")
+    assert done.returncode == 0, done.stderr
+    assert "identical" in done.stdout
+    bench = run_cli("bench", str(tmp_path / "art"), "--workload", str(workload), "--raw", "--max-tokens", "16",
+                    "--drafter", "ngram", "--json")
+    assert bench.returncode == 0, bench.stderr
+    assert '"identical":true' in bench.stdout.replace(" ", "")

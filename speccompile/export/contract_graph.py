@@ -145,11 +145,13 @@ def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
     else:
         emb = b.one(s, "Concat", [freqs, freqs], axis=-1)
     emb = b.one(s, "Unsqueeze", [emb, b.const(s, [1])])
-    cos, sin = b.one(s, "Cos", [emb]), b.one(s, "Sin", [emb])
     factor = rope_attention_factor(cfg, kind)
-    if factor != 1.0:
-        cos, sin = (b.one(s, "Mul", [t, b.const(s, factor, "float32")]) for t in (cos, sin))
-    return b.one(s, "Cast", [cos], to=g.elem), b.one(s, "Cast", [sin], to=g.elem)
+
+    def table(op: str) -> str:
+        t = b.one(s, op, [emb])
+        return b.one(s, "Cast", [t if factor == 1.0 else b.one(s, "Mul", [t, b.const(s, factor, "float32")])], to=g.elem)
+
+    return table("Cos"), table("Sin")
 
 
 def _attention_bias(g: _Graph, sliding: bool) -> str:
