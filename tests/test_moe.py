@@ -184,3 +184,15 @@ def test_fp16_export_runs_on_the_cpu(moe_artifacts, tmp_path):
     full = _logits_in_passes(open_artifact(art, threads=1, fused=False).target, IDS[:20], 12, 4)
     error = np.abs(half - full).max(axis=-1) / np.abs(full).max(axis=-1)
     assert error.max() < 2e-2, float(error.max())
+
+
+def test_calibration_takes_an_expert_that_got_no_rows():
+    """A calibration sample may route no token to an expert: its MatMul input has zero rows, which adds nothing."""
+    from speccompile.engines.calibrate import ActivationRecorder
+
+    recorder = ActivationRecorder(["x"], total_tokens=4, max_rows=4)
+    recorder.add("x", np.zeros((0, 8), np.float32))
+    recorder.add("x", np.full((2, 8), -3.0, np.float32))
+    recorder.add("x", np.zeros((0, 8), np.float32))
+    stats = recorder.pop("x")
+    assert stats.amax == 3.0 and stats.rows.shape == (2, 8)
