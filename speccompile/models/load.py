@@ -175,7 +175,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
     config = config_from_hf(_read_config_json(folder), str(folder))
     files = _safetensors_files(folder)
-    weights = per_expert(SafetensorsSource(files))  # gpt-oss' fused experts, per expert
+    weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused experts, per expert
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
         dropped.add("lm_head.weight")

@@ -61,6 +61,12 @@ class PerExpertSource(WeightSource):
         return list(self._names)
 
 
-def per_expert(source: WeightSource) -> WeightSource:
-    """`source`, with fused gpt-oss expert tensors split per expert when it has any."""
+def per_expert(source: WeightSource, where: str = "") -> WeightSource:
+    """`source`, with fused gpt-oss expert tensors split per expert when it has any. UnsupportedError for the
+    MXFP4 experts (`*_blocks` / `*_scales`) of the published gpt-oss checkpoints."""
+    from ..errors import UnsupportedError
+
+    if any(n.endswith(".mlp.experts.gate_up_proj_blocks") for n in source.names()):
+        raise UnsupportedError(f"{where}: MXFP4 expert weights (gate_up_proj_blocks) are not supported; save the model "
+                               "dequantized to bf16 first (transformers: Mxfp4Config(dequantize=True), save_pretrained)")
     return PerExpertSource(source) if any(_FUSED.match(n) for n in source.names()) else source
