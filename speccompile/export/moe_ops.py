@@ -1,9 +1,9 @@
 """The mixture-of-experts block as ONNX nodes, for every graph builder (contract, fused CPU, slotted).
 
-What ONNX Runtime offers: `com.microsoft` MoE and QMoE (CPU kernels in onnxruntime >= 1.22) take the router
-logits and all experts' weights and route inside. They are not row-exact: a row's output depends on how many
-rows of the pass chose the same expert (measured on onnxruntime 1.32: up to ~1e-6 between a row alone and the
-same row in a pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The block is
+What ONNX Runtime offers: `com.microsoft` MoE and QMoE (CPU kernels in the installed onnxruntime 1.32) take the
+router logits and all experts' weights and route inside. They are not row-exact: a row's output depends on how
+many rows of the pass chose the same expert (measured: up to ~1e-6 between a row alone and the same row in a
+pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The block is
 therefore decomposed into standard operators, sparse by expert:
 
     routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), in float32, per row
