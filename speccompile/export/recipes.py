@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 from onnx import TensorProto
 
-from ..models.architectures import family
+from ..models.architectures import family, layer_roles as family_roles
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.weights import WeightSource
 from ..weights_file import Piece
@@ -84,18 +84,9 @@ FINAL_NORM = ("model.norm.weight",)
 LM_HEAD = ("lm_head.weight",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "down"}  # roles stored as MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"}
-_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
-                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
-
-
 def layer_roles(config: ModelConfig) -> list[str]:
     """The roles a layer of `config` has weights for."""
-    roles = [*_PLACEMENT_NORMS[config.placement], "qkv", "o_proj", "gate_up", "down"]
-    if config.attention_bias:
-        roles.append("qkv_bias")
-    if config.qk_norm:
-        roles += ["q_norm", "k_norm"]
-    return roles
+    return family_roles(config.placement, config.attention_bias, config.qk_norm)
 
 
 def layer_recipe(config: ModelConfig, i: int, role: str, dtype: str) -> Recipe:

@@ -124,3 +124,17 @@ def family_name(model_type: str) -> str | None:
 def family(name: str) -> Family:
     """The entry of family `name` (a ModelConfig.architecture)."""
     return FAMILIES[name]
+
+
+_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
+                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
+
+
+def layer_roles(placement: str, attention_bias: bool, qk_norm: bool) -> list[str]:
+    """The roles a layer has weights for, by its norm placement, q/k/v biases and q/k norms."""
+    roles = [*_PLACEMENT_NORMS[placement], "qkv", "o_proj", "gate_up", "down"]
+    if attention_bias:
+        roles.append("qkv_bias")
+    if qk_norm:
+        roles += ["q_norm", "k_norm"]
+    return roles
