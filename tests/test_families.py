@@ -1,5 +1,5 @@
 """Every family of the architecture table against transformers itself: a tiny random checkpoint written by
-transformers, exported, its contract and fused CPU graphs' logits within 1e-4 (of the row's largest |logit|) of
+transformers, exported, the torch reference's and its contract and fused CPU graphs' logits within 1e-4 (of the row's largest |logit|) of
 transformers' fp32 eager forward at every position of a prefill, a tree verify and a chain pass (sliding-window
 families with contexts longer than the window), and greedy n-gram speculative decoding equal to plain decoding."""
 
@@ -120,9 +120,24 @@ def _decoded(session, seq: list[int], q: int) -> np.ndarray:
     return np.concatenate(logits)
 
 
+def _check_torch_reference(folder, hf, seq: list[int], name: str) -> None:
+    """The torch reference decoder (models/decoder.py) on the same checkpoint, every position."""
+    import torch
+
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    loaded = load_model(str(folder))
+    decoder = build_decoder(loaded.config, loaded.weights)
+    with torch.no_grad():
+        logits = decoder(torch.tensor([seq]), torch.arange(len(seq))[None], causal_mask(len(seq), 0), *decoder.empty_past())[0]
+    _close(logits[0].numpy(), _hf_logits(hf, seq), f"{name} torch reference")
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name)
+    _check_torch_reference(tmp_path / "hf", hf, [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)], name)
     out = tmp_path / "art"
     export_artifact(str(tmp_path / "hf"), out, ExportOptions(max_context=96))
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]

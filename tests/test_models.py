@@ -74,7 +74,7 @@ def test_hidden_state_taps(tmp_path):
         for i, layer in enumerate(final.model.layers):
             if i in eagle3_tap_layers(8):
                 taps.append(x)
-            x = layer(x, cos, sin, bias, *final.empty_past()[2 * i: 2 * i + 2])[0]
+            x = layer(x, {"global": (cos, sin)}, {False: bias}, *final.empty_past()[2 * i: 2 * i + 2])[0]
     assert eagle3_tap_layers(8) == (2, 4, 5)
     assert aux.shape == (1, 5, 3 * 64)
     assert torch.allclose(aux, torch.cat(taps, -1), atol=1e-6)

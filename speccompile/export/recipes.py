@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 from onnx import TensorProto
 
-from ..models.architectures import family
+from ..models.architectures import family, layer_roles as family_roles
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.weights import WeightSource
 from ..weights_file import Piece
@@ -84,20 +84,10 @@ FINAL_NORM = ("model.norm.weight",)
 LM_HEAD = ("lm_head.weight",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "down"}  # roles stored as MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"}
-_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
-                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
-
-
 def layer_roles(config: ModelConfig, layer: int = 0) -> list[str]:
     """The roles layer `layer` of `config` has weights for (a MoE layer's experts: export/moe_ops.py)."""
-    moe = config.moe is not None and config.moe.is_moe(layer)
-    roles = [*_PLACEMENT_NORMS[config.placement], "qkv", "o_proj", *([] if moe else ["gate_up", "down"])]
-    if config.attention_bias:
-        roles.append("qkv_bias")
-    roles += [role for role, used in (("o_bias", config.o_proj_bias), ("sinks", config.attn_sinks)) if used]
-    if config.qk_norm:
-        roles += ["q_norm", "k_norm"]
-    return roles
+    return family_roles(config.placement, config.attention_bias, config.qk_norm, o_bias=config.o_proj_bias,
+                        sinks=config.attn_sinks, moe=config.moe is not None and config.moe.is_moe(layer))
 
 
 def layer_recipe(config: ModelConfig, i: int, role: str, dtype: str) -> Recipe:

@@ -133,3 +133,20 @@ def family_name(model_type: str) -> str | None:
 def family(name: str) -> Family:
     """The entry of family `name` (a ModelConfig.architecture)."""
     return FAMILIES[name]
+
+
+_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
+                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
+
+
+def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
+                moe: bool = False) -> list[str]:
+    """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
+    sinks and MLP kind (a MoE layer's experts are not roles: models/moe_config.py)."""
+    roles = [*_PLACEMENT_NORMS[placement], "qkv", "o_proj", *([] if moe else ["gate_up", "down"])]
+    if attention_bias:
+        roles.append("qkv_bias")
+    roles += [role for role, used in (("o_bias", o_bias), ("sinks", sinks)) if used]
+    if qk_norm:
+        roles += ["q_norm", "k_norm"]
+    return roles
