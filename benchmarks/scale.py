@@ -38,6 +38,10 @@ SIZES = {  # the published configs (config.json of meta-llama/Llama-3.2-1B, -3.2
                num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, rope_factor=32.0),
     "8b": dict(name="llama-3.1-8b", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, tie_word_embeddings=False, rope_factor=8.0),
+    # Mixtral's layer (8 experts, top 2, untied head) scaled to ~1.2B parameters, ~0.4B active per token
+    "moe-1b": dict(name="mixtral-shape-1b", model_type="mixtral", hidden_size=1024, intermediate_size=2048,
+                   num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8, head_dim=64, num_local_experts=8,
+                   num_experts_per_tok=2, tie_word_embeddings=False),
 }
 VOCAB = 128256
 SHARD_BYTES = 5 << 30  # Hugging Face's default max_shard_size ("5GB")
@@ -57,11 +61,14 @@ BUILDS: dict[str, list[str]] = {  # column name -> `speccompile build` flags (ON
 
 
 def hf_config(size: str):
-    """The transformers LlamaConfig of a size."""
-    from transformers import LlamaConfig
+    """The transformers LlamaConfig (MixtralConfig) of a size."""
+    from transformers import LlamaConfig, MixtralConfig
 
     s = dict(SIZES[size])
     s.pop("name")
+    if s.pop("model_type", "llama") == "mixtral":
+        return MixtralConfig(vocab_size=VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-5, rope_theta=1e6,
+                             sliding_window=None, bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16", **s)
     factor = s.pop("rope_factor")
     return LlamaConfig(vocab_size=VOCAB, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
                        rope_scaling={"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -79,7 +86,25 @@ def parameter_shapes(config) -> dict[str, tuple[int, ...]]:
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
-    return shapes
+    return _mixtral_checkpoint_names(shapes) if config.model_type == "mixtral" else shapes
+
+
+def _mixtral_checkpoint_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """transformers 5 holds Mixtral's experts fused ([experts, 2 * inter, hidden]); its checkpoints (and the hub's)
+    name them per expert: block_sparse_moe.experts.{e}.w1 / w3 / w2 and block_sparse_moe.gate."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        prefix, _, rest = name.partition(".mlp.")
+        if rest == "gate.weight":
+            out[f"{prefix}.block_sparse_moe.gate.weight"] = shape
+        elif rest == "experts.gate_up_proj":
+            for e in range(shape[0]):
+                out.update({f"{prefix}.block_sparse_moe.experts.{e}.{w}.weight": (shape[1] // 2, shape[2]) for w in ("w1", "w3")})
+        elif rest == "experts.down_proj":
+            out.update({f"{prefix}.block_sparse_moe.experts.{e}.w2.weight": shape[1:] for e in range(shape[0])})
+        else:
+            out[name] = shape
+    return out
 
 
 def write_checkpoint(size: str, folder: Path, seed: int = 0) -> Path:

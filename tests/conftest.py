@@ -89,7 +89,8 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
     import gguf
     import numpy as np
 
-    from speccompile.models.load import _GGUF_BLOCK_NAMES, _GGUF_NAMES, load_model
+    from speccompile.models.architectures import LLAMA_GGUF as _GGUF_BLOCK_NAMES
+    from speccompile.models.load import _GGUF_NAMES, load_model
 
     loaded = load_model(str(folder))
     cfg = loaded.config

@@ -74,7 +74,7 @@ def test_hidden_state_taps(tmp_path):
         for i, layer in enumerate(final.model.layers):
             if i in eagle3_tap_layers(8):
                 taps.append(x)
-            x = layer(x, cos, sin, bias, *final.empty_past()[2 * i: 2 * i + 2])[0]
+            x = layer(x, {"global": (cos, sin)}, {False: bias}, *final.empty_past()[2 * i: 2 * i + 2])[0]
     assert eagle3_tap_layers(8) == (2, 4, 5)
     assert aux.shape == (1, 5, 3 * 64)
     assert torch.allclose(aux, torch.cat(taps, -1), atol=1e-6)
@@ -103,13 +103,14 @@ def test_gguf_q8_0_dequantizes_close(tmp_path):
 
 
 def test_config_errors():
-    with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*gemma3.*llama, mistral"):
         config_from_hf({"model_type": "gpt2"}, "cfg")
-    with pytest.raises(UnsupportedError, match="sliding_window"):
-        config_from_hf({"model_type": "mistral", "sliding_window": 4096, "vocab_size": 8, "hidden_size": 8,
-                        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1}, "cfg")
+    with pytest.raises(UnsupportedError, match="deepseek_v3.*multi-head latent attention"):
+        config_from_hf({"model_type": "deepseek_v3"}, "cfg")
+    with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
+        config_from_hf({"model_type": "qwen3_next"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):
         config_from_hf({"model_type": "llama"}, "cfg")
-    with pytest.raises(UnsupportedError, match="rope_scaling type 'yarn'"):
+    with pytest.raises(UnsupportedError, match="rope_scaling type 'dynamic'"):
         config_from_hf({"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
-                        "num_hidden_layers": 1, "num_attention_heads": 1, "rope_scaling": {"rope_type": "yarn", "factor": 2}}, "cfg")
+                        "num_hidden_layers": 1, "num_attention_heads": 1, "rope_scaling": {"rope_type": "dynamic", "factor": 2}}, "cfg")

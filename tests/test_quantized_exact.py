@@ -128,10 +128,15 @@ def test_rejected_rows_leave_no_trace(quantized_with_draft, tiny_artifact_with_d
 def test_greedy_speculative_equals_plain(quantized_with_draft, scheme, drafter):
     runner = Runner(quantized_with_draft[scheme], drafter=drafter, num_draft_tokens=4, adaptive=False, threads=2)
     assert runner.drafter_name == drafter
+    assert_greedy_speculative_equals_plain(runner, PROMPTS, 40)
+
+
+def assert_greedy_speculative_equals_plain(runner: Runner, prompts: list[str], max_tokens: int) -> None:
+    """Each prompt's greedy tokens with the runner's drafter equal plain decoding's (tests/test_moe.py too)."""
     draft_steps = 0
-    for prompt in PROMPTS:
-        plain = runner.generate(prompt, chat=False, max_tokens=40, drafter="none")
-        spec = runner.generate(prompt, chat=False, max_tokens=40)
+    for prompt in prompts:
+        plain = runner.generate(prompt, chat=False, max_tokens=max_tokens, drafter="none")
+        spec = runner.generate(prompt, chat=False, max_tokens=max_tokens)
         assert spec.tokens == plain.tokens, prompt
         draft_steps += spec.stats.draft_steps
     assert draft_steps > 0  # multi-row verify passes really ran (a rejected draft's pass still emits a token)

@@ -155,10 +155,11 @@ def _qad_options(flags: dict):
 
 def _excluded(quantize_lm_head: bool, exclude: tuple[str, ...]) -> tuple[str, ...]:
     """Weight name patterns kept unquantized: BuildOptions' defaults (lm_head, embeddings) unless --quantize-lm-head,
-    plus --exclude."""
+    MoE routers always, plus --exclude."""
     from ..engines.build import BuildOptions
+    from ..engines.qdq_targets import ROUTER_EXCLUDE
 
-    return tuple([p for p in BuildOptions.exclude if not quantize_lm_head] + list(exclude))
+    return tuple([p for p in BuildOptions.exclude if not quantize_lm_head or p in ROUTER_EXCLUDE] + list(exclude))
 
 
 COMMANDS = [build]

@@ -256,16 +256,17 @@ def _memory_note(memory: dict[str, float]) -> str:
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Most tokens generated per prompt (plain and speculative alike).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One untimed generation first.")
+@click.option("--chat/--raw", default=None, help="Apply the chat template to every prompt, or feed every prompt raw (a model without a chat template) [default: each workload line's \"chat\"].")
 @run_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, chat, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from ..runtime.bench import run_bench
     from .reports import print_bench_report
 
     check_artifact_backend(artifact, options.backend)
     with prompt_progress_bar(progress_bar_console(as_json)) as progress:
-        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress)
+        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress, chat)
     if as_json:
         emit_json(report)
     else:
@@ -277,16 +278,17 @@ def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
 @click.option("--workload", "workloads", type=click.Path(path_type=Path), multiple=True, help="JSONL prompts [default: a few built-in prompts].")
 @click.option("--max-tokens", type=int, default=64, show_default=True, help="Most tokens generated per prompt (plain and speculative alike).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
+@click.option("--chat/--raw", default=None, help="Apply the chat template to every prompt, or feed every prompt raw (a model without a chat template) [default: each workload line's \"chat\"].")
 @run_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: drafter, mode, identical, and per prompt the first differing token.")
-def verify(artifact, workloads, max_tokens, limit, options, as_json):
+def verify(artifact, workloads, max_tokens, limit, chat, options, as_json):
     """Greedy speculative vs plain decoding, prompt by prompt; exit 1 on any divergence."""
     from ..runtime.bench import run_verify
     from .reports import print_verify_report
 
     check_artifact_backend(artifact, options.backend)
     with prompt_progress_bar(progress_bar_console(as_json)) as progress:
-        report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress)
+        report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress, chat)
     if as_json:
         emit_json(report)
     else:

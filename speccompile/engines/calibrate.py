@@ -123,7 +123,7 @@ class ActivationRecorder:
 
     def add(self, name: str, value: np.ndarray) -> None:
         value = np.asarray(value, dtype=np.float32).reshape(-1, np.shape(value)[-1])
-        magnitude = np.where(np.isfinite(value), np.abs(value), 0.0).max(axis=0)
+        magnitude = np.where(np.isfinite(value), np.abs(value), 0.0).max(axis=0, initial=0.0)  # an expert may get no rows
         self.amax[name] = magnitude if self.amax[name] is None else np.maximum(self.amax[name], magnitude)
         if self.stride:
             self.kept[name].append(value[::self.stride])

@@ -2,7 +2,7 @@
 
 Which MatMuls: every `MatMul(activation, W)` whose B input is a 2-D initializer (the exporter names them
 `<module>.weight_t`, [in, out]) and whose name does not match an exclude pattern (fnmatch; by default
-`lm_head*` and `*embed_tokens*`). Attention MatMuls (both inputs are activations) stay unquantized. Embedding
+`lm_head*`, `*embed_tokens*` and MoE routers: the routing stays float). Attention MatMuls (both inputs are activations) stay unquantized. Embedding
 tables: an initializer read by `Gather` (and by a tied lm_head `Gemm(x, T, transB=1)`). Plus the small graph
 helpers the passes share (side branches, float16 constants, unique names).
 """
@@ -23,7 +23,8 @@ from .int8_weights import INT8_BLOCK
 
 SCHEMES = ("fp8", "int4", "nvfp4", "int8")
 WEIGHT_ONLY_SCHEMES = ("int4", "int8")  # no activation quantization whatever --weight-only says
-DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*")
+ROUTER_EXCLUDE = ("*.mlp.router", "*.mlp.shared_expert_gate")  # MoE routers (export/moe_ops.py): float, as llama.cpp
+DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*", *ROUTER_EXCLUDE)
 LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py)
 OFFSET_SUFFIXES = (".block_sum", ".block_offset")  # the offset branch of a weight on an asymmetric source grid
 SIDE_BRANCH_SUFFIXES = LOW_RANK_SUFFIXES + OFFSET_SUFFIXES  # side-branch factors: never quantized

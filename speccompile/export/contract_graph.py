@@ -19,42 +19,45 @@ attention bias is tiled by one Tile (the tracer added a no-op Expand before it).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ..models.rope import rounded_inv_freq
+from ..models.rope import rope_attention_factor, rounded_inv_freq
 from .graph_builder import INT64_MAX, GraphBuilder, value
-from .recipes import EMBED, FINAL_NORM, LM_HEAD, ELEM, DecoderWeights, Recipe, layer_recipe, np_dtype
+from .moe_ops import Emitter, moe_block, moe_names
+from .recipes import EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype
 from .weight_store import WeightStore
 
 OPSET = 21
 _FLOAT_MIN = float(-3.4028234663852886e38)  # torch.finfo(torch.float32).min: the mask's "may not attend"
 
 
+_ROLE_NAMES = {  # the traced graph's initializer names of the Llama roles; other roles: layers.{i}.{role}
+    "input_norm": "model.layers.{i}.input_layernorm.weight", "qkv": "layers.{i}.self_attn.weight_t",
+    "o_proj": "layers.{i}.self_attn.o_proj.weight_t", "post_norm": "model.layers.{i}.post_attention_layernorm.weight",
+    "gate_up": "layers.{i}.mlp.weight_t", "down": "layers.{i}.mlp.down_proj.weight_t", "qkv_bias": "layers.{i}.self_attn.bias",
+    "q_norm": "model.layers.{i}.self_attn.q_norm.weight", "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
+}
+
+
+def role_name(i: int, role: str) -> str:
+    """The contract graph's initializer name of layer i's `role` weight."""
+    return _ROLE_NAMES.get(role, "layers.{i}.%s" % role).format(i=i)
+
+
 def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     """Initializer name -> recipe, for every weight of the contract graph (the names the traced graph had)."""
     cfg = model.config
-    names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": Recipe(FINAL_NORM, False, dtype)}
+    names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
     for i in range(cfg.num_hidden_layers):
-        roles = {
-            f"model.layers.{i}.input_layernorm.weight": "input_norm",
-            f"layers.{i}.self_attn.weight_t": "qkv",
-            f"layers.{i}.self_attn.o_proj.weight_t": "o_proj",
-            f"model.layers.{i}.post_attention_layernorm.weight": "post_norm",
-            f"layers.{i}.mlp.weight_t": "gate_up",
-            f"layers.{i}.mlp.down_proj.weight_t": "down",
-        }
-        if cfg.attention_bias:
-            roles[f"layers.{i}.self_attn.bias"] = "qkv_bias"
-        if cfg.qk_norm:
-            roles[f"model.layers.{i}.self_attn.q_norm.weight"] = "q_norm"
-            roles[f"model.layers.{i}.self_attn.k_norm.weight"] = "k_norm"
-        names.update({name: layer_recipe(i, role, dtype) for name, role in roles.items()})
+        names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
+        if cfg.moe is not None and cfg.moe.is_moe(i):
+            names.update(moe_names(cfg, i, dtype))
     return names
 
 
@@ -67,10 +70,9 @@ class _Graph:
     model: DecoderWeights
     dtype: str
     recipes: dict[str, Recipe]
-    cos: str = ""
-    sin: str = ""
-    bias: str = ""
-    padded_bias: str = ""  # the bias with its last row repeated, made by the first layer that needs it
+    rotary: dict[str, tuple[str, str]] = field(default_factory=dict)  # rope kind -> (cos, sin)
+    biases: dict[bool, str] = field(default_factory=dict)  # sliding? -> the tiled bias
+    padded: dict[bool, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
 
     @property
     def elem(self) -> int:
@@ -78,6 +80,12 @@ class _Graph:
 
     def weight(self, name: str) -> str:
         return self.b.initializer(self.store.tensor(name, self.recipes[name]))
+
+    def role(self, i: int, role: str) -> str:
+        return self.weight(role_name(i, role))
+
+    def weight_of(self, name: str, recipe: Recipe) -> str:
+        return self.b.initializer(self.store.tensor(name, recipe))
 
 
 def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, layers: int | None = None) -> onnx.ModelProto:
@@ -88,15 +96,17 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     g = _Graph(GraphBuilder(), store, model, dtype, contract_names(model, dtype))
     b = g.b
     x = b.one("/embed_tokens", "Gather", [g.weight("model.embed_tokens.weight"), "input_ids"])
-    g.cos, g.sin = _rotary(g)
-    g.bias = _attention_bias(g)
+    if cfg.embed_scale != 1.0:
+        x = b.one("/embed_tokens", "Mul", [x, b.const("/embed_tokens", cfg.embed_scale, np_dtype(dtype))])
+    g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
+    g.biases = {sliding: _attention_bias(g, sliding) for sliding in {cfg.sliding(i) for i in range(count)}}
     taps, presents = [], []
     for i in range(count):
         if i in model.aux_layers:
             taps.append(x)
         x = _layer(g, i, x)
         presents += [f"present.{i}.key", f"present.{i}.value"]
-    final = _rms_norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None)
+    final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None)
     _lm_head(g, final)
     outputs = _outputs(g, presents, len(taps))
     if model.hidden_states == "eagle3":
@@ -121,59 +131,125 @@ def _outputs(g: _Graph, presents: list[str], taps: int) -> list[onnx.ValueInfoPr
     return outputs
 
 
-def _rotary(g: _Graph) -> tuple[str, str]:
-    """cos/sin [b, 1, q, head_dim] of the positions, in the model dtype (RotaryEmbedding)."""
-    b, s = g.b, "/rotary_emb"
+def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
+    """cos/sin [b, 1, q, rope_dim] of the positions for rotary table `kind`, in the model dtype (RotaryEmbedding)."""
+    b, s = g.b, "/rotary_emb" if kind == "global" else f"/rotary_emb_{kind}"
+    cfg = g.model.config
     positions = b.one(s, "Cast", ["position_ids"], to=TensorProto.FLOAT)
     positions = b.one(s, "Unsqueeze", [positions, b.const(s, [-1])])
-    inv_freq = rounded_inv_freq(g.model.config, np_dtype(g.dtype))
+    inv_freq = rounded_inv_freq(cfg, np_dtype(g.dtype), kind)
     freqs = b.one(s, "Mul", [positions, b.const(s, inv_freq, inv_freq.dtype)])
-    emb = b.one(s, "Concat", [freqs, freqs], axis=-1)
+    if cfg.rope_interleaved:  # each frequency twice in a row: [f0, f0, f1, f1, ...]
+        emb = b.one(s, "Reshape", [b.one(s, "Concat", [b.one(s, "Unsqueeze", [freqs, b.const(s, [-1])])] * 2, axis=-1),
+                                   b.const(s, [0, 0, -1])])
+    else:
+        emb = b.one(s, "Concat", [freqs, freqs], axis=-1)
     emb = b.one(s, "Unsqueeze", [emb, b.const(s, [1])])
-    cos = b.one(s, "Cast", [b.one(s, "Cos", [emb])], to=g.elem)
-    sin = b.one(s, "Cast", [b.one(s, "Sin", [emb])], to=g.elem)
-    return cos, sin
+    factor = rope_attention_factor(cfg, kind)
+
+    def table(op: str) -> str:
+        t = b.one(s, op, [emb])
+        return b.one(s, "Cast", [t if factor == 1.0 else b.one(s, "Mul", [t, b.const(s, factor, "float32")])], to=g.elem)
+
+    return table("Cos"), table("Sin")
 
 
-def _attention_bias(g: _Graph) -> str:
-    """The boolean mask as an additive float32 bias [b, 1, groups*q, T], tiled over the query groups once."""
+def _attention_bias(g: _Graph, sliding: bool) -> str:
+    """The boolean mask as an additive float32 bias [b, 1, groups*q, T], tiled over the query groups once. A
+    sliding layer's bias also masks the key slots j with position - j >= sliding_window (the KV contract: slot j
+    holds position j for every past key; a pass's own keys sit at or after their positions)."""
     b = g.b
     cfg = g.model.config
-    bias = b.one("", "Where", ["attention_mask", b.const("", 0.0, "float32"), b.const("", _FLOAT_MIN, "float32")])
-    bias = b.one("", "Unsqueeze", [bias, b.const("", [1])])
+    mask = "attention_mask"
+    s = "/sliding" if sliding else ""
+    if sliding:
+        slots = b.one(s, "Range", [b.const(s, 0), b.one(s, "Squeeze", [b.one(s, "Shape", [mask], start=2, end=3)]), b.const(s, 1)])
+        distance = b.one(s, "Sub", [b.one(s, "Unsqueeze", ["position_ids", b.const(s, [-1])]), slots])
+        mask = b.one(s, "And", [mask, b.one(s, "Less", [distance, b.const(s, cfg.sliding_window)])])
+    bias = b.one(s, "Where", [mask, b.const(s, 0.0, "float32"), b.const(s, _FLOAT_MIN, "float32")])
+    bias = b.one(s, "Unsqueeze", [bias, b.const(s, [1])])
     groups = cfg.num_attention_heads // cfg.num_key_value_heads
-    return b.one("", "Tile", [bias, b.const("", [1, 1, groups, 1])]) if groups > 1 else bias
+    return b.one(s, "Tile", [bias, b.const(s, [1, 1, groups, 1])]) if groups > 1 else bias
 
 
-def _rms_norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None) -> str:
-    """RMSNorm in float32, rounded to the model dtype before the gain (models.decoder.RMSNorm)."""
+def _norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None) -> str:
+    """The family's norm in float32, rounded to the model dtype before the gain (models.decoder.RMSNorm /
+    LayerNorm)."""
     b = g.b
+    cfg = g.model.config
     wide = b.one(scope, "Cast", [x], to=TensorProto.FLOAT)
+    if cfg.norm == "layer":
+        wide = b.one(scope, "Sub", [wide, b.one(scope, "ReduceMean", [wide, b.const(scope, [-1])], keepdims=1)])
     square = b.one(scope, "Pow", [wide, b.const(scope, 2.0, "float32")])
     mean = b.one(scope, "ReduceMean", [square, b.const(scope, [-1])], keepdims=1)
-    root = b.one(scope, "Sqrt", [b.one(scope, "Add", [mean, b.const(scope, g.model.config.rms_norm_eps, "float32")])])
+    root = b.one(scope, "Sqrt", [b.one(scope, "Add", [mean, b.const(scope, cfg.rms_norm_eps, "float32")])])
     inverse = b.one(scope, "Div", [b.const(scope, 1.0, "float32"), root])
     normed = b.one(scope, "Cast", [b.one(scope, "Mul", [wide, inverse])], to=g.elem)
     return b.one(scope, "Mul", [g.weight(weight), normed], output)
 
 
 def _layer(g: _Graph, i: int, x: str) -> str:
-    """Decoder layer i: attention and MLP blocks with their residual adds; returns the residual stream."""
-    b, scope = g.b, f"/layers.{i}"
-    attn = _attention(g, i, _rms_norm(g, f"{scope}/input_layernorm", x, f"model.layers.{i}.input_layernorm.weight"))
-    x = b.one(scope, "Add", [x, attn])
-    h = _rms_norm(g, f"{scope}/post_attention_layernorm", x, f"model.layers.{i}.post_attention_layernorm.weight")
-    return b.one(scope, "Add", [x, _mlp(g, i, h)])
+    """Decoder layer i: attention and MLP blocks with their norms (by placement) and residual adds; returns the
+    residual stream."""
+    b, scope, cfg = g.b, f"/layers.{i}", g.model.config
+    names = {role: role_name(i, role) for role in layer_roles(cfg, i)}
+
+    def norm(role: str, h: str) -> str:
+        return _norm(g, f"{scope}/{'post_attention_layernorm' if role == 'post_norm' else role.replace('input_norm', 'input_layernorm')}",
+                     h, names[role]) if role in names else h
+
+    def add(x: str, h: str) -> str:
+        if cfg.residual_scale != 1.0:
+            h = b.one(scope, "Mul", [h, b.const(scope, cfg.residual_scale, np_dtype(g.dtype))])
+        return b.one(scope, "Add", [x, h])
+
+    if cfg.placement == "parallel":
+        h = norm("input_norm", x)
+        return add(add(x, _attention(g, i, h)), _mlp(g, i, h))
+    x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
+    return add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x))))
 
 
 def _mlp(g: _Graph, i: int, h: str) -> str:
-    """down(silu(gate) * up), gate and up from one MatMul."""
+    """down(act(gate) * up), gate and up from one MatMul (act: SiLU or tanh-GELU); or the layer's mixture of
+    experts (export/moe_ops.py)."""
     b, scope = g.b, f"/layers.{i}/mlp"
+    if g.model.config.moe is not None and g.model.config.moe.is_moe(i):
+        emit = Emitter(lambda op, inputs, outputs=1, **attrs: b.op(scope, op, inputs, outputs, **attrs),
+                       lambda key, values, dtype=np.int64: b.const(scope, values, dtype), g.weight_of, g.elem, g.dtype)
+        return moe_block(emit, g.model.config, i, h)
     inter = g.model.config.intermediate_size
-    both = b.one(scope, "MatMul", [h, g.weight(f"layers.{i}.mlp.weight_t")])
+    both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
-    act = b.one(scope, "Mul", [b.one(scope, "Mul", [gate, b.one(scope, "Sigmoid", [gate])]), up])
-    return b.one(f"{scope}/down_proj", "MatMul", [act, g.weight(f"layers.{i}.mlp.down_proj.weight_t")])
+    if g.model.config.mlp_act == "gelu_tanh":
+        act = b.one(scope, "Mul", [b.one(scope, "Gelu", [gate], approximate="tanh"), up])
+    else:
+        act = b.one(scope, "Mul", [b.one(scope, "Mul", [gate, b.one(scope, "Sigmoid", [gate])]), up])
+    return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
+
+
+def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
+    """q, k, v [b, heads, q, dim] of layer i (biases and q/k norms applied, before rope)."""
+    b, cfg = g.b, g.model.config
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    qkv = b.one(s, "MatMul", [h, g.role(i, "qkv")])
+    if cfg.attention_bias:
+        qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
+    q, k, v = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    if cfg.qk_norm_full:
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"))
+    q = b.one(s, "Reshape", [q, b.const(s, [0, -1, heads, dim])])
+    k = b.one(s, "Reshape", [k, b.const(s, [0, -1, kv_heads, dim])])
+    v = b.one(s, "Reshape", [v, b.const(s, [0, -1, kv_heads, dim])])
+    if cfg.qk_norm and not cfg.qk_norm_full:
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"))
+    q, k, v = (b.one(s, "Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
+    kind = cfg.rope_kind(i)
+    if kind:
+        q, k = _rope(g, s, q, kind), _rope(g, s, k, kind)
+    return q, k, v
 
 
 def _attention(g: _Graph, i: int, h: str) -> str:
@@ -181,45 +257,76 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     b, s = g.b, f"/layers.{i}/self_attn"
     cfg = g.model.config
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    qkv = b.one(s, "MatMul", [h, g.weight(f"layers.{i}.self_attn.weight_t")])
-    if cfg.attention_bias:
-        qkv = b.one(s, "Add", [g.weight(f"layers.{i}.self_attn.bias"), qkv])
-    q, k, v = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-    q = b.one(s, "Reshape", [q, b.const(s, [0, -1, heads, dim])])
-    k = b.one(s, "Reshape", [k, b.const(s, [0, -1, kv_heads, dim])])
-    v = b.one(s, "Reshape", [v, b.const(s, [0, -1, kv_heads, dim])])
-    if cfg.qk_norm:
-        q = _rms_norm(g, f"{s}/q_norm", q, f"model.layers.{i}.self_attn.q_norm.weight")
-        k = _rms_norm(g, f"{s}/k_norm", k, f"model.layers.{i}.self_attn.k_norm.weight")
-    q, k, v = (b.one(s, "Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
-    q, k = _rope(g, s, q), _rope(g, s, k)
+    q, k, v = _qkv(g, i, h, s)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
-    bias = g.bias
+    sliding = cfg.sliding(i)
+    bias = g.biases[sliding]
     if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
         qg = _with_last_row(g, s, qg)
-        g.padded_bias = bias = g.padded_bias or _with_last_row(g, s, bias)  # computed once, as the tracer merged it
+        g.padded[sliding] = bias = g.padded.get(sliding) or _with_last_row(g, s, bias)  # once, as the tracer merged it
     scores = b.one(s, "MatMul", [qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2])])
-    scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, 1.0 / math.sqrt(dim), "float32")])
-    probs = b.one(s, "Softmax", [b.one(s, "Add", [scores, bias])], axis=-1)
+    scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
+    if cfg.attn_softcap:
+        scores = _softcap(g, s, scores, cfg.attn_softcap)
+    scores = b.one(s, "Add", [scores, bias])
+    if cfg.attn_sinks:
+        probs = _with_sinks(g, i, s, scores, q)
+    else:
+        probs = b.one(s, "Softmax", [scores], axis=-1)
     context = b.one(s, "MatMul", [b.one(s, "Cast", [probs], to=g.elem), v_all])
     if heads == kv_heads:
         context = b.one(s, "Slice", [context, b.const(s, [0]), b.const(s, [-1]), b.const(s, [2]), b.const(s, [1])])
     out = b.one(s, "Reshape", [context, b.const(s, [0, heads, -1, dim])])
     out = b.one(s, "Reshape", [b.one(s, "Transpose", [out], perm=[0, 2, 1, 3]), b.const(s, [0, -1, heads * dim])])
-    return b.one(f"{s}/o_proj", "MatMul", [out, g.weight(f"layers.{i}.self_attn.o_proj.weight_t")])
+    out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
+    return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 
 
-def _rope(g: _Graph, scope: str, x: str) -> str:
-    """x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] (constant slice bounds)."""
+def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
+    """Softmax over the scores [b, kv, rows, T] and one more column per row, its head's sink logit (gpt-oss),
+    which is then dropped: the rows' probabilities sum to less than 1."""
+    b, cfg = g.b, g.model.config
+    sinks = b.one(s, "Cast", [g.role(i, "sinks")], to=TensorProto.FLOAT)
+    sinks = b.one(s, "Reshape", [sinks, b.const(s, [1, cfg.num_attention_heads, 1, 1])])
+    rows = b.one(s, "Concat", [b.one(s, "Shape", [q], end=3), b.const(s, [1])], axis=0)  # [b, heads, q, 1]
+    column = b.one(s, "Reshape", [b.one(s, "Expand", [sinks, rows]), b.const(s, [0, cfg.num_key_value_heads, -1, 1])])
+    if cfg.num_attention_heads == cfg.num_key_value_heads:
+        column = _with_last_row(g, s, column)
+    probs = b.one(s, "Softmax", [b.one(s, "Concat", [scores, column], axis=-1)], axis=-1)
+    return b.one(s, "Slice", [probs, b.const(s, [0]), b.const(s, [-1]), b.const(s, [-1]), b.const(s, [1])])
+
+
+def _softcap(g: _Graph, scope: str, x: str, cap: float) -> str:
+    """cap * tanh(x / cap) (Gemma 2's attention and final logit soft-capping), in float32."""
     b = g.b
-    half = g.model.config.head_dim // 2
-    axis, step = b.const(scope, [3]), b.const(scope, [1])
-    upper = b.one(scope, "Slice", [x, b.const(scope, [half]), b.const(scope, [INT64_MAX]), axis, step])
-    lower = b.one(scope, "Slice", [x, b.const(scope, [0]), b.const(scope, [half]), axis, step])
-    rotated = b.one(scope, "Concat", [b.one(scope, "Neg", [upper]), lower], axis=-1)
-    return b.one(scope, "Add", [b.one(scope, "Mul", [x, g.cos]), b.one(scope, "Mul", [rotated, g.sin])])
+    return b.one(scope, "Mul", [b.one(scope, "Tanh", [b.one(scope, "Div", [x, b.const(scope, cap, "float32")])]),
+                                b.const(scope, cap, "float32")])
+
+
+def _rope(g: _Graph, scope: str, x: str, kind: str) -> str:
+    """x * cos + rotate(x) * sin over the first rope_dim dims (the rest pass through); rotate(x) = [-x2, x1] of
+    the halves, or of each (x0, x1) pair when interleaved (constant slice bounds)."""
+    b, cfg = g.b, g.model.config
+    cos, sin = g.rotary[kind]
+    rot, axis, step = cfg.rope_dim, b.const(scope, [3]), b.const(scope, [1])
+    part = x if rot == cfg.head_dim else b.one(scope, "Slice", [x, b.const(scope, [0]), b.const(scope, [rot]), axis, step])
+    if cfg.rope_interleaved:
+        pairs = b.one(scope, "Reshape", [part, b.const(scope, [0, 0, 0, -1, 2])])
+        even, odd = b.op(scope, "Split", [pairs, b.const(scope, [1, 1])], 2, axis=-1)
+        rotated = b.one(scope, "Reshape", [b.one(scope, "Concat", [b.one(scope, "Neg", [odd]), even], axis=-1),
+                                           b.const(scope, [0, 0, 0, rot])])
+    else:
+        half = rot // 2
+        upper = b.one(scope, "Slice", [part, b.const(scope, [half]), b.const(scope, [INT64_MAX]), axis, step])
+        lower = b.one(scope, "Slice", [part, b.const(scope, [0]), b.const(scope, [half]), axis, step])
+        rotated = b.one(scope, "Concat", [b.one(scope, "Neg", [upper]), lower], axis=-1)
+    out = b.one(scope, "Add", [b.one(scope, "Mul", [part, cos]), b.one(scope, "Mul", [rotated, sin])])
+    if rot == cfg.head_dim:
+        return out
+    rest = b.one(scope, "Slice", [x, b.const(scope, [rot]), b.const(scope, [INT64_MAX]), axis, step])
+    return b.one(scope, "Concat", [out, rest], axis=-1)
 
 
 def _with_last_row(g: _Graph, scope: str, x: str) -> str:
@@ -230,7 +337,8 @@ def _with_last_row(g: _Graph, scope: str, x: str) -> str:
 
 
 def _lm_head(g: _Graph, hidden: str) -> str:
-    """float32 logits [b, q, vocab]: a MatMul by lm_head.weight_t, or the tied table read by a Gemm (transB)."""
+    """float32 logits [b, q, vocab]: a MatMul by lm_head.weight_t, or the tied table read by a Gemm (transB);
+    then the family's logit multiplier and soft-capping."""
     b = g.b
     cfg = g.model.config
     if g.model.tied:
@@ -241,4 +349,11 @@ def _lm_head(g: _Graph, hidden: str) -> str:
         logits = b.one("", "Reshape", [flat, shape])
     else:
         logits = b.one("/lm_head", "MatMul", [hidden, g.weight("lm_head.weight_t")])
-    return b.one("", "Cast", [logits], "logits", to=TensorProto.FLOAT)
+    if not (cfg.logit_scale != 1.0 or cfg.final_softcap):
+        return b.one("", "Cast", [logits], "logits", to=TensorProto.FLOAT)
+    logits = b.one("", "Cast", [logits], to=TensorProto.FLOAT)
+    if cfg.logit_scale != 1.0:
+        logits = b.one("", "Mul", [logits, b.const("", cfg.logit_scale, "float32")])
+    if cfg.final_softcap:
+        logits = _softcap(g, "", logits, cfg.final_softcap)
+    return b.one("", "Identity", [logits], "logits")

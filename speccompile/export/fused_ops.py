@@ -146,3 +146,21 @@ def rms_norm(n: Nodes, x: str, gamma: str, eps: float, const, prefix: str, elem:
     if elem != TensorProto.FLOAT:
         normed = n("Cast", [normed], to=elem)[0]
     return n("Mul", [normed, gamma])[0]
+
+
+def layer_norm(n: Nodes, x: str, gamma: str, eps: float) -> str:
+    """LayerNorm over the last axis with a gain and no bias (Cohere)."""
+    return n("LayerNormalization", [x, gamma], axis=-1, epsilon=eps)[0]
+
+
+FLOAT_MIN = float(np.finfo(np.float32).min)
+
+
+def window_bias(n: Nodes, const, bias: str, positions: str, window: int) -> str:
+    """`bias` [b, 1, q, T] with the key slots j at position - j >= `window` masked (a sliding layer's bias: slot j
+    holds position j for every past key, and a pass's own keys sit at or after their positions)."""
+    total = n("Squeeze", [n("Shape", [bias], start=3, end=4)[0]])[0]
+    slots = n("Range", [const("window.zero", 0), total, const("window.one", 1)])[0]
+    query = n("Unsqueeze", [positions, const("window.axes", [1, 3])])[0]
+    far = n("GreaterOrEqual", [n("Sub", [query, slots])[0], const("window.size", window)])[0]
+    return n("Where", [far, const("window.min", FLOAT_MIN, np.float32), bias])[0]

@@ -32,7 +32,6 @@ contrib_ops/cuda/bert/group_query_attention.cc):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,14 +40,15 @@ from onnx import TensorProto, helper
 
 from ..manifest import GraphSpec, variant_name
 from ..models.config import ModelConfig
-from ..models.rope import rounded_inv_freq
+from ..models.rope import rope_attention_factor, rounded_inv_freq
 from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
 from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
-from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, Nodes, OneRowPadding, SlotInputs, head_norm, rms_norm, skip_norm
+from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, OneRowPadding, SlotInputs
+from .fused_layers import _Fused, decoder_layers, rotary_names
 from .graph_builder import value
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
-from .recipes import ELEM, EMBED, FINAL_NORM, LM_HEAD, DecoderWeights, Recipe, layer_recipe, np_dtype
+from .recipes import EMBED, LM_HEAD, DecoderWeights, Recipe, np_dtype
 from .weight_store import WeightStore, stored_by_recipe
 
 TARGETS = ("cpu", "cuda")
@@ -73,6 +73,8 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
                 "ort-cuda runs the contract graph")
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
+    if config.rope_dim % 16:
+        return f"GroupQueryAttention's rotary kernel needs rotated dims % 16 == 0 (partial rotary: {config.rope_dim})"
     return None
 
 
@@ -146,40 +148,6 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
                      hidden_states=contract.hidden_states, extra=extra)
 
 
-@dataclass
-class _Fused:
-    """One fused graph under construction: nodes, initializers and what every layer reads."""
-
-    model: DecoderWeights
-    store: WeightStore
-    dtype: str
-    target: str
-    n: Nodes = field(default_factory=Nodes)
-    inits: list[TensorProto] = field(default_factory=list)
-    consts: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def elem(self) -> int:
-        return ELEM[self.dtype]
-
-    def weight(self, name: str, recipe: Recipe) -> str:
-        self.inits.append(self.store.tensor(name, recipe))
-        return name
-
-    def layer_weight(self, i: int, name: str, role: str) -> str:
-        return self.weight(f"layers.{i}.{name}", layer_recipe(i, role, self.dtype))
-
-    def const(self, name: str, values, dtype=np.int64) -> str:
-        """An integer constant initializer; asking again for `name` (with the same values) reuses it."""
-        values = np.asarray(values, dtype=dtype)
-        if name in self.consts:
-            assert np.array_equal(self.consts[name], values), name
-            return name
-        self.consts[name] = values
-        self.inits.append(onnx.numpy_helper.from_array(values, name))
-        return name
-
-
 def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: int, target: str = "cpu",
                       dtype: str = "fp32", slots: int = 0, layers: int | None = None) -> onnx.ModelProto:
     """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
@@ -191,25 +159,12 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     _rotary_tables(f, max_context + (1 if target == "cpu" else 0))  # CPU: a spare slot for OneRowPadding's row
     embed = f.weight("model.embed_tokens.weight", Recipe(EMBED, False, dtype))
     x = f.n("Gather", [embed, "input_ids"])[0]
+    if model.config.embed_scale != 1.0:
+        x = f.n("Mul", [x, f.const("embed_scale", model.config.embed_scale, np_dtype(dtype))])[0]
     slot_inputs = SlotInputs(f.n, f.const, slots) if slots else None
     padding = OneRowPadding(f.n, f.const) if target == "cpu" and not slots else None
-    residual, mlp_out, taps, presents = x, None, [], []
     count = model.config.num_hidden_layers if layers is None else layers
-    for i in range(count):
-        gamma = f.layer_weight(i, "input_layernorm.weight", "input_norm")
-        if mlp_out is None:
-            h = rms_norm(f.n, x, gamma, model.config.rms_norm_eps, f.const, f"layers.{i}", f.elem)
-        else:
-            h, residual = skip_norm(f.n, mlp_out, residual, gamma, model.config.rms_norm_eps)
-        if i in model.aux_layers:
-            taps.append(residual)
-        query = _qkv(f, i, h)
-        out, layer_presents = (_slot_attention(f, i, query, slot_inputs) if slot_inputs is not None
-                               else _attention(f, i, query, padding))
-        presents += layer_presents
-        h, residual, mlp_out = _mlp(f, i, out, residual)
-    final, _ = skip_norm(f.n, mlp_out, residual, f.weight("model.norm.weight", Recipe(FINAL_NORM, False, dtype)),
-                         model.config.rms_norm_eps)
+    final, taps, presents = decoder_layers(f, x, count, padding, slot_inputs)
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)
     inputs = slot_inputs.values() if slot_inputs is not None else _pass_inputs(target)
     cache_shape = [1 if slots else BATCH, model.config.num_key_value_heads, "kv_capacity", model.config.head_dim]
@@ -224,88 +179,24 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
 
 
 def _rotary_tables(f: _Fused, rows: int) -> None:
-    """cos/sin caches [rows, head_dim / 2] in the graph dtype (computed in float32 from the rounded frequencies)."""
-    inv_freq = rounded_inv_freq(f.model.config, np_dtype(f.dtype))
-    freqs = np.arange(rows, dtype=np.float32)[:, None] * inv_freq[None, :]
-    for name, fn in (("rotary.cos_cache", np.cos), ("rotary.sin_cache", np.sin)):
-        key = (name, rows, f.dtype, inv_freq.tobytes())
-        f.inits.append(f.store.computed(name, key, lambda fn=fn: fn(freqs).astype(np.float32).astype(np_dtype(f.dtype))))
-
-
-def _qkv(f: _Fused, i: int, h: str) -> list[str]:
-    """GroupQueryAttention's query inputs: the packed q/k/v rows, or (Qwen3) q, k, v after their head norms."""
-    cfg, n = f.model.config, f.n
-    heads, kv_heads, dim, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, float(cfg.rms_norm_eps)
-    qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
-    if cfg.attention_bias:
-        qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not cfg.qk_norm:
-        return [qkv, "", ""]
-    pre = f"layers.{i}"
-    q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-    q = head_norm(n, q, heads, dim, f.layer_weight(i, "self_attn.q_norm.weight", "q_norm"), eps, f.const, f"{pre}.q", f.elem)
-    k = head_norm(n, k, kv_heads, dim, f.layer_weight(i, "self_attn.k_norm.weight", "k_norm"), eps, f.const, f"{pre}.k", f.elem)
-    return [q, k, v]
-
-
-def _gqa_attributes(cfg: ModelConfig) -> dict:
-    return dict(domain=MS_DOMAIN, num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
-                scale=float(1.0 / np.sqrt(cfg.head_dim)), do_rotary=1, rotary_interleaved=0, local_window_size=-1)
-
-
-ROTARY = ["rotary.cos_cache", "rotary.sin_cache"]
-
-
-def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | None) -> tuple[str, list[str]]:
-    """Layer i's GroupQueryAttention over its KV buffer (with the CPU graph's padding row); its output and presents."""
-    present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-    if padding is None:  # the CUDA kernel rejects attention_bias
-        lengths, extra = ["seqlens_k", "total_sequence_length"], ["position_ids"]
-    else:
-        query = [padding.rows(x) if x else "" for x in query]
-        lengths = [padding.seqlens_k, padding.total_sequence_length]
-        extra = [padding.position_ids, padding.attention_bias]
-    out = f.n("GroupQueryAttention", [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
-                                      *ROTARY, *extra],
-              [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v],
-              **_gqa_attributes(f.model.config))[0]
-    if padding is not None:
-        out = padding.drop(out, f"attn_{i}")
-    return out, [present_k, present_v]
-
-
-def _slot_attention(f: _Fused, i: int, query: list[str], slots: SlotInputs) -> tuple[str, list[str]]:
-    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV."""
-    parts = [slots.split(x) if x else [""] * slots.slots for x in query]
-    outs, presents = [], []
-    for b in range(slots.slots):
-        past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
-        out = f.n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
-                                          *slots.lengths[b], *ROTARY, slots.positions[b], f"attention_bias.{b}"],
-                  [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f.model.config))[0]
-        outs.append(out)
-        presents += [f"{present}.key", f"{present}.value"]
-    return slots.join(outs, f"attn_{i}"), presents
-
-
-def _mlp(f: _Fused, i: int, attn: str, residual: str) -> tuple[str, str, str]:
-    """o_proj, the residual add + post-attention norm, and the MLP; returns (normed, residual, mlp output)."""
-    n, eps = f.n, f.model.config.rms_norm_eps
-    o = n("MatMul", [attn, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
-    gamma = f.layer_weight(i, "post_attention_layernorm.weight", "post_norm")
-    h, residual = skip_norm(n, o, residual, gamma, eps)
-    gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
-    inter = f.model.config.intermediate_size
-    gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
-    act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
-    mlp_out = n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
-    return h, residual, mlp_out
+    """cos/sin caches [rows, rope_dim / 2] per rotary kind in the graph dtype (computed in float32 from the
+    rounded frequencies, times the rope's attention factor)."""
+    for kind in f.model.config.rope_kinds():
+        inv_freq = rounded_inv_freq(f.model.config, np_dtype(f.dtype), kind)
+        factor = np.float32(rope_attention_factor(f.model.config, kind))
+        freqs = np.arange(rows, dtype=np.float32)[:, None] * inv_freq[None, :]
+        for name, fn in zip(rotary_names(kind), (np.cos, np.sin)):
+            key = (name, rows, f.dtype, inv_freq.tobytes(), float(factor))
+            table = (lambda fn=fn: fn(freqs).astype(np.float32).astype(np_dtype(f.dtype))) if factor == 1 else \
+                (lambda fn=fn: (fn(freqs).astype(np.float32) * factor).astype(np_dtype(f.dtype)))
+            f.inits.append(f.store.computed(name, key, table))
 
 
 def _head(f: _Fused, final: str, embed: str) -> list[onnx.ValueInfoProto]:
     """lm_head to float32 logits (CPU: only the rows in `logits_rows`; CUDA: plus ArgMax `next_tokens`)."""
     n, cfg, target = f.n, f.model.config, f.target
-    raw_logits = "logits" if f.elem == TensorProto.FLOAT else "logits_model_dtype"
+    post = cfg.logit_scale != 1.0 or bool(cfg.final_softcap)  # the family's logit multiplier / soft-capping
+    raw_logits = "logits" if f.elem == TensorProto.FLOAT and not post else "logits_model_dtype"
     # CPU: only the rows in `logits_rows` go through lm_head (a prefill chunk needs its last row's logits; on
     # SmolLM2 the vocabulary projection is a fifth of a token's work). Each row's logits are those of the
     # whole pass: the Gather copies rows, and the projection computes every row alike.
@@ -319,13 +210,27 @@ def _head(f: _Fused, final: str, embed: str) -> list[onnx.ValueInfoProto]:
         n("Reshape", [logits2d, logits_shape], [raw_logits])
     else:
         n("MatMul", [head_input, f.weight("lm_head.weight_t", Recipe(LM_HEAD, True, f.dtype))], [raw_logits])
-    if raw_logits != "logits":
-        n("Cast", [raw_logits], ["logits"], to=TensorProto.FLOAT)  # the contract graph's logits are float32 too
+    if raw_logits != "logits":  # the contract graph's logits are float32 too
+        _logit_post(f, n("Cast", [raw_logits], to=TensorProto.FLOAT)[0] if post else raw_logits, post)
     outputs = [value("logits", TensorProto.FLOAT, [BATCH, "logits_len" if target == "cpu" else "q_len", cfg.vocab_size])]
     if target == "cuda":  # greedy decoding reads q integers back instead of q x vocab floats
         n("ArgMax", ["logits"], ["next_tokens"], axis=-1, keepdims=0, select_last_index=0)
         outputs.append(value("next_tokens", TensorProto.INT64, [BATCH, "q_len"]))
     return outputs
+
+
+def _logit_post(f: _Fused, logits: str, post: bool) -> None:
+    """`logits` (float32 when `post`) times the logit multiplier, soft-capped, as the output `logits`."""
+    n, cfg = f.n, f.model.config
+    if not post:
+        n("Cast", [logits], ["logits"], to=TensorProto.FLOAT)
+        return
+    if cfg.logit_scale != 1.0:
+        logits = n("Mul", [logits, f.const("logit_scale", cfg.logit_scale, np.float32)])[0]
+    if cfg.final_softcap:
+        cap = f.const("final_softcap", cfg.final_softcap, np.float32)
+        logits = n("Mul", [n("Tanh", [n("Div", [logits, cap])[0]])[0], cap])[0]
+    n("Identity", [logits], ["logits"])
 
 
 def _tied_head_table(f: _Fused, embed: str) -> str:

@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 from onnx import TensorProto
 
+from ..models.architectures import family, layer_roles as family_roles
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.weights import WeightSource
 from ..weights_file import Piece
@@ -45,6 +46,7 @@ class Recipe:
     sources: tuple[str, ...]
     transpose: bool
     dtype: str
+    offset: float = 0.0  # added to the values in float32 (Gemma's norm gains: 1 + weight)
 
 
 @dataclass
@@ -71,30 +73,30 @@ class DecoderWeights:
 
 # --------------------------------------------------------------------------------- the checkpoint's names
 
-def layer_sources(i: int) -> dict[str, tuple[str, ...]]:
-    """The Hugging Face tensors of decoder layer `i`, by role."""
+def layer_sources(config: ModelConfig, i: int) -> dict[str, tuple[str, ...]]:
+    """The Hugging Face tensors of decoder layer `i`, by role (models/architectures.py)."""
     p = f"model.layers.{i}."
-    return {
-        "input_norm": (p + "input_layernorm.weight",),
-        "qkv": tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"),
-        "qkv_bias": tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv"),
-        "q_norm": (p + "self_attn.q_norm.weight",),
-        "k_norm": (p + "self_attn.k_norm.weight",),
-        "o_proj": (p + "self_attn.o_proj.weight",),
-        "post_norm": (p + "post_attention_layernorm.weight",),
-        "gate_up": (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-        "down": (p + "mlp.down_proj.weight",),
-    }
+    return {role: tuple(p + n for n in names) for role, names in family(config.architecture).layer_names().items()}
 
 
 EMBED = ("model.embed_tokens.weight",)
 FINAL_NORM = ("model.norm.weight",)
 LM_HEAD = ("lm_head.weight",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "down"}  # roles stored as MatMul weights [in, out]
+NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"}
+def layer_roles(config: ModelConfig, layer: int = 0) -> list[str]:
+    """The roles layer `layer` of `config` has weights for (a MoE layer's experts: export/moe_ops.py)."""
+    return family_roles(config.placement, config.attention_bias, config.qk_norm, o_bias=config.o_proj_bias,
+                        sinks=config.attn_sinks, moe=config.moe is not None and config.moe.is_moe(layer))
 
 
-def layer_recipe(i: int, role: str, dtype: str) -> Recipe:
-    return Recipe(layer_sources(i)[role], role in TRANSPOSED, dtype)
+def layer_recipe(config: ModelConfig, i: int, role: str, dtype: str) -> Recipe:
+    offset = config.norm_offset if role in NORMS else 0.0
+    return Recipe(layer_sources(config, i)[role], role in TRANSPOSED, dtype, offset)
+
+
+def final_norm_recipe(config: ModelConfig, dtype: str) -> Recipe:
+    return Recipe(FINAL_NORM, False, dtype, config.norm_offset)
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -104,16 +106,19 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {EMBED[0]: (c.vocab_size, h), FINAL_NORM[0]: (h,)}
     if not c.tie_word_embeddings:
         shapes[LM_HEAD[0]] = (c.vocab_size, h)
+    qk = [(q,), (kv,)] if c.qk_norm_full else [(c.head_dim,), (c.head_dim,)]
     per_role = {"input_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)], "o_proj": [(h, q)], "post_norm": [(h,)],
-                "gate_up": [(inter, h), (inter, h)], "down": [(h, inter)]}
-    if c.attention_bias:
-        per_role["qkv_bias"] = [(q,), (kv,), (kv,)]
-    if c.qk_norm:
-        per_role.update(q_norm=[(c.head_dim,)], k_norm=[(c.head_dim,)])
+                "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
+                "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:],
+                "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)]}
+    fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
     for i in range(c.num_hidden_layers):
-        names = layer_sources(i)
-        for role, role_shapes in per_role.items():
+        names = layer_sources(c, i)
+        for role in layer_roles(c, i):
+            role_shapes = fused[role] if len(names[role]) == 1 and role in fused else per_role[role]
             shapes.update(zip(names[role], role_shapes))
+        if c.moe is not None and c.moe.is_moe(i):
+            shapes.update(c.moe.shapes(i, h))
     return shapes
 
 
@@ -162,6 +167,8 @@ def recipe_pieces(source: WeightSource, recipe: Recipe, scratch: "TransposeScrat
     if not recipe.transpose:
         for name in recipe.sources:
             array = source.read(name)
+            if recipe.offset:
+                array = array.astype(np.float32) + np.float32(recipe.offset)
             yield from _row_pieces([array.reshape(len(array), -1) if array.ndim else array.reshape(1, 1)], out, chunk_bytes)
         return
     yield from _row_pieces(scratch.transposed([source.read(name) for name in recipe.sources]), out, chunk_bytes)

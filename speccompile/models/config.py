@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
+from .architectures import FAMILIES, REFUSED, Family, family, family_name
+from .moe_config import MoeConfig, moe_from_hf
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-_ARCH_ALIASES = {
-    "llama": "llama",
-    "smollm2": "llama",
-    "smollm": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-}
-_SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+_SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
@@ -47,6 +41,31 @@ class ModelConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # the layer description (models/architectures.py; the defaults are Llama's)
+    norm: str = "rms"  # rms | layer (LayerNorm without bias)
+    norm_offset: float = 0.0  # gain = norm_offset + weight (Gemma: 1)
+    placement: str = "pre"  # pre | sandwich | post | parallel
+    qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
+    mlp_act: str = "silu"  # silu | gelu_tanh
+    rotary_dim: int = 0  # rotated dims of a head (0: all; partial rotary otherwise)
+    rope_interleaved: bool = False
+    layer_types: list[str] = field(default_factory=list)  # per layer: full_attention | sliding_attention ([]: all full)
+    sliding_window: int = 0  # a sliding layer's query at position p attends key slots p - W < j <= p
+    rope_local_theta: float = 0.0  # the rope base of sliding layers (0: rope_theta)
+    nope_layers: list[int] = field(default_factory=list)  # layers without rope
+    attn_scale: float = 0.0  # 0: head_dim ** -0.5
+    attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (0: none)
+    final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
+    embed_scale: float = 1.0
+    residual_scale: float = 1.0  # multiplies each block's output before the residual add
+    logit_scale: float = 1.0
+    attn_sinks: bool = False  # per-head sink logits in the attention softmax (gpt-oss)
+    o_proj_bias: bool = False
+    moe: MoeConfig | None = None  # mixture-of-experts layers (models/moe_config.py); None: dense MLPs
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):  # from a manifest's JSON
+            self.moe = MoeConfig(**self.moe)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -60,13 +79,40 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def rope_dim(self) -> int:
+        """Rotated dims of a head."""
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def scale(self) -> float:
+        """The attention scores' multiplier."""
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def rope_kind(self, layer: int) -> str:
+        """Which rotary table layer `layer` uses: "global", "local" (sliding layers with their own base) or ""."""
+        if layer in self.nope_layers:
+            return ""
+        return "local" if self.rope_local_theta and self.sliding(layer) else "global"
+
+    def rope_kinds(self) -> list[str]:
+        """The rotary tables the layers use, in a fixed order."""
+        used = {self.rope_kind(i) for i in range(self.num_hidden_layers)}
+        return [k for k in ("global", "local") if k in used]
+
 
 def normalize_architecture(name: str, source: str) -> str:
-    """Map a model_type / GGUF architecture name to one of SUPPORTED_ARCHITECTURES or raise."""
-    arch = _ARCH_ALIASES.get(str(name).lower())
+    """Map a model_type / GGUF architecture name to its family in the architecture table, or raise."""
+    arch = family_name(name)
     if arch is None:
+        why = REFUSED.get(str(name).lower())
+        if why:
+            raise UnsupportedError(f"{source}: architecture '{name}': {why}")
         raise UnsupportedError(
-            f"{source}: unsupported architecture '{name}' (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            f"{source}: unsupported architecture '{name}' (supported: {', '.join(sorted(FAMILIES))})"
         )
     return arch
 
@@ -87,50 +133,151 @@ def _check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str
         raise UnsupportedError(
             f"{source}: rope_scaling type '{rope_type}' is not supported (supported: {', '.join(_SUPPORTED_ROPE_TYPES)})"
         )
-    return dict(scaling, rope_type=rope_type)
+    if rope_type == "default":
+        return None
+    return {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+
+
+def _rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(global, local) rope parameters: transformers 5's `rope_parameters` (maybe one per layer type) or the
+    older `rope_theta` / `rope_scaling` keys."""
+    params = data.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = params.get("full_attention") or {}
+        return full, params.get("sliding_attention") or {}
+    merged = dict(data.get("rope_scaling") or {}, **params)
+    if "rope_theta" in data:
+        merged.setdefault("rope_theta", data["rope_theta"])
+    return merged, {}
+
+
+def _layer_types(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:
+    """Per-layer attention kinds and the window (no sliding layers: [], 0)."""
+    window = data.get("sliding_window")
+    if not window or (fam.sliding_key and not data.get(fam.sliding_key)):
+        return [], 0
+    types = list(data.get("layer_types") or ["sliding_attention"] * layers)
+    if "sliding_attention" not in types:
+        return [], 0
+    return types, int(window)
+
+
+def _nope_layers(data: dict[str, Any], fam: Family, types: list[str], layers: int) -> list[int]:
+    flags = data.get("no_rope_layers")  # SmolLM3: 1 = rope, 0 = no rope
+    if flags:
+        return [i for i, f in enumerate(flags[:layers]) if not f]
+    if fam.global_nope and types:
+        return [i for i, t in enumerate(types) if t != "sliding_attention"]
+    return []
+
+
+def _multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -> dict[str, float]:
+    """embed_scale, attn_scale, residual_scale and logit_scale of the family's config keys."""
+    out: dict[str, float] = {}
+    if fam.embed_scale == "sqrt_hidden":
+        out["embed_scale"] = math.sqrt(hidden)
+    elif fam.embed_scale:
+        out["embed_scale"] = float(data.get(fam.embed_scale, 1.0))
+    if fam.attn_scale == "query_pre_attn_scalar":
+        out["attn_scale"] = float(data.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    elif fam.attn_scale:
+        out["attn_scale"] = float(data[fam.attn_scale])
+    if fam.residual_key:
+        out["residual_scale"] = float(data.get(fam.residual_key, 1.0))
+    if fam.logit_key.startswith("1/"):
+        out["logit_scale"] = 1.0 / float(data.get(fam.logit_key[2:], 1.0))
+    elif fam.logit_key:
+        out["logit_scale"] = float(data.get(fam.logit_key, 1.0))
+    return out
+
+
+def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int, hidden: int, head_dim: int,
+                       source: str) -> dict[str, Any]:
+    """The ModelConfig fields of the family's layer description, read from a config.json."""
+    rope, local = _rope_params(data)
+    types, window = _layer_types(data, fam, layers)
+    partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
+    if data.get("use_bias") or data.get("mlp_bias"):
+        raise UnsupportedError(f"{source}: {arch} with output / MLP biases (use_bias, mlp_bias) is not supported")
+    qkv_bias = data.get("attention_bias", data.get("use_bias", fam.attention_bias))
+    return dict(
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_scaling=_check_rope_scaling(rope, source),
+        attention_bias=bool(qkv_bias), attn_sinks=fam.attn_sinks, o_proj_bias=fam.o_bias,
+        qk_norm=bool(fam.qk_norm), qk_norm_full=fam.qk_norm == "full",
+        norm=fam.norm, norm_offset=fam.norm_offset, placement=fam.placement, mlp_act=fam.mlp_act,
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
+        layer_types=types, sliding_window=window,
+        rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
+        nope_layers=_nope_layers(data, fam, types, layers),
+        attn_softcap=float(data.get("attn_logit_softcapping") or 0.0),
+        final_softcap=float(data.get("final_logit_softcapping") or 0.0),
+        **_multipliers(data, fam, hidden, head_dim),
+    )
 
 
 def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
-    """Build a ModelConfig from the contents of a Hugging Face config.json."""
+    """Build a ModelConfig from the contents of a Hugging Face config.json (the family's entry in
+    models/architectures.py says which keys mean what)."""
     model_type = data.get("model_type")
     if model_type is None:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
-    if arch == "mistral" and data.get("sliding_window"):
-        raise UnsupportedError(
-            f"{source}: Mistral with sliding_window={data['sliding_window']} is not supported yet "
-            "(only full attention, sliding_window null)"
-        )
-    if arch in ("qwen2", "qwen3") and data.get("use_sliding_window"):
-        raise UnsupportedError(f"{source}: use_sliding_window=true is not supported yet")
+    fam = family(arch)
     try:
         hidden = int(data["hidden_size"])
         heads = int(data["num_attention_heads"])
-        rope_params = data.get("rope_parameters") or {}
-        rope_scaling = data.get("rope_scaling")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-            rope_scaling = rope_params
+        layers = int(data["num_hidden_layers"])
+        head_dim = int(data.get("head_dim") or hidden // heads)
+        eps = data.get("rms_norm_eps", data.get("layer_norm_eps", 1e-6 if arch.startswith("qwen") else 1e-5))
         return ModelConfig(
             architecture=arch,
             vocab_size=int(data["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(data["intermediate_size"]),
-            num_hidden_layers=int(data["num_hidden_layers"]),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=int(data.get("num_key_value_heads") or heads),
-            head_dim=int(data.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6 if arch.startswith("qwen") else 1e-5)),
-            rope_theta=float(data.get("rope_theta", rope_params.get("rope_theta", 10000.0))),
-            rope_scaling=_check_rope_scaling(rope_scaling, source),
+            head_dim=head_dim,
+            rms_norm_eps=float(eps),
             max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-            attention_bias=bool(data.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
             bos_token_id=data.get("bos_token_id"),
             eos_token_ids=_eos_list(data.get("eos_token_id")),
+            **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
+            moe=moe_from_hf(fam.moe, data),
         )
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
+
+
+def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
+    """The config.json keys that GGUF metadata (`<arch>.block_count`, ...) gives."""
+    p = meta["general.architecture"] + "."
+    hidden = int(meta[p + "embedding_length"])
+    heads = int(meta[p + "attention.head_count"])
+    vocab = meta.get(p + "vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    head_dim = meta.get(p + "attention.key_length") or meta.get(p + "rope.dimension_count") or hidden // heads
+    data: dict[str, Any] = {
+        "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
+        "intermediate_size": int(meta[p + "feed_forward_length"]), "num_hidden_layers": int(meta[p + "block_count"]),
+        "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
+        "head_dim": int(head_dim), "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(meta.get(p + "rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(meta.get(p + "context_length", 2048)),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    if meta.get(p + "rope.scaling.type") == "linear":
+        data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
+    window = meta.get(p + "attention.sliding_window")
+    if window and arch == "gemma3":  # llama.cpp's Gemma 3: every 6th layer global, local rope base 10000
+        types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(data["num_hidden_layers"])]
+        data.update(sliding_window=int(window), layer_types=types, query_pre_attn_scalar=int(head_dim),
+                    rope_parameters={"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
+                                     "sliding_attention": {"rope_theta": 10000.0}})
+    elif window:
+        raise UnsupportedError(f"{source}: a GGUF {arch} with a sliding window is not supported (export its safetensors)")
+    return data
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str) -> ModelConfig:
@@ -139,37 +286,13 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
-    p = f"{arch_name}."
+    if family(arch).moe:
+        raise UnsupportedError(f"{source}: mixture-of-experts GGUF files ({arch_name}) are not supported yet; export the safetensors checkpoint")
     try:
-        hidden = int(meta[p + "embedding_length"])
-        heads = int(meta[p + "attention.head_count"])
-        vocab = meta.get(p + "vocab_size")
-        if vocab is None:
-            vocab = len(meta.get("tokenizer.ggml.tokens", []))
-        head_dim = meta.get(p + "attention.key_length") or meta.get(p + "rope.dimension_count") or hidden // heads
-        scaling = None
-        if meta.get(p + "rope.scaling.type") == "linear":
-            scaling = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
-        if arch == "mistral" and meta.get(p + "attention.sliding_window"):
-            raise UnsupportedError(f"{source}: Mistral with a sliding window is not supported yet")
-        return ModelConfig(
-            architecture=arch,
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(meta[p + "feed_forward_length"]),
-            num_hidden_layers=int(meta[p + "block_count"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(meta.get(p + "attention.head_count_kv") or heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(meta.get(p + "rope.freq_base", 10000.0)),
-            rope_scaling=scaling,
-            max_position_embeddings=int(meta.get(p + "context_length", 2048)),
-            tie_word_embeddings=not has_output_weight,
-            attention_bias=has_qkv_bias,
-            qk_norm=arch == "qwen3",
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=_eos_list(meta.get("tokenizer.ggml.eos_token_id")),
-        )
+        data = _gguf_config_json(meta, arch, source)
     except KeyError as exc:
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None
+    data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)
+    config = config_from_hf(data, source)
+    config.norm_offset = 0.0  # llama.cpp's converter stored Gemma's gains as 1 + weight
+    return config

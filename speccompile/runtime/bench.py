@@ -22,8 +22,8 @@ BUILTIN_PROMPTS = [
 ]
 
 
-def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Read a JSONL workload: one {"id", "prompt", "chat"} object per line."""
+def load_workload(path: Path, limit: int | None = None, chat: bool | None = None) -> list[dict[str, Any]]:
+    """Read a JSONL workload: one {"id", "prompt", "chat"} object per line (`chat` not None: for every line)."""
     if not path.is_file():
         raise InputError(f"workloads {path}: no such file", "workloads")
     items = []
@@ -37,7 +37,8 @@ def load_workload(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
             raise InputError(f"workloads {path}: line {number} is not a JSON object with a 'prompt'", "workloads") from None
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError(f"workloads {path}: line {number} has an empty prompt", "workloads")
-        items.append({"id": str(item.get("id", number)), "prompt": prompt, "chat": bool(item.get("chat", True))})
+        items.append({"id": str(item.get("id", number)), "prompt": prompt,
+                      "chat": bool(item.get("chat", True)) if chat is None else chat})
     if not items:
         raise InputError(f"workloads {path}: no prompts", "workloads")
     return items[:limit] if limit else items
@@ -75,13 +76,13 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
 
 
 def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup,
-              progress: PromptProgress | None = None) -> dict[str, Any]:
+              progress: PromptProgress | None = None, chat: bool | None = None) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity. `progress` is told
-    of each prompt as it starts."""
+    of each prompt as it starts; `chat` (not None) applies the chat template to every prompt or to none."""
     _check_request(max_tokens, limit)
     if options.drafter == "none":
         raise InputError("drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)", "drafter")
-    loaded = [(Path(w).stem, load_workload(Path(w), limit)) for w in workloads]
+    loaded = [(Path(w).stem, load_workload(Path(w), limit, chat)) for w in workloads]
     if not loaded:
         raise InputError("workloads: bench needs at least one workload", "workloads")
     runner = Runner(artifact, options)
@@ -154,12 +155,16 @@ def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: Sampling
         progress("", done, total)
 
 
-def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress: PromptProgress | None = None) -> dict[str, Any]:
+def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress: PromptProgress | None = None,
+               chat: bool | None = None) -> dict[str, Any]:
     """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, logits_bitwise, prompts:
     [{id, identical, first_difference, tokens, mean_accepted_length, logits_bitwise, max_logit_difference,
-    logit_positions}]}. `progress` is told of each prompt as it starts."""
+    logit_positions}]}. `progress` is told of each prompt as it starts; `chat` (not None) applies the chat
+    template to every prompt or to none."""
     _check_request(max_tokens, limit)
     items = [item for w in workloads for item in load_workload(Path(w), limit)] if workloads else BUILTIN_PROMPTS[:limit]
+    if chat is not None:
+        items = [dict(item, chat=chat) for item in items]
     runner = Runner(artifact, options)
     results = []
     for item in _counted(items, progress):

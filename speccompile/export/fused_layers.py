@@ -1,0 +1,241 @@
+"""The decoder layers of the fused ONNX Runtime graphs (export/ort_fused_graph.py), by the layer description.
+
+Each layer reads only `ModelConfig`'s layer description (models/architectures.py): norm kind and placement
+(pre: the residual add fused into the next norm, `SkipSimplifiedLayerNormalization`; sandwich; post; parallel),
+q/k norms, rope kind per layer (global / local table, or none), the attention scale, soft-capping and sliding
+window, and the MLP activation. A sliding layer reads its own additive bias: the pass's `attention_bias` with
+the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`); the CUDA
+graph, which verifies chains only, uses GroupQueryAttention's `local_window_size` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .moe_ops import Emitter, moe_block
+from .fused_ops import MS_DOMAIN, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm, window_bias
+from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype
+from .weight_store import WeightStore
+
+
+@dataclass
+class _Fused:
+    """One fused graph under construction: nodes, initializers and what every layer reads."""
+
+    model: DecoderWeights
+    store: WeightStore
+    dtype: str
+    target: str
+    n: Nodes = field(default_factory=Nodes)
+    inits: list[TensorProto] = field(default_factory=list)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    biases: dict[tuple, str] = field(default_factory=dict)  # (slot, sliding) -> the attention bias
+
+    @property
+    def elem(self) -> int:
+        return ELEM[self.dtype]
+
+    def weight(self, name: str, recipe: Recipe) -> str:
+        self.inits.append(self.store.tensor(name, recipe))
+        return name
+
+    def layer_weight(self, i: int, name: str, role: str) -> str:
+        return self.weight(f"layers.{i}.{name}", layer_recipe(self.model.config, i, role, self.dtype))
+
+    def const(self, name: str, values, dtype=np.int64) -> str:
+        """An integer constant initializer; asking again for `name` (with the same values) reuses it."""
+        values = np.asarray(values, dtype=dtype)
+        if name in self.consts:
+            assert np.array_equal(self.consts[name], values), name
+            return name
+        self.consts[name] = values
+        self.inits.append(onnx.numpy_helper.from_array(values, name))
+        return name
+
+
+_WEIGHT_NAMES = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight",
+                 "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+
+
+def rotary_names(kind: str) -> list[str]:
+    """The cos / sin cache initializers of rotary table `kind`."""
+    prefix = "rotary" if kind == "global" else f"rotary_{kind}"
+    return [f"{prefix}.cos_cache", f"{prefix}.sin_cache"]
+
+
+class _Norms:
+    """The family's norm (RMSNorm or LayerNorm), alone or fused with the residual add before it."""
+
+    def __init__(self, f: _Fused):
+        self.f = f
+        self.eps = float(f.model.config.rms_norm_eps)
+        self.layer = f.model.config.norm == "layer"
+
+    def gamma(self, i: int, role: str) -> str:
+        return self.f.layer_weight(i, _WEIGHT_NAMES.get(role, role), role)
+
+    def plain(self, x: str, gamma: str, prefix: str) -> str:
+        f = self.f
+        if self.layer:
+            return layer_norm(f.n, x, gamma, self.eps)
+        return rms_norm(f.n, x, gamma, self.eps, f.const, prefix, f.elem)
+
+    def skip(self, x: str, residual: str, gamma: str) -> tuple[str, str]:
+        """norm(x + residual) and x + residual."""
+        if self.layer:
+            normed, total = f"{x}_normed", f"{x}_plus_residual"
+            self.f.n("SkipLayerNormalization", [x, residual, gamma], [normed, "", "", total], domain=MS_DOMAIN,
+                     epsilon=self.eps)
+            return normed, total
+        return skip_norm(self.f.n, x, residual, gamma, self.eps)
+
+
+def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
+                   slots: SlotInputs | None) -> tuple[str, list[str], list[str]]:
+    """The first `count` layers and the final norm; returns (final hidden, EAGLE-3 taps, present names)."""
+    cfg, n = f.model.config, f.n
+    norms = _Norms(f)
+    residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
+    for i in range(count):
+        if cfg.placement == "post":
+            residual = residual if pending is None else n("Add", [residual, pending])[0]
+            h = residual
+        elif pending is None:
+            h = norms.plain(x, norms.gamma(i, "input_norm"), f"layers.{i}")
+        else:
+            h, residual = norms.skip(pending, residual, norms.gamma(i, "input_norm"))
+        if i in f.model.aux_layers:
+            taps.append(residual)
+        out, layer_presents = _attention(f, i, _qkv(f, i, h, norms), padding, slots)
+        presents += layer_presents
+        attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+        if cfg.o_proj_bias:
+            attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
+        if cfg.placement == "parallel":
+            pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
+            continue
+        if cfg.placement in ("sandwich", "post"):
+            attn = norms.plain(attn, norms.gamma(i, "post_attn_norm"), f"layers.{i}.post_attn")
+        if cfg.placement == "post":
+            residual = n("Add", [residual, attn])[0]
+            h = residual
+        else:
+            h, residual = norms.skip(_scaled(f, attn), residual, norms.gamma(i, "post_norm"))
+        pending = _mlp(f, i, h)
+        if cfg.placement in ("sandwich", "post"):
+            pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
+        pending = _scaled(f, pending)
+    final, _ = norms.skip(pending, residual, f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype)))
+    return final, taps, presents
+
+
+def _scaled(f: _Fused, x: str) -> str:
+    """A block's output times the residual multiplier (Granite)."""
+    scale = f.model.config.residual_scale
+    return x if scale == 1.0 else f.n("Mul", [x, f.const("residual_scale", scale, np_dtype(f.dtype))])[0]
+
+
+def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
+    """GroupQueryAttention's query inputs: the packed q/k/v rows, or q, k, v after their norms."""
+    cfg, n = f.model.config, f.n
+    heads, kv_heads, dim, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, norms.eps
+    qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
+    if cfg.attention_bias:
+        qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
+    if not cfg.qk_norm:
+        return [qkv, "", ""]
+    pre = f"layers.{i}"
+    q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    if cfg.qk_norm_full:
+        return [rms_norm(n, q, norms.gamma(i, "q_norm"), eps, f.const, f"{pre}.q", f.elem),
+                rms_norm(n, k, norms.gamma(i, "k_norm"), eps, f.const, f"{pre}.k", f.elem), v]
+    q = head_norm(n, q, heads, dim, norms.gamma(i, "q_norm"), eps, f.const, f"{pre}.q", f.elem)
+    k = head_norm(n, k, kv_heads, dim, norms.gamma(i, "k_norm"), eps, f.const, f"{pre}.k", f.elem)
+    return [q, k, v]
+
+
+def _gqa_attributes(f: _Fused, i: int) -> dict:
+    cfg = f.model.config
+    attrs = dict(domain=MS_DOMAIN, num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
+                 scale=float(cfg.scale),
+                 do_rotary=int(bool(cfg.rope_kind(i))), rotary_interleaved=int(cfg.rope_interleaved), local_window_size=-1)
+    if cfg.attn_softcap:
+        attrs["softcap"] = float(cfg.attn_softcap)
+    if f.target == "cuda" and cfg.sliding(i):  # chains only: the slot-based window equals the positional one
+        attrs["local_window_size"] = int(cfg.sliding_window) - 1
+    return attrs
+
+
+def _rotary(f: _Fused, i: int) -> list[str]:
+    kind = f.model.config.rope_kind(i)
+    return rotary_names(kind) if kind else ["", ""]
+
+
+def _sinks(f: _Fused, i: int) -> list[str]:
+    """GroupQueryAttention's `head_sink` input (gpt-oss' per-head sink logits), or nothing."""
+    return [f.layer_weight(i, "self_attn.sinks", "sinks")] if f.model.config.attn_sinks else []
+
+
+def _bias(f: _Fused, i: int, slot: int | None, bias: str, positions: str) -> str:
+    """Layer i's attention bias: the pass's, or for a sliding layer the windowed one (made once per slot)."""
+    if not f.model.config.sliding(i):
+        return bias
+    key = (slot, True)
+    if key not in f.biases:
+        f.biases[key] = window_bias(f.n, f.const, bias, positions, f.model.config.sliding_window)
+    return f.biases[key]
+
+
+def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | None,
+               slots: SlotInputs | None) -> tuple[str, list[str]]:
+    """Layer i's GroupQueryAttention over its KV buffer (with the CPU graph's padding row, or one per slot)."""
+    if slots is not None:
+        return _slot_attention(f, i, query, slots)
+    present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+    if padding is None:  # the CUDA kernel rejects attention_bias
+        lengths, extra = ["seqlens_k", "total_sequence_length"], ["position_ids", *[x for s in _sinks(f, i) for x in ("", s)]]
+    else:
+        query = [padding.rows(x) if x else "" for x in query]
+        lengths = [padding.seqlens_k, padding.total_sequence_length]
+        extra = [padding.position_ids, _bias(f, i, None, padding.attention_bias, padding.position_ids), *_sinks(f, i)]
+    out = f.n("GroupQueryAttention", [*query, f"past_key_values.{i}.key", f"past_key_values.{i}.value", *lengths,
+                                      *_rotary(f, i), *extra],
+              [f"attn_{i}" if padding is None else f"attn_{i}_padded", present_k, present_v], **_gqa_attributes(f, i))[0]
+    if padding is not None:
+        out = padding.drop(out, f"attn_{i}")
+    return out, [present_k, present_v]
+
+
+def _slot_attention(f: _Fused, i: int, query: list[str], slots: SlotInputs) -> tuple[str, list[str]]:
+    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV."""
+    parts = [slots.split(x) if x else [""] * slots.slots for x in query]
+    outs, presents, sinks = [], [], _sinks(f, i)
+    for b in range(slots.slots):
+        past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
+        bias = _bias(f, i, b, f"attention_bias.{b}", slots.positions[b])
+        out = f.n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
+                                          *slots.lengths[b], *_rotary(f, i), slots.positions[b], bias, *sinks],
+                  [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f, i))[0]
+        outs.append(out)
+        presents += [f"{present}.key", f"{present}.value"]
+    return slots.join(outs, f"attn_{i}"), presents
+
+
+def _mlp(f: _Fused, i: int, h: str) -> str:
+    """down(act(gate) * up) with gate and up from one MatMul (act: SiLU as Sigmoid * Mul, or tanh-GELU); or the
+    layer's mixture of experts (export/moe_ops.py)."""
+    n = f.n
+    if f.model.config.moe is not None and f.model.config.moe.is_moe(i):
+        return moe_block(Emitter(n, f.const, f.weight, f.elem, f.dtype), f.model.config, i, h)
+    gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
+    inter = f.model.config.intermediate_size
+    gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
+    if f.model.config.mlp_act == "gelu_tanh":
+        act = n("Mul", [n("Gelu", [gate], approximate="tanh")[0], up])[0]
+    else:
+        act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
+    return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]

@@ -1,0 +1,141 @@
+"""The mixture-of-experts block as ONNX nodes, for every graph builder (contract, fused CPU, slotted).
+
+What ONNX Runtime offers: `com.microsoft` MoE and QMoE (CPU kernels in the installed onnxruntime 1.32) take the
+router logits and all experts' weights and route inside. They are not row-exact: a row's output depends on how
+many rows of the pass chose the same expert (measured: up to ~1e-6 between a row alone and the same row in a
+pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The block is
+therefore decomposed into standard operators, sparse by expert:
+
+    routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), in float32, per row
+    expert e  rows = the rows whose top k hold e (NonZero of TopK's indices == e); their routing weights
+              (GatherND); the expert's SwiGLU MLP on those rows only (two MatMuls with 2-D weights);
+              the rows' sums plus weight * output, written back (GatherND, Add, ScatterND), experts in
+              index order
+    shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE)
+
+Each row's routing reads that row alone, and its expert outputs come from weight MatMuls whose rows ONNX Runtime
+computes alike whatever the number of rows (the premise of the dense layers too: export/fused_ops.py,
+OneRowPadding), summed in a fixed order from zero: a row gets the same bits in any pass. Every expert weight is
+a plain 2-D MatMul weight, so the quantized builds pack them like the dense layers' (engines/cpu_graph.py);
+routers stay in float (engines/qdq_targets.py DEFAULT_EXCLUDE). Compute is the active experts' only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+from ..models.config import ModelConfig
+from ..models.moe_config import MoeConfig
+from .recipes import Recipe, np_dtype
+
+ROUTER = "mlp.router"  # graph names of a layer's router: never quantized (qdq_targets.DEFAULT_EXCLUDE)
+SHARED_GATE = "mlp.shared_expert_gate"
+
+
+@dataclass
+class Emitter:
+    """How a builder writes nodes: `op(op_type, inputs, outputs, **attrs) -> outputs`, `const(key, values, dtype)`
+    (an int64 / float constant; builders may reuse one per key), `weight(name, recipe) -> initializer name`."""
+
+    op: Callable[..., list[str]]
+    const: Callable[..., str]
+    weight: Callable[[str, Recipe], str]
+    elem: int
+    dtype: str
+
+    def one(self, op: str, inputs: list[str], **attrs) -> str:
+        return self.op(op, inputs, 1, **attrs)[0]
+
+
+def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:
+    """Graph initializer name -> recipe, for layer `layer`'s MoE block (the names every graph uses)."""
+    moe = config.moe
+    p, q = f"layers.{layer}.", moe.prefix(layer)
+    names = {f"{p}{ROUTER}.weight_t": Recipe((f"{q}{moe.router}.weight",), True, dtype)}
+    if moe.router_bias:
+        names[f"{p}{ROUTER}.bias"] = Recipe((f"{q}{moe.router}.bias",), False, dtype)
+    for e in range(moe.num_experts):
+        src, x = moe.expert_sources(layer, e), f"{p}mlp.experts.{e}"
+        names[f"{x}.weight_t"] = Recipe((src["gate"], src["up"]), True, dtype)
+        names[f"{x}.down_proj.weight_t"] = Recipe((src["down"],), True, dtype)
+        if moe.expert_bias:
+            names[f"{x}.bias"] = Recipe((src["gate_bias"], src["up_bias"]), False, dtype)
+            names[f"{x}.down_proj.bias"] = Recipe((src["down_bias"],), False, dtype)
+    if moe.shared_expert_size:
+        s = f"{q}shared_expert."
+        names[f"{p}mlp.shared_expert.weight_t"] = Recipe((s + "gate_proj.weight", s + "up_proj.weight"), True, dtype)
+        names[f"{p}mlp.shared_expert.down_proj.weight_t"] = Recipe((s + "down_proj.weight",), True, dtype)
+        names[f"{p}{SHARED_GATE}.weight_t"] = Recipe((f"{q}shared_expert_gate.weight",), True, dtype)
+    return names
+
+
+def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str | None = None) -> str:
+    """Layer `layer`'s MoE block on `h` [..., hidden] (any leading axes); returns its output, same shape."""
+    moe, hidden = config.moe, config.hidden_size
+    names = moe_names(config, layer, em.dtype)
+    w = {name: em.weight(name, recipe) for name, recipe in names.items()}
+    p = f"layers.{layer}."
+    x = em.one("Reshape", [h, em.const("moe.rows_shape", [-1, hidden])])
+    values, index = _route(em, moe, x, w, p)
+    total = em.one("ConstantOfShape", [em.one("Shape", [x])],
+                   value=numpy_helper.from_array(np.zeros(1, np_dtype(em.dtype)), "zero"))
+    for e in range(moe.num_experts):
+        pairs = em.one("Transpose", [em.one("NonZero", [em.one("Equal", [index, em.const(f"moe.expert.{e}", e)])])],
+                       perm=[1, 0])  # [n_e, 2]: (row, rank) where the row chose expert e; rows ascending
+        weight = em.one("Unsqueeze", [em.one("GatherND", [values, pairs]), em.const("moe.last_axis", [-1])])
+        rows = em.one("Slice", [pairs, em.const("moe.zero", [0]), em.const("moe.one", [1]), em.const("moe.one", [1])])
+        x_e = em.one("GatherND", [x, rows])
+        y_e = _expert(em, moe, x_e, w, f"{p}mlp.experts.{e}", moe.expert_size, moe.expert_bias)
+        summed = em.one("Add", [em.one("GatherND", [total, rows]), em.one("Mul", [y_e, weight])])
+        total = em.one("ScatterND", [total, rows, summed])  # no reduction="add": ONNX Runtime CPU lacks it in fp16
+    if moe.shared_expert_size:
+        shared = _expert(em, MoeConfig(1, 1, moe.shared_expert_size), x, w, f"{p}mlp.shared_expert",
+                         moe.shared_expert_size, False)
+        gate = em.one("Sigmoid", [em.one("MatMul", [x, w[f"{p}{SHARED_GATE}.weight_t"]])])
+        total = em.one("Add", [total, em.one("Mul", [gate, shared])])
+    return em.op("Reshape", [total, em.one("Shape", [h])], [output] if output else 1)[0]
+
+
+def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tuple[str, str]:
+    """(routing weights in the graph dtype, int64 expert indices), both [rows, top_k]; computed in float32."""
+    logits = em.one("MatMul", [x, w[f"{p}{ROUTER}.weight_t"]])
+    if moe.router_bias:
+        logits = em.one("Add", [logits, w[f"{p}{ROUTER}.bias"]])
+    if em.elem != TensorProto.FLOAT:
+        logits = em.one("Cast", [logits], to=TensorProto.FLOAT)
+    k = em.const("moe.top_k", [moe.top_k])
+    if moe.routing == "topk_softmax":
+        values, index = em.op("TopK", [logits, k], 2, axis=-1)
+        values = em.one("Softmax", [values], axis=-1)
+    else:
+        values, index = em.op("TopK", [em.one("Softmax", [logits], axis=-1), k], 2, axis=-1)
+        if moe.norm_topk_prob:
+            values = em.one("Div", [values, em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)])
+    if em.elem != TensorProto.FLOAT:
+        values = em.one("Cast", [values], to=em.elem)
+    return values, index
+
+
+def _expert(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], name: str, inter: int, bias: bool) -> str:
+    """down(swiglu(x @ [gate | up])) (+ biases) of the expert whose initializers are `name`.*."""
+    both = em.one("MatMul", [x, w[f"{name}.weight_t"]])
+    if bias:
+        both = em.one("Add", [both, w[f"{name}.bias"]])
+    gate, up = em.op("Split", [both, em.const(f"moe.split.{inter}", [inter, inter])], 2, axis=-1)
+    if moe.swiglu_limit:
+        limit = em.const("moe.limit", moe.swiglu_limit, np_dtype(em.dtype))
+        gate = em.one("Min", [gate, limit])
+        up = em.one("Clip", [up, em.const("moe.neg_limit", -moe.swiglu_limit, np_dtype(em.dtype)), limit])
+        alpha = em.const("moe.alpha", moe.swiglu_alpha, np_dtype(em.dtype))
+        glu = em.one("Mul", [gate, em.one("Sigmoid", [em.one("Mul", [gate, alpha])])])
+        act = em.one("Mul", [em.one("Add", [up, em.const("moe.one_f", 1.0, np_dtype(em.dtype))]), glu])
+    else:
+        act = em.one("Mul", [em.one("Mul", [gate, em.one("Sigmoid", [gate])]), up])
+    out = em.one("MatMul", [act, w[f"{name}.down_proj.weight_t"]])
+    if bias:
+        out = em.one("Add", [out, w[f"{name}.down_proj.bias"]])
+    return out

@@ -1,0 +1,152 @@
+"""The architecture table: every supported decoder family as one `Family` entry.
+
+A family says how a checkpoint's config keys map onto the typed layer description of `ModelConfig` (norm kind
+and placement, attention features, MLP kind, rope kind, multipliers) and what its weights are called (Hugging
+Face names per role, GGUF names per role). The torch reference (models/decoder.py), the graph builders
+(export/contract_graph.py, export/ort_fused_graph.py), the weight recipes (export/recipes.py) and the loaders
+(models/load.py) read only `ModelConfig` fields and the roles below, never a family's name: a family that only
+recombines existing features is one entry here (docs/DESIGN.md, "The architecture table").
+
+Roles of a layer's weights (HF names relative to `model.layers.{i}.`; a role with one name and several parts
+is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v rows, gate/up rows):
+  input_norm      the norm before attention (pre / sandwich / parallel)
+  qkv, qkv_bias   q, k, v projections (3 names) or one fused qkv_proj
+  q_norm, k_norm  q / k norms (per head, or over all heads: `qk_norm_full`)
+  o_proj          attention output
+  post_attn_norm  norm of the attention output before the residual add (sandwich / post)
+  post_norm       the norm before the MLP (pre / sandwich)
+  gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
+  post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LLAMA_NAMES: dict[str, tuple[str, ...]] = {
+    "input_norm": ("input_layernorm.weight",),
+    "qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    "q_norm": ("self_attn.q_norm.weight",),
+    "k_norm": ("self_attn.k_norm.weight",),
+    "o_proj": ("self_attn.o_proj.weight",),
+    "post_norm": ("post_attention_layernorm.weight",),
+    "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "down": ("mlp.down_proj.weight",),
+    "o_bias": ("self_attn.o_proj.bias",),
+    "sinks": ("self_attn.sinks",),
+}
+_SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
+    "post_attn_norm": ("post_attention_layernorm.weight",),
+    "post_norm": ("pre_feedforward_layernorm.weight",),
+    "post_mlp_norm": ("post_feedforward_layernorm.weight",),
+}
+_POST_NAMES = {  # OLMo 2 / EXAONE 4: norms after each block only
+    "post_attn_norm": ("post_attention_layernorm.weight",),
+    "post_mlp_norm": ("post_feedforward_layernorm.weight",),
+}
+LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One decoder family: its config reading and weight names. Field values are `ModelConfig`'s vocabulary."""
+
+    model_types: tuple[str, ...]  # HF model_type / GGUF general.architecture names
+    norm: str = "rms"  # rms | layer (LayerNorm, gain only)
+    norm_offset: float = 0.0  # Gemma: the gain is (1 + weight) (HF checkpoints; llama.cpp stores 1 + weight)
+    placement: str = "pre"  # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm)
+    qk_norm: str = ""  # "" | head (per head) | full (over all heads)
+    attention_bias: bool = False  # default of the `attention_bias` config key (q/k/v biases)
+    mlp_act: str = "silu"  # silu | gelu_tanh
+    rope_interleaved: bool = False  # rotate (x0, x1) pairs (GPT-J) instead of halves
+    global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
+    embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
+    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier
+    residual_key: str = ""  # config key multiplying each block's output (Granite)
+    logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
+    sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
+    names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # roles overriding LLAMA_NAMES
+    gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))
+    gguf_llama_order: bool = False  # llama.cpp permuted the q/k rows (llama, mistral)
+    attn_sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss `self_attn.sinks`)
+    o_bias: bool = False  # o_proj has a bias
+    moe: str = ""  # the MLP kind: "" dense, else the MoE layout of models/moe_config.py (qwen2_moe|qwen3_moe|mixtral|gpt_oss)
+
+    def layer_names(self) -> dict[str, tuple[str, ...]]:
+        return {**LLAMA_NAMES, **self.names}
+
+
+_GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(("llama", "smollm2", "smollm"), gguf_llama_order=True),
+    "mistral": Family(("mistral",), gguf_llama_order=True),
+    "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
+    "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window"),
+    "gemma": Family(("gemma",), **_GEMMA),
+    "gemma2": Family(("gemma2",), placement="sandwich", attn_scale="query_pre_attn_scalar", names=_SANDWICH_NAMES, **_GEMMA),
+    "gemma3": Family(("gemma3_text", "gemma3"), placement="sandwich", qk_norm="head", attn_scale="query_pre_attn_scalar",
+                     names=_SANDWICH_NAMES, **_GEMMA),
+    "phi3": Family(("phi3",), names={"qkv": ("self_attn.qkv_proj.weight",), "gate_up": ("mlp.gate_up_proj.weight",)}),
+    "granite": Family(("granite",), embed_scale="embedding_multiplier", attn_scale="attention_multiplier",
+                      residual_key="residual_multiplier", logit_key="1/logits_scaling"),
+    "olmo2": Family(("olmo2",), placement="post", qk_norm="full", names=_POST_NAMES),
+    "smollm3": Family(("smollm3",), sliding_key="use_sliding_window"),
+    "glm4": Family(("glm4",), placement="sandwich", attention_bias=True, rope_interleaved=True,
+                   names={"post_attn_norm": ("post_self_attn_layernorm.weight",), "post_norm": ("post_attention_layernorm.weight",),
+                          "post_mlp_norm": ("post_mlp_layernorm.weight",), "gate_up": ("mlp.gate_up_proj.weight",)}),
+    "cohere2": Family(("cohere2",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
+                      logit_key="logit_scale"),
+    "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES),
+    "ernie4_5": Family(("ernie4_5",), rope_interleaved=True),
+    "qwen2_moe": Family(("qwen2_moe",), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
+    "qwen3_moe": Family(("qwen3_moe",), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe"),
+    "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
+    "gpt_oss": Family(("gpt_oss",), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss"),
+}
+
+# Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
+REFUSED = {
+    "deepseek_v3": "multi-head latent attention (a compressed KV cache) is not supported",
+    "deepseek_v2": "multi-head latent attention (a compressed KV cache) is not supported",
+    "kimi_k2": "multi-head latent attention (a compressed KV cache) is not supported",
+    "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
+    "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
+}
+
+_BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}
+
+
+def family_name(model_type: str) -> str | None:
+    """The table's family for a model_type / GGUF architecture name (None if not in the table)."""
+    return _BY_TYPE.get(str(model_type).lower())
+
+
+def family(name: str) -> Family:
+    """The entry of family `name` (a ModelConfig.architecture)."""
+    return FAMILIES[name]
+
+
+_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
+                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
+
+
+def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
+                moe: bool = False) -> list[str]:
+    """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
+    sinks and MLP kind (a MoE layer's experts are not roles: models/moe_config.py)."""
+    roles = [*_PLACEMENT_NORMS[placement], "qkv", "o_proj", *([] if moe else ["gate_up", "down"])]
+    if attention_bias:
+        roles.append("qkv_bias")
+    roles += [role for role, used in (("o_bias", o_bias), ("sinks", sinks)) if used]
+    if qk_norm:
+        roles += ["q_norm", "k_norm"]
+    return roles

