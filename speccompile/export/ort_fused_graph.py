@@ -208,8 +208,10 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
                                else _attention(f, i, query, padding))
         presents += layer_presents
         h, residual, mlp_out = _mlp(f, i, out, residual)
-    final, _ = skip_norm(f.n, mlp_out, residual, f.weight("model.norm.weight", Recipe(FINAL_NORM, False, dtype)),
-                         model.config.rms_norm_eps)
+    final, last = skip_norm(f.n, mlp_out, residual, f.weight("model.norm.weight", Recipe(FINAL_NORM, False, dtype)),
+                            model.config.rms_norm_eps)
+    if count == model.config.num_hidden_layers and count in model.aux_layers:  # tap L: before the final norm
+        taps.append(last)
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)
     inputs = slot_inputs.values() if slot_inputs is not None else _pass_inputs(target)
     cache_shape = [1 if slots else BATCH, model.config.num_key_value_heads, "kv_capacity", model.config.head_dim]
