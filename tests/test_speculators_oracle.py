@@ -46,6 +46,7 @@ def fixtures(tmp_path_factory):
     done = subprocess.run([SPEC_PY, str(SCRIPT), str(target), str(out)], capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(HEADS)
+    assert (out / "spec_mtp" / "oracle.npz").is_file()
     return target, load_model(str(target)), out
 
 
@@ -137,3 +138,31 @@ def test_exported_with_its_taps_greedy_equal_plain(name, fixtures, tmp_path):
     np.testing.assert_allclose(aux, ref.numpy(), atol=1e-4, rtol=1e-4)
     stats = spec_vs_plain(tmp_path / "art", "eagle3", {"chain": None, "dynamic": "dynamic-3-2-6"})
     assert all(s[0] > 0 for s in stats.values()), stats
+
+
+def test_mtp_module_drafts_as_the_library(fixtures, tmp_path):
+    """The library's MTP module (a Qwen3 layer, `mtp_layers.0.*`): each teacher-forced step is a causal pass over
+    the rows, fed the previous step's output; our graph gives the same distributions and tokens."""
+    import onnxruntime as ort
+
+    from speccompile.export.heads import export_head_graph
+    from speccompile.models.head_loaders import load_head
+
+    _, model, out = fixtures
+    head = load_head("mtp", out / "spec_mtp", model.config, model.weights)
+    assert (head.head_config.layout, head.head_config.layer.qk_norm) == ("mtp/speculators", True)
+    export_head_graph(head, tmp_path / "mtp.onnx")
+    session = ort.InferenceSession(str(tmp_path / "mtp.onnx"), providers=["CPUExecutionProvider"])
+    ref = np.load(out / "spec_mtp" / "oracle.npz")
+    steps, rows = ref["logits"].shape[:2]
+    hidden, ids = ref["features"][:rows], ref["input_ids"]
+    kv = np.zeros((1, head.head_config.layer.num_key_value_heads, 0, head.head_config.layer.head_dim), np.float32)
+    for s in range(steps):
+        feed = {"input_ids": ids[s + 1: s + 1 + rows][None], "position_ids": np.arange(rows)[None],
+                "attention_mask": np.tril(np.ones((rows, rows), bool))[None], "hidden_states": hidden[None],
+                "past_key_values.0.key": kv, "past_key_values.0.value": kv}
+        result = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+        ours = result["logits"][0]
+        np.testing.assert_allclose(_softmax(ours), _softmax(ref["logits"][s]), atol=1e-4, rtol=0)
+        assert np.array_equal(ours.argmax(-1), ref["logits"][s].argmax(-1)), s
+        hidden = result["draft_hidden_states"][0]

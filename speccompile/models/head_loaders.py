@@ -93,7 +93,8 @@ def _load_mtp(raw, tensors, source, target, target_weights) -> MTPHead:
     h = _shape(renamed, "eh_proj.weight", "mtp", source)[0]
     if h != target.hidden_size:
         raise InputError(f"{source}: mtp hidden size {h} differs from the target's {target.hidden_size}")
-    cfg = HeadConfig("mtp", head_layer_config(raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
+    layer_raw = raw.get("transformer_layer_config") or raw
+    cfg = HeadConfig("mtp", head_layer_config(layer_raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
                      has_embed="embed_tokens.weight" in renamed, mtp_style=style, mtp_modules=modules,
                      layout=f"mtp/{style}")
     head = MTPHead(cfg)

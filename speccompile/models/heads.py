@@ -75,7 +75,7 @@ class HeadConfig:
     norm_before_fc: bool = False  # eagle3: one RMSNorm over the concatenated taps (`input_norm`)
     fc_norm: bool = False  # eagle3: one RMSNorm per tap (`fc_norm.{i}`)
     norm_output: bool = False  # eagle3: the fed-back feature is norm(out) (Eagle 3.1)
-    mtp_style: str = "deepseek"  # mtp: deepseek | qwen3_next | mimo (models/mtp_layouts.py)
+    mtp_style: str = "deepseek"  # mtp: deepseek | qwen3_next | mimo | speculators (models/mtp_layouts.py)
     mtp_modules: int = 1  # mtp: modules in the checkpoint (module 0 drafts every step)
     layout: str = ""  # the published layout it was read from (for inspect)
 
@@ -345,7 +345,8 @@ class MTPHead(_ARHead):
     * deepseek (also GLM-4.5): eh_proj(cat(enorm(emb), hnorm(h))), block, logits = head(shared_head.norm(out)),
       fed back: out;
     * qwen3_next (Qwen3.5): the same with the fed-back feature norm(out);
-    * mimo: eh_proj(cat(hnorm(h), enorm(emb))) with emb zeroed at position 0, fed back norm(out).
+    * mimo: eh_proj(cat(hnorm(h), enorm(emb))) with emb zeroed at position 0, fed back norm(out);
+    * speculators (its MTPDraftModel): as qwen3_next.
     """
 
     kind = "mtp"

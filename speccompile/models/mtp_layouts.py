@@ -5,7 +5,10 @@
   ``num_nextn_predict_layers`` modules after the target's L layers;
 * **qwen3_next** (Qwen3-Next, Qwen3.5): ``mtp.fc``, ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``,
   ``mtp.layers.{i}.*``, ``mtp.norm``; its norms are zero-centred (the stored weight is gain - 1), as in those models;
-* **mimo** (MiMo): ``model.mtp_layers.{i}.{token_layernorm,hidden_layernorm,input_proj,final_layernorm}`` + the block.
+* **mimo** (MiMo): ``model.mtp_layers.{i}.{token_layernorm,hidden_layernorm,input_proj,final_layernorm}`` + the block,
+  the hidden state first in the concatenation, the embedding of position 0 zeroed;
+* **speculators** (``speculators_model_type: mtp``, the layer config under ``transformer_layer_config``): MiMo's
+  names under ``mtp_layers.{i}``, the embedding first, fed back normed.
 
 A checkpoint may hold several modules (chained in DeepSeek's training); module 0 drafts every step (as vLLM does
 when it drafts more tokens than there are modules); the others are read, checked and counted.
@@ -61,11 +64,13 @@ def mtp_style(tensors: dict[str, torch.Tensor]) -> str:
 def read_mtp(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Any, target: ModelConfig
              ) -> tuple[str, int, dict[str, torch.Tensor]]:
     """(style, number of modules, module 0's tensors in MTPHead's names) of an MTP checkpoint."""
-    style = mtp_style(tensors)
+    style = "speculators" if raw.get("speculators_model_type") == "mtp" else mtp_style(tensors)
     modules: dict[int, dict[str, torch.Tensor]] = {}
     shared: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
-        m = _PATTERNS[style].fullmatch(key)
+        if key in ("verifier_lm_head.weight", "verifier_norm.weight"):  # the target's (speculators keeps a copy)
+            continue
+        m = _PATTERNS["mimo" if style == "speculators" else style].fullmatch(key)
         if not m:  # not an MTP name: left as is, named among the unexpected keys by the loader
             shared[key] = value
             continue
@@ -86,7 +91,7 @@ def read_mtp(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Any,
 
 
 def _renamed(key: str, style: str) -> str:
-    table = _QWEN3_NEXT if style == "qwen3_next" else _MIMO if style == "mimo" else {}
+    table = _QWEN3_NEXT if style == "qwen3_next" else _MIMO if style in ("mimo", "speculators") else {}
     if style == "mimo" and key.startswith("mtp_block."):
         key = key[len("mtp_block."):]
     for old, new in table.items():

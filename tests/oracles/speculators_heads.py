@@ -10,7 +10,8 @@ Heads (sized for the target): speculators layout with a Llama layer (draft vocab
 two Qwen3 layers with q/k norms, custom taps and norm_before_residual + fc_norm + norm_output; three Llama
 layers over four taps (the embeddings and the final hidden state) with norm_before_fc; the EAGLE authors' layout
 (flat `LlamaForCausalLMEagle3` config, `midlayer.*` in pytorch_model.bin); SGLang SpecForge's flat layout with
-`eagle_config` taps counted as layer outputs, in two safetensors shards.
+`eagle_config` taps counted as layer outputs, in two safetensors shards. And one MTP module (the library's
+MTPDraftModel, a Qwen3 layer): OUT_DIR/spec_mtp.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 
 from speculators.config import SpeculatorsConfig, VerifierConfig
 from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+from speculators.models.mtp import MTPDraftModel, MTPSpeculatorConfig
 from speculators.proposals.greedy import GreedyTokenProposalConfig
 
 ROWS, STEPS = 10, 3
@@ -43,21 +45,51 @@ def layer_config(kind: str, target: dict, layers: int):
     return cfg
 
 
-def build(target: dict, embed: torch.Tensor, seed: int, kind: str, layers: int, taps, draft_vocab: int, **flags):
-    torch.manual_seed(seed)
-    speculators = SpeculatorsConfig(algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=STEPS)],
-                                    default_proposal_method="greedy",
-                                    verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]))
-    config = Eagle3SpeculatorConfig(transformer_layer_config=layer_config(kind, target, layers), draft_vocab_size=draft_vocab,
-                                    eagle_aux_hidden_state_layer_ids=taps, speculators_config=speculators, **flags)
-    model = Eagle3DraftModel(config).eval()
+def randomize(model, seed: int) -> torch.Generator:
+    """Weights larger than the library's init, so the distributions are peaked."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():  # larger than the library's init, so the distributions are peaked
+        for name, p in model.named_parameters():
             if name.endswith("norm.weight") or ".norm" in name or "fc_norm" in name:
                 p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
             elif p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=g) * (1.0 if "lm_head" in name else 0.15))
+    return g
+
+
+def speculators_config() -> SpeculatorsConfig:
+    return SpeculatorsConfig(algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=STEPS)],
+                             default_proposal_method="greedy",
+                             verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]))
+
+
+def build_mtp(target: dict, weights: dict, out: Path) -> None:
+    """The library's MTP module (Qwen3 layer) saved, and its teacher-forced forward as the oracle."""
+    torch.manual_seed(6)
+    config = MTPSpeculatorConfig(transformer_layer_config=layer_config("qwen3", target, 1),
+                                 speculators_config=speculators_config())
+    model = MTPDraftModel(config).eval()
+    randomize(model, 6)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
+        model.lm_head.weight.copy_(weights["lm_head.weight"])
+    model.save_pretrained(str(out))
+    g = torch.Generator().manual_seed(106)
+    hidden = torch.randn(1, ROWS, target["hidden_size"], generator=g)
+    ids = torch.randint(0, target["vocab_size"], (1, ROWS), generator=g)
+    with torch.no_grad():
+        logits, _, _ = model(ids, hidden, position_ids=torch.arange(ROWS)[None])
+    np.savez(out / "oracle.npz", features=hidden[0].numpy(), input_ids=ids[0].numpy(),
+             logits=torch.cat(logits).numpy())
+
+
+def build(target: dict, embed: torch.Tensor, seed: int, kind: str, layers: int, taps, draft_vocab: int, **flags):
+    torch.manual_seed(seed)
+    config = Eagle3SpeculatorConfig(transformer_layer_config=layer_config(kind, target, layers), draft_vocab_size=draft_vocab,
+                                    eagle_aux_hidden_state_layer_ids=taps, speculators_config=speculators_config(), **flags)
+    model = Eagle3DraftModel(config).eval()
+    g = randomize(model, seed)
+    with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
         if model.d2t is not None:
             chosen = torch.sort(torch.randperm(target["vocab_size"], generator=g)[:draft_vocab]).values
@@ -108,7 +140,8 @@ def flat_config(model, target: dict, **extra) -> dict:
 
 def main(target_dir: Path, out: Path) -> None:
     target = json.loads((target_dir / "config.json").read_text())
-    embed = load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    weights = load_file(str(target_dir / "model.safetensors"))
+    embed = weights["model.embed_tokens.weight"]
     L, H, V = target["num_hidden_layers"], target["hidden_size"], target["vocab_size"]
     heads = {
         "spec_llama": (build(target, embed, 1, "llama", 1, None, 48), False),
@@ -139,6 +172,7 @@ def main(target_dir: Path, out: Path) -> None:
     for seed, (name, model) in enumerate(models.items()):
         taps = len(model.config.eagle_aux_hidden_state_layer_ids or [0, 0, 0])
         np.savez(out / name / "oracle.npz", **oracle(model, taps, H, V, seed))
+    build_mtp(target, weights, out / "spec_mtp")
     print(json.dumps(sorted(models)))
 
 
