@@ -28,8 +28,8 @@ HEADS = {
     "spec_llama": ("eagle3/speculators", [2, 4, 5], 1),
     "spec_qwen3_2layers": ("eagle3/speculators", [1, 3, 6], 2),
     "spec_llama_3layers_4taps": ("eagle3/speculators", [0, 3, 5, 8], 3),
-    "eagle_authors": ("eagle3/eagle-authors (.bin)", [2, 4, 5], 1),
-    "specforge_sharded": ("eagle3/flat-sglang", [1, 4, 7], 1),
+    "eagle_authors": ("eagle3/flat (EAGLE authors' pytorch_model.bin)", [2, 4, 5], 1),
+    "specforge_sharded": ("eagle3/flat (taps as layer outputs: SGLang SpecForge, ModelOpt)", [1, 4, 7], 1),
 }
 
 

@@ -70,7 +70,7 @@ def target_taps_for(request: DrafterRequest | None, target: ModelConfig) -> tupl
         return eagle3_tap_layers(target.num_hidden_layers)
     import json
 
-    from ..models.eagle3_layouts import eagle3_taps
+    from ..models.eagle3_layouts import check_eagle3_config, eagle3_taps
 
     folder = Path(request.path) if Path(request.path).is_dir() else Path(request.path).parent
     config = folder / "config.json"
@@ -78,6 +78,7 @@ def target_taps_for(request: DrafterRequest | None, target: ModelConfig) -> tupl
         raw = json.loads(config.read_text()) if config.is_file() else {}
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{config}: not valid JSON ({exc})") from None
+    check_eagle3_config(raw, folder)  # a config not understood fails before the target is exported
     return tuple(eagle3_taps(raw, target.num_hidden_layers, folder))
 
 

@@ -41,6 +41,7 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
         "kind": kind,
         "graph": kind,
         **draft.to_manifest(),
+        "layout": cfg.layout,
         "head": cfg.to_dict(),
         "source": str(request.path or target.source),
     }
@@ -48,6 +49,7 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
         np.save(out_dir / "eagle3_d2t.npy", head.draft_to_target().numpy().astype(np.int64), allow_pickle=False)
         files.append("eagle3_d2t.npy")
         section["draft_to_target"] = "eagle3_d2t.npy"
+        section["target_taps"] = list(cfg.aux_layer_ids)  # inputs of these target layers (L: the final hidden state)
     if request.path is not None:  # (an MTP head inside the target: the target's digests are the model's)
         src = Path(request.path)
         weights = (sorted(src.glob("*.safetensors")) or sorted(f for f in src.iterdir() if f.suffix in TORCH_SUFFIXES)

@@ -33,12 +33,14 @@ _INERT = {"speculators_model_type", "architectures", "auto_map", "draft_vocab_si
 _DROPPED = ("verifier_lm_head.weight", "verifier_norm.weight")  # the target's, kept by some trainers
 
 
-def eagle3_layout(raw: dict[str, Any]) -> str:
-    """Which layout a config is written in: speculators | flat (SGLang / ModelOpt taps) | flat."""
+def eagle3_layout(raw: dict[str, Any], weights_format: str = "safetensors") -> str:
+    """Which layout a config is written in, as `inspect` names it."""
     if "speculators_model_type" in raw:
         return "speculators"
-    if _nested_ids(raw) is not None:
-        return "flat-sglang"
+    if weights_format != "safetensors":
+        return "flat (EAGLE authors' pytorch_model.bin)"
+    if _nested_ids(raw) is not None and raw.get("eagle_aux_hidden_state_layer_ids") is None:
+        return "flat (taps as layer outputs: SGLang SpecForge, ModelOpt)"
     return "flat"
 
 
@@ -69,13 +71,8 @@ def _nested_ids(raw: dict[str, Any]) -> list[int] | None:
 def read_eagle3(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Any, target: ModelConfig,
                 weights_format: str) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
     """(head config, state dict in Eagle3Head's names) of an EAGLE-3 checkpoint in any published layout."""
-    layout = eagle3_layout(raw)
-    if layout == "speculators":
-        _check_speculators_config(raw, source)
-        layer_raw = dict(raw.get("transformer_layer_config") or {})
-    else:
-        layer_raw = dict(raw)
-    _check_layer_config(layer_raw, source, "transformer_layer_config." if layout == "speculators" else "")
+    layout = eagle3_layout(raw, weights_format)
+    layer_raw = check_eagle3_config(raw, source)
     state = _rename(tensors)
     h, width = _shape(state, "fc.weight", source)
     taps = eagle3_taps(raw, target.num_hidden_layers, source)
@@ -89,13 +86,10 @@ def read_eagle3(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: A
                          f"{num_layers} draft layers")
     layer_raw.setdefault("hidden_size", h)
     draft_vocab = _shape(state, "lm_head.weight", source)[0]
-    label = "eagle-authors (.bin)" if weights_format != "safetensors" and layout == "flat" else layout
     cfg = HeadConfig("eagle3", head_layer_config(layer_raw, target, h), target.hidden_size, target.vocab_size,
                      draft_vocab, fc_bias=False, aux_layer_ids=taps, has_embed="embed_tokens.weight" in state,
-                     num_layers=num_layers, layout=f"eagle3/{label}",
+                     num_layers=num_layers, layout=f"eagle3/{layout}",
                      **{flag: bool(raw.get(flag, False)) for flag in FLAGS})
-    if cfg.norm_before_fc and cfg.fc_norm:
-        raise InputError(f"{source}: norm_before_fc and fc_norm are both set (they exclude each other)")
     return cfg, state
 
 
@@ -112,6 +106,18 @@ def _rename(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             key = f"midlayer.{m.group(2)}" if i == 0 else f"layers.{i - 1}.{m.group(2)}"
         out[key] = value
     return out
+
+
+def check_eagle3_config(raw: dict[str, Any], source: Any) -> dict[str, Any]:
+    """The config's draft-layer settings, after checking every key and flag is one this loader understands."""
+    if raw.get("norm_before_fc") and raw.get("fc_norm"):
+        raise InputError(f"{source}: norm_before_fc and fc_norm are both set (they exclude each other)")
+    prefix = ""
+    if "speculators_model_type" in raw:
+        _check_speculators_config(raw, source)
+        raw, prefix = dict(raw.get("transformer_layer_config") or {}), "transformer_layer_config."
+    _check_layer_config(raw, source, prefix)
+    return dict(raw)
 
 
 def _check_speculators_config(raw: dict[str, Any], source: Any) -> None:
