@@ -7,26 +7,27 @@ Four kinds (docs/DESIGN.md, "Drafter checkpoint formats"):
 * ``eagle``  (EAGLE-1/2): ``fc`` [H, 2H] (+ ``fc.bias`` unless config ``"bias": false``) on
   cat(embed(x_{t+1}), f_t), one Llama decoder layer *without* ``input_layernorm``, logits through
   the target's ``lm_head``. f_t is the target's final-norm hidden state.
-* ``eagle3``: ``fc`` [H, 3H_t] fuses the target taps (residual-stream inputs of three layers), a
-  ``midlayer`` whose attention reads cat(input_layernorm(emb), hidden_norm(h)) (width 2H), ``norm``,
-  its own ``lm_head`` [draft_vocab, H] and ``d2t`` (target id = i + d2t[i]) / ``t2d``.
+* ``eagle3``: ``fc`` [H, n H_t] fuses the target taps (residual-stream inputs of n layers), a
+  ``midlayer`` whose attention reads cat(input_layernorm(emb), hidden_norm(h)) (width 2H), optional plain
+  decoder ``layers``, ``norm``, its own ``lm_head`` [draft_vocab, H] and ``d2t`` (target id = i + d2t[i]) /
+  ``t2d`` (the published layouts: models/eagle3_layouts.py).
 * ``medusa``: ``medusa_head.{i}.{j}.linear`` ResBlocks (x + SiLU(Wx + b)) then ``medusa_head.{i}.{L}``
   [V, H]; head i predicts token t+i+2 from f_t. Legacy ``medusa_lm_head.pt`` is read with
   ``torch.load(weights_only=True)``.
-* ``mtp`` (DeepSeek-V3 layout, Llama-family block): ``enorm``, ``hnorm``, ``eh_proj`` [H, 2H] on
-  cat(enorm(emb), hnorm(h)), one full decoder block, ``shared_head.norm`` / ``shared_head.head``.
+* ``mtp`` (DeepSeek-V3 names, Llama-family block): ``enorm``, ``hnorm``, ``eh_proj`` [H, 2H] on
+  cat(enorm(emb), hnorm(h)), one full decoder block, ``shared_head.norm`` / ``shared_head.head`` (the other
+  namings: models/mtp_layouts.py).
 
 Autoregressive heads (eagle, eagle3, mtp) share one graph interface: inputs ``input_ids``,
 ``position_ids``, ``attention_mask`` (bool [b, q, past + q]), ``hidden_states`` [b, q, H] (EAGLE-3 also
-``aux_hidden_states`` [b, q, 3H_t]) and ``past_key_values.0.key/value``; outputs ``logits``,
-``present.0.key/value`` and ``draft_hidden_states`` (the head's own output feature, fed back as
+``aux_hidden_states`` [b, q, n H_t]) and ``past_key_values.{i}.key/value`` per head layer; outputs ``logits``,
+``present.{i}.key/value`` and ``draft_hidden_states`` (the head's own output feature, fed back as
 ``hidden_states`` for the next draft step). Row t of the head pairs the target feature of position t
 with the token at position t+1 and sits at RoPE position t.
 
-EAGLE-3 tap convention: ``eagle_aux_hidden_state_layer_ids`` (speculators / vLLM configs) are read as
-"the residual-stream *input* of layer j" = Hugging Face ``output_hidden_states[j]`` (index 0 = the
-embeddings). That is the convention of ``models.decoder.eagle3_tap_layers`` (default (2, L//2, L-3)).
-Trainers that count "output of layer i" must add 1 before writing the config.
+EAGLE-3 tap convention here: "the residual-stream *input* of layer j" = Hugging Face ``output_hidden_states[j]``
+(index 0 = the embeddings, L = the final hidden state before the norm), as ``models.config.eagle3_tap_layers``
+(default (2, L//2, L-3)); configs that count layer outputs (SGLang's ``eagle_config``) are shifted by one on reading.
 """
 
 from __future__ import annotations
