@@ -109,7 +109,7 @@ def test_our_graph_drafts_as_the_library(name, fixtures, tmp_path):
     assert np.abs(_softmax(ours[0]).max(-1)).mean() > 0.2  # peaked distributions: the comparison is not vacuous
 
 
-@pytest.mark.parametrize("name", ["spec_qwen3_2layers", "spec_llama_3layers_4taps", "eagle_authors"])
+@pytest.mark.parametrize("name", sorted(HEADS))
 def test_exported_with_its_taps_greedy_equal_plain(name, fixtures, tmp_path):
     import onnxruntime as ort
     import torch
@@ -166,3 +166,10 @@ def test_mtp_module_drafts_as_the_library(fixtures, tmp_path):
         np.testing.assert_allclose(_softmax(ours), _softmax(ref["logits"][s]), atol=1e-4, rtol=0)
         assert np.array_equal(ours.argmax(-1), ref["logits"][s].argmax(-1)), s
         hidden = result["draft_hidden_states"][0]
+    # and exported with the target, greedy speculative == plain
+    from test_heads_runtime import export_with, spec_vs_plain
+
+    target = fixtures[0]
+    export_with("mtp", target, tmp_path / "art", ckpt=out / "spec_mtp", tree="chain-3")
+    stats = spec_vs_plain(tmp_path / "art", "mtp", {"chain": None})
+    assert stats["chain"][0] > 0, stats
