@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from speccompile.errors import InputError, UnsupportedError
+from speccompile.errors import InputError
 from test_heads_helpers import H, VOCAB, published_tensors, shared_target, write_checkpoint
 
 KINDS = ["eagle", "eagle3", "medusa", "mtp"]

@@ -1,15 +1,15 @@
 """Reading drafter heads from their published checkpoint layouts (models/heads.py describes each kind).
 
-A checkpoint is a folder (config.json + *.safetensors; Medusa's legacy medusa_lm_head.pt through
-``torch.load(weights_only=True)``) or one weights file. Its keys are mapped onto the head's module names, shapes
-are checked against its config and the target, and the weights it shares with the target (embeddings, lm_head)
-are taken from the target.
+A checkpoint is a folder (config.json + *.safetensors, one file or shards; else pickled weights such as the EAGLE
+authors' pytorch_model.bin or Medusa's medusa_lm_head.pt, read with ``torch.load(weights_only=True)`` only), one
+weights file, or for MTP the target's own folder. Its keys are mapped onto the head's module names (the EAGLE-3
+and MTP layouts: eagle3_layouts.py, mtp_layouts.py), shapes are checked against its config and the target, and
+the weights it shares with the target (embeddings, lm_head) are taken from the target.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..draft_config import HEAD_KINDS
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError
 from .config import ModelConfig
 from .decoder import describe_key_mismatch
 from .eagle3_layouts import read_eagle3
