@@ -132,7 +132,8 @@ def flat_config(model, target: dict, **extra) -> dict:
     c = model.config.transformer_layer_config
     return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
             "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
-            "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "num_hidden_layers": 1,
+            "rms_norm_eps": c.rms_norm_eps,
             "rope_theta": 10000.0, "max_position_embeddings": 2048, "vocab_size": target["vocab_size"],
             "draft_vocab_size": model.config.draft_vocab_size, "hidden_act": "silu", "tie_word_embeddings": False,
             "torch_dtype": "float32", **extra}
