@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from speccompile.errors import InputError, UnsupportedError
+from speccompile.errors import InputError
 from test_heads_helpers import H, VOCAB, published_tensors, shared_target, write_checkpoint
 
 KINDS = ["eagle", "eagle3", "medusa", "mtp"]
@@ -166,14 +167,38 @@ def test_eagle3_taps_match_hf_and_off_by_one_is_caught(target, tmp_path):
     torch.testing.assert_close(head_logits(aux), head_logits(right), atol=1e-4, rtol=1e-4)
     assert not torch.allclose(head_logits(aux), head_logits(wrong), atol=1e-2)
 
-    # a config whose ids are shifted by one (trainer convention) is refused, not silently mis-wired
-    config, tensors = published_tensors("eagle3")
-    config["eagle_aux_hidden_state_layer_ids"] = [t - 1 for t in taps]
-    shifted = tmp_path / "shifted"
-    write_checkpoint(shifted, "eagle3")
-    (shifted / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedError, match="eagle_aux_hidden_state_layer_ids"):
-        load_head("eagle3", shifted, model.config, model.weights)
+    # custom taps, in either numbering, are the head's own: the target graph exports exactly those (id L: the
+    # final hidden state before the norm)
+    L = model.config.num_hidden_layers
+    for key, written, inputs in (("eagle_aux_hidden_state_layer_ids", [1, 3, L], [1, 3, L]),
+                                 ("eagle_config", {"eagle_aux_hidden_state_layer_ids": [0, 2, 6]}, [1, 3, 7])):
+        config, tensors = published_tensors("eagle3")
+        config[key] = written
+        custom = tmp_path / f"custom_{key}"
+        write_checkpoint(custom, "eagle3")
+        (custom / "config.json").write_text(json.dumps(config))
+        assert load_head("eagle3", custom, model.config, model.weights).head_config.aux_layer_ids == inputs
+        dec = build_decoder(model.config, model.weights, "eagle3", tuple(inputs))
+        with torch.no_grad():
+            out = dec(ids, torch.arange(12)[None], causal_mask(12, 0), *dec.empty_past())
+        hf = [hs[j] for j in inputs if j < L] + ([_pre_norm_final(dec, ids)] if L in inputs else [])
+        torch.testing.assert_close(out[-1], torch.cat(hf, dim=-1), atol=1e-4, rtol=1e-4)
+    config["eagle_aux_hidden_state_layer_ids"] = [2, 4, 6]  # disagrees with eagle_config's outputs [0, 2, 6]
+    (custom / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="disagree"):
+        load_head("eagle3", custom, model.config, model.weights)
+
+
+def _pre_norm_final(dec, ids):
+    """The last layer's output before the final norm (HF's hidden_states[L] is after it)."""
+    from speccompile.models.decoder import causal_mask
+
+    seen = {}
+    hook = dec.model.norm.register_forward_pre_hook(lambda _m, args: seen.setdefault("x", args[0]))
+    with torch.no_grad():
+        dec(ids, torch.arange(ids.shape[1])[None], causal_mask(ids.shape[1], 0), *dec.empty_past())
+    hook.remove()
+    return seen["x"]
 
 
 def test_save_head_roundtrip(target, tmp_path):
@@ -212,7 +237,8 @@ def test_eagle3_heads_are_written_flat_and_the_speculators_layout_still_reads(ta
     taps = list(eagle3_tap_layers(model.config.num_hidden_layers))
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
     assert config["hidden_size"] == H and config["num_hidden_layers"] == 1 and config["draft_vocab_size"] == 32
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == taps == config["target_layer_ids"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == taps == config["target_layer_ids"]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [t - 1 for t in taps]  # SGLang: outputs
     flat = load_head("eagle3", folder, model.config, model.weights)
     layer = {k: config.pop(k) for k in list(config) if k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                                               "num_key_value_heads", "head_dim", "rms_norm_eps")}
@@ -222,4 +248,5 @@ def test_eagle3_heads_are_written_flat_and_the_speculators_layout_still_reads(ta
     nested = load_head("eagle3", folder, model.config, model.weights)
     for key, value in flat.state_dict().items():
         assert torch.equal(nested.state_dict()[key], value), key
-    assert nested.head_config == flat.head_config
+    assert nested.head_config.layout == "eagle3/speculators"
+    assert replace(nested.head_config, layout="") == replace(flat.head_config, layout="")

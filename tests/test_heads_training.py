@@ -41,7 +41,8 @@ def test_train_draft_cli_resume_and_reload(tmp_path, tmp_path_factory):
     assert summary["steps"] == 8 and summary["train_tokens"] > 0
     assert torch.load(out / "trainer_state.pt", weights_only=True)["step"] == 8
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang counts layer outputs
     assert list((out / ".cache").glob("features-*.safetensors"))  # resume reused the target features
     model = load_model(str(target))
     head = load_head("eagle3", out, model.config, model.weights)

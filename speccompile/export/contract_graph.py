@@ -106,6 +106,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
             taps.append(x)
         x = _layer(g, i, x)
         presents += [f"present.{i}.key", f"present.{i}.value"]
+    if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
+        taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None)
     _lm_head(g, final)
     outputs = _outputs(g, presents, len(taps))

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import InputError
+from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.load import LoadedModel
 from ..draft_config import DraftConfig
 from .drafter_types import DrafterExport, DrafterRequest
 
-__all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter", "target_hidden_states_for"]
+__all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter", "target_hidden_states_for",
+           "target_taps_for"]
 
 
 # kind -> (needs a path, hidden states the target must expose, exporter: "draft-model" | "head" | None). An exporter
@@ -28,7 +30,7 @@ _REGISTRY: dict[str, tuple[bool, str, str | None]] = {
     "eagle": (True, "final", "head"),
     "eagle3": (True, "eagle3", "head"),
     "medusa": (True, "final", "head"),
-    "mtp": (True, "final", "head"),
+    "mtp": (False, "final", "head"),  # no path: the MTP modules inside the target's own checkpoint
 }
 
 
@@ -59,6 +61,25 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
     if request is None:
         return "none"
     return _REGISTRY[request.kind][1]
+
+
+def target_taps_for(request: DrafterRequest | None, target: ModelConfig) -> tuple[int, ...]:
+    """The target layers whose inputs the target graph returns as `aux_hidden_states`: an EAGLE-3 head's own
+    (its config's tap ids; L = the final hidden state), else the default (2, L//2, L-3)."""
+    if request is None or request.kind != "eagle3" or request.path is None:
+        return eagle3_tap_layers(target.num_hidden_layers)
+    import json
+
+    from ..models.eagle3_layouts import check_eagle3_config, eagle3_taps
+
+    folder = Path(request.path) if Path(request.path).is_dir() else Path(request.path).parent
+    config = folder / "config.json"
+    try:
+        raw = json.loads(config.read_text()) if config.is_file() else {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{config}: not valid JSON ({exc})") from None
+    check_eagle3_config(raw, folder)  # a config not understood fails before the target is exported
+    return tuple(eagle3_taps(raw, target.num_hidden_layers, folder))
 
 
 def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,

@@ -129,7 +129,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if cfg.placement in ("sandwich", "post"):
             pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
         pending = _scaled(f, pending)
-    final, _ = norms.skip(pending, residual, f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype)))
+    final, last = norms.skip(pending, residual, f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype)))
+    if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
+        taps.append(last)
     return final, taps, presents
 
 

@@ -25,12 +25,12 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
     one tensor at a time from the target's lazy weights."""
     import numpy as np
 
-    from ..models.head_loaders import load_head
+    from ..models.head_loaders import TORCH_SUFFIXES, load_head
     from .onnx_export import torch_dtype
 
     kind = request.kind
     draft = DraftConfig.parse(kind, request.tree, request.num_draft_tokens)
-    head = load_head(kind, request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
+    head = load_head(kind, request.path, target.config, target.weights, target.source).to(torch_dtype(dtype)).eval()
     spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype, digests)
     files = [f"{kind}.onnx", f"{kind}.onnx.data"]
     graphs = {kind: spec}
@@ -41,16 +41,20 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
         "kind": kind,
         "graph": kind,
         **draft.to_manifest(),
+        "layout": cfg.layout,
         "head": cfg.to_dict(),
-        "source": str(request.path),
+        "source": str(request.path or target.source),
     }
     if kind == "eagle3":
         np.save(out_dir / "eagle3_d2t.npy", head.draft_to_target().numpy().astype(np.int64), allow_pickle=False)
         files.append("eagle3_d2t.npy")
         section["draft_to_target"] = "eagle3_d2t.npy"
-    src = Path(request.path)
-    weights = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
-    section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
+        section["target_taps"] = list(cfg.aux_layer_ids)  # inputs of these target layers (L: the final hidden state)
+    if request.path is not None:  # (an MTP head inside the target: the target's digests are the model's)
+        src = Path(request.path)
+        weights = (sorted(src.glob("*.safetensors")) or sorted(f for f in src.iterdir() if f.suffix in TORCH_SUFFIXES)
+                   if src.is_dir() else [src])
+        section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
     return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section)
 
 
@@ -82,7 +86,7 @@ def export_head_graph(head, path: Path, dtype: str = "fp32", digests: dict[str, 
     examples = [ids, pos, mask]
     axes = [seq, seq, {0: "batch", 1: "q_len", 2: "total_len"}]
     if cfg.kind == "eagle3":
-        examples.append(torch.randn(batch, q_len, 3 * cfg.target_hidden_size, dtype=tdt))
+        examples.append(torch.randn(batch, q_len, len(cfg.aux_layer_ids or (0, 0, 0)) * cfg.target_hidden_size, dtype=tdt))
         axes.append(seq)
     examples.append(hidden)
     axes.append(seq)
@@ -91,7 +95,7 @@ def export_head_graph(head, path: Path, dtype: str = "fp32", digests: dict[str, 
                                  {"logits": seq, "draft_hidden_states": seq}, path))
     check_graph(path)
     inputs, outputs = graph_interface(path)
-    return GraphSpec(role=cfg.kind, file=path.name, inputs=inputs, outputs=outputs, dtype=dtype, num_layers=1,
+    return GraphSpec(role=cfg.kind, file=path.name, inputs=inputs, outputs=outputs, dtype=dtype, num_layers=head.num_layers,
                      num_kv_heads=layer.num_key_value_heads, head_dim=layer.head_dim,
                      extra={"hidden_size": layer.hidden_size, "target_hidden_size": cfg.target_hidden_size,
                             "draft_vocab_size": cfg.draft_vocab_size})

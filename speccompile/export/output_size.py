@@ -37,7 +37,8 @@ def drafter_estimate(model: LoadedModel, dtype: str, kind: str | None, path: str
     if kind is None or path is None:
         return 0
     source = Path(path)
-    files = sorted(source.glob("*.safetensors")) if source.is_dir() else [source]
+    files = (sorted(source.glob("*.safetensors")) or sorted(f for f in source.glob("*") if f.suffix in (".bin", ".pt", ".pth"))
+             if source.is_dir() else [source])  # a head's safetensors, else its pickled weights (pytorch_model.bin)
     stored = sum(f.stat().st_size for f in files if f.is_file())
     itemsize = np_dtype(dtype).itemsize
     if kind == "draft-model":

@@ -367,6 +367,8 @@ class Decoder(nn.Module):
                 taps.append(x)
             x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1])
             presents += [k_all, v_all]
+        if self.config.num_hidden_layers in self.aux_layers:  # tap L: the final hidden state before the norm
+            taps.append(x)
         hidden = self.model.norm(x)
         if self.config.tie_word_embeddings:
             logits = _TiedLMHead.apply(hidden, self.model.embed_tokens.weight).to(torch.float32)
@@ -390,15 +392,16 @@ class Decoder(nn.Module):
         return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.config.num_hidden_layers)]
 
 
-def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none") -> Decoder:
+def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none",
+                  aux_layers: tuple[int, ...] | None = None) -> Decoder:
     """Instantiate a Decoder and load the checkpoint's weights (torch tensors, or a WeightSource: read whole into
-    memory) by role (models/architectures.py: the family's names, fused tensors split); missing or unexpected
-    keys are an error."""
+    memory) by role (models/architectures.py: the family's names, fused tensors split); `aux_layers`: the EAGLE-3
+    taps to return (default `eagle3_tap_layers`); missing or unexpected keys are an error."""
     from ..errors import InputError
 
     if isinstance(weights, WeightSource):
         weights = weights.to_torch()
-    model = Decoder(config, hidden_states)
+    model = Decoder(config, hidden_states, aux_layers)
     state = {k: v for k, v in _by_role(config, weights).items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]

@@ -1,15 +1,15 @@
 """Reading drafter heads from their published checkpoint layouts (models/heads.py describes each kind).
 
-A checkpoint is a folder (config.json + *.safetensors; Medusa's legacy medusa_lm_head.pt through
-``torch.load(weights_only=True)``) or one weights file. Its keys are mapped onto the head's module names, shapes
-are checked against its config and the target, and the weights it shares with the target (embeddings, lm_head)
-are taken from the target.
+A checkpoint is a folder (config.json + *.safetensors, one file or shards; else pickled weights such as the EAGLE
+authors' pytorch_model.bin or Medusa's medusa_lm_head.pt, read with ``torch.load(weights_only=True)`` only), one
+weights file, or for MTP the target's own folder. Its keys are mapped onto the head's module names (the EAGLE-3
+and MTP layouts: eagle3_layouts.py, mtp_layouts.py), shapes are checked against its config and the target, and
+the weights it shares with the target (embeddings, lm_head) are taken from the target.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +17,33 @@ import torch
 from torch import nn
 
 from ..draft_config import HEAD_KINDS
-from ..errors import InputError, UnsupportedError, with_article
+from ..errors import InputError, with_article
 from .config import ModelConfig
-from .decoder import describe_key_mismatch, eagle3_tap_layers
+from .decoder import describe_key_mismatch
+from .eagle3_layouts import read_eagle3
 from .heads import (Eagle3Head, EagleHead, HeadConfig, MedusaHeads, MTPHead, TargetWeights, head_layer_config,
                     target_embed, target_lm_head)
+from .mtp_layouts import is_mtp_weight, read_mtp
 
 
-def load_head(kind: str, path: str | Path, target: ModelConfig, target_weights: TargetWeights) -> nn.Module:
-    """Read a drafter checkpoint of `kind` for `target` and return the torch head (eval mode, fp32)."""
+def load_head(kind: str, path: str | Path | None, target: ModelConfig, target_weights: TargetWeights,
+              target_folder: Path | None = None) -> nn.Module:
+    """Read a drafter checkpoint of `kind` for `target` and return the torch head (eval mode, fp32). An MTP head
+    with no path is read from the target's own checkpoint folder `target_folder` (its MTP tensors only)."""
     if kind not in HEAD_KINDS:
         raise InputError(f"unknown head kind {kind!r} (expected one of {', '.join(HEAD_KINDS)})")
-    raw, tensors, source = _read_checkpoint(Path(path), kind)
+    if path is None:
+        if kind != "mtp" or target_folder is None:
+            raise InputError(f"drafter {kind} needs a path: {kind}:PATH", "drafter")
+        raw, tensors, source, weights_format = _read_target_mtp(Path(target_folder), target)
+    else:
+        raw, tensors, source, weights_format = _read_checkpoint(Path(path), kind)
     if kind == "medusa":
         return _load_medusa(raw, tensors, source, target)
     if kind == "eagle":
         return _load_eagle(raw, tensors, source, target, target_weights)
     if kind == "eagle3":
-        return _load_eagle3(raw, tensors, source, target, target_weights)
+        return _load_eagle3(raw, tensors, source, target, target_weights, weights_format)
     return _load_mtp(raw, tensors, source, target, target_weights)
 
 
@@ -56,31 +65,10 @@ def _load_eagle(raw, tensors, source, target, target_weights) -> EagleHead:
     return head.eval()
 
 
-def _load_eagle3(raw, tensors, source, target, target_weights) -> Eagle3Head:
-    tensors = _strip(tensors, ("model.",))
-    tensors = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in tensors.items()}
-    layer_raw = dict(raw.get("transformer_layer_config") or raw)
-    h, in3 = _shape(tensors, "fc.weight", "eagle3", source)
-    if in3 % 3:
-        raise InputError(f"{source}: eagle3 fc.weight is {[h, in3]}, expected [H, 3*H_target]")
-    t_hidden = in3 // 3
-    if t_hidden != target.hidden_size:
-        raise InputError(f"{source}: eagle3 fc.weight expects target hidden size {t_hidden}, the target has {target.hidden_size}")
-    draft_vocab = _shape(tensors, "lm_head.weight", "eagle3", source)[0]
-    ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    default = list(eagle3_tap_layers(target.num_hidden_layers))
-    ids = [int(i) for i in ids] if ids else default
-    if ids != default:
-        raise UnsupportedError(
-            f"{source}: eagle_aux_hidden_state_layer_ids {ids} (inputs of those layers) differ from the taps the "
-            f"target graph exports {default}; custom taps are not supported yet"
-        )
-    layer_raw.setdefault("hidden_size", h)
-    cfg = HeadConfig("eagle3", head_layer_config(layer_raw, target, h), t_hidden, target.vocab_size, draft_vocab,
-                     fc_bias=False, norm_before_residual=bool(raw.get("norm_before_residual", False)),
-                     aux_layer_ids=ids, has_embed="embed_tokens.weight" in tensors)
+def _load_eagle3(raw, tensors, source, target, target_weights, weights_format) -> Eagle3Head:
+    cfg, state = read_eagle3(raw, tensors, source, target, weights_format)
     head = Eagle3Head(cfg)
-    state = dict(tensors)
+    h, draft_vocab = cfg.layer.hidden_size, cfg.draft_vocab_size
     if "embed_tokens.weight" not in state:
         if h != target.hidden_size:
             raise InputError(f"{source}: eagle3 head of width {h} needs its own embed_tokens.weight")
@@ -101,22 +89,14 @@ def _load_eagle3(raw, tensors, source, target, target_weights) -> Eagle3Head:
 
 
 def _load_mtp(raw, tensors, source, target, target_weights) -> MTPHead:
-    layer_ids = {m.group(1) for k in tensors if (m := re.match(r"model\.layers\.(\d+)\.", k))}
-    if len(layer_ids) > 1:
-        raise UnsupportedError(f"{source}: {len(layer_ids)} MTP modules ({', '.join(sorted(layer_ids))}); only one is supported")
-    tensors = _strip(tensors, tuple(f"model.layers.{i}." for i in layer_ids) + ("model.",))
-    renamed = {}
-    for key, value in tensors.items():
-        for sub in ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm."):
-            if key.startswith(sub):
-                key = "block." + key
-                break
-        renamed[key] = value
+    style, modules, renamed = read_mtp(raw, tensors, source, target)
     h = _shape(renamed, "eh_proj.weight", "mtp", source)[0]
     if h != target.hidden_size:
         raise InputError(f"{source}: mtp hidden size {h} differs from the target's {target.hidden_size}")
-    cfg = HeadConfig("mtp", head_layer_config(raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
-                     has_embed="embed_tokens.weight" in renamed)
+    layer_raw = raw.get("transformer_layer_config") or raw
+    cfg = HeadConfig("mtp", head_layer_config(layer_raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
+                     has_embed="embed_tokens.weight" in renamed, mtp_style=style, mtp_modules=modules,
+                     layout=f"mtp/{style}")
     head = MTPHead(cfg)
     renamed.setdefault("embed_tokens.weight", target_embed(target_weights))
     renamed.setdefault("shared_head.head.weight", target_lm_head(target, target_weights))
@@ -141,47 +121,69 @@ def _load_medusa(raw, tensors, source, target) -> MedusaHeads:
     return module.eval()
 
 
-def _read_checkpoint(path: Path, kind: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path]:
-    """(config.json contents or {}, tensors, source) from a folder or a single weights file."""
-    from .load import read_safetensors
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 
+
+def _read_checkpoint(path: Path, kind: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path, str]:
+    """(config.json contents or {}, tensors, source, "safetensors" | "torch") from a folder or one weights file.
+    A folder's *.safetensors (one file or shards) are preferred; else its pickled torch files (the EAGLE
+    authors' pytorch_model.bin, Medusa's medusa_lm_head.pt), read with torch.load(weights_only=True) only."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"drafter {kind}:{path}: no such file or directory", "drafter")
     folder = path if path.is_dir() else path.parent
-    config: dict[str, Any] = {}
-    if (folder / "config.json").is_file():
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{folder / 'config.json'}: not valid JSON ({exc})") from None
+    config = _read_config(folder)
     if path.is_file():
         files = [path]
     else:
-        files = sorted(folder.glob("*.safetensors"))
-        if not files and kind == "medusa" and (folder / "medusa_lm_head.pt").is_file():
-            files = [folder / "medusa_lm_head.pt"]
+        files = sorted(folder.glob("*.safetensors")) or sorted(f for f in folder.iterdir() if f.suffix in TORCH_SUFFIXES)
         if not files:
-            raise InputError(
-                f"drafter {kind}:{path}: no *.safetensors weights"
-                + (" (or legacy medusa_lm_head.pt)" if kind == "medusa" else "")
-                + "; pickled .bin checkpoints are not loaded for safety", "drafter"
-            )
+            raise InputError(f"drafter {kind}:{path}: no *.safetensors or pytorch_model.bin / *.pt weights", "drafter")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         if file.suffix == ".safetensors":
+            from .load import read_safetensors
+
             tensors.update(read_safetensors(file))
-        elif file.suffix in (".pt", ".pth", ".bin") and kind == "medusa":
-            try:
-                data = torch.load(str(file), map_location="cpu", weights_only=True)
-            except Exception as exc:  # noqa: BLE001 - unpickling errors vary
-                raise InputError(f"{file}: not a readable weights-only torch file ({str(exc).splitlines()[0]})") from None
-            if not isinstance(data, dict):
-                raise InputError(f"{file}: expected a state dict, got {type(data).__name__}")
-            tensors.update(data)
+        elif file.suffix in TORCH_SUFFIXES:
+            tensors.update(_torch_state_dict(file))
         else:
-            raise InputError(f"{file}: expected a .safetensors file")
-    return config, tensors, folder
+            raise InputError(f"{file}: expected a .safetensors, .bin or .pt weights file")
+    weights_format = "safetensors" if all(f.suffix == ".safetensors" for f in files) else "torch"
+    return config, tensors, folder, weights_format
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    if not (folder / "config.json").is_file():
+        return {}
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{folder / 'config.json'}: not valid JSON ({exc})") from None
+
+
+def _torch_state_dict(file: Path) -> dict[str, torch.Tensor]:
+    """A pickled state dict read with weights_only=True: tensors only, never code."""
+    try:
+        data = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - unpickling errors vary
+        raise InputError(f"{file}: not a readable weights-only torch file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise InputError(f"{file}: expected a state dict of tensors, got {type(data).__name__}")
+    return dict(data)
+
+
+def _read_target_mtp(folder: Path, target: ModelConfig) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path, str]:
+    """The MTP tensors inside a target's own checkpoint folder (the others are never read)."""
+    from .weights import SafetensorsSource
+
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    source = SafetensorsSource(files) if files else None
+    names = [n for n in source.names() if is_mtp_weight(n, target.num_hidden_layers)] if source else []
+    if not names:
+        raise InputError(f"drafter mtp: the target {folder} carries no MTP weights (model.layers.N.* past its "
+                         f"{target.num_hidden_layers} layers, mtp.* or model.mtp_layers.*); give one as mtp:PATH", "drafter")
+    return _read_config(folder), {n: source.torch_tensor(n) for n in names}, folder, "safetensors"
 
 
 def _strip(tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -63,10 +63,11 @@ def head_config_json(head: nn.Module) -> dict[str, Any]:
 
 def eagle3_config_json(layer: dict[str, Any], cfg: HeadConfig) -> dict[str, Any]:
     """The flat Hugging Face EAGLE-3 config (`LlamaForCausalLMEagle3`, as the EAGLE-3 reference heads publish it):
-    the layer's sizes at the top level, `draft_vocab_size`, `target_hidden_size` and the tap layers under
-    `eagle_config` (vLLM, SGLang, TensorRT-LLM's ModelOpt heads) and as `target_layer_ids` (TensorRT Edge-LLM);
-    both count "the input of layer j", the convention of `models.decoder.eagle3_tap_layers`."""
+    the layer's sizes at the top level, `draft_vocab_size`, `target_hidden_size` and the tap layers: at the top
+    level and as `target_layer_ids` (TensorRT Edge-LLM) counted as layer inputs (vLLM, `eagle3_tap_layers`), under
+    `eagle_config` counted as layer outputs (SGLang, TensorRT-LLM's ModelOpt heads: input id - 1)."""
     taps = list(cfg.aux_layer_ids)
+    nested = {"eagle_aux_hidden_state_layer_ids": [t - 1 for t in taps]} if min(taps) >= 1 else {}
     return {
         **layer,
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -75,7 +76,8 @@ def eagle3_config_json(layer: dict[str, Any], cfg: HeadConfig) -> dict[str, Any]
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True,
+        "eagle_aux_hidden_state_layer_ids": taps,
+        "eagle_config": {**nested, "use_aux_hidden_state": True,
                          "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True},
         "target_layer_ids": taps,
     }

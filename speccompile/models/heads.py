@@ -7,26 +7,27 @@ Four kinds (docs/DESIGN.md, "Drafter checkpoint formats"):
 * ``eagle``  (EAGLE-1/2): ``fc`` [H, 2H] (+ ``fc.bias`` unless config ``"bias": false``) on
   cat(embed(x_{t+1}), f_t), one Llama decoder layer *without* ``input_layernorm``, logits through
   the target's ``lm_head``. f_t is the target's final-norm hidden state.
-* ``eagle3``: ``fc`` [H, 3H_t] fuses the target taps (residual-stream inputs of three layers), a
-  ``midlayer`` whose attention reads cat(input_layernorm(emb), hidden_norm(h)) (width 2H), ``norm``,
-  its own ``lm_head`` [draft_vocab, H] and ``d2t`` (target id = i + d2t[i]) / ``t2d``.
+* ``eagle3``: ``fc`` [H, n H_t] fuses the target taps (residual-stream inputs of n layers), a
+  ``midlayer`` whose attention reads cat(input_layernorm(emb), hidden_norm(h)) (width 2H), optional plain
+  decoder ``layers``, ``norm``, its own ``lm_head`` [draft_vocab, H] and ``d2t`` (target id = i + d2t[i]) /
+  ``t2d`` (the published layouts: models/eagle3_layouts.py).
 * ``medusa``: ``medusa_head.{i}.{j}.linear`` ResBlocks (x + SiLU(Wx + b)) then ``medusa_head.{i}.{L}``
   [V, H]; head i predicts token t+i+2 from f_t. Legacy ``medusa_lm_head.pt`` is read with
   ``torch.load(weights_only=True)``.
-* ``mtp`` (DeepSeek-V3 layout, Llama-family block): ``enorm``, ``hnorm``, ``eh_proj`` [H, 2H] on
-  cat(enorm(emb), hnorm(h)), one full decoder block, ``shared_head.norm`` / ``shared_head.head``.
+* ``mtp`` (DeepSeek-V3 names, Llama-family block): ``enorm``, ``hnorm``, ``eh_proj`` [H, 2H] on
+  cat(enorm(emb), hnorm(h)), one full decoder block, ``shared_head.norm`` / ``shared_head.head`` (the other
+  namings: models/mtp_layouts.py).
 
 Autoregressive heads (eagle, eagle3, mtp) share one graph interface: inputs ``input_ids``,
 ``position_ids``, ``attention_mask`` (bool [b, q, past + q]), ``hidden_states`` [b, q, H] (EAGLE-3 also
-``aux_hidden_states`` [b, q, 3H_t]) and ``past_key_values.0.key/value``; outputs ``logits``,
-``present.0.key/value`` and ``draft_hidden_states`` (the head's own output feature, fed back as
+``aux_hidden_states`` [b, q, n H_t]) and ``past_key_values.{i}.key/value`` per head layer; outputs ``logits``,
+``present.{i}.key/value`` and ``draft_hidden_states`` (the head's own output feature, fed back as
 ``hidden_states`` for the next draft step). Row t of the head pairs the target feature of position t
 with the token at position t+1 and sits at RoPE position t.
 
-EAGLE-3 tap convention: ``eagle_aux_hidden_state_layer_ids`` (speculators / vLLM configs) are read as
-"the residual-stream *input* of layer j" = Hugging Face ``output_hidden_states[j]`` (index 0 = the
-embeddings). That is the convention of ``models.decoder.eagle3_tap_layers`` (default (2, L//2, L-3)).
-Trainers that count "output of layer i" must add 1 before writing the config.
+EAGLE-3 tap convention here: "the residual-stream *input* of layer j" = Hugging Face ``output_hidden_states[j]``
+(index 0 = the embeddings, L = the final hidden state before the norm), as ``models.config.eagle3_tap_layers``
+(default (2, L//2, L-3)); configs that count layer outputs (SGLang's ``eagle_config``) are shifted by one on reading.
 """
 
 from __future__ import annotations
@@ -67,10 +68,17 @@ class HeadConfig:
     draft_vocab_size: int
     fc_bias: bool = True  # eagle
     norm_before_residual: bool = False  # eagle3 (speculators option)
-    aux_layer_ids: list[int] = field(default_factory=list)  # eagle3, "input of layer j" convention
+    aux_layer_ids: list[int] = field(default_factory=list)  # eagle3, "input of layer j" convention (j = L: final)
     medusa_num_heads: int = 0
     medusa_num_layers: int = 1
     has_embed: bool = False  # the checkpoint carries its own embed_tokens
+    num_layers: int = 1  # eagle3: the Eagle-3 first layer + num_layers - 1 plain decoder layers
+    norm_before_fc: bool = False  # eagle3: one RMSNorm over the concatenated taps (`input_norm`)
+    fc_norm: bool = False  # eagle3: one RMSNorm per tap (`fc_norm.{i}`)
+    norm_output: bool = False  # eagle3: the fed-back feature is norm(out) (Eagle 3.1)
+    mtp_style: str = "deepseek"  # mtp: deepseek | qwen3_next | mimo | speculators (models/mtp_layouts.py)
+    mtp_modules: int = 1  # mtp: modules in the checkpoint (module 0 drafts every step)
+    layout: str = ""  # the published layout it was read from (for inspect)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +93,13 @@ class HeadConfig:
             "medusa_num_heads": self.medusa_num_heads,
             "medusa_num_layers": self.medusa_num_layers,
             "has_embed": self.has_embed,
+            "num_layers": self.num_layers,
+            "norm_before_fc": self.norm_before_fc,
+            "fc_norm": self.fc_norm,
+            "norm_output": self.norm_output,
+            "mtp_style": self.mtp_style,
+            "mtp_modules": self.mtp_modules,
+            "layout": self.layout,
         }
 
 
@@ -94,7 +109,12 @@ TargetWeights = Mapping[str, Any]  # the target's weights: torch tensors by HF n
 def head_layer_config(raw: dict[str, Any], target: ModelConfig, hidden: int | None = None) -> ModelConfig:
     """The head layer's ModelConfig: target values overridden by the checkpoint's config."""
     base = target.to_dict()
-    base.update(architecture="llama", num_hidden_layers=1, qk_norm=False, attention_bias=False, tie_word_embeddings=False)
+    layer_type = str(raw.get("model_type") or "llama")
+    base.update(architecture="llama", num_hidden_layers=1, qk_norm=layer_type == "qwen3", attention_bias=layer_type == "qwen2",
+                tie_word_embeddings=False)
+    params = raw.get("rope_parameters") or {}
+    raw = {"rope_theta": params.get("rope_theta"),
+           "rope_scaling": params if params.get("rope_type", "default") != "default" else None, **raw}
     if hidden is not None and hidden != target.hidden_size and "num_attention_heads" not in raw:
         raise InputError("head hidden size differs from the target's but its config gives no attention shape")
     for key in _LAYER_KEYS:
@@ -151,12 +171,19 @@ class HeadAttention(nn.Module):
         self.k_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:  # Qwen3: RMSNorm of each head's q and k before RoPE
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x, cos, sin, bias, past_k, past_v):
         """bias: additive mask [b, 1, q, past + q]."""
         b, q_len, _ = x.shape
-        q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q, self.head_dim // 2) * sin
         k = k * cos + rotate_half(k, self.head_dim // 2) * sin
@@ -199,13 +226,19 @@ class _ARHead(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.layer)
 
     @property
+    def num_layers(self) -> int:
+        """Decoder layers of the head, each with its own KV cache."""
+        return self.head_config.num_layers
+
+    @property
     def input_names(self) -> list[str]:
-        return ["input_ids", "position_ids", "attention_mask", *self.extra_inputs,
-                "past_key_values.0.key", "past_key_values.0.value"]
+        past = [f"past_key_values.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
+        return ["input_ids", "position_ids", "attention_mask", *self.extra_inputs, *past]
 
     @property
     def output_names(self) -> list[str]:
-        return ["logits", "present.0.key", "present.0.value", "draft_hidden_states"]
+        presents = [f"present.{i}.{kv}" for i in range(self.num_layers) for kv in ("key", "value")]
+        return ["logits", *presents, "draft_hidden_states"]
 
     def _prep(self, position_ids, attention_mask, dtype):
         cos, sin = self.rotary_emb(position_ids, dtype)
@@ -213,7 +246,7 @@ class _ARHead(nn.Module):
 
     def empty_past(self, batch: int = 1, length: int = 0, dtype=torch.float32) -> list[torch.Tensor]:
         c = self.head_config.layer
-        return [torch.zeros(batch, c.num_key_value_heads, length, c.head_dim, dtype=dtype) for _ in range(2)]
+        return [torch.zeros(batch, c.num_key_value_heads, length, c.head_dim, dtype=dtype) for _ in range(2 * self.num_layers)]
 
 
 class EagleHead(_ARHead):
@@ -240,12 +273,14 @@ class EagleHead(_ARHead):
 
 
 class Eagle3Head(_ARHead):
-    """EAGLE-3: h = fc(aux taps) + hidden (exactly one of them is non-zero per row), midlayer, norm, draft lm_head.
+    """EAGLE-3: h = fc(taps) + hidden (exactly one of them is non-zero per row), the Eagle-3 first layer
+    (`midlayer`), optional plain decoder `layers`, norm, draft lm_head.
 
     Committed rows pass the target's fused taps as ``aux_hidden_states`` and zeros as ``hidden_states``;
     draft rows pass zeros as ``aux_hidden_states`` and the parent's ``draft_hidden_states``. fc has no
-    bias, so fc(0) == 0 and the sum is exact.
-    """
+    bias and an RMSNorm maps 0 to 0, so fc(norm(0)) == 0 and the sum is exact. The speculators options:
+    `norm_before_fc` (`input_norm` over the concatenated taps), `fc_norm` (one norm per tap),
+    `norm_before_residual`, `norm_output` (the fed-back feature is norm(out))."""
 
     kind = "eagle3"
     extra_inputs = ("aux_hidden_states", "hidden_states")
@@ -253,27 +288,51 @@ class Eagle3Head(_ARHead):
     def __init__(self, config: HeadConfig):
         super().__init__(config)
         c = config.layer
-        h = c.hidden_size
+        h, th, eps = c.hidden_size, config.target_hidden_size, c.rms_norm_eps
+        taps = len(config.aux_layer_ids) or 3
         self.embed_tokens = nn.Embedding(config.target_vocab_size, h)
-        self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
+        if config.norm_before_fc:
+            self.input_norm = RMSNorm(taps * th, eps)
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(th, eps) for _ in range(taps))
+        self.fc = nn.Linear(taps * th, h, bias=False)
         self.midlayer = _HeadAttentionLayer(c, in_features=2 * h)
-        self.midlayer.hidden_norm = RMSNorm(h, c.rms_norm_eps)
-        self.norm = RMSNorm(h, c.rms_norm_eps)
+        self.midlayer.hidden_norm = RMSNorm(h, eps)
+        self.layers = nn.ModuleList(_HeadAttentionLayer(c) for _ in range(config.num_layers - 1))
+        self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(config.target_vocab_size, dtype=torch.bool))
 
-    def forward(self, input_ids, position_ids, attention_mask, aux_hidden_states, hidden_states, past_k, past_v):
-        h = self.fc(aux_hidden_states) + hidden_states
+    def fuse_taps(self, aux: torch.Tensor) -> torch.Tensor:
+        """fc over the (normed) concatenated taps."""
+        if self.head_config.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.head_config.fc_norm:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux)
+
+    def forward(self, input_ids, position_ids, attention_mask, aux_hidden_states, hidden_states, *past):
+        h = self.fuse_taps(aux_hidden_states) + hidden_states
         cos, sin, bias = self._prep(position_ids, attention_mask, h.dtype)
         m = self.midlayer
         normed = m.hidden_norm(h)
         residual = normed if self.head_config.norm_before_residual else h
         x = torch.cat((m.input_layernorm(self.embed_tokens(input_ids)), normed), dim=-1)
-        attn, k_all, v_all = m.self_attn(x, cos, sin, bias, past_k, past_v)
+        attn, k_all, v_all = m.self_attn(x, cos, sin, bias, past[0], past[1])
         out = m.mlp_block(residual + attn)
-        logits = self.lm_head(self.norm(out)).to(torch.float32)
-        return logits, k_all, v_all, out
+        presents = [k_all, v_all]
+        for i, layer in enumerate(self.layers, start=1):
+            attn, k_all, v_all = layer.self_attn(layer.input_layernorm(out), cos, sin, bias, past[2 * i], past[2 * i + 1])
+            out = layer.mlp_block(out + attn)
+            presents += [k_all, v_all]
+        if self.head_config.norm_output:
+            out = self.norm(out)
+            logits = self.lm_head(out).to(torch.float32)
+        else:
+            logits = self.lm_head(self.norm(out)).to(torch.float32)
+        return (logits, *presents, out)
 
     def draft_to_target(self) -> torch.Tensor:
         """Target token id of every draft-vocabulary entry."""
@@ -281,7 +340,15 @@ class Eagle3Head(_ARHead):
 
 
 class MTPHead(_ARHead):
-    """DeepSeek-V3 style multi-token prediction module with a Llama-family block."""
+    """A multi-token prediction module with a Llama-family block, in the module names of DeepSeek-V3
+    (models/mtp_layouts.py maps the Qwen3-Next and MiMo names onto them). `mtp_style`:
+
+    * deepseek (also GLM-4.5): eh_proj(cat(enorm(emb), hnorm(h))), block, logits = head(shared_head.norm(out)),
+      fed back: out;
+    * qwen3_next (Qwen3.5): the same with the fed-back feature norm(out);
+    * mimo: eh_proj(cat(hnorm(h), enorm(emb))) with emb zeroed at position 0, fed back norm(out);
+    * speculators (its MTPDraftModel): as qwen3_next.
+    """
 
     kind = "mtp"
 
@@ -299,12 +366,18 @@ class MTPHead(_ARHead):
         self.shared_head.head = nn.Linear(h, config.target_vocab_size, bias=False)
 
     def forward(self, input_ids, position_ids, attention_mask, hidden_states, past_k, past_v):
-        x = self.eh_proj(torch.cat((self.enorm(self.embed_tokens(input_ids)), self.hnorm(hidden_states)), dim=-1))
+        style = self.head_config.mtp_style
+        emb = self.enorm(self.embed_tokens(input_ids))
+        if style == "mimo":  # MiMo masks the embedding of position 0
+            emb = emb * (position_ids != 0).unsqueeze(-1).to(emb.dtype)
+        pair = (self.hnorm(hidden_states), emb) if style == "mimo" else (emb, self.hnorm(hidden_states))
+        x = self.eh_proj(torch.cat(pair, dim=-1))
         cos, sin, bias = self._prep(position_ids, attention_mask, x.dtype)
         attn, k_all, v_all = self.block.self_attn(self.block.input_layernorm(x), cos, sin, bias, past_k, past_v)
         x = self.block.mlp_block(x + attn)
-        logits = self.shared_head.head(self.shared_head.norm(x)).to(torch.float32)
-        return logits, k_all, v_all, x
+        normed = self.shared_head.norm(x)
+        logits = self.shared_head.head(normed).to(torch.float32)
+        return logits, k_all, v_all, (x if style == "deepseek" else normed)
 
 
 class _ResBlock(nn.Module):

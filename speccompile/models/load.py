@@ -21,6 +21,7 @@ from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .moe_weights import per_expert
+from .mtp_layouts import mtp_weights
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
@@ -185,10 +186,12 @@ def read_safetensors(path: Path) -> dict[str, Any]:
 
 def load_hf_folder(folder: Path) -> LoadedModel:
     """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
-    config = config_from_hf(_read_config_json(folder), str(folder))
+    raw = _read_config_json(folder)
+    config = config_from_hf(raw, str(folder))
     files = _safetensors_files(folder)
     weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused experts, per expert
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
+    dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     if config.tie_word_embeddings:
         dropped.add("lm_head.weight")
     return LoadedModel(config, weights.without(dropped), folder, "hf", files, _hf_chat_template(folder))

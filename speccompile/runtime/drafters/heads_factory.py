@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...errors import ArtifactError
 from ..timing import TimedSession
 from .base import Drafter, DrafterRequest
 
@@ -21,6 +22,7 @@ def make_head(request: DrafterRequest) -> Drafter:
     else:
         from .eagle import HeadDrafter, load_draft_to_target
 
+        check_target_taps(section, artifact.manifest.graphs["target"].extra.get("aux_layers"))
         d2t = load_draft_to_target(artifact.directory, section.get("draft_to_target"))
         head = HeadDrafter(session, draft.kind, draft, max_nodes, d2t, max_context=artifact.max_context + 4 * max_nodes)
     if not request.lookup_branch:
@@ -28,3 +30,12 @@ def make_head(request: DrafterRequest) -> Drafter:
     from .lookup_branch import LookupBranchDrafter
 
     return LookupBranchDrafter(head, max_nodes=max_nodes)
+
+
+def check_target_taps(section: dict, exported: list[int] | None) -> None:
+    """An EAGLE-3 head reads the taps its target graph returns: the same layers (manifest `target_taps` vs the
+    target graph's `aux_layers`), else ArtifactError."""
+    wanted = section.get("target_taps")
+    if wanted is not None and list(wanted) != list(exported or []):
+        raise ArtifactError(f"the eagle3 head reads the inputs of target layers {list(wanted)} but the target graph "
+                            f"returns {exported}; re-export the artifact")

@@ -1,0 +1,100 @@
+"""Multi-token prediction (MTP) modules in the layouts models ship them, read into `heads.MTPHead`'s names.
+
+* **deepseek** (DeepSeek-V3, GLM-4.5): ``model.layers.{L+i}.{enorm,hnorm,eh_proj,shared_head.norm,shared_head.head,
+  embed_tokens}`` + one decoder block (``self_attn``, ``mlp``, ``input_layernorm``, ``post_attention_layernorm``),
+  ``num_nextn_predict_layers`` modules after the target's L layers;
+* **qwen3_next** (Qwen3-Next, Qwen3.5): ``mtp.fc``, ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``,
+  ``mtp.layers.{i}.*``, ``mtp.norm``; its norms are zero-centred (the stored weight is gain - 1), as in those models;
+* **mimo** (MiMo): ``model.mtp_layers.{i}.{token_layernorm,hidden_layernorm,input_proj,final_layernorm}`` + the block,
+  the hidden state first in the concatenation, the embedding of position 0 zeroed;
+* **speculators** (``speculators_model_type: mtp``, the layer config under ``transformer_layer_config``): MiMo's
+  names under ``mtp_layers.{i}``, the embedding first, fed back normed.
+
+A checkpoint may hold several modules (chained in DeepSeek's training); module 0 drafts every step (as vLLM does
+when it drafts more tokens than there are modules); the others are read, checked and counted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+from .config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+_BLOCK = ("self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm.")
+_QWEN3_NEXT = {"fc.": "eh_proj.", "pre_fc_norm_embedding.": "enorm.", "pre_fc_norm_hidden.": "hnorm.",
+               "norm.": "shared_head.norm."}
+_MIMO = {"token_layernorm.": "enorm.", "hidden_layernorm.": "hnorm.", "input_proj.": "eh_proj.",
+         "final_layernorm.": "shared_head.norm."}
+_PATTERNS = {
+    "qwen3_next": re.compile(r"(?:model\.)?mtp\.(?:layers\.(\d+)\.)?(.*)"),
+    "mimo": re.compile(r"(?:model\.)?mtp_layers\.(\d+)\.(.*)"),
+    "deepseek": re.compile(r"(?:model\.)?layers\.(\d+)\.(.*)"),
+}
+
+
+def is_mtp_weight(name: str, num_layers: int) -> bool:
+    """A tensor of an MTP module inside a target checkpoint of `num_layers` decoder layers."""
+    m = _PATTERNS["deepseek"].fullmatch(name)
+    if m:
+        return int(m.group(1)) >= num_layers
+    return bool(_PATTERNS["qwen3_next"].fullmatch(name) or _PATTERNS["mimo"].fullmatch(name))
+
+
+def mtp_weights(names: list[str], num_layers: int, raw: dict[str, Any]) -> set[str]:
+    """The MTP tensors of a target checkpoint (DeepSeek-style layers past the L decoder layers count only when
+    the config declares `num_nextn_predict_layers`)."""
+    declared = bool(raw.get("num_nextn_predict_layers"))
+    return {n for n in names if is_mtp_weight(n, num_layers) and (declared or not _PATTERNS["deepseek"].fullmatch(n))}
+
+
+def mtp_style(tensors: dict[str, torch.Tensor]) -> str:
+    """Which naming the MTP tensors use."""
+    if any(k.startswith(("mtp.", "model.mtp.")) for k in tensors):
+        return "qwen3_next"
+    if any(_PATTERNS["mimo"].fullmatch(k) for k in tensors):
+        return "mimo"
+    return "deepseek"
+
+
+def read_mtp(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Any, target: ModelConfig
+             ) -> tuple[str, int, dict[str, torch.Tensor]]:
+    """(style, number of modules, module 0's tensors in MTPHead's names) of an MTP checkpoint."""
+    style = "speculators" if raw.get("speculators_model_type") == "mtp" else mtp_style(tensors)
+    modules: dict[int, dict[str, torch.Tensor]] = {}
+    shared: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        if key in ("verifier_lm_head.weight", "verifier_norm.weight"):  # the target's (speculators keeps a copy)
+            continue
+        m = _PATTERNS["mimo" if style == "speculators" else style].fullmatch(key)
+        if not m:  # not an MTP name: left as is, named among the unexpected keys by the loader
+            shared[key] = value
+            continue
+        index, rest = m.group(1), m.group(2)
+        if index is None:  # qwen3_next: mtp.fc / mtp.norm / ... belong to every module
+            shared[_renamed(rest, style)] = value
+        else:
+            modules.setdefault(int(index), {})[_renamed(rest, style)] = value
+    if not modules:
+        raise InputError(f"{source}: no MTP module weights (expected model.layers.N.*, mtp.layers.N.* or model.mtp_layers.N.*)")
+    declared = raw.get("num_nextn_predict_layers")
+    if declared is not None and int(declared) != len(modules):
+        raise InputError(f"{source}: num_nextn_predict_layers is {declared} but the weights hold {len(modules)} MTP modules")
+    first = {**shared, **modules[min(modules)]}
+    if style == "qwen3_next":  # zero-centred RMSNorm gains
+        first = {k: (v + 1 if k.endswith("norm.weight") else v) for k, v in first.items()}
+    return style, len(modules), first
+
+
+def _renamed(key: str, style: str) -> str:
+    table = _QWEN3_NEXT if style == "qwen3_next" else _MIMO if style in ("mimo", "speculators") else {}
+    if style == "mimo" and key.startswith("mtp_block."):
+        key = key[len("mtp_block."):]
+    for old, new in table.items():
+        if key.startswith(old):
+            return new + key[len(old):]
+    return "block." + key if key.startswith(_BLOCK) else key
