@@ -182,3 +182,19 @@ def test_gemma3_270m_gguf_reads_as_gemma3():
     assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [5, 11, 17]
     assert cfg.rope_local_theta == 10000.0 and cfg.rope_theta == 1e6 and cfg.attn_scale == 256 ** -0.5
     check_weights(cfg, model.weights)  # every tensor named by the family's GGUF names, in its shape
+
+
+@pytest.mark.parametrize("name", ["cohere2", "olmo2"])  # LayerNorm + parallel blocks; norms after the blocks only
+def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
+    """The quantization passes take the family's graphs: INT4 packed (MatMulNBits) and greedy n-gram == plain."""
+    import onnx
+
+    make_family_model(tmp_path / "hf", name)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    done = run_cli("build", str(tmp_path / "art"), "--int4", "--onnx-only", "--out", str(tmp_path / "int4"))
+    assert done.returncode == 0, done.stderr
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int4" / "target.ort.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops
+    runner = Runner(tmp_path / "int4", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens

@@ -121,6 +121,8 @@ def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """x * cos + rotate(x) * sin over the first rope_dim dims (halves, or (x0, x1) pairs when interleaved)."""
     rot = config.rope_dim
+    if rot == x.shape[-1] and not config.rope_interleaved:  # the traced contract graph's nodes, as before
+        return x * cos + rotate_half(x, rot // 2) * sin
     part = x[..., :rot]
     if config.rope_interleaved:
         pairs = part.reshape(*part.shape[:-1], rot // 2, 2)
@@ -144,10 +146,9 @@ class RotaryEmbedding(nn.Module):
         freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [b, q, d/2]
         emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         emb = emb.unsqueeze(1)  # [b, 1, q, d]
-        cos, sin = emb.cos(), emb.sin()
-        if self.factor != 1.0:
-            cos, sin = cos * self.factor, sin * self.factor
-        return cos.to(dtype), sin.to(dtype)
+        if self.factor == 1.0:
+            return emb.cos().to(dtype), emb.sin().to(dtype)
+        return (emb.cos() * self.factor).to(dtype), (emb.sin() * self.factor).to(dtype)
 
 
 class Attention(nn.Module):

@@ -407,7 +407,9 @@ class Generation:
         stats.compactions = self.cache.compactions
         output = self.output
         text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
-        logits = np.stack(self._logit_trace[: len(output.tokens)]) if self._logit_trace else None
+        trace = self._logit_trace
+        logits = np.stack(trace[: len(output.tokens)]) if trace and output.tokens else (
+            np.empty((0, *trace[0].shape), trace[0].dtype) if trace else None)  # no token kept (a stop string at once)
         logprobs = self.config.logprobs.entries[: len(output.tokens)] if self.config.logprobs is not None else None
         return GenerationResult(output.tokens, text, self.finish or "length", stats, logits, logprobs)
 
