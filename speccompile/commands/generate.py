@@ -77,8 +77,28 @@ def backend_options(func):
     return func
 
 
+def suffix_options(func):
+    """The suffix drafter's --suffix-* options (runtime/drafters/suffix.py)."""
+    func = click.option("--suffix-share-tenants", is_flag=True,
+                        help="Suffix drafter: requests draft from every client's earlier responses (default: only from "
+                             "those of the same `user`).")(func)
+    func = click.option("--suffix-tree/--suffix-chain", default=True, show_default=True,
+                        help="Suffix drafter: draft frequency-scored trees, or chains (the most frequent path).")(func)
+    func = click.option("--suffix-spec-factor", type=float, default=1.0, show_default=True,
+                        help="Suffix drafter: at most this many draft tokens per matched context token.")(func)
+    func = click.option("--suffix-min-prob", type=float, default=0.1, show_default=True,
+                        help="Suffix drafter: draft no token whose estimated probability is below this.")(func)
+    func = click.option("--suffix-max-depth", type=int, default=24, show_default=True,
+                        help="Suffix drafter: longest context matched (suffix tree depth).")(func)
+    func = click.option("--suffix-cache-requests", type=int, default=10000, show_default=True,
+                        help="Suffix drafter: earlier responses kept to draft from (oldest evicted first; 0: only the "
+                             "request's own prompt and output).")(func)
+    return func
+
+
 def drafter_options(func):
-    """--drafter, --tree, --lookup-branch, --ngram-corpus, --num-draft-tokens and --adaptive/--no-adaptive."""
+    """--drafter, --tree, --lookup-branch, --ngram-corpus, --num-draft-tokens, --adaptive/--no-adaptive, --suffix-*."""
+    func = suffix_options(func)
     func = click.option(
         "--ngram-corpus", type=click.Path(path_type=Path), default=None,
         help="n-gram drafter: when the prompt and output have no match, propose what follows the last tokens in this "
@@ -96,7 +116,8 @@ def drafter_options(func):
         type=click.Choice(DRAFTER_CHOICES),
         default="auto",
         show_default=True,
-        help="auto = the drafter exported with the artifact, else n-gram lookup; none = plain decoding.",
+        help="auto = the drafter exported with the artifact, else n-gram lookup; suffix = suffix decoding over the "
+             "prompt, the output and earlier responses; none = plain decoding.",
     )(func)
     return func
 
