@@ -87,7 +87,7 @@ class SuffixCache:
     @property
     def tokens(self) -> int:
         """Response tokens cached."""
-        return sum(tree.tokens for tree in self._trees.values())
+        return sum(tree.tokens for tree in list(self._trees.values()))  # a scrape may run beside the worker
 
     def memory_bytes(self) -> int:
         """Bytes the trees hold (an estimate: runtime/suffix_tree.py `memory_bytes`)."""

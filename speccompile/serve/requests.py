@@ -43,6 +43,7 @@ class GenerationRequest:
     constraint: Any = None  # a CompiledConstraint (runtime/constraints.py): the answer must match it
     logprobs: int | None = None  # record each token's log-probability with this many alternatives (None: off)
     drafter: str | None = None  # "none": plain decoding for this request (A/B measurements); None: the server's drafter
+    user: str | None = None  # the client's `user`: whose earlier responses the suffix drafter may draft from
 
 
 @dataclass(frozen=True)
