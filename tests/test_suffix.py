@@ -223,3 +223,18 @@ def test_server_drafts_from_earlier_responses_of_the_same_user(tiny_artifact):
         assert values[("speccompile_suffix_proposals_total", ("global",))] > 0  # alice's second drafted from her first
     finally:
         assert server.stop() == 0
+
+
+def test_bench_replay_keeps_the_store_across_prompts(tiny_artifact, tmp_path):
+    from speccompile.runtime.bench import run_bench
+    from speccompile.runtime.options import RunOptions
+
+    workload = tmp_path / "sessions.jsonl"
+    workload.write_text("".join(f'{{"id": "{i}", "prompt": "{p}", "chat": false}}\n' for i, p in enumerate(PROMPTS)))
+    hits = {}
+    for replay in (False, True):
+        options = RunOptions(drafter="suffix", threads=1, adaptive=False)
+        report = run_bench(tiny_artifact, options, [workload], 16, None, False, replay=replay)
+        assert report["replay"] == replay and report["workloads"]["sessions"]["identical"] == len(PROMPTS)
+        hits[replay] = report["workloads"]["sessions"]["mean_accepted_length"]
+    assert hits[True] > hits[False]  # the repeated prompt drafts its whole answer from the first one's

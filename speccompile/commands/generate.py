@@ -277,16 +277,19 @@ def _memory_note(memory: dict[str, float]) -> str:
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Most tokens generated per prompt (plain and speculative alike).")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One untimed generation first.")
+@click.option("--replay", is_flag=True,
+              help="Suffix drafter: keep its store of earlier responses across the prompts, in workload order (agent "
+                   "sessions replayed as a server sees them) [default: every prompt starts with an empty store].")
 @run_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, options, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, replay, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from ..runtime.bench import run_bench
     from .reports import print_bench_report
 
     check_artifact_backend(artifact, options.backend)
     with prompt_progress_bar(progress_bar_console(as_json)) as progress:
-        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress)
+        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress, replay)
     if as_json:
         emit_json(report)
     else:

@@ -75,6 +75,11 @@ class SuffixCache:
             tree = self._trees[tenant] = SuffixTree(self.max_depth)
         tree.extend(response, tokens)
 
+    def clear(self) -> None:
+        """Forget every cached response (the counters stay)."""
+        self._trees.clear()
+        self._order.clear()
+
     def tree_of(self, user: str | None) -> SuffixTree | None:
         """The tree `user`'s requests draft from (None: nothing cached for them)."""
         return self._trees.get(self._tenant(user))
