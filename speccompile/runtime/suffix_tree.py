@@ -191,10 +191,12 @@ class SuffixTree:
         node, used = self.root, 0
         for token in pattern:
             if used == node.length:
-                child = node.child(token)
-                if child is None:
+                children = node.children
+                node = children.get(token) if children is not None else None
+                if node is None:
                     return None
-                node, used = child, 0
+                used = 1  # the child is keyed by its edge's first token
+                continue
             if node.ref[node.start + used] != token:
                 return None
             used += 1
@@ -206,18 +208,28 @@ class SuffixTree:
         best = Candidate()
         context = list(context[-self.max_depth:])
         grow = _grow_tree if tree else _grow_path
-        for match_len in range(len(context) - 1, 0, -1):  # longest first: it wins ties
+        for match_len in range(self._longest_match(context), 0, -1):  # longest first: it wins ties
             budget = max(0, min(max_tokens, int(match_len * max_spec_factor + max_spec_offset + 1e-6)))
             if budget <= best.score:  # shorter matches draft no more tokens: none can score higher
                 break
             found = self.match(context[-match_len:])
-            if found is None:
-                continue
             candidate = grow(found[0], found[1], budget, min_token_prob)
             if candidate.score > best.score:
                 best = candidate
                 best.match_len = match_len
         return best
+
+    def _longest_match(self, context: list[int]) -> int:
+        """The longest m < len(context) whose last m tokens occur in the tree (binary search: every shorter
+        suffix of an occurring one occurs too)."""
+        low, high = 0, len(context) - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.match(context[-middle:]) is not None:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def memory_bytes(self) -> int:
         """An estimate of the bytes this tree holds: nodes, child tables, sequences (tokens and suffix ends)."""
