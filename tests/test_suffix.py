@@ -238,3 +238,12 @@ def test_bench_replay_keeps_the_store_across_prompts(tiny_artifact, tmp_path):
         assert report["replay"] == replay and report["workloads"]["sessions"]["identical"] == len(PROMPTS)
         hits[replay] = report["workloads"]["sessions"]["mean_accepted_length"]
     assert hits[True] > hits[False]  # the repeated prompt drafts its whole answer from the first one's
+
+
+@pytest.mark.parametrize("field, value", [("suffix_min_prob", 1.5), ("suffix_spec_factor", 0.0), ("suffix_max_depth", 0),
+                                          ("suffix_cache_requests", -1)])
+def test_bad_suffix_options_are_refused_before_loading(tiny_artifact, field, value):
+    from speccompile.errors import InputError
+
+    with pytest.raises(InputError, match=field):
+        Runner(tiny_artifact, drafter="suffix", **{field: value})
