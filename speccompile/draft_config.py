@@ -29,9 +29,9 @@ import numpy as np
 
 from .errors import ArtifactError, InputError, SpecCompileError, check_at_least
 
-CHAIN_KINDS = ("ngram", "draft-model")
+CHAIN_KINDS = ("ngram", "suffix", "draft-model")
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
-DEFAULT_K = {"ngram": 12, "draft-model": 4}
+DEFAULT_K = {"ngram": 12, "suffix": 24, "draft-model": 4}  # suffix: tree nodes, SuffixDecoding's default depth
 DEFAULT_CHAIN_K = 4
 DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
 _DYNAMIC = re.compile(r"dynamic(?:-(\d+)-(\d+)-(\d+)(?:-p(\d*\.?\d+))?)?")

@@ -77,8 +77,28 @@ def backend_options(func):
     return func
 
 
+def suffix_options(func):
+    """The suffix drafter's --suffix-* options (runtime/drafters/suffix.py)."""
+    func = click.option("--suffix-share-tenants", is_flag=True,
+                        help="Suffix drafter: requests draft from every client's earlier responses (default: only from "
+                             "those of the same `user`).")(func)
+    func = click.option("--suffix-tree/--suffix-chain", default=True, show_default=True,
+                        help="Suffix drafter: draft frequency-scored trees, or chains (the most frequent path).")(func)
+    func = click.option("--suffix-spec-factor", type=float, default=1.0, show_default=True,
+                        help="Suffix drafter: at most this many draft tokens per matched context token.")(func)
+    func = click.option("--suffix-min-prob", type=float, default=0.1, show_default=True,
+                        help="Suffix drafter: draft no token whose estimated probability is below this.")(func)
+    func = click.option("--suffix-max-depth", type=int, default=24, show_default=True,
+                        help="Suffix drafter: longest context matched (suffix tree depth).")(func)
+    func = click.option("--suffix-cache-requests", type=int, default=10000, show_default=True,
+                        help="Suffix drafter: earlier responses kept to draft from (oldest evicted first; 0: only the "
+                             "request's own prompt and output).")(func)
+    return func
+
+
 def drafter_options(func):
-    """--drafter, --tree, --lookup-branch, --ngram-corpus, --num-draft-tokens and --adaptive/--no-adaptive."""
+    """--drafter, --tree, --lookup-branch, --ngram-corpus, --num-draft-tokens, --adaptive/--no-adaptive, --suffix-*."""
+    func = suffix_options(func)
     func = click.option(
         "--ngram-corpus", type=click.Path(path_type=Path), default=None,
         help="n-gram drafter: when the prompt and output have no match, propose what follows the last tokens in this "
@@ -96,7 +116,8 @@ def drafter_options(func):
         type=click.Choice(DRAFTER_CHOICES),
         default="auto",
         show_default=True,
-        help="auto = the drafter exported with the artifact, else n-gram lookup; none = plain decoding.",
+        help="auto = the drafter exported with the artifact, else n-gram lookup; suffix = suffix decoding over the "
+             "prompt, the output and earlier responses; none = plain decoding.",
     )(func)
     return func
 
@@ -257,16 +278,19 @@ def _memory_note(memory: dict[str, float]) -> str:
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts of each workload.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True, help="One untimed generation first.")
 @click.option("--chat/--raw", default=None, help="Apply the chat template to every prompt, or feed every prompt raw (a model without a chat template) [default: each workload line's \"chat\"].")
+@click.option("--replay", is_flag=True,
+              help="Suffix drafter: keep its store of earlier responses across the prompts, in workload order (agent "
+                   "sessions replayed as a server sees them) [default: every prompt starts with an empty store].")
 @run_options
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
-def bench(artifact, workloads, max_tokens, limit, warmup, chat, options, as_json):
+def bench(artifact, workloads, max_tokens, limit, warmup, chat, replay, options, as_json):
     """Plain vs speculative on the same backend, prompt by prompt in alternation (greedy)."""
     from ..runtime.bench import run_bench
     from .reports import print_bench_report
 
     check_artifact_backend(artifact, options.backend)
     with prompt_progress_bar(progress_bar_console(as_json)) as progress:
-        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress, chat)
+        report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress, chat, replay)
     if as_json:
         emit_json(report)
     else:

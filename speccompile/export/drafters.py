@@ -26,6 +26,7 @@ __all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter",
 Exporter = Callable[[DrafterRequest, LoadedModel, Path, str, dict[str, str]], DrafterExport]
 _REGISTRY: dict[str, tuple[bool, str, str | None]] = {
     "ngram": (False, "none", None),
+    "suffix": (False, "none", None),
     "draft-model": (True, "none", "draft-model"),
     "eagle": (True, "final", "head"),
     "eagle3": (True, "eagle3", "head"),

@@ -71,7 +71,7 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     tokenizer = TextTokenizer(directory, manifest.tokenizer.get("eos_token_ids"))
     check_backend(directory, manifest, backend)
     resolved = resolve_drafter(manifest, drafter)
-    alone = resolved in ("ngram", "none")
+    alone = resolved in ("ngram", "suffix", "none")
     spinning = "in-run" if shared_cores else ("always" if alone else "off")
     chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
     rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)

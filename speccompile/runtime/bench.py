@@ -76,9 +76,11 @@ def _sum_lists(a: list[int], b: list[int]) -> list[int]:
 
 
 def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmup,
-              progress: PromptProgress | None = None, chat: bool | None = None) -> dict[str, Any]:
+              progress: PromptProgress | None = None, chat: bool | None = None, replay: bool = False) -> dict[str, Any]:
     """Every prompt plain then speculative (greedy); paired speedups, acceptance, identity. `progress` is told
-    of each prompt as it starts; `chat` (not None) applies the chat template to every prompt or to none."""
+    of each prompt as it starts; `chat` (not None) applies the chat template to every prompt or to none.
+    `replay`: the suffix drafter keeps its store of earlier responses from prompt to prompt (in workload order);
+    else each prompt starts with an empty one."""
     _check_request(max_tokens, limit)
     if options.drafter == "none":
         raise InputError("drafter none: bench compares plain with a drafter; pick one (ngram, draft-model, ...)", "drafter")
@@ -90,19 +92,23 @@ def run_bench(artifact, options: RunOptions, workloads, max_tokens, limit, warmu
     report: dict[str, Any] = {"artifact": str(artifact), "backend": options.backend, "graph": runner.artifact.target.spec.file,
                               "drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
                               "row_invariant": runner.artifact.target.row_invariant,
-                              "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "workloads": {}}
+                              "num_draft_tokens": runner.num_draft_tokens, "max_tokens": max_tokens, "replay": replay,
+                              "workloads": {}}
     if warmup:
         name, first = loaded[0][0], loaded[0][1][0]
         with prompt_source(f"workloads {name}: prompt {first['id']}", "workloads"):
             runner.generate(first["prompt"], first["chat"], 16, sampling, drafter="none")
             runner.generate(first["prompt"], first["chat"], 16, sampling)
-    _bench_workloads(runner, loaded, max_tokens, sampling, report, progress)
+    forget = runner.suffix_cache.clear if runner.suffix_cache is not None and not replay else None
+    if runner.suffix_cache is not None:
+        runner.suffix_cache.clear()  # the warm-up's answer is not a prompt's
+    _bench_workloads(runner, loaded, max_tokens, sampling, report, progress, forget)
     report["verify_ms_by_q"] = {str(q): round(1000 * t, 2) for q, t in sorted(runner.pass_costs.by_q.items())}
     return report
 
 
 def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: SamplingParams, report: dict[str, Any],
-                     progress: PromptProgress | None) -> None:
+                     progress: PromptProgress | None, forget: Callable[[], None] | None = None) -> None:
     done, total = 0, sum(len(items) for _, items in loaded)
     for name, items in loaded:
         rows = []
@@ -116,6 +122,8 @@ def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: Sampling
             with prompt_source(f"workloads {name}: prompt {item['id']}", "workloads"):
                 ids = runner.artifact.tokenizer.prompt_ids(item["prompt"], item["chat"])
                 plain = runner.generate_ids(ids, max_tokens, sampling, drafter="none")
+                if forget is not None:  # this prompt drafts from nothing earlier
+                    forget()
                 spec = runner.generate_ids(ids, max_tokens, sampling)
             ps, ss = plain.stats, spec.stats
             rows.append({

@@ -171,6 +171,8 @@ class Generation:
             raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
         self.prompt_ids = list(prompt_ids)
         self.tokens = list(prompt_ids)
+        if self.drafter is not None:
+            self.drafter.begin(self.prompt_ids, config.user)
         self.done, self.finish = False, None
         # the prompt's last logits (what a prefix cache keeps); None before the first token, and when the graph's ArgMax
         # chose it (greedy on a graph that computes it: the row stays on the device)
@@ -399,6 +401,8 @@ class Generation:
     def result(self) -> GenerationResult:
         """The finished generation (call once `done`)."""
         self.output.flush(final=True)
+        if self.drafter is not None:
+            self.drafter.finish(self.tokens)
         stats = self.stats
         stats.generated_tokens = len(self.output.tokens)
         stats.end_tokens = int(self.finish == "stop" and self.tokens[-1] in self.generator.eos_ids and not self.config.ignore_eos)

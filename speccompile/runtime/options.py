@@ -12,7 +12,7 @@ from .logprobs import LogprobRecorder
 from .penalties import LogitPenalties
 from .sampling import SamplingParams
 
-DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+DRAFTER_CHOICES = ("auto", "none", "ngram", "suffix", "draft-model", "eagle", "eagle3", "medusa", "mtp")
 SLOT_PASSES = ("off", "drafts", "all")  # batch rounds run as one pass of the slotted graph (Runner.batch_decoder)
 
 
@@ -24,9 +24,11 @@ class RunOptions:
     or a kind. num_draft_tokens (k): most draft positions per step (chain tokens, or tree depth; see
     speccompile/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
-    CPU graph. shape_invariant: every target pass of a generation with the same padded shapes (the artifact's
-    max_verify_tokens rows, a fixed KV extent), so plain and speculative decoding compute every row alike on
-    kernels whose numerics depend on shapes; an int: that many rows; None = on for the GPU backends, off on ort-cpu.
+    CPU graph. suffix_*: the suffix drafter's (runtime/drafters/suffix.py): responses kept for drafting across
+    requests, suffix tree depth, least estimated token probability drafted, draft tokens per matched token, trees
+    or chains, and whether tenants (`user`) draft from each other's responses. shape_invariant: every target pass
+    of a generation with the same padded shapes (the artifact's max_verify_tokens rows, a fixed KV extent), so
+    plain and speculative decoding compute every row alike on kernels whose numerics depend on shapes; an int: that many rows; None = on for the GPU backends, off on ort-cpu.
     shared_cores (no CLI flag; the serving engine sets it): other threads or sessions of the process run between
     the target's passes, so ONNX Runtime's threads busy-wait within a run only (backends/ort.py SPINNING).
     """
@@ -39,6 +41,12 @@ class RunOptions:
     adaptive: bool = True
     lookup_branch: bool = True
     ngram_corpus: str | Path | None = None
+    suffix_cache_requests: int = 10000
+    suffix_max_depth: int = 24
+    suffix_min_prob: float = 0.1
+    suffix_spec_factor: float = 1.0
+    suffix_tree: bool = True
+    suffix_share_tenants: bool = False
     contract_graph: bool = False
     shape_invariant: bool | int | None = None
     # other sessions or threads run between the target's passes (a server): ORT threads spin only within a run; no CLI flag
@@ -72,6 +80,7 @@ class GenerationConfig:
     constraint: CompiledConstraint | None = None  # the output must match this grammar (runtime/constrained.py)
     logprobs: LogprobRecorder | None = None  # record each emitted token's log-probability here (runtime/logprobs.py)
     penalties: LogitPenalties | None = None  # logit bias, repetition / frequency / presence penalties (runtime/penalties.py)
+    user: str | None = None  # who asked (a server request's `user`): the suffix drafter drafts from that tenant's earlier text
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:

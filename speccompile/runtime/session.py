@@ -27,6 +27,7 @@ from .constraints import CompiledConstraint, ConstraintSpec
 from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
+from .suffix_cache import SuffixCache
 from .generate import Generator
 from .logprobs import LogprobRecorder, TokenLogprob, prompt_logprobs
 from .penalties import LogitPenalties
@@ -73,6 +74,7 @@ class Runner:
         check_backend(Path(artifact), manifest, options.backend)
         self.drafter_name = resolve_drafter(manifest, options.drafter)
         self.draft_config: DraftConfig | None = self._draft_config(manifest)
+        self.suffix_cache = _suffix_cache(options) if self.drafter_name == "suffix" else None  # every slot's drafter shares it
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
         self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
                                       shape_invariant, options.shared_cores)
@@ -110,7 +112,7 @@ class Runner:
             if options.tree is not None:
                 raise InputError("tree: plain decoding (drafter none) drafts nothing", "tree")
             return None
-        if name != "ngram":
+        if name not in ("ngram", "suffix"):
             exported_section(manifest, name)
         most = int(manifest.limits.get("max_verify_tokens", 64)) - 1
         if options.num_draft_tokens is not None and options.num_draft_tokens > most:
@@ -143,7 +145,7 @@ class Runner:
         """On ort-cpu every drafter of this runner (one for sequential generations, one per batched request) runs
         its graph in the artifact's one shared session of it (`Artifact.session`)."""
         return DrafterRequest(self.artifact, self.draft_config, self.clock, self.options.lookup_branch,
-                              self.ngram_corpus, self.artifact.backend == "ort-cpu")
+                              self.ngram_corpus, self.artifact.backend == "ort-cpu", self.suffix_cache)
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
         """The loop over this artifact's target with the runner's drafter (none when `plain`) and the acceptance
@@ -214,10 +216,13 @@ class Runner:
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
-               logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None) -> GenerationConfig:
-        """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`)."""
-        return self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs,
-                            penalties)
+               logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None,
+               user: str | None = None) -> GenerationConfig:
+        """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`); `user`: the request's tenant."""
+        config = self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs,
+                              penalties)
+        config.user = user
+        return config
 
     @property
     def shape_invariant(self) -> int:
@@ -285,6 +290,12 @@ class Runner:
         """Like `generate`, as an iterator of text deltas (its `result` once exhausted)."""
         ids = self.artifact.tokenizer.prompt_ids(prompt, chat)
         return self.stream_ids(ids, max_tokens, sampling, stop, drafter, constraint)
+
+
+def _suffix_cache(options: RunOptions) -> SuffixCache:
+    """The runner's store of earlier responses for the suffix drafter, with its RunOptions settings."""
+    return SuffixCache(options.suffix_cache_requests, options.suffix_max_depth, options.suffix_share_tenants,
+                       options.suffix_min_prob, options.suffix_spec_factor, options.suffix_tree)
 
 
 class TextStream:

@@ -95,7 +95,7 @@ class BatchedEngine(WorkerEngine):
         largest passes run once (warm_up), so the server's memory does not grow with the requests it serves."""
         decoder = self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context,
                                              slot_passes=self.options.slot_passes)
-        decoder.warm_up(self._runner.config(2))  # before the prefix cache joins: warm-up prompts are not kept
+        decoder.warm_up(self._runner.config(2, drafter="none"))  # before the prefix cache joins: warm-up prompts are not kept (nor drafted from)
         decoder.prefix_cache = self._prefix_cache
         return decoder
 

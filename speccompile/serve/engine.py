@@ -103,6 +103,8 @@ class Engine(abc.ABC):
         self._running = 0
         self._accepting = False
         self.metrics = ServeMetrics(queue_depth=lambda: self._waiting, running=lambda: self._running)
+        if runner.suffix_cache is not None:  # one store for every request (and slot) this engine decodes
+            self.metrics.watch_suffix_cache(runner.suffix_cache.stats)
 
     # --- tokenization (on the event loop: cheap, and lets the app reject a prompt before any work) ---
 
@@ -338,7 +340,7 @@ def generation_config(runner, handle: RequestHandle):
                                request.logit_bias)
     return runner.config(request.max_tokens, sampling_params(request), list(request.stop), request.drafter,
                          constraint=request.constraint, logprobs=handle.recorder,
-                         penalties=penalties if penalties.active else None)
+                         penalties=penalties if penalties.active else None, user=request.user)
 
 
 def sampling_params(request: GenerationRequest):

@@ -93,6 +93,24 @@ class ServeMetrics:
                                                   "Shared passes of the batched engine, by kind (batched, slot).", "kind",
                                                   passes))
 
+    def watch_suffix_cache(self, stats: Callable[[], dict[str, int]]) -> None:
+        """The suffix drafter's store (runtime/suffix_cache.py `stats`): drafts proposed (tree hits), draft tokens
+        drafted and accepted, by source (`local`: the request's own text, `global`: earlier responses), and the
+        responses and tokens it holds."""
+        def by_source(name: str) -> Callable[[], dict[str, int]]:
+            return lambda: {source: value for key, value in stats().items() if key.startswith(name + "_")
+                            for source in [key[len(name) + 1:]]}
+
+        for name, what in (("proposals", "Suffix drafts proposed (tree hits)"), ("drafted", "Suffix draft tokens verified"),
+                           ("accepted", "Suffix draft tokens accepted")):
+            self.registry.register(_LabelledCollector(CounterMetricFamily, f"speccompile_suffix_{name}",
+                                                      f"{what}, by source (local: the request's text, global: earlier responses).",
+                                                      "source", by_source(name)))
+        Gauge("speccompile_suffix_cached_requests", "Responses the suffix drafter's global store holds.",
+              registry=self.registry).set_function(lambda: stats()["requests"])
+        Gauge("speccompile_suffix_cached_tokens", "Response tokens the suffix drafter's global store holds.",
+              registry=self.registry).set_function(lambda: stats()["tokens"])
+
     def acceptance(self) -> dict[int, float]:
         """Accepted / drafted per draft position, over every finished generation."""
         with self._lock:

@@ -49,6 +49,7 @@ class GenerationRequest:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     prompt_logprobs: bool = False  # also the prompt tokens' log-probabilities (`echo` with `logprobs`), `logprobs` alternatives
+    user: str | None = None  # the client's `user`: whose earlier responses the suffix drafter may draft from
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,15 @@ class _StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class SpeculativeConfig(BaseModel):
+    """vLLM's `speculative_config`, per request: the method must be the server's drafter (or "none": plain
+    decoding); its tuning is the server's (`--suffix-*`, `--num-draft-tokens`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+
+
 class _GenerationFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -58,6 +67,8 @@ class _GenerationFields(BaseModel):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's extension: regex, choice, grammar, json")
     drafter: Literal["none"] | None = Field(None, description="extension: 'none' decodes this request without drafting")
+    speculative_config: SpeculativeConfig | None = Field(None, description="vLLM's: {'method': the server's drafter, or 'none'}")
+    user: str | None = Field(None, max_length=256, description="the client: the suffix drafter drafts from its own earlier responses only")
 
     @field_validator("stop")
     @classmethod
@@ -115,13 +126,14 @@ class _GenerationFields(BaseModel):
             stop=tuple(self.stop or ()),
             constraint=constraint,
             logprobs=logprobs,
-            drafter=self.drafter,
+            drafter=self.drafter or (self.speculative_config.method if self.speculative_config else None),
             min_p=self.min_p or 0.0,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             logit_bias=tuple(sorted(bias.items())),
             prompt_logprobs=prompt_logprobs,
+            user=self.user,
         )
 
     @property

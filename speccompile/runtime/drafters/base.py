@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..adaptive import Sizing  # the loop's sizing of a round
     from ...manifest import Manifest
     from ..artifact import Artifact
+    from ..suffix_cache import SuffixCache
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Drafter(ABC):
     reset(fresh)             before a new prompt (`fresh`: also forget what was learnt across prompts: seeded
                              sampling, whose output must depend on this generation alone)
     start(sampling, rng)     then: the generation's sampling settings and a random generator for it alone
+    begin(prompt_ids, user)  the new prompt and who sent it (a server's `user`: whose earlier text it may draft from)
+    finish(tokens)           the generation ended with this history (prompt + output)
     propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.limit` positions (chain tokens,
                              tree depth), as many as pay (`sizing.choose_k`, or the tree planner)
     record_verdict(...)      after verification: which rows of its draft were accepted
@@ -96,6 +99,12 @@ class Drafter(ABC):
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         """A draft that continues `tokens` (the committed sequence, last one pending), sized by `sizing`."""
 
+    def begin(self, prompt_ids: Sequence[int], user: str | None = None) -> None:
+        """The prompt of the generation starting now (after `reset`), and its tenant."""
+
+    def finish(self, tokens: Sequence[int]) -> None:
+        """The generation's whole history once it ended (prompt + output)."""
+
     def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
         """The target's hidden states [m, H] of the rows just committed (prompt chunk, or pending token +
         accepted drafts), their tokens, and the token that follows the last row (None after a prefill chunk
@@ -114,7 +123,8 @@ class DrafterRequest:
     """What a factory builds a drafter from: the opened artifact, what to draft (`draft.kind`, its tree and k)
     and the clock its graphs are timed on (no sampling settings: they come per generation, `Drafter.start`).
     `lookup_branch` (heads): add the n-gram lookup continuation to every tree; `ngram_corpus`: the n-gram
-    drafter's fallback; `shared_session`: its graph runs in the artifact's shared session (`Artifact.session`)."""
+    drafter's fallback; `shared_session`: its graph runs in the artifact's shared session (`Artifact.session`);
+    `suffix_cache`: the suffix drafter's store of earlier responses and settings (one per runner)."""
 
     artifact: "Artifact"
     draft: DraftConfig
@@ -122,6 +132,7 @@ class DrafterRequest:
     lookup_branch: bool = True
     ngram_corpus: NgramCorpus | None = None
     shared_session: bool = False
+    suffix_cache: "SuffixCache | None" = None
 
     def exported_section(self) -> dict:
         """The artifact's drafter section (`exported_section`)."""

@@ -14,7 +14,7 @@ from .base import Drafter, DrafterRequest
 
 
 Factory = Callable[[DrafterRequest], Drafter]
-BUILTIN_KINDS = ("ngram", "draft-model", *HEAD_KINDS)
+BUILTIN_KINDS = ("ngram", "suffix", "draft-model", *HEAD_KINDS)
 _REGISTERED: dict[str, Factory] = {}
 
 
@@ -43,6 +43,10 @@ def _builtin(kind: str) -> Factory | None:
         from .ngram import make_ngram
 
         return make_ngram
+    if kind == "suffix":
+        from .suffix import make_suffix
+
+        return make_suffix
     if kind == "draft-model":
         from .draft_model import make_draft_model
 
