@@ -15,10 +15,10 @@ from ..models.load import LoadedModel
 from ..draft_config import DraftConfig
 from .drafter_types import DrafterExport, DrafterRequest
 
-__all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter", "target_hidden_states_for"]
+__all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter", "target_hidden_states_for", "target_taps_for"]
 
 
-# kind -> (needs a path, hidden states the target must expose, exporter: "draft-model" | "head" | None). An exporter
+# kind -> (needs a path, hidden states the target must expose, exporter: "draft-model" | "head" | "dflash" | None). An exporter
 # (request, target, out_dir, dtype, digests) -> DrafterExport records the sha256 of the files it writes in
 # `digests` (file name -> hex) when it computes them on the way. The exporters import nothing from this module.
 Exporter = Callable[[DrafterRequest, LoadedModel, Path, str, dict[str, str]], DrafterExport]
@@ -29,6 +29,7 @@ _REGISTRY: dict[str, tuple[bool, str, str | None]] = {
     "eagle3": (True, "eagle3", "head"),
     "medusa": (True, "final", "head"),
     "mtp": (True, "final", "head"),
+    "dflash": (True, "eagle3", "dflash"),  # its own taps: `target_taps_for`
 }
 
 
@@ -38,6 +39,10 @@ def _exporter(kind: str) -> Exporter | None:
         from .heads import export_head  # torch-heavy: imported when a head is exported
 
         return export_head
+    if which == "dflash":
+        from .dflash import export_dflash
+
+        return export_dflash
     return export_draft_model if which == "draft-model" else None
 
 
@@ -59,6 +64,15 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
     if request is None:
         return "none"
     return _REGISTRY[request.kind][1]
+
+
+def target_taps_for(request: DrafterRequest | None, num_layers: int) -> tuple[int, ...]:
+    """The target layers whose inputs the drafter reads as `aux_hidden_states` (empty: EAGLE-3's default taps)."""
+    if request is None or request.kind != "dflash":
+        return ()
+    from .dflash import dflash_taps
+
+    return dflash_taps(request.path, num_layers)
 
 
 def export_drafter(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,

@@ -12,7 +12,7 @@ from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError, check_at_least, check_one_of
 from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
-from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for
+from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for, target_taps_for
 from .ort_fused_graph import add_fused_variant
 from .output_size import check_disk_space, drafter_estimate, estimate_export_bytes
 
@@ -61,7 +61,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         tokenizer_files = model.write_tokenizer(tmp)
         progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
         digests: dict[str, str] = {}
-        target = DecoderWeights(cfg, model.weights, hidden)
+        target = DecoderWeights(cfg, model.weights, hidden, target_taps_for(request, cfg.num_hidden_layers))
         graphs = {"target": export_decoder(target, tmp / "target.onnx", "target", options.dtype, digests)}
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)

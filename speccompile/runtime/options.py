@@ -11,7 +11,7 @@ from .constraints import CompiledConstraint
 from .logprobs import LogprobRecorder
 from .sampling import SamplingParams
 
-DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+DRAFTER_CHOICES = ("auto", "none", "ngram", "draft-model", "eagle", "eagle3", "medusa", "mtp", "dflash")
 SLOT_PASSES = ("off", "drafts", "all")  # batch rounds run as one pass of the slotted graph (Runner.batch_decoder)
 
 
