@@ -123,12 +123,13 @@ class Runner:
     def drafter(self, sampling: SamplingParams | None = None) -> Drafter | None:
         """The drafter generations with `sampling` use (built on first use; None for plain decoding).
 
-        Only a draft model drafts differently per sampling setting (it samples from its own distribution, with
-        its own seeded generator): it gets one drafter per setting, the most recent `MAX_DRAFTERS` kept (a server
-        with per-request seeds must not grow without bound). Every other drafter is shared by all settings."""
+        Only a draft model and DFlash draft differently per sampling setting (they sample from their own
+        distribution, with their own seeded generator): they get one drafter per setting, the most recent
+        `MAX_DRAFTERS` kept (a server with per-request seeds must not grow without bound). Every other drafter is
+        shared by all settings."""
         if self.draft_config is None:
             return None
-        key = (sampling or SamplingParams()) if self.draft_config.kind == "draft-model" else None
+        key = (sampling or SamplingParams()) if self.draft_config.kind in ("draft-model", "dflash") else None
         return most_recent(self._drafters, key, lambda: make_drafter(self._drafter_request(sampling)))
 
     def _drafter_request(self, sampling: SamplingParams | None, shared_session: bool = False) -> DrafterRequest:

@@ -36,7 +36,7 @@ class DFlashBlockDrafter(Drafter):
     relative_cost = 0.02  # prior cost of one drafted position in target passes (one pass drafts the block)
     reads_hidden_states = True
 
-    def __init__(self, session, head: dict, k: int, params: SamplingParams, rng: np.random.Generator,
+    def __init__(self, session, head: dict, k: int, params: SamplingParams, seed: int | None = None,
                  draft_to_target: np.ndarray | None = None, max_context: int = 1 << 20):
         self.session = session
         self.block_size = int(head["block_size"])
@@ -45,13 +45,16 @@ class DFlashBlockDrafter(Drafter):
         self.k = max(0, min(int(k), self.drafts_per_block))
         self.target_vocab = int(head["target_vocab_size"])
         self.params = params
-        self.rng = rng
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
         self.d2t = draft_to_target
         self.max_context = max_context
         self.passes = 0  # drafter graph calls (one per proposed block)
         self.reset()
 
     def reset(self, fresh: bool = False) -> None:
+        if fresh:  # seeded sampling: this generation's drafts depend on its seed alone
+            self.rng = np.random.default_rng(self.seed)
         self.cache = self.session.new_cache()
         self.fed = 0  # context rows cached (positions 0 .. fed-1)
         self.pending: list[np.ndarray] = []  # target features of positions fed .. observed-1
@@ -106,12 +109,13 @@ class DFlashBlockDrafter(Drafter):
 
 
 def make_dflash(request: DrafterRequest) -> DFlashBlockDrafter:
-    """The artifact's DFlash drafter (its int8/int4 CPU variant on ort-cpu), its own seeded generator."""
+    """The artifact's DFlash drafter (its int8/int4 CPU variant on ort-cpu), its own seeded generator (the
+    generation's seed + 1)."""
     artifact, sampling = request.artifact, request.sampling
     section = request.exported_section()
     session = TimedSession(artifact.session(section.get("graph", "dflash"), request.shared_session), request.clock)
     name = section.get("draft_to_target")
     d2t = np.load(Path(artifact.directory) / name, allow_pickle=False).astype(np.int64) if name else None
     seed = None if sampling.seed is None else sampling.seed + 1
-    return DFlashBlockDrafter(session, section["head"], request.draft.k, sampling, np.random.default_rng(seed), d2t,
+    return DFlashBlockDrafter(session, section["head"], request.draft.k, sampling, seed, d2t,
                               max_context=artifact.max_context + 64)
