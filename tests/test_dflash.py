@@ -4,6 +4,8 @@ plain with one drafter pass per block, sampled drafts distribution-exact (chi-sq
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -227,3 +229,52 @@ def test_block_drafts_sampled_are_exact(k):
             tokens += res.tokens
         codes[s] = encode(tokens[2:])
     assert_exact(np.bincount(codes, minlength=V ** T), p)
+
+
+# ------------------------------------------------------------------------------------------------
+# The oracle: the speculators library's own DFlash model, in its own environment (SPECULATORS_PYTHON = its python)
+
+ORACLE = os.environ.get("SPECULATORS_PYTHON")
+
+
+@pytest.mark.skipif(not ORACLE, reason="set SPECULATORS_PYTHON to a python with speculators 0.9.0 installed to compare "
+                    "with the library's DFlash model (tests/speculators_dflash_oracle.py)")
+@pytest.mark.parametrize("seed,draft_vocab", [(0, 96), (1, 48), (2, 96)])
+def test_proposals_match_the_speculators_library(target, tmp_path, seed, draft_vocab):
+    import subprocess
+    import sys
+
+    import onnxruntime as ort
+
+    from speccompile.export.dflash import export_dflash_graph
+    from speccompile.models.dflash_io import load_dflash
+    from speccompile.models.heads import target_embed, target_lm_head
+
+    _, model = target
+    rng = np.random.default_rng(seed)
+    ids = np.full((1, BLOCK), 95, np.int64)
+    ids[0, 0] = 7 + seed
+    aux = rng.normal(size=(1, 6, 3 * model.config.hidden_size)).astype(np.float32)
+    np.savez(tmp_path / "inputs.npz", ids=ids, aux=aux, embed=target_embed(model.weights).numpy(),
+             lm_head=target_lm_head(model.config, model.weights).numpy())
+    script = Path(__file__).with_name("speculators_dflash_oracle.py")
+    done = subprocess.run([ORACLE, str(script), str(tmp_path), str(seed), str(draft_vocab)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    drafter = load_dflash(tmp_path / "head", model.config, model.weights)
+    assert drafter.head_config.layout == "speculators" and drafter.head_config.draft_vocab_size == draft_vocab
+    export_dflash_graph(drafter, tmp_path / "dflash.onnx")
+    session = ort.InferenceSession(str(tmp_path / "dflash.onnx"), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids, "position_ids": np.arange(6, 6 + BLOCK)[None], "attention_mask": np.ones((1, BLOCK, 6 + BLOCK), bool),
+            "aux_hidden_states": aux}
+    feed.update({name: np.zeros((1, 2, 0, 16), np.float32) for name in drafter.input_names[4:]})
+    ours = session.run(["logits"], feed)[0]
+    oracle = np.load(tmp_path / "oracle.npy")
+
+    def probs(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    assert (ours.argmax(-1) == oracle.argmax(-1)).all()  # the same draft tokens
+    np.testing.assert_allclose(probs(ours), probs(oracle), rtol=0, atol=1e-4)
+    d2t = drafter.draft_to_target().numpy()
+    assert d2t[ours.argmax(-1)].max() < model.config.vocab_size

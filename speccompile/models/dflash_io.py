@@ -67,6 +67,10 @@ def dflash_config(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source:
     speculators = model_type is not None
     layer_raw = dict(raw.get("transformer_layer_config") or {}) if speculators else dict(raw)
     _refuse_unsupported(raw, layer_raw, source)
+    rope = layer_raw.get("rope_parameters") or {}  # transformers 5 writes rope_theta / scaling here
+    layer_raw.setdefault("rope_theta", rope.get("rope_theta"))
+    if rope.get("rope_type", "default") != "default":
+        layer_raw.setdefault("rope_scaling", rope)
     layers = 1 + max((int(k.split(".")[1]) for k in tensors if k.startswith("layers.") and k.split(".")[1].isdigit()), default=-1)
     if layers < 1:
         raise InputError(f"{source}: not a dflash checkpoint in the published layout (no layers.N.* tensors)")
