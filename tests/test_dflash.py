@@ -278,3 +278,14 @@ def test_proposals_match_the_speculators_library(target, tmp_path, seed, draft_v
     np.testing.assert_allclose(probs(ours), probs(oracle), rtol=0, atol=1e-4)
     d2t = drafter.draft_to_target().numpy()
     assert d2t[ours.argmax(-1)].max() < model.config.vocab_size
+
+
+def test_train_draft_refuses_a_bad_block_size(tmp_path, capsys):
+    from conftest import run_cli_here
+
+    data = tmp_path / "data.txt"
+    data.write_text("some text to train on " * 20)
+    code, out, err = run_cli_here(capsys, "train-draft", "smollm2-135m", "--method", "dflash", "--block-size", "1",
+                                  "--data", str(data), "--out", str(tmp_path / "out"))
+    assert code == 2 and "--block-size must be between 2 and half the sequence length (128), got 1" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

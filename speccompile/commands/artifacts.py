@@ -16,7 +16,7 @@ from ..console import console, emit_json, progress_printer
 @click.option("--hidden-states", type=click.Choice(["none", "final", "eagle3"]), default=None, help="Extra target outputs for drafter heads (default: what --drafter needs).")
 @click.option("--max-context", type=int, default=None, help="Longest context (prompt + generated) the artifact supports [default: the model's].")
 @click.option("--max-verify-tokens", type=int, default=64, show_default=True, help="Most tokens verified in one target pass (chain or tree).")
-@click.option("--drafter", default=None, help="Drafter to export with the target: ngram | draft-model:PATH | eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH.")
+@click.option("--drafter", default=None, help="Drafter to export with the target: ngram | draft-model:PATH | eagle:PATH | eagle3:PATH | medusa:PATH | mtp:PATH | dflash:PATH (z-lab or speculators layout).")
 @click.option("--tree", default=None, help="Tree preset name or JSON file of choice paths (for tree drafters).")
 @click.option("--num-draft-tokens", type=int, default=None, help="Draft tokens per step recorded as the default for `run`.")
 @click.option("--fused-cpu-graph/--no-fused-cpu-graph", default=True, show_default=True,

@@ -41,7 +41,8 @@ class TrainOptions:
         if self.seq_len < 4:
             raise InputError("seq_len must be >= 4", "seq_len")
         if self.method == "dflash" and not 2 <= self.block_size <= self.seq_len // 2:
-            raise InputError(f"block_size must be in 2..seq_len/2 = {self.seq_len // 2}, got {self.block_size}", "block_size")
+            raise InputError(f"block_size must be between 2 and half the sequence length ({self.seq_len // 2}), got {self.block_size}",
+                             "block_size")
         if self.unroll is None:
             self.unroll = {"eagle3": 3, "eagle": 2, "medusa": 1, "dflash": 1}[self.method]
         return self
