@@ -161,6 +161,24 @@ def test_greedy_speculative_equals_plain_one_pass_per_block(trained_artifact):
     assert steps > 0 and 2 * accepted > steps  # a trained drafter (a random one has none accepted)
 
 
+def test_static_tree_of_ranked_positions_greedy_equals_plain(trained_artifact):
+    from speccompile.runtime.session import Runner
+
+    art, _ = trained_artifact
+    runner = Runner(art, drafter="dflash", adaptive=False, threads=1, tree="tree-2x3")
+    drafter = runner.drafter()
+    trees = 0
+    for seed in range(3):
+        prompt = word_prompt_ids(seed)
+        plain = runner.generate_ids(prompt, 24, drafter="none")
+        before = drafter.passes
+        spec = runner.generate_ids(prompt, 24)
+        assert spec.tokens == plain.tokens, seed
+        assert drafter.passes - before == spec.stats.draft_steps
+        trees += spec.stats.draft_steps
+    assert trees > 0
+
+
 def test_sampled_generation_is_seeded(trained_artifact):
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner

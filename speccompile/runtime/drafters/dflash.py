@@ -12,6 +12,10 @@ deterministic proposal, verified as one-hot). Sampling: x_j is drawn from q_j (t
 processing applied to the drafter's logits), independently per position, and q_j goes to the verifier: the
 proposal is the product of the q_j, so q_j is the conditional of x_j given x_<j and the standard chain rule
 (accept x_j with min(1, p_j / q_j), else sample the residual) is exact position by position.
+
+With a static tree (`--tree`), the children at depth d are the top-ranked tokens of position d (a child of
+choice c: the c-th most likely), the same for every parent: deterministic picks, verified as the heads' trees
+are (exact under greedy and sampling alike); the tree's planner trims it each round as for the heads.
 """
 
 from __future__ import annotations
@@ -23,21 +27,25 @@ import numpy as np
 
 from ..sampling import SamplingParams, process_logits, sample
 from ..timing import TimedSession
-from .base import Draft, Drafter, DrafterRequest
+from ...draft_config import DraftConfig
+from .base import Draft, DrafterRequest
+from .eagle import _top
+from .static_tree import StaticTrees, StaticTreeDrafter
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing
 
 
-class DFlashBlockDrafter(Drafter):
-    """Chain drafting of up to `drafts_per_block` tokens per step, one graph call per step."""
+class DFlashBlockDrafter(StaticTreeDrafter):
+    """Chain (or static tree) drafting of up to `drafts_per_block` positions per step, one graph call per step."""
 
     name = "dflash"
     relative_cost = 0.02  # prior cost of one drafted position in target passes (one pass drafts the block)
     reads_hidden_states = True
 
     def __init__(self, session, head: dict, k: int, params: SamplingParams, seed: int | None = None,
-                 draft_to_target: np.ndarray | None = None, max_context: int = 1 << 20):
+                 draft_to_target: np.ndarray | None = None, max_context: int = 1 << 20,
+                 tree: DraftConfig | None = None, max_nodes: int = 64):
         self.session = session
         self.block_size = int(head["block_size"])
         self.mask_token_id = int(head["mask_token_id"])
@@ -50,9 +58,12 @@ class DFlashBlockDrafter(Drafter):
         self.d2t = draft_to_target
         self.max_context = max_context
         self.passes = 0  # drafter graph calls (one per proposed block)
+        self.draft_config = tree
+        self.static_trees = StaticTrees(tree.choices, max_nodes) if tree is not None and tree.choices else None
         self.reset()
 
     def reset(self, fresh: bool = False) -> None:
+        super().reset(fresh)
         if fresh:  # seeded sampling: this generation's drafts depend on its seed alone
             self.rng = np.random.default_rng(self.seed)
         self.cache = self.session.new_cache()
@@ -66,6 +77,8 @@ class DFlashBlockDrafter(Drafter):
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         n = len(tokens) - 1  # the pending token's position
+        if self.static_trees is not None:
+            return self._propose_tree(tokens, sizing)
         k = min(sizing.choose_k(), self.k)
         if k <= 0 or n < 1 or self.observed != n:
             return Draft([])
@@ -75,6 +88,25 @@ class DFlashBlockDrafter(Drafter):
         q = process_logits(self._in_target_vocab(logits), self.params)
         drafted = [sample(row, self.rng) for row in q]
         return Draft(drafted, q, levels=1)
+
+    def _propose_tree(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        """The round's static tree, node tokens ranked per depth from one block pass."""
+        n = len(tokens) - 1
+        spec = self.static_trees.for_round(sizing, min(self.k, self.drafts_per_block))
+        if spec.n <= 1 or n < 1 or self.observed != n:
+            return Draft([])
+        logits = self._block(tokens[-1], n)
+        ranked = {}
+        nodes = []
+        for u in range(1, spec.n):
+            d = int(spec.depths[u]) - 1
+            if d not in ranked:
+                width = int(max(spec.choice[v] for v in range(1, spec.n) if spec.depths[v] == d + 1)) + 1
+                ranked[d] = self._to_target(_top(logits[d], width))
+            nodes.append(int(ranked[d][spec.choice[u]]))
+        if spec.is_chain:
+            return Draft(nodes, levels=1)
+        return Draft(nodes, tree=spec, mode="deterministic", levels=1)
 
     def _block(self, pending: int, n: int) -> np.ndarray:
         """One pass: cache the new context rows, return the logits of the drafted positions [drafts, V_draft]."""
@@ -117,5 +149,6 @@ def make_dflash(request: DrafterRequest) -> DFlashBlockDrafter:
     name = section.get("draft_to_target")
     d2t = np.load(Path(artifact.directory) / name, allow_pickle=False).astype(np.int64) if name else None
     seed = None if sampling.seed is None else sampling.seed + 1
+    tree = request.draft if request.draft.choices else None
     return DFlashBlockDrafter(session, section["head"], request.draft.k, sampling, seed, d2t,
-                              max_context=artifact.max_context + 64)
+                              max_context=artifact.max_context + 64, tree=tree, max_nodes=artifact.max_verify_tokens)
