@@ -139,6 +139,23 @@ def trained_artifact(target, tmp_path_factory):
     return root / "art", manifest
 
 
+def _greedy_equal_plain(runner, seeds, max_tokens: int) -> tuple[int, int]:
+    """(drafted blocks, accepted tokens) of greedy speculative generations, each checked equal to plain and to
+    have run one drafter pass per drafted block."""
+    drafter = runner.drafter()
+    steps = accepted = 0
+    for seed in seeds:
+        prompt = word_prompt_ids(seed)
+        plain = runner.generate_ids(prompt, max_tokens, drafter="none")
+        before = drafter.passes
+        spec = runner.generate_ids(prompt, max_tokens)
+        assert spec.tokens == plain.tokens, seed
+        assert drafter.passes - before == spec.stats.draft_steps  # one drafter pass per drafted block
+        steps += spec.stats.draft_steps
+        accepted += sum(spec.stats.accepted)
+    return steps, accepted
+
+
 def test_greedy_speculative_equals_plain_one_pass_per_block(trained_artifact):
     from speccompile.runtime.session import Runner
 
@@ -146,37 +163,17 @@ def test_greedy_speculative_equals_plain_one_pass_per_block(trained_artifact):
     assert manifest.drafter["kind"] == "dflash" and manifest.drafter["num_draft_tokens"] == BLOCK - 1
     assert manifest.graphs["target"].extra["aux_layers"] == [2, 4, 5]  # the trained drafter's taps (2, L//2, L-3)
     assert "dflash.ort.onnx" in manifest.files  # the int8 CPU variant
-    runner = Runner(art, drafter="dflash", adaptive=False, threads=1)
-    drafter = runner.drafter()
-    steps = accepted = 0
-    for seed in range(4):
-        prompt = word_prompt_ids(seed)
-        plain = runner.generate_ids(prompt, 32, drafter="none")
-        before = drafter.passes
-        spec = runner.generate_ids(prompt, 32)
-        assert spec.tokens == plain.tokens, seed
-        assert drafter.passes - before == spec.stats.draft_steps  # one drafter pass per drafted block
-        steps += spec.stats.draft_steps
-        accepted += sum(spec.stats.accepted)
+    steps, accepted = _greedy_equal_plain(Runner(art, drafter="dflash", adaptive=False, threads=1), range(4), 32)
     assert steps > 0 and 2 * accepted > steps  # a trained drafter (a random one has none accepted)
 
 
 def test_static_tree_of_ranked_positions_greedy_equals_plain(trained_artifact):
     from speccompile.runtime.session import Runner
 
-    art, _ = trained_artifact
-    runner = Runner(art, drafter="dflash", adaptive=False, threads=1, tree="tree-2x3")
-    drafter = runner.drafter()
-    trees = 0
-    for seed in range(3):
-        prompt = word_prompt_ids(seed)
-        plain = runner.generate_ids(prompt, 24, drafter="none")
-        before = drafter.passes
-        spec = runner.generate_ids(prompt, 24)
-        assert spec.tokens == plain.tokens, seed
-        assert drafter.passes - before == spec.stats.draft_steps
-        trees += spec.stats.draft_steps
-    assert trees > 0
+    runner = Runner(trained_artifact[0], drafter="dflash", adaptive=False, threads=1, tree="tree-2x3")
+    assert runner.drafter().static_trees is not None
+    steps, _ = _greedy_equal_plain(runner, range(3), 24)
+    assert steps > 0
 
 
 def test_sampled_generation_is_seeded(trained_artifact):
