@@ -79,6 +79,23 @@ def test_a_layout_not_understood_names_the_key(target, tmp_path):
             load_dflash(out, model.config, model.weights)
 
 
+def test_dspark_without_a_markov_head_drafts_every_slot(target, tmp_path):
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.dflash_io import load_dflash, save_dflash
+
+    _, model = target
+    out = save_dflash(_random_drafter(model), tmp_path / "d", model.config.num_hidden_layers, layout="speculators")
+    raw = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 0,
+                                                 "sample_from_anchor": True}))
+    drafter = load_dflash(out, model.config, model.weights)
+    assert drafter.head_config.sample_from_anchor and drafter.head_config.drafts_per_block == BLOCK
+    assert drafter(*_example(drafter, ctx=3, past=0))[0].shape[1] == BLOCK
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256}))
+    with pytest.raises(UnsupportedError, match="markov_rank 256"):
+        load_dflash(out, model.config, model.weights)
+
+
 def _example(drafter, ctx: int, past: int, batch: int = 1):
     import torch
 
