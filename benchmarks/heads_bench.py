@@ -32,7 +32,8 @@ def tree_of(mode: str, args) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--head", required=True)
-    ap.add_argument("--kind", default="eagle3", choices=["eagle", "eagle3", "medusa", "mtp"])
+    ap.add_argument("--kind", default="eagle3", choices=["eagle", "eagle3", "medusa", "mtp", "dflash"],
+                    help="dflash drafts one block per pass: use --modes chain")
     ap.add_argument("--artifact", default=None)
     ap.add_argument("--workload", default="benchmarks/workloads/chat.jsonl")
     ap.add_argument("--limit", type=int, default=None)
@@ -63,7 +64,8 @@ def main() -> None:
     # one runner per mode: what its tree planner and lookup branch learn carries over from prompt to prompt
     modes = args.modes.split(",")
     runners = {m: Runner(artifact, threads=args.threads, drafter=args.kind, num_draft_tokens=args.k, adaptive=args.adaptive,
-                         tree=tree_of(m, args), lookup_branch=m.endswith("+lookup")) for m in modes}
+                         tree=None if args.kind == "dflash" else tree_of(m, args), lookup_branch=m.endswith("+lookup"))
+               for m in modes}
     # plain decoding at its best: its own session, whose threads may spin (no drafter graph alternates with it)
     plain_runner = Runner(artifact, threads=args.threads, drafter="none")
     prompts = load_workload(Path(args.workload), args.limit)

@@ -5,6 +5,8 @@ k is the most draft *positions* per step: the number of tokens of a chain, the d
 of depth k verifies more than k tokens). Shapes:
 
 * chain drafters (n-gram lookup, a draft model): no tree; k defaults to 12 (n-gram) or 4 (draft model);
+* block drafters (DFlash) draft a chain of k tokens, or with `--tree` a static tree (each depth's children the
+  top-ranked tokens of that position; k defaults to the drafts per block);
 * head drafters (EAGLE, EAGLE-3, MTP, Medusa) draft a tree, given by `--tree`:
   - a preset (``eagle-default``, ``chain-K``, ``tree-WxD``) or a JSON file of choice
     paths: a static tree, k defaults to its depth and cuts it to depth k;
@@ -31,6 +33,8 @@ from .errors import ArtifactError, InputError, SpecCompileError, check_at_least
 
 CHAIN_KINDS = ("ngram", "suffix", "draft-model")
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
+BLOCK_KINDS = ("dflash",)  # one pass drafts every position: a chain, or a static tree of each position's top-k
+TREE_KINDS = HEAD_KINDS + BLOCK_KINDS
 DEFAULT_K = {"ngram": 12, "suffix": 24, "draft-model": 4}  # suffix: tree nodes, SuffixDecoding's default depth
 DEFAULT_CHAIN_K = 4
 DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
@@ -216,6 +220,11 @@ class DraftConfig:
         the tree or k name `tree` / `num_draft_tokens`."""
         if k is not None:
             _check_k(k)
+        if kind in BLOCK_KINDS and tree is not None:
+            if tree == "chain" or _DYNAMIC.fullmatch(tree):
+                raise InputError(f"tree {tree}: the {kind} drafter drafts a chain by default, or a static tree", "tree")
+            choices = load_choices(tree)
+            return cls(kind, max(map(len, choices)) if k is None else k, _paths(choices), tree_name=str(tree))
         if kind in CHAIN_KINDS or kind not in HEAD_KINDS:
             if tree is not None:
                 raise InputError(f"tree: the {kind} drafter drafts chains; trees need a head drafter ({', '.join(HEAD_KINDS)})", "tree")
@@ -257,7 +266,7 @@ class DraftConfig:
             raise ArtifactError("manifest drafter section has no kind")
         recorded = section.get("num_draft_tokens")
         tree = section.get("tree")
-        if kind not in HEAD_KINDS:
+        if kind not in HEAD_KINDS and not (kind in BLOCK_KINDS and isinstance(tree, list) and tree):
             return cls(kind, int(recorded) if recorded else DEFAULT_K.get(kind, DEFAULT_CHAIN_K))
         if tree == "dynamic":
             raw = dict(section.get("dynamic") or {})

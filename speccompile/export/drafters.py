@@ -20,7 +20,7 @@ __all__ = ["DrafterExport", "DrafterRequest", "export_drafter", "parse_drafter",
            "target_taps_for"]
 
 
-# kind -> (needs a path, hidden states the target must expose, exporter: "draft-model" | "head" | None). An exporter
+# kind -> (needs a path, hidden states the target must expose, exporter: "draft-model" | "head" | "dflash" | None). An exporter
 # (request, target, out_dir, dtype, digests) -> DrafterExport records the sha256 of the files it writes in
 # `digests` (file name -> hex) when it computes them on the way. The exporters import nothing from this module.
 Exporter = Callable[[DrafterRequest, LoadedModel, Path, str, dict[str, str]], DrafterExport]
@@ -32,6 +32,7 @@ _REGISTRY: dict[str, tuple[bool, str, str | None]] = {
     "eagle3": (True, "eagle3", "head"),
     "medusa": (True, "final", "head"),
     "mtp": (False, "final", "head"),  # no path: the MTP modules inside the target's own checkpoint
+    "dflash": (True, "eagle3", "dflash"),  # its own taps: `target_taps_for`
 }
 
 
@@ -41,6 +42,10 @@ def _exporter(kind: str) -> Exporter | None:
         from .heads import export_head  # torch-heavy: imported when a head is exported
 
         return export_head
+    if which == "dflash":
+        from .dflash import export_dflash
+
+        return export_dflash
     return export_draft_model if which == "draft-model" else None
 
 
@@ -65,8 +70,12 @@ def target_hidden_states_for(request: DrafterRequest | None) -> str:
 
 
 def target_taps_for(request: DrafterRequest | None, target: ModelConfig) -> tuple[int, ...]:
-    """The target layers whose inputs the target graph returns as `aux_hidden_states`: an EAGLE-3 head's own
-    (its config's tap ids; L = the final hidden state), else the default (2, L//2, L-3)."""
+    """The target layers whose inputs the target graph returns as `aux_hidden_states`: an EAGLE-3 head's or a
+    DFlash drafter's own (its config's tap ids; L = the final hidden state), else the default (2, L//2, L-3)."""
+    if request is not None and request.kind == "dflash":
+        from .dflash import dflash_taps
+
+        return dflash_taps(request.path, target.num_hidden_layers) or eagle3_tap_layers(target.num_hidden_layers)
     if request is None or request.kind != "eagle3" or request.path is None:
         return eagle3_tap_layers(target.num_hidden_layers)
     import json

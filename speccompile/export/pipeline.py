@@ -146,10 +146,10 @@ def _manifest(model_name: str, model, graphs: dict, max_context: int, options: E
 def check_drafter_request(request: DrafterRequest | None, tree: str | None) -> None:
     """The drafter's path and tree, checked before the (slow) export starts."""
     from ..models.load import resolve_model_path
-    from ..draft_config import HEAD_KINDS, DraftConfig
+    from ..draft_config import TREE_KINDS, DraftConfig
 
-    if tree is not None and (request is None or request.kind not in HEAD_KINDS):
-        raise InputError(f"tree: only head drafters (drafter {'|'.join(HEAD_KINDS)}:PATH) draft trees"
+    if tree is not None and (request is None or request.kind not in TREE_KINDS):
+        raise InputError(f"tree: only head drafters (drafter {'|'.join(TREE_KINDS)}:PATH) draft trees"
                          + (f", not {request.kind}" if request else ""), ("tree", "drafter"))
     if request is None or request.path is None:
         return

@@ -12,7 +12,7 @@ from .logprobs import LogprobRecorder
 from .penalties import LogitPenalties
 from .sampling import SamplingParams
 
-DRAFTER_CHOICES = ("auto", "none", "ngram", "suffix", "draft-model", "eagle", "eagle3", "medusa", "mtp")
+DRAFTER_CHOICES = ("auto", "none", "ngram", "suffix", "draft-model", "eagle", "eagle3", "medusa", "mtp", "dflash")
 SLOT_PASSES = ("off", "drafts", "all")  # batch rounds run as one pass of the slotted graph (Runner.batch_decoder)
 
 

@@ -119,7 +119,7 @@ def load_or_compute_features(model, chunks, options: TrainOptions, out: Path, pr
 
     from ..models.decoder import build_decoder
 
-    mode = "eagle3" if options.method == "eagle3" else "final"
+    mode = "eagle3" if options.method in ("eagle3", "dflash") else "final"  # dflash: the same taps
     kind = {"target": model.source_sha256, "mode": mode, "label_k": options.label_k}
     meta = {**kind, "chunks": hashlib.sha256(chunks.tobytes()).hexdigest(), "shape": list(chunks.shape)}
     cache = out / ".cache" / f"features-{_cache_key(meta)}.safetensors"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 
-METHODS = ("eagle3", "eagle", "medusa")
+METHODS = ("eagle3", "eagle", "medusa", "dflash")
 
 
 @dataclass
@@ -17,10 +17,11 @@ class TrainOptions:
     batch: int = 4
     lr: float = 1e-3
     warmup: int = 20
-    unroll: int | None = None  # default: 3 for eagle3, 2 for eagle, 1 for medusa
+    unroll: int | None = None  # default: 3 for eagle3, 2 for eagle, 1 for medusa (dflash: unused)
     label_k: int = 8
     draft_vocab: int | None = None  # eagle3: default min(vocab, 8192)
     medusa_heads: int = 3
+    block_size: int = 8  # dflash: block positions per drafting pass (block_size - 1 drafts)
     max_tokens: int = 200_000  # cap on training tokens read from --data
     save_every: int = 50
     resume: bool = False
@@ -39,6 +40,9 @@ class TrainOptions:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)}", name)
         if self.seq_len < 4:
             raise InputError("seq_len must be >= 4", "seq_len")
+        if self.method == "dflash" and not 2 <= self.block_size <= self.seq_len // 2:
+            raise InputError(f"block_size must be between 2 and half the sequence length ({self.seq_len // 2}), got {self.block_size}",
+                             "block_size")
         if self.unroll is None:
-            self.unroll = {"eagle3": 3, "eagle": 2, "medusa": 1}[self.method]
+            self.unroll = {"eagle3": 3, "eagle": 2, "medusa": 1, "dflash": 1}[self.method]
         return self

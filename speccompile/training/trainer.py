@@ -1,4 +1,4 @@
-"""Self-distillation of drafter heads on the CPU: `speccompile train-draft TARGET --method eagle3|eagle|medusa`.
+"""Self-distillation of drafter heads on the CPU: `speccompile train-draft TARGET --method eagle3|eagle|medusa|dflash`.
 
 Labels come from the target itself: its hidden states (inputs) and its next-token distributions
 (targets, kept as the top-`label_k` probabilities per position), computed once over the training text
@@ -7,7 +7,8 @@ and cached in `OUT/.cache/` so a resumed run does not recompute them. The head i
 * eagle:  L = smoothL1(g_t, f_{t+1}) + w_cls * CE(p_target(x_{t+2}), softmax(lm_head(g_t)))
 * eagle3: CE only, over a draft vocabulary of the `draft_vocab` tokens the target predicts most
   often (d2t/t2d written with the head);
-* medusa: head i: CE(p_target(x_{t+i+2}), head_i(f_t)).
+* medusa: head i: CE(p_target(x_{t+i+2}), head_i(f_t));
+* dflash: the DFlash block drafter over EAGLE-3's taps (training/dflash.py).
 
 EAGLE / EAGLE-3 unroll `unroll` draft steps per position ("training-time test"): step s feeds the
 head's own output feature of step s-1, attending the committed rows up to t plus its own chain —
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from . import dflash
 from .data import Progress, collect_texts, load_or_compute_features, target_tokenizer, tokenize_chunks
 from .options import TrainOptions
 
@@ -99,10 +101,12 @@ class HeadTrainer:
                 head.norm.weight.copy_(target_tensor(model.weights, "model.norm.weight"))
         elif self.method == "eagle":
             head = new_head("eagle", cfg, model.weights, seed=options.seed)
+        elif self.method == "dflash":
+            head = dflash.new_training_drafter(model, options)
         else:
             head = new_head("medusa", cfg, model.weights, medusa_num_heads=options.medusa_heads, seed=options.seed)
         self.head = head.train()
-        frozen = {"embed_tokens.weight", "lm_head.weight"} if self.method == "eagle" else {"embed_tokens.weight"}
+        frozen = {"embed_tokens.weight", "lm_head.weight"} if self.method in ("eagle", "dflash") else {"embed_tokens.weight"}
         for name, p in head.named_parameters():
             p.requires_grad_(name not in frozen)
         self.params = [p for p in head.parameters() if p.requires_grad]
@@ -136,6 +140,8 @@ class HeadTrainer:
         tokens, hidden, top_idx, top_p = self._batch()
         if self.method == "medusa":
             loss, stats = self._medusa_loss(tokens, hidden, top_idx, top_p)
+        elif self.method == "dflash":
+            loss, stats = dflash.dflash_loss(self.head, tokens, hidden, top_idx, top_p, self.rng, _soft_ce, _top1_hits)
         else:
             loss, stats = self._ar_loss(tokens, hidden, top_idx, top_p)
         self.opt.zero_grad(set_to_none=True)
@@ -223,11 +229,15 @@ class HeadTrainer:
     def save(self, out: Path, summary: dict) -> None:
         import torch
 
+        from ..models.dflash_io import save_dflash
         from ..models.head_writers import save_head
 
         self.head.eval()
         staging = out / f"{STAGING}.tmp"  # whole files only: an interrupted save never leaves a truncated head
-        save_head(self.head, staging, {"speccompile_training": summary})
+        if self.method == "dflash":
+            save_dflash(self.head, staging, self.model.config.num_hidden_layers, extra_config={"speccompile_training": summary})
+        else:
+            save_head(self.head, staging, {"speccompile_training": summary})
         for written in staging.iterdir():
             written.replace(out / written.name)
         staging.rmdir()
@@ -358,9 +368,10 @@ def _train(target_name: str, texts: list[tuple[str, str]], out: Path, options: T
 
 
 def _check_target(config, options: TrainOptions) -> None:
-    """Refuse a target the head kind cannot read: EAGLE-3 fuses the inputs of layers (2, L//2, L-3)."""
-    if options.method == "eagle3" and config.num_hidden_layers < 3:
-        raise InputError(f"method eagle3: the target has {config.num_hidden_layers} layers; EAGLE-3 reads the inputs of "
+    """Refuse a target the head kind cannot read: EAGLE-3 (and DFlash as trained here) fuses the inputs of layers
+    (2, L//2, L-3)."""
+    if options.method in ("eagle3", "dflash") and config.num_hidden_layers < 3:
+        raise InputError(f"method {options.method}: the target has {config.num_hidden_layers} layers; it reads the inputs of "
                          "layers (2, L//2, L-3) of an L-layer target, which needs at least 3", "method")
 
 

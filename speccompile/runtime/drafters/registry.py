@@ -14,7 +14,7 @@ from .base import Drafter, DrafterRequest
 
 
 Factory = Callable[[DrafterRequest], Drafter]
-BUILTIN_KINDS = ("ngram", "suffix", "draft-model", *HEAD_KINDS)
+BUILTIN_KINDS = ("ngram", "suffix", "draft-model", *HEAD_KINDS, "dflash")
 _REGISTERED: dict[str, Factory] = {}
 
 
@@ -55,4 +55,8 @@ def _builtin(kind: str) -> Factory | None:
         from .heads_factory import make_head
 
         return make_head
+    if kind == "dflash":
+        from .dflash import make_dflash
+
+        return make_dflash
     return None
