@@ -38,6 +38,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "cohere2": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25),
     "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
     "ernie4_5": {},
+    "phi": dict(hidden_size=128, head_dim=32),  # LayerNorm with bias, parallel blocks, partial rotary 0.5, plain MLP
     # mixture of experts (tests/test_moe.py: row exactness, INT4): 4 experts, top 2
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
@@ -184,7 +185,7 @@ def test_gemma3_270m_gguf_reads_as_gemma3():
     check_weights(cfg, model.weights)  # every tensor named by the family's GGUF names, in its shape
 
 
-@pytest.mark.parametrize("name", ["cohere2", "olmo2"])  # LayerNorm + parallel blocks; norms after the blocks only
+@pytest.mark.parametrize("name", ["cohere2", "olmo2", "phi"])  # LayerNorm + parallel blocks; post norms; biased LayerNorm, plain MLP
 def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
     """The quantization passes take the family's graphs: INT4 packed (MatMulNBits) and greedy n-gram == plain."""
     import onnx

@@ -148,9 +148,9 @@ def rms_norm(n: Nodes, x: str, gamma: str, eps: float, const, prefix: str, elem:
     return n("Mul", [normed, gamma])[0]
 
 
-def layer_norm(n: Nodes, x: str, gamma: str, eps: float) -> str:
-    """LayerNorm over the last axis with a gain and no bias (Cohere)."""
-    return n("LayerNormalization", [x, gamma], axis=-1, epsilon=eps)[0]
+def layer_norm(n: Nodes, x: str, gamma: list[str], eps: float) -> str:
+    """LayerNorm over the last axis with a gain (and, `gamma` = [gain, bias], a bias: Phi-2; Cohere has none)."""
+    return n("LayerNormalization", [x, *gamma], axis=-1, epsilon=eps)[0]
 
 
 FLOAT_MIN = float(np.finfo(np.float32).min)

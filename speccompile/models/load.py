@@ -190,6 +190,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     config = config_from_hf(raw, str(folder))
     files = _safetensors_files(folder)
     weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused experts, per expert
+    weights = weights.renamed(family(config.architecture).top_names)  # e.g. Phi-2's model.final_layernorm
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     if config.tie_word_embeddings:
