@@ -39,6 +39,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
     "ernie4_5": {},
     "phi": dict(hidden_size=128, head_dim=32),  # LayerNorm with bias, parallel blocks, partial rotary 0.5, plain MLP
+    "phi-qk": dict(model_type="phi", hidden_size=128, head_dim=32, qk_layernorm=True),  # + per-head q/k LayerNorms
     # mixture of experts (tests/test_moe.py: row exactness, INT4): 4 experts, top 2
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),

@@ -257,15 +257,16 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
     q, k, v = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    bias = {t: role_name(i, f"{t}_bias") if cfg.norm_bias else None for t in ("q_norm", "k_norm")}  # Phi-2's LayerNorms
     if cfg.qk_norm_full:
-        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
-        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"))
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     q = b.one(s, "Reshape", [q, b.const(s, [0, -1, heads, dim])])
     k = b.one(s, "Reshape", [k, b.const(s, [0, -1, kv_heads, dim])])
     v = b.one(s, "Reshape", [v, b.const(s, [0, -1, kv_heads, dim])])
     if cfg.qk_norm and not cfg.qk_norm_full:
-        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
-        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"))
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     q, k, v = (b.one(s, "Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
     kind = cfg.rope_kind(i)
     if kind:

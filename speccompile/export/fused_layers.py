@@ -151,7 +151,7 @@ def _scaled(f: _Fused, x: str) -> str:
 def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     """GroupQueryAttention's query inputs: the packed q/k/v rows, or q, k, v after their norms."""
     cfg, n = f.model.config, f.n
-    heads, kv_heads, dim, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, norms.eps
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
@@ -160,10 +160,11 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     pre = f"layers.{i}"
     q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
     if cfg.qk_norm_full:
-        return [rms_norm(n, q, norms.gain(i, "q_norm"), eps, f.const, f"{pre}.q", f.elem),
-                rms_norm(n, k, norms.gain(i, "k_norm"), eps, f.const, f"{pre}.k", f.elem), v]
-    q = head_norm(n, q, heads, dim, norms.gain(i, "q_norm"), eps, f.const, f"{pre}.q", f.elem)
-    k = head_norm(n, k, kv_heads, dim, norms.gain(i, "k_norm"), eps, f.const, f"{pre}.k", f.elem)
+        return [norms.plain(q, norms.gamma(i, "q_norm"), f"{pre}.q"), norms.plain(k, norms.gamma(i, "k_norm"), f"{pre}.k"), v]
+    q_gamma = norms.gamma(i, "q_norm")
+    q = head_norm(n, q, heads, dim, lambda x: norms.plain(x, q_gamma, f"{pre}.q"), f.const, f"{pre}.q")
+    k_gamma = norms.gamma(i, "k_norm")
+    k = head_norm(n, k, kv_heads, dim, lambda x: norms.plain(x, k_gamma, f"{pre}.k"), f.const, f"{pre}.k")
     return [q, k, v]
 
 

@@ -18,7 +18,7 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
-  <norm>_bias     a norm's bias (`norm_bias`; named as the norm's weight with `.bias`)
+  <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
 """
 
 from __future__ import annotations
@@ -90,10 +90,11 @@ class Family:
     mlp_bias: bool = False  # the plain MLP's up / down have biases
     lm_head_bias: bool = False
     top_names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the name every consumer reads
+    qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
-        for role in NORM_ROLES:  # a norm's bias sits next to its weight unless named
+        for role in (*NORM_ROLES, "q_norm", "k_norm"):  # a norm's bias sits next to its weight unless named
             names.setdefault(f"{role}_bias", tuple(n.removesuffix(".weight") + ".bias" for n in names.get(role, ())))
         return names
 
@@ -126,8 +127,9 @@ FAMILIES: dict[str, Family] = {
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss",), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss"),
     "phi": Family(("phi",), norm="layer", norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
-                  mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True,
-                  names={"o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),
+                  mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
+                  names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
+                         "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),
                          "up_bias": ("mlp.fc1.bias",), "down": ("mlp.fc2.weight",), "down_bias": ("mlp.fc2.bias",)},
                   top_names={"model.final_layernorm.weight": "model.norm.weight", "model.final_layernorm.bias": "model.norm.bias"}),
 }
@@ -171,5 +173,5 @@ def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: boo
         roles.append("qkv_bias")
     roles += [role for role, used in (("o_bias", o_bias), ("sinks", sinks)) if used]
     if qk_norm:
-        roles += ["q_norm", "k_norm"]
+        roles += ["q_norm", "k_norm", *(["q_norm_bias", "k_norm_bias"] if norm_bias else [])]
     return roles

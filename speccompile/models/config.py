@@ -209,14 +209,12 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
     if data.get("use_bias") or data.get("mlp_bias"):
         raise UnsupportedError(f"{source}: {arch} with output / MLP biases (use_bias, mlp_bias) is not supported")
-    if data.get("qk_layernorm"):
-        raise UnsupportedError(f"{source}: {arch} with q/k LayerNorms (qk_layernorm) is not supported")
     qkv_bias = data.get("attention_bias", data.get("use_bias", fam.attention_bias))
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_check_rope_scaling(rope, source),
         attention_bias=bool(qkv_bias), attn_sinks=fam.attn_sinks, o_proj_bias=fam.o_bias,
-        qk_norm=bool(fam.qk_norm), qk_norm_full=fam.qk_norm == "full",
+        qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         norm=fam.norm, norm_offset=fam.norm_offset, placement=fam.placement, mlp_act=fam.mlp_act,
         norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated, mlp_bias=fam.mlp_bias, lm_head_bias=fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,

@@ -170,8 +170,8 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
         if config.qk_norm:
             full = config.qk_norm_full
-            self.q_norm = RMSNorm(self.num_heads * self.head_dim if full else self.head_dim, config.rms_norm_eps, config.norm_offset)
-            self.k_norm = RMSNorm(config.kv_dim if full else self.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
+            self.k_norm = norm_of(config, config.kv_dim if full else self.head_dim)
         else:
             self.q_norm = self.k_norm = None
 
@@ -420,7 +420,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
 
 
 _MODULE_NAMES = {**LLAMA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",)}
-_MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in NORM_ROLES})
+_MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
 
 def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
