@@ -200,3 +200,22 @@ def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
     runner = Runner(tmp_path / "int4", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     prompt = "abc abd abc abd abc abd abc"
     assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_phi2_gguf_reads_as_phi(tmp_path):
+    """A `phi2` GGUF (llama.cpp's names: biased attn_norm / output_norm / output, attn_output = dense, ffn_up /
+    ffn_down = fc1 / fc2, rope.dimension_count = the rotated dims) reads as the table's phi: every tensor in its
+    shape, and the torch reference on it matches transformers at every position. (Its export stops at the
+    tokenizer: transformers converts no phi2 GGUF tokenizer.)"""
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    from conftest import write_gguf
+
+    hf = make_family_model(tmp_path / "hf", "phi")
+    write_gguf(tmp_path / "model.gguf", tmp_path / "hf", arch="phi2")
+    model = load_model(str(tmp_path / "model.gguf"))
+    assert (model.config.architecture, model.config.rope_dim, model.config.norm_bias) == ("phi", 16, True)
+    check_weights(model.config, model.weights)
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _check_torch_reference(tmp_path / "model.gguf", hf, seq, "phi2 gguf")

@@ -57,6 +57,8 @@ LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relati
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+_PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"}
 
@@ -126,7 +128,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3_moe": Family(("qwen3_moe",), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe"),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss",), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss"),
-    "phi": Family(("phi",), norm="layer", norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
+    "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
                          "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),

@@ -268,16 +268,20 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
     hidden = int(meta[p + "embedding_length"])
     heads = int(meta[p + "attention.head_count"])
     vocab = meta.get(p + "vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-    head_dim = meta.get(p + "attention.key_length") or meta.get(p + "rope.dimension_count") or hidden // heads
+    rotary = meta.get(p + "rope.dimension_count")
+    head_dim = int(meta.get(p + "attention.key_length") or hidden // heads)
     data: dict[str, Any] = {
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
         "intermediate_size": int(meta[p + "feed_forward_length"]), "num_hidden_layers": int(meta[p + "block_count"]),
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
-        "head_dim": int(head_dim), "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
+                                                             meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
         "rope_theta": float(meta.get(p + "rope.freq_base", 10000.0)),
         "max_position_embeddings": int(meta.get(p + "context_length", 2048)),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
+    if rotary and int(rotary) < head_dim:  # partial rotary (Phi-2)
+        data["partial_rotary_factor"] = int(rotary) / head_dim
     if meta.get(p + "rope.scaling.type") == "linear":
         data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
     window = meta.get(p + "attention.sliding_window")

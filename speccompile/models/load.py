@@ -218,7 +218,9 @@ def _hf_chat_template(folder: Path) -> str | None:
 _GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",
     "output.weight": "lm_head.weight",
+    "output.bias": "lm_head.bias",
 }
 def _open_gguf(path: Path):
     import gguf
