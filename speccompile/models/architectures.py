@@ -68,7 +68,7 @@ class Family:
     """One decoder family: its config reading and weight names. Field values are `ModelConfig`'s vocabulary."""
 
     model_types: tuple[str, ...]  # HF model_type / GGUF general.architecture names
-    norm: str = "rms"  # rms | layer (LayerNorm, gain only)
+    norm: str = "rms"  # rms | layer (LayerNorm; with a bias when `norm_bias`)
     norm_offset: float = 0.0  # Gemma: the gain is (1 + weight) (HF checkpoints; llama.cpp stores 1 + weight)
     placement: str = "pre"  # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm)
     qk_norm: str = ""  # "" | head (per head) | full (over all heads)
