@@ -82,19 +82,21 @@ def _permute_for_gguf(w, n_head: int):
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: str | None = None):
-    """Write the Hugging Face model in `folder` as a llama GGUF file: 2-D weights in the gguf quantization type
-    `quant` ("Q8_0", "Q4_1", ...; None: F32), the token embedding in `table_quant` (default `quant`). Returns the
-    model as loaded from `folder`."""
+def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: str | None = None, arch: str = "llama"):
+    """Write the Hugging Face model in `folder` as a GGUF file of llama.cpp architecture `arch` (block names: its
+    family's `Family.gguf`): 2-D weights in the gguf quantization type `quant` ("Q8_0", "Q4_1", ...; None: F32),
+    the token embedding in `table_quant` (default `quant`). Returns the model as loaded from `folder`."""
     import gguf
     import numpy as np
 
-    from speccompile.models.architectures import LLAMA_GGUF as _GGUF_BLOCK_NAMES
+    from speccompile.models.architectures import family
     from speccompile.models.load import _GGUF_NAMES, load_model
 
     loaded = load_model(str(folder))
     cfg = loaded.config
-    writer = gguf.GGUFWriter(str(path), "llama")
+    fam = family(cfg.architecture)
+    _GGUF_BLOCK_NAMES = fam.gguf
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -102,7 +104,11 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.norm == "layer":
+        writer.add_layer_norm_eps(cfg.rms_norm_eps)
+    else:
+        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_dimension_count(cfg.rope_dim)
     writer.add_vocab_size(cfg.vocab_size)
     reverse = {v: k for k, v in _GGUF_NAMES.items()}
     block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
@@ -113,9 +119,9 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
         else:
             parts = name.split(".")
             gname = f"blk.{parts[2]}.{block_reverse['.'.join(parts[3:-1])]}.{parts[-1]}"
-        if gname.endswith("attn_q.weight"):
+        if gname.endswith("attn_q.weight") and fam.gguf_llama_order:
             stored = _permute_for_gguf(stored, cfg.num_attention_heads)
-        elif gname.endswith("attn_k.weight"):
+        elif gname.endswith("attn_k.weight") and fam.gguf_llama_order:
             stored = _permute_for_gguf(stored, cfg.num_key_value_heads)
         kind = (table_quant or quant) if gname.startswith("token_embd") else quant
         if kind and stored.ndim == 2:

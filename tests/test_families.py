@@ -38,6 +38,8 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "cohere2": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25),
     "exaone4": dict(sliding_window=WINDOW, layer_types=_TWO, sliding_window_pattern=2),
     "ernie4_5": {},
+    "phi": dict(hidden_size=128, head_dim=32),  # LayerNorm with bias, parallel blocks, partial rotary 0.5, plain MLP
+    "phi-qk": dict(model_type="phi", hidden_size=128, head_dim=32, qk_layernorm=True),  # + per-head q/k LayerNorms
     # mixture of experts (tests/test_moe.py: row exactness, INT4): 4 experts, top 2
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
@@ -184,7 +186,7 @@ def test_gemma3_270m_gguf_reads_as_gemma3():
     check_weights(cfg, model.weights)  # every tensor named by the family's GGUF names, in its shape
 
 
-@pytest.mark.parametrize("name", ["cohere2", "olmo2"])  # LayerNorm + parallel blocks; norms after the blocks only
+@pytest.mark.parametrize("name", ["cohere2", "olmo2", "phi"])  # LayerNorm + parallel blocks; post norms; biased LayerNorm, plain MLP
 def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
     """The quantization passes take the family's graphs: INT4 packed (MatMulNBits) and greedy n-gram == plain."""
     import onnx
@@ -198,3 +200,22 @@ def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
     runner = Runner(tmp_path / "int4", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     prompt = "abc abd abc abd abc abd abc"
     assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_phi2_gguf_reads_as_phi(tmp_path):
+    """A `phi2` GGUF (llama.cpp's names: biased attn_norm / output_norm / output, attn_output = dense, ffn_up /
+    ffn_down = fc1 / fc2, rope.dimension_count = the rotated dims) reads as the table's phi: every tensor in its
+    shape, and the torch reference on it matches transformers at every position. (Its export stops at the
+    tokenizer: transformers converts no phi2 GGUF tokenizer.)"""
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    from conftest import write_gguf
+
+    hf = make_family_model(tmp_path / "hf", "phi")
+    write_gguf(tmp_path / "model.gguf", tmp_path / "hf", arch="phi2")
+    model = load_model(str(tmp_path / "model.gguf"))
+    assert (model.config.architecture, model.config.rope_dim, model.config.norm_bias) == ("phi", 16, True)
+    check_weights(model.config, model.weights)
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _check_torch_reference(tmp_path / "model.gguf", hf, seq, "phi2 gguf")

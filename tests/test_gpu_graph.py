@@ -45,12 +45,16 @@ def _chain_steps(session, seed: int = 0) -> list[np.ndarray]:
     return outs
 
 
-def _fp32_gpu_form(tmp_path, arch: str = "llama", **overrides):
-    """An fp32 artifact plus the fp32 form of its GPU graph (what ORT CPU can run)."""
+def _fp32_gpu_form(tmp_path, arch: str = "llama", family: bool = False, **overrides):
+    """An fp32 artifact plus the fp32 form of its GPU graph (what ORT CPU can run); `family`: the checkpoint of
+    tests/test_families.py's `make_family_model`."""
     from speccompile.export.recipes import DecoderWeights
     from speccompile.models.load import load_model
+    from test_families import make_family_model
 
-    model_dir = make_tiny_hf_model(tmp_path / arch, arch=arch, **overrides)
+    if family:
+        make_family_model(tmp_path / arch, arch)
+    model_dir = tmp_path / arch if family else make_tiny_hf_model(tmp_path / arch, arch=arch, **overrides)
     out = tmp_path / "art"
     export_artifact(str(model_dir), out, ExportOptions(max_context=MAX_CONTEXT))
     model = load_model(str(model_dir))
@@ -59,7 +63,8 @@ def _fp32_gpu_form(tmp_path, arch: str = "llama", **overrides):
     return out, spec, files
 
 
-@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {"tie_word_embeddings": True}), ("qwen3", {})])
+@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {"tie_word_embeddings": True}), ("qwen3", {}),
+                                            ("phi", {"family": True})])  # Phi-2: biased LayerNorms, plain MLP, lm_head bias
 def test_fp32_gpu_form_matches_contract_graph(tmp_path, arch, overrides):
     out, spec, files = _fp32_gpu_form(tmp_path, arch, **overrides)
     assert files[0] == "target.ort-cuda.onnx" and spec.extra["masks"] == "causal"

@@ -20,8 +20,8 @@ def _tril(n: int) -> np.ndarray:
     return np.tril(np.ones((n, n), bool))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "cohere2", "qwen2_moe", "gpt_oss"])  # + windows, softcaps,
-# LayerNorm, mixtures of experts (a shared expert; biases, clamped SwiGLU, attention sinks)
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "cohere2", "phi", "qwen2_moe", "gpt_oss"])  # + windows, softcaps,
+# LayerNorm (Phi-2: with biases, a plain MLP), mixtures of experts (a shared expert; biases, clamped SwiGLU, attention sinks)
 def test_slot_rows_equal_each_sequence_alone_bitwise(tmp_path, arch):
     art = tmp_path / "art"
     if arch in ("llama", "qwen3"):

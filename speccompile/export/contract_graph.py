@@ -28,7 +28,8 @@ from onnx import TensorProto
 from ..models.rope import rope_attention_factor, rounded_inv_freq
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .moe_ops import Emitter, moe_block, moe_names
-from .recipes import EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype
+from .recipes import (EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
+                      top_bias_recipes)
 from .weight_store import WeightStore
 
 OPSET = 21
@@ -54,6 +55,7 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
+    names.update(top_bias_recipes(cfg, dtype))
     for i in range(cfg.num_hidden_layers):
         names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
         if cfg.moe is not None and cfg.moe.is_moe(i):
@@ -108,7 +110,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         presents += [f"present.{i}.key", f"present.{i}.value"]
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
-    final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None)
+    final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,
+                  "model.norm.bias" if cfg.norm_bias else None)
     _lm_head(g, final)
     outputs = _outputs(g, presents, len(taps))
     if model.hidden_states == "eagle3":
@@ -174,9 +177,9 @@ def _attention_bias(g: _Graph, sliding: bool) -> str:
     return b.one(s, "Tile", [bias, b.const(s, [1, 1, groups, 1])]) if groups > 1 else bias
 
 
-def _norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None) -> str:
-    """The family's norm in float32, rounded to the model dtype before the gain (models.decoder.RMSNorm /
-    LayerNorm)."""
+def _norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None, bias: str | None = None) -> str:
+    """The family's norm in float32, rounded to the model dtype before the gain, then the bias if any
+    (models.decoder.RMSNorm / LayerNorm)."""
     b = g.b
     cfg = g.model.config
     wide = b.one(scope, "Cast", [x], to=TensorProto.FLOAT)
@@ -187,7 +190,9 @@ def _norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None)
     root = b.one(scope, "Sqrt", [b.one(scope, "Add", [mean, b.const(scope, cfg.rms_norm_eps, "float32")])])
     inverse = b.one(scope, "Div", [b.const(scope, 1.0, "float32"), root])
     normed = b.one(scope, "Cast", [b.one(scope, "Mul", [wide, inverse])], to=g.elem)
-    return b.one(scope, "Mul", [g.weight(weight), normed], output)
+    if bias is None:
+        return b.one(scope, "Mul", [g.weight(weight), normed], output)
+    return b.one(scope, "Add", [b.one(scope, "Mul", [g.weight(weight), normed]), g.weight(bias)], output)
 
 
 def _layer(g: _Graph, i: int, x: str) -> str:
@@ -198,7 +203,7 @@ def _layer(g: _Graph, i: int, x: str) -> str:
 
     def norm(role: str, h: str) -> str:
         return _norm(g, f"{scope}/{'post_attention_layernorm' if role == 'post_norm' else role.replace('input_norm', 'input_layernorm')}",
-                     h, names[role]) if role in names else h
+                     h, names[role], bias=names.get(f"{role}_bias")) if role in names else h
 
     def add(x: str, h: str) -> str:
         if cfg.residual_scale != 1.0:
@@ -220,6 +225,8 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
         emit = Emitter(lambda op, inputs, outputs=1, **attrs: b.op(scope, op, inputs, outputs, **attrs),
                        lambda key, values, dtype=np.int64: b.const(scope, values, dtype), g.weight_of, g.elem, g.dtype)
         return moe_block(emit, g.model.config, i, h)
+    if not g.model.config.mlp_gated:
+        return _plain_mlp(g, i, h, scope)
     inter = g.model.config.intermediate_size
     both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
@@ -230,6 +237,18 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
 
+def _plain_mlp(g: _Graph, i: int, h: str, scope: str) -> str:
+    """down(tanh-GELU(up h + up_bias)) + down_bias (Phi-2's fc1 / fc2; biases when the family has them)."""
+    b, cfg = g.b, g.model.config
+    up = b.one(scope, "MatMul", [h, g.role(i, "up")])
+    if cfg.mlp_bias:
+        up = b.one(scope, "Add", [up, g.role(i, "up_bias")])
+    act = b.one(scope, "Gelu", [up], approximate="tanh") if cfg.mlp_act == "gelu_tanh" else \
+        b.one(scope, "Mul", [up, b.one(scope, "Sigmoid", [up])])
+    out = b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
+    return b.one(f"{scope}/down_proj", "Add", [out, g.role(i, "down_bias")]) if cfg.mlp_bias else out
+
+
 def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     """q, k, v [b, heads, q, dim] of layer i (biases and q/k norms applied, before rope)."""
     b, cfg = g.b, g.model.config
@@ -238,15 +257,16 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
     q, k, v = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    bias = {t: role_name(i, f"{t}_bias") if cfg.norm_bias else None for t in ("q_norm", "k_norm")}  # Phi-2's LayerNorms
     if cfg.qk_norm_full:
-        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
-        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"))
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     q = b.one(s, "Reshape", [q, b.const(s, [0, -1, heads, dim])])
     k = b.one(s, "Reshape", [k, b.const(s, [0, -1, kv_heads, dim])])
     v = b.one(s, "Reshape", [v, b.const(s, [0, -1, kv_heads, dim])])
     if cfg.qk_norm and not cfg.qk_norm_full:
-        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
-        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"))
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     q, k, v = (b.one(s, "Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
     kind = cfg.rope_kind(i)
     if kind:
@@ -351,6 +371,8 @@ def _lm_head(g: _Graph, hidden: str) -> str:
         logits = b.one("", "Reshape", [flat, shape])
     else:
         logits = b.one("/lm_head", "MatMul", [hidden, g.weight("lm_head.weight_t")])
+    if cfg.lm_head_bias:
+        logits = b.one("/lm_head", "Add", [logits, g.weight("lm_head.bias")])
     if not (cfg.logit_scale != 1.0 or cfg.final_softcap):
         return b.one("", "Cast", [logits], "logits", to=TensorProto.FLOAT)
     logits = b.one("", "Cast", [logits], to=TensorProto.FLOAT)

@@ -18,7 +18,7 @@ from onnx import TensorProto
 
 from .moe_ops import Emitter, moe_block
 from .fused_ops import MS_DOMAIN, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm, window_bias
-from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype
+from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, top_bias_recipes
 from .weight_store import WeightStore
 
 
@@ -75,23 +75,28 @@ class _Norms:
         self.eps = float(f.model.config.rms_norm_eps)
         self.layer = f.model.config.norm == "layer"
 
-    def gamma(self, i: int, role: str) -> str:
+    def gain(self, i: int, role: str) -> str:
         return self.f.layer_weight(i, _WEIGHT_NAMES.get(role, role), role)
 
-    def plain(self, x: str, gamma: str, prefix: str) -> str:
+    def gamma(self, i: int, role: str) -> list[str]:
+        """The norm's gain, and its bias when the family's norms have one (LayerNorm only)."""
+        gain = [self.gain(i, role)]
+        return gain + [self.f.layer_weight(i, f"{role}_bias", f"{role}_bias")] if self.f.model.config.norm_bias else gain
+
+    def plain(self, x: str, gamma: list[str], prefix: str) -> str:
         f = self.f
         if self.layer:
             return layer_norm(f.n, x, gamma, self.eps)
-        return rms_norm(f.n, x, gamma, self.eps, f.const, prefix, f.elem)
+        return rms_norm(f.n, x, gamma[0], self.eps, f.const, prefix, f.elem)
 
-    def skip(self, x: str, residual: str, gamma: str) -> tuple[str, str]:
+    def skip(self, x: str, residual: str, gamma: list[str]) -> tuple[str, str]:
         """norm(x + residual) and x + residual."""
         if self.layer:
             normed, total = f"{x}_normed", f"{x}_plus_residual"
-            self.f.n("SkipLayerNormalization", [x, residual, gamma], [normed, "", "", total], domain=MS_DOMAIN,
+            self.f.n("SkipLayerNormalization", [x, residual, *gamma], [normed, "", "", total], domain=MS_DOMAIN,
                      epsilon=self.eps)
             return normed, total
-        return skip_norm(self.f.n, x, residual, gamma, self.eps)
+        return skip_norm(self.f.n, x, residual, gamma[0], self.eps)
 
 
 def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
@@ -129,7 +134,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if cfg.placement in ("sandwich", "post"):
             pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
         pending = _scaled(f, pending)
-    final, last = norms.skip(pending, residual, f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype)))
+    final_gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
+    final_gain += [f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else []
+    final, last = norms.skip(pending, residual, final_gain)
     if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(last)
     return final, taps, presents
@@ -144,7 +151,7 @@ def _scaled(f: _Fused, x: str) -> str:
 def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     """GroupQueryAttention's query inputs: the packed q/k/v rows, or q, k, v after their norms."""
     cfg, n = f.model.config, f.n
-    heads, kv_heads, dim, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, norms.eps
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
@@ -153,10 +160,11 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     pre = f"layers.{i}"
     q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
     if cfg.qk_norm_full:
-        return [rms_norm(n, q, norms.gamma(i, "q_norm"), eps, f.const, f"{pre}.q", f.elem),
-                rms_norm(n, k, norms.gamma(i, "k_norm"), eps, f.const, f"{pre}.k", f.elem), v]
-    q = head_norm(n, q, heads, dim, norms.gamma(i, "q_norm"), eps, f.const, f"{pre}.q", f.elem)
-    k = head_norm(n, k, kv_heads, dim, norms.gamma(i, "k_norm"), eps, f.const, f"{pre}.k", f.elem)
+        return [norms.plain(q, norms.gamma(i, "q_norm"), f"{pre}.q"), norms.plain(k, norms.gamma(i, "k_norm"), f"{pre}.k"), v]
+    q_gamma = norms.gamma(i, "q_norm")
+    q = head_norm(n, q, heads, dim, lambda x: norms.plain(x, q_gamma, f"{pre}.q"), f.const, f"{pre}.q")
+    k_gamma = norms.gamma(i, "k_norm")
+    k = head_norm(n, k, kv_heads, dim, lambda x: norms.plain(x, k_gamma, f"{pre}.k"), f.const, f"{pre}.k")
     return [q, k, v]
 
 
@@ -233,6 +241,8 @@ def _mlp(f: _Fused, i: int, h: str) -> str:
     n = f.n
     if f.model.config.moe is not None and f.model.config.moe.is_moe(i):
         return moe_block(Emitter(n, f.const, f.weight, f.elem, f.dtype), f.model.config, i, h)
+    if not f.model.config.mlp_gated:
+        return _plain_mlp(f, i, h)
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.intermediate_size
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
@@ -241,3 +251,14 @@ def _mlp(f: _Fused, i: int, h: str) -> str:
     else:
         act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+
+
+def _plain_mlp(f: _Fused, i: int, h: str) -> str:
+    """down(act(up h + up_bias)) + down_bias (Phi-2's fc1 / fc2; the biases when the family has them)."""
+    n, cfg = f.n, f.model.config
+    up = n("MatMul", [h, f.layer_weight(i, "mlp.up.weight_t", "up")])[0]
+    if cfg.mlp_bias:
+        up = n("Add", [up, f.layer_weight(i, "mlp.up.bias", "up_bias")])[0]
+    act = n("Gelu", [up], approximate="tanh")[0] if cfg.mlp_act == "gelu_tanh" else n("Mul", [up, n("Sigmoid", [up])[0]])[0]
+    out = n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    return n("Add", [out, f.layer_weight(i, "mlp.down_proj.bias", "down_bias")])[0] if cfg.mlp_bias else out

@@ -126,12 +126,11 @@ def skip_norm(n: Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[
     return normed, total
 
 
-def head_norm(n: Nodes, x: str, num_heads: int, dim: int, gamma: str, eps: float, const, prefix: str,
-               elem: int = TensorProto.FLOAT) -> str:
-    """Qwen3's per-head RMSNorm of q or k: [1, q, heads*dim] -> per head -> back."""
+def head_norm(n: Nodes, x: str, num_heads: int, dim: int, norm, const, prefix: str) -> str:
+    """A per-head norm of q or k (Qwen3's RMSNorm, Phi-2's LayerNorm: `norm` of the per-head tensor):
+    [1, q, heads*dim] -> per head -> back."""
     per_head = n("Reshape", [x, const(f"{prefix}_heads_shape", [0, -1, num_heads, dim])])[0]
-    normed = rms_norm(n, per_head, gamma, eps, const, prefix, elem)
-    return n("Reshape", [normed, const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
+    return n("Reshape", [norm(per_head), const(f"{prefix}_flat_shape", [0, -1, num_heads * dim])])[0]
 
 
 def rms_norm(n: Nodes, x: str, gamma: str, eps: float, const, prefix: str, elem: int = TensorProto.FLOAT) -> str:
@@ -148,9 +147,9 @@ def rms_norm(n: Nodes, x: str, gamma: str, eps: float, const, prefix: str, elem:
     return n("Mul", [normed, gamma])[0]
 
 
-def layer_norm(n: Nodes, x: str, gamma: str, eps: float) -> str:
-    """LayerNorm over the last axis with a gain and no bias (Cohere)."""
-    return n("LayerNormalization", [x, gamma], axis=-1, epsilon=eps)[0]
+def layer_norm(n: Nodes, x: str, gamma: list[str], eps: float) -> str:
+    """LayerNorm over the last axis with a gain (and, `gamma` = [gain, bias], a bias: Phi-2; Cohere has none)."""
+    return n("LayerNormalization", [x, *gamma], axis=-1, epsilon=eps)[0]
 
 
 FLOAT_MIN = float(np.finfo(np.float32).min)

@@ -48,7 +48,7 @@ from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, OneRowPadding, SlotInputs
 from .fused_layers import _Fused, decoder_layers, rotary_names
 from .graph_builder import value
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
-from .recipes import EMBED, LM_HEAD, DecoderWeights, Recipe, np_dtype
+from .recipes import EMBED, LM_HEAD, DecoderWeights, Recipe, np_dtype, top_bias_recipes
 from .weight_store import WeightStore, stored_by_recipe
 
 TARGETS = ("cpu", "cuda")
@@ -201,15 +201,18 @@ def _head(f: _Fused, final: str, embed: str) -> list[onnx.ValueInfoProto]:
     # SmolLM2 the vocabulary projection is a fifth of a token's work). Each row's logits are those of the
     # whole pass: the Gather copies rows, and the projection computes every row alike.
     head_input = n("Gather", [final, "logits_rows"], axis=1)[0] if target == "cpu" else final
+    projected = "logits_unbiased" if cfg.lm_head_bias else raw_logits
     if f.model.tied:
         flat = n("Reshape", [head_input, f.const("lm_head.flat_shape", [-1, cfg.hidden_size])])[0]
         logits2d = n("Gemm", [flat, _tied_head_table(f, embed)], transB=1)[0]
         # [batch * rows, V] -> [batch, rows, V]: the same bytes as batch 1's Unsqueeze, any batch
         rows_shape = n("Shape", [head_input], end=2)[0]
         logits_shape = n("Concat", [rows_shape, f.const("lm_head.vocab", [cfg.vocab_size])], axis=0)[0]
-        n("Reshape", [logits2d, logits_shape], [raw_logits])
+        n("Reshape", [logits2d, logits_shape], [projected])
     else:
-        n("MatMul", [head_input, f.weight("lm_head.weight_t", Recipe(LM_HEAD, True, f.dtype))], [raw_logits])
+        n("MatMul", [head_input, f.weight("lm_head.weight_t", Recipe(LM_HEAD, True, f.dtype))], [projected])
+    if cfg.lm_head_bias:  # Phi-2
+        n("Add", [projected, f.weight("lm_head.bias", top_bias_recipes(cfg, f.dtype)["lm_head.bias"])], [raw_logits])
     if raw_logits != "logits":  # the contract graph's logits are float32 too
         _logit_post(f, n("Cast", [raw_logits], to=TensorProto.FLOAT)[0] if post else raw_logits, post)
     outputs = [value("logits", TensorProto.FLOAT, [BATCH, "logits_len" if target == "cpu" else "q_len", cfg.vocab_size])]

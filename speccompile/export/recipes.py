@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 from onnx import TensorProto
 
-from ..models.architectures import family, layer_roles as family_roles
+from ..models.architectures import NORM_ROLES, family
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.weights import WeightSource
 from ..weights_file import Piece
@@ -81,13 +81,16 @@ def layer_sources(config: ModelConfig, i: int) -> dict[str, tuple[str, ...]]:
 
 EMBED = ("model.embed_tokens.weight",)
 FINAL_NORM = ("model.norm.weight",)
+FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
-TRANSPOSED = {"qkv", "o_proj", "gate_up", "down"}  # roles stored as MatMul weights [in, out]
+LM_HEAD_BIAS = ("lm_head.bias",)
+TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down"}  # roles stored as MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"}
+
+
 def layer_roles(config: ModelConfig, layer: int = 0) -> list[str]:
     """The roles layer `layer` of `config` has weights for (a MoE layer's experts: export/moe_ops.py)."""
-    return family_roles(config.placement, config.attention_bias, config.qk_norm, o_bias=config.o_proj_bias,
-                        sinks=config.attn_sinks, moe=config.moe is not None and config.moe.is_moe(layer))
+    return config.layer_roles(layer)
 
 
 def layer_recipe(config: ModelConfig, i: int, role: str, dtype: str) -> Recipe:
@@ -99,6 +102,12 @@ def final_norm_recipe(config: ModelConfig, dtype: str) -> Recipe:
     return Recipe(FINAL_NORM, False, dtype, config.norm_offset)
 
 
+def top_bias_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
+    """The final norm's and lm_head's biases, if the model has them, by graph initializer name."""
+    biases = {"model.norm.bias": Recipe(FINAL_NORM_BIAS, False, dtype)} if config.norm_bias else {}
+    return {**biases, **({"lm_head.bias": Recipe(LM_HEAD_BIAS, False, dtype)} if config.lm_head_bias else {})}
+
+
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor a decoder of `config` reads, with its shape."""
     c = config
@@ -106,11 +115,14 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes = {EMBED[0]: (c.vocab_size, h), FINAL_NORM[0]: (h,)}
     if not c.tie_word_embeddings:
         shapes[LM_HEAD[0]] = (c.vocab_size, h)
+    shapes.update({FINAL_NORM_BIAS[0]: (h,)} if c.norm_bias else {})
+    shapes.update({LM_HEAD_BIAS[0]: (c.vocab_size,)} if c.lm_head_bias else {})
     qk = [(q,), (kv,)] if c.qk_norm_full else [(c.head_dim,), (c.head_dim,)]
     per_role = {"input_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)], "o_proj": [(h, q)], "post_norm": [(h,)],
                 "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
-                "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:],
-                "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)]}
+                "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
+                "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
+                "down_bias": [(h,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
     fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
     for i in range(c.num_hidden_layers):
         names = layer_sources(c, i)

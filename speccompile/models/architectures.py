@@ -16,7 +16,9 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   post_attn_norm  norm of the attention output before the residual add (sandwich / post)
   post_norm       the norm before the MLP (pre / sandwich)
   gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
+  up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
+  <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "down": ("mlp.down_proj.weight",),
     "o_bias": ("self_attn.o_proj.bias",),
     "sinks": ("self_attn.sinks",),
+    "up": ("mlp.up_proj.weight",),
+    "up_bias": ("mlp.up_proj.bias",),
+    "down_bias": ("mlp.down_proj.bias",),
 }
+NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
     "post_attn_norm": ("post_attention_layernorm.weight",),
     "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -51,6 +57,8 @@ LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relati
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+_PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"}
 
@@ -60,7 +68,7 @@ class Family:
     """One decoder family: its config reading and weight names. Field values are `ModelConfig`'s vocabulary."""
 
     model_types: tuple[str, ...]  # HF model_type / GGUF general.architecture names
-    norm: str = "rms"  # rms | layer (LayerNorm, gain only)
+    norm: str = "rms"  # rms | layer (LayerNorm; with a bias when `norm_bias`)
     norm_offset: float = 0.0  # Gemma: the gain is (1 + weight) (HF checkpoints; llama.cpp stores 1 + weight)
     placement: str = "pre"  # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm)
     qk_norm: str = ""  # "" | head (per head) | full (over all heads)
@@ -79,9 +87,18 @@ class Family:
     attn_sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss `self_attn.sinks`)
     o_bias: bool = False  # o_proj has a bias
     moe: str = ""  # the MLP kind: "" dense, else the MoE layout of models/moe_config.py (qwen2_moe|qwen3_moe|mixtral|gpt_oss)
+    norm_bias: bool = False  # the norms (layer and final) have a bias (Phi-2's LayerNorm)
+    mlp_gated: bool = True  # False: a plain MLP down(act(up x)) (Phi-2's fc1 / fc2)
+    mlp_bias: bool = False  # the plain MLP's up / down have biases
+    lm_head_bias: bool = False
+    top_names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the name every consumer reads
+    qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
-        return {**LLAMA_NAMES, **self.names}
+        names = {**LLAMA_NAMES, **self.names}
+        for role in (*NORM_ROLES, "q_norm", "k_norm"):  # a norm's bias sits next to its weight unless named
+            names.setdefault(f"{role}_bias", tuple(n.removesuffix(".weight") + ".bias" for n in names.get(role, ())))
+        return names
 
 
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
@@ -111,6 +128,12 @@ FAMILIES: dict[str, Family] = {
     "qwen3_moe": Family(("qwen3_moe",), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe"),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss",), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss"),
+    "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
+                  mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
+                  names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
+                         "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),
+                         "up_bias": ("mlp.fc1.bias",), "down": ("mlp.fc2.weight",), "down_bias": ("mlp.fc2.bias",)},
+                  top_names={"model.final_layernorm.weight": "model.norm.weight", "model.final_layernorm.bias": "model.norm.bias"}),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
@@ -140,13 +163,17 @@ _PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm
 
 
 def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
-                moe: bool = False) -> list[str]:
+                moe: bool = False, norm_bias: bool = False, mlp: str = "gated") -> list[str]:
     """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
-    sinks and MLP kind (a MoE layer's experts are not roles: models/moe_config.py)."""
-    roles = [*_PLACEMENT_NORMS[placement], "qkv", "o_proj", *([] if moe else ["gate_up", "down"])]
+    sinks, norm biases and MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
+    models/moe_config.py)."""
+    mlp_roles = {"gated": ["gate_up", "down"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
+    roles = [*_PLACEMENT_NORMS[placement], "qkv", "o_proj", *([] if moe else mlp_roles[mlp])]
+    if norm_bias:
+        roles += [f"{role}_bias" for role in _PLACEMENT_NORMS[placement]]
     if attention_bias:
         roles.append("qkv_bias")
     roles += [role for role, used in (("o_bias", o_bias), ("sinks", sinks)) if used]
     if qk_norm:
-        roles += ["q_norm", "k_norm"]
+        roles += ["q_norm", "k_norm", *(["q_norm_bias", "k_norm_bias"] if norm_bias else [])]
     return roles

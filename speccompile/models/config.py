@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import FAMILIES, REFUSED, Family, family, family_name
+from .architectures import FAMILIES, REFUSED, Family, family, family_name, layer_roles
 from .moe_config import MoeConfig, moe_from_hf
 
 _SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
@@ -42,11 +42,15 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     # the layer description (models/architectures.py; the defaults are Llama's)
-    norm: str = "rms"  # rms | layer (LayerNorm without bias)
+    norm: str = "rms"  # rms | layer (LayerNorm)
+    norm_bias: bool = False  # the layer and final norms add a bias (Phi-2)
     norm_offset: float = 0.0  # gain = norm_offset + weight (Gemma: 1)
     placement: str = "pre"  # pre | sandwich | post | parallel
     qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
     mlp_act: str = "silu"  # silu | gelu_tanh
+    mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
+    mlp_bias: bool = False  # the plain MLP's up / down biases
+    lm_head_bias: bool = False
     rotary_dim: int = 0  # rotated dims of a head (0: all; partial rotary otherwise)
     rope_interleaved: bool = False
     layer_types: list[str] = field(default_factory=list)  # per layer: full_attention | sliding_attention ([]: all full)
@@ -88,6 +92,12 @@ class ModelConfig:
     def scale(self) -> float:
         """The attention scores' multiplier."""
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def layer_roles(self, layer: int = 0) -> list[str]:
+        """The roles layer `layer` has weights for (models/architectures.py; a MoE layer's experts are not roles)."""
+        mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
+        return layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
+                           moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp)
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -204,8 +214,9 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_check_rope_scaling(rope, source),
         attention_bias=bool(qkv_bias), attn_sinks=fam.attn_sinks, o_proj_bias=fam.o_bias,
-        qk_norm=bool(fam.qk_norm), qk_norm_full=fam.qk_norm == "full",
+        qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         norm=fam.norm, norm_offset=fam.norm_offset, placement=fam.placement, mlp_act=fam.mlp_act,
+        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated, mlp_bias=fam.mlp_bias, lm_head_bias=fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
         layer_types=types, sliding_window=window,
         rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
@@ -257,16 +268,20 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
     hidden = int(meta[p + "embedding_length"])
     heads = int(meta[p + "attention.head_count"])
     vocab = meta.get(p + "vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-    head_dim = meta.get(p + "attention.key_length") or meta.get(p + "rope.dimension_count") or hidden // heads
+    rotary = meta.get(p + "rope.dimension_count")
+    head_dim = int(meta.get(p + "attention.key_length") or hidden // heads)
     data: dict[str, Any] = {
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
         "intermediate_size": int(meta[p + "feed_forward_length"]), "num_hidden_layers": int(meta[p + "block_count"]),
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
-        "head_dim": int(head_dim), "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
+                                                             meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
         "rope_theta": float(meta.get(p + "rope.freq_base", 10000.0)),
         "max_position_embeddings": int(meta.get(p + "context_length", 2048)),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
+    if rotary and int(rotary) < head_dim:  # partial rotary (Phi-2)
+        data["partial_rotary_factor"] = int(rotary) / head_dim
     if meta.get(p + "rope.scaling.type") == "linear":
         data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
     window = meta.get(p + "attention.sliding_window")

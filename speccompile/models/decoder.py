@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from . import rope
-from .architectures import LLAMA_NAMES, family, layer_roles
+from .architectures import LLAMA_NAMES, NORM_ROLES, family
 from .moe import SparseMoe
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
@@ -26,12 +26,13 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm (or, `layer`, LayerNorm with a gain only), computed in float32; the gain is
-    `offset` + weight (Gemma: 1 + weight, added in float32 as the graphs' weight recipes do)."""
+    """Root-mean-square layer norm (or, `layer`, LayerNorm), computed in float32; the gain is `offset` + weight
+    (Gemma: 1 + weight, added in float32 as the graphs' weight recipes do), then the bias if any (Phi-2)."""
 
-    def __init__(self, size: int, eps: float, offset: float = 0.0, layer: bool = False):
+    def __init__(self, size: int, eps: float, offset: float = 0.0, layer: bool = False, bias: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size)) if bias else None
         self.eps, self.offset, self.layer = eps, offset, layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,12 +42,13 @@ class RMSNorm(nn.Module):
             x32 = x32 - x32.mean(-1, keepdim=True)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         gain = self.weight if not self.offset else (self.weight.float() + self.offset).to(self.weight.dtype)
-        return gain * x32.to(dtype)
+        out = gain * x32.to(dtype)
+        return out if self.bias is None else out + self.bias
 
 
 def norm_of(config: ModelConfig, size: int | None = None) -> RMSNorm:
     """The family's norm over `size` (default: hidden_size)."""
-    return RMSNorm(size or config.hidden_size, config.rms_norm_eps, config.norm_offset, config.norm == "layer")
+    return RMSNorm(size or config.hidden_size, config.rms_norm_eps, config.norm_offset, config.norm == "layer", config.norm_bias)
 
 
 def fused_linear(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
@@ -168,8 +170,8 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
         if config.qk_norm:
             full = config.qk_norm_full
-            self.q_norm = RMSNorm(self.num_heads * self.head_dim if full else self.head_dim, config.rms_norm_eps, config.norm_offset)
-            self.k_norm = RMSNorm(config.kv_dim if full else self.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
+            self.k_norm = norm_of(config, config.kv_dim if full else self.head_dim)
         else:
             self.q_norm = self.k_norm = None
 
@@ -230,18 +232,24 @@ def _with_last_row(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLP(nn.Module):
+    """down(act(gate) * up), gate and up from one matmul; or, not `mlp_gated`, down(act(up)) (Phi-2)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False) if config.mlp_gated else None
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.gelu = config.mlp_act == "gelu_tanh"
 
+    def _act(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(x, approximate="tanh") if self.gelu else nn.functional.silu(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(self._act(self.up_proj(x)))
         gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
-        act = nn.functional.gelu(gate, approximate="tanh") if self.gelu else nn.functional.silu(gate)
-        return self.down_proj(act * up)
+        return self.down_proj(self._act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -251,7 +259,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.config = config
-        roles = layer_roles(config.placement, config.attention_bias, config.qk_norm)
+        roles = config.layer_roles(layer)
         for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
@@ -325,7 +333,7 @@ class Decoder(nn.Module):
         self.hidden_mode = hidden_states
         self.aux_layers = tuple(aux_layers) if aux_layers else eagle3_tap_layers(config.num_hidden_layers)
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -412,6 +420,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
 
 
 _MODULE_NAMES = {**LLAMA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",)}
+_MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
 
 def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -422,7 +431,7 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        roles = layer_roles(config.placement, config.attention_bias, config.qk_norm)
+        roles = config.layer_roles(i)
         found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}
         for role, tensors in found.items():
             targets = _MODULE_NAMES[role]

@@ -190,6 +190,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     config = config_from_hf(raw, str(folder))
     files = _safetensors_files(folder)
     weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused experts, per expert
+    weights = weights.renamed(family(config.architecture).top_names)  # e.g. Phi-2's model.final_layernorm
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     if config.tie_word_embeddings:
@@ -217,7 +218,9 @@ def _hf_chat_template(folder: Path) -> str | None:
 _GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",
     "output.weight": "lm_head.weight",
+    "output.bias": "lm_head.bias",
 }
 def _open_gguf(path: Path):
     import gguf

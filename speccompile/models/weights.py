@@ -111,6 +111,25 @@ class WeightSource(ABC, Mapping[str, np.ndarray]):
         """This source minus the tensors named in `dropped`."""
         return _Filtered(self, dropped)
 
+    def renamed(self, names: Mapping[str, str]) -> "WeightSource":
+        """This source with tensor `old` shown as `names[old]` (nothing read)."""
+        return _Renamed(self, dict(names)) if names else self
+
+
+class _Renamed(WeightSource):
+    def __init__(self, inner: WeightSource, names: dict[str, str]):
+        self._inner = inner
+        self._old = {names.get(n, n): n for n in inner.names()}
+
+    def info(self, name: str) -> TensorInfo:
+        return self._inner.info(self._old[name])
+
+    def read(self, name: str) -> np.ndarray:
+        return self._inner.read(self._old[name])
+
+    def names(self) -> list[str]:
+        return list(self._old)
+
 
 class _Filtered(WeightSource):
     def __init__(self, inner: WeightSource, dropped: set[str]):
