@@ -202,6 +202,11 @@ def test_sampled_generation_is_seeded(trained_artifact):
     first = runner.generate_ids(word_prompt_ids(1), 24, sampling=params)
     again = runner.generate_ids(word_prompt_ids(1), 24, sampling=params)
     assert first.tokens == again.tokens and first.stats.draft_steps > 0
+    runner.generate_ids(word_prompt_ids(2), 24, sampling=SamplingParams(temperature=0.9, seed=3))  # other requests
+    runner.generate_ids(word_prompt_ids(2), 24, sampling=SamplingParams(temperature=0.9))
+    assert runner.generate_ids(word_prompt_ids(1), 24, sampling=params).tokens == first.tokens
+    fresh = Runner(trained_artifact[0], drafter="dflash", adaptive=False, threads=1)
+    assert fresh.generate_ids(word_prompt_ids(1), 24, sampling=params).tokens == first.tokens
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,7 +250,8 @@ def test_block_drafts_sampled_are_exact(k):
     rng = np.random.default_rng(2024 + k)
     blocks = np.stack([draft + rng.normal(size=draft.shape) * j for j in range(k)])  # one table per drafted position
     head = {"block_size": k + 1, "mask_token_id": 0, "target_vocab_size": V}
-    drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k, params, seed=7)
+    drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k)
+    drafter.start(params, np.random.default_rng(7))
     n = 40_000
     codes = np.empty(n, dtype=np.int64)
     for s in range(n):

@@ -16,7 +16,7 @@ from speccompile.runtime.sampling import SamplingParams
 
 ServerProcess = load_benchmark("server_process").ServerProcess
 
-KINDS = ["ngram", "draft-model", "eagle3", "medusa"]
+KINDS = ["ngram", "suffix", "draft-model", "eagle3", "medusa"]
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=5)
 OTHERS = [SamplingParams(temperature=0.9, seed=8), SamplingParams(temperature=0.8), SamplingParams()]  # seeded, unseeded, greedy
 MAX_TOKENS = 24
@@ -24,7 +24,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def artifacts(tiny_artifact, tiny_artifact_with_draft, head_artifacts) -> dict:
-    return {"ngram": tiny_artifact, "draft-model": tiny_artifact_with_draft, **head_artifacts}
+    return {"ngram": tiny_artifact, "suffix": tiny_artifact, "draft-model": tiny_artifact_with_draft, **head_artifacts}
 
 
 def _prompts(kind: str, runner: Runner) -> list[list[int]]:

@@ -35,7 +35,7 @@ _IGNORED = ("verifier_norm.weight", "verifier_lm_head.weight", "t2d")  # trainin
 
 def load_dflash(path: str | Path, target: ModelConfig, target_weights: TargetWeights) -> DFlashDrafter:
     """Read a DFlash checkpoint (either layout) for `target`; eval mode, fp32."""
-    raw, tensors, source = _read_checkpoint(Path(path), "dflash")
+    raw, tensors, source, _ = _read_checkpoint(Path(path), "dflash")
     tensors = _strip(tensors, ("model.",))
     cfg = dflash_config(raw, tensors, source, target)
     drafter = DFlashDrafter(cfg)
