@@ -11,6 +11,8 @@ from .graph_builder import value
 
 MS_DOMAIN = "com.microsoft"
 PAD_INPUT = "attention_pad"  # CPU graph: 1 appends attention's padding row to a pass (OneRowPadding)
+MIN_ATTENTION_TOTAL = 65  # head_dim > 128: the runtime pads a pass's attention to at least this total length
+WIDE_HEAD_DIM = 128  # above it, OneRowPadding takes a count of rows (`many`)
 BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
 
 
@@ -42,10 +44,16 @@ class OneRowPadding:
     Everything outside the attention (the weight matmuls, norms, lm_head) already is row-independent.
     ONNX Runtime refuses more than one row per sequence at batch > 1 with a past, so batched one-row
     passes run with 0 (runtime/batch.py); the slotted graph gets the same padding row per slot from the
-    caller's row layout (`SlotInputs`)."""
+    caller's row layout (`SlotInputs`).
 
-    def __init__(self, n: Nodes, const):
+    `many` (head_dim > 128): `attention_pad` is a count of padding rows (copies of the last row), so that the
+    runtime can also lift a short pass's total length above `MIN_ATTENTION_TOTAL`: at head_dim 256 ONNX Runtime
+    computes a row differently when the attention's total length is <= 64 than when it is > 64 (measured:
+    up to 6e-6 apart at total 64 vs 65, 0 elsewhere up to 530; 0 at head_dim 64 / 128)."""
+
+    def __init__(self, n: Nodes, const, many: bool = False):
         self._n = n
+        self._many = many
         pad = PAD_INPUT
         const("pad.axis", [1])
         const("pad.zero", [0])
@@ -63,7 +71,10 @@ class OneRowPadding:
 
     def rows(self, x: str) -> str:
         """`x` [batch, q, ...] with the padding row (if any) appended."""
-        extra = self._n("Slice", [x, self._last, self._end, "pad.axis"])[0]
+        if self._many:
+            extra = self._n("Gather", [x, self._n("Expand", [self._last, PAD_INPUT])[0]], axis=1)[0]
+        else:
+            extra = self._n("Slice", [x, self._last, self._end, "pad.axis"])[0]
         return self._n("Concat", [x, extra], axis=1)[0]
 
     def drop(self, x: str, name: str) -> str:

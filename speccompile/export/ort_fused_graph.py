@@ -44,7 +44,7 @@ from ..models.rope import rope_attention_factor, rounded_inv_freq
 from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
 from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
-from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, OneRowPadding, SlotInputs
+from .fused_ops import BATCH, MIN_ATTENTION_TOTAL, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, OneRowPadding, SlotInputs
 from .fused_layers import _Fused, decoder_layers, rotary_names
 from .graph_builder import value
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
@@ -143,6 +143,8 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
         extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
     if slots:
         extra["slots"] = int(slots)
+    elif target == "cpu" and contract.head_dim > WIDE_HEAD_DIM:
+        extra["min_attention_total"] = MIN_ATTENTION_TOTAL  # attention_pad: a count (OneRowPadding, `many`)
     return GraphSpec(role=contract.role, file=graph_path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
                      num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
                      hidden_states=contract.hidden_states, extra=extra)
@@ -162,7 +164,8 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     if model.config.embed_scale != 1.0:
         x = f.n("Mul", [x, f.const("embed_scale", model.config.embed_scale, np_dtype(dtype))])[0]
     slot_inputs = SlotInputs(f.n, f.const, slots) if slots else None
-    padding = OneRowPadding(f.n, f.const) if target == "cpu" and not slots else None
+    wide = model.config.head_dim > WIDE_HEAD_DIM
+    padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots else None
     count = model.config.num_hidden_layers if layers is None else layers
     final, taps, presents = decoder_layers(f, x, count, padding, slot_inputs)
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)

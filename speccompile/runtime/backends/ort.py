@@ -197,6 +197,9 @@ class OrtBufferSession(OrtSession):
         # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
+        # head_dim > 128: attention_pad is a count, and a pass's attention is padded to at least this many slots
+        # (ONNX Runtime rounds a row differently at a total length <= 64 than above; export/fused_ops.py)
+        self.min_attention_total = int(spec.extra.get("min_attention_total", 0))
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -224,7 +227,7 @@ class OrtBufferSession(OrtSession):
         """One pass over the rows as given."""
         q = int(input_ids.size)
         total = int(attention_mask.shape[-1])
-        pad = self._padding_rows(q)
+        pad = max(self._padding_rows(q), self._lift_rows(total, cache))
         cache.reserve(total + pad)
         binding = self._binding_for(cache)
         bias = np.where(attention_mask[0], np.float32(0), np.float32(-np.inf))[None, None]
@@ -250,6 +253,13 @@ class OrtBufferSession(OrtSession):
         ONNX Runtime allows it (a batch of one, or sequences without a past); the caller's buffers need one
         slot past the pass's rows for it."""
         return int(self.row_invariant and q == 1 and batch == 1)
+
+    def _lift_rows(self, total: int, cache: BufferKVCache) -> int:
+        """Padding rows that lift a single sequence's pass of `total` slots to the graph's `min_attention_total`
+        (0 without one), where the cache can hold them: a fixed cache smaller than that never crosses it."""
+        if cache.fixed and cache.capacity < self.min_attention_total:
+            return 0
+        return max(0, self.min_attention_total - total)
 
     @property
     def batches(self) -> bool:
