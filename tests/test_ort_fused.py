@@ -307,31 +307,35 @@ def test_attention_forms_benchmark_agrees_with_group_query_attention(tiny_artifa
 
 def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypatch):
     """head_dim 256 (Gemma): ONNX Runtime rounds a row differently when attention's total length is <= 64 than
-    above, so the graph takes a count of padding rows and the runtime lifts every pass to 65 slots
-    (`min_attention_total`): a position's logits are the same bits in chain passes of 1, 2, 3, 5 and 8 rows and on
+    above (and at 64 + 256 k), so the graph takes a count of padding rows and the runtime moves every pass off
+    those lengths (`attention_lift`): a position's logits are the same bits in chain passes of 1, 2, 3, 5 and 8 rows and on
     a tree's main path, across the threshold; greedy speculative decoding equals plain. Negative control: without
     the lift, passes that straddle the threshold differ."""
     from speccompile.runtime.session import Runner
 
     model = make_tiny_hf_model(tmp_path / "hd256", head_dim=256)
-    export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=128, hidden_states="final"))
+    export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=384, hidden_states="final"))
     session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.min_attention_total == 65
+    assert session.attention_lift == (256, 64)
     rng = np.random.default_rng(3)
-    prompt, tokens = rng.integers(3, 60, 58), rng.integers(3, 60, 15)  # totals 59..73 cross 64
-    one_row, one_row_hidden = _chunked_logits(session, prompt, tokens, 1)
-    for q in (2, 3, 5, 8):
-        logits, hidden = _chunked_logits(session, prompt, tokens, q)
-        np.testing.assert_array_equal(logits, one_row, err_msg=f"q={q}")
-        np.testing.assert_array_equal(hidden, one_row_hidden, err_msg=f"q={q}")
-    cache = session.new_cache()
-    out = session.run(prompt, np.arange(58), cache.attention_mask(np.tril(np.ones((58, 58), bool))), cache)
-    cache.append(out.presents, range(58), 58)
-    tree = session.run(tokens[[0, 1, 5, 2]], 58 + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
-    np.testing.assert_array_equal(tree.logits[[0, 1, 3]], one_row[:3])  # root, a, a's child: the main path
-    monkeypatch.setattr(session, "min_attention_total", 0)
-    unlifted = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 2, 3, 5, 8)]
-    assert any(not np.array_equal(u, one_row) for u in unlifted)  # what the lift prevents
+    unlifted_differs = False
+    for length in (58, 314):  # totals 59..73 cross 64, 315..329 cross 320
+        prompt, tokens = rng.integers(3, 60, length), rng.integers(3, 60, 15)
+        one_row, one_row_hidden = _chunked_logits(session, prompt, tokens, 1)
+        for q in (2, 3, 5, 8):
+            logits, hidden = _chunked_logits(session, prompt, tokens, q)
+            np.testing.assert_array_equal(logits, one_row, err_msg=f"q={q}")
+            np.testing.assert_array_equal(hidden, one_row_hidden, err_msg=f"q={q}")
+        cache = session.new_cache()
+        out = session.run(prompt, np.arange(length), cache.attention_mask(np.tril(np.ones((length, length), bool))), cache)
+        cache.append(out.presents, range(length), length)
+        tree = session.run(tokens[[0, 1, 5, 2]], length + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
+        np.testing.assert_array_equal(tree.logits[[0, 1, 3]], one_row[:3])  # root, a, a's child: the main path
+        with monkeypatch.context() as patch:
+            patch.setattr(session, "attention_lift", (0, 0))
+            unlifted = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 2, 3, 5, 8)]
+        unlifted_differs |= any(not np.array_equal(u, one_row) for u in unlifted)
+    assert unlifted_differs  # what the lift prevents
     runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     text = "abc abd abc abd abc abd abc " * 3
     plain = runner.generate(text, chat=False, max_tokens=40, drafter="none")

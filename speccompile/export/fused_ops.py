@@ -11,8 +11,15 @@ from .graph_builder import value
 
 MS_DOMAIN = "com.microsoft"
 PAD_INPUT = "attention_pad"  # CPU graph: 1 appends attention's padding row to a pass (OneRowPadding)
-MIN_ATTENTION_TOTAL = 65  # head_dim > 128: the runtime pads a pass's attention to at least this total length
-WIDE_HEAD_DIM = 128  # above it, OneRowPadding takes a count of rows (`many`)
+WIDE_HEAD_DIM = 128  # above it, OneRowPadding takes a count of rows (`many`) and the manifest `attention_lift`
+
+
+def attention_lift(head_dim: int) -> list[int]:
+    """[block, short] for head_dim > 128: ONNX Runtime CPU rounds a row of GroupQueryAttention differently when
+    its total length leaves a remainder of 1..short modulo block than otherwise (measured on the operator alone:
+    head_dim 256 steps at 64 + 256 k, 5e-7..8e-6 apart; 512 at 32, 64, 160, 192, 288; 192 at 64, the only
+    total under 127 tried; none at 64 / 128), so the runtime adds padding rows to leave such a remainder."""
+    return [128, 64] if head_dim >= 512 else [256, 64]
 BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
 
 
@@ -47,9 +54,8 @@ class OneRowPadding:
     caller's row layout (`SlotInputs`).
 
     `many` (head_dim > 128): `attention_pad` is a count of padding rows (copies of the last row), so that the
-    runtime can also lift a short pass's total length above `MIN_ATTENTION_TOTAL`: at head_dim 256 ONNX Runtime
-    computes a row differently when the attention's total length is <= 64 than when it is > 64 (measured:
-    up to 6e-6 apart at total 64 vs 65, 0 elsewhere up to 530; 0 at head_dim 64 / 128)."""
+    runtime can also move a pass's total length off the lengths where ONNX Runtime rounds differently
+    (`attention_lift`)."""
 
     def __init__(self, n: Nodes, const, many: bool = False):
         self._n = n

@@ -44,7 +44,7 @@ from ..models.rope import rope_attention_factor, rounded_inv_freq
 from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
 from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
-from .fused_ops import BATCH, MIN_ATTENTION_TOTAL, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, OneRowPadding, SlotInputs
+from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, attention_lift, OneRowPadding, SlotInputs
 from .fused_layers import _Fused, decoder_layers, rotary_names
 from .graph_builder import value
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
@@ -144,7 +144,7 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
     if slots:
         extra["slots"] = int(slots)
     elif target == "cpu" and contract.head_dim > WIDE_HEAD_DIM:
-        extra["min_attention_total"] = MIN_ATTENTION_TOTAL  # attention_pad: a count (OneRowPadding, `many`)
+        extra["attention_lift"] = attention_lift(contract.head_dim)  # attention_pad: a count (OneRowPadding, `many`)
     return GraphSpec(role=contract.role, file=graph_path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
                      num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
                      hidden_states=contract.hidden_states, extra=extra)

@@ -197,9 +197,9 @@ class OrtBufferSession(OrtSession):
         # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
-        # head_dim > 128: attention_pad is a count, and a pass's attention is padded to at least this many slots
-        # (ONNX Runtime rounds a row differently at a total length <= 64 than above; export/fused_ops.py)
-        self.min_attention_total = int(spec.extra.get("min_attention_total", 0))
+        # head_dim > 128: attention_pad is a count; [block, short]: a pass whose total length leaves a remainder of
+        # 1..short modulo block gets padding rows past it (ONNX Runtime rounds those differently; export/fused_ops.py)
+        self.attention_lift = tuple(int(v) for v in spec.extra.get("attention_lift", (0, 0)))
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -255,11 +255,13 @@ class OrtBufferSession(OrtSession):
         return int(self.row_invariant and q == 1 and batch == 1)
 
     def _lift_rows(self, total: int, cache: BufferKVCache) -> int:
-        """Padding rows that lift a single sequence's pass of `total` slots to the graph's `min_attention_total`
-        (0 without one), where the cache can hold them: a fixed cache smaller than that never crosses it."""
-        if cache.fixed and cache.capacity < self.min_attention_total:
+        """Padding rows that move a single sequence's pass of `total` slots past a remainder of 1..short modulo
+        block (the graph's `attention_lift`; 0 without one), where the cache can hold them."""
+        block, short = self.attention_lift
+        rest = total % block if block else 0
+        if not 1 <= rest <= short or (cache.fixed and total + short + 1 - rest > cache.capacity):
             return 0
-        return max(0, self.min_attention_total - total)
+        return short + 1 - rest
 
     @property
     def batches(self) -> bool:
