@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..draft_config import DraftConfig
-from ..manifest import GraphSpec, sha256_of
+from ..manifest import GraphSpec
 from ..models.load import LoadedModel
 from .drafter_types import DrafterExport, DrafterRequest
+from .heads import save_draft_to_target, source_digests
 
 
 def dflash_taps(path: str | Path, target_layers: int) -> tuple[int, ...]:
@@ -41,8 +42,6 @@ def dflash_taps(path: str | Path, target_layers: int) -> tuple[int, ...]:
 def export_dflash(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
                   digests: dict[str, str]) -> DrafterExport:
     """Load the checkpoint (either published layout), trace its block pass and describe it in the manifest."""
-    import numpy as np
-
     from ..models.dflash_io import load_dflash
     from .cpu_draft_weights import add_quantized_head_variant
     from .onnx_export import torch_dtype
@@ -63,12 +62,8 @@ def export_dflash(request: DrafterRequest, target: LoadedModel, out_dir: Path, d
     section: dict[str, Any] = {"kind": "dflash", "graph": "dflash", **draft.to_manifest(), "head": cfg.to_dict(),
                                "source": str(request.path)}
     if cfg.draft_vocab_size != cfg.target_vocab_size:
-        np.save(out_dir / "dflash_d2t.npy", drafter.draft_to_target().numpy().astype(np.int64), allow_pickle=False)
-        files.append("dflash_d2t.npy")
-        section["draft_to_target"] = "dflash_d2t.npy"
-    src = Path(request.path)
-    weights = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
-    section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
+        save_draft_to_target(drafter.draft_to_target().numpy(), "dflash", out_dir, files, section)
+    section["source_sha256"] = source_digests(Path(request.path))
     return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section)
 
 

@@ -23,9 +23,7 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
                 digests: dict[str, str]) -> DrafterExport:
     """Trace the head (one layer); of the target it reads only the tables it shares (embedding, lm_head, norm),
     one tensor at a time from the target's lazy weights."""
-    import numpy as np
-
-    from ..models.head_loaders import TORCH_SUFFIXES, load_head
+    from ..models.head_loaders import load_head
     from .onnx_export import torch_dtype
 
     kind = request.kind
@@ -46,16 +44,30 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
         "source": str(request.path or target.source),
     }
     if kind == "eagle3":
-        np.save(out_dir / "eagle3_d2t.npy", head.draft_to_target().numpy().astype(np.int64), allow_pickle=False)
-        files.append("eagle3_d2t.npy")
-        section["draft_to_target"] = "eagle3_d2t.npy"
+        save_draft_to_target(head.draft_to_target().numpy(), "eagle3", out_dir, files, section)
         section["target_taps"] = list(cfg.aux_layer_ids)  # inputs of these target layers (L: the final hidden state)
     if request.path is not None:  # (an MTP head inside the target: the target's digests are the model's)
-        src = Path(request.path)
-        weights = (sorted(src.glob("*.safetensors")) or sorted(f for f in src.iterdir() if f.suffix in TORCH_SUFFIXES)
-                   if src.is_dir() else [src])
-        section["source_sha256"] = {w.name: sha256_of(w) for w in weights if w.is_file()}
+        section["source_sha256"] = source_digests(Path(request.path))
     return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section)
+
+
+def save_draft_to_target(d2t, prefix: str, out_dir: Path, files: list[str], section: dict[str, Any]) -> None:
+    """Write a drafter's draft-to-target vocabulary map as `{prefix}_d2t.npy` and name it in its manifest section."""
+    import numpy as np
+
+    name = f"{prefix}_d2t.npy"
+    np.save(out_dir / name, np.asarray(d2t).astype(np.int64), allow_pickle=False)
+    files.append(name)
+    section["draft_to_target"] = name
+
+
+def source_digests(src: Path) -> dict[str, str]:
+    """sha256 of a drafter checkpoint's weight files (safetensors, else torch files; or the one file given)."""
+    from ..models.head_loaders import TORCH_SUFFIXES
+
+    weights = (sorted(src.glob("*.safetensors")) or sorted(f for f in src.iterdir() if f.suffix in TORCH_SUFFIXES)
+               if src.is_dir() else [src])
+    return {w.name: sha256_of(w) for w in weights if w.is_file()}
 
 
 def export_head_graph(head, path: Path, dtype: str = "fp32", digests: dict[str, str] | None = None) -> GraphSpec:
