@@ -7,7 +7,7 @@ import pytest
 
 from speccompile.runtime import Runner
 from speccompile.runtime.adaptive import AdaptiveController
-from speccompile.runtime.batch import BatchDecoder
+from speccompile.runtime.batch_fused import FusedGraphPasses
 from speccompile.runtime.costs import LoadPricedCosts, PassCosts
 from speccompile.runtime.sampling import SamplingParams
 
@@ -80,7 +80,7 @@ def _decode_together(runner: Runner, prompts: list[list[int]], max_tokens: int, 
 
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_batched_greedy_equals_alone(tiny_artifact, adaptive, monkeypatch):
-    monkeypatch.setattr(BatchDecoder, "initial_rows", 8)  # the slot buffers grow (and move) while decoding
+    monkeypatch.setattr(FusedGraphPasses, "initial_rows", 8)  # the slot buffers grow (and move) while decoding
     runner = Runner(tiny_artifact, drafter="ngram", threads=1, adaptive=adaptive)
     prompts = [_ids(runner, p) for p in PROMPTS]
     together, decoder = _decode_together(runner, prompts, 24)
@@ -102,8 +102,8 @@ def test_fixed_kv_pool_is_allocated_once_and_decodes_as_alone(tiny_artifact):
     bound = max(len(ids) for ids in prompts) + 24
     decoder = runner.batch_decoder(3, bound)
     assert decoder.rows == bound + runner.artifact.max_verify_tokens
-    pool = [id(buffer) for buffer in decoder.buffers]
-    assert decoder.kv_bytes == sum(b.nbytes for b in decoder.buffers) > 0
+    pool = [id(buffer) for buffer in decoder.passes.buffers]
+    assert decoder.kv_bytes == sum(b.nbytes for b in decoder.passes.buffers) > 0
     passes = decoder.batched_passes
     decoder.warm_up(runner.config(2))  # the server's start: the largest passes once, then an empty decoder
     assert not decoder.active and decoder.free == 3 and decoder.batched_passes > passes
@@ -116,7 +116,7 @@ def test_fixed_kv_pool_is_allocated_once_and_decodes_as_alone(tiny_artifact):
             running[id(generation)] = i
         for generation in decoder.step():
             results[running.pop(id(generation))] = generation.result().tokens
-        assert [id(buffer) for buffer in decoder.buffers] == pool
+        assert [id(buffer) for buffer in decoder.passes.buffers] == pool
     for i, ids in enumerate(prompts):
         assert results[i] == runner.generate_ids(ids, 24).tokens
 
@@ -165,14 +165,14 @@ def test_costs_before_measurements_do_not_freeze_drafting():
 def test_drafting_stops_when_not_even_full_acceptance_pays(tiny_artifact):
     runner = Runner(tiny_artifact, drafter="ngram", threads=1)
     decoder = runner.batch_decoder(8)
-    decoder.pricing.alone.by_q.clear()
-    decoder.pricing.alone.by_q.update({1: 0.020})
-    decoder.pricing.alone.slope = 0.004  # a draft of k costs 20 + 4k ms alone
+    decoder.passes.pricing.alone.by_q.clear()
+    decoder.passes.pricing.alone.by_q.update({1: 0.020})
+    decoder.passes.pricing.alone.slope = 0.004  # a draft of k costs 20 + 4k ms alone
     decoder.active = [decoder.join(runner.artifact.tokenizer.prompt_ids("abc abc", chat=False), runner.config(50))]
-    decoder.pricing.batched.by_q.clear()
-    decoder.pricing.batched.by_q.update({1: 0.020, 8: 0.030})
-    assert decoder.drafting_pays(decoder.shared_row_seconds(1))  # alone: 9 tokens in 52 ms beat 1 in 20 ms
-    assert not decoder.drafting_pays(decoder.shared_row_seconds(8))  # 1 token per 3.75 ms row beats any draft
+    decoder.passes.pricing.batched.by_q.clear()
+    decoder.passes.pricing.batched.by_q.update({1: 0.020, 8: 0.030})
+    assert decoder.passes.drafting_pays(decoder.passes.shared_row_seconds(1, decoder.active), decoder.active)  # alone: 9 tokens in 52 ms beat 1 in 20 ms
+    assert not decoder.passes.drafting_pays(decoder.passes.shared_row_seconds(8, decoder.active), decoder.active)  # 1 token per 3.75 ms row beats any draft
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa", "draft-model"])

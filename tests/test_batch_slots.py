@@ -37,7 +37,7 @@ def test_slot_rounds_carry_drafts_and_decode_as_alone(tiny_artifact):
     runner = Runner(tiny_artifact, drafter="ngram", threads=1, adaptive=False)
     prompts = [_ids(runner, p) for p in PROMPTS[:4]]
     decoder = runner.batch_decoder(4, slot_passes="drafts")
-    assert decoder.slot_session is not None and decoder.pricing.slots.row_seconds is not None  # calibrated at start
+    assert decoder.passes.slot_session is not None and decoder.passes.pricing.slots.row_seconds is not None  # calibrated at start
     results = _decode_together(decoder, runner, prompts, 24)
     assert decoder.slot_passes > 0
     assert sum(r.stats.draft_steps for r in results) > 0
@@ -65,7 +65,7 @@ def test_batch_invariant_rows_are_bitwise_alone(tiny_artifact):
         assert mine.tokens == theirs.tokens
         assert np.array_equal(mine.logits, theirs.logits)
     decoder, batched = together()
-    assert decoder.slot_session is None and decoder.slot_passes == 0
+    assert decoder.passes.slot_session is None and decoder.slot_passes == 0
     assert any(not np.array_equal(mine.logits[1:], theirs.logits[1:]) for mine, theirs in zip(batched, alone))
 
 
@@ -127,8 +127,8 @@ def test_drafts_that_do_not_pay_for_a_slot_pass_are_dropped(tiny_artifact):
     prompts = [_ids(runner, p) for p in PROMPTS[:4]]
     for invariant in (False, True):
         decoder = runner.batch_decoder(4, slot_passes="all" if invariant else "drafts")
-        decoder.pricing.slots.calibrate((8, 48), (10.0, 11.0))  # 10 s a slot pass
-        decoder.pricing.batched.record(4, 0.001)
+        decoder.passes.pricing.slots.calibrate((8, 48), (10.0, 11.0))  # 10 s a slot pass
+        decoder.passes.pricing.batched.record(4, 0.001)
         results = _decode_together(decoder, runner, prompts, 16)
         assert (decoder.slot_passes > 0) == invariant
         for ids, result in zip(prompts, results):

@@ -63,7 +63,7 @@ def test_reused_rows_and_first_logits_equal_a_fresh_prefill_bitwise(tiny_artifac
         passes = -(-(len(ids) - cached) // CHUNK)  # prefill in chunks from the first uncached token
         assert (generation.stats.cached_tokens, generation.stats.prefill_passes) == (cached, passes), (len(ids), cached)
         rows, logits = _fresh(runner, ids)
-        for buffer, expected in zip(decoder.buffers, rows):
+        for buffer, expected in zip(decoder.passes.buffers, rows):
             assert np.array_equal(buffer[0, :, : len(ids)], expected), (len(ids), cached)
         assert np.array_equal(generation.prompt_logits, logits), (len(ids), cached)
         if not generation.done:
@@ -114,7 +114,7 @@ def test_a_shared_system_prompt_is_reused_to_the_token(tiny_artifact, row_invari
     assert shared % PREFIX_BLOCK  # the shared part ends inside a block
     assert generation.stats.cached_tokens == (shared if row_invariant else 0)
     fresh = runner.generator(plain=True).start(second, runner.config(4))
-    for buffer, rows in zip(decoder.buffers, fresh.cache.arrays):
+    for buffer, rows in zip(decoder.passes.buffers, fresh.cache.arrays):
         assert np.array_equal(buffer[0, :, : len(second)], rows[0, :, : len(second)])
     assert np.array_equal(generation.prompt_logits, fresh.prompt_logits)
 

@@ -1,6 +1,11 @@
-"""Continuous batching of generations over the fused CPU graph: requests join and leave between steps.
+"""Continuous batching of generations: requests join and leave between steps, on every backend.
 
-Every request is a `Generation` of its own (its drafter, sampling RNG, adaptive controller, output and
+`BatchDecoder` owns the request lifecycle (join, step, leave, deferred prefills); how a round's target passes run,
+and where each request's KV rows live, is its `RoundPasses` (runtime/batch_passes.py): `FusedGraphPasses`
+(batch_fused.py, the fused ONNX Runtime CPU graph with a batch axis, described below) or `OnePassPerRequest` (any
+backend: each request its own KV cache and its own pass each round, the bits it gets alone).
+
+In the fused mode every request is a `Generation` of its own (its drafter, sampling RNG, adaptive controller, output and
 stops) whose KV rows live in one slot of shared per-layer buffers [slots, kv_heads, rows, head_dim]. Its
 prefill runs alone (a batch-1 pass on its slot). Each `step()` then does one round for every active request:
 
@@ -47,54 +52,48 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import UnsupportedError
-from .backends.ort import OrtBufferSession
-from .backends.ort_slots import OrtSlotSession, SlotRows
-from .costs import BatchPricing, LoadPricedCosts, PassCosts
-from .generate import Generation, Generator, PlannedStep
+from .batch_passes import RoundPasses
+from .generate import Generation, Generator
 from .options import GenerationConfig
 from .prefix_cache import PREFIX_BLOCK, PrefixCache
 
 
 class BatchDecoder:
-    """Active generations in slots of shared KV buffers; `join`, `step`, `leave`.
+    """Active generations decoding together; `join`, `step`, `leave`. `passes` decides where their KV rows live
+    and which target passes a round runs (runtime/batch_passes.py); `new_generator(config)` returns a Generator
+    for one request (its own drafter)."""
 
-    `rows`: KV rows per slot, allocated (and written, so the memory is taken) at once — a server's fixed KV pool,
-    sized by the longest request it admits. Without it the buffers start with `initial_rows` rows per slot and
-    double (up to the graph's rows) when a request needs more: memory follows the longest request so far.
-
-    `new_generator()` returns a Generator for one request (its own drafter) over `session`; `pricing` collects the
-    measured pass times (batched by rows, batch-1 by q: `alone_costs`, the runner's; slot passes by rows)."""
-
-    initial_rows = 512
     prefix_cache: PrefixCache | None = None  # reuse prompt rows across requests (`join`; Runner.batch_decoder sets it)
-    slot_session: OrtSlotSession | None = None  # rounds with drafts as one slot pass (Runner.batch_decoder sets it)
-    batch_invariant = False  # with a slot session: every round of 2+ requests a slot pass (slot_passes="all")
 
-    def __init__(self, session: OrtBufferSession, new_generator: Callable[[GenerationConfig], Generator],
-                 slots: int, alone_costs: PassCosts, rows: int | None = None):
-        if not session.batches:
-            raise UnsupportedError(f"{session.spec.file} has batch 1 only (re-export for a batch axis)")
-        self.session = session
+    def __init__(self, passes: RoundPasses, new_generator: Callable[[GenerationConfig], Generator]):
+        self.passes = passes
+        self.session = passes.session
         self.new_generator = new_generator
-        self.slots = slots
-        self.pricing = BatchPricing(alone_costs)  # the measured costs of its passes, what a round pays for
-        if rows is not None and rows < 1:
-            raise ValueError(f"rows must be >= 1, got {rows}")
-        self.rows = min(session.kv_rows, rows or self.initial_rows)  # KV rows per slot now
-        self.fixed = rows is not None  # a pool allocated once: the slots never move (requests may join mid-round)
-        self.buffers = session.new_batch_buffers(slots, self.rows)
-        if rows is not None:
-            for buffer in self.buffers:
-                buffer.fill(0)  # commit the pages now: the pool's memory is taken at start, not as requests arrive
+        self.slots = passes.slots
         self.active: list[Generation] = []  # active[i] lives in slot i
-        self.batched_passes = 0
-        self.slot_passes = 0  # rounds run as one slot pass
+
+    @property
+    def rows(self) -> int:
+        """KV rows one request may hold now."""
+        return self.passes.rows
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of the slot buffers (every layer's keys and values)."""
-        return sum(buffer.nbytes for buffer in self.buffers)
+        """Bytes of the KV memory the decoder holds for its slots."""
+        return self.passes.kv_bytes
+
+    @property
+    def batched_passes(self) -> int:
+        return self.passes.batched_passes
+
+    @property
+    def slot_passes(self) -> int:
+        return self.passes.slot_passes
+
+    @property
+    def keeps_prefixes(self) -> bool:
+        """Whether a prefix cache serves (and learns from) this decoder's prompts."""
+        return self.passes.keeps_prefixes
 
     @property
     def free(self) -> int:
@@ -112,9 +111,9 @@ class BatchDecoder:
             raise RuntimeError("every batch slot is taken")
         slot = len(self.active)
         generator = self.new_generator(config)
-        self._ensure_rows(len(prompt_ids) + generator.max_verify_tokens)
-        cache = self.session.slot_cache(self.buffers, slot)
-        caching = self.prefix_cache is not None and generator.resumes_prefill
+        self.passes.make_room(self.active, len(prompt_ids) + generator.max_verify_tokens)
+        cache = self.passes.cache(slot)
+        caching = self._caching() and generator.resumes_prefill
         hit = (self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids, partial=self.session.row_invariant)
                if caching and prompt_ids else None)
         if hit is not None:
@@ -132,16 +131,20 @@ class BatchDecoder:
         """The last logits of `prompt_ids` when the prefix cache holds the whole prompt for this decoder's graph
         (what `join` would start from), else None. Safe from another thread than the one that steps: it reads
         only the (locked) prefix cache."""
-        if self.prefix_cache is None or not prompt_ids:
+        if not self._caching() or not prompt_ids:
             return None
         return self.prefix_cache.whole_prompt_logits(self.session, self._prefix_block(config), prompt_ids)
 
     def _prefilled(self, generation: Generation, whole_prompt_hit: bool = False) -> None:
         """A prompt is prefilled: keep what it computed in the prefix cache."""
-        if (self.prefix_cache is not None and generation.generator.resumes_prefill and not whole_prompt_hit
+        if (self._caching() and generation.generator.resumes_prefill and not whole_prompt_hit
                 and generation.prompt_logits is not None):  # (None: the graph's ArgMax chose the first token)
             self.prefix_cache.store(self.session, self._prefix_block(generation.config), generation.prompt_ids,
                                     generation.cache.arrays, generation.prompt_logits)
+
+    def _caching(self) -> bool:
+        """Whether prompts go through the prefix cache: one is set and this decoder's mode keeps prefixes."""
+        return self.prefix_cache is not None and self.passes.keeps_prefixes
 
     def _prefix_block(self, config: GenerationConfig) -> int:
         """The prefix cache's granularity: blocks of PREFIX_BLOCK tokens where the graph computes a row alike
@@ -178,7 +181,8 @@ class BatchDecoder:
         if defer_prefill:
             return [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
         candidates = {i: self.new_generator(config) for i, (ids, config, _) in enumerate(requests)
-                      if prefill_together and self.prefix_cache is None and self._prefills_together(ids, config)}
+                      if prefill_together and self.passes.prefills_together and not self._caching()
+                      and self._prefills_together(ids, config)}
         together = [i for i, generator in candidates.items() if generator.resumes_prefill]  # (a head reads the prefill's hidden states)
         if len(together) < 2:
             together = []
@@ -186,13 +190,13 @@ class BatchDecoder:
         if together:
             first = len(self.active)
             generators = [candidates[i] for i in together]
-            self._ensure_rows(max(len(requests[i][0]) + g.max_verify_tokens for i, g in zip(together, generators)))
+            self.passes.make_room(self.active, max(len(requests[i][0]) + g.max_verify_tokens for i, g in zip(together, generators)))
             t0 = time.perf_counter()
-            logits = self.session.prefill_batch(self.buffers, first, [np.asarray(requests[i][0]) for i in together])
+            logits = self.passes.prefill_batch(first, [np.asarray(requests[i][0]) for i in together])
             generators[0].clock.seconds += time.perf_counter() - t0
             for slot, (i, generator, last) in enumerate(zip(together, generators, logits), start=first):
                 ids, config, on_text = requests[i]
-                cache = self.session.slot_cache(self.buffers, slot)
+                cache = self.passes.cache(slot)
                 cache.append([], range(len(ids)), len(ids))
                 results[i] = generator.start(ids, config, on_text, cache, last)
                 self.active.append(results[i])
@@ -230,51 +234,14 @@ class BatchDecoder:
         while self.active:
             self.step()
 
-    def calibrate_slot_passes(self, rows_per_slot: int, token: int = 0, repeats: int = 3) -> None:
-        """Time slot passes of one row and of `rows_per_slot` rows in every slot (scratch KV rows at the start of
-        each slot, which the next requests overwrite): the price of a draft row (`SlotPassCosts.calibrate`).
-        Needs an empty decoder with a slot session."""
-        if self.active or self.slot_session is None:
-            raise RuntimeError("calibrate_slot_passes needs an empty decoder with a slot session")
-        rows_per_slot = max(2, min(rows_per_slot, self.rows - 1))
-        caches = [self.session.slot_cache(self.buffers, b) for b in range(min(self.slots, self.slot_session.slots))]
-        sizes, timings = [], []
-        for q in (1, rows_per_slot):
-            rows = [SlotRows(np.full(q, token, np.int64), np.arange(q), np.tril(np.ones((q, q), bool))) for _ in caches]
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                self.slot_session.run(self.buffers, self.session.past_names, rows, caches, pad_one_row=self.batch_invariant)
-                best = min(best, time.perf_counter() - t0)
-            sizes.append(sum([q] * len(caches)) + self.slot_session.slots - len(caches))
-            timings.append(best)
-        self.pricing.slots.calibrate((sizes[0], sizes[1]), (timings[0], timings[1]))
-
     def leave(self, generation: Generation) -> None:
-        """Free a request's slot (finished or cancelled); the last slot's rows move into it (slots stay dense)."""
+        """Free a request's slot (finished or cancelled); the last slot's request moves into it (slots stay dense)."""
         slot = self.active.index(generation)
         last = self.active.pop()
         if last is generation:
             return
-        rows = last.cache.length
-        for buffer in self.buffers:
-            buffer[slot, :, :rows] = buffer[len(self.active), :, :rows]
-        last.cache.point_at([b[slot: slot + 1] for b in self.buffers])
+        self.passes.moved(last, len(self.active), slot)
         self.active[slot] = last
-
-    def _ensure_rows(self, rows: int) -> None:
-        """Grow every slot to hold `rows` KV rows (+ the slot a one-row pass's attention padding row takes;
-        doubling, bounded by the graph's), keeping the active rows."""
-        rows += 1
-        if rows <= self.rows:
-            return
-        self.rows = min(self.session.kv_rows, max(rows, 2 * self.rows))
-        old, self.buffers = self.buffers, self.session.new_batch_buffers(self.slots, self.rows)
-        for slot, generation in enumerate(self.active):
-            length = generation.cache.length
-            for new, previous in zip(self.buffers, old):
-                new[slot, :, :length] = previous[slot, :, :length]
-            generation.cache.point_at([b[slot: slot + 1] for b in self.buffers])
 
     def step(self, between_passes: Callable[[], None] | None = None) -> list[Generation]:
         """One round for every active request; returns (and removes) those that finished.
@@ -286,46 +253,16 @@ class BatchDecoder:
         a round with nothing to decode too."""
         if not self.active:
             return []
-        hook = between_passes if self.fixed else None
+        hook = between_passes if self.passes.fixed else None
 
         def after_pass() -> None:
             if hook:
                 hook()
             self._advance_prefills()
 
-        self._ensure_rows(max(g.cache.length for g in self.active) + max(g.generator.max_verify_tokens for g in self.active))
-        slot_capable = self._slot_capable()
-        shared_row = self.shared_row_seconds(len(self.active))
-        drafting = self.drafting_pays(shared_row)
-        costs = self.pricing.request_costs(shared_row, slot_capable)  # one per round, the same for every request (seeded ones keep their own)
-        probing = len(self.active) == 1  # batched, a probe waits for a slot round (`_probe_idle`)
-        plans: list[PlannedStep | None] = []
-        for generation in self.active:
-            if generation.prefilling:  # no token to decode yet: its chunks run between the passes
-                plans.append(None)
-                continue
-            controller = generation.controller
-            plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive,
-                                              slot_capable, costs, probing))
-        slotted = slot_capable and any(p is not None for p in plans) and (
-            self.batch_invariant or any(p is not None and p.draft.tokens for p in plans))
-        if slotted and not self.batch_invariant and not self._slot_round_pays(plans):
-            self._drop_drafts(plans)
-            slotted = False
-        outputs = {}
-        if slotted:
-            self._probe_idle(plans, costs)
-            outputs.update(self._slot_pass(plans))
-            after_pass()
-        else:
-            plain = [i for i, p in enumerate(plans) if p is not None and not p.draft.tokens]
-            if plain:
-                outputs.update(self._batched_pass(plans, plain))
-                after_pass()
-            for i, planned in enumerate(plans):
-                if planned is not None and planned.draft.tokens:
-                    outputs[i] = self.active[i].verify_pass(planned)
-                    after_pass()
+        self.passes.make_room(self.active, max(g.cache.length for g in self.active)
+                              + max(g.generator.max_verify_tokens for g in self.active))
+        plans, outputs = self.passes.round(self.active, after_pass)
         if not outputs:
             self._advance_prefills()
         for i, out in outputs.items():
@@ -335,91 +272,3 @@ class BatchDecoder:
             self.leave(generation)
         return finished
 
-    def _batched_pass(self, plans: list[PlannedStep | None], plain: list[int]) -> dict:
-        """One q = 1 pass over slots 0..h (h: the last plain request); slots in between that draft or are
-        done get a row too (their KV row lands past what they commit, their logits are dropped)."""
-        rows = self.active[: plain[-1] + 1]
-        one = np.ones((1, 1), dtype=bool)
-        inputs = [(np.asarray([g.tokens[-1]]), np.asarray([g.cache.length]), one) for g in rows]
-        t0 = time.perf_counter()
-        outs = self.session.run_batch(self.buffers, inputs, [g.cache for g in rows])
-        seconds = time.perf_counter() - t0
-        self.batched_passes += 1
-        self.pricing.batched.record(len(rows), seconds)
-        if len(rows) == 1:
-            self.pricing.alone.record(1, seconds)
-        self.active[0].generator.clock.seconds += seconds
-        for i in plain:
-            self.active[i].stats.time_verify += seconds
-        return {i: outs[i] for i in plain}
-
-    def _slot_capable(self) -> bool:
-        """Whether a round may run as one slot pass: a slot graph and two or more requests (one runs alone)."""
-        return self.slot_session is not None and len(self.active) >= 2
-
-    def _slot_pass_rows(self, plans: list[PlannedStep | None]) -> int:
-        """Rows of a slot pass whose first slots carry these plans (a request without one: a dummy row); every
-        other slot gets a dummy row."""
-        request_rows = [len(p.ids) if p is not None else 1 for p in plans]
-        return sum(request_rows) + self.slot_session.slots - len(request_rows)
-
-    def _slot_round_pays(self, plans: list[PlannedStep | None]) -> bool:
-        """Whether this round's drafts pay for making it one slot pass (`BatchPricing.slot_round_pays`)."""
-        expected = sum(self._expected_tokens(generation, planned)
-                       for generation, planned in zip(self.active, plans) if planned is not None)
-        planned = sum(p is not None for p in plans)
-        return self.pricing.slot_round_pays(expected, planned, len(self.active), self._slot_pass_rows(plans))
-
-    @staticmethod
-    def _expected_tokens(generation: Generation, planned: PlannedStep) -> float:
-        """Tokens a request expects from its planned step: 1 for a plain step, a carried chain's all (it was
-        accepted once), else its controller's estimate for the draft's depth and kind."""
-        draft = planned.draft
-        if not draft.tokens:
-            return 1.0
-        if draft.carried:
-            return 1.0 + len(draft.tokens)
-        return generation.controller.expected_tokens(draft.depth, draft.key)
-
-    def _drop_drafts(self, plans: list[PlannedStep | None]) -> None:
-        """Plan every request that drafted this round again as a plain step (its draft is not verified)."""
-        for i, (generation, planned) in enumerate(zip(self.active, plans)):
-            if planned is not None and planned.draft.tokens:
-                plans[i] = generation.plan_step(False, shadow=True)
-
-    def _probe_idle(self, plans: list[PlannedStep | None], costs: LoadPricedCosts) -> None:
-        """A round that is one slot pass anyway: plan again every request without a draft, with probing on, so
-        one whose probe is due drafts now (a few rows more in this pass, not a pass of its own)."""
-        for i, (generation, planned) in enumerate(zip(self.active, plans)):
-            controller = generation.controller
-            if planned is None or planned.draft.tokens or controller.deterministic or not generation.config.adaptive:
-                continue
-            plans[i] = generation.plan_step(True, True, costs, probing=True)
-
-    def _slot_pass(self, plans: list[PlannedStep | None]) -> dict:
-        """Every request's rows, plain or with its draft, in one pass of the slotted graph (requests still
-        prefilling and free slots get a dummy row). Draft rows compute the bits they get alone; a plain row too
-        when `batch_invariant`, else it skips attention's padding row and computes the bits a batched pass gives
-        it (bitwise: tests/test_ort_slots.py), so a plain step does not depend on which kind of round ran it."""
-        rows = [SlotRows(p.ids, p.positions, p.new_mask) if p is not None else None for p in plans]
-        t0 = time.perf_counter()
-        outs = self.slot_session.run(self.buffers, self.session.past_names, rows, [g.cache for g in self.active],
-                                     pad_one_row=self.batch_invariant)
-        seconds = time.perf_counter() - t0
-        self.pricing.slots.record(self._slot_pass_rows(plans), seconds)
-        self.slot_passes += 1
-        self.active[0].generator.clock.seconds += seconds
-        for i, planned in enumerate(plans):
-            if planned is not None:
-                self.active[i].stats.time_verify += seconds
-        return {i: out for i, out in enumerate(outs) if out is not None}
-
-    def shared_row_seconds(self, rows: int) -> float | None:
-        """Seconds of one row of a plain round over `rows` requests (`BatchPricing.shared_row_seconds`)."""
-        every_round_a_slot_pass = self._slot_capable() and self.batch_invariant
-        return self.pricing.shared_row_seconds(rows, self.slot_session.slots if every_round_a_slot_pass else None)
-
-    def drafting_pays(self, shared_row: float | None) -> bool:
-        """Whether any draft could pay at this load (`BatchPricing.drafting_pays`): when not, nobody drafts."""
-        most = max(g.config.num_draft_tokens for g in self.active)
-        return self.pricing.drafting_pays(shared_row, most, self._slot_capable())

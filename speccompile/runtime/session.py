@@ -38,6 +38,7 @@ from .timing import EngineClock
 
 if TYPE_CHECKING:
     from .batch import BatchDecoder
+    from .batch_fused import FusedGraphPasses
     from .grammar import GrammarCompiler
     from .prefix_cache import PrefixCache
 
@@ -173,20 +174,25 @@ class Runner:
         return most_recent(self._acceptance, (s.temperature, s.top_k, s.top_p), AdaptiveController.learned_rates)
 
     def batch_problem(self) -> str | None:
-        """Why this runner cannot decode requests together (`batch_decoder`); None when it can."""
+        """Why this runner's batch decoder cannot share passes between requests (it then runs one pass per request,
+        `batch_decoder`); None when it can (the fused CPU graph with a batch axis)."""
         target = self.artifact.target
         if not isinstance(target, OrtBufferSession):
-            return f"batching needs the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
+            return f"shared passes need the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
         if not target.batches:
             return f"{target.spec.file} was exported with batch 1 (re-export the artifact for a batch axis)"
         return None
 
     def batch_decoder(self, slots: int, max_tokens: int | None = None, prefix_cache: "PrefixCache | None" = None,
-                      slot_passes: str = "off") -> "BatchDecoder":
-        """Decode up to `slots` requests together (runtime/batch.py); UnsupportedError when `batch_problem()`.
+                      slot_passes: str = "off", shared_passes: bool = True) -> "BatchDecoder":
+        """Decode up to `slots` requests together (runtime/batch.py). On the fused CPU graph with a batch axis (and
+        `shared_passes`) their plain rows share passes; otherwise (`batch_problem()`, or not `shared_passes`)
+        each request runs its own pass each round, over its own KV cache, with as many slots as the target holds
+        caches (`Session.max_caches`: 1 on the GPU graph).
         `max_tokens`: the most tokens (prompt + generated) one request holds; the KV slots are then allocated at
         once for that many tokens plus a verify pass (else they grow with the longest request).
-        `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder).
+        `prefix_cache`: prompt rows to reuse across requests (runtime/prefix_cache.py; it may outlive the decoder;
+        shared passes only).
         `slot_passes` (SLOT_PASSES): which rounds run as one pass of the artifact's slotted graph
         (`target.ort-slots.onnx`, drafts in the shared pass, a draft's rows the bits they get alone): "off" none,
         "drafts" those in which a request drafts (and the drafts pay for it; plain rows compute the batched
@@ -194,25 +200,37 @@ class Runner:
         its logits alone). Its ONNX Runtime session
         holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots."""
         from .batch import BatchDecoder
+        from .batch_passes import OnePassPerRequest, slots_for
 
         if slot_passes not in SLOT_PASSES:
             raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")
-        problem = self.batch_problem()
-        if problem:
-            raise UnsupportedError(problem)
-        rows = None if max_tokens is None else max_tokens + self.artifact.max_verify_tokens
-        decoder = BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
-                               slots, self.pass_costs, rows)
+        if self.batch_problem() is not None or not shared_passes:
+            if slot_passes != "off":
+                raise UnsupportedError(f"slot_passes {slot_passes}: {self.batch_problem() or 'shared passes are off'}", "slot_passes")
+            slots = slots_for(self.artifact.target, slots)
+            return BatchDecoder(OnePassPerRequest(self.artifact.target, slots, self.artifact.max_context),
+                                lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, slots > 1))
+        decoder = BatchDecoder(self._fused_passes(slots, max_tokens, slot_passes),
+                               lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True))
         decoder.prefix_cache = prefix_cache
+        return decoder
+
+    def _fused_passes(self, slots: int, max_tokens: int | None, slot_passes: str) -> "FusedGraphPasses":
+        """The batch decoder's shared passes over the fused CPU graph (with its slotted graph unless `slot_passes`
+        is "off")."""
+        from .batch_fused import FusedGraphPasses
+
+        rows = None if max_tokens is None else max_tokens + self.artifact.max_verify_tokens
+        passes = FusedGraphPasses(self.artifact.target, slots, self.pass_costs, rows)
         if slot_passes != "off":
             spec = self.artifact.manifest.graphs.get(variant_name("target", "slots"))
             if spec is None or int(spec.extra.get("slots", 0)) < slots or not self.artifact.target.row_invariant:
                 raise UnsupportedError(f"slot_passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
                                        f"requests (re-export with `speccompile export --batch-slots {slots}`)", "slot_passes")
-            decoder.slot_session = self.artifact.session(variant_name("target", "slots"))
-            decoder.batch_invariant = slot_passes == "all"
-            decoder.calibrate_slot_passes(1 + self.num_draft_tokens)
-        return decoder
+            passes.slot_session = self.artifact.session(variant_name("target", "slots"))
+            passes.batch_invariant = slot_passes == "all"
+            passes.calibrate_slot_passes(1 + self.num_draft_tokens)
+        return passes
 
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,

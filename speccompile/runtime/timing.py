@@ -27,6 +27,11 @@ class TimedSession:
         """The wrapped Session's (see backends/base.py)."""
         return self.session.row_invariant
 
+    @property
+    def max_caches(self) -> int | None:
+        """The wrapped Session's (see backends/base.py)."""
+        return self.session.max_caches
+
     def new_cache(self):
         return self.session.new_cache()
 

@@ -1,4 +1,5 @@
-"""The batched engine: one worker thread decodes up to `max_concurrency` admitted requests together (runtime/batch.py)."""
+"""The serving engine's request lifecycle: one worker thread decodes up to `max_concurrency` admitted requests
+together with the runtime's batch decoder (runtime/batch.py), on every backend."""
 
 from __future__ import annotations
 
@@ -13,23 +14,27 @@ class BatchedEngine(WorkerEngine):
     """One worker thread decodes up to `max_concurrency` requests together (runtime/batch.py): requests join
     between steps (their prefill runs alone), every step is one round for all of them, a finished or cancelled
     request leaves at once and frees its slot. Each request's tokens equal its tokens decoded alone.
-    With `prefix_caching`, prompt rows are reused across requests where that is exact (runtime/prefix_cache.py)."""
+    The decoder's mode (runtime/batch_passes.py) follows the artifact and backend: shared passes over the fused CPU
+    graph, else one pass per request (as many slots as the backend holds KV caches); `batching=False`: one slot.
+    With `prefix_caching`, prompt rows are reused across requests where that is exact (runtime/prefix_cache.py;
+    shared passes only)."""
 
-    batched = True
     worker_name = "speccompile-batched-engine"
 
     def __init__(self, options: EngineOptions, runner, replica: str | None = None):
         super().__init__(options, runner, replica)
         self._prefix_cache = None
-        if options.prefix_caching:
+        self._decoder = self._new_decoder()
+        self.batched = self._decoder.passes.shares_passes
+        if options.prefix_caching and self._decoder.keeps_prefixes:
             from ..runtime.prefix_cache import PrefixCache
 
             self._prefix_cache = PrefixCache(options.prefix_cache_mb << 20)
+            self._decoder.prefix_cache = self._prefix_cache
             self.metrics.watch_prefix_cache(lambda: self._prefix_cache.bytes)
-        self._decoder = self._new_decoder()
         self.metrics.watch_batch_passes(lambda: {"batched": self._decoder.batched_passes, "slot": self._decoder.slot_passes})
         log.info("KV cache allocated", extra={"fields": {
-            "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows,
+            "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows, "mode": type(self._decoder.passes).__name__,
             "slot_passes": self.options.slot_passes,
             "gib": round(self._decoder.kv_bytes / 2**30, 3)}})
         self._eos_ids = set(self._runner.artifact.eos_token_ids)
@@ -93,8 +98,9 @@ class BatchedEngine(WorkerEngine):
     def _new_decoder(self):
         """The batch decoder: its KV pool (every slot for `max_model_len` tokens) is allocated here, once, and its
         largest passes run once (warm_up), so the server's memory does not grow with the requests it serves."""
-        decoder = self._runner.batch_decoder(self.options.max_concurrency, self.info.max_context,
-                                             slot_passes=self.options.slot_passes)
+        slots = self.options.max_concurrency if self.options.batching else 1
+        decoder = self._runner.batch_decoder(slots, self.info.max_context, slot_passes=self.options.slot_passes,
+                                             shared_passes=self.options.batching)
         decoder.warm_up(self._runner.config(2, drafter="none"))  # before the prefix cache joins: warm-up prompts are not kept (nor drafted from)
         decoder.prefix_cache = self._prefix_cache
         return decoder

@@ -7,11 +7,12 @@ The HTTP app (app.py) sees only the `Engine` interface:
     async for event in handle.events(): ...                             # TextDelta ..., then Finished
     handle.cancel()                                                     # stop at the next step, free the KV
 
-`SequentialEngine` (here) decodes admitted requests one after another (artifacts whose graph has batch 1 or that
-run on another backend than ort-cpu's fused graph, `--no-batching`); `BatchedEngine` (batched_engine.py) decodes
-up to `max_concurrency` of them together (continuous batching, runtime/batch.py). Both run on a single worker
-thread (the runtime's `Runner` is single-threaded). loader.py picks one and opens the runner. The server's calls
-into `speccompile.runtime` are in these three modules, so the runtime's API can change in one place.
+`BatchedEngine` (batched_engine.py) is the one request lifecycle: its worker thread decodes up to
+`max_concurrency` admitted requests together with the runtime's batch decoder (runtime/batch.py), on every
+backend: shared passes over the fused CPU graph, else one pass per request each round (as many requests at once
+as the backend holds KV caches; `--no-batching`: one). The runtime's `Runner` is single-threaded, so one worker
+thread runs every pass. loader.py opens the runner and the engine. The server's calls into `speccompile.runtime`
+are in these three modules, so the runtime's API can change in one place.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..errors import InputError, SpecCompileError, check_at_least, check_one_of
 from ..runtime.options import RunOptions
 from .metrics import ServeMetrics
 from .tools import FORMATS, TOOL_FORMATS, ToolFormat, detect_format, with_tools_prompt
-from .requests import Abort, Cancelled, EngineBusy, EngineStopped, Failed, Finished, GenerationFailed, GenerationRequest, RequestHandle
+from .requests import Cancelled, EngineBusy, EngineStopped, Failed, Finished, GenerationFailed, GenerationRequest, RequestHandle
 
 log = logging.getLogger("speccompile.serve")
 
@@ -44,7 +45,7 @@ class EngineOptions:
     run: RunOptions = field(default_factory=RunOptions)  # backend, drafter, tree, ... as for `speccompile run`
     max_concurrency: int = 8  # requests admitted at once (decoding, or next in line for the worker)
     max_queue: int = 64  # requests waiting beyond those; more get EngineBusy
-    batching: bool = True  # decode admitted requests together when the artifact allows (BatchedEngine)
+    batching: bool = True  # admitted requests decode together (False: one slot, one request at a time)
     max_model_len: int | None = None  # most tokens (prompt + completion) of one request [default: the artifact's context]
     prefix_caching: bool = True  # batched engine: reuse the KV rows of earlier prompts (runtime/prefix_cache.py)
     prefix_cache_mb: int = 512  # the prefix cache's memory bound
@@ -79,7 +80,7 @@ class ModelInfo:
 class Engine(abc.ABC):
     """The model, its tokenizer and admission accounting; subclasses decide how admitted requests are decoded."""
 
-    batched = False  # whether admitted requests share target passes
+    batched = False  # whether admitted requests share target passes (set by the engine that decodes them)
 
     def __init__(self, options: EngineOptions, runner, replica: str | None = None):
         self.options = options.validate()
@@ -193,37 +194,7 @@ class Engine(abc.ABC):
     def shutdown(self, timeout: float | None = None) -> None:
         """Refuse new requests, finish the admitted ones (drain), stop the decoder."""
 
-    # --- one generation, shared by every engine that decodes with the Runner ---
-
-    def _generate(self, handle: RequestHandle) -> None:
-        """Run one request to its end, sending its events; a cancelled request stops at its next text callback."""
-        request = handle.request
-        if handle.cancelled:
-            handle.emit(Cancelled())
-            self.metrics.generations.labels("cancelled").inc()
-            return
-        started = time.perf_counter()
-        first_text_at: list[float] = []
-
-        def on_text(delta: str) -> None:
-            if handle.cancelled:
-                raise Abort
-            if not first_text_at:
-                first_text_at.append(time.perf_counter())
-            handle.emit(handle.text_delta(delta))
-
-        try:
-            self._score_prompt(handle)
-            config = generation_config(self._runner, handle)
-            result = self._runner.generator(config.sampling, plain=config.num_draft_tokens == 0).generate(
-                list(request.prompt_ids), config, on_text)
-        except Abort:
-            self._cancelled(handle, started)
-            return
-        except Exception as exc:  # the worker must survive any failure of one request
-            self._failed(handle, exc)
-            return
-        self._finished(handle, result, started, first_text_at)
+    # --- a generation's outcome, one path for every backend ---
 
     def _score_prompt(self, handle: RequestHandle) -> None:
         """The prompt tokens' log-probabilities when the request asks for them (worker thread, before it generates)."""
@@ -310,25 +281,6 @@ class WorkerEngine(Engine):
             self._jobs.put(None)  # after every admitted request: the worker drains them first
         self._worker.join(timeout)
         self._worker = None
-
-
-class SequentialEngine(WorkerEngine):
-    """One worker thread decodes the admitted requests one after another, in arrival order (no prefix cache:
-    `Runner.generate_ids` prefills every prompt)."""
-
-    def _work(self) -> None:
-        while True:
-            handle = self._jobs.get()
-            if handle is None:
-                return
-            with self._lock:
-                self._waiting -= 1
-                self._running += 1
-            try:
-                self._generate(handle)
-            finally:
-                with self._lock:
-                    self._running -= 1
 
 
 def generation_config(runner, handle: RequestHandle):

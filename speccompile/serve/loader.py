@@ -1,4 +1,4 @@
-"""Open a server's model: the runtime's Runner and the engine that serves it (batched where the artifact allows)."""
+"""Open a server's model: the runtime's Runner and the engine that serves it (runtime/batch.py on every backend)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 
 from .batched_engine import BatchedEngine
-from .engine import Engine, EngineOptions, SequentialEngine, log, niced
+from .engine import Engine, EngineOptions, log, niced
 
 
 def open_runner(options: EngineOptions):
@@ -21,8 +21,8 @@ def open_runner(options: EngineOptions):
 
 
 def open_engine(options: EngineOptions, replica: str | None = None) -> Engine:
-    """Load the artifact and return the engine that serves it (not started): the batched engine when the
-    artifact's graph and drafter allow it and `options.batching`, else the sequential one.
+    """Load the artifact and return the engine that serves it (not started): the batch decoder's loop, with shared
+    passes when the artifact's graph allows it and `options.batching`, else one pass per request.
 
     With `engine_nice` the engine is built on a thread of its own at that nice increment, so the thread pools
     of its ONNX Runtime sessions inherit it (as does the worker thread, which raises its own when it starts):
@@ -51,7 +51,6 @@ def _capture(function: Callable, *args):
 def _open_engine(options: EngineOptions, replica: str | None) -> Engine:
     runner = open_runner(options)
     problem = runner.batch_problem() if options.batching else "batching is off"
-    if problem is None:
-        return BatchedEngine(options, runner, replica)
-    log.info("requests are decoded one at a time", extra={"fields": {"reason": problem}})
-    return SequentialEngine(options, runner, replica)
+    if problem is not None:
+        log.info("requests share no pass: one pass per request each round", extra={"fields": {"reason": problem}})
+    return BatchedEngine(options, runner, replica)

@@ -85,10 +85,6 @@ class Failed:
     error: GenerationFailed
 
 
-class Abort(Exception):
-    """Raised inside the runtime's text callback to stop a cancelled generation (its KV cache goes with it)."""
-
-
 @dataclass
 class RequestHandle:
     """A submitted request: its events arrive on the event loop that submitted it."""

@@ -50,6 +50,10 @@ class Session(Protocol):
     # rows, any split of a prompt into passes): rows cached from one prompt may then stand in for any prefix of
     # another (runtime/prefix_cache.py). The fused CPU graph with its one-row attention padding; False elsewhere.
     row_invariant: bool
+    # How many KV caches of this session may be live at once (None: as many as memory holds; 1: `new_cache` hands
+    # out the session's one device buffer, the GPU graphs). The batch decoder's one-pass-per-request mode decodes
+    # that many requests at once (runtime/batch_passes.py).
+    max_caches: int | None
 
     def new_cache(self) -> KVCache:
         """An empty KV cache in this backend's tensor type."""

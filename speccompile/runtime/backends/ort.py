@@ -113,6 +113,7 @@ class OrtSession:
     """
 
     row_invariant = False  # the contract graph's KV concatenation squeezes rejected rows: not claimed here
+    max_caches: int | None = None  # each cache holds arrays of its own
 
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
                  threads: int | None = None, spinning: str = "off"):

@@ -207,6 +207,7 @@ class OrtCudaSession:
     """The GPU verify graph in an ONNX Runtime session with fixed bindings per q bucket (CUDA graphs on CUDA)."""
 
     row_invariant = False  # GPU kernels choose their reductions by shape
+    max_caches = 1  # `new_cache` hands out the one device KV buffer every bucket's binding (and CUDA graph) points at
 
     def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
                  max_verify_tokens: int = 64, kv_capacity: int | None = None, cuda_graph: bool | None = None,

@@ -60,6 +60,11 @@ class ShapeInvariantSession:
         self.buffer = inner.spec.extra.get("kv_layout") == "buffer"
 
     @property
+    def max_caches(self) -> int | None:
+        """The wrapped session's (backends/base.py)."""
+        return self.inner.max_caches
+
+    @property
     def capacity(self) -> int:
         """KV slots every pass sees: the context plus one pass of rows (the padding rows' slots), as far as
         the graph allows (the fused graph's rotary tables bound GroupQueryAttention's total length)."""

@@ -137,6 +137,7 @@ class TensorRTSession(TensorRTEngine):
     """A graph with a KV cache (target, draft model, EAGLE/MTP heads), implementing the runtime Session protocol."""
 
     row_invariant = False  # GPU kernels choose their reductions by shape
+    max_caches = None  # each cache holds tensors of its own
 
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, device: int = 0):
         super().__init__(directory, manifest, spec, device)

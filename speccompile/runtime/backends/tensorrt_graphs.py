@@ -200,6 +200,7 @@ class TensorRTGraphSession:
     """A `--profiles buckets` engine: per-bucket contexts with fixed addresses, each replayed as a CUDA graph."""
 
     row_invariant = False  # GPU kernels choose their reductions by shape
+    max_caches = 1  # `new_cache` hands out the one set of device KV buffers every bucket's bindings point at
 
     def __init__(self, base: TensorRTSession, layout: BucketLayout, cuda_graphs: bool = True):
         self.base, self.layout, self.spec = base, layout, base.spec
