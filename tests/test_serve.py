@@ -60,6 +60,24 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
 
 
+@pytest.fixture(scope="module", params=["fused", "contract"])
+def lifecycle_server(request, artifact, server):
+    """The module's server (fused graph: shared passes), and one on the contract graph (one pass per request):
+    one request lifecycle, so disconnects and the queue limit behave alike on both."""
+    if request.param == "fused":
+        yield server
+        return
+    process = ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--max-concurrency", "1",
+                            "--max-queue", "1", "--contract-graph")
+    yield process
+    assert process.stop() == 0
+
+
+@pytest.fixture()
+def lifecycle_client(lifecycle_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=lifecycle_server.url, api_key="unused", max_retries=0, timeout=120)
+
+
 def _metrics(server) -> dict[str, float]:
     text = httpx.get(server.base + "/metrics").text
     values = {}
@@ -277,7 +295,8 @@ def test_long_greedy_answer_does_not_end_early(runner):
     assert result.finish_reason == "length"
 
 
-def test_disconnect_mid_stream_frees_the_worker(server, client):
+def test_disconnect_mid_stream_frees_the_worker(lifecycle_server, lifecycle_client):
+    server, client = lifecycle_server, lifecycle_client
     before = _metrics(server)
     stream = client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=CONTEXT - 100, temperature=0, stream=True)
     next(iter(stream))  # the generation is running
@@ -294,7 +313,8 @@ def test_disconnect_mid_stream_frees_the_worker(server, client):
     assert after[tokens] - before[tokens] == quick.usage.completion_tokens
 
 
-def test_full_queue_is_429_and_cancelled_waiters_leave(server, client):
+def test_full_queue_is_429_and_cancelled_waiters_leave(lifecycle_server, lifecycle_client):
+    server, client = lifecycle_server, lifecycle_client
     long = dict(model=MODEL, prompt=LONG_PROMPT, max_tokens=CONTEXT - 100, temperature=0, stream=True)
     running = client.completions.create(**long)
     next(iter(running))
@@ -445,7 +465,7 @@ def test_max_model_len_bounds_requests_and_the_kv_pool(artifact, runner):
     assert response.choices[0].text == runner.generate("hello world", chat=False, max_tokens=40 - len(ids)).text
 
 
-def test_no_batching_flag_serves_sequentially(artifact, runner):
+def test_no_batching_flag_serves_one_request_at_a_time(artifact, runner):
     expected = runner.generate("abc", chat=False, max_tokens=8).text
     with ServerProcess(artifact, "--served-model-name", MODEL, "--threads", "1", "--no-batching") as server:
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
