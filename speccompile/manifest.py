@@ -21,11 +21,13 @@ MANIFEST_NAME = "manifest.json"
 FUSED_VARIANT = "-ort"  # graph NAME's fused ONNX Runtime CPU variant is listed as NAME-ort
 GPU_VARIANT = "-ort-cuda"  # ... and its ONNX Runtime CUDA variant (GroupQueryAttention, device KV buffer) as NAME-ort-cuda
 SLOTS_VARIANT = "-ort-slots"  # ... and its slotted CPU variant (one GroupQueryAttention per batch slot) as NAME-ort-slots
+GPU_SLOTS_VARIANT = "-ort-cuda-slots"  # ... and its slotted GPU variant (S slots of R rows a pass) as NAME-ort-cuda-slots
 
 
 def variant_name(graph: str, target: str = "cpu") -> str:
-    """Manifest name of graph `graph`'s fused ONNX Runtime variant for `target` ('cpu', 'cuda' or 'slots')."""
-    return graph + {"cuda": GPU_VARIANT, "slots": SLOTS_VARIANT}.get(target, FUSED_VARIANT)
+    """Manifest name of graph `graph`'s fused ONNX Runtime variant for `target` ('cpu', 'cuda', 'slots' or
+    'cuda-slots')."""
+    return graph + {"cuda": GPU_VARIANT, "slots": SLOTS_VARIANT, "cuda-slots": GPU_SLOTS_VARIANT}.get(target, FUSED_VARIANT)
 
 
 @dataclass

@@ -221,14 +221,18 @@ def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | Non
 
 
 def _slot_attention(f: _Fused, i: int, query: list[str], slots: SlotInputs) -> tuple[str, list[str]]:
-    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV."""
+    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV (CPU: with the slot's
+    attention bias; CUDA: causal)."""
     parts = [slots.split(x) if x else [""] * slots.slots for x in query]
     outs, presents, sinks = [], [], _sinks(f, i)
     for b in range(slots.slots):
         past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
-        bias = _bias(f, i, b, f"attention_bias.{b}", slots.positions[b])
+        if f.target == "cpu":
+            tail = [_bias(f, i, b, f"attention_bias.{b}", slots.positions[b]), *sinks]
+        else:  # the CUDA kernel takes no attention_bias: causal from seqlens_k
+            tail = [x for s in sinks for x in ("", s)]
         out = f.n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
-                                          *slots.lengths[b], *_rotary(f, i), slots.positions[b], bias, *sinks],
+                                          *slots.lengths[b], *_rotary(f, i), slots.positions[b], *tail],
                   [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f, i))[0]
         outs.append(out)
         presents += [f"{present}.key", f"{present}.value"]

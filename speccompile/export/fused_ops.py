@@ -136,6 +136,40 @@ class SlotInputs:
         ]
 
 
+class GpuSlotInputs(SlotInputs):
+    """The slotted GPU graph's inputs: `slots` sequences with the same number of rows R each (`input_ids`,
+    `position_ids` [slots, R]: a slot's real rows first, then padding rows, which causal attention hides from
+    them), each slot's `seqlens_k` (int32 [slots]: its KV length after the pass, minus one), one
+    `total_sequence_length` (the KV buffers' capacity, which the CUDA kernel reads on the host) and each slot's KV
+    buffers `past_key_values.{layer}.{b}.*`. The weight matmuls run over all slots x R rows at once; each slot's
+    GroupQueryAttention is a batch of one over its own buffer (the CUDA kernel takes no attention bias, and ONNX
+    Runtime's CPU kernel refuses a batch above one with several rows and a past). With R fixed (one bucket),
+    a slot's rows are computed with the same shapes whatever the other slots hold."""
+
+    def __init__(self, n: Nodes, const, slots: int):
+        self._n = n
+        self.slots = slots
+        self.positions = self.split("position_ids")
+        self.lengths = [(n("Slice", ["seqlens_k", const(f"slot.{b}.start", [b]), const(f"slot.{b}.end", [b + 1])])[0],
+                         "total_sequence_length") for b in range(slots)]
+
+    def split(self, x: str) -> list[str]:
+        """`x` [slots, R, ...] as each slot's [1, R, ...]."""
+        return self._n("Split", [x], self.slots, axis=0, num_outputs=self.slots)
+
+    def join(self, outs: list[str], name: str) -> str:
+        """Every slot's attention output back as [slots, R, ...]."""
+        return self._n("Concat", outs, [name], axis=0)[0]
+
+    def values(self) -> list[onnx.ValueInfoProto]:
+        return [
+            value("input_ids", TensorProto.INT64, [self.slots, "q_len"]),
+            value("position_ids", TensorProto.INT64, [self.slots, "q_len"]),
+            value("seqlens_k", TensorProto.INT32, [self.slots]),
+            value("total_sequence_length", TensorProto.INT32, []),
+        ]
+
+
 def skip_norm(n: Nodes, x: str, residual: str, gamma: str, eps: float) -> tuple[str, str]:
     """RMSNorm(x + residual) and the new residual stream, as one SkipSimplifiedLayerNormalization."""
     normed, total = f"{x}_normed", f"{x}_plus_residual"

@@ -44,7 +44,7 @@ from ..models.rope import rope_attention_factor, rounded_inv_freq
 from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
 from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
-from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, attention_lift, OneRowPadding, SlotInputs
+from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, attention_lift, GpuSlotInputs, OneRowPadding, SlotInputs
 from .fused_layers import _Fused, decoder_layers, rotary_names
 from .graph_builder import value
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
@@ -52,7 +52,7 @@ from .recipes import EMBED, LM_HEAD, DecoderWeights, Recipe, np_dtype, top_bias_
 from .weight_store import WeightStore, stored_by_recipe
 
 TARGETS = ("cpu", "cuda")
-SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx", "slots": ".ort-slots.onnx"}
+SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx", "slots": ".ort-slots.onnx", "cuda-slots": ".ort-cuda-slots.onnx"}
 FUSED_SUFFIX = SUFFIXES["cpu"]
 CUDA_DTYPES = ("fp16", "bf16")  # GroupQueryAttention's CUDA kernels (T = MLFloat16, BFloat16)
 _BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
@@ -82,8 +82,8 @@ def add_fused_variant(model: DecoderWeights, name: str, graphs: dict[str, GraphS
                       progress=lambda _: None, pass_rows: int = 0, target: str = "cpu", slots: int = 0,
                       digests: dict[str, str] | None = None) -> list[str]:
     """Add graph `name`'s fused `target` variant to `graphs` (as variant_name(name, target)) when the model
-    allows; returns the new files. `slots` (cpu): also its slotted form for that many batch slots
-    (variant_name(name, "slots"), the same weight files; `SlotInputs`). The sha256 of the files written go to
+    allows; returns the new files. `slots`: also its slotted form for that many batch slots (the same weight
+    files; cpu: variant_name(name, "slots"), `SlotInputs`; cuda: variant_name(name, "cuda-slots"), `GpuSlotInputs`). The sha256 of the files written go to
     `digests`.
 
     `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
@@ -97,7 +97,7 @@ def add_fused_variant(model: DecoderWeights, name: str, graphs: dict[str, GraphS
     specs, files = export_fused_variant(model, contract, directory, max_context + pass_rows, target, slots, digests)
     graphs[variant_name(name, target)] = specs[0]
     if slots:
-        graphs[variant_name(name, "slots")] = specs[1]
+        graphs[variant_name(name, "slots" if target == "cpu" else "cuda-slots")] = specs[1]
     return files
 
 
@@ -105,14 +105,14 @@ def export_fused_variant(model: DecoderWeights, contract: GraphSpec, directory: 
                          target: str = "cpu", slots: int = 0,
                          digests: dict[str, str] | None = None) -> tuple[list[GraphSpec], list[str]]:
     """Write `<contract stem><SUFFIXES[target]>` next to the contract graph, in the contract's dtype, with
-    rotary tables for `kv_capacity` slots (and, `slots` > 0 on the CPU, `<stem>.ort-slots.onnx` over the same
-    weight files); returns their specs and the files written."""
+    rotary tables for `kv_capacity` slots (and, `slots` > 0, its slotted form `<stem>.ort-slots.onnx` or
+    `<stem>.ort-cuda-slots.onnx` over the same weight files); returns their specs and the files written."""
     contract_path = Path(directory) / contract.file
     stem = contract_path.name.removesuffix(".onnx")
     path = contract_path.with_name(stem + SUFFIXES[target])
     shared = stored_by_recipe(contract_path, contract_names(model, contract.dtype))
     own = path.with_name(path.name + ".data")
-    paths = [path] + ([contract_path.with_name(stem + SUFFIXES["slots"])] if slots and target == "cpu" else [])
+    paths = [path] + ([contract_path.with_name(stem + SUFFIXES["slots" if target == "cpu" else "cuda-slots"])] if slots else [])
     digests = {} if digests is None else digests
     with WeightsWriter(own) as writer:
         store = WeightStore(model.source, writer, shared)
@@ -153,7 +153,8 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
 def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: int, target: str = "cpu",
                       dtype: str = "fp32", slots: int = 0, layers: int | None = None) -> onnx.ModelProto:
     """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
-    `slots` (cpu): the slotted form, one GroupQueryAttention per slot (`SlotInputs`). `layers`: only the first
+    `slots`: the slotted form, one GroupQueryAttention per slot (cpu: `SlotInputs`, packed rows of any count per
+    slot; cuda: `GpuSlotInputs`, the same rows per slot, causal). `layers`: only the first
     that many decoder layers (the probe of the ONNX Runtime load check)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target}")
@@ -163,7 +164,7 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     x = f.n("Gather", [embed, "input_ids"])[0]
     if model.config.embed_scale != 1.0:
         x = f.n("Mul", [x, f.const("embed_scale", model.config.embed_scale, np_dtype(dtype))])[0]
-    slot_inputs = SlotInputs(f.n, f.const, slots) if slots else None
+    slot_inputs = (SlotInputs if target == "cpu" else GpuSlotInputs)(f.n, f.const, slots) if slots else None
     wide = model.config.head_dim > WIDE_HEAD_DIM
     padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots else None
     count = model.config.num_hidden_layers if layers is None else layers

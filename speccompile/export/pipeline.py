@@ -70,7 +70,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
                                        slots=options.batch_slots, digests=digests)
         if options.gpu_graph and options.dtype != "fp32":  # fp32: no CUDA GroupQueryAttention kernel
             files += add_fused_variant(target, "target", graphs, tmp, max_context, progress, options.max_verify_tokens,
-                                       target="cuda", digests=digests)
+                                       target="cuda", slots=options.batch_slots, digests=digests)
         drafter_section = None
         if request is not None:
             request.max_context, request.fused_cpu_graph = max_context, options.fused_cpu_graph

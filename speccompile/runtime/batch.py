@@ -113,17 +113,23 @@ class BatchDecoder:
         generator = self.new_generator(config)
         self.passes.make_room(self.active, len(prompt_ids) + generator.max_verify_tokens)
         cache = self.passes.cache(slot)
-        caching = self._caching() and generator.resumes_prefill
-        hit = (self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids, partial=self.session.row_invariant)
-               if caching and prompt_ids else None)
-        if hit is not None:
-            hit.copy_into(cache.arrays)
-            cache.append([], range(hit.rows), hit.rows)
-        generation = generator.start(prompt_ids, config, on_text, cache, hit and hit.logits, hit.rows if hit else 0,
-                                     defer_prefill)
-        if not generation.prefilling:
-            self._prefilled(generation, hit is not None and hit.full)
-        if not generation.done:
+        try:
+            caching = self._caching() and generator.resumes_prefill
+            hit = (self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids, partial=self.session.row_invariant)
+                   if caching and prompt_ids else None)
+            if hit is not None:
+                hit.copy_into(cache.arrays)
+                cache.append([], range(hit.rows), hit.rows)
+            generation = generator.start(prompt_ids, config, on_text, cache, hit and hit.logits, hit.rows if hit else 0,
+                                         defer_prefill)
+            if not generation.prefilling:
+                self._prefilled(generation, hit is not None and hit.full)
+        except BaseException:
+            self.passes.release(cache)
+            raise
+        if generation.done:
+            self.passes.release(cache)
+        else:
             self.active.append(generation)
         return generation
 
@@ -237,6 +243,7 @@ class BatchDecoder:
     def leave(self, generation: Generation) -> None:
         """Free a request's slot (finished or cancelled); the last slot's request moves into it (slots stay dense)."""
         slot = self.active.index(generation)
+        self.passes.release(generation.cache)
         last = self.active.pop()
         if last is generation:
             return

@@ -6,6 +6,8 @@ each round to a `RoundPasses`, which decides where each request's KV rows live a
     FusedGraphPasses (batch_fused.py)   the fused ONNX Runtime CPU graph with a batch axis: KV slots in shared
                                         buffers, the plain rows of a round in one batched pass, drafts in
                                         passes of their own or in one slot pass (batch.py's docstring)
+    SlotGraphPasses (batch_gpu.py)      the slotted GPU graph: every round one pass, each request's rows
+                                        (pending token + chain draft) in its own slot, R rows a slot
     OnePassPerRequest (here)            any target: each request its own KV cache (`target.new_cache()`, as
                                         `Runner.generate`), each round each request's planned pass in turn —
                                         the bits it gets alone; as many slots as the backend holds caches
@@ -54,6 +56,9 @@ class RoundPasses(abc.ABC):
     @abc.abstractmethod
     def cache(self, slot: int):
         """The KV cache of a request joining in `slot` (empty), or None: the target's own new cache."""
+
+    def release(self, cache) -> None:
+        """A request that held `cache` (from `cache`) left, or never joined: its slot is free again."""
 
     def make_room(self, active: Sequence[Generation], rows: int) -> None:
         """Let every slot hold `rows` KV rows (the active requests' rows kept)."""

@@ -37,6 +37,7 @@ from .sampling import SamplingParams
 from .timing import EngineClock
 
 if TYPE_CHECKING:
+    from .backends.base import Session
     from .batch import BatchDecoder
     from .batch_fused import FusedGraphPasses
     from .grammar import GrammarCompiler
@@ -88,6 +89,7 @@ class Runner:
         self._stream: weakref.ref[TextStream] | None = None  # the last stream given that drafter
         self._acceptance: dict[tuple, AcceptanceRates] = {}
         self._grammar: GrammarCompiler | None = None  # built on the first constraint (xgrammar loads then)
+        self._gpu_slots = None  # the slotted GPU graph's session, opened by the first batch decoder that runs it
 
     def compile_constraint(self, constraint: ConstraintSpec | CompiledConstraint | None) -> CompiledConstraint | None:
         """A constraint compiled for this artifact's tokenizer (InputError for a bad schema, regex or grammar);
@@ -148,12 +150,14 @@ class Runner:
         return DrafterRequest(self.artifact, self.draft_config, self.clock, self.options.lookup_branch,
                               self.ngram_corpus, self.artifact.backend == "ort-cpu", self.suffix_cache)
 
-    def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False) -> Generator:
+    def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False,
+                  target: "Session | None" = None) -> Generator:
         """The loop over this artifact's target with the runner's drafter (none when `plain`) and the acceptance
         estimates of `sampling`'s setting; `own_drafter`: a new drafter for this generator alone (generations
         decoding at the same time; on ort-cpu its graph runs in a session shared by all of them), and acceptance
         learned by each generation alone (one after another they carry `learned_acceptance`; pooled across
-        concurrent copy and chat requests, estimates drafted worse: docs/benchmarks.md, "Serving and prefill")."""
+        concurrent copy and chat requests, estimates drafted worse: docs/benchmarks.md, "Serving and prefill").
+        `target`: the session its passes run on instead of the artifact's target (one slot of the slotted GPU graph)."""
         a = self.artifact
         if plain or self.draft_config is None:
             drafter = None
@@ -162,7 +166,7 @@ class Runner:
         else:
             drafter = self.drafter()
         max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
-        return Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
+        return Generator(target or a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
                          seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))),
                          None if own_drafter else self.learned_acceptance(sampling))
 
@@ -175,8 +179,11 @@ class Runner:
 
     def batch_problem(self) -> str | None:
         """Why this runner's batch decoder cannot share passes between requests (it then runs one pass per request,
-        `batch_decoder`); None when it can (the fused CPU graph with a batch axis)."""
+        `batch_decoder`); None when it can (the fused CPU graph with a batch axis, or the GPU graph with its slotted
+        form)."""
         target = self.artifact.target
+        if self._gpu_slots_spec() is not None:
+            return None
         if not isinstance(target, OrtBufferSession):
             return f"shared passes need the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
         if not target.batches:
@@ -204,6 +211,11 @@ class Runner:
 
         if slot_passes not in SLOT_PASSES:
             raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")
+        if shared_passes and self._gpu_slots_spec() is not None:
+            if slot_passes != "off":
+                raise UnsupportedError(f"slot_passes {slot_passes}: the GPU graph's slotted form runs every round as one "
+                                       "slot pass already", "slot_passes")
+            return self._gpu_slot_decoder(slots)
         if self.batch_problem() is not None or not shared_passes:
             if slot_passes != "off":
                 raise UnsupportedError(f"slot_passes {slot_passes}: {self.batch_problem() or 'shared passes are off'}", "slot_passes")
@@ -214,6 +226,32 @@ class Runner:
                                lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True))
         decoder.prefix_cache = prefix_cache
         return decoder
+
+    def _gpu_slots_spec(self):
+        """The spec of the slotted GPU graph when the target is the GPU verify graph and the artifact has its slotted
+        form (`export --batch-slots` with a GPU dtype); else None."""
+        from .backends.factory import is_gpu_graph
+
+        name = variant_name("target", "cuda-slots")
+        if not is_gpu_graph(self.artifact.target.spec) or name not in self.artifact.manifest.graphs:
+            return None
+        return self.artifact.manifest.graph(name)
+
+    def _gpu_slot_decoder(self, slots: int) -> "BatchDecoder":
+        """Every round one pass of the slotted GPU graph (runtime/batch_gpu.py); its session opened once per runner
+        (its device KV buffers and captured graphs outlive a decoder)."""
+        from .backends.factory import open_session
+        from .backends.ort_cuda_slots import SlotSession
+        from .batch import BatchDecoder
+        from .batch_gpu import SlotGraphPasses
+
+        a = self.artifact
+        if self._gpu_slots is None:
+            self._gpu_slots = open_session(a.directory, self._gpu_slots_spec(), a.backend, a.threads, manifest=a.manifest,
+                                           max_context=a.max_context, shape_invariant=a.shape_invariant or None)
+        target = SlotSession(self._gpu_slots)
+        return BatchDecoder(SlotGraphPasses(self._gpu_slots, slots, a.max_context),
+                            lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True, target))
 
     def _fused_passes(self, slots: int, max_tokens: int | None, slot_passes: str) -> "FusedGraphPasses":
         """The batch decoder's shared passes over the fused CPU graph (with its slotted graph unless `slot_passes`

@@ -20,14 +20,14 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
     """The backend session for graph `spec` of the artifact in `directory` (whose manifest is `manifest`).
 
     A graph with KV inputs (target, draft model, EAGLE/EAGLE-3/MTP heads) opens as a `Session`; one
-    without (the Medusa heads) as a `FeatureSession`; the slotted graph (`export --batch-slots`) as the batch
-    decoder's `OrtSlotSession` (ONNX Runtime CPU only). `max_context` bounds the fused CPU graph's KV
+    without (the Medusa heads) as a `FeatureSession`; the slotted graphs (`export --batch-slots`) as the batch
+    decoder's `OrtSlotSession` (ONNX Runtime CPU) or `OrtCudaSlotSession` (the GPU form). `max_context` bounds the fused CPU graph's KV
     buffers; `spinning`: when ONNX Runtime's threads busy-wait (ort.SPINNING, see `ort.session_options`); `device` is
     the GPU of the native TensorRT backend. `shape_invariant`: run every pass of a KV graph with this many
     query rows against a fixed KV extent (backends/shape_invariant.py; needs `max_context`); None = each
     pass with its own shapes.
     """
-    if spec.extra.get("slots"):
+    if spec.extra.get("slots") and not is_gpu_graph(spec):
         if backend != "ort-cpu":
             raise UnsupportedError(f"{spec.file} (the slotted graph) runs on ort-cpu only, not {backend}")
         from .ort_slots import OrtSlotSession
@@ -35,10 +35,12 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
         return OrtSlotSession(directory, manifest, spec, threads)
     if is_gpu_graph(spec):  # fixed shapes per q bucket already: shape-invariant = one bucket of that many rows
         from .ort_cuda import DEFAULT_BUCKETS, OrtCudaSession
+        from .ort_cuda_slots import OrtCudaSlotSession
 
         verify = shape_invariant or int(manifest.limits.get("max_verify_tokens", 64))
-        return OrtCudaSession(directory, spec, "cuda" if backend == "ort-cuda" else "cpu", max_context, verify,
-                              buckets=(shape_invariant,) if shape_invariant else DEFAULT_BUCKETS, device_id=device, threads=threads)
+        kind = OrtCudaSlotSession if spec.extra.get("slots") else OrtCudaSession  # the slotted form: N requests a pass
+        return kind(directory, spec, "cuda" if backend == "ort-cuda" else "cpu", max_context, verify,
+                    buckets=(shape_invariant,) if shape_invariant else DEFAULT_BUCKETS, device_id=device, threads=threads)
     if backend == "tensorrt" and has_kv_cache(spec) and _tensorrt_buckets(manifest, spec):
         from .tensorrt_graphs import open_tensorrt_session  # static shapes per q bucket: the same as the GPU graph
 

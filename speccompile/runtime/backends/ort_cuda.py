@@ -79,8 +79,9 @@ class BindingPlan:
         return {b.key: b for b in (*self.inputs.values(), *self.outputs.values())}
 
 
-def binding_plan(spec: GraphSpec, q: int, capacity: int) -> BindingPlan:
-    """The fixed buffers of a q-row pass of the GPU graph over a `capacity`-row KV buffer.
+def binding_plan(spec: GraphSpec, q: int, capacity: int, batch: int = 1) -> BindingPlan:
+    """The fixed buffers of a q-row pass of the GPU graph over a `capacity`-row KV buffer (`batch`: the slotted
+    GPU graph's slots, q rows each, every slot's KV buffers inputs of their own).
 
     Per-bucket buffers are keyed by q; the KV buffers, `seqlens_k` and `total_sequence_length` are shared by
     all buckets (KV past and present share one key: the graph writes the new rows in place).
@@ -94,11 +95,11 @@ def binding_plan(spec: GraphSpec, q: int, capacity: int) -> BindingPlan:
         if name.startswith("past_key_values"):
             inputs[name] = Buffer("kv." + name.removeprefix("past_key_values."), kv_shape, kv_dtype, "device")
         elif name == "seqlens_k":
-            inputs[name] = Buffer(name, (1,), "int32", "device")
+            inputs[name] = Buffer(name, (batch,), "int32", "device")
         elif name == "total_sequence_length":
             inputs[name] = Buffer(name, (), "int32", "cpu")
         elif name in ("input_ids", "position_ids"):
-            inputs[name] = Buffer(f"{name}.q{q}", (1, q), "int64", "device")
+            inputs[name] = Buffer(f"{name}.q{q}", (batch, q), "int64", "device")
         else:
             raise UnsupportedError(f"{spec.file}: input {name} is not one the GPU session binds")
     outputs: dict[str, Buffer] = {}
@@ -107,9 +108,9 @@ def binding_plan(spec: GraphSpec, q: int, capacity: int) -> BindingPlan:
         if name.startswith("present."):
             outputs[name] = inputs["past_key_values." + name.removeprefix("present.")]
         elif name == "next_tokens":
-            outputs[name] = Buffer(f"{name}.q{q}", (1, q), "int64", "device")
-        else:  # logits, hidden_states, aux_hidden_states: [1, q, width]
-            outputs[name] = Buffer(f"{name}.q{q}", (1, q, int(tensor.shape[-1])), tensor.dtype, "device")
+            outputs[name] = Buffer(f"{name}.q{q}", (batch, q), "int64", "device")
+        else:  # logits, hidden_states, aux_hidden_states: [batch, q, width]
+            outputs[name] = Buffer(f"{name}.q{q}", (batch, q, int(tensor.shape[-1])), tensor.dtype, "device")
     return BindingPlan(inputs, outputs)
 
 
@@ -279,7 +280,7 @@ class OrtCudaSession:
         """The I/O binding of a q-row pass: built once per bucket, every name bound to its fixed buffer."""
         if q in self._bindings:
             return self._bindings[q]
-        plan = binding_plan(self.spec, q, self.capacity)
+        plan = self._plan(q)
         binding = self.session.io_binding()
         for name, buffer in plan.inputs.items():
             binding.bind_ortvalue_input(name, self._buffer(buffer))
@@ -289,6 +290,10 @@ class OrtCudaSession:
         if q in self.graph_ids:  # uncaptured passes (long prefill chunks) are not kept
             self._bindings[q] = (binding, plan)
         return binding, plan
+
+    def _plan(self, q: int) -> BindingPlan:
+        """The fixed buffers of a q-row pass (`binding_plan`)."""
+        return binding_plan(self.spec, q, self.capacity)
 
     def _options(self, q: int):
         graph_id = self.graph_ids.get(q, UNCAPTURED) if self.cuda_graph else None
@@ -319,7 +324,7 @@ class OrtCudaSession:
         if capacity is not None and capacity > self.capacity:
             raise InputError(f"a KV extent of {capacity} rows exceeds the GPU session's buffer of {self.capacity} rows")
         if self._cache is None:
-            plan = binding_plan(self.spec, self.buckets[0], self.capacity)
+            plan = self._plan(self.buckets[0])
             self._cache = FixedKVCache([self._buffer(plan.inputs[n]) for n in self.past_names], self.capacity)
         self._cache.length = 0
         return self._cache

@@ -1,0 +1,162 @@
+"""ONNX Runtime CUDA backend for the slotted GPU verify graph (`target.ort-cuda-slots.onnx`, `export --batch-slots
+N` with a GPU dtype): N requests' rows in one pass.
+
+Each pass runs every slot with the same number of rows R, a bucket (1, 2, 4, ... as `OrtCudaSession`'s), so each
+bucket is one fixed set of shapes, one binding and, on CUDA, one captured graph. A slot's real rows come first and
+its padding rows after them (attention is causal: the real rows never see them); a slot with nothing to run this
+pass gets one dummy row past its committed KV rows (its output is dropped, the next pass overwrites its KV row).
+The weight matmuls run over all N x R rows; each slot's GroupQueryAttention is a batch of one over its own KV
+buffer per layer (export/fused_ops.py `GpuSlotInputs`). With one bucket (shape-invariant mode) every pass has the
+same shapes, so a request's logits do not depend on what its batch-mates run.
+
+Chains only, as the single-sequence GPU graph: trees keep the contract graph (one pass per request,
+runtime/batch_passes.py). The same class runs the fp32 form on ONNX Runtime CPU (`device="cpu"`), as the tests do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ...errors import UnsupportedError
+from ...manifest import GraphSpec
+from .base import StepOutput
+from .ort_cuda import DEFAULT_BUCKETS, BindingPlan, DeviceLogitsOutput, FixedKVCache, OrtCudaSession, binding_plan, bucket_for
+from .ort_cuda import is_causal_step, pad_step
+
+Step = tuple[np.ndarray, np.ndarray]  # a slot's token ids and positions this pass
+
+
+class SlotKVCache(FixedKVCache):
+    """One slot's KV rows in the slotted graph's per-slot buffers."""
+
+    def __init__(self, tensors: list[Any], capacity: int, slot: int):
+        super().__init__(tensors, capacity)
+        self.slot = slot
+
+
+class OrtCudaSlotSession(OrtCudaSession):
+    """The slotted GPU graph with fixed bindings per bucket; `slot_cache(b)` is slot b's KV, `run_slots` one pass."""
+
+    max_caches = None  # not a target Session: its caches are its slots (`slot_cache`, `SlotSession`)
+
+    def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
+                 max_verify_tokens: int = 64, buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0,
+                 threads: int | None = None):
+        self.slots = int(spec.extra.get("slots", 0))
+        if self.slots < 1:
+            raise UnsupportedError(f"{spec.file} is not the slotted GPU graph (expected target.ort-cuda-slots.onnx)")
+        self._slot_caches: list[SlotKVCache] = []
+        super().__init__(directory, spec, device, max_context, max_verify_tokens, buckets=buckets, device_id=device_id,
+                         threads=threads)
+
+    def _plan(self, q: int) -> BindingPlan:
+        return binding_plan(self.spec, q, self.capacity, self.slots)
+
+    def _caches(self) -> list[SlotKVCache]:
+        if not self._slot_caches:
+            plan = self._plan(self.buckets[0])
+            for b in range(self.slots):
+                names = [n for n in self.past_names if n.split(".")[2] == str(b)]  # past_key_values.{layer}.{b}.*
+                self._slot_caches.append(SlotKVCache([self._buffer(plan.inputs[n]) for n in names], self.capacity, b))
+        return self._slot_caches
+
+    def slot_cache(self, slot: int) -> SlotKVCache:
+        """Slot `slot`'s KV cache, emptied (a new request's)."""
+        cache = self._caches()[slot]
+        cache.length = 0
+        return cache
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of every slot's KV buffers."""
+        plan = self._plan(self.buckets[0])
+        return sum(int(np.prod(plan.inputs[n].shape)) * (4 if plan.inputs[n].dtype == "float" else 2) for n in self.past_names)
+
+    def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> FixedKVCache:
+        raise UnsupportedError("the slotted GPU graph's caches are its slots (slot_cache)")
+
+    def warm_up(self, runs: int = 3) -> None:
+        """Every bucket's pass `runs` times with a dummy row in each (empty) slot: CUDA graphs captured at open."""
+        for bucket in self.buckets:
+            for _ in range(runs):
+                self.run_slots({}, bucket)
+        for cache in self._caches():
+            cache.length = 0
+
+    def run_slots(self, steps: dict[int, Step], rows: int | None = None) -> dict[int, DeviceLogitsOutput]:
+        """One pass: slot b runs `steps[b]` after its committed rows, padded to the pass's bucket (the smallest that
+        holds every step, or `rows`); every other slot one dummy row. Returns each stepped slot's output (valid
+        until the next pass)."""
+        q = max([len(ids) for ids, _ in steps.values()] + [1])
+        bucket = rows or bucket_for(q, self.buckets)
+        if bucket is None or bucket < q:
+            raise UnsupportedError(f"a slot pass holds at most {self.buckets[-1]} rows per slot, got {q}")
+        caches = self._caches()
+        ids = np.empty((self.slots, bucket), dtype=np.int64)
+        positions = np.empty((self.slots, bucket), dtype=np.int64)
+        seqlens = np.empty(self.slots, dtype=np.int32)
+        for b, cache in enumerate(caches):
+            step_ids, step_positions = steps.get(b, (np.zeros(1, np.int64), np.asarray([cache.length])))
+            cache.reserve(cache.length + bucket)
+            ids[b: b + 1], positions[b: b + 1] = pad_step(np.asarray(step_ids), np.asarray(step_positions), bucket,
+                                                          self.max_position)
+            seqlens[b] = cache.length + bucket - 1
+        binding, plan = self._binding(bucket)
+        self._buffers[plan.inputs["input_ids"].key].update_inplace(ids)
+        self._buffers[plan.inputs["position_ids"].key].update_inplace(positions)
+        self._buffers["seqlens_k"].update_inplace(seqlens)
+        self.session.run_with_iobinding(binding, self._options(bucket))
+        outputs = {name: self._buffers[buffer.key] for name, buffer in plan.outputs.items()}
+        tokens = outputs["next_tokens"].numpy()
+        hidden = outputs[self.hidden_name].numpy() if self.hidden_name else None
+        device_logits, fetched = outputs["logits"], []
+
+        def logits() -> np.ndarray:  # every slot's rows, copied once
+            if not fetched:
+                fetched.append(device_logits.numpy())
+            return fetched[0]
+
+        return {b: DeviceLogitsOutput(lambda b=b, n=len(step[0]): logits()[b, :n], caches[b].tensors,
+                                      None if hidden is None else hidden[b, :len(step[0])], tokens[b, :len(step[0])])
+                for b, step in steps.items()}
+
+
+class SlotSession:
+    """One slot of the slotted GPU graph as a target Session (a request's prefill chunks): its rows in its slot, a
+    dummy row in every other; a chunk longer than the largest bucket runs as several passes."""
+
+    row_invariant = False
+    max_caches = None
+
+    def __init__(self, slots: OrtCudaSlotSession):
+        self.slots = slots
+        self.spec = slots.spec
+
+    def new_cache(self) -> FixedKVCache:
+        raise UnsupportedError("a slot's cache comes from the batch decoder (OrtCudaSlotSession.slot_cache)")
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: SlotKVCache,
+            last_logits_only: bool = False) -> StepOutput:
+        ids, positions = np.asarray(input_ids).reshape(-1), np.asarray(position_ids).reshape(-1)
+        past, most = cache.length, self.slots.buckets[-1]
+        if not is_causal_step(attention_mask, past):
+            raise UnsupportedError("the slotted GPU graph is causal: tree drafts run the contract graph")
+        outs, earlier, pieces = [], [], range(0, ids.size, most)
+        try:
+            for start in pieces:
+                cache.length = past + start  # the piece attends to the rows before it (committed by the caller after)
+                out = self.slots.run_slots({cache.slot: (ids[start: start + most], positions[start: start + most])})[cache.slot]
+                if start != pieces[-1] and not last_logits_only:
+                    earlier.append(out.logits)  # copied before the next pass overwrites the device rows
+                outs.append(out)
+        finally:
+            cache.length = past
+        final = outs[-1]
+        tokens = np.concatenate([out.greedy_tokens for out in outs])
+        hidden = None if final.hidden is None else np.concatenate([out.hidden for out in outs])
+        if last_logits_only:
+            return DeviceLogitsOutput(lambda: final.logits[-1:], cache.tensors, hidden, tokens)
+        return DeviceLogitsOutput(lambda: np.concatenate([*earlier, final.logits]), cache.tensors, hidden, tokens)
