@@ -1,0 +1,159 @@
+"""The slotted GPU verify graph (`target.ort-cuda-slots.onnx`) in its fp32 form on ONNX Runtime's CPU EP: the batch
+decoder's third mode (runtime/batch_gpu.py), what `speccompile serve --backend ort-cuda` runs. Batched greedy equals
+each request alone, sampled output is exact batched (chi-square), one bucket makes a request's logits bitwise
+independent of its batch-mates, and a tree drafter keeps the contract graph through one pass per request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny_hf_model
+from speccompile.runtime import Runner
+from speccompile.runtime.batch_gpu import SlotGraphPasses
+from speccompile.runtime.batch_passes import OnePassPerRequest
+from speccompile.runtime.kvcache import causal_mask
+from speccompile.runtime.sampling import SamplingParams
+from test_batch_passes import _decode
+from test_sampling import chi_square_p_value
+
+CONTEXT = 256
+PASS_ROWS = 64
+SLOTS = 8
+PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on the mat. the cat sat", "0123 0123 0123",
+           "ab ab ab ab ab", "hello world", "xyz xyz xy"]
+
+
+@pytest.fixture(scope="module")
+def slot_artifact(tmp_path_factory) -> Path:
+    """A tiny fp32 artifact with the fp32 forms of the GPU graph and its 8-slot form in its manifest."""
+    from speccompile.export.ort_fused_graph import export_fused_variant
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.export.recipes import DecoderWeights
+    from speccompile.manifest import read_manifest, variant_name
+    from speccompile.models.load import load_model
+
+    root = tmp_path_factory.mktemp("gpu_slots")
+    model_dir = make_tiny_hf_model(root / "hf")
+    out = root / "art"
+    export_artifact(str(model_dir), out, ExportOptions(max_context=CONTEXT))
+    model = load_model(str(model_dir))
+    manifest = read_manifest(out)
+    specs, files = export_fused_variant(DecoderWeights(model.config, model.weights), manifest.graph("target"), out,
+                                        CONTEXT + PASS_ROWS, target="cuda", slots=SLOTS)
+    assert files[:2] == ["target.ort-cuda.onnx", "target.ort-cuda-slots.onnx"] and specs[1].extra["slots"] == SLOTS
+    manifest.graphs[variant_name("target", "cuda")], manifest.graphs[variant_name("target", "cuda-slots")] = specs
+    manifest.record_files(out, files)
+    manifest.write(out)
+    return out
+
+
+def gpu_runner(artifact: Path, rows: int = 0, **options) -> Runner:
+    """A Runner whose target is the GPU graph's session on the CPU EP (as `--backend ort-cuda` opens it for chains);
+    `rows`: shape-invariant mode, every pass that many rows."""
+    from speccompile.manifest import read_manifest, variant_name
+    from speccompile.runtime.backends.ort_cuda import DEFAULT_BUCKETS, OrtCudaSession
+
+    runner = Runner(artifact, contract_graph=True, threads=1, **options)
+    spec = read_manifest(artifact).graph(variant_name("target", "cuda"))
+    runner.artifact.target = OrtCudaSession(artifact, spec, device="cpu", max_context=CONTEXT, threads=1,
+                                            buckets=(rows,) if rows else DEFAULT_BUCKETS)
+    runner.artifact.shape_invariant = rows
+    return runner
+
+
+def _ids(runner: Runner, text: str) -> list[int]:
+    return runner.artifact.tokenizer.prompt_ids(text, chat=False)
+
+
+def test_eight_greedy_requests_together_equal_each_alone(slot_artifact):
+    runner = gpu_runner(slot_artifact, drafter="ngram")
+    decoder = runner.batch_decoder(SLOTS)
+    assert isinstance(decoder.passes, SlotGraphPasses) and decoder.slots == SLOTS and runner.batch_problem() is None
+    prompts = [_ids(runner, p) for p in PROMPTS]
+    together = _decode(decoder, runner, prompts, 24)
+    contract = Runner(slot_artifact, drafter="ngram", contract_graph=True, threads=1)
+    for ids, result in zip(prompts, together):
+        assert result.tokens == runner.generate_ids(ids, 24).tokens  # the single-sequence GPU graph alone
+        assert result.tokens == contract.generate_ids(ids, 24, drafter="none").tokens
+    assert sum(r.stats.draft_steps for r in together) > 0
+    assert decoder.slot_passes < sum(r.stats.target_passes for r in together) / 4  # rounds shared by the requests
+
+
+def test_one_bucket_makes_logits_independent_of_batch_mates(slot_artifact):
+    """Shape-invariant mode (one bucket of 8 rows): every pass has the same shapes, so each request's logits batched
+    are bitwise its logits decoding alone through the same graph."""
+    runner = gpu_runner(slot_artifact, rows=8, drafter="ngram")
+    prompts = [_ids(runner, p) for p in PROMPTS[:5]]
+
+    def traced(batch: list[list[int]]) -> list:
+        decoder = runner.batch_decoder(SLOTS)
+        configs = [runner.config(16) for _ in batch]
+        for config in configs:
+            config.trace_logits = True
+        generations = [decoder.join(ids, config) for ids, config in zip(batch, configs)]
+        while decoder.active:
+            decoder.step()
+        return [g.result() for g in generations]
+
+    together = traced(prompts)
+    for ids, mine in zip(prompts, together):
+        (alone,) = traced([ids])
+        assert mine.tokens == alone.tokens and np.array_equal(mine.logits, alone.logits)
+
+
+def _last_logits(runner: Runner, ids: list[int]) -> np.ndarray:
+    target = runner.artifact.target
+    cache = target.new_cache()
+    out = target.run(np.asarray(ids), np.arange(len(ids)), cache.attention_mask(causal_mask(len(ids))), cache)
+    return np.asarray(out.logits[-1], dtype=np.float64)
+
+
+def _top_k_probs(logits: np.ndarray, k: int) -> np.ndarray:
+    probs = np.zeros_like(logits)
+    top = np.argsort(-logits)[:k]
+    weights = np.exp(logits[top] - logits[top].max())
+    probs[top] = weights / weights.sum()
+    return probs
+
+
+def test_sampled_two_token_answers_batched_are_exact(slot_artifact):
+    """Seeded top-3 sampling of two tokens, eight requests a round with n-gram drafts: the counts of each (first,
+    second) pair fit the target's exact joint distribution (chi-square)."""
+    runner = gpu_runner(slot_artifact, drafter="ngram")
+    contract = Runner(slot_artifact, contract_graph=True, threads=1)
+    prompt = _ids(runner, "ab ab ab ab ab a")
+    vocab = runner.artifact.tokenizer.vocab_size
+    first = _top_k_probs(_last_logits(contract, prompt), 3)
+    joint = np.zeros((vocab, vocab))
+    for token in np.flatnonzero(first):
+        joint[token] = first[token] * _top_k_probs(_last_logits(contract, prompt + [int(token)]), 3)
+    decoder = runner.batch_decoder(SLOTS)
+    counts = np.zeros((vocab, vocab))
+    for start in range(0, 640, SLOTS):
+        samplings = [SamplingParams(temperature=1.0, top_k=3, seed=seed) for seed in range(start, start + SLOTS)]
+        generations = [decoder.join(prompt, runner.config(2, sampling)) for sampling in samplings]
+        while decoder.active:
+            decoder.step()
+        for generation in generations:
+            a, b = generation.result().tokens
+            counts[a, b] += 1
+    p_value = chi_square_p_value(counts, joint)
+    assert p_value > 1e-3, f"chi-square p-value {p_value:.3g}: batched samples are not the target's distribution"
+
+
+def test_a_tree_drafter_keeps_the_contract_graph_one_pass_per_request(head_artifacts):
+    """Trees cannot run the causal GPU graph: an EAGLE-3 head on ort-cuda verifies on the contract graph, whose batch
+    decoder runs one pass per request (here the contract graph on the CPU); each request's tokens equal alone."""
+    from test_heads_helpers import word_prompt_ids
+
+    runner = Runner(head_artifacts["eagle3"], drafter="eagle3", contract_graph=True, threads=1, adaptive=False)
+    decoder = runner.batch_decoder(4)
+    assert isinstance(decoder.passes, OnePassPerRequest) and decoder.slots == 4
+    prompts = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]] + [word_prompt_ids(s) for s in range(1, 4)]
+    together = _decode(decoder, runner, prompts, 20)
+    assert any(r.stats.draft_steps for r in together)
+    for ids, result in zip(prompts, together):
+        assert result.tokens == runner.generate_ids(ids, 20).tokens
