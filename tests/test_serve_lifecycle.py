@@ -18,21 +18,28 @@ from speccompile.serve.batched_engine import BatchedEngine
 from speccompile.serve.engine import EngineOptions
 from speccompile.serve.requests import GenerationFailed, GenerationRequest
 from test_batch_passes import gpu_form_artifact, gpu_session_runner  # noqa: F401 (a fixture)
+from test_gpu_slots import gpu_runner, slot_artifact  # noqa: F401 (a fixture)
 
-MODES = ["fused", "contract", "gpu-form"]
+MODES = ["fused", "contract", "gpu-form", "gpu-slots"]
 PROMPTS = ["abc abc abc abc", "hello world", "The quick brown fox", "x"]
 
 
-def _runner(mode: str, gpu_form) -> Runner:
-    artifact = gpu_form[0]
-    if mode == "gpu-form":
-        return gpu_session_runner(gpu_form, drafter="ngram")
-    return Runner(artifact, RunOptions(drafter="ngram", threads=1, contract_graph=mode == "contract"))
+@pytest.fixture()
+def artifacts(gpu_form_artifact, slot_artifact) -> dict:
+    return {"gpu_form": gpu_form_artifact, "slots": slot_artifact}
 
 
-def _engine(mode: str, gpu_form, **options) -> tuple[BatchedEngine, Runner]:
-    runner = _runner(mode, gpu_form)
-    engine = BatchedEngine(EngineOptions(gpu_form[0], runner.options, **options), runner)
+def _runner(mode: str, artifacts: dict) -> Runner:
+    if mode == "gpu-form":  # the GPU graph without its slotted form: one request at a time
+        return gpu_session_runner(artifacts["gpu_form"], drafter="ngram")
+    if mode == "gpu-slots":
+        return gpu_runner(artifacts["slots"], drafter="ngram")
+    return Runner(artifacts["gpu_form"][0], RunOptions(drafter="ngram", threads=1, contract_graph=mode == "contract"))
+
+
+def _engine(mode: str, artifacts: dict, **options) -> tuple[BatchedEngine, Runner]:
+    runner = _runner(mode, artifacts)
+    engine = BatchedEngine(EngineOptions(runner.artifact.directory, runner.options, **options), runner)
     engine.start()
     return engine, runner
 
@@ -46,8 +53,8 @@ def _outcomes(engine: BatchedEngine) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_concurrent_requests_equal_each_alone(mode, gpu_form_artifact):
-    engine, runner = _engine(mode, gpu_form_artifact, max_concurrency=4)
+def test_concurrent_requests_equal_each_alone(mode, artifacts):
+    engine, runner = _engine(mode, artifacts, max_concurrency=4)
     try:
         prompts = [_ids(runner, p) for p in PROMPTS]
         expected = [runner.generate_ids(list(ids), 24).text for ids in prompts]
@@ -60,17 +67,17 @@ def test_concurrent_requests_equal_each_alone(mode, gpu_form_artifact):
     finally:
         engine.shutdown(60)
     assert [a.text for a in answers] == expected
-    assert all(a.speculative["batched"] == (mode == "fused") for a in answers)
+    assert all(a.speculative["batched"] == (mode in ("fused", "gpu-slots")) for a in answers)
     assert engine._decoder.slots == (1 if mode == "gpu-form" else 4)
     assert _outcomes(engine)["finished"] == len(prompts)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_cancelling_frees_the_slot(mode, gpu_form_artifact, monkeypatch):
+def test_cancelling_frees_the_slot(mode, artifacts, monkeypatch):
     """A cancelled request stops at its next step; the next request then decodes at once, as alone."""
     slow = Generation.complete_step
     monkeypatch.setattr(Generation, "complete_step", lambda self, plan, out: (time.sleep(0.02), slow(self, plan, out)))
-    engine, runner = _engine(mode, gpu_form_artifact, max_concurrency=1, max_queue=1)
+    engine, runner = _engine(mode, artifacts, max_concurrency=1, max_queue=1)
     try:
         async def scenario():
             long = engine.submit(GenerationRequest(_ids(runner, PROMPTS[2]), 200))
@@ -91,7 +98,7 @@ def test_cancelling_frees_the_slot(mode, gpu_form_artifact, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(mode, gpu_form_artifact, monkeypatch):
+def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(mode, artifacts, monkeypatch):
     boom: list[int] = []
     complete = Generation.complete_step
 
@@ -101,7 +108,7 @@ def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(mode, gpu_form
         return complete(self, plan, out)
 
     monkeypatch.setattr(Generation, "complete_step", failing)
-    engine, runner = _engine(mode, gpu_form_artifact, max_concurrency=2)
+    engine, runner = _engine(mode, artifacts, max_concurrency=2)
     boom.extend(_ids(runner, "boom boom"))
     try:
         async def scenario():
@@ -120,8 +127,8 @@ def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(mode, gpu_form
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_bad_request_is_the_clients_error_and_shutdown_drains(mode, gpu_form_artifact):
-    engine, runner = _engine(mode, gpu_form_artifact, max_concurrency=2)
+def test_a_bad_request_is_the_clients_error_and_shutdown_drains(mode, artifacts):
+    engine, runner = _engine(mode, artifacts, max_concurrency=2)
     context = runner.artifact.max_context
 
     async def scenario():

@@ -269,11 +269,13 @@ class BatchDecoder:
 
         self.passes.make_room(self.active, max(g.cache.length for g in self.active)
                               + max(g.generator.max_verify_tokens for g in self.active))
-        plans, outputs = self.passes.round(self.active, after_pass)
-        if not outputs:
-            self._advance_prefills()
+        plans, outputs = self.passes.round(self.active, after_pass if self.passes.passes_within_round else lambda: None)
         for i, out in outputs.items():
             self.active[i].complete_step(plans[i], out)
+        if outputs and not self.passes.passes_within_round:
+            after_pass()
+        elif not outputs:
+            self._advance_prefills()
         finished = [g for g in self.active if g.done]
         for generation in finished:
             self.leave(generation)

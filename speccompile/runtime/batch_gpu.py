@@ -3,7 +3,8 @@ pass, every request's pending token and chain draft in its own slot, the same ro
 
 Each request keeps its KV rows in one physical slot of the graph from join to leave (device buffers do not move:
 `moved` changes nothing, the cache names its slot); a request's prefill chunks run as slot passes of their own
-(`SlotSession`). Plans are each request's own (`plan_step()`, its controller's costs): drafts ride in the shared
+(`SlotSession`), after the round's commits: a round is one pass, so a newcomer waits for one pass as in the other
+modes, and no pass overwrites the round's outputs or pending KV rows before they are committed. Plans are each request's own (`plan_step()`, its controller's costs): drafts ride in the shared
 pass. No prefix cache (the device rows are not copied out).
 """
 
@@ -23,6 +24,7 @@ class SlotGraphPasses(RoundPasses):
 
     fixed = True
     shares_passes = True
+    passes_within_round = False  # its outputs (and pending KV rows) live in the graph's buffers until committed
 
     def __init__(self, session: OrtCudaSlotSession, slots: int, max_context: int):
         super().__init__(session)
@@ -60,5 +62,4 @@ class SlotGraphPasses(RoundPasses):
                 generation.stats.time_verify += seconds
                 generation.controller.record_pass(len(planned.ids), seconds)  # what a draft costs in this pass
                 outputs[i] = outs[generation.cache.slot]
-        after_pass()
         return plans, outputs

@@ -37,6 +37,9 @@ class RoundPasses(abc.ABC):
     shares_passes: bool  # whether several requests' rows run in one pass (the server reports it as `batched`)
     keeps_prefixes = False  # whether prompt rows may come from (and go to) a prefix cache (runtime/prefix_cache.py)
     prefills_together = False  # whether prompts of one chunk may be prefilled in one pass (`prefill_batch`)
+    # whether other passes (a newcomer's prefill chunk) may run between a round's passes and its commits; False when a
+    # pass's outputs live in buffers the next pass overwrites: requests then join and prefill after the round
+    passes_within_round = True
     batched_passes = 0  # passes over several requests' plain rows
     slot_passes = 0  # rounds run as one slot pass
 
@@ -73,7 +76,8 @@ class RoundPasses(abc.ABC):
     @abc.abstractmethod
     def round(self, active: list[Generation], after_pass: Callable[[], None]) -> tuple[Plans, dict[int, StepOutput]]:
         """Plan one round for every active request (None: still prefilling, or its context is full) and run its
-        passes, calling `after_pass` after each; returns the plans and the pass output of each planned index."""
+        passes, calling `after_pass` after each (when `passes_within_round`); returns the plans and the pass output
+        of each planned index."""
 
 
 class OnePassPerRequest(RoundPasses):
