@@ -14,13 +14,16 @@
 #   Not in the default list: qad (issue 18) exports fp32 -> /tmp/e32, builds NVFP4 weight-only rank 128 with
 #   quantization-aware distillation on the GPU (QAD_STEPS, QAD_BATCH, QAD_SAMPLES) and evals it vs fp32:
 #     STEPS=qad QAD_STEPS=600 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~590)
+#   serve (issue 46; in the default list, last): `speccompile serve --backend ort-cuda` on an fp16 export with a 32-slot
+#   GPU slot form (/tmp/e16s, `--batch-slots 32`), driven by benchmarks/serve_load.py: 1 vs 8 and 1 vs 32 concurrent
+#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run).
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
 #   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
 #   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-"pass verify bench test peer"}
+STEPS=${STEPS:-"pass verify bench test peer serve"}
 LIMIT=${LIMIT:-6}; NEW=${NEW:-128}; SC_ARGS=${SC_ARGS:-}; DEADLINE=${DEADLINE:-0}
 VERIFY_ARGS=${VERIFY_LIMIT:+--limit $VERIFY_LIMIT}
 lim() {  # a step's time limit: $1 seconds, or what is left before DEADLINE (1: no time left)
@@ -38,7 +41,7 @@ mkdir -p /tmp/scbin && printf '#!/bin/bash\nexec python3 -c "import sys; from sp
 export PATH=/tmp/scbin:$PATH
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" | tee -a "$OUT/gpu.txt"
-NEEDS_FP16=$(case "$STEPS" in *pass*|*verify*|*bench*|*test*|*peer*) echo 1 ;; *) echo 0 ;; esac)  # qad/modelopt: fp32 only
+NEEDS_FP16=$(case "$STEPS" in *pass*|*verify*|*bench*|*test*|*peer*|*serve*) echo 1 ;; *) echo 0 ;; esac)  # qad/modelopt: fp32 only
 if [ "$NEEDS_FP16" = 1 ] && [ ! -f /tmp/e16/target.ort-cuda.onnx ]; then
   start=$SECONDS; timeout 150 sc export smollm2-135m --dtype fp16 --out /tmp/e16 --force > "$OUT/export16.txt" 2>&1
   echo "export fp16: $((SECONDS - start)) s"; tail -n 3 "$OUT/export16.txt"
@@ -72,6 +75,16 @@ for step in $STEPS; do
       else echo "no pytest on this machine: skipped"; fi ;;
     peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW \
         ${PEER_ARGS---no-compile} 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
+    serve) if [ ! -f /tmp/e16s/target.ort-cuda-slots.onnx ]; then
+        start=$SECONDS; timeout $(lim 150) sc export smollm2-135m --dtype fp16 --batch-slots 32 --out /tmp/e16s --force > "$OUT/export16s.txt" 2>&1
+        echo "export fp16 with 32 slots: $((SECONDS - start)) s"; tail -n 2 "$OUT/export16s.txt"
+      fi
+      [ -f /tmp/e16s/target.ort-cuda-slots.onnx ] || { echo "no GPU slot form in /tmp/e16s"; continue; }
+      for streams in 8 32; do
+        timeout $(lim 200) python3 benchmarks/serve_load.py /tmp/e16s $W --limit ${SERVE_LIMIT:-8} --max-tokens $NEW \
+          --streams $streams --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 > "$OUT/serve_$streams.json" 2> "$OUT/serve_$streams.err"
+        python3 -c "import json;j=json.load(open('$OUT/serve_$streams.json'));print('streams $streams:',j['ratios'],[(p['phase'],p['tok_per_s'],p['ttft_p50_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
+      done ;;
     qad) export32
       start=$SECONDS
       timeout ${QAD_LIMIT:-480} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
@@ -91,6 +104,6 @@ for step in $STEPS; do
         --modelopt-python python3 --device cuda --work /tmp/mot --threads 16 $ours \
         ${MO_CONFIGS:---config W4A16_NVFP4_CFG --config W4A16_NVFP4_CFG:awq_lite --config W4A16_NVFP4_CFG:awq_clip --config NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG+weight-only --config NVFP4_FOUR_OVER_SIX_CFG+weight-only} \
         2>&1 | tee "$OUT/modelopt_torch.txt" | tail -n 12 ;;
-    *) echo "unknown step $step (pass verify bench test peer loose qad modelopt)" ;;
+    *) echo "unknown step $step (pass verify bench test peer serve loose qad modelopt)" ;;
   esac
 done

@@ -157,3 +157,23 @@ def test_a_tree_drafter_keeps_the_contract_graph_one_pass_per_request(head_artif
     assert any(r.stats.draft_steps for r in together)
     for ids, result in zip(prompts, together):
         assert result.tokens == runner.generate_ids(ids, 20).tokens
+
+
+def test_fp16_export_with_batch_slots_writes_the_gpu_slot_form(tmp_path):
+    import onnx
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.manifest import read_manifest, variant_name
+
+    out = tmp_path / "fp16"
+    export_artifact(str(make_tiny_hf_model(tmp_path / "llama")), out, ExportOptions(max_context=64, dtype="fp16", batch_slots=3))
+    manifest = read_manifest(out)
+    spec = manifest.graph(variant_name("target", "cuda-slots"))
+    assert spec.file == "target.ort-cuda-slots.onnx" and spec.file in manifest.files and spec.dtype == "fp16"
+    assert spec.extra["slots"] == 3 and spec.extra["backends"] == ["ort-cuda"] and spec.extra["masks"] == "causal"
+    onnx.checker.check_model(str(out / spec.file), full_check=True)
+    model = onnx.load(str(out / spec.file), load_external_data=False)
+    assert [n.op_type for n in model.graph.node].count("GroupQueryAttention") == 2 * 3  # one per layer and slot
+    inputs = {v.name for v in model.graph.input}
+    assert "attention_bias" not in inputs and {"past_key_values.1.2.value", "seqlens_k", "position_ids"} <= inputs
+    assert "target.ort-cuda-slots.onnx.data" not in manifest.files  # the weights are the GPU graph's (and target.onnx's)

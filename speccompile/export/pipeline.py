@@ -30,7 +30,7 @@ class ExportOptions:
     tree: str | None = None
     num_draft_tokens: int | None = None
     fused_cpu_graph: bool = True  # also write *.ort.onnx (GroupQueryAttention, in-place KV) for ORT CPU
-    batch_slots: int = 8  # and *.ort-slots.onnx: batched passes with one GroupQueryAttention per slot (0: none)
+    batch_slots: int = 8  # and *.ort-slots.onnx (GPU dtype: *.ort-cuda-slots.onnx): one GroupQueryAttention per slot (0: none)
     gpu_graph: bool = True  # fp16/bf16: also write *.ort-cuda.onnx (GroupQueryAttention on CUDA, device KV) for ort-cuda
     draft_cpu_weights: str = "int8"  # weights of a drafter head's ORT CPU variant: int8 | int4 | fp32 (none)
     force: bool = False
