@@ -18,17 +18,18 @@ from .generate import run_options
 @click.option("--port", type=int, default=8000, show_default=True, help="TCP port (0 = any free port, logged at start).")
 @click.option("--served-model-name", default=None, help="The `model` clients ask for [default: the artifact's model name].")
 @click.option("--max-concurrency", type=int, default=8, show_default=True,
-              help="Requests admitted at once: decoded together (batching), else one after another in arrival order.")
+              help="Requests admitted at once: decoded together (as many as the backend holds at once), the others wait in arrival order.")
 @click.option("--batching/--no-batching", default=True, show_default=True,
-              help="Decode the admitted requests together in shared target passes (fused CPU graph with a batch axis; "
-                   "every drafter, each request with its own); otherwise, or when the artifact cannot, one after another.")
+              help="Decode the admitted requests together: shared passes on the fused CPU graph with a batch axis and on "
+                   "ort-cuda with the GPU slot form (export --batch-slots), else one pass per request each round (every "
+                   "drafter, each request with its own); --no-batching: one request at a time.")
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-              help="Batched engine: reuse the KV rows of earlier prompts (every shared token of a prefix, kept in 16-token "
+              help="Fused CPU graph: reuse the KV rows of earlier prompts (every shared token of a prefix, kept in 16-token "
                    "blocks, or a repeated prompt); exact by construction (docs/serving.md).")
 @click.option("--prefix-cache-mb", type=int, default=512, show_default=True,
               help="Memory bound of the prefix cache (least recently used entries go first).")
 @click.option("--slot-passes", type=click.Choice(SLOT_PASSES), default="off", show_default=True,
-              help="Batched engine: steps run as one pass of the slotted graph (export --batch-slots; one attention call per "
+              help="Fused CPU graph: steps run as one pass of the slotted graph (export --batch-slots; one attention call per "
                    "request, drafts in the shared pass, their rows the bits they get alone): 'drafts' steps in which requests "
                    "draft (plain rows as in a batched pass), 'all' every step (batch invariance: each answer's logits bitwise its logits alone). Loads a "
                    "second copy of the weights.")
