@@ -177,3 +177,40 @@ def test_fp16_export_with_batch_slots_writes_the_gpu_slot_form(tmp_path):
     inputs = {v.name for v in model.graph.input}
     assert "attention_bias" not in inputs and {"past_key_values.1.2.value", "seqlens_k", "position_ids"} <= inputs
     assert "target.ort-cuda-slots.onnx.data" not in manifest.files  # the weights are the GPU graph's (and target.onnx's)
+
+
+@pytest.mark.parametrize("arch,overrides", [("qwen2", {"tie_word_embeddings": True}), ("qwen3", {}), ("phi", {"family": True})])
+def test_each_slot_computes_what_the_single_sequence_graph_computes(tmp_path, arch, overrides):
+    """Three model families: two slots run different sequences (prefill, then a chain step) in the same passes;
+    each slot's logits match the single-sequence GPU graph's for that sequence alone."""
+    from speccompile.export.ort_fused_graph import export_fused_variant
+    from speccompile.export.recipes import DecoderWeights
+    from speccompile.manifest import read_manifest
+    from speccompile.models.load import load_model
+    from speccompile.runtime.backends.ort_cuda import OrtCudaSession
+    from speccompile.runtime.backends.ort_cuda_slots import OrtCudaSlotSession
+    from test_gpu_graph import MAX_CONTEXT, _fp32_gpu_form
+
+    out, single_spec, _ = _fp32_gpu_form(tmp_path, arch, **overrides)
+    model_dir = tmp_path / arch
+    model = load_model(str(model_dir))
+    specs, _ = export_fused_variant(DecoderWeights(model.config, model.weights), read_manifest(out).graph("target"), out,
+                                    MAX_CONTEXT, target="cuda", slots=2)
+    slots = OrtCudaSlotSession(out, specs[1], device="cpu", max_context=MAX_CONTEXT, threads=1)
+    single = OrtCudaSession(out, single_spec, device="cpu", max_context=MAX_CONTEXT, threads=1)
+    rng = np.random.default_rng(7)
+    sequences = [(rng.integers(3, 60, 11), rng.integers(3, 60, 3)), (rng.integers(3, 60, 6), rng.integers(3, 60, 1))]
+    caches = [slots.slot_cache(b) for b in range(2)]
+    prefill = slots.run_slots({b: (prompt, np.arange(len(prompt))) for b, (prompt, _) in enumerate(sequences)})
+    prefill_logits = {b: out.logits for b, out in prefill.items()}  # read before the next pass reuses the buffers
+    for b, (prompt, _) in enumerate(sequences):
+        caches[b].append(prefill[b].presents, range(len(prompt)), len(prompt))
+    step = slots.run_slots({b: (ids, np.arange(len(prompt), len(prompt) + len(ids))) for b, (prompt, ids) in enumerate(sequences)})
+    for b, (prompt, ids) in enumerate(sequences):
+        cache = single.new_cache()
+        alone = single.run(prompt, np.arange(len(prompt)), cache.attention_mask(causal_mask(len(prompt))), cache)
+        np.testing.assert_allclose(prefill_logits[b], alone.logits, atol=1e-4, rtol=1e-4)
+        cache.append(alone.presents, range(len(prompt)), len(prompt))
+        alone = single.run(ids, np.arange(len(prompt), len(prompt) + len(ids)), cache.attention_mask(causal_mask(len(ids))), cache)
+        np.testing.assert_allclose(step[b].logits, alone.logits, atol=1e-4, rtol=1e-4)
+        assert step[b].greedy_tokens.tolist() == np.argmax(step[b].logits, axis=-1).tolist()
