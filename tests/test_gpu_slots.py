@@ -155,6 +155,7 @@ def test_a_tree_drafter_keeps_the_contract_graph_one_pass_per_request(head_artif
     prompts = [[1, 40, 41, 42, 43, 10, 11, 12, 13, 40, 41, 42]] + [word_prompt_ids(s) for s in range(1, 4)]
     together = _decode(decoder, runner, prompts, 20)
     assert any(r.stats.draft_steps for r in together)
+    assert len(runner.artifact._shared_sessions) == 1  # the head's graph opened once for every request
     for ids, result in zip(prompts, together):
         assert result.tokens == runner.generate_ids(ids, 20).tokens
 

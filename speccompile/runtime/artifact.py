@@ -43,14 +43,17 @@ class Artifact:
 
     def session(self, graph: str, shared: bool = False) -> Session:
         """Open another graph of the artifact (a drafter) on the same backend. `shared`: the one session of that
-        graph opened for drafters that decode side by side (continuous batching, ort-cpu): each keeps its state
-        in its own KV cache, and an ONNX Runtime CPU session keeps none between runs."""
+        graph opened for drafters that decode side by side (the batch decoder's requests): each keeps its state
+        in its own KV cache, and a session whose caches are its callers' (`max_caches` None: ONNX Runtime's
+        sessions, TensorRT's per-call engine) keeps none between runs; one that owns its KV buffer (the GPU
+        graphs) is opened for each drafter instead."""
         if not shared:
             return _open_graph(self.directory, self.manifest, graph, self.backend, self.threads, self.fused)
-        if self.backend != "ort-cpu":
-            raise ValueError(f"shared drafter sessions are for ort-cpu, not {self.backend}")
         if graph not in self._shared_sessions:
-            self._shared_sessions[graph] = self.session(graph)
+            session = self.session(graph)
+            if session.max_caches is not None:
+                return session
+            self._shared_sessions[graph] = session
         return self._shared_sessions[graph]
 
 

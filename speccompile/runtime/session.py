@@ -145,10 +145,11 @@ class Runner:
         return stream is not None and stream.decoding
 
     def _drafter_request(self) -> DrafterRequest:
-        """On ort-cpu every drafter of this runner (one for sequential generations, one per batched request) runs
-        its graph in the artifact's one shared session of it (`Artifact.session`)."""
+        """Every drafter of this runner (one for generations one after another, one per batched request) runs its
+        graph in the artifact's one shared session of it where the session holds no KV of its own
+        (`Artifact.session`): a server does not open a drafter graph per request."""
         return DrafterRequest(self.artifact, self.draft_config, self.clock, self.options.lookup_branch,
-                              self.ngram_corpus, self.artifact.backend == "ort-cpu", self.suffix_cache)
+                              self.ngram_corpus, True, self.suffix_cache)
 
     def generator(self, sampling: SamplingParams | None = None, plain: bool = False, own_drafter: bool = False,
                   target: "Session | None" = None) -> Generator:

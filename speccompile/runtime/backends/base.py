@@ -78,6 +78,7 @@ class FeatureSession(Protocol):
     """A graph without a KV cache over the target's hidden states (the Medusa heads)."""
 
     spec: GraphSpec
+    max_caches: None  # it keeps no state between runs (see Session)
 
     def run(self, hidden_states: np.ndarray) -> np.ndarray:
         """hidden_states [q, H] float -> logits [q, heads, vocab] float32."""

@@ -370,6 +370,8 @@ class OrtBufferSession(OrtSession):
 class OrtFeatureSession:
     """A graph without KV cache in ONNX Runtime (the Medusa heads): hidden_states [1, q, H] -> logits [1, q, heads, V]."""
 
+    max_caches = None  # no state between runs
+
     def __init__(self, directory: str | Path, manifest: Manifest, spec: GraphSpec, backend: str = "ort-cpu",
                  threads: int | None = None):
         self.spec = spec

@@ -176,6 +176,8 @@ class TensorRTSession(TensorRTEngine):
 class TensorRTFeatureSession(TensorRTEngine):
     """A graph without KV cache (the Medusa heads), implementing the runtime FeatureSession protocol."""
 
+    max_caches = None  # no state between runs
+
     def run(self, hidden_states: np.ndarray) -> np.ndarray:
         host = {"hidden_states": self._host("hidden_states", hidden_states, (1, *np.shape(hidden_states)))}
         return self.execute(host, {})["logits"].numpy(self.stream)[0].astype(np.float32, copy=False)
