@@ -155,7 +155,7 @@ class Runner:
                   target: "Session | None" = None) -> Generator:
         """The loop over this artifact's target with the runner's drafter (none when `plain`) and the acceptance
         estimates of `sampling`'s setting; `own_drafter`: a new drafter for this generator alone (generations
-        decoding at the same time; on ort-cpu its graph runs in a session shared by all of them), and acceptance
+        decoding at the same time; its graph runs in a session shared by all of them where that session holds no KV), and acceptance
         learned by each generation alone (one after another they carry `learned_acceptance`; pooled across
         concurrent copy and chat requests, estimates drafted worse: docs/benchmarks.md, "Serving and prefill").
         `target`: the session its passes run on instead of the artifact's target (one slot of the slotted GPU graph)."""
