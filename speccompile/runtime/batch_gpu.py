@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from ..errors import UnsupportedError
 from .backends.base import StepOutput
 from .backends.ort_cuda_slots import OrtCudaSlotSession, SlotKVCache
 from .batch_passes import Plans, RoundPasses
@@ -48,6 +49,8 @@ class SlotGraphPasses(RoundPasses):
 
     def round(self, active: list[Generation], after_pass: Callable[[], None]) -> tuple[Plans, dict[int, StepOutput]]:
         plans: Plans = [None if generation.prefilling else generation.plan_step() for generation in active]
+        if any(p is not None and p.draft.tree is not None for p in plans):
+            raise UnsupportedError("the slotted GPU graph is causal: tree drafts run the contract graph")
         steps = {g.cache.slot: (p.ids, p.positions) for g, p in zip(active, plans) if p is not None}
         if not steps:
             return plans, {}
