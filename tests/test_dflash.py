@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_heads_helpers import shared_target, training_text, word_prompt_ids
+from test_heads_helpers import VOCAB, shared_target, training_text, word_prompt_ids
 
 BLOCK = 5
 TAPS = [1, 4, 6]  # inputs of these layers of the 8-layer tiny target
@@ -327,3 +327,53 @@ def test_train_draft_refuses_a_bad_block_size(tmp_path, capsys):
                                   "--data", str(data), "--out", str(tmp_path / "out"))
     assert code == 2 and "--block-size must be between 2 and half the sequence length (128), got 1" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Sampled exactness end to end: an exported random drafter through the real Runner on ort-cpu
+
+
+@pytest.fixture(scope="module")
+def random_artifact(target, tmp_path_factory):
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.models.dflash_io import save_dflash
+
+    folder, model = target
+    root = tmp_path_factory.mktemp("dflash_random")
+    ckpt = save_dflash(_random_drafter(model, seed=3, block_size=4), root / "head", model.config.num_hidden_layers)
+    manifest = export_artifact(str(folder), root / "art", ExportOptions(drafter=f"dflash:{ckpt}", max_context=256))
+    return root / "art", manifest
+
+
+@pytest.mark.parametrize("wrong_q", [False, True])
+def test_sampled_output_through_the_runner_is_exact(target, random_artifact, wrong_q):
+    """Sampled drafts (x_j ~ q_j, temperature 1, top-k 8) verified by the runtime give the target's distribution of
+    the first 2 tokens (the second one drafted; a torch forward over every prefix), chi-square over 600 seeded
+    generations of blocks of 3 drafts; the control reports a uniform q for the same draws, so the verifier accepts
+    nearly every draft (p ~ 1e-17 at this size), and the test must fail it."""
+    from collections import Counter
+
+    from runner_sampling_helpers import exact_prefix_distribution, p_value, sampled_prefix_counts
+
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    art, manifest = random_artifact
+    runner = Runner(art, drafter="dflash", adaptive=False, threads=1)
+    drafter = runner.drafter()
+    propose, proposed = drafter.propose, Counter()
+
+    def counted(tokens, sizing):
+        draft = propose(tokens, sizing)
+        proposed.update([len(draft.tokens)])
+        assert draft.probs is not None and draft.probs.shape == (len(draft.tokens), VOCAB)  # sampled, with its q
+        if wrong_q:
+            draft.probs = np.full_like(draft.probs, 1.0 / VOCAB)
+        return draft
+
+    drafter.propose = counted
+    prompt = word_prompt_ids(5)
+    exact = exact_prefix_distribution(target[0], prompt, 2, 1.0, 8, manifest.tokenizer.get("eos_token_ids") or [2])
+    counts = sampled_prefix_counts(runner, prompt, 2, SamplingParams(temperature=1.0, top_k=8), 600, max_tokens=5)
+    assert proposed[3] > 0, proposed  # blocks of 3 drafts (block size 4)
+    assert (p_value(counts, exact) > 1e-3) != wrong_q, (counts.most_common(6), sorted(exact.values())[-6:])
