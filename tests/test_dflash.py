@@ -80,7 +80,7 @@ def test_a_layout_not_understood_names_the_key(target, tmp_path):
 
 
 def test_dspark_without_a_markov_head_drafts_every_slot(target, tmp_path):
-    from speccompile.errors import UnsupportedError
+    from speccompile.errors import InputError, UnsupportedError
     from speccompile.models.dflash_io import load_dflash, save_dflash
 
     _, model = target
@@ -91,9 +91,68 @@ def test_dspark_without_a_markov_head_drafts_every_slot(target, tmp_path):
     drafter = load_dflash(out, model.config, model.weights)
     assert drafter.head_config.sample_from_anchor and drafter.head_config.drafts_per_block == BLOCK
     assert drafter(*_example(drafter, ctx=3, past=0))[0].shape[1] == BLOCK
-    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256}))
-    with pytest.raises(UnsupportedError, match="markov_rank 256"):
+    assert drafter.markov is None
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256,
+                                                 "markov_head_type": "gated"}))
+    with pytest.raises(UnsupportedError, match="markov_head_type gated"):
         load_dflash(out, model.config, model.weights)
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256}))
+    with pytest.raises(InputError, match="no markov_head.markov_w1.weight"):
+        load_dflash(out, model.config, model.weights)
+
+
+def _dspark_with_markov(model, folder, rank: int = 8, seed: int = 4):
+    """A DSpark checkpoint (speculators layout) with a vanilla Markov head of `rank`; (folder, W1, W2)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speccompile.models.dflash_io import save_dflash
+
+    out = save_dflash(_random_drafter(model, seed), folder, model.config.num_hidden_layers, layout="speculators")
+    g = torch.Generator().manual_seed(seed)
+    w1, w2 = torch.randn(VOCAB, rank, generator=g), torch.randn(VOCAB, rank, generator=g)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors.update({"markov_head.markov_w1.weight": w1, "markov_head.markov_w2.weight": w2,
+                    "confidence_head.proj.weight": torch.randn(1, 64 + rank, generator=g)})
+    save_file(tensors, str(out / "model.safetensors"))
+    raw = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": rank,
+                                                 "markov_head_type": "vanilla", "sample_from_anchor": True}))
+    return out, w1.numpy(), w2.numpy()
+
+
+def test_dspark_markov_head_drafts_token_by_token(target, tmp_path):
+    """The vanilla Markov head: each drafted position's logits get W2 W1[previous token]; the exported artifact
+    proposes the chain computed by hand from the torch block pass, and greedy speculative == plain."""
+    import torch
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.models.dflash_io import load_dflash
+    from speccompile.runtime.adaptive import Sizing
+    from speccompile.runtime.session import Runner
+
+    folder, model = target
+    ckpt, w1, w2 = _dspark_with_markov(model, tmp_path / "dspark")
+    drafter = load_dflash(ckpt, model.config, model.weights)
+    np.testing.assert_array_equal(drafter.markov[0].numpy(), w1)
+    manifest = export_artifact(str(folder), tmp_path / "art", ExportOptions(drafter=f"dflash:{ckpt}", max_context=256))
+    assert manifest.drafter["markov"] == {"w1": "dflash_markov_w1.npy", "w2": "dflash_markov_w2.npy"}
+    runner = Runner(tmp_path / "art", drafter="dflash", adaptive=False, threads=1, contract_graph=True)
+    chain = runner.drafter()
+    ids, pos, mask, aux = _example(drafter, ctx=6, past=0)
+    tokens = [7, 8, 9, 10, 11, 12, 5]  # six context rows, pending token 5 (the example's block starts with it)
+    chain.reset()
+    chain.observe(aux[0].numpy(), tokens[:-1], 5)
+    got = chain.propose(tokens, Sizing(limit=BLOCK))
+    with torch.no_grad():
+        base = drafter(ids, pos, mask, aux, *drafter.empty_past())[0][0].numpy()
+    want, previous = [], 5
+    for row in base:
+        previous = int(np.argmax(row + w2 @ w1[previous]))
+        want.append(previous)
+    assert got.tokens == want and want != [int(t) for t in base.argmax(-1)]  # the bias changed the chain
+    steps, _ = _greedy_equal_plain(Runner(tmp_path / "art", drafter="dflash", adaptive=False, threads=1), range(3), 24)
+    assert steps > 0
 
 
 def _example(drafter, ctx: int, past: int, batch: int = 1):
@@ -235,8 +294,8 @@ class _BlockTables:
         return StepOutput(logits=self.logits[:, int(ids[0])], presents=[])
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_block_drafts_sampled_are_exact(k):
+@pytest.mark.parametrize("k,markov", [(2, False), (3, False), (3, True)])
+def test_block_drafts_sampled_are_exact(k, markov):
     from test_sampling import ROOT, T, V, assert_exact, encode, model_logits
 
     from speccompile.runtime.adaptive import Sizing
@@ -250,7 +309,8 @@ def test_block_drafts_sampled_are_exact(k):
     rng = np.random.default_rng(2024 + k)
     blocks = np.stack([draft + rng.normal(size=draft.shape) * j for j in range(k)])  # one table per drafted position
     head = {"block_size": k + 1, "mask_token_id": 0, "target_vocab_size": V}
-    drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k)
+    bias = (rng.normal(size=(V, 2)), rng.normal(size=(V, 2))) if markov else None  # DSpark: q_j depends on x_{j-1}
+    drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k, markov=bias)
     drafter.start(params, np.random.default_rng(7))
     n = 40_000
     codes = np.empty(n, dtype=np.int64)
