@@ -8,7 +8,9 @@ the depth before it. To draft depth d (token n+d+1) it runs, in one call, its ne
 s = n-d .. n-1 whose tokens are the drafts d_1 .. d_d (causal, kept as dead slots: a rejected draft costs
 nothing to drop); the last row's argmax is the next draft. Depth 0 is the head drafter's own cache (module 0,
 `HeadDrafter`). Past N modules, depth d reuses module d mod N with a cache of its own, as vLLM's MTP models pick
-`spec_step_idx % num_mtp_layers`. Drafts are deterministic (argmax): verification is exact in greedy and
+`spec_step_idx % num_mtp_layers`. A depth that falls behind (drafted late or again after an adaptive k shrank)
+skips to the oldest output the depth before it still holds (its last `KEEP_UNREAD` rows): fewer context rows,
+the same exactness. Drafts are deterministic (argmax): verification is exact in greedy and
 sampled decoding alike (a one-hot proposal). Trees (static or dynamic) are drafted by module 0 alone, as
 `HeadDrafter` does for a single module.
 """
@@ -27,16 +29,19 @@ if TYPE_CHECKING:
     from ..adaptive import Sizing
 
 
+KEEP_UNREAD = 256  # outputs the deepest depth keeps for a deeper one drafted later (its cache starts there)
+
+
 class _Depth:
     """One depth of the chain past depth 0: its module's session, its cache of committed rows (rows 0..fed-1) and
     the committed outputs of rows base..fed-1 (what the next depth reads)."""
 
-    def __init__(self, session, hidden_size: int):
+    def __init__(self, session, hidden_size: int, start: int = 0):
         self.session = session
         self.cache = session.new_cache()
         self.cache.max_dead = 256
-        self.fed = 0
-        self.base = 0
+        self.fed = start  # a depth first drafted late starts at the oldest output the depth before it still holds
+        self.base = start
         self.outs = np.zeros((0, hidden_size), np.float32)
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
@@ -85,24 +90,29 @@ class MTPChainDrafter(HeadDrafter):
         for d in range(1, k):
             if len(self.depths) < d:
                 module = d % (len(self.modules) + 1)  # module 0 is `session`
-                self.depths.append(_Depth(self.modules[module - 1] if module else self.session, self.hidden_size))
+                self.depths.append(_Depth(self.modules[module - 1] if module else self.session, self.hidden_size,
+                                          start=prev.base))
             depth = self.depths[d - 1]
             logits, prev_draft = self._run_depth(depth, prev, prev_draft, tokens, drafts, n, d)
-            prev.keep_from(depth.fed)
             drafts.append(int(np.argmax(logits)))
             prev = depth
+        for i, ran in enumerate([self.outs0, *self.depths[:k - 1]]):  # keep what the next depth has yet to read,
+            reader = self.depths[i].fed if i < len(self.depths) else 0  # at most the last KEEP_UNREAD rows
+            ran.keep_from(max(reader, ran.fed - KEEP_UNREAD))
         return Draft(drafts)
 
     def _run_depth(self, depth: _Depth, prev: _Depth, prev_draft: np.ndarray, tokens: list[int], drafts: list[int],
                    n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """Depth d's call: its committed rows fed..n-d-1 and its draft rows max(0, n-d)..n-1; (the last row's
-        logits, the draft rows' outputs)."""
-        first = max(n - d, 0)
-        committed = range(depth.fed, first)
-        ids = [tokens[s + d + 1] for s in committed] + [drafts[s + d - n] for s in range(first, n)]
-        hidden = np.concatenate([prev.rows(depth.fed, first), prev.rows(n - d, n - d + 1) if n - d >= 0 else
-                                 np.zeros((0, self.hidden_size), np.float32), prev_draft]).astype(np.float32)
-        q, c = len(ids), len(committed)
+        """Depth d's call: its committed rows fed..n-d-1 and its draft rows n-d..n-1 (from row 0 at most, from the
+        depth before's oldest held row at least); (the last row's logits, the draft rows' outputs)."""
+        if depth.fed < prev.base:  # rows the depth before no longer holds are skipped (its own outputs restart)
+            depth.fed = depth.base = prev.base
+            depth.outs = depth.outs[:0]
+        first = max(n - d, depth.fed)
+        ids = [tokens[s + d + 1] for s in range(depth.fed, first)] + [drafts[s + d - n] for s in range(first, n)]
+        rows = np.concatenate([prev.outs, prev_draft])  # the depth before's outputs of rows prev.base .. n-1
+        hidden = rows[depth.fed - prev.base: n - prev.base].astype(np.float32)
+        q, c = len(ids), first - depth.fed
         cache = depth.cache
         cache.maybe_compact(q, self.max_context)
         mask = cache.attention_mask(causal_mask(q))
