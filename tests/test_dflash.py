@@ -101,14 +101,15 @@ def test_dspark_without_a_markov_head_drafts_every_slot(target, tmp_path):
         load_dflash(out, model.config, model.weights)
 
 
-def _dspark_with_markov(model, folder, rank: int = 8, seed: int = 4):
+def _dspark_with_markov(model, folder, rank: int = 8, seed: int = 4, block_size: int = BLOCK):
     """A DSpark checkpoint (speculators layout) with a vanilla Markov head of `rank`; (folder, W1, W2)."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from speccompile.models.dflash_io import save_dflash
 
-    out = save_dflash(_random_drafter(model, seed), folder, model.config.num_hidden_layers, layout="speculators")
+    out = save_dflash(_random_drafter(model, seed, block_size=block_size), folder, model.config.num_hidden_layers,
+                      layout="speculators")
     g = torch.Generator().manual_seed(seed)
     w1, w2 = torch.randn(VOCAB, rank, generator=g), torch.randn(VOCAB, rank, generator=g)
     tensors = load_file(str(out / "model.safetensors"))
@@ -394,23 +395,27 @@ def test_train_draft_refuses_a_bad_block_size(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def random_artifact(target, tmp_path_factory):
+def random_artifacts(target, tmp_path_factory):
+    """Exported random drafters, blocks of 4: DFlash, and DSpark with a vanilla Markov head (blocks of 3 drafts each)."""
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.models.dflash_io import save_dflash
 
     folder, model = target
     root = tmp_path_factory.mktemp("dflash_random")
-    ckpt = save_dflash(_random_drafter(model, seed=3, block_size=4), root / "head", model.config.num_hidden_layers)
-    manifest = export_artifact(str(folder), root / "art", ExportOptions(drafter=f"dflash:{ckpt}", max_context=256))
-    return root / "art", manifest
+    dflash = save_dflash(_random_drafter(model, seed=3, block_size=4), root / "head", model.config.num_hidden_layers)
+    dspark, _, _ = _dspark_with_markov(model, root / "dspark", block_size=3)
+    return {name: (root / f"{name}_art", export_artifact(str(folder), root / f"{name}_art",
+                                                        ExportOptions(drafter=f"dflash:{ckpt}", max_context=256)))
+            for name, ckpt in (("dflash", dflash), ("dspark", dspark))}
 
 
-@pytest.mark.parametrize("wrong_q", [False, True])
-def test_sampled_output_through_the_runner_is_exact(target, random_artifact, wrong_q):
-    """Sampled drafts (x_j ~ q_j, temperature 1, top-k 8) verified by the runtime give the target's distribution of
-    the first 2 tokens (the second one drafted; a torch forward over every prefix), chi-square over 600 seeded
-    generations of blocks of 3 drafts; the control reports a uniform q for the same draws, so the verifier accepts
-    nearly every draft (p ~ 1e-17 at this size), and the test must fail it."""
+@pytest.mark.parametrize("kind,wrong_q", [("dflash", False), ("dflash", True), ("dspark", False)])
+def test_sampled_output_through_the_runner_is_exact(target, random_artifacts, kind, wrong_q):
+    """Sampled drafts (x_j ~ q_j, temperature 1, top-k 8; DSpark's q_j given the drafts before it) verified by the
+    runtime give the target's distribution of the first 2 tokens (the second one drafted; a torch forward over
+    every prefix), chi-square over 600 seeded generations of blocks of 3 drafts; the control reports a uniform q
+    for the same draws, so the verifier accepts nearly every draft (p ~ 1e-17 at this size), and the test must
+    fail it."""
     from collections import Counter
 
     from runner_sampling_helpers import exact_prefix_distribution, p_value, sampled_prefix_counts
@@ -418,9 +423,10 @@ def test_sampled_output_through_the_runner_is_exact(target, random_artifact, wro
     from speccompile.runtime.sampling import SamplingParams
     from speccompile.runtime.session import Runner
 
-    art, manifest = random_artifact
+    art, manifest = random_artifacts[kind]
     runner = Runner(art, drafter="dflash", adaptive=False, threads=1)
     drafter = runner.drafter()
+    assert (drafter.markov is not None) == (kind == "dspark")
     propose, proposed = drafter.propose, Counter()
 
     def counted(tokens, sizing):
