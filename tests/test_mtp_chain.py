@@ -146,15 +146,16 @@ def test_exported_chain_greedy_equals_plain(arch, style, modules, tmp_path):
     names = ["mtp"] + [f"mtp{i}" for i in range(1, modules)]
     assert manifest.drafter["module_graphs"] == names and manifest.drafter["head"]["mtp_modules"] == modules
     assert all(n in manifest.graphs and f"{n}-ort" in manifest.graphs for n in names)
-    runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=False, threads=1, lookup_branch=False)
-    drafter = runner.drafter()
+    runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=False, threads=1)
+    drafter = runner.drafter().inner  # under the n-gram lookup branch
     assert isinstance(drafter, MTPChainDrafter) and len(drafter.modules) == modules - 1
+    adaptive = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=4, adaptive=True, threads=1, lookup_branch=False)
     steps = 0
     for seed in range(3):
         prompt = _prompt(seed)
         plain = runner.generate_ids(prompt, 24, drafter="none")
         spec = runner.generate_ids(prompt, 24)
-        assert spec.tokens == plain.tokens, seed
+        assert spec.tokens == plain.tokens == adaptive.generate_ids(prompt, 24).tokens, seed
         steps += spec.stats.draft_steps
     assert steps > 0 and all(d.cache.physical_len > 0 for d in drafter.depths)  # every depth drafted
     # the fp32 module graphs, each in its place in the chain: proposals equal the torch chain (k = 4: module 0 again)
