@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_heads_helpers import shared_target, training_text, word_prompt_ids
+from test_heads_helpers import VOCAB, shared_target, training_text, word_prompt_ids
 
 BLOCK = 5
 TAPS = [1, 4, 6]  # inputs of these layers of the 8-layer tiny target
@@ -80,7 +80,7 @@ def test_a_layout_not_understood_names_the_key(target, tmp_path):
 
 
 def test_dspark_without_a_markov_head_drafts_every_slot(target, tmp_path):
-    from speccompile.errors import UnsupportedError
+    from speccompile.errors import InputError, UnsupportedError
     from speccompile.models.dflash_io import load_dflash, save_dflash
 
     _, model = target
@@ -91,9 +91,69 @@ def test_dspark_without_a_markov_head_drafts_every_slot(target, tmp_path):
     drafter = load_dflash(out, model.config, model.weights)
     assert drafter.head_config.sample_from_anchor and drafter.head_config.drafts_per_block == BLOCK
     assert drafter(*_example(drafter, ctx=3, past=0))[0].shape[1] == BLOCK
-    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256}))
-    with pytest.raises(UnsupportedError, match="markov_rank 256"):
+    assert drafter.markov is None
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256,
+                                                 "markov_head_type": "gated"}))
+    with pytest.raises(UnsupportedError, match="markov_head_type gated"):
         load_dflash(out, model.config, model.weights)
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": 256}))
+    with pytest.raises(InputError, match="no markov_head.markov_w1.weight"):
+        load_dflash(out, model.config, model.weights)
+
+
+def _dspark_with_markov(model, folder, rank: int = 8, seed: int = 4, block_size: int = BLOCK):
+    """A DSpark checkpoint (speculators layout) with a vanilla Markov head of `rank`; (folder, W1, W2)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speccompile.models.dflash_io import save_dflash
+
+    out = save_dflash(_random_drafter(model, seed, block_size=block_size), folder, model.config.num_hidden_layers,
+                      layout="speculators")
+    g = torch.Generator().manual_seed(seed)
+    w1, w2 = torch.randn(VOCAB, rank, generator=g), torch.randn(VOCAB, rank, generator=g)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors.update({"markov_head.markov_w1.weight": w1, "markov_head.markov_w2.weight": w2,
+                    "confidence_head.proj.weight": torch.randn(1, 64 + rank, generator=g)})
+    save_file(tensors, str(out / "model.safetensors"))
+    raw = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**raw, "speculators_model_type": "dspark", "markov_rank": rank,
+                                                 "markov_head_type": "vanilla", "sample_from_anchor": True}))
+    return out, w1.numpy(), w2.numpy()
+
+
+def test_dspark_markov_head_drafts_token_by_token(target, tmp_path):
+    """The vanilla Markov head: each drafted position's logits get W2 W1[previous token]; the exported artifact
+    proposes the chain computed by hand from the torch block pass, and greedy speculative == plain."""
+    import torch
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.models.dflash_io import load_dflash
+    from speccompile.runtime.adaptive import Sizing
+    from speccompile.runtime.session import Runner
+
+    folder, model = target
+    ckpt, w1, w2 = _dspark_with_markov(model, tmp_path / "dspark")
+    drafter = load_dflash(ckpt, model.config, model.weights)
+    np.testing.assert_array_equal(drafter.markov[0].numpy(), w1)
+    manifest = export_artifact(str(folder), tmp_path / "art", ExportOptions(drafter=f"dflash:{ckpt}", max_context=256))
+    assert manifest.drafter["markov"] == {"w1": "dflash_markov_w1.npy", "w2": "dflash_markov_w2.npy"}
+    runner = Runner(tmp_path / "art", drafter="dflash", adaptive=False, threads=1, contract_graph=True)
+    chain = runner.drafter()
+    ids, pos, mask, aux = _example(drafter, ctx=6, past=0)
+    tokens = [7, 8, 9, 10, 11, 12, 5]  # six context rows, pending token 5 (the example's block starts with it)
+    chain.reset()
+    chain.observe(aux[0].numpy(), tokens[:-1], 5)
+    got = chain.propose(tokens, Sizing(limit=BLOCK))
+    with torch.no_grad():
+        base = drafter(ids, pos, mask, aux, *drafter.empty_past())[0][0].numpy()
+    want, previous = [], 5
+    for row in base:
+        previous = int(np.argmax(row + w2 @ w1[previous]))
+        want.append(previous)
+    assert got.tokens == want and want != [int(t) for t in base.argmax(-1)]  # the bias changed the chain
+    steps, _ = _greedy_equal_plain(Runner(tmp_path / "art", drafter="dflash", adaptive=False, threads=1), range(3), 24)
+    assert steps > 0
 
 
 def _example(drafter, ctx: int, past: int, batch: int = 1):
@@ -235,8 +295,8 @@ class _BlockTables:
         return StepOutput(logits=self.logits[:, int(ids[0])], presents=[])
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_block_drafts_sampled_are_exact(k):
+@pytest.mark.parametrize("k,markov", [(2, False), (3, False), (3, True)])
+def test_block_drafts_sampled_are_exact(k, markov):
     from test_sampling import ROOT, T, V, assert_exact, encode, model_logits
 
     from speccompile.runtime.adaptive import Sizing
@@ -250,7 +310,8 @@ def test_block_drafts_sampled_are_exact(k):
     rng = np.random.default_rng(2024 + k)
     blocks = np.stack([draft + rng.normal(size=draft.shape) * j for j in range(k)])  # one table per drafted position
     head = {"block_size": k + 1, "mask_token_id": 0, "target_vocab_size": V}
-    drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k)
+    bias = (rng.normal(size=(V, 2)), rng.normal(size=(V, 2))) if markov else None  # DSpark: q_j depends on x_{j-1}
+    drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k, markov=bias)
     drafter.start(params, np.random.default_rng(7))
     n = 40_000
     codes = np.empty(n, dtype=np.int64)
@@ -327,3 +388,58 @@ def test_train_draft_refuses_a_bad_block_size(tmp_path, capsys):
                                   "--data", str(data), "--out", str(tmp_path / "out"))
     assert code == 2 and "--block-size must be between 2 and half the sequence length (128), got 1" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# Sampled exactness end to end: an exported random drafter through the real Runner on ort-cpu
+
+
+@pytest.fixture(scope="module")
+def random_artifacts(target, tmp_path_factory):
+    """Exported random drafters, blocks of 4: DFlash, and DSpark with a vanilla Markov head (blocks of 3 drafts each)."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.models.dflash_io import save_dflash
+
+    folder, model = target
+    root = tmp_path_factory.mktemp("dflash_random")
+    dflash = save_dflash(_random_drafter(model, seed=3, block_size=4), root / "head", model.config.num_hidden_layers)
+    dspark, _, _ = _dspark_with_markov(model, root / "dspark", block_size=3)
+    return {name: (root / f"{name}_art", export_artifact(str(folder), root / f"{name}_art",
+                                                        ExportOptions(drafter=f"dflash:{ckpt}", max_context=256)))
+            for name, ckpt in (("dflash", dflash), ("dspark", dspark))}
+
+
+@pytest.mark.parametrize("kind,wrong_q", [("dflash", False), ("dflash", True), ("dspark", False)])
+def test_sampled_output_through_the_runner_is_exact(target, random_artifacts, kind, wrong_q):
+    """Sampled drafts (x_j ~ q_j, temperature 1, top-k 8; DSpark's q_j given the drafts before it) verified by the
+    runtime give the target's distribution of the first 2 tokens (the second one drafted; a torch forward over
+    every prefix), chi-square over 600 seeded generations of blocks of 3 drafts; the control reports a uniform q
+    for the same draws, so the verifier accepts nearly every draft (p ~ 1e-17 at this size), and the test must
+    fail it."""
+    from collections import Counter
+
+    from runner_sampling_helpers import exact_prefix_distribution, p_value, sampled_prefix_counts
+
+    from speccompile.runtime.sampling import SamplingParams
+    from speccompile.runtime.session import Runner
+
+    art, manifest = random_artifacts[kind]
+    runner = Runner(art, drafter="dflash", adaptive=False, threads=1)
+    drafter = runner.drafter()
+    assert (drafter.markov is not None) == (kind == "dspark")
+    propose, proposed = drafter.propose, Counter()
+
+    def counted(tokens, sizing):
+        draft = propose(tokens, sizing)
+        proposed.update([len(draft.tokens)])
+        assert draft.probs is not None and draft.probs.shape == (len(draft.tokens), VOCAB)  # sampled, with its q
+        if wrong_q:
+            draft.probs = np.full_like(draft.probs, 1.0 / VOCAB)
+        return draft
+
+    drafter.propose = counted
+    prompt = word_prompt_ids(5)
+    exact = exact_prefix_distribution(target[0], prompt, 2, 1.0, 8, manifest.tokenizer.get("eos_token_ids") or [2])
+    counts = sampled_prefix_counts(runner, prompt, 2, SamplingParams(temperature=1.0, top_k=8), 600, max_tokens=5)
+    assert proposed[3] > 0, proposed  # blocks of 3 drafts (block size 4)
+    assert (p_value(counts, exact) > 1e-3) != wrong_q, (counts.most_common(6), sorted(exact.values())[-6:])

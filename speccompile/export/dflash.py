@@ -63,6 +63,14 @@ def export_dflash(request: DrafterRequest, target: LoadedModel, out_dir: Path, d
                                "source": str(request.path)}
     if cfg.draft_vocab_size != cfg.target_vocab_size:
         save_draft_to_target(drafter.draft_to_target().numpy(), "dflash", out_dir, files, section)
+    if getattr(drafter, "markov", None) is not None:  # DSpark's Markov head: the runtime adds W2 W1[previous token]
+        import numpy as np
+
+        section["markov"] = {}
+        for name, weight in zip(("w1", "w2"), drafter.markov):
+            np.save(out_dir / f"dflash_markov_{name}.npy", weight.float().numpy(), allow_pickle=False)
+            files.append(f"dflash_markov_{name}.npy")
+            section["markov"][name] = f"dflash_markov_{name}.npy"
     section["source_sha256"] = source_digests(Path(request.path))
     return DrafterExport(graphs=graphs, files=[f for f in files if (out_dir / f).exists()], manifest=section)
 

@@ -3,8 +3,10 @@
 Each writes `<kind>.onnx` (+ `.data`) next to the target graph, plus `<kind>.ort.onnx`, the same head
 with int8 (default) or int4 weights for ONNX Runtime CPU (export/cpu_draft_weights.py; drafts change,
 outputs do not). EAGLE-3 also writes `eagle3_d2t.npy`
-(draft id -> target id). The manifest's drafter section records the graph, the head config, and the
-tree and k as `draft_config.DraftConfig` writes them (the `--tree` grammar lives there too).
+(draft id -> target id). An MTP checkpoint with several modules also writes `mtp{i}.onnx` for module i >= 1
+(same interface; `module_graphs` in the section lists them all, module 0 first). The manifest's drafter section
+records the graph, the head config, and the tree and k as `draft_config.DraftConfig` writes them (the `--tree`
+grammar lives there too).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
     graphs = {kind: spec}
     if request.fused_cpu_graph:
         files += add_quantized_head_variant(kind, graphs, out_dir, request.draft_cpu_weights, digests=digests)
+    modules = [kind]
+    for i, module in enumerate(getattr(head, "chain", []), start=1):  # MTP modules 1..N-1, chained after module 0
+        name = f"{kind}{i}"
+        modules.append(name)
+        graphs[name] = export_head_graph(module.to(torch_dtype(dtype)).eval(), out_dir / f"{name}.onnx", dtype, digests)
+        files += [f"{name}.onnx", f"{name}.onnx.data"]
+        if request.fused_cpu_graph:
+            files += add_quantized_head_variant(name, graphs, out_dir, request.draft_cpu_weights, digests=digests)
     cfg = head.head_config
     section: dict[str, Any] = {
         "kind": kind,
@@ -43,6 +53,8 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
         "head": cfg.to_dict(),
         "source": str(request.path or target.source),
     }
+    if len(modules) > 1:
+        section["module_graphs"] = modules  # the chain's graphs, module 0 first (runtime/drafters/mtp_chain.py)
     if kind == "eagle3":
         save_draft_to_target(head.draft_to_target().numpy(), "eagle3", out_dir, files, section)
         section["target_taps"] = list(cfg.aux_layer_ids)  # inputs of these target layers (L: the final hidden state)

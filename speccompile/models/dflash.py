@@ -143,6 +143,7 @@ class DFlashDrafter(nn.Module):
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
+        self.markov: tuple[torch.Tensor, torch.Tensor] | None = None  # DSpark Markov head (W1, W2): dflash_io.py
         self.head_config = config
         c = config.layer
         h = c.hidden_size

@@ -10,9 +10,11 @@ Two layouts are read, both a folder of config.json + *.safetensors:
 * **speculators** (``speculators_model_type: dflash``, vLLM's speculators library): a nested
   ``transformer_layer_config``, ``draft_vocab_size``, ``block_size``, ``aux_hidden_state_layer_ids`` (*inputs* of
   target layers), ``mask_token_id``, ``sample_from_anchor``; the same body plus its own ``lm_head`` [draft vocab,
-  H], ``embed_tokens`` and ``d2t`` / ``t2d``. A DSpark checkpoint (``dspark``) without a Markov head
-  (``markov_rank`` 0) is this drafter with ``sample_from_anchor``; its confidence head only sizes blocks and
-  is not read.
+  H], ``embed_tokens`` and ``d2t`` / ``t2d``. A DSpark checkpoint (``dspark``) is this drafter with
+  ``sample_from_anchor``; its confidence head only sizes blocks and is not read; its vanilla Markov head
+  (``markov_rank`` r > 0, ``markov_head_type: vanilla``: ``markov_head.markov_w1.weight`` [target vocab, r],
+  ``markov_head.markov_w2.weight`` [draft vocab, r]; the bias W2 W1[previous token] added to each drafted
+  position's logits) is read into ``DFlashDrafter.markov`` and applied by the runtime, token by token.
 """
 
 from __future__ import annotations
@@ -54,7 +56,23 @@ def load_dflash(path: str | Path, target: ModelConfig, target_weights: TargetWei
     if int(mapped.min()) < 0 or int(mapped.max()) >= target.vocab_size:
         raise InputError(f"{source}: d2t maps draft ids outside the target vocabulary (0..{target.vocab_size - 1})")
     _check_and_load(drafter, state, "dflash", source)
+    drafter.markov = _markov_head(raw, tensors, cfg, source)
     return drafter.eval()
+
+
+def _markov_head(raw: dict[str, Any], tensors: dict[str, torch.Tensor], cfg: DFlashConfig, source: Path
+                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """DSpark's vanilla Markov head (W1 [target vocab, r], W2 [draft vocab, r]), or None (markov_rank 0)."""
+    rank = int(raw.get("markov_rank") or 0)
+    if rank <= 0:
+        return None
+    want = {"markov_head.markov_w1.weight": (cfg.target_vocab_size, rank), "markov_head.markov_w2.weight": (cfg.draft_vocab_size, rank)}
+    for name, shape in want.items():
+        if name not in tensors:
+            raise InputError(f"{source}: markov_rank {rank} but no {name}")
+        if tuple(tensors[name].shape) != shape:
+            raise InputError(f"{source}: {name} is {list(tensors[name].shape)}, expected {list(shape)}")
+    return tuple(tensors[name].float() for name in want)  # type: ignore[return-value]
 
 
 def dflash_config(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Path, target: ModelConfig) -> DFlashConfig:
@@ -104,9 +122,10 @@ def dflash_config(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source:
 
 def _refuse_unsupported(raw: dict[str, Any], layer_raw: dict[str, Any], source: Path) -> None:
     """One line naming the key this drafter does not implement."""
-    if int(raw.get("markov_rank") or 0) > 0:
-        raise UnsupportedError(f"{source}: DSpark markov_rank {raw['markov_rank']} (a Markov head makes each block token depend "
-                               "on the one drafted before it); only DSpark checkpoints with markov_rank 0 are read")
+    head_type = str(raw.get("markov_head_type") or "vanilla")
+    if int(raw.get("markov_rank") or 0) > 0 and head_type != "vanilla":
+        raise UnsupportedError(f"{source}: DSpark markov_head_type {head_type} (its bias reads the drafter's hidden states); "
+                               "only the vanilla Markov head is read")
     kinds = layer_raw.get("layer_types") or []
     if "sliding_attention" in kinds or layer_raw.get("use_sliding_window"):
         raise UnsupportedError(f"{source}: sliding-window draft layers (layer_types {kinds}) are not supported")

@@ -89,13 +89,20 @@ def _load_eagle3(raw, tensors, source, target, target_weights, weights_format) -
 
 
 def _load_mtp(raw, tensors, source, target, target_weights) -> MTPHead:
-    style, modules, renamed = read_mtp(raw, tensors, source, target)
+    """Module 0 as the head; with several modules, the others (modules 1..N-1, chained) in its `chain` list."""
+    style, modules = read_mtp(raw, tensors, source, target)
+    heads = [_mtp_module(raw, renamed, style, len(modules), source, target, target_weights) for renamed in modules]
+    heads[0].chain = heads[1:]
+    return heads[0]
+
+
+def _mtp_module(raw, renamed, style, count, source, target, target_weights) -> MTPHead:
     h = _shape(renamed, "eh_proj.weight", "mtp", source)[0]
     if h != target.hidden_size:
         raise InputError(f"{source}: mtp hidden size {h} differs from the target's {target.hidden_size}")
     layer_raw = raw.get("transformer_layer_config") or raw
     cfg = HeadConfig("mtp", head_layer_config(layer_raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
-                     has_embed="embed_tokens.weight" in renamed, mtp_style=style, mtp_modules=modules,
+                     has_embed="embed_tokens.weight" in renamed, mtp_style=style, mtp_modules=count,
                      layout=f"mtp/{style}")
     head = MTPHead(cfg)
     renamed.setdefault("embed_tokens.weight", target_embed(target_weights))

@@ -77,7 +77,7 @@ class HeadConfig:
     fc_norm: bool = False  # eagle3: one RMSNorm per tap (`fc_norm.{i}`)
     norm_output: bool = False  # eagle3: the fed-back feature is norm(out) (Eagle 3.1)
     mtp_style: str = "deepseek"  # mtp: deepseek | qwen3_next | mimo | speculators (models/mtp_layouts.py)
-    mtp_modules: int = 1  # mtp: modules in the checkpoint (module 0 drafts every step)
+    mtp_modules: int = 1  # mtp: modules in the checkpoint (module i drafts depth i of a chain; MTPHead.chain)
     layout: str = ""  # the published layout it was read from (for inspect)
 
     def to_dict(self) -> dict[str, Any]:
@@ -348,12 +348,16 @@ class MTPHead(_ARHead):
     * qwen3_next (Qwen3.5): the same with the fed-back feature norm(out);
     * mimo: eh_proj(cat(hnorm(h), enorm(emb))) with emb zeroed at position 0, fed back norm(out);
     * speculators (its MTPDraftModel): as qwen3_next.
+
+    A checkpoint with several modules loads as module 0 with modules 1..N-1 in `chain` (a plain list: module 0's
+    state dict stays its own); module i reads module i-1's fed-back feature (DeepSeek-V3's sequential MTP).
     """
 
     kind = "mtp"
 
     def __init__(self, config: HeadConfig):
         super().__init__(config)
+        self.chain: list[MTPHead] = []
         c = config.layer
         h = c.hidden_size
         self.embed_tokens = nn.Embedding(config.target_vocab_size, h)

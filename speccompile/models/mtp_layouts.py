@@ -10,8 +10,9 @@
 * **speculators** (``speculators_model_type: mtp``, the layer config under ``transformer_layer_config``): MiMo's
   names under ``mtp_layers.{i}``, the embedding first, fed back normed.
 
-A checkpoint may hold several modules (chained in DeepSeek's training); module 0 drafts every step (as vLLM does
-when it drafts more tokens than there are modules); the others are read, checked and counted.
+A checkpoint may hold several modules, chained as in DeepSeek-V3's training: module i reads module i-1's output
+feature (module 0: the target's) and the embedding of the token one further ahead; all are read (shared tensors,
+e.g. Qwen3-Next's `mtp.fc` / `mtp.norm`, go to every module) and each is exported as its own graph.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def mtp_style(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def read_mtp(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Any, target: ModelConfig
-             ) -> tuple[str, int, dict[str, torch.Tensor]]:
-    """(style, number of modules, module 0's tensors in MTPHead's names) of an MTP checkpoint."""
+             ) -> tuple[str, list[dict[str, torch.Tensor]]]:
+    """(style, every module's tensors in MTPHead's names, in module order) of an MTP checkpoint."""
     style = "speculators" if raw.get("speculators_model_type") == "mtp" else mtp_style(tensors)
     modules: dict[int, dict[str, torch.Tensor]] = {}
     shared: dict[str, torch.Tensor] = {}
@@ -84,10 +85,15 @@ def read_mtp(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: Any,
     declared = raw.get("num_nextn_predict_layers")
     if declared is not None and int(declared) != len(modules):
         raise InputError(f"{source}: num_nextn_predict_layers is {declared} but the weights hold {len(modules)} MTP modules")
-    first = {**shared, **modules[min(modules)]}
-    if style == "qwen3_next":  # zero-centred RMSNorm gains
-        first = {k: (v + 1 if k.endswith("norm.weight") else v) for k, v in first.items()}
-    return style, len(modules), first
+    if sorted(modules) != list(range(min(modules), min(modules) + len(modules))):
+        raise InputError(f"{source}: MTP module indices {sorted(modules)} are not consecutive")
+    out = []
+    for index in sorted(modules):
+        one = {**shared, **modules[index]}
+        if style == "qwen3_next":  # zero-centred RMSNorm gains
+            one = {k: (v + 1 if k.endswith("norm.weight") else v) for k, v in one.items()}
+        out.append(one)
+    return style, out
 
 
 def _renamed(key: str, style: str) -> str:

@@ -13,6 +13,10 @@ processing applied to the drafter's logits), independently per position, and q_j
 proposal is the product of the q_j, so q_j is the conditional of x_j given x_<j and the standard chain rule
 (accept x_j with min(1, p_j / q_j), else sample the residual) is exact position by position.
 
+DSpark's vanilla Markov head (`markov`: W1, W2) adds W2 W1[x_{j-1}] to position j's logits (x_{-1}: the pending
+token), so a chain is drawn token by token and q_j is x_j's distribution given the drafts before it: the same
+chain rule stays exact. A tree ranks the block's logits without that bias (deterministic picks: exact).
+
 With a static tree (`--tree`), the children at depth d are the top-ranked tokens of position d (a child of
 choice c: the c-th most likely), the same for every parent: deterministic picks, verified as the heads' trees
 are (exact under greedy and sampling alike); the tree's planner trims it each round as for the heads.
@@ -44,8 +48,9 @@ class DFlashBlockDrafter(StaticTreeDrafter):
     reads_hidden_states = True
 
     def __init__(self, session, head: dict, k: int, draft_to_target: np.ndarray | None = None, max_context: int = 1 << 20,
-                 tree: DraftConfig | None = None, max_nodes: int = 64):
+                 tree: DraftConfig | None = None, max_nodes: int = 64, markov: tuple[np.ndarray, np.ndarray] | None = None):
         self.session = session
+        self.markov = markov  # DSpark's Markov head (W1 [target vocab, r], W2 [draft vocab, r]): `_markov_chain`
         self.block_size = int(head["block_size"])
         self.mask_token_id = int(head["mask_token_id"])
         self.drafts_per_block = self.block_size if head.get("sample_from_anchor") else self.block_size - 1
@@ -83,11 +88,28 @@ class DFlashBlockDrafter(StaticTreeDrafter):
         if k <= 0 or n < 1 or self.observed != n:
             return Draft([])
         logits = self._block(tokens[-1], n)[:k]
+        if self.markov is not None:
+            return self._markov_chain(logits, tokens[-1])
         if self.params.greedy:
             return Draft([int(t) for t in self._to_target(np.argmax(logits, axis=-1))], levels=1)
         q = process_logits(self._in_target_vocab(logits), self.params)
         drafted = [sample(row, self.rng) for row in q]
         return Draft(drafted, q, levels=1)
+
+    def _markov_chain(self, logits: np.ndarray, previous: int) -> Draft:
+        """DSpark's Markov head: position j's logits get the bias W2 W1[x_{j-1}] (x_{-1}: the pending token), so
+        the chain is drawn token by token, q_j the distribution given the drafts before it (exact as a chain)."""
+        w1, w2 = self.markov
+        drafted, rows = [], []
+        for base in logits:
+            row = base + w2 @ w1[previous]
+            if self.params.greedy:
+                previous = int(self._to_target(np.array([int(np.argmax(row))]))[0])
+            else:
+                rows.append(process_logits(self._in_target_vocab(row[None]), self.params)[0])
+                previous = sample(rows[-1], self.rng)
+            drafted.append(int(previous))
+        return Draft(drafted, np.stack(rows) if rows else None, levels=1)
 
     def _propose_tree(self, tokens: list[int], sizing: "Sizing") -> Draft:
         """The round's static tree, node tokens ranked per depth from one block pass."""
@@ -149,5 +171,8 @@ def make_dflash(request: DrafterRequest) -> DFlashBlockDrafter:
     name = section.get("draft_to_target")
     d2t = np.load(Path(artifact.directory) / name, allow_pickle=False).astype(np.int64) if name else None
     tree = request.draft if request.draft.choices else None
-    return DFlashBlockDrafter(session, section["head"], request.draft.k, d2t,
-                              max_context=artifact.max_context + 64, tree=tree, max_nodes=artifact.max_verify_tokens)
+    markov = section.get("markov")
+    if markov:
+        markov = tuple(np.load(Path(artifact.directory) / markov[w], allow_pickle=False) for w in ("w1", "w2"))
+    return DFlashBlockDrafter(session, section["head"], request.draft.k, d2t, max_context=artifact.max_context + 64,
+                              tree=tree, max_nodes=artifact.max_verify_tokens, markov=markov or None)

@@ -149,6 +149,7 @@ class HeadDrafter(StaticTreeDrafter):
             else:
                 logits, hidden, _ = self._run(ids, pos, hidden=feats, committed=True)
             self.fed = n
+            self.fed_outputs = hidden  # the fed rows' draft_hidden_states (a chained MTP's depth 1 reads them)
             self.pending = []
             self.root_logits, self.root_hidden = logits[-1], hidden[-1]
         else:

@@ -24,7 +24,15 @@ def make_head(request: DrafterRequest) -> Drafter:
 
         check_target_taps(section, artifact.manifest.graphs["target"].extra.get("aux_layers"))
         d2t = load_draft_to_target(artifact.directory, section.get("draft_to_target"))
-        head = HeadDrafter(session, draft.kind, draft, max_nodes, d2t, max_context=artifact.max_context + 4 * max_nodes)
+        max_context = artifact.max_context + 4 * max_nodes
+        modules = section.get("module_graphs") or []
+        if draft.kind == "mtp" and len(modules) > 1:  # chained MTP modules (runtime/drafters/mtp_chain.py)
+            from .mtp_chain import MTPChainDrafter
+
+            others = [TimedSession(artifact.session(g, request.shared_session), request.clock) for g in modules[1:]]
+            head = MTPChainDrafter(session, others, draft, max_nodes, d2t, max_context=max_context)
+        else:
+            head = HeadDrafter(session, draft.kind, draft, max_nodes, d2t, max_context=max_context)
     if not request.lookup_branch:
         return head
     from .lookup_branch import LookupBranchDrafter
