@@ -240,6 +240,7 @@ def test_block_drafts_sampled_are_exact(k):
     from test_sampling import ROOT, T, V, assert_exact, encode, model_logits
 
     from speccompile.runtime.adaptive import Sizing
+    from speccompile.runtime.drafters.base import GenerationStart, Observation
     from speccompile.runtime.drafters.dflash import DFlashBlockDrafter
     from speccompile.runtime.sampling import SamplingParams, process_logits
     from speccompile.runtime.verification import verify_chain
@@ -251,19 +252,19 @@ def test_block_drafts_sampled_are_exact(k):
     blocks = np.stack([draft + rng.normal(size=draft.shape) * j for j in range(k)])  # one table per drafted position
     head = {"block_size": k + 1, "mask_token_id": 0, "target_vocab_size": V}
     drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k)
-    drafter.start(params, np.random.default_rng(7))
+    start = GenerationStart(sampling=params, rng=np.random.default_rng(7))  # one generator, kept across samples
     n = 40_000
     codes = np.empty(n, dtype=np.int64)
     for s in range(n):
-        drafter.reset()
+        drafter.start(start)
         tokens = [1, ROOT]
-        drafter.observe(np.zeros((1, 3), np.float32), tokens[:1], ROOT)
+        drafter.observe(Observation(tokens[:1], np.zeros((1, 3), np.float32), ROOT))
         while len(tokens) - 2 < T:
             d = drafter.propose(tokens, Sizing(limit=k))
             assert len(d.tokens) == k and d.probs.shape == (k, V)
             rows = p[[tokens[-1], *d.tokens]]
             res = verify_chain(d.tokens, rows, rng, d.probs)
-            drafter.observe(np.zeros((len(res.tokens), 3), np.float32), res.tokens, None)
+            drafter.observe(Observation(res.tokens, np.zeros((len(res.tokens), 3), np.float32)))
             tokens += res.tokens
         codes[s] = encode(tokens[2:])
     assert_exact(np.bincount(codes, minlength=V ** T), p)

@@ -120,12 +120,14 @@ class Sizing:
 
     `limit`: the most draft positions that fit (chain tokens, tree depth; 0: none); `controller`: the
     generation's adaptive controller (None: not adaptive, draft up to `limit`); `costs`: this round's pass
-    costs; `probing`: whether a due probe may draft now."""
+    costs; `probing`: whether a due probe may draft now. `guess`: a plain step's one-token guess (`GUESS`),
+    asked only of a drafter that declares `guesses`; no verdict on it follows."""
 
     limit: int
     controller: AdaptiveController | None = None
     costs: PassCostModel = SEEDED_COSTS
     probing: bool = True
+    guess: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -143,3 +145,6 @@ class Sizing:
         if self.controller is None or cap <= 0:
             return max(cap, 0)
         return self.controller.choose_k(key, cap, nodes, self.costs, self.probing)
+
+
+GUESS = Sizing(1, guess=True)  # a plain step's one-token guess: one position, not adaptive

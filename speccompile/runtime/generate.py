@@ -24,11 +24,11 @@ import numpy as np
 from ..errors import InputError, with_article
 from ..tokenizer import TextTokenizer
 from .acceptance import AcceptanceRates
-from .adaptive import SEEDED_COSTS, AdaptiveController
+from .adaptive import GUESS, SEEDED_COSTS, AdaptiveController
 from .costs import FixedCosts, PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
 from .constrained import GuidedPlan, OutputRules
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, GenerationStart, Observation
 from .kvcache import BufferKVCache, KVCache, causal_mask
 from .options import GenerationConfig
 from .output import TokenOutput, choose_first_token
@@ -160,9 +160,6 @@ class Generation:
             learned=generator.acceptance,
         )
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
-        if self.drafter is not None:
-            self.drafter.reset(fresh=self.controller.deterministic)
-            self.drafter.start(self.params, self.params.drafter_rng())  # this generation's own draws
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = TokenOutput(generator.tokenizer, config, generator.eos_ids, on_text)
         self.rules = (OutputRules(self.params, config.constraint, config.logprobs)
@@ -171,8 +168,9 @@ class Generation:
             raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
         self.prompt_ids = list(prompt_ids)
         self.tokens = list(prompt_ids)
-        if self.drafter is not None:
-            self.drafter.begin(self.prompt_ids, config.user)
+        if self.drafter is not None:  # this generation's own draws; seeded sampling forgets what was learnt
+            self.drafter.start(GenerationStart(self.prompt_ids, config.user, self.params, self.params.drafter_rng(),
+                                               fresh=self.controller.deterministic))
         self.done, self.finish = False, None
         # the prompt's last logits (what a prefix cache keeps); None before the first token, and when the graph's ArgMax
         # chose it (greedy on a graph that computes it: the row stays on the device)
@@ -212,9 +210,9 @@ class Generation:
         out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
         self.cache.append(out.presents, range(q), q)
         self.stats.prefill_passes += 1
-        if self.drafter is not None and out.hidden is not None:
+        if self.drafter is not None:
             following = prompt[start + q] if start + q < len(prompt) else None
-            self.drafter.observe(out.hidden, list(ids), following)
+            self.drafter.observe(Observation(list(ids), out.hidden, following))
         self._prefilled_rows = start + q
         if self._prefilled_rows == len(prompt):
             if (out.greedy_tokens is not None and self.params.greedy and self.rules is None and self._logit_trace is None
@@ -313,11 +311,11 @@ class Generation:
         self.carried = verdict.carried
         self.stats.exact_cuts += int(bool(verdict.carried))
         self.stats.target_passes += 1
-        self._learn(plan, verdict, used)
-        if self.drafter is not None and out.hidden is not None:
+        own, own_rows = self._learn(plan, verdict, used)
+        if self.drafter is not None:
             rows = verdict.kept_rows
-            row_tokens = [int(plan.ids[r]) for r in rows]
-            self.drafter.observe(out.hidden[rows], row_tokens, verdict.tokens[-1])
+            hidden = out.hidden[rows] if out.hidden is not None else None
+            self.drafter.observe(Observation([int(plan.ids[r]) for r in rows], hidden, verdict.tokens[-1], own, own_rows))
         if self.done:
             self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
 
@@ -338,27 +336,28 @@ class Generation:
         self.finish = self.output.finish
         return used
 
-    def _learn(self, plan: PlannedStep, verdict: Verdict, used: int) -> None:
-        """Statistics, the controller's and the drafter's feedback from one verdict."""
+    def _learn(self, plan: PlannedStep, verdict: Verdict, used: int) -> tuple[Draft | None, Sequence[int]]:
+        """Statistics and the controller's feedback from one verdict; returns the drafter's own proposal and its
+        accepted rows, for the drafter to hear (None: the pass verified none of its proposal)."""
         draft = plan.draft
         if plan.guess is not None:
             token, key = plan.guess
             self.controller.rates.observe_chain(key, 1, int(verdict.tokens[0] == token))
         if not draft.tokens:
-            return
+            return None, ()
         accepted = len(verdict.accepted_rows)
         self.stats.draft_steps += 1
         self.stats.count_draft(draft.depth, min(accepted, used - 1))  # drafts past a stop were not used
         if draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
-            return
+            return None, ()
         if plan.guided is not None:  # the drafter and its controller hear of its own proposal (grammar: cut, forced tokens)
             own = plan.guided.drafted_depth(draft)
-            if own:
-                self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
-                self.drafter.record_verdict(plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows))
-            return
+            if not own:
+                return None, ()
+            self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
+            return plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows)
         self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, draft.key, draft.drafted_levels)
-        self.drafter.record_verdict(draft, verdict.accepted_rows)
+        return draft, verdict.accepted_rows
 
     # -- drafting ----------------------------------------------------------------------------------
 
@@ -391,9 +390,9 @@ class Generation:
 
     def _guess(self) -> tuple[int, Hashable] | None:
         """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""
-        if self.drafter is None or not self.config.adaptive or self.controller.deterministic:
+        if self.drafter is None or not self.drafter.guesses or not self.config.adaptive or self.controller.deterministic:
             return None
-        guess = self.drafter.guess(self.tokens)
+        guess = self.drafter.propose(self.tokens, GUESS)
         return (int(guess.tokens[0]), guess.key) if guess is not None and guess.tokens else None
 
     # -- the end -----------------------------------------------------------------------------------
@@ -402,7 +401,7 @@ class Generation:
         """The finished generation (call once `done`)."""
         self.output.flush(final=True)
         if self.drafter is not None:
-            self.drafter.finish(self.tokens)
+            self.drafter.observe(Observation(finished=self.tokens))
         stats = self.stats
         stats.generated_tokens = len(self.output.tokens)
         stats.end_tokens = int(self.finish == "stop" and self.tokens[-1] in self.generator.eos_ids and not self.config.ignore_eos)

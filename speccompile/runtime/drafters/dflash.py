@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sampling import SamplingParams, process_logits, sample
+from ..sampling import process_logits, sample
 from ..timing import TimedSession
 from ...draft_config import DraftConfig
-from .base import Draft, DrafterRequest
+from .base import Draft, DrafterRequest, GenerationStart, Observation
 from .eagle import _top
 from .static_tree import StaticTrees, StaticTreeDrafter
 
@@ -51,29 +51,27 @@ class DFlashBlockDrafter(StaticTreeDrafter):
         self.drafts_per_block = self.block_size if head.get("sample_from_anchor") else self.block_size - 1
         self.k = max(0, min(int(k), self.drafts_per_block))
         self.target_vocab = int(head["target_vocab_size"])
-        self.params = SamplingParams()  # the generation's, with its own generator (`start`)
-        self.rng = np.random.default_rng(0)
         self.d2t = draft_to_target
         self.max_context = max_context
         self.passes = 0  # drafter graph calls (one per proposed block)
         self.draft_config = tree
         self.static_trees = StaticTrees(tree.choices, max_nodes) if tree is not None and tree.choices else None
-        self.reset()
+        self.start(GenerationStart())
 
-    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self.params = sampling
-        self.rng = rng
-
-    def reset(self, fresh: bool = False) -> None:
-        super().reset(fresh)
+    def start(self, start: GenerationStart) -> None:
+        super().start(start)
+        self.params = start.sampling  # the generation's settings and its own generator
+        self.rng = start.rng if start.rng is not None else np.random.default_rng(0)
         self.cache = self.session.new_cache()
         self.fed = 0  # context rows cached (positions 0 .. fed-1)
         self.pending: list[np.ndarray] = []  # target features of positions fed .. observed-1
         self.observed = 0
 
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        self.pending.append(np.asarray(hidden))
-        self.observed += len(hidden)
+    def observe(self, observation: Observation) -> None:
+        super().observe(observation)  # the verdict, to the tree planner
+        if observation.hidden is not None:
+            self.pending.append(np.asarray(observation.hidden))
+            self.observed += len(observation.hidden)
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         n = len(tokens) - 1  # the pending token's position
