@@ -260,7 +260,7 @@ def test_block_drafts_sampled_are_exact(k):
         tokens = [1, ROOT]
         drafter.observe(Observation(tokens[:1], np.zeros((1, 3), np.float32), ROOT))
         while len(tokens) - 2 < T:
-            d = drafter.propose(tokens, Sizing(limit=k))
+            d = drafter.propose(tokens, Sizing(room=k))
             assert len(d.tokens) == k and d.probs.shape == (k, V)
             rows = p[[tokens[-1], *d.tokens]]
             res = verify_chain(d.tokens, rows, rng, d.probs)

@@ -53,7 +53,7 @@ def test_lookup_branch_sized_by_acceptance_and_verify_cost():
     head = FixedTreeHead()
     drafter = LookupBranchDrafter(head, probe_every=3)
     # seeded-mode costs: a pass over q tokens costs 1 + 0.06 (q - 1) one-token passes
-    adaptive = AdaptiveController(max_k=4, deterministic=True).sizing(4)
+    adaptive = AdaptiveController(num_draft_tokens=4, deterministic=True).sizing(4)
     drafter.rates.observed[2] = 0.1  # 0.1^1 >= 0.06 > 0.1^2: one new token pays
     draft = drafter.propose(HISTORY, adaptive)
     assert draft.tokens == [7, 8, 9, 10, 11]

@@ -314,7 +314,7 @@ def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
         name = "repeat"
 
         def propose(self, tokens, sizing):
-            return Draft([tokens[-1]] * sizing.limit)
+            return Draft([tokens[-1]] * sizing.room)
 
     runner = Runner(tiny_artifact, drafter="none", threads=1)
     ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False)

@@ -26,7 +26,7 @@ class Oracle(Drafter):
         self.sequence = prompt + output
 
     def propose(self, tokens, sizing):
-        return Draft(self.sequence[len(tokens): len(tokens) + sizing.limit])
+        return Draft(self.sequence[len(tokens): len(tokens) + sizing.room])
 
 
 def test_drafts_accepted_past_a_stop_are_not_counted(tiny_artifact):

@@ -136,7 +136,7 @@ class Generation:
         self._started = time.perf_counter()
         self._engine_start = generator.clock.seconds
         self.controller = AdaptiveController(
-            max_k=config.num_draft_tokens,
+            num_draft_tokens=config.num_draft_tokens,
             enabled=config.adaptive,
             deterministic=self.params.seed is not None and not self.params.greedy,
             relative_draft_cost=generator.drafter.relative_cost if generator.drafter is not None else 0.0,

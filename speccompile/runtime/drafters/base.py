@@ -98,7 +98,7 @@ class Drafter(ABC):
 
     start(start)             a generation begins (`GenerationStart`: prompt, tenant, sampling, its own
                              generator, whether to forget learnt state)
-    propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.limit` positions (chain tokens,
+    propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.room` positions (chain tokens,
                              tree depth), as many as pay (`sizing.choose_k`, or the tree planner); a tree is
                              declared in the `Draft` itself (`tree`, `mode`, `child_probs`). With
                              `sizing.guess` (only for a drafter that declares `guesses`): a plain step's

@@ -43,13 +43,13 @@ class DFlashBlockDrafter(StaticTreeDrafter):
     relative_cost = 0.02  # prior cost of one drafted position in target passes (one pass drafts the block)
     reads_hidden_states = True
 
-    def __init__(self, session, head: dict, k: int, draft_to_target: np.ndarray | None = None, max_context: int = 1 << 20,
-                 tree: DraftConfig | None = None, max_nodes: int = 64):
+    def __init__(self, session, head: dict, num_draft_tokens: int, draft_to_target: np.ndarray | None = None,
+                 max_context: int = 1 << 20, tree: DraftConfig | None = None, max_nodes: int = 64):
         self.session = session
         self.block_size = int(head["block_size"])
         self.mask_token_id = int(head["mask_token_id"])
         self.drafts_per_block = self.block_size if head.get("sample_from_anchor") else self.block_size - 1
-        self.k = max(0, min(int(k), self.drafts_per_block))
+        self.num_draft_tokens = max(0, min(int(num_draft_tokens), self.drafts_per_block))
         self.target_vocab = int(head["target_vocab_size"])
         self.d2t = draft_to_target
         self.max_context = max_context
@@ -77,7 +77,7 @@ class DFlashBlockDrafter(StaticTreeDrafter):
         n = len(tokens) - 1  # the pending token's position
         if self.static_trees is not None:
             return self._propose_tree(tokens, sizing)
-        k = min(sizing.choose_k(), self.k)
+        k = min(sizing.choose_k(), self.num_draft_tokens)
         if k <= 0 or n < 1 or self.observed != n:
             return Draft([])
         logits = self._block(tokens[-1], n)[:k]
@@ -90,7 +90,7 @@ class DFlashBlockDrafter(StaticTreeDrafter):
     def _propose_tree(self, tokens: list[int], sizing: "Sizing") -> Draft:
         """The round's static tree, node tokens ranked per depth from one block pass."""
         n = len(tokens) - 1
-        spec = self.static_trees.for_round(sizing, min(self.k, self.drafts_per_block))
+        spec = self.static_trees.for_round(sizing, min(self.num_draft_tokens, self.drafts_per_block))
         if spec.n <= 1 or n < 1 or self.observed != n:
             return Draft([])
         logits = self._block(tokens[-1], n)
@@ -147,5 +147,5 @@ def make_dflash(request: DrafterRequest) -> DFlashBlockDrafter:
     name = section.get("draft_to_target")
     d2t = np.load(Path(artifact.directory) / name, allow_pickle=False).astype(np.int64) if name else None
     tree = request.draft if request.draft.choices else None
-    return DFlashBlockDrafter(session, section["head"], request.draft.k, d2t,
+    return DFlashBlockDrafter(session, section["head"], request.draft.num_draft_tokens, d2t,
                               max_context=artifact.max_context + 64, tree=tree, max_nodes=artifact.max_verify_tokens)

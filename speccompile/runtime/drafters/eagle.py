@@ -85,7 +85,7 @@ class HeadDrafter(StaticTreeDrafter):
         return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
 
     def _dynamic_params(self, k: int) -> tuple[int, int, int, float]:
-        """(depth, top_k, total_tokens, min_prob) of the dynamic tree drafted with budget k."""
+        """(depth, top_k, total_tokens, min_prob) of the dynamic tree drafted at most k levels deep."""
         dyn = self.draft_config.dynamic
         depth = max(1, min(dyn.depth, k))
         total = max(1, min(dyn.total_tokens, self.max_nodes - 1))
@@ -168,7 +168,7 @@ class HeadDrafter(StaticTreeDrafter):
         if self.dynamic:
             spec, k = None, sizing.choose_k(nodes=self._dynamic_nodes)
         else:
-            spec, k = self.static_trees.for_round(sizing), sizing.limit
+            spec, k = self.static_trees.for_round(sizing), sizing.room
         if k <= 0 or (spec is not None and spec.n <= 1) or not self._sync(tokens):
             return Draft([])
         n = len(tokens) - 1

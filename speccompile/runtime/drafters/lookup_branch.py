@@ -80,7 +80,7 @@ class LookupBranchDrafter(Drafter):
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         inner = self.inner.propose(tokens, sizing)
         self._last = None
-        lookup = self.lookup.lookup(tokens, sizing.limit)
+        lookup = self.lookup.lookup(tokens, sizing.room)
         chain, key = lookup.tokens, lookup.key
         if not chain or not _deterministic(inner):
             return inner

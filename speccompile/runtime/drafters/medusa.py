@@ -55,7 +55,7 @@ class MedusaDrafter(StaticTreeDrafter):
             self.observed += len(observation.hidden)
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
-        if sizing.limit <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
+        if sizing.room <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
             return Draft([])
         spec = self.static_trees.for_round(sizing, self.num_heads)
         if spec.n <= 1:

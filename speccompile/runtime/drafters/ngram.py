@@ -88,7 +88,7 @@ class NgramDrafter(Drafter):
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         """The longest lookup, cut to the length that pays for its class (a guess: one token, not sized)."""
-        draft = self.lookup(tokens, sizing.limit)
+        draft = self.lookup(tokens, sizing.room)
         if draft.tokens:
             draft.tokens = draft.tokens[: sizing.choose_k(draft.key, len(draft.tokens))]
         return draft

@@ -21,8 +21,8 @@ class StaticTrees:
         self.cut = self.planner.full
 
     def for_round(self, sizing: "Sizing", depth: int | None = None) -> TreeSpec:
-        """The tree to draft at most `depth` (default `sizing.limit`) levels deep this round."""
-        k = sizing.limit if depth is None else min(depth, sizing.limit)
+        """The tree to draft at most `depth` (default `sizing.room`) levels deep this round."""
+        k = sizing.room if depth is None else min(depth, sizing.room)
         if not sizing.adaptive:
             return self.cut(k)
         return self.planner.plan(k, sizing.costs, sizing.level_seconds)

@@ -95,11 +95,11 @@ class SuffixDrafter(Drafter):
 
     # -- drafting -------------------------------------------------------------------------------------
 
-    def speculate(self, tokens: Sequence[int], budget: int) -> tuple[Candidate, str]:
-        """The better candidate of the two trees after `tokens` (at most `budget` nodes), and its source."""
+    def speculate(self, tokens: Sequence[int], room: int) -> tuple[Candidate, str]:
+        """The better candidate of the two trees after `tokens` (at most `room` nodes), and its source."""
         self._sync(tokens)
         context = tokens[-self.max_depth:]
-        args = (budget, self.spec_factor, self.spec_offset, self.min_prob, self.tree)
+        args = (room, self.spec_factor, self.spec_offset, self.min_prob, self.tree)
         best, source = self._local.speculate(context, *args), "local"
         shared = self.cache.tree_of(self._user) if self.cache is not None and self._use_global else None
         if shared is not None:
@@ -113,10 +113,10 @@ class SuffixDrafter(Drafter):
             candidate, _ = self.speculate(tokens, 1)
             return Draft(candidate.tokens[:1], key=candidate.match_len)
         self._last = None
-        if sizing.limit <= 0:
+        if sizing.room <= 0:
             self._sync(tokens)
             return Draft([])
-        candidate, source = self.speculate(tokens, sizing.limit)
+        candidate, source = self.speculate(tokens, sizing.room)
         keys = [(source, min(BUCKETS - 1, int(p * BUCKETS))) for p in candidate.probs]
         n = self._paying_nodes(candidate, keys, sizing)
         if n == 0:
