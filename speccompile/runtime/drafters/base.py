@@ -79,7 +79,8 @@ class Observation:
 
     `tokens`: the tokens of the rows the pass committed (a prompt chunk, or the pending token + the accepted
     drafts); `hidden`: their hidden states [m, H] when the target graph returns them (else None);
-    `next_token`: the token that follows the last row (None after a prefill chunk that is not the last).
+    `next_token`: the token that follows the last row (None after the prompt's last chunk: the first token is
+    not chosen yet).
     `draft`: the drafter's own proposal this pass verified (None: a prefill chunk, a plain step, a carried
     chain, or a proposal a grammar cut away entirely), `accepted_rows`: its accepted rows (1-based draft
     nodes, in path order). `finished`: the generation's whole history (prompt + output) once it ended; an
