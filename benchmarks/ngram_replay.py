@@ -48,15 +48,15 @@ def replay(rows: list[dict], k: int, max_match: int, slope: float) -> tuple[floa
     tokens = passes = cost = 0.0
     for row in rows:
         drafter = NgramDrafter(1, max_match)
-        controller = AdaptiveController(max_k=k, deterministic=True)
+        controller = AdaptiveController(num_draft_tokens=k, deterministic=True)
         controller.costs = FixedCosts(1.0, slope)
         out = row["output"]
         history = list(row["prompt"]) + out[:1]  # the first token comes from the prefill
         pos = 1
         while pos < len(out):
-            budget = min(k, len(out) - pos - 1)
-            proposal = drafter.propose(history, controller.sizing(budget))
-            draft = proposal.tokens if budget > 0 else []
+            room = min(k, len(out) - pos - 1)
+            proposal = drafter.propose(history, controller.sizing(room))
+            draft = proposal.tokens if room > 0 else []
             accepted = 0
             while accepted < len(draft) and draft[accepted] == out[pos + accepted]:
                 accepted += 1

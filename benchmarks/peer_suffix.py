@@ -90,6 +90,7 @@ def replay(traces: list[dict], start: Callable[[int, list[int]], None], speculat
 
 
 def ours(traces: list[dict], args) -> dict:
+    from speccompile.runtime.drafters.base import GenerationStart, Observation
     from speccompile.runtime.drafters.suffix import SuffixCache, SuffixDrafter
 
     cache = SuffixCache(args.cache_requests, args.max_depth, min_prob=args.min_prob, spec_factor=args.spec_factor, tree=args.tree)
@@ -97,14 +98,13 @@ def ours(traces: list[dict], args) -> dict:
 
     def start(number, prompt):
         drafters[number] = drafter = SuffixDrafter(cache, args.max_depth, args.min_prob, args.spec_factor, tree=args.tree)
-        drafter.reset()
-        drafter.begin(prompt)
+        drafter.start(GenerationStart(prompt))
 
     def speculate(number, history):
         candidate, _ = drafters[number].speculate(history, args.max_spec)
         return candidate.tokens, candidate.parents
 
-    return replay(traces, start, speculate, lambda number, step: None, lambda number, history: drafters.pop(number).finish(history))
+    return replay(traces, start, speculate, lambda number, step: None, lambda number, history: drafters.pop(number).observe(Observation(finished=history)))
 
 
 def arctic(traces: list[dict], args) -> dict:

@@ -1,8 +1,8 @@
-"""What a drafter drafts each step: its tree shape and k. One grammar for export and runtime (a part of the
-artifact contract, like manifest.py: export writes it into the manifest, the runtime reads it back).
+"""What a drafter drafts each step: its tree shape and num_draft_tokens. One grammar for export and runtime (a
+part of the artifact contract, like manifest.py: export writes it into the manifest, the runtime reads it back).
 
-k is the most draft *positions* per step: the number of tokens of a chain, the depth of a tree (a tree
-of depth k verifies more than k tokens). Shapes:
+`num_draft_tokens` (k below; the CLI's `--num-draft-tokens`/`-k`) is the most draft *positions* per step: the
+number of tokens of a chain, the depth of a tree (a tree of depth k verifies more than k tokens). Shapes:
 
 * chain drafters (n-gram lookup, a draft model): no tree; k defaults to 12 (n-gram) or 4 (draft model);
 * block drafters (DFlash) draft a chain of k tokens, or with `--tree` a static tree (each depth's children the
@@ -35,8 +35,8 @@ CHAIN_KINDS = ("ngram", "suffix", "draft-model")
 HEAD_KINDS = ("eagle", "eagle3", "medusa", "mtp")
 BLOCK_KINDS = ("dflash",)  # one pass drafts every position: a chain, or a static tree of each position's top-k
 TREE_KINDS = HEAD_KINDS + BLOCK_KINDS
-DEFAULT_K = {"ngram": 12, "suffix": 24, "draft-model": 4}  # suffix: tree nodes, SuffixDecoding's default depth
-DEFAULT_CHAIN_K = 4
+DEFAULT_NUM_DRAFT_TOKENS = {"ngram": 12, "suffix": 24, "draft-model": 4}  # suffix: tree nodes, SuffixDecoding's depth
+DEFAULT_CHAIN_LENGTH = 4
 DEFAULT_TREES = {"eagle": "eagle-default", "eagle3": "eagle-default", "medusa": "eagle-default", "mtp": "chain"}
 _DYNAMIC = re.compile(r"dynamic(?:-(\d+)-(\d+)-(\d+)(?:-p(\d*\.?\d+))?)?")
 MAX_PRESET_NODES = 1024
@@ -62,9 +62,9 @@ def wide_chains(width: int, depth: int) -> list[list[int]]:
     return [[w] + [0] * d for w in range(width) for d in range(depth)]
 
 
-def chain_choices(k: int) -> list[list[int]]:
+def chain_choices(length: int) -> list[list[int]]:
     """``chain-K``: K tokens, each the top-1 continuation of the previous."""
-    return [[0] * d for d in range(1, k + 1)]
+    return [[0] * d for d in range(1, length + 1)]
 
 
 PRESETS: dict[str, list[list[int]]] = {
@@ -193,10 +193,11 @@ class DynamicTree:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """A drafter kind, its tree (static choice paths, a dynamic tree, or none for a chain drafter) and k."""
+    """A drafter kind, its tree (static choice paths, a dynamic tree, or none for a chain drafter) and
+    `num_draft_tokens` (the most draft positions a round: chain tokens, tree depth)."""
 
     kind: str
-    k: int
+    num_draft_tokens: int
     choices: tuple[tuple[int, ...], ...] | None = None  # static tree (a head's chain is a one-path tree)
     dynamic: DynamicTree | None = None
     tree_name: str | None = None
@@ -208,30 +209,33 @@ class DraftConfig:
             return "dynamic"
         return "static" if self.choices is not None else "chain"
 
-    def with_k(self, k: int | None) -> "DraftConfig":
-        """The same tree with another k (None: unchanged)."""
-        return self if k is None else replace(self, k=_check_k(k))
+    def with_num_draft_tokens(self, num_draft_tokens: int | None) -> "DraftConfig":
+        """The same tree with another `num_draft_tokens` (None: unchanged)."""
+        if num_draft_tokens is None:
+            return self
+        return replace(self, num_draft_tokens=_check_num_draft_tokens(num_draft_tokens))
 
     # -- the grammar ---------------------------------------------------------------------------------
 
     @classmethod
-    def parse(cls, kind: str, tree: str | None = None, k: int | None = None) -> "DraftConfig":
-        """The config drafter KIND with `tree` and k = `num_draft_tokens` asks for (defaults filled in); errors about
-        the tree or k name `tree` / `num_draft_tokens`."""
-        if k is not None:
-            _check_k(k)
+    def parse(cls, kind: str, tree: str | None = None, num_draft_tokens: int | None = None) -> "DraftConfig":
+        """The config drafter KIND with `tree` and `num_draft_tokens` asks for (defaults filled in); errors about
+        them name `tree` / `num_draft_tokens`."""
+        if num_draft_tokens is not None:
+            _check_num_draft_tokens(num_draft_tokens)
+        given = num_draft_tokens  # (None: the default of the kind or tree)
         if kind in BLOCK_KINDS and tree is not None:
             if tree == "chain" or _DYNAMIC.fullmatch(tree):
                 raise InputError(f"tree {tree}: the {kind} drafter drafts a chain by default, or a static tree", "tree")
             choices = load_choices(tree)
-            return cls(kind, max(map(len, choices)) if k is None else k, _paths(choices), tree_name=str(tree))
+            return cls(kind, _given_or(given, max(map(len, choices))), _paths(choices), tree_name=str(tree))
         if kind in CHAIN_KINDS or kind not in HEAD_KINDS:
             if tree is not None:
                 raise InputError(f"tree: the {kind} drafter drafts chains; trees need a head drafter ({', '.join(HEAD_KINDS)})", "tree")
-            return cls(kind, DEFAULT_K.get(kind, DEFAULT_CHAIN_K) if k is None else k)
+            return cls(kind, _given_or(given, DEFAULT_NUM_DRAFT_TOKENS.get(kind, DEFAULT_CHAIN_LENGTH)))
         name = tree or DEFAULT_TREES[kind]
         if name == "chain":
-            length = DEFAULT_CHAIN_K if k is None else k
+            length = _given_or(given, DEFAULT_CHAIN_LENGTH)
             return cls(kind, length, _paths(chain_choices(max(length, 1))), tree_name=f"chain-{length}")
         match = _DYNAMIC.fullmatch(name)
         if match:
@@ -243,15 +247,15 @@ class DraftConfig:
             if match.group(4):
                 dynamic = replace(dynamic, min_prob=float(match.group(4)))
             _check_dynamic(dynamic, f"tree {name}", field="tree")
-            return cls(kind, dynamic.depth if k is None else k, dynamic=dynamic, tree_name=name)
+            return cls(kind, _given_or(given, dynamic.depth), dynamic=dynamic, tree_name=name)
         choices = load_choices(name)
-        return cls(kind, max(map(len, choices)) if k is None else k, _paths(choices), tree_name=str(name))
+        return cls(kind, _given_or(given, max(map(len, choices))), _paths(choices), tree_name=str(name))
 
     # -- the manifest ---------------------------------------------------------------------------------
 
     def to_manifest(self) -> dict[str, Any]:
         """The keys this config adds to the manifest's drafter section."""
-        out: dict[str, Any] = {"num_draft_tokens": self.k}
+        out: dict[str, Any] = {"num_draft_tokens": self.num_draft_tokens}
         if self.dynamic is not None:
             out.update(tree="dynamic", tree_name=self.tree_name, dynamic=self.dynamic.to_dict())
         elif self.choices is not None:
@@ -267,7 +271,7 @@ class DraftConfig:
         recorded = section.get("num_draft_tokens")
         tree = section.get("tree")
         if kind not in HEAD_KINDS and not (kind in BLOCK_KINDS and isinstance(tree, list) and tree):
-            return cls(kind, int(recorded) if recorded else DEFAULT_K.get(kind, DEFAULT_CHAIN_K))
+            return cls(kind, int(recorded) if recorded else DEFAULT_NUM_DRAFT_TOKENS.get(kind, DEFAULT_CHAIN_LENGTH))
         if tree == "dynamic":
             raw = dict(section.get("dynamic") or {})
             try:
@@ -282,22 +286,28 @@ class DraftConfig:
         return cls(kind, int(recorded or max(len(c) for c in choices)), choices, tree_name=section.get("tree_name"))
 
 
-def draft_config_for_run(kind: str, exported: dict[str, Any] | None, tree: str | None = None, k: int | None = None) -> DraftConfig:
-    """What drafter KIND with `tree` and k drafts on an artifact whose manifest drafter section is
-    `exported`: the exported config when it is this kind's and no tree is given (k overridable), else the
-    parsed one."""
+def draft_config_for_run(kind: str, exported: dict[str, Any] | None, tree: str | None = None,
+                         num_draft_tokens: int | None = None) -> DraftConfig:
+    """What drafter KIND with `tree` and `num_draft_tokens` drafts on an artifact whose manifest drafter section is
+    `exported`: the exported config when it is this kind's and no tree is given (`num_draft_tokens` overridable),
+    else the parsed one."""
     if tree is None and exported and exported.get("kind") == kind:
-        return DraftConfig.from_manifest(exported).with_k(k)
-    return DraftConfig.parse(kind, tree, k)
+        return DraftConfig.from_manifest(exported).with_num_draft_tokens(num_draft_tokens)
+    return DraftConfig.parse(kind, tree, num_draft_tokens)
 
 
 def _paths(choices) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(x) for x in c) for c in choices)
 
 
-def _check_k(k: int) -> int:
-    check_at_least("num_draft_tokens", int(k), 0)
-    return int(k)
+def _check_num_draft_tokens(num_draft_tokens: int) -> int:
+    check_at_least("num_draft_tokens", int(num_draft_tokens), 0)
+    return int(num_draft_tokens)
+
+
+def _given_or(given: int | None, default: int) -> int:
+    """`num_draft_tokens` as given, else the default of the kind or tree."""
+    return default if given is None else given
 
 
 def _check_dynamic(dynamic: DynamicTree, where: str, error: type[SpecCompileError] = InputError,

@@ -8,7 +8,7 @@ from speccompile.runtime.costs import PassCosts
 
 def _measured(acceptance: float, t1: float = 0.035, slope: float = 0.0022, draft: float = 0.001) -> AdaptiveController:
     """A controller that has seen one-token passes, wider passes and drafts with the given acceptance."""
-    c = AdaptiveController(max_k=6)
+    c = AdaptiveController(num_draft_tokens=6)
     for _ in range(40):
         c.record_pass(1, t1)
         c.record_pass(5, t1 + 4 * slope)
@@ -18,7 +18,7 @@ def _measured(acceptance: float, t1: float = 0.035, slope: float = 0.0022, draft
 
 
 def test_first_step_is_plain_to_measure_t1():
-    assert AdaptiveController(max_k=6).choose_k() == 0
+    assert AdaptiveController(num_draft_tokens=6).choose_k() == 0
 
 
 def test_high_acceptance_drafts_long_chains():
@@ -48,7 +48,7 @@ def _staircase(q: int) -> float:
 
 def _on_staircase(accepted: int) -> AdaptiveController:
     """Measured staircase costs; each draft of 10 accepts `accepted` (rate accepted / (accepted + 1))."""
-    c = AdaptiveController(max_k=12, costs=PassCosts())
+    c = AdaptiveController(num_draft_tokens=12, costs=PassCosts())
     for _ in range(40):
         for q in range(1, 14):
             c.record_pass(q, _staircase(q))
@@ -76,13 +76,13 @@ def test_known_pass_costs_skip_the_first_plain_step():
     costs = PassCosts()
     costs.record(1, 0.03)
     costs.record(5, 0.034)
-    assert AdaptiveController(max_k=6, costs=costs).choose_k() > 0
+    assert AdaptiveController(num_draft_tokens=6, costs=costs).choose_k() > 0
 
 
 def test_seeded_sampling_ignores_measured_costs():
     costs = PassCosts()
     costs.record(1, 0.03)
-    c = AdaptiveController(max_k=6, deterministic=True, costs=costs)
+    c = AdaptiveController(num_draft_tokens=6, deterministic=True, costs=costs)
     c.record_pass(3, 9.0)
     assert c.pass_cost(3) == 1.12 and costs.by_q == {1: 0.03}
 
@@ -94,7 +94,7 @@ def test_seeded_sampling_drafts_shorter_on_the_packed_cpu_graph():
 
     chosen = {}
     for packed in (False, True):
-        c = AdaptiveController(max_k=8, deterministic=True, seeded=seeded_costs(packed))
+        c = AdaptiveController(num_draft_tokens=8, deterministic=True, seeded=seeded_costs(packed))
         for _ in range(40):
             c.record_draft(4, 3, 0.0)  # acceptance 0.75
         chosen[packed] = c.choose_k()
@@ -126,17 +126,17 @@ def test_pass_costs_follow_their_definition_after_every_record():
 
 def test_learned_rates_carry_from_one_controller_to_the_next():
     learned = AdaptiveController.learned_rates()
-    first = AdaptiveController(max_k=6, learned=learned)
+    first = AdaptiveController(num_draft_tokens=6, learned=learned)
     first.record_draft(4, 4, 0.0, key=3)
-    second = AdaptiveController(max_k=6, learned=learned)
+    second = AdaptiveController(num_draft_tokens=6, learned=learned)
     assert second.acceptance(3) == first.acceptance(3) > learned.prior(3)
     assert second.acceptance(2) == learned.prior(2)  # keys never seen keep the prior
 
 
 def test_seeded_sampling_starts_from_the_prior_whatever_was_learned():
     learned = AdaptiveController.learned_rates()
-    AdaptiveController(max_k=6, learned=learned).record_draft(4, 0, 0.0, key=3)
-    seeded = AdaptiveController(max_k=6, learned=learned, deterministic=True)
+    AdaptiveController(num_draft_tokens=6, learned=learned).record_draft(4, 0, 0.0, key=3)
+    seeded = AdaptiveController(num_draft_tokens=6, learned=learned, deterministic=True)
     assert seeded.acceptance(3) == seeded.prior_acceptance
     seeded.record_draft(4, 4, 0.0, key=3)
     assert learned.rate(3) < seeded.prior_acceptance  # and teaches the shared estimates nothing

@@ -139,7 +139,7 @@ def test_load_priced_costs_turn_drafting_off_under_load():
     alone = PassCosts(by_q={1: 0.020, 2: 0.022, 3: 0.023, 4: 0.024, 5: 0.025}, slope=0.001)
 
     def k_for(shared_row: float) -> int:
-        controller = AdaptiveController(max_k=4, probe_every=10**6, costs=LoadPricedCosts(alone, shared_row))
+        controller = AdaptiveController(num_draft_tokens=4, probe_every=10**6, costs=LoadPricedCosts(alone, shared_row))
         for _ in range(30):
             controller.record_draft(4, 3, 0.0)  # 75% of drafted tokens accepted
         return controller.choose_k()
@@ -155,7 +155,7 @@ def test_costs_before_measurements_do_not_freeze_drafting():
     most 3 tokens where the same request alone drafted 12)."""
     batched = PassCosts(by_q={4: 0.024})
     cold = LoadPricedCosts(PassCosts(), None, batched)
-    assert cold.t1 is None and AdaptiveController(max_k=12, costs=cold).choose_k(available=12) == 0
+    assert cold.t1 is None and AdaptiveController(num_draft_tokens=12, costs=cold).choose_k(available=12) == 0
     assert cold.seconds(13) == batched.seconds(13) < 0.1
     assert PassCosts(by_q={2: 0.03}).line()[0] == 0.03  # t1 is at most the cheapest pass measured
     warm = LoadPricedCosts(PassCosts(by_q={2: 0.03, 13: 0.04}), 0.02, batched)

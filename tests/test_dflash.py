@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from test_heads_helpers import VOCAB, shared_target, training_text, word_prompt_ids
+from speccompile.runtime.drafters.base import GenerationStart, Observation
 
 BLOCK = 5
 TAPS = [1, 4, 6]  # inputs of these layers of the 8-layer tiny target
@@ -142,9 +143,9 @@ def test_dspark_markov_head_drafts_token_by_token(target, tmp_path):
     chain = runner.drafter()
     ids, pos, mask, aux = _example(drafter, ctx=6, past=0)
     tokens = [7, 8, 9, 10, 11, 12, 5]  # six context rows, pending token 5 (the example's block starts with it)
-    chain.reset()
-    chain.observe(aux[0].numpy(), tokens[:-1], 5)
-    got = chain.propose(tokens, Sizing(limit=BLOCK))
+    chain.start(GenerationStart())
+    chain.observe(Observation(tokens[:-1], aux[0].numpy(), 5))
+    got = chain.propose(tokens, Sizing(room=BLOCK))
     with torch.no_grad():
         base = drafter(ids, pos, mask, aux, *drafter.empty_past())[0][0].numpy()
     want, previous = [], 5
@@ -312,19 +313,19 @@ def test_block_drafts_sampled_are_exact(k, markov):
     head = {"block_size": k + 1, "mask_token_id": 0, "target_vocab_size": V}
     bias = (rng.normal(size=(V, 2)), rng.normal(size=(V, 2))) if markov else None  # DSpark: q_j depends on x_{j-1}
     drafter = DFlashBlockDrafter(_BlockTables(blocks), head, k, markov=bias)
-    drafter.start(params, np.random.default_rng(7))
+    start = GenerationStart(sampling=params, rng=np.random.default_rng(7))  # one generator, kept across samples
     n = 40_000
     codes = np.empty(n, dtype=np.int64)
     for s in range(n):
-        drafter.reset()
+        drafter.start(start)
         tokens = [1, ROOT]
-        drafter.observe(np.zeros((1, 3), np.float32), tokens[:1], ROOT)
+        drafter.observe(Observation(tokens[:1], np.zeros((1, 3), np.float32), ROOT))
         while len(tokens) - 2 < T:
-            d = drafter.propose(tokens, Sizing(limit=k))
+            d = drafter.propose(tokens, Sizing(room=k))
             assert len(d.tokens) == k and d.probs.shape == (k, V)
             rows = p[[tokens[-1], *d.tokens]]
             res = verify_chain(d.tokens, rows, rng, d.probs)
-            drafter.observe(np.zeros((len(res.tokens), 3), np.float32), res.tokens, None)
+            drafter.observe(Observation(res.tokens, np.zeros((len(res.tokens), 3), np.float32)))
             tokens += res.tokens
         codes[s] = encode(tokens[2:])
     assert_exact(np.bincount(codes, minlength=V ** T), p)

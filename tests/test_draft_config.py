@@ -10,16 +10,16 @@ from speccompile.runtime.tree import load_tree
 
 
 def test_defaults_and_the_meaning_of_k():
-    assert DraftConfig.parse("ngram").k == 12 and DraftConfig.parse("ngram").shape == "chain"
-    assert DraftConfig.parse("draft-model").k == 4
+    assert DraftConfig.parse("ngram").num_draft_tokens == 12 and DraftConfig.parse("ngram").shape == "chain"
+    assert DraftConfig.parse("draft-model").num_draft_tokens == 4
     eagle = DraftConfig.parse("eagle3")  # eagle-default: k is the tree's depth
-    assert eagle.shape == "static" and eagle.tree_name == "eagle-default" and eagle.k == load_tree("eagle-default").max_depth
+    assert eagle.shape == "static" and eagle.tree_name == "eagle-default" and eagle.num_draft_tokens == load_tree("eagle-default").max_depth
     assert DraftConfig.parse("mtp").choices == ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))  # mtp: a chain of 4
     six = DraftConfig.parse("eagle", "chain", 6)
-    assert six.k == 6 and six.choices == tuple((0,) * d for d in range(1, 7)) and six.tree_name == "chain-6"
-    assert DraftConfig.parse("eagle", "tree-2x3", 2).k == 2  # k cuts a static tree's depth
+    assert six.num_draft_tokens == 6 and six.choices == tuple((0,) * d for d in range(1, 7)) and six.tree_name == "chain-6"
+    assert DraftConfig.parse("eagle", "tree-2x3", 2).num_draft_tokens == 2  # k cuts a static tree's depth
     dyn = DraftConfig.parse("eagle", "dynamic-6-4-12-p0.15")
-    assert dyn.shape == "dynamic" and dyn.dynamic == DynamicTree(6, 4, 12, 0.15) and dyn.k == 6
+    assert dyn.shape == "dynamic" and dyn.dynamic == DynamicTree(6, 4, 12, 0.15) and dyn.num_draft_tokens == 6
     assert DraftConfig.parse("eagle", "dynamic").dynamic == DynamicTree()
 
 
@@ -28,9 +28,9 @@ def test_manifest_round_trip_and_old_manifests():
                    DraftConfig.parse("ngram", None, 7), DraftConfig.parse("mtp", "chain", 5)):
         section = {"kind": config.kind, **config.to_manifest()}
         assert DraftConfig.from_manifest(section) == config
-    assert DraftConfig.from_manifest({"kind": "ngram"}).k == 12  # artifacts exported before k was recorded
+    assert DraftConfig.from_manifest({"kind": "ngram"}).num_draft_tokens == 12  # artifacts exported before k was recorded
     old = {"kind": "eagle", "tree": [[0], [1], [0, 0]], "tree_name": "x"}
-    assert DraftConfig.from_manifest(old).k == 2
+    assert DraftConfig.from_manifest(old).num_draft_tokens == 2
     with pytest.raises(ArtifactError, match="no tree"):
         DraftConfig.from_manifest({"kind": "eagle"})
 
@@ -38,10 +38,10 @@ def test_manifest_round_trip_and_old_manifests():
 def test_run_overrides_the_exported_config():
     exported = {"kind": "eagle", **DraftConfig.parse("eagle", "tree-2x3").to_manifest()}
     assert draft_config_for_run("eagle", exported) == DraftConfig.parse("eagle", "tree-2x3")
-    assert draft_config_for_run("eagle", exported, k=2).k == 2
+    assert draft_config_for_run("eagle", exported, num_draft_tokens=2).num_draft_tokens == 2
     # a tree on the command line is parsed with the k given with it (not the default 4)
     assert draft_config_for_run("eagle", exported, "chain", 6).choices == tuple((0,) * d for d in range(1, 7))
-    assert draft_config_for_run("ngram", exported).k == 12  # another drafter than the exported one: its defaults
+    assert draft_config_for_run("ngram", exported).num_draft_tokens == 12  # another drafter than the exported one: its defaults
 
 
 @pytest.mark.parametrize("kind,tree,k,message", [

@@ -27,7 +27,7 @@ def test_a_registered_kind_is_built_by_its_factory():
         name = "repeat"
 
         def propose(self, tokens, sizing):
-            return Draft([tokens[-1]] * sizing.limit)
+            return Draft([tokens[-1]] * sizing.room)
 
     request = DrafterRequest(None, DraftConfig("repeat", 3), EngineClock())
     with pytest.raises(InputError, match="unknown kind 'repeat'"):

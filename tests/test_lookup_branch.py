@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from speccompile.runtime.adaptive import AdaptiveController, Sizing
-from speccompile.runtime.drafters.base import Draft, Drafter
+from speccompile.runtime.drafters.base import Draft, Drafter, GenerationStart, Observation
 from speccompile.runtime.drafters.lookup_branch import LookupBranchDrafter
 from speccompile.runtime.tree import TreeSpec
 
@@ -29,8 +29,9 @@ class FixedTreeHead(Drafter):
     def propose(self, tokens: list[int], sizing: Sizing) -> Draft:
         return Draft([]) if self.empty else Draft(list(HEAD_TOKENS), tree=HEAD_TREE, mode="deterministic")
 
-    def record_verdict(self, draft: Draft, accepted_rows) -> None:
-        self.verdicts.append(list(accepted_rows))
+    def observe(self, observation: Observation) -> None:
+        if observation.draft is not None:
+            self.verdicts.append(list(observation.accepted_rows))
 
 
 def test_lookup_chain_walks_the_head_tree_then_branches():
@@ -43,7 +44,7 @@ def test_lookup_chain_walks_the_head_tree_then_branches():
     assert draft.mode == "deterministic" and draft.depth == 4 and draft.drafted_levels == 2
     # verdict: 7, 9, 11 accepted -> the head hears about its rows only; the lookup rate (match length 2)
     # moves from the 0.5 prior toward 3 accepted of 4 tried: weight min(1, 2 * 0.08 * 4) = 0.64
-    drafter.record_verdict(draft, [1, 3, 5])
+    drafter.observe(Observation(draft=draft, accepted_rows=[1, 3, 5]))
     assert head.verdicts == [[1, 3]]
     assert drafter.rates.observed[2] == pytest.approx(0.36 * 0.5 + 0.64 * 0.75)
 
@@ -52,7 +53,7 @@ def test_lookup_branch_sized_by_acceptance_and_verify_cost():
     head = FixedTreeHead()
     drafter = LookupBranchDrafter(head, probe_every=3)
     # seeded-mode costs: a pass over q tokens costs 1 + 0.06 (q - 1) one-token passes
-    adaptive = AdaptiveController(max_k=4, deterministic=True).sizing(4)
+    adaptive = AdaptiveController(num_draft_tokens=4, deterministic=True).sizing(4)
     drafter.rates.observed[2] = 0.1  # 0.1^1 >= 0.06 > 0.1^2: one new token pays
     draft = drafter.propose(HISTORY, adaptive)
     assert draft.tokens == [7, 8, 9, 10, 11]
@@ -60,7 +61,7 @@ def test_lookup_branch_sized_by_acceptance_and_verify_cost():
     for _ in range(2):
         assert drafter.propose(HISTORY, adaptive).tokens == HEAD_TOKENS
     assert drafter.propose(HISTORY, adaptive).tokens == [7, 8, 9, 10, 11]  # ... until a one-token probe
-    drafter.reset(fresh=True)  # seeded sampling: rates start afresh
+    drafter.start(GenerationStart(fresh=True))  # seeded sampling: rates start afresh
     assert drafter.rates.observed == {}
 
 
@@ -69,7 +70,7 @@ def test_lookup_alone_when_the_head_skips():
     drafter = LookupBranchDrafter(head)
     draft = drafter.propose(HISTORY, Sizing(4))
     assert draft.tree is None and draft.tokens == [7, 9, 11, 12] and draft.drafted_levels == 0
-    drafter.record_verdict(draft, [1, 2])
+    drafter.observe(Observation(draft=draft, accepted_rows=[1, 2]))
     assert head.verdicts == [] and 2 in drafter.rates.observed  # the head drafted nothing: nothing to tell its planner
     # a head tree of max_nodes nodes leaves no room: the lookup adds nothing
     full = LookupBranchDrafter(FixedTreeHead(), max_nodes=HEAD_TREE.n)

@@ -9,6 +9,8 @@ import json
 from collections import Counter
 
 import numpy as np
+
+from speccompile.runtime.drafters.base import GenerationStart, Observation
 import pytest
 import torch
 
@@ -82,14 +84,14 @@ def test_chain_drafts_equal_the_sequential_mtp_recomputed(tmp_path, monkeypatch,
     drafter = MTPChainDrafter(sessions[0], sessions[1:], DraftConfig.parse("mtp", "chain", max(ks)), 16)
     rng = np.random.default_rng(len(ks) + ks[0])
     for prompt_len in (1, 6):
-        drafter.reset()
+        drafter.start(GenerationStart())
         tokens = [int(t) for t in rng.integers(0, VOCAB, prompt_len + 1)]
         features = rng.normal(size=(prompt_len, H)).astype(np.float32)
-        drafter.observe(features, tokens[:-1], tokens[-1])
+        drafter.observe(Observation(tokens[:-1], features, tokens[-1]))
         for r in range(6):
             k = ks[r % len(ks)]
             calls = [s.calls for s in sessions]
-            draft = drafter.propose(tokens, Sizing(limit=k))
+            draft = drafter.propose(tokens, Sizing(room=k))
             assert len(draft.tokens) == k
             assert draft.tokens == _reference_chain(modules, tokens, features, k) or keep == 1
             assert all(len(d.outs) <= max(keep, 1) + 6 for d in [drafter.outs0, *drafter.depths])
@@ -98,7 +100,7 @@ def test_chain_drafts_equal_the_sequential_mtp_recomputed(tmp_path, monkeypatch,
             accepted = draft.tokens[: int(rng.integers(0, k + 1))]
             new = accepted + [int(rng.integers(0, VOCAB))]
             rows = rng.normal(size=(len(new), H)).astype(np.float32)  # the committed rows' target features
-            drafter.observe(rows, [tokens[-1], *accepted], new[-1])
+            drafter.observe(Observation([tokens[-1], *accepted], rows, new[-1]))
             features = np.concatenate([features, rows])
             tokens += new
 
@@ -172,9 +174,9 @@ def test_exported_chain_greedy_equals_plain(arch, style, modules, tmp_path):
     rng = np.random.default_rng(1)
     tokens = _prompt(7)
     features = rng.normal(size=(len(tokens) - 1, H)).astype(np.float32)
-    chain.reset()
-    chain.observe(features, tokens[:-1], tokens[-1])
-    assert chain.propose(tokens, Sizing(limit=4)).tokens == _reference_chain([head, *head.chain], tokens, features, 4)
+    chain.start(GenerationStart())
+    chain.observe(Observation(tokens[:-1], features, tokens[-1]))
+    assert chain.propose(tokens, Sizing(room=4)).tokens == _reference_chain([head, *head.chain], tokens, features, 4)
 
 
 def test_sampled_chain_through_the_runner_is_exact(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 
 from speccompile.errors import ArtifactError, InputError
 from speccompile.runtime.adaptive import Sizing
+from speccompile.runtime.drafters.base import GenerationStart
 from speccompile.runtime.drafters.ngram import NgramDrafter
 from speccompile.runtime.kvcache import KVCache
 from speccompile.runtime.sampling import SamplingParams
@@ -40,7 +41,7 @@ def test_ngram_lookup_resumes_the_copy_after_an_edit():
     assert d.lookup(source + [1, 9, 9, 5], 3).tokens == [3, 5, 4]
     fresh = NgramDrafter(min_match=1, max_match=1)
     assert fresh.lookup(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]  # no copy in progress: the latest
-    d.reset()
+    d.start(GenerationStart())
     assert d.lookup(source + [1, 9, 9, 5], 3).tokens == [4, 1, 9]
 
 
@@ -313,7 +314,7 @@ def test_speculative_output_reaches_the_context_limit_like_plain(tiny_artifact):
         name = "repeat"
 
         def propose(self, tokens, sizing):
-            return Draft([tokens[-1]] * sizing.limit)
+            return Draft([tokens[-1]] * sizing.room)
 
     runner = Runner(tiny_artifact, drafter="none", threads=1)
     ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], chat=False)

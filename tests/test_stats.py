@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from speccompile.runtime.drafters.base import Draft, Drafter
+from speccompile.runtime.drafters.base import Draft, Drafter, GenerationStart, Observation
 from speccompile.runtime.generate import GenerationConfig
 from speccompile.runtime.sampling import SamplingParams
 from speccompile.runtime.session import Runner
@@ -26,7 +26,7 @@ class Oracle(Drafter):
         self.sequence = prompt + output
 
     def propose(self, tokens, sizing):
-        return Draft(self.sequence[len(tokens): len(tokens) + sizing.limit])
+        return Draft(self.sequence[len(tokens): len(tokens) + sizing.room])
 
 
 def test_drafts_accepted_past_a_stop_are_not_counted(tiny_artifact):
@@ -44,6 +44,51 @@ def test_drafts_accepted_past_a_stop_are_not_counted(tiny_artifact):
     assert result.finish_reason == "stop" and result.text == text[: text.find(stop)]
     assert result.stats.draft_steps >= 1 and sum(result.stats.accepted) < 8
     assert_adds_up(result.stats)
+
+
+class Listener(Oracle):
+    """The oracle, keeping every call the loop makes to it."""
+
+    def __init__(self, prompt: list[int], output: list[int]):
+        super().__init__(prompt, output)
+        self.calls: list = []
+
+    def start(self, start: GenerationStart) -> None:
+        self.calls.append(start)
+
+    def propose(self, tokens, sizing):
+        draft = super().propose(tokens, sizing)
+        self.calls.append(draft)
+        return draft
+
+    def observe(self, observation: Observation) -> None:
+        self.calls.append(observation)
+
+
+def test_the_drafter_hears_the_start_each_pass_its_verdicts_and_the_end(tiny_artifact):
+    """The contract's three calls in order: start once, an observation after every target pass (the prompt's, then
+    each round's rows with the verdict on the draft that round verified), the finished history last."""
+    runner = Runner(tiny_artifact, drafter="none", threads=1)
+    ids = runner.artifact.tokenizer.prompt_ids(PROMPT, chat=False)
+    generator = runner.generator(plain=True)
+    plain = generator.generate(ids, GenerationConfig(max_tokens=20, num_draft_tokens=0, ignore_eos=True))
+    generator.drafter = listener = Listener(ids, plain.tokens)
+    result = generator.generate(ids, GenerationConfig(max_tokens=20, num_draft_tokens=4, adaptive=False, ignore_eos=True))
+    assert result.tokens == plain.tokens
+    start, prefill, *rounds, end = listener.calls
+    assert start == GenerationStart(ids, None, start.sampling, start.rng, fresh=False) and start.rng is not None
+    assert list(prefill.tokens) == ids and prefill.next_token is None and prefill.draft is None
+    assert end == Observation(finished=ids + plain.tokens)
+    drafts, observed = rounds[0::2], rounds[1::2]
+    assert len(observed) == result.stats.target_passes - 1 and all(isinstance(d, Draft) for d in drafts)
+    history, at = ids + plain.tokens, len(ids)  # the pending token's position
+    for draft, seen in zip(drafts, observed):  # the oracle's drafts are all accepted
+        assert seen.draft is draft and list(seen.accepted_rows) == list(range(1, len(draft.tokens) + 1))
+        rows = 1 + len(draft.tokens)  # the pending token and the accepted drafts
+        assert list(seen.tokens) == history[at: at + rows] and seen.next_token == history[at + rows]
+        assert seen.hidden is None or len(seen.hidden) == rows
+        at += rows
+    assert at == len(history) - 1 and sum(len(d.tokens) > 0 for d in drafts) >= 2
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

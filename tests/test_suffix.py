@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from speccompile.runtime import Runner
-from speccompile.runtime.adaptive import Sizing
+from speccompile.runtime.adaptive import GUESS, Sizing
+from speccompile.runtime.drafters.base import GenerationStart, Observation
 from speccompile.runtime.drafters.suffix import SuffixCache, SuffixDrafter
 from speccompile.runtime.sampling import SamplingParams, sample
 from speccompile.runtime.suffix_tree import SuffixTree
@@ -104,19 +105,18 @@ def test_cache_evicts_oldest_first_and_keeps_tenants_apart():
 def test_drafter_learns_from_earlier_responses_and_sizes_by_cost():
     cache = SuffixCache(max_requests=10, max_depth=8)
     earlier = SuffixDrafter(cache)
-    earlier.reset()
-    earlier.begin([50, 51])
-    earlier.finish([50, 51, 1, 2, 3, 4, 5, 6, 7, 8])
+    earlier.start(GenerationStart([50, 51]))
+    earlier.observe(Observation(finished=[50, 51, 1, 2, 3, 4, 5, 6, 7, 8]))
     drafter = SuffixDrafter(cache)
-    drafter.reset()
-    drafter.begin([60, 61, 1, 2, 3])
+    drafter.start(GenerationStart([60, 61, 1, 2, 3]))
     draft = drafter.propose([60, 61, 1, 2, 3], Sizing(8))  # not adaptive: the whole candidate
     assert draft.tokens == [4, 5, 6] and cache.proposals["global"] == 1  # 3 matched tokens: at most 3 drafted
-    drafter.record_verdict(draft, [1, 2, 3])
+    drafter.observe(Observation([4], draft=draft, accepted_rows=[1, 2, 3]))
     assert cache.accepted["global"] == 3
+    guess = drafter.propose([60, 61, 1, 2, 3], GUESS)  # a plain step's guess: one token, not counted as a proposal
+    assert guess.tokens == [4] and cache.proposals["global"] == 1
     seeded = SuffixDrafter(cache)
-    seeded.reset(fresh=True)  # seeded sampling: its own text only
-    seeded.begin([60, 61, 1, 2, 3])
+    seeded.start(GenerationStart([60, 61, 1, 2, 3], fresh=True))  # seeded sampling: its own text only
     assert not seeded.propose([60, 61, 1, 2, 3], Sizing(8)).tokens
 
 
@@ -132,8 +132,7 @@ def _speculative_counts(p: np.ndarray, prompt: list[int], n: int, seed: int) -> 
         while len(out) < T:
             history = tuple(prompt + out)
             if history not in drafts:
-                drafter.reset()
-                drafter.begin(prompt[:-1])
+                drafter.start(GenerationStart(prompt[:-1]))
                 draft = drafter.propose(list(history), Sizing(4))
                 tree = draft.tree if draft.tree is not None else (TreeSpec.chain(len(draft.tokens)) if draft.tokens else None)
                 drafts[history] = (tree, [history[-1], *draft.tokens])

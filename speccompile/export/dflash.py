@@ -49,11 +49,11 @@ def export_dflash(request: DrafterRequest, target: LoadedModel, out_dir: Path, d
     drafter = load_dflash(request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
     cfg = drafter.head_config
     draft = DraftConfig.parse("dflash", request.tree, request.num_draft_tokens or (None if request.tree else cfg.drafts_per_block))
-    if draft.k > cfg.drafts_per_block:
+    if draft.num_draft_tokens > cfg.drafts_per_block:
         from ..errors import InputError
 
-        raise InputError(f"num_draft_tokens {draft.k}: a block of {cfg.block_size} drafts at most {cfg.drafts_per_block} "
-                         "positions", ("num_draft_tokens", "tree"))
+        raise InputError(f"num_draft_tokens {draft.num_draft_tokens}: a block of {cfg.block_size} drafts at most "
+                         f"{cfg.drafts_per_block} positions", ("num_draft_tokens", "tree"))
     spec = export_dflash_graph(drafter, out_dir / "dflash.onnx", dtype, digests)
     files = ["dflash.onnx", "dflash.onnx.data"]
     graphs = {"dflash": spec}

@@ -3,7 +3,7 @@
 Model: with per-token acceptance rate a, a chain of k drafts yields E(k) = (1 - a^(k+1)) / (1 - a) tokens
 per target pass; a pass over q tokens costs t(q) (runtime/costs.py: measured per q, since on a CPU t(q) is
 closer to a staircase than a line), drafting d per drafted token (measured). The controller picks the k in
-[0, max_k] with the highest expected speed E(k) / (t(k + 1) + k d) (`costs.best_draft_length`); k = 0 is
+[0, num_draft_tokens] with the highest expected speed E(k) / (t(k + 1) + k d) (`costs.best_draft_length`); k = 0 is
 plain decoding. A tree drafter says how many nodes its tree has at depth k (`nodes(k)`): the pass then
 verifies nodes(k) + 1 tokens, E(k) still counts accepted depths, and d is the cost of one level. While
 paused, every `probe_every` steps it drafts once anyway (a probe) so a workload that starts paying is noticed.
@@ -18,8 +18,9 @@ What the controller learns outlives a generation: a Runner keeps one `Acceptance
 with what the previous ones measured thrown away (n-gram lookup on the copy workload: 2.5x -> 2.7x own plain
 decoding, docs/benchmarks.md). Seeded sampling starts from the prior every time (its choices depend on its tokens only).
 
-Each round the controller hands the drafter a `Sizing`: the most it may draft, and what pays this round (the
-round's pass costs: a batch decoder prices them by its load).
+Each round the controller hands the drafter a `Sizing`: its `room` (the most it may draft this round: the
+configured `num_draft_tokens` cut to what fits) and what pays this round (the round's pass costs: a batch
+decoder prices them by its load).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class AdaptiveController:
     """Chooses the draft length per step. `key` separates kinds of proposals with different reliability
     (for n-gram lookup: the length of the matched suffix), each with its own acceptance estimate."""
 
-    max_k: int
+    num_draft_tokens: int  # the configured most draft positions a round (chain tokens, tree depth)
     enabled: bool = True
     alpha: float = 0.08  # EMA weight of the newest observation
     probe_every: int = 8
@@ -73,27 +74,27 @@ class AdaptiveController:
     def pass_cost(self, q: int) -> float:
         return self.costs.seconds(q)
 
-    def sizing(self, limit: int, costs: PassCostModel | None = None, probing: bool = True) -> "Sizing":
-        """What a drafter may draft this round: at most `limit` positions, sized by `costs` (the round's pass
+    def sizing(self, room: int, costs: PassCostModel | None = None, probing: bool = True) -> "Sizing":
+        """What a drafter may draft this round: at most `room` positions, sized by `costs` (the round's pass
         costs; default the controller's own). `probing`: a due probe may draft now (a batch holds it back while
         a probe would cost a pass of its own). Seeded sampling keeps its fixed costs and probes, so its choices
         (and output) are the same in a batch as alone."""
         if self.deterministic:
-            return Sizing(limit, self if self.enabled else None, self.costs, True)
-        return Sizing(limit, self if self.enabled else None, self.costs if costs is None else costs, probing)
+            return Sizing(room, self if self.enabled else None, self.costs, True)
+        return Sizing(room, self if self.enabled else None, self.costs if costs is None else costs, probing)
 
     def choose_k(self, key: Hashable = None, available: int | None = None, nodes: Callable[[int], int] | None = None,
                  costs: PassCostModel | None = None, probing: bool = True) -> int:
         """Number of tokens (tree: depth) to draft this step (0 = plain step); `available` caps it (proposal
         length); `nodes(k)` is the number of draft tokens a tree of depth k verifies (default k: a chain);
         `costs`: the round's pass costs (default: the controller's)."""
-        limit = self.max_k if available is None else min(self.max_k, available)
-        if not self.enabled or limit <= 0:
-            return limit
+        most = self.num_draft_tokens if available is None else min(self.num_draft_tokens, available)
+        if not self.enabled or most <= 0:
+            return most
         costs = self.costs if costs is None else costs
         if costs.t1 is None:
             return 0  # one plain pass first, to measure t(1)
-        best_k = best_draft_length(self.acceptance(key), costs, limit, self.draft_cost, nodes)
+        best_k = best_draft_length(self.acceptance(key), costs, most, self.draft_cost, nodes)
         if self.rates.probe_due(key, idle=best_k == 0, allowed=probing):
             return 1
         return best_k
@@ -118,14 +119,17 @@ class AdaptiveController:
 class Sizing:
     """How much a drafter may draft this round and what pays: what the loop hands `Drafter.propose`.
 
-    `limit`: the most draft positions that fit (chain tokens, tree depth; 0: none); `controller`: the
-    generation's adaptive controller (None: not adaptive, draft up to `limit`); `costs`: this round's pass
-    costs; `probing`: whether a due probe may draft now."""
+    `room`: the most draft positions this round may hold (chain tokens, tree depth; 0: none): the configured
+    `num_draft_tokens` cut to what fits in the context and the verify pass and what max_tokens leaves;
+    `controller`: the generation's adaptive controller (None: not adaptive, draft up to `room`); `costs`: this
+    round's pass costs; `probing`: whether a due probe may draft now. `guess`: a plain step's one-token guess (`GUESS`),
+    asked only of a drafter that declares `guesses`; no verdict on it follows."""
 
-    limit: int
+    room: int
     controller: AdaptiveController | None = None
     costs: PassCostModel = SEEDED_COSTS
     probing: bool = True
+    guess: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -138,8 +142,11 @@ class Sizing:
 
     def choose_k(self, key: Hashable = None, available: int | None = None, nodes: Callable[[int], int] | None = None) -> int:
         """The controller's draft length for proposals of class `key` (`AdaptiveController.choose_k`), at most
-        `limit` and `available`; `limit` (or `available`) when not adaptive."""
-        cap = self.limit if available is None else min(self.limit, available)
+        `room` and `available`; `room` (or `available`) when not adaptive."""
+        cap = self.room if available is None else min(self.room, available)
         if self.controller is None or cap <= 0:
             return max(cap, 0)
         return self.controller.choose_k(key, cap, nodes, self.costs, self.probing)
+
+
+GUESS = Sizing(1, guess=True)  # a plain step's one-token guess: one position, not adaptive

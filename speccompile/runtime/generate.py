@@ -1,13 +1,16 @@
-"""The decode loop: chunked prefill, then rounds of plan -> target pass -> verify -> commit.
+"""The decode loop: chunked prefill, then rounds of plan -> draft -> target pass -> verify -> commit.
 
 A `Generation` is one prompt in progress. Its constructor prefills and emits the first token; each
-`step()` is one round:
+`step()` is one round, and `Generation.round` reads it top to bottom on one screen:
 
-    plan = self.plan_step()                 the drafter's proposal, sized by the adaptive controller
-    out = self.verify_pass(plan)            one target pass over the pending token + the draft
-    verdict = verify_draft(plan.draft, ...) exact acceptance (runtime/verification.py)
-    self.commit(plan, out, verdict)         KV rows kept, controller and drafter told, tokens emitted
+    1. plan    the draft positions that fit this round (`_draft_room`)
+    2. draft   the carried chain, else `Drafter.propose` sized by the adaptive controller (`Sizing`)
+    3. pass    one target pass over the pending token + the draft (`verify_pass`; the round yields it)
+    4. verify  the request's logits, then the exact acceptance rule (`verify_draft`, runtime/verification.py)
+    5. commit  KV rows kept, tokens emitted, the controller and the drafter told (`Drafter.observe`)
 
+A batch decoder runs the same round per request through a narrow seam: `plan_step` (the round up to its
+pass), the passes of several requests together, `complete_step` (the rest of the round).
 What one round hands the next is explicit: the verdict's `carried` tokens (a tree path accepted past a row
 not computed as plain decoding) become `self.carried`, the next round's draft; a plain step's unverified
 guess travels in its plan (`PlannedStep.guess`).
@@ -16,45 +19,26 @@ guess travels in its plan (`PlannedStep.guess`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Generator as Resumable, Hashable, Sequence
 
 import numpy as np
 
 from ..errors import InputError, with_article
 from ..tokenizer import TextTokenizer
 from .acceptance import AcceptanceRates
-from .adaptive import SEEDED_COSTS, AdaptiveController
+from .adaptive import GUESS, SEEDED_COSTS, AdaptiveController, Sizing
 from .costs import FixedCosts, PassCostModel, PassCosts
 from .backends.base import Session, StepOutput
 from .constrained import GuidedPlan, OutputRules
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, GenerationStart, Observation
 from .kvcache import BufferKVCache, KVCache, causal_mask
 from .options import GenerationConfig
-from .output import TokenOutput, choose_first_token
+from .output import TokenOutput, choose_first_token, opening_text  # opening_text: served from here too
 from .penalties import draft_paths
 from .stats import GenerationResult, GenerationStats
 from .timing import EngineClock, TimedSession
 from .verification import Verdict, verify_draft
-
-
-def opening_text(tokenizer: TextTokenizer, eos_ids: set[int], config: GenerationConfig, prompt_logits: np.ndarray,
-                 prompt_ids: Sequence[int] = ()) -> str | None:
-    """The text a generation of `config` whose prompt ends in `prompt_logits` streams with its first token, known
-    before it starts: a server sends it at once for a prompt whose logits a prefix cache holds. None when that
-    text is not fixed by the logits (sampling without a seed), when the first token ends the generation, or
-    when it streams nothing yet (held back for a stop string or an incomplete character). `prompt_ids`: the prompt
-    (for the repetition penalty; runtime/penalties.py)."""
-    if not config.sampling.greedy and config.sampling.seed is None:
-        return None
-    sent: list[str] = []
-    output = TokenOutput(tokenizer, config, eos_ids, sent.append)
-    if config.adjusts_logits:
-        prompt_logits = config.penalties.first_row(prompt_logits, prompt_ids)
-    if output.push(choose_first_token(prompt_logits, config.sampling, config.sampling.rng())):
-        return None
-    output.flush()
-    return sent[0] if sent else None
 
 
 class Generator:
@@ -127,6 +111,7 @@ class PlannedStep:
     new_mask: np.ndarray  # bool [q, q]: causal (chain) or ancestry (tree)
     guess: tuple[int, Hashable] | None = None
     guided: GuidedPlan | None = None  # with output rules (a grammar, logprobs): the draft before the grammar's cut, the rows' masks
+    rest: Resumable[PlannedStep, StepOutput, None] | None = field(default=None, repr=False)  # its round, after the pass
 
 
 class Generation:
@@ -151,7 +136,7 @@ class Generation:
         self._started = time.perf_counter()
         self._engine_start = generator.clock.seconds
         self.controller = AdaptiveController(
-            max_k=config.num_draft_tokens,
+            num_draft_tokens=config.num_draft_tokens,
             enabled=config.adaptive,
             deterministic=self.params.seed is not None and not self.params.greedy,
             relative_draft_cost=generator.drafter.relative_cost if generator.drafter is not None else 0.0,
@@ -160,9 +145,6 @@ class Generation:
             learned=generator.acceptance,
         )
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
-        if self.drafter is not None:
-            self.drafter.reset(fresh=self.controller.deterministic)
-            self.drafter.start(self.params, self.params.drafter_rng())  # this generation's own draws
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = TokenOutput(generator.tokenizer, config, generator.eos_ids, on_text)
         self.rules = (OutputRules(self.params, config.constraint, config.logprobs)
@@ -171,8 +153,9 @@ class Generation:
             raise ValueError(f"the cache holds {self.cache.length} rows, {cached_rows} expected")
         self.prompt_ids = list(prompt_ids)
         self.tokens = list(prompt_ids)
-        if self.drafter is not None:
-            self.drafter.begin(self.prompt_ids, config.user)
+        if self.drafter is not None:  # this generation's own draws; seeded sampling forgets what was learnt
+            self.drafter.start(GenerationStart(self.prompt_ids, config.user, self.params, self.params.drafter_rng(),
+                                               fresh=self.controller.deterministic))
         self.done, self.finish = False, None
         # the prompt's last logits (what a prefix cache keeps); None before the first token, and when the graph's ArgMax
         # chose it (greedy on a graph that computes it: the row stays on the device)
@@ -212,9 +195,9 @@ class Generation:
         out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
         self.cache.append(out.presents, range(q), q)
         self.stats.prefill_passes += 1
-        if self.drafter is not None and out.hidden is not None:
+        if self.drafter is not None:
             following = prompt[start + q] if start + q < len(prompt) else None
-            self.drafter.observe(out.hidden, list(ids), following)
+            self.drafter.observe(Observation(list(ids), out.hidden, following))
         self._prefilled_rows = start + q
         if self._prefilled_rows == len(prompt):
             if (out.greedy_tokens is not None and self.params.greedy and self.rules is None and self._logit_trace is None
@@ -245,40 +228,73 @@ class Generation:
         self.output.flush()
         self.finish = self.output.finish
 
-    # -- a round: plan -> pass -> verify -> commit -------------------------------------------------------
+    # -- a round: plan -> draft -> pass -> verify -> commit ----------------------------------------------
 
     def step(self) -> None:
-        """One round (sets `done` when generation ends)."""
+        """One round (sets `done` when the generation ends): `round`, with this generation's own target pass."""
         plan = self.plan_step()
         if plan is not None:
             self.complete_step(plan, self.verify_pass(plan))
 
+    def round(self, drafting: bool = True, shadow: bool = False, costs: PassCostModel | None = None,
+              probing: bool = True) -> Resumable[PlannedStep, StepOutput, None]:
+        """One round, top to bottom. It stops at the target pass: it yields the pass it needs and resumes with
+        that pass's output, so `step()` runs the pass itself and a batch decoder runs several requests' passes
+        together (`plan_step`, then `complete_step`). The arguments: `plan_step`'s."""
+        # 1. plan: how many draft positions fit this round (the context, the verify pass, max_tokens; 0: none)
+        room = self._draft_room() if drafting else 0
+        # 2. draft: the last verdict's tokens past an exactness cut, else the drafter's proposal, as many as pay
+        carried, self.carried = self.carried, []
+        draft, draft_seconds = Draft([]), 0.0
+        if room > 0:
+            draft, draft_seconds = ((Draft(carried[:room], carried=True), 0.0) if carried
+                                    else self._propose(self.controller.sizing(room, costs, probing)))
+        guided = None
+        if self.rules is not None:  # the draft cut where the grammar refuses it; its rows' masks start computing
+            draft, guided = self.rules.plan(draft, room)
+        guess = self._guess() if shadow and not draft.tokens else None
+        plan = self._lay_out(draft, draft_seconds, guess, guided)
+        if plan is None:  # no room in the context for the pending token's pass
+            self.finish, self.done = "context", True
+            return
+        # 3. pass: one target pass over the pending token + the draft, run by the caller (`verify_pass`)
+        out = yield plan
+        # 4. verify: the request's logits (penalties, its grammar's mask), then the exact acceptance rule
+        if self.config.adjusts_logits:
+            out = self._adjusted(plan, out)
+        if guided is not None:
+            out = self.rules.masked(guided, out)
+        verdict = verify_draft(draft, self.tokens[-1], out, self.params, self.rng)
+        # 5. commit: keep the accepted rows' KV, emit tokens until a stop, tell the controller and the drafter
+        self.cache.append(out.presents, verdict.kept_rows, len(plan.ids))
+        used = self._emit(verdict, out)
+        self.carried = verdict.carried  # the next round's draft
+        self.stats.exact_cuts += int(bool(verdict.carried))
+        self.stats.target_passes += 1
+        own, own_rows = self._learn(plan, verdict, used)
+        if self.drafter is not None:
+            rows = verdict.kept_rows
+            hidden = out.hidden[rows] if out.hidden is not None else None
+            self.drafter.observe(Observation([int(plan.ids[r]) for r in rows], hidden, verdict.tokens[-1], own, own_rows))
+        if self.done:
+            self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
+
+    # -- the seam a batch decoder drives: plan_step, (its passes), complete_step ----------------------------
+
     def plan_step(self, drafting: bool = True, shadow: bool = False, costs: PassCostModel | None = None,
                   probing: bool = True) -> PlannedStep | None:
-        """The draft (none unless `drafting`) and the target pass inputs of the next round; None when the context
-        is full (then `done`). A batch driver runs the passes of several generations together between
-        `plan_step` and `complete_step`, and prices the round: `costs`, the pass costs this request sees at the
-        batch's load (default: its controller's), `probing`, whether a due probe may draft now. `shadow`: a
+        """The next `round` up to its target pass: the draft (none unless `drafting`) and the pass's inputs; None
+        when the context is full (then `done`). A batch driver runs the passes of several generations together
+        between `plan_step` and `complete_step`, and prices the round: `costs`, the pass costs this request sees
+        at the batch's load (default: its controller's), `probing`, whether a due probe may draft now. `shadow`: a
         plain step still asks a drafter that guesses for one token (`PlannedStep.guess`), and the commit tells
         the controller whether it was the token chosen (its acceptance keeps being measured while a batch makes
         drafting too dear to try)."""
-        carried, self.carried = self.carried, []
-        draft, draft_seconds = self._choose_draft(carried, costs, probing) if drafting else (Draft([]), 0.0)
-        guided = None
-        if self.rules is not None:  # the draft cut where the grammar refuses it; its rows' masks start computing
-            draft, guided = self.rules.plan(draft, self._draft_budget() if drafting else 0)
-        guess = self._guess() if shadow and not draft.tokens else None
-        q = 1 + len(draft.tokens)
-        self.cache.maybe_compact(q, self.generator.max_context)
-        if self.cache.length + q > self.generator.max_context:
-            self.finish, self.done = "context", True
-            return None
-        past = self.cache.length
-        if draft.tree is not None:
-            new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
-        else:
-            new_mask, positions = causal_mask(q), np.arange(past, past + q)
-        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask, guess, guided)
+        rest = self.round(drafting, shadow, costs, probing)
+        plan = next(rest, None)
+        if plan is not None:
+            plan.rest = rest
+        return plan
 
     def verify_pass(self, plan: PlannedStep) -> StepOutput:
         """One target pass over the pending token and the draft (chain: causal; tree: ancestry mask)."""
@@ -290,13 +306,56 @@ class Generation:
         return out
 
     def complete_step(self, plan: PlannedStep, out: StepOutput) -> None:
-        """Verify the pass's logits (adjusted by the request's penalties, masked by its grammar, if any) against the
-        plan's draft and commit the verdict."""
-        if self.config.adjusts_logits:
-            out = self._adjusted(plan, out)
-        if plan.guided is not None:
-            out = self.rules.masked(plan.guided, out)
-        self.commit(plan, out, verify_draft(plan.draft, self.tokens[-1], out, self.params, self.rng))
+        """The rest of the plan's `round` with its pass's output: verify, then commit."""
+        try:
+            plan.rest.send(out)
+        except StopIteration:
+            return
+        raise RuntimeError("a round runs one target pass")
+
+    # -- the round's steps, in detail ------------------------------------------------------------------
+
+    def _draft_room(self) -> int:
+        """Draft positions this round may hold: num_draft_tokens, what fits in the context and the verify pass,
+        what max_tokens leaves (0 without a drafter). The grammar's forced tokens extend a speculative chain up to
+        it too."""
+        if self.drafter is None:
+            return 0
+        fits = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
+        remaining = self.config.max_tokens - len(self.output.tokens)
+        return max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, fits))
+
+    def _propose(self, sizing: Sizing) -> tuple[Draft, float]:
+        """The drafter's proposal and the seconds it took (empty: a tree wider than the context has room for)."""
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(self.tokens, sizing)
+        seconds = time.perf_counter() - t0
+        self.stats.time_draft += seconds
+        if len(draft.tokens) > self.generator.max_context - self.cache.length - 1:  # verify the pending token alone
+            return Draft([]), seconds
+        return draft, seconds
+
+    def _guess(self) -> tuple[int, Hashable] | None:
+        """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""
+        if self.drafter is None or not self.drafter.guesses or not self.config.adaptive or self.controller.deterministic:
+            return None
+        guess = self.drafter.propose(self.tokens, GUESS)
+        return (int(guess.tokens[0]), guess.key) if guess.tokens else None
+
+    def _lay_out(self, draft: Draft, draft_seconds: float, guess: tuple[int, Hashable] | None,
+                 guided: GuidedPlan | None) -> PlannedStep | None:
+        """The target pass over the pending token + `draft`: ids, positions by depth, a causal (chain) or ancestry
+        (tree) mask; None when the context has no room for it."""
+        q = 1 + len(draft.tokens)
+        self.cache.maybe_compact(q, self.generator.max_context)
+        if self.cache.length + q > self.generator.max_context:
+            return None
+        past = self.cache.length
+        if draft.tree is not None:
+            new_mask, positions = draft.tree.ancestry, past + draft.tree.depths
+        else:
+            new_mask, positions = causal_mask(q), np.arange(past, past + q)
+        return PlannedStep(draft, draft_seconds, np.asarray([self.tokens[-1], *draft.tokens]), positions, new_mask, guess, guided)
 
     def _adjusted(self, plan: PlannedStep, out: StepOutput) -> StepOutput:
         """The pass's rows with the request's logit bias and penalties, each row after its own history: the output so
@@ -305,21 +364,6 @@ class Generation:
         paths = draft_paths(rows, plan.draft.tokens, None if tree is None else tree.parents)
         logits = self.config.penalties.apply(out.logits[:rows], self.prompt_ids, self.tokens[len(self.prompt_ids):], paths)
         return StepOutput(logits, out.presents, out.hidden, None, out.plain_exact)  # (a plain output: any backend's)
-
-    def commit(self, plan: PlannedStep, out: StepOutput, verdict: Verdict) -> None:
-        """Keep the accepted rows' KV, emit the verdict's tokens until a stop, tell the controller and the drafter."""
-        self.cache.append(out.presents, verdict.kept_rows, len(plan.ids))
-        used = self._emit(verdict, out)
-        self.carried = verdict.carried
-        self.stats.exact_cuts += int(bool(verdict.carried))
-        self.stats.target_passes += 1
-        self._learn(plan, verdict, used)
-        if self.drafter is not None and out.hidden is not None:
-            rows = verdict.kept_rows
-            row_tokens = [int(plan.ids[r]) for r in rows]
-            self.drafter.observe(out.hidden[rows], row_tokens, verdict.tokens[-1])
-        if self.done:
-            self.cache.truncate(len(self.tokens) - 1)  # never keep rows past the stop
 
     def _emit(self, verdict: Verdict, out: StepOutput) -> int:
         """Push the verdict's tokens until a stop; returns how many were used (the stopping one included)."""
@@ -338,63 +382,28 @@ class Generation:
         self.finish = self.output.finish
         return used
 
-    def _learn(self, plan: PlannedStep, verdict: Verdict, used: int) -> None:
-        """Statistics, the controller's and the drafter's feedback from one verdict."""
+    def _learn(self, plan: PlannedStep, verdict: Verdict, used: int) -> tuple[Draft | None, Sequence[int]]:
+        """Statistics and the controller's feedback from one verdict; returns the drafter's own proposal and its
+        accepted rows, for the drafter to hear (None: the pass verified none of its proposal)."""
         draft = plan.draft
         if plan.guess is not None:
             token, key = plan.guess
             self.controller.rates.observe_chain(key, 1, int(verdict.tokens[0] == token))
         if not draft.tokens:
-            return
+            return None, ()
         accepted = len(verdict.accepted_rows)
         self.stats.draft_steps += 1
         self.stats.count_draft(draft.depth, min(accepted, used - 1))  # drafts past a stop were not used
         if draft.carried:  # a carried chain is not the drafter's proposal: its verdict says nothing of it
-            return
+            return None, ()
         if plan.guided is not None:  # the drafter and its controller hear of its own proposal (grammar: cut, forced tokens)
             own = plan.guided.drafted_depth(draft)
-            if own:
-                self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
-                self.drafter.record_verdict(plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows))
-            return
+            if not own:
+                return None, ()
+            self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
+            return plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows)
         self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, draft.key, draft.drafted_levels)
-        self.drafter.record_verdict(draft, verdict.accepted_rows)
-
-    # -- drafting ----------------------------------------------------------------------------------
-
-    def _choose_draft(self, carried: list[int], costs: PassCostModel | None, probing: bool) -> tuple[Draft, float]:
-        """The drafter's proposal for this round, sized by what pays and what fits (empty: a plain step).
-        `carried`: the last verdict's tokens past an exactness cut, proposed again as a chain instead of asking
-        the drafter."""
-        drafter = self.drafter
-        budget = self._draft_budget()
-        if drafter is None or budget <= 0:
-            return Draft([]), 0.0
-        if carried:
-            return Draft(carried[:budget], carried=True), 0.0
-        t0 = time.perf_counter()
-        draft = drafter.propose(self.tokens, self.controller.sizing(budget, costs, probing))
-        seconds = time.perf_counter() - t0
-        self.stats.time_draft += seconds
-        if len(draft.tokens) > self.generator.max_context - self.cache.length - 1:  # a tree wider than the room left: verify the pending token alone
-            return Draft([]), seconds
-        return draft, seconds
-
-    def _draft_budget(self) -> int:
-        """Draft tokens a round may hold: k, what fits in the context and the verify pass, what max_tokens leaves
-        (0 without a drafter). The grammar's forced tokens extend a speculative chain up to it too."""
-        if self.drafter is None:
-            return 0
-        room = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
-        remaining = self.config.max_tokens - len(self.output.tokens)
-        return max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, room))
-
-    def _guess(self) -> tuple[int, Hashable] | None:
-        """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""
-        if self.drafter is None or not self.config.adaptive or self.controller.deterministic:
-            return None
-        guess = self.drafter.guess(self.tokens)
-        return (int(guess.tokens[0]), guess.key) if guess is not None and guess.tokens else None
+        return draft, verdict.accepted_rows
 
     # -- the end -----------------------------------------------------------------------------------
 
@@ -402,7 +411,7 @@ class Generation:
         """The finished generation (call once `done`)."""
         self.output.flush(final=True)
         if self.drafter is not None:
-            self.drafter.finish(self.tokens)
+            self.drafter.observe(Observation(finished=self.tokens))
         stats = self.stats
         stats.generated_tokens = len(self.output.tokens)
         stats.end_tokens = int(self.finish == "stop" and self.tokens[-1] in self.generator.eos_ids and not self.config.ignore_eos)

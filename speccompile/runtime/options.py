@@ -21,7 +21,7 @@ class RunOptions:
     """How a Runner opens an artifact and drafts; the same choices as `speccompile run`'s options.
 
     drafter: `auto` (the drafter exported with the artifact, else n-gram lookup), `none` (plain decoding),
-    or a kind. num_draft_tokens (k): most draft positions per step (chain tokens, or tree depth; see
+    or a kind. num_draft_tokens: most draft positions per step (chain tokens, or tree depth; see
     speccompile/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
     CPU graph. suffix_*: the suffix drafter's (runtime/drafters/suffix.py): responses kept for drafting across
@@ -67,7 +67,7 @@ class RunOptions:
 
 @dataclass
 class GenerationConfig:
-    """What one generation produces: length, sampling, stops, and the draft budget the runner sets."""
+    """What one generation produces: length, sampling, stops, and the num_draft_tokens the runner sets."""
 
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)

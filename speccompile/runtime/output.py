@@ -1,8 +1,9 @@
-"""The emitted side of a generation: stops (eos, stop strings, max_tokens), the text and its streamed deltas."""
+"""The emitted side of a generation: stops (eos, stop strings, max_tokens), the text and its streamed deltas (and
+the text a generation opens with, known before it starts: `opening_text`)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -62,3 +63,22 @@ class TokenOutput:
 def choose_first_token(prompt_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """The first generated token, from the prompt's last logits (the generation's first draw of `rng`)."""
     return int(np.argmax(prompt_logits)) if params.greedy else sample(process_logits(prompt_logits, params), rng)
+
+
+def opening_text(tokenizer: TextTokenizer, eos_ids: set[int], config: GenerationConfig, prompt_logits: np.ndarray,
+                 prompt_ids: Sequence[int] = ()) -> str | None:
+    """The text a generation of `config` whose prompt ends in `prompt_logits` streams with its first token, known
+    before it starts: a server sends it at once for a prompt whose logits a prefix cache holds. None when that
+    text is not fixed by the logits (sampling without a seed), when the first token ends the generation, or
+    when it streams nothing yet (held back for a stop string or an incomplete character). `prompt_ids`: the prompt
+    (for the repetition penalty; runtime/penalties.py)."""
+    if not config.sampling.greedy and config.sampling.seed is None:
+        return None
+    sent: list[str] = []
+    output = TokenOutput(tokenizer, config, eos_ids, sent.append)
+    if config.adjusts_logits:
+        prompt_logits = config.penalties.first_row(prompt_logits, prompt_ids)
+    if output.push(choose_first_token(prompt_logits, config.sampling, config.sampling.rng())):
+        return None
+    output.flush()
+    return sent[0] if sent else None

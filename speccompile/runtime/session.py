@@ -125,8 +125,8 @@ class Runner:
 
     @property
     def num_draft_tokens(self) -> int:
-        """k: the most draft positions per step (0 for plain decoding)."""
-        return self.draft_config.k if self.draft_config is not None else 0
+        """The most draft positions per step (chain tokens, tree depth; 0 for plain decoding)."""
+        return self.draft_config.num_draft_tokens if self.draft_config is not None else 0
 
     def drafter(self) -> Drafter | None:
         """The drafter of the generations this runner runs one after another, whatever their sampling settings

@@ -1,10 +1,11 @@
-"""The drafter contract: what a drafter gives the decode loop (`Draft`), the hooks the loop calls (`Drafter`) and
-what a drafter is built from (`DrafterRequest`, drafters/registry.py)."""
+"""The drafter contract: what a drafter gives the decode loop (`Draft`), the three calls the loop makes (`Drafter`:
+start, propose, observe; what they carry: `GenerationStart`, `Sizing`, `Observation`) and what a drafter is
+built from (`DrafterRequest`, drafters/registry.py)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
@@ -58,64 +59,81 @@ class Draft:
         return int(self.tree.max_depth) if self.tree is not None else len(self.tokens)
 
 
+@dataclass(frozen=True)
+class GenerationStart:
+    """What a drafter hears when a generation starts (`Drafter.start`): the prompt, who sent it (a server's
+    `user`: whose earlier text it may draft from), the generation's sampling settings and a random generator
+    for it alone (`SamplingParams.drafter_rng()`), and `fresh`: forget what was learnt across generations too
+    (seeded sampling, whose output must depend on this generation alone)."""
+
+    prompt_ids: Sequence[int] = ()
+    user: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    rng: np.random.Generator | None = None
+    fresh: bool = False
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What happened after a target pass (`Drafter.observe`).
+
+    `tokens`: the tokens of the rows the pass committed (a prompt chunk, or the pending token + the accepted
+    drafts); `hidden`: their hidden states [m, H] when the target graph returns them (else None);
+    `next_token`: the token that follows the last row (None after the prompt's last chunk: the first token is
+    not chosen yet).
+    `draft`: the drafter's own proposal this pass verified (None: a prefill chunk, a plain step, a carried
+    chain, or a proposal a grammar cut away entirely), `accepted_rows`: its accepted rows (1-based draft
+    nodes, in path order). `finished`: the generation's whole history (prompt + output) once it ended; an
+    event that carries it has no rows."""
+
+    tokens: Sequence[int] = ()
+    hidden: np.ndarray | None = None
+    next_token: int | None = None
+    draft: Draft | None = None
+    accepted_rows: Sequence[int] = ()
+    finished: Sequence[int] | None = None
+
+
 class Drafter(ABC):
-    """What every drafter offers the decode loop, one hook per point of a round:
+    """What every drafter offers the decode loop: three calls, and declared capabilities.
 
-    reset(fresh)             before a new prompt (`fresh`: also forget what was learnt across prompts: seeded
-                             sampling, whose output must depend on this generation alone)
-    start(sampling, rng)     then: the generation's sampling settings and a random generator for it alone
-    begin(prompt_ids, user)  the new prompt and who sent it (a server's `user`: whose earlier text it may draft from)
-    finish(tokens)           the generation ended with this history (prompt + output)
-    propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.limit` positions (chain tokens,
-                             tree depth), as many as pay (`sizing.choose_k`, or the tree planner)
-    record_verdict(...)      after verification: which rows of its draft were accepted
-    observe(hidden, ...)     after every target pass that exposes hidden states: the committed rows' features
-    guess(tokens)            a plain step's one-token guess, from a drafter whose proposals cost nothing (the
-                             loop keeps measuring its acceptance while a batch makes drafting too dear)
+    start(start)             a generation begins (`GenerationStart`: prompt, tenant, sampling, its own
+                             generator, whether to forget learnt state)
+    propose(tokens, sizing)  the round's draft after `tokens`: at most `sizing.room` positions (chain tokens,
+                             tree depth), as many as pay (`sizing.choose_k`, or the tree planner); a tree is
+                             declared in the `Draft` itself (`tree`, `mode`, `child_probs`). With
+                             `sizing.guess` (only for a drafter that declares `guesses`): a plain step's
+                             one-token guess, whose verdict the drafter never hears (the loop keeps measuring
+                             its acceptance while a batch makes drafting too dear)
+    observe(observation)     after every target pass: the verdict on its own draft's rows, the committed rows'
+                             tokens and hidden states, the next token; and once, the finished history
 
-    `reads_hidden_states`: observe() needs the target's hidden states of every row, the prompt's too;
-    `relative_cost`: the prior cost of one draft position in one-token target passes (seeded sampling).
+    Declared capabilities: `reads_hidden_states` (observe() needs the target's hidden states of every row, the
+    prompt's too), `guesses` (its proposals cost nothing: it may be asked for a plain step's guess),
+    `relative_cost` (the prior cost of one draft position in one-token target passes: seeded sampling).
 
     One drafter object serves every sampling setting and seed: a Runner builds one for the generations it runs
     one after another, a batch one per request (their graphs in one shared session), so what a factory loads
     (sessions, weights) is loaded once. A drafter that samples its proposals takes the settings and the
-    generator `start` hands it (`SamplingParams.drafter_rng()`: from the request's seed, made anew for every
-    generation, never shared with another generation) and draws from that generator only: a seeded request's
-    drafts then depend on the request alone, not on earlier generations or on the requests beside it.
+    generator `start` hands it (made anew for every generation from the request's seed, never shared with
+    another generation) and draws from that generator only: a seeded request's drafts then depend on the
+    request alone, not on earlier generations or on the requests beside it.
     """
 
     name: str = "drafter"
     relative_cost: float = 0.0
     reads_hidden_states: bool = False
+    guesses: bool = False
 
-    def reset(self, fresh: bool = False) -> None:
-        """Forget per-sequence state before a new prompt (`fresh`: learnt statistics too)."""
-
-    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        """The coming generation's sampling settings and its own generator (kept for it alone; a deterministic
-        drafter ignores both)."""
+    def start(self, start: GenerationStart) -> None:
+        """A generation begins: forget per-sequence state (`start.fresh`: learnt statistics too)."""
 
     @abstractmethod
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         """A draft that continues `tokens` (the committed sequence, last one pending), sized by `sizing`."""
 
-    def begin(self, prompt_ids: Sequence[int], user: str | None = None) -> None:
-        """The prompt of the generation starting now (after `reset`), and its tenant."""
-
-    def finish(self, tokens: Sequence[int]) -> None:
-        """The generation's whole history once it ended (prompt + output)."""
-
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        """The target's hidden states [m, H] of the rows just committed (prompt chunk, or pending token +
-        accepted drafts), their tokens, and the token that follows the last row (None after a prefill chunk
-        that is not the last)."""
-
-    def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
-        """Verification result of `draft`: the accepted rows (1-based draft nodes, in path order)."""
-
-    def guess(self, tokens: list[int]) -> Draft | None:
-        """A one-token chain guessed for a plain step (None: this drafter does not guess)."""
-        return None
+    def observe(self, observation: Observation) -> None:
+        """What the last target pass committed and what became of this drafter's draft (`Observation`)."""
 
 
 @dataclass(frozen=True)

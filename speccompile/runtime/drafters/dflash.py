@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..sampling import SamplingParams, process_logits, sample
+from ..sampling import process_logits, sample
 from ..timing import TimedSession
 from ...draft_config import DraftConfig
-from .base import Draft, DrafterRequest
+from .base import Draft, DrafterRequest, GenerationStart, Observation
 from .eagle import _top
 from .static_tree import StaticTrees, StaticTreeDrafter
 
@@ -47,44 +47,43 @@ class DFlashBlockDrafter(StaticTreeDrafter):
     relative_cost = 0.02  # prior cost of one drafted position in target passes (one pass drafts the block)
     reads_hidden_states = True
 
-    def __init__(self, session, head: dict, k: int, draft_to_target: np.ndarray | None = None, max_context: int = 1 << 20,
-                 tree: DraftConfig | None = None, max_nodes: int = 64, markov: tuple[np.ndarray, np.ndarray] | None = None):
+    def __init__(self, session, head: dict, num_draft_tokens: int, draft_to_target: np.ndarray | None = None,
+                 max_context: int = 1 << 20, tree: DraftConfig | None = None, max_nodes: int = 64,
+                 markov: tuple[np.ndarray, np.ndarray] | None = None):
         self.session = session
         self.markov = markov  # DSpark's Markov head (W1 [target vocab, r], W2 [draft vocab, r]): `_markov_chain`
         self.block_size = int(head["block_size"])
         self.mask_token_id = int(head["mask_token_id"])
         self.drafts_per_block = self.block_size if head.get("sample_from_anchor") else self.block_size - 1
-        self.k = max(0, min(int(k), self.drafts_per_block))
+        self.num_draft_tokens = max(0, min(int(num_draft_tokens), self.drafts_per_block))
         self.target_vocab = int(head["target_vocab_size"])
-        self.params = SamplingParams()  # the generation's, with its own generator (`start`)
-        self.rng = np.random.default_rng(0)
         self.d2t = draft_to_target
         self.max_context = max_context
         self.passes = 0  # drafter graph calls (one per proposed block)
         self.draft_config = tree
         self.static_trees = StaticTrees(tree.choices, max_nodes) if tree is not None and tree.choices else None
-        self.reset()
+        self.start(GenerationStart())
 
-    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self.params = sampling
-        self.rng = rng
-
-    def reset(self, fresh: bool = False) -> None:
-        super().reset(fresh)
+    def start(self, start: GenerationStart) -> None:
+        super().start(start)
+        self.params = start.sampling  # the generation's settings and its own generator
+        self.rng = start.rng if start.rng is not None else np.random.default_rng(0)
         self.cache = self.session.new_cache()
         self.fed = 0  # context rows cached (positions 0 .. fed-1)
         self.pending: list[np.ndarray] = []  # target features of positions fed .. observed-1
         self.observed = 0
 
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        self.pending.append(np.asarray(hidden))
-        self.observed += len(hidden)
+    def observe(self, observation: Observation) -> None:
+        super().observe(observation)  # the verdict, to the tree planner
+        if observation.hidden is not None:
+            self.pending.append(np.asarray(observation.hidden))
+            self.observed += len(observation.hidden)
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         n = len(tokens) - 1  # the pending token's position
         if self.static_trees is not None:
             return self._propose_tree(tokens, sizing)
-        k = min(sizing.choose_k(), self.k)
+        k = min(sizing.choose_k(), self.num_draft_tokens)
         if k <= 0 or n < 1 or self.observed != n:
             return Draft([])
         logits = self._block(tokens[-1], n)[:k]
@@ -114,7 +113,7 @@ class DFlashBlockDrafter(StaticTreeDrafter):
     def _propose_tree(self, tokens: list[int], sizing: "Sizing") -> Draft:
         """The round's static tree, node tokens ranked per depth from one block pass."""
         n = len(tokens) - 1
-        spec = self.static_trees.for_round(sizing, min(self.k, self.drafts_per_block))
+        spec = self.static_trees.for_round(sizing, min(self.num_draft_tokens, self.drafts_per_block))
         if spec.n <= 1 or n < 1 or self.observed != n:
             return Draft([])
         logits = self._block(tokens[-1], n)
@@ -174,5 +173,6 @@ def make_dflash(request: DrafterRequest) -> DFlashBlockDrafter:
     markov = section.get("markov")
     if markov:
         markov = tuple(np.load(Path(artifact.directory) / markov[w], allow_pickle=False) for w in ("w1", "w2"))
-    return DFlashBlockDrafter(session, section["head"], request.draft.k, d2t, max_context=artifact.max_context + 64,
-                              tree=tree, max_nodes=artifact.max_verify_tokens, markov=markov or None)
+    return DFlashBlockDrafter(session, section["head"], request.draft.num_draft_tokens, d2t,
+                              max_context=artifact.max_context + 64, tree=tree, max_nodes=artifact.max_verify_tokens,
+                              markov=markov or None)

@@ -8,9 +8,9 @@ import numpy as np
 
 from ..backends.base import Session
 from ..kvcache import causal_mask
-from ..sampling import SamplingParams, process_logits, sample
+from ..sampling import process_logits, sample
 from ..timing import TimedSession
-from .base import Draft, Drafter, DrafterRequest
+from .base import Draft, Drafter, DrafterRequest, GenerationStart
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing
@@ -32,14 +32,11 @@ class DraftModelDrafter(Drafter):
     def __init__(self, session: Session, max_context: int):
         self.session = session
         self.max_context = max_context
-        self.start(SamplingParams(), np.random.default_rng())
-        self.reset()
+        self.start(GenerationStart())
 
-    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self.params = sampling
-        self.rng = rng
-
-    def reset(self, fresh: bool = False) -> None:
+    def start(self, start: GenerationStart) -> None:
+        self.params = start.sampling  # the generation's settings and its own generator
+        self.rng = start.rng if start.rng is not None else np.random.default_rng()
         self.cache = self.session.new_cache()
         self.cached: list[int] = []
 

@@ -25,7 +25,7 @@ import numpy as np
 from ...draft_config import DraftConfig
 from ..kvcache import causal_mask
 from ..tree import TreeSpec, build_dynamic_tree
-from .base import Draft
+from .base import Draft, GenerationStart, Observation
 from .static_tree import StaticTreeDrafter, StaticTrees
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class HeadDrafter(StaticTreeDrafter):
         self._aux_size = int(inputs["aux_hidden_states"].shape[-1]) if "aux_hidden_states" in inputs else 0
         self.max_context = max_context
         self.set_tree(draft)
-        self.reset()
+        self.start(GenerationStart())
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ class HeadDrafter(StaticTreeDrafter):
         return max(1, min(total, top_k + (depth - 1) * top_k * top_k))
 
     def _dynamic_params(self, k: int) -> tuple[int, int, int, float]:
-        """(depth, top_k, total_tokens, min_prob) of the dynamic tree drafted with budget k."""
+        """(depth, top_k, total_tokens, min_prob) of the dynamic tree drafted at most k levels deep."""
         dyn = self.draft_config.dynamic
         depth = max(1, min(dyn.depth, k))
         total = max(1, min(dyn.total_tokens, self.max_nodes - 1))
@@ -93,8 +93,8 @@ class HeadDrafter(StaticTreeDrafter):
 
     # -- state --------------------------------------------------------------------------------
 
-    def reset(self, fresh: bool = False) -> None:
-        super().reset(fresh)
+    def start(self, start: GenerationStart) -> None:
+        super().start(start)
         self.cache = self.session.new_cache()
         self.cache.max_dead = 256
         self.fed = 0  # committed head rows (pairs t = 0 .. fed-1)
@@ -103,9 +103,11 @@ class HeadDrafter(StaticTreeDrafter):
         self.root_logits: np.ndarray | None = None
         self.root_hidden: np.ndarray | None = None
 
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        self.pending.append(np.asarray(hidden))
-        self.observed += len(hidden)
+    def observe(self, observation: Observation) -> None:
+        super().observe(observation)  # the verdict, to the tree planner
+        if observation.hidden is not None:
+            self.pending.append(np.asarray(observation.hidden))
+            self.observed += len(observation.hidden)
 
     def _run(self, ids, positions, hidden=None, aux=None, visible_slots=None, committed=False):
         """One head call; committed rows become live cache rows, draft rows dead slots."""
@@ -167,7 +169,7 @@ class HeadDrafter(StaticTreeDrafter):
         if self.dynamic:
             spec, k = None, sizing.choose_k(nodes=self._dynamic_nodes)
         else:
-            spec, k = self.static_trees.for_round(sizing), sizing.limit
+            spec, k = self.static_trees.for_round(sizing), sizing.room
         if k <= 0 or (spec is not None and spec.n <= 1) or not self._sync(tokens):
             return Draft([])
         n = len(tokens) - 1

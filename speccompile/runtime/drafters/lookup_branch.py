@@ -15,15 +15,13 @@ tried with one token every `probe_every` steps, so its rate stays current.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Hashable, Sequence
-
-import numpy as np
+from dataclasses import replace
+from typing import TYPE_CHECKING, Hashable
 
 from ..acceptance import AcceptanceRates
 from ..costs import best_draft_length
-from ..sampling import SamplingParams
 from ..tree import TreeSpec
-from .base import Draft, Drafter
+from .base import Draft, Drafter, GenerationStart, Observation
 from .ngram import NgramDrafter
 
 if TYPE_CHECKING:
@@ -33,8 +31,8 @@ if TYPE_CHECKING:
 class LookupBranchDrafter(Drafter):
     """A deterministic tree/chain drafter (`inner`) whose every proposal gets the n-gram lookup chain too.
 
-    Every hook of the loop is answered here: the inner drafter's own (reset, observe, its verdicts) are passed
-    on, the lookup's acceptance is kept per matched-suffix length."""
+    Every call of the loop is answered here: the inner drafter's start and observations (with the verdict on
+    its own nodes) are passed on, the lookup's acceptance is kept per matched-suffix length."""
 
     def __init__(self, inner: Drafter, lookup: NgramDrafter | None = None, max_nodes: int = 64,
                  prior: float = 0.5, alpha: float = 0.08, probe_every: int = 8):
@@ -45,22 +43,33 @@ class LookupBranchDrafter(Drafter):
         self.relative_cost = inner.relative_cost
         self.rates = AcceptanceRates(prior, alpha, probe_every)  # per matched-suffix length
         self._last: tuple[Draft, int, list[int], Hashable] | None = None  # inner draft, its node count, chain nodes, key
-        self.reset()
+        self.start(GenerationStart())
 
-    # -- the inner drafter's hooks ---------------------------------------------------------------
+    # -- the inner drafter's calls ---------------------------------------------------------------
 
-    def reset(self, fresh: bool = False) -> None:
-        self.inner.reset(fresh)
-        self.lookup.reset()
-        if fresh:
+    def start(self, start: GenerationStart) -> None:
+        self.inner.start(start)
+        self.lookup.start(start)
+        if start.fresh:
             self.rates.forget()
         self._last = None
 
-    def start(self, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        self.inner.start(sampling, rng)
-
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        self.inner.observe(hidden, row_tokens, next_token)
+    def observe(self, observation: Observation) -> None:
+        """Split the verdict: the inner drafter's nodes go to it, the chain's prefix to the lookup rates."""
+        last, self._last = self._last, None
+        if observation.draft is None or last is None:
+            self.inner.observe(observation)
+            return
+        inner, inner_n, chain_nodes, key = last
+        rows = observation.accepted_rows
+        own = replace(observation, draft=inner, accepted_rows=[r for r in rows if r < inner_n])
+        self.inner.observe(own if inner.tokens else replace(observation, draft=None, accepted_rows=()))
+        if chain_nodes:
+            on_path = set(int(r) for r in rows)
+            accepted = 0
+            while accepted < len(chain_nodes) and chain_nodes[accepted] in on_path:
+                accepted += 1
+            self.rates.observe_chain(key, len(chain_nodes), accepted)
 
     @property
     def reads_hidden_states(self) -> bool:
@@ -71,7 +80,7 @@ class LookupBranchDrafter(Drafter):
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
         inner = self.inner.propose(tokens, sizing)
         self._last = None
-        lookup = self.lookup.lookup(tokens, sizing.limit)
+        lookup = self.lookup.lookup(tokens, sizing.room)
         chain, key = lookup.tokens, lookup.key
         if not chain or not _deterministic(inner):
             return inner
@@ -110,22 +119,6 @@ class LookupBranchDrafter(Drafter):
         if self.rates.probe_due(key, idle=paying <= 0):
             return 1
         return paying
-
-    def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
-        """Split the verdict: the inner drafter's nodes go to its planner, the chain's prefix to the lookup rates."""
-        last = self._last
-        if last is None:
-            self.inner.record_verdict(draft, accepted_rows)
-            return
-        inner, inner_n, chain_nodes, key = last
-        on_path = set(int(r) for r in accepted_rows)
-        if inner.tokens:
-            self.inner.record_verdict(inner, [r for r in accepted_rows if r < inner_n])
-        if chain_nodes:
-            accepted = 0
-            while accepted < len(chain_nodes) and chain_nodes[accepted] in on_path:
-                accepted += 1
-            self.rates.observe_chain(key, len(chain_nodes), accepted)
 
 
 def _deterministic(draft: Draft) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...draft_config import DraftConfig
-from .base import Draft
+from .base import Draft, GenerationStart, Observation
 from .eagle import _top
 from .static_tree import StaticTreeDrafter, StaticTrees
 
@@ -34,7 +34,7 @@ class MedusaDrafter(StaticTreeDrafter):
         self.num_heads = int(num_heads)
         self.max_nodes = max(2, int(max_nodes))
         self.set_tree(draft)
-        self.reset()
+        self.start(GenerationStart())
 
     def set_tree(self, draft: DraftConfig) -> None:
         """Draft this static tree (paths deeper than the number of heads are dropped)."""
@@ -43,17 +43,19 @@ class MedusaDrafter(StaticTreeDrafter):
         self.draft_config = draft
         self.static_trees = StaticTrees([c for c in draft.choices if len(c) <= self.num_heads], self.max_nodes)
 
-    def reset(self, fresh: bool = False) -> None:
-        super().reset(fresh)
+    def start(self, start: GenerationStart) -> None:
+        super().start(start)
         self.last_hidden: np.ndarray | None = None
         self.observed = 0
 
-    def observe(self, hidden: np.ndarray, row_tokens: list[int], next_token: int | None) -> None:
-        self.last_hidden = np.asarray(hidden[-1])
-        self.observed += len(hidden)
+    def observe(self, observation: Observation) -> None:
+        super().observe(observation)  # the verdict, to the tree planner
+        if observation.hidden is not None:
+            self.last_hidden = np.asarray(observation.hidden[-1])
+            self.observed += len(observation.hidden)
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
-        if sizing.limit <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
+        if sizing.room <= 0 or self.last_hidden is None or self.observed != len(tokens) - 1:
             return Draft([])
         spec = self.static_trees.for_round(sizing, self.num_heads)
         if spec.n <= 1:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..kvcache import causal_mask
-from .base import Draft
+from .base import Draft, GenerationStart
 from .eagle import HeadDrafter
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ class MTPChainDrafter(HeadDrafter):
         self.modules = list(modules)
         super().__init__(session, "mtp", *args, **kwargs)
 
-    def reset(self, fresh: bool = False) -> None:
-        super().reset(fresh)
+    def start(self, start: GenerationStart) -> None:
+        super().start(start)
         self.depths: list[_Depth] = []
         self.outs0 = _Depth(self.session, self.hidden_size)  # depth 0's committed outputs (its cache: HeadDrafter's)
 

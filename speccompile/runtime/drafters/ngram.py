@@ -15,7 +15,7 @@ from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
 from ...errors import InputError
-from .base import Draft, Drafter, DrafterRequest
+from .base import Draft, Drafter, DrafterRequest, GenerationStart
 from .ngram_corpus import NgramCorpus
 
 if TYPE_CHECKING:
@@ -58,9 +58,11 @@ class _NgramIndex:
 class NgramDrafter(Drafter):
     """Prompt-lookup decoding over prompt + generated tokens (deterministic: one-hot q). Looking up costs ~nothing,
     so a proposal is the longest lookup, cut to what pays for its reliability class (`Draft.key`: the matched
-    suffix length, minus the corpus context length for a corpus proposal); a plain step can still `guess`."""
+    suffix length, minus the corpus context length for a corpus proposal); a plain step can still ask it for a
+    guess (`guesses`)."""
 
     name = "ngram"
+    guesses = True
 
     def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2,
                  corpus: NgramCorpus | None = None):
@@ -71,9 +73,9 @@ class NgramDrafter(Drafter):
         self.resume_window = resume_window  # how far past the source pointer an occurrence still counts as "resuming"
         self.resume_back = resume_back
         self.corpus = corpus
-        self.reset()
+        self.start(GenerationStart())
 
-    def reset(self, fresh: bool = False) -> None:
+    def start(self, start: GenerationStart) -> None:
         self._index = _NgramIndex(range(self.min_match, self.max_match + 1))
         self._copied_from: int | None = None  # history index the last proposal copied from
         self._proposed_at = 0  # history length when it was made
@@ -85,15 +87,11 @@ class NgramDrafter(Drafter):
         return self._copied_from + (history_len - self._proposed_at)
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
-        """The longest lookup, cut to the length that pays for its class."""
-        draft = self.lookup(tokens, sizing.limit)
+        """The longest lookup, cut to the length that pays for its class (a guess: one token, not sized)."""
+        draft = self.lookup(tokens, sizing.room)
         if draft.tokens:
             draft.tokens = draft.tokens[: sizing.choose_k(draft.key, len(draft.tokens))]
         return draft
-
-    def guess(self, tokens: list[int]) -> Draft | None:
-        draft = self.lookup(tokens, 1)
-        return draft if draft.tokens else None
 
     def lookup(self, tokens: list[int], k: int) -> Draft:
         """Up to k tokens copied after an earlier occurrence of the history's suffix (`Draft.key`: the match

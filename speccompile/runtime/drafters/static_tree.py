@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..tree import TreeSpec
 from ..tree_planner import TreePlanner, drafted_spec
-from .base import Draft, Drafter
+from .base import Drafter, GenerationStart, Observation
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing
@@ -21,8 +21,8 @@ class StaticTrees:
         self.cut = self.planner.full
 
     def for_round(self, sizing: "Sizing", depth: int | None = None) -> TreeSpec:
-        """The tree to draft at most `depth` (default `sizing.limit`) levels deep this round."""
-        k = sizing.limit if depth is None else min(depth, sizing.limit)
+        """The tree to draft at most `depth` (default `sizing.room`) levels deep this round."""
+        k = sizing.room if depth is None else min(depth, sizing.room)
         if not sizing.adaptive:
             return self.cut(k)
         return self.planner.plan(k, sizing.costs, sizing.level_seconds)
@@ -40,11 +40,11 @@ class StaticTreeDrafter(Drafter):
         """The per-node acceptance statistics of the static tree (None for a dynamic tree)."""
         return None if self.static_trees is None else self.static_trees.planner
 
-    def reset(self, fresh: bool = False) -> None:
-        if fresh and self.static_trees is not None:
+    def start(self, start: GenerationStart) -> None:
+        if start.fresh and self.static_trees is not None:
             self.static_trees.planner.forget()
 
-    def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
-        """Feed the verification result of a draft back to the planner."""
-        if self.static_trees is not None:
-            self.static_trees.planner.record(drafted_spec(draft), accepted_rows)
+    def observe(self, observation: Observation) -> None:
+        """Feed the verdict on its draft back to the planner."""
+        if observation.draft is not None and self.static_trees is not None:
+            self.static_trees.planner.record(drafted_spec(observation.draft), observation.accepted_rows)

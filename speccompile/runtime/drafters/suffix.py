@@ -23,7 +23,7 @@ from ..costs import expected_speed, faster
 from ..suffix_cache import SOURCES, SuffixCache
 from ..suffix_tree import Candidate, SuffixTree
 from ..tree import TreeSpec
-from .base import Draft, Drafter, DrafterRequest
+from .base import Draft, Drafter, DrafterRequest, GenerationStart, Observation
 
 if TYPE_CHECKING:
     from ..adaptive import Sizing
@@ -37,6 +37,7 @@ class SuffixDrafter(Drafter):
     """The request's suffix tree (prompt + output) and the shared `SuffixCache`; see the module docstring."""
 
     name = "suffix"
+    guesses = True
 
     def __init__(self, cache: SuffixCache | None = None, max_depth: int = 24, min_prob: float = 0.1,
                  spec_factor: float = 1.0, spec_offset: float = 0.0, tree: bool = True, alpha: float = 0.08,
@@ -58,28 +59,33 @@ class SuffixDrafter(Drafter):
 
     # -- the request's life ---------------------------------------------------------------------------
 
-    def reset(self, fresh: bool = False) -> None:
-        self._local = None
-        self._use_global = not fresh
-        if fresh:
+    def start(self, start: GenerationStart) -> None:
+        self._use_global = not start.fresh
+        if start.fresh:
             self.rates.forget()
         self._last = None
+        self._begin(start.prompt_ids, start.user)
 
-    def begin(self, prompt_ids: Sequence[int], user: str | None = None) -> None:
+    def _begin(self, prompt_ids: Sequence[int], user: str | None) -> None:
+        """A new history: the request's tree over `prompt_ids`, a response opened in the shared store."""
         self._user = user
         self._local = SuffixTree(self.max_depth)
         self._local.extend(0, prompt_ids)
         self._synced = len(prompt_ids)
         self._response = self.cache.open(user) if self.cache is not None else None
 
-    def finish(self, tokens: Sequence[int]) -> None:
-        self._sync(tokens)
-        self._local = None
+    def observe(self, observation: Observation) -> None:
+        """The verdict on its last draft (`_record`); the finished history goes to the trees."""
+        if observation.draft is not None:
+            self._record(observation.accepted_rows)
+        if observation.finished is not None:
+            self._sync(observation.finished)
+            self._local = None
 
     def _sync(self, tokens: Sequence[int]) -> None:
         """Add what `tokens` (the whole history) holds past what the trees saw; another history starts over."""
         if self._local is None or len(tokens) < self._synced:
-            self.begin(tokens[:-1], self._user)
+            self._begin(tokens[:-1], self._user)
         new = tokens[self._synced:]
         if new:
             self._local.extend(0, new)
@@ -89,11 +95,11 @@ class SuffixDrafter(Drafter):
 
     # -- drafting -------------------------------------------------------------------------------------
 
-    def speculate(self, tokens: Sequence[int], budget: int) -> tuple[Candidate, str]:
-        """The better candidate of the two trees after `tokens` (at most `budget` nodes), and its source."""
+    def speculate(self, tokens: Sequence[int], room: int) -> tuple[Candidate, str]:
+        """The better candidate of the two trees after `tokens` (at most `room` nodes), and its source."""
         self._sync(tokens)
         context = tokens[-self.max_depth:]
-        args = (budget, self.spec_factor, self.spec_offset, self.min_prob, self.tree)
+        args = (room, self.spec_factor, self.spec_offset, self.min_prob, self.tree)
         best, source = self._local.speculate(context, *args), "local"
         shared = self.cache.tree_of(self._user) if self.cache is not None and self._use_global else None
         if shared is not None:
@@ -103,11 +109,14 @@ class SuffixDrafter(Drafter):
         return best, source
 
     def propose(self, tokens: list[int], sizing: "Sizing") -> Draft:
+        if sizing.guess:  # one token of the better candidate, not counted as a proposal
+            candidate, _ = self.speculate(tokens, 1)
+            return Draft(candidate.tokens[:1], key=candidate.match_len)
         self._last = None
-        if sizing.limit <= 0:
+        if sizing.room <= 0:
             self._sync(tokens)
             return Draft([])
-        candidate, source = self.speculate(tokens, sizing.limit)
+        candidate, source = self.speculate(tokens, sizing.room)
         keys = [(source, min(BUCKETS - 1, int(p * BUCKETS))) for p in candidate.probs]
         n = self._paying_nodes(candidate, keys, sizing)
         if n == 0:
@@ -138,11 +147,7 @@ class SuffixDrafter(Drafter):
             return 1
         return best_n
 
-    def guess(self, tokens: list[int]) -> Draft | None:
-        candidate, _ = self.speculate(tokens, 1)
-        return Draft(candidate.tokens[:1], key=candidate.match_len) if candidate.tokens else None
-
-    def record_verdict(self, draft: Draft, accepted_rows: Sequence[int]) -> None:
+    def _record(self, accepted_rows: Sequence[int]) -> None:
         """Every drafted node was accepted (on the accepted path) or not: its probability bucket's rate."""
         if self._last is None:
             return
