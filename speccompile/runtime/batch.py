@@ -215,7 +215,8 @@ class BatchDecoder:
             config.validate()
         except Exception:
             return False
-        return 0 < len(ids) <= config.prefill_chunk and len(ids) + 1 <= (self.session.max_context or len(ids) + 1)
+        return (0 < len(ids) <= config.prefill_chunk and len(ids) + 1 <= (self.session.max_context or len(ids) + 1)
+                and not self.session.lifts_passes)  # head_dim > 128: a batched prefill is not lifted as alone
 
     def warm_up(self, config: GenerationConfig, token: int = 0) -> None:
         """Run the decoder's largest passes once — a whole prefill chunk, then batched steps over every slot — so
@@ -263,9 +264,9 @@ class BatchDecoder:
         self.active[slot] = last
 
     def _ensure_rows(self, rows: int) -> None:
-        """Grow every slot to hold `rows` KV rows (+ the slot a one-row pass's attention padding row takes;
+        """Grow every slot to hold `rows` KV rows (+ the slots attention's padding rows take, `pad_rows`;
         doubling, bounded by the graph's), keeping the active rows."""
-        rows += 1
+        rows += self.session.pad_rows
         if rows <= self.rows:
             return
         self.rows = min(self.session.kv_rows, max(rows, 2 * self.rows))
