@@ -272,7 +272,8 @@ def load_gguf(path: Path) -> LoadedModel:
             return config.num_key_value_heads
         return None
 
-    weights = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, fam.gguf), unpermute)
+    block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
+    weights = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
 
