@@ -20,6 +20,7 @@ from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .gguf_tokenizer import gpt2_tokenizer_files
 from .moe_weights import per_expert
 from .mtp_layouts import mtp_weights
 from .weights import GGUFSource, SafetensorsSource, WeightSource
@@ -294,7 +295,13 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
         if "tokenizer.json" not in written and (model.source / "tokenizer.model").is_file():
             written += _convert_with_transformers(model.source, None, out_dir)
     else:
-        written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
+        try:
+            written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
+        except SpecCompileError:  # an architecture transformers does not convert (Phi-2): GPT-2's BPE from the file
+            files = gpt2_tokenizer_files(_open_gguf(model.source), model.source, out_dir)
+            if files is None:
+                raise
+            written += files
     if "tokenizer.json" not in written:
         raise InputError(f"{model.source}: no tokenizer found (expected tokenizer.json or tokenizer.model)")
     if model.chat_template and "chat_template.jinja" not in written:
