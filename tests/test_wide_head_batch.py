@@ -112,3 +112,11 @@ def test_head_dim_256_without_a_slotted_graph_does_not_batch(tmp_path):
     export_artifact(str(tmp_path / "m"), tmp_path / "art", ExportOptions(max_context=64, batch_slots=0))
     runner = Runner(tmp_path / "art", threads=1)
     assert "--batch-slots" in runner.batch_problem() and "head_dim 256" in runner.batch_problem()
+
+
+def test_head_dim_256_needs_slots_for_every_request(wide_artifact):
+    """More requests than the slotted graph has slots: refused, naming why slot passes were chosen."""
+    from speccompile.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match=r"head_dim 256 > 128 .*--batch-slots 5"):
+        Runner(wide_artifact, threads=1).batch_decoder(5)  # the artifact's slotted graph has 4 slots

@@ -210,12 +210,13 @@ class Runner:
         decoder = BatchDecoder(self.artifact.target, lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True),
                                slots, self.pass_costs, rows)
         decoder.prefix_cache = prefix_cache
-        if self.artifact.target.lifts_passes:
-            slot_passes = "all"
+        why = ""
+        if self.artifact.target.lifts_passes and slot_passes != "all":
+            slot_passes, why = "all", f" (head_dim {self.artifact.target.spec.head_dim} > 128 batches in slot passes only)"
         if slot_passes != "off":
             spec = self.artifact.manifest.graphs.get(variant_name("target", "slots"))
             if spec is None or int(spec.extra.get("slots", 0)) < slots or not self.artifact.target.row_invariant:
-                raise UnsupportedError(f"slot_passes {slot_passes}: {self.artifact.directory} has no slotted graph for {slots} "
+                raise UnsupportedError(f"slot_passes {slot_passes}{why}: {self.artifact.directory} has no slotted graph for {slots} "
                                        f"requests (re-export with `speccompile export --batch-slots {slots}`)", "slot_passes")
             decoder.slot_session = self.artifact.session(variant_name("target", "slots"))
             decoder.slot_session.attention_lift = self.artifact.target.attention_lift  # (slot specs before it had none)
