@@ -27,9 +27,10 @@ CHECKPOINTS = {
 }
 
 
-def write_moe_gguf(path, folder, arch: str, quant: str | None = None) -> None:
+def write_moe_gguf(path, folder, arch: str, quant: str | None = None, per_expert: bool = False) -> None:
     """The checkpoint in `folder` as llama.cpp writes a MoE model of architecture `arch`: per-expert tensors stacked
-    into [experts, out, in] (`quant`: the 3-D expert tensors in that gguf type, e.g. Q8_0)."""
+    into [experts, out, in] (`quant`: the 3-D expert tensors in that gguf type, e.g. Q8_0); `per_expert`: as early
+    llama.cpp Mixtral files, one 2-D tensor per expert (`blk.N.ffn_gate.E.weight`)."""
     import gguf
 
     from speccompile.models.architectures import family
@@ -78,6 +79,10 @@ def write_moe_gguf(path, folder, arch: str, quant: str | None = None) -> None:
             stored = stored.reshape(-1)  # llama.cpp's [hidden]
         writer.add_tensor(gname, stored)
     for gname, stack in experts.items():
+        if per_expert:
+            for e, matrix in enumerate(stack):
+                writer.add_tensor(gname.replace("_exps.", f".{e}."), matrix)
+            continue
         stacked = np.stack(stack)
         if quant:
             qtype = gguf.GGMLQuantizationType[quant]
@@ -157,3 +162,16 @@ def test_quantized_3d_experts_are_read_one_expert_at_a_time(tmp_path, monkeypatc
         np.testing.assert_array_equal(got.weights.read(name), full[e])
         assert got.weights.shape(name) == (64, 32)
         np.testing.assert_allclose(full[e], want.weights.read(name), atol=0.02 * np.abs(full[e]).max())
+
+
+def test_early_mixtral_gguf_with_a_tensor_per_expert_loads_the_same(tmp_path, monkeypatch):
+    """Mixtral GGUFs written before llama.cpp stacked the experts (`blk.N.ffn_gate.E.weight`) load to the same
+    config and tensors as the checkpoint."""
+    from speccompile.models.load import load_model
+
+    arch, _ = _checkpoint(tmp_path, monkeypatch, "mixtral")
+    write_moe_gguf(tmp_path / "model.gguf", tmp_path / "hf", arch, per_expert=True)
+    got, want = load_model(str(tmp_path / "model.gguf")), load_model(str(tmp_path / "hf"))
+    assert got.config.moe == want.config.moe and sorted(got.weights.names()) == sorted(want.weights.names())
+    for tensor in want.weights.names():
+        np.testing.assert_array_equal(got.weights.read(tensor), want.weights.read(tensor), err_msg=tensor)

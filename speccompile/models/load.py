@@ -253,6 +253,9 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
+    stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""
+    if stacked in block_names:  # early llama.cpp Mixtral files: one 2-D tensor per expert, `blk.N.ffn_gate.E.weight`
+        return f"model.layers.{parts[1]}.{block_names[stacked].replace('*', parts[3])}.{parts[4]}"
     return None
 
 
