@@ -175,3 +175,25 @@ def test_early_mixtral_gguf_with_a_tensor_per_expert_loads_the_same(tmp_path, mo
     assert got.config.moe == want.config.moe and sorted(got.weights.names()) == sorted(want.weights.names())
     for tensor in want.weights.names():
         np.testing.assert_array_equal(got.weights.read(tensor), want.weights.read(tensor), err_msg=tensor)
+
+
+def test_q4_experts_build_int4_packed_and_verify_identical(tmp_path, monkeypatch):
+    """Qwen2-MoE with Q4_0 3-D experts: exported and built `--int4`, every expert and shared-expert MatMul is a
+    MatMulNBits (the routers stay float) and `verify` finds speculative decoding identical to plain."""
+    import onnx
+
+    from conftest import run_cli
+
+    arch, _ = _checkpoint(tmp_path, monkeypatch, "qwen2_moe")
+    (tmp_path / "g").mkdir()
+    write_moe_gguf(tmp_path / "g" / "model.gguf", tmp_path / "hf", arch, quant="Q4_0")
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "hf" / file, tmp_path / "g" / file)
+    export_artifact(str(tmp_path / "g" / "model.gguf"), tmp_path / "art", ExportOptions(max_context=128))
+    result = run_cli("build", str(tmp_path / "art"), "--int4", "--onnx-only", "--calib-samples", "2", "--out", str(tmp_path / "int4"))
+    assert result.returncode == 0, result.stderr
+    graph = onnx.load(str(tmp_path / "int4" / "target.ort.onnx"), load_external_data=False).graph
+    packed = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
+    assert len(packed) == 2 * (2 + 4 * 2 + 2)  # per layer: qkv, o_proj, 4 experts x 2, the shared expert x 2
+    result = run_cli("verify", str(tmp_path / "int4"), "--raw", "--max-tokens", "16", "--limit", "2")
+    assert result.returncode == 0 and "identical" in result.stdout, result.stdout + result.stderr
