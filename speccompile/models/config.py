@@ -270,9 +270,12 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
     vocab = meta.get(p + "vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     rotary = meta.get(p + "rope.dimension_count")
     head_dim = int(meta.get(p + "attention.key_length") or hidden // heads)
+    ffn = p + "feed_forward_length"
+    if ffn not in meta and p + "expert_feed_forward_length" in meta:
+        ffn = p + "expert_feed_forward_length"  # a MoE file without the dense size (no dense layer reads it)
     data: dict[str, Any] = {
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
-        "intermediate_size": int(meta[p + "feed_forward_length"]), "num_hidden_layers": int(meta[p + "block_count"]),
+        "intermediate_size": int(meta[ffn]), "num_hidden_layers": int(meta[p + "block_count"]),
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
         "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
                                                              meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
