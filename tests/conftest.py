@@ -82,10 +82,12 @@ def _permute_for_gguf(w, n_head: int):
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: str | None = None, arch: str = "llama"):
+def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: str | None = None, arch: str = "llama",
+               metadata=None):
     """Write the Hugging Face model in `folder` as a GGUF file of llama.cpp architecture `arch` (block names: its
     family's `Family.gguf`): 2-D weights in the gguf quantization type `quant` ("Q8_0", "Q4_1", ...; None: F32),
-    the token embedding in `table_quant` (default `quant`). Returns the model as loaded from `folder`."""
+    the token embedding in `table_quant` (default `quant`); `metadata(writer)` adds more keys (a tokenizer).
+    Returns the model as loaded from `folder`."""
     import gguf
     import numpy as np
 
@@ -110,6 +112,8 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_dimension_count(cfg.rope_dim)
     writer.add_vocab_size(cfg.vocab_size)
+    if metadata is not None:
+        metadata(writer)
     reverse = {v: k for k, v in _GGUF_NAMES.items()}
     block_reverse = {v: k for k, v in _GGUF_BLOCK_NAMES.items()}
     for name, tensor in loaded.weights.items():

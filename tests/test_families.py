@@ -205,8 +205,8 @@ def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
 def test_phi2_gguf_reads_as_phi(tmp_path):
     """A `phi2` GGUF (llama.cpp's names: biased attn_norm / output_norm / output, attn_output = dense, ffn_up /
     ffn_down = fc1 / fc2, rope.dimension_count = the rotated dims) reads as the table's phi: every tensor in its
-    shape, and the torch reference on it matches transformers at every position. (Its export stops at the
-    tokenizer: transformers converts no phi2 GGUF tokenizer.)"""
+    shape, and the torch reference on it matches transformers at every position. (Its tokenizer, which
+    transformers does not convert for phi2, and its export: tests/test_gguf_tokenizer.py.)"""
     from speccompile.export.recipes import check_weights
     from speccompile.models.load import load_model
 

@@ -8,7 +8,8 @@ the packed CPU graph keeps the branch; there, `x E` costs a full fp32 GEMM call 
 each block of B consecutive inputs. `reduce_block_sums` writes it as Reshape(x, [0, 0, K/B, B]) + ReduceSum over
 the last axis: the same sums (summed in another order: the graph's own numbers, not the contract graph's bits),
 each row's from its own inputs only, so a row's result still does not depend on the pass's row count
-(tests/test_quantized_exact.py proves it on a Q4_1 build). The fused graph's activations are [batch, rows, K].
+(tests/test_quantized_exact.py proves it on a Q4_1 build). The fused graph's activations are [batch, rows, K], a
+MoE block's [rows, K] (tests/test_moe_gguf.py builds one from Q4_0 experts).
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ def _block_of(graph: ConstantSource, name: str, producers: dict[str, onnx.NodePr
 
 
 def reduce_block_sums(nodes: list[onnx.NodeProto], graph: ConstantSource,
-                      new_tensors: dict[str, TensorProto]) -> list[onnx.NodeProto]:
+                      new_tensors: dict[str, TensorProto], rank: int = 3) -> list[onnx.NodeProto]:
     """`nodes` (a region of the quantized graph, in order) with every MatMul(x, E) as Reshape + ReduceSum (module
-    docstring), and the Casts of E nothing reads any more dropped. The shape and axes constants are added to
-    `new_tensors` (shared between regions by name)."""
+    docstring), and the Casts of E nothing reads any more dropped. `rank`: x's (3: [batch, rows, K]; 2: a MoE
+    block's [rows, K]). The shape and axes constants are added to `new_tensors` (shared between regions by name)."""
     producers = {o: n for n in nodes for o in n.output}
     out: list[onnx.NodeProto] = []
     for node in nodes:
@@ -59,7 +60,8 @@ def reduce_block_sums(nodes: list[onnx.NodeProto], graph: ConstantSource,
             out.append(node)
             continue
         k, block = found
-        shape = _constant(new_tensors, f"block_sums/shape_{k}x{block}", [0, 0, k // block, block])
+        shape = _constant(new_tensors, f"block_sums/shape_{k}x{block}" + ("" if rank == 3 else f"_rank{rank}"),
+                          [0] * (rank - 1) + [k // block, block])
         axes = _constant(new_tensors, "block_sums/last_axis", [-1])
         blocks = node.output[0] + "/blocks"
         out += [helper.make_node("Reshape", [node.input[0], shape], [blocks], name=f"{node.name}/blocks"),

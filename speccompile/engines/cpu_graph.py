@@ -39,6 +39,7 @@ from ..errors import UnsupportedError, with_article
 from ..manifest import GraphSpec
 from ..onnx_versions import required_onnxruntime, save_model
 from ..weights_file import StoredBytes, WeightsWriter, external_location, external_tensor, read_tensor
+from ..export.moe_ops import reads_rows
 from .block_sums import reduce_block_sums
 from .nbits import ACCURACY_LEVEL, NBitsPacker
 
@@ -249,7 +250,8 @@ class CpuGraphRewriter:
         constants = self._constant_outputs(nodes)
         prefix = f"{node.name or node.op_type}/"
         out = []
-        for new in reduce_block_sums(self.packer.convert(nodes), q, self.packer.new_tensors):  # engines/block_sums.py
+        rank = 2 if any(reads_rows(t) for t in node.input if t in pairs) else 3  # a MoE block's MatMuls read [rows, K]
+        for new in reduce_block_sums(self.packer.convert(nodes), q, self.packer.new_tensors, rank):  # engines/block_sums.py
             shared = all(not t or t in constants or t in q.inits or t in self.packer.new_tensors for t in new.input)
             for i, t in enumerate(new.input):
                 if t in renames:

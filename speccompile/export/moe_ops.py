@@ -22,6 +22,8 @@ routers stay in float (engines/qdq_targets.py DEFAULT_EXCLUDE). Compute is the a
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,6 +51,12 @@ class Emitter:
 
     def one(self, op: str, inputs: list[str], **attrs) -> str:
         return self.op(op, inputs, 1, **attrs)[0]
+
+
+def reads_rows(weight: str) -> bool:
+    """Whether graph weight `weight` is a MoE block's (router, expert, shared expert): its MatMul reads the pass's
+    rows as one matrix [rows, hidden], where a dense layer's reads [batch, rows, hidden]."""
+    return re.search(r"\.mlp\.(experts\.\d+|shared_expert|shared_expert_gate|router)\.", weight) is not None
 
 
 def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:

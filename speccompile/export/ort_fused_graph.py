@@ -143,8 +143,8 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
         extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
     if slots:
         extra["slots"] = int(slots)
-    elif target == "cpu" and contract.head_dim > WIDE_HEAD_DIM:
-        extra["attention_lift"] = attention_lift(contract.head_dim)  # attention_pad: a count (OneRowPadding, `many`)
+    if target == "cpu" and contract.head_dim > WIDE_HEAD_DIM:  # attention_pad a count (OneRowPadding, `many`);
+        extra["attention_lift"] = attention_lift(contract.head_dim)  # slots: padding rows in `padded_index`
     return GraphSpec(role=contract.role, file=graph_path.name, inputs=inputs, outputs=outputs, dtype=contract.dtype,
                      num_layers=contract.num_layers, num_kv_heads=contract.num_kv_heads, head_dim=contract.head_dim,
                      hidden_states=contract.hidden_states, extra=extra)

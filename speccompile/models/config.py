@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import InputError, UnsupportedError
 from .architectures import FAMILIES, REFUSED, Family, family, family_name, layer_roles
-from .moe_config import MoeConfig, moe_from_hf
+from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 
 _SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
@@ -270,9 +270,12 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
     vocab = meta.get(p + "vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     rotary = meta.get(p + "rope.dimension_count")
     head_dim = int(meta.get(p + "attention.key_length") or hidden // heads)
+    ffn = p + "feed_forward_length"
+    if ffn not in meta and p + "expert_feed_forward_length" in meta:
+        ffn = p + "expert_feed_forward_length"  # a MoE file without the dense size (no dense layer reads it)
     data: dict[str, Any] = {
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
-        "intermediate_size": int(meta[p + "feed_forward_length"]), "num_hidden_layers": int(meta[p + "block_count"]),
+        "intermediate_size": int(meta[ffn]), "num_hidden_layers": int(meta[p + "block_count"]),
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
         "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
                                                              meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
@@ -301,10 +304,12 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
-    if family(arch).moe:
-        raise UnsupportedError(f"{source}: mixture-of-experts GGUF files ({arch_name}) are not supported yet; export the safetensors checkpoint")
+    if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
+        arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:
         data = _gguf_config_json(meta, arch, source)
+        if family(arch).moe:
+            data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe))
     except KeyError as exc:
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None
     data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)

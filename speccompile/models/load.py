@@ -20,6 +20,7 @@ from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
+from .gguf_tokenizer import gpt2_tokenizer_files
 from .moe_weights import per_expert
 from .mtp_layouts import mtp_weights
 from .weights import GGUFSource, SafetensorsSource, WeightSource
@@ -252,6 +253,9 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
     parts = name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
+    stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""
+    if stacked in block_names:  # early llama.cpp Mixtral files: one 2-D tensor per expert, `blk.N.ffn_gate.E.weight`
+        return f"model.layers.{parts[1]}.{block_names[stacked].replace('*', parts[3])}.{parts[4]}"
     return None
 
 
@@ -272,7 +276,8 @@ def load_gguf(path: Path) -> LoadedModel:
             return config.num_key_value_heads
         return None
 
-    weights = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, fam.gguf), unpermute)
+    block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
+    weights = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
 
@@ -293,7 +298,13 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
         if "tokenizer.json" not in written and (model.source / "tokenizer.model").is_file():
             written += _convert_with_transformers(model.source, None, out_dir)
     else:
-        written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
+        try:
+            written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
+        except SpecCompileError:  # an architecture transformers does not convert (Phi-2): GPT-2's BPE from the file
+            files = gpt2_tokenizer_files(_open_gguf(model.source), model.source, out_dir)
+            if files is None:
+                raise
+            written += files
     if "tokenizer.json" not in written:
         raise InputError(f"{model.source}: no tokenizer found (expected tokenizer.json or tokenizer.model)")
     if model.chat_template and "chat_template.jinja" not in written:

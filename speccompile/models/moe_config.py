@@ -62,6 +62,17 @@ class MoeConfig:
             names.update(zip(("gate_bias", "up_bias", "down_bias"), (p + f"{x}.bias" for x in self.projections)))
         return names
 
+    def gguf_names(self) -> dict[str, str]:
+        """llama.cpp's MoE block tensors -> their names relative to a layer (`Family.gguf`'s vocabulary): the
+        experts as one 3-D tensor each (`*`: the expert index, its leading axis), the router, the shared expert."""
+        b, (gate, up, down) = self.block, self.projections
+        names = {"ffn_gate_inp": f"{b}.{self.router}", "ffn_gate_exps": f"{b}.experts.*.{gate}",
+                 "ffn_up_exps": f"{b}.experts.*.{up}", "ffn_down_exps": f"{b}.experts.*.{down}"}
+        if self.shared_expert_size:
+            names.update(ffn_gate_inp_shexp=f"{b}.shared_expert_gate", ffn_gate_shexp=f"{b}.shared_expert.gate_proj",
+                         ffn_up_shexp=f"{b}.shared_expert.up_proj", ffn_down_shexp=f"{b}.shared_expert.down_proj")
+        return names
+
     def shapes(self, layer: int, hidden: int) -> dict[str, tuple[int, ...]]:
         """Every checkpoint tensor of layer `layer`'s MoE block, with its shape."""
         p, inter = self.prefix(layer), self.expert_size
@@ -84,6 +95,18 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
     step = int(data.get("decoder_sparse_step") or 1)
     only = {int(i) for i in data.get("mlp_only_layers") or []}
     return tuple(i for i in range(layers) if i in only or (i + 1) % step)
+
+
+def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str, Any]:
+    """The config.json keys of a MoE family (`kind`) that llama.cpp's metadata (`<arch>.expert_count`, ...) gives.
+    Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE and Mixtral yes,
+    Qwen2-MoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families)."""
+    data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
+            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind != "qwen2_moe"))}
+    if kind in ("qwen2_moe", "qwen3_moe"):
+        data["moe_intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
+        data["shared_expert_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
+    return data
 
 
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:

@@ -271,32 +271,41 @@ class GGUFSource(WeightSource):
     """The tensors of a GGUF file under their Hugging Face names, dequantized to float32 one at a time (each read
     from a memory map of its own bytes, released after).
 
-    `rename(gguf_name)` gives a tensor's HF name (None: skipped); `unpermute(gguf_name)` gives the head count
+    `rename(gguf_name)` gives a tensor's HF name (None: skipped); a name with `*` is a stack along the leading
+    axis (llama.cpp's 3-D MoE experts), shown as one tensor per index. `unpermute(gguf_name)` gives the head count
     whose interleaved-RoPE row permutation to undo (llama.cpp's q/k order), or None."""
 
     def __init__(self, reader, path: Path, rename: Callable[[str], str | None],
                  unpermute: Callable[[str], int | None]):
         self._path = path
-        self._tensors: dict[str, Any] = {}
+        self._tensors: dict[str, tuple[Any, int | None]] = {}  # HF name -> (tensor, index along its leading axis)
         self._heads: dict[str, int | None] = {}
         for tensor in reader.tensors:
             hf = rename(tensor.name)
-            if hf is not None:
-                self._tensors[hf] = tensor
-                self._heads[hf] = unpermute(tensor.name)
+            if hf is None:
+                continue
+            indices = range(int(tensor.shape[-1])) if "*" in hf else [None]
+            for index in indices:
+                part = hf if index is None else hf.replace("*", str(index))
+                self._tensors[part] = (tensor, index)
+                self._heads[part] = unpermute(tensor.name)
 
     def info(self, name: str) -> TensorInfo:
-        tensor = self._tensors[name]
+        tensor, index = self._tensors[name]
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        if index is not None:
+            shape = shape[1:]
+        elif len(shape) == 1 and name.endswith("shared_expert_gate.weight"):
+            shape = (1, *shape)  # llama.cpp keeps Qwen2-MoE's [1, hidden] shared-expert gate as [hidden]
         return TensorInfo(shape, np.dtype(np.float32))
 
     def read(self, name: str) -> np.ndarray:
         import gguf
 
-        tensor = self._tensors[name]
+        tensor, index = self._tensors[name]
         try:  # a map of this tensor's bytes alone: its pages leave the resident set when it is dropped
             data = np.memmap(self._path, dtype=tensor.data.dtype, mode="r", offset=tensor.data_offset, shape=tensor.data.shape)
-            array = gguf.quants.dequantize(data, tensor.tensor_type)
+            array = gguf.quants.dequantize(data if index is None else data[index], tensor.tensor_type)
         except NotImplementedError:
             raise InputError(f"{self._path}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}") from None
         except Exception as exc:  # truncated data surfaces here as reshape errors

@@ -35,7 +35,6 @@ class FusedGraphPasses(RoundPasses):
     initial_rows = 512
     shares_passes = True
     keeps_prefixes = True
-    prefills_together = True
     slot_session: OrtSlotSession | None = None
     batch_invariant = False
 
@@ -68,6 +67,11 @@ class FusedGraphPasses(RoundPasses):
     def cache(self, slot: int):
         return self.session.slot_cache(self.buffers, slot)
 
+    @property
+    def prefills_together(self) -> bool:
+        """Prompts may share a prefill pass, except at head_dim > 128 (a batched prefill is not lifted as alone)."""
+        return not self.session.lifts_passes
+
     def prefill_batch(self, first_slot: int, prompts: list[np.ndarray]) -> list[np.ndarray]:
         return self.session.prefill_batch(self.buffers, first_slot, prompts)
 
@@ -78,9 +82,9 @@ class FusedGraphPasses(RoundPasses):
         generation.cache.point_at([b[slot: slot + 1] for b in self.buffers])
 
     def make_room(self, active: Sequence[Generation], rows: int) -> None:
-        """Grow every slot to hold `rows` KV rows (+ the slot a one-row pass's attention padding row takes;
+        """Grow every slot to hold `rows` KV rows (+ the slots attention's padding rows take, `pad_rows`;
         doubling, bounded by the graph's), keeping the active rows."""
-        rows += 1
+        rows += self.session.pad_rows
         if rows <= self._rows:
             return
         self._rows = min(self.session.kv_rows, max(rows, 2 * self._rows))

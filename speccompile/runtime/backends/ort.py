@@ -258,11 +258,20 @@ class OrtBufferSession(OrtSession):
     def _lift_rows(self, total: int, cache: BufferKVCache) -> int:
         """Padding rows that move a single sequence's pass of `total` slots past a remainder of 1..short modulo
         block (the graph's `attention_lift`; 0 without one), where the cache can hold them."""
-        block, short = self.attention_lift
-        rest = total % block if block else 0
-        if not 1 <= rest <= short or (cache.fixed and total + short + 1 - rest > cache.capacity):
-            return 0
-        return short + 1 - rest
+        return lift_rows(self.attention_lift, total, cache.capacity if cache.fixed else None)
+
+    @property
+    def lifts_passes(self) -> bool:
+        """Whether the graph moves passes off the lengths where ONNX Runtime rounds differently (head_dim > 128,
+        `attention_lift`): a batched pass of several sequences cannot (at most one row each with a past), so
+        only batch-1 and slot passes compute a row's bits alone."""
+        return self.attention_lift[0] > 0
+
+    @property
+    def pad_rows(self) -> int:
+        """KV rows past a pass's own that attention's padding may write: the one-row padding row, or up to
+        `short` rows lifting a pass (`attention_lift`)."""
+        return max(1, self.attention_lift[1])
 
     @property
     def batches(self) -> bool:
@@ -271,8 +280,9 @@ class OrtBufferSession(OrtSession):
 
     @property
     def kv_rows(self) -> int:
-        """KV rows (and rotary positions) the graph accepts per sequence: max_context + max_verify_tokens."""
-        return int(self.spec.extra.get("kv_capacity") or self.max_context or self.initial_capacity)
+        """KV rows the graph accepts per sequence: max_context + max_verify_tokens (its rotary positions), plus
+        room for the padding rows a lifted pass writes past them (`pad_rows`, head_dim > 128)."""
+        return int(self.spec.extra.get("kv_capacity") or self.max_context or self.initial_capacity) + self.pad_rows - 1
 
     def new_batch_buffers(self, slots: int, rows: int) -> list[np.ndarray]:
         """Per-layer KV buffers [slots, kv_heads, rows, head_dim] for `run_batch` (one slot per sequence)."""
@@ -303,8 +313,10 @@ class OrtBufferSession(OrtSession):
             bias[b, 0, :n, length: length + n] = np.where(mask, np.float32(0), np.float32(-np.inf))
             pad = np.arange(n, q)
             bias[b, 0, pad, length + pad] = 0
-        arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths],
-                                 self._padding_rows(q, batch))
+        pad = self._padding_rows(q, batch)
+        if batch == 1:  # a lone sequence: lifted as when alone (a batch > 1 cannot take the rows: `lifts_passes`)
+            pad = max(pad, self._lift_rows(total, caches[0]))
+        arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths], pad)
         return [StepOutput(logits=arrays[0][b, :len(r[0])], presents=c.tensors,
                            hidden=arrays[1][b, :len(r[0])] if self.hidden_name else None)
                 for b, (r, c) in enumerate(zip(rows, caches))]
@@ -365,6 +377,17 @@ class OrtBufferSession(OrtSession):
             binding.bind_ortvalue_output(present, value)
         cache.binding = (self, cache.capacity, binding)
         return binding
+
+
+def lift_rows(lift: tuple[int, int], total: int, capacity: int | None = None) -> int:
+    """Padding rows that move one sequence's attention total off a remainder of 1..short modulo block (`lift` =
+    the graph's `attention_lift` [block, short]; (0, 0): none), 0 where a buffer of `capacity` rows (None: one
+    that grows) cannot hold them (export/fused_ops.py `attention_lift`)."""
+    block, short = lift
+    rest = total % block if block else 0
+    if not 1 <= rest <= short or (capacity is not None and total + short + 1 - rest > capacity):
+        return 0
+    return short + 1 - rest
 
 
 class OrtFeatureSession:
