@@ -167,7 +167,8 @@ def test_torch_moe_block_matches_transformers_block(moe_artifacts, arch):
     with torch.no_grad():
         expected = hf.model.layers[0].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
         expected = expected[0] if isinstance(expected, tuple) else expected
-        np.testing.assert_allclose(block(x).numpy(), expected.numpy(), atol=1e-6, rtol=1e-5)
+        expected = expected.numpy()  # within 1e-5 of the block's largest output (sums in another expert order)
+        np.testing.assert_allclose(block(x).numpy(), expected, atol=1e-5 * float(np.abs(expected).max()), rtol=0)
 
 
 def test_fp16_export_runs_on_the_cpu(moe_artifacts, tmp_path):
