@@ -361,3 +361,31 @@ def test_warm_up_runs_every_bucket_and_changes_no_output(tmp_path, monkeypatch):
     assert sorted(rows) == sorted(2 * list(warm.buckets)) and warm.new_cache().length == 0
     for w, c in zip(_chain_steps(warm), _chain_steps(cold)):
         np.testing.assert_array_equal(w.logits, c.logits)
+
+
+def _families():
+    from test_families import FAMILIES
+
+    return list(FAMILIES)
+
+
+@pytest.mark.parametrize("name", _families())
+def test_every_family_gpu_form_matches_transformers(tmp_path, name):
+    """The GPU graph of every family of the architecture table (its fp32 form on ONNX Runtime CPU: sliding windows
+    past the window, soft-capping, sinks, MoE, NoPE, multipliers, partial rotary, ...): a prefill and chain passes
+    of 4, 2 and 1 rows, every row within 1e-4 (of its largest |logit|) of transformers' fp32 eager forward, and
+    `next_tokens` its argmax."""
+    from test_families import _close, _hf_logits, make_family_model
+
+    hf = make_family_model(tmp_path / name, name)
+    out, spec, _ = _fp32_gpu_form(tmp_path, name, family=True)
+    gpu = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1)
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, 60, 27)]
+    full = _hf_logits(hf, seq)
+    cache, past = gpu.new_cache(), 0
+    for q in (20, 4, 2, 1):
+        out = gpu.run(np.array(seq[past:past + q]), np.arange(past, past + q), cache.attention_mask(np.tril(np.ones((q, q), bool))), cache)
+        _close(out.logits, full[past:past + q], f"{name} GPU form rows {past}..{past + q - 1}")
+        assert out.greedy_tokens.tolist() == np.argmax(out.logits, axis=-1).tolist()
+        cache.append(out.presents, range(q), q)
+        past += q

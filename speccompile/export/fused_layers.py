@@ -176,7 +176,7 @@ def _gqa_attributes(f: _Fused, i: int) -> dict:
     if cfg.attn_softcap:
         attrs["softcap"] = float(cfg.attn_softcap)
     if f.target == "cuda" and cfg.sliding(i):  # chains only: the slot-based window equals the positional one
-        attrs["local_window_size"] = int(cfg.sliding_window) - 1
+        attrs["local_window_size"] = int(cfg.sliding_window)  # the kernels keep local_window_size + 1 keys, as window_bias
     return attrs
 
 
