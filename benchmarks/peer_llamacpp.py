@@ -306,7 +306,9 @@ def start_workers(args, gguf: Path, paths: dict[str, Path], precisions: list[str
         workers[f"llama.cpp {mode}"] = Worker(f"llama.cpp {mode}", [
             str(args.llamacpp_python), str(Path(__file__).resolve()), "--worker", "llamacpp", "--mode", mode, "--gguf", str(gguf),
             "--threads", str(args.threads), "--lookup-ngram", str(args.lookup_ngram), "--lookup-tokens", str(args.lookup_tokens)],
-            crash_hint=f"if it crashes on every run, rebuild it in its venv without AMX: {NO_AMX_BUILD}")
+            crash_hint=("if it crashes on every run: exit -4 is an illegal instruction (a build for another CPU: rebuild it "
+                        "in its venv with CMAKE_ARGS=-DGGML_NATIVE=ON; seen on an AMD EPYC without AVX-VNNI); on a CPU "
+                        f"that reports AMX, rebuild it without AMX: {NO_AMX_BUILD}"))
         modes[f"llama.cpp {mode}"] = [mode]
     for precision in precisions:
         workers[f"ours {precision}"] = Worker(precision, [*me, "--worker", "ours", "--artifact", str(paths[precision])])
