@@ -31,6 +31,8 @@ HEADS = {
     "eagle_authors": ("eagle3/flat (EAGLE authors' pytorch_model.bin)", [2, 4, 5], 1),
     "specforge_sharded": ("eagle3/flat (taps as layer outputs: SGLang SpecForge, ModelOpt)", [1, 4, 7], 1),
 }
+# the library's MTP modules (it builds Qwen3-style layers only) -> layer kind
+MTP_HEADS = {"spec_mtp": "qwen3", "spec_mtp_seed7": "qwen3", "spec_mtp_seed8": "qwen3"}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def fixtures(tmp_path_factory):
     done = subprocess.run([SPEC_PY, str(SCRIPT), str(target), str(out)], capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(HEADS)
-    assert (out / "spec_mtp" / "oracle.npz").is_file()
+    assert all((out / name / "oracle.npz").is_file() for name in MTP_HEADS)
     return target, load_model(str(target)), out
 
 
@@ -140,7 +142,8 @@ def test_exported_with_its_taps_greedy_equal_plain(name, fixtures, tmp_path):
     assert all(s[0] > 0 for s in stats.values()), stats
 
 
-def test_mtp_module_drafts_as_the_library(fixtures, tmp_path):
+@pytest.mark.parametrize("name", sorted(MTP_HEADS))
+def test_mtp_module_drafts_as_the_library(fixtures, tmp_path, name):
     """The library's MTP module (a Qwen3 layer, `mtp_layers.0.*`): each teacher-forced step is a causal pass over
     the rows, fed the previous step's output; our graph gives the same distributions and tokens."""
     import onnxruntime as ort
@@ -149,11 +152,11 @@ def test_mtp_module_drafts_as_the_library(fixtures, tmp_path):
     from speccompile.models.head_loaders import load_head
 
     _, model, out = fixtures
-    head = load_head("mtp", out / "spec_mtp", model.config, model.weights)
-    assert (head.head_config.layout, head.head_config.layer.qk_norm) == ("mtp/speculators", True)
+    head = load_head("mtp", out / name, model.config, model.weights)
+    assert (head.head_config.layout, head.head_config.layer.qk_norm) == ("mtp/speculators", MTP_HEADS[name] == "qwen3")
     export_head_graph(head, tmp_path / "mtp.onnx")
     session = ort.InferenceSession(str(tmp_path / "mtp.onnx"), providers=["CPUExecutionProvider"])
-    ref = np.load(out / "spec_mtp" / "oracle.npz")
+    ref = np.load(out / name / "oracle.npz")
     steps, rows = ref["logits"].shape[:2]
     hidden, ids = ref["features"][:rows], ref["input_ids"]
     kv = np.zeros((1, head.head_config.layer.num_key_value_heads, 0, head.head_config.layer.head_dim), np.float32)
@@ -170,6 +173,6 @@ def test_mtp_module_drafts_as_the_library(fixtures, tmp_path):
     from test_heads_runtime import export_with, spec_vs_plain
 
     target = fixtures[0]
-    export_with("mtp", target, tmp_path / "art", ckpt=out / "spec_mtp", tree="chain-3")
+    export_with("mtp", target, tmp_path / "art", ckpt=out / name, tree="chain-3")
     stats = spec_vs_plain(tmp_path / "art", "mtp", {"chain": None})
     assert stats["chain"][0] > 0, stats

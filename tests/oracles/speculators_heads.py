@@ -63,18 +63,21 @@ def speculators_config() -> SpeculatorsConfig:
                              verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]))
 
 
-def build_mtp(target: dict, weights: dict, out: Path) -> None:
-    """The library's MTP module (Qwen3 layer) saved, and its teacher-forced forward as the oracle."""
-    torch.manual_seed(6)
-    config = MTPSpeculatorConfig(transformer_layer_config=layer_config("qwen3", target, 1),
+MTP_HEADS = {"spec_mtp": ("qwen3", 6), "spec_mtp_seed7": ("qwen3", 7), "spec_mtp_seed8": ("qwen3", 8)}  # name -> (layer, seed)
+
+
+def build_mtp(target: dict, weights: dict, out: Path, kind: str = "qwen3", seed: int = 6) -> None:
+    """The library's MTP module (a `kind` layer) saved, and its teacher-forced forward as the oracle."""
+    torch.manual_seed(seed)
+    config = MTPSpeculatorConfig(transformer_layer_config=layer_config(kind, target, 1),
                                  speculators_config=speculators_config())
     model = MTPDraftModel(config).eval()
-    randomize(model, 6)
+    randomize(model, seed)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
         model.lm_head.weight.copy_(weights["lm_head.weight"])
     model.save_pretrained(str(out))
-    g = torch.Generator().manual_seed(106)
+    g = torch.Generator().manual_seed(100 + seed)
     hidden = torch.randn(1, ROWS, target["hidden_size"], generator=g)
     ids = torch.randint(0, target["vocab_size"], (1, ROWS), generator=g)
     with torch.no_grad():
@@ -173,7 +176,8 @@ def main(target_dir: Path, out: Path) -> None:
     for seed, (name, model) in enumerate(models.items()):
         taps = len(model.config.eagle_aux_hidden_state_layer_ids or [0, 0, 0])
         np.savez(out / name / "oracle.npz", **oracle(model, taps, H, V, seed))
-    build_mtp(target, weights, out / "spec_mtp")
+    for name, (kind, seed) in MTP_HEADS.items():
+        build_mtp(target, weights, out / name, kind, seed)
     print(json.dumps(sorted(models)))
 
 
