@@ -58,11 +58,10 @@ class SlotGraphPasses(RoundPasses):
         outs = self.session.run_slots(steps)
         seconds = time.perf_counter() - t0
         self.slot_passes += 1
-        active[0].generator.clock.seconds += seconds
+        active[0].charge_engine(seconds)
         outputs = {}
         for i, (generation, planned) in enumerate(zip(active, plans)):
             if planned is not None:
-                generation.stats.time_verify += seconds
-                generation.controller.record_pass(len(planned.ids), seconds)  # what a draft costs in this pass
+                generation.shared_pass(seconds, len(planned.ids))  # what a draft costs in this pass
                 outputs[i] = outs[generation.cache.slot]
         return plans, outputs
