@@ -162,19 +162,23 @@ class BatchDecoder:
         """Deferred prompts (`join(defer_prefill=True)`), shortest remaining first: every one that needs a
         single chunk more is finished (its first token now, as a prompt prefilled at join), then one chunk of
         the shortest longer one. A long prompt thus takes its chunks between other requests' passes, and a
-        short prompt arriving meanwhile waits for one chunk of it, not for all of it."""
+        short prompt arriving meanwhile waits for one chunk of it, not for all of it. Where prompts share prefill
+        passes (`RoundPasses.shares_prefill`: the GPU slot form) every waiting prompt takes its next chunk, together."""
         waiting = sorted((g for g in self.active if g.prefilling), key=lambda g: g.prefill_remaining)
-        last_chunk = [g for g in waiting if g.prefill_last_chunk]
-        longer = [g for g in waiting if not g.prefill_last_chunk]
-        for generation in last_chunk + longer[:1]:
-            generation.prefill_next_chunk()
+        if not self.passes.shares_prefill:  # (shared passes: every waiting prompt's next chunk, together)
+            waiting = [g for g in waiting if g.prefill_last_chunk] + [g for g in waiting if not g.prefill_last_chunk][:1]
+        if not waiting:
+            return
+        self.passes.prefill(waiting)
+        for generation in waiting:
             if not generation.prefilling:
                 self._prefilled(generation)
 
     def join_many(self, requests: list[tuple[list[int], GenerationConfig, Callable[[str], None] | None]],
                   prefill_together: bool = True, defer_prefill: bool = False) -> list:
         """Join several requests (at most `free`). `prefill_together`: prompts that fit one prefill chunk are
-        prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone,
+        prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone
+        (where passes share prefill, `RoundPasses.shares_prefill`, every prompt's chunks share passes),
         in order (with a `prefix_cache`, every prompt joins alone: a padded pass's rows are not what a
         fresh prefill computes, so they are neither cached nor served from the cache; so does a request whose
         drafter reads the prompt's hidden states, which a batched prefill does not hand it). Returns, per request,
@@ -187,6 +191,13 @@ class BatchDecoder:
             raise RuntimeError("more requests than free batch slots")
         if defer_prefill:
             return [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
+        if prefill_together and self.passes.shares_prefill:  # (the GPU slot form): deferred, then in shared passes
+            results = [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
+            while any(g.prefilling for g in self.active):
+                self._advance_prefills()
+            for generation in [g for g in results if isinstance(g, Generation) and g.done]:
+                self.leave(generation)
+            return results
         candidates = {i: self.new_generator(config) for i, (ids, config, _) in enumerate(requests)
                       if prefill_together and self.passes.prefills_together and not self._caching()
                       and self._prefills_together(ids, config)}

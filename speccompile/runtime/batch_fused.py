@@ -68,6 +68,12 @@ class FusedGraphPasses(RoundPasses):
         return self.session.slot_cache(self.buffers, slot)
 
     @property
+    def mode(self) -> dict[str, str]:
+        """Fused passes; slot passes as set (head_dim > 128 forces "all": Runner._fused_passes)."""
+        slot_passes = "off" if self.slot_session is None else ("all" if self.batch_invariant else "drafts")
+        return {"passes": "fused", "slot_passes": slot_passes}
+
+    @property
     def prefills_together(self) -> bool:
         """Prompts may share a prefill pass, except at head_dim > 128 (a batched prefill is not lifted as alone)."""
         return not self.session.lifts_passes

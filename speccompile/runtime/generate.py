@@ -259,9 +259,11 @@ class Generation(PromptPrefill):
 
     # the rest of the seam: what a batch decoder asks of a generation besides its round (tests/test_code_shape.py
     # checks that runtime/batch*.py use only these, `done`, the prefill's steps and the cache it handed in)
-    SEAM = ("plan_step", "verify_pass", "complete_step", "done", "prefilling", "prefill_remaining", "prefill_last_chunk",
-            "prefill_next_chunk", "pending_token", "paced_alone", "num_draft_tokens", "rows_wanted", "expected_tokens",
-            "shared_pass", "charge_engine", "prompt_to_keep", "cache")
+    SEAM = ("plan_step", "verify_pass", "complete_step", "done", "cache",  # the round; the KV cache the passes handed in
+            "prefilling", "prefill_remaining", "prefill_last_chunk", "prefill_next_chunk", "next_prefill_chunk",
+            "prefilled_chunk",  # the prefill's steps (runtime/prefill.py)
+            "pending_token", "paced_alone", "num_draft_tokens", "rows_wanted", "expected_tokens", "shared_pass",
+            "charge_engine", "prompt_to_keep")
 
     @property
     def pending_token(self) -> int:

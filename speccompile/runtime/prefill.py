@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import numpy as np
 
+from .backends.base import StepOutput
 from .drafters.base import Observation
 from .kvcache import causal_mask
 from .output import choose_first_token
@@ -44,14 +45,26 @@ class PromptPrefill:
 
     def prefill_next_chunk(self) -> None:
         """The next `prefill_chunk` tokens of the prompt (chunks start at position 0, or after whole cached
-        chunks, as in a prefill at once); after the last one, the first token."""
+        chunks, as in a prefill at once) in a pass of its own; after the last one, the first token."""
+        ids, positions = self.next_prefill_chunk()
+        mask = self.cache.attention_mask(causal_mask(len(ids)))
+        self.prefilled_chunk(self.generator.target.run(ids, positions, mask, self.cache, last_logits_only=True))
+
+    def next_prefill_chunk(self) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids and positions of the prompt's next chunk (a batch decoder may run several prompts' chunks
+        in shared passes, then hand each its output: `prefilled_chunk`)."""
         if not self.prefilling:
             raise RuntimeError("the prompt is prefilled already")
+        start = self._prefilled_rows
+        ids = self.prompt_ids[start: start + self.config.prefill_chunk]
+        return np.asarray(ids), np.arange(start, start + len(ids))
+
+    def prefilled_chunk(self, out: StepOutput) -> None:
+        """Commit the pass over the chunk `next_prefill_chunk` named (its last row's logits at least): its KV rows,
+        the drafter's observation; after the last chunk, the first token."""
         prompt, start = self.prompt_ids, self._prefilled_rows
         ids = prompt[start: start + self.config.prefill_chunk]
         q = len(ids)
-        mask = self.cache.attention_mask(causal_mask(q))
-        out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
         self.cache.append(out.presents, range(q), q)
         self.stats.prefill_passes += 1
         if self.drafter is not None:
