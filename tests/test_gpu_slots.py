@@ -136,6 +136,9 @@ def test_prompts_that_arrive_together_prefill_together(slot_artifact):
             alone = alone.result()
             assert mine.tokens == alone.tokens and np.array_equal(mine.logits, alone.logits)
             assert mine.stats.prefill_passes == alone.stats.prefill_passes == 1  # one chunk
+    decoder = runner.batch_decoder(SLOTS)  # the library's join_many (prefill_together) shares them the same way
+    joined = decoder.join_many([(ids, runner.config(16), None) for ids in prompts])
+    assert not any(g.prefilling for g in joined) and decoder.passes.prefill_passes == max(pieces)
 
 
 def _last_logits(runner: Runner, ids: list[int]) -> np.ndarray:

@@ -7,7 +7,8 @@ each round to a `RoundPasses`, which decides where each request's KV rows live a
                                         buffers, the plain rows of a round in one batched pass, drafts in
                                         passes of their own or in one slot pass (batch.py's docstring)
     SlotGraphPasses (batch_gpu.py)      the slotted GPU graph: every round one pass, each request's rows
-                                        (pending token + chain draft) in its own slot, R rows a slot
+                                        (pending token + chain draft) in its own slot, R rows a slot; the
+                                        prompts waiting for their prefill share passes too
     OnePassPerRequest (here)            any target: each request its own KV cache (`target.new_cache()`, as
                                         `Runner.generate`), each round each request's planned pass in turn —
                                         the bits it gets alone; as many slots as the backend holds caches

@@ -1,7 +1,7 @@
 """The decode loop: chunked prefill, then rounds of plan -> draft -> target pass -> verify -> commit.
 
-A `Generation` is one prompt in progress. Its constructor prefills and emits the first token; each
-`step()` is one round, and `Generation.round` reads it top to bottom on one screen:
+A `Generation` is one prompt in progress. Its constructor prefills (runtime/prefill.py) and emits the first
+token; each `step()` is one round, and `Generation.round` reads it top to bottom on one screen:
 
     1. plan    the draft positions that fit this round (`_draft_room`)
     2. draft   the carried chain, else `Drafter.propose` sized by the adaptive controller (`Sizing`)
@@ -10,7 +10,8 @@ A `Generation` is one prompt in progress. Its constructor prefills and emits the
     5. commit  KV rows kept, tokens emitted, the controller and the drafter told (`Drafter.observe`)
 
 A batch decoder runs the same round per request through a narrow seam: `plan_step` (the round up to its
-pass), the passes of several requests together, `complete_step` (the rest of the round).
+pass), the passes of several requests together, `complete_step` (the rest of the round); `Generation.SEAM`
+names all it may use of a generation.
 What one round hands the next is explicit: the verdict's `carried` tokens (a tree path accepted past a row
 not computed as plain decoding) become `self.carried`, the next round's draft; a plain step's unverified
 guess travels in its plan (`PlannedStep.guess`).
