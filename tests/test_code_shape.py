@@ -102,3 +102,80 @@ def test_a_long_module_fails(tmp_path):
     assert list(tree_problems(module.parent)) == ["big.py"]
     module.write_text("".join(f"X{i} = {i}\n" for i in range(MAX_MODULE_LINES)))
     assert tree_problems(module.parent) == {}
+
+
+# ---------------------------------------------------------------- the seam between the batch and a generation
+
+BATCH_MODULES = ("batch.py", "batch_fused.py", "batch_gpu.py", "batch_passes.py")
+GENERATION_NAMES = {"generation", "g", "last"}  # what the batch modules call a Generation (and `active[i]`)
+
+
+def _generation_reads(text: str) -> dict[str, int]:
+    """Attribute paths read off a Generation in one batch module (`generation.cache.length` -> "cache.length"), by
+    line: a name the module uses for one (GENERATION_NAMES), an element of `active`, or a local alias of an
+    attribute of one (`controller = generation.controller`)."""
+    tree = ast.parse(text)
+
+    def chain(node: ast.AST) -> tuple[ast.AST, list[str]]:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        return node, parts[::-1]
+
+    def is_generation(base: ast.AST) -> bool:
+        if isinstance(base, ast.Name):
+            return base.id in GENERATION_NAMES
+        return isinstance(base, ast.Subscript) and getattr(base.value, "id", getattr(base.value, "attr", None)) == "active"
+
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            base, parts = chain(node.value)
+            if parts and is_generation(base):
+                aliases[node.targets[0].id] = parts
+    reads, inner = {}, set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner:
+            continue
+        below = node.value
+        while isinstance(below, ast.Attribute):
+            inner.add(id(below))
+            below = below.value
+        base, parts = chain(node)
+        if is_generation(base):
+            reads[".".join(parts)] = node.lineno
+        elif isinstance(base, ast.Name) and base.id in aliases:
+            reads[".".join(aliases[base.id] + parts)] = node.lineno
+    return reads
+
+
+def _outside_the_seam(reads: dict[str, int]) -> dict[str, int]:
+    from speccompile.runtime.generate import Generation
+
+    return {path: line for path, line in reads.items() if path.split(".")[0] not in Generation.SEAM}
+
+
+def test_the_batch_modules_use_a_generation_through_its_seam_only():
+    """runtime/batch*.py drive a Generation by `Generation.SEAM` (its round's steps, the prefill's, a few questions
+    and reports, and the KV cache the passes handed it): never its controller, stats, config or generator."""
+    found = {}
+    for name in BATCH_MODULES:
+        outside = _outside_the_seam(_generation_reads((PACKAGE_ROOT / "runtime" / name).read_text()))
+        found.update({f"runtime/{name}:{line}: generation.{path}": line for path, line in outside.items()})
+    assert not found, "\n".join(found)
+
+
+def test_every_seam_name_is_a_generation_member():
+    from speccompile.runtime.generate import Generation
+
+    source = (PACKAGE_ROOT / "runtime" / "generate.py").read_text()
+    for name in Generation.SEAM:
+        assert hasattr(Generation, name) or f"self.{name} =" in source or f"self.{name}," in source, name
+
+
+def test_reaching_into_a_generation_is_caught():
+    reached = ("def f(active, generation):\n    controller = generation.controller\n    x = controller.deterministic\n"
+               "    active[0].stats.time_verify += 1\n    return generation.cache.length + generation.plan_step\n")
+    assert set(_outside_the_seam(_generation_reads(reached))) == {"controller", "controller.deterministic",
+                                                                  "stats.time_verify"}

@@ -211,3 +211,46 @@ def test_the_layering_diagram_is_what_the_layering_test_enforces():
     drawn = diagram_rules(DESIGN.read_text())
     assert set(drawn) == libraries
     assert {part: layering[part] - contract - {part} for part in libraries} == drawn
+
+
+# ---------------------------------------------------------------- one pricing module
+
+PRICED = re.compile(r"seconds|^t1$|draft_cost|speed|per_second|pass_cost")  # names of a price: times, rates of tokens
+PRICING_CALLS = {"expected_speed", "faster"}  # costs.py's comparison of two options
+
+
+def pricing_outside_costs(text: str) -> list[str]:
+    """Pricing arithmetic in one module (not runtime/costs.py): a call of costs.py's own comparison
+    (`expected_speed`, `faster`), or a comparison (<, >, ==, ...) of anything named as a price (`*seconds*`, `t1`,
+    `draft_cost`, `*speed*`, `*per_second*`, `pass_cost*`); `is None` checks are not pricing."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", getattr(node.func, "attr", None))
+            if name in PRICING_CALLS:
+                found.append(f"line {node.lineno}: {name}()")
+        elif isinstance(node, ast.Compare) and not all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            names = [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))]
+            if any(PRICED.search(name) for name in names):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_does_it_pay_decision_is_asked_of_costs_py():
+    """The adaptive controller, the tree planner, the drafters and the batch decoder ask runtime/costs.py whether an
+    option pays, with the costs passed in: no module of runtime/ compares prices itself."""
+    found = {}
+    for path in sorted((PACKAGE / "runtime").rglob("*.py")):
+        if path.name != "costs.py":
+            found.update({f"{path.relative_to(PACKAGE)}: {hit}": 1 for hit in pricing_outside_costs(path.read_text())})
+    assert not found, "pricing outside runtime/costs.py:\n" + "\n".join(found)
+
+
+def test_the_pricing_scan_finds_a_loop_that_compares_speeds():
+    loop = ("def paying(costs, rates):\n    best, best_n, gain = expected_speed(1.0, costs.seconds(1)), 0, 1.0\n"
+            "    for n, rate in enumerate(rates, 1):\n        gain += rate\n"
+            "        if gain / costs.seconds(n + 1) > best * 1.0001:\n            best, best_n = gain, n\n    return best_n\n")
+    assert [hit.split(":")[0] for hit in pricing_outside_costs(loop)] == ["line 2", "line 5"]
+    assert pricing_outside_costs("def f(costs):\n    return 0 if costs.t1 is None else 1\n") == []

@@ -104,6 +104,43 @@ def test_one_bucket_makes_logits_independent_of_batch_mates(slot_artifact):
         assert mine.tokens == alone.tokens and np.array_equal(mine.logits, alone.logits)
 
 
+def test_prompts_that_arrive_together_prefill_together(slot_artifact):
+    """Eight prompts joining at once (as the server joins them: deferred prefill) share their prefill passes: each
+    slot pass carries the next 8 rows of every prompt still prefilling, so the prefill takes the passes of the
+    longest prompt, not the sum of all. With one bucket each request's logits are bitwise its logits alone (its
+    prefill in passes of its own), greedy and seeded sampled."""
+    runner = gpu_runner(slot_artifact, rows=8, drafter="ngram")
+    prompts = [_ids(runner, p) for p in PROMPTS]
+    pieces = [-(-len(ids) // 8) for ids in prompts]
+    assert max(pieces) < sum(pieces) / 2
+    for sampling in (None, SamplingParams(temperature=1.0, top_k=5, seed=3)):
+        configs = [runner.config(16, sampling) for _ in prompts]
+        for config in configs:
+            config.trace_logits = True
+        decoder = runner.batch_decoder(SLOTS)
+        joined = decoder.join_many([(ids, config, None) for ids, config in zip(prompts, configs)], defer_prefill=True)
+        assert all(g.prefilling for g in joined) and decoder.passes.prefill_passes == 0
+        decoder.step()  # nothing to decode yet: every prompt's chunk, in shared passes
+        assert not any(g.prefilling for g in joined)
+        assert decoder.passes.prefill_passes == max(pieces)  # alone: sum(pieces) passes
+        while decoder.active:
+            decoder.step()
+        for ids, generation in zip(prompts, joined):
+            mine = generation.result()
+            config = runner.config(16, sampling)
+            config.trace_logits = True
+            alone_decoder = runner.batch_decoder(SLOTS)
+            alone = alone_decoder.join(ids, config)  # prefilled at join, in passes of its own
+            while alone_decoder.active:
+                alone_decoder.step()
+            alone = alone.result()
+            assert mine.tokens == alone.tokens and np.array_equal(mine.logits, alone.logits)
+            assert mine.stats.prefill_passes == alone.stats.prefill_passes == 1  # one chunk
+    decoder = runner.batch_decoder(SLOTS)  # the library's join_many (prefill_together) shares them the same way
+    joined = decoder.join_many([(ids, runner.config(16), None) for ids in prompts])
+    assert not any(g.prefilling for g in joined) and decoder.passes.prefill_passes == max(pieces)
+
+
 def _last_logits(runner: Runner, ids: list[int]) -> np.ndarray:
     target = runner.artifact.target
     cache = target.new_cache()

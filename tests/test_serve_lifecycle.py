@@ -68,6 +68,8 @@ def test_concurrent_requests_equal_each_alone(mode, artifacts):
         engine.shutdown(60)
     assert [a.text for a in answers] == expected
     assert all(a.speculative["batched"] == (mode in ("fused", "gpu-slots")) for a in answers)
+    runs = {"fused": ("fused", "off"), "gpu-slots": ("gpu-slots", "all")}.get(mode, ("one-per-request", "off"))
+    assert all((a.speculative["batch_mode"], a.speculative["slot_passes"]) == runs for a in answers)
     assert engine._decoder.slots == (1 if mode == "gpu-form" else 4)
     assert _outcomes(engine)["finished"] == len(prompts)
 

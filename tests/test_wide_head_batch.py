@@ -96,13 +96,14 @@ def test_head_dim_256_batch_decoder_is_bitwise_alone(wide_artifact, monkeypatch)
 
     decoder, results = together()
     assert decoder.passes.batch_invariant and decoder.slot_passes > 0 and decoder.batched_passes > 0
+    assert decoder.passes.mode == {"passes": "fused", "slot_passes": "all"}  # asked for "off": what a server reports
     for mine, theirs in zip(results, alone):
         assert mine.tokens == theirs.tokens
         assert np.array_equal(mine.logits, theirs.logits)
     target = runner.artifact.target
     monkeypatch.setattr(type(target), "lifts_passes", property(lambda self: False))  # the batched one-row passes
     decoder, batched = together()
-    assert decoder.passes.slot_session is None and decoder.slot_passes == 0
+    assert decoder.passes.slot_session is None and decoder.slot_passes == 0 and decoder.passes.mode["slot_passes"] == "off"
     assert any(not np.array_equal(mine.logits, theirs.logits) for mine, theirs in zip(batched, alone))
 
 

@@ -115,7 +115,7 @@ class BatchDecoder:
         cache = self.passes.cache(slot)
         try:
             caching = self._caching() and generator.resumes_prefill
-            hit = (self.prefix_cache.lookup(self.session, self._prefix_block(config), prompt_ids, partial=self.session.row_invariant)
+            hit = (self.prefix_cache.lookup(self.session, self._prefix_block(config.prefill_chunk), prompt_ids, partial=self.session.row_invariant)
                    if caching and prompt_ids else None)
             if hit is not None:
                 hit.copy_into(cache.arrays)
@@ -139,41 +139,46 @@ class BatchDecoder:
         only the (locked) prefix cache."""
         if not self._caching() or not prompt_ids:
             return None
-        return self.prefix_cache.whole_prompt_logits(self.session, self._prefix_block(config), prompt_ids)
+        return self.prefix_cache.whole_prompt_logits(self.session, self._prefix_block(config.prefill_chunk), prompt_ids)
 
     def _prefilled(self, generation: Generation, whole_prompt_hit: bool = False) -> None:
         """A prompt is prefilled: keep what it computed in the prefix cache."""
-        if (self._caching() and generation.generator.resumes_prefill and not whole_prompt_hit
-                and generation.prompt_logits is not None):  # (None: the graph's ArgMax chose the first token)
-            self.prefix_cache.store(self.session, self._prefix_block(generation.config), generation.prompt_ids,
-                                    generation.cache.arrays, generation.prompt_logits)
+        kept = generation.prompt_to_keep() if self._caching() and not whole_prompt_hit else None
+        if kept is not None:
+            prompt_ids, logits, prefill_chunk = kept
+            self.prefix_cache.store(self.session, self._prefix_block(prefill_chunk), prompt_ids, generation.cache.arrays,
+                                    logits)
 
     def _caching(self) -> bool:
         """Whether prompts go through the prefix cache: one is set and this decoder's mode keeps prefixes."""
         return self.prefix_cache is not None and self.passes.keeps_prefixes
 
-    def _prefix_block(self, config: GenerationConfig) -> int:
+    def _prefix_block(self, prefill_chunk: int) -> int:
         """The prefix cache's granularity: blocks of PREFIX_BLOCK tokens where the graph computes a row alike
         in any pass (any cached prefix then stands in for a prefill), else whole prefill chunks."""
-        return PREFIX_BLOCK if self.session.row_invariant else config.prefill_chunk
+        return PREFIX_BLOCK if self.session.row_invariant else prefill_chunk
 
     def _advance_prefills(self) -> None:
         """Deferred prompts (`join(defer_prefill=True)`), shortest remaining first: every one that needs a
         single chunk more is finished (its first token now, as a prompt prefilled at join), then one chunk of
         the shortest longer one. A long prompt thus takes its chunks between other requests' passes, and a
-        short prompt arriving meanwhile waits for one chunk of it, not for all of it."""
+        short prompt arriving meanwhile waits for one chunk of it, not for all of it. Where prompts share prefill
+        passes (`RoundPasses.shares_prefill`: the GPU slot form) every waiting prompt takes its next chunk, together."""
         waiting = sorted((g for g in self.active if g.prefilling), key=lambda g: g.prefill_remaining)
-        last_chunk = [g for g in waiting if g.prefill_remaining <= g.config.prefill_chunk]
-        longer = [g for g in waiting if g.prefill_remaining > g.config.prefill_chunk]
-        for generation in last_chunk + longer[:1]:
-            generation.prefill_next_chunk()
+        if not self.passes.shares_prefill:  # (shared passes: every waiting prompt's next chunk, together)
+            waiting = [g for g in waiting if g.prefill_last_chunk] + [g for g in waiting if not g.prefill_last_chunk][:1]
+        if not waiting:
+            return
+        self.passes.prefill(waiting)
+        for generation in waiting:
             if not generation.prefilling:
                 self._prefilled(generation)
 
     def join_many(self, requests: list[tuple[list[int], GenerationConfig, Callable[[str], None] | None]],
                   prefill_together: bool = True, defer_prefill: bool = False) -> list:
         """Join several requests (at most `free`). `prefill_together`: prompts that fit one prefill chunk are
-        prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone,
+        prefilled together in one pass (bitwise the logits and KV of prefilling each alone), the others alone
+        (where passes share prefill, `RoundPasses.shares_prefill`, every prompt's chunks share passes),
         in order (with a `prefix_cache`, every prompt joins alone: a padded pass's rows are not what a
         fresh prefill computes, so they are neither cached nor served from the cache; so does a request whose
         drafter reads the prompt's hidden states, which a batched prefill does not hand it). Returns, per request,
@@ -186,6 +191,13 @@ class BatchDecoder:
             raise RuntimeError("more requests than free batch slots")
         if defer_prefill:
             return [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
+        if prefill_together and self.passes.shares_prefill:  # (the GPU slot form): deferred, then in shared passes
+            results = [self._join_or_error(ids, config, on_text, True) for ids, config, on_text in requests]
+            while any(g.prefilling for g in self.active):
+                self._advance_prefills()
+            for generation in [g for g in results if isinstance(g, Generation) and g.done]:
+                self.leave(generation)
+            return results
         candidates = {i: self.new_generator(config) for i, (ids, config, _) in enumerate(requests)
                       if prefill_together and self.passes.prefills_together and not self._caching()
                       and self._prefills_together(ids, config)}
@@ -196,7 +208,7 @@ class BatchDecoder:
         if together:
             first = len(self.active)
             generators = [candidates[i] for i in together]
-            self.passes.make_room(self.active, max(len(requests[i][0]) + g.max_verify_tokens for i, g in zip(together, generators)))
+            self.passes.make_room(self.active, max(len(requests[i][0]) + generator.max_verify_tokens for i, generator in zip(together, generators)))
             t0 = time.perf_counter()
             logits = self.passes.prefill_batch(first, [np.asarray(requests[i][0]) for i in together])
             generators[0].clock.seconds += time.perf_counter() - t0
@@ -267,8 +279,7 @@ class BatchDecoder:
                 hook()
             self._advance_prefills()
 
-        self.passes.make_room(self.active, max(g.cache.length for g in self.active)
-                              + max(g.generator.max_verify_tokens for g in self.active))
+        self.passes.make_room(self.active, max(g.rows_wanted for g in self.active))
         plans, outputs = self.passes.round(self.active, after_pass if self.passes.passes_within_round else lambda: None)
         for i, out in outputs.items():
             self.active[i].complete_step(plans[i], out)

@@ -19,7 +19,7 @@ from .backends.ort import OrtBufferSession
 from .backends.ort_slots import OrtSlotSession, SlotRows
 from .batch_passes import Plans, RoundPasses
 from .costs import BatchPricing, LoadPricedCosts, PassCosts
-from .generate import Generation, PlannedStep
+from .generate import Generation
 
 
 class FusedGraphPasses(RoundPasses):
@@ -66,6 +66,12 @@ class FusedGraphPasses(RoundPasses):
 
     def cache(self, slot: int):
         return self.session.slot_cache(self.buffers, slot)
+
+    @property
+    def mode(self) -> dict[str, str]:
+        """Fused passes; slot passes as set (head_dim > 128 forces "all": Runner._fused_passes)."""
+        slot_passes = "off" if self.slot_session is None else ("all" if self.batch_invariant else "drafts")
+        return {"passes": "fused", "slot_passes": slot_passes}
 
     @property
     def prefills_together(self) -> bool:
@@ -129,9 +135,7 @@ class FusedGraphPasses(RoundPasses):
             if generation.prefilling:  # no token to decode yet: its chunks run between the passes
                 plans.append(None)
                 continue
-            controller = generation.controller
-            plans.append(generation.plan_step(drafting or controller.deterministic or not generation.config.adaptive,
-                                              slot_capable, costs, probing))
+            plans.append(generation.plan_step(drafting or generation.paced_alone, slot_capable, costs, probing))
         slotted = slot_capable and any(p is not None for p in plans) and (
             self.batch_invariant or any(p is not None and p.draft.tokens for p in plans))
         if slotted and not self.batch_invariant and not self._slot_round_pays(active, plans):
@@ -158,7 +162,7 @@ class FusedGraphPasses(RoundPasses):
         done get a row too (their KV row lands past what they commit, their logits are dropped)."""
         rows = active[: plain[-1] + 1]
         one = np.ones((1, 1), dtype=bool)
-        inputs = [(np.asarray([g.tokens[-1]]), np.asarray([g.cache.length]), one) for g in rows]
+        inputs = [(np.asarray([g.pending_token]), np.asarray([g.cache.length]), one) for g in rows]
         t0 = time.perf_counter()
         outs = self.session.run_batch(self.buffers, inputs, [g.cache for g in rows])
         seconds = time.perf_counter() - t0
@@ -166,9 +170,9 @@ class FusedGraphPasses(RoundPasses):
         self.pricing.batched.record(len(rows), seconds)
         if len(rows) == 1:
             self.pricing.alone.record(1, seconds)
-        active[0].generator.clock.seconds += seconds
+        active[0].charge_engine(seconds)
         for i in plain:
-            active[i].stats.time_verify += seconds
+            active[i].shared_pass(seconds)
         return {i: outs[i] for i in plain}
 
     def _slot_capable(self, active: Sequence[Generation]) -> bool:
@@ -183,21 +187,9 @@ class FusedGraphPasses(RoundPasses):
 
     def _slot_round_pays(self, active: list[Generation], plans: Plans) -> bool:
         """Whether this round's drafts pay for making it one slot pass (`BatchPricing.slot_round_pays`)."""
-        expected = sum(self._expected_tokens(generation, planned)
-                       for generation, planned in zip(active, plans) if planned is not None)
+        expected = sum(generation.expected_tokens(planned) for generation, planned in zip(active, plans) if planned is not None)
         planned = sum(p is not None for p in plans)
         return self.pricing.slot_round_pays(expected, planned, len(active), self._slot_pass_rows(plans))
-
-    @staticmethod
-    def _expected_tokens(generation: Generation, planned: PlannedStep) -> float:
-        """Tokens a request expects from its planned step: 1 for a plain step, a carried chain's all (it was
-        accepted once), else its controller's estimate for the draft's depth and kind."""
-        draft = planned.draft
-        if not draft.tokens:
-            return 1.0
-        if draft.carried:
-            return 1.0 + len(draft.tokens)
-        return generation.controller.expected_tokens(draft.depth, draft.key)
 
     def _drop_drafts(self, active: list[Generation], plans: Plans) -> None:
         """Plan every request that drafted this round again as a plain step (its draft is not verified)."""
@@ -209,8 +201,7 @@ class FusedGraphPasses(RoundPasses):
         """A round that is one slot pass anyway: plan again every request without a draft, with probing on, so
         one whose probe is due drafts now (a few rows more in this pass, not a pass of its own)."""
         for i, (generation, planned) in enumerate(zip(active, plans)):
-            controller = generation.controller
-            if planned is None or planned.draft.tokens or controller.deterministic or not generation.config.adaptive:
+            if planned is None or planned.draft.tokens or generation.paced_alone:
                 continue
             plans[i] = generation.plan_step(True, True, costs, probing=True)
 
@@ -226,10 +217,10 @@ class FusedGraphPasses(RoundPasses):
         seconds = time.perf_counter() - t0
         self.pricing.slots.record(self._slot_pass_rows(plans), seconds)
         self.slot_passes += 1
-        active[0].generator.clock.seconds += seconds
+        active[0].charge_engine(seconds)
         for i, planned in enumerate(plans):
             if planned is not None:
-                active[i].stats.time_verify += seconds
+                active[i].shared_pass(seconds)
         return {i: out for i, out in enumerate(outs) if out is not None}
 
     def shared_row_seconds(self, rows: int, active: Sequence[Generation]) -> float | None:
@@ -239,5 +230,5 @@ class FusedGraphPasses(RoundPasses):
 
     def drafting_pays(self, shared_row: float | None, active: Sequence[Generation]) -> bool:
         """Whether any draft could pay at this load (`BatchPricing.drafting_pays`): when not, nobody drafts."""
-        most = max(g.config.num_draft_tokens for g in active)
+        most = max(g.num_draft_tokens for g in active)
         return self.pricing.drafting_pays(shared_row, most, self._slot_capable(active))

@@ -7,7 +7,8 @@ each round to a `RoundPasses`, which decides where each request's KV rows live a
                                         buffers, the plain rows of a round in one batched pass, drafts in
                                         passes of their own or in one slot pass (batch.py's docstring)
     SlotGraphPasses (batch_gpu.py)      the slotted GPU graph: every round one pass, each request's rows
-                                        (pending token + chain draft) in its own slot, R rows a slot
+                                        (pending token + chain draft) in its own slot, R rows a slot; the
+                                        prompts waiting for their prefill share passes too
     OnePassPerRequest (here)            any target: each request its own KV cache (`target.new_cache()`, as
                                         `Runner.generate`), each round each request's planned pass in turn —
                                         the bits it gets alone; as many slots as the backend holds caches
@@ -40,8 +41,11 @@ class RoundPasses(abc.ABC):
     # whether other passes (a newcomer's prefill chunk) may run between a round's passes and its commits; False when a
     # pass's outputs live in buffers the next pass overwrites: requests then join and prefill after the round
     passes_within_round = True
+    # whether the prompts waiting for their prefill take their next chunks together, in shared passes (`prefill`)
+    shares_prefill = False
     batched_passes = 0  # passes over several requests' plain rows
     slot_passes = 0  # rounds run as one slot pass
+    prefill_passes = 0  # passes shared by prefill chunks (`shares_prefill`)
 
     def __init__(self, session) -> None:
         self.session = session  # the target's session (a prefix cache keys its entries by it)
@@ -68,6 +72,17 @@ class RoundPasses(abc.ABC):
 
     def moved(self, generation: Generation, source: int, slot: int) -> None:
         """`generation` now lives in `slot` instead of `source` (a request left; slots stay dense)."""
+
+    @property
+    def mode(self) -> dict[str, str]:
+        """What this decoder runs, as a server reports it: `passes` (fused, gpu-slots, one-per-request) and
+        `slot_passes` (off, drafts, all: the rounds that run as one slot pass)."""
+        return {"passes": "one-per-request", "slot_passes": "off"}
+
+    def prefill(self, generations: Sequence[Generation]) -> None:
+        """One prefill chunk of each of `generations` (each in passes of its own unless `shares_prefill`)."""
+        for generation in generations:
+            generation.prefill_next_chunk()
 
     def prefill_batch(self, first_slot: int, prompts: list[np.ndarray]) -> list[np.ndarray]:
         """Prefill `prompts` in the slots from `first_slot` in one pass; their last logits (`prefills_together`)."""

@@ -1,7 +1,7 @@
 """The decode loop: chunked prefill, then rounds of plan -> draft -> target pass -> verify -> commit.
 
-A `Generation` is one prompt in progress. Its constructor prefills and emits the first token; each
-`step()` is one round, and `Generation.round` reads it top to bottom on one screen:
+A `Generation` is one prompt in progress. Its constructor prefills (runtime/prefill.py) and emits the first
+token; each `step()` is one round, and `Generation.round` reads it top to bottom on one screen:
 
     1. plan    the draft positions that fit this round (`_draft_room`)
     2. draft   the carried chain, else `Drafter.propose` sized by the adaptive controller (`Sizing`)
@@ -10,7 +10,8 @@ A `Generation` is one prompt in progress. Its constructor prefills and emits the
     5. commit  KV rows kept, tokens emitted, the controller and the drafter told (`Drafter.observe`)
 
 A batch decoder runs the same round per request through a narrow seam: `plan_step` (the round up to its
-pass), the passes of several requests together, `complete_step` (the rest of the round).
+pass), the passes of several requests together, `complete_step` (the rest of the round); `Generation.SEAM`
+names all it may use of a generation.
 What one round hands the next is explicit: the verdict's `carried` tokens (a tree path accepted past a row
 not computed as plain decoding) become `self.carried`, the next round's draft; a plain step's unverified
 guess travels in its plan (`PlannedStep.guess`).
@@ -24,7 +25,7 @@ from typing import Callable, Generator as Resumable, Hashable, Sequence
 
 import numpy as np
 
-from ..errors import InputError, with_article
+from ..errors import InputError
 from ..tokenizer import TextTokenizer
 from .acceptance import AcceptanceRates
 from .adaptive import GUESS, SEEDED_COSTS, AdaptiveController, Sizing
@@ -34,8 +35,10 @@ from .constrained import GuidedPlan, OutputRules
 from .drafters.base import Draft, Drafter, GenerationStart, Observation
 from .kvcache import BufferKVCache, KVCache, causal_mask
 from .options import GenerationConfig
-from .output import TokenOutput, choose_first_token, opening_text  # opening_text: served from here too
+from .output import TokenOutput, opening_text  # opening_text: served from here too
 from .penalties import draft_paths
+from .prefill import PromptPrefill
+from .prefix_cache import check_resume
 from .stats import GenerationResult, GenerationStats
 from .timing import EngineClock, TimedSession
 from .verification import Verdict, verify_draft
@@ -114,7 +117,7 @@ class PlannedStep:
     rest: Resumable[PlannedStep, StepOutput, None] | None = field(default=None, repr=False)  # its round, after the pass
 
 
-class Generation:
+class Generation(PromptPrefill):
     """One prompt in progress: prefill, then `step()` until `done`, then `result()` (the module docstring
     shows a round)."""
 
@@ -132,7 +135,8 @@ class Generation:
         self.rng = self.params.rng()
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), cached_tokens=cached_rows)
         if cached_rows or prefilled is not None:  # (a batched prefill: prefilled logits, no cached rows)
-            _check_resume(generator, config, len(prompt_ids), cached_rows, prefilled is not None)
+            check_resume(generator.drafter.name if not generator.resumes_prefill else None, generator.target.row_invariant,
+                         config.prefill_chunk, len(prompt_ids), cached_rows, prefilled is not None)
         self._started = time.perf_counter()
         self._engine_start = generator.clock.seconds
         self.controller = AdaptiveController(
@@ -170,63 +174,6 @@ class Generation:
         elif not defer_prefill:
             while self.prefilling:
                 self.prefill_next_chunk()
-
-    # -- prefill -----------------------------------------------------------------------------------
-
-    @property
-    def prefilling(self) -> bool:
-        """Whether the prompt is not prefilled yet (no first token; `defer_prefill`)."""
-        return not self._first_chosen
-
-    @property
-    def prefill_remaining(self) -> int:
-        """Prompt tokens still to prefill."""
-        return len(self.prompt_ids) - self._prefilled_rows if self.prefilling else 0
-
-    def prefill_next_chunk(self) -> None:
-        """The next `prefill_chunk` tokens of the prompt (chunks start at position 0, or after whole cached
-        chunks, as in a prefill at once); after the last one, the first token."""
-        if not self.prefilling:
-            raise RuntimeError("the prompt is prefilled already")
-        prompt, start = self.prompt_ids, self._prefilled_rows
-        ids = prompt[start: start + self.config.prefill_chunk]
-        q = len(ids)
-        mask = self.cache.attention_mask(causal_mask(q))
-        out = self.generator.target.run(np.asarray(ids), np.arange(start, start + q), mask, self.cache, last_logits_only=True)
-        self.cache.append(out.presents, range(q), q)
-        self.stats.prefill_passes += 1
-        if self.drafter is not None:
-            following = prompt[start + q] if start + q < len(prompt) else None
-            self.drafter.observe(Observation(list(ids), out.hidden, following))
-        self._prefilled_rows = start + q
-        if self._prefilled_rows == len(prompt):
-            if (out.greedy_tokens is not None and self.params.greedy and self.rules is None and self._logit_trace is None
-                    and not self.config.adjusts_logits):
-                self._first_token(None, int(out.greedy_tokens[-1]))  # the [q, vocab] logits are never copied back
-            else:
-                self._first_token(out.logits[-1])
-
-    def _first_token(self, last_logits: np.ndarray | None, chosen: int | None = None) -> None:
-        """The prompt is prefilled: choose (from `last_logits`, unless the graph's ArgMax `chosen` it) and emit the
-        first token."""
-        self.prompt_logits = last_logits
-        self._first_chosen = True
-        self.stats.time_prefill = time.perf_counter() - self._started
-        self.stats.target_passes = 1 if self.stats.prefill_passes else 0  # none on a whole-prompt cache hit
-        if chosen is None:
-            if self.config.adjusts_logits:
-                last_logits = self.config.penalties.first_row(last_logits, self.prompt_ids)
-            if self.rules is not None:
-                last_logits = self.rules.first_logits(last_logits)
-            chosen = choose_first_token(last_logits, self.params, self.rng)
-            if self._logit_trace is not None:
-                self._logit_trace.append(np.array(last_logits))
-        self.tokens = self.prompt_ids + [chosen]
-        self.done = self.output.push(chosen)
-        if self.rules is not None:
-            self.rules.emit(last_logits[None], [chosen], len(self.output.tokens))
-        self.output.flush()
-        self.finish = self.output.finish
 
     # -- a round: plan -> draft -> pass -> verify -> commit ----------------------------------------------
 
@@ -300,9 +247,7 @@ class Generation:
         """One target pass over the pending token and the draft (chain: causal; tree: ancestry mask)."""
         t0 = time.perf_counter()
         out = self.generator.target.run(plan.ids, plan.positions, self.cache.attention_mask(plan.new_mask), self.cache)
-        seconds = time.perf_counter() - t0
-        self.stats.time_verify += seconds
-        self.controller.record_pass(len(plan.ids), seconds)
+        self.shared_pass(time.perf_counter() - t0, len(plan.ids))
         return out
 
     def complete_step(self, plan: PlannedStep, out: StepOutput) -> None:
@@ -312,6 +257,62 @@ class Generation:
         except StopIteration:
             return
         raise RuntimeError("a round runs one target pass")
+
+    # the rest of the seam: what a batch decoder asks of a generation besides its round (tests/test_code_shape.py
+    # checks that runtime/batch*.py use only these, `done`, the prefill's steps and the cache it handed in)
+    SEAM = ("plan_step", "verify_pass", "complete_step", "done", "cache",  # the round; the KV cache the passes handed in
+            "prefilling", "prefill_remaining", "prefill_last_chunk", "prefill_next_chunk", "next_prefill_chunk",
+            "prefilled_chunk",  # the prefill's steps (runtime/prefill.py)
+            "pending_token", "paced_alone", "num_draft_tokens", "rows_wanted", "expected_tokens", "shared_pass",
+            "charge_engine", "prompt_to_keep")
+
+    @property
+    def pending_token(self) -> int:
+        """The last token chosen, not yet in the KV cache (a plain step's row)."""
+        return self.tokens[-1]
+
+    @property
+    def paced_alone(self) -> bool:
+        """Whether its draft sizing ignores the batch's load: seeded sampling (fixed costs) or not adaptive."""
+        return self.controller.deterministic or not self.config.adaptive
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """The most draft positions a round of it may hold (the configured `num_draft_tokens`)."""
+        return self.config.num_draft_tokens
+
+    @property
+    def rows_wanted(self) -> int:
+        """KV rows its cache may need by the end of its next round (its rows and a verify pass)."""
+        return self.cache.length + self.generator.max_verify_tokens
+
+    def expected_tokens(self, plan: PlannedStep) -> float:
+        """Tokens it expects from its planned step: 1 for a plain step, a carried chain's all (accepted once), else
+        its controller's estimate for the draft's depth and kind."""
+        draft = plan.draft
+        if not draft.tokens:
+            return 1.0
+        if draft.carried:
+            return 1.0 + len(draft.tokens)
+        return self.controller.expected_tokens(draft.depth, draft.key)
+
+    def shared_pass(self, seconds: float, rows: int | None = None) -> None:
+        """Its pending rows ran in a target pass of `seconds` (shared, or its own): its verify time; `rows`: its rows
+        in that pass, priced into its controller (what a pass over that many rows costs it)."""
+        self.stats.time_verify += seconds
+        if rows is not None:
+            self.controller.record_pass(rows, seconds)
+
+    def charge_engine(self, seconds: float) -> None:
+        """Advance the engine clock its runner's generations share by a pass run outside `verify_pass`."""
+        self.generator.clock.seconds += seconds
+
+    def prompt_to_keep(self) -> tuple[list[int], np.ndarray, int] | None:
+        """(prompt, its last logits, prefill_chunk) for a prefix cache once prefilled; None when its rows are not a
+        fresh prefill's to share (a drafter reads the prompt's hidden states; the graph's ArgMax kept the logits)."""
+        if self.prefilling or self.prompt_logits is None or not self.generator.resumes_prefill:
+            return None
+        return self.prompt_ids, self.prompt_logits, self.config.prefill_chunk
 
     # -- the round's steps, in detail ------------------------------------------------------------------
 
@@ -418,29 +419,5 @@ class Generation:
         stats.time_total = time.perf_counter() - self._started
         stats.time_engine = self.generator.clock.seconds - self._engine_start
         stats.compactions = self.cache.compactions
-        output = self.output
-        text = output.text if self.config.stop else (self.generator.tokenizer.decode(output.tokens) if self.generator.tokenizer else "")
-        trace = self._logit_trace
-        logits = np.stack(trace[: len(output.tokens)]) if trace and output.tokens else (
-            np.empty((0, *trace[0].shape), trace[0].dtype) if trace else None)  # no token kept (a stop string at once)
-        logprobs = self.config.logprobs.entries[: len(output.tokens)] if self.config.logprobs is not None else None
-        return GenerationResult(output.tokens, text, self.finish or "length", stats, logits, logprobs)
+        return self.output.result(self.finish, stats, self._logit_trace)
 
-
-def _check_resume(generator: Generator, config: GenerationConfig, prompt: int, cached_rows: int, whole: bool) -> None:
-    """Refuse a start from cached rows (or a batched prefill's logits) that a fresh prefill would not reproduce bit
-    for bit, or that leave a drafter without the prompt's hidden states."""
-    if not generator.resumes_prefill:
-        raise ValueError(f"the {generator.drafter.name} drafter reads the prompt's hidden states: start without cached "
-                         "rows or prefilled logits")
-    if not cached_rows:
-        return
-    if whole != (cached_rows == prompt):
-        raise ValueError("the prompt's last logits come with all its rows cached, and only then")
-    if whole:
-        return
-    if cached_rows >= prompt:
-        raise ValueError(f"{cached_rows} cached rows of {with_article(prompt)}-token prompt leave no token to prefill")
-    if not generator.target.row_invariant and cached_rows % config.prefill_chunk:
-        raise ValueError(f"{cached_rows} cached rows of {with_article(prompt)}-token prompt: not whole prefill chunks of "
-                         f"{config.prefill_chunk} (a fresh prefill on this graph would compute other bits)")

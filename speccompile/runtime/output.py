@@ -10,6 +10,7 @@ import numpy as np
 from ..tokenizer import TextTokenizer
 from .options import GenerationConfig
 from .sampling import SamplingParams, process_logits, sample
+from .stats import GenerationResult, GenerationStats
 
 
 class TokenOutput:
@@ -58,6 +59,16 @@ class TokenOutput:
         if end > self._streamed:
             self.on_text(text[self._streamed:end])
             self._streamed = end
+
+
+    def result(self, finish: str | None, stats: GenerationStats, trace: list[np.ndarray] | None) -> GenerationResult:
+        """The finished generation: its tokens and text, `stats`, the logits that chose its tokens (`trace`, when
+        traced) and its logprobs (when recorded)."""
+        text = self.text if self.config.stop else (self.tokenizer.decode(self.tokens) if self.tokenizer else "")
+        logits = np.stack(trace[: len(self.tokens)]) if trace and self.tokens else (
+            np.empty((0, *trace[0].shape), trace[0].dtype) if trace else None)  # no token kept (a stop string at once)
+        logprobs = self.config.logprobs.entries[: len(self.tokens)] if self.config.logprobs is not None else None
+        return GenerationResult(self.tokens, text, finish or "length", stats, logits, logprobs)
 
 
 def choose_first_token(prompt_logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

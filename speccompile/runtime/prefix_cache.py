@@ -37,6 +37,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from ..errors import with_article
+
 PREFIX_BLOCK = 16  # tokens per cached block on row-invariant graphs
 
 
@@ -250,3 +252,24 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     copy = np.array(array, copy=True)
     copy.setflags(write=False)
     return copy
+
+
+def check_resume(reader: str | None, row_invariant: bool, prefill_chunk: int, prompt: int, cached_rows: int,
+                 whole: bool) -> None:
+    """Refuse a start from cached rows (or a batched prefill's logits, `whole`) that a fresh prefill would not
+    reproduce bit for bit, or that leave a drafter without the prompt's hidden states (`reader`: the name of a
+    drafter that reads them, else None)."""
+    if reader is not None:
+        raise ValueError(f"the {reader} drafter reads the prompt's hidden states: start without cached "
+                         "rows or prefilled logits")
+    if not cached_rows:
+        return
+    if whole != (cached_rows == prompt):
+        raise ValueError("the prompt's last logits come with all its rows cached, and only then")
+    if whole:
+        return
+    if cached_rows >= prompt:
+        raise ValueError(f"{cached_rows} cached rows of {with_article(prompt)}-token prompt leave no token to prefill")
+    if not row_invariant and cached_rows % prefill_chunk:
+        raise ValueError(f"{cached_rows} cached rows of {with_article(prompt)}-token prompt: not whole prefill chunks of "
+                         f"{prefill_chunk} (a fresh prefill on this graph would compute other bits)")

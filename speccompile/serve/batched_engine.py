@@ -26,16 +26,18 @@ class BatchedEngine(WorkerEngine):
         self._prefix_cache = None
         self._decoder = self._new_decoder()
         self.batched = self._decoder.passes.shares_passes
+        self.batch_mode = self._decoder.passes.mode  # what runs, not what was asked (head_dim > 128 forces slot passes)
         if options.prefix_caching and self._decoder.keeps_prefixes:
             from ..runtime.prefix_cache import PrefixCache
 
             self._prefix_cache = PrefixCache(options.prefix_cache_mb << 20)
             self._decoder.prefix_cache = self._prefix_cache
             self.metrics.watch_prefix_cache(lambda: self._prefix_cache.bytes)
-        self.metrics.watch_batch_passes(lambda: {"batched": self._decoder.batched_passes, "slot": self._decoder.slot_passes})
+        self.metrics.watch_batch_passes(lambda: {"batched": self._decoder.batched_passes, "slot": self._decoder.slot_passes,
+                                                 "prefill": self._decoder.passes.prefill_passes})
         log.info("KV cache allocated", extra={"fields": {
-            "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows, "mode": type(self._decoder.passes).__name__,
-            "slot_passes": self.options.slot_passes,
+            "slots": self._decoder.slots, "rows_per_slot": self._decoder.rows, "mode": self.batch_mode["passes"],
+            "slot_passes": self.batch_mode["slot_passes"], "slot_passes_asked": self.options.slot_passes,
             "gib": round(self._decoder.kv_bytes / 2**30, 3)}})
         self._eos_ids = set(self._runner.artifact.eos_token_ids)
         self._draining = False

@@ -81,6 +81,7 @@ class Engine(abc.ABC):
     """The model, its tokenizer and admission accounting; subclasses decide how admitted requests are decoded."""
 
     batched = False  # whether admitted requests share target passes (set by the engine that decodes them)
+    batch_mode: dict[str, str] | None = None  # the batch decoder's mode as it runs (RoundPasses.mode), when there is one
 
     def __init__(self, options: EngineOptions, runner, replica: str | None = None):
         self.options = options.validate()
@@ -222,6 +223,8 @@ class Engine(abc.ABC):
         stats = result.stats
         drafter = handle.request.drafter or self.info.drafter  # "none": this request decoded without drafting
         speculative = {"drafter": drafter, "batched": self.batched, **stats.to_dict()}
+        if self.batch_mode is not None:  # e.g. {"batch_mode": "gpu-slots", "slot_passes": "all"}
+            speculative.update(batch_mode=self.batch_mode["passes"], slot_passes=self.batch_mode["slot_passes"])
         if self.replica is not None:
             speculative["replica"] = self.replica
         ttft = (first_text_at[0] if first_text_at else finished_at) - handle.submitted_at

@@ -88,9 +88,10 @@ class ServeMetrics:
 
     def watch_batch_passes(self, passes: Callable[[], dict[str, int]]) -> None:
         """speccompile_batch_passes_total{kind}: the batched engine's shared passes, `batched` (one q = 1 row per
-        request) and `slot` (one pass of the slotted graph, `--slot-passes`), as `passes()` counts them."""
+        request), `slot` (one pass of a slotted graph, `--slot-passes`; every round of the GPU slot form) and
+        `prefill` (prompt chunks of several requests in one pass: the GPU slot form), as `passes()` counts them."""
         self.registry.register(_LabelledCollector(CounterMetricFamily, "speccompile_batch_passes",
-                                                  "Shared passes of the batched engine, by kind (batched, slot).", "kind",
+                                                  "Shared passes of the batched engine, by kind (batched, slot, prefill).", "kind",
                                                   passes))
 
     def watch_suffix_cache(self, stats: Callable[[], dict[str, int]]) -> None:

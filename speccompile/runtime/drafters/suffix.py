@@ -6,7 +6,7 @@ frequency-scored draft tree of the better match (summed estimated probabilities;
 ties) is proposed, at most `max_spec_factor` x the match length tokens. The tree is then cut to the prefix of
 its best-first node order that pays at this round's pass costs: each node's estimated probability is
 calibrated by the acceptance measured for its probability bucket (and capped by its parent's), and the
-prefix with the highest expected speed is kept, as the tree planner prices a static tree (runtime/costs.py).
+prefix with the highest expected speed is kept (`costs.best_prefix`, as the tree planner prices a static tree).
 Proposals are deterministic (one-hot q, distinct tokens per parent), so tree verification stays exact.
 
 The global store (runtime/suffix_cache.py) holds the runner's earlier responses per tenant; a response is added
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from ..acceptance import AcceptanceRates
-from ..costs import expected_speed, faster
+from ..costs import best_prefix
 from ..suffix_cache import SOURCES, SuffixCache
 from ..suffix_tree import Candidate, SuffixTree
 from ..tree import TreeSpec
@@ -137,12 +137,7 @@ class SuffixDrafter(Drafter):
         for key, parent in zip(keys, candidate.parents):
             rate = self.rates.rate(key)
             capped.append(min(rate, capped[parent]) if parent >= 0 else rate)
-        best, best_n, gain = expected_speed(1.0, sizing.costs.seconds(1)), 0, 1.0
-        for n in range(1, count + 1):
-            gain += capped[n - 1]
-            speed = expected_speed(gain, sizing.costs.seconds(n + 1))
-            if faster(speed, best):
-                best, best_n = speed, n
+        best_n = best_prefix(capped, [0] * count, sizing.costs, 0.0)  # a walk of the trie: no drafting time to price
         if count and self.rates.probe_due(None, idle=best_n == 0, allowed=sizing.probing):
             return 1
         return best_n
