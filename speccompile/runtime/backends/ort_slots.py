@@ -109,13 +109,17 @@ class OrtSlotSession:
                   **{f"attention_bias.{b}": bias for b, bias in enumerate(biases)}}
         for name, value in inputs.items():
             binding.bind_cpu_input(name, value)
-        total_rows = sum(slot_rows)
-        arrays = [np.empty((1, len(real), self._widths[0]), np.float32)]
+        arrays = self._bind_outputs(binding, len(real), sum(slot_rows))
+        self.session.run_with_iobinding(binding)
+        return self._split(arrays, rows, caches, layouts, slot_rows)
+
+    def _bind_outputs(self, binding, logits_rows: int, total_rows: int) -> list[np.ndarray]:
+        """Fresh host arrays bound as the pass's outputs: the real rows' logits, every row's hidden states."""
+        arrays = [np.empty((1, logits_rows, self._widths[0]), np.float32)]
         arrays += [np.empty((1, total_rows, width), np.float32) for width in self._widths[1:]]
         for name, array in zip(self._outputs, arrays):
             binding.bind_ortvalue_output(name, self._ort.OrtValue.ortvalue_from_numpy(array))
-        self.session.run_with_iobinding(binding)
-        return self._split(arrays, rows, caches, layouts, slot_rows)
+        return arrays
 
     def _kv_binding(self, buffers: list[np.ndarray], past_names: list[str]):
         """The binding with slot b's KV (buffer row b, or a spare 2-row buffer past the decoder's slots) as both
