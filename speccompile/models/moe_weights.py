@@ -62,7 +62,8 @@ class PerExpertSource(WeightSource):
     def _check_mxfp4(self, name: str, where: str) -> None:
         blocks = self._inner.info(f"{name}_blocks")
         scales = self._inner.info(f"{name}_scales") if f"{name}_scales" in self._inner else None
-        mxfp4.check_pair(blocks.shape, blocks.dtype, scales and scales.shape, scales and scales.dtype, name, where)
+        mxfp4.check_pair(blocks.shape, blocks.dtype, None if scales is None else scales.shape,
+                         None if scales is None else scales.dtype, name, where)
 
     def info(self, name: str) -> TensorInfo:
         if name not in self._virtual:
