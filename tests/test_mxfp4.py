@@ -123,6 +123,31 @@ def test_loader_experts_equal_transformers_dequantized_bitwise(mxfp4_model):
     assert max(len(np.unique(np.abs(g))) for g in groups) <= 8  # MXFP4 values: 8 magnitudes under a group's scale
 
 
+def test_an_expert_is_dequantized_alone(tmp_path):
+    """Streaming: reading one expert's weight from the memory-mapped file allocates about that weight (here 0.5 MB of
+    a 32 MB dequantized gate_up_proj), and it is transformers' layout's slice of the whole tensor."""
+    import tracemalloc
+
+    from safetensors.numpy import save_file
+
+    from speccompile.models.moe_weights import per_expert
+    from speccompile.models.weights import SafetensorsSource
+
+    rng = np.random.default_rng(5)
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    blocks = rng.integers(0, 256, (32, 512, 16, 16), dtype=np.uint8)
+    scales = rng.integers(110, 130, (32, 512, 16), dtype=np.uint8)
+    save_file({f"{name}_blocks": blocks, f"{name}_scales": scales}, str(tmp_path / "model.safetensors"))
+    weights = per_expert(SafetensorsSource([tmp_path / "model.safetensors"]), str(tmp_path))
+    assert len(weights.names()) == 32 * 2
+    tracemalloc.start()
+    got = weights.read("model.layers.0.mlp.experts.7.up_proj.weight")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert got.shape == (256, 512) and peak < 4 * got.nbytes, peak
+    np.testing.assert_array_equal(got, np.ascontiguousarray(mxfp4.dequantize(blocks, scales)[7][:, 1::2].T))
+
+
 def test_export_matches_transformers_dequantized_and_decodes_exactly(mxfp4_model):
     """Torch reference, contract and fused graphs within 1e-4 (of each row's largest logit) of transformers' forward
     of the dequantized model at every position (prefill, tree verify, chain); greedy n-gram == plain."""
