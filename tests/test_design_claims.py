@@ -116,6 +116,8 @@ CLAIMS: list[tuple[str, Callable[[], Any], Any]] = [
     ("blocks of 16 packed two per byte", attr("speccompile.engines.numerics", "NVFP4_BLOCK"), 16),
     ("the residual-stream inputs of layers (2, L//2, L-3)",
      lambda: attr("speccompile.models.config", "eagle3_tap_layers")()(30), (2, 15, 27)),
+    ("one scale byte s, the group's power of two 2^(s - 127)", attr("speccompile.models.mxfp4", "SCALE_BIAS"), 127),
+    ("A group of 32 values along the input axis is 16 bytes", attr("speccompile.models.mxfp4", "GROUP"), 32),
 ]
 
 

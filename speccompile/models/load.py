@@ -22,6 +22,7 @@ from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files
 from .moe_weights import per_expert
+from .mxfp4 import check_quantization_config
 from .mtp_layouts import mtp_weights
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
@@ -189,8 +190,9 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
     raw = _read_config_json(folder)
     config = config_from_hf(raw, str(folder))
+    check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
     files = _safetensors_files(folder)
-    weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused experts, per expert
+    weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
     weights = weights.renamed(family(config.architecture).top_names)  # e.g. Phi-2's model.final_layernorm
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's

@@ -2,71 +2,100 @@
 
 transformers saves gpt-oss' experts as `mlp.experts.gate_up_proj` [experts, hidden, 2 * inter] (gate and up
 columns interleaved: gate = [..., ::2], up = [..., 1::2]), `gate_up_proj_bias` [experts, 2 * inter], `down_proj`
-[experts, inter, hidden] and `down_proj_bias` [experts, hidden]. `PerExpertSource` presents them as
+[experts, inter, hidden] and `down_proj_bias` [experts, hidden]; the published checkpoints store the two weights as
+MXFP4 instead (`gate_up_proj_blocks` / `_scales` [experts, 2 * inter, hidden / 32, (16)], `down_proj_blocks` /
+`_scales` [experts, hidden, inter / 32, (16)], models/mxfp4.py). `PerExpertSource` presents either as
 `mlp.experts.{e}.gate_proj.weight` [inter, hidden] (a Linear's [out, in]), `up_proj`, `down_proj` and their
-biases, read a slice at a time from the memory-mapped tensors; every other tensor passes through.
+biases, read a slice at a time from the memory-mapped tensors (an MXFP4 weight dequantized one expert's rows at a
+time, to float32); every other tensor passes through.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
+from . import mxfp4
 from .weights import TensorInfo, WeightSource
 
-_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)(_bias)?$")
+_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
 _PARTS = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", None)}
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One expert's slice of a fused tensor: `half` 0 / 1 picks gate / up of gate_up_proj (None: all of it)."""
+
+    fused: str  # the stored tensor (`..._blocks` for MXFP4)
+    expert: int
+    half: int | None
+    bias: bool
+    mxfp4: bool
 
 
 class PerExpertSource(WeightSource):
     """`inner` with its fused expert tensors split per expert (views of them, nothing is read up front)."""
 
-    def __init__(self, inner: WeightSource):
+    def __init__(self, inner: WeightSource, where: str = ""):
         self._inner = inner
-        self._virtual: dict[str, tuple[str, int, int | None, bool]] = {}  # name -> (fused, expert, half, bias)
+        self._virtual: dict[str, _Part] = {}
         self._names: list[str] = []
         for name in inner.names():
             match = _FUSED.match(name)
             if match is None:
                 self._names.append(name)
                 continue
-            prefix, kind, bias = match.group(1), match.group(2), bool(match.group(3))
+            prefix, kind, suffix = match.group(1), match.group(2), match.group(3)
+            if suffix == "_scales":
+                continue  # read with its `_blocks`
+            if suffix == "_blocks":
+                self._check_mxfp4(prefix + kind, where)
             for e in range(inner.shape(name)[0]):
                 for proj, (fused, half) in _PARTS.items():
                     if fused == kind:
-                        virtual = f"{prefix}{e}.{proj}.{'bias' if bias else 'weight'}"
-                        self._virtual[virtual] = (name, e, half, bias)
+                        virtual = f"{prefix}{e}.{proj}.{'bias' if suffix == '_bias' else 'weight'}"
+                        self._virtual[virtual] = _Part(name, e, half, suffix == "_bias", suffix == "_blocks")
                         self._names.append(virtual)
+
+    def _check_mxfp4(self, name: str, where: str) -> None:
+        blocks = self._inner.info(f"{name}_blocks")
+        scales = self._inner.info(f"{name}_scales") if f"{name}_scales" in self._inner else None
+        mxfp4.check_pair(blocks.shape, blocks.dtype, None if scales is None else scales.shape,
+                         None if scales is None else scales.dtype, name, where)
 
     def info(self, name: str) -> TensorInfo:
         if name not in self._virtual:
             return self._inner.info(name)
-        fused, _, half, bias = self._virtual[name]
-        shape = self._inner.shape(fused)[1:]
-        if half is not None:
+        part = self._virtual[name]
+        if part.mxfp4:  # blocks [experts, rows, groups, 16]: a weight [rows (/ 2), groups * 32]
+            _, rows, groups, width = self._inner.shape(part.fused)
+            return TensorInfo((rows if part.half is None else rows // 2, groups * 2 * width), np.dtype(np.float32))
+        shape = self._inner.shape(part.fused)[1:]
+        if part.half is not None:
             shape = (*shape[:-1], shape[-1] // 2)
-        return TensorInfo(shape if bias else tuple(reversed(shape)), self._inner.info(fused).dtype)
+        return TensorInfo(shape if part.bias else tuple(reversed(shape)), self._inner.info(part.fused).dtype)
 
     def read(self, name: str) -> np.ndarray:
         if name not in self._virtual:
             return self._inner.read(name)
-        fused, e, half, bias = self._virtual[name]
-        part = self._inner.read(fused)[e]
-        if half is not None:
-            part = part[..., half::2]
-        return np.ascontiguousarray(part if bias else part.T)
+        part = self._virtual[name]
+        if part.mxfp4:  # stored [out, in] already: the gate / up rows alone are dequantized
+            rows = slice(None) if part.half is None else slice(part.half, None, 2)
+            scales = part.fused[: -len("_blocks")] + "_scales"
+            return mxfp4.dequantize_rows(self._inner.read(part.fused)[part.expert, rows],
+                                         self._inner.read(scales)[part.expert, rows])
+        tensor = self._inner.read(part.fused)[part.expert]
+        if part.half is not None:
+            tensor = tensor[..., part.half::2]
+        return np.ascontiguousarray(tensor if part.bias else tensor.T)
 
     def names(self) -> list[str]:
         return list(self._names)
 
 
 def per_expert(source: WeightSource, where: str = "") -> WeightSource:
-    """`source`, with fused gpt-oss expert tensors split per expert when it has any. UnsupportedError for the
-    MXFP4 experts (`*_blocks` / `*_scales`) of the published gpt-oss checkpoints."""
-    from ..errors import UnsupportedError
-
-    if any(n.endswith(".mlp.experts.gate_up_proj_blocks") for n in source.names()):
-        raise UnsupportedError(f"{where}: MXFP4 expert weights (gate_up_proj_blocks) are not supported; save the model "
-                               "dequantized to bf16 first (transformers: Mxfp4Config(dequantize=True), save_pretrained)")
-    return PerExpertSource(source) if any(_FUSED.match(n) for n in source.names()) else source
+    """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert when it has any; an InputError
+    naming `where` for an MXFP4 `_blocks` tensor without its `_scales` or of the wrong shape / type."""
+    return PerExpertSource(source, where) if any(_FUSED.match(n) for n in source.names()) else source
