@@ -246,3 +246,31 @@ def test_bad_suffix_options_are_refused_before_loading(tiny_artifact, field, val
 
     with pytest.raises(InputError, match=field):
         Runner(tiny_artifact, drafter="suffix", **{field: value})
+
+
+def test_suffix_bound_models_the_drafter_below_its_perfect_pruning():
+    """benchmarks/suffix_bound.py: on traces whose later answers repeat an earlier one, the drafter's modelled
+    speed is above plain decoding and at most the bound's (a drafter that drafts only what will be accepted);
+    where a verified row costs as much as a pass, the drafter only probes and the bound gains nothing."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from conftest import load_benchmark
+
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")  # (it imports peer_suffix beside it)
+    sys.path.insert(0, benchmarks)
+    try:
+        bound = load_benchmark("suffix_bound")
+    finally:
+        sys.path.remove(benchmarks)
+    answer = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20] * 2
+    traces = [{"prompt": [1, 2, 3, n], "answer": list(answer)} for n in range(4)]
+    args = argparse.Namespace(cache_requests=100, max_depth=24, min_prob=0.1, spec_factor=1.0, max_spec=24, tree=True)
+    cheap = {1: 1.0, 2: 1.05, 8: 1.4, 25: 2.2}
+    drafted = bound.replay(traces, bound.cost_table(cheap), args, bound=False)
+    perfect = bound.replay(traces, bound.cost_table(cheap), args, bound=True)
+    assert 1.0 < drafted["speedup"] <= perfect["speedup"] and perfect["acceptance"] == 1.0
+    dear = {1: 1.0, 2: 2.0, 25: 25.0}
+    assert bound.replay(traces, bound.cost_table(dear), args, bound=False)["drafted_per_pass"] <= 1 / 8 + 0.01  # probes only
+    assert bound.replay(traces, bound.cost_table(dear), args, bound=True)["speedup"] <= 1.0
