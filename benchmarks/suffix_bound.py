@@ -24,6 +24,7 @@ from peer_suffix import accepted_path
 
 from speccompile.runtime.adaptive import AdaptiveController
 from speccompile.runtime.costs import PassCosts
+from speccompile.runtime.drafters.base import GenerationStart, Observation
 from speccompile.runtime.drafters.suffix import SuffixCache, SuffixDrafter
 
 
@@ -40,7 +41,7 @@ def cost_table(ratios: dict[int, float]) -> PassCosts:
 def replay(traces: list[dict], costs: PassCosts, args, bound: bool) -> dict:
     """Modelled speed over plain decoding, tokens per pass, drafted tokens per pass, acceptance."""
     cache = SuffixCache(args.cache_requests, args.max_depth, min_prob=args.min_prob, spec_factor=args.spec_factor, tree=args.tree)
-    controller = AdaptiveController(max_k=args.max_spec, costs=costs)
+    controller = AdaptiveController(num_draft_tokens=args.max_spec, costs=costs)
     rates = None
     spent = plain = 0.0
     passes = produced = drafted = accepted = 0
@@ -48,21 +49,20 @@ def replay(traces: list[dict], costs: PassCosts, args, bound: bool) -> dict:
         prompt, answer = list(trace["prompt"]), list(trace["answer"])
         drafter = SuffixDrafter(cache, args.max_depth, args.min_prob, args.spec_factor, tree=args.tree)
         drafter.rates = rates = rates or drafter.rates  # a runner's drafter keeps its estimates across requests
-        drafter.reset()
-        drafter.begin(prompt)
+        drafter.start(GenerationStart(prompt_ids=prompt))
         history, done = prompt + answer[:1], 1  # the prefill chose the first token
         while done < len(answer):
-            budget = min(args.max_spec, len(answer) - done - 1)
+            room = min(args.max_spec, len(answer) - done - 1)
             if bound:
-                candidate, _ = drafter.speculate(history, budget)
+                candidate, _ = drafter.speculate(history, room)
                 ok = accepted_path(candidate.tokens, candidate.parents, answer[done:])
                 rows = ok
             else:
-                draft = drafter.propose(history, controller.sizing(budget, costs))
+                draft = drafter.propose(history, controller.sizing(room, costs))
                 parents = [int(p) - 1 for p in draft.tree.parents[1:]] if draft.tree is not None else list(range(-1, len(draft.tokens) - 1))
                 path = _accepted_rows(draft.tokens, parents, answer[done:])
                 if draft.tokens:
-                    drafter.record_verdict(draft, path)
+                    drafter.observe(Observation(draft=draft, accepted_rows=path))
                 ok, rows = len(path), len(draft.tokens)
             step = answer[done: done + ok + 1]
             history += step
@@ -71,7 +71,7 @@ def replay(traces: list[dict], costs: PassCosts, args, bound: bool) -> dict:
             passes, drafted, accepted = passes + 1, drafted + rows, accepted + ok
         plain += (len(answer) - 1) * costs.seconds(1)
         produced += len(answer) - 1
-        drafter.finish(history)
+        drafter.observe(Observation(finished=history))
     return {"speedup": round(plain / max(spent, 1e-12), 3), "tokens_per_pass": round(produced / max(passes, 1), 3),
             "drafted_per_pass": round(drafted / max(passes, 1), 2), "acceptance": round(accepted / max(drafted, 1), 3)}
 
