@@ -121,6 +121,16 @@ def arctic(traces: list[dict], args) -> dict:
     return replay(traces, cache.start_request, speculate, cache.add_active_response, lambda number, history: cache.stop_request(number))
 
 
+def add_suffix_options(parser: argparse.ArgumentParser) -> None:
+    """The suffix cache's settings, as Arctic Inference names them (this script and suffix_bound.py)."""
+    parser.add_argument("--max-depth", type=int, default=24)
+    parser.add_argument("--min-prob", type=float, default=0.1)
+    parser.add_argument("--spec-factor", type=float, default=1.0)
+    parser.add_argument("--max-spec", type=int, default=24, help="most draft tokens per pass")
+    parser.add_argument("--cache-requests", type=int, default=10000)
+    parser.add_argument("--chain", dest="tree", action="store_false", help="chains instead of trees")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifact", type=Path, help="make the traces with this artifact (greedy, plain decoding)")
@@ -129,12 +139,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--arctic", type=Path, help="folder holding the built arctic_inference package (module docstring)")
-    parser.add_argument("--max-depth", type=int, default=24)
-    parser.add_argument("--min-prob", type=float, default=0.1)
-    parser.add_argument("--spec-factor", type=float, default=1.0)
-    parser.add_argument("--max-spec", type=int, default=24, help="most draft tokens per pass")
-    parser.add_argument("--cache-requests", type=int, default=10000)
-    parser.add_argument("--chain", dest="tree", action="store_false", help="chains instead of trees")
+    add_suffix_options(parser)
     args = parser.parse_args()
     if args.artifact is not None:
         traces = make_traces(args.artifact, args.workload, args.max_tokens, args.threads)

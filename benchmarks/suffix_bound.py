@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from peer_suffix import accepted_path
+from peer_suffix import accepted_path, add_suffix_options
 
 from speccompile.runtime.adaptive import AdaptiveController
 from speccompile.runtime.costs import PassCosts
@@ -92,12 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, required=True)
     parser.add_argument("--costs", required=True, help='t(q) / t(1) as JSON, e.g. {"1": 1, "4": 1.3}')
-    parser.add_argument("--max-depth", type=int, default=24)
-    parser.add_argument("--min-prob", type=float, default=0.1)
-    parser.add_argument("--spec-factor", type=float, default=1.0)
-    parser.add_argument("--max-spec", type=int, default=24, help="most draft tokens per pass")
-    parser.add_argument("--cache-requests", type=int, default=10000)
-    parser.add_argument("--chain", dest="tree", action="store_false", help="chains instead of trees")
+    add_suffix_options(parser)
     args = parser.parse_args()
     traces = json.loads(args.traces.read_text())
     ratios = {int(q): float(r) for q, r in json.loads(args.costs).items()}

@@ -98,13 +98,7 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
     cfg = loaded.config
     fam = family(cfg.architecture)
     _GGUF_BLOCK_NAMES = fam.gguf
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer = new_gguf_writer(path, arch, cfg)
     writer.add_rope_freq_base(cfg.rope_theta)
     if cfg.norm == "layer":
         writer.add_layer_norm_eps(cfg.rms_norm_eps)
@@ -134,11 +128,30 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
             writer.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(gname, stored)
+    finish_gguf(writer)
+    return loaded
+
+
+def new_gguf_writer(path, arch: str, cfg):
+    """A GGUFWriter for `arch` holding a ModelConfig's shape: blocks, context, widths and head counts."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    return writer
+
+
+def finish_gguf(writer) -> None:
+    """Write a GGUFWriter's header, metadata and tensors, and close it."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return loaded
 
 
 def export_as_gguf(root: Path, folder: Path, drafter: str | None = None, dtype: str = "fp32", **quant) -> Path:

@@ -15,7 +15,7 @@ from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
 import test_families
-from conftest import TINY_VOCAB, _permute_for_gguf
+from conftest import TINY_VOCAB, _permute_for_gguf, finish_gguf, new_gguf_writer
 from test_families import _check_graph, make_family_model
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
@@ -39,13 +39,7 @@ def write_moe_gguf(path, folder, arch: str, quant: str | None = None, per_expert
     loaded = load_model(str(folder))
     cfg, moe = loaded.config, loaded.config.moe
     fam = family(cfg.architecture)
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer = new_gguf_writer(path, arch, cfg)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_theta)
@@ -90,10 +84,7 @@ def write_moe_gguf(path, folder, arch: str, quant: str | None = None, per_expert
             writer.add_tensor(gname, packed, raw_shape=packed.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(gname, stacked)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
 
 
 def _add_tokenizer(writer, folder) -> None:

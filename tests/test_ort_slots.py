@@ -20,6 +20,25 @@ def _tril(n: int) -> np.ndarray:
     return np.tril(np.ones((n, n), bool))
 
 
+def alone_rows_in_slots(alone, pool: list[np.ndarray], prompts: list, tokens: list) -> tuple[list, list, list]:
+    """Each prompt prefilled alone and copied into slot b of `pool`, then its new `tokens` run alone: (their logits
+    alone, the slots' caches, the SlotRows that run the same tokens in a slot pass)."""
+    expected, caches = [], []
+    for b, (prompt, new) in enumerate(zip(prompts, tokens)):
+        cache = alone.new_cache()
+        out = alone.run(prompt, np.arange(len(prompt)), cache.attention_mask(_tril(len(prompt))), cache)
+        cache.append(out.presents, range(len(prompt)), len(prompt))
+        for buffer, own in zip(pool, cache.arrays):
+            buffer[b, :, : len(prompt)] = own[0, :, : len(prompt)]
+        positions = np.arange(len(prompt), len(prompt) + len(new))
+        expected.append(alone.run(new, positions, cache.attention_mask(_tril(len(new))), cache).logits)
+        slot_cache = alone.slot_cache(pool, b)
+        slot_cache.append([], range(len(prompt)), len(prompt))
+        caches.append(slot_cache)
+    rows = [SlotRows(new, np.arange(len(p), len(p) + len(new)), _tril(len(new))) for p, new in zip(prompts, tokens)]
+    return expected, caches, rows
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "cohere2", "phi", "qwen2_moe", "gpt_oss"])  # + windows, softcaps,
 # LayerNorm (Phi-2: with biases, a plain MLP), mixtures of experts (a shared expert; biases, clamped SwiGLU, attention sinks)
 def test_slot_rows_equal_each_sequence_alone_bitwise(tmp_path, arch):
@@ -40,18 +59,7 @@ def test_slot_rows_equal_each_sequence_alone_bitwise(tmp_path, arch):
     prompts = [rng.integers(3, 60, n) for n in (5, 17, 30)]
     qs = [1, 3, 5]  # a plain step and drafts in one pass
     tokens = [rng.integers(3, 60, q) for q in qs]
-    expected, caches = [], []
-    for b, (prompt, new) in enumerate(zip(prompts, tokens)):
-        cache = alone.new_cache()
-        out = alone.run(prompt, np.arange(len(prompt)), cache.attention_mask(_tril(len(prompt))), cache)
-        cache.append(out.presents, range(len(prompt)), len(prompt))
-        for buffer, own in zip(pool, cache.arrays):
-            buffer[b, :, : len(prompt)] = own[0, :, : len(prompt)]
-        expected.append(alone.run(new, np.arange(len(prompt), len(prompt) + len(new)), cache.attention_mask(_tril(len(new))), cache).logits)
-        slot_cache = alone.slot_cache(pool, b)
-        slot_cache.append([], range(len(prompt)), len(prompt))
-        caches.append(slot_cache)
-    requests = [SlotRows(new, np.arange(len(p), len(p) + len(new)), _tril(len(new))) for p, new in zip(prompts, tokens)]
+    expected, caches, requests = alone_rows_in_slots(alone, pool, prompts, tokens)
     outs = slotted.run(pool, alone.past_names, requests, caches)
     for b, out in enumerate(outs):
         np.testing.assert_array_equal(out.logits, expected[b], err_msg=f"slot {b}")

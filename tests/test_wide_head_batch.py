@@ -14,14 +14,11 @@ from speccompile.export.pipeline import ExportOptions, export_artifact
 from speccompile.manifest import read_manifest, variant_name
 from speccompile.runtime import Runner
 from speccompile.runtime.artifact import open_artifact
-from speccompile.runtime.backends.ort_slots import OrtSlotSession, SlotRows
+from speccompile.runtime.backends.ort_slots import OrtSlotSession
 from speccompile.runtime.sampling import SamplingParams
 
 from conftest import make_tiny_hf_model
-
-
-def _tril(n: int) -> np.ndarray:
-    return np.tril(np.ones((n, n), bool))
+from test_ort_slots import alone_rows_in_slots
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +46,7 @@ def test_head_dim_256_slot_rows_equal_each_sequence_alone_bitwise(wide_artifact)
         differing = 0
         for qs in ([1, 3, 5], [2, 1, 4], [5, 2, 1]):
             tokens = [rng.integers(3, 60, q) for q in qs]
-            expected, caches = [], []
-            for b, (prompt, new) in enumerate(zip(prompts, tokens)):
-                cache = alone.new_cache()
-                out = alone.run(prompt, np.arange(len(prompt)), cache.attention_mask(_tril(len(prompt))), cache)
-                cache.append(out.presents, range(len(prompt)), len(prompt))
-                for buffer, own in zip(pool, cache.arrays):
-                    buffer[b, :, : len(prompt)] = own[0, :, : len(prompt)]
-                positions = np.arange(len(prompt), len(prompt) + len(new))
-                expected.append(alone.run(new, positions, cache.attention_mask(_tril(len(new))), cache).logits)
-                slot_cache = alone.slot_cache(pool, b)
-                slot_cache.append([], range(len(prompt)), len(prompt))
-                caches.append(slot_cache)
-            rows = [SlotRows(new, np.arange(len(p), len(p) + len(new)), _tril(len(new))) for p, new in zip(prompts, tokens)]
+            expected, caches, rows = alone_rows_in_slots(alone, pool, prompts, tokens)
             outs = slotted.run(pool, alone.past_names, rows, caches)
             differing += sum(not np.array_equal(out.logits, want) for out, want in zip(outs, expected))
         return differing
