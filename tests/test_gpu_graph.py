@@ -64,7 +64,8 @@ def _fp32_gpu_form(tmp_path, arch: str = "llama", family: bool = False, **overri
 
 
 @pytest.mark.parametrize("arch,overrides", [("llama", {}), ("qwen2", {"tie_word_embeddings": True}), ("qwen3", {}),
-                                            ("phi", {"family": True})])  # Phi-2: biased LayerNorms, plain MLP, lm_head bias
+                                            ("phi", {"family": True}),  # Phi-2: biased LayerNorms, plain MLP, lm_head bias
+                                            ("phi3", {"family": True})])  # longrope, partial rotary, a sliding window
 def test_fp32_gpu_form_matches_contract_graph(tmp_path, arch, overrides):
     out, spec, files = _fp32_gpu_form(tmp_path, arch, **overrides)
     assert files[0] == "target.ort-cuda.onnx" and spec.extra["masks"] == "causal"

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ..models.rope import rope_attention_factor, rounded_inv_freq
+from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .moe_ops import Emitter, moe_block, moe_names
 from .recipes import (EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
@@ -144,6 +144,11 @@ def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
     positions = b.one(s, "Unsqueeze", [positions, b.const(s, [-1])])
     inv_freq = rounded_inv_freq(cfg, np_dtype(g.dtype), kind)
     freqs = b.one(s, "Mul", [positions, b.const(s, inv_freq, inv_freq.dtype)])
+    start = long_rope_start(cfg, kind, g.model.max_context)
+    if start is not None:  # longrope: rows at positions >= start take the long set (models/rope.py)
+        long = rounded_inv_freq(cfg, np_dtype(g.dtype), kind, long=True)
+        short = b.one(s, "Unsqueeze", [b.one(s, "Less", ["position_ids", b.const(s, start)]), b.const(s, [-1])])
+        freqs = b.one(s, "Where", [short, freqs, b.one(s, "Mul", [positions, b.const(s, long, long.dtype)])])
     if cfg.rope_interleaved:  # each frequency twice in a row: [f0, f0, f1, f1, ...]
         emb = b.one(s, "Reshape", [b.one(s, "Concat", [b.one(s, "Unsqueeze", [freqs, b.const(s, [-1])])] * 2, axis=-1),
                                    b.const(s, [0, 0, -1])])

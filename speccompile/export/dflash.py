@@ -42,11 +42,13 @@ def dflash_taps(path: str | Path, target_layers: int) -> tuple[int, ...]:
 def export_dflash(request: DrafterRequest, target: LoadedModel, out_dir: Path, dtype: str,
                   digests: dict[str, str]) -> DrafterExport:
     """Load the checkpoint (either published layout), trace its block pass and describe it in the manifest."""
+    from ..models.decoder import bound_positions
     from ..models.dflash_io import load_dflash
     from .cpu_draft_weights import add_quantized_head_variant
     from .onnx_export import torch_dtype
 
     drafter = load_dflash(request.path, target.config, target.weights).to(torch_dtype(dtype)).eval()
+    bound_positions(drafter, request.max_context or target.config.max_position_embeddings)
     cfg = drafter.head_config
     draft = DraftConfig.parse("dflash", request.tree, request.num_draft_tokens or (None if request.tree else cfg.drafts_per_block))
     if draft.num_draft_tokens > cfg.drafts_per_block:

@@ -114,7 +114,8 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
 
     draft = load_model(request.path)
     _check_same_tokenizer(draft, out_dir, request.path)
-    weights = DecoderWeights(draft.config, draft.weights, "none")
+    max_context = request.max_context or draft.config.max_position_embeddings
+    weights = DecoderWeights(draft.config, draft.weights, "none", max_context=max_context)
     graphs = {"draft": export_decoder(weights, out_dir / "draft.onnx", "draft-model", dtype, digests)}
     files = ["draft.onnx", "draft.onnx.data"]
     if request.fused_cpu_graph:
@@ -122,7 +123,6 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
 
         from .cpu_draft_weights import pack_fused_variant
 
-        max_context = request.max_context or draft.config.max_position_embeddings
         fused = add_fused_variant(weights, "draft", graphs, out_dir, max_context, digests=digests)
         packed = pack_fused_variant("draft", graphs, out_dir, request.draft_cpu_weights, digests=digests)  # int8 by default
         files += fused if packed is None else packed  # (the variant's files: slots=0, nothing else)

@@ -25,12 +25,14 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
                 digests: dict[str, str]) -> DrafterExport:
     """Trace the head (one layer); of the target it reads only the tables it shares (embedding, lm_head, norm),
     one tensor at a time from the target's lazy weights."""
+    from ..models.decoder import bound_positions
     from ..models.head_loaders import load_head
     from .onnx_export import torch_dtype
 
     kind = request.kind
     draft = DraftConfig.parse(kind, request.tree, request.num_draft_tokens)
     head = load_head(kind, request.path, target.config, target.weights, target.source).to(torch_dtype(dtype)).eval()
+    bound_positions(head, request.max_context or target.config.max_position_embeddings)
     spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype, digests)
     files = [f"{kind}.onnx", f"{kind}.onnx.data"]
     graphs = {kind: spec}

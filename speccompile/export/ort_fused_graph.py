@@ -40,7 +40,7 @@ from onnx import TensorProto, helper
 
 from ..manifest import GraphSpec, variant_name
 from ..models.config import ModelConfig
-from ..models.rope import rope_attention_factor, rounded_inv_freq
+from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
 from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
@@ -184,13 +184,20 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
 
 def _rotary_tables(f: _Fused, rows: int) -> None:
     """cos/sin caches [rows, rope_dim / 2] per rotary kind in the graph dtype (computed in float32 from the
-    rounded frequencies, times the rope's attention factor)."""
+    rounded frequencies, times the rope's attention factor; longrope: rows at and past its boundary from the long
+    set, when the model's positions reach it)."""
     for kind in f.model.config.rope_kinds():
         inv_freq = rounded_inv_freq(f.model.config, np_dtype(f.dtype), kind)
         factor = np.float32(rope_attention_factor(f.model.config, kind))
         freqs = np.arange(rows, dtype=np.float32)[:, None] * inv_freq[None, :]
+        key_freq = inv_freq.tobytes()
+        start = long_rope_start(f.model.config, kind, f.model.max_context or rows)
+        if start is not None and start < rows:
+            long = rounded_inv_freq(f.model.config, np_dtype(f.dtype), kind, long=True)
+            freqs[start:] = np.arange(start, rows, dtype=np.float32)[:, None] * long[None, :]
+            key_freq += long.tobytes() + str(start).encode()
         for name, fn in zip(rotary_names(kind), (np.cos, np.sin)):
-            key = (name, rows, f.dtype, inv_freq.tobytes(), float(factor))
+            key = (name, rows, f.dtype, key_freq, float(factor))
             table = (lambda fn=fn: fn(freqs).astype(np.float32).astype(np_dtype(f.dtype))) if factor == 1 else \
                 (lambda fn=fn: (fn(freqs).astype(np.float32) * factor).astype(np_dtype(f.dtype)))
             f.inits.append(f.store.computed(name, key, table))

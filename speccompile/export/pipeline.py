@@ -61,7 +61,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         tokenizer_files = model.write_tokenizer(tmp)
         progress(f"exporting target ({cfg.architecture}, {cfg.num_hidden_layers} layers, {options.dtype})")
         digests: dict[str, str] = {}
-        target = DecoderWeights(cfg, model.weights, hidden, target_taps_for(request, cfg))
+        target = DecoderWeights(cfg, model.weights, hidden, target_taps_for(request, cfg), max_context)
         graphs = {"target": export_decoder(target, tmp / "target.onnx", "target", options.dtype, digests)}
         files = ["target.onnx", "target.onnx.data", *tokenizer_files]
         _warn_tensorrt_incompatible(tmp / "target.onnx", progress)

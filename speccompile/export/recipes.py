@@ -57,6 +57,7 @@ class DecoderWeights:
     source: WeightSource
     hidden_states: str = "none"
     aux_layers: tuple[int, ...] = field(default=())
+    max_context: int | None = None  # the positions its graphs take lie below it (None: unbounded; longrope's long set)
 
     def __post_init__(self) -> None:
         if not self.aux_layers:
@@ -68,7 +69,7 @@ class DecoderWeights:
 
     def first_layer(self) -> "DecoderWeights":
         """This decoder as its probe sees it: a one-layer graph whose EAGLE-3 tap (if any) is layer 0's input."""
-        return DecoderWeights(self.config, self.source, self.hidden_states, (0,))
+        return DecoderWeights(self.config, self.source, self.hidden_states, (0,), self.max_context)
 
 
 # --------------------------------------------------------------------------------- the checkpoint's names

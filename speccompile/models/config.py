@@ -158,6 +158,9 @@ def _rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     merged = dict(data.get("rope_scaling") or {}, **params)
     if "rope_theta" in data:
         merged.setdefault("rope_theta", data["rope_theta"])
+    kind = merged.get("rope_type", merged.get("type"))
+    if kind in ("llama3", "yarn", "longrope") and data.get("original_max_position_embeddings"):
+        merged["original_max_position_embeddings"] = data["original_max_position_embeddings"]  # Phi-3: top-level wins
     return merged, {}
 
 

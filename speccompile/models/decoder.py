@@ -141,16 +141,36 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: ModelConfig, kind: str = "global"):
         super().__init__()
         self.register_buffer("inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind)), persistent=False)
+        self.long_start = rope.long_rope_start(config, kind)  # longrope: rows at positions >= it use long_inv_freq
+        if self.long_start is not None:
+            self.register_buffer("long_inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind, long=True)), persistent=False)
         self.interleaved = config.rope_interleaved
         self.factor = rope.rope_attention_factor(config, kind)
 
+    def bound(self, positions: int) -> None:
+        """Positions stay below `positions`: drop longrope's long set when no row reaches it (a traced graph then
+        holds the short set alone, as before)."""
+        if self.long_start is not None and positions <= self.long_start:
+            self.long_start = None
+
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids.to(torch.float32).unsqueeze(-1) * self.inv_freq  # [b, q, d/2]
+        pos = position_ids.to(torch.float32).unsqueeze(-1)
+        freqs = pos * self.inv_freq  # [b, q, d/2]
+        if self.long_start is not None:  # per row: the long set at and past the boundary
+            freqs = torch.where(position_ids.unsqueeze(-1) < self.long_start, freqs, pos * self.long_inv_freq)
         emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         emb = emb.unsqueeze(1)  # [b, 1, q, d]
         if self.factor == 1.0:
             return emb.cos().to(dtype), emb.sin().to(dtype)
         return (emb.cos() * self.factor).to(dtype), (emb.sin() * self.factor).to(dtype)
+
+
+def bound_positions(module: nn.Module, positions: int) -> None:
+    """Every rotary table in `module` serves positions below `positions` (a traced drafter of an artifact whose
+    context stays inside longrope's original length holds the short set alone)."""
+    for m in module.modules():
+        if isinstance(m, RotaryEmbedding):
+            m.bound(positions)
 
 
 class Attention(nn.Module):

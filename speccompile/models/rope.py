@@ -1,9 +1,13 @@
 """Rotary position embedding frequencies (torch-free): the one computation the torch reference decoder and
 the ONNX graph builders share, so both hold the same float32 constants by construction.
 
-Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn and longrope (its short factors:
-transformers switches a whole sequence to the long factors once it outgrows original_max_position_embeddings,
-which a KV cache computed with the short ones cannot follow; an export keeps the short ones)."""
+Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn and longrope. Longrope holds two sets
+of frequencies and picks one per row: a row at position p uses the long factors iff p >= original_max_position_embeddings
+(`long_rope_start`), the short ones below; the attention factor is the same for both. transformers picks one set per
+forward, long iff max(position_ids) + 1 > original_max_position_embeddings: the same rows for one-token decoding after a
+prompt that fits the original length, but a longer prompt prefilled in one forward gets the long factors on every
+row there (here its rows below the boundary keep the short ones). The per-row rule is the one a KV cache and exact
+speculative verification allow: a position's rotation never depends on the other rows of its pass."""
 
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ import numpy as np
 from .config import ModelConfig
 
 
-def rope_inv_freq(config: ModelConfig, kind: str = "global") -> np.ndarray:
+def rope_inv_freq(config: ModelConfig, kind: str = "global", long: bool = False) -> np.ndarray:
     """Inverse RoPE frequencies [rope_dim / 2] as float32 of the layers using rotary table `kind` ("global" or
-    "local": sliding layers with their own base, unscaled), with rope_scaling applied (in float64)."""
+    "local": sliding layers with their own base, unscaled), with rope_scaling applied (in float64). `long`:
+    longrope's long factors (the rows at and past `long_rope_start`)."""
     dim = config.rope_dim
     base = config.rope_local_theta if kind == "local" else config.rope_theta
     inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
@@ -29,7 +34,8 @@ def rope_inv_freq(config: ModelConfig, kind: str = "global") -> np.ndarray:
     elif rope_type == "yarn":
         inv_freq = _yarn(config, base, dim, scaling)
     elif rope_type == "longrope":
-        inv_freq = 1.0 / (np.asarray(scaling["short_factor"], np.float32) * (base ** (np.arange(0, dim, 2) / dim)).astype(np.float32))
+        factors = scaling["long_factor" if long else "short_factor"]
+        inv_freq = 1.0 / (np.asarray(factors, np.float32) * (base ** (np.arange(0, dim, 2) / dim)).astype(np.float32))
     return inv_freq.astype(np.float32)
 
 
@@ -68,6 +74,17 @@ def _yarn(config: ModelConfig, base: float, dim: int, scaling: dict) -> np.ndarr
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
+def long_rope_start(config: ModelConfig, kind: str = "global", positions: int | None = None) -> int | None:
+    """The first position whose rows use longrope's long factors (original_max_position_embeddings: transformers'
+    seq_len = max(position_ids) + 1 > original), or None when no row does: every other rope type, local tables, and
+    a graph whose `positions` (rows 0 .. positions - 1; None: unbounded) all lie below that position."""
+    scaling = (config.rope_scaling or {}) if kind == "global" else {}
+    if scaling.get("rope_type") != "longrope":
+        return None
+    start = int(scaling.get("original_max_position_embeddings") or config.max_position_embeddings)
+    return start if positions is None or positions > start else None
+
+
 def rope_attention_factor(config: ModelConfig, kind: str = "global") -> float:
     """The factor transformers multiplies cos and sin by (yarn / longrope; 1 otherwise)."""
     scaling = (config.rope_scaling or {}) if kind == "global" else {}
@@ -92,7 +109,7 @@ def _mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def rounded_inv_freq(config: ModelConfig, np_dtype, kind: str = "global") -> np.ndarray:
-    """The frequencies as a decoder in `np_dtype` holds them: `Decoder.to(dtype)` rounds its inv_freq buffer to the
+def rounded_inv_freq(config: ModelConfig, np_dtype, kind: str = "global", long: bool = False) -> np.ndarray:
+    """The frequencies as a decoder in `np_dtype` holds them: `Decoder.to(dtype)` rounds its inv_freq buffers to the
     model dtype, and the positions multiply the rounded values in float32."""
-    return rope_inv_freq(config, kind).astype(np_dtype).astype(np.float32)
+    return rope_inv_freq(config, kind, long).astype(np_dtype).astype(np.float32)
