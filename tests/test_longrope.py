@@ -171,3 +171,49 @@ def test_phi3_config_json_top_level_original_length(tmp_path, monkeypatch):
     cfg = config_from_hf(data, "config.json")
     assert long_rope_start(cfg) == ORIGINAL
     assert rope_attention_factor(cfg) == pytest.approx((1 + np.log(512 / ORIGINAL) / np.log(ORIGINAL)) ** 0.5)
+
+
+def test_torch_rotary_table_per_row_and_bounded(tmp_path, monkeypatch):
+    """The torch reference's table (also what traced drafters export): rows below the boundary from the short set,
+    rows at and past it from the long set; bounded to positions inside the original length, the short set alone."""
+    import torch
+
+    from speccompile.models.decoder import RotaryEmbedding, bound_positions
+    from speccompile.models.load import load_model
+
+    _, folder = _model(tmp_path, monkeypatch)
+    cfg = load_model(str(folder)).config
+    short_cfg = type(cfg).from_dict({**cfg.to_dict(), "rope_scaling": {**cfg.rope_scaling, "long_factor": cfg.rope_scaling["short_factor"]}})
+    long_cfg = type(cfg).from_dict({**cfg.to_dict(), "rope_scaling": {**cfg.rope_scaling, "short_factor": cfg.rope_scaling["long_factor"]}})
+    pos = torch.arange(2 * ORIGINAL)[None]
+    table, short, long = (RotaryEmbedding(c)(pos, torch.float32)[0] for c in (cfg, short_cfg, long_cfg))
+    assert torch.equal(table[..., :ORIGINAL, :], short[..., :ORIGINAL, :])
+    assert torch.equal(table[..., ORIGINAL:, :], long[..., ORIGINAL:, :])
+    assert not torch.equal(short[..., ORIGINAL:, :], long[..., ORIGINAL:, :])
+    rotary = torch.nn.Sequential(RotaryEmbedding(cfg))
+    bound_positions(rotary, ORIGINAL + 1)
+    assert rotary[0].long_start == ORIGINAL
+    bound_positions(rotary, ORIGINAL)
+    assert rotary[0].long_start is None and torch.equal(rotary[0](pos, torch.float32)[0], short)
+
+
+def test_eagle_head_on_a_longrope_target(tmp_path, monkeypatch):
+    """A traced EAGLE head shares the target's rope: its graph selects per row when the context passes the
+    boundary (none inside it), and greedy EAGLE decoding across the boundary equals plain decoding. (Full rotary:
+    the heads' attention rotates whole heads.)"""
+    import test_heads_helpers as helpers
+
+    full = dict(LONG, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                rope_parameters=dict(LONG["rope_parameters"], partial_rotary_factor=1.0))
+    monkeypatch.setitem(FAMILIES, "phi3-long-full", dict(full, model_type="phi3"))
+    make_family_model(tmp_path / "hf", "phi3-long-full")
+    monkeypatch.setattr(helpers, "VOCAB", TINY_VOCAB)
+    ckpt = helpers.write_checkpoint(tmp_path / "eagle", "eagle")
+    for max_context, switch in ((ORIGINAL, False), (MAX_CONTEXT, True)):
+        out = tmp_path / f"art{max_context}"
+        export_artifact(str(tmp_path / "hf"), out, ExportOptions(drafter=f"eagle:{ckpt}", max_context=max_context))
+        ops = {n.op_type for n in onnx.load(str(out / "eagle.onnx"), load_external_data=False).graph.node}
+        assert ("Less" in ops) == switch  # (the position test of the per-row select)
+    runner = Runner(out, drafter="eagle", num_draft_tokens=4, adaptive=False, threads=1)
+    plain = runner.generate("abc abd ab", chat=False, max_tokens=30, drafter="none")
+    assert len(plain.tokens) == 30 and runner.generate("abc abd ab", chat=False, max_tokens=30).tokens == plain.tokens

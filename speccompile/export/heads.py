@@ -32,7 +32,8 @@ def export_head(request: DrafterRequest, target: LoadedModel, out_dir: Path, dty
     kind = request.kind
     draft = DraftConfig.parse(kind, request.tree, request.num_draft_tokens)
     head = load_head(kind, request.path, target.config, target.weights, target.source).to(torch_dtype(dtype)).eval()
-    bound_positions(head, request.max_context or target.config.max_position_embeddings)
+    for module in [head, *getattr(head, "chain", [])]:  # (MTP modules 1..N-1: a plain list, not submodules)
+        bound_positions(module, request.max_context or target.config.max_position_embeddings)
     spec = export_head_graph(head, out_dir / f"{kind}.onnx", dtype, digests)
     files = [f"{kind}.onnx", f"{kind}.onnx.data"]
     graphs = {kind: spec}
