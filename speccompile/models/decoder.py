@@ -147,12 +147,6 @@ class RotaryEmbedding(nn.Module):
         self.interleaved = config.rope_interleaved
         self.factor = rope.rope_attention_factor(config, kind)
 
-    def bound(self, positions: int) -> None:
-        """Positions stay below `positions`: drop longrope's long set when no row reaches it (a traced graph then
-        holds the short set alone, as before)."""
-        if self.long_start is not None and positions <= self.long_start:
-            self.long_start = None
-
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         pos = position_ids.to(torch.float32).unsqueeze(-1)
         freqs = pos * self.inv_freq  # [b, q, d/2]
@@ -169,8 +163,8 @@ def bound_positions(module: nn.Module, positions: int) -> None:
     """Every rotary table in `module` serves positions below `positions` (a traced drafter of an artifact whose
     context stays inside longrope's original length holds the short set alone)."""
     for m in module.modules():
-        if isinstance(m, RotaryEmbedding):
-            m.bound(positions)
+        if isinstance(m, RotaryEmbedding) and m.long_start is not None and positions <= m.long_start:
+            m.long_start = None  # no row reaches the long set: traced, the short set alone (as before)
 
 
 class Attention(nn.Module):
