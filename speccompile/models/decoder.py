@@ -13,16 +13,11 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from . import rope
 from .architectures import LLAMA_NAMES, NORM_ROLES, family
 from .moe import SparseMoe
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
-
-
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse RoPE frequencies, with llama3 / linear rope_scaling applied (models/rope.py: shared with the graphs)."""
-    return torch.from_numpy(rope.rope_inv_freq(config))
+from .rotary import RotaryEmbedding, apply_rope, bound_positions, rotate_half  # noqa: F401 - re-exported
 
 
 class RMSNorm(nn.Module):
@@ -113,58 +108,6 @@ def _hidden_size(table) -> int:
     """Static width of the embedding table inside the exporter's graph."""
     sizes = table.type().sizes()
     return int(sizes[1])
-
-
-def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
-    """[-x2, x1] for x = [x1, x2]; `half` is a Python int so the export has constant slice bounds."""
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """x * cos + rotate(x) * sin over the first rope_dim dims (halves, or (x0, x1) pairs when interleaved)."""
-    rot = config.rope_dim
-    if rot == x.shape[-1] and not config.rope_interleaved:  # the traced contract graph's nodes, as before
-        return x * cos + rotate_half(x, rot // 2) * sin
-    part = x[..., :rot]
-    if config.rope_interleaved:
-        pairs = part.reshape(*part.shape[:-1], rot // 2, 2)
-        rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).reshape(part.shape)
-    else:
-        rotated = rotate_half(part, rot // 2)
-    out = part * cos + rotated * sin
-    return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables computed from explicit position ids (so tree nodes can share a position)."""
-
-    def __init__(self, config: ModelConfig, kind: str = "global"):
-        super().__init__()
-        self.register_buffer("inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind)), persistent=False)
-        self.long_start = rope.long_rope_start(config, kind)  # longrope: rows at positions >= it use long_inv_freq
-        if self.long_start is not None:
-            self.register_buffer("long_inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind, long=True)), persistent=False)
-        self.interleaved = config.rope_interleaved
-        self.factor = rope.rope_attention_factor(config, kind)
-
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = position_ids.to(torch.float32).unsqueeze(-1)
-        freqs = pos * self.inv_freq  # [b, q, d/2]
-        if self.long_start is not None:  # per row: the long set at and past the boundary
-            freqs = torch.where(position_ids.unsqueeze(-1) < self.long_start, freqs, pos * self.long_inv_freq)
-        emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
-        emb = emb.unsqueeze(1)  # [b, 1, q, d]
-        if self.factor == 1.0:
-            return emb.cos().to(dtype), emb.sin().to(dtype)
-        return (emb.cos() * self.factor).to(dtype), (emb.sin() * self.factor).to(dtype)
-
-
-def bound_positions(module: nn.Module, positions: int) -> None:
-    """Every rotary table in `module` serves positions below `positions` (a traced drafter of an artifact whose
-    context stays inside longrope's original length holds the short set alone)."""
-    for m in module.modules():
-        if isinstance(m, RotaryEmbedding) and m.long_start is not None and positions <= m.long_start:
-            m.long_start = None  # no row reaches the long set: traced, the short set alone (as before)
 
 
 class Attention(nn.Module):
