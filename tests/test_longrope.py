@@ -217,3 +217,17 @@ def test_eagle_head_on_a_longrope_target(tmp_path, monkeypatch):
     runner = Runner(out, drafter="eagle", num_draft_tokens=4, adaptive=False, threads=1)
     plain = runner.generate("abc abd ab", chat=False, max_tokens=30, drafter="none")
     assert len(plain.tokens) == 30 and runner.generate("abc abd ab", chat=False, max_tokens=30).tokens == plain.tokens
+
+
+def test_eagle_head_on_a_partial_rotary_target(tmp_path, monkeypatch):
+    """A head on a target that rotates part of each head (Phi-3 / Phi-4-mini's partial_rotary_factor) rotates the same
+    dims as its rotary table (it used to rotate whole heads and failed to export); greedy EAGLE == plain."""
+    import test_heads_helpers as helpers
+
+    make_family_model(tmp_path / "hf", "phi3")  # partial rotary 0.5, head_dim 32
+    monkeypatch.setattr(helpers, "VOCAB", TINY_VOCAB)
+    ckpt = helpers.write_checkpoint(tmp_path / "eagle", "eagle")
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(drafter=f"eagle:{ckpt}", max_context=96))
+    runner = Runner(tmp_path / "art", drafter="eagle", num_draft_tokens=4, adaptive=False, threads=1)
+    plain = runner.generate("abc abd ab", chat=False, max_tokens=30, drafter="none")
+    assert runner.generate("abc abd ab", chat=False, max_tokens=30).tokens == plain.tokens

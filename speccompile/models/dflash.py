@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, mask_to_bias, rotate_half
+from .decoder import MLP, RMSNorm, RotaryEmbedding, apply_rope, mask_to_bias
 
 
 @dataclass
@@ -92,13 +92,14 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.rope_config = cfg  # which dims rotate, and how (partial rotary: the first rope_dim)
 
     def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         b, n, _ = x.shape
         return x.view(b, n, heads, self.head_dim).transpose(1, 2)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return x * cos + rotate_half(x, self.head_dim // 2) * sin
+        return apply_rope(x, cos, sin, self.rope_config)
 
     def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (normed, rotated) and values of the context rows [b, kv, c, d]."""

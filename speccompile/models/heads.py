@@ -41,7 +41,7 @@ from torch import nn
 
 from ..errors import InputError
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, rotate_half, mask_to_bias
+from .decoder import MLP, RMSNorm, RotaryEmbedding, apply_rope, mask_to_bias
 
 _LAYER_KEYS = (
     "hidden_size",
@@ -175,6 +175,7 @@ class HeadAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.rope_config = cfg  # which dims rotate, and how (partial rotary: the first rope_dim)
 
     def forward(self, x, cos, sin, bias, past_k, past_v):
         """bias: additive mask [b, 1, q, past + q]."""
@@ -185,8 +186,7 @@ class HeadAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q, self.head_dim // 2) * sin
-        k = k * cos + rotate_half(k, self.head_dim // 2) * sin
+        q, k = apply_rope(q, cos, sin, self.rope_config), apply_rope(k, cos, sin, self.rope_config)
         k_all = torch.cat((past_k, k), dim=2)
         v_all = torch.cat((past_v, v), dim=2)
         groups = self.num_heads // self.num_kv_heads
