@@ -8,7 +8,7 @@ Per prompt length, a position's logits in chain passes of q rows against q = 1, 
 
   rows   the shipping lift (padding rows);
   gap    before a pass whose total would be short, 65 - remainder dead slots (where depends on the passes);
-  fixed  dead slots at places fixed by the position (256 k - 1 .. 256 k + 63, block 256), passes cut there.
+  fixed  dead slots at places fixed by the position (block k - 1 .. block k + short - 1), passes cut there.
 
 "=" where every position is the same bits as in one-row passes, else the largest difference and the positions.
 
@@ -25,7 +25,7 @@ from speccompile.runtime.artifact import open_artifact
 
 
 def _dead(slot: int, block: int, short: int) -> bool:
-    """`fixed`: slot in 256 k - 1 .. 256 k + short - 1 (the first block: 0 .. short - 1)."""
+    """`fixed`: slot in block k - 1 .. block k + short - 1 (the first block: 0 .. short - 1)."""
     rest = slot % block
     return rest < short or (rest == block - 1 and slot >= block - 1)
 
