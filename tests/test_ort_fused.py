@@ -307,19 +307,21 @@ def test_attention_forms_benchmark_agrees_with_group_query_attention(tiny_artifa
 
 def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypatch):
     """head_dim 256 (Gemma): ONNX Runtime rounds a row differently when attention's total length is <= 64 than
-    above (and at 64 + 256 k), so the graph takes a count of padding rows and the runtime moves every pass off
+    above (and at 64 + 128 k), so the graph takes a count of padding rows and the runtime moves every pass off
     those lengths (`attention_lift`): a position's logits are the same bits in chain passes of 1, 2, 3, 5 and 8 rows and on
-    a tree's main path, across the threshold; greedy speculative decoding equals plain. Negative control: without
-    the lift, passes that straddle the threshold differ."""
+    a tree's main path, across the thresholds 64, 192 and 320; greedy speculative decoding equals plain. Negative
+    control: without the lift, passes that straddle a threshold differ. A manifest from before the steps at
+    192 + 256 k were found ([256, 64]) is read as [128, 64]."""
+    from speccompile.runtime.backends.ort import recorded_lift
     from speccompile.runtime.session import Runner
 
     model = make_tiny_hf_model(tmp_path / "hd256", head_dim=256)
     export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=384, hidden_states="final"))
     session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.attention_lift == (256, 64)
+    assert session.attention_lift == (128, 64) and recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
     rng = np.random.default_rng(3)
     unlifted_differs = False
-    for length in (58, 314):  # totals 59..73 cross 64, 315..329 cross 320
+    for length in (58, 180, 314):  # totals 59..73 cross 64, 181..195 cross 192, 315..329 cross 320
         prompt, tokens = rng.integers(3, 60, length), rng.integers(3, 60, 15)
         one_row, one_row_hidden = _chunked_logits(session, prompt, tokens, 1)
         for q in (2, 3, 5, 8):

@@ -18,8 +18,9 @@ def attention_lift(head_dim: int) -> list[int]:
     """[block, short] for head_dim > 128: ONNX Runtime CPU rounds a row of GroupQueryAttention differently when
     its total length leaves a remainder of 1..short modulo block than otherwise (measured on the operator alone:
     head_dim 256 steps at 64 + 256 k, 5e-7..8e-6 apart; 512 at 32, 64, 160, 192, 288; 192 at 64, the only
-    total under 127 tried; none at 64 / 128), so the runtime adds padding rows to leave such a remainder."""
-    return [128, 64] if head_dim >= 512 else [256, 64]
+    total under 127 tried; none at 64 / 128; in whole passes, head_dim 256 also at 192 + 256 k:
+    benchmarks/wide_head_gaps.py), so the runtime adds padding rows to leave such a remainder."""
+    return [128, 64]
 BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
 
 

@@ -200,7 +200,7 @@ class OrtBufferSession(OrtSession):
         self.row_invariant = self.takes_attention_pad
         # head_dim > 128: attention_pad is a count; [block, short]: a pass whose total length leaves a remainder of
         # 1..short modulo block gets padding rows past it (ONNX Runtime rounds those differently; export/fused_ops.py)
-        self.attention_lift = tuple(int(v) for v in spec.extra.get("attention_lift", (0, 0)))
+        self.attention_lift = recorded_lift(spec.extra.get("attention_lift"))
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -377,6 +377,13 @@ class OrtBufferSession(OrtSession):
             binding.bind_ortvalue_output(present, value)
         cache.binding = (self, cache.capacity, binding)
         return binding
+
+
+def recorded_lift(recorded: list[int] | tuple[int, ...] | None) -> tuple[int, int]:
+    """A graph's `attention_lift` as the runtime applies it: manifests exported before the steps at 192 + 256 k
+    were found record [256, 64] for head_dim 256, which missed them; modulo 128 covers both (export/fused_ops.py)."""
+    block, short = (int(v) for v in recorded or (0, 0))
+    return (128, short) if block == 256 else (block, short)
 
 
 def lift_rows(lift: tuple[int, int], total: int, capacity: int | None = None) -> int:

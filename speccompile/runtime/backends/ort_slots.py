@@ -19,7 +19,7 @@ import numpy as np
 from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache
 from .base import StepOutput, hidden_output
-from .ort import inference_session, lift_rows
+from .ort import inference_session, lift_rows, recorded_lift
 from .tree_layout import MainPathLayout
 
 
@@ -46,7 +46,7 @@ class OrtSlotSession:
         self._ort = ort
         self.hidden_name = hidden_output(spec)
         # head_dim > 128: each slot's attention total is lifted as its pass alone would be (`lift_rows`)
-        self.attention_lift = tuple(int(v) for v in spec.extra.get("attention_lift", (0, 0)))
+        self.attention_lift = recorded_lift(spec.extra.get("attention_lift"))
         self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
         widths = {t.name: int(t.shape[-1]) for t in spec.outputs if t.name in self._outputs}
         self._widths = [widths[name] for name in self._outputs]
