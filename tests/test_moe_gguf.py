@@ -1,6 +1,6 @@
 """Mixture-of-experts GGUF files (llama.cpp's layout: each layer's experts as one 3-D tensor `ffn_{gate,up,down}_exps`,
 the router `ffn_gate_inp`, Qwen2-MoE's shared expert `ffn_*_shexp` and its gate `ffn_gate_inp_shexp`; Mixtral written
-as a `llama` with `expert_count`) read into the MoE description (models/moe_config.py): a tiny transformers checkpoint
+as a `llama` with `expert_count`; `gpt-oss` with biases, sinks and MXFP4 experts) read into the MoE description (models/moe_config.py): a tiny transformers checkpoint
 written as such a GGUF loads to the same config and tensors, and its export matches transformers and decodes exactly."""
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ CHECKPOINTS = {
     "qwen3_moe": ("qwen3moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)),
     "qwen2_moe": ("qwen2moe", dict(test_families.FAMILIES["qwen2_moe"])),  # a shared expert, top k not renormalised
     "mixtral": ("llama", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    # llama.cpp stores no SwiGLU clamp for gpt-oss (it hard-codes 7): the checkpoint keeps that one
+    "gpt_oss": ("gpt-oss", dict(test_families.FAMILIES["gpt_oss"], swiglu_limit=7.0)),
 }
 
 
 def write_moe_gguf(path, folder, arch: str, quant: str | None = None, per_expert: bool = False) -> None:
     """The checkpoint in `folder` as llama.cpp writes a MoE model of architecture `arch`: per-expert tensors stacked
-    into [experts, out, in] (`quant`: the 3-D expert tensors in that gguf type, e.g. Q8_0); `per_expert`: as early
+    into [experts, out, in] (`quant`: the 3-D expert tensors in that gguf type, e.g. Q8_0 or MXFP4); `per_expert`: as early
     llama.cpp Mixtral files, one 2-D tensor per expert (`blk.N.ffn_gate.E.weight`)."""
     import gguf
 
@@ -53,6 +55,12 @@ def write_moe_gguf(path, folder, arch: str, quant: str | None = None, per_expert
         writer.add_expert_feed_forward_length(moe.expert_size)
     if moe.shared_expert_size:
         writer.add_expert_shared_feed_forward_length(moe.shared_expert_size)
+    if arch == "gpt-oss":  # what llama.cpp's converter writes: the window and yarn's factor and original context
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(cfg.rope_scaling["original_max_position_embeddings"])
+        writer.add_uint32(f"{arch}.attention.sliding_window_pattern", 2)  # newer llama.cpp's optional period
     top = {v: k for k, v in _GGUF_NAMES.items()}
     block = {v: k for k, v in {**fam.gguf, **moe.gguf_names()}.items()}
     experts: dict[str, list] = {}
@@ -63,6 +71,9 @@ def write_moe_gguf(path, folder, arch: str, quant: str | None = None, per_expert
             continue
         parts = name.split(".")
         layer, rest = parts[2], ".".join(parts[3:-1])
+        if name.endswith(".self_attn.sinks"):  # gpt-oss' [heads], a `.weight` in llama.cpp's name
+            writer.add_tensor(f"blk.{layer}.attn_sinks.weight", stored)
+            continue
         if ".experts." in rest:  # mlp.experts.{e}.gate_proj -> mlp.experts.*.gate_proj, stacked by expert
             experts.setdefault(f"blk.{layer}.{block[rest.replace(f'.experts.{parts[5]}.', '.experts.*.')]}.{parts[-1]}", []).append(stored)
             continue
@@ -122,6 +133,8 @@ def test_moe_gguf_matches_transformers_and_decodes_exactly(tmp_path, monkeypatch
     write_moe_gguf(tmp_path / "g" / "model.gguf", tmp_path / "hf", arch)
     want, got = load_model(str(tmp_path / "hf")), load_model(str(tmp_path / "g" / "model.gguf"))
     assert got.config.architecture == name and got.config.moe == want.config.moe
+    assert (got.config.layer_types, got.config.sliding_window) == (want.config.layer_types, want.config.sliding_window)
+    assert got.config.rope_scaling == want.config.rope_scaling and got.config.attn_sinks == want.config.attn_sinks
     assert sorted(got.weights.names()) == sorted(want.weights.names())
     for tensor in want.weights.names():
         np.testing.assert_array_equal(got.weights.read(tensor), want.weights.read(tensor), err_msg=tensor)
@@ -188,3 +201,53 @@ def test_q4_experts_build_int4_packed_and_verify_identical(tmp_path, monkeypatch
     assert len(packed) == 2 * (2 + 4 * 2 + 2)  # per layer: qkv, o_proj, 4 experts x 2, the shared expert x 2
     result = run_cli("verify", str(tmp_path / "int4"), "--raw", "--max-tokens", "16", "--limit", "2")
     assert result.returncode == 0 and "identical" in result.stdout, result.stdout + result.stderr
+
+
+def test_gpt_oss_mxfp4_experts_are_gguf_dequantized_per_expert_and_decode_exactly(tmp_path, monkeypatch):
+    """gpt-oss with MXFP4 3-D experts (llama.cpp's type for the published models; their biases stay F32): each
+    expert's matrix is its slice of gguf's own dequantization of the whole tensor, near the checkpoint's weights;
+    exported, greedy n-gram speculative decoding equals plain."""
+    import gguf
+
+    from speccompile.models.load import load_model
+
+    arch, _ = _checkpoint(tmp_path, monkeypatch, "gpt_oss")
+    hf = tmp_path / "hf"
+    (tmp_path / "g").mkdir()
+    write_moe_gguf(tmp_path / "g" / "model.gguf", hf, arch, quant="MXFP4")
+    got, want = load_model(str(tmp_path / "g" / "model.gguf")), load_model(str(hf))
+    assert got.config.moe == want.config.moe and sorted(got.weights.names()) == sorted(want.weights.names())
+    reader = gguf.GGUFReader(str(tmp_path / "g" / "model.gguf"))
+    for proj, gname, shape in (("gate_proj", "ffn_gate_exps", (128, 64)), ("down_proj", "ffn_down_exps", (64, 128))):
+        whole = next(t for t in reader.tensors if t.name == f"blk.1.{gname}.weight")
+        assert whole.tensor_type == gguf.GGMLQuantizationType.MXFP4
+        full = gguf.quants.dequantize(whole.data, whole.tensor_type).reshape(4, *shape)
+        for e in range(4):
+            name = f"model.layers.1.mlp.experts.{e}.{proj}.weight"
+            np.testing.assert_array_equal(got.weights.read(name), full[e])
+            assert got.weights.shape(name) == shape
+            np.testing.assert_allclose(full[e], want.weights.read(name), atol=0.2 * np.abs(full[e]).max())
+    bias = "model.layers.1.mlp.experts.2.up_proj.bias"
+    np.testing.assert_array_equal(got.weights.read(bias), want.weights.read(bias))
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf / file, tmp_path / "g" / file)
+    export_artifact(str(tmp_path / "g" / "model.gguf"), tmp_path / "art", ExportOptions(max_context=128))
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    assert_greedy_speculative_equals_plain(runner, PROMPTS, 24)
+
+
+def test_gpt_oss_gguf_sliding_period_and_one_rope_base():
+    """llama.cpp's sliding period (layer i slides iff i % period < period - 1; 2 when absent) gives the layer
+    types; a second rope base for the sliding layers, or a per-layer pattern array, is refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import _gpt_oss_gguf_keys
+
+    meta = {"gpt-oss.rope.freq_base": 150000.0, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0}
+    assert _gpt_oss_gguf_keys(meta, "gpt-oss.", 128, 4, "m.gguf")["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    three = _gpt_oss_gguf_keys({**meta, "gpt-oss.attention.sliding_window_pattern": 3}, "gpt-oss.", 128, 4, "m.gguf")
+    assert three["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
+    assert three["rope_scaling"] == dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
+    assert "layer_types" not in _gpt_oss_gguf_keys(meta, "gpt-oss.", 0, 4, "m.gguf")
+    for bad in ({"gpt-oss.rope.freq_base_swa": 10000.0}, {"gpt-oss.attention.sliding_window_pattern": [True, False]}):
+        with pytest.raises(UnsupportedError, match="m.gguf: GGUF gpt-oss"):
+            _gpt_oss_gguf_keys({**meta, **bad}, "gpt-oss.", 128, 4, "m.gguf")

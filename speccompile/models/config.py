@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,13 +292,38 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
     if meta.get(p + "rope.scaling.type") == "linear":
         data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
     window = meta.get(p + "attention.sliding_window")
-    if window and arch == "gemma3":  # llama.cpp's Gemma 3: every 6th layer global, local rope base 10000
+    if arch == "gpt_oss":
+        data.update(_gpt_oss_gguf_keys(meta, p, int(window or 0), data["num_hidden_layers"], source))
+    elif window and arch == "gemma3":  # llama.cpp's Gemma 3: every 6th layer global, local rope base 10000
         types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(data["num_hidden_layers"])]
         data.update(sliding_window=int(window), layer_types=types, query_pre_attn_scalar=int(head_dim),
                     rope_parameters={"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
                                      "sliding_attention": {"rope_theta": 10000.0}})
     elif window:
         raise UnsupportedError(f"{source}: a GGUF {arch} with a sliding window is not supported (export its safetensors)")
+    return data
+
+
+def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, window: int, layers: int, source: str) -> dict[str, Any]:
+    """gpt-oss' sliding layers (`window` 0: none) and yarn rope from llama.cpp's metadata. Unless the file names
+    them, llama.cpp takes a sliding period of 2 (layer i slides iff i % period < period - 1: even layers) and yarn's
+    betas 32 / 1; the window is transformers' (key slots p - W < j <= p). The correction range is not rounded
+    (`truncate` false, as gpt-oss' own config.json and reference code have it)."""
+    period = meta.get(p + "attention.sliding_window_pattern", 2)
+    local_base = meta.get(p + "rope.freq_base_swa")
+    two_bases = local_base is not None and float(local_base) != float(meta.get(p + "rope.freq_base", 10000.0))
+    if isinstance(period, bool) or not isinstance(period, numbers.Integral) or period < 1 or two_bases:
+        raise UnsupportedError(f"{source}: GGUF gpt-oss with {p}attention.sliding_window_pattern {period!r} / "
+                               f"rope.freq_base_swa {local_base!r} is not supported (one period, one rope base)")
+    rope = {"rope_type": "yarn", "factor": float(meta.get(p + "rope.scaling.factor") or 1.0),
+            "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast") or 32.0),
+            "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow") or 1.0), "truncate": False}
+    if meta.get(p + "rope.scaling.original_context_length"):
+        rope["original_max_position_embeddings"] = int(meta[p + "rope.scaling.original_context_length"])
+    data: dict[str, Any] = {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
+    if window:
+        data.update(sliding_window=window,
+                    layer_types=["sliding_attention" if i % period < period - 1 else "full_attention" for i in range(layers)])
     return data
 
 

@@ -225,6 +225,9 @@ _GGUF_NAMES = {
     "output.weight": "lm_head.weight",
     "output.bias": "lm_head.bias",
 }
+_BARE = ("self_attn.sinks",)  # checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`)
+
+
 def _open_gguf(path: Path):
     import gguf
 
@@ -253,6 +256,8 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
     if name in _GGUF_NAMES:
         return _GGUF_NAMES[name]
     parts = name.split(".")
+    if len(parts) in (3, 4) and parts[0] == "blk" and block_names.get(parts[2]) in _BARE and parts[3:] in ([], ["weight"]):
+        return f"model.layers.{parts[1]}.{block_names[parts[2]]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""

@@ -103,6 +103,8 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str
     Qwen2-MoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families)."""
     data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
             "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind != "qwen2_moe"))}
+    if kind == "gpt_oss":  # llama.cpp stores no SwiGLU clamp for gpt-oss: moe_from_hf's defaults are its hard-coded 7 / 1.702
+        data["intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
     if kind in ("qwen2_moe", "qwen3_moe"):
         data["moe_intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
         data["shared_expert_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
