@@ -17,13 +17,15 @@
 #   serve (issue 46; in the default list, last): `speccompile serve --backend ort-cuda` on an fp16 export with a 32-slot
 #   GPU slot form (/tmp/e16s, `--batch-slots 32`), driven by benchmarks/serve_load.py: 1 vs 8 and 1 vs 32 concurrent
 #   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run).
+#   servetree (issue 46; in the default list, after serve): the same with `--drafter suffix` (trees), which batches in
+#   the tree form target.ort-cuda-tree-slots.onnx (onnxruntime-gpu >= 1.28): 8 streams, mismatches vs 1 stream.
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
 #   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
 #   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-"pass verify bench test peer serve"}
+STEPS=${STEPS:-"pass verify bench test peer serve servetree"}
 LIMIT=${LIMIT:-6}; NEW=${NEW:-128}; SC_ARGS=${SC_ARGS:-}; DEADLINE=${DEADLINE:-0}
 VERIFY_ARGS=${VERIFY_LIMIT:+--limit $VERIFY_LIMIT}
 lim() {  # a step's time limit: $1 seconds, or what is left before DEADLINE (1: no time left)
@@ -75,7 +77,7 @@ for step in $STEPS; do
       else echo "no pytest on this machine: skipped"; fi ;;
     peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW \
         ${PEER_ARGS---no-compile} 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
-    serve) if [ ! -f /tmp/e16s/target.ort-cuda-slots.onnx ]; then
+    serve) if [ ! -f /tmp/e16s/target.ort-cuda-tree-slots.onnx ]; then
         start=$SECONDS; timeout $(lim 150) sc export smollm2-135m --dtype fp16 --batch-slots 32 --out /tmp/e16s --force > "$OUT/export16s.txt" 2>&1
         echo "export fp16 with 32 slots: $((SECONDS - start)) s"; tail -n 2 "$OUT/export16s.txt"
       fi
@@ -85,6 +87,12 @@ for step in $STEPS; do
           --streams $streams --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 > "$OUT/serve_$streams.json" 2> "$OUT/serve_$streams.err"
         python3 -c "import json;j=json.load(open('$OUT/serve_$streams.json'));print('streams $streams:',j['ratios'],[(p['phase'],p['tok_per_s'],p['ttft_p50_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
       done ;;
+    servetree) [ -f /tmp/e16s/target.ort-cuda-tree-slots.onnx ] || { echo "no GPU tree slot form in /tmp/e16s (run the serve step first)"; continue; }
+      # trees batched in the tree form (suffix drafter: trees with no head to export); mismatches: streams-8 vs streams-1
+      timeout $(lim 200) python3 benchmarks/serve_load.py /tmp/e16s $W --limit ${SERVE_LIMIT:-8} --max-tokens $NEW \
+        --streams 8 --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 --drafter suffix > "$OUT/servetree.json" 2> "$OUT/servetree.err"
+      python3 -c "import json;j=json.load(open('$OUT/servetree.json'));print('tree streams 8:',j['ratios'],[(p['phase'],p['tok_per_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
+      grep -m2 -i "tree\|batch" "$OUT/servetree.err" ;;
     qad) export32
       start=$SECONDS
       timeout ${QAD_LIMIT:-480} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
@@ -104,6 +112,6 @@ for step in $STEPS; do
         --modelopt-python python3 --device cuda --work /tmp/mot --threads 16 $ours \
         ${MO_CONFIGS:---config W4A16_NVFP4_CFG --config W4A16_NVFP4_CFG:awq_lite --config W4A16_NVFP4_CFG:awq_clip --config NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG+weight-only --config NVFP4_FOUR_OVER_SIX_CFG+weight-only} \
         2>&1 | tee "$OUT/modelopt_torch.txt" | tail -n 12 ;;
-    *) echo "unknown step $step (pass verify bench test peer serve loose qad modelopt)" ;;
+    *) echo "unknown step $step (pass verify bench test peer serve servetree loose qad modelopt)" ;;
   esac
 done

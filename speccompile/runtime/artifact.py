@@ -37,6 +37,12 @@ class Artifact:
         return int(self.manifest.limits.get("max_verify_tokens", 64))
 
     @property
+    def verify_rows(self) -> int:
+        """The most rows one verify pass holds (a tree's nodes included): max_verify_tokens, or in shape-invariant
+        mode its rows when fewer (every pass, a slotted GPU graph's included, has that many)."""
+        return min(self.max_verify_tokens, self.shape_invariant or self.max_verify_tokens)
+
+    @property
     def eos_token_ids(self) -> list[int]:
         ids = list(self.manifest.tokenizer.get("eos_token_ids") or [])
         return sorted(set(ids) | set(self.tokenizer.eos_token_ids))

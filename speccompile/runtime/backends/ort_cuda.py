@@ -100,6 +100,8 @@ def binding_plan(spec: GraphSpec, q: int, capacity: int, batch: int = 1) -> Bind
             inputs[name] = Buffer(name, (), "int32", "cpu")
         elif name in ("input_ids", "position_ids"):
             inputs[name] = Buffer(f"{name}.q{q}", (batch, q), "int64", "device")
+        elif name == "attention_bias":  # the slotted graph's tree form: each slot's additive mask
+            inputs[name] = Buffer(f"{name}.q{q}", (batch, 1, q, int(capacity)), "float", "device")
         else:
             raise UnsupportedError(f"{spec.file}: input {name} is not one the GPU session binds")
     outputs: dict[str, Buffer] = {}
@@ -154,11 +156,13 @@ class FixedKVCache(BufferKVCache):
     """KV rows in per-layer buffers of a fixed capacity that the graph writes in place.
 
     The addresses never change (a captured CUDA graph replays against them), so the cache never grows: a
-    generation that would pass `capacity` rows ends at the context limit. The GPU graph verifies chains,
-    so accepted rows are always the first ones of a step and committing them moves nothing.
+    generation that would pass `capacity` rows ends at the context limit. The GPU graphs verify chains, and the
+    slotted graph's tree form trees laid out main path first with verdicts cut off it, so accepted rows are always
+    the first ones of a pass and committing them moves nothing.
     """
 
     def __init__(self, tensors: list[Any], capacity: int):
+        self.row_slots: np.ndarray | None = None  # a tree pass laid out main path first (runtime/batch_gpu.py)
         self.tensors = list(tensors)
         self._capacity = int(capacity)
         self.max_capacity = self._capacity
@@ -176,7 +180,10 @@ class FixedKVCache(BufferKVCache):
             raise InputError(f"context of {total} tokens exceeds the KV buffer of {self._capacity} rows (the artifact's max_context)")
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
-        keep = [int(k) for k in keep]
+        """Commit the kept rows, which must be the pass's first rows (a chain's, or a tree's main path laid out
+        first: `row_slots` maps them to the pass rows that computed them)."""
+        slots, self.row_slots = self.row_slots, None
+        keep = [int(k if slots is None else slots[k]) for k in keep]
         if keep != list(range(len(keep))):
             raise UnsupportedError("the GPU verify graph keeps a prefix of each step's rows (chains); tree drafts need the contract graph")
         self.length += len(keep)
