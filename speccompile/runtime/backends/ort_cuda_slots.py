@@ -25,6 +25,7 @@ from ...manifest import GraphSpec
 from .base import StepOutput
 from .ort_cuda import DEFAULT_BUCKETS, BindingPlan, DeviceLogitsOutput, FixedKVCache, OrtCudaSession, binding_plan, bucket_for
 from .ort_cuda import is_causal_step, pad_step
+from .shared_weights import SharedWeights
 
 Step = tuple[np.ndarray, np.ndarray]  # a slot's token ids and positions this pass
 
@@ -44,13 +45,13 @@ class OrtCudaSlotSession(OrtCudaSession):
 
     def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
                  max_verify_tokens: int = 64, buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0,
-                 threads: int | None = None):
+                 threads: int | None = None, weights: SharedWeights | None = None):
         self.slots = int(spec.extra.get("slots", 0))
         if self.slots < 1:
             raise UnsupportedError(f"{spec.file} is not the slotted GPU graph (expected target.ort-cuda-slots.onnx)")
         self._slot_caches: list[SlotKVCache] = []
         super().__init__(directory, spec, device, max_context, max_verify_tokens, buckets=buckets, device_id=device_id,
-                         threads=threads)
+                         threads=threads, weights=weights)
 
     def _plan(self, q: int) -> BindingPlan:
         return binding_plan(self.spec, q, self.capacity, self.slots)
