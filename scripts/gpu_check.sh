@@ -16,7 +16,9 @@
 #     STEPS=qad QAD_STEPS=600 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~590)
 #   serve (issue 46; in the default list, last): `speccompile serve --backend ort-cuda` on an fp16 export with a 32-slot
 #   GPU slot form (/tmp/e16s, `--batch-slots 32`), driven by benchmarks/serve_load.py: 1 vs 8 and 1 vs 32 concurrent
-#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run).
+#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run),
+#   and the device memory in use: benchmarks/gpu_weights_memory.py first (MiB the target's GPU graph, its slotted form
+#   over the shared weights and a slotted session with its own copy each add), then each run's peak (nvidia-smi).
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
 #   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
 #   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
@@ -80,9 +82,14 @@ for step in $STEPS; do
         echo "export fp16 with 32 slots: $((SECONDS - start)) s"; tail -n 2 "$OUT/export16s.txt"
       fi
       [ -f /tmp/e16s/target.ort-cuda-slots.onnx ] || { echo "no GPU slot form in /tmp/e16s"; continue; }
+      timeout $(lim 90) python3 benchmarks/gpu_weights_memory.py /tmp/e16s 2>&1 | tee "$OUT/weights_memory.txt"
       for streams in 8 32; do
+        (while sleep 1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0; done) > "$OUT/serve_mem_$streams.txt" 2>/dev/null &
+        sampler=$!
         timeout $(lim 200) python3 benchmarks/serve_load.py /tmp/e16s $W --limit ${SERVE_LIMIT:-8} --max-tokens $NEW \
           --streams $streams --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 > "$OUT/serve_$streams.json" 2> "$OUT/serve_$streams.err"
+        kill $sampler 2>/dev/null
+        echo "streams $streams: device memory used while serving, peak $(sort -n "$OUT/serve_mem_$streams.txt" | tail -1) MiB"
         python3 -c "import json;j=json.load(open('$OUT/serve_$streams.json'));print('streams $streams:',j['ratios'],[(p['phase'],p['tok_per_s'],p['ttft_p50_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
       done ;;
     qad) export32

@@ -6,6 +6,7 @@ server's Runner opens the slotted form over the target's pool."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from speccompile.runtime.backends.ort_cuda_slots import OrtCudaSlotSession
 from speccompile.runtime.backends.shared_weights import SharedWeights, external_initializers, gpu_form_weights
 from speccompile.runtime.batch_gpu import SlotGraphPasses
 from speccompile.runtime.kvcache import causal_mask
+from conftest import load_benchmark
 from test_batch_passes import _decode
 from test_gpu_slots import CONTEXT, PROMPTS, SLOTS, _ids, gpu_runner, slot_artifact  # noqa: F401 (a fixture)
 
@@ -121,3 +123,11 @@ def test_a_server_runner_opens_the_slot_form_over_the_targets_weights(slot_artif
     prompts = [_ids(runner, p) for p in PROMPTS[:4]]
     for ids, result in zip(prompts, _decode(decoder, runner, prompts, 16)):
         assert result.tokens == runner.generate_ids(ids, 16).tokens
+
+
+def test_the_memory_script_opens_the_sessions_a_server_opens(slot_artifact, capsys):
+    """benchmarks/gpu_weights_memory.py (the device check's record of memory in use; here on the CPU EP): the
+    slotted session it opens over the pool gets every shared tensor."""
+    assert load_benchmark("gpu_weights_memory").main([str(slot_artifact), "--device", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["shared_tensors"] == len(_pool(slot_artifact).keys) and report["weights_shared_mib"] > 0

@@ -131,6 +131,15 @@ def gpu_form_weights(directory: str | Path, manifest: Manifest, backend: str, ta
     their file in place already, and prepacks each MatMul weight into a copy of each session's own, which a shared
     initializer does not avoid (docs/gpu.md, "One copy of the weights")."""
     single, slotted = (manifest.graphs.get(variant_name("target", form)) for form in ("cuda", "cuda-slots"))
-    if backend != "ort-cuda" or single is None or slotted is None or target.file != single.file:
+    if backend != "ort-cuda" or single is None or slotted is None or target.file != single.file or not makes_views():
         return None
     return SharedWeights(directory, [target.file, slotted.file], "cuda", device_id)
+
+
+def makes_views() -> bool:
+    """Whether the installed onnxruntime's Python `OrtValue` makes DLPack views (`OrtValue.from_dlpack`, onnxruntime
+    PR #27980, 2026-04): without one, a tensor ONNX Runtime allocated cannot be given as an initializer, and each
+    session loads its own copy as before (a property of the library, not of our objects)."""
+    import onnxruntime as ort
+
+    return hasattr(ort.OrtValue, "from_dlpack")
