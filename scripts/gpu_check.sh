@@ -72,7 +72,7 @@ for step in $STEPS; do
     bench) timeout $(lim 200) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram $SC_ARGS > "$OUT/bench16.txt" 2>&1
       tail -n 12 "$OUT/bench16.txt" ;;
     test) if python3 -m pytest --version > /dev/null 2>&1; then
-        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
+        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py tests/test_shared_weights.py::test_cuda_sessions_share_the_weights_in_place \
           tests/test_qad.py::test_torch_graph_computes_what_onnxruntime_computes tests/test_qad.py::test_the_stored_graph_is_the_trained_student 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
       else echo "no pytest on this machine: skipped"; fi ;;
     peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW \

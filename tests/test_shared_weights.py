@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from speccompile.manifest import read_manifest, variant_name
 from speccompile.runtime.backends.ort_cuda import OrtCudaSession
@@ -19,8 +20,9 @@ from speccompile.runtime.backends.ort_cuda_slots import OrtCudaSlotSession
 from speccompile.runtime.backends.shared_weights import SharedWeights, external_initializers, gpu_form_weights
 from speccompile.runtime.batch_gpu import SlotGraphPasses
 from speccompile.runtime.kvcache import causal_mask
-from conftest import load_benchmark
+from conftest import load_benchmark, make_tiny_hf_model
 from test_batch_passes import _decode
+from test_gpu_graph import _has_cuda_ep
 from test_gpu_slots import CONTEXT, PROMPTS, SLOTS, _ids, gpu_runner, slot_artifact  # noqa: F401 (a fixture)
 
 SINGLE, SLOTTED = variant_name("target", "cuda"), variant_name("target", "cuda-slots")
@@ -131,3 +133,34 @@ def test_the_memory_script_opens_the_sessions_a_server_opens(slot_artifact, caps
     assert load_benchmark("gpu_weights_memory").main([str(slot_artifact), "--device", "cpu", "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["shared_tensors"] == len(_pool(slot_artifact).keys) and report["weights_shared_mib"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda_ep(), reason="onnxruntime here has no CUDAExecutionProvider (needs onnxruntime-gpu and a GPU)")
+def test_cuda_sessions_share_the_weights_in_place(tmp_path):
+    """On the GPU (fp16, CUDA graphs): the pool an ort-cuda artifact opens with is taken in place by both sessions
+    (writing a shared tensor changes what both compute, not what a separately loaded session computes: if ONNX
+    Runtime refused the views it would load copies of its own and this fails), and their logits are bitwise the
+    separately loaded sessions'."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    out = tmp_path / "fp16"
+    export_artifact(str(make_tiny_hf_model(tmp_path / "llama")), out, ExportOptions(max_context=CONTEXT, dtype="fp16"))
+    manifest = read_manifest(out)
+    specs = [manifest.graph(SINGLE), manifest.graph(SLOTTED)]
+    pool = gpu_form_weights(out, manifest, "ort-cuda", specs[0])
+    assert pool is not None, "this onnxruntime makes no DLPack views (OrtValue.from_dlpack): nothing is shared"
+
+    def opened(weights):
+        return (OrtCudaSession(out, specs[0], device="cuda", max_context=CONTEXT, weights=weights),
+                OrtCudaSlotSession(out, specs[1], device="cuda", max_context=CONTEXT, weights=weights))
+
+    shared, separate = opened(pool), opened(None)
+    prompt = [5, 6, 7, 8, 9, 10]
+    before = _steps(*shared, prompt)
+    assert all(np.array_equal(a, b) for a, b in zip(before, _steps(*separate, prompt)))
+    embedding = pool.value("model.embed_tokens.weight")
+    embedding.update_inplace(embedding.numpy() * np.float16(2))
+    after = _steps(*shared, prompt, steps=0)
+    assert not np.array_equal(before[0], after[0]) and not np.array_equal(before[2], after[2])
+    assert all(np.array_equal(a, b) for a, b in zip(before[:4], _steps(*separate, prompt, steps=0)))

@@ -239,8 +239,6 @@ class OrtCudaSession:
         self.graph_ids = {q: i + 1 for i, q in enumerate(self.buckets)}  # gpu_graph_id per bucket (>= 1)
         self._ort = ort
         opts = session_options(threads)
-        self.shared_tensors = weights.add_to(opts, spec.file) if weights is not None else 0
-        self.weights = weights  # kept alive with the session
         if device == "cuda":
             available = ort.get_available_providers()
             if "CUDAExecutionProvider" not in available:
@@ -253,6 +251,10 @@ class OrtCudaSession:
             providers: list = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
+        if weights is not None and (weights.device, weights.device_id) != (device, device_id):
+            raise ValueError(f"shared weights on {weights.device}:{weights.device_id} for a session on {device}:{device_id}")
+        self.shared_tensors = weights.add_to(opts, spec.file) if weights is not None else 0
+        self.weights = weights  # kept alive with the session
         self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=providers)
         self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
         self.present_names = [n for n in spec.output_names() if n.startswith("present.")]
