@@ -16,6 +16,7 @@ Tensors stored inline in a graph (small constants) stay each session's own. docs
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
@@ -73,10 +74,7 @@ class SharedWeights:
     def __init__(self, directory: str | Path, files: Sequence[str], device: str = "cpu", device_id: int = 0):
         self.device, self.device_id = device, device_id
         self.graphs = {name: external_initializers(Path(directory) / name) for name in files}
-        seen: dict[TensorKey, int] = {}
-        for keys in self.graphs.values():
-            for key in keys.values():
-                seen[key] = seen.get(key, 0) + 1
+        seen = Counter(key for keys in self.graphs.values() for key in keys.values())
         self.keys = {key for key, count in seen.items() if count > 1}
         self._values: dict[TensorKey, tuple[Any, Any]] = {}  # key -> (the allocated tensor, the view sessions get)
         self.sessions = 0  # sessions given the shared tensors
