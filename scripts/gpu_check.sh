@@ -16,7 +16,9 @@
 #     STEPS=qad QAD_STEPS=600 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~590)
 #   serve (issue 46; in the default list, last): `speccompile serve --backend ort-cuda` on an fp16 export with a 32-slot
 #   GPU slot form (/tmp/e16s, `--batch-slots 32`), driven by benchmarks/serve_load.py: 1 vs 8 and 1 vs 32 concurrent
-#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run).
+#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run),
+#   and the device memory in use: benchmarks/gpu_weights_memory.py first (MiB the target's GPU graph, its slotted form
+#   over the shared weights and a slotted session with its own copy each add), then each run's peak (nvidia-smi).
 #   servetree (issue 46; in the default list, after serve): the same with `--drafter suffix` (trees), which batches in
 #   the tree form target.ort-cuda-tree-slots.onnx (onnxruntime-gpu >= 1.28): 8 streams, mismatches vs 1 stream.
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
@@ -72,7 +74,7 @@ for step in $STEPS; do
     bench) timeout $(lim 200) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram $SC_ARGS > "$OUT/bench16.txt" 2>&1
       tail -n 12 "$OUT/bench16.txt" ;;
     test) if python3 -m pytest --version > /dev/null 2>&1; then
-        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
+        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py tests/test_shared_weights.py::test_cuda_sessions_share_the_weights_in_place \
           tests/test_qad.py::test_torch_graph_computes_what_onnxruntime_computes tests/test_qad.py::test_the_stored_graph_is_the_trained_student 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
       else echo "no pytest on this machine: skipped"; fi ;;
     peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW \
@@ -82,9 +84,14 @@ for step in $STEPS; do
         echo "export fp16 with 32 slots: $((SECONDS - start)) s"; tail -n 2 "$OUT/export16s.txt"
       fi
       [ -f /tmp/e16s/target.ort-cuda-slots.onnx ] || { echo "no GPU slot form in /tmp/e16s"; continue; }
+      timeout $(lim 90) python3 benchmarks/gpu_weights_memory.py /tmp/e16s 2>&1 | tee "$OUT/weights_memory.txt"
       for streams in 8 32; do
+        (while sleep 1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0; done) > "$OUT/serve_mem_$streams.txt" 2>/dev/null &
+        sampler=$!
         timeout $(lim 200) python3 benchmarks/serve_load.py /tmp/e16s $W --limit ${SERVE_LIMIT:-8} --max-tokens $NEW \
           --streams $streams --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 > "$OUT/serve_$streams.json" 2> "$OUT/serve_$streams.err"
+        kill $sampler 2>/dev/null
+        echo "streams $streams: device memory used while serving, peak $(sort -n "$OUT/serve_mem_$streams.txt" | tail -1) MiB"
         python3 -c "import json;j=json.load(open('$OUT/serve_$streams.json'));print('streams $streams:',j['ratios'],[(p['phase'],p['tok_per_s'],p['ttft_p50_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
       done ;;
     servetree) [ -f /tmp/e16s/target.ort-cuda-tree-slots.onnx ] || { echo "no GPU tree slot form in /tmp/e16s (run the serve step first)"; continue; }

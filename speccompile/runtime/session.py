@@ -274,7 +274,8 @@ class Runner:
 
     def _gpu_slot_decoder(self, slots: int) -> "BatchDecoder":
         """Every round one pass of the slotted GPU graph (runtime/batch_gpu.py); its session opened once per runner
-        (its device KV buffers and captured graphs outlive a decoder)."""
+        (its device KV buffers and captured graphs outlive a decoder), with the weights it shares with the target's
+        GPU graph taken from the artifact's pool (`Artifact.weights`: resident once, backends/shared_weights.py)."""
         from .backends.factory import open_session
         from .backends.ort_cuda_slots import SlotSession
         from .batch import BatchDecoder
@@ -283,7 +284,8 @@ class Runner:
         a = self.artifact
         if self._gpu_slots is None:
             self._gpu_slots = open_session(a.directory, self._gpu_slots_spec(), a.backend, a.threads, manifest=a.manifest,
-                                           max_context=a.max_context, shape_invariant=a.shape_invariant or None)
+                                           max_context=a.max_context, shape_invariant=a.shape_invariant or None,
+                                           weights=a.weights)
         target = SlotSession(self._gpu_slots)
         return BatchDecoder(SlotGraphPasses(self._gpu_slots, slots, a.max_context),
                             lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True, target))

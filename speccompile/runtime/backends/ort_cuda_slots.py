@@ -33,6 +33,7 @@ from .tree_layout import MainPathLayout
 
 TREE_BIAS = "attention_bias"  # the tree form's input: every slot's additive mask [slots, 1, R, capacity]
 FLOAT_MIN = float(np.finfo(np.float32).min)  # a masked key (the graph clamps it to its dtype's lowest finite value)
+from .shared_weights import SharedWeights
 
 Step = tuple[np.ndarray, np.ndarray]  # a slot's token ids and positions this pass
 
@@ -52,14 +53,14 @@ class OrtCudaSlotSession(OrtCudaSession):
 
     def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
                  max_verify_tokens: int = 64, buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0,
-                 threads: int | None = None):
+                 threads: int | None = None, weights: SharedWeights | None = None):
         self.slots = int(spec.extra.get("slots", 0))
         if self.slots < 1:
             raise UnsupportedError(f"{spec.file} is not the slotted GPU graph (expected target.ort-cuda-slots.onnx)")
         self._slot_caches: list[SlotKVCache] = []
         self._bias: dict[int, tuple[np.ndarray, set[int]]] = {}  # per bucket: the host bias, the slots holding a tree
         super().__init__(directory, spec, device, max_context, max_verify_tokens, buckets=buckets, device_id=device_id,
-                         threads=threads)
+                         threads=threads, weights=weights)
 
     def _plan(self, q: int) -> BindingPlan:
         return binding_plan(self.spec, q, self.capacity, self.slots)
