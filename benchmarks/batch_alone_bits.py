@@ -56,7 +56,7 @@ def main() -> None:
     if args.control:
         from speccompile.runtime.backends.ort import OrtBufferSession
 
-        OrtBufferSession.lifts_passes = property(lambda self: False)  # the head_dim <= 128 rule: batched passes
+        OrtBufferSession.wide_head_passes = property(lambda self: False)  # the head_dim <= 128 rule: batched passes
         results, rounds = together(runner, prompts, config)
         report["control"] = {**rounds, "requests": [
             {"tokens_equal": a.tokens == b.tokens, "logits_bitwise": bool(np.array_equal(a.logits, b.logits)),

@@ -306,22 +306,24 @@ def test_attention_forms_benchmark_agrees_with_group_query_attention(tiny_artifa
 
 
 def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypatch):
-    """head_dim 256 (Gemma): ONNX Runtime rounds a row differently when attention's total length is <= 64 than
-    above (and at 64 + 128 k), so the graph takes a count of padding rows and the runtime moves every pass off
-    those lengths (`attention_lift`): a position's logits are the same bits in chain passes of 1, 2, 3, 5 and 8 rows and on
-    a tree's main path, across the thresholds 64, 192 and 320; greedy speculative decoding equals plain. Negative
-    control: without the lift, passes that straddle a threshold differ. A manifest from before the steps at
-    192 + 256 k were found ([256, 64]) is read as [128, 64]."""
+    """head_dim 256 (Gemma): ONNX Runtime rounds a row's scores against its own 128-slot block differently when the
+    pass ends in that block's first half (backends/wide_head.py), so the runtime cuts passes at slots 63 mod 128
+    (`WideHeadRule`: a pass that straddles a cut runs split, drafts are sized not to): a position's logits are the
+    same bits in chain passes of 1, 2, 3, 5 and 8 rows and on a tree's main path, across the cuts at 63, 191 and 319;
+    greedy speculative decoding equals plain. Negative control: without the rule, passes that straddle a cut differ.
+    Manifests record `attention_lift`; one from before the steps at 192 + 256 k were found ([256, 64]) reads alike."""
     from speccompile.runtime.backends.ort import recorded_lift
+    from speccompile.runtime.backends.wide_head import WideHeadRule
     from speccompile.runtime.session import Runner
 
     model = make_tiny_hf_model(tmp_path / "hd256", head_dim=256)
     export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=384, hidden_states="final"))
     session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.attention_lift == (128, 64) and recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
+    assert session.wide == WideHeadRule(cut_block=128) and recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
+    assert WideHeadRule.of((128, 64), 512).lift == (128, 64) and not WideHeadRule.of((0, 0), 256).active
     rng = np.random.default_rng(3)
-    unlifted_differs = False
-    for length in (58, 180, 314):  # totals 59..73 cross 64, 181..195 cross 192, 315..329 cross 320
+    uncut_differs = False
+    for length in (58, 180, 314):  # passes from 58..72 cross the cut at 63, 180..194 at 191, 314..328 at 319
         prompt, tokens = rng.integers(3, 60, length), rng.integers(3, 60, 15)
         one_row, one_row_hidden = _chunked_logits(session, prompt, tokens, 1)
         for q in (2, 3, 5, 8):
@@ -334,10 +336,10 @@ def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypa
         tree = session.run(tokens[[0, 1, 5, 2]], length + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
         np.testing.assert_array_equal(tree.logits[[0, 1, 3]], one_row[:3])  # root, a, a's child: the main path
         with monkeypatch.context() as patch:
-            patch.setattr(session, "attention_lift", (0, 0))
-            unlifted = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 2, 3, 5, 8)]
-        unlifted_differs |= any(not np.array_equal(u, one_row) for u in unlifted)
-    assert unlifted_differs  # what the lift prevents
+            patch.setattr(session, "wide", WideHeadRule())
+            uncut = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 2, 3, 5, 8)]
+        uncut_differs |= any(not np.array_equal(u, one_row) for u in uncut)
+    assert uncut_differs  # what the cuts prevent
     runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     text = "abc abd abc abd abc abd abc " * 3
     plain = runner.generate(text, chat=False, max_tokens=40, drafter="none")

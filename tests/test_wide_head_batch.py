@@ -1,9 +1,9 @@
-"""head_dim > 128 (Gemma's 256) in the batched paths: ONNX Runtime rounds a row of GroupQueryAttention differently
-when its attention total leaves a remainder of 1..64 modulo 128, and a pass alone moves its total off those lengths
-with padding rows (`attention_lift`, tests/test_ort_fused.py). A slot of the slotted graph gets the same padding rows
-(backends/ort_slots.py), a lone request's batch-1 pass too, and the batch decoder runs every round of two or more
-requests as a slot pass (a batched pass of several sequences cannot take padding rows): every request's logits are
-bitwise its logits alone by construction."""
+"""head_dim > 128 (Gemma's 256) in the batched paths: ONNX Runtime rounds a row's scores against its own 128-slot
+block differently when its pass ends in that block's first half, so passes never straddle a cut at slot 63 mod 128
+(`WideHeadRule`, backends/wide_head.py; tests/test_ort_fused.py). A slot of the slotted graph holds rows of one
+segment only (drafts are sized by `Session.pass_rows`; a slot that straddles is refused), a lone request's batch-1
+pass is split as alone, and the batch decoder runs every round of two or more requests as a slot pass (a batched pass
+of several sequences has no padding row): every request's logits are bitwise its logits alone by construction."""
 
 from __future__ import annotations
 
@@ -30,30 +30,38 @@ def wide_artifact(tmp_path_factory):
 
 
 def test_head_dim_256_slot_rows_equal_each_sequence_alone_bitwise(wide_artifact):
-    """Plain rows and drafts of three sequences whose totals straddle 64, 192 and 320, in slot passes: bitwise each
-    sequence's pass alone. Negative control: without the per-slot lift some rows differ."""
+    """Plain rows and drafts of three sequences on both sides of the cuts at 63, 191 and 319, in slot passes: bitwise
+    each sequence's pass alone. A slot whose rows straddle a cut is refused; negative control: let through without
+    the rule, such rows differ from the same rows alone (which run split)."""
+    from speccompile.runtime.backends.wide_head import WideHeadRule
+
     manifest = read_manifest(wide_artifact)
     spec = manifest.graphs[variant_name("target", "slots")]
     assert spec.extra["attention_lift"] == [128, 64]
     alone = open_artifact(wide_artifact, threads=1).target
     slotted = OrtSlotSession(wide_artifact, manifest, spec, threads=1)
-    assert slotted.attention_lift == (128, 64)
+    assert slotted.wide == WideHeadRule(cut_block=128)
 
-    def differing_rows() -> int:
+    def differing_rows(lengths, cases) -> int:
         rng = np.random.default_rng(0)
         pool = alone.new_batch_buffers(3, 448)
-        prompts = [rng.integers(3, 60, n) for n in (188, 58, 318)]
+        prompts = [rng.integers(3, 60, n) for n in lengths]
         differing = 0
-        for qs in ([1, 3, 5], [2, 1, 4], [5, 2, 1]):
+        for qs in cases:
             tokens = [rng.integers(3, 60, q) for q in qs]
             expected, caches, rows = alone_rows_in_slots(alone, pool, prompts, tokens)
             outs = slotted.run(pool, alone.past_names, rows, caches)
             differing += sum(not np.array_equal(out.logits, want) for out, want in zip(outs, expected))
         return differing
 
-    assert differing_rows() == 0
-    slotted.attention_lift = (0, 0)
-    assert differing_rows() > 0  # what the per-slot lift prevents
+    # rows ending at 62 / 190 / 318 (short), starting at 63 / 191 / 319 (long), and a one-row pass at each cut
+    assert differing_rows((186, 58, 314), ([1, 3, 5], [5, 5, 5], [2, 1, 4])) == 0
+    assert differing_rows((191, 63, 319), ([1, 3, 5], [8, 2, 1])) == 0
+    assert differing_rows((190, 62, 318), ([1, 1, 1],)) == 0
+    with pytest.raises(ValueError, match="cross a cut"):
+        differing_rows((188, 58, 318), ([5, 8, 5],))
+    slotted.wide = WideHeadRule()
+    assert differing_rows((188, 58, 318), ([5, 8, 5], [4, 7, 3])) > 0  # what the cuts prevent
 
 
 def _traced(runner: Runner, max_tokens: int):
@@ -64,8 +72,8 @@ def _traced(runner: Runner, max_tokens: int):
 
 def test_head_dim_256_batch_decoder_is_bitwise_alone(wide_artifact, monkeypatch):
     """The batch decoder over a head_dim-256 artifact (asked for batched passes): every round of two or more requests
-    is a slot pass, a request left alone a lifted batch-1 pass, short prompts prefill alone; every request's logits
-    and tokens are bitwise its own alone, across totals 64 and 320. Negative control: batched one-row passes."""
+    is a slot pass, a request left alone a batch-1 pass (split at cuts), short prompts prefill alone; every request's logits
+    and tokens are bitwise its own alone, across the cuts at 63 and 319. Negative control: batched one-row passes."""
     runner = Runner(wide_artifact, drafter="ngram", threads=1)
     rng = np.random.default_rng(5)
     prompts = [list(rng.integers(3, 60, n)) for n in (20, 45, 50, 300)]
@@ -86,7 +94,7 @@ def test_head_dim_256_batch_decoder_is_bitwise_alone(wide_artifact, monkeypatch)
         assert mine.tokens == theirs.tokens
         assert np.array_equal(mine.logits, theirs.logits)
     target = runner.artifact.target
-    monkeypatch.setattr(type(target), "lifts_passes", property(lambda self: False))  # the batched one-row passes
+    monkeypatch.setattr(type(target), "wide_head_passes", property(lambda self: False))  # the batched one-row passes
     decoder, batched = together()
     assert decoder.passes.slot_session is None and decoder.slot_passes == 0 and decoder.passes.mode["slot_passes"] == "off"
     assert any(not np.array_equal(mine.logits, theirs.logits) for mine, theirs in zip(batched, alone))

@@ -76,7 +76,7 @@ class FusedGraphPasses(RoundPasses):
     @property
     def prefills_together(self) -> bool:
         """Prompts may share a prefill pass, except at head_dim > 128 (a batched prefill is not lifted as alone)."""
-        return not self.session.lifts_passes
+        return not self.session.wide_head_passes
 
     def prefill_batch(self, first_slot: int, prompts: list[np.ndarray]) -> list[np.ndarray]:
         return self.session.prefill_batch(self.buffers, first_slot, prompts)

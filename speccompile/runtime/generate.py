@@ -317,12 +317,12 @@ class Generation(PromptPrefill):
     # -- the round's steps, in detail ------------------------------------------------------------------
 
     def _draft_room(self) -> int:
-        """Draft positions this round may hold: num_draft_tokens, what fits in the context and the verify pass,
-        what max_tokens leaves (0 without a drafter). The grammar's forced tokens extend a speculative chain up to
-        it too."""
+        """Draft positions this round may hold: num_draft_tokens, what fits in the context and in one verify pass
+        from here (`Session.pass_rows`), what max_tokens leaves (0 without a drafter). The grammar's forced tokens
+        extend a speculative chain up to it too."""
         if self.drafter is None:
             return 0
-        fits = self.generator.max_context - self.cache.length - 1  # draft rows that fit next to the pending token
+        fits = self._rows_here() - 1  # draft rows that fit next to the pending token
         remaining = self.config.max_tokens - len(self.output.tokens)
         return max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, fits))
 
@@ -332,9 +332,14 @@ class Generation(PromptPrefill):
         draft = self.drafter.propose(self.tokens, sizing)
         seconds = time.perf_counter() - t0
         self.stats.time_draft += seconds
-        if len(draft.tokens) > self.generator.max_context - self.cache.length - 1:  # verify the pending token alone
+        if len(draft.tokens) > self._rows_here() - 1:  # verify the pending token alone
             return Draft([]), seconds
         return draft, seconds
+
+    def _rows_here(self) -> int:
+        """Rows the next pass may hold: what the context leaves, and one pass of the target from here."""
+        length = self.cache.length
+        return min(self.generator.max_context - length, self.generator.target.pass_rows(length))
 
     def _guess(self) -> tuple[int, Hashable] | None:
         """The drafter's one-token guess for a plain step, and its proposal class (None: no guess)."""

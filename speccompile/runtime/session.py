@@ -192,7 +192,7 @@ class Runner:
             return f"shared passes need the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
         if not target.batches:
             return f"{target.spec.file} was exported with batch 1 (re-export the artifact for a batch axis)"
-        if target.lifts_passes and variant_name("target", "slots") not in self.artifact.manifest.graphs:
+        if target.wide_head_passes and variant_name("target", "slots") not in self.artifact.manifest.graphs:
             return (f"{target.spec.file} has head_dim {target.spec.head_dim} > 128, where only slot passes compute a "
                     "request's rows as alone (re-export with `speccompile export --batch-slots N`)")
         return None
@@ -213,7 +213,7 @@ class Runner:
         pass's bits), "all" every round of two or more requests (batch invariance: each request's logits bitwise
         its logits alone). Its ONNX Runtime session
         holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots.
-        head_dim > 128 (`lifts_passes`): always "all". A batched pass of several sequences takes one row each and no
+        head_dim > 128 (`wide_head_passes`): always "all". A batched pass of several sequences takes one row each and no
         padding, so it cannot move a row's attention total off the lengths where ONNX Runtime rounds differently as
         the pass alone does; each slot of a slot pass can, so every row is bitwise its row alone by construction."""
         from .batch import BatchDecoder
@@ -298,7 +298,7 @@ class Runner:
         rows = None if max_tokens is None else max_tokens + self.artifact.max_verify_tokens
         passes = FusedGraphPasses(self.artifact.target, slots, self.pass_costs, rows)
         why = ""
-        if self.artifact.target.lifts_passes and slot_passes != "all":
+        if self.artifact.target.wide_head_passes and slot_passes != "all":
             slot_passes, why = "all", f" (head_dim {self.artifact.target.spec.head_dim} > 128 batches in slot passes only)"
         if slot_passes != "off":
             spec = self.artifact.manifest.graphs.get(variant_name("target", "slots"))
@@ -306,7 +306,7 @@ class Runner:
                 raise UnsupportedError(f"slot_passes {slot_passes}{why}: {self.artifact.directory} has no slotted graph for {slots} "
                                        f"requests (re-export with `speccompile export --batch-slots {slots}`)", "slot_passes")
             passes.slot_session = self.artifact.session(variant_name("target", "slots"))
-            passes.slot_session.attention_lift = self.artifact.target.attention_lift  # (slot specs before it had none)
+            passes.slot_session.wide = self.artifact.target.wide  # (slot specs before it had no attention_lift)
             passes.batch_invariant = slot_passes == "all"
             passes.calibrate_slot_passes(1 + self.num_draft_tokens)
         return passes

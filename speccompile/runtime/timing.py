@@ -32,6 +32,10 @@ class TimedSession:
         """The wrapped Session's (see backends/base.py)."""
         return self.session.max_caches
 
+    def pass_rows(self, start: int) -> int:
+        """The wrapped Session's (see backends/base.py)."""
+        return self.session.pass_rows(start)
+
     def new_cache(self):
         return self.session.new_cache()
 

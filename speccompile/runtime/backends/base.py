@@ -58,6 +58,10 @@ class Session(Protocol):
     def new_cache(self) -> KVCache:
         """An empty KV cache in this backend's tensor type."""
 
+    def pass_rows(self, start: int) -> int:
+        """The most rows a pass whose first row lands at KV slot `start` holds in one pass (more are run split,
+        at a cost): a bound only where a graph's rounding depends on where a pass ends (backends/wide_head.py)."""
+
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
             last_logits_only: bool = False, **features: np.ndarray) -> StepOutput:
         """Run q new tokens: input_ids/position_ids int64 [q], attention_mask bool [1, q, cache slots + q],

@@ -17,6 +17,7 @@ from ..kvcache import BufferKVCache, KVCache
 from .base import StepOutput, feature_inputs, hidden_output
 from .ort_quantized import quantized_session_config
 from .tree_layout import MainPathLayout
+from .wide_head import UNBOUNDED_ROWS, WideHeadRule
 
 _NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
 _PROVIDERS = {
@@ -144,6 +145,10 @@ class OrtSession:
         for name, dtype in self.feature_dtypes.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(features[name], dtype=dtype)[None])
 
+    def pass_rows(self, start: int) -> int:
+        """Any number (Session.pass_rows)."""
+        return UNBOUNDED_ROWS
+
     def new_cache(self, max_dead: int | None = None) -> KVCache:
         """`max_dead`: rejected rows that may stay (masked) before a pass squeezes them out. On the CPU none by
         default: a masked row still shifts how the attention kernels group the key axis in their sums, so the
@@ -198,9 +203,8 @@ class OrtBufferSession(OrtSession):
         # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
-        # head_dim > 128: attention_pad is a count; [block, short]: a pass whose total length leaves a remainder of
-        # 1..short modulo block gets padding rows past it (ONNX Runtime rounds those differently; export/fused_ops.py)
-        self.attention_lift = recorded_lift(spec.extra.get("attention_lift"))
+        # head_dim > 128: passes cut at fixed slots (<= 256) or lifted by padding rows (backends/wide_head.py)
+        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), int(self.kv_shape[3]))
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
@@ -223,7 +227,32 @@ class OrtBufferSession(OrtSession):
                 return layout.restore(out, cache)
         return self._run_rows(input_ids, position_ids, attention_mask, cache, last_logits_only, features)
 
+    def pass_rows(self, start: int) -> int:
+        """The most rows a pass from KV slot `start` holds without being split (`WideHeadRule.rows_from`)."""
+        return self.wide.rows_from(start)
+
     def _run_rows(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
+                  last_logits_only: bool = False, features: dict[str, np.ndarray] | None = None) -> StepOutput:
+        """The rows as given, in one pass, or one pass per segment where they straddle a cut (`WideHeadRule`):
+        each chunk's rows land at their slots, the later chunks see the earlier ones' as committed rows."""
+        q, length = int(input_ids.size), cache.length
+        pieces = self.wide.segments(length, q)
+        if len(pieces) == 1:
+            return self._one_pass(input_ids, position_ids, attention_mask, cache, last_logits_only, features)
+        outs = []
+        try:
+            for a, b in pieces:
+                cache.length = length + a
+                outs.append(self._one_pass(input_ids.reshape(-1)[a:b], position_ids.reshape(-1)[a:b],
+                                           attention_mask[:, a:b, : length + b], cache, last_logits_only,
+                                           {k: v[..., a:b, :] for k, v in (features or {}).items()}))
+        finally:
+            cache.length = length
+        logits = outs[-1].logits if last_logits_only else np.concatenate([o.logits for o in outs])
+        hidden = None if outs[0].hidden is None else np.concatenate([o.hidden for o in outs])
+        return StepOutput(logits=logits, presents=cache.tensors, hidden=hidden)
+
+    def _one_pass(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
                   last_logits_only: bool = False, features: dict[str, np.ndarray] | None = None) -> StepOutput:
         """One pass over the rows as given."""
         q = int(input_ids.size)
@@ -257,21 +286,21 @@ class OrtBufferSession(OrtSession):
 
     def _lift_rows(self, total: int, cache: BufferKVCache) -> int:
         """Padding rows that move a single sequence's pass of `total` slots past a remainder of 1..short modulo
-        block (the graph's `attention_lift`; 0 without one), where the cache can hold them."""
-        return lift_rows(self.attention_lift, total, cache.capacity if cache.fixed else None)
+        block (head_dim > 128 but not 256: the graph's `attention_lift`; 0 otherwise), where the cache can hold them."""
+        return lift_rows(self.wide.lift, total, cache.capacity if cache.fixed else None)
 
     @property
-    def lifts_passes(self) -> bool:
-        """Whether the graph moves passes off the lengths where ONNX Runtime rounds differently (head_dim > 128,
-        `attention_lift`): a batched pass of several sequences cannot (at most one row each with a past), so
-        only batch-1 and slot passes compute a row's bits alone."""
-        return self.attention_lift[0] > 0
+    def wide_head_passes(self) -> bool:
+        """Whether the graph lays out its passes for head_dim > 128 (cuts or lifts, backends/wide_head.py): a
+        batched pass of several sequences cannot (one row each, no padding row), so only batch-1 and slot passes
+        compute a row's bits alone."""
+        return self.wide.active
 
     @property
     def pad_rows(self) -> int:
         """KV rows past a pass's own that attention's padding may write: the one-row padding row, or up to
-        `short` rows lifting a pass (`attention_lift`)."""
-        return max(1, self.attention_lift[1])
+        `short` rows lifting a pass (`attention_lift`, head_dim > 128 but not 256)."""
+        return max(1, self.wide.lift[1])
 
     @property
     def batches(self) -> bool:
@@ -314,7 +343,7 @@ class OrtBufferSession(OrtSession):
             pad = np.arange(n, q)
             bias[b, 0, pad, length + pad] = 0
         pad = self._padding_rows(q, batch)
-        if batch == 1:  # a lone sequence: lifted as when alone (a batch > 1 cannot take the rows: `lifts_passes`)
+        if batch == 1:  # a lone sequence: lifted as when alone (a batch > 1 cannot take the rows: `wide_head_passes`)
             pad = max(pad, self._lift_rows(total, caches[0]))
         arrays = self._run_slots([b[:batch] for b in buffers], ids, positions, bias, [length + q - 1 for length in lengths], pad)
         return [StepOutput(logits=arrays[0][b, :len(r[0])], presents=c.tensors,

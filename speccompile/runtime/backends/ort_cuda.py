@@ -32,6 +32,7 @@ from ...manifest import GraphSpec
 from ..kvcache import BufferKVCache, causal_mask
 from .base import StepOutput
 from .shared_weights import SharedWeights, device_tensor
+from .wide_head import UNBOUNDED_ROWS
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WARM_UP_RUNS = 3  # runs per bucket at open: ONNX Runtime runs a graph uncaptured first, then captures it
@@ -326,6 +327,10 @@ class OrtCudaSession:
         self.new_cache()
 
     # -- Session protocol --------------------------------------------------------------------------
+    def pass_rows(self, start: int) -> int:
+        """Any number (Session.pass_rows)."""
+        return UNBOUNDED_ROWS
+
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> FixedKVCache:
         """The KV buffers, allocated once per session (every bucket's captured graph points at them): a session
         runs one generation at a time, and a new cache starts that generation over the same buffers.

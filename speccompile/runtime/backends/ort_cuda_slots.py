@@ -29,11 +29,12 @@ from ...manifest import GraphSpec
 from .base import StepOutput
 from .ort_cuda import DEFAULT_BUCKETS, BindingPlan, DeviceLogitsOutput, FixedKVCache, OrtCudaSession, binding_plan, bucket_for
 from .ort_cuda import is_causal_step, pad_step
+from .shared_weights import SharedWeights
 from .tree_layout import MainPathLayout
+from .wide_head import UNBOUNDED_ROWS
 
 TREE_BIAS = "attention_bias"  # the tree form's input: every slot's additive mask [slots, 1, R, capacity]
 FLOAT_MIN = float(np.finfo(np.float32).min)  # a masked key (the graph clamps it to its dtype's lowest finite value)
-from .shared_weights import SharedWeights
 
 Step = tuple[np.ndarray, np.ndarray]  # a slot's token ids and positions this pass
 
@@ -190,6 +191,10 @@ class SlotSession:
     def __init__(self, slots: OrtCudaSlotSession):
         self.slots = slots
         self.spec = slots.spec
+
+    def pass_rows(self, start: int) -> int:
+        """Any number (Session.pass_rows)."""
+        return UNBOUNDED_ROWS
 
     def new_cache(self) -> FixedKVCache:
         raise UnsupportedError("a slot's cache comes from the batch decoder (OrtCudaSlotSession.slot_cache)")

@@ -20,6 +20,7 @@ from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache
 from .base import StepOutput, hidden_output
 from .ort import inference_session, lift_rows, recorded_lift
+from .wide_head import WideHeadRule
 from .tree_layout import MainPathLayout
 
 
@@ -45,8 +46,9 @@ class OrtSlotSession:
         self.session = inference_session(directory, manifest, spec, "ort-cpu", threads, spinning)
         self._ort = ort
         self.hidden_name = hidden_output(spec)
-        # head_dim > 128: each slot's attention total is lifted as its pass alone would be (`lift_rows`)
-        self.attention_lift = recorded_lift(spec.extra.get("attention_lift"))
+        # head_dim > 128: a slot's rows stay within a segment between cuts, or its total is lifted, as its pass
+        # alone (backends/wide_head.py)
+        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), int(spec.head_dim))
         self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
         widths = {t.name: int(t.shape[-1]) for t in spec.outputs if t.name in self._outputs}
         self._widths = [widths[name] for name in self._outputs]
@@ -60,7 +62,7 @@ class OrtSlotSession:
         """One pass; `rows[b]` for slot b of `buffers` (None: a dummy row), `caches[b]` its cache (None: a free slot,
         nothing committed). A tree's rows run main path first (tree_layout.py; its cache is told where rows went).
         Returns slot b's StepOutput (None for a dummy). The buffers need `pad_rows` rows past every pass for the
-        padding (head_dim > 128: copies of a slot's last row that lift its attention total, `attention_lift`).
+        padding (head_dim > 128 but not 256: copies of a slot's last row that lift its attention total, `attention_lift`).
         `pad_one_row`: a one-row slot gets attention's padding row, so it computes the bits of that sequence's
         pass alone; without it, ONNX Runtime's one-row kernel, the bits a batched pass gives that row (and half
         the attention work: what a batch decoder wants when it promises no more than the batched pass)."""
@@ -86,7 +88,9 @@ class OrtSlotSession:
             q = len(new_ids)
             pad = int(q == 1 and pad_one_row)  # its row again as attention's padding row (_OneRowPadding)
             if given is not None and (q > 1 or pad_one_row):  # and as many more as lift its total as alone
-                pad = max(pad, lift_rows(self.attention_lift, length + q, buffers[0].shape[2]))
+                pad = max(pad, lift_rows(self.wide.lift, length + q, buffers[0].shape[2]))
+            if given is not None and q > self.wide.rows_from(length):
+                raise ValueError(f"slot {b}: {q} rows from KV slot {length} cross a cut (WideHeadRule); size drafts by pass_rows")
             layouts.append(layout)
             ids.append(new_ids)
             positions.append(new_positions)

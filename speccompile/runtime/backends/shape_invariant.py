@@ -71,6 +71,10 @@ class ShapeInvariantSession:
         wanted = self.max_context + self.rows
         return min(wanted, int(self.spec.extra.get("kv_capacity", self.max_context))) if self.buffer else wanted
 
+    def pass_rows(self, start: int) -> int:
+        """The wrapped session's (backends/base.py)."""
+        return self.inner.pass_rows(start)
+
     def new_cache(self) -> KVCache | BufferKVCache:
         if self.buffer:
             return self.inner.new_cache(capacity=self.capacity)

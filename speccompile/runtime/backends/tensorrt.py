@@ -22,6 +22,7 @@ from ...errors import ArtifactError, InputError
 from ...manifest import GraphSpec, Manifest
 from ..kvcache import KVCache
 from .base import StepOutput, feature_inputs, hidden_output
+from .wide_head import UNBOUNDED_ROWS
 
 
 class DeviceArray:
@@ -151,6 +152,10 @@ class TensorRTSession(TensorRTEngine):
     # -- KV cache ----------------------------------------------------------------------------------
     def _from_numpy(self, array: np.ndarray) -> DeviceArray:
         return DeviceArray.from_numpy(self.driver, array, self.stream)
+
+    def pass_rows(self, start: int) -> int:
+        """Any number (Session.pass_rows)."""
+        return UNBOUNDED_ROWS
 
     def new_cache(self, max_dead: int = 64) -> KVCache:
         empty = [DeviceArray(self.driver, (1, self.kv_heads, 0, self.head_dim), self.dtypes[n]) for n in self.past_names]

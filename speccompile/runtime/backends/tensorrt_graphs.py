@@ -34,6 +34,7 @@ from ...manifest import GraphSpec, Manifest
 from .base import StepOutput
 from .ort_cuda import FixedKVCache, bucket_for, pad_step
 from .tensorrt import DeviceArray, TensorRTSession
+from .wide_head import UNBOUNDED_ROWS
 
 
 
@@ -260,6 +261,10 @@ class TensorRTGraphSession:
                 self.calls.destroy_graph(entry.get("graph", 0), entry.get("exec", 0))
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
+
+    def pass_rows(self, start: int) -> int:
+        """Any number (Session.pass_rows)."""
+        return UNBOUNDED_ROWS
 
     def new_cache(self, max_dead: int = 64) -> DeviceKVCache:
         self._cache.length = 0
