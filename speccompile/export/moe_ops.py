@@ -122,7 +122,7 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
         logits = em.one("Cast", [logits], to=TensorProto.FLOAT)
     k = em.const("moe.top_k", [moe.top_k])
     if moe.routing == "sigmoid_group":
-        values, index = _group_route(em, moe, logits, w.get(f"{p}{ROUTER}.score_bias"))
+        values, index = _group_route(em, moe, logits, w.get(f"{p}{ROUTER}.score_bias"), k)
     elif moe.routing == "topk_softmax":
         values, index = em.op("TopK", [logits, k], 2, axis=-1)
         values = em.one("Softmax", [values], axis=-1)
@@ -135,8 +135,9 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
     return values, index
 
 
-def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | None) -> tuple[str, str]:
-    """DeepSeek-V3's routing of float32 logits [rows, experts] (models.moe._group_route): (weights, indices)."""
+def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | None, k: str) -> tuple[str, str]:
+    """DeepSeek-V3's routing of float32 logits [rows, experts] (models.moe._group_route): (weights, indices); `k`:
+    the top k constant."""
     scores = em.one("Sigmoid", [logits])
     choice = scores if score_bias is None else em.one("Add", [scores, score_bias])
     grouped = em.one("Reshape", [choice, em.const(f"moe.groups.{moe.n_group}", [0, moe.n_group, -1])])
@@ -150,7 +151,7 @@ def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | Non
                                                 em.one("Shape", [grouped])]), em.one("Shape", [choice])])
     masked = em.one("Where", [em.one("Equal", [keep, em.const("moe.zero_f32", 0.0, np.float32)]),
                               em.const("moe.neg_inf", -np.inf, np.float32), choice])
-    index = em.op("TopK", [masked, em.const("moe.top_k", [moe.top_k])], 2, axis=-1)[1]
+    index = em.op("TopK", [masked, k], 2, axis=-1)[1]
     values = em.one("GatherElements", [scores, index], axis=-1)
     if moe.norm_topk_prob:
         total = em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)
