@@ -312,7 +312,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
         qg = _with_last_row(g, s, qg)
         g.padded[sliding] = bias = g.padded.get(sliding) or _with_last_row(g, s, bias)  # once, as the tracer merged it
-    scores = b.one(s, "MatMul", [qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2])])
+    scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
         scores = _softcap(g, s, scores, cfg.attn_softcap)
@@ -331,6 +331,21 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
     out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
+
+
+def _scores(g: _Graph, s: str, qg: str, keys: str) -> str:
+    """qg [b, kv, rows, dim] @ keys [b, kv, dim, T]. A latent head wider than 128 (MLA's 576) as slices of 128 dims
+    summed in order: MLAS splits a dot product into chunks whose size depends on T (256 and more at T <= 64, 128
+    above), so one MatMul would round a row by the pass's total; a slice of <= 128 dims is one chunk at every T."""
+    b, dim = g.b, g.model.config.head_dim
+    if not (g.model.config.mla and dim > 128):
+        return b.one(s, "MatMul", [qg, keys])
+    total = ""
+    for start in range(0, dim, 128):
+        bounds = [b.const(s, [start]), b.const(s, [min(start + 128, dim)])]
+        part = b.one(s, "MatMul", [b.one(s, "Slice", [qg, *bounds, b.const(s, [3])]), b.one(s, "Slice", [keys, *bounds, b.const(s, [2])])])
+        total = b.one(s, "Add", [total, part]) if total else part
+    return total
 
 
 def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
