@@ -105,8 +105,8 @@ def test_gguf_q8_0_dequantizes_close(tmp_path):
 def test_config_errors():
     with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*gemma3.*llama, mistral"):
         config_from_hf({"model_type": "gpt2"}, "cfg")
-    with pytest.raises(UnsupportedError, match="deepseek_v3.*multi-head latent attention"):
-        config_from_hf({"model_type": "deepseek_v3"}, "cfg")
+    with pytest.raises(UnsupportedError, match="deepseek_v2.*softmax group routing"):
+        config_from_hf({"model_type": "deepseek_v2"}, "cfg")
     with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
         config_from_hf({"model_type": "qwen3_next"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):

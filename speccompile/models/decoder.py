@@ -221,7 +221,7 @@ class DecoderLayer(nn.Module):
         for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
-        self.self_attn = LatentAttention(config, layer) if config.mla else Attention(config, layer)
+        self.self_attn = LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer)
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config))

@@ -16,10 +16,13 @@ one GEMM kernel whatever the pass's rows.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from .config import ModelConfig
+from .rotary import apply_rope
 
 
 def with_last_row(x: torch.Tensor, axis: int = -2) -> torch.Tensor:
@@ -37,10 +40,9 @@ def absorbed_weights(kv_b: torch.Tensor, config: ModelConfig) -> tuple[torch.Ten
 class LatentAttention(nn.Module):
     """MLA over past + new latent vectors with an explicit bias; returns (output, keys, values) as `Attention`."""
 
-    def __init__(self, config: ModelConfig, layer: int = 0):
+    def __init__(self, config: ModelConfig, norm_of: Callable[[ModelConfig, int], nn.Module], layer: int = 0):
+        """`norm_of(config, size)`: the family's norm module (models.decoder.norm_of)."""
         super().__init__()
-        from .decoder import norm_of  # the decoder module imports this one
-
         self.config, self.layer = config, layer
         c = config
         heads, rank, rope = c.num_attention_heads, c.kv_lora_rank, c.rope_dim
@@ -69,8 +71,6 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor,
                 past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from .rotary import apply_rope
-
         c = self.config
         heads, rope, dim = c.num_attention_heads, c.rope_dim, c.head_dim
         q, k_pe, c_kv = self._query_and_latent(x)
