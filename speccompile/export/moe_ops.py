@@ -121,7 +121,7 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
     if em.elem != TensorProto.FLOAT:
         logits = em.one("Cast", [logits], to=TensorProto.FLOAT)
     k = em.const("moe.top_k", [moe.top_k])
-    if moe.routing == "sigmoid_group":
+    if moe.routing in ("sigmoid_group", "softmax_group"):
         values, index = _group_route(em, moe, logits, w.get(f"{p}{ROUTER}.score_bias"), k)
     elif moe.routing == "topk_softmax":
         values, index = em.op("TopK", [logits, k], 2, axis=-1)
@@ -136,13 +136,17 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
 
 
 def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | None, k: str) -> tuple[str, str]:
-    """DeepSeek-V3's routing of float32 logits [rows, experts] (models.moe._group_route): (weights, indices); `k`:
-    the top k constant."""
-    scores = em.one("Sigmoid", [logits])
+    """DeepSeek's group-limited routing of float32 logits [rows, experts] (models.moe._group_route: V3's sigmoid, V2's
+    softmax): (weights, indices); `k`: the top k constant."""
+    sigmoid = moe.routing == "sigmoid_group"
+    scores = em.one("Sigmoid", [logits]) if sigmoid else em.one("Softmax", [logits], axis=-1)
     choice = scores if score_bias is None else em.one("Add", [scores, score_bias])
     grouped = em.one("Reshape", [choice, em.const(f"moe.groups.{moe.n_group}", [0, moe.n_group, -1])])
-    top2 = em.op("TopK", [grouped, em.const("moe.two", [2])], 2, axis=-1)[0]
-    group_scores = em.one("ReduceSum", [top2, em.const("moe.last_axis", [-1])], keepdims=0)  # [rows, groups]
+    if sigmoid:
+        top2 = em.op("TopK", [grouped, em.const("moe.two", [2])], 2, axis=-1)[0]
+        group_scores = em.one("ReduceSum", [top2, em.const("moe.last_axis", [-1])], keepdims=0)  # [rows, groups]
+    else:
+        group_scores = em.one("ReduceMax", [grouped, em.const("moe.last_axis", [-1])], keepdims=0)
     groups = em.op("TopK", [group_scores, em.const("moe.topk_group", [moe.topk_group])], 2, axis=-1)[1]
     ones = em.one("Expand", [em.const("moe.one_f32", 1.0, np.float32), em.one("Shape", [groups])])
     keep = em.one("ScatterElements", [em.one("Mul", [group_scores, em.const("moe.zero_f32", 0.0, np.float32)]), groups, ones],
@@ -150,7 +154,8 @@ def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | Non
     keep = em.one("Reshape", [em.one("Expand", [em.one("Unsqueeze", [keep, em.const("moe.last_axis", [-1])]),
                                                 em.one("Shape", [grouped])]), em.one("Shape", [choice])])
     masked = em.one("Where", [em.one("Equal", [keep, em.const("moe.zero_f32", 0.0, np.float32)]),
-                              em.const("moe.neg_inf", -np.inf, np.float32), choice])
+                              em.const("moe.neg_inf", -np.inf, np.float32) if sigmoid else em.const("moe.zero_f32", 0.0, np.float32),
+                              choice])
     index = em.op("TopK", [masked, k], 2, axis=-1)[1]
     values = em.one("GatherElements", [scores, index], axis=-1)
     if moe.norm_topk_prob:

@@ -144,6 +144,7 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss",
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
     "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES),
+    "deepseek_v2": Family(("deepseek_v2",), mla=True, moe="deepseek_v2", names=MLA_NAMES),
     "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
@@ -154,7 +155,6 @@ FAMILIES: dict[str, Family] = {
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
 REFUSED = {
-    "deepseek_v2": "DeepSeek-V2's softmax group routing is not supported (DeepSeek-V3's sigmoid routing is)",
     "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
     "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
 }

@@ -44,7 +44,7 @@ class Expert(nn.Module):
 def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, expert indices) [..., top_k] of router logits [..., experts] (`score_bias`: sigmoid_group's
     e_score_correction_bias)."""
-    if moe.routing == "sigmoid_group":
+    if moe.routing in ("sigmoid_group", "softmax_group"):
         return _group_route(logits, moe, score_bias)
     if moe.routing == "topk_softmax":
         values, index = torch.topk(logits, moe.top_k, dim=-1)
@@ -56,15 +56,17 @@ def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None 
 
 
 def _group_route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3's routing: sigmoid scores; the choice among the best topk_group groups (a group scored by the
-    sum of its top 2 biased scores) by the biased scores; weights the unbiased scores, renormalised, scaled."""
-    scores = torch.sigmoid(logits)
+    """DeepSeek's group-limited routing. sigmoid_group (V3): sigmoid scores, a group scored by the sum of its top 2
+    biased scores, the rest -inf; softmax_group (V2): softmax scores, a group scored by its largest, the rest 0. The
+    choice among the best topk_group groups; weights the (unbiased) scores, renormalised when norm_topk_prob, scaled."""
+    sigmoid = moe.routing == "sigmoid_group"
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
     choice = scores if score_bias is None else scores + score_bias.to(torch.float32)
     grouped = choice.reshape(*choice.shape[:-1], moe.n_group, -1)
-    group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(dim=-1)
+    group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(dim=-1) if sigmoid else grouped.amax(dim=-1)
     groups = torch.topk(group_scores, moe.topk_group, dim=-1)[1]
     keep = torch.zeros_like(group_scores).scatter(-1, groups, 1.0).unsqueeze(-1).expand_as(grouped).reshape(choice.shape)
-    index = torch.topk(choice.masked_fill(keep == 0, float("-inf")), moe.top_k, dim=-1)[1]
+    index = torch.topk(choice.masked_fill(keep == 0, float("-inf") if sigmoid else 0.0), moe.top_k, dim=-1)[1]
     values = scores.gather(-1, index)
     if moe.norm_topk_prob:
         values = values / (values.sum(dim=-1, keepdim=True) + 1e-20)

@@ -12,7 +12,10 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
   `e_score_correction_bias` (`score_bias`): the `n_group` groups of experts are scored by the sum of their top 2,
   only the experts of the best `topk_group` groups compete for the top k; the weights are the unbiased scores of
   the chosen experts, renormalised (sum + 1e-20) when `norm_topk_prob`, times `routed_scale`. Its shared experts
-  (`shared_experts`, moe_intermediate_size x n_shared_experts wide) are added ungated.
+  (`shared_experts`, moe_intermediate_size x n_shared_experts wide) are added ungated;
+* `softmax_group` (DeepSeek-V2): softmax scores; `group_limited_greedy` scores a group by its largest score and
+  zeroes the experts outside the best topk_group groups (`greedy`: one group); the top k scores times
+  `routed_scale`, not renormalised. Shared experts and dense first layers as V3.
 
 gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
 clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
@@ -25,7 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")
+from ..errors import UnsupportedError
+
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group")
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,22 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str
     return data
 
 
+def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> MoeConfig:
+    """DeepSeek-V3's sigmoid or V2's softmax group routing (V2's `greedy`: one group), shared experts, dense first layers."""
+    inter, v3 = int(data["moe_intermediate_size"]), kind == "deepseek_v3"
+    grouped = v3 or data.get("topk_method", "greedy") == "group_limited_greedy"
+    if not v3 and data.get("topk_method", "greedy") not in ("greedy", "group_limited_greedy"):
+        raise UnsupportedError(f"config.json: DeepSeek-V2 topk_method {data['topk_method']!r} is not supported "
+                               "(greedy, group_limited_greedy)")
+    return MoeConfig(int(data["n_routed_experts"]), top_k, inter, "sigmoid_group" if v3 else "softmax_group",
+                     bool(data.get("norm_topk_prob", True)) if v3 else False,
+                     shared_expert_size=inter * int(data.get("n_shared_experts") or 0), shared_name="shared_experts",
+                     shared_gated=False, n_group=int(data.get("n_group") or 1) if grouped else 1,
+                     topk_group=int(data.get("topk_group") or 1) if grouped else 1,
+                     routed_scale=float(data.get("routed_scaling_factor", 1.0)), score_bias=v3,
+                     dense_layers=tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers))))
+
+
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
@@ -139,13 +160,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
-    if kind == "deepseek_v3":
-        inter = int(data["moe_intermediate_size"])
-        return MoeConfig(int(data["n_routed_experts"]), top_k, inter, "sigmoid_group", bool(data.get("norm_topk_prob", True)),
-                         shared_expert_size=inter * int(data.get("n_shared_experts") or 0), shared_name="shared_experts",
-                         shared_gated=False, n_group=int(data.get("n_group") or 1), topk_group=int(data.get("topk_group") or 1),
-                         routed_scale=float(data.get("routed_scaling_factor", 1.0)), score_bias=True,
-                         dense_layers=tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers))))
+    if kind in ("deepseek_v3", "deepseek_v2"):
+        return _deepseek_moe(kind, data, top_k, layers)
     if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),
