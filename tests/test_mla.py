@@ -144,3 +144,17 @@ def test_int4_build_packs_and_verifies_identical(mla, tmp_path):
     assert {"layers.0.kv_b", "layers.1.kv_b"} <= {i.name for i in graph.initializer}
     result = run_cli("verify", str(built), "--max-tokens", "16", "--limit", "2")
     assert result.returncode == 0 and "identical" in result.stdout, result.stdout + result.stderr
+
+
+def test_slot_rounds_decode_as_alone(mla):
+    """The slotted CPU graph (one GroupQueryAttention per slot over the latent cache): requests decoded together,
+    drafts riding in slot passes, get the tokens they get alone."""
+    from test_batch_slots import PROMPTS as TEXTS, _decode_together, _ids
+
+    runner = Runner(mla[1], drafter="ngram", threads=1, adaptive=False)
+    prompts = [_ids(runner, p) for p in TEXTS[:2]]
+    decoder = runner.batch_decoder(2, slot_passes="drafts")
+    results = _decode_together(decoder, runner, prompts, 24)
+    assert decoder.slot_passes > 0
+    for ids, result in zip(prompts, results):
+        assert result.tokens == runner.generate_ids(ids, 24).tokens
