@@ -109,6 +109,8 @@ def test_config_errors():
         config_from_hf({"model_type": "deepseek_v2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                         "num_hidden_layers": 1, "num_attention_heads": 1, "moe_intermediate_size": 4, "n_routed_experts": 2,
                         "topk_method": "noaux"}, "cfg")
+    with pytest.raises(UnsupportedError, match="deepseek2.*GGUF is not read"):
+        config_from_hf({"model_type": "deepseek2"}, "cfg")
     with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
         config_from_hf({"model_type": "qwen3_next"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):

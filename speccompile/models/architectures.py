@@ -155,6 +155,7 @@ FAMILIES: dict[str, Family] = {
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
 REFUSED = {
+    "deepseek2": "llama.cpp's DeepSeek-V2/V3 GGUF is not read (export the safetensors checkpoint)",
     "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
     "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
 }
