@@ -16,14 +16,18 @@
 #     STEPS=qad QAD_STEPS=600 bash scripts/gpu_check.sh 2>&1 | tee $OUT/log   (timeout ~590)
 #   serve (issue 46; in the default list, last): `speccompile serve --backend ort-cuda` on an fp16 export with a 32-slot
 #   GPU slot form (/tmp/e16s, `--batch-slots 32`), driven by benchmarks/serve_load.py: 1 vs 8 and 1 vs 32 concurrent
-#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run).
+#   streams, each run printing its throughput ratio and its TTFT p50 ratio (streams-N over streams-1, same run),
+#   and the device memory in use: benchmarks/gpu_weights_memory.py first (MiB the target's GPU graph, its slotted form
+#   over the shared weights and a slotted session with its own copy each add), then each run's peak (nvidia-smi).
+#   servetree (issue 46; in the default list, after serve): the same with `--drafter suffix` (trees), which batches in
+#   the tree form target.ort-cuda-tree-slots.onnx (onnxruntime-gpu >= 1.28): 8 streams, mismatches vs 1 stream.
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
 #   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
 #   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-"pass verify bench test peer serve"}
+STEPS=${STEPS:-"pass verify bench test peer serve servetree"}
 LIMIT=${LIMIT:-6}; NEW=${NEW:-128}; SC_ARGS=${SC_ARGS:-}; DEADLINE=${DEADLINE:-0}
 VERIFY_ARGS=${VERIFY_LIMIT:+--limit $VERIFY_LIMIT}
 lim() {  # a step's time limit: $1 seconds, or what is left before DEADLINE (1: no time left)
@@ -70,21 +74,32 @@ for step in $STEPS; do
     bench) timeout $(lim 200) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram $SC_ARGS > "$OUT/bench16.txt" 2>&1
       tail -n 12 "$OUT/bench16.txt" ;;
     test) if python3 -m pytest --version > /dev/null 2>&1; then
-        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py \
+        timeout $(lim 120) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graph.py tests/test_shared_weights.py::test_cuda_sessions_share_the_weights_in_place \
           tests/test_qad.py::test_torch_graph_computes_what_onnxruntime_computes tests/test_qad.py::test_the_stored_graph_is_the_trained_student 2>&1 | tail -n 15 | tee "$OUT/pytest_gpu.txt"
       else echo "no pytest on this machine: skipped"; fi ;;
     peer) timeout $(lim 240) python3 benchmarks/gpu_peer_hf.py --artifact /tmp/e16 --limit ${PEER_LIMIT:-3} --max-tokens $NEW \
         ${PEER_ARGS---no-compile} 2>&1 | tee "$OUT/peer_hf.txt" | tail -n 16 ;;
-    serve) if [ ! -f /tmp/e16s/target.ort-cuda-slots.onnx ]; then
+    serve) if [ ! -f /tmp/e16s/target.ort-cuda-tree-slots.onnx ]; then
         start=$SECONDS; timeout $(lim 150) sc export smollm2-135m --dtype fp16 --batch-slots 32 --out /tmp/e16s --force > "$OUT/export16s.txt" 2>&1
         echo "export fp16 with 32 slots: $((SECONDS - start)) s"; tail -n 2 "$OUT/export16s.txt"
       fi
       [ -f /tmp/e16s/target.ort-cuda-slots.onnx ] || { echo "no GPU slot form in /tmp/e16s"; continue; }
+      timeout $(lim 90) python3 benchmarks/gpu_weights_memory.py /tmp/e16s 2>&1 | tee "$OUT/weights_memory.txt"
       for streams in 8 32; do
+        (while sleep 1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0; done) > "$OUT/serve_mem_$streams.txt" 2>/dev/null &
+        sampler=$!
         timeout $(lim 200) python3 benchmarks/serve_load.py /tmp/e16s $W --limit ${SERVE_LIMIT:-8} --max-tokens $NEW \
           --streams $streams --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 > "$OUT/serve_$streams.json" 2> "$OUT/serve_$streams.err"
+        kill $sampler 2>/dev/null
+        echo "streams $streams: device memory used while serving, peak $(sort -n "$OUT/serve_mem_$streams.txt" | tail -1) MiB"
         python3 -c "import json;j=json.load(open('$OUT/serve_$streams.json'));print('streams $streams:',j['ratios'],[(p['phase'],p['tok_per_s'],p['ttft_p50_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
       done ;;
+    servetree) [ -f /tmp/e16s/target.ort-cuda-tree-slots.onnx ] || { echo "no GPU tree slot form in /tmp/e16s (run the serve step first)"; continue; }
+      # trees batched in the tree form (suffix drafter: trees with no head to export); mismatches: streams-8 vs streams-1
+      timeout $(lim 200) python3 benchmarks/serve_load.py /tmp/e16s $W --limit ${SERVE_LIMIT:-8} --max-tokens $NEW \
+        --streams 8 --passes 2 --requests 0 --json -- --backend ort-cuda --max-concurrency 32 --drafter suffix > "$OUT/servetree.json" 2> "$OUT/servetree.err"
+      python3 -c "import json;j=json.load(open('$OUT/servetree.json'));print('tree streams 8:',j['ratios'],[(p['phase'],p['tok_per_s'],p['mismatches']) for p in j['phases']])" 2>&1 | tail -1
+      grep -m2 -i "tree\|batch" "$OUT/servetree.err" ;;
     qad) export32
       start=$SECONDS
       timeout ${QAD_LIMIT:-480} sc build /tmp/e32 --onnx-only --fp4 --weight-only --low-rank 128 --quantize-lm-head --threads 16 \
@@ -104,6 +119,6 @@ for step in $STEPS; do
         --modelopt-python python3 --device cuda --work /tmp/mot --threads 16 $ours \
         ${MO_CONFIGS:---config W4A16_NVFP4_CFG --config W4A16_NVFP4_CFG:awq_lite --config W4A16_NVFP4_CFG:awq_clip --config NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG+weight-only --config NVFP4_FOUR_OVER_SIX_CFG+weight-only} \
         2>&1 | tee "$OUT/modelopt_torch.txt" | tail -n 12 ;;
-    *) echo "unknown step $step (pass verify bench test peer serve loose qad modelopt)" ;;
+    *) echo "unknown step $step (pass verify bench test peer serve servetree loose qad modelopt)" ;;
   esac
 done

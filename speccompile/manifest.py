@@ -22,12 +22,14 @@ FUSED_VARIANT = "-ort"  # graph NAME's fused ONNX Runtime CPU variant is listed 
 GPU_VARIANT = "-ort-cuda"  # ... and its ONNX Runtime CUDA variant (GroupQueryAttention, device KV buffer) as NAME-ort-cuda
 SLOTS_VARIANT = "-ort-slots"  # ... and its slotted CPU variant (one GroupQueryAttention per batch slot) as NAME-ort-slots
 GPU_SLOTS_VARIANT = "-ort-cuda-slots"  # ... and its slotted GPU variant (S slots of R rows a pass) as NAME-ort-cuda-slots
+GPU_TREE_SLOTS_VARIANT = "-ort-cuda-tree-slots"  # ... and that variant with a per-slot attention_bias (tree drafts)
 
 
 def variant_name(graph: str, target: str = "cpu") -> str:
     """Manifest name of graph `graph`'s fused ONNX Runtime variant for `target` ('cpu', 'cuda', 'slots' or
-    'cuda-slots')."""
-    return graph + {"cuda": GPU_VARIANT, "slots": SLOTS_VARIANT, "cuda-slots": GPU_SLOTS_VARIANT}.get(target, FUSED_VARIANT)
+    'cuda-slots', 'cuda-tree-slots')."""
+    return graph + {"cuda": GPU_VARIANT, "slots": SLOTS_VARIANT, "cuda-slots": GPU_SLOTS_VARIANT,
+                    "cuda-tree-slots": GPU_TREE_SLOTS_VARIANT}.get(target, FUSED_VARIANT)
 
 
 @dataclass

@@ -28,7 +28,8 @@ PROMPTS = ["abc abc abc abc", "hello there, hello there", "x", "the cat sat on t
 
 @pytest.fixture(scope="module")
 def slot_artifact(tmp_path_factory) -> Path:
-    """A tiny fp32 artifact with the fp32 forms of the GPU graph and its 8-slot form in its manifest."""
+    """A tiny fp32 artifact with the fp32 forms of the GPU graph, its 8-slot form and that form's tree form in its
+    manifest (chain drafters run the causal slot form)."""
     from speccompile.export.ort_fused_graph import export_fused_variant
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.export.recipes import DecoderWeights
@@ -44,7 +45,8 @@ def slot_artifact(tmp_path_factory) -> Path:
     specs, files = export_fused_variant(DecoderWeights(model.config, model.weights), manifest.graph("target"), out,
                                         CONTEXT + PASS_ROWS, target="cuda", slots=SLOTS)
     assert files[:2] == ["target.ort-cuda.onnx", "target.ort-cuda-slots.onnx"] and specs[1].extra["slots"] == SLOTS
-    manifest.graphs[variant_name("target", "cuda")], manifest.graphs[variant_name("target", "cuda-slots")] = specs
+    for key, spec in zip(("cuda", "cuda-slots", "cuda-tree-slots"), specs):
+        manifest.graphs[variant_name("target", key)] = spec
     manifest.record_files(out, files)
     manifest.write(out)
     return out
@@ -72,6 +74,7 @@ def test_eight_greedy_requests_together_equal_each_alone(slot_artifact):
     runner = gpu_runner(slot_artifact, drafter="ngram")
     decoder = runner.batch_decoder(SLOTS)
     assert isinstance(decoder.passes, SlotGraphPasses) and decoder.slots == SLOTS and runner.batch_problem() is None
+    assert decoder.passes.session.spec.file == "target.ort-cuda-slots.onnx"  # chains: the causal form (no bias)
     prompts = [_ids(runner, p) for p in PROMPTS]
     together = _decode(decoder, runner, prompts, 24)
     contract = Runner(slot_artifact, drafter="ngram", contract_graph=True, threads=1)
@@ -82,25 +85,26 @@ def test_eight_greedy_requests_together_equal_each_alone(slot_artifact):
     assert decoder.slot_passes < sum(r.stats.target_passes for r in together) / 4  # rounds shared by the requests
 
 
+def traced(runner: Runner, batch: list[list[int]], max_tokens: int = 16, drafter: str | None = None) -> list:
+    """Every prompt of `batch` joined at once to a new batch decoder, logits traced; their results in order."""
+    decoder = runner.batch_decoder(SLOTS)
+    configs = [runner.config(max_tokens, drafter=drafter) for _ in batch]
+    for config in configs:
+        config.trace_logits = True
+    generations = [decoder.join(ids, config) for ids, config in zip(batch, configs)]
+    while decoder.active:
+        decoder.step()
+    return [g.result() for g in generations]
+
+
 def test_one_bucket_makes_logits_independent_of_batch_mates(slot_artifact):
     """Shape-invariant mode (one bucket of 8 rows): every pass has the same shapes, so each request's logits batched
     are bitwise its logits decoding alone through the same graph."""
     runner = gpu_runner(slot_artifact, rows=8, drafter="ngram")
     prompts = [_ids(runner, p) for p in PROMPTS[:5]]
-
-    def traced(batch: list[list[int]]) -> list:
-        decoder = runner.batch_decoder(SLOTS)
-        configs = [runner.config(16) for _ in batch]
-        for config in configs:
-            config.trace_logits = True
-        generations = [decoder.join(ids, config) for ids, config in zip(batch, configs)]
-        while decoder.active:
-            decoder.step()
-        return [g.result() for g in generations]
-
-    together = traced(prompts)
+    together = traced(runner, prompts)
     for ids, mine in zip(prompts, together):
-        (alone,) = traced([ids])
+        (alone,) = traced(runner, [ids])
         assert mine.tokens == alone.tokens and np.array_equal(mine.logits, alone.logits)
 
 
@@ -156,6 +160,18 @@ def _top_k_probs(logits: np.ndarray, k: int) -> np.ndarray:
     return probs
 
 
+def seeded_top3(runner: Runner, prompt: list[int], max_tokens: int, samples: int = 640) -> list:
+    """`samples` generations of `prompt` with seeded top-3 sampling (seeds 0, 1, ...), SLOTS requests a round."""
+    decoder, results = runner.batch_decoder(SLOTS), []
+    for start in range(0, samples, SLOTS):
+        samplings = [SamplingParams(temperature=1.0, top_k=3, seed=seed) for seed in range(start, start + SLOTS)]
+        generations = [decoder.join(prompt, runner.config(max_tokens, sampling)) for sampling in samplings]
+        while decoder.active:
+            decoder.step()
+        results += [generation.result() for generation in generations]
+    return results
+
+
 def test_sampled_two_token_answers_batched_are_exact(slot_artifact):
     """Seeded top-3 sampling of two tokens, eight requests a round with n-gram drafts: the counts of each (first,
     second) pair fit the target's exact joint distribution (chi-square)."""
@@ -167,23 +183,18 @@ def test_sampled_two_token_answers_batched_are_exact(slot_artifact):
     joint = np.zeros((vocab, vocab))
     for token in np.flatnonzero(first):
         joint[token] = first[token] * _top_k_probs(_last_logits(contract, prompt + [int(token)]), 3)
-    decoder = runner.batch_decoder(SLOTS)
     counts = np.zeros((vocab, vocab))
-    for start in range(0, 640, SLOTS):
-        samplings = [SamplingParams(temperature=1.0, top_k=3, seed=seed) for seed in range(start, start + SLOTS)]
-        generations = [decoder.join(prompt, runner.config(2, sampling)) for sampling in samplings]
-        while decoder.active:
-            decoder.step()
-        for generation in generations:
-            a, b = generation.result().tokens
-            counts[a, b] += 1
+    for result in seeded_top3(runner, prompt, 2):
+        a, b = result.tokens
+        counts[a, b] += 1
     p_value = chi_square_p_value(counts, joint)
     assert p_value > 1e-3, f"chi-square p-value {p_value:.3g}: batched samples are not the target's distribution"
 
 
 def test_a_tree_drafter_keeps_the_contract_graph_one_pass_per_request(head_artifacts):
-    """Trees cannot run the causal GPU graph: an EAGLE-3 head on ort-cuda verifies on the contract graph, whose batch
-    decoder runs one pass per request (here the contract graph on the CPU); each request's tokens equal alone."""
+    """Without the slotted graph's tree form (an fp32 export has no GPU graphs; onnxruntime-gpu < 1.28 on ort-cuda)
+    an EAGLE-3 head verifies on the contract graph, whose batch decoder runs one pass per request (here the contract
+    graph on the CPU); each request's tokens equal alone. Batched trees: tests/test_gpu_tree_slots.py."""
     from test_heads_helpers import word_prompt_ids
 
     runner = Runner(head_artifacts["eagle3"], drafter="eagle3", contract_graph=True, threads=1, adaptive=False)
@@ -215,6 +226,15 @@ def test_fp16_export_with_batch_slots_writes_the_gpu_slot_form(tmp_path):
     inputs = {v.name for v in model.graph.input}
     assert "attention_bias" not in inputs and {"past_key_values.1.2.value", "seqlens_k", "position_ids"} <= inputs
     assert "target.ort-cuda-slots.onnx.data" not in manifest.files  # the weights are the GPU graph's (and target.onnx's)
+    tree = manifest.graph(variant_name("target", "cuda-tree-slots"))  # its tree form: a per-slot bias in every pass
+    assert tree.file == "target.ort-cuda-tree-slots.onnx" and tree.file in manifest.files and tree.extra["masks"] == "tree"
+    assert tree.extra["min_onnxruntime_cuda"] == "1.28" and "target.ort-cuda-tree-slots.onnx.data" not in manifest.files
+    onnx.checker.check_model(str(out / tree.file), full_check=True)
+    model = onnx.load(str(out / tree.file), load_external_data=False)
+    bias = next(v for v in model.graph.input if v.name == "attention_bias")
+    assert [d.dim_value or d.dim_param for d in bias.type.tensor_type.shape.dim] == [3, 1, "q_len", "kv_capacity"]
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 * 3 and all(len(n.input) > 10 and n.input[10] for n in gqa)  # every node takes a bias
 
 
 @pytest.mark.parametrize("arch,overrides", [("qwen2", {"tie_word_embeddings": True}), ("qwen3", {}), ("phi", {"family": True})])

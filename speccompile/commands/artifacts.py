@@ -28,7 +28,8 @@ from ..console import console, emit_json, progress_printer
 @click.option("--batch-slots", type=click.IntRange(0, 64), default=8, show_default=True,
               help="Also write *.ort-slots.onnx for a server decoding up to this many requests in one pass each step, "
                    "drafts included, every request's rows the bits it gets alone; with a GPU dtype also *.ort-cuda-slots.onnx, "
-                   "the GPU graph's form for that many requests a pass (0: none; same weights file).")
+                   "the GPU graph's form for that many requests a pass, and *.ort-cuda-tree-slots.onnx, its form for tree "
+                   "drafts (a per-slot attention bias; onnxruntime-gpu >= 1.28) (0: none; same weights file).")
 @click.option("--draft-cpu-weights", type=click.Choice(["int8", "int4", "fp32"]), default="int8", show_default=True,
               help="Weights of the drafter's ONNX Runtime CPU graph (a head's <kind>.ort.onnx, fp32: none; the draft model's draft.ort.onnx, fp32: unquantized). Drafts may change, outputs never do.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")

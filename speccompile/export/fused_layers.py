@@ -4,8 +4,9 @@ Each layer reads only `ModelConfig`'s layer description (models/architectures.py
 (pre: the residual add fused into the next norm, `SkipSimplifiedLayerNormalization`; sandwich; post; parallel),
 q/k norms, rope kind per layer (global / local table, or none), the attention scale, soft-capping and sliding
 window, and the MLP activation. A sliding layer reads its own additive bias: the pass's `attention_bias` with
-the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`); the CUDA
-graph, which verifies chains only, uses GroupQueryAttention's `local_window_size` instead.
+the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`); the causal
+CUDA graphs, which verify chains only, use GroupQueryAttention's `local_window_size` instead (the slotted GPU
+graph's tree form takes a bias, windowed as the CPU graph's).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from onnx import TensorProto
 
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block
-from .fused_ops import MS_DOMAIN, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm, window_bias
+from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
+from .fused_ops import window_bias
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, top_bias_recipes
 from .weight_store import WeightStore
 
@@ -188,14 +190,16 @@ def _latent_qkv(f: _Fused, i: int, h: str, norms: _Norms, w_uk: str) -> list[str
     return [query, key, key]
 
 
-def _gqa_attributes(f: _Fused, i: int) -> dict:
+def _gqa_attributes(f: _Fused, i: int, biased: bool = False) -> dict:
+    """Layer i's GroupQueryAttention attributes (`biased`: the node takes an attention bias, which then masks the
+    sliding window itself, by position)."""
     cfg = f.model.config
     attrs = dict(domain=MS_DOMAIN, num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
                  scale=float(cfg.scale),
                  do_rotary=int(bool(cfg.rope_kind(i))), rotary_interleaved=int(cfg.rope_interleaved), local_window_size=-1)
     if cfg.attn_softcap:
         attrs["softcap"] = float(cfg.attn_softcap)
-    if f.target == "cuda" and cfg.sliding(i):  # chains only: the slot-based window equals the positional one
+    if f.target == "cuda" and cfg.sliding(i) and not biased:  # chains only: the slot-based window is the positional one
         attrs["local_window_size"] = int(cfg.sliding_window)  # the kernels keep local_window_size + 1 keys, as window_bias
     return attrs
 
@@ -241,22 +245,38 @@ def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | Non
 
 
 def _slot_attention(f: _Fused, i: int, query: list[str], slots: SlotInputs) -> tuple[str, list[str]]:
-    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV (CPU: with the slot's
-    attention bias; CUDA: causal)."""
+    """Each slot's rows through a GroupQueryAttention of their own, over that slot's KV (CPU, and the GPU graph's
+    tree form: with the slot's attention bias; the GPU graph: causal)."""
     parts = [slots.split(x) if x else [""] * slots.slots for x in query]
     outs, presents, sinks = [], [], _sinks(f, i)
+    biased = f.target == "cpu" or isinstance(slots, GpuSlotInputs) and slots.tree
     for b in range(slots.slots):
         past, present = f"past_key_values.{i}.{b}", f"present.{i}.{b}"
         if f.target == "cpu":
             tail = [_bias(f, i, b, f"attention_bias.{b}", slots.positions[b]), *sinks]
-        else:  # the CUDA kernel takes no attention_bias: causal from seqlens_k
+        elif biased:
+            tail = [_slot_tree_bias(f, i, b, slots), *sinks]
+        else:  # causal from seqlens_k: no attention_bias (the flash kernel on CUDA)
             tail = [x for s in sinks for x in ("", s)]
         out = f.n("GroupQueryAttention", [*(part[b] for part in parts), f"{past}.key", f"{past}.value",
                                           *slots.lengths[b], *_rotary(f, i), slots.positions[b], *tail],
-                  [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f, i))[0]
+                  [f"attn_{i}_{b}_padded", f"{present}.key", f"{present}.value"], **_gqa_attributes(f, i, biased))[0]
         outs.append(out)
         presents += [f"{present}.key", f"{present}.value"]
     return slots.join(outs, f"attn_{i}"), presents
+
+
+def _slot_tree_bias(f: _Fused, i: int, b: int, slots: "GpuSlotInputs") -> str:
+    """Slot b's attention bias for layer i in the graph dtype (windowed for a sliding layer; made once per slot
+    and kind): the float32 input clamped to the dtype's lowest finite value, then cast."""
+    key = (b, f.model.config.sliding(i), "elem")
+    if key not in f.biases:
+        bias = _bias(f, i, b, slots.biases[b], slots.positions[b])
+        if f.elem != TensorProto.FLOAT:
+            lowest = f.const("tree_bias.lowest", LOWEST[f.elem], np.float32)
+            bias = f.n("Cast", [f.n("Max", [bias, lowest])[0]], to=f.elem)[0]
+        f.biases[key] = bias
+    return f.biases[key]
 
 
 def _mlp(f: _Fused, i: int, h: str) -> str:

@@ -21,6 +21,7 @@ def attention_lift(head_dim: int) -> list[int]:
     total under 127 tried; none at 64 / 128; in whole passes, head_dim 256 also at 192 + 256 k:
     benchmarks/wide_head_gaps.py), so the runtime adds padding rows to leave such a remainder."""
     return [128, 64]
+TREE_BIAS = "attention_bias"  # the GPU slot graph's tree form: every slot's additive mask (GpuSlotInputs)
 BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
 
 
@@ -143,16 +144,23 @@ class GpuSlotInputs(SlotInputs):
     them), each slot's `seqlens_k` (int32 [slots]: its KV length after the pass, minus one), one
     `total_sequence_length` (the KV buffers' capacity, which the CUDA kernel reads on the host) and each slot's KV
     buffers `past_key_values.{layer}.{b}.*`. The weight matmuls run over all slots x R rows at once; each slot's
-    GroupQueryAttention is a batch of one over its own buffer (the CUDA kernel takes no attention bias, and ONNX
-    Runtime's CPU kernel refuses a batch above one with several rows and a past). With R fixed (one bucket),
-    a slot's rows are computed with the same shapes whatever the other slots hold."""
+    GroupQueryAttention is a batch of one over its own buffer (ONNX Runtime's CPU kernel refuses a batch above one
+    with several rows and a past). With R fixed (one bucket), a slot's rows are computed with the same shapes
+    whatever the other slots hold.
 
-    def __init__(self, n: Nodes, const, slots: int):
+    `tree` (the tree form, `target.ort-cuda-tree-slots.onnx`): one more input, `attention_bias` (float32 [slots, 1,
+    R, kv_capacity], 0 or FLOAT_MIN), every slot's GroupQueryAttention takes its slice (`biases`), every pass,
+    trees or not: ONNX Runtime's CUDA EP runs a node with a bias on its unfused kernel (onnxruntime >= 1.28),
+    so all passes of this graph take the same attention path. Without `tree` no bias: causal, flash on CUDA."""
+
+    def __init__(self, n: Nodes, const, slots: int, tree: bool = False):
         self._n = n
         self.slots = slots
+        self.tree = tree
         self.positions = self.split("position_ids")
         self.lengths = [(n("Slice", ["seqlens_k", const(f"slot.{b}.start", [b]), const(f"slot.{b}.end", [b + 1])])[0],
                          "total_sequence_length") for b in range(slots)]
+        self.biases = self.split(TREE_BIAS) if tree else []  # each slot's float32 [1, 1, R, kv_capacity]
 
     def split(self, x: str) -> list[str]:
         """`x` [slots, R, ...] as each slot's [1, R, ...]."""
@@ -168,6 +176,7 @@ class GpuSlotInputs(SlotInputs):
             value("position_ids", TensorProto.INT64, [self.slots, "q_len"]),
             value("seqlens_k", TensorProto.INT32, [self.slots]),
             value("total_sequence_length", TensorProto.INT32, []),
+            *([value(TREE_BIAS, TensorProto.FLOAT, [self.slots, 1, "q_len", "kv_capacity"])] if self.tree else []),
         ]
 
 
@@ -205,6 +214,9 @@ def layer_norm(n: Nodes, x: str, gamma: list[str], eps: float) -> str:
 
 
 FLOAT_MIN = float(np.finfo(np.float32).min)
+# the most negative finite value of each graph dtype, as float32: a FLOAT_MIN bias clamped to it before the cast
+# stays finite (float32's min rounds to -inf in fp16 and in bfloat16)
+LOWEST = {TensorProto.FLOAT16: -65504.0, TensorProto.BFLOAT16: float(np.frombuffer(np.uint32(0xFF7F0000).tobytes(), np.float32)[0])}
 
 
 def window_bias(n: Nodes, const, bias: str, positions: str, window: int) -> str:

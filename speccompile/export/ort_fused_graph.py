@@ -23,9 +23,12 @@ contrib_ops/cuda/bert/group_query_attention.cc):
 * the model dtype throughout (GroupQueryAttention registers CUDA kernels for fp16 and bf16 only, so the
   export writes the GPU variant for those; the builder also writes an fp32 form, which ORT CPU runs and
   tests compare against the contract graph);
-* no `attention_bias` input: the CUDA kernel rejects it, attention is causal from `seqlens_k`. The GPU
+* no `attention_bias` input: attention is causal from `seqlens_k` (ONNX Runtime's flash kernel on CUDA). The GPU
   variant therefore verifies chains (n-gram, draft model, plain decoding; padding rows at the tail of a
-  padded q are invisible to the real rows); tree drafts run the contract graph;
+  padded q are invisible to the real rows); a single request's tree drafts run the contract graph. The slotted
+  form's **tree form** (`target.ort-cuda-tree-slots.onnx`, fused_ops.GpuSlotInputs `tree`) takes a per-slot
+  `attention_bias` in every pass, which ONNX Runtime >= 1.28 runs on its unfused CUDA kernel: the batch
+  decoder verifies trees there, every pass on the same attention path;
 * logits leave the graph as float32 plus `next_tokens` = ArgMax of every row, so greedy decoding copies
   q integers back instead of q x vocab floats.
 """
@@ -52,12 +55,16 @@ from .recipes import EMBED, LM_HEAD, DecoderWeights, Recipe, np_dtype, top_bias_
 from .weight_store import WeightStore, stored_by_recipe
 
 TARGETS = ("cpu", "cuda")
-SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx", "slots": ".ort-slots.onnx", "cuda-slots": ".ort-cuda-slots.onnx"}
+SUFFIXES = {"cpu": ".ort.onnx", "cuda": ".ort-cuda.onnx", "slots": ".ort-slots.onnx", "cuda-slots": ".ort-cuda-slots.onnx",
+            "cuda-tree-slots": ".ort-cuda-tree-slots.onnx"}
 FUSED_SUFFIX = SUFFIXES["cpu"]
 CUDA_DTYPES = ("fp16", "bf16")  # GroupQueryAttention's CUDA kernels (T = MLFloat16, BFloat16)
 _BACKENDS = {"cpu": ["ort-cpu"], "cuda": ["ort-cuda"]}
 _DESCRIPTIONS = {"cpu": "fused ONNX Runtime CPU graph", "cuda": "ONNX Runtime CUDA graph (GPU variant)"}
 FUSED_MIN_ORT = "1.22"  # GroupQueryAttention's position_ids / attention_bias inputs (onnx_versions.ORT_LIMITS)
+# GroupQueryAttention's attention_bias on the CUDA EP (onnxruntime PR #29525, merged 2026-07-03: the unfused kernel);
+# 1.27.0 (2026-06-19) predates it, 1.28.0 is the first release after it
+CUDA_BIAS_MIN_ORT = "1.28"
 __all__ = ["PAD_INPUT", "BATCH", "add_fused_variant", "export_fused_variant", "fused_variant_problem", "build_fused_graph"]
 
 
@@ -92,7 +99,9 @@ def add_fused_variant(model: DecoderWeights, name: str, graphs: dict[str, GraphS
     `digests`.
 
     `pass_rows`: KV slots past the context the graph accepts (GroupQueryAttention needs rotary tables as
-    long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows."""
+    long as its total_sequence_length): a shape-invariant pass near the context end pads up to that many rows.
+    cuda with `slots`: also the slotted graph's tree form (variant_name(name, "cuda-tree-slots"), per-slot
+    attention_bias: tree drafts batched), over the same weight files."""
     contract = graphs[name]
     problem = fused_variant_problem(model.config, contract.dtype, target)
     if problem:
@@ -103,6 +112,8 @@ def add_fused_variant(model: DecoderWeights, name: str, graphs: dict[str, GraphS
     graphs[variant_name(name, target)] = specs[0]
     if slots:
         graphs[variant_name(name, "slots" if target == "cpu" else "cuda-slots")] = specs[1]
+    if slots and target == "cuda":
+        graphs[variant_name(name, "cuda-tree-slots")] = specs[2]
     return files
 
 
@@ -111,18 +122,20 @@ def export_fused_variant(model: DecoderWeights, contract: GraphSpec, directory: 
                          digests: dict[str, str] | None = None) -> tuple[list[GraphSpec], list[str]]:
     """Write `<contract stem><SUFFIXES[target]>` next to the contract graph, in the contract's dtype, with
     rotary tables for `kv_capacity` slots (and, `slots` > 0, its slotted form `<stem>.ort-slots.onnx` or
-    `<stem>.ort-cuda-slots.onnx` over the same weight files); returns their specs and the files written."""
+    `<stem>.ort-cuda-slots.onnx`, cuda also the tree form `<stem>.ort-cuda-tree-slots.onnx`, over the same weight
+    files); returns their specs and the files written."""
     contract_path = Path(directory) / contract.file
     stem = contract_path.name.removesuffix(".onnx")
-    path = contract_path.with_name(stem + SUFFIXES[target])
+    forms = [(target, 0, False)]  # (suffix key, slots, tree)
+    if slots:
+        forms += [("slots", slots, False)] if target == "cpu" else [("cuda-slots", slots, False), ("cuda-tree-slots", slots, True)]
+    paths = [contract_path.with_name(stem + SUFFIXES[key]) for key, _, _ in forms]
     shared = stored_by_recipe(contract_path, contract_names(model, contract.dtype))
-    own = path.with_name(path.name + ".data")
-    paths = [path] + ([contract_path.with_name(stem + SUFFIXES["slots" if target == "cpu" else "cuda-slots"])] if slots else [])
+    own = paths[0].with_name(paths[0].name + ".data")
     digests = {} if digests is None else digests
     with WeightsWriter(own) as writer:
         store = WeightStore(model.source, writer, shared)
-        graphs = [build_fused_graph(model, store, kv_capacity, target, contract.dtype, slots=slots if p != path else 0)
-                  for p in paths]
+        graphs = [build_fused_graph(model, store, kv_capacity, target, contract.dtype, slots=n, tree=tree) for _, n, tree in forms]
     files = [p.name for p in paths]
     if writer.size:
         digests[own.name] = writer.sha256
@@ -131,21 +144,22 @@ def export_fused_variant(model: DecoderWeights, contract: GraphSpec, directory: 
         own.unlink()
     probe = WeightStore(model.source, None, shared={**shared, **store.written})
     specs = []
-    for graph_path, graph in zip(paths, graphs):
+    for graph_path, graph, (_, n, tree) in zip(paths, graphs, forms):
         digests[graph_path.name] = save_graph(graph, graph_path)
-        graph_slots = slots if graph_path != path else 0
-        check_graph_bounded(graph_path, graph, lambda: build_fused_graph(model.first_layer(), probe, kv_capacity, target, contract.dtype,
-                                                                         slots=graph_slots, layers=1))
-        specs.append(_spec(contract, graph_path, target, kv_capacity, graph_slots))
+        check_graph_bounded(graph_path, graph, lambda n=n, tree=tree: build_fused_graph(
+            model.first_layer(), probe, kv_capacity, target, contract.dtype, slots=n, layers=1, tree=tree))
+        specs.append(_spec(contract, graph_path, target, kv_capacity, n, tree))
     return specs, files
 
 
-def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, slots: int) -> GraphSpec:
+def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, slots: int, tree: bool = False) -> GraphSpec:
     inputs, outputs = graph_interface(graph_path)
     extra = {**contract.extra, "variant_of": contract.file, "kv_layout": "buffer", "backends": _BACKENDS[target],
              "min_onnxruntime": FUSED_MIN_ORT, "kv_capacity": int(kv_capacity)}
-    if target == "cuda":
-        extra["masks"] = "causal"  # no attention_bias on CUDA: chains only, tree drafts use the contract graph
+    if target == "cuda" and tree:  # per-slot attention_bias: the CUDA EP runs it on its unfused kernel from 1.28
+        extra["masks"], extra["min_onnxruntime_cuda"] = "tree", CUDA_BIAS_MIN_ORT
+    elif target == "cuda":
+        extra["masks"] = "causal"  # no attention_bias: chains only (the flash kernel on CUDA)
     if slots:
         extra["slots"] = int(slots)
     if target == "cpu" and contract.head_dim > WIDE_HEAD_DIM:  # attention_pad a count (OneRowPadding, `many`);
@@ -156,11 +170,11 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
 
 
 def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: int, target: str = "cpu",
-                      dtype: str = "fp32", slots: int = 0, layers: int | None = None) -> onnx.ModelProto:
+                      dtype: str = "fp32", slots: int = 0, layers: int | None = None, tree: bool = False) -> onnx.ModelProto:
     """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
     `slots`: the slotted form, one GroupQueryAttention per slot (cpu: `SlotInputs`, packed rows of any count per
-    slot; cuda: `GpuSlotInputs`, the same rows per slot, causal). `layers`: only the first
-    that many decoder layers (the probe of the ONNX Runtime load check)."""
+    slot; cuda: `GpuSlotInputs`, the same rows per slot, causal; with `tree` a per-slot attention_bias). `layers`:
+    only the first that many decoder layers (the probe of the ONNX Runtime load check)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target}")
     f = _Fused(model, store, dtype, target)
@@ -169,7 +183,7 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     x = f.n("Gather", [embed, "input_ids"])[0]
     if model.config.embed_scale != 1.0:
         x = f.n("Mul", [x, f.const("embed_scale", model.config.embed_scale, np_dtype(dtype))])[0]
-    slot_inputs = (SlotInputs if target == "cpu" else GpuSlotInputs)(f.n, f.const, slots) if slots else None
+    slot_inputs = (SlotInputs(f.n, f.const, slots) if target == "cpu" else GpuSlotInputs(f.n, f.const, slots, tree)) if slots else None
     wide = model.config.head_dim > WIDE_HEAD_DIM
     padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots else None
     count = model.config.num_hidden_layers if layers is None else layers

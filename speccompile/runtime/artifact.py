@@ -13,6 +13,7 @@ from ..onnx_versions import onnxruntime_loads
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
+from .backends.shared_weights import SharedWeights, gpu_form_weights
 from .options import DRAFTER_CHOICES
 
 
@@ -26,6 +27,7 @@ class Artifact:
     threads: int | None
     fused: bool = True
     shape_invariant: int = 0  # rows of every target pass in shape-invariant mode (0 = off)
+    weights: SharedWeights | None = None  # tensors the target's GPU graph shares with its slotted form (resident once)
     _shared_sessions: dict[str, Session] = field(default_factory=dict, repr=False)
 
     @property
@@ -35,6 +37,12 @@ class Artifact:
     @property
     def max_verify_tokens(self) -> int:
         return int(self.manifest.limits.get("max_verify_tokens", 64))
+
+    @property
+    def verify_rows(self) -> int:
+        """The most rows one verify pass holds (a tree's nodes included): max_verify_tokens, or in shape-invariant
+        mode its rows when fewer (every pass, a slotted GPU graph's included, has that many)."""
+        return min(self.max_verify_tokens, self.shape_invariant or self.max_verify_tokens)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -78,16 +86,19 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     spinning = "in-run" if shared_cores else ("always" if alone else "off")
     chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
     rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
-    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=spinning, shape_invariant=rows, chains=chains)
-    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows)
+    weights = gpu_form_weights(directory, manifest, backend, runnable_spec(manifest, "target", backend, fused, chains))
+    target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=spinning, shape_invariant=rows,
+                         chains=chains, weights=weights)
+    return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows, weights)
 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
-                spinning: str = "off", shape_invariant: int = 0, chains: bool = False) -> Session:
+                spinning: str = "off", shape_invariant: int = 0, chains: bool = False,
+                weights: SharedWeights | None = None) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
     spec = runnable_spec(manifest, graph, backend, fused, chains)
     return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,
-                        shape_invariant=shape_invariant or None)
+                        shape_invariant=shape_invariant or None, weights=weights)
 
 
 def runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, chains: bool = False) -> GraphSpec:

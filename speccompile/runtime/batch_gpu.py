@@ -10,6 +10,9 @@ chunk, so eight prompts arriving at once take the passes of the longest one, not
 bucket (shape-invariant mode) every pass has the same shapes and each prompt's rows compute the bits they get alone.
 Plans are each request's own (`plan_step()`, its controller's costs): drafts ride in the shared pass. No prefix
 cache (the device rows are not copied out).
+Tree drafts (EAGLE / EAGLE-3 / Medusa heads, DFlash's static trees, the suffix drafter's) run in the graph's tree
+form (`OrtCudaSlotSession.trees`, a per-slot attention bias in every pass), main path first: a verdict is cut at
+the first accepted node off the main path (`StepOutput.plain_exact`), so the rows a slot keeps are its first ones.
 """
 
 from __future__ import annotations
@@ -88,13 +91,15 @@ class SlotGraphPasses(RoundPasses):
 
     def round(self, active: list[Generation], after_pass: Callable[[], None]) -> tuple[Plans, dict[int, StepOutput]]:
         plans: Plans = [None if generation.prefilling else generation.plan_step() for generation in active]
-        if any(p is not None and p.draft.tree is not None for p in plans):
-            raise UnsupportedError("the slotted GPU graph is causal: tree drafts run the contract graph")
+        trees = {g.cache.slot: p.new_mask for g, p in zip(active, plans) if p is not None and p.draft.tree is not None}
+        if trees and not self.session.trees:
+            raise UnsupportedError("the slotted GPU graph is causal: tree drafts need its tree form "
+                                   "(target.ort-cuda-tree-slots.onnx) or run the contract graph")
         steps = {g.cache.slot: (p.ids, p.positions) for g, p in zip(active, plans) if p is not None}
         if not steps:
             return plans, {}
         t0 = time.perf_counter()
-        outs = self.session.run_slots(steps)
+        outs = self.session.run_slots(steps, trees=trees)
         seconds = time.perf_counter() - t0
         self.slot_passes += 1
         active[0].charge_engine(seconds)

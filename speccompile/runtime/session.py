@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterator, TypeVar
 
 from ..errors import InputError, UnsupportedError
 from ..manifest import Manifest, read_manifest, variant_name
+from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, version_string
 from .acceptance import AcceptanceRates
 from .adaptive import AdaptiveController, PassCosts
 from .costs import seeded_costs
@@ -166,7 +167,7 @@ class Runner:
             drafter = make_drafter(self._drafter_request())
         else:
             drafter = self.drafter()
-        max_verify = min(a.max_verify_tokens, a.shape_invariant or a.max_verify_tokens)  # the padded rows bound q
+        max_verify = a.verify_rows  # the padded rows bound q
         return Generator(target or a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
                          seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))),
                          None if own_drafter else self.learned_acceptance(sampling))
@@ -185,6 +186,8 @@ class Runner:
         target = self.artifact.target
         if self._gpu_slots_spec() is not None:
             return None
+        if self._drafts_trees() and self.artifact.backend == "ort-cuda":
+            return self._tree_slots_problem()
         if not isinstance(target, OrtBufferSession):
             return f"shared passes need the fused ONNX Runtime CPU graph (target: {target.spec.file} on {self.options.backend})"
         if not target.batches:
@@ -235,18 +238,44 @@ class Runner:
         return decoder
 
     def _gpu_slots_spec(self):
-        """The spec of the slotted GPU graph when the target is the GPU verify graph and the artifact has its slotted
-        form (`export --batch-slots` with a GPU dtype); else None."""
+        """The spec of the slotted GPU graph the batch decoder runs (`export --batch-slots` with a GPU dtype): when the
+        drafter drafts trees, its tree form on ort-cuda (or with the GPU verify graph as the target), where ONNX
+        Runtime's CUDA EP takes its attention bias; else its causal form when the target is the GPU verify graph;
+        None otherwise (one pass per request)."""
         from .backends.factory import is_gpu_graph
 
+        gpu_target, graphs = is_gpu_graph(self.artifact.target.spec), self.artifact.manifest.graphs
+        if self._drafts_trees():
+            spec = graphs.get(variant_name("target", "cuda-tree-slots"))
+            if spec is None or not (gpu_target or self.artifact.backend == "ort-cuda") or self._tree_slots_problem():
+                return None
+            return spec
         name = variant_name("target", "cuda-slots")
-        if not is_gpu_graph(self.artifact.target.spec) or name not in self.artifact.manifest.graphs:
+        if not gpu_target or name not in graphs:
             return None
         return self.artifact.manifest.graph(name)
 
+    def _drafts_trees(self) -> bool:
+        """Whether this runner's drafter may draft trees (a head's or DFlash's tree, the suffix drafter's)."""
+        config = self.draft_config
+        return config is not None and (config.shape != "chain" or config.kind == "suffix" and self.options.suffix_tree)
+
+    def _tree_slots_problem(self) -> str | None:
+        """Why tree drafts cannot batch in the slotted GPU graph's tree form on ort-cuda (None: they can)."""
+        spec = self.artifact.manifest.graphs.get(variant_name("target", "cuda-tree-slots"))
+        if spec is None:
+            return (f"tree drafts batch on ort-cuda in target.ort-cuda-tree-slots.onnx, which {self.artifact.directory} "
+                    "lacks (re-export with a GPU dtype and `--batch-slots N`)")
+        needed = spec.extra.get("min_onnxruntime_cuda")
+        if self.artifact.backend == "ort-cuda" and not onnxruntime_loads(needed):
+            return (f"tree drafts batch on ort-cuda in {spec.file}, whose attention bias ONNX Runtime's CUDA EP takes "
+                    f"from onnxruntime-gpu {needed} (installed {version_string(installed_onnxruntime())})")
+        return None
+
     def _gpu_slot_decoder(self, slots: int) -> "BatchDecoder":
         """Every round one pass of the slotted GPU graph (runtime/batch_gpu.py); its session opened once per runner
-        (its device KV buffers and captured graphs outlive a decoder)."""
+        (its device KV buffers and captured graphs outlive a decoder), with the weights it shares with the target's
+        GPU graph taken from the artifact's pool (`Artifact.weights`: resident once, backends/shared_weights.py)."""
         from .backends.factory import open_session
         from .backends.ort_cuda_slots import SlotSession
         from .batch import BatchDecoder
@@ -255,7 +284,8 @@ class Runner:
         a = self.artifact
         if self._gpu_slots is None:
             self._gpu_slots = open_session(a.directory, self._gpu_slots_spec(), a.backend, a.threads, manifest=a.manifest,
-                                           max_context=a.max_context, shape_invariant=a.shape_invariant or None)
+                                           max_context=a.max_context, shape_invariant=a.shape_invariant or None,
+                                           weights=a.weights)
         target = SlotSession(self._gpu_slots)
         return BatchDecoder(SlotGraphPasses(self._gpu_slots, slots, a.max_context),
                             lambda config: self.generator(config.sampling, config.num_draft_tokens == 0, True, target))

@@ -12,11 +12,13 @@ from .base import BACKENDS, FeatureSession, Session
 
 if TYPE_CHECKING:
     from .ort_slots import OrtSlotSession
+    from .shared_weights import SharedWeights
 
 
 def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu", threads: int | None = None, *,
                  manifest: Manifest, max_context: int | None = None, spinning: str = "off",
-                 device: int = 0, shape_invariant: int | None = None) -> "Session | FeatureSession | OrtSlotSession":
+                 device: int = 0, shape_invariant: int | None = None,
+                 weights: "SharedWeights | None" = None) -> "Session | FeatureSession | OrtSlotSession":
     """The backend session for graph `spec` of the artifact in `directory` (whose manifest is `manifest`).
 
     A graph with KV inputs (target, draft model, EAGLE/EAGLE-3/MTP heads) opens as a `Session`; one
@@ -25,7 +27,8 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
     buffers; `spinning`: when ONNX Runtime's threads busy-wait (ort.SPINNING, see `ort.session_options`); `device` is
     the GPU of the native TensorRT backend. `shape_invariant`: run every pass of a KV graph with this many
     query rows against a fixed KV extent (backends/shape_invariant.py; needs `max_context`); None = each
-    pass with its own shapes.
+    pass with its own shapes. `weights`: the tensors the GPU graph shares with its slotted form, resident once
+    (`SharedWeights`; the GPU graphs only).
     """
     if spec.extra.get("slots") and not is_gpu_graph(spec):
         if backend != "ort-cpu":
@@ -40,7 +43,8 @@ def open_session(directory: str | Path, spec: GraphSpec, backend: str = "ort-cpu
         verify = shape_invariant or int(manifest.limits.get("max_verify_tokens", 64))
         kind = OrtCudaSlotSession if spec.extra.get("slots") else OrtCudaSession  # the slotted form: N requests a pass
         return kind(directory, spec, "cuda" if backend == "ort-cuda" else "cpu", max_context, verify,
-                    buckets=(shape_invariant,) if shape_invariant else DEFAULT_BUCKETS, device_id=device, threads=threads)
+                    buckets=(shape_invariant,) if shape_invariant else DEFAULT_BUCKETS, device_id=device, threads=threads,
+                    weights=weights)
     if backend == "tensorrt" and has_kv_cache(spec) and _tensorrt_buckets(manifest, spec):
         from .tensorrt_graphs import open_tensorrt_session  # static shapes per q bucket: the same as the GPU graph
 

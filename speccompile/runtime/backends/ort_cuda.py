@@ -31,11 +31,12 @@ from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec
 from ..kvcache import BufferKVCache, causal_mask
 from .base import StepOutput
+from .shared_weights import SharedWeights, device_tensor
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WARM_UP_RUNS = 3  # runs per bucket at open: ONNX Runtime runs a graph uncaptured first, then captures it
 UNCAPTURED = -1  # gpu_graph_id of a run that ONNX Runtime must neither capture nor replay
-_ONNX_TYPES = {"bfloat16": 16}  # TensorProto element types of buffers numpy has no type for
+_ONNX_TYPES = {"float": 1, "float16": 10, "int64": 7, "int32": 6, "bfloat16": 16}  # TensorProto element types
 _NP_TYPES = {"float": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32}
 
 
@@ -100,6 +101,8 @@ def binding_plan(spec: GraphSpec, q: int, capacity: int, batch: int = 1) -> Bind
             inputs[name] = Buffer(name, (), "int32", "cpu")
         elif name in ("input_ids", "position_ids"):
             inputs[name] = Buffer(f"{name}.q{q}", (batch, q), "int64", "device")
+        elif name == "attention_bias":  # the slotted graph's tree form: each slot's additive mask
+            inputs[name] = Buffer(f"{name}.q{q}", (batch, 1, q, int(capacity)), "float", "device")
         else:
             raise UnsupportedError(f"{spec.file}: input {name} is not one the GPU session binds")
     outputs: dict[str, Buffer] = {}
@@ -154,11 +157,13 @@ class FixedKVCache(BufferKVCache):
     """KV rows in per-layer buffers of a fixed capacity that the graph writes in place.
 
     The addresses never change (a captured CUDA graph replays against them), so the cache never grows: a
-    generation that would pass `capacity` rows ends at the context limit. The GPU graph verifies chains,
-    so accepted rows are always the first ones of a step and committing them moves nothing.
+    generation that would pass `capacity` rows ends at the context limit. The GPU graphs verify chains, and the
+    slotted graph's tree form trees laid out main path first with verdicts cut off it, so accepted rows are always
+    the first ones of a pass and committing them moves nothing.
     """
 
     def __init__(self, tensors: list[Any], capacity: int):
+        self.row_slots: np.ndarray | None = None  # a tree pass laid out main path first (runtime/batch_gpu.py)
         self.tensors = list(tensors)
         self._capacity = int(capacity)
         self.max_capacity = self._capacity
@@ -176,7 +181,10 @@ class FixedKVCache(BufferKVCache):
             raise InputError(f"context of {total} tokens exceeds the KV buffer of {self._capacity} rows (the artifact's max_context)")
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
-        keep = [int(k) for k in keep]
+        """Commit the kept rows, which must be the pass's first rows (a chain's, or a tree's main path laid out
+        first: `row_slots` maps them to the pass rows that computed them)."""
+        slots, self.row_slots = self.row_slots, None
+        keep = [int(k if slots is None else slots[k]) for k in keep]
         if keep != list(range(len(keep))):
             raise UnsupportedError("the GPU verify graph keeps a prefix of each step's rows (chains); tree drafts need the contract graph")
         self.length += len(keep)
@@ -212,7 +220,10 @@ class OrtCudaSession:
 
     def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
                  max_verify_tokens: int = 64, kv_capacity: int | None = None, cuda_graph: bool | None = None,
-                 buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0, threads: int | None = None):
+                 buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0, threads: int | None = None,
+                 weights: SharedWeights | None = None):
+        """`weights`: tensors this graph shares with the artifact's other GPU-form graph, resident once (their pool
+        must live as long as this session; shared_weights.py)."""
         import onnxruntime as ort
 
         from .ort import session_options
@@ -247,6 +258,10 @@ class OrtCudaSession:
             providers: list = [("CUDAExecutionProvider", cuda_options), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
+        if weights is not None and (weights.device, weights.device_id) != (device, device_id):
+            raise ValueError(f"shared weights on {weights.device}:{weights.device_id} for a session on {device}:{device_id}")
+        self.shared_tensors = weights.add_to(opts, spec.file) if weights is not None else 0
+        self.weights = weights  # kept alive with the session
         self.session = ort.InferenceSession(str(Path(directory) / spec.file), opts, providers=providers)
         self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
         self.present_names = [n for n in spec.output_names() if n.startswith("present.")]
@@ -261,15 +276,9 @@ class OrtCudaSession:
     # -- buffers -----------------------------------------------------------------------------------
     def _allocate(self, buffer: Buffer):
         device = "cpu" if buffer.device == "cpu" else self.device
-        if buffer.dtype in _NP_TYPES:
-            value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), _NP_TYPES[buffer.dtype], device, self.device_id)
-            value.update_inplace(np.zeros(buffer.shape, dtype=_NP_TYPES[buffer.dtype]))
-            return value
-        # bfloat16 has no numpy type: an ONNX element type, zeroed from 16-bit host zeros
-        onnx_type = _ONNX_TYPES[buffer.dtype]
-        value = self._ort.OrtValue.ortvalue_from_shape_and_type(list(buffer.shape), onnx_type, device, self.device_id)
-        value.update_inplace(self._ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.zeros(buffer.shape, np.uint16), onnx_type))
-        return value
+        # bfloat16 has no numpy type: zeroed from 16-bit host zeros
+        host = np.zeros(buffer.shape, dtype=_NP_TYPES.get(buffer.dtype, np.uint16))
+        return device_tensor(host, _ONNX_TYPES[buffer.dtype], device, self.device_id)
 
     def _buffer(self, buffer: Buffer):
         if buffer.key not in self._buffers:

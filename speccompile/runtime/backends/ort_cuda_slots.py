@@ -9,8 +9,12 @@ The weight matmuls run over all N x R rows; each slot's GroupQueryAttention is a
 buffer per layer (export/fused_ops.py `GpuSlotInputs`). With one bucket (shape-invariant mode) every pass has the
 same shapes, so a request's logits do not depend on what its batch-mates run.
 
-Chains only, as the single-sequence GPU graph: trees keep the contract graph (one pass per request,
-runtime/batch_passes.py). The same class runs the fp32 form on ONNX Runtime CPU (`device="cpu"`), as the tests do.
+The slotted graph verifies chains, as the single-sequence GPU graph; its tree form (`target.ort-cuda-tree-slots.onnx`,
+`trees`) takes each slot's attention bias in every pass and verifies trees too: a tree's rows run main path first
+(tree_layout.py), so the rows a verdict keeps are the slot's first rows and no KV row moves. On CUDA the bias sends
+every pass of that graph to ONNX Runtime's unfused attention kernel (onnxruntime >= 1.28), trees or not, so a
+request's logits do not depend on whether a pass held a tree. The same class runs the fp32 forms on ONNX Runtime
+CPU (`device="cpu"`), as the tests do.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from ...manifest import GraphSpec
 from .base import StepOutput
 from .ort_cuda import DEFAULT_BUCKETS, BindingPlan, DeviceLogitsOutput, FixedKVCache, OrtCudaSession, binding_plan, bucket_for
 from .ort_cuda import is_causal_step, pad_step
+from .tree_layout import MainPathLayout
+
+TREE_BIAS = "attention_bias"  # the tree form's input: every slot's additive mask [slots, 1, R, capacity]
+FLOAT_MIN = float(np.finfo(np.float32).min)  # a masked key (the graph clamps it to its dtype's lowest finite value)
+from .shared_weights import SharedWeights
 
 Step = tuple[np.ndarray, np.ndarray]  # a slot's token ids and positions this pass
 
@@ -44,13 +53,14 @@ class OrtCudaSlotSession(OrtCudaSession):
 
     def __init__(self, directory: str | Path, spec: GraphSpec, device: str = "cuda", max_context: int | None = None,
                  max_verify_tokens: int = 64, buckets: Sequence[int] = DEFAULT_BUCKETS, device_id: int = 0,
-                 threads: int | None = None):
+                 threads: int | None = None, weights: SharedWeights | None = None):
         self.slots = int(spec.extra.get("slots", 0))
         if self.slots < 1:
             raise UnsupportedError(f"{spec.file} is not the slotted GPU graph (expected target.ort-cuda-slots.onnx)")
         self._slot_caches: list[SlotKVCache] = []
+        self._bias: dict[int, tuple[np.ndarray, set[int]]] = {}  # per bucket: the host bias, the slots holding a tree
         super().__init__(directory, spec, device, max_context, max_verify_tokens, buckets=buckets, device_id=device_id,
-                         threads=threads)
+                         threads=threads, weights=weights)
 
     def _plan(self, q: int) -> BindingPlan:
         return binding_plan(self.spec, q, self.capacity, self.slots)
@@ -66,7 +76,7 @@ class OrtCudaSlotSession(OrtCudaSession):
     def slot_cache(self, slot: int) -> SlotKVCache:
         """Slot `slot`'s KV cache, emptied (a new request's)."""
         cache = self._caches()[slot]
-        cache.length = 0
+        cache.length, cache.row_slots = 0, None
         return cache
 
     @property
@@ -86,10 +96,23 @@ class OrtCudaSlotSession(OrtCudaSession):
         for cache in self._caches():
             cache.length = 0
 
-    def run_slots(self, steps: dict[int, Step], rows: int | None = None) -> dict[int, DeviceLogitsOutput]:
+    @property
+    def trees(self) -> bool:
+        """Whether the graph verifies trees: its tree form (`target.ort-cuda-tree-slots.onnx`), whose every pass
+        carries each slot's attention bias (all zero for chains, prefill and dummy rows)."""
+        return self.spec.extra.get("masks") == "tree"
+
+    def run_slots(self, steps: dict[int, Step], rows: int | None = None,
+                  trees: dict[int, np.ndarray] | None = None) -> dict[int, DeviceLogitsOutput]:
         """One pass: slot b runs `steps[b]` after its committed rows, padded to the pass's bucket (the smallest that
         holds every step, or `rows`); every other slot one dummy row. Returns each stepped slot's output (valid
-        until the next pass)."""
+        until the next pass). `trees`: a slot's ancestry mask [q, q] where its rows are a tree (the tree form
+        only): they run main path first (tree_layout.MainPathLayout) and come back in their own order, the main
+        path's rows marked `plain_exact`, the slot's cache told where each row went (`row_slots`)."""
+        layouts = {b: layout for b, mask in (trees or {}).items()
+                   if (layout := MainPathLayout.of_tree(np.asarray(mask)[None], len(mask))) is not None}
+        if layouts and not self.trees:
+            raise UnsupportedError(f"{self.spec.file} is causal: tree drafts need its tree form (target.ort-cuda-tree-slots.onnx)")
         q = max([len(ids) for ids, _ in steps.values()] + [1])
         bucket = rows or bucket_for(q, self.buckets)
         if bucket is None or bucket < q:
@@ -100,6 +123,8 @@ class OrtCudaSlotSession(OrtCudaSession):
         seqlens = np.empty(self.slots, dtype=np.int32)
         for b, cache in enumerate(caches):
             step_ids, step_positions = steps.get(b, (np.zeros(1, np.int64), np.asarray([cache.length])))
+            if b in layouts:
+                step_ids, step_positions = layouts[b].rows(step_ids), layouts[b].rows(step_positions)
             cache.reserve(cache.length + bucket)
             ids[b: b + 1], positions[b: b + 1] = pad_step(np.asarray(step_ids), np.asarray(step_positions), bucket,
                                                           self.max_position)
@@ -108,7 +133,31 @@ class OrtCudaSlotSession(OrtCudaSession):
         self._buffers[plan.inputs["input_ids"].key].update_inplace(ids)
         self._buffers[plan.inputs["position_ids"].key].update_inplace(positions)
         self._buffers["seqlens_k"].update_inplace(seqlens)
+        if self.trees:
+            self._write_bias(plan, bucket, {b: (layouts[b], trees[b]) for b in layouts})
         self.session.run_with_iobinding(binding, self._options(bucket))
+        return self._outputs(plan, steps, layouts)
+
+    def _write_bias(self, plan: BindingPlan, bucket: int, layouts: dict[int, tuple[MainPathLayout, np.ndarray]]) -> None:
+        """The pass's attention bias: 0 but where a tree row must not see a new row (FLOAT_MIN); rewritten only when
+        this pass or the last one of this bucket held a tree (the committed rows and causal attention need none)."""
+        host, dirty = self._bias.setdefault(bucket, (np.zeros(plan.inputs[TREE_BIAS].shape, np.float32), set()))
+        if not layouts and not dirty:
+            return
+        for b in dirty:
+            host[b] = 0.0
+        dirty.clear()
+        caches = self._caches()
+        for b, (layout, mask) in layouts.items():
+            past, q = caches[b].length, len(mask)
+            own = layout.mask(np.asarray(mask, dtype=bool)[None])[0]  # rows and columns in pass order
+            host[b, 0, :q, past: past + q] = np.where(own, 0.0, FLOAT_MIN)
+            dirty.add(b)
+        self._buffers[plan.inputs[TREE_BIAS].key].update_inplace(host)
+
+    def _outputs(self, plan: BindingPlan, steps: dict[int, Step], layouts: dict[int, MainPathLayout]) -> dict[int, DeviceLogitsOutput]:
+        """Each stepped slot's rows of the pass's outputs (a tree's back in its own row order)."""
+        caches = self._caches()
         outputs = {name: self._buffers[buffer.key] for name, buffer in plan.outputs.items()}
         tokens = outputs["next_tokens"].numpy()
         hidden = outputs[self.hidden_name].numpy() if self.hidden_name else None
@@ -119,9 +168,16 @@ class OrtCudaSlotSession(OrtCudaSession):
                 fetched.append(device_logits.numpy())
             return fetched[0]
 
-        return {b: DeviceLogitsOutput(lambda b=b, n=len(step[0]): logits()[b, :n], caches[b].tensors,
-                                      None if hidden is None else hidden[b, :len(step[0])], tokens[b, :len(step[0])])
-                for b, step in steps.items()}
+        results = {}
+        for b, (step_ids, _) in steps.items():
+            n, layout = len(step_ids), layouts.get(b)
+            rows = np.arange(n) if layout is None else np.argsort(layout.order)  # original row r ran as pass row rows[r]
+            caches[b].row_slots = None if layout is None else rows
+            out = DeviceLogitsOutput(lambda b=b, n=n, rows=rows: logits()[b, :n][rows], caches[b].tensors,
+                                     None if hidden is None else hidden[b, :n][rows], tokens[b, :n][rows])
+            out.plain_exact = None if layout is None else layout.exact
+            results[b] = out
+        return results
 
 
 class SlotSession:

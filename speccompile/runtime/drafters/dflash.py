@@ -174,5 +174,5 @@ def make_dflash(request: DrafterRequest) -> DFlashBlockDrafter:
     if markov:
         markov = tuple(np.load(Path(artifact.directory) / markov[w], allow_pickle=False) for w in ("w1", "w2"))
     return DFlashBlockDrafter(session, section["head"], request.draft.num_draft_tokens, d2t,
-                              max_context=artifact.max_context + 64, tree=tree, max_nodes=artifact.max_verify_tokens,
+                              max_context=artifact.max_context + 64, tree=tree, max_nodes=artifact.verify_rows,
                               markov=markov or None)

@@ -14,7 +14,7 @@ def make_head(request: DrafterRequest) -> Drafter:
     section = request.exported_section()
     graph = artifact.session(section.get("graph", draft.kind), request.shared_session)
     session = TimedSession(graph, request.clock)
-    max_nodes = artifact.max_verify_tokens
+    max_nodes = artifact.verify_rows
     if draft.kind == "medusa":
         from .medusa import MedusaDrafter
 
