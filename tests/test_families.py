@@ -46,6 +46,18 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW, layer_types=_TWO,  # yarn rope, sinks
                     swiglu_limit=1.0),  # a low clamp: the tiny model's gate/up values reach it
+    # multi-head latent attention (tests/test_mla.py): a 48-wide latent + rope cache, q LoRA, yarn with mscale_all_dim;
+    # sigmoid group routing: 8 experts in 4 groups, the best 2 groups compete, top 2, a shared expert; layer 0 dense
+    "deepseek_v3": dict(num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, moe_intermediate_size=32,
+                        n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16,
+                        qk_nope_head_dim=16, v_head_dim=24, rope_parameters={
+                            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+                            "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}),
+    # DeepSeek-V2's softmax group routing (group_limited_greedy: a group's best score), q_proj (no q LoRA)
+    "deepseek_v2": dict(num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                        topk_method="group_limited_greedy", moe_intermediate_size=32, n_shared_experts=2,
+                        first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                        v_head_dim=24, routed_scaling_factor=1.5),
 }
 
 

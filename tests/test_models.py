@@ -105,8 +105,12 @@ def test_gguf_q8_0_dequantizes_close(tmp_path):
 def test_config_errors():
     with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*gemma3.*llama, mistral"):
         config_from_hf({"model_type": "gpt2"}, "cfg")
-    with pytest.raises(UnsupportedError, match="deepseek_v3.*multi-head latent attention"):
-        config_from_hf({"model_type": "deepseek_v3"}, "cfg")
+    with pytest.raises(UnsupportedError, match="DeepSeek-V2 topk_method 'noaux'"):
+        config_from_hf({"model_type": "deepseek_v2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+                        "num_hidden_layers": 1, "num_attention_heads": 1, "moe_intermediate_size": 4, "n_routed_experts": 2,
+                        "topk_method": "noaux"}, "cfg")
+    with pytest.raises(UnsupportedError, match="deepseek2.*GGUF is not read"):
+        config_from_hf({"model_type": "deepseek2"}, "cfg")
     with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
         config_from_hf({"model_type": "qwen3_next"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):

@@ -150,25 +150,31 @@ def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp
 @pytest.mark.parametrize("arch", MOE)
 def test_torch_moe_block_matches_transformers_block(moe_artifacts, arch):
     """models.moe.SparseMoe with the checkpoint's layer-0 tensors = transformers' MoE block on the same rows."""
+    model, _ = moe_artifacts[arch]
+    assert_moe_block_matches_transformers(model, 0, 9)
+
+
+def assert_moe_block_matches_transformers(model: Path, layer: int, rows: int):
+    """SparseMoe with layer `layer`'s tensors vs transformers' block on `rows` random rows; returns the MoeConfig."""
     import torch
     import transformers
 
     from speccompile.models.load import load_model
     from speccompile.models.moe import SparseMoe
 
-    model, _ = moe_artifacts[arch]
     loaded = load_model(str(model))
     moe = loaded.config.moe
-    prefix = moe.prefix(0)
+    prefix = moe.prefix(layer)
     block = SparseMoe(loaded.config.hidden_size, moe)
     block.load_state_dict({k[len(prefix):]: v for k, v in loaded.torch_weights().items() if k.startswith(prefix)})
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    x = torch.randn(1, 9, loaded.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, rows, loaded.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = hf.model.layers[0].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
+        expected = hf.model.layers[layer].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
         expected = expected[0] if isinstance(expected, tuple) else expected
         expected = expected.numpy()  # within 1e-5 of the block's largest output (sums in another expert order)
         np.testing.assert_allclose(block(x).numpy(), expected, atol=1e-5 * float(np.abs(expected).max()), rtol=0)
+    return moe
 
 
 def test_fp16_export_runs_on_the_cpu(moe_artifacts, tmp_path):

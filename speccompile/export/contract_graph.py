@@ -27,6 +27,7 @@ from onnx import TensorProto
 
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .graph_builder import INT64_MAX, GraphBuilder, value
+from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block, moe_names
 from .recipes import (EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
                       top_bias_recipes)
@@ -88,6 +89,12 @@ class _Graph:
 
     def weight_of(self, name: str, recipe: Recipe) -> str:
         return self.b.initializer(self.store.tensor(name, recipe))
+
+    def emitter(self, scope: str) -> Emitter:
+        """The node writer of export/moe_ops.py / export/mla_ops.py, its nodes under `scope`."""
+        b = self.b
+        return Emitter(lambda op, inputs, outputs=1, **attrs: b.op(scope, op, inputs, outputs, **attrs),
+                       lambda key, values, dtype=np.int64: b.const(scope, values, dtype), self.weight_of, self.elem, self.dtype)
 
 
 def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, layers: int | None = None) -> onnx.ModelProto:
@@ -227,9 +234,7 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
     experts (export/moe_ops.py)."""
     b, scope = g.b, f"/layers.{i}/mlp"
     if g.model.config.moe is not None and g.model.config.moe.is_moe(i):
-        emit = Emitter(lambda op, inputs, outputs=1, **attrs: b.op(scope, op, inputs, outputs, **attrs),
-                       lambda key, values, dtype=np.int64: b.const(scope, values, dtype), g.weight_of, g.elem, g.dtype)
-        return moe_block(emit, g.model.config, i, h)
+        return moe_block(g.emitter(scope), g.model.config, i, h)
     if not g.model.config.mlp_gated:
         return _plain_mlp(g, i, h, scope)
     inter = g.model.config.intermediate_size
@@ -279,12 +284,26 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     return q, k, v
 
 
+def _latent_qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
+    """Multi-head latent attention's query [b, heads, q, dim] and key [b, 1, q, dim] (export/mla_ops.py), roped;
+    the key is also the value."""
+    em, cfg = g.emitter(s), g.model.config
+
+    def norm(x: str, role: str) -> str:
+        return _norm(g, f"{s}/{role}", x, role_name(i, role))
+
+    q, key = latent_inputs(em, cfg, i, h, norm)
+    query = g.b.one(s, "Transpose", [absorbed_query(em, cfg, q, absorbed(em, cfg, i)[0])], perm=[0, 2, 1, 3])
+    key = _rope(g, s, g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])]), "global")
+    return _rope(g, s, query, "global"), key, key
+
+
 def _attention(g: _Graph, i: int, h: str) -> str:
     """Grouped-query attention of layer i over past + new keys (models.decoder.Attention); writes present.{i}.*."""
     b, s = g.b, f"/layers.{i}/self_attn"
     cfg = g.model.config
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q, k, v = _qkv(g, i, h, s)
+    q, k, v = _latent_qkv(g, i, h, s) if cfg.mla else _qkv(g, i, h, s)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
@@ -293,7 +312,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
         qg = _with_last_row(g, s, qg)
         g.padded[sliding] = bias = g.padded.get(sliding) or _with_last_row(g, s, bias)  # once, as the tracer merged it
-    scores = b.one(s, "MatMul", [qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2])])
+    scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
         scores = _softcap(g, s, scores, cfg.attn_softcap)
@@ -305,10 +324,28 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     context = b.one(s, "MatMul", [b.one(s, "Cast", [probs], to=g.elem), v_all])
     if heads == kv_heads:
         context = b.one(s, "Slice", [context, b.const(s, [0]), b.const(s, [-1]), b.const(s, [2]), b.const(s, [1])])
-    out = b.one(s, "Reshape", [context, b.const(s, [0, heads, -1, dim])])
-    out = b.one(s, "Reshape", [b.one(s, "Transpose", [out], perm=[0, 2, 1, 3]), b.const(s, [0, -1, heads * dim])])
+    out = b.one(s, "Transpose", [b.one(s, "Reshape", [context, b.const(s, [0, heads, -1, dim])])], perm=[0, 2, 1, 3])
+    if cfg.mla:
+        out = latent_output(g.emitter(s), cfg, out, absorbed(g.emitter(s), cfg, i)[1])
+    else:
+        out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
     out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
+
+
+def _scores(g: _Graph, s: str, qg: str, keys: str) -> str:
+    """qg [b, kv, rows, dim] @ keys [b, kv, dim, T]. A latent head wider than 128 (MLA's 576) as slices of 128 dims
+    summed in order: MLAS splits a dot product into chunks whose size depends on T (256 and more at T <= 64, 128
+    above), so one MatMul would round a row by the pass's total; a slice of <= 128 dims is one chunk at every T."""
+    b, dim = g.b, g.model.config.head_dim
+    if not (g.model.config.mla and dim > 128):
+        return b.one(s, "MatMul", [qg, keys])
+    total = ""
+    for start in range(0, dim, 128):
+        bounds = [b.const(s, [start]), b.const(s, [min(start + 128, dim)])]
+        part = b.one(s, "MatMul", [b.one(s, "Slice", [qg, *bounds, b.const(s, [3])]), b.one(s, "Slice", [keys, *bounds, b.const(s, [2])])])
+        total = b.one(s, "Add", [total, part]) if total else part
+    return total
 
 
 def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:

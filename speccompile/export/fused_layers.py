@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
 from .fused_ops import window_bias
@@ -47,6 +48,10 @@ class _Fused:
 
     def layer_weight(self, i: int, name: str, role: str) -> str:
         return self.weight(f"layers.{i}.{name}", layer_recipe(self.model.config, i, role, self.dtype))
+
+    def emitter(self) -> Emitter:
+        """The node writer of export/moe_ops.py / export/mla_ops.py."""
+        return Emitter(self.n, self.const, self.weight, self.elem, self.dtype)
 
     def const(self, name: str, values, dtype=np.int64) -> str:
         """An integer constant initializer; asking again for `name` (with the same values) reuses it."""
@@ -117,8 +122,13 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             h, residual = norms.skip(pending, residual, norms.gamma(i, "input_norm"))
         if i in f.model.aux_layers:
             taps.append(residual)
-        out, layer_presents = _attention(f, i, _qkv(f, i, h, norms), padding, slots)
+        w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+        query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms)
+        out, layer_presents = _attention(f, i, query, padding, slots)
         presents += layer_presents
+        if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
+            heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
+            out = latent_output(f.emitter(), cfg, heads, w_uv)
         attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
         if cfg.o_proj_bias:
             attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
@@ -168,6 +178,16 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     k_gamma = norms.gamma(i, "k_norm")
     k = head_norm(n, k, kv_heads, dim, lambda x: norms.plain(x, k_gamma, f"{pre}.k"), f.const, f"{pre}.k")
     return [q, k, v]
+
+
+def _latent_qkv(f: _Fused, i: int, h: str, norms: _Norms, w_uk: str) -> list[str]:
+    """Multi-head latent attention's GroupQueryAttention inputs: the query heads [q_pe, q_nope @ W_UK_h], and the
+    one KV head [k_pe, c_kv] as key and value (GroupQueryAttention ropes the first rotary_dim dims of both)."""
+    em, cfg = f.emitter(), f.model.config
+    q, key = latent_inputs(em, cfg, i, h, lambda x, role: norms.plain(x, norms.gamma(i, role), f"layers.{i}.{role}"))
+    query = absorbed_query(em, cfg, q, w_uk)
+    query = f.n("Reshape", [query, f.const("mla.query_flat", [0, 0, cfg.num_attention_heads * cfg.head_dim])])[0]
+    return [query, key, key]
 
 
 def _gqa_attributes(f: _Fused, i: int, biased: bool = False) -> dict:

@@ -6,12 +6,13 @@ many rows of the pass chose the same expert (measured: up to ~1e-6 between a row
 pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The block is
 therefore decomposed into standard operators, sparse by expert:
 
-    routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), in float32, per row
+    routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), or DeepSeek-V3's group-limited sigmoid
+              routing (`_group_route`), in float32, per row
     expert e  rows = the rows whose top k hold e (NonZero of TopK's indices == e); their routing weights
               (GatherND); the expert's SwiGLU MLP on those rows only (two MatMuls with 2-D weights);
               the rows' sums plus weight * output, written back (GatherND, Add, ScatterND), experts in
               index order
-    shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE)
+    shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE), or + shared_experts(x) (DeepSeek-V3)
 
 Each row's routing reads that row alone, and its expert outputs come from weight MatMuls whose rows ONNX Runtime
 computes alike whatever the number of rows (the premise of the dense layers too: export/fused_ops.py,
@@ -66,6 +67,8 @@ def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:
     names = {f"{p}{ROUTER}.weight_t": Recipe((f"{q}{moe.router}.weight",), True, dtype)}
     if moe.router_bias:
         names[f"{p}{ROUTER}.bias"] = Recipe((f"{q}{moe.router}.bias",), False, dtype)
+    if moe.score_bias:  # float32 whatever the export dtype: the routing is float32
+        names[f"{p}{ROUTER}.score_bias"] = Recipe((f"{q}{moe.router}.e_score_correction_bias",), False, "fp32")
     for e in range(moe.num_experts):
         src, x = moe.expert_sources(layer, e), f"{p}mlp.experts.{e}"
         names[f"{x}.weight_t"] = Recipe((src["gate"], src["up"]), True, dtype)
@@ -74,10 +77,11 @@ def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:
             names[f"{x}.bias"] = Recipe((src["gate_bias"], src["up_bias"]), False, dtype)
             names[f"{x}.down_proj.bias"] = Recipe((src["down_bias"],), False, dtype)
     if moe.shared_expert_size:
-        s = f"{q}shared_expert."
+        s = f"{q}{moe.shared_name}."
         names[f"{p}mlp.shared_expert.weight_t"] = Recipe((s + "gate_proj.weight", s + "up_proj.weight"), True, dtype)
         names[f"{p}mlp.shared_expert.down_proj.weight_t"] = Recipe((s + "down_proj.weight",), True, dtype)
-        names[f"{p}{SHARED_GATE}.weight_t"] = Recipe((f"{q}shared_expert_gate.weight",), True, dtype)
+        if moe.shared_gated:
+            names[f"{p}{SHARED_GATE}.weight_t"] = Recipe((f"{q}shared_expert_gate.weight",), True, dtype)
     return names
 
 
@@ -103,8 +107,9 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
     if moe.shared_expert_size:
         shared = _expert(em, MoeConfig(1, 1, moe.shared_expert_size), x, w, f"{p}mlp.shared_expert",
                          moe.shared_expert_size, False)
-        gate = em.one("Sigmoid", [em.one("MatMul", [x, w[f"{p}{SHARED_GATE}.weight_t"]])])
-        total = em.one("Add", [total, em.one("Mul", [gate, shared])])
+        if moe.shared_gated:
+            shared = em.one("Mul", [em.one("Sigmoid", [em.one("MatMul", [x, w[f"{p}{SHARED_GATE}.weight_t"]])]), shared])
+        total = em.one("Add", [total, shared])
     return em.op("Reshape", [total, em.one("Shape", [h])], [output] if output else 1)[0]
 
 
@@ -116,7 +121,9 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
     if em.elem != TensorProto.FLOAT:
         logits = em.one("Cast", [logits], to=TensorProto.FLOAT)
     k = em.const("moe.top_k", [moe.top_k])
-    if moe.routing == "topk_softmax":
+    if moe.routing in ("sigmoid_group", "softmax_group"):
+        values, index = _group_route(em, moe, logits, w.get(f"{p}{ROUTER}.score_bias"), k)
+    elif moe.routing == "topk_softmax":
         values, index = em.op("TopK", [logits, k], 2, axis=-1)
         values = em.one("Softmax", [values], axis=-1)
     else:
@@ -126,6 +133,35 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
     if em.elem != TensorProto.FLOAT:
         values = em.one("Cast", [values], to=em.elem)
     return values, index
+
+
+def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | None, k: str) -> tuple[str, str]:
+    """DeepSeek's group-limited routing of float32 logits [rows, experts] (models.moe._group_route: V3's sigmoid, V2's
+    softmax): (weights, indices); `k`: the top k constant."""
+    sigmoid = moe.routing == "sigmoid_group"
+    scores = em.one("Sigmoid", [logits]) if sigmoid else em.one("Softmax", [logits], axis=-1)
+    choice = scores if score_bias is None else em.one("Add", [scores, score_bias])
+    grouped = em.one("Reshape", [choice, em.const(f"moe.groups.{moe.n_group}", [0, moe.n_group, -1])])
+    if sigmoid:
+        top2 = em.op("TopK", [grouped, em.const("moe.two", [2])], 2, axis=-1)[0]
+        group_scores = em.one("ReduceSum", [top2, em.const("moe.last_axis", [-1])], keepdims=0)  # [rows, groups]
+    else:
+        group_scores = em.one("ReduceMax", [grouped, em.const("moe.last_axis", [-1])], keepdims=0)
+    groups = em.op("TopK", [group_scores, em.const("moe.topk_group", [moe.topk_group])], 2, axis=-1)[1]
+    ones = em.one("Expand", [em.const("moe.one_f32", 1.0, np.float32), em.one("Shape", [groups])])
+    keep = em.one("ScatterElements", [em.one("Mul", [group_scores, em.const("moe.zero_f32", 0.0, np.float32)]), groups, ones],
+                  axis=-1)  # [rows, groups]: 1 for the chosen groups
+    keep = em.one("Reshape", [em.one("Expand", [em.one("Unsqueeze", [keep, em.const("moe.last_axis", [-1])]),
+                                                em.one("Shape", [grouped])]), em.one("Shape", [choice])])
+    masked = em.one("Where", [em.one("Equal", [keep, em.const("moe.zero_f32", 0.0, np.float32)]),
+                              em.const("moe.neg_inf", -np.inf, np.float32) if sigmoid else em.const("moe.zero_f32", 0.0, np.float32),
+                              choice])
+    index = em.op("TopK", [masked, k], 2, axis=-1)[1]
+    values = em.one("GatherElements", [scores, index], axis=-1)
+    if moe.norm_topk_prob:
+        total = em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)
+        values = em.one("Div", [values, em.one("Add", [total, em.const("moe.tiny", 1e-20, np.float32)])])
+    return em.one("Mul", [values, em.const("moe.routed_scale", moe.routed_scale, np.float32)]), index
 
 
 def _expert(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], name: str, inter: int, bias: bool) -> str:

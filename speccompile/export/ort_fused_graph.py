@@ -78,6 +78,11 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
     if target == "cuda" and dtype not in CUDA_DTYPES:
         return (f"GroupQueryAttention has CUDA kernels for {'/'.join(CUDA_DTYPES)} only (export dtype {dtype}); "
                 "ort-cuda runs the contract graph")
+    if config.mla and config.head_dim > (WIDE_HEAD_DIM if target == "cpu" else 256):
+        return (f"multi-head latent attention's {config.head_dim}-wide cache head: ONNX Runtime's CPU GroupQueryAttention "
+                "rounds a row by the pass's rows and total at this width and no attention_lift keeps it exact"
+                if target == "cpu" else f"GroupQueryAttention's CUDA flash kernels take head_size <= 256 "
+                f"(multi-head latent attention's cache head: {config.head_dim}); ort-cuda runs the contract graph")
     if config.head_dim % 16:
         return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
     if config.rope_dim % 16:

@@ -85,8 +85,8 @@ FINAL_NORM = ("model.norm.weight",)
 FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
-TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down"}  # roles stored as MatMul weights [in, out]
-NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"}
+TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b"}  # roles stored as MatMul weights [in, out]
+NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm"}
 
 
 def layer_roles(config: ModelConfig, layer: int = 0) -> list[str]:
@@ -124,6 +124,9 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                 "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
                 "down_bias": [(h,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
+    if c.mla:
+        per_role.update(_mla_shapes(c))
+        per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]
     fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
     for i in range(c.num_hidden_layers):
         names = layer_sources(c, i)
@@ -133,6 +136,14 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if c.moe is not None and c.moe.is_moe(i):
             shapes.update(c.moe.shapes(i, h))
     return shapes
+
+
+def _mla_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
+    """The shapes of the latent attention roles (models/architectures.py MLA_NAMES)."""
+    q_out, latent = c.num_attention_heads * (c.qk_nope_head_dim + c.rope_dim), c.kv_lora_rank + c.rope_dim
+    return {"q_kv_a": [(c.q_lora_rank, c.hidden_size), (latent, c.hidden_size)], "q_kv": [(q_out, c.hidden_size), (latent, c.hidden_size)],
+            "q_a_norm": [(c.q_lora_rank,)], "q_b": [(q_out, c.q_lora_rank)], "kv_a_norm": [(c.kv_lora_rank,)],
+            "kv_b": [(c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)]}
 
 
 def check_weights(config: ModelConfig, source: WeightSource) -> None:

@@ -19,6 +19,13 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
   <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
+Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles instead of qkv (docs/DESIGN.md,
+"Multi-head latent attention"):
+  q_kv_a          q_a_proj and kv_a_proj_with_mqa stacked (one MatMul); `q_kv` when the model has no q_lora_rank:
+                  q_proj and kv_a_proj_with_mqa
+  q_a_norm, q_b   q_a_layernorm, q_b_proj (with q_lora_rank only)
+  kv_a_norm       kv_a_layernorm (the latent's norm)
+  kv_b            kv_b_proj [heads * (nope + v), kv_lora_rank]: absorbed into the query and the output per head
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class Family:
     lm_head_bias: bool = False
     top_names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the name every consumer reads
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
+    mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -101,6 +109,12 @@ class Family:
         return names
 
 
+MLA_NAMES = {
+    "q_kv_a": ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+    "q_kv": ("self_attn.q_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+    "q_a_norm": ("self_attn.q_a_layernorm.weight",), "q_b": ("self_attn.q_b_proj.weight",),
+    "kv_a_norm": ("self_attn.kv_a_layernorm.weight",), "kv_b": ("self_attn.kv_b_proj.weight",),
+}
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
 
 FAMILIES: dict[str, Family] = {
@@ -129,6 +143,8 @@ FAMILIES: dict[str, Family] = {
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss",
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
+    "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES),
+    "deepseek_v2": Family(("deepseek_v2",), mla=True, moe="deepseek_v2", names=MLA_NAMES),
     "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
@@ -139,9 +155,7 @@ FAMILIES: dict[str, Family] = {
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
 REFUSED = {
-    "deepseek_v3": "multi-head latent attention (a compressed KV cache) is not supported",
-    "deepseek_v2": "multi-head latent attention (a compressed KV cache) is not supported",
-    "kimi_k2": "multi-head latent attention (a compressed KV cache) is not supported",
+    "deepseek2": "llama.cpp's DeepSeek-V2/V3 GGUF is not read (export the safetensors checkpoint)",
     "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
     "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
 }
@@ -163,13 +177,17 @@ _PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm
                     "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
 
 
+MLA_ROLES = {"lora": ["q_kv_a", "q_a_norm", "q_b", "kv_a_norm", "kv_b"], "plain": ["q_kv", "kv_a_norm", "kv_b"]}
+
+
 def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
-                moe: bool = False, norm_bias: bool = False, mlp: str = "gated") -> list[str]:
+                moe: bool = False, norm_bias: bool = False, mlp: str = "gated", mla: str = "") -> list[str]:
     """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
-    sinks, norm biases and MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
-    models/moe_config.py)."""
+    sinks, norm biases, MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
+    models/moe_config.py) and latent attention (`mla`: "" none, "lora" with q_lora_rank, "plain" without)."""
     mlp_roles = {"gated": ["gate_up", "down"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
-    roles = [*_PLACEMENT_NORMS[placement], "qkv", "o_proj", *([] if moe else mlp_roles[mlp])]
+    attention = MLA_ROLES[mla] if mla else ["qkv"]
+    roles = [*_PLACEMENT_NORMS[placement], *attention, "o_proj", *([] if moe else mlp_roles[mlp])]
     if norm_bias:
         roles += [f"{role}_bias" for role in _PLACEMENT_NORMS[placement]]
     if attention_bias:

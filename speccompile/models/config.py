@@ -67,6 +67,12 @@ class ModelConfig:
     attn_sinks: bool = False  # per-head sink logits in the attention softmax (gpt-oss)
     o_proj_bias: bool = False
     moe: MoeConfig | None = None  # mixture-of-experts layers (models/moe_config.py); None: dense MLPs
+    # multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none). The cache holds one vector per token,
+    # [k_pe (rotary_dim), c_kv (kv_lora_rank)]: num_key_value_heads 1, head_dim kv_lora_rank + rotary_dim
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # 0: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -79,6 +85,11 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (the compressed cache)."""
+        return bool(self.kv_lora_rank)
 
     @property
     def kv_dim(self) -> int:
@@ -98,7 +109,8 @@ class ModelConfig:
         """The roles layer `layer` has weights for (models/architectures.py; a MoE layer's experts are not roles)."""
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
         return layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
-                           moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp)
+                           moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp,
+                           mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "")
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -245,7 +257,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         layers = int(data["num_hidden_layers"])
         head_dim = int(data.get("head_dim") or hidden // heads)
         eps = data.get("rms_norm_eps", data.get("layer_norm_eps", 1e-6 if arch.startswith("qwen") else 1e-5))
-        return ModelConfig(
+        fields = dict(
             architecture=arch,
             vocab_size=int(data["vocab_size"]),
             hidden_size=hidden,
@@ -262,8 +274,27 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
+        return ModelConfig(**{**fields, **(_latent_attention(data, source) if fam.mla else {})})
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
+
+
+def _latent_attention(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """The ModelConfig fields of multi-head latent attention (DeepSeek-V3): one cached vector per token of
+    kv_lora_rank + qk_rope_head_dim values, read as one KV head; transformers' softmax scale (1 / sqrt(nope + rope),
+    times yarn's mscale(factor, mscale_all_dim) squared); rope on the rope dims, interleaved unless
+    `rope_interleave` is false."""
+    if data.get("attention_bias"):
+        raise UnsupportedError(f"{source}: multi-head latent attention with attention_bias is not supported")
+    rank, rope, nope = int(data["kv_lora_rank"]), int(data["qk_rope_head_dim"]), int(data["qk_nope_head_dim"])
+    scale = (nope + rope) ** -0.5
+    scaling, _ = _rope_params(data)
+    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None) and scaling.get("mscale_all_dim"):
+        mscale = 0.1 * float(scaling["mscale_all_dim"]) * math.log(float(scaling["factor"])) + 1.0
+        scale = scale * mscale * mscale if float(scaling["factor"]) > 1 else scale
+    return dict(num_key_value_heads=1, head_dim=rank + rope, rotary_dim=rope, kv_lora_rank=rank,
+                q_lora_rank=int(data.get("q_lora_rank") or 0), qk_nope_head_dim=nope, v_head_dim=int(data["v_head_dim"]),
+                attn_scale=scale, rope_interleaved=bool(data.get("rope_interleave", True)))
 
 
 def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:

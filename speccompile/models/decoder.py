@@ -13,7 +13,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .architectures import LLAMA_NAMES, NORM_ROLES, family
+from .architectures import LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .mla import LatentAttention
 from .moe import SparseMoe
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
@@ -220,7 +221,7 @@ class DecoderLayer(nn.Module):
         for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer)
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config))
@@ -376,7 +377,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",)}
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",)}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
 

@@ -41,8 +41,11 @@ class Expert(nn.Module):
         return down(swiglu(gate(x), up(x), self.moe))
 
 
-def route(logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, expert indices) [..., top_k] of router logits [..., experts]."""
+def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, expert indices) [..., top_k] of router logits [..., experts] (`score_bias`: sigmoid_group's
+    e_score_correction_bias)."""
+    if moe.routing in ("sigmoid_group", "softmax_group"):
+        return _group_route(logits, moe, score_bias)
     if moe.routing == "topk_softmax":
         values, index = torch.topk(logits, moe.top_k, dim=-1)
         return torch.softmax(values, dim=-1), index
@@ -52,6 +55,24 @@ def route(logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Ten
     return values, index
 
 
+def _group_route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's group-limited routing. sigmoid_group (V3): sigmoid scores, a group scored by the sum of its top 2
+    biased scores, the rest -inf; softmax_group (V2): softmax scores, a group scored by its largest, the rest 0. The
+    choice among the best topk_group groups; weights the (unbiased) scores, renormalised when norm_topk_prob, scaled."""
+    sigmoid = moe.routing == "sigmoid_group"
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+    choice = scores if score_bias is None else scores + score_bias.to(torch.float32)
+    grouped = choice.reshape(*choice.shape[:-1], moe.n_group, -1)
+    group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(dim=-1) if sigmoid else grouped.amax(dim=-1)
+    groups = torch.topk(group_scores, moe.topk_group, dim=-1)[1]
+    keep = torch.zeros_like(group_scores).scatter(-1, groups, 1.0).unsqueeze(-1).expand_as(grouped).reshape(choice.shape)
+    index = torch.topk(choice.masked_fill(keep == 0, float("-inf") if sigmoid else 0.0), moe.top_k, dim=-1)[1]
+    values = scores.gather(-1, index)
+    if moe.norm_topk_prob:
+        values = values / (values.sum(dim=-1, keepdim=True) + 1e-20)
+    return values * moe.routed_scale, index
+
+
 class SparseMoe(nn.Module):
     """Router, experts and (Qwen2-MoE) the gated shared expert of one layer."""
 
@@ -59,15 +80,19 @@ class SparseMoe(nn.Module):
         super().__init__()
         self.moe = moe
         setattr(self, moe.router, nn.Linear(hidden, moe.num_experts, bias=moe.router_bias))
+        if moe.score_bias:  # DeepSeek-V3: `gate.e_score_correction_bias`
+            getattr(self, moe.router).register_buffer("e_score_correction_bias", torch.zeros(moe.num_experts))
         self.experts = nn.ModuleList(Expert(hidden, moe.expert_size, moe, bias=moe.expert_bias)
                                      for _ in range(moe.num_experts))
         if moe.shared_expert_size:
             plain = MoeConfig(1, 1, moe.shared_expert_size)
-            self.shared_expert = Expert(hidden, moe.shared_expert_size, plain, ("gate_proj", "up_proj", "down_proj"))
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            setattr(self, moe.shared_name, Expert(hidden, moe.shared_expert_size, plain, ("gate_proj", "up_proj", "down_proj")))
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if moe.shared_gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, index = route(getattr(self, self.moe.router)(x).to(torch.float32), self.moe)  # in float32, as the graphs
+        router = getattr(self, self.moe.router)
+        bias = router.e_score_correction_bias if self.moe.score_bias else None
+        weights, index = route(router(x).to(torch.float32), self.moe, bias)  # in float32, as the graphs
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
@@ -77,5 +102,6 @@ class SparseMoe(nn.Module):
                 weight = (weights * chosen).sum(dim=-1, keepdim=True)[rows]
                 out[rows] = out[rows] + expert(x[rows]) * weight
         if self.moe.shared_expert_size:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            shared = getattr(self, self.moe.shared_name)(x)
+            out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)
         return out

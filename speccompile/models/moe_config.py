@@ -7,7 +7,15 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
 
 * `softmax_topk` (Qwen2/3-MoE, Mixtral): softmax over all experts, the top k, renormalised to sum 1 when
   `norm_topk_prob` (Mixtral always);
-* `topk_softmax` (gpt-oss): the top k router logits, softmax over those k.
+* `topk_softmax` (gpt-oss): the top k router logits, softmax over those k;
+* `sigmoid_group` (DeepSeek-V3, Kimi K2, Moonlight): sigmoid scores; the choice reads them plus
+  `e_score_correction_bias` (`score_bias`): the `n_group` groups of experts are scored by the sum of their top 2,
+  only the experts of the best `topk_group` groups compete for the top k; the weights are the unbiased scores of
+  the chosen experts, renormalised (sum + 1e-20) when `norm_topk_prob`, times `routed_scale`. Its shared experts
+  (`shared_experts`, moe_intermediate_size x n_shared_experts wide) are added ungated;
+* `softmax_group` (DeepSeek-V2): softmax scores; `group_limited_greedy` scores a group by its largest score and
+  zeroes the experts outside the best topk_group groups (`greedy`: one group); the top k scores times
+  `routed_scale`, not renormalised. Shared experts and dense first layers as V3.
 
 gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
 clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
@@ -20,7 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-ROUTINGS = ("softmax_topk", "topk_softmax")
+from ..errors import UnsupportedError
+
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group")
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,12 @@ class MoeConfig:
     swiglu_limit: float = 0.0  # gpt-oss' clamped SwiGLU (0: plain SiLU(gate) * up)
     swiglu_alpha: float = 1.0
     dense_layers: tuple[int, ...] = ()  # layers with the dense MLP of config.intermediate_size
+    shared_name: str = "shared_expert"  # the shared expert's module (DeepSeek-V3: shared_experts)
+    shared_gated: bool = True  # the shared expert's output times sigmoid(shared_expert_gate(x)) (Qwen2-MoE)
+    n_group: int = 1  # sigmoid_group: expert groups, of which the best topk_group compete
+    topk_group: int = 1
+    routed_scale: float = 1.0  # the routing weights' multiplier (routed_scaling_factor)
+    score_bias: bool = False  # the router's e_score_correction_bias (added for the choice only)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -68,7 +84,7 @@ class MoeConfig:
         b, (gate, up, down) = self.block, self.projections
         names = {"ffn_gate_inp": f"{b}.{self.router}", "ffn_gate_exps": f"{b}.experts.*.{gate}",
                  "ffn_up_exps": f"{b}.experts.*.{up}", "ffn_down_exps": f"{b}.experts.*.{down}"}
-        if self.shared_expert_size:
+        if self.shared_expert_size and self.shared_gated:
             names.update(ffn_gate_inp_shexp=f"{b}.shared_expert_gate", ffn_gate_shexp=f"{b}.shared_expert.gate_proj",
                          ffn_up_shexp=f"{b}.shared_expert.up_proj", ffn_down_shexp=f"{b}.shared_expert.down_proj")
         return names
@@ -79,14 +95,17 @@ class MoeConfig:
         shapes: dict[str, tuple[int, ...]] = {f"{p}{self.router}.weight": (self.num_experts, hidden)}
         if self.router_bias:
             shapes[f"{p}{self.router}.bias"] = (self.num_experts,)
+        if self.score_bias:
+            shapes[f"{p}{self.router}.e_score_correction_bias"] = (self.num_experts,)
         by_role = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
                    "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (hidden,)}
         for e in range(self.num_experts):
             shapes.update({name: by_role[role] for role, name in self.expert_sources(layer, e).items()})
         if self.shared_expert_size:
-            s = self.shared_expert_size
-            shapes.update({f"{p}shared_expert.gate_proj.weight": (s, hidden), f"{p}shared_expert.up_proj.weight": (s, hidden),
-                           f"{p}shared_expert.down_proj.weight": (hidden, s), f"{p}shared_expert_gate.weight": (1, hidden)})
+            s, x = self.shared_expert_size, f"{p}{self.shared_name}."
+            shapes.update({f"{x}gate_proj.weight": (s, hidden), f"{x}up_proj.weight": (s, hidden), f"{x}down_proj.weight": (hidden, s)})
+            if self.shared_gated:
+                shapes[f"{p}shared_expert_gate.weight"] = (1, hidden)
         return shapes
 
 
@@ -111,6 +130,22 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str
     return data
 
 
+def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> MoeConfig:
+    """DeepSeek-V3's sigmoid or V2's softmax group routing (V2's `greedy`: one group), shared experts, dense first layers."""
+    inter, v3 = int(data["moe_intermediate_size"]), kind == "deepseek_v3"
+    grouped = v3 or data.get("topk_method", "greedy") == "group_limited_greedy"
+    if not v3 and data.get("topk_method", "greedy") not in ("greedy", "group_limited_greedy"):
+        raise UnsupportedError(f"config.json: DeepSeek-V2 topk_method {data['topk_method']!r} is not supported "
+                               "(greedy, group_limited_greedy)")
+    return MoeConfig(int(data["n_routed_experts"]), top_k, inter, "sigmoid_group" if v3 else "softmax_group",
+                     bool(data.get("norm_topk_prob", True)) if v3 else False,
+                     shared_expert_size=inter * int(data.get("n_shared_experts") or 0), shared_name="shared_experts",
+                     shared_gated=False, n_group=int(data.get("n_group") or 1) if grouped else 1,
+                     topk_group=int(data.get("topk_group") or 1) if grouped else 1,
+                     routed_scale=float(data.get("routed_scaling_factor", 1.0)), score_bias=v3,
+                     dense_layers=tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers))))
+
+
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
@@ -125,6 +160,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
+    if kind in ("deepseek_v3", "deepseek_v2"):
+        return _deepseek_moe(kind, data, top_k, layers)
     if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),
