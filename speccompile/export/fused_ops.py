@@ -15,11 +15,10 @@ WIDE_HEAD_DIM = 128  # above it, OneRowPadding takes a count of rows (`many`) an
 
 
 def attention_lift(head_dim: int) -> list[int]:
-    """[block, short] for head_dim > 128: ONNX Runtime CPU rounds a row of GroupQueryAttention differently when
-    its total length leaves a remainder of 1..short modulo block than otherwise (measured on the operator alone:
-    head_dim 256 steps at 64 + 256 k, 5e-7..8e-6 apart; 512 at 32, 64, 160, 192, 288; 192 at 64, the only
-    total under 127 tried; none at 64 / 128; in whole passes, head_dim 256 also at 192 + 256 k:
-    benchmarks/wide_head_gaps.py), so the runtime adds padding rows to leave such a remainder."""
+    """[block, short] for head_dim > 128: ONNX Runtime CPU rounds a row of GroupQueryAttention differently depending on
+    where its pass ends. The runtime reads it as a rule (runtime/backends/wide_head.py): at head_dim 256 passes cut
+    at slots 63 mod 128 (measured mechanism: MLAS's last column panel of <= 64 keys takes K in one stride), other
+    widths padding rows that leave no remainder of 1..short modulo block (benchmarks/wide_head_gaps.py)."""
     return [128, 64]
 TREE_BIAS = "attention_bias"  # the GPU slot graph's tree form: every slot's additive mask (GpuSlotInputs)
 BATCH = "batch"  # the dynamic batch axis: one row per sequence, each with its own KV rows and seqlens_k
