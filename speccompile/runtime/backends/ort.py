@@ -238,13 +238,14 @@ class OrtBufferSession(OrtSession):
         q, length = int(input_ids.size), cache.length
         pieces = self.wide.segments(length, q)
         if len(pieces) == 1:
-            return self._one_pass(input_ids, position_ids, attention_mask, cache, last_logits_only, features)
+            return self._one_pass(input_ids, position_ids, attention_mask, cache, 1 if last_logits_only else q, features)
         outs = []
         try:
             for a, b in pieces:
                 cache.length = length + a
+                wanted = (int(b == q) if last_logits_only else b - a) if self.selects_logits else b - a
                 outs.append(self._one_pass(input_ids.reshape(-1)[a:b], position_ids.reshape(-1)[a:b],
-                                           attention_mask[:, a:b, : length + b], cache, last_logits_only,
+                                           attention_mask[:, a:b, : length + b], cache, wanted,
                                            {k: v[..., a:b, :] for k, v in (features or {}).items()}))
         finally:
             cache.length = length
@@ -253,8 +254,9 @@ class OrtBufferSession(OrtSession):
         return StepOutput(logits=logits, presents=cache.tensors, hidden=hidden)
 
     def _one_pass(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
-                  last_logits_only: bool = False, features: dict[str, np.ndarray] | None = None) -> StepOutput:
-        """One pass over the rows as given."""
+                  logit_rows: int, features: dict[str, np.ndarray] | None = None) -> StepOutput:
+        """One pass over the rows as given; the logits of its last `logit_rows` rows (all, on graphs that cannot
+        select them)."""
         q = int(input_ids.size)
         total = int(attention_mask.shape[-1])
         pad = max(self._padding_rows(q), self._lift_rows(total, cache))
@@ -269,7 +271,7 @@ class OrtBufferSession(OrtSession):
             binding.bind_cpu_input("attention_pad", np.array([pad], dtype=np.int64))
         rows = q
         if self.selects_logits:
-            rows = 1 if last_logits_only else q
+            rows = logit_rows
             binding.bind_cpu_input("logits_rows", np.arange(q - rows, q, dtype=np.int64))
         shapes = [(1, rows, self._widths[0])] + [(1, q, width) for width in self._widths[1:]]
         arrays = [np.empty(shape, dtype=np.float32) for shape in shapes]  # fresh each step: callers may keep them
