@@ -243,7 +243,7 @@ class OrtBufferSession(OrtSession):
         try:
             for a, b in pieces:
                 cache.length = length + a
-                wanted = (int(b == q) if last_logits_only else b - a) if self.selects_logits else b - a
+                wanted = 1 if last_logits_only else b - a  # (zero rows: a tied head's Reshape reads a 0 as "keep")
                 outs.append(self._one_pass(input_ids.reshape(-1)[a:b], position_ids.reshape(-1)[a:b],
                                            attention_mask[:, a:b, : length + b], cache, wanted,
                                            {k: v[..., a:b, :] for k, v in (features or {}).items()}))
