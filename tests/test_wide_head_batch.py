@@ -114,3 +114,23 @@ def test_head_dim_256_needs_slots_for_every_request(wide_artifact):
 
     with pytest.raises(UnsupportedError, match=r"head_dim 256 > 128 .*--batch-slots 5"):
         Runner(wide_artifact, threads=1).batch_decoder(5)  # the artifact's slotted graph has 4 slots
+
+
+def test_head_dim_256_tied_head_prefills_across_cuts(tmp_path):
+    """A prompt that straddles cuts is prefilled one pass per segment, each projecting its last row (a tied head's
+    graph cannot project zero rows); its last logits equal those of the same prompt fed one row at a time, and
+    greedy n-gram decoding equals plain."""
+    make_tiny_hf_model(tmp_path / "m", head_dim=256, layers=1, tie_word_embeddings=True)
+    export_artifact(str(tmp_path / "m"), tmp_path / "art", ExportOptions(max_context=256, batch_slots=0))
+    target = open_artifact(tmp_path / "art", threads=1).target
+    prompt = np.random.default_rng(1).integers(3, 60, 150)
+    whole = target.new_cache()
+    out = target.run(prompt, np.arange(150), whole.attention_mask(np.tril(np.ones((150, 150), bool))), whole, last_logits_only=True)
+    single = target.new_cache()
+    for p, token in enumerate(prompt):
+        last = target.run(prompt[p:p + 1], np.array([p]), single.attention_mask(np.ones((1, 1), bool)), single)
+        single.append(last.presents, [0], 1)
+    np.testing.assert_array_equal(out.logits[-1], last.logits[-1])
+    runner = Runner(tmp_path / "art", drafter="ngram", threads=1)
+    text = list(prompt[:70]) * 2
+    assert runner.generate_ids(text, max_tokens=30).tokens == runner.generate_ids(text, max_tokens=30, drafter="none").tokens
