@@ -14,7 +14,8 @@ from typing import Any
 
 from ..errors import InputError
 
-GPT2_SPLITS = ("gpt-2", "phi-2", "default")  # `tokenizer.ggml.pre` values that split text with GPT-2's regex
+GPT2_SPLITS = ("gpt-2", "phi-2", "default", "smollm")  # `tokenizer.ggml.pre` values split with GPT-2's regex
+# ("smollm" splits digits first, but its vocabulary has no token of two digits: the same tokens)
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
 
