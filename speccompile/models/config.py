@@ -266,8 +266,10 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
 
 
-def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
-    """The config.json keys that GGUF metadata (`<arch>.block_count`, ...) gives."""
+def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
+                      rope_factors: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """The config.json keys that GGUF metadata (`<arch>.block_count`, ...) gives; `rope_factors`: longrope's
+    long_factor / short_factor, from the file's `rope_factors_{long,short}.weight`."""
     p = meta["general.architecture"] + "."
     hidden = int(meta[p + "embedding_length"])
     heads = int(meta[p + "attention.head_count"])
@@ -291,6 +293,9 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
         data["partial_rotary_factor"] = int(rotary) / head_dim
     if meta.get(p + "rope.scaling.type") == "linear":
         data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
+    if rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
+        data["rope_scaling"] = {"rope_type": "longrope", **rope_factors,
+                                "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"])}
     if arch == "gpt_oss":
         data.update(_gpt_oss_gguf_keys(meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
@@ -345,8 +350,9 @@ def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, A
     return {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
 
 
-def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str) -> ModelConfig:
-    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`)."""
+def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
+                     rope_factors: dict[str, list[float]] | None = None) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors)."""
     arch_name = meta.get("general.architecture")
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
@@ -354,7 +360,7 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
         arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:
-        data = _gguf_config_json(meta, arch, source)
+        data = _gguf_config_json(meta, arch, source, rope_factors)
         if family(arch).moe:
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe))
     except KeyError as exc:

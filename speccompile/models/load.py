@@ -272,7 +272,9 @@ def load_gguf(path: Path) -> LoadedModel:
     reader = _open_gguf(path)
     names = {t.name for t in reader.tensors}
     meta = _gguf_metadata(reader)
-    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
+    factors = {f"{kind}_factor": [float(v) for v in t.data] for t in reader.tensors for kind in ("long", "short")
+               if t.name == f"rope_factors_{kind}.weight"}  # llama.cpp's longrope (Phi-3), F32
+    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None)
     fam = family(config.architecture)
     llama_order = fam.gguf_llama_order
 
@@ -307,11 +309,10 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
     else:
         try:
             written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
-        except SpecCompileError:  # an architecture transformers does not convert (Phi-2): GPT-2's BPE from the file
-            files = gpt2_tokenizer_files(_open_gguf(model.source), model.source, out_dir)
-            if files is None:
-                raise
-            written += files
+        except SpecCompileError:  # an architecture transformers does not convert (Phi-2): GPT-2's BPE from the file,
+            files = gpt2_tokenizer_files(_open_gguf(model.source), model.source, out_dir)  # else transformers'
+            written += files if files is not None else _convert_with_transformers(  # builder by tokenizer.ggml.model
+                model.source.parent, model.source.name, out_dir, by_file=True)  # (Gemma 1, ERNIE 4.5: sentencepiece)
     if "tokenizer.json" not in written:
         raise InputError(f"{model.source}: no tokenizer found (expected tokenizer.json or tokenizer.model)")
     if model.chat_template and "chat_template.jinja" not in written:
@@ -320,18 +321,20 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
     return sorted(set(written))
 
 
-def _convert_with_transformers(folder: Path, gguf_file: str | None, out_dir: Path) -> list[str]:
-    """Convert a sentencepiece or GGUF tokenizer to tokenizer.json with transformers (export time only)."""
+def _convert_with_transformers(folder: Path, gguf_file: str | None, out_dir: Path, by_file: bool = False) -> list[str]:
+    """Convert a sentencepiece or GGUF tokenizer to tokenizer.json with transformers (export time only); `by_file`:
+    a GGUF's tokenizer built from its `tokenizer.ggml.model` alone (PreTrainedTokenizerFast), whatever its
+    architecture."""
     import logging
 
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        tok = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+        tok = (PreTrainedTokenizerFast if by_file else AutoTokenizer).from_pretrained(str(folder), **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
         raise SpecCompileError(f"{folder / (gguf_file or '')}: tokenizer could not be converted ({exc})") from None
     tmp = out_dir / ".tok_tmp"
