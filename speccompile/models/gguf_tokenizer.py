@@ -24,6 +24,11 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+def tokenizer_model(reader) -> str | None:
+    """The GGUF's `tokenizer.ggml.model` (gpt2, llama, ...), or None."""
+    return _field(reader, "tokenizer.ggml.model")
+
+
 def gpt2_tokenizer_files(reader, source: Path, out_dir: Path) -> list[str] | None:
     """tokenizer.json and tokenizer_config.json in `out_dir` from the GGUF `reader`'s metadata, or None when its
     tokenizer is not GPT-2's byte-level BPE; InputError for a vocabulary that is not one token per id."""

@@ -20,7 +20,7 @@ from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
-from .gguf_tokenizer import gpt2_tokenizer_files
+from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
 from .mtp_layouts import mtp_weights
@@ -309,10 +309,13 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
     else:
         try:
             written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
-        except SpecCompileError:  # an architecture transformers does not convert (Phi-2): GPT-2's BPE from the file,
-            files = gpt2_tokenizer_files(_open_gguf(model.source), model.source, out_dir)  # else transformers'
-            written += files if files is not None else _convert_with_transformers(  # builder by tokenizer.ggml.model
-                model.source.parent, model.source.name, out_dir, by_file=True)  # (Gemma 1, ERNIE 4.5: sentencepiece)
+        except SpecCompileError:  # an architecture transformers does not convert: GPT-2's BPE from the file (Phi-2),
+            reader = _open_gguf(model.source)  # a sentencepiece one by transformers' builder (Gemma 1, ERNIE 4.5);
+            files = gpt2_tokenizer_files(reader, model.source, out_dir)  # another BPE split is not guessed
+            if files is None and tokenizer_model(reader) == "gpt2":
+                raise
+            written += files if files is not None else _convert_with_transformers(
+                model.source.parent, model.source.name, out_dir, by_file=True)
     if "tokenizer.json" not in written:
         raise InputError(f"{model.source}: no tokenizer found (expected tokenizer.json or tokenizer.model)")
     if model.chat_template and "chat_template.jinja" not in written:
