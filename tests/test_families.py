@@ -61,12 +61,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
 }
 
 
-def make_family_model(folder, name: str, seed: int = 0):
-    """A tiny random checkpoint of family `name` saved by transformers (weights scaled: logits not near-ties)."""
+def make_family_model(folder, name: str, seed: int = 0, families: dict | None = None, **extra):
+    """A tiny random checkpoint of family `name` (of `families`, default FAMILIES; `extra` overrides its config)
+    saved by transformers (weights scaled: logits not near-ties)."""
     import torch
     import transformers
 
-    overrides = dict(FAMILIES[name])
+    overrides = dict((families or FAMILIES)[name], **extra)
     model_type = overrides.pop("model_type", name)
     kwargs = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,

@@ -236,18 +236,29 @@ def test_gpt_oss_mxfp4_experts_are_gguf_dequantized_per_expert_and_decode_exactl
     assert_greedy_speculative_equals_plain(runner, PROMPTS, 24)
 
 
-def test_gpt_oss_gguf_sliding_period_and_one_rope_base():
-    """llama.cpp's sliding period (layer i slides iff i % period < period - 1; 2 when absent) gives the layer
-    types; a second rope base for the sliding layers, or a per-layer pattern array, is refused in one line."""
+def test_gguf_sliding_pattern_and_gpt_oss_one_rope_base():
+    """llama.cpp's sliding period (layer i slides iff i % period < period - 1; the family's when absent: gpt-oss 2)
+    or per-layer flags give the layer types; a family llama.cpp reads no pattern for, or a second rope base for
+    gpt-oss' sliding layers, is refused in one line naming the key."""
     from speccompile.errors import UnsupportedError
-    from speccompile.models.config import _gpt_oss_gguf_keys
+    from speccompile.models.architectures import family
+    from speccompile.models.config import _gguf_layer_keys, _gpt_oss_gguf_keys
 
-    meta = {"gpt-oss.rope.freq_base": 150000.0, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0}
-    assert _gpt_oss_gguf_keys(meta, "gpt-oss.", 128, 4, "m.gguf")["layer_types"] == ["sliding_attention", "full_attention"] * 2
-    three = _gpt_oss_gguf_keys({**meta, "gpt-oss.attention.sliding_window_pattern": 3}, "gpt-oss.", 128, 4, "m.gguf")
-    assert three["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]
-    assert three["rope_scaling"] == dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
-    assert "layer_types" not in _gpt_oss_gguf_keys(meta, "gpt-oss.", 0, 4, "m.gguf")
-    for bad in ({"gpt-oss.rope.freq_base_swa": 10000.0}, {"gpt-oss.attention.sliding_window_pattern": [True, False]}):
-        with pytest.raises(UnsupportedError, match="m.gguf: GGUF gpt-oss"):
-            _gpt_oss_gguf_keys({**meta, **bad}, "gpt-oss.", 128, 4, "m.gguf")
+    meta = {"gpt-oss.rope.freq_base": 150000.0, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0,
+            "gpt-oss.attention.sliding_window": 128}
+    data = {"num_hidden_layers": 4, "head_dim": 16, "rope_theta": 150000.0}
+
+    def types(extra: dict, arch: str = "gpt_oss") -> list[str]:
+        return _gguf_layer_keys({**meta, **extra}, "gpt-oss.", family(arch), arch, dict(data), "m.gguf").get("layer_types", [])
+
+    assert types({}) == ["sliding_attention", "full_attention"] * 2
+    assert types({"gpt-oss.attention.sliding_window_pattern": 3}) == ["sliding_attention"] * 2 + ["full_attention", "sliding_attention"]
+    assert types({"gpt-oss.attention.sliding_window_pattern": [False, True, True, False]}) == [
+        "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    assert types({"gpt-oss.attention.sliding_window": 0}) == []
+    assert _gpt_oss_gguf_keys(meta, "gpt-oss.", "m.gguf")["rope_scaling"] == dict(
+        rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False)
+    with pytest.raises(UnsupportedError, match="m.gguf: GGUF gpt-oss with gpt-oss.rope.freq_base_swa"):
+        _gpt_oss_gguf_keys({**meta, "gpt-oss.rope.freq_base_swa": 10000.0}, "gpt-oss.", "m.gguf")
+    with pytest.raises(UnsupportedError, match="m.gguf: a GGUF qwen2 with gpt-oss.attention.sliding_window"):
+        types({}, "qwen2")

