@@ -332,7 +332,7 @@ class Generation(PromptPrefill):
         draft = self.drafter.propose(self.tokens, sizing)
         seconds = time.perf_counter() - t0
         self.stats.time_draft += seconds
-        if len(draft.tokens) > self._rows_here() - 1:  # verify the pending token alone
+        if len(draft.tokens) > self._rows_here() - 1:  # verify the pending token alone (a slot pass cannot split a tree)
             return Draft([]), seconds
         return draft, seconds
 
