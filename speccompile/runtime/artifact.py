@@ -75,7 +75,8 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     unless `shared_cores` (other sessions or threads of the process run between its passes: a server), where
     they spin only within a run (backends/ort.py `session_options`).
     `shape_invariant`: run every target pass with the same shapes (True: `max_verify_tokens` rows; an int:
-    that many rows; runtime/backends/shape_invariant.py).
+    that many rows; runtime/backends/shape_invariant.py). With `shared_cores` on ort-cuda, the target's GPU graph
+    takes its weights from a pool its slotted form shares (`Artifact.weights`).
     """
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
@@ -86,7 +87,10 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     spinning = "in-run" if shared_cores else ("always" if alone else "off")
     chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
     rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
-    weights = gpu_form_weights(directory, manifest, backend, runnable_spec(manifest, "target", backend, fused, chains))
+    # a server (`shared_cores`: the serving engine's runner) opens the slotted form beside the GPU graph: their
+    # weights resident once (backends/shared_weights.py); a single stream opens one graph with its own copy
+    spec = runnable_spec(manifest, "target", backend, fused, chains)
+    weights = gpu_form_weights(directory, manifest, backend, spec) if shared_cores else None
     target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=spinning, shape_invariant=rows,
                          chains=chains, weights=weights)
     return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows, weights)
