@@ -1,12 +1,12 @@
 #!/usr/bin/env python
-"""Whether masked KEY slots could lift a head_dim > 128 pass instead of padding rows (docs/DESIGN.md).
+"""Ways to keep a head_dim > 128 position's bits pass-independent on the fused CPU graph (docs/DESIGN.md).
 
-The fused CPU graph lifts a pass whose attention total leaves a remainder of 1..short modulo block with padding
-rows (`attention_lift`, `OrtBufferSession._lift_rows`). The alternative tried here: leave dead slots in the cache
-(masked by the attention bias) so the pass's rows land past them and its total on the good side, no extra rows.
-Per prompt length, a position's logits in chain passes of q rows against q = 1, in three layouts:
+The runtime cuts head_dim-256 passes at slots 63 mod 128 (`WideHeadRule`, runtime/backends/wide_head.py) and lifts
+other widths with padding rows off a remainder of 1..short modulo block (`attention_lift`). Per prompt length, a
+position's logits in chain passes of q rows against q = 1, in four layouts:
 
-  rows   the shipping lift (padding rows);
+  cuts   the cut rule (a pass that straddles a cut runs split);
+  rows   the lift (padding rows);
   gap    before a pass whose total would be short, 65 - remainder dead slots (where depends on the passes);
   fixed  dead slots at places fixed by the position (block k - 1 .. block k + short - 1), passes cut there.
 
@@ -22,6 +22,7 @@ import argparse
 import numpy as np
 
 from speccompile.runtime.artifact import open_artifact
+from speccompile.runtime.backends.wide_head import CUT_BLOCK, CUT_HALF, WideHeadRule
 
 
 def _dead(slot: int, block: int, short: int) -> bool:
@@ -32,9 +33,9 @@ def _dead(slot: int, block: int, short: int) -> bool:
 
 def decode(session, prompt: np.ndarray, tokens: np.ndarray, q: int, layout: str) -> np.ndarray:
     """Prefill `prompt`, decode `tokens` in passes of q rows in `layout`; every token row's logits."""
-    lift = session.attention_lift
-    block, short = lift
-    session.attention_lift = lift if layout == "rows" else (0, 0)
+    rule = session.wide
+    block, short = CUT_BLOCK, CUT_HALF
+    session.wide = {"cuts": WideHeadRule(cut_block=block), "rows": WideHeadRule(lift=(block, short))}.get(layout, WideHeadRule())
     cache = session.new_cache(capacity=4096)
     live: list[bool] = []
     seq = np.concatenate([prompt, tokens])
@@ -62,7 +63,7 @@ def decode(session, prompt: np.ndarray, tokens: np.ndarray, q: int, layout: str)
                     logits.append(out.logits[max(0, len(prompt) - a):])
                 a += n
     finally:
-        session.attention_lift = lift
+        session.wide = rule
     return np.concatenate(logits)
 
 
@@ -74,13 +75,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     args = parser.parse_args()
     session = open_artifact(args.artifact, threads=args.threads).target
-    if not session.attention_lift[0]:
+    if not session.wide.active:
         raise SystemExit(f"{args.artifact}: no attention_lift (head_dim <= 128)")
     rng = np.random.default_rng(3)
     vocab = int(session.spec.outputs[0].shape[-1])
     for length in args.lengths:
         prompt, tokens = rng.integers(3, min(vocab, 2000), length), rng.integers(3, min(vocab, 2000), args.tokens)
-        for layout in ("rows", "gap", "fixed"):
+        for layout in ("cuts", "rows", "gap", "fixed"):
             one = decode(session, prompt, tokens, 1, layout)
             cells = []
             for q in (2, 3, 5, 8):
