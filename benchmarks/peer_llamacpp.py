@@ -124,14 +124,14 @@ def _llamacpp_run(llm, ids: list[int], max_tokens: int, eos: set[int]) -> dict:
             "decode_passes": calls[0] - 1}
 
 
-def _ours_worker(artifact: str, threads: int) -> None:
-    """Serve requests on stdin with speccompile on `artifact`."""
+def _ours_worker(artifact: str, threads: int, drafter: str = "auto") -> None:
+    """Serve requests on stdin with speccompile on `artifact` (plain, or with `drafter`)."""
     from speccompile.manifest import variant_name
     from speccompile.runtime.session import Runner
 
     from speccompile.weights_file import external_location, load_graph
 
-    runner = Runner(artifact, threads=threads, drafter="auto")
+    runner = Runner(artifact, threads=threads, drafter=drafter)
     spec = runner.artifact.target.spec
     folder = Path(artifact)
     stored = {external_location(t) for t in load_graph(folder / spec.file).graph.initializer} - {None}
@@ -299,7 +299,8 @@ def print_table(workload: str, summary: dict, workers: dict) -> None:
 
 
 def start_workers(args, gguf: Path, paths: dict[str, Path], precisions: list[str]) -> tuple[dict, dict]:
-    """One worker per engine: llama.cpp plain and prompt lookup, ours per artifact (plain and n-gram modes)."""
+    """One worker per engine: llama.cpp plain and prompt lookup, ours per artifact (plain and n-gram modes, and one
+    worker per other drafter in --drafters, named after it: "ours int4 suffix")."""
     me = [sys.executable, str(Path(__file__).resolve()), "--threads", str(args.threads)]
     workers, modes = {}, {}
     for mode in ("plain", "lookup"):
@@ -313,6 +314,11 @@ def start_workers(args, gguf: Path, paths: dict[str, Path], precisions: list[str
     for precision in precisions:
         workers[f"ours {precision}"] = Worker(precision, [*me, "--worker", "ours", "--artifact", str(paths[precision])])
         modes[f"ours {precision}"] = ["none", "ngram"]
+        for drafter in [d for d in args.drafters.split(",") if d and d != "ngram"]:
+            name = f"ours {precision} {drafter}"  # its engine is its name: "ours int4" + its drafter's mode
+            workers[name] = Worker(f"{precision}-{drafter}", [*me, "--worker", "ours", "--artifact", str(paths[precision]),
+                                                              "--drafter", drafter])
+            modes[name] = [drafter]
     if args.head_artifact:
         workers["ours head"] = Worker("head", [*me, "--worker", "ours", "--artifact", str(args.head_artifact)])
         modes["ours head"] = ["none", workers["ours head"].info["drafter"]]
@@ -337,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64)")
     ap.add_argument("--head-artifact", type=Path, default=None, help="also: this artifact with its head drafter")
     ap.add_argument("--llamacpp-python", type=Path, default=DEFAULT_LLAMACPP_PYTHON)
+    ap.add_argument("--drafters", default="ngram", help="our drafters besides plain decoding (comma-separated: ngram, "
+                    "suffix; each other than ngram runs in a worker of its own)")
     ap.add_argument("--lookup-ngram", type=int, default=2, help="LlamaPromptLookupDecoding max_ngram_size")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="LlamaPromptLookupDecoding num_pred_tokens")
     ap.add_argument("--json", type=Path, default=None, help="write every number here")
@@ -345,12 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", choices=["llamacpp", "ours"], help=argparse.SUPPRESS)
     ap.add_argument("--artifact", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--drafter", default="auto", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker == "llamacpp":
         _llamacpp_worker(str(args.gguf), args.threads, args.mode == "lookup", args.lookup_ngram, args.lookup_tokens)
         return 0
     if args.worker == "ours":
-        _ours_worker(args.artifact, args.threads)
+        _ours_worker(args.artifact, args.threads, args.drafter)
         return 0
 
     gguf = model_gguf(args)
@@ -359,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     start = uptime()
     log(f"uptime at start: {start}")
     workers, modes = start_workers(args, gguf, paths, precisions)
-    engines = [w if w.startswith("llama.cpp") else f"{w} {'plain' if m == 'none' else m}" for w, ms in modes.items() for m in ms]
+    engines = [w if w.startswith("llama.cpp") or w.endswith(f" {m}") else f"{w} {'plain' if m == 'none' else m}"
+               for w, ms in modes.items() for m in ms]
     from speccompile.manifest import read_manifest
     from speccompile.tokenizer import TextTokenizer
 
