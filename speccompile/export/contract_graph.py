@@ -284,16 +284,16 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     return q, k, v
 
 
-def _latent_qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
-    """Multi-head latent attention's query [b, heads, q, dim] and key [b, 1, q, dim] (export/mla_ops.py), roped;
-    the key is also the value."""
+def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str, str]:
+    """Multi-head latent attention's query [b, heads, q, dim] and key [b, 1, q, dim] (export/mla_ops.py; `w_uk`:
+    kv_b_proj's per-head key slices), roped; the key is also the value."""
     em, cfg = g.emitter(s), g.model.config
 
     def norm(x: str, role: str) -> str:
         return _norm(g, f"{s}/{role}", x, role_name(i, role))
 
     q, key = latent_inputs(em, cfg, i, h, norm)
-    query = g.b.one(s, "Transpose", [absorbed_query(em, cfg, q, absorbed(em, cfg, i)[0])], perm=[0, 2, 1, 3])
+    query = g.b.one(s, "Transpose", [absorbed_query(em, cfg, q, w_uk)], perm=[0, 2, 1, 3])
     key = _rope(g, s, g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])]), "global")
     return _rope(g, s, query, "global"), key, key
 
@@ -303,7 +303,8 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     b, s = g.b, f"/layers.{i}/self_attn"
     cfg = g.model.config
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q, k, v = _latent_qkv(g, i, h, s) if cfg.mla else _qkv(g, i, h, s)
+    w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+    q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
@@ -326,7 +327,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         context = b.one(s, "Slice", [context, b.const(s, [0]), b.const(s, [-1]), b.const(s, [2]), b.const(s, [1])])
     out = b.one(s, "Transpose", [b.one(s, "Reshape", [context, b.const(s, [0, heads, -1, dim])])], perm=[0, 2, 1, 3])
     if cfg.mla:
-        out = latent_output(g.emitter(s), cfg, out, absorbed(g.emitter(s), cfg, i)[1])
+        out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
     out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])

@@ -214,8 +214,8 @@ class Runner:
         its logits alone). Its ONNX Runtime session
         holds a second copy of the weights; UnsupportedError without a slotted graph of `slots` slots.
         head_dim > 128 (`wide_head_passes`): always "all". A batched pass of several sequences takes one row each and no
-        padding, so it cannot move a row's attention total off the lengths where ONNX Runtime rounds differently as
-        the pass alone does; each slot of a slot pass can, so every row is bitwise its row alone by construction."""
+        padding row, so it cannot lay out a row's attention as the pass alone does (backends/wide_head.py); each slot
+        of a slot pass can, so every row is bitwise its row alone by construction."""
         from .batch import BatchDecoder
         from .batch_passes import OnePassPerRequest, slots_for
 

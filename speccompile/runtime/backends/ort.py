@@ -203,7 +203,7 @@ class OrtBufferSession(OrtSession):
         # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
-        # head_dim > 128: passes cut at fixed slots (<= 256) or lifted by padding rows (backends/wide_head.py)
+        # head_dim > 128: passes cut at fixed slots (256) or lifted by padding rows (backends/wide_head.py)
         self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), int(self.kv_shape[3]))
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:

@@ -20,8 +20,8 @@ from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache
 from .base import StepOutput, hidden_output
 from .ort import inference_session, lift_rows, recorded_lift
-from .wide_head import WideHeadRule
 from .tree_layout import MainPathLayout
+from .wide_head import WideHeadRule
 
 
 @dataclass

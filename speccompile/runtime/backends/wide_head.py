@@ -1,9 +1,10 @@
-"""How the fused CPU graph keeps a position's bits pass-independent at head_dim > 128 (docs/DESIGN.md, "Wide heads").
+"""How the fused CPU graph keeps a position's bits pass-independent at head_dim > 128 (docs/DESIGN.md, "The fused
+CPU graph").
 
 ONNX Runtime's CPU GroupQueryAttention multiplies a pass's queries by its keys with one MLAS SGEMM over N = the
 pass's key slots (T) and K = head_dim. MLAS works through N in panels of 128 columns and, in a panel of at most 64
 columns (the last panel, when T mod 128 is 1..64), through K in one stride instead of strides of 128: with head_dim
-in (128, 256] a score against a key of that panel sums head_dim products in another order. So a row's scores against
+256 a score against a key of that panel sums its 256 products in another order. So a row's scores against
 the keys of its own 128-slot block depend on where the pass ends: "short" when the pass's last slot E has
 E mod 128 <= 63 in the row's block, "long" otherwise (measured on the operator, tests/test_wide_head_rule.py). The
 values' SGEMM (K = T, N = head_dim) strides K by 128 from slot 0 whatever T is: a masked key adds an exact zero.
