@@ -19,7 +19,7 @@ from speccompile.manifest import read_manifest, variant_name
 from speccompile.runtime.artifact import open_artifact
 from speccompile.weights_file import read_tensor
 
-from conftest import export_as_gguf
+from conftest import export_as_gguf, make_tiny_hf_model
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -231,3 +231,24 @@ def test_int8_block_must_be_32_or_64(tiny_artifact, tmp_path, capsys):
     assert code == 2 and "--int8-block" in err and "Traceback" not in err
     with pytest.raises(InputError, match="--int8-block"):
         BuildOptions(precision="int8", onnx_only=True, int8_block=16).validate()
+
+
+
+def test_the_tied_head_projects_straight_into_the_logits(tmp_path, monkeypatch):
+    """A packed tied lm_head (a Q8_0 table, as Gemma 3's GGUF) reads the [batch, rows, K] rows and writes `logits`
+    itself: no Reshape around it (engines/head_fold.py), so ONNX Runtime copies no rows x vocabulary floats after
+    the projection; and its logits are the bits of the unfolded graph (the Reshapes kept) in a pass of several rows."""
+    folder = make_tiny_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    exported = export_as_gguf(tmp_path / "gguf", folder, quant="Q4_1", table_quant="Q8_0")
+    built = tmp_path / "built"
+    build_artifact(exported, built, BuildOptions(precision="int4", onnx_only=True, quantize_tables=True, exclude=()))
+    graph = onnx.load(str(built / "target.ort.onnx"), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    assert producer["logits"].op_type == "MatMulNBits"
+    assert not any("lm_head.flat_shape" in node.input for node in graph.node)
+    monkeypatch.setattr("speccompile.engines.cpu_graph.fold_head_reshapes", lambda nodes, outputs: nodes)
+    unfolded = _with_cpu_graph(built, tmp_path, 4)
+    kept = onnx.load(str(unfolded / "target.ort.onnx"), load_external_data=False).graph
+    assert next(n for n in kept.node if "logits" in n.output).op_type == "Reshape"  # the control: really unfolded
+    ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17], dtype=np.int64)
+    assert np.array_equal(_logits(built, ids, fused=True), _logits(unfolded, ids, fused=True))

@@ -29,7 +29,17 @@ def test_ngram_lookup_finds_latest_longest_match():
     assert draft.tokens == [7, 1]
     assert draft.key == 3
     assert d.lookup([5, 6, 7], 3).tokens == []
-    assert d.lookup([4, 8, 4], 4).tokens == [8, 4]
+    assert d.lookup([4, 8, 4], 4).tokens == [8, 4, 8, 4]  # the match 2 back: a repetition of period 2
+
+
+def test_ngram_lookup_continues_a_repetition_past_the_history():
+    """A match that ends just before the suffix copies on as the repetition it implies (an overlapping copy):
+    a run of period p drafts k tokens, not p."""
+    d = NgramDrafter(min_match=1, max_match=4)
+    assert d.lookup([7, 138, 5, 138, 5, 138, 5], 7).tokens == [138, 5, 138, 5, 138, 5, 138]
+    assert d.lookup([3, 1, 2, 3, 9, 1, 2, 3], 6).tokens == [9, 1, 2, 3, 9, 1]  # period 4
+    assert d.lookup([6, 6], 3).tokens == [6, 6, 6]
+    assert d.lookup([1, 2, 3, 9, 1, 2, 3], 3).tokens == [9, 1, 2]  # within the history: unchanged
 
 
 def test_ngram_lookup_resumes_the_copy_after_an_edit():
@@ -56,7 +66,9 @@ def _brute_force_proposal(history: list[int], k: int, pointer: int | None, d: Ng
         near = [s for s in starts if pointer is not None and pointer - d.resume_back <= s <= pointer + d.resume_window]
         if near:
             start = min(near, key=lambda s: abs(s - pointer))
-        return history[start: start + k], start
+        period = len(history) - start  # past the history's end the copy repeats itself with this period
+        return [history[start + i] if start + i < len(history) else history[start + i - period * ((start + i - len(history)) // period + 1)]
+                for i in range(k)][: k], start
     return [], -1
 
 

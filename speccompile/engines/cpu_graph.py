@@ -41,6 +41,7 @@ from ..onnx_versions import required_onnxruntime, save_model
 from ..weights_file import StoredBytes, WeightsWriter, external_location, external_tensor, read_tensor
 from ..export.moe_ops import reads_rows
 from .block_sums import reduce_block_sums
+from .head_fold import fold_head_reshapes
 from .nbits import ACCURACY_LEVEL, NBitsPacker
 
 SMALL_TENSOR = 1 << 20  # bytes: tensors below this are matched by content (equal norm weights), larger by location
@@ -196,6 +197,7 @@ class CpuGraphRewriter:
                 nodes += self._transplant(node, pairs)
             else:
                 nodes.append(node)
+        nodes = fold_head_reshapes(nodes, {o.name for o in fused.model.graph.output})
         inits: dict[str, TensorProto] = {}
         used = {t for n in nodes for t in n.input}
         for name in fused.first_use_order():

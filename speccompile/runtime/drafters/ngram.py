@@ -1,5 +1,7 @@
 """N-gram prompt lookup: copy what followed an earlier occurrence of the current suffix.
 
+A match close to the end of the history copies past it as a repetition (`periodic_continuation`).
+
 Which occurrence: the one closest to where the previous proposal was copying from, if it lies just
 after it (an edit task copies its source in order, so after a rewritten token the copy resumes a
 little further on), else the latest one. The source pointer advances by the tokens emitted since the
@@ -115,7 +117,7 @@ class NgramDrafter(Drafter):
                 high = bisect_right(starts, pointer + self.resume_window, 0, count)
                 if low < high:  # the closest occurrence resuming the copy (the first of equals, as ascending)
                     start = min(starts[low:high], key=lambda s: abs(s - pointer))
-            proposal = list(map(int, history[start: start + k]))
+            proposal = periodic_continuation(history, start, k)
             if proposal:
                 self._copied_from, self._proposed_at = start, n_total
                 return Draft(proposal, key=n)
@@ -123,6 +125,18 @@ class NgramDrafter(Drafter):
             proposal, context = self.corpus.continue_from(tokens, k)
             return Draft(proposal, key=-context)
         return Draft([], key=0)
+
+
+def periodic_continuation(history: list[int], start: int, k: int) -> list[int]:
+    """Up to k tokens from `history[start]` on, continued past the history's end as the repetition the match
+    implies: the suffix recurring `period` tokens back means the text repeats with that period, so token i of
+    the copy is token i - period of the copy itself (an overlapping copy, as LZ77 decodes one). A run like
+    "a b a b" otherwise yields a 2-token draft however long it goes on."""
+    period = len(history) - start
+    proposal = list(map(int, history[start: start + k]))
+    while 0 < period <= len(proposal) < k:
+        proposal.append(proposal[len(proposal) - period])
+    return proposal
 
 
 def make_ngram(request: DrafterRequest) -> NgramDrafter:
