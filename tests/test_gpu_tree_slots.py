@@ -2,7 +2,9 @@
 its fp32 form on ONNX Runtime's CPU EP: tree drafts (an EAGLE-3 head) verified batched, as `speccompile serve --backend
 ort-cuda` runs them with onnxruntime-gpu >= 1.28. Batched greedy equals each request alone and plain decoding, one
 bucket makes a tree request's logits bitwise its plain decoding's and independent of its batch-mates, seeded sampled
-output is exact (chi-square), and a slot's tree rows are the contract graph's (the bias, not causality, masks them)."""
+output is exact (chi-square), and a slot's tree rows are the contract graph's (the bias, not causality, masks them).
+A single stream drafting trees (no server) runs slot 0 of the tree form as its target (`OneSlotSession`), plain passes
+too: equal to its plain decoding there (bitwise with one bucket) and to the batch decoder's."""
 
 from __future__ import annotations
 
@@ -224,7 +226,7 @@ def test_a_single_tree_request_needs_the_tree_form(tree_artifact):
     runner = single_stream_runner(tree_artifact, form="cuda-slots")
     ids = _prompts()[0]
     assert runner.artifact.target.spec.file == "target.ort-cuda-slots.onnx"
-    assert _single(runner, ids, 8, drafter="none").tokens == Runner(tree_artifact, contract_graph=True, threads=1).generate_ids(
-        ids, 8, drafter="none").tokens
+    contract = Runner(tree_artifact, contract_graph=True, threads=1)
+    assert _single(runner, ids, 8, drafter="none").tokens == contract.generate_ids(ids, 8, drafter="none").tokens
     with pytest.raises(UnsupportedError, match="is causal: tree drafts need its tree form"):
         _single(runner, ids, 8)

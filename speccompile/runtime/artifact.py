@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import InputError, UnsupportedError, with_article
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
-from ..onnx_versions import onnxruntime_loads
+from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, version_string
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
@@ -111,7 +111,7 @@ def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, t
                                       spinning=spinning, shape_invariant=shape_invariant or None, weights=weights))
 
 
-def single_stream(session) -> Session:
+def single_stream(session: Session | OrtCudaSlotSession) -> Session:
     """The Session a single stream runs on an opened graph: slot 0 of a slotted GPU graph (`OneSlotSession`), else
     the session itself."""
     return OneSlotSession(session) if isinstance(session, OrtCudaSlotSession) else session
@@ -147,7 +147,8 @@ def tree_form_note(manifest: Manifest, backend: str, drafter: str, fused: bool =
         return None
     tree = manifest.graphs.get(variant_name("target", "cuda-tree-slots"))
     why = ("it has no target.ort-cuda-tree-slots.onnx (re-export with --dtype fp16|bf16 --batch-slots N)" if tree is None
-           else f"target.ort-cuda-tree-slots.onnx needs onnxruntime-gpu {tree.extra.get('min_onnxruntime_cuda')}")
+           else f"target.ort-cuda-tree-slots.onnx needs onnxruntime-gpu {tree.extra.get('min_onnxruntime_cuda')} "
+                f"(installed {version_string(installed_onnxruntime())})")
     return f"tree drafts on ort-cuda run the contract graph {manifest.graph('target').file}: {why}"
 
 

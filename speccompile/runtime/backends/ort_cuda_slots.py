@@ -208,7 +208,8 @@ class SlotSession:
             if not self.slots.trees:
                 raise UnsupportedError(f"{self.spec.file} is causal: tree drafts need its tree form "
                                        "(target.ort-cuda-tree-slots.onnx) or the contract graph")
-            return self.slots.run_slots({cache.slot: (ids, positions)}, trees={cache.slot: tree_step(attention_mask, past)})[cache.slot]
+            tree = {cache.slot: tree_step(attention_mask, past)}
+            return self.slots.run_slots({cache.slot: (ids, positions)}, trees=tree)[cache.slot]
         outs, earlier, pieces = [], [], range(0, ids.size, most)
         try:
             for start in pieces:
