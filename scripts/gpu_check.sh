@@ -21,6 +21,9 @@
 #   over the shared weights and a slotted session with its own copy each add), then each run's peak (nvidia-smi).
 #   servetree (issue 46; in the default list, after serve): the same with `--drafter suffix` (trees), which batches in
 #   the tree form target.ort-cuda-tree-slots.onnx (onnxruntime-gpu >= 1.28): 8 streams, mismatches vs 1 stream.
+#   tree (issue 46; not in the default list): a single stream drafting trees (`--drafter suffix`) on ort-cuda runs
+#   slot 0 of the tree form (/tmp/e16 has it: --batch-slots 8 by default): verify (identical, the graph), then bench
+#   against the contract graph that ran it before (`--contract-graph`: plain and drafted passes there).
 #   and modelopt (issue 18): ModelOpt's PyTorch NVFP4 weight-only quantization (CUDA only in ModelOpt 0.47) of the
 #   same fp32 export, scored like ours (benchmarks/modelopt_torch_compare.py); its wheels: bash
 #   scripts/modelopt_payload.sh here, then carry .dev/modelopt.tar:  STEPS=modelopt bash scripts/gpu_check.sh
@@ -67,6 +70,12 @@ for step in $STEPS; do
     pass) timeout $(lim 120) python3 benchmarks/gpu_pass_times.py --artifact /tmp/e16 --json 2>&1 | tee "$OUT/pass_times.txt" ;;
     verify) timeout $(lim 200) sc verify /tmp/e16 --backend ort-cuda $W $VERIFY_ARGS --max-tokens $NEW --drafter ngram $SC_ARGS --json > "$OUT/verify16.json" 2> "$OUT/verify16.err"
       identical "$OUT/verify16.json" fp16 ;;
+    tree) timeout $(lim 150) sc verify /tmp/e16 --backend ort-cuda $W $VERIFY_ARGS --max-tokens $NEW --drafter suffix $SC_ARGS --json > "$OUT/verifytree.json" 2> "$OUT/verifytree.err"
+      identical "$OUT/verifytree.json" "fp16 suffix trees"; python3 -c "import json;print('graph',json.load(open('$OUT/verifytree.json'))['graph'])" 2>&1 | tail -1
+      for graph in "" --contract-graph; do
+        timeout $(lim 150) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter suffix $graph $SC_ARGS > "$OUT/benchtree$graph.txt" 2>&1
+        echo "bench suffix trees ${graph:-tree form}:"; tail -n 6 "$OUT/benchtree$graph.txt"
+      done ;;
     loose) timeout $(lim 150) sc verify /tmp/e16 --backend ort-cuda $W $VERIFY_ARGS --max-tokens $NEW --drafter ngram --no-shape-invariant $SC_ARGS --json > "$OUT/verify16_loose.json" 2> "$OUT/verify16_loose.err"
       identical "$OUT/verify16_loose.json" "fp16 --no-shape-invariant"
       timeout $(lim 150) sc bench /tmp/e16 --backend ort-cuda $W --limit $LIMIT --max-tokens $NEW --drafter ngram --no-shape-invariant $SC_ARGS > "$OUT/bench16_loose.txt" 2>&1
@@ -119,6 +128,6 @@ for step in $STEPS; do
         --modelopt-python python3 --device cuda --work /tmp/mot --threads 16 $ours \
         ${MO_CONFIGS:---config W4A16_NVFP4_CFG --config W4A16_NVFP4_CFG:awq_lite --config W4A16_NVFP4_CFG:awq_clip --config NVFP4_W4A4_WEIGHT_MSE_FP8_SWEEP_CFG+weight-only --config NVFP4_FOUR_OVER_SIX_CFG+weight-only} \
         2>&1 | tee "$OUT/modelopt_torch.txt" | tail -n 12 ;;
-    *) echo "unknown step $step (pass verify bench test peer serve servetree loose qad modelopt)" ;;
+    *) echo "unknown step $step (pass verify bench test peer serve servetree tree loose qad modelopt)" ;;
   esac
 done

@@ -136,15 +136,29 @@ def test_fp32_and_cpu_exports_have_no_gpu_graph(tiny_artifact):
     assert variant_name("target", "cuda") not in read_manifest(tiny_artifact).graphs
 
 
-def test_artifact_picks_the_gpu_graph_for_chains_only(tmp_path):
+def test_artifact_picks_the_gpu_graph_for_chains_and_the_tree_form_for_trees(tmp_path, capsys):
     model_dir = make_tiny_hf_model(tmp_path / "llama")
     out = tmp_path / "fp16"
     export_artifact(str(model_dir), out, ExportOptions(max_context=MAX_CONTEXT, dtype="fp16"))
     manifest = read_manifest(out)
-    from speccompile.runtime.artifact import runnable_spec
+    from speccompile.runtime.artifact import runnable_spec, tree_form_note
 
     assert runnable_spec(manifest, "target", "ort-cuda", True, chains=True).file == "target.ort-cuda.onnx"
     assert runnable_spec(manifest, "target", "ort-cuda", True, chains=False).file == "target.onnx"  # trees
+    # a single stream's trees: the slotted GPU graph's tree form (written by default, --batch-slots 8), in one slot
+    assert runnable_spec(manifest, "target", "ort-cuda", True, chains=False, single=True).file == "target.ort-cuda-tree-slots.onnx"
+    assert tree_form_note(manifest, "ort-cuda", "suffix") is None
+    del manifest.graphs[variant_name("target", "cuda-tree-slots")]  # an export without it (--batch-slots 0, older)
+    assert runnable_spec(manifest, "target", "ort-cuda", True, chains=False, single=True).file == "target.onnx"
+    assert "no target.ort-cuda-tree-slots.onnx" in tree_form_note(manifest, "ort-cuda", "suffix")
+    manifest.write(out)
+    from speccompile.commands.generate import check_artifact_backend
+
+    check_artifact_backend(out, "ort-cuda", "suffix")  # what run / bench / verify print before loading
+    assert capsys.readouterr().err.count("note: ") == 1
+    check_artifact_backend(out, "ort-cuda", "suffix", fused=False)  # --contract-graph: asked for, no note
+    assert "note: " not in capsys.readouterr().err
+    assert tree_form_note(manifest, "ort-cuda", "ngram") is None and tree_form_note(manifest, "ort-cpu", "suffix") is None
     assert runnable_spec(manifest, "target", "ort-cuda", False, chains=True).file == "target.onnx"  # --contract-graph
     assert runnable_spec(manifest, "target", "ort-cpu", True, chains=True).file == "target.onnx"
 

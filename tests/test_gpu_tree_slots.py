@@ -2,7 +2,9 @@
 its fp32 form on ONNX Runtime's CPU EP: tree drafts (an EAGLE-3 head) verified batched, as `speccompile serve --backend
 ort-cuda` runs them with onnxruntime-gpu >= 1.28. Batched greedy equals each request alone and plain decoding, one
 bucket makes a tree request's logits bitwise its plain decoding's and independent of its batch-mates, seeded sampled
-output is exact (chi-square), and a slot's tree rows are the contract graph's (the bias, not causality, masks them)."""
+output is exact (chi-square), and a slot's tree rows are the contract graph's (the bias, not causality, masks them).
+A single stream drafting trees (no server) runs slot 0 of the tree form as its target (`OneSlotSession`), plain passes
+too: equal to its plain decoding there (bitwise with one bucket) and to the batch decoder's."""
 
 from __future__ import annotations
 
@@ -164,3 +166,67 @@ def test_a_slots_tree_rows_are_the_contract_graphs(tmp_path, arch):
     assert not np.allclose(unmasked[2:], expected[2:], atol=1e-3)
     with pytest.raises(UnsupportedError, match="tree form"):
         causal.run_slots(step, trees={1: ancestry})
+
+
+def single_stream_runner(artifact: Path, rows: int = 0, form: str = "cuda-tree-slots") -> Runner:
+    """An EAGLE-3 runner whose target is what `open_artifact` opens for a single stream drafting trees on ort-cuda
+    (`runnable_spec`, then `single_stream`: slot 0 of the tree form), on the CPU EP; `form`: another slotted form."""
+    from speccompile.manifest import variant_name
+    from speccompile.runtime.artifact import runnable_spec, single_stream
+    from speccompile.runtime.backends.factory import open_session
+
+    runner = Runner(artifact, drafter="eagle3", adaptive=False, contract_graph=True, threads=1)
+    manifest = runner.artifact.manifest
+    spec = runnable_spec(manifest, "target", "ort-cuda", True, chains=False, single=True)
+    assert spec.file == "target.ort-cuda-tree-slots.onnx"
+    assert runnable_spec(manifest, "target", "ort-cuda", True, chains=False).file == "target.onnx"  # a server: its own
+    spec = manifest.graph(variant_name("target", form))
+    session = open_session(artifact, spec, "ort-cpu", 1, manifest=manifest, max_context=CONTEXT, shape_invariant=rows or None)
+    runner.artifact.target = single_stream(session)  # ort-cpu: the factory opens a GPU form on the CPU EP
+    runner.artifact.shape_invariant = rows
+    return runner
+
+
+def _single(runner: Runner, ids: list[int], max_tokens: int, drafter: str | None = None):
+    """One generation through `Runner.generator` (no batch decoder), logits traced."""
+    plain = drafter == "none"
+    config = runner.config(max_tokens, drafter=drafter)
+    config.trace_logits = True
+    return runner.generator(plain=plain).generate(ids, config)
+
+
+@pytest.mark.parametrize("rows", [0, 8])  # buckets; one bucket of 8 rows (shape-invariant mode)
+def test_a_single_tree_request_runs_slot_zero_of_the_tree_form(tree_artifact, rows):
+    """A single stream with EAGLE-3 trees on ort-cuda (no server) runs every pass, plain and drafted, in slot 0 of
+    target.ort-cuda-tree-slots.onnx: greedy equals plain decoding through that graph (bitwise logits with one
+    bucket), the contract graph's plain decoding, and the same request through the batch decoder."""
+    from speccompile.runtime.backends.ort_cuda_slots import OneSlotSession
+
+    runner = single_stream_runner(tree_artifact, rows)
+    assert isinstance(runner.artifact.target, OneSlotSession)
+    assert runner.artifact.target.spec.file == "target.ort-cuda-tree-slots.onnx" and runner.artifact.target.slots.trees
+    contract = Runner(tree_artifact, contract_graph=True, threads=1)
+    drafted = cuts = 0
+    for ids in _prompts()[:4]:
+        mine, plain = _single(runner, ids, 20), _single(runner, ids, 20, drafter="none")
+        assert mine.tokens == plain.tokens == contract.generate_ids(ids, 20, drafter="none").tokens
+        assert mine.tokens == runner.generate_ids(ids, 20).tokens
+        assert mine.tokens == traced(tree_runner(tree_artifact, rows), [ids], 20)[0].tokens
+        if rows:
+            assert np.array_equal(mine.logits, plain.logits)  # the same graph, the same shapes: the same bits
+        drafted, cuts = drafted + mine.stats.draft_steps, cuts + mine.stats.exact_cuts
+    assert drafted > 0 and cuts > 0  # trees verified (accepted off their main path: cut)
+
+
+def test_a_single_tree_request_needs_the_tree_form(tree_artifact):
+    """Negative control: slot 0 of the causal slotted form refuses the first tree pass (its rows would see their
+    siblings), and a plain request through it still runs."""
+    from speccompile.errors import UnsupportedError
+
+    runner = single_stream_runner(tree_artifact, form="cuda-slots")
+    ids = _prompts()[0]
+    assert runner.artifact.target.spec.file == "target.ort-cuda-slots.onnx"
+    contract = Runner(tree_artifact, contract_graph=True, threads=1)
+    assert _single(runner, ids, 8, drafter="none").tokens == contract.generate_ids(ids, 8, drafter="none").tokens
+    with pytest.raises(UnsupportedError, match="is causal: tree drafts need its tree form"):
+        _single(runner, ids, 8)

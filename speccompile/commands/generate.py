@@ -41,11 +41,12 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     return text
 
 
-def check_artifact_backend(artifact: Path, backend: str) -> None:
+def check_artifact_backend(artifact: Path, backend: str, drafter: str = "none", fused: bool = True) -> None:
     """Refuse an artifact whose target the backend cannot run (runtime/artifact.check_backend, before anything
-    loads); say so when it runs but far slower than meant to."""
+    loads); say so when it runs but far slower than meant to (`drafter`, `fused`: the run's --drafter and not
+    --contract-graph)."""
     from ..manifest import read_manifest
-    from ..runtime.artifact import check_backend
+    from ..runtime.artifact import check_backend, tree_form_note
 
     manifest = read_manifest(artifact, verify_files=False)  # the runner checks the checksums
     check_backend(artifact, manifest, backend)
@@ -56,6 +57,9 @@ def check_artifact_backend(artifact: Path, backend: str) -> None:
         click.echo(f"warning: {artifact}: {SLOW_ON_CPU[scheme]} target, built for GPUs and TensorRT; on ONNX Runtime's CPU "
                    "provider it runs as fp32 without the fused CPU graph (speculative steps ~2-3x slower than the fp32 export)",
                    err=True)
+    note = tree_form_note(manifest, backend, drafter, fused)
+    if note is not None:
+        click.echo(f"note: {artifact}: {note}", err=True)
 
 
 SLOW_ON_CPU = {"fp8": "FP8", "int4": "INT4"}
@@ -239,7 +243,7 @@ def run(artifact, prompt, prompt_file, chat, max_tokens, temperature, top_k, top
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     GenerationConfig(max_tokens=max_tokens, sampling=sampling, stop=list(stop)).validate()  # before anything loads
     spec, label = constraint_from_flags(json_schema_file, regex, grammar_file, choices)
-    check_artifact_backend(artifact, options.backend)
+    check_artifact_backend(artifact, options.backend, options.drafter, not options.contract_graph)
     constraint = compile_for_run(artifact, spec, label)
     runner = Runner(artifact, options)
     with prompt_source(_prompt_label(prompt_file)):
@@ -288,7 +292,7 @@ def bench(artifact, workloads, max_tokens, limit, warmup, chat, replay, options,
     from ..runtime.bench import run_bench
     from .reports import print_bench_report
 
-    check_artifact_backend(artifact, options.backend)
+    check_artifact_backend(artifact, options.backend, options.drafter, not options.contract_graph)
     with prompt_progress_bar(progress_bar_console(as_json)) as progress:
         report = run_bench(artifact, options, list(workloads), max_tokens, limit, warmup, progress, chat, replay)
     if as_json:
@@ -310,7 +314,7 @@ def verify(artifact, workloads, max_tokens, limit, chat, options, as_json):
     from ..runtime.bench import run_verify
     from .reports import print_verify_report
 
-    check_artifact_backend(artifact, options.backend)
+    check_artifact_backend(artifact, options.backend, options.drafter, not options.contract_graph)
     with prompt_progress_bar(progress_bar_console(as_json)) as progress:
         report = run_verify(artifact, options, list(workloads), max_tokens, limit, progress, chat)
     if as_json:

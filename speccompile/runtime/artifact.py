@@ -9,12 +9,15 @@ import numpy as np
 
 from ..errors import InputError, UnsupportedError, with_article
 from ..manifest import GraphSpec, Manifest, read_manifest, variant_name
-from ..onnx_versions import onnxruntime_loads
+from ..onnx_versions import installed_onnxruntime, onnxruntime_loads, version_string
 from ..tokenizer import TextTokenizer
 from .backends.base import Session
 from .backends.factory import open_session
+from .backends.ort_cuda_slots import OneSlotSession, OrtCudaSlotSession
 from .backends.shared_weights import SharedWeights, gpu_form_weights
 from .options import DRAFTER_CHOICES
+
+CHAIN_DRAFTERS = ("ngram", "none", "draft-model")  # drafters that never draft trees (the GPU graph's causal passes)
 
 
 @dataclass
@@ -76,7 +79,9 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     they spin only within a run (backends/ort.py `session_options`).
     `shape_invariant`: run every target pass with the same shapes (True: `max_verify_tokens` rows; an int:
     that many rows; runtime/backends/shape_invariant.py). With `shared_cores` on ort-cuda, the target's GPU graph
-    takes its weights from a pool its slotted form shares (`Artifact.weights`).
+    takes its weights from a pool its slotted form shares (`Artifact.weights`). Without `shared_cores` (a single
+    stream), a drafter that drafts trees runs on ort-cuda in slot 0 of the slotted GPU graph's tree form where the
+    artifact has it (`OneSlotSession`), plain and drafted passes alike; else the contract graph (`tree_form_note`).
     """
     directory = Path(directory)
     manifest = read_manifest(directory, verify_files=True)
@@ -85,29 +90,38 @@ def open_artifact(directory: str | Path, backend: str = "ort-cpu", threads: int 
     resolved = resolve_drafter(manifest, drafter)
     alone = resolved in ("ngram", "suffix", "none")
     spinning = "in-run" if shared_cores else ("always" if alone else "off")
-    chains = resolved in ("ngram", "none", "draft-model")  # the GPU graph verifies chains only (causal attention)
+    chains = resolved in CHAIN_DRAFTERS  # the GPU graph verifies chains only (causal attention)
+    single = not shared_cores  # a server's batch decoder runs the tree form itself (session.py, `_gpu_slot_decoder`)
     rows = int(manifest.limits.get("max_verify_tokens", 64)) if shape_invariant is True else int(shape_invariant or 0)
     # a server (`shared_cores`: the serving engine's runner) opens the slotted form beside the GPU graph: their
     # weights resident once (backends/shared_weights.py); a single stream opens one graph with its own copy
-    spec = runnable_spec(manifest, "target", backend, fused, chains)
+    spec = runnable_spec(manifest, "target", backend, fused, chains, single)
     weights = gpu_form_weights(directory, manifest, backend, spec) if shared_cores else None
     target = _open_graph(directory, manifest, "target", backend, threads, fused, spinning=spinning, shape_invariant=rows,
-                         chains=chains, weights=weights)
+                         chains=chains, weights=weights, single=single)
     return Artifact(directory, manifest, tokenizer, target, backend, threads, fused, rows, weights)
 
 
 def _open_graph(directory: Path, manifest: Manifest, graph: str, backend: str, threads: int | None, fused: bool,
                 spinning: str = "off", shape_invariant: int = 0, chains: bool = False,
-                weights: SharedWeights | None = None) -> Session:
+                weights: SharedWeights | None = None, single: bool = False) -> Session:
     max_context = int(manifest.limits.get("max_context", 0)) or None
-    spec = runnable_spec(manifest, graph, backend, fused, chains)
-    return open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context, spinning=spinning,
-                        shape_invariant=shape_invariant or None, weights=weights)
+    spec = runnable_spec(manifest, graph, backend, fused, chains, single)
+    return single_stream(open_session(directory, spec, backend, threads, manifest=manifest, max_context=max_context,
+                                      spinning=spinning, shape_invariant=shape_invariant or None, weights=weights))
 
 
-def runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, chains: bool = False) -> GraphSpec:
+def single_stream(session: Session | OrtCudaSlotSession) -> Session:
+    """The Session a single stream runs on an opened graph: slot 0 of a slotted GPU graph (`OneSlotSession`), else
+    the session itself."""
+    return OneSlotSession(session) if isinstance(session, OrtCudaSlotSession) else session
+
+
+def runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, chains: bool = False,
+                  single: bool = False) -> GraphSpec:
     """The graph `open_artifact` runs for `graph` on `backend`: its fused variant where there is one (and `fused`),
-    else the contract graph."""
+    else the contract graph. On ort-cuda: the GPU graph for chains; for trees, in a `single` stream, the slotted GPU
+    graph's tree form where the artifact has it and ONNX Runtime's CUDA EP takes its attention bias."""
     variant = variant_name(graph)
     if fused and backend == "ort-cpu" and variant in manifest.graphs:
         spec = manifest.graph(variant)
@@ -115,7 +129,27 @@ def runnable_spec(manifest: Manifest, graph: str, backend: str, fused: bool, cha
             return spec
     if fused and chains and backend == "ort-cuda" and variant_name(graph, "cuda") in manifest.graphs:
         return manifest.graph(variant_name(graph, "cuda"))
+    tree = manifest.graphs.get(variant_name(graph, "cuda-tree-slots"))
+    if fused and not chains and single and backend == "ort-cuda" and tree is not None \
+            and onnxruntime_loads(tree.extra.get("min_onnxruntime_cuda")):
+        return tree
     return manifest.graph(graph)
+
+
+def tree_form_note(manifest: Manifest, backend: str, drafter: str, fused: bool = True) -> str | None:
+    """Why a single stream drafting trees on ort-cuda runs the contract graph (the slow generic path), None where
+    it does not: the artifact has no tree form of its slotted GPU graph, or ONNX Runtime here is too old for it."""
+    resolved = resolve_drafter(manifest, drafter)
+    drafts_trees = resolved not in CHAIN_DRAFTERS and resolved in ("suffix", (manifest.drafter or {}).get("kind"))
+    if backend != "ort-cuda" or not fused or not drafts_trees:  # (a drafter the artifact lacks: the runner refuses it)
+        return None
+    if runnable_spec(manifest, "target", backend, fused, False, True).file != manifest.graph("target").file:
+        return None
+    tree = manifest.graphs.get(variant_name("target", "cuda-tree-slots"))
+    why = ("it has no target.ort-cuda-tree-slots.onnx (re-export with --dtype fp16|bf16 --batch-slots N)" if tree is None
+           else f"target.ort-cuda-tree-slots.onnx needs onnxruntime-gpu {tree.extra.get('min_onnxruntime_cuda')} "
+                f"(installed {version_string(installed_onnxruntime())})")
+    return f"tree drafts on ort-cuda run the contract graph {manifest.graph('target').file}: {why}"
 
 
 def check_backend(directory: Path, manifest: Manifest, backend: str) -> None:

@@ -165,7 +165,7 @@ def _bench_workloads(runner: Runner, loaded, max_tokens: int, sampling: Sampling
 
 def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, progress: PromptProgress | None = None,
                chat: bool | None = None) -> dict[str, Any]:
-    """Greedy speculative vs plain for every prompt: {drafter, shape_invariant, identical, logits_bitwise, prompts:
+    """Greedy speculative vs plain for every prompt: {drafter, graph (the target's file), shape_invariant, identical, logits_bitwise, prompts:
     [{id, identical, first_difference, tokens, mean_accepted_length, logits_bitwise, max_logit_difference,
     logit_positions}]}. `progress` is told of each prompt as it starts; `chat` (not None) applies the chat
     template to every prompt or to none."""
@@ -178,7 +178,7 @@ def run_verify(artifact, options: RunOptions, workloads, max_tokens, limit, prog
     for item in _counted(items, progress):
         with prompt_source(f"prompt {item['id']}"):
             results.append(_verify_prompt(runner, item, max_tokens))
-    return {"drafter": runner.drafter_name, "shape_invariant": runner.shape_invariant,
+    return {"drafter": runner.drafter_name, "graph": runner.artifact.target.spec.file, "shape_invariant": runner.shape_invariant,
             "row_invariant": runner.artifact.target.row_invariant, "identical": all(r["identical"] for r in results),
             "logits_bitwise": all(r["logits_bitwise"] for r in results), "prompts": results}
 

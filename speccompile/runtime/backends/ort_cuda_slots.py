@@ -183,7 +183,8 @@ class OrtCudaSlotSession(OrtCudaSession):
 
 class SlotSession:
     """One slot of the slotted GPU graph as a target Session (a request's prefill chunks): its rows in its slot, a
-    dummy row in every other; a chunk longer than the largest bucket runs as several passes."""
+    dummy row in every other; a chunk longer than the largest bucket runs as several passes. In the tree form a
+    pass whose rows are a tree runs main path first (`run_slots`' `trees`), its main path's rows `plain_exact`."""
 
     row_invariant = False
     max_caches = None
@@ -204,7 +205,11 @@ class SlotSession:
         ids, positions = np.asarray(input_ids).reshape(-1), np.asarray(position_ids).reshape(-1)
         past, most = cache.length, self.slots.buckets[-1]
         if not is_causal_step(attention_mask, past):
-            raise UnsupportedError("the slotted GPU graph is causal: tree drafts run the contract graph")
+            if not self.slots.trees:
+                raise UnsupportedError(f"{self.spec.file} is causal: tree drafts need its tree form "
+                                       "(target.ort-cuda-tree-slots.onnx) or the contract graph")
+            tree = {cache.slot: tree_step(attention_mask, past)}
+            return self.slots.run_slots({cache.slot: (ids, positions)}, trees=tree)[cache.slot]
         outs, earlier, pieces = [], [], range(0, ids.size, most)
         try:
             for start in pieces:
@@ -221,3 +226,26 @@ class SlotSession:
         if last_logits_only:
             return DeviceLogitsOutput(lambda: final.logits[-1:], cache.tensors, hidden, tokens)
         return DeviceLogitsOutput(lambda: np.concatenate([*earlier, final.logits]), cache.tensors, hidden, tokens)
+
+
+class OneSlotSession(SlotSession):
+    """The slotted GPU graph's tree form as a single stream's target Session (`speccompile run | bench | verify`, a
+    Runner without a server, drafting trees on ort-cuda): every pass, plain or drafted, in slot 0 of the same graph,
+    so plain decoding and tree verification compute a position's logits alike (one bucket in shape-invariant mode)."""
+
+    max_caches = 1  # `new_cache` hands out slot 0's device buffers (as OrtCudaSession's one buffer)
+
+    def new_cache(self) -> FixedKVCache:
+        """Slot 0's KV, emptied: a session runs one generation at a time."""
+        return self.slots.slot_cache(0)
+
+
+def tree_step(attention_mask: np.ndarray, past: int) -> np.ndarray:
+    """The new rows' ancestry [q, q] of a tree pass's mask [1, q, past + q]: every row sees every committed row and,
+    of the new rows, itself and rows before it only (UnsupportedError for any other mask)."""
+    mask = np.asarray(attention_mask, dtype=bool)[0]
+    q = mask.shape[0]
+    ancestry = mask[:, past: past + q]
+    if mask.shape[1] != past + q or not mask[:, :past].all() or np.triu(ancestry, 1).any() or not ancestry.diagonal().all():
+        raise UnsupportedError("the slotted GPU graph verifies chains and trees over every committed row, not this mask")
+    return ancestry
