@@ -21,7 +21,7 @@ from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
-from .mla_gguf import JoinedKvB
+from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
 from .mtp_layouts import mtp_weights
@@ -290,6 +290,7 @@ def load_gguf(path: Path) -> LoadedModel:
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
     weights: WeightSource = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
     if config.mla:  # llama.cpp's attn_k_b / attn_v_b, joined back into kv_b_proj
+        check_choice_bias(names, config.moe, str(path))
         weights = JoinedKvB(weights)
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedError
+from .moe_config import MoeConfig
 from .weights import TensorInfo, WeightSource
 
 _GATING = {1: "deepseek_v2", 2: "deepseek_v3"}  # llama.cpp's expert_gating_func: softmax, sigmoid
@@ -36,6 +37,9 @@ def deepseek2_keys(meta: dict[str, Any], p: str, source: str) -> tuple[str, dict
     if gating == 1 and used < groups:
         raise UnsupportedError(f"{source}: {p}expert_group_used_count {used} of {groups} groups with softmax routing is not "
                                "supported (llama.cpp scores a group by its two best experts, DeepSeek-V2 by its best)")
+    if int(meta.get(p + "nextn_predict_layers") or 0):
+        raise UnsupportedError(f"{source}: {p}nextn_predict_layers {meta[p + 'nextn_predict_layers']} is not supported "
+                               "(MTP blocks counted in block_count)")
     rope = int(meta[p + "rope.dimension_count"])
     mla = p + "attention.key_length_mla" in meta
     keys: dict[str, Any] = {
@@ -59,6 +63,13 @@ def _yarn(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
             "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"]),
             "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast") or 32.0),
             "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow") or 1.0), "mscale": mscale, "mscale_all_dim": mscale}
+
+
+def check_choice_bias(names: set[str], moe: MoeConfig | None, source: str) -> None:
+    """A softmax-routed file with a choice bias (`exp_probs_b`, which llama.cpp would add) is refused: the DeepSeek-V2
+    routing has none."""
+    if moe is not None and not moe.score_bias and any(n.endswith(".exp_probs_b.bias") for n in names):
+        raise UnsupportedError(f"{source}: exp_probs_b with softmax routing (no deepseek2.expert_gating_func 2) is not supported")
 
 
 class JoinedKvB(WeightSource):
