@@ -58,7 +58,11 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     "cohere2": dict(FAMILIES["cohere2"], layer_types=None, num_hidden_layers=4, sliding_window_pattern=4, rotary_pct=1.0),
     "qwen3_moe": dict(FAMILIES["qwen3_moe"], mlp_only_layers=[]),  # llama.cpp has no dense layer in a Qwen3-MoE
     "gpt_oss": dict(FAMILIES["gpt_oss"], swiglu_limit=7.0),  # llama.cpp's fixed clamp
+    # llama.cpp's deepseek2: sigmoid only when config.json names it (DeepSeek-V3's does), e_score_correction_bias moved
+    "deepseek_v3": dict(FAMILIES["deepseek_v3"], scoring_func="sigmoid"),  # q LoRA, yarn, 2 of 4 groups
+    "deepseek_v2": dict(FAMILIES["deepseek_v2"], topk_method="greedy", n_group=1, topk_group=1),  # q_proj, softmax, one group
 }
+_SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +111,24 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
     kind = "spm" if name in _SPM_FAMILIES else "glm" if name == "glm4" else "bpe"
     vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 1, "bpe": VOCAB}[kind]
     hf = make_family_model(tmp_path / "hf", name, families=GGUF_FAMILIES, vocab_size=vocab)
+    if name in _SCORE_BIAS:
+        _move_score_bias(hf, tmp_path / "hf")
     for file in (tmp_path / "hf").glob("tokenizer*"):
         file.unlink()
     for file in tokenizers[kind].iterdir():
         (tmp_path / "hf" / file.name).write_bytes(file.read_bytes())
     convert(tmp_path / "hf", tmp_path / "model.gguf")
     return hf, tmp_path / "model.gguf", vocab
+
+
+def _move_score_bias(hf, folder: Path) -> None:
+    """DeepSeek-V3's e_score_correction_bias (exp_probs_b) away from zero, saved again."""
+    import torch
+
+    with torch.no_grad():
+        for layer in hf.model.layers[1:]:  # the MoE layers (first_k_dense_replace 1)
+            layer.mlp.gate.e_score_correction_bias.copy_(0.3 * torch.randn(layer.mlp.gate.e_score_correction_bias.shape))
+    hf.save_pretrained(folder, safe_serialization=True)
 
 
 def prefill_error(session, hf, seq: list[int]) -> float:
@@ -134,7 +150,7 @@ def test_llamacpp_gguf_matches_transformers(tmp_path, name, tokenizers):
     assert err <= 1e-4, f"{name}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma"])  # gemma: a sentencepiece tokenizer from the file
+@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma", "deepseek_v3"])  # gemma: a sentencepiece tokenizer from the file
 def test_llamacpp_gguf_ngram_equals_plain(tmp_path, name, tokenizers):
     _, gguf_path, _ = gguf_of(tmp_path, name, tokenizers)
     export_artifact(str(gguf_path), tmp_path / "art", ExportOptions(max_context=128))

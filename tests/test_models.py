@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speccompile.errors import InputError, UnsupportedError
-from speccompile.models.config import config_from_hf
+from speccompile.models.config import config_from_gguf, config_from_hf
 from speccompile.models.decoder import build_decoder, causal_mask, eagle3_tap_layers
 from speccompile.models.load import load_model
 
@@ -109,8 +109,13 @@ def test_config_errors():
         config_from_hf({"model_type": "deepseek_v2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                         "num_hidden_layers": 1, "num_attention_heads": 1, "moe_intermediate_size": 4, "n_routed_experts": 2,
                         "topk_method": "noaux"}, "cfg")
-    with pytest.raises(UnsupportedError, match="deepseek2.*GGUF is not read"):
-        config_from_hf({"model_type": "deepseek2"}, "cfg")
+    grouped = {"general.architecture": "deepseek2", "deepseek2.expert_group_count": 4, "deepseek2.expert_group_used_count": 2}
+    with pytest.raises(UnsupportedError, match="deepseek2.expert_group_used_count 2 of 4 groups with softmax"):
+        config_from_gguf(grouped, True, False, "m.gguf")  # llama.cpp's group score is not DeepSeek-V2's
+    with pytest.raises(UnsupportedError, match="deepseek2.expert_gating_func 4 is not supported"):
+        config_from_gguf({**grouped, "deepseek2.expert_gating_func": 4}, True, False, "m.gguf")
+    with pytest.raises(UnsupportedError, match="deepseek2.nextn_predict_layers 1 is not supported"):
+        config_from_gguf({**grouped, "deepseek2.expert_gating_func": 2, "deepseek2.nextn_predict_layers": 1}, True, False, "m.gguf")
     with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
         config_from_hf({"model_type": "qwen3_next"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):

@@ -124,6 +124,10 @@ MLA_NAMES = {
     "q_a_norm": ("self_attn.q_a_layernorm.weight",), "q_b": ("self_attn.q_b_proj.weight",),
     "kv_a_norm": ("self_attn.kv_a_layernorm.weight",), "kv_b": ("self_attn.kv_b_proj.weight",),
 }
+_MLA_GGUF = {**{k: LLAMA_GGUF[k] for k in ("attn_norm", "ffn_norm", "attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down")},
+             **{k: f"self_attn.{v}" for k, v in (("attn_q_a", "q_a_proj"), ("attn_q_a_norm", "q_a_layernorm"), ("attn_q_b", "q_b_proj"),
+                                                 ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_kv_a_norm", "kv_a_layernorm"),
+                                                 ("attn_kv_b", "kv_b_proj"), ("attn_k_b", "k_b_proj"), ("attn_v_b", "v_b_proj"))}}
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
@@ -160,8 +164,9 @@ FAMILIES: dict[str, Family] = {
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
-    "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES),
-    "deepseek_v2": Family(("deepseek_v2",), mla=True, moe="deepseek_v2", names=MLA_NAMES),
+    "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF),
+    # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
+    "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
     "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
@@ -172,7 +177,6 @@ FAMILIES: dict[str, Family] = {
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
 REFUSED = {
-    "deepseek2": "llama.cpp's DeepSeek-V2/V3 GGUF is not read (export the safetensors checkpoint)",
     "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
     "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
 }

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import InputError, UnsupportedError
 from .architectures import FAMILIES, REFUSED, Family, family, family_name, layer_roles
+from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 
 _SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
@@ -391,7 +392,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
         arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:
-        data = _gguf_config_json(meta, arch, source, rope_factors)
+        arch, mla_keys = deepseek2_keys(meta, arch_name + ".", source) if family(arch).mla else (arch, {})
+        data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys}
         if family(arch).moe:
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe))
     except KeyError as exc:
@@ -399,4 +401,6 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)
     config = config_from_hf(data, source)
     config.norm_offset = 0.0  # llama.cpp's converter stored Gemma's gains as 1 + weight
+    if config.moe and config.moe.routing == "softmax_group" and data.get("norm_topk_prob"):  # llama.cpp renormalises V2 too
+        config.moe = dataclasses.replace(config.moe, norm_topk_prob=True)
     return config

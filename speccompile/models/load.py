@@ -21,6 +21,7 @@ from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
+from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
 from .mtp_layouts import mtp_weights
@@ -225,7 +226,8 @@ _GGUF_NAMES = {
     "output.weight": "lm_head.weight",
     "output.bias": "lm_head.bias",
 }
-_BARE = ("self_attn.sinks",)  # checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`)
+# checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's `exp_probs_b.bias`)
+_BARE = ("self_attn.sinks", "mlp.gate.e_score_correction_bias")
 
 
 def _open_gguf(path: Path):
@@ -256,7 +258,7 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
     if name in _GGUF_NAMES:
         return _GGUF_NAMES[name]
     parts = name.split(".")
-    if len(parts) in (3, 4) and parts[0] == "blk" and block_names.get(parts[2]) in _BARE and parts[3:] in ([], ["weight"]):
+    if len(parts) in (3, 4) and parts[0] == "blk" and block_names.get(parts[2]) in _BARE and parts[3:] in ([], ["weight"], ["bias"]):
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
@@ -286,7 +288,10 @@ def load_gguf(path: Path) -> LoadedModel:
         return None
 
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
-    weights = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
+    weights: WeightSource = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
+    if config.mla:  # llama.cpp's attn_k_b / attn_v_b, joined back into kv_b_proj
+        check_choice_bias(names, config.moe, str(path))
+        weights = JoinedKvB(weights)
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
 

@@ -84,9 +84,12 @@ class MoeConfig:
         b, (gate, up, down) = self.block, self.projections
         names = {"ffn_gate_inp": f"{b}.{self.router}", "ffn_gate_exps": f"{b}.experts.*.{gate}",
                  "ffn_up_exps": f"{b}.experts.*.{up}", "ffn_down_exps": f"{b}.experts.*.{down}"}
+        if self.shared_expert_size:
+            names.update({f"ffn_{x}_shexp": f"{b}.{self.shared_name}.{x}_proj" for x in ("gate", "up", "down")})
         if self.shared_expert_size and self.shared_gated:
-            names.update(ffn_gate_inp_shexp=f"{b}.shared_expert_gate", ffn_gate_shexp=f"{b}.shared_expert.gate_proj",
-                         ffn_up_shexp=f"{b}.shared_expert.up_proj", ffn_down_shexp=f"{b}.shared_expert.down_proj")
+            names["ffn_gate_inp_shexp"] = f"{b}.shared_expert_gate"
+        if self.score_bias:  # DeepSeek-V3's `exp_probs_b.bias` (a name without `.weight`: models/load.py)
+            names["exp_probs_b"] = f"{b}.{self.router}.e_score_correction_bias"
         return names
 
     def shapes(self, layer: int, hidden: int) -> dict[str, tuple[int, ...]]:
@@ -119,7 +122,10 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
 def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str, Any]:
     """The config.json keys of a MoE family (`kind`) that llama.cpp's metadata (`<arch>.expert_count`, ...) gives.
     Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE and Mixtral yes,
-    Qwen2-MoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families)."""
+    Qwen2-MoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
+    `leading_dense_block_count` first ones."""
+    if kind in ("deepseek_v3", "deepseek_v2"):
+        return _deepseek_keys_from_gguf(meta, prefix)
     data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
             "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind != "qwen2_moe"))}
     if kind == "gpt_oss":  # llama.cpp stores no SwiGLU clamp for gpt-oss: moe_from_hf's defaults are its hard-coded 7 / 1.702
@@ -128,6 +134,20 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str
         data["moe_intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
         data["shared_expert_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
     return data
+
+
+def _deepseek_keys_from_gguf(meta: dict[str, Any], p: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3's MoE keys from llama.cpp's `deepseek2` metadata: renormalised and scaled as llama.cpp does
+    (`expert_weights_norm` absent: no, `expert_weights_scale` absent: 1); V2's softmax with fewer groups used than there
+    are is refused before (models/mla_gguf.py: llama.cpp scores a group by its two best experts, V2 by its best)."""
+    groups, used = int(meta.get(p + "expert_group_count") or 1), int(meta.get(p + "expert_group_used_count") or 1)
+    return {"n_routed_experts": int(meta[p + "expert_count"]), "num_experts_per_tok": int(meta[p + "expert_used_count"]),
+            "moe_intermediate_size": int(meta[p + "expert_feed_forward_length"]),
+            "n_shared_experts": int(meta.get(p + "expert_shared_count") or 0),
+            "first_k_dense_replace": int(meta.get(p + "leading_dense_block_count") or 0),
+            "norm_topk_prob": bool(meta.get(p + "expert_weights_norm", False)),
+            "routed_scaling_factor": float(meta.get(p + "expert_weights_scale") or 1.0),
+            "n_group": groups, "topk_group": min(used, groups)}
 
 
 def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> MoeConfig:
