@@ -392,3 +392,39 @@ def test_a_runner_carries_draft_acceptance_across_generations(tiny_artifact):
     assert runner.learned_acceptance(SamplingParams(temperature=0.7)) is not learned  # sampled drafts: their own
     assert runner.learned_acceptance(SamplingParams(seed=5)) is learned  # the seed changes no rate
     assert runner.generator(own_drafter=True).acceptance is None  # concurrent generations: each learns alone
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_a_chain_accepted_whole_at_full_length_lets_the_next_round_grow(tiny_artifact, grow):
+    """A single stream's drafter that `grows` (n-gram) may draft DRAFT_GROWTH x num_draft_tokens in the round after a
+    chain of num_draft_tokens was accepted whole, and back to num_draft_tokens after any other verdict; a batch's
+    generations (grow_drafts False) never exceed num_draft_tokens. The output stays plain decoding's."""
+    from speccompile.runtime.drafters.base import Draft, Drafter
+    from speccompile.runtime.generate import DRAFT_GROWTH, Generator
+    from speccompile.runtime.options import GenerationConfig
+
+    runner = Runner(tiny_artifact, drafter="ngram", threads=1)
+    ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[1], False)
+    plain = list(runner.generate_ids(ids, max_tokens=60, drafter="none").tokens)
+
+    class Oracle(Drafter):  # proposes plain decoding's next tokens, except one wrong token at a fixed place
+        name, grows = "oracle", True
+
+        def __init__(self):
+            self.rooms: list[int] = []
+
+        def propose(self, tokens, sizing):
+            self.rooms.append(sizing.room)
+            done = len(tokens) - len(ids)
+            chain = plain[done: done + sizing.room]
+            return Draft([t + 1 if done + i == 30 else t for i, t in enumerate(chain)])
+
+    a, drafter, k = runner.artifact, Oracle(), 4
+    generator = Generator(a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, a.verify_rows, grow_drafts=grow)
+    generation = generator.start(ids, GenerationConfig(max_tokens=60, num_draft_tokens=k, adaptive=False))
+    while not generation.done:
+        generation.step()
+    assert list(generation.result().tokens) == plain and len(plain) > 40
+    assert drafter.rooms[0] == k and max(drafter.rooms) == (DRAFT_GROWTH * k if grow else k)
+    if grow:  # the round after the wrong token is back to k, the one after a whole grown chain grown again
+        assert k in drafter.rooms[1:] and drafter.rooms.count(DRAFT_GROWTH * k) >= 2

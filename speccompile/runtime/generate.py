@@ -43,6 +43,12 @@ from .stats import GenerationResult, GenerationStats
 from .timing import EngineClock, TimedSession
 from .verification import Verdict, verify_draft
 
+# A single stream's round after a chain of the full num_draft_tokens was accepted whole, from a drafter that `grows`,
+# may hold this many times as many draft positions (replayed on greedy traces, docs/benchmarks.md "Gemma 3 copy":
+# +2 % on Gemma 3's copy prompts, +8 % on its chat ones, SmolLM2's unchanged; a longer flat num_draft_tokens
+# instead costs SmolLM2's copy 1-2 %)
+DRAFT_GROWTH = 2
+
 
 class Generator:
     """Speculative (or plain, with no drafter) generation over a target verify graph."""
@@ -59,6 +65,7 @@ class Generator:
         clock: EngineClock | None = None,
         seeded_costs: FixedCosts | None = None,
         acceptance: AcceptanceRates | None = None,
+        grow_drafts: bool = False,
     ):
         self.clock = clock or EngineClock()
         self.target = TimedSession(target, self.clock)
@@ -71,6 +78,9 @@ class Generator:
         self.seeded_costs = seeded_costs or SEEDED_COSTS  # seeded sampling's fixed ones (runtime/adaptive.py)
         # the draft acceptance its generations learn, carried from one to the next (None: each starts from the prior)
         self.acceptance = acceptance
+        # a single stream's generations (not a batch's, whose passes are laid out for num_draft_tokens) let a drafter
+        # that `grows` draft DRAFT_GROWTH x num_draft_tokens after a chain of num_draft_tokens was accepted whole
+        self.growth = DRAFT_GROWTH if grow_drafts and drafter is not None and drafter.grows else 1
 
     def start(self, prompt_ids: list[int], config: GenerationConfig, on_text: Callable[[str], None] | None = None,
               cache: KVCache | BufferKVCache | None = None, prefilled: np.ndarray | None = None,
@@ -140,7 +150,7 @@ class Generation(PromptPrefill):
         self._started = time.perf_counter()
         self._engine_start = generator.clock.seconds
         self.controller = AdaptiveController(
-            num_draft_tokens=config.num_draft_tokens,
+            num_draft_tokens=config.num_draft_tokens * generator.growth,  # the round's `room` is the cap (`_draft_room`)
             enabled=config.adaptive,
             deterministic=self.params.seed is not None and not self.params.greedy,
             relative_draft_cost=generator.drafter.relative_cost if generator.drafter is not None else 0.0,
@@ -149,6 +159,7 @@ class Generation(PromptPrefill):
             learned=generator.acceptance,
         )
         self.drafter = generator.drafter if config.num_draft_tokens > 0 else None
+        self._whole_at_most = False  # the last round's chain held num_draft_tokens and was accepted whole
         self.cache = cache if cache is not None else generator.target.new_cache()
         self.output = TokenOutput(generator.tokenizer, config, generator.eos_ids, on_text)
         self.rules = (OutputRules(self.params, config.constraint, config.logprobs)
@@ -317,14 +328,15 @@ class Generation(PromptPrefill):
     # -- the round's steps, in detail ------------------------------------------------------------------
 
     def _draft_room(self) -> int:
-        """Draft positions this round may hold: num_draft_tokens, what fits in the context and in one verify pass
-        from here (`Session.pass_rows`), what max_tokens leaves (0 without a drafter). The grammar's forced tokens
-        extend a speculative chain up to it too."""
+        """Draft positions this round may hold: num_draft_tokens (x `Generator.growth` after a chain of that many was
+        accepted whole), what fits in the context and in one verify pass from here (`Session.pass_rows`), what
+        max_tokens leaves (0 without a drafter). The grammar's forced tokens extend a speculative chain up to it too."""
         if self.drafter is None:
             return 0
         fits = self._rows_here() - 1  # draft rows that fit next to the pending token
         remaining = self.config.max_tokens - len(self.output.tokens)
-        return max(0, min(self.config.num_draft_tokens, remaining - 1, self.generator.max_verify_tokens - 1, fits))
+        most = self.config.num_draft_tokens * (self.generator.growth if self._whole_at_most else 1)
+        return max(0, min(most, remaining - 1, self.generator.max_verify_tokens - 1, fits))
 
     def _propose(self, sizing: Sizing) -> tuple[Draft, float]:
         """The drafter's proposal and the seconds it took (empty: a tree wider than the context has room for)."""
@@ -392,6 +404,7 @@ class Generation(PromptPrefill):
         """Statistics and the controller's feedback from one verdict; returns the drafter's own proposal and its
         accepted rows, for the drafter to hear (None: the pass verified none of its proposal)."""
         draft = plan.draft
+        self._whole_at_most = False  # (set below: this round's own chain of num_draft_tokens or more, accepted whole)
         if plan.guess is not None:
             token, key = plan.guess
             self.controller.rates.observe_chain(key, 1, int(verdict.tokens[0] == token))
@@ -409,6 +422,7 @@ class Generation(PromptPrefill):
             self.controller.record_draft(own, min(accepted, own), plan.draft_seconds, draft.key, draft.drafted_levels)
             return plan.guided.proposed, plan.guided.proposed_rows(verdict.accepted_rows)
         self.controller.record_draft(draft.depth, accepted, plan.draft_seconds, draft.key, draft.drafted_levels)
+        self._whole_at_most = draft.tree is None and accepted == len(draft.tokens) >= self.config.num_draft_tokens
         return draft, verdict.accepted_rows
 
     # -- the end -----------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class Runner:
         max_verify = a.verify_rows  # the padded rows bound q
         return Generator(target or a.target, a.tokenizer, a.max_context, a.eos_token_ids, drafter, max_verify, self.pass_costs, self.clock,
                          seeded_costs(packed_cpu_graph=bool(a.target.spec.extra.get("cpu_kernels"))),
-                         None if own_drafter else self.learned_acceptance(sampling))
+                         None if own_drafter else self.learned_acceptance(sampling), grow_drafts=not own_drafter)
 
     def learned_acceptance(self, sampling: SamplingParams | None = None) -> AcceptanceRates:
         """The draft acceptance estimates the generations with `sampling`'s temperature, top-k and top-p carry from

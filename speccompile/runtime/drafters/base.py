@@ -110,6 +110,8 @@ class Drafter(ABC):
 
     Declared capabilities: `reads_hidden_states` (observe() needs the target's hidden states of every row, the
     prompt's too), `guesses` (its proposals cost nothing: it may be asked for a plain step's guess),
+    `grows` (its chains copy runs that go on: after a chain of the full `num_draft_tokens` was accepted whole, a
+    single stream's next round may hold `DRAFT_GROWTH` times as many, runtime/generate.py),
     `relative_cost` (the prior cost of one draft position in one-token target passes: seeded sampling).
 
     One drafter object serves every sampling setting and seed: a Runner builds one for the generations it runs
@@ -124,6 +126,7 @@ class Drafter(ABC):
     relative_cost: float = 0.0
     reads_hidden_states: bool = False
     guesses: bool = False
+    grows: bool = False
 
     def start(self, start: GenerationStart) -> None:
         """A generation begins: forget per-sequence state (`start.fresh`: learnt statistics too)."""

@@ -65,6 +65,7 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
     guesses = True
+    grows = True  # a copy accepted whole at the full length tends to go on (docs/benchmarks.md, Gemma 3 copy)
 
     def __init__(self, min_match: int = 1, max_match: int = 4, resume_window: int = 16, resume_back: int = 2,
                  corpus: NgramCorpus | None = None):
