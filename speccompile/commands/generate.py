@@ -114,7 +114,7 @@ def drafter_options(func):
     )(func)
     func = click.option("--adaptive/--no-adaptive", default=True, show_default=True, help="Shorten or pause drafting when it does not pay.")(func)
     func = click.option("--tree", default=None, help="Head drafters: tree preset, JSON choice file, 'chain' or 'dynamic[-D-K-N[-pP]]' [default: the exported one].")(func)
-    func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="num_draft_tokens: most draft positions per step (chain tokens, or tree depth) [default: the artifact's, else per drafter].")(func)
+    func = click.option("--num-draft-tokens", "-k", type=int, default=None, help="num_draft_tokens: most draft positions per step (chain tokens, or tree depth; n-gram alone: twice that in the step after a chain that long was accepted whole) [default: the artifact's, else per drafter].")(func)
     func = click.option(
         "--drafter",
         type=click.Choice(DRAFTER_CHOICES),

@@ -21,7 +21,8 @@ class RunOptions:
     """How a Runner opens an artifact and drafts; the same choices as `speccompile run`'s options.
 
     drafter: `auto` (the drafter exported with the artifact, else n-gram lookup), `none` (plain decoding),
-    or a kind. num_draft_tokens: most draft positions per step (chain tokens, or tree depth; see
+    or a kind. num_draft_tokens: most draft positions per step (chain tokens, or tree depth; a single stream's n-gram
+    drafter twice that after a chain that long was accepted whole, runtime/generate.py `DRAFT_GROWTH`; see
     speccompile/draft_config.py) [default: the artifact's, else per drafter]. tree: head drafters only, a tree
     to draft instead of the exported one. contract_graph: on ort-cpu, run target.onnx instead of the fused
     CPU graph. suffix_*: the suffix drafter's (runtime/drafters/suffix.py): responses kept for drafting across
