@@ -18,6 +18,7 @@ from .mla import LatentAttention
 from .moe import SparseMoe
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
+from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, rotate_half  # noqa: F401 - re-exported
 
 
@@ -59,30 +60,6 @@ def fused_linear(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.
     bias = torch.cat(biases) if all(b is not None for b in biases) else None
     out = nn.functional.linear(x, weight, bias)
     return tuple(torch.split(out, [layer.out_features for layer in layers], dim=-1))
-
-
-class _StaticReshape(torch.autograd.Function):
-    """Reshape whose ONNX form is one Reshape with a constant target (0 = keep that input dim).
-
-    torch's exporter would otherwise compute every dynamic target shape at run time with
-    Shape/Gather/Unsqueeze/Concat nodes: about 700 tiny nodes in a 30-layer model, several
-    milliseconds per decode step in ONNX Runtime.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor:  # noqa: D102
-        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]  # exactly one -1 (exporter needs it)
-        return x.reshape(shape)
-
-    @staticmethod
-    def symbolic(g, x, target):  # noqa: D102
-        const = g.op("Constant", value_t=torch.tensor(list(target), dtype=torch.int64))
-        return g.op("Reshape", x, const)
-
-
-def static_reshape(x: torch.Tensor, *target: int) -> torch.Tensor:
-    """Reshape to `target`, where 0 keeps the input's dim and -1 is inferred (ONNX Reshape semantics)."""
-    return _StaticReshape.apply(x, tuple(target))
 
 
 class _TiedLMHead(torch.autograd.Function):

@@ -23,7 +23,7 @@ from .decoder import describe_key_mismatch
 from .eagle3_layouts import read_eagle3
 from .heads import (Eagle3Head, EagleHead, HeadConfig, MedusaHeads, MTPHead, TargetWeights, head_layer_config,
                     target_embed, target_lm_head)
-from .mtp_layouts import is_mtp_weight, read_mtp
+from .mtp_layouts import is_mtp_weight, mtp_layer_config, read_mtp
 
 
 def load_head(kind: str, path: str | Path | None, target: ModelConfig, target_weights: TargetWeights,
@@ -101,7 +101,8 @@ def _mtp_module(raw, renamed, style, count, source, target, target_weights) -> M
     if h != target.hidden_size:
         raise InputError(f"{source}: mtp hidden size {h} differs from the target's {target.hidden_size}")
     layer_raw = raw.get("transformer_layer_config") or raw
-    cfg = HeadConfig("mtp", head_layer_config(layer_raw, target, h), target.hidden_size, target.vocab_size, target.vocab_size,
+    layer = mtp_layer_config(target) if target.mla and style == "deepseek" else head_layer_config(layer_raw, target, h)
+    cfg = HeadConfig("mtp", layer, target.hidden_size, target.vocab_size, target.vocab_size,
                      has_embed="embed_tokens.weight" in renamed, mtp_style=style, mtp_modules=count,
                      layout=f"mtp/{style}")
     head = MTPHead(cfg)

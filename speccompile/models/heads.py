@@ -41,7 +41,7 @@ from torch import nn
 
 from ..errors import InputError
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, apply_rope, mask_to_bias
+from .decoder import MLP, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attention_bias, mask_to_bias
 
 _LAYER_KEYS = (
     "hidden_size",
@@ -55,6 +55,10 @@ _LAYER_KEYS = (
     "max_position_embeddings",
     "attention_bias",
 )
+
+# a head layer on a multi-head latent attention target (models/mla.py) is a plain Llama layer
+_NOT_LATENT = dict(kv_lora_rank=0, q_lora_rank=0, qk_nope_head_dim=0, v_head_dim=0, rotary_dim=0, rope_interleaved=False,
+                   attn_scale=0.0)
 
 
 @dataclass
@@ -111,7 +115,9 @@ def head_layer_config(raw: dict[str, Any], target: ModelConfig, hidden: int | No
     base = target.to_dict()
     layer_type = str(raw.get("model_type") or "llama")
     base.update(architecture="llama", num_hidden_layers=1, qk_norm=layer_type == "qwen3", attention_bias=layer_type == "qwen2",
-                tie_word_embeddings=False)
+                tie_word_embeddings=False, moe=None)
+    if target.mla:  # a Llama layer: not the target's latent attention geometry (its partial interleaved rope, scale)
+        base.update(_NOT_LATENT)
     params = raw.get("rope_parameters") or {}
     raw = {"rope_theta": params.get("rope_theta"),
            "rope_scaling": params if params.get("rope_type", "default") != "default" else None, **raw}
@@ -349,6 +355,9 @@ class MTPHead(_ARHead):
     * mimo: eh_proj(cat(hnorm(h), enorm(emb))) with emb zeroed at position 0, fed back norm(out);
     * speculators (its MTPDraftModel): as qwen3_next.
 
+    On a multi-head latent attention target (DeepSeek-V3) the block is the target's own decoder layer
+    (decoder.DecoderLayer: latent attention, its cache of one latent head, the MoE MLP; mtp_layouts.mtp_layer_config).
+
     A checkpoint with several modules loads as module 0 with modules 1..N-1 in `chain` (a plain list: module 0's
     state dict stays its own); module i reads module i-1's fed-back feature (DeepSeek-V3's sequential MTP).
     """
@@ -364,7 +373,7 @@ class MTPHead(_ARHead):
         self.enorm = RMSNorm(h, c.rms_norm_eps)
         self.hnorm = RMSNorm(h, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
-        self.block = _HeadAttentionLayer(c)
+        self.block = DecoderLayer(c) if c.mla else _HeadAttentionLayer(c)  # MLA: the target's own layer (+ MoE)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(h, c.rms_norm_eps)
         self.shared_head.head = nn.Linear(h, config.target_vocab_size, bias=False)
@@ -377,8 +386,13 @@ class MTPHead(_ARHead):
         pair = (self.hnorm(hidden_states), emb) if style == "mimo" else (emb, self.hnorm(hidden_states))
         x = self.eh_proj(torch.cat(pair, dim=-1))
         cos, sin, bias = self._prep(position_ids, attention_mask, x.dtype)
-        attn, k_all, v_all = self.block.self_attn(self.block.input_layernorm(x), cos, sin, bias, past_k, past_v)
-        x = self.block.mlp_block(x + attn)
+        if isinstance(self.block, DecoderLayer):
+            c = self.head_config.layer
+            bias = attention_bias(attention_mask, c.num_attention_heads, c.num_key_value_heads)
+            x, k_all, v_all = self.block(x, {"global": (cos, sin)}, {False: bias}, past_k, past_v)
+        else:
+            attn, k_all, v_all = self.block.self_attn(self.block.input_layernorm(x), cos, sin, bias, past_k, past_v)
+            x = self.block.mlp_block(x + attn)
         normed = self.shared_head.norm(x)
         logits = self.shared_head.head(normed).to(torch.float32)
         return logits, k_all, v_all, (x if style == "deepseek" else normed)

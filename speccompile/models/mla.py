@@ -23,11 +23,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .rotary import apply_rope
-
-
-def with_last_row(x: torch.Tensor, axis: int = -2) -> torch.Tensor:
-    """`x` with a copy of its last row along `axis` appended (dropped after the product)."""
-    return torch.cat((x, x.narrow(axis, x.shape[axis] - 1, 1)), dim=axis)
+from .trace_ops import drop_last_row, static_reshape, with_last_row
 
 
 def absorbed_weights(kv_b: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,10 +59,10 @@ class LatentAttention(nn.Module):
         c = self.config
         first = self.q_a_proj if c.q_lora_rank else self.q_proj
         both = nn.functional.linear(x, torch.cat((first.weight, self.kv_a_proj_with_mqa.weight), dim=0))
-        q, c_kv, k_pe = torch.split(both, [first.out_features, c.kv_lora_rank, c.rope_dim], dim=-1)
+        q, c_kv, k_pe = torch.split(both, [first.out_features, c.kv_lora_rank, c.rope_dim], dim=2)
         if c.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(q))
-        q = q.reshape(*q.shape[:2], c.num_attention_heads, -1).transpose(1, 2)
+        q = static_reshape(q, 0, 0, c.num_attention_heads, -1).transpose(1, 2)
         return q, k_pe, self.kv_a_layernorm(c_kv)
 
     def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor,
@@ -74,19 +70,19 @@ class LatentAttention(nn.Module):
         c = self.config
         heads, rope, dim = c.num_attention_heads, c.rope_dim, c.head_dim
         q, k_pe, c_kv = self._query_and_latent(x)
-        q_nope, q_pe = torch.split(q, [c.qk_nope_head_dim, rope], dim=-1)
+        q_nope, q_pe = torch.split(q, [c.qk_nope_head_dim, rope], dim=3)
         w_uk, w_uv = absorbed_weights(self.kv_b_proj.weight, c)
-        q_latent = torch.matmul(with_last_row(q_nope), w_uk)[:, :, :-1]  # [b, heads, q, rank]
+        q_latent = drop_last_row(torch.matmul(with_last_row(q_nope), w_uk))  # [b, heads, q, rank]
         cos, sin = rotary["global"]
-        query = apply_rope(torch.cat((q_pe, q_latent), dim=-1), cos, sin, c)  # [b, heads, q, dim]
-        key = apply_rope(torch.cat((k_pe, c_kv), dim=-1).unsqueeze(1), cos, sin, c)  # [b, 1, q, dim]
+        query = apply_rope(torch.cat((q_pe, q_latent), dim=3), cos, sin, c)  # [b, heads, q, dim]
+        key = apply_rope(torch.cat((k_pe, c_kv), dim=2).unsqueeze(1), cos, sin, c)  # [b, 1, q, dim]
         k_all = torch.cat((past_k, key), dim=2)
         v_all = torch.cat((past_v, key), dim=2)
         bias = biases[False]  # [b, 1, heads * q, T]
-        qg = query.reshape(query.shape[0], 1, -1, dim)
+        qg = static_reshape(query, 0, 1, -1, dim)
         scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * c.scale
-        probs = torch.softmax(scores + bias, dim=-1).to(v_all.dtype)
-        context = torch.matmul(probs, v_all).reshape(query.shape[0], heads, -1, dim)[..., rope:]
-        out = torch.matmul(with_last_row(context), w_uv)[:, :, :-1]  # [b, heads, q, v]
-        out = out.transpose(1, 2).reshape(out.shape[0], -1, heads * c.v_head_dim)
+        probs = torch.softmax(scores + bias, dim=3).to(v_all.dtype)
+        context = static_reshape(torch.matmul(probs, v_all), 0, heads, -1, dim)[..., rope:]
+        out = drop_last_row(torch.matmul(with_last_row(context), w_uv))  # [b, heads, q, v]
+        out = static_reshape(out.transpose(1, 2), 0, -1, heads * c.v_head_dim)
         return self.o_proj(out), k_all, v_all

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .moe_config import MoeConfig
+from .trace_ops import static_reshape
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, moe: MoeConfig) -> torch.Tensor:
@@ -42,16 +43,17 @@ class Expert(nn.Module):
 
 
 def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, expert indices) [..., top_k] of router logits [..., experts] (`score_bias`: sigmoid_group's
-    e_score_correction_bias)."""
+    """(weights, expert indices) [rows, top_k] of router logits [rows, experts] (`score_bias`: sigmoid_group's
+    e_score_correction_bias). Positive axes: torch's TorchScript exporter (the traced MTP module) lost a tensor's
+    rank after a run-time Reshape."""
     if moe.routing in ("sigmoid_group", "softmax_group"):
         return _group_route(logits, moe, score_bias)
     if moe.routing == "topk_softmax":
-        values, index = torch.topk(logits, moe.top_k, dim=-1)
-        return torch.softmax(values, dim=-1), index
-    values, index = torch.topk(torch.softmax(logits, dim=-1), moe.top_k, dim=-1)
+        values, index = torch.topk(logits, moe.top_k, dim=1)
+        return torch.softmax(values, dim=1), index
+    values, index = torch.topk(torch.softmax(logits, dim=1), moe.top_k, dim=1)
     if moe.norm_topk_prob:
-        values = values / values.sum(dim=-1, keepdim=True)
+        values = values / values.sum(dim=1, keepdim=True)
     return values, index
 
 
@@ -60,16 +62,16 @@ def _group_route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor 
     biased scores, the rest -inf; softmax_group (V2): softmax scores, a group scored by its largest, the rest 0. The
     choice among the best topk_group groups; weights the (unbiased) scores, renormalised when norm_topk_prob, scaled."""
     sigmoid = moe.routing == "sigmoid_group"
-    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=1)
     choice = scores if score_bias is None else scores + score_bias.to(torch.float32)
-    grouped = choice.reshape(*choice.shape[:-1], moe.n_group, -1)
-    group_scores = torch.topk(grouped, 2, dim=-1)[0].sum(dim=-1) if sigmoid else grouped.amax(dim=-1)
-    groups = torch.topk(group_scores, moe.topk_group, dim=-1)[1]
-    keep = torch.zeros_like(group_scores).scatter(-1, groups, 1.0).unsqueeze(-1).expand_as(grouped).reshape(choice.shape)
-    index = torch.topk(choice.masked_fill(keep == 0, float("-inf") if sigmoid else 0.0), moe.top_k, dim=-1)[1]
-    values = scores.gather(-1, index)
+    grouped = choice.reshape(choice.shape[0], moe.n_group, -1)
+    group_scores = torch.topk(grouped, 2, dim=2)[0].sum(dim=2) if sigmoid else grouped.amax(dim=2)
+    groups = torch.topk(group_scores, moe.topk_group, dim=1)[1]
+    keep = torch.zeros_like(group_scores).scatter(1, groups, 1.0).unsqueeze(2).expand_as(grouped).reshape(choice.shape)
+    index = torch.topk(choice.masked_fill(keep == 0, float("-inf") if sigmoid else 0.0), moe.top_k, dim=1)[1]
+    values = scores.gather(1, index)
     if moe.norm_topk_prob:
-        values = values / (values.sum(dim=-1, keepdim=True) + 1e-20)
+        values = values / (values.sum(dim=1, keepdim=True) + 1e-20)
     return values * moe.routed_scale, index
 
 
@@ -78,7 +80,7 @@ class SparseMoe(nn.Module):
 
     def __init__(self, hidden: int, moe: MoeConfig):
         super().__init__()
-        self.moe = moe
+        self.moe, self.hidden = moe, hidden
         setattr(self, moe.router, nn.Linear(hidden, moe.num_experts, bias=moe.router_bias))
         if moe.score_bias:  # DeepSeek-V3: `gate.e_score_correction_bias`
             getattr(self, moe.router).register_buffer("e_score_correction_bias", torch.zeros(moe.num_experts))
@@ -92,15 +94,16 @@ class SparseMoe(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router = getattr(self, self.moe.router)
         bias = router.e_score_correction_bias if self.moe.score_bias else None
-        weights, index = route(router(x).to(torch.float32), self.moe, bias)  # in float32, as the graphs
+        flat = static_reshape(x, -1, self.hidden)  # rows [N, hidden]
+        weights, index = route(router(flat).to(torch.float32), self.moe, bias)  # in float32, as the graphs
         weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            chosen = index == e  # [..., top_k]: at most one true per row
-            rows = chosen.any(dim=-1)
-            if bool(rows.any()):
-                weight = (weights * chosen).sum(dim=-1, keepdim=True)[rows]
-                out[rows] = out[rows] + expert(x[rows]) * weight
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):  # rows by index, no branch on the data: the traced heads' graph too
+            chosen = index == e  # [N, top_k]: at most one true per row
+            rows = torch.nonzero(chosen.any(dim=1)).reshape(-1)
+            weight = (weights * chosen).sum(dim=1, keepdim=True).index_select(0, rows)
+            out = out.index_put((rows,), out.index_select(0, rows) + expert(flat.index_select(0, rows)) * weight)
+        out = out.reshape_as(x)
         if self.moe.shared_expert_size:
             shared = getattr(self, self.moe.shared_name)(x)
             out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)

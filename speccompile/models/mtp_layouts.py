@@ -17,6 +17,7 @@ e.g. Qwen3-Next's `mtp.fc` / `mtp.norm`, go to every module) and each is exporte
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -104,3 +105,10 @@ def _renamed(key: str, style: str) -> str:
         if key.startswith(old):
             return new + key[len(old):]
     return "block." + key if key.startswith(_BLOCK) else key
+
+
+def mtp_layer_config(target: ModelConfig) -> ModelConfig:
+    """The one-layer config of a DeepSeek-style MTP block on a multi-head latent attention target: the target's own
+    layer (latent attention, one cached latent head; the MoE MLP when the target has one, as DeepSeek-V3's layer L)."""
+    moe = dataclasses.replace(target.moe, dense_layers=()) if target.moe is not None else None
+    return dataclasses.replace(target, num_hidden_layers=1, moe=moe)

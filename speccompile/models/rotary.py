@@ -9,26 +9,29 @@ from torch import nn
 
 from . import rope
 from .config import ModelConfig
+from .trace_ops import static_reshape
 
 
 def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     """[-x2, x1] for x = [x1, x2]; `half` is a Python int so the export has constant slice bounds."""
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return torch.cat((-x[..., half:], x[..., :half]), dim=x.dim() - 1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: ModelConfig) -> torch.Tensor:
-    """x * cos + rotate(x) * sin over the first rope_dim dims (halves, or (x0, x1) pairs when interleaved)."""
-    rot = config.rope_dim
+    """x * cos + rotate(x) * sin over the first rope_dim dims (halves, or (x0, x1) pairs when interleaved). Axes are
+    positive and reshapes constant: torch's TorchScript exporter lost a tensor's rank after a run-time Reshape."""
+    rot, last = config.rope_dim, x.dim() - 1
     if rot == x.shape[-1] and not config.rope_interleaved:  # the traced contract graph's nodes, as before
         return x * cos + rotate_half(x, rot // 2) * sin
-    part = x[..., :rot]
+    part = x.narrow(last, 0, rot)
     if config.rope_interleaved:
-        pairs = part.reshape(*part.shape[:-1], rot // 2, 2)
-        rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).reshape(part.shape)
+        keep = [0] * last
+        pairs = static_reshape(part, *keep, -1, 2)
+        rotated = static_reshape(torch.stack((-pairs.select(last + 1, 1), pairs.select(last + 1, 0)), dim=last + 1), *keep, -1)
     else:
         rotated = rotate_half(part, rot // 2)
     out = part * cos + rotated * sin
-    return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
+    return out if rot == x.shape[-1] else torch.cat((out, x.narrow(last, rot, x.shape[-1] - rot)), dim=last)
 
 
 class RotaryEmbedding(nn.Module):
