@@ -29,6 +29,11 @@ def static_reshape(x: torch.Tensor, *target: int) -> torch.Tensor:
     return _StaticReshape.apply(x, tuple(target))
 
 
+def _const(g, value: int):
+    """A one-element int64 Constant node (a Slice bound or axis) in the ONNX graph `g` a symbolic writes."""
+    return g.op("Constant", value_t=torch.tensor([value], dtype=torch.int64))
+
+
 class _DropLastRow(torch.autograd.Function):
     """x[:, :, :-1] whose ONNX form is one Slice with constant bounds (torch's exporter folded `-1` into a bound
     from a wrongly inferred length in the traced MTP module's latent attention)."""
@@ -39,10 +44,7 @@ class _DropLastRow(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x):  # noqa: D102
-        def const(v: int):
-            return g.op("Constant", value_t=torch.tensor([v], dtype=torch.int64))
-
-        return g.op("Slice", x, const(0), const(-1), const(2))
+        return g.op("Slice", x, _const(g, 0), _const(g, -1), _const(g, 2))
 
 
 def drop_last_row(x: torch.Tensor) -> torch.Tensor:
@@ -60,10 +62,7 @@ class _WithLastRow(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x):  # noqa: D102
-        def const(v: int):
-            return g.op("Constant", value_t=torch.tensor([v], dtype=torch.int64))
-
-        return g.op("Concat", x, g.op("Slice", x, const(-1), const(2 ** 62), const(2)), axis_i=2)
+        return g.op("Concat", x, g.op("Slice", x, _const(g, -1), _const(g, 2 ** 62), _const(g, 2)), axis_i=2)
 
 
 def with_last_row(x: torch.Tensor) -> torch.Tensor:
