@@ -113,12 +113,15 @@ def test_greedy_ngram_speculative_equals_plain(moe_artifacts, arch):
 
 
 def test_moe_graph_is_sparse_standard_onnx(moe_artifacts):
-    """Experts as plain 2-D MatMuls reached through NonZero/GatherND/ScatterND (no com.microsoft MoE: not row-exact)."""
+    """Experts as plain 2-D MatMuls, each on its piece of one Split per layer (no com.microsoft MoE: not row-exact),
+    and no per-expert routing nodes: an unchosen expert costs its five MLP nodes on zero rows."""
     _, art = moe_artifacts["qwen2_moe"]
     for name in ("target.onnx", "target.ort.onnx"):
         graph = onnx.load(str(art / name), load_external_data=False).graph
         ops = [n.op_type for n in graph.node]
-        assert "MoE" not in ops and ops.count("ScatterND") == 2 * 4  # 2 layers x 4 experts
+        assert not {"MoE", "QMoE", "NonZero", "ScatterND"} & set(ops)
+        dispatch = [n for n in graph.node if n.op_type == "Split" and len(n.output) == 4]  # 4 experts
+        assert len(dispatch) == 2  # one per layer
         assert {f"layers.0.mlp.experts.{e}.weight_t" for e in range(4)} <= {i.name for i in graph.initializer}
 
 

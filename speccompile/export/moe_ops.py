@@ -7,11 +7,13 @@ pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The
 therefore decomposed into standard operators, sparse by expert:
 
     routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), or DeepSeek-V3's group-limited sigmoid
-              routing (`_group_route`), in float32, per row
-    expert e  rows = the rows whose top k hold e (NonZero of TopK's indices == e); their routing weights
-              (GatherND); the expert's SwiGLU MLP on those rows only (two MatMuls with 2-D weights);
-              the rows' sums plus weight * output, written back (GatherND, Add, ScatterND), experts in
-              index order
+              routing (`_group_route`), in float32, per row; each row's choices then ordered by expert index
+    dispatch  once per layer: the pass's (row, choice) pairs sorted by expert (TopK, ties by pair: rows ascending),
+              their rows gathered, and cut by each expert's count (one Split with E outputs)
+    expert e  its SwiGLU MLP on its piece only (two MatMuls with 2-D weights): five nodes, an unchosen expert's on
+              zero rows
+    combine   the pieces concatenated, times their routing weights, put back in (row, choice) order, and each row's
+              choices summed in expert-index order
     shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE), or + shared_experts(x) (DeepSeek-V3)
 
 Each row's routing reads that row alone, and its expert outputs come from weight MatMuls whose rows ONNX Runtime
@@ -93,17 +95,28 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
     p = f"layers.{layer}."
     x = em.one("Reshape", [h, em.const("moe.rows_shape", [-1, hidden])])
     values, index = _route(em, moe, x, w, p)
-    total = em.one("ConstantOfShape", [em.one("Shape", [x])],
-                   value=numpy_helper.from_array(np.zeros(1, np_dtype(em.dtype)), "zero"))
-    for e in range(moe.num_experts):
-        pairs = em.one("Transpose", [em.one("NonZero", [em.one("Equal", [index, em.const(f"moe.expert.{e}", e)])])],
-                       perm=[1, 0])  # [n_e, 2]: (row, rank) where the row chose expert e; rows ascending
-        weight = em.one("Unsqueeze", [em.one("GatherND", [values, pairs]), em.const("moe.last_axis", [-1])])
-        rows = em.one("Slice", [pairs, em.const("moe.zero", [0]), em.const("moe.one", [1]), em.const("moe.one", [1])])
-        x_e = em.one("GatherND", [x, rows])
-        y_e = _expert(em, moe, x_e, w, f"{p}mlp.experts.{e}", moe.expert_size, moe.expert_bias)
-        summed = em.one("Add", [em.one("GatherND", [total, rows]), em.one("Mul", [y_e, weight])])
-        total = em.one("ScatterND", [total, rows, summed])  # no reduction="add": ONNX Runtime CPU lacks it in fp16
+    index, choice = em.op("TopK", [index, em.const("moe.top_k", [moe.top_k])], 2, axis=-1, largest=0, sorted=1)
+    values = em.one("GatherElements", [values, choice], axis=-1)  # each row's choices by expert index
+    experts = em.one("Reshape", [index, em.const("moe.flat", [-1])])  # [pairs]: pair = row * top_k + choice
+    pairs = em.one("Shape", [experts])
+    order = em.op("TopK", [experts, pairs], 2, axis=0, largest=0, sorted=1)[1]  # by expert, then by pair
+    x_sorted = em.one("Gather", [x, em.one("Div", [order, em.const("moe.top_k", [moe.top_k])])], axis=0)
+    counts = em.one("ReduceSum", [em.one("Cast", [em.one("Equal", [
+        em.one("Unsqueeze", [experts, em.const("moe.zero", [0])]),
+        em.const(f"moe.expert_column.{moe.num_experts}", np.arange(moe.num_experts).reshape(-1, 1))])], to=TensorProto.INT64),
+        em.const("moe.one", [1])], keepdims=0)  # [experts]: pairs per expert
+    pieces = em.op("Split", [x_sorted, counts], moe.num_experts, axis=0)
+    outs = [_expert(em, moe, piece, w, f"{p}mlp.experts.{e}", moe.expert_size, moe.expert_bias) for e, piece in enumerate(pieces)]
+    weights = em.one("Unsqueeze", [em.one("Gather", [em.one("Reshape", [values, em.const("moe.flat", [-1])]), order], axis=0),
+                                   em.const("moe.last_axis", [-1])])
+    y = em.one("Mul", [em.one("Concat", outs, axis=0), weights])  # [pairs, hidden], sorted by expert
+    unsort = em.op("TopK", [order, pairs], 2, axis=0, largest=0, sorted=1)[1]
+    y = em.one("Reshape", [em.one("Gather", [y, unsort], axis=0), em.const("moe.choices_shape", [-1, moe.top_k, hidden])])
+    parts = em.op("Split", [y], moe.top_k, axis=1, num_outputs=moe.top_k) if moe.top_k > 1 else [y]
+    total = parts[0]
+    for part in parts[1:]:  # in expert-index order, as a row alone
+        total = em.one("Add", [total, part])
+    total = em.one("Reshape", [total, em.const("moe.rows_shape", [-1, hidden])])
     if moe.shared_expert_size:
         shared = _expert(em, MoeConfig(1, 1, moe.shared_expert_size), x, w, f"{p}mlp.shared_expert",
                          moe.shared_expert_size, False)
