@@ -58,6 +58,11 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                         topk_method="group_limited_greedy", moe_intermediate_size=32, n_shared_experts=2,
                         first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
                         v_head_dim=24, routed_scaling_factor=1.5),
+    # GLM-4.5: DeepSeek-V3's routing (8 experts in 2 groups, the best 1 competes, top 2, scaled 2.5, a shared expert,
+    # layer 0 dense) on GQA with q/k biases, per-head q/k norms and partial rotary 0.5
+    "glm4_moe": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                     n_group=2, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                     use_qk_norm=True, attention_bias=True),
 }
 
 

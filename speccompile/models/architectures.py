@@ -167,6 +167,8 @@ FAMILIES: dict[str, Family] = {
     "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF),
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
+    # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
+    "glm4_moe": Family(("glm4_moe", "glm4moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3"),
     "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
