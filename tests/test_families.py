@@ -63,6 +63,17 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "glm4_moe": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
                      n_group=2, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5,
                      use_qk_norm=True, attention_bias=True),
+    # dots.llm1: Qwen3's attention (layer 1 sliding), DeepSeek-V3's routing in one group, a shared expert, layer 0 dense
+    "dots1": dict(n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
+                  first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, sliding_window=WINDOW, max_window_layers=1),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32),  # q/k norms over all heads, softmax top 2
+    "seed_oss": dict(attention_out_bias=True),  # q/k/v and o_proj biases
+    # LayerNorms with biases, biased attention and plain tanh-GELU MLP (c_fc / c_proj), every layer sliding
+    "starcoder2": dict(sliding_window=WINDOW),
+    "stablelm": dict(hidden_size=128, num_attention_heads=2, head_dim=64, use_qkv_bias=True),  # LayerNorms with biases, partial rotary 0.25
+    # LayerNorm1P (gain 1 + weight, biased), ReLU-squared plain MLP with biases, q/k/v/o biases, partial rotary 0.5
+    "nemotron": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True),
+    "arcee": {},  # ReLU-squared plain MLP
 }
 
 

@@ -177,6 +177,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          bool(data.get("norm_topk_prob", False)),
                          shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0,
                          dense_layers=_dense_layers(data, layers))
+    if kind == "olmoe":  # experts of intermediate_size, every layer
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", bool(data.get("norm_topk_prob", False)))
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
