@@ -74,6 +74,10 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # LayerNorm1P (gain 1 + weight, biased), ReLU-squared plain MLP with biases, q/k/v/o biases, partial rotary 0.5
     "nemotron": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True),
     "arcee": {},  # ReLU-squared plain MLP
+    # Granite's multipliers, top 2 logits then softmax, fused experts (input_linear / output_linear); + a shared MLP
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, embedding_multiplier=6.0,
+                       attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48),
 }
 
 

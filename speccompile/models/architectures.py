@@ -134,6 +134,10 @@ _MLA_GGUF = {**{k: LLAMA_GGUF[k] for k in ("attn_norm", "ffn_norm", "attn_q", "a
                                                  ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_kv_a_norm", "kv_a_layernorm"),
                                                  ("attn_kv_b", "kv_b_proj"), ("attn_k_b", "k_b_proj"), ("attn_v_b", "v_b_proj"))}}
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
+_GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multiplier", residual_key="residual_multiplier",
+                logit_key="1/logits_scaling", gguf_llama_order=True,
+                gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+                           "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -148,10 +152,8 @@ FAMILIES: dict[str, Family] = {
                      names=_SANDWICH_NAMES, gguf_keys=_SOFTCAPS, gguf_swa_period=6, gguf_local_base=10000.0, **_GEMMA),
     "phi3": Family(("phi3",), names={"qkv": ("self_attn.qkv_proj.weight",), "gate_up": ("mlp.gate_up_proj.weight",)},
                    gguf={**LLAMA_GGUF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}, gguf_swa_period=0),
-    "granite": Family(("granite",), embed_scale="embedding_multiplier", attn_scale="attention_multiplier",
-                      residual_key="residual_multiplier", logit_key="1/logits_scaling", gguf_llama_order=True,
-                      gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
-                                 "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}),
+    "granite": Family(("granite",), **_GRANITE),
+    "granitemoe": Family(("granitemoe", "granitemoeshared"), **_GRANITE, bias_keys={"o": "attention_bias"}, moe="granitemoe"),
     "olmo2": Family(("olmo2",), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, gguf_swa_period=4),
     "smollm3": Family(("smollm3",), sliding_key="use_sliding_window", gguf_llama_order=True, gguf_nope_period=4),
     "glm4": Family(("glm4",), placement="sandwich", attention_bias=True, rope_interleaved=True,

@@ -179,6 +179,9 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          dense_layers=_dense_layers(data, layers))
     if kind == "olmoe":  # experts of intermediate_size, every layer
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", bool(data.get("norm_topk_prob", False)))
+    if kind == "granitemoe":  # the fused experts and shared MLP shown per expert by models/moe_weights.py
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", block="block_sparse_moe",
+                         router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False)
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))

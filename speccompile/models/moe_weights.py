@@ -1,4 +1,5 @@
-"""gpt-oss' fused expert tensors shown per expert, under the names every consumer reads (models/moe_config.py).
+"""gpt-oss' and Granite-MoE's fused expert tensors shown per expert, under the names every consumer reads
+(models/moe_config.py).
 
 transformers saves gpt-oss' experts as `mlp.experts.gate_up_proj` [experts, hidden, 2 * inter] (gate and up
 columns interleaved: gate = [..., ::2], up = [..., 1::2]), `gate_up_proj_bias` [experts, 2 * inter], `down_proj`
@@ -95,7 +96,60 @@ class PerExpertSource(WeightSource):
         return list(self._names)
 
 
+# Granite-MoE: `block_sparse_moe.input_linear` [experts, 2 * inter, hidden] (gate rows, then up rows), `output_linear`
+# [experts, hidden, inter], `router.layer`; Granite-MoE-Shared's layer-level `shared_mlp.input_linear` [2 * s, hidden]
+_GRANITE = re.compile(r"^(model\.layers\.\d+\.)(block_sparse_moe\.(?:input_linear|output_linear|router\.layer)|"
+                      r"shared_mlp\.(?:input_linear|output_linear))\.weight$")
+_GRANITE_PARTS = {"block_sparse_moe.input_linear": ("experts.{e}.gate_proj", "experts.{e}.up_proj"),
+                  "block_sparse_moe.output_linear": ("experts.{e}.down_proj",), "block_sparse_moe.router.layer": ("router",),
+                  "shared_mlp.input_linear": ("shared_expert.gate_proj", "shared_expert.up_proj"),
+                  "shared_mlp.output_linear": ("shared_expert.down_proj",)}
+
+
+class GraniteExpertSource(WeightSource):
+    """`inner` with Granite-MoE's fused experts shown per expert (`block_sparse_moe.experts.{e}.gate_proj.weight`,
+    ...), its router as `block_sparse_moe.router.weight` and its shared MLP as `block_sparse_moe.shared_expert.*`:
+    row slices of the stored [out, in] tensors (gate rows first), nothing read up front."""
+
+    def __init__(self, inner: WeightSource):
+        self._inner = inner
+        self._virtual: dict[str, tuple[str, int | None, int, int]] = {}  # name -> (stored, expert, part, parts)
+        self._names: list[str] = []
+        for name in inner.names():
+            match = _GRANITE.match(name)
+            if match is None:
+                self._names.append(name)
+                continue
+            parts, experts = _GRANITE_PARTS[match.group(2)], "{e}" in _GRANITE_PARTS[match.group(2)][0]
+            for e in range(inner.shape(name)[0]) if experts else [None]:
+                for k, part in enumerate(parts):
+                    virtual = f"{match.group(1)}block_sparse_moe.{part.format(e=e)}.weight"
+                    self._virtual[virtual] = (name, e, k, len(parts))
+                    self._names.append(virtual)
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self._virtual:
+            return self._inner.info(name)
+        stored, expert, _, parts = self._virtual[name]
+        shape = self._inner.shape(stored)[0 if expert is None else 1:]
+        return TensorInfo((shape[0] // parts, *shape[1:]), self._inner.info(stored).dtype)
+
+    def read(self, name: str) -> np.ndarray:
+        if name not in self._virtual:
+            return self._inner.read(name)
+        stored, expert, k, parts = self._virtual[name]
+        tensor = self._inner.read(stored)
+        tensor = tensor if expert is None else tensor[expert]
+        rows = tensor.shape[0] // parts
+        return np.ascontiguousarray(tensor[k * rows:(k + 1) * rows])
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
 def per_expert(source: WeightSource, where: str = "") -> WeightSource:
-    """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert when it has any; an InputError
-    naming `where` for an MXFP4 `_blocks` tensor without its `_scales` or of the wrong shape / type."""
+    """`source`, with fused gpt-oss expert tensors (plain or MXFP4) or Granite-MoE's split per expert when it has
+    any; an InputError naming `where` for an MXFP4 `_blocks` tensor without its `_scales` or of the wrong shape / type."""
+    if any(_GRANITE.match(n) for n in source.names()):
+        return GraniteExpertSource(source)
     return PerExpertSource(source, where) if any(_FUSED.match(n) for n in source.names()) else source
