@@ -77,6 +77,8 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # Granite's multipliers, top 2 logits then softmax, fused experts (input_linear / output_linear); + a shared MLP
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, embedding_multiplier=6.0,
                        attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    # ERNIE 4.5 MoE: softmax, the top 2 of scores + a score bias, renormalised; a shared expert; layer 0 dense
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1, moe_layer_start_index=1),
     "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48),
 }
 
@@ -102,6 +104,9 @@ def make_family_model(folder, name: str, seed: int = 0, families: dict | None = 
                 p.mul_(4.0)
             else:  # norm gains and biases away from their initial values
                 p.add_(0.2 * torch.randn_like(p))
+        for name, b in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith("e_score_correction_bias"):  # a choice bias that changes which experts win
+                b.copy_(0.1 * torch.randn_like(b))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     write_char_tokenizer(folder)

@@ -166,6 +166,19 @@ def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> M
                      dense_layers=tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers))))
 
 
+def _ernie_moe(data: dict[str, Any], layers: int) -> MoeConfig:
+    """ERNIE 4.5 MoE: softmax scores, the top k of scores + e_score_correction_bias, the chosen (unbiased) scores
+    renormalised (its clamp at moe_norm_min never binds) -- softmax_group in one group; shared experts; MoE layers
+    every moe_layer_interval-th from moe_layer_start_index to moe_layer_end_index (-1: the last)."""
+    inter, start = int(data["moe_intermediate_size"]), int(data.get("moe_layer_start_index") or 0)
+    end, every = int(data.get("moe_layer_end_index", -1)), int(data.get("moe_layer_interval") or 1)
+    end = layers - 1 if end == -1 else end
+    return MoeConfig(int(data["moe_num_experts"]), int(data["moe_k"]), inter, "softmax_group", True,
+                     shared_expert_size=inter * int(data.get("moe_num_shared_experts") or 0), shared_name="shared_experts",
+                     shared_gated=False, score_bias=True,
+                     dense_layers=tuple(i for i in range(layers) if (i + 1) % every or not start <= i <= end))
+
+
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
@@ -182,6 +195,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     if kind == "granitemoe":  # the fused experts and shared MLP shown per expert by models/moe_weights.py
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", block="block_sparse_moe",
                          router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False)
+    if kind == "ernie4_5_moe":
+        return _ernie_moe(data, layers)
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
