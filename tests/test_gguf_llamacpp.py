@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     reason="set SPECCOMPILE_LLAMACPP_CONVERTER to llama.cpp's convert_hf_to_gguf.py (scripts/setup_gguf_oracle.sh)")
 VOCAB = 49152  # SmolLM2's tokenizer: a BPE whose pre-tokenizer hash the converter knows ("smollm")
 SPM_VOCAB = 384  # the sentencepiece tokenizer.model trained here for the families whose converter reads only that
-_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5")
+_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron")
 NOT_CONVERTED = {  # what keeps the converter from writing the tiny checkpoint (the family still loads: test_families)
     "qwen2": "transformers reads a qwen2 folder's tokenizer as Qwen2Tokenizer, whose pre-tokenizer llama.cpp's "
              "converter recognises only with Qwen's own vocabulary",
@@ -43,7 +43,7 @@ spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model
                                character_coverage=1.0, byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
 open(sys.argv[1], "wb").write(model.getvalue())
 """
-_DROPPED_WINDOW = ("mistral", "mixtral")  # the converter writes no window for them: the file is full attention
+_DROPPED_WINDOW = ("mistral", "mixtral", "starcoder2")  # the converter writes no window for them: the file is full attention
 GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can say what transformers does
     **{name: FAMILIES[name] for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2",
                                          "glm4", "exaone4", "ernie4_5", "qwen2_moe", "mixtral")},
@@ -61,6 +61,9 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # llama.cpp's deepseek2: sigmoid only when config.json names it (DeepSeek-V3's does), e_score_correction_bias moved
     "deepseek_v3": dict(FAMILIES["deepseek_v3"], scoring_func="sigmoid"),  # q LoRA, yarn, 2 of 4 groups
     "deepseek_v2": dict(FAMILIES["deepseek_v2"], topk_method="greedy", n_group=1, topk_group=1),  # q_proj, softmax, one group
+    **{name: FAMILIES[name] for name in ("olmoe", "seed_oss", "starcoder2", "stablelm", "nemotron", "arcee", "granitemoe",
+                                         "granitemoeshared", "ernie4_5_moe")},
+    "dots1": dict(FAMILIES["dots1"], max_window_layers=2),  # llama.cpp's dots1 has no sliding layers
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 

@@ -179,16 +179,19 @@ FAMILIES: dict[str, Family] = {
     "glm4_moe": Family(("glm4_moe", "glm4moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3"),
     "dots1": Family(("dots1",), qk_norm="head", moe="deepseek_v3"),  # Qwen3's attention, DeepSeek-V3's routing
     "olmoe": Family(("olmoe",), qk_norm="full", bias_keys={"o": "attention_bias"}, moe="olmoe", refused_keys=("clip_qkv",)),
-    "seed_oss": Family(("seed_oss",), attention_bias=True, bias_keys={"o": "attention_out_bias"}),
+    "seed_oss": Family(("seed_oss",), attention_bias=True, bias_keys={"o": "attention_out_bias"},
+                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm"}),
     "starcoder2": Family(("starcoder2",), norm="layer", norm_bias=True, mlp_gated=False, mlp_act="gelu_tanh",
                          bias_keys={"qkv": "use_bias", "o": "use_bias", "mlp": "use_bias"},
+                         gguf={**LLAMA_GGUF, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
                          names={"up": ("mlp.c_fc.weight",), "up_bias": ("mlp.c_fc.bias",), "down": ("mlp.c_proj.weight",),
                                 "down_bias": ("mlp.c_proj.bias",)}),
     "stablelm": Family(("stablelm",), norm="layer", norm_bias=True, parallel_key="use_parallel_residual",
                        bias_keys={"qkv": "use_qkv_bias"}, refused_keys=("qk_layernorm",)),  # per-head q/k LayerNorms: not built
     "nemotron": Family(("nemotron",), norm="layer", norm_offset=1.0, norm_bias=True, mlp_gated=False, mlp_act="relu2",
                        bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),  # LayerNorm1P: gain 1 + weight
-    "arcee": Family(("arcee",), mlp_gated=False, mlp_act="relu2", bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),
+    "arcee": Family(("arcee",), mlp_gated=False, mlp_act="relu2", bias_keys={"o": "attention_bias", "mlp": "mlp_bias"},
+                    gguf_llama_order=True),
     "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),

@@ -397,8 +397,9 @@ def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, A
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
-                     rope_factors: dict[str, list[float]] | None = None) -> ModelConfig:
-    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors)."""
+                     rope_factors: dict[str, list[float]] | None = None, biases: frozenset[str] = frozenset()) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors;
+    `biases`: the `Family.bias_keys` roles whose bias tensors the file holds)."""
     arch_name = meta.get("general.architecture")
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
@@ -413,6 +414,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     except KeyError as exc:
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None
     data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)
+    for role, key in family(arch).bias_keys.items():
+        data[key] = data.get(key) or role in biases
     config = config_from_hf(data, source)
     config.norm_offset = 0.0  # llama.cpp's converter stored Gemma's gains as 1 + weight
     if config.moe and config.moe.routing == "softmax_group" and data.get("norm_topk_prob"):  # llama.cpp renormalises V2 too

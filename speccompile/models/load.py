@@ -276,7 +276,8 @@ def load_gguf(path: Path) -> LoadedModel:
     meta = _gguf_metadata(reader)
     factors = {f"{kind}_factor": [float(v) for v in t.data] for t in reader.tensors for kind in ("long", "short")
                if t.name == f"rope_factors_{kind}.weight"}  # llama.cpp's longrope (Phi-3), F32
-    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None)
+    biases = frozenset(role for role, t in (("qkv", "attn_q"), ("o", "attn_output"), ("mlp", "ffn_up")) if f"blk.0.{t}.bias" in names)
+    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None, biases)
     fam = family(config.architecture)
     llama_order = fam.gguf_llama_order
 

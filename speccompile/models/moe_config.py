@@ -122,14 +122,22 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
 def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str, Any]:
     """The config.json keys of a MoE family (`kind`) that llama.cpp's metadata (`<arch>.expert_count`, ...) gives.
     Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE and Mixtral yes,
-    Qwen2-MoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
+    Qwen2-MoE and OLMoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
     `leading_dense_block_count` first ones."""
     if kind in ("deepseek_v3", "deepseek_v2"):
         return _deepseek_keys_from_gguf(meta, prefix)
+    if kind == "ernie4_5_moe":  # llama.cpp: MoE layers every `interleave_moe_layer_step`-th from the leading dense ones
+        return {"moe_num_experts": int(meta[prefix + "expert_count"]), "moe_k": int(meta[prefix + "expert_used_count"]),
+                "moe_intermediate_size": int(meta[prefix + "expert_feed_forward_length"]),
+                "moe_num_shared_experts": int(meta.get(prefix + "expert_shared_count") or 0),
+                "moe_layer_start_index": int(meta.get(prefix + "leading_dense_block_count") or 0),
+                "moe_layer_interval": int(meta.get(prefix + "interleave_moe_layer_step") or 1)}
     data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
-            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind != "qwen2_moe"))}
+            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind not in ("qwen2_moe", "olmoe")))}
     if kind == "gpt_oss":  # llama.cpp stores no SwiGLU clamp for gpt-oss: moe_from_hf's defaults are its hard-coded 7 / 1.702
         data["intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
+    if kind == "granitemoe":
+        data["shared_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
     if kind in ("qwen2_moe", "qwen3_moe"):
         data["moe_intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
         data["shared_expert_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
