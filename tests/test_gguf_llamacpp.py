@@ -64,6 +64,7 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     **{name: FAMILIES[name] for name in ("olmoe", "seed_oss", "starcoder2", "stablelm", "nemotron", "arcee", "granitemoe",
                                          "granitemoeshared", "ernie4_5_moe")},
     "dots1": dict(FAMILIES["dots1"], max_window_layers=2),  # llama.cpp's dots1 has no sliding layers
+    "glm4_moe": dict(FAMILIES["glm4_moe"], n_group=1, topk_group=1),  # llama.cpp writes no groups; an MTP block counted
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
@@ -86,7 +87,7 @@ def tokenizers(tmp_path_factory) -> dict[str, Path]:
     for file in (root / "bpe").iterdir():
         (root / "glm" / file.name).write_bytes(file.read_bytes())
     glm = Tokenizer.from_file(str(root / "glm" / "tokenizer.json"))
-    glm.add_special_tokens(["<|user|>"])
+    glm.add_special_tokens(["<|user|>", "[gMASK]", "<|observation|>"])  # what GLM-4.5's converter reads too
     glm.save(str(root / "glm" / "tokenizer.json"))
     (root / "spm").mkdir()
     done = subprocess.run([PYTHON, "-c", _TRAIN_SPM, str(root / "spm" / "tokenizer.model"), str(SPM_VOCAB)],
@@ -111,8 +112,8 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
     """(transformers model, the GGUF llama.cpp's converter wrote of it, its vocabulary size)."""
     if name in NOT_CONVERTED:
         pytest.skip(NOT_CONVERTED[name])
-    kind = "spm" if name in _SPM_FAMILIES else "glm" if name == "glm4" else "bpe"
-    vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 1, "bpe": VOCAB}[kind]
+    kind = "spm" if name in _SPM_FAMILIES else "glm" if name in ("glm4", "glm4_moe") else "bpe"
+    vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 3, "bpe": VOCAB}[kind]
     hf = make_family_model(tmp_path / "hf", name, families=GGUF_FAMILIES, vocab_size=vocab)
     if name in _SCORE_BIAS:
         _move_score_bias(hf, tmp_path / "hf")

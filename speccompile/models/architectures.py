@@ -176,7 +176,8 @@ FAMILIES: dict[str, Family] = {
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
     # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
-    "glm4_moe": Family(("glm4_moe", "glm4moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3"),
+    "glm4_moe": Family(("glm4_moe", "glm4moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3",
+                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm"}),
     "dots1": Family(("dots1",), qk_norm="head", moe="deepseek_v3"),  # Qwen3's attention, DeepSeek-V3's routing
     "olmoe": Family(("olmoe",), qk_norm="full", bias_keys={"o": "attention_bias"}, moe="olmoe", refused_keys=("clip_qkv",)),
     "seed_oss": Family(("seed_oss",), attention_bias=True, bias_keys={"o": "attention_out_bias"},

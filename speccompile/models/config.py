@@ -327,7 +327,8 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         ffn = p + "expert_feed_forward_length"  # a MoE file without the dense size (no dense layer reads it)
     data: dict[str, Any] = {
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
-        "intermediate_size": int(meta[ffn]), "num_hidden_layers": int(meta[p + "block_count"]),
+        "intermediate_size": int(meta[ffn]),  # GLM-4.5's MTP blocks follow the decoder's in block_count
+        "num_hidden_layers": int(meta[p + "block_count"]) - int(meta.get(p + "nextn_predict_layers") or 0),
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
         "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
                                                              meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
@@ -397,9 +398,9 @@ def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, A
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
-                     rope_factors: dict[str, list[float]] | None = None, biases: frozenset[str] = frozenset()) -> ModelConfig:
+                     rope_factors: dict[str, list[float]] | None = None, present: frozenset[str] = frozenset()) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors;
-    `biases`: the `Family.bias_keys` roles whose bias tensors the file holds)."""
+    `present`: the `Family.bias_keys` roles whose bias tensors the file holds, and "qk_norm" if it has q/k norms)."""
     arch_name = meta.get("general.architecture")
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
@@ -415,7 +416,9 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None
     data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)
     for role, key in family(arch).bias_keys.items():
-        data[key] = data.get(key) or role in biases
+        data[key] = data.get(key) or role in present
+    if family(arch).qk_norm_key:
+        data[family(arch).qk_norm_key] = "qk_norm" in present
     config = config_from_hf(data, source)
     config.norm_offset = 0.0  # llama.cpp's converter stored Gemma's gains as 1 + weight
     if config.moe and config.moe.routing == "softmax_group" and data.get("norm_topk_prob"):  # llama.cpp renormalises V2 too
