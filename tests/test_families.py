@@ -58,6 +58,28 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                         topk_method="group_limited_greedy", moe_intermediate_size=32, n_shared_experts=2,
                         first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
                         v_head_dim=24, routed_scaling_factor=1.5),
+    # GLM-4.5: DeepSeek-V3's routing (8 experts in 2 groups, the best 1 competes, top 2, scaled 2.5, a shared expert,
+    # layer 0 dense) on GQA with q/k biases, per-head q/k norms and partial rotary 0.5
+    "glm4_moe": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                     n_group=2, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                     use_qk_norm=True, attention_bias=True),
+    # dots.llm1: Qwen3's attention (layer 1 sliding), DeepSeek-V3's routing in one group, a shared expert, layer 0 dense
+    "dots1": dict(n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32, n_shared_experts=1,
+                  first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, sliding_window=WINDOW, max_window_layers=1),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32),  # q/k norms over all heads, softmax top 2
+    "seed_oss": dict(attention_out_bias=True),  # q/k/v and o_proj biases
+    # LayerNorms with biases, biased attention and plain tanh-GELU MLP (c_fc / c_proj), every layer sliding
+    "starcoder2": dict(sliding_window=WINDOW),
+    "stablelm": dict(hidden_size=128, num_attention_heads=2, head_dim=64, use_qkv_bias=True),  # LayerNorms with biases, partial rotary 0.25
+    # LayerNorm1P (gain 1 + weight, biased), ReLU-squared plain MLP with biases, q/k/v/o biases, partial rotary 0.5
+    "nemotron": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True),
+    "arcee": {},  # ReLU-squared plain MLP
+    # Granite's multipliers, top 2 logits then softmax, fused experts (input_linear / output_linear); + a shared MLP
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, embedding_multiplier=6.0,
+                       attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    # ERNIE 4.5 MoE: softmax, the top 2 of scores + a score bias, renormalised; a shared expert; layer 0 dense
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1, moe_layer_start_index=1),
+    "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48),
 }
 
 
@@ -82,6 +104,9 @@ def make_family_model(folder, name: str, seed: int = 0, families: dict | None = 
                 p.mul_(4.0)
             else:  # norm gains and biases away from their initial values
                 p.add_(0.2 * torch.randn_like(p))
+        for name, b in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith("e_score_correction_bias"):  # a choice bias that changes which experts win
+                b.copy_(0.1 * torch.randn_like(b))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     write_char_tokenizer(folder)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     reason="set SPECCOMPILE_LLAMACPP_CONVERTER to llama.cpp's convert_hf_to_gguf.py (scripts/setup_gguf_oracle.sh)")
 VOCAB = 49152  # SmolLM2's tokenizer: a BPE whose pre-tokenizer hash the converter knows ("smollm")
 SPM_VOCAB = 384  # the sentencepiece tokenizer.model trained here for the families whose converter reads only that
-_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5")
+_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron")
 NOT_CONVERTED = {  # what keeps the converter from writing the tiny checkpoint (the family still loads: test_families)
     "qwen2": "transformers reads a qwen2 folder's tokenizer as Qwen2Tokenizer, whose pre-tokenizer llama.cpp's "
              "converter recognises only with Qwen's own vocabulary",
@@ -43,7 +43,7 @@ spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model
                                character_coverage=1.0, byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
 open(sys.argv[1], "wb").write(model.getvalue())
 """
-_DROPPED_WINDOW = ("mistral", "mixtral")  # the converter writes no window for them: the file is full attention
+_DROPPED_WINDOW = ("mistral", "mixtral", "starcoder2")  # the converter writes no window for them: the file is full attention
 GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can say what transformers does
     **{name: FAMILIES[name] for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2",
                                          "glm4", "exaone4", "ernie4_5", "qwen2_moe", "mixtral")},
@@ -61,6 +61,10 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # llama.cpp's deepseek2: sigmoid only when config.json names it (DeepSeek-V3's does), e_score_correction_bias moved
     "deepseek_v3": dict(FAMILIES["deepseek_v3"], scoring_func="sigmoid"),  # q LoRA, yarn, 2 of 4 groups
     "deepseek_v2": dict(FAMILIES["deepseek_v2"], topk_method="greedy", n_group=1, topk_group=1),  # q_proj, softmax, one group
+    **{name: FAMILIES[name] for name in ("olmoe", "seed_oss", "starcoder2", "stablelm", "nemotron", "arcee", "granitemoe",
+                                         "granitemoeshared", "ernie4_5_moe")},
+    "dots1": dict(FAMILIES["dots1"], max_window_layers=2),  # llama.cpp's dots1 has no sliding layers
+    "glm4_moe": dict(FAMILIES["glm4_moe"], n_group=1, topk_group=1),  # llama.cpp writes no groups; an MTP block counted
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
@@ -83,7 +87,7 @@ def tokenizers(tmp_path_factory) -> dict[str, Path]:
     for file in (root / "bpe").iterdir():
         (root / "glm" / file.name).write_bytes(file.read_bytes())
     glm = Tokenizer.from_file(str(root / "glm" / "tokenizer.json"))
-    glm.add_special_tokens(["<|user|>"])
+    glm.add_special_tokens(["<|user|>", "[gMASK]", "<|observation|>"])  # what GLM-4.5's converter reads too
     glm.save(str(root / "glm" / "tokenizer.json"))
     (root / "spm").mkdir()
     done = subprocess.run([PYTHON, "-c", _TRAIN_SPM, str(root / "spm" / "tokenizer.model"), str(SPM_VOCAB)],
@@ -108,8 +112,8 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
     """(transformers model, the GGUF llama.cpp's converter wrote of it, its vocabulary size)."""
     if name in NOT_CONVERTED:
         pytest.skip(NOT_CONVERTED[name])
-    kind = "spm" if name in _SPM_FAMILIES else "glm" if name == "glm4" else "bpe"
-    vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 1, "bpe": VOCAB}[kind]
+    kind = "spm" if name in _SPM_FAMILIES else "glm" if name in ("glm4", "glm4_moe") else "bpe"
+    vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 3, "bpe": VOCAB}[kind]
     hf = make_family_model(tmp_path / "hf", name, families=GGUF_FAMILIES, vocab_size=vocab)
     if name in _SCORE_BIAS:
         _move_score_bias(hf, tmp_path / "hf")

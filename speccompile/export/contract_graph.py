@@ -230,7 +230,7 @@ def _layer(g: _Graph, i: int, x: str) -> str:
 
 
 def _mlp(g: _Graph, i: int, h: str) -> str:
-    """down(act(gate) * up), gate and up from one MatMul (act: SiLU or tanh-GELU); or the layer's mixture of
+    """down(act(gate) * up), gate and up from one MatMul (act: `_act`); or the layer's mixture of
     experts (export/moe_ops.py)."""
     b, scope = g.b, f"/layers.{i}/mlp"
     if g.model.config.moe is not None and g.model.config.moe.is_moe(i):
@@ -240,22 +240,28 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
     inter = g.model.config.intermediate_size
     both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
-    if g.model.config.mlp_act == "gelu_tanh":
-        act = b.one(scope, "Mul", [b.one(scope, "Gelu", [gate], approximate="tanh"), up])
-    else:
-        act = b.one(scope, "Mul", [b.one(scope, "Mul", [gate, b.one(scope, "Sigmoid", [gate])]), up])
+    act = b.one(scope, "Mul", [_act(g, gate, scope), up])
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
 
+def _act(g: _Graph, x: str, scope: str) -> str:
+    """The MLP activation: SiLU (x * Sigmoid x), tanh-GELU or ReLU squared (Relu, then times itself)."""
+    b, kind = g.b, g.model.config.mlp_act
+    if kind == "gelu_tanh":
+        return b.one(scope, "Gelu", [x], approximate="tanh")
+    if kind == "relu2":
+        r = b.one(scope, "Relu", [x])
+        return b.one(scope, "Mul", [r, r])
+    return b.one(scope, "Mul", [x, b.one(scope, "Sigmoid", [x])])
+
+
 def _plain_mlp(g: _Graph, i: int, h: str, scope: str) -> str:
-    """down(tanh-GELU(up h + up_bias)) + down_bias (Phi-2's fc1 / fc2; biases when the family has them)."""
+    """down(act(up h + up_bias)) + down_bias (Phi-2's fc1 / fc2; biases when the family has them)."""
     b, cfg = g.b, g.model.config
     up = b.one(scope, "MatMul", [h, g.role(i, "up")])
     if cfg.mlp_bias:
         up = b.one(scope, "Add", [up, g.role(i, "up_bias")])
-    act = b.one(scope, "Gelu", [up], approximate="tanh") if cfg.mlp_act == "gelu_tanh" else \
-        b.one(scope, "Mul", [up, b.one(scope, "Sigmoid", [up])])
-    out = b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
+    out = b.one(f"{scope}/down_proj", "MatMul", [_act(g, up, scope), g.role(i, "down")])
     return b.one(f"{scope}/down_proj", "Add", [out, g.role(i, "down_bias")]) if cfg.mlp_bias else out
 
 

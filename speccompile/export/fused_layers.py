@@ -280,7 +280,7 @@ def _slot_tree_bias(f: _Fused, i: int, b: int, slots: "GpuSlotInputs") -> str:
 
 
 def _mlp(f: _Fused, i: int, h: str) -> str:
-    """down(act(gate) * up) with gate and up from one MatMul (act: SiLU as Sigmoid * Mul, or tanh-GELU); or the
+    """down(act(gate) * up) with gate and up from one MatMul (act: `_act`); or the
     layer's mixture of experts (export/moe_ops.py)."""
     n = f.n
     if f.model.config.moe is not None and f.model.config.moe.is_moe(i):
@@ -290,11 +290,19 @@ def _mlp(f: _Fused, i: int, h: str) -> str:
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.intermediate_size
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
-    if f.model.config.mlp_act == "gelu_tanh":
-        act = n("Mul", [n("Gelu", [gate], approximate="tanh")[0], up])[0]
-    else:
-        act = n("Mul", [n("Mul", [gate, n("Sigmoid", [gate])[0]])[0], up])[0]
+    act = n("Mul", [_act(f, gate), up])[0]
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+
+
+def _act(f: _Fused, x: str) -> str:
+    """The MLP activation: SiLU (x * Sigmoid x), tanh-GELU or ReLU squared (Relu, then times itself)."""
+    n, kind = f.n, f.model.config.mlp_act
+    if kind == "gelu_tanh":
+        return n("Gelu", [x], approximate="tanh")[0]
+    if kind == "relu2":
+        r = n("Relu", [x])[0]
+        return n("Mul", [r, r])[0]
+    return n("Mul", [x, n("Sigmoid", [x])[0]])[0]
 
 
 def _plain_mlp(f: _Fused, i: int, h: str) -> str:
@@ -303,6 +311,5 @@ def _plain_mlp(f: _Fused, i: int, h: str) -> str:
     up = n("MatMul", [h, f.layer_weight(i, "mlp.up.weight_t", "up")])[0]
     if cfg.mlp_bias:
         up = n("Add", [up, f.layer_weight(i, "mlp.up.bias", "up_bias")])[0]
-    act = n("Gelu", [up], approximate="tanh")[0] if cfg.mlp_act == "gelu_tanh" else n("Mul", [up, n("Sigmoid", [up])[0]])[0]
-    out = n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    out = n("MatMul", [_act(f, up), f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
     return n("Add", [out, f.layer_weight(i, "mlp.down_proj.bias", "down_bias")])[0] if cfg.mlp_bias else out

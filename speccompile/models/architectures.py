@@ -80,9 +80,13 @@ class Family:
     norm: str = "rms"  # rms | layer (LayerNorm; with a bias when `norm_bias`)
     norm_offset: float = 0.0  # Gemma: the gain is (1 + weight) (HF checkpoints; llama.cpp stores 1 + weight)
     placement: str = "pre"  # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm)
+    parallel_key: str = ""  # config key that, true, makes the placement `parallel` (StableLM: use_parallel_residual)
     qk_norm: str = ""  # "" | head (per head) | full (over all heads)
     attention_bias: bool = False  # default of the `attention_bias` config key (q/k/v biases)
-    mlp_act: str = "silu"  # silu | gelu_tanh
+    # config keys that, true, switch biases on: "qkv" (default: attention_bias, else use_bias), "o" (o_proj), "mlp"
+    # (the plain MLP's up / down); a use_bias / mlp_bias key the family does not name here is refused
+    bias_keys: dict[str, str] = field(default_factory=dict)
+    mlp_act: str = "silu"  # silu | gelu_tanh | relu2 (relu(x) ** 2)
     rope_interleaved: bool = False  # rotate (x0, x1) pairs (GPT-J) instead of halves
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
@@ -102,7 +106,7 @@ class Family:
     gguf_nope_period: int = 0  # llama.cpp's fixed NoPE layers: (i + 1) % period == 0 (SmolLM3: 4)
     attn_sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss `self_attn.sinks`)
     o_bias: bool = False  # o_proj has a bias
-    moe: str = ""  # the MLP kind: "" dense, else the MoE layout of models/moe_config.py (qwen2_moe|qwen3_moe|mixtral|gpt_oss)
+    moe: str = ""  # the MLP kind: "" dense, else the MoE layout of models/moe_config.py `moe_from_hf` (qwen2_moe, deepseek_v3, ...)
     norm_bias: bool = False  # the norms (layer and final) have a bias (Phi-2's LayerNorm)
     mlp_gated: bool = True  # False: a plain MLP down(act(up x)) (Phi-2's fc1 / fc2)
     mlp_bias: bool = False  # the plain MLP's up / down have biases
@@ -110,6 +114,7 @@ class Family:
     top_names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the name every consumer reads
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
+    refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -129,6 +134,10 @@ _MLA_GGUF = {**{k: LLAMA_GGUF[k] for k in ("attn_norm", "ffn_norm", "attn_q", "a
                                                  ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_kv_a_norm", "kv_a_layernorm"),
                                                  ("attn_kv_b", "kv_b_proj"), ("attn_k_b", "k_b_proj"), ("attn_v_b", "v_b_proj"))}}
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
+_GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multiplier", residual_key="residual_multiplier",
+                logit_key="1/logits_scaling", gguf_llama_order=True,
+                gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+                           "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -143,10 +152,8 @@ FAMILIES: dict[str, Family] = {
                      names=_SANDWICH_NAMES, gguf_keys=_SOFTCAPS, gguf_swa_period=6, gguf_local_base=10000.0, **_GEMMA),
     "phi3": Family(("phi3",), names={"qkv": ("self_attn.qkv_proj.weight",), "gate_up": ("mlp.gate_up_proj.weight",)},
                    gguf={**LLAMA_GGUF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}, gguf_swa_period=0),
-    "granite": Family(("granite",), embed_scale="embedding_multiplier", attn_scale="attention_multiplier",
-                      residual_key="residual_multiplier", logit_key="1/logits_scaling", gguf_llama_order=True,
-                      gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
-                                 "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"}),
+    "granite": Family(("granite",), **_GRANITE),
+    "granitemoe": Family(("granitemoe", "granitemoeshared"), **_GRANITE, bias_keys={"o": "attention_bias"}, moe="granitemoe"),
     "olmo2": Family(("olmo2",), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, gguf_swa_period=4),
     "smollm3": Family(("smollm3",), sliding_key="use_sliding_window", gguf_llama_order=True, gguf_nope_period=4),
     "glm4": Family(("glm4",), placement="sandwich", attention_bias=True, rope_interleaved=True,
@@ -159,6 +166,7 @@ FAMILIES: dict[str, Family] = {
     "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES, gguf=_POST_GGUF,
                       gguf_swa_period=4),
     "ernie4_5": Family(("ernie4_5",), rope_interleaved=True),
+    "ernie4_5_moe": Family(("ernie4_5_moe", "ernie4_5-moe"), rope_interleaved=True, moe="ernie4_5_moe"),
     "qwen2_moe": Family(("qwen2_moe", "qwen2moe"), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
     "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe"),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
@@ -167,6 +175,24 @@ FAMILIES: dict[str, Family] = {
     "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF),
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
+    # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
+    "glm4_moe": Family(("glm4_moe", "glm4moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3",
+                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm"}),
+    "dots1": Family(("dots1",), qk_norm="head", moe="deepseek_v3"),  # Qwen3's attention, DeepSeek-V3's routing
+    "olmoe": Family(("olmoe",), qk_norm="full", bias_keys={"o": "attention_bias"}, moe="olmoe", refused_keys=("clip_qkv",)),
+    "seed_oss": Family(("seed_oss",), attention_bias=True, bias_keys={"o": "attention_out_bias"},
+                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm"}),
+    "starcoder2": Family(("starcoder2",), norm="layer", norm_bias=True, mlp_gated=False, mlp_act="gelu_tanh",
+                         bias_keys={"qkv": "use_bias", "o": "use_bias", "mlp": "use_bias"},
+                         gguf={**LLAMA_GGUF, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+                         names={"up": ("mlp.c_fc.weight",), "up_bias": ("mlp.c_fc.bias",), "down": ("mlp.c_proj.weight",),
+                                "down_bias": ("mlp.c_proj.bias",)}),
+    "stablelm": Family(("stablelm",), norm="layer", norm_bias=True, parallel_key="use_parallel_residual",
+                       bias_keys={"qkv": "use_qkv_bias"}, refused_keys=("qk_layernorm",)),  # per-head q/k LayerNorms: not built
+    "nemotron": Family(("nemotron",), norm="layer", norm_offset=1.0, norm_bias=True, mlp_gated=False, mlp_act="relu2",
+                       bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),  # LayerNorm1P: gain 1 + weight
+    "arcee": Family(("arcee",), mlp_gated=False, mlp_act="relu2", bias_keys={"o": "attention_bias", "mlp": "mlp_bias"},
+                    gguf_llama_order=True),
     "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),

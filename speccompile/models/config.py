@@ -218,22 +218,35 @@ def _multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) 
     return out
 
 
+def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[str, bool]:
+    """attention_bias (q/k/v), o_proj_bias and mlp_bias from the family's `bias_keys` (else its defaults); a
+    use_bias / mlp_bias key the family does not read, or one of its `refused_keys`, is refused."""
+    refused = [key for key in fam.refused_keys if data.get(key)]
+    if refused:
+        raise UnsupportedError(f"{source}: {arch} with {refused[0]} is not supported")
+    keys = fam.bias_keys
+    for key in ("use_bias", "mlp_bias"):
+        if data.get(key) and key not in keys.values():
+            raise UnsupportedError(f"{source}: {arch} with {key} is not supported (biases this family does not have)")
+    qkv = data.get(keys["qkv"]) if "qkv" in keys else data.get("attention_bias", data.get("use_bias", fam.attention_bias))
+    return dict(attention_bias=bool(qkv), o_proj_bias=bool(data.get(keys["o"])) if "o" in keys else fam.o_bias,
+                mlp_bias=bool(data.get(keys["mlp"])) if "mlp" in keys else fam.mlp_bias)
+
+
 def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int, hidden: int, head_dim: int,
                        source: str) -> dict[str, Any]:
     """The ModelConfig fields of the family's layer description, read from a config.json."""
     rope, local = _rope_params(data)
     types, window = _layer_types(data, fam, layers)
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
-    if data.get("use_bias") or data.get("mlp_bias"):
-        raise UnsupportedError(f"{source}: {arch} with output / MLP biases (use_bias, mlp_bias) is not supported")
-    qkv_bias = data.get("attention_bias", data.get("use_bias", fam.attention_bias))
+    parallel = bool(fam.parallel_key and data.get(fam.parallel_key))
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_check_rope_scaling(rope, source),
-        attention_bias=bool(qkv_bias), attn_sinks=fam.attn_sinks, o_proj_bias=fam.o_bias,
+        attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement=fam.placement, mlp_act=fam.mlp_act,
-        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated, mlp_bias=fam.mlp_bias, lm_head_bias=fam.lm_head_bias,
+        norm=fam.norm, norm_offset=fam.norm_offset, placement="parallel" if parallel else fam.placement, mlp_act=fam.mlp_act,
+        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated, lm_head_bias=fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
         layer_types=types, sliding_window=window,
         rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
@@ -257,7 +270,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         heads = int(data["num_attention_heads"])
         layers = int(data["num_hidden_layers"])
         head_dim = int(data.get("head_dim") or hidden // heads)
-        eps = data.get("rms_norm_eps", data.get("layer_norm_eps", 1e-6 if arch.startswith("qwen") else 1e-5))
+        eps = next((data[k] for k in ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps") if data.get(k) is not None),
+                   1e-6 if arch.startswith("qwen") else 1e-5)
         fields = dict(
             architecture=arch,
             vocab_size=int(data["vocab_size"]),
@@ -313,7 +327,8 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         ffn = p + "expert_feed_forward_length"  # a MoE file without the dense size (no dense layer reads it)
     data: dict[str, Any] = {
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
-        "intermediate_size": int(meta[ffn]), "num_hidden_layers": int(meta[p + "block_count"]),
+        "intermediate_size": int(meta[ffn]),  # GLM-4.5's MTP blocks follow the decoder's in block_count
+        "num_hidden_layers": int(meta[p + "block_count"]) - int(meta.get(p + "nextn_predict_layers") or 0),
         "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
         "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
                                                              meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
@@ -383,8 +398,9 @@ def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, A
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
-                     rope_factors: dict[str, list[float]] | None = None) -> ModelConfig:
-    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors)."""
+                     rope_factors: dict[str, list[float]] | None = None, present: frozenset[str] = frozenset()) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors;
+    `present`: the `Family.bias_keys` roles whose bias tensors the file holds, and "qk_norm" if it has q/k norms)."""
     arch_name = meta.get("general.architecture")
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
@@ -399,6 +415,10 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     except KeyError as exc:
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None
     data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)
+    for role, key in family(arch).bias_keys.items():
+        data[key] = data.get(key) or role in present
+    if family(arch).qk_norm_key:
+        data[family(arch).qk_norm_key] = "qk_norm" in present
     config = config_from_hf(data, source)
     config.norm_offset = 0.0  # llama.cpp's converter stored Gemma's gains as 1 + weight
     if config.moe and config.moe.routing == "softmax_group" and data.get("norm_topk_prob"):  # llama.cpp renormalises V2 too

@@ -175,10 +175,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False) if config.mlp_gated else None
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.gelu = config.mlp_act == "gelu_tanh"
+        self.act = config.mlp_act
 
     def _act(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.gelu(x, approximate="tanh") if self.gelu else nn.functional.silu(x)
+        if self.act == "relu2":  # Nemotron / Arcee: relu(x) ** 2
+            return torch.square(nn.functional.relu(x))
+        return nn.functional.gelu(x, approximate="tanh") if self.act == "gelu_tanh" else nn.functional.silu(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_proj is None:

@@ -24,7 +24,7 @@ from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
-from .mtp_layouts import mtp_weights
+from .mtp_layouts import is_mtp_weight, mtp_weights
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
@@ -276,7 +276,9 @@ def load_gguf(path: Path) -> LoadedModel:
     meta = _gguf_metadata(reader)
     factors = {f"{kind}_factor": [float(v) for v in t.data] for t in reader.tensors for kind in ("long", "short")
                if t.name == f"rope_factors_{kind}.weight"}  # llama.cpp's longrope (Phi-3), F32
-    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None)
+    present = frozenset(role for role, t in (("qkv", "attn_q.bias"), ("o", "attn_output.bias"), ("mlp", "ffn_up.bias"),
+                                             ("qk_norm", "attn_q_norm.weight")) if f"blk.0.{t}" in names)
+    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None, present)
     fam = family(config.architecture)
     llama_order = fam.gguf_llama_order
 
@@ -289,6 +291,7 @@ def load_gguf(path: Path) -> LoadedModel:
 
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
     weights: WeightSource = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
+    weights = weights.without({n for n in weights.names() if is_mtp_weight(n, config.num_hidden_layers)})  # GLM-4.5's
     if config.mla:  # llama.cpp's attn_k_b / attn_v_b, joined back into kv_b_proj
         check_choice_bias(names, config.moe, str(path))
         weights = JoinedKvB(weights)

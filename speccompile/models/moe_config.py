@@ -122,14 +122,22 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
 def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str, Any]:
     """The config.json keys of a MoE family (`kind`) that llama.cpp's metadata (`<arch>.expert_count`, ...) gives.
     Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE and Mixtral yes,
-    Qwen2-MoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
+    Qwen2-MoE and OLMoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
     `leading_dense_block_count` first ones."""
     if kind in ("deepseek_v3", "deepseek_v2"):
         return _deepseek_keys_from_gguf(meta, prefix)
+    if kind == "ernie4_5_moe":  # llama.cpp: MoE layers every `interleave_moe_layer_step`-th from the leading dense ones
+        return {"moe_num_experts": int(meta[prefix + "expert_count"]), "moe_k": int(meta[prefix + "expert_used_count"]),
+                "moe_intermediate_size": int(meta[prefix + "expert_feed_forward_length"]),
+                "moe_num_shared_experts": int(meta.get(prefix + "expert_shared_count") or 0),
+                "moe_layer_start_index": int(meta.get(prefix + "leading_dense_block_count") or 0),
+                "moe_layer_interval": int(meta.get(prefix + "interleave_moe_layer_step") or 1)}
     data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
-            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind != "qwen2_moe"))}
+            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind not in ("qwen2_moe", "olmoe")))}
     if kind == "gpt_oss":  # llama.cpp stores no SwiGLU clamp for gpt-oss: moe_from_hf's defaults are its hard-coded 7 / 1.702
         data["intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
+    if kind == "granitemoe":
+        data["shared_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
     if kind in ("qwen2_moe", "qwen3_moe"):
         data["moe_intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
         data["shared_expert_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
@@ -166,6 +174,19 @@ def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> M
                      dense_layers=tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers))))
 
 
+def _ernie_moe(data: dict[str, Any], layers: int) -> MoeConfig:
+    """ERNIE 4.5 MoE: softmax scores, the top k of scores + e_score_correction_bias, the chosen (unbiased) scores
+    renormalised (its clamp at moe_norm_min never binds) -- softmax_group in one group; shared experts; MoE layers
+    every moe_layer_interval-th from moe_layer_start_index to moe_layer_end_index (-1: the last)."""
+    inter, start = int(data["moe_intermediate_size"]), int(data.get("moe_layer_start_index") or 0)
+    end, every = int(data.get("moe_layer_end_index", -1)), int(data.get("moe_layer_interval") or 1)
+    end = layers - 1 if end == -1 else end
+    return MoeConfig(int(data["moe_num_experts"]), int(data["moe_k"]), inter, "softmax_group", True,
+                     shared_expert_size=inter * int(data.get("moe_num_shared_experts") or 0), shared_name="shared_experts",
+                     shared_gated=False, score_bias=True,
+                     dense_layers=tuple(i for i in range(layers) if (i + 1) % every or not start <= i <= end))
+
+
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
@@ -177,6 +198,13 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          bool(data.get("norm_topk_prob", False)),
                          shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0,
                          dense_layers=_dense_layers(data, layers))
+    if kind == "olmoe":  # experts of intermediate_size, every layer
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", bool(data.get("norm_topk_prob", False)))
+    if kind == "granitemoe":  # the fused experts and shared MLP shown per expert by models/moe_weights.py
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", block="block_sparse_moe",
+                         router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False)
+    if kind == "ernie4_5_moe":
+        return _ernie_moe(data, layers)
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))

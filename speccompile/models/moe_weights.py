@@ -1,4 +1,5 @@
-"""gpt-oss' fused expert tensors shown per expert, under the names every consumer reads (models/moe_config.py).
+"""gpt-oss' and Granite-MoE's fused expert tensors shown per expert, under the names every consumer reads
+(models/moe_config.py); ERNIE 4.5 MoE's score bias under DeepSeek-V3's name (`_VIEWS`).
 
 transformers saves gpt-oss' experts as `mlp.experts.gate_up_proj` [experts, hidden, 2 * inter] (gate and up
 columns interleaved: gate = [..., ::2], up = [..., 1::2]), `gate_up_proj_bias` [experts, 2 * inter], `down_proj`
@@ -95,7 +96,66 @@ class PerExpertSource(WeightSource):
         return list(self._names)
 
 
+# Stored layer tensors (relative to `model.layers.{i}.`) -> the names they are shown as: `{e}` one per index of the
+# leading axis, several names the stored rows split evenly among them, a bias shown 1-D. Granite-MoE's fused experts
+# `block_sparse_moe.input_linear` [experts, 2 * inter, hidden] (gate rows, then up rows) and `output_linear`, its
+# router `router.layer`, Granite-MoE-Shared's `shared_mlp`; ERNIE 4.5 MoE's score bias [1, experts]
+_VIEWS = {
+    "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.{e}.gate_proj.weight", "block_sparse_moe.experts.{e}.up_proj.weight"),
+    "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.{e}.down_proj.weight",),
+    "block_sparse_moe.router.layer.weight": ("block_sparse_moe.router.weight",),
+    "shared_mlp.input_linear.weight": ("block_sparse_moe.shared_expert.gate_proj.weight", "block_sparse_moe.shared_expert.up_proj.weight"),
+    "shared_mlp.output_linear.weight": ("block_sparse_moe.shared_expert.down_proj.weight",),
+    "mlp.moe_statics.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),
+}
+_VIEWED = re.compile(r"^(model\.layers\.\d+\.)(" + "|".join(re.escape(k) for k in _VIEWS) + ")$")
+
+
+class LayerViewSource(WeightSource):
+    """`inner` with the `_VIEWS` tensors shown under the names every consumer reads (row slices of the stored
+    [out, in] tensors, per expert where the name has `{e}`), nothing read up front."""
+
+    def __init__(self, inner: WeightSource):
+        self._inner = inner
+        self._virtual: dict[str, tuple[str, int | None, int, int]] = {}  # name -> (stored, expert, part, parts)
+        self._names: list[str] = []
+        for name in inner.names():
+            match = _VIEWED.match(name)
+            if match is None:
+                self._names.append(name)
+                continue
+            parts = _VIEWS[match.group(2)]
+            for e in range(inner.shape(name)[0]) if "{e}" in parts[0] else [None]:
+                for k, part in enumerate(parts):
+                    virtual = match.group(1) + part.format(e=e)
+                    self._virtual[virtual] = (name, e, k, len(parts))
+                    self._names.append(virtual)
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self._virtual:
+            return self._inner.info(name)
+        stored, expert, _, parts = self._virtual[name]
+        shape = self._inner.shape(stored)[0 if expert is None else 1:]
+        shape = (shape[0] // parts, *shape[1:])
+        return TensorInfo((int(np.prod(shape)),) if name.endswith("bias") else shape, self._inner.info(stored).dtype)
+
+    def read(self, name: str) -> np.ndarray:
+        if name not in self._virtual:
+            return self._inner.read(name)
+        stored, expert, k, parts = self._virtual[name]
+        tensor = self._inner.read(stored)
+        tensor = tensor if expert is None else tensor[expert]
+        rows = tensor.shape[0] // parts
+        return np.ascontiguousarray(tensor[k * rows:(k + 1) * rows]).reshape(self.info(name).shape)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
 def per_expert(source: WeightSource, where: str = "") -> WeightSource:
-    """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert when it has any; an InputError
-    naming `where` for an MXFP4 `_blocks` tensor without its `_scales` or of the wrong shape / type."""
+    """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert, or the `_VIEWS` tensors
+    (Granite-MoE, ERNIE 4.5 MoE) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
+    tensor without its `_scales` or of the wrong shape / type."""
+    if any(_VIEWED.match(n) for n in source.names()):
+        return LayerViewSource(source)
     return PerExpertSource(source, where) if any(_FUSED.match(n) for n in source.names()) else source

@@ -297,6 +297,8 @@ class GGUFSource(WeightSource):
             shape = shape[1:]
         elif len(shape) == 1 and name.endswith("shared_expert_gate.weight"):
             shape = (1, *shape)  # llama.cpp keeps Qwen2-MoE's [1, hidden] shared-expert gate as [hidden]
+        elif len(shape) == 2 and shape[0] == 1 and name.endswith("bias"):
+            shape = shape[1:]  # a bias is 1-D (llama.cpp keeps ERNIE 4.5 MoE's score bias [1, experts])
         return TensorInfo(shape, np.dtype(np.float32))
 
     def read(self, name: str) -> np.ndarray:
