@@ -23,6 +23,8 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "mistral": dict(sliding_window=WINDOW),
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=None),
     "qwen3": {},
+    "llama-bias": dict(model_type="llama", attention_bias=True),  # q/k/v and o_proj biases
+    "qwen3-bias": dict(model_type="qwen3", attention_bias=True),
     "gemma": {},
     "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),
     "gemma3_text": dict(sliding_window=WINDOW, query_pre_attn_scalar=16, layer_types=_TWO, rope_parameters={
