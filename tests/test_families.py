@@ -82,6 +82,11 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # ERNIE 4.5 MoE: softmax, the top 2 of scores + a score bias, renormalised; a shared expert; layer 0 dense
     "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1, moe_layer_start_index=1),
     "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48),
+    # two biased LayerNorms of one input (parallel residual), per-head fused qkv, exact GELU, partial rotary 0.25;
+    # gpt_neox-seq: use_parallel_residual false (pre norms), gelu_new
+    "gpt_neox": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64, rotary_pct=0.25),
+    "gpt_neox-seq": dict(model_type="gpt_neox", num_attention_heads=2, num_key_value_heads=2, head_dim=32, rotary_pct=0.5,
+                         use_parallel_residual=False, hidden_act="gelu_new"),
 }
 
 

@@ -222,9 +222,9 @@ def _layer(g: _Graph, i: int, x: str) -> str:
             h = b.one(scope, "Mul", [h, b.const(scope, cfg.residual_scale, np_dtype(g.dtype))])
         return b.one(scope, "Add", [x, h])
 
-    if cfg.placement == "parallel":
+    if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
-        return add(add(x, _attention(g, i, h)), _mlp(g, i, h))
+        return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
     x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
     return add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x))))
 
@@ -245,10 +245,10 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
 
 
 def _act(g: _Graph, x: str, scope: str) -> str:
-    """The MLP activation: SiLU (x * Sigmoid x), tanh-GELU or ReLU squared (Relu, then times itself)."""
+    """The MLP activation: SiLU (x * Sigmoid x), exact or tanh GELU, or ReLU squared (Relu, then times itself)."""
     b, kind = g.b, g.model.config.mlp_act
-    if kind == "gelu_tanh":
-        return b.one(scope, "Gelu", [x], approximate="tanh")
+    if kind in ("gelu", "gelu_tanh"):
+        return b.one(scope, "Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
     if kind == "relu2":
         r = b.one(scope, "Relu", [x])
         return b.one(scope, "Mul", [r, r])

@@ -132,7 +132,8 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
         if cfg.o_proj_bias:
             attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
-        if cfg.placement == "parallel":
+        if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
+            h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if cfg.placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
             continue
         if cfg.placement in ("sandwich", "post"):
@@ -295,10 +296,10 @@ def _mlp(f: _Fused, i: int, h: str) -> str:
 
 
 def _act(f: _Fused, x: str) -> str:
-    """The MLP activation: SiLU (x * Sigmoid x), tanh-GELU or ReLU squared (Relu, then times itself)."""
+    """The MLP activation: SiLU (x * Sigmoid x), exact or tanh GELU, or ReLU squared (Relu, then times itself)."""
     n, kind = f.n, f.model.config.mlp_act
-    if kind == "gelu_tanh":
-        return n("Gelu", [x], approximate="tanh")[0]
+    if kind in ("gelu", "gelu_tanh"):
+        return n("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")[0]
     if kind == "relu2":
         r = n("Relu", [x])[0]
         return n("Mul", [r, r])[0]

@@ -79,14 +79,19 @@ class Family:
     model_types: tuple[str, ...]  # HF model_type / GGUF general.architecture names
     norm: str = "rms"  # rms | layer (LayerNorm; with a bias when `norm_bias`)
     norm_offset: float = 0.0  # Gemma: the gain is (1 + weight) (HF checkpoints; llama.cpp stores 1 + weight)
-    placement: str = "pre"  # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm)
-    parallel_key: str = ""  # config key that, true, makes the placement `parallel` (StableLM: use_parallel_residual)
+    # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm) | parallel2 (attn and MLP
+    # each on its own norm of the same input: GPT-NeoX)
+    placement: str = "pre"
+    # config key choosing between `pre` (false) and a parallel placement (true: `placement` when it is one, else
+    # `parallel`); absent from the config, `placement` (StableLM / GPT-NeoX: use_parallel_residual)
+    parallel_key: str = ""
     qk_norm: str = ""  # "" | head (per head) | full (over all heads)
     attention_bias: bool = False  # default of the `attention_bias` config key (q/k/v biases)
     # config keys that, true, switch biases on: "qkv" (default: attention_bias, else use_bias), "o" (o_proj), "mlp"
     # (the plain MLP's up / down); a use_bias / mlp_bias key the family does not name here is refused
     bias_keys: dict[str, str] = field(default_factory=dict)
-    mlp_act: str = "silu"  # silu | gelu_tanh | relu2 (relu(x) ** 2)
+    mlp_act: str = "silu"  # silu | gelu_tanh | gelu (exact, erf) | relu2 (relu(x) ** 2)
+    act_key: str = ""  # config key naming the activation in transformers' names (`HF_ACTS`; GPT-NeoX: hidden_act)
     rope_interleaved: bool = False  # rotate (x0, x1) pairs (GPT-J) instead of halves
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
@@ -112,6 +117,8 @@ class Family:
     mlp_bias: bool = False  # the plain MLP's up / down have biases
     lm_head_bias: bool = False
     top_names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the name every consumer reads
+    prefix: str = ""  # the checkpoint's prefix where Llama's has `model.` (GPT-NeoX: gpt_neox.), renamed at load
+    qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
     refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
@@ -122,6 +129,13 @@ class Family:
             names.setdefault(f"{role}_bias", tuple(n.removesuffix(".weight") + ".bias" for n in names.get(role, ())))
         return names
 
+
+# transformers' `hidden_act` names -> mlp_act (gelu_new / gelu_fast are the tanh form, written differently)
+HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+           "silu": "silu", "swish": "silu", "relu2": "relu2"}
+_NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
+               "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
+               "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
 
 MLA_NAMES = {
     "q_kv_a": ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
@@ -203,6 +217,13 @@ FAMILIES: dict[str, Family] = {
                          "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),
                          "up_bias": ("mlp.fc1.bias",), "down": ("mlp.fc2.weight",), "down_bias": ("mlp.fc2.bias",)},
                   top_names={"model.final_layernorm.weight": "model.norm.weight", "model.final_layernorm.bias": "model.norm.bias"}),
+    # Pythia / GPT-NeoX-20B: two norms of the same input (parallel2) unless use_parallel_residual is false, a fused
+    # qkv stored per head, biases everywhere, exact GELU, partial rotary (halves), an untied embed_out
+    "gpt_neox": Family(("gpt_neox",), norm="layer", norm_bias=True, placement="parallel2", parallel_key="use_parallel_residual",
+                       attention_bias=True, o_bias=True, bias_keys={"o": "attention_bias"}, mlp_gated=False, mlp_bias=True,
+                       mlp_act="gelu", act_key="hidden_act", names=_NEOX_NAMES, prefix="gpt_neox.", qkv_per_head=True,
+                       top_names={"model.embed_in.weight": "model.embed_tokens.weight", "model.final_layer_norm.weight": "model.norm.weight",
+                                  "model.final_layer_norm.bias": "model.norm.bias", "embed_out.weight": "lm_head.weight"}),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
@@ -225,7 +246,7 @@ def family(name: str) -> Family:
 
 
 _PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
-                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",)}
+                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",), "parallel2": ("input_norm", "post_norm")}
 
 
 MLA_ROLES = {"lora": ["q_kv_a", "q_a_norm", "q_b", "kv_a_norm", "kv_b"], "plain": ["q_kv", "kv_a_norm", "kv_b"]}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import FAMILIES, REFUSED, Family, family, family_name, layer_roles
+from .architectures import FAMILIES, HF_ACTS, REFUSED, Family, family, family_name, layer_roles
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 
@@ -47,9 +47,9 @@ class ModelConfig:
     norm: str = "rms"  # rms | layer (LayerNorm)
     norm_bias: bool = False  # the layer and final norms add a bias (Phi-2)
     norm_offset: float = 0.0  # gain = norm_offset + weight (Gemma: 1)
-    placement: str = "pre"  # pre | sandwich | post | parallel
+    placement: str = "pre"  # pre | sandwich | post | parallel | parallel2
     qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
-    mlp_act: str = "silu"  # silu | gelu_tanh
+    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu2
     mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
     mlp_bias: bool = False  # the plain MLP's up / down biases
     lm_head_bias: bool = False
@@ -170,8 +170,9 @@ def _rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         full = params.get("full_attention") or {}
         return full, params.get("sliding_attention") or {}
     merged = dict(data.get("rope_scaling") or {}, **params)
-    if "rope_theta" in data:
-        merged.setdefault("rope_theta", data["rope_theta"])
+    for key, old in (("rope_theta", "rope_theta"), ("rope_theta", "rotary_emb_base"), ("partial_rotary_factor", "rotary_pct")):
+        if old in data:  # GPT-NeoX's older keys: rotary_emb_base, rotary_pct
+            merged.setdefault(key, data[old])
     kind = merged.get("rope_type", merged.get("type"))
     if kind in ("llama3", "yarn", "longrope") and data.get("original_max_position_embeddings"):
         merged["original_max_position_embeddings"] = data["original_max_position_embeddings"]  # Phi-3: top-level wins
@@ -228,9 +229,27 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
     for key in ("use_bias", "mlp_bias"):
         if data.get(key) and key not in keys.values():
             raise UnsupportedError(f"{source}: {arch} with {key} is not supported (biases this family does not have)")
-    qkv = data.get(keys["qkv"]) if "qkv" in keys else data.get("attention_bias", data.get("use_bias", fam.attention_bias))
-    return dict(attention_bias=bool(qkv), o_proj_bias=bool(data.get(keys["o"])) if "o" in keys else fam.o_bias,
-                mlp_bias=bool(data.get(keys["mlp"])) if "mlp" in keys else fam.mlp_bias)
+    qkv = data.get(keys["qkv"], fam.attention_bias) if "qkv" in keys else data.get("attention_bias", data.get("use_bias", fam.attention_bias))
+    return dict(attention_bias=bool(qkv), o_proj_bias=bool(data.get(keys["o"], fam.o_bias)) if "o" in keys else fam.o_bias,
+                mlp_bias=bool(data.get(keys["mlp"], fam.mlp_bias)) if "mlp" in keys else fam.mlp_bias)
+
+
+def _placement(data: dict[str, Any], fam: Family) -> str:
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the parallel placement (true)."""
+    if not fam.parallel_key or data.get(fam.parallel_key) is None:
+        return fam.placement
+    return (fam.placement if fam.placement.startswith("parallel") else "parallel") if data[fam.parallel_key] else "pre"
+
+
+def _mlp_act(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
+    """The family's activation, or the one its `act_key` names (transformers' names, `HF_ACTS`)."""
+    if not fam.act_key or data.get(fam.act_key) is None:
+        return fam.mlp_act
+    act = HF_ACTS.get(str(data[fam.act_key]))
+    if act is None:
+        raise UnsupportedError(f"{source}: {arch} with {fam.act_key} {data[fam.act_key]!r} is not supported "
+                               f"(supported: {', '.join(sorted(HF_ACTS))})")
+    return act
 
 
 def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int, hidden: int, head_dim: int,
@@ -239,13 +258,12 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
     rope, local = _rope_params(data)
     types, window = _layer_types(data, fam, layers)
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
-    parallel = bool(fam.parallel_key and data.get(fam.parallel_key))
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_check_rope_scaling(rope, source),
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement="parallel" if parallel else fam.placement, mlp_act=fam.mlp_act,
+        norm=fam.norm, norm_offset=fam.norm_offset, placement=_placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
         norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated, lm_head_bias=fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
         layer_types=types, sliding_window=window,

@@ -180,7 +180,9 @@ class MLP(nn.Module):
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         if self.act == "relu2":  # Nemotron / Arcee: relu(x) ** 2
             return torch.square(nn.functional.relu(x))
-        return nn.functional.gelu(x, approximate="tanh") if self.act == "gelu_tanh" else nn.functional.silu(x)
+        if self.act in ("gelu", "gelu_tanh"):  # exact (erf) or tanh GELU
+            return nn.functional.gelu(x, approximate="tanh" if self.act == "gelu_tanh" else "none")
+        return nn.functional.silu(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_proj is None:
@@ -191,7 +193,7 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Attention and MLP blocks with the family's norms where its placement puts them (pre / sandwich / post /
-    parallel; module names: Llama's, plus post_attn_norm and post_mlp_norm)."""
+    parallel / parallel2; module names: Llama's, plus post_attn_norm and post_mlp_norm)."""
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
@@ -215,8 +217,9 @@ class DecoderLayer(nn.Module):
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
         attn, k_all, v_all = self.self_attn(h, rotary, biases, past_k, past_v)
-        if self.config.placement == "parallel":
-            return x + attn * scale + self._mlp(h) * scale if scale != 1.0 else x + attn + self._mlp(h), k_all, v_all
+        if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
+            mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
+            return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
         attn = norm(self.post_attn_norm, attn)
         x = x + (attn * scale if scale != 1.0 else attn)
         out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x)))

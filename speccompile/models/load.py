@@ -21,6 +21,7 @@ from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
+from .hf_layouts import hf_view
 from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
@@ -194,7 +195,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
     files = _safetensors_files(folder)
     weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
-    weights = weights.renamed(family(config.architecture).top_names)  # e.g. Phi-2's model.final_layernorm
+    weights = hf_view(weights, family(config.architecture), config.num_attention_heads)  # e.g. Phi-2's model.final_layernorm
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     if config.tie_word_embeddings:

@@ -1,0 +1,49 @@
+"""A family's Hugging Face tensors shown under the names and row order every consumer reads.
+
+The table's names are Llama's (`model.` prefix, q|k|v rows in a fused qkv); a family whose checkpoint differs
+says how in its entry (models/architectures.py): `Family.prefix` (GPT-NeoX's `gpt_neox.` where Llama has
+`model.`), `Family.top_names` (names outside the layers) and `Family.qkv_per_head` (a fused qkv stored per head,
+[heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`, shown q|k|v). Nothing is read up front.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .architectures import Family
+from .weights import TensorInfo, WeightSource
+
+
+class _QkvPerHead(WeightSource):
+    """`inner` with the fused qkv tensors in `fused` (weights [heads * 3 * head_dim, in], biases) reordered from
+    per-head [heads, 3, head_dim] rows to q | k | v rows."""
+
+    def __init__(self, inner: WeightSource, fused: set[str], heads: int):
+        self._inner, self._fused, self._heads = inner, fused, heads
+
+    def info(self, name: str) -> TensorInfo:
+        return self._inner.info(name)
+
+    def read(self, name: str) -> np.ndarray:
+        tensor = self._inner.read(name)
+        if name not in self._fused:
+            return tensor
+        rows = tensor.reshape(self._heads, 3, -1, *tensor.shape[1:])
+        return np.ascontiguousarray(np.swapaxes(rows, 0, 1)).reshape(tensor.shape)
+
+    def names(self) -> list[str]:
+        return self._inner.names()
+
+
+def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
+    """`source` under the table's names: the family's `prefix` renamed to `model.`, then its `top_names`, and a
+    per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
+    if fam.prefix:
+        source = source.renamed({n: "model." + n[len(fam.prefix):] for n in source.names() if n.startswith(fam.prefix)})
+    source = source.renamed(fam.top_names)
+    if not fam.qkv_per_head:
+        return source
+    layer = fam.layer_names()
+    parts = {*layer["qkv"], *layer["qkv_bias"]}
+    fused = {n for n in source.names() if n.startswith("model.layers.") and n.split(".", 3)[3] in parts}
+    return _QkvPerHead(source, fused, heads)
