@@ -264,3 +264,24 @@ def test_phi2_gguf_reads_as_phi(tmp_path):
     check_weights(model.config, model.weights)
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     _check_torch_reference(tmp_path / "model.gguf", hf, seq, "phi2 gguf")
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_gptneox_gguf_reads_as_gpt_neox(tmp_path, parallel):
+    """A `gptneox` GGUF in llama.cpp's layout (its converter writes attn_qkv rows q|k|v, not per head; biased norms,
+    attn_output / ffn_up / ffn_down = dense / dense_h_to_4h / dense_4h_to_h, `use_parallel_residual`) reads as the
+    table's gpt_neox: every tensor in its shape, and the torch reference matches transformers at every position.
+    GGUF has no hidden_act: the table's exact GELU, Pythia's. (llama.cpp's own converter reads `rotary_pct`, which
+    transformers 5 no longer writes to config.json.)"""
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    from conftest import write_gguf
+
+    hf = make_family_model(tmp_path / "hf", "gpt_neox", use_parallel_residual=parallel)
+    write_gguf(tmp_path / "model.gguf", tmp_path / "hf", arch="gptneox", metadata=lambda w: w.add_parallel_residual(parallel))
+    model = load_model(str(tmp_path / "model.gguf"))
+    assert (model.config.architecture, model.config.placement) == ("gpt_neox", "parallel2" if parallel else "pre")
+    check_weights(model.config, model.weights)
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _check_torch_reference(tmp_path / "model.gguf", hf, seq, f"gptneox gguf (parallel {parallel})")

@@ -136,6 +136,8 @@ HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "g
 _NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
                "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
                "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
+_NEOX_GGUF = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "attention.query_key_value",
+              "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}  # qkv rows q|k|v
 
 MLA_NAMES = {
     "q_kv_a": ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
@@ -219,7 +221,7 @@ FAMILIES: dict[str, Family] = {
                   top_names={"model.final_layernorm.weight": "model.norm.weight", "model.final_layernorm.bias": "model.norm.bias"}),
     # Pythia / GPT-NeoX-20B: two norms of the same input (parallel2) unless use_parallel_residual is false, a fused
     # qkv stored per head, biases everywhere, exact GELU, partial rotary (halves), an untied embed_out
-    "gpt_neox": Family(("gpt_neox",), norm="layer", norm_bias=True, placement="parallel2", parallel_key="use_parallel_residual",
+    "gpt_neox": Family(("gpt_neox", "gptneox"), gguf=_NEOX_GGUF, gguf_keys={"use_parallel_residual": "use_parallel_residual"}, norm="layer", norm_bias=True, placement="parallel2", parallel_key="use_parallel_residual",
                        attention_bias=True, o_bias=True, bias_keys={"o": "attention_bias"}, mlp_gated=False, mlp_bias=True,
                        mlp_act="gelu", act_key="hidden_act", names=_NEOX_NAMES, prefix="gpt_neox.", qkv_per_head=True,
                        top_names={"model.embed_in.weight": "model.embed_tokens.weight", "model.final_layer_norm.weight": "model.norm.weight",
