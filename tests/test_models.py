@@ -9,7 +9,7 @@ import torch
 from speccompile.errors import InputError, UnsupportedError
 from speccompile.models.config import config_from_gguf, config_from_hf
 from speccompile.models.decoder import build_decoder, causal_mask, eagle3_tap_layers
-from speccompile.models.load import load_model
+from speccompile.models.load import gguf_to_hf_name, load_model
 
 from conftest import make_tiny_hf_model, write_gguf
 
@@ -102,6 +102,16 @@ def test_gguf_q8_0_dequantizes_close(tmp_path):
         assert err <= 0.02 * float(np.abs(ref).max()) + 1e-6, (name, err)
 
 
+def test_gguf_nextn_names():
+    """llama.cpp's MTP (nextn) tensors under the names the MTP loader reads; the block's layer under its own."""
+    names = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_tokens": "embed_tokens",
+             "shared_head_head": "shared_head.head", "shared_head_norm": "shared_head.norm"}
+    for gguf, hf in names.items():
+        assert gguf_to_hf_name(f"blk.46.nextn.{gguf}.weight") == f"model.layers.46.{hf}.weight"
+    assert gguf_to_hf_name("blk.46.attn_q.weight") == "model.layers.46.self_attn.q_proj.weight"
+    assert gguf_to_hf_name("blk.46.nextn.pre_projection.weight") is None
+
+
 def test_config_errors():
     with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*gemma3.*llama, mistral"):
         config_from_hf({"model_type": "gpt2"}, "cfg")
@@ -114,8 +124,6 @@ def test_config_errors():
         config_from_gguf(grouped, True, False, "m.gguf")  # llama.cpp's group score is not DeepSeek-V2's
     with pytest.raises(UnsupportedError, match="deepseek2.expert_gating_func 4 is not supported"):
         config_from_gguf({**grouped, "deepseek2.expert_gating_func": 4}, True, False, "m.gguf")
-    with pytest.raises(UnsupportedError, match="deepseek2.nextn_predict_layers 1 is not supported"):
-        config_from_gguf({**grouped, "deepseek2.expert_gating_func": 2, "deepseek2.nextn_predict_layers": 1}, True, False, "m.gguf")
     with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
         config_from_hf({"model_type": "qwen3_next"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):

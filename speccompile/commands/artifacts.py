@@ -20,7 +20,8 @@ from ..console import console, emit_json, progress_printer
               "eagle3:PATH | medusa:PATH | mtp[:PATH] | dflash:PATH. eagle3 reads the speculators layout (Llama / Qwen3 layers, "
               "its norm flags, custom taps) and the flat LlamaForCausalLMEagle3 one (EAGLE authors' pytorch_model.bin, "
               "SGLang SpecForge, ModelOpt; safetensors shards); mtp reads DeepSeek-V3 / GLM-4.5 model.layers.N, "
-              "Qwen3-Next / Qwen3.5 mtp.*, MiMo and speculators MTP modules, from MODEL itself when no PATH is given; dflash reads the z-lab and speculators layouts.")
+              "Qwen3-Next / Qwen3.5 mtp.*, MiMo and speculators MTP modules, from MODEL itself when no PATH is given "
+              "(a GGUF's blk.N.nextn.* too); dflash reads the z-lab and speculators layouts.")
 @click.option("--tree", default=None, help="Tree preset name or JSON file of choice paths (for tree drafters).")
 @click.option("--num-draft-tokens", type=int, default=None, help="Draft tokens per step recorded as the default for `run`.")
 @click.option("--fused-cpu-graph/--no-fused-cpu-graph", default=True, show_default=True,

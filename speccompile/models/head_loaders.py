@@ -2,7 +2,7 @@
 
 A checkpoint is a folder (config.json + *.safetensors, one file or shards; else pickled weights such as the EAGLE
 authors' pytorch_model.bin or Medusa's medusa_lm_head.pt, read with ``torch.load(weights_only=True)`` only), one
-weights file, or for MTP the target's own folder. Its keys are mapped onto the head's module names (the EAGLE-3
+weights file, or for MTP the target's own folder or GGUF file (llama.cpp's `blk.L.nextn.*` blocks). Its keys are mapped onto the head's module names (the EAGLE-3
 and MTP layouts: eagle3_layouts.py, mtp_layouts.py), shapes are checked against its config and the target, and
 the weights it shares with the target (embeddings, lm_head) are taken from the target.
 """
@@ -23,13 +23,13 @@ from .decoder import describe_key_mismatch
 from .eagle3_layouts import read_eagle3
 from .heads import (Eagle3Head, EagleHead, HeadConfig, MedusaHeads, MTPHead, TargetWeights, head_layer_config,
                     target_embed, target_lm_head)
-from .mtp_layouts import is_mtp_weight, mtp_layer_config, read_mtp
+from .mtp_layouts import is_mtp_weight, is_target_layer, mtp_layer_config, read_mtp
 
 
 def load_head(kind: str, path: str | Path | None, target: ModelConfig, target_weights: TargetWeights,
               target_folder: Path | None = None) -> nn.Module:
     """Read a drafter checkpoint of `kind` for `target` and return the torch head (eval mode, fp32). An MTP head
-    with no path is read from the target's own checkpoint folder `target_folder` (its MTP tensors only)."""
+    with no path is read from the target's own checkpoint `target_folder`, a folder or GGUF file (its MTP tensors only)."""
     if kind not in HEAD_KINDS:
         raise InputError(f"unknown head kind {kind!r} (expected one of {', '.join(HEAD_KINDS)})")
     if path is None:
@@ -101,7 +101,7 @@ def _mtp_module(raw, renamed, style, count, source, target, target_weights) -> M
     if h != target.hidden_size:
         raise InputError(f"{source}: mtp hidden size {h} differs from the target's {target.hidden_size}")
     layer_raw = raw.get("transformer_layer_config") or raw
-    layer = mtp_layer_config(target) if target.mla and style == "deepseek" else head_layer_config(layer_raw, target, h)
+    layer = mtp_layer_config(target) if is_target_layer(style, target) else head_layer_config(layer_raw, target, h)
     cfg = HeadConfig("mtp", layer, target.hidden_size, target.vocab_size, target.vocab_size,
                      has_embed="embed_tokens.weight" in renamed, mtp_style=style, mtp_modules=count,
                      layout=f"mtp/{style}")
@@ -182,16 +182,22 @@ def _torch_state_dict(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_target_mtp(folder: Path, target: ModelConfig) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path, str]:
-    """The MTP tensors inside a target's own checkpoint folder (the others are never read)."""
-    from .weights import SafetensorsSource
+    """The MTP tensors inside a target's own checkpoint, a folder or a GGUF file (the others are never read)."""
+    from .load import gguf_mtp_weights
+    from .weights import SafetensorsSource, WeightSource
 
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    source = SafetensorsSource(files) if files else None
+    source: WeightSource | None = None
+    raw: dict[str, Any] = {}
+    if folder.is_file() and folder.suffix.lower() == ".gguf":  # llama.cpp's nextn blocks (load.gguf_mtp_weights)
+        raw, source = gguf_mtp_weights(folder)
+    elif folder.is_dir() and sorted(folder.glob("*.safetensors")):
+        raw, source = _read_config(folder), SafetensorsSource(sorted(folder.glob("*.safetensors")))
     names = [n for n in source.names() if is_mtp_weight(n, target.num_hidden_layers)] if source else []
     if not names:
         raise InputError(f"drafter mtp: the target {folder} carries no MTP weights (model.layers.N.* past its "
-                         f"{target.num_hidden_layers} layers, mtp.* or model.mtp_layers.*); give one as mtp:PATH", "drafter")
-    return _read_config(folder), {n: source.torch_tensor(n) for n in names}, folder, "safetensors"
+                         f"{target.num_hidden_layers} layers, blk.N.nextn.* in a GGUF, mtp.* or model.mtp_layers.*); "
+                         "give one as mtp:PATH", "drafter")
+    return raw, {n: source.torch_tensor(n) for n in names}, folder, "safetensors"
 
 
 def _strip(tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -355,8 +355,9 @@ class MTPHead(_ARHead):
     * mimo: eh_proj(cat(hnorm(h), enorm(emb))) with emb zeroed at position 0, fed back norm(out);
     * speculators (its MTPDraftModel): as qwen3_next.
 
-    On a multi-head latent attention target (DeepSeek-V3) the block is the target's own decoder layer
-    (decoder.DecoderLayer: latent attention, its cache of one latent head, the MoE MLP; mtp_layouts.mtp_layer_config).
+    On a multi-head latent attention or MoE target (DeepSeek-V3, GLM-4.5) the block is the target's own decoder layer
+    (decoder.DecoderLayer: its attention, latent with one cached latent head, and the MoE MLP;
+    mtp_layouts.mtp_layer_config).
 
     A checkpoint with several modules loads as module 0 with modules 1..N-1 in `chain` (a plain list: module 0's
     state dict stays its own); module i reads module i-1's fed-back feature (DeepSeek-V3's sequential MTP).
@@ -373,7 +374,8 @@ class MTPHead(_ARHead):
         self.enorm = RMSNorm(h, c.rms_norm_eps)
         self.hnorm = RMSNorm(h, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
-        self.block = DecoderLayer(c) if c.mla else _HeadAttentionLayer(c)  # MLA: the target's own layer (+ MoE)
+        own = c.mla or c.moe is not None  # the target's own layer (head_layer_config's layers have no MoE)
+        self.block = DecoderLayer(c) if own else _HeadAttentionLayer(c)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(h, c.rms_norm_eps)
         self.shared_head.head = nn.Linear(h, config.target_vocab_size, bias=False)

@@ -227,6 +227,9 @@ _GGUF_NAMES = {
     "output.weight": "lm_head.weight",
     "output.bias": "lm_head.bias",
 }
+# an MTP (nextn) block's own tensors, `blk.L.nextn.*` (its decoder layer: the ordinary `blk.L.*` names)
+_NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_tokens": "embed_tokens",
+          "shared_head_head": "shared_head.head", "shared_head_norm": "shared_head.norm"}
 # checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's `exp_probs_b.bias`)
 _BARE = ("self_attn.sinks", "mlp.gate.e_score_correction_bias")
 
@@ -261,6 +264,8 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
     parts = name.split(".")
     if len(parts) in (3, 4) and parts[0] == "blk" and block_names.get(parts[2]) in _BARE and parts[3:] in ([], ["weight"], ["bias"]):
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}"
+    if len(parts) == 5 and parts[0] == "blk" and parts[2] == "nextn" and parts[3] in _NEXTN:  # an MTP block's own
+        return f"model.layers.{parts[1]}.{_NEXTN[parts[3]]}.{parts[4]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""
@@ -271,7 +276,28 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
 
 def load_gguf(path: Path) -> LoadedModel:
     """Open a GGUF file: F32/F16/BF16/Q8_0/Q4_0/Q4_1 (and other gguf-package types) are dequantized to fp32
-    per tensor when read."""
+    per tensor when read. MTP (nextn) blocks past the target's layers are left out (`gguf_mtp_weights` reads them)."""
+    reader, meta, config, weights = _gguf_weights(path)
+    weights = weights.without({n for n in weights.names() if is_mtp_weight(n, config.num_hidden_layers)})  # GLM-4.5's
+    if config.mla:  # llama.cpp's attn_k_b / attn_v_b, joined back into kv_b_proj
+        check_choice_bias({t.name for t in reader.tensors}, config.moe, str(path))
+        weights = JoinedKvB(weights)
+    template = meta.get("tokenizer.chat_template")
+    return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
+
+
+def gguf_mtp_weights(path: Path) -> tuple[dict[str, Any], WeightSource]:
+    """(the config.json keys the MTP loader reads, the MTP blocks' tensors under their Hugging Face names) of a GGUF
+    file: llama.cpp's converter writes GLM-4.5's (and DeepSeek's) MTP layers as `<arch>.nextn_predict_layers` blocks
+    past the target's, counted in block_count, their MTP tensors as `blk.L.nextn.*`."""
+    _, meta, config, weights = _gguf_weights(path)
+    weights = weights.without({n for n in weights.names() if not is_mtp_weight(n, config.num_hidden_layers)})
+    nextn = int(meta.get(f"{meta['general.architecture']}.nextn_predict_layers") or 0)
+    return {"num_nextn_predict_layers": nextn}, JoinedKvB(weights) if config.mla else weights
+
+
+def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightSource]:
+    """(reader, metadata, config, every tensor under its Hugging Face name, MTP blocks included) of a GGUF file."""
     reader = _open_gguf(path)
     names = {t.name for t in reader.tensors}
     meta = _gguf_metadata(reader)
@@ -291,13 +317,7 @@ def load_gguf(path: Path) -> LoadedModel:
         return None
 
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
-    weights: WeightSource = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
-    weights = weights.without({n for n in weights.names() if is_mtp_weight(n, config.num_hidden_layers)})  # GLM-4.5's
-    if config.mla:  # llama.cpp's attn_k_b / attn_v_b, joined back into kv_b_proj
-        check_choice_bias(names, config.moe, str(path))
-        weights = JoinedKvB(weights)
-    template = meta.get("tokenizer.chat_template")
-    return LoadedModel(config, weights, path, "gguf", [path], template if isinstance(template, str) else None)
+    return reader, meta, config, GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
 
 
 # ----------------------------------------------------------------------------------------------

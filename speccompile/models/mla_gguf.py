@@ -37,9 +37,6 @@ def deepseek2_keys(meta: dict[str, Any], p: str, source: str) -> tuple[str, dict
     if gating == 1 and used < groups:
         raise UnsupportedError(f"{source}: {p}expert_group_used_count {used} of {groups} groups with softmax routing is not "
                                "supported (llama.cpp scores a group by its two best experts, DeepSeek-V2 by its best)")
-    if int(meta.get(p + "nextn_predict_layers") or 0):
-        raise UnsupportedError(f"{source}: {p}nextn_predict_layers {meta[p + 'nextn_predict_layers']} is not supported "
-                               "(MTP blocks counted in block_count)")
     rope = int(meta[p + "rope.dimension_count"])
     mla = p + "attention.key_length_mla" in meta
     keys: dict[str, Any] = {

@@ -107,8 +107,15 @@ def _renamed(key: str, style: str) -> str:
     return "block." + key if key.startswith(_BLOCK) else key
 
 
+def is_target_layer(style: str, target: ModelConfig) -> bool:
+    """Whether a module's block is the target's own decoder layer: DeepSeek-style MTP on a multi-head latent
+    attention or MoE target (DeepSeek-V3, GLM-4.5: layer L is one more of the target's MoE layers)."""
+    return style == "deepseek" and (target.mla or target.moe is not None)
+
+
 def mtp_layer_config(target: ModelConfig) -> ModelConfig:
-    """The one-layer config of a DeepSeek-style MTP block on a multi-head latent attention target: the target's own
-    layer (latent attention, one cached latent head; the MoE MLP when the target has one, as DeepSeek-V3's layer L)."""
+    """The one-layer config of a DeepSeek-style MTP block that is the target's own layer (`is_target_layer`): its
+    attention (latent, one cached latent head, on DeepSeek-V3; GLM-4.5's partial rope, q/k norms and biases) and
+    its MoE MLP when the target has one, as layer L of those models."""
     moe = dataclasses.replace(target.moe, dense_layers=()) if target.moe is not None else None
     return dataclasses.replace(target, num_hidden_layers=1, moe=moe)
