@@ -87,6 +87,15 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gpt_neox": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64, rotary_pct=0.25),
     "gpt_neox-seq": dict(model_type="gpt_neox", num_attention_heads=2, num_key_value_heads=2, head_dim=32, rotary_pct=0.5,
                          use_parallel_residual=False, hidden_act="gelu_new"),
+    # OLMo 3: OLMo 2 with sliding layers, a rope table per layer type; Ministral: Mistral with per-layer sliding
+    "olmo3": dict(sliding_window=WINDOW, layer_types=_TWO),
+    "ministral": dict(sliding_window=WINDOW, layer_types=_TWO),
+    "cohere": dict(logit_scale=0.25, attention_bias=True),  # parallel LayerNorm block, interleaved rope, q/k/v/o biases
+    "glm": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),  # interleaved partial rotary, fused gate_up
+    "vaultgemma": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),  # softcaps, pre norms
+    "flex_olmo": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=True),
+    "internlm3": {},
+    "exaone": {},  # GPT-2's names (transformer.h.N.attn.attention.*)
 }
 
 

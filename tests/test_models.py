@@ -131,3 +131,17 @@ def test_config_errors():
     with pytest.raises(UnsupportedError, match="rope_scaling type 'dynamic'"):
         config_from_hf({"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                         "num_hidden_layers": 1, "num_attention_heads": 1, "rope_scaling": {"rope_type": "dynamic", "factor": 2}}, "cfg")
+
+
+def test_config_keys_of_a_family():
+    """A family's own config.json keys (`Family.config_keys`): EXAONE 3's num_layers / layer_norm_epsilon, InternLM3's
+    qkv_bias (q/k/v and o_proj biases) and bias (the gated MLP's: refused); Command R+'s per-head q/k norms refused."""
+    base = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 1}
+    cfg = config_from_hf({**base, "model_type": "exaone", "num_layers": 3, "layer_norm_epsilon": 1e-3}, "cfg")
+    assert (cfg.architecture, cfg.num_hidden_layers, cfg.rms_norm_eps) == ("exaone", 3, 1e-3)
+    cfg = config_from_hf({**base, "model_type": "internlm3", "num_hidden_layers": 1, "qkv_bias": True}, "cfg")
+    assert (cfg.attention_bias, cfg.o_proj_bias) == (True, True)
+    with pytest.raises(UnsupportedError, match="internlm3 with mlp_bias"):
+        config_from_hf({**base, "model_type": "internlm3", "num_hidden_layers": 1, "bias": True}, "cfg")
+    with pytest.raises(UnsupportedError, match="cohere with use_qk_norm"):
+        config_from_hf({**base, "model_type": "cohere", "num_hidden_layers": 1, "use_qk_norm": True}, "cfg")

@@ -118,6 +118,10 @@ class Family:
     lm_head_bias: bool = False
     top_names: dict[str, str] = field(default_factory=dict)  # checkpoint name -> the name every consumer reads
     prefix: str = ""  # the checkpoint's prefix where Llama's has `model.` (GPT-NeoX: gpt_neox.), renamed at load
+    layers_key: str = ""  # the checkpoint's name of the layer list where Llama's has `layers` (EXAONE 3: h), renamed at load
+    # config keys of the checkpoint's own config.json -> the names this table reads (EXAONE 3: num_layers ->
+    # num_hidden_layers); the standard name wins where both are present
+    config_keys: dict[str, str] = field(default_factory=dict)
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -149,6 +153,9 @@ _MLA_GGUF = {**{k: LLAMA_GGUF[k] for k in ("attn_norm", "ffn_norm", "attn_q", "a
              **{k: f"self_attn.{v}" for k, v in (("attn_q_a", "q_a_proj"), ("attn_q_a_norm", "q_a_layernorm"), ("attn_q_b", "q_b_proj"),
                                                  ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_kv_a_norm", "kv_a_layernorm"),
                                                  ("attn_kv_b", "kv_b_proj"), ("attn_k_b", "k_b_proj"), ("attn_v_b", "v_b_proj"))}}
+_EXAONE_NAMES = {"input_norm": ("ln_1.weight",), "post_norm": ("ln_2.weight",),
+                 "qkv": tuple(f"attn.attention.{x}_proj.weight" for x in "qkv"), "o_proj": ("attn.attention.out_proj.weight",),
+                 "gate_up": ("mlp.c_fc_0.weight", "mlp.c_fc_1.weight"), "down": ("mlp.c_proj.weight",)}
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
 _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multiplier", residual_key="residual_multiplier",
                 logit_key="1/logits_scaling", gguf_llama_order=True,
@@ -158,7 +165,7 @@ _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_so
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(("llama", "smollm2", "smollm"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
-    "mistral": Family(("mistral",), gguf_llama_order=True),
+    "mistral": Family(("mistral", "ministral"), gguf_llama_order=True),  # Ministral: per-layer layer_types
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window", bias_keys={"o": "attention_bias"}),
     "gemma": Family(("gemma",), bias_keys={"o": "attention_bias"}, **{**_GEMMA, "gguf": dict(LLAMA_GGUF)}),  # pre norms: ffn_norm is post_attention_layernorm
@@ -171,7 +178,7 @@ FAMILIES: dict[str, Family] = {
                    gguf={**LLAMA_GGUF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}, gguf_swa_period=0),
     "granite": Family(("granite",), **_GRANITE, bias_keys={"o": "attention_bias"}),
     "granitemoe": Family(("granitemoe", "granitemoeshared"), **_GRANITE, bias_keys={"o": "attention_bias"}, moe="granitemoe"),
-    "olmo2": Family(("olmo2",), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, gguf_swa_period=4,
+    "olmo2": Family(("olmo2", "olmo3"), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, gguf_swa_period=4,
                     bias_keys={"o": "attention_bias"}),
     "smollm3": Family(("smollm3",), sliding_key="use_sliding_window", gguf_llama_order=True, gguf_nope_period=4,
                       bias_keys={"o": "attention_bias"}),
@@ -184,7 +191,7 @@ FAMILIES: dict[str, Family] = {
                       logit_key="logit_scale", gguf_keys={"logit_scale": "logit_scale"}, gguf_swa_period=4, bias_keys={"o": "attention_bias"}),
     "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES, gguf=_POST_GGUF,
                       gguf_swa_period=4),
-    "ernie4_5": Family(("ernie4_5",), rope_interleaved=True),
+    "ernie4_5": Family(("ernie4_5", "helium"), rope_interleaved=True),  # Helium: the same layer, attention_bias for q/k/v
     "ernie4_5_moe": Family(("ernie4_5_moe", "ernie4_5-moe"), rope_interleaved=True, moe="ernie4_5_moe"),
     "qwen2_moe": Family(("qwen2_moe", "qwen2moe"), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
     "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe",
@@ -226,6 +233,24 @@ FAMILIES: dict[str, Family] = {
                        mlp_act="gelu", act_key="hidden_act", names=_NEOX_NAMES, prefix="gpt_neox.", qkv_per_head=True,
                        top_names={"model.embed_in.weight": "model.embed_tokens.weight", "model.final_layer_norm.weight": "model.norm.weight",
                                   "model.final_layer_norm.bias": "model.norm.bias", "embed_out.weight": "lm_head.weight"}),
+    # Command R v1: Cohere 2's parallel LayerNorm block without sliding layers; its per-head q/k LayerNorms (a gain per
+    # head: Command R+) are not built
+    "cohere": Family(("cohere", "command-r"), norm="layer", placement="parallel", rope_interleaved=True, logit_key="logit_scale",
+                     gguf_keys={"logit_scale": "logit_scale"}, bias_keys={"o": "attention_bias"}, refused_keys=("use_qk_norm",)),
+    # GLM-4-9B (older than glm4): pre norms, q/k/v biases, interleaved partial rotary, a fused gate_up_proj
+    "glm": Family(("glm",), attention_bias=True, rope_interleaved=True, names={"gate_up": ("mlp.gate_up_proj.weight",)}),
+    # VaultGemma: Gemma 2 without the sandwich's post norms (pre_feedforward_layernorm is the MLP's pre norm)
+    "vaultgemma": Family(("vaultgemma",), attn_scale="query_pre_attn_scalar", names={"post_norm": ("pre_feedforward_layernorm.weight",)},
+                         bias_keys={"o": "attention_bias"}, **{**_GEMMA, "gguf": {**LLAMA_GGUF, "ffn_norm": "pre_feedforward_layernorm"}}),
+    # FlexOlmo: OLMo 2's post norms and q/k norms over all heads, OLMoE's softmax top k
+    "flex_olmo": Family(("flex_olmo",), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, moe="olmoe",
+                        bias_keys={"o": "attention_bias"}),
+    # InternLM3: Llama under its own config keys (qkv_bias: q/k/v/o biases; bias: the gated MLP's, refused)
+    "internlm3": Family(("internlm3",), bias_keys={"o": "attention_bias"}, config_keys={"qkv_bias": "attention_bias", "bias": "mlp_bias"}),
+    # EXAONE 3 / 3.5: Llama in GPT-2's names (transformer.h.N, attn.attention.*, c_fc_0 / c_fc_1 / c_proj, ln_1 / ln_2)
+    "exaone": Family(("exaone",), prefix="transformer.", layers_key="h", names=_EXAONE_NAMES,
+                     config_keys={"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps"},
+                     top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight"}),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

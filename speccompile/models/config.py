@@ -283,6 +283,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
+    data = {**{std: data[own] for own, std in fam.config_keys.items() if own in data}, **data}
     try:
         hidden = int(data["hidden_size"])
         heads = int(data["num_attention_heads"])

@@ -2,7 +2,7 @@
 
 The table's names are Llama's (`model.` prefix, q|k|v rows in a fused qkv); a family whose checkpoint differs
 says how in its entry (models/architectures.py): `Family.prefix` (GPT-NeoX's `gpt_neox.` where Llama has
-`model.`), `Family.top_names` (names outside the layers) and `Family.qkv_per_head` (a fused qkv stored per head,
+`model.`), `Family.layers_key` (EXAONE 3's `h` where Llama has `layers`), `Family.top_names` (names outside the layers) and `Family.qkv_per_head` (a fused qkv stored per head,
 [heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`, shown q|k|v). Nothing is read up front.
 """
 
@@ -36,10 +36,13 @@ class _QkvPerHead(WeightSource):
 
 
 def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
-    """`source` under the table's names: the family's `prefix` renamed to `model.`, then its `top_names`, and a
-    per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
+    """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
+    then its `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
     if fam.prefix:
         source = source.renamed({n: "model." + n[len(fam.prefix):] for n in source.names() if n.startswith(fam.prefix)})
+    if fam.layers_key:
+        old = f"model.{fam.layers_key}."
+        source = source.renamed({n: "model.layers." + n[len(old):] for n in source.names() if n.startswith(old)})
     source = source.renamed(fam.top_names)
     if not fam.qkv_per_head:
         return source
