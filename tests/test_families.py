@@ -96,6 +96,18 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "flex_olmo": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=True),
     "internlm3": {},
     "exaone": {},  # GPT-2's names (transformer.h.N.attn.attention.*)
+    # MLA (as deepseek_v3) with V3's routing, dense layers by mlp_layer_types; MLA on dense layers (youtu)
+    "glm4_moe_lite": dict(num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                          kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24,
+                          routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense"]),
+    "youtu": dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24),
+    # every layer MoE, no intermediate_size; K-EXAONE: EXAONE 4 attention (layer 1 global: no rope), V3 routing
+    "solar_open": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=2.5),
+    "exaone_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, sliding_window=WINDOW,
+                       layer_types=_TWO, mlp_layer_types=["dense", "sparse"]),
+    # q/k norms over all heads, partial rotary 0.5, sigmoid top 2 of scores + bias, renormalised (Mixtral's names)
+    "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                       intermediate_size=32, rotary_dim=16),
 }
 
 

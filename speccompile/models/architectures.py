@@ -122,6 +122,9 @@ class Family:
     # config keys of the checkpoint's own config.json -> the names this table reads (EXAONE 3: num_layers ->
     # num_hidden_layers); the standard name wins where both are present
     config_keys: dict[str, str] = field(default_factory=dict)
+    config_defaults: dict[str, object] = field(default_factory=dict)  # config keys' values where config.json has none (transformers' defaults)
+    # a layer's checkpoint names -> the table's (relative to `model.layers.N.`; MiniMax-M2's block_sparse_moe.e_score_correction_bias)
+    layer_renames: dict[str, str] = field(default_factory=dict)
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -199,11 +202,13 @@ FAMILIES: dict[str, Family] = {
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
-    "deepseek_v3": Family(("deepseek_v3", "kimi_k2"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF),
+    # GLM-4.7-Flash (glm4_moe_lite): V3's latent attention and routing, dense layers by mlp_layer_types (default: the first)
+    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF),
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
     # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
-    "glm4_moe": Family(("glm4_moe", "glm4moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3",
+    # Solar Open: the same layers without q/k norms, every layer MoE (no intermediate_size)
+    "glm4_moe": Family(("glm4_moe", "glm4moe", "solar_open"), qk_norm_key="use_qk_norm", moe="deepseek_v3",
                        gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm"}),
     "dots1": Family(("dots1",), qk_norm="head", moe="deepseek_v3", bias_keys={"o": "attention_bias"}),  # Qwen3's attention, DeepSeek-V3's routing
     "olmoe": Family(("olmoe",), qk_norm="full", bias_keys={"o": "attention_bias"}, moe="olmoe", refused_keys=("clip_qkv",)),
@@ -251,6 +256,15 @@ FAMILIES: dict[str, Family] = {
     "exaone": Family(("exaone",), prefix="transformer.", layers_key="h", names=_EXAONE_NAMES,
                      config_keys={"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps"},
                      top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight"}),
+    # Youtu-LLM: DeepSeek-V3's latent attention on dense SwiGLU layers
+    "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),
+    # K-EXAONE (exaone_moe): EXAONE 4's attention (per-head q/k norms, no rope on full layers) in pre norms, DeepSeek-V3's routing
+    "exaone_moe": Family(("exaone_moe",), qk_norm="head", global_nope=True, moe="deepseek_v3", config_defaults={"first_k_dense_replace": 1},
+                         config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
+                         layer_renames={"mlp.e_score_correction_bias": "mlp.gate.e_score_correction_bias"}),
+    # MiniMax-M2: q/k norms over all heads, partial rotary (rotary_dim), Mixtral's expert names, sigmoid top k with a score bias
+    "minimax_m2": Family(("minimax_m2",), qk_norm="full", moe="minimax_m2",
+                         layer_renames={"block_sparse_moe.e_score_correction_bias": "block_sparse_moe.gate.e_score_correction_bias"}),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

@@ -258,6 +258,8 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
     rope, local = _rope_params(data)
     types, window = _layer_types(data, fam, layers)
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
+    if data.get("rotary_dim") and "partial_rotary_factor" not in rope:  # MiniMax-M2's legacy key: the rotated dims
+        partial = int(data["rotary_dim"]) / head_dim
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_check_rope_scaling(rope, source),
@@ -283,7 +285,9 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
-    data = {**{std: data[own] for own, std in fam.config_keys.items() if own in data}, **data}
+    data = {**fam.config_defaults, **{std: data[own] for own, std in fam.config_keys.items() if own in data}, **data}
+    if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
+        data["intermediate_size"] = data["moe_intermediate_size"]
     try:
         hidden = int(data["hidden_size"])
         heads = int(data["num_attention_heads"])

@@ -171,7 +171,15 @@ def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> M
                      shared_gated=False, n_group=int(data.get("n_group") or 1) if grouped else 1,
                      topk_group=int(data.get("topk_group") or 1) if grouped else 1,
                      routed_scale=float(data.get("routed_scaling_factor", 1.0)), score_bias=v3,
-                     dense_layers=tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers))))
+                     dense_layers=_mlp_dense_layers(data, layers))
+
+
+def _mlp_dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """The dense layers of a DeepSeek-style config: `mlp_layer_types` ("dense" / "sparse", GLM-4.7-Flash, K-EXAONE)
+    where given, else the first `first_k_dense_replace`."""
+    if data.get("mlp_layer_types"):
+        return tuple(i for i, kind in enumerate(data["mlp_layer_types"][:layers]) if kind == "dense")
+    return tuple(range(min(int(data.get("first_k_dense_replace") or 0), layers)))
 
 
 def _ernie_moe(data: dict[str, Any], layers: int) -> MoeConfig:
@@ -205,6 +213,9 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False)
     if kind == "ernie4_5_moe":
         return _ernie_moe(data, layers)
+    if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
+                         projections=("w1", "w3", "w2"), score_bias=True)
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
