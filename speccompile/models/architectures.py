@@ -263,7 +263,7 @@ FAMILIES: dict[str, Family] = {
                          config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
                          layer_renames={"mlp.e_score_correction_bias": "mlp.gate.e_score_correction_bias"}),
     # MiniMax-M2: q/k norms over all heads, partial rotary (rotary_dim), Mixtral's expert names, sigmoid top k with a score bias
-    "minimax_m2": Family(("minimax_m2",), qk_norm="full", moe="minimax_m2",
+    "minimax_m2": Family(("minimax_m2", "minimax-m2"), qk_norm="full", moe="minimax_m2",
                          layer_renames={"block_sparse_moe.e_score_correction_bias": "block_sparse_moe.gate.e_score_correction_bias"}),
 }
 

@@ -230,8 +230,8 @@ _GGUF_NAMES = {
 # an MTP (nextn) block's own tensors, `blk.L.nextn.*` (its decoder layer: the ordinary `blk.L.*` names)
 _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_tokens": "embed_tokens",
           "shared_head_head": "shared_head.head", "shared_head_norm": "shared_head.norm"}
-# checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's `exp_probs_b.bias`)
-_BARE = ("self_attn.sinks", "mlp.gate.e_score_correction_bias")
+# checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's / MiniMax-M2's `exp_probs_b.bias`)
+_BARE = ("self_attn.sinks", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias")
 
 
 def _open_gguf(path: Path):
