@@ -123,8 +123,6 @@ class Family:
     # num_hidden_layers); the standard name wins where both are present
     config_keys: dict[str, str] = field(default_factory=dict)
     config_defaults: dict[str, object] = field(default_factory=dict)  # config keys' values where config.json has none (transformers' defaults)
-    # a layer's checkpoint names -> the table's (relative to `model.layers.N.`; MiniMax-M2's block_sparse_moe.e_score_correction_bias)
-    layer_renames: dict[str, str] = field(default_factory=dict)
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -260,11 +258,9 @@ FAMILIES: dict[str, Family] = {
     "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),
     # K-EXAONE (exaone_moe): EXAONE 4's attention (per-head q/k norms, no rope on full layers) in pre norms, DeepSeek-V3's routing
     "exaone_moe": Family(("exaone_moe",), qk_norm="head", global_nope=True, moe="deepseek_v3", config_defaults={"first_k_dense_replace": 1},
-                         config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"},
-                         layer_renames={"mlp.e_score_correction_bias": "mlp.gate.e_score_correction_bias"}),
+                         config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}),
     # MiniMax-M2: q/k norms over all heads, partial rotary (rotary_dim), Mixtral's expert names, sigmoid top k with a score bias
-    "minimax_m2": Family(("minimax_m2", "minimax-m2"), qk_norm="full", moe="minimax_m2",
-                         layer_renames={"block_sparse_moe.e_score_correction_bias": "block_sparse_moe.gate.e_score_correction_bias"}),
+    "minimax_m2": Family(("minimax_m2", "minimax-m2"), qk_norm="full", moe="minimax_m2"),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

@@ -2,9 +2,8 @@
 
 The table's names are Llama's (`model.` prefix, q|k|v rows in a fused qkv); a family whose checkpoint differs
 says how in its entry (models/architectures.py): `Family.prefix` (GPT-NeoX's `gpt_neox.` where Llama has
-`model.`), `Family.layers_key` (EXAONE 3's `h` where Llama has `layers`), `Family.layer_renames` (a layer's tensors named
-apart: MiniMax-M2's router score bias), `Family.top_names` (names outside the layers) and `Family.qkv_per_head` (a fused qkv stored per head,
-[heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`, shown q|k|v). Nothing is read up front.
+`model.`), `Family.layers_key` (EXAONE 3's `h` where Llama has `layers`), `Family.top_names` (names outside
+the layers) and `Family.qkv_per_head` (a fused qkv stored per head, [heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`, shown q|k|v). Nothing is read up front.
 """
 
 from __future__ import annotations
@@ -38,14 +37,12 @@ class _QkvPerHead(WeightSource):
 
 def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
-    then its `layer_renames` and `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
+    then its `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
     if fam.prefix:
         source = source.renamed({n: "model." + n[len(fam.prefix):] for n in source.names() if n.startswith(fam.prefix)})
     if fam.layers_key:
         old = f"model.{fam.layers_key}."
         source = source.renamed({n: "model.layers." + n[len(old):] for n in source.names() if n.startswith(old)})
-    if fam.layer_renames:
-        source = source.renamed({n: _layer_renamed(n, fam.layer_renames) for n in source.names() if n.startswith("model.layers.")})
     source = source.renamed(fam.top_names)
     if not fam.qkv_per_head:
         return source
@@ -53,9 +50,3 @@ def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     parts = {*layer["qkv"], *layer["qkv_bias"]}
     fused = {n for n in source.names() if n.startswith("model.layers.") and n.split(".", 3)[3] in parts}
     return _QkvPerHead(source, fused, heads)
-
-
-def _layer_renamed(name: str, renames: dict[str, str]) -> str:
-    """`model.layers.N.<rest>` with `rest` renamed by `renames` (unchanged if not named there)."""
-    _, _, layer, rest = name.split(".", 3)
-    return f"model.layers.{layer}.{renames[rest]}" if rest in renames else name

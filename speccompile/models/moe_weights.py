@@ -1,5 +1,6 @@
 """gpt-oss' and Granite-MoE's fused expert tensors shown per expert, under the names every consumer reads
-(models/moe_config.py); ERNIE 4.5 MoE's score bias under DeepSeek-V3's name (`_VIEWS`).
+(models/moe_config.py); ERNIE 4.5 MoE's, K-EXAONE's and MiniMax-M2's score
+bias under DeepSeek-V3's name (`_VIEWS`).
 
 transformers saves gpt-oss' experts as `mlp.experts.gate_up_proj` [experts, hidden, 2 * inter] (gate and up
 columns interleaved: gate = [..., ::2], up = [..., 1::2]), `gate_up_proj_bias` [experts, 2 * inter], `down_proj`
@@ -107,6 +108,8 @@ _VIEWS = {
     "shared_mlp.input_linear.weight": ("block_sparse_moe.shared_expert.gate_proj.weight", "block_sparse_moe.shared_expert.up_proj.weight"),
     "shared_mlp.output_linear.weight": ("block_sparse_moe.shared_expert.down_proj.weight",),
     "mlp.moe_statics.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),
+    "mlp.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),  # K-EXAONE
+    "block_sparse_moe.e_score_correction_bias": ("block_sparse_moe.gate.e_score_correction_bias",),  # MiniMax-M2
 }
 _VIEWED = re.compile(r"^(model\.layers\.\d+\.)(" + "|".join(re.escape(k) for k in _VIEWS) + ")$")
 
@@ -154,7 +157,7 @@ class LayerViewSource(WeightSource):
 
 def per_expert(source: WeightSource, where: str = "") -> WeightSource:
     """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert, or the `_VIEWS` tensors
-    (Granite-MoE, ERNIE 4.5 MoE) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
+    (Granite-MoE, ERNIE 4.5 MoE, K-EXAONE, MiniMax-M2) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
     tensor without its `_scales` or of the wrong shape / type."""
     if any(_VIEWED.match(n) for n in source.names()):
         return LayerViewSource(source)
