@@ -106,6 +106,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "exaone_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, sliding_window=WINDOW,
                        layer_types=_TWO, mlp_layer_types=["dense", "sparse"]),
     # q/k norms over all heads, partial rotary 0.5, sigmoid top 2 of scores + bias, renormalised (Mixtral's names)
+    # biased LayerNorms, q/k/v/o and lm_head biases, sparsemixer top 2 (a wide jitter_eps: the masks bind)
+    "phimoe": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, attention_bias=True, lm_head_bias=True,
+                   router_jitter_noise=0.3),
+    "phimoe-longrope": dict(model_type="phimoe", num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, router_jitter_noise=0.3,
+                            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
+                                             "short_factor": [1.0, 1.1, 1.3, 1.6, 1.8, 2.0, 2.5, 3.0], "long_factor": [2.0] * 8,
+                                             "short_mscale": 1.2, "long_mscale": 1.2}),  # mscale: the cos/sin factor
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }

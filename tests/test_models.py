@@ -8,6 +8,7 @@ import torch
 
 from speccompile.errors import InputError, UnsupportedError
 from speccompile.models.config import config_from_gguf, config_from_hf
+from speccompile.models.rope import rope_attention_factor
 from speccompile.models.decoder import build_decoder, causal_mask, eagle3_tap_layers
 from speccompile.models.load import gguf_to_hf_name, load_model
 
@@ -135,7 +136,8 @@ def test_config_errors():
 
 def test_config_keys_of_a_family():
     """A family's own config.json keys (`Family.config_keys`): EXAONE 3's num_layers / layer_norm_epsilon, InternLM3's
-    qkv_bias (q/k/v and o_proj biases) and bias (the gated MLP's: refused); Command R+'s per-head q/k norms refused."""
+    qkv_bias (q/k/v and o_proj biases) and bias (the gated MLP's: refused); Command R+'s per-head q/k norms refused;
+    Phi-MoE's longrope mscale the cos/sin factor when short and long agree, else refused."""
     base = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 1}
     cfg = config_from_hf({**base, "model_type": "exaone", "num_layers": 3, "layer_norm_epsilon": 1e-3}, "cfg")
     assert (cfg.architecture, cfg.num_hidden_layers, cfg.rms_norm_eps) == ("exaone", 3, 1e-3)
@@ -145,3 +147,9 @@ def test_config_keys_of_a_family():
         config_from_hf({**base, "model_type": "internlm3", "num_hidden_layers": 1, "bias": True}, "cfg")
     with pytest.raises(UnsupportedError, match="cohere with use_qk_norm"):
         config_from_hf({**base, "model_type": "cohere", "num_hidden_layers": 1, "use_qk_norm": True}, "cfg")
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 64,
+            "short_mscale": 1.25, "long_mscale": 1.25}  # Phi-3.5-MoE's: one cos/sin factor for every position
+    moe = {**base, "model_type": "phimoe", "num_hidden_layers": 1, "num_local_experts": 4, "num_experts_per_tok": 2}
+    assert rope_attention_factor(config_from_hf({**moe, "rope_scaling": rope}, "cfg")) == 1.25
+    with pytest.raises(UnsupportedError, match="short_mscale 1.25 != long_mscale 1.5"):
+        config_from_hf({**moe, "rope_scaling": {**rope, "long_mscale": 1.5}}, "cfg")

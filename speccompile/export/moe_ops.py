@@ -7,7 +7,7 @@ pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The
 therefore decomposed into standard operators, sparse by expert:
 
     routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), or DeepSeek-V3's group-limited sigmoid
-              routing (`_group_route`), in float32, per row; each row's choices then ordered by expert index
+              routing (`_group_route`), or Phi-MoE's sparsemixer (`_sparsemixer`), in float32, per row; each row's choices then ordered by expert index
     dispatch  once per layer: the pass's (row, choice) pairs sorted by expert (TopK, ties by pair: rows ascending),
               their rows gathered, and cut by each expert's count (one Split with E outputs)
     expert e  its SwiGLU MLP on its piece only (two MatMuls with 2-D weights): five nodes, an unchosen expert's on
@@ -136,6 +136,8 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
     k = em.const("moe.top_k", [moe.top_k])
     if moe.routing in ("sigmoid_group", "softmax_group"):
         values, index = _group_route(em, moe, logits, w.get(f"{p}{ROUTER}.score_bias"), k)
+    elif moe.routing == "sparsemixer":
+        values, index = _sparsemixer(em, moe, logits)
     elif moe.routing == "topk_softmax":
         values, index = em.op("TopK", [logits, k], 2, axis=-1)
         values = em.one("Softmax", [values], axis=-1)
@@ -146,6 +148,22 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
     if em.elem != TensorProto.FLOAT:
         values = em.one("Cast", [values], to=em.elem)
     return values, index
+
+
+def _sparsemixer(em: Emitter, moe: MoeConfig, logits: str) -> tuple[str, str]:
+    """Phi-MoE's sparsemixer of float32 logits [rows, experts] (models.moe._sparsemixer): twice, TopK 1 of the
+    remaining logits, Softmax over those within 2 eps (relative) of it, the winner's share; the winner set to -inf."""
+    scores, weights, indices = logits, [], []
+    neg_inf = em.const("moe.neg_inf", -np.inf, np.float32)
+    for _ in range(2):
+        top, index = em.op("TopK", [scores, em.const("moe.one", [1])], 2, axis=-1)
+        relative = em.one("Div", [em.one("Sub", [top, logits]), em.one("Max", [em.one("Abs", [logits]), top])])
+        far = em.one("Greater", [relative, em.const("moe.jitter", 2 * moe.jitter_eps, np.float32)])
+        share = em.one("Softmax", [em.one("Where", [far, neg_inf, scores])], axis=-1)
+        weights.append(em.one("GatherElements", [share, index], axis=-1))
+        indices.append(index)
+        scores = em.one("ScatterElements", [scores, index, em.one("Expand", [neg_inf, em.one("Shape", [index])])], axis=-1)
+    return em.one("Concat", weights, axis=-1), em.one("Concat", indices, axis=-1)
 
 
 def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | None, k: str) -> tuple[str, str]:

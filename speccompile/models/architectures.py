@@ -88,7 +88,7 @@ class Family:
     qk_norm: str = ""  # "" | head (per head) | full (over all heads)
     attention_bias: bool = False  # default of the `attention_bias` config key (q/k/v biases)
     # config keys that, true, switch biases on: "qkv" (default: attention_bias, else use_bias), "o" (o_proj), "mlp"
-    # (the plain MLP's up / down); a use_bias / mlp_bias key the family does not name here is refused
+    # (the plain MLP's up / down), "lm_head" (Phi-MoE's lm_head_bias); a use_bias / mlp_bias key the family does not name here is refused
     bias_keys: dict[str, str] = field(default_factory=dict)
     mlp_act: str = "silu"  # silu | gelu_tanh | gelu (exact, erf) | relu2 (relu(x) ** 2)
     act_key: str = ""  # config key naming the activation in transformers' names (`HF_ACTS`; GPT-NeoX: hidden_act)
@@ -261,6 +261,8 @@ FAMILIES: dict[str, Family] = {
                          config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}),
     # MiniMax-M2: q/k norms over all heads, partial rotary (rotary_dim), Mixtral's expert names, sigmoid top k with a score bias
     "minimax_m2": Family(("minimax_m2", "minimax-m2"), qk_norm="full", moe="minimax_m2"),
+    # Phi-3.5-MoE: biased LayerNorms, q/k/v/o biases, an lm_head bias, Mixtral's expert names, sparsemixer top 2
+    "phimoe": Family(("phimoe",), norm="layer", norm_bias=True, moe="phimoe", bias_keys={"o": "attention_bias", "lm_head": "lm_head_bias"}),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

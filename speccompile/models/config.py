@@ -159,7 +159,14 @@ def _check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str
         )
     if rope_type == "default":
         return None
-    return {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+    if "short_mscale" in out or "long_mscale" in out:  # Phi-MoE's cos/sin factors: one for every position, or refused
+        short, long = out.pop("short_mscale", None), out.pop("long_mscale", None)
+        if short != long:
+            raise UnsupportedError(f"{source}: rope_scaling short_mscale {short} != long_mscale {long} is not supported "
+                                   "(transformers picks one by the sequence's length)")
+        out["attention_factor"] = float(short)
+    return out
 
 
 def _rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -266,7 +273,8 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         norm=fam.norm, norm_offset=fam.norm_offset, placement=_placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
-        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated, lm_head_bias=fam.lm_head_bias,
+        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
+        lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
         layer_types=types, sliding_window=window,
         rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,

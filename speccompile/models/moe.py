@@ -48,6 +48,8 @@ def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None 
     rank after a run-time Reshape."""
     if moe.routing in ("sigmoid_group", "softmax_group"):
         return _group_route(logits, moe, score_bias)
+    if moe.routing == "sparsemixer":
+        return _sparsemixer(logits, moe.jitter_eps)
     if moe.routing == "topk_softmax":
         values, index = torch.topk(logits, moe.top_k, dim=1)
         return torch.softmax(values, dim=1), index
@@ -55,6 +57,19 @@ def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None 
     if moe.norm_topk_prob:
         values = values / values.sum(dim=1, keepdim=True)
     return values, index
+
+
+def _sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-MoE's sparsemixer at inference: twice, the best remaining logit m wins, weighted by its softmax among the
+    remaining logits s with (m - s) / max(|s|, m) <= 2 eps (transformers' `sparsemixer`, training false)."""
+    scores, weights, indices = logits, [], []
+    for _ in range(2):
+        top, index = torch.topk(scores, 1, dim=1)
+        far = (top - logits) / torch.maximum(logits.abs(), top) > 2 * eps
+        weights.append(torch.softmax(scores.masked_fill(far, float("-inf")), dim=1).gather(1, index))
+        indices.append(index)
+        scores = scores.scatter(1, index, float("-inf"))
+    return torch.cat(weights, dim=1), torch.cat(indices, dim=1)
 
 
 def _group_route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

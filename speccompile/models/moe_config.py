@@ -15,7 +15,9 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
   (`shared_experts`, moe_intermediate_size x n_shared_experts wide) are added ungated;
 * `softmax_group` (DeepSeek-V2): softmax scores; `group_limited_greedy` scores a group by its largest score and
   zeroes the experts outside the best topk_group groups (`greedy`: one group); the top k scores times
-  `routed_scale`, not renormalised. Shared experts and dense first layers as V3.
+  `routed_scale`, not renormalised. Shared experts and dense first layers as V3;
+* `sparsemixer` (Phi-3.5-MoE, at inference; top 2): the best logit m wins; its weight is its softmax among the logits
+  s with (m - s) / max(|s|, m) <= 2 `jitter_eps` (the others masked out); the same again over the rest for the second.
 
 gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
 clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
@@ -30,7 +32,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 
-ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group", "sparsemixer")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class MoeConfig:
     topk_group: int = 1
     routed_scale: float = 1.0  # the routing weights' multiplier (routed_scaling_factor)
     score_bias: bool = False  # the router's e_score_correction_bias (added for the choice only)
+    jitter_eps: float = 0.0  # sparsemixer: the relative distance from the best logit within which logits compete
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -216,6 +219,11 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), score_bias=True)
+    if kind == "phimoe":
+        if top_k != 2:
+            raise UnsupportedError(f"config.json: Phi-MoE's sparsemixer with num_experts_per_tok {top_k} is not supported (2)")
+        return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sparsemixer", block="block_sparse_moe",
+                         projections=("w1", "w3", "w2"), jitter_eps=float(data.get("router_jitter_noise", 0.01)))
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
