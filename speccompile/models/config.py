@@ -12,8 +12,8 @@ from ..errors import InputError, UnsupportedError
 from .architectures import FAMILIES, HF_ACTS, REFUSED, Family, family, family_name, layer_roles
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
+from .rope_keys import check_rope_scaling, rope_params
 
-_SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
@@ -149,43 +149,6 @@ def _eos_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-def _check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
-    if not scaling:
-        return None
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in _SUPPORTED_ROPE_TYPES:
-        raise UnsupportedError(
-            f"{source}: rope_scaling type '{rope_type}' is not supported (supported: {', '.join(_SUPPORTED_ROPE_TYPES)})"
-        )
-    if rope_type == "default":
-        return None
-    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
-    if "short_mscale" in out or "long_mscale" in out:  # Phi-MoE's cos/sin factors: one for every position, or refused
-        short, long = out.pop("short_mscale", None), out.pop("long_mscale", None)
-        if short != long:
-            raise UnsupportedError(f"{source}: rope_scaling short_mscale {short} != long_mscale {long} is not supported "
-                                   "(transformers picks one by the sequence's length)")
-        out["attention_factor"] = float(short)
-    return out
-
-
-def _rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(global, local) rope parameters: transformers 5's `rope_parameters` (maybe one per layer type) or the
-    older `rope_theta` / `rope_scaling` keys."""
-    params = data.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:
-        full = params.get("full_attention") or {}
-        return full, params.get("sliding_attention") or {}
-    merged = dict(data.get("rope_scaling") or {}, **params)
-    for key, old in (("rope_theta", "rope_theta"), ("rope_theta", "rotary_emb_base"), ("partial_rotary_factor", "rotary_pct")):
-        if old in data:  # GPT-NeoX's older keys: rotary_emb_base, rotary_pct
-            merged.setdefault(key, data[old])
-    kind = merged.get("rope_type", merged.get("type"))
-    if kind in ("llama3", "yarn", "longrope") and data.get("original_max_position_embeddings"):
-        merged["original_max_position_embeddings"] = data["original_max_position_embeddings"]  # Phi-3: top-level wins
-    return merged, {}
-
-
 def _layer_types(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:
     """Per-layer attention kinds and the window (no sliding layers: [], 0)."""
     window = data.get("sliding_window")
@@ -262,14 +225,14 @@ def _mlp_act(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
 def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int, hidden: int, head_dim: int,
                        source: str) -> dict[str, Any]:
     """The ModelConfig fields of the family's layer description, read from a config.json."""
-    rope, local = _rope_params(data)
+    rope, local = rope_params(data)
     types, window = _layer_types(data, fam, layers)
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
     if data.get("rotary_dim") and "partial_rotary_factor" not in rope:  # MiniMax-M2's legacy key: the rotated dims
         partial = int(data["rotary_dim"]) / head_dim
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
-        rope_scaling=_check_rope_scaling(rope, source),
+        rope_scaling=check_rope_scaling(rope, source),
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         norm=fam.norm, norm_offset=fam.norm_offset, placement=_placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
@@ -334,7 +297,7 @@ def _latent_attention(data: dict[str, Any], source: str) -> dict[str, Any]:
         raise UnsupportedError(f"{source}: multi-head latent attention with attention_bias is not supported")
     rank, rope, nope = int(data["kv_lora_rank"]), int(data["qk_rope_head_dim"]), int(data["qk_nope_head_dim"])
     scale = (nope + rope) ** -0.5
-    scaling, _ = _rope_params(data)
+    scaling, _ = rope_params(data)
     if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None) and scaling.get("mscale_all_dim"):
         mscale = 0.1 * float(scaling["mscale_all_dim"]) * math.log(float(scaling["factor"])) + 1.0
         scale = scale * mscale * mscale if float(scaling["factor"]) > 1 else scale

@@ -1,0 +1,48 @@
+"""A config.json's rope keys: transformers 5's `rope_parameters` (maybe one per layer type) or the older
+`rope_theta` / `rope_scaling` ones, read into the rope scaling `ModelConfig` keeps (models/rope.py computes it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnsupportedError
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
+
+
+def check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
+    """The rope scaling a ModelConfig keeps (None: default rope), or UnsupportedError naming `source`."""
+    if not scaling:
+        return None
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedError(
+            f"{source}: rope_scaling type '{rope_type}' is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if rope_type == "default":
+        return None
+    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+    if "short_mscale" in out or "long_mscale" in out:  # Phi-MoE's cos/sin factors: one for every position, or refused
+        short, long = out.pop("short_mscale", None), out.pop("long_mscale", None)
+        if short != long:
+            raise UnsupportedError(f"{source}: rope_scaling short_mscale {short} != long_mscale {long} is not supported "
+                                   "(transformers picks one by the sequence's length)")
+        out["attention_factor"] = float(short)
+    return out
+
+
+def rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(global, local) rope parameters: transformers 5's `rope_parameters` (maybe one per layer type) or the
+    older `rope_theta` / `rope_scaling` keys."""
+    params = data.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = params.get("full_attention") or {}
+        return full, params.get("sliding_attention") or {}
+    merged = dict(data.get("rope_scaling") or {}, **params)
+    for key, old in (("rope_theta", "rope_theta"), ("rope_theta", "rotary_emb_base"), ("partial_rotary_factor", "rotary_pct")):
+        if old in data:  # GPT-NeoX's older keys: rotary_emb_base, rotary_pct
+            merged.setdefault(key, data[old])
+    kind = merged.get("rope_type", merged.get("type"))
+    if kind in ("llama3", "yarn", "longrope") and data.get("original_max_position_embeddings"):
+        merged["original_max_position_embeddings"] = data["original_max_position_embeddings"]  # Phi-3: top-level wins
+    return merged, {}
