@@ -113,6 +113,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
                                              "short_factor": [1.0, 1.1, 1.3, 1.6, 1.8, 2.0, 2.5, 3.0], "long_factor": [2.0] * 8,
                                              "short_mscale": 1.2, "long_mscale": 1.2}),  # mscale: the cos/sin factor
+    "apertus": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # xIELU, per-head q/k norms, plain MLP
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }

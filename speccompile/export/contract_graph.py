@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto
 
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
+from .activations import activation
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block, moe_names
@@ -240,19 +241,14 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
     inter = g.model.config.intermediate_size
     both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
-    act = b.one(scope, "Mul", [_act(g, gate, scope), up])
+    act = b.one(scope, "Mul", [_act(g, i, gate, scope), up])
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
 
-def _act(g: _Graph, x: str, scope: str) -> str:
-    """The MLP activation: SiLU (x * Sigmoid x), exact or tanh GELU, or ReLU squared (Relu, then times itself)."""
-    b, kind = g.b, g.model.config.mlp_act
-    if kind in ("gelu", "gelu_tanh"):
-        return b.one(scope, "Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
-    if kind == "relu2":
-        r = b.one(scope, "Relu", [x])
-        return b.one(scope, "Mul", [r, r])
-    return b.one(scope, "Mul", [x, b.one(scope, "Sigmoid", [x])])
+def _act(g: _Graph, i: int, x: str, scope: str) -> str:
+    """Layer i's MLP activation (export/activations.py; xIELU's scalars: the `act` role)."""
+    kind = g.model.config.mlp_act
+    return activation(g.emitter(scope), kind, x, g.role(i, "act") if kind == "xielu" else None)
 
 
 def _plain_mlp(g: _Graph, i: int, h: str, scope: str) -> str:
@@ -261,7 +257,7 @@ def _plain_mlp(g: _Graph, i: int, h: str, scope: str) -> str:
     up = b.one(scope, "MatMul", [h, g.role(i, "up")])
     if cfg.mlp_bias:
         up = b.one(scope, "Add", [up, g.role(i, "up_bias")])
-    out = b.one(f"{scope}/down_proj", "MatMul", [_act(g, up, scope), g.role(i, "down")])
+    out = b.one(f"{scope}/down_proj", "MatMul", [_act(g, i, up, scope), g.role(i, "down")])
     return b.one(f"{scope}/down_proj", "Add", [out, g.role(i, "down_bias")]) if cfg.mlp_bias else out
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .activations import activation
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
@@ -291,19 +292,14 @@ def _mlp(f: _Fused, i: int, h: str) -> str:
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.intermediate_size
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
-    act = n("Mul", [_act(f, gate), up])[0]
+    act = n("Mul", [_act(f, i, gate), up])[0]
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
 
 
-def _act(f: _Fused, x: str) -> str:
-    """The MLP activation: SiLU (x * Sigmoid x), exact or tanh GELU, or ReLU squared (Relu, then times itself)."""
-    n, kind = f.n, f.model.config.mlp_act
-    if kind in ("gelu", "gelu_tanh"):
-        return n("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")[0]
-    if kind == "relu2":
-        r = n("Relu", [x])[0]
-        return n("Mul", [r, r])[0]
-    return n("Mul", [x, n("Sigmoid", [x])[0]])[0]
+def _act(f: _Fused, i: int, x: str) -> str:
+    """Layer i's MLP activation (export/activations.py; xIELU's scalars: the `act` role)."""
+    kind = f.model.config.mlp_act
+    return activation(f.emitter(), kind, x, f.layer_weight(i, "mlp.act.params", "act") if kind == "xielu" else None)
 
 
 def _plain_mlp(f: _Fused, i: int, h: str) -> str:
@@ -312,5 +308,5 @@ def _plain_mlp(f: _Fused, i: int, h: str) -> str:
     up = n("MatMul", [h, f.layer_weight(i, "mlp.up.weight_t", "up")])[0]
     if cfg.mlp_bias:
         up = n("Add", [up, f.layer_weight(i, "mlp.up.bias", "up_bias")])[0]
-    out = n("MatMul", [_act(f, up), f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    out = n("MatMul", [_act(f, i, up), f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
     return n("Add", [out, f.layer_weight(i, "mlp.down_proj.bias", "down_bias")])[0] if cfg.mlp_bias else out

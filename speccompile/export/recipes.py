@@ -123,7 +123,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                 "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
                 "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
-                "down_bias": [(h,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
+                "down_bias": [(h,)], "act": [(1,)] * 4, **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
     if c.mla:
         per_role.update(_mla_shapes(c))
         per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]

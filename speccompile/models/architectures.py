@@ -18,6 +18,7 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
+  act             xIELU's learned scalars alpha_p, alpha_n, beta, eps (Apertus; each shown as [1]), stacked [4]
   <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
 Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles instead of qkv (docs/DESIGN.md,
 "Multi-head latent attention"):
@@ -47,6 +48,7 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "up": ("mlp.up_proj.weight",),
     "up_bias": ("mlp.up_proj.bias",),
     "down_bias": ("mlp.down_proj.bias",),
+    "act": ("mlp.act_fn.alpha_p", "mlp.act_fn.alpha_n", "mlp.act_fn.beta", "mlp.act_fn.eps"),  # xIELU's scalars
 }
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
@@ -90,7 +92,7 @@ class Family:
     # config keys that, true, switch biases on: "qkv" (default: attention_bias, else use_bias), "o" (o_proj), "mlp"
     # (the plain MLP's up / down), "lm_head" (Phi-MoE's lm_head_bias); a use_bias / mlp_bias key the family does not name here is refused
     bias_keys: dict[str, str] = field(default_factory=dict)
-    mlp_act: str = "silu"  # silu | gelu_tanh | gelu (exact, erf) | relu2 (relu(x) ** 2)
+    mlp_act: str = "silu"  # silu | gelu_tanh | gelu (exact, erf) | relu2 (relu(x) ** 2) | xielu (its scalars: role `act`)
     act_key: str = ""  # config key naming the activation in transformers' names (`HF_ACTS`; GPT-NeoX: hidden_act)
     rope_interleaved: bool = False  # rotate (x0, x1) pairs (GPT-J) instead of halves
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
@@ -137,7 +139,7 @@ class Family:
 
 # transformers' `hidden_act` names -> mlp_act (gelu_new / gelu_fast are the tanh form, written differently)
 HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "silu": "silu", "swish": "silu", "relu2": "relu2"}
+           "silu": "silu", "swish": "silu", "relu2": "relu2", "xielu": "xielu"}
 _NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
                "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
                "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
@@ -263,6 +265,10 @@ FAMILIES: dict[str, Family] = {
     "minimax_m2": Family(("minimax_m2", "minimax-m2"), qk_norm="full", moe="minimax_m2"),
     # Phi-3.5-MoE: biased LayerNorms, q/k/v/o biases, an lm_head bias, Mixtral's expert names, sparsemixer top 2
     "phimoe": Family(("phimoe",), norm="layer", norm_bias=True, moe="phimoe", bias_keys={"o": "attention_bias", "lm_head": "lm_head_bias"}),
+    # Apertus: q/k norms per head, a plain MLP with xIELU (or the hidden_act it names), Llama's norms under other names
+    "apertus": Family(("apertus",), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
+                      bias_keys={"o": "attention_bias"}, names={"input_norm": ("attention_layernorm.weight",),
+                                                                  "post_norm": ("feedforward_layernorm.weight",)}),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
@@ -292,13 +298,14 @@ MLA_ROLES = {"lora": ["q_kv_a", "q_a_norm", "q_b", "kv_a_norm", "kv_b"], "plain"
 
 
 def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
-                moe: bool = False, norm_bias: bool = False, mlp: str = "gated", mla: str = "") -> list[str]:
+                moe: bool = False, norm_bias: bool = False, mlp: str = "gated", mla: str = "", act: bool = False) -> list[str]:
     """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
     sinks, norm biases, MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
-    models/moe_config.py) and latent attention (`mla`: "" none, "lora" with q_lora_rank, "plain" without)."""
+    models/moe_config.py), latent attention (`mla`: "" none, "lora" with q_lora_rank, "plain" without) and the
+    activation's learned scalars (`act`: xIELU)."""
     mlp_roles = {"gated": ["gate_up", "down"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
     attention = MLA_ROLES[mla] if mla else ["qkv"]
-    roles = [*_PLACEMENT_NORMS[placement], *attention, "o_proj", *([] if moe else mlp_roles[mlp])]
+    roles = [*_PLACEMENT_NORMS[placement], *attention, "o_proj", *([] if moe else mlp_roles[mlp]), *(["act"] if act and not moe else [])]
     if norm_bias:
         roles += [f"{role}_bias" for role in _PLACEMENT_NORMS[placement]]
     if attention_bias:

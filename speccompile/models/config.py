@@ -49,7 +49,7 @@ class ModelConfig:
     norm_offset: float = 0.0  # gain = norm_offset + weight (Gemma: 1)
     placement: str = "pre"  # pre | sandwich | post | parallel | parallel2
     qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
-    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu2
+    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu2 | xielu
     mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
     mlp_bias: bool = False  # the plain MLP's up / down biases
     lm_head_bias: bool = False
@@ -111,7 +111,7 @@ class ModelConfig:
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
         return layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
                            moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp,
-                           mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "")
+                           mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"

@@ -166,6 +166,19 @@ def _with_last_row(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x, x[:, :, -1:]), dim=2)
 
 
+class XIELU(nn.Module):
+    """transformers' xIELU (Apertus) on its learned scalars, each [1] (the checkpoint's beta / eps: models/hf_layouts.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha_p, self.alpha_n, self.beta, self.eps = (nn.Parameter(torch.zeros(1)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p, alpha_n = nn.functional.softplus(self.alpha_p), self.beta + nn.functional.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
 class MLP(nn.Module):
     """down(act(gate) * up), gate and up from one matmul; or, not `mlp_gated`, down(act(up)) (Phi-2)."""
 
@@ -176,8 +189,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = config.mlp_act
+        self.act_fn = XIELU() if self.act == "xielu" else None
 
     def _act(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_fn is not None:
+            return self.act_fn(x)
         if self.act == "relu2":  # Nemotron / Arcee: relu(x) ** 2
             return torch.square(nn.functional.relu(x))
         if self.act in ("gelu", "gelu_tanh"):  # exact (erf) or tanh GELU

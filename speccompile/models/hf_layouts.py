@@ -35,6 +35,24 @@ class _QkvPerHead(WeightSource):
         return self._inner.names()
 
 
+class _Scalars(WeightSource):
+    """`inner` with its 0-d tensors `scalars` (xIELU's beta / eps buffers) shown as [1]."""
+
+    def __init__(self, inner: WeightSource, scalars: set[str]):
+        self._inner, self._scalars = inner, scalars
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._inner.info(name)
+        return TensorInfo((1,), info.dtype) if name in self._scalars else info
+
+    def read(self, name: str) -> np.ndarray:
+        tensor = self._inner.read(name)
+        return tensor.reshape(1) if name in self._scalars else tensor
+
+    def names(self) -> list[str]:
+        return self._inner.names()
+
+
 def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
     then its `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
@@ -44,6 +62,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
         old = f"model.{fam.layers_key}."
         source = source.renamed({n: "model.layers." + n[len(old):] for n in source.names() if n.startswith(old)})
     source = source.renamed(fam.top_names)
+    if fam.mlp_act == "xielu":
+        source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
     if not fam.qkv_per_head:
         return source
     layer = fam.layer_names()
