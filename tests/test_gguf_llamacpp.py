@@ -67,7 +67,7 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     "glm4_moe": dict(FAMILIES["glm4_moe"], n_group=1, topk_group=1),  # llama.cpp writes no groups; an MTP block counted
     # olmo3 as llama.cpp's olmo2 (its sliding pattern per layer), cohere as command-r (Ministral: the converter
     # registers no MinistralForCausalLM; Solar Open: its converter wants Solar's own special tokens, and writes glm4moe)
-    **{name: FAMILIES[name] for name in ("olmo3", "cohere", "minimax_m2")},
+    **{name: FAMILIES[name] for name in ("olmo3", "cohere", "minimax_m2", "exaone")},
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 

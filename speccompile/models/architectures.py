@@ -159,6 +159,8 @@ _MLA_GGUF = {**{k: LLAMA_GGUF[k] for k in ("attn_norm", "ffn_norm", "attn_q", "a
 _EXAONE_NAMES = {"input_norm": ("ln_1.weight",), "post_norm": ("ln_2.weight",),
                  "qkv": tuple(f"attn.attention.{x}_proj.weight" for x in "qkv"), "o_proj": ("attn.attention.out_proj.weight",),
                  "gate_up": ("mlp.c_fc_0.weight", "mlp.c_fc_1.weight"), "down": ("mlp.c_proj.weight",)}
+_EXAONE_GGUF = {"attn_norm": "ln_1", "ffn_norm": "ln_2", **{f"attn_{x}": f"attn.attention.{x}_proj" for x in "qkv"},
+                "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0", "ffn_up": "mlp.c_fc_1", "ffn_down": "mlp.c_proj"}
 _GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
 _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multiplier", residual_key="residual_multiplier",
                 logit_key="1/logits_scaling", gguf_llama_order=True,
@@ -253,7 +255,7 @@ FAMILIES: dict[str, Family] = {
     # InternLM3: Llama under its own config keys (qkv_bias: q/k/v/o biases; bias: the gated MLP's, refused)
     "internlm3": Family(("internlm3",), bias_keys={"o": "attention_bias"}, config_keys={"qkv_bias": "attention_bias", "bias": "mlp_bias"}),
     # EXAONE 3 / 3.5: Llama in GPT-2's names (transformer.h.N, attn.attention.*, c_fc_0 / c_fc_1 / c_proj, ln_1 / ln_2)
-    "exaone": Family(("exaone",), prefix="transformer.", layers_key="h", names=_EXAONE_NAMES,
+    "exaone": Family(("exaone",), prefix="transformer.", layers_key="h", names=_EXAONE_NAMES, gguf=_EXAONE_GGUF,
                      config_keys={"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps"},
                      top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight"}),
     # Youtu-LLM: DeepSeek-V3's latent attention on dense SwiGLU layers
