@@ -20,6 +20,9 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "llama": {},
     "llama-yarn": dict(model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                             "original_max_position_embeddings": 128}),
+    "llama-llama3": dict(model_type="llama", rope_parameters={  # llama.cpp writes it as the `rope_freqs` tensor
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}),
     "mistral": dict(sliding_window=WINDOW),
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=None),
     "qwen3": {},

@@ -45,7 +45,7 @@ open(sys.argv[1], "wb").write(model.getvalue())
 """
 _DROPPED_WINDOW = ("mistral", "mixtral", "starcoder2")  # the converter writes no window for them: the file is full attention
 GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can say what transformers does
-    **{name: FAMILIES[name] for name in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2",
+    **{name: FAMILIES[name] for name in ("llama", "llama-llama3", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2",
                                          "glm4", "exaone4", "ernie4_5", "qwen2_moe", "mixtral")},
     "phi": dict(FAMILIES["phi"], num_key_value_heads=4, intermediate_size=512),  # llama.cpp's phi2: multi-head, 4 * hidden
     "mistral-full": dict(model_type="mistral", sliding_window=None),

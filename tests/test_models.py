@@ -92,6 +92,16 @@ def test_gguf_loads_f32_and_unpermutes_qk(tmp_path):
         assert np.array_equal(gg.weights[name], np.asarray(tensor, np.float32)), name
 
 
+def test_gguf_tensor_the_loader_does_not_read_is_refused(tmp_path):
+    """A tensor with no name in the family's table is refused in one line, never dropped (a weight left out changes
+    the model without a word: Llama 3.x's rope_freqs was once)."""
+    folder = make_tiny_hf_model(tmp_path / "m")
+    path = tmp_path / "extra.gguf"
+    write_gguf(path, folder, metadata=lambda w: w.add_tensor("blk.0.mystery.weight", np.zeros(4, np.float32)))
+    with pytest.raises(UnsupportedError, match=r"extra\.gguf: tensor blk\.0\.mystery\.weight \(1 unread in all\)"):
+        load_model(str(path))
+
+
 def test_gguf_q8_0_dequantizes_close(tmp_path):
     folder = make_tiny_hf_model(tmp_path / "m")
     path = tmp_path / "tiny_q8.gguf"

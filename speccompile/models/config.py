@@ -309,7 +309,8 @@ def _latent_attention(data: dict[str, Any], source: str) -> dict[str, Any]:
 def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
                       rope_factors: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The config.json keys that GGUF metadata (`<arch>.block_count`, ...) gives; `rope_factors`: longrope's
-    long_factor / short_factor, from the file's `rope_factors_{long,short}.weight`."""
+    long_factor / short_factor, from the file's `rope_factors_{long,short}.weight`, or `factors` from its
+    `rope_freqs.weight` (each frequency divided by its factor)."""
     p = meta["general.architecture"] + "."
     hidden = int(meta[p + "embedding_length"])
     heads = int(meta[p + "attention.head_count"])
@@ -334,7 +335,9 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         data["partial_rotary_factor"] = int(rotary) / head_dim
     if meta.get(p + "rope.scaling.type") == "linear":
         data["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[p + "rope.scaling.factor"])}
-    if rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
+    if rope_factors and "factors" in rope_factors:  # `rope_freqs`: llama.cpp's llama3 scaling, per frequency
+        data["rope_scaling"] = {"rope_type": "factors", "factors": rope_factors["factors"]}
+    elif rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
         data["rope_scaling"] = {"rope_type": "longrope", **rope_factors,
                                 "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"])}
     if arch == "gpt_oss":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, SpecCompileError
+from ..errors import InputError, SpecCompileError, UnsupportedError
 from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
@@ -296,6 +296,9 @@ def gguf_mtp_weights(path: Path) -> tuple[dict[str, Any], WeightSource]:
     return {"num_nextn_predict_layers": nextn}, JoinedKvB(weights) if config.mla else weights
 
 
+_READ_INTO_CONFIG = ("rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight")  # rope tables
+
+
 def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightSource]:
     """(reader, metadata, config, every tensor under its Hugging Face name, MTP blocks included) of a GGUF file."""
     reader = _open_gguf(path)
@@ -303,6 +306,7 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
     meta = _gguf_metadata(reader)
     factors = {f"{kind}_factor": [float(v) for v in t.data] for t in reader.tensors for kind in ("long", "short")
                if t.name == f"rope_factors_{kind}.weight"}  # llama.cpp's longrope (Phi-3), F32
+    factors.update({"factors": [float(v) for v in t.data] for t in reader.tensors if t.name == "rope_freqs.weight"})  # llama3
     present = frozenset(role for role, t in (("qkv", "attn_q.bias"), ("o", "attn_output.bias"), ("mlp", "ffn_up.bias"),
                                              ("qk_norm", "attn_q_norm.weight")) if f"blk.0.{t}" in names)
     config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None, present)
@@ -317,7 +321,11 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
         return None
 
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
-    return reader, meta, config, GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
+    source = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
+    unread = [name for name in source.skipped if name not in _READ_INTO_CONFIG]
+    if unread:  # a weight left out would change the model without a word: refused instead
+        raise UnsupportedError(f"{path}: tensor {unread[0]} ({len(unread)} unread in all) is not read for {config.architecture}")
+    return reader, meta, config, source
 
 
 # ----------------------------------------------------------------------------------------------

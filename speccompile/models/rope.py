@@ -1,7 +1,8 @@
 """Rotary position embedding frequencies (torch-free): the one computation the torch reference decoder and
 the ONNX graph builders share, so both hold the same float32 constants by construction.
 
-Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn and longrope. Longrope holds two sets
+Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn and longrope, plus "factors": each frequency
+divided by its factor, as llama.cpp applies a GGUF's `rope_freqs` tensor (its converter's llama3 scaling, precomputed). Longrope holds two sets
 of frequencies and picks one per row: a row at position p uses the long factors iff p >= original_max_position_embeddings
 (`long_rope_start`), the short ones below; the attention factor is the same for both. transformers picks one set per
 forward, long iff max(position_ids) + 1 > original_max_position_embeddings: the same rows for one-token decoding after a
@@ -33,6 +34,8 @@ def rope_inv_freq(config: ModelConfig, kind: str = "global", long: bool = False)
         inv_freq = _llama3(inv_freq, scaling)
     elif rope_type == "yarn":
         inv_freq = _yarn(config, base, dim, scaling)
+    elif rope_type == "factors":
+        inv_freq = inv_freq / np.asarray(scaling["factors"], np.float64)
     elif rope_type == "longrope":
         factors = scaling["long_factor" if long else "short_factor"]
         inv_freq = 1.0 / (np.asarray(factors, np.float32) * (base ** (np.arange(0, dim, 2) / dim)).astype(np.float32))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors")  # factors: a GGUF's `rope_freqs`
 
 
 def check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str, Any] | None:

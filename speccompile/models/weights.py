@@ -271,7 +271,7 @@ class GGUFSource(WeightSource):
     """The tensors of a GGUF file under their Hugging Face names, dequantized to float32 one at a time (each read
     from a memory map of its own bytes, released after).
 
-    `rename(gguf_name)` gives a tensor's HF name (None: skipped); a name with `*` is a stack along the leading
+    `rename(gguf_name)` gives a tensor's HF name (None: skipped, listed in `skipped`); a name with `*` is a stack along the leading
     axis (llama.cpp's 3-D MoE experts), shown as one tensor per index. `unpermute(gguf_name)` gives the head count
     whose interleaved-RoPE row permutation to undo (llama.cpp's q/k order), or None."""
 
@@ -280,9 +280,11 @@ class GGUFSource(WeightSource):
         self._path = path
         self._tensors: dict[str, tuple[Any, int | None]] = {}  # HF name -> (tensor, index along its leading axis)
         self._heads: dict[str, int | None] = {}
+        self.skipped: list[str] = []  # the file's tensors `rename` gives no name
         for tensor in reader.tensors:
             hf = rename(tensor.name)
             if hf is None:
+                self.skipped.append(tensor.name)
                 continue
             indices = range(int(tensor.shape[-1])) if "*" in hf else [None]
             for index in indices:
