@@ -117,6 +117,10 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                                              "short_factor": [1.0, 1.1, 1.3, 1.6, 1.8, 2.0, 2.5, 3.0], "long_factor": [2.0] * 8,
                                              "short_mscale": 1.2, "long_mscale": 1.2}),  # mscale: the cos/sin factor
     "apertus": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # xIELU, per-head q/k norms, plain MLP
+    # Hunyuan v1: per-head q/k norms after rope; dense with NTK-alpha rope ("dynamic" + alpha: static); MoE: softmax
+    # top 2 renormalised (router mlp.gate.wg), a shared MLP added ungated
+    "hunyuan_v1_dense": dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}),
+    "hunyuan_v1_moe": dict(num_experts=4, moe_topk=2, intermediate_size=32),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }

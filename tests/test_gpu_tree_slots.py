@@ -121,7 +121,8 @@ def test_sampled_tree_answers_batched_are_exact(tree_artifact):
     assert p_value > 1e-3, f"chi-square p-value {p_value:.3g}: batched tree samples are not the target's distribution"
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3"])  # phi3: a sliding window of 8, masked by position in the bias
+@pytest.mark.parametrize("arch", ["llama", "phi3", "hunyuan_v1_dense"])  # phi3: a sliding window of 8, masked by position in
+# the bias; Hunyuan: rope (and the q/k norms after it) before GroupQueryAttention
 def test_a_slots_tree_rows_are_the_contract_graphs(tmp_path, arch):
     """A tree in slot 1 (slot 0 runs a chain in the same pass): every tree row's logits match the contract graph's
     tree pass, the rows off the main path included. Negative control: the same rows run causally (no tree bias)
@@ -135,7 +136,7 @@ def test_a_slots_tree_rows_are_the_contract_graphs(tmp_path, arch):
     from speccompile.runtime.backends.ort_cuda_slots import OrtCudaSlotSession
     from test_gpu_graph import MAX_CONTEXT, _fp32_gpu_form
 
-    out, _, _ = _fp32_gpu_form(tmp_path, arch, family=arch == "phi3")
+    out, _, _ = _fp32_gpu_form(tmp_path, arch, family=arch != "llama")
     model = load_model(str(tmp_path / arch))
     specs, _ = export_fused_variant(DecoderWeights(model.config, model.weights), read_manifest(out).graph("target"), out,
                                     MAX_CONTEXT, target="cuda", slots=2)

@@ -18,8 +18,9 @@ from conftest import TINY_VOCAB
 from test_families import make_family_model
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss"]  # tests/test_families.py: the tiny configs (a dense layer,
-# a shared expert, renormalised top k; Mixtral with a sliding window; gpt-oss: biases, clamped SwiGLU, sinks, yarn)
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe"]  # tests/test_families.py: the tiny configs (a
+# dense layer, a shared expert, renormalised top k; Mixtral with a sliding window; gpt-oss: biases, clamped SwiGLU, sinks,
+# yarn; Hunyuan: an ungated shared MLP, q/k norms after rope)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def test_moe_graph_is_sparse_standard_onnx(moe_artifacts):
         assert {f"layers.0.mlp.experts.{e}.weight_t" for e in range(4)} <= {i.name for i in graph.initializer}
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss", "hunyuan_v1_moe"])
 def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp_path, arch):
     """`build --int4`: every expert (and shared expert) MatMul is a MatMulNBits of the packed fused CPU graph, the
     routers stay float; rows are exact in any pass and `verify` finds speculative decoding identical to plain."""
@@ -138,10 +139,11 @@ def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp
     graph = onnx.load(str(built / "target.ort.onnx"), load_external_data=False).graph
     packed = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
     float_matmuls = {n.input[1] for n in graph.node if n.op_type == "MatMul"} & {i.name for i in graph.initializer}
-    shared = 2 if arch == "qwen2_moe" else 0
+    shared = 0 if arch == "gpt_oss" else 2
     assert len(packed) == 2 * (2 + 4 * 2 + shared)  # per layer: qkv, o_proj, 4 experts x 2, shared expert x 2
+    gated = arch == "qwen2_moe"  # Hunyuan's shared MLP is added ungated
     assert float_matmuls == {"lm_head.weight_t"} | {f"layers.{i}.mlp.{name}.weight_t" for i in range(2)
-                                                     for name in ("router", *(["shared_expert_gate"] if shared else []))}
+                                                     for name in ("router", *(["shared_expert_gate"] if gated else []))}
     session = open_artifact(built, threads=1).target
     assert session.spec.file == "target.ort.onnx" and session.row_invariant
     one_row = _logits_in_passes(session, IDS, 8, 1)

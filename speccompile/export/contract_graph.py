@@ -262,7 +262,8 @@ def _plain_mlp(g: _Graph, i: int, h: str, scope: str) -> str:
 
 
 def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
-    """q, k, v [b, heads, q, dim] of layer i (biases and q/k norms applied, before rope)."""
+    """q, k, v [b, heads, q, dim] of layer i: biases, q/k norms and rope applied (the norms before rope, or after it:
+    `qk_norm_after_rope`)."""
     b, cfg = g.b, g.model.config
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qkv = b.one(s, "MatMul", [h, g.role(i, "qkv")])
@@ -276,13 +277,16 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     q = b.one(s, "Reshape", [q, b.const(s, [0, -1, heads, dim])])
     k = b.one(s, "Reshape", [k, b.const(s, [0, -1, kv_heads, dim])])
     v = b.one(s, "Reshape", [v, b.const(s, [0, -1, kv_heads, dim])])
-    if cfg.qk_norm and not cfg.qk_norm_full:
+    if cfg.qk_norm and not (cfg.qk_norm_full or cfg.qk_norm_after_rope):
         q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
         k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     q, k, v = (b.one(s, "Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
     kind = cfg.rope_kind(i)
     if kind:
         q, k = _rope(g, s, q, kind), _rope(g, s, k, kind)
+    if cfg.qk_norm_after_rope:  # Hunyuan: each roped head [b, heads, q, dim] normalised
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
+        k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     return q, k, v
 
 

@@ -175,11 +175,24 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
     if cfg.qk_norm_full:
         return [norms.plain(q, norms.gamma(i, "q_norm"), f"{pre}.q"), norms.plain(k, norms.gamma(i, "k_norm"), f"{pre}.k"), v]
+    if cfg.qk_norm_after_rope and cfg.rope_kind(i):  # Hunyuan: rope here, the norms of the roped heads, no rope in GQA
+        q, k = _rope(f, i, q, heads), _rope(f, i, k, kv_heads)
     q_gamma = norms.gamma(i, "q_norm")
     q = head_norm(n, q, heads, dim, lambda x: norms.plain(x, q_gamma, f"{pre}.q"), f.const, f"{pre}.q")
     k_gamma = norms.gamma(i, "k_norm")
     k = head_norm(n, k, kv_heads, dim, lambda x: norms.plain(x, k_gamma, f"{pre}.k"), f.const, f"{pre}.k")
     return [q, k, v]
+
+
+def _rope(f: _Fused, i: int, x: str, heads: int) -> str:
+    """`x` [b, q, heads * head_dim] roped at the pass's `position_ids` by layer i's table: ONNX Runtime's
+    RotaryEmbedding on the cos / sin caches GroupQueryAttention reads (whose rotary is then off: `_gqa_attributes`).
+    Its rows line up with `position_ids` in every form (before the CPU graph's padding row and the slots' split)."""
+    cfg = f.model.config
+    attrs = dict(domain=MS_DOMAIN, num_heads=heads, interleaved=int(cfg.rope_interleaved))
+    if cfg.rope_dim != cfg.head_dim:
+        attrs["rotary_embedding_dim"] = cfg.rope_dim
+    return f.n("RotaryEmbedding", [x, "position_ids", *rotary_names(cfg.rope_kind(i))], **attrs)[0]
 
 
 def _latent_qkv(f: _Fused, i: int, h: str, norms: _Norms, w_uk: str) -> list[str]:
@@ -198,7 +211,7 @@ def _gqa_attributes(f: _Fused, i: int, biased: bool = False) -> dict:
     cfg = f.model.config
     attrs = dict(domain=MS_DOMAIN, num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
                  scale=float(cfg.scale),
-                 do_rotary=int(bool(cfg.rope_kind(i))), rotary_interleaved=int(cfg.rope_interleaved), local_window_size=-1)
+                 do_rotary=int(bool(_rotary(f, i)[0])), rotary_interleaved=int(cfg.rope_interleaved), local_window_size=-1)
     if cfg.attn_softcap:
         attrs["softcap"] = float(cfg.attn_softcap)
     if f.target == "cuda" and cfg.sliding(i) and not biased:  # chains only: the slot-based window is the positional one
@@ -207,8 +220,9 @@ def _gqa_attributes(f: _Fused, i: int, biased: bool = False) -> dict:
 
 
 def _rotary(f: _Fused, i: int) -> list[str]:
+    """GroupQueryAttention's cos / sin caches of layer i (none: no rope, or roped before it: `_rope`)."""
     kind = f.model.config.rope_kind(i)
-    return rotary_names(kind) if kind else ["", ""]
+    return rotary_names(kind) if kind and not f.model.config.qk_norm_after_rope else ["", ""]
 
 
 def _sinks(f: _Fused, i: int) -> list[str]:

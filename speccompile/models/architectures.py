@@ -11,7 +11,7 @@ Roles of a layer's weights (HF names relative to `model.layers.{i}.`; a role wit
 is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v rows, gate/up rows):
   input_norm      the norm before attention (pre / sandwich / parallel)
   qkv, qkv_bias   q, k, v projections (3 names) or one fused qkv_proj
-  q_norm, k_norm  q / k norms (per head, or over all heads: `qk_norm_full`)
+  q_norm, k_norm  q / k norms (per head, or over all heads: `qk_norm_full`; per head after rope: `qk_norm_after_rope`)
   o_proj          attention output
   post_attn_norm  norm of the attention output before the residual add (sandwich / post)
   post_norm       the norm before the MLP (pre / sandwich)
@@ -87,7 +87,7 @@ class Family:
     # config key choosing between `pre` (false) and a parallel placement (true: `placement` when it is one, else
     # `parallel`); absent from the config, `placement` (StableLM / GPT-NeoX: use_parallel_residual)
     parallel_key: str = ""
-    qk_norm: str = ""  # "" | head (per head) | full (over all heads)
+    qk_norm: str = ""  # "" | head (per head) | full (over all heads) | after_rope (per head, of the roped q / k: Hunyuan)
     attention_bias: bool = False  # default of the `attention_bias` config key (q/k/v biases)
     # config keys that, true, switch biases on: "qkv" (default: attention_bias, else use_bias), "o" (o_proj), "mlp"
     # (the plain MLP's up / down), "lm_head" (Phi-MoE's lm_head_bias); a use_bias / mlp_bias key the family does not name here is refused
@@ -95,6 +95,7 @@ class Family:
     mlp_act: str = "silu"  # silu | gelu_tanh | gelu (exact, erf) | relu2 (relu(x) ** 2) | xielu (its scalars: role `act`)
     act_key: str = ""  # config key naming the activation in transformers' names (`HF_ACTS`; GPT-NeoX: hidden_act)
     rope_interleaved: bool = False  # rotate (x0, x1) pairs (GPT-J) instead of halves
+    rope_alpha: bool = False  # rope type "dynamic" with an `alpha` is NTK-alpha, static (Hunyuan: rope kind ntk_alpha)
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
     attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier
@@ -166,6 +167,8 @@ _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multip
                 logit_key="1/logits_scaling", gguf_llama_order=True,
                 gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
                            "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"})
+_HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attention_bias"},
+                names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -267,6 +270,10 @@ FAMILIES: dict[str, Family] = {
     "minimax_m2": Family(("minimax_m2", "minimax-m2"), qk_norm="full", moe="minimax_m2"),
     # Phi-3.5-MoE: biased LayerNorms, q/k/v/o biases, an lm_head bias, Mixtral's expert names, sparsemixer top 2
     "phimoe": Family(("phimoe",), norm="layer", norm_bias=True, moe="phimoe", bias_keys={"o": "attention_bias", "lm_head": "lm_head_bias"}),
+    # Hunyuan v1: Llama with per-head q/k norms after rope (query_layernorm / key_layernorm), NTK-alpha rope; its MoE:
+    # softmax top k renormalised (router mlp.gate.wg), a shared MLP (mlp.shared_mlp) added ungated
+    "hunyuan_v1_dense": Family(("hunyuan_v1_dense",), **_HUNYUAN),
+    "hunyuan_v1_moe": Family(("hunyuan_v1_moe",), moe="hunyuan_v1_moe", **_HUNYUAN),
     # Apertus: q/k norms per head, a plain MLP with xIELU (or the hidden_act it names), Llama's norms under other names
     "apertus": Family(("apertus",), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
                       bias_keys={"o": "attention_bias"}, names={"input_norm": ("attention_layernorm.weight",),

@@ -49,6 +49,7 @@ class ModelConfig:
     norm_offset: float = 0.0  # gain = norm_offset + weight (Gemma: 1)
     placement: str = "pre"  # pre | sandwich | post | parallel | parallel2
     qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
+    qk_norm_after_rope: bool = False  # the per-head q/k norms take the roped q / k (Hunyuan) instead of rope taking theirs
     mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu2 | xielu
     mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
     mlp_bias: bool = False  # the plain MLP's up / down biases
@@ -232,9 +233,10 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         partial = int(data["rotary_dim"]) / head_dim
     return dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
-        rope_scaling=check_rope_scaling(rope, source),
+        rope_scaling=check_rope_scaling(rope, source, alpha=fam.rope_alpha),
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
+        qk_norm_after_rope=fam.qk_norm == "after_rope",
         norm=fam.norm, norm_offset=fam.norm_offset, placement=_placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
         norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
         lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,

@@ -120,12 +120,14 @@ class Attention(nn.Module):
         q = static_reshape(q, 0, -1, heads, dim)
         k = static_reshape(k, 0, -1, kv_heads, dim)
         v = static_reshape(v, 0, -1, kv_heads, dim)
-        if self.q_norm is not None and not cfg.qk_norm_full:
+        if self.q_norm is not None and not (cfg.qk_norm_full or cfg.qk_norm_after_rope):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         kind = cfg.rope_kind(self.layer)
         if kind:
             q, k = (apply_rope(t, *rotary[kind], cfg) for t in (q, k))
+        if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
+            q, k = self.q_norm(q), self.k_norm(k)
         bias = biases[cfg.sliding(self.layer)]
         k_all = torch.cat((past_k, k), dim=2)
         v_all = torch.cat((past_v, v), dim=2)

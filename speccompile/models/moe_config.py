@@ -5,7 +5,7 @@ every expert per token; the token goes through its `top_k` experts (SwiGLU MLPs 
 outputs are summed, each weighted by its routing weight; Qwen2-MoE adds a shared expert weighted by
 sigmoid(shared_expert_gate(x)). Routing weights, by family:
 
-* `softmax_topk` (Qwen2/3-MoE, Mixtral): softmax over all experts, the top k, renormalised to sum 1 when
+* `softmax_topk` (Qwen2/3-MoE, Mixtral, Hunyuan): softmax over all experts, the top k, renormalised to sum 1 when
   `norm_topk_prob` (Mixtral always);
 * `topk_softmax` (gpt-oss): the top k router logits, softmax over those k;
 * `sigmoid_group` (DeepSeek-V3, Kimi K2, Moonlight): sigmoid scores; the choice reads them plus
@@ -198,6 +198,16 @@ def _ernie_moe(data: dict[str, Any], layers: int) -> MoeConfig:
                      dense_layers=tuple(i for i in range(layers) if (i + 1) % every or not start <= i <= end))
 
 
+def _uniform(data: dict[str, Any], key: str) -> int:
+    """An int config key that may be a per-layer list (Hunyuan's moe_topk); a list of different values is refused."""
+    value = data[key]
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise UnsupportedError(f"config.json: {key} {value} differs between layers (not supported)")
+        value = value[0]
+    return int(value)
+
+
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
@@ -216,6 +226,10 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False)
     if kind == "ernie4_5_moe":
         return _ernie_moe(data, layers)
+    if kind == "hunyuan_v1_moe":  # softmax top k renormalised; experts and the ungated shared MLP of intermediate_size
+        inter = int(data["intermediate_size"])
+        return MoeConfig(_uniform(data, "num_experts"), _uniform(data, "moe_topk"), inter, "softmax_topk", True,
+                         shared_expert_size=inter, shared_name="shared_mlp", shared_gated=False)
     if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), score_bias=True)

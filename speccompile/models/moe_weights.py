@@ -1,6 +1,6 @@
 """gpt-oss' and Granite-MoE's fused expert tensors shown per expert, under the names every consumer reads
 (models/moe_config.py); ERNIE 4.5 MoE's, K-EXAONE's and MiniMax-M2's score
-bias under DeepSeek-V3's name (`_VIEWS`).
+bias under DeepSeek-V3's name, Hunyuan's router `gate.wg` as `gate` (`_VIEWS`).
 
 transformers saves gpt-oss' experts as `mlp.experts.gate_up_proj` [experts, hidden, 2 * inter] (gate and up
 columns interleaved: gate = [..., ::2], up = [..., 1::2]), `gate_up_proj_bias` [experts, 2 * inter], `down_proj`
@@ -100,7 +100,7 @@ class PerExpertSource(WeightSource):
 # Stored layer tensors (relative to `model.layers.{i}.`) -> the names they are shown as: `{e}` one per index of the
 # leading axis, several names the stored rows split evenly among them, a bias shown 1-D. Granite-MoE's fused experts
 # `block_sparse_moe.input_linear` [experts, 2 * inter, hidden] (gate rows, then up rows) and `output_linear`, its
-# router `router.layer`, Granite-MoE-Shared's `shared_mlp`; ERNIE 4.5 MoE's score bias [1, experts]
+# router `router.layer`, Granite-MoE-Shared's `shared_mlp`; ERNIE 4.5 MoE's score bias [1, experts]; Hunyuan's router `gate.wg`
 _VIEWS = {
     "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.{e}.gate_proj.weight", "block_sparse_moe.experts.{e}.up_proj.weight"),
     "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.{e}.down_proj.weight",),
@@ -110,6 +110,7 @@ _VIEWS = {
     "mlp.moe_statics.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),
     "mlp.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),  # K-EXAONE
     "block_sparse_moe.e_score_correction_bias": ("block_sparse_moe.gate.e_score_correction_bias",),  # MiniMax-M2
+    "mlp.gate.wg.weight": ("mlp.gate.weight",),  # Hunyuan's router
 }
 _VIEWED = re.compile(r"^(model\.layers\.\d+\.)(" + "|".join(re.escape(k) for k in _VIEWS) + ")$")
 
@@ -157,7 +158,7 @@ class LayerViewSource(WeightSource):
 
 def per_expert(source: WeightSource, where: str = "") -> WeightSource:
     """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert, or the `_VIEWS` tensors
-    (Granite-MoE, ERNIE 4.5 MoE, K-EXAONE, MiniMax-M2) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
+    (Granite-MoE, ERNIE 4.5 MoE, K-EXAONE, MiniMax-M2, Hunyuan) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
     tensor without its `_scales` or of the wrong shape / type."""
     if any(_VIEWED.match(n) for n in source.names()):
         return LayerViewSource(source)

@@ -2,7 +2,8 @@
 the ONNX graph builders share, so both hold the same float32 constants by construction.
 
 Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn and longrope, plus "factors": each frequency
-divided by its factor, as llama.cpp applies a GGUF's `rope_freqs` tensor (its converter's llama3 scaling, precomputed). Longrope holds two sets
+divided by its factor, as llama.cpp applies a GGUF's `rope_freqs` tensor (its converter's llama3 scaling, precomputed),
+and "ntk_alpha": Hunyuan's fixed-alpha NTK, the base times alpha ** (dim / (dim - 2)), static frequencies. Longrope holds two sets
 of frequencies and picks one per row: a row at position p uses the long factors iff p >= original_max_position_embeddings
 (`long_rope_start`), the short ones below; the attention factor is the same for both. transformers picks one set per
 forward, long iff max(position_ids) + 1 > original_max_position_embeddings: the same rows for one-token decoding after a
@@ -25,9 +26,11 @@ def rope_inv_freq(config: ModelConfig, kind: str = "global", long: bool = False)
     longrope's long factors (the rows at and past `long_rope_start`)."""
     dim = config.rope_dim
     base = config.rope_local_theta if kind == "local" else config.rope_theta
-    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     scaling = (config.rope_scaling or {}) if kind == "global" else {}
     rope_type = scaling.get("rope_type", "default")
+    if rope_type == "ntk_alpha":  # transformers' dim here is head_dim (Hunyuan rotates whole heads)
+        base = base * float(scaling["alpha"]) ** (config.head_dim / (config.head_dim - 2))
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     if rope_type == "linear":
         inv_freq = inv_freq / float(scaling["factor"])
     elif rope_type == "llama3":

@@ -7,14 +7,18 @@ from typing import Any
 
 from ..errors import UnsupportedError
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors")  # factors: a GGUF's `rope_freqs`
+# factors: a GGUF's `rope_freqs`; ntk_alpha: Hunyuan's "dynamic" with a fixed alpha (static frequencies)
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors", "ntk_alpha")
 
 
-def check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
-    """The rope scaling a ModelConfig keeps (None: default rope), or UnsupportedError naming `source`."""
+def check_rope_scaling(scaling: dict[str, Any] | None, source: str, alpha: bool = False) -> dict[str, Any] | None:
+    """The rope scaling a ModelConfig keeps (None: default rope), or UnsupportedError naming `source`. `alpha`: the
+    family reads type "dynamic" with an `alpha` as ntk_alpha (Hunyuan; without one it stays dynamic, refused)."""
     if not scaling:
         return None
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if alpha and rope_type == "dynamic" and scaling.get("alpha"):
+        return {"rope_type": "ntk_alpha", "alpha": float(scaling["alpha"])}
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedError(
             f"{source}: rope_scaling type '{rope_type}' is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
