@@ -68,6 +68,8 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # olmo3 as llama.cpp's olmo2 (its sliding pattern per layer), cohere as command-r (Ministral: the converter
     # registers no MinistralForCausalLM; Solar Open: its converter wants Solar's own special tokens, and writes glm4moe)
     **{name: FAMILIES[name] for name in ("olmo3", "cohere", "minimax_m2", "exaone")},
+    # NTK-alpha rope folded into rope.freq_base by the converter (which asserts a 32k or 256k context), q/k norms after rope
+    "hunyuan_v1_dense": dict(FAMILIES["hunyuan_v1_dense"], max_position_embeddings=32768),
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 

@@ -284,7 +284,7 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     kind = cfg.rope_kind(i)
     if kind:
         q, k = _rope(g, s, q, kind), _rope(g, s, k, kind)
-    if cfg.qk_norm_after_rope:  # Hunyuan: each roped head [b, heads, q, dim] normalised
+    if cfg.qk_norm and cfg.qk_norm_after_rope:  # Hunyuan: each roped head [b, heads, q, dim] normalised
         q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
         k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
     return q, k, v

@@ -2,7 +2,8 @@
 
 Each layer reads only `ModelConfig`'s layer description (models/architectures.py): norm kind and placement
 (pre: the residual add fused into the next norm, `SkipSimplifiedLayerNormalization`; sandwich; post; parallel),
-q/k norms, rope kind per layer (global / local table, or none), the attention scale, soft-capping and sliding
+q/k norms (before rope, or after it: roped by a `RotaryEmbedding` before GroupQueryAttention), rope kind per layer
+(global / local table, or none), the attention scale, soft-capping and sliding
 window, and the MLP activation. A sliding layer reads its own additive bias: the pass's `attention_bias` with
 the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`); the causal
 CUDA graphs, which verify chains only, use GroupQueryAttention's `local_window_size` instead (the slotted GPU

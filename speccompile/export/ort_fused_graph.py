@@ -6,7 +6,7 @@ concatenated inside the graph on every call. This module writes a second graph o
 `target.ort.onnx`, made of the operators ONNX Runtime fuses on the CPU:
 
 * `GroupQueryAttention` with rotary embedding inside (positions are an input, so tree nodes at the same
-  depth share a position), an additive `attention_bias` for tree masks, and a **preallocated KV buffer
+  depth share a position; q/k norms after rope, Hunyuan's: a `RotaryEmbedding` before it), an additive `attention_bias` for tree masks, and a **preallocated KV buffer
   written in place** (the runtime binds the same buffer as past input and present output: no concat);
 * `SkipSimplifiedLayerNormalization` (residual add + RMSNorm in one node), fused q/k/v and gate/up
   matmuls, SiLU as Sigmoid*Mul.

@@ -168,7 +168,8 @@ _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multip
                 gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
                            "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"})
 _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attention_bias"},
-                names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)})
+                names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
+                gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -272,7 +273,7 @@ FAMILIES: dict[str, Family] = {
     "phimoe": Family(("phimoe",), norm="layer", norm_bias=True, moe="phimoe", bias_keys={"o": "attention_bias", "lm_head": "lm_head_bias"}),
     # Hunyuan v1: Llama with per-head q/k norms after rope (query_layernorm / key_layernorm), NTK-alpha rope; its MoE:
     # softmax top k renormalised (router mlp.gate.wg), a shared MLP (mlp.shared_mlp) added ungated
-    "hunyuan_v1_dense": Family(("hunyuan_v1_dense",), **_HUNYUAN),
+    "hunyuan_v1_dense": Family(("hunyuan_v1_dense", "hunyuan-dense"), **_HUNYUAN),  # llama.cpp: alpha folded into freq_base
     "hunyuan_v1_moe": Family(("hunyuan_v1_moe",), moe="hunyuan_v1_moe", **_HUNYUAN),
     # Apertus: q/k norms per head, a plain MLP with xIELU (or the hidden_act it names), Llama's norms under other names
     "apertus": Family(("apertus",), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
@@ -284,6 +285,8 @@ FAMILIES: dict[str, Family] = {
 REFUSED = {
     "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
     "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
+    "hunyuan-moe": "llama.cpp's Hunyuan MoE GGUF is not read (no oracle: its converter needs Hunyuan's tiktoken tokenizer); "
+                   "export the safetensors checkpoint",
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}
