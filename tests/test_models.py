@@ -144,6 +144,23 @@ def test_config_errors():
                         "num_hidden_layers": 1, "num_attention_heads": 1, "rope_scaling": {"rope_type": "dynamic", "factor": 2}}, "cfg")
 
 
+def test_hunyuan_config_keys():
+    """Hunyuan: "dynamic" rope with an alpha is ntk_alpha (Llama's "dynamic" with an alpha stays refused, as does
+    Hunyuan's without one: truly dynamic NTK); a per-layer moe_topk list is read when uniform, refused otherwise."""
+    shape = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 1}
+    alpha = {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}}
+    cfg = config_from_hf({"model_type": "hunyuan_v1_dense", **shape, **alpha}, "cfg")
+    assert cfg.rope_scaling == {"rope_type": "ntk_alpha", "alpha": 1000.0} and cfg.qk_norm and cfg.qk_norm_after_rope
+    for data in ({"model_type": "llama", **shape, **alpha},
+                 {"model_type": "hunyuan_v1_dense", **shape, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}):
+        with pytest.raises(UnsupportedError, match="rope_scaling type 'dynamic'"):
+            config_from_hf(data, "cfg")
+    moe = {"model_type": "hunyuan_v1_moe", **shape, "num_experts": 4}
+    assert config_from_hf({**moe, "moe_topk": [2, 2]}, "cfg").moe.top_k == 2
+    with pytest.raises(UnsupportedError, match="moe_topk \\[2, 1\\] differs between layers"):
+        config_from_hf({**moe, "moe_topk": [2, 1]}, "cfg")
+
+
 def test_config_keys_of_a_family():
     """A family's own config.json keys (`Family.config_keys`): EXAONE 3's num_layers / layer_norm_epsilon, InternLM3's
     qkv_bias (q/k/v and o_proj biases) and bias (the gated MLP's: refused); Command R+'s per-head q/k norms refused;
