@@ -93,6 +93,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # OLMo 3: OLMo 2 with sliding layers, a rope table per layer type; Ministral: Mistral with per-layer sliding
     "olmo3": dict(sliding_window=WINDOW, layer_types=_TWO),
     "ministral": dict(sliding_window=WINDOW, layer_types=_TWO),
+    "cwm": dict(sliding_window=WINDOW, layer_types=_TWO),  # Code World Model: Llama with per-layer sliding windows
     "cohere": dict(logit_scale=0.25, attention_bias=True),  # parallel LayerNorm block, interleaved rope, q/k/v/o biases
     "glm": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),  # interleaved partial rotary, fused gate_up
     "vaultgemma": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),  # softcaps, pre norms

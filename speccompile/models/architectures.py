@@ -174,7 +174,7 @@ _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_so
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(("llama", "smollm2", "smollm"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
-    "mistral": Family(("mistral", "ministral"), gguf_llama_order=True),  # Ministral: per-layer layer_types
+    "mistral": Family(("mistral", "ministral", "cwm"), gguf_llama_order=True),  # Ministral, CWM: per-layer layer_types
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window", bias_keys={"o": "attention_bias"}),
     "gemma": Family(("gemma",), bias_keys={"o": "attention_bias"}, **{**_GEMMA, "gguf": dict(LLAMA_GGUF)}),  # pre norms: ffn_norm is post_attention_layernorm
