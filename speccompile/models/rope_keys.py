@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors")  # factors: a GGUF's `rope_freqs`
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors", "proportional")  # factors: a GGUF's `rope_freqs`
 
 
 def check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
@@ -21,7 +21,8 @@ def check_rope_scaling(scaling: dict[str, Any] | None, source: str) -> dict[str,
         )
     if rope_type == "default":
         return None
-    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+    dropped = ("type", "rope_theta") if rope_type == "proportional" else ("type", "rope_theta", "partial_rotary_factor")
+    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in dropped}
     if "short_mscale" in out or "long_mscale" in out:  # Phi-MoE's cos/sin factors: one for every position, or refused
         short, long = out.pop("short_mscale", None), out.pop("long_mscale", None)
         if short != long:
