@@ -122,6 +122,14 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # top 2 renormalised (router mlp.gate.wg), a shared MLP added ungated
     "hunyuan_v1_dense": dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}),
     "hunyuan_v1_moe": dict(num_experts=4, moe_topk=2, intermediate_size=32),
+    # Gemma 4 dense: the full layer (1) with a 32-wide head and 1 kv head whose values are its keys (k_eq_v), proportional
+    # rope on a quarter of it; scale-free value norms, a learned scalar per layer. gemma4-v: v_proj, the base kv heads
+    "gemma4_text": dict(sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                        attention_k_eq_v=True, hidden_size_per_layer_input=0, final_logit_softcapping=30.0),
+    "gemma4-v": dict(model_type="gemma4_text", sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=64,
+                     hidden_size_per_layer_input=0, rope_parameters={
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6, "factor": 2.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }
@@ -151,6 +159,8 @@ def make_family_model(folder, name: str, seed: int = 0, families: dict | None = 
         for name, b in [*model.named_buffers(), *model.named_parameters()]:
             if name.endswith("e_score_correction_bias"):  # a choice bias that changes which experts win
                 b.copy_(0.1 * torch.randn_like(b))
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scalar (a buffer, 1 at init)
+                b.copy_(0.5 + torch.rand_like(b))
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     write_char_tokenizer(folder)
@@ -322,3 +332,20 @@ def test_gptneox_gguf_reads_as_gpt_neox(tmp_path, parallel):
     check_weights(model.config, model.weights)
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     _check_torch_reference(tmp_path / "model.gguf", hf, seq, f"gptneox gguf (parallel {parallel})")
+
+
+@pytest.mark.parametrize("key,setting", [("num_kv_shared_layers", 2), ("hidden_size_per_layer_input", 8), ("enable_moe_block", True)])
+def test_gemma4_parts_not_built_are_refused(key, setting):
+    """Gemma 4's KV sharing, per-layer embeddings and MoE block are refused by their config keys, in one line;
+    so is its GGUF (llama.cpp's per-layer attention shapes are not mapped)."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+
+    data = dict(model_type="gemma4_text", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=_TWO,
+                hidden_size_per_layer_input=0)
+    assert config_from_hf(data, "config.json").layer_head_dims == [16, 512]  # transformers' default global_head_dim
+    with pytest.raises(UnsupportedError, match=f"gemma4 with {key} is not supported"):
+        config_from_hf({**data, key: setting}, "config.json")
+    with pytest.raises(UnsupportedError, match="GGUF gemma4 is not supported"):
+        config_from_gguf({"general.architecture": "gemma4"}, False, False, "model.gguf")

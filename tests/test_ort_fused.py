@@ -192,7 +192,7 @@ def test_fused_graph_shares_the_contract_weights(tiny_artifact):
 
 
 def test_buffer_cache_moves_only_accepted_tree_rows():
-    cache = BufferKVCache(1, 1, 2, np.float32, wrap=lambda a: a, capacity=4)
+    cache = BufferKVCache([(1, 2)], np.float32, wrap=lambda a: a, capacity=4)
     cache.reserve(5)  # grows (doubling) and keeps nothing yet
     assert cache.capacity == 8 and cache.length == 0
     cache.arrays[0][0, 0, :5] = np.arange(5, dtype=np.float32)[:, None]  # what the graph writes in place

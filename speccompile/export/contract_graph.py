@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
 from .graph_builder import INT64_MAX, GraphBuilder, value
@@ -75,8 +76,8 @@ class _Graph:
     dtype: str
     recipes: dict[str, Recipe]
     rotary: dict[str, tuple[str, str]] = field(default_factory=dict)  # rope kind -> (cos, sin)
-    biases: dict[bool, str] = field(default_factory=dict)  # sliding? -> the tiled bias
-    padded: dict[bool, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
+    biases: dict[tuple, str] = field(default_factory=dict)  # (sliding?, kv heads) -> the tiled bias
+    padded: dict[tuple, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
 
     @property
     def elem(self) -> int:
@@ -109,7 +110,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     if cfg.embed_scale != 1.0:
         x = b.one("/embed_tokens", "Mul", [x, b.const("/embed_tokens", cfg.embed_scale, np_dtype(dtype))])
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
-    g.biases = {sliding: _attention_bias(g, sliding) for sliding in {cfg.sliding(i) for i in range(count)}}
+    keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
+    g.biases = {key: _attention_bias(g, *key) for key in keys}
     taps, presents = [], []
     for i in range(count):
         if i in model.aux_layers:
@@ -128,7 +130,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
               value("position_ids", TensorProto.INT64, ["batch", "q_len"]),
               value("attention_mask", TensorProto.BOOL, ["batch", "q_len", "total_len"])]
     for i in range(count):
-        inputs += [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.num_key_value_heads, "past_len", cfg.head_dim])
+        inputs += [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
                    for kind in ("key", "value")]
     return b.model("main_graph", inputs, outputs, {"": OPSET})
 
@@ -136,7 +138,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
 def _outputs(g: _Graph, presents: list[str], taps: int) -> list[onnx.ValueInfoProto]:
     cfg = g.model.config
     outputs = [value("logits", TensorProto.FLOAT, ["batch", "q_len", cfg.vocab_size])]
-    outputs += [value(name, g.elem, ["batch", cfg.num_key_value_heads, "total_len", cfg.head_dim]) for name in presents]
+    outputs += [value(name, g.elem, ["batch", cfg.layer(int(name.split(".")[1])).num_key_value_heads, "total_len",
+                                     cfg.layer(int(name.split(".")[1])).head_dim]) for name in presents]
     if g.model.hidden_states == "final":
         outputs.append(value("hidden_states", g.elem, ["batch", "q_len", cfg.hidden_size]))
     elif g.model.hidden_states == "eagle3":
@@ -172,27 +175,28 @@ def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
     return table("Cos"), table("Sin")
 
 
-def _attention_bias(g: _Graph, sliding: bool) -> str:
-    """The boolean mask as an additive float32 bias [b, 1, groups*q, T], tiled over the query groups once. A
+def _attention_bias(g: _Graph, sliding: bool, kv_heads: int) -> str:
+    """The boolean mask as an additive float32 bias [b, 1, groups*q, T], tiled over the query groups once (a
+    layer whose kv heads are not the model's: a bias of its own, scope suffixed by them). A
     sliding layer's bias also masks the key slots j with position - j >= sliding_window (the KV contract: slot j
     holds position j for every past key; a pass's own keys sit at or after their positions)."""
     b = g.b
     cfg = g.model.config
     mask = "attention_mask"
-    s = "/sliding" if sliding else ""
+    s = ("/sliding" if sliding else "") + ("" if kv_heads == cfg.num_key_value_heads else f"/kv{kv_heads}")
     if sliding:
         slots = b.one(s, "Range", [b.const(s, 0), b.one(s, "Squeeze", [b.one(s, "Shape", [mask], start=2, end=3)]), b.const(s, 1)])
         distance = b.one(s, "Sub", [b.one(s, "Unsqueeze", ["position_ids", b.const(s, [-1])]), slots])
         mask = b.one(s, "And", [mask, b.one(s, "Less", [distance, b.const(s, cfg.sliding_window)])])
     bias = b.one(s, "Where", [mask, b.const(s, 0.0, "float32"), b.const(s, _FLOAT_MIN, "float32")])
     bias = b.one(s, "Unsqueeze", [bias, b.const(s, [1])])
-    groups = cfg.num_attention_heads // cfg.num_key_value_heads
+    groups = cfg.num_attention_heads // kv_heads
     return b.one(s, "Tile", [bias, b.const(s, [1, 1, groups, 1])]) if groups > 1 else bias
 
 
-def _norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None, bias: str | None = None) -> str:
-    """The family's norm in float32, rounded to the model dtype before the gain, then the bias if any
-    (models.decoder.RMSNorm / LayerNorm)."""
+def _norm(g: _Graph, scope: str, x: str, weight: str | None, output: str | None = None, bias: str | None = None) -> str:
+    """The family's norm in float32, rounded to the model dtype before the gain (`weight` None: no gain, Gemma 4's
+    value norm), then the bias if any (models.decoder.RMSNorm / LayerNorm)."""
     b = g.b
     cfg = g.model.config
     wide = b.one(scope, "Cast", [x], to=TensorProto.FLOAT)
@@ -203,6 +207,8 @@ def _norm(g: _Graph, scope: str, x: str, weight: str, output: str | None = None,
     root = b.one(scope, "Sqrt", [b.one(scope, "Add", [mean, b.const(scope, cfg.rms_norm_eps, "float32")])])
     inverse = b.one(scope, "Div", [b.const(scope, 1.0, "float32"), root])
     normed = b.one(scope, "Cast", [b.one(scope, "Mul", [wide, inverse])], to=g.elem)
+    if weight is None:
+        return normed
     if bias is None:
         return b.one(scope, "Mul", [g.weight(weight), normed], output)
     return b.one(scope, "Add", [b.one(scope, "Mul", [g.weight(weight), normed]), g.weight(bias)], output)
@@ -227,7 +233,8 @@ def _layer(g: _Graph, i: int, x: str) -> str:
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
     x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
-    return add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x))))
+    x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x))))
+    return b.one(scope, "Mul", [x, g.role(i, "layer_scalar")]) if cfg.layer_scalar else x
 
 
 def _mlp(g: _Graph, i: int, h: str) -> str:
@@ -264,12 +271,16 @@ def _plain_mlp(g: _Graph, i: int, h: str, scope: str) -> str:
 def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     """q, k, v [b, heads, q, dim] of layer i: biases, q/k norms and rope applied (the norms before rope, or after it:
     `qk_norm_after_rope`)."""
-    b, cfg = g.b, g.model.config
+    b, cfg = g.b, g.model.config.layer(i)
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qkv = b.one(s, "MatMul", [h, g.role(i, "qkv")])
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
-    q, k, v = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    if cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
+        q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
+        v = k
+    else:
+        q, k, v = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
     bias = {t: role_name(i, f"{t}_bias") if cfg.norm_bias else None for t in ("q_norm", "k_norm")}  # Phi-2's LayerNorms
     if cfg.qk_norm_full:
         q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
@@ -280,10 +291,12 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     if cfg.qk_norm and not (cfg.qk_norm_full or cfg.qk_norm_after_rope):
         q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
         k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
+    if cfg.v_norm:
+        v = _norm(g, f"{s}/v_norm", v, None)
     q, k, v = (b.one(s, "Transpose", [t], perm=[0, 2, 1, 3]) for t in (q, k, v))
     kind = cfg.rope_kind(i)
     if kind:
-        q, k = _rope(g, s, q, kind), _rope(g, s, k, kind)
+        q, k = _rope(g, s, q, kind, cfg), _rope(g, s, k, kind, cfg)
     if cfg.qk_norm and cfg.qk_norm_after_rope:  # Hunyuan: each roped head [b, heads, q, dim] normalised
         q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"), bias=bias["q_norm"])
         k = _norm(g, f"{s}/k_norm", k, role_name(i, "k_norm"), bias=bias["k_norm"])
@@ -307,18 +320,18 @@ def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str,
 def _attention(g: _Graph, i: int, h: str) -> str:
     """Grouped-query attention of layer i over past + new keys (models.decoder.Attention); writes present.{i}.*."""
     b, s = g.b, f"/layers.{i}/self_attn"
-    cfg = g.model.config
+    cfg = g.model.config.layer(i)
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
-    sliding = cfg.sliding(i)
-    bias = g.biases[sliding]
+    key = (cfg.sliding(i), kv_heads)
+    bias = g.biases[key]
     if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
         qg = _with_last_row(g, s, qg)
-        g.padded[sliding] = bias = g.padded.get(sliding) or _with_last_row(g, s, bias)  # once, as the tracer merged it
+        g.padded[key] = bias = g.padded.get(key) or _with_last_row(g, s, bias)  # once, as the tracer merged it
     scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
@@ -376,10 +389,10 @@ def _softcap(g: _Graph, scope: str, x: str, cap: float) -> str:
                                 b.const(scope, cap, "float32")])
 
 
-def _rope(g: _Graph, scope: str, x: str, kind: str) -> str:
+def _rope(g: _Graph, scope: str, x: str, kind: str, cfg: ModelConfig | None = None) -> str:
     """x * cos + rotate(x) * sin over the first rope_dim dims (the rest pass through); rotate(x) = [-x2, x1] of
-    the halves, or of each (x0, x1) pair when interleaved (constant slice bounds)."""
-    b, cfg = g.b, g.model.config
+    the halves, or of each (x0, x1) pair when interleaved (constant slice bounds). `cfg`: the layer's (its head_dim)."""
+    b, cfg = g.b, cfg or g.model.config
     cos, sin = g.rotary[kind]
     rot, axis, step = cfg.rope_dim, b.const(scope, [3]), b.const(scope, [1])
     part = x if rot == cfg.head_dim else b.one(scope, "Slice", [x, b.const(scope, [0]), b.const(scope, [rot]), axis, step])

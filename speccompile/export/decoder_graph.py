@@ -46,7 +46,7 @@ def export_decoder(model: DecoderWeights, path: Path, role: str, dtype: str = "f
         dtype=dtype,
         num_layers=cfg.num_hidden_layers,
         num_kv_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
+        head_dim=cfg.max_head_dim,  # the widest layer's (per-layer shapes: each past_key_values input has its own)
         hidden_states=model.hidden_states,
         extra={"aux_layers": list(model.aux_layers)} if model.hidden_states == "eagle3" else {},
     )

@@ -119,7 +119,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             residual = residual if pending is None else n("Add", [residual, pending])[0]
             h = residual
         elif pending is None:
-            h = norms.plain(x, norms.gamma(i, "input_norm"), f"layers.{i}")
+            h = norms.plain(residual, norms.gamma(i, "input_norm"), f"layers.{i}")
         else:
             h, residual = norms.skip(pending, residual, norms.gamma(i, "input_norm"))
         if i in f.model.aux_layers:
@@ -149,9 +149,15 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if cfg.placement in ("sandwich", "post"):
             pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
         pending = _scaled(f, pending)
+        if cfg.layer_scalar:  # Gemma 4: the whole stream times the layer's scalar (the next norm is a plain one)
+            residual = n("Mul", [n("Add", [residual, pending])[0], f.layer_weight(i, "layer_scalar", "layer_scalar")])[0]
+            pending = None
     final_gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
     final_gain += [f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else []
-    final, last = norms.skip(pending, residual, final_gain)
+    if pending is None:
+        final, last = norms.plain(residual, final_gain, "final"), residual
+    else:
+        final, last = norms.skip(pending, residual, final_gain)
     if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(last)
     return final, taps, presents
@@ -164,16 +170,26 @@ def _scaled(f: _Fused, x: str) -> str:
 
 
 def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
-    """GroupQueryAttention's query inputs: the packed q/k/v rows, or q, k, v after their norms."""
-    cfg, n = f.model.config, f.n
+    """GroupQueryAttention's query inputs: the packed q/k/v rows, or q, k, v after their norms (values = the keys
+    before their norm where the layer has no v_proj; Gemma 4's scale-free value norm)."""
+    cfg, n = f.model.config.layer(i), f.n
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not cfg.qk_norm:
+    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i)):
         return [qkv, "", ""]
     pre = f"layers.{i}"
-    q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    if cfg.values_are_keys(i):
+        q, k = n("Split", [qkv, f.const(f"{pre}.qk_split", [heads * dim, kv_heads * dim])], 2, axis=-1)
+        v = k
+    else:
+        q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    if cfg.v_norm:
+        ones = [f.const(f"v_norm.ones.{dim}", np.ones(dim), np_dtype(f.dtype))]  # a gain of 1: the scale-free norm
+        v = head_norm(n, v, kv_heads, dim, lambda x: norms.plain(x, ones, f"{pre}.v"), f.const, f"{pre}.v")
+    if not cfg.qk_norm:
+        return [q, k, v]
     if cfg.qk_norm_full:
         return [norms.plain(q, norms.gamma(i, "q_norm"), f"{pre}.q"), norms.plain(k, norms.gamma(i, "k_norm"), f"{pre}.k"), v]
     if cfg.qk_norm_after_rope and cfg.rope_kind(i):  # Hunyuan: rope here, the norms of the roped heads, no rope in GQA
@@ -209,7 +225,7 @@ def _latent_qkv(f: _Fused, i: int, h: str, norms: _Norms, w_uk: str) -> list[str
 def _gqa_attributes(f: _Fused, i: int, biased: bool = False) -> dict:
     """Layer i's GroupQueryAttention attributes (`biased`: the node takes an attention bias, which then masks the
     sliding window itself, by position)."""
-    cfg = f.model.config
+    cfg = f.model.config.layer(i)
     attrs = dict(domain=MS_DOMAIN, num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
                  scale=float(cfg.scale),
                  do_rotary=int(bool(_rotary(f, i)[0])), rotary_interleaved=int(cfg.rope_interleaved), local_window_size=-1)

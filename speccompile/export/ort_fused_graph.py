@@ -83,10 +83,12 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
                 "rounds a row by the pass's rows and total at this width and no attention_lift keeps it exact"
                 if target == "cpu" else f"GroupQueryAttention's CUDA flash kernels take head_size <= 256 "
                 f"(multi-head latent attention's cache head: {config.head_dim}); ort-cuda runs the contract graph")
-    if config.head_dim % 16:
-        return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {config.head_dim})"
-    if config.rope_dim % 16:
-        return f"GroupQueryAttention's rotary kernel needs rotated dims % 16 == 0 (partial rotary: {config.rope_dim})"
+    for layer in sorted({config.layer(i).head_dim: config.layer(i) for i in range(config.num_hidden_layers)}.values(),
+                        key=lambda c: c.head_dim):  # each head width of the layers (Gemma 4: two)
+        if layer.head_dim % 16:
+            return f"GroupQueryAttention's rotary kernel needs head_dim % 16 == 0 (head_dim {layer.head_dim})"
+        if layer.rope_dim % 16:
+            return f"GroupQueryAttention's rotary kernel needs rotated dims % 16 == 0 (partial rotary: {layer.rope_dim})"
     return None
 
 
@@ -184,14 +186,14 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     if model.config.embed_scale != 1.0:
         x = f.n("Mul", [x, f.const("embed_scale", model.config.embed_scale, np_dtype(dtype))])[0]
     slot_inputs = (SlotInputs(f.n, f.const, slots) if target == "cpu" else GpuSlotInputs(f.n, f.const, slots, tree)) if slots else None
-    wide = model.config.head_dim > WIDE_HEAD_DIM
+    wide = model.config.max_head_dim > WIDE_HEAD_DIM
     padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots else None
     count = model.config.num_hidden_layers if layers is None else layers
     final, taps, presents = decoder_layers(f, x, count, padding, slot_inputs)
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)
     inputs = slot_inputs.values() if slot_inputs is not None else _pass_inputs(target)
-    cache_shape = [1 if slots else BATCH, model.config.num_key_value_heads, "kv_capacity", model.config.head_dim]
     for i in range(count):
+        cache_shape = _cache_shape(model.config.layer(i), slots)
         for b in range(slots or 1):
             past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
             inputs += [value(f"{past}.{kind}", f.elem, cache_shape) for kind in ("key", "value")]
@@ -281,8 +283,7 @@ def _tied_head_table(f: _Fused, embed: str) -> str:
 
 def _kv_and_hidden_outputs(f: _Fused, presents: list[str], final: str, taps: list[str], slots: int) -> list[onnx.ValueInfoProto]:
     cfg = f.model.config
-    cache_shape = [1 if slots else BATCH, cfg.num_key_value_heads, "kv_capacity", cfg.head_dim]
-    outputs = [value(name, f.elem, cache_shape) for name in presents]
+    outputs = [value(name, f.elem, _cache_shape(cfg.layer(int(name.split(".")[1])), slots)) for name in presents]
     if f.model.hidden_states == "final":
         f.n("Identity", [final], ["hidden_states"])
         outputs.append(value("hidden_states", f.elem, [BATCH, "q_len", cfg.hidden_size]))
@@ -290,6 +291,11 @@ def _kv_and_hidden_outputs(f: _Fused, presents: list[str], final: str, taps: lis
         f.n("Concat", taps, ["aux_hidden_states"], axis=-1)
         outputs.append(value("aux_hidden_states", f.elem, [BATCH, "q_len", cfg.hidden_size * len(taps)]))
     return outputs
+
+
+def _cache_shape(layer: ModelConfig, slots: int) -> list:
+    """A layer's KV buffer shape (its own kv heads and head_dim)."""
+    return [1 if slots else BATCH, layer.num_key_value_heads, "kv_capacity", layer.head_dim]
 
 
 def _pass_inputs(target: str) -> list[onnx.ValueInfoProto]:

@@ -77,7 +77,10 @@ class DecoderWeights:
 def layer_sources(config: ModelConfig, i: int) -> dict[str, tuple[str, ...]]:
     """The Hugging Face tensors of decoder layer `i`, by role (models/architectures.py)."""
     p = f"model.layers.{i}."
-    return {role: tuple(p + n for n in names) for role, names in family(config.architecture).layer_names().items()}
+    sources = {role: tuple(p + n for n in names) for role, names in family(config.architecture).layer_names().items()}
+    if config.values_are_keys(i):  # no v_proj: q | k rows (the graphs take the keys as values)
+        sources["qkv"], sources["qkv_bias"] = sources["qkv"][:2], sources["qkv_bias"][:2]
+    return sources
 
 
 EMBED = ("model.embed_tokens.weight",)
@@ -112,29 +115,37 @@ def top_bias_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor a decoder of `config` reads, with its shape."""
     c = config
-    h, q, kv, inter = c.hidden_size, c.num_attention_heads * c.head_dim, c.kv_dim, c.intermediate_size
-    shapes = {EMBED[0]: (c.vocab_size, h), FINAL_NORM[0]: (h,)}
+    shapes = {EMBED[0]: (c.vocab_size, c.hidden_size), FINAL_NORM[0]: (c.hidden_size,)}
     if not c.tie_word_embeddings:
-        shapes[LM_HEAD[0]] = (c.vocab_size, h)
-    shapes.update({FINAL_NORM_BIAS[0]: (h,)} if c.norm_bias else {})
+        shapes[LM_HEAD[0]] = (c.vocab_size, c.hidden_size)
+    shapes.update({FINAL_NORM_BIAS[0]: (c.hidden_size,)} if c.norm_bias else {})
     shapes.update({LM_HEAD_BIAS[0]: (c.vocab_size,)} if c.lm_head_bias else {})
+    for i in range(c.num_hidden_layers):
+        shapes.update(_layer_shapes(c, i))
+    return shapes
+
+
+def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Every checkpoint tensor of decoder layer i, with its shape (its own head_dim / kv heads)."""
+    c = config.layer(i)
+    h, q, kv, inter = c.hidden_size, c.num_attention_heads * c.head_dim, c.kv_dim, c.intermediate_size
     qk = [(q,), (kv,)] if c.qk_norm_full else [(c.head_dim,), (c.head_dim,)]
     per_role = {"input_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)], "o_proj": [(h, q)], "post_norm": [(h,)],
                 "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
                 "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
-                "down_bias": [(h,)], "act": [(1,)] * 4, **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
+                "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
     if c.mla:
         per_role.update(_mla_shapes(c))
         per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]
     fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
-    for i in range(c.num_hidden_layers):
-        names = layer_sources(c, i)
-        for role in layer_roles(c, i):
-            role_shapes = fused[role] if len(names[role]) == 1 and role in fused else per_role[role]
-            shapes.update(zip(names[role], role_shapes))
-        if c.moe is not None and c.moe.is_moe(i):
-            shapes.update(c.moe.shapes(i, h))
+    shapes: dict[str, tuple[int, ...]] = {}
+    names = layer_sources(config, i)
+    for role in layer_roles(config, i):
+        role_shapes = fused[role] if len(names[role]) == 1 and role in fused else per_role[role]
+        shapes.update(zip(names[role], role_shapes))
+    if c.moe is not None and c.moe.is_moe(i):
+        shapes.update(c.moe.shapes(i, h))
     return shapes
 
 

@@ -18,6 +18,7 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
+  layer_scalar    the layer output's learned multiplier [1] (Gemma 4)
   act             xIELU's learned scalars alpha_p, alpha_n, beta, eps (Apertus; each shown as [1]), stacked [4]
   <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
 Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles instead of qkv (docs/DESIGN.md,
@@ -49,6 +50,7 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "up_bias": ("mlp.up_proj.bias",),
     "down_bias": ("mlp.down_proj.bias",),
     "act": ("mlp.act_fn.alpha_p", "mlp.act_fn.alpha_n", "mlp.act_fn.beta", "mlp.act_fn.eps"),  # xIELU's scalars
+    "layer_scalar": ("layer_scalar",),
 }
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
@@ -130,6 +132,12 @@ class Family:
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
     refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
+    # Gemma 4's attention: full-attention layers' own head_dim / kv heads (per_layer_config, else global_head_dim /
+    # num_global_key_value_heads), values = keys on them where `attention_k_eq_v`, a scale-free value norm, a learned
+    # scalar per layer (role `layer_scalar`)
+    layer_shapes: bool = False
+    v_norm: bool = False
+    layer_scalar: bool = False
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -279,6 +287,14 @@ FAMILIES: dict[str, Family] = {
     "apertus": Family(("apertus",), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
                       bias_keys={"o": "attention_bias"}, names={"input_norm": ("attention_layernorm.weight",),
                                                                   "post_norm": ("feedforward_layernorm.weight",)}),
+    # Gemma 4 (text; the multimodal `gemma4` config's text_config): Gemma 3's sandwich and per-head q/k norms with plain
+    # gains, attention scale 1, a scale-free value norm, full-attention layers of their own head_dim / kv heads (values
+    # = keys where attention_k_eq_v) and proportional partial rope, a learned scalar per layer. KV sharing, per-layer
+    # embeddings and the MoE block are not built (refused by their keys); its GGUF is refused (models/load.py)
+    "gemma4": Family(("gemma4_text", "gemma4"), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
+                     embed_scale="sqrt_hidden", attn_scale="unit", names=_SANDWICH_NAMES, bias_keys={"o": "attention_bias"},
+                     layer_shapes=True, v_norm=True, layer_scalar=True,
+                     refused_keys=("num_kv_shared_layers", "hidden_size_per_layer_input", "enable_moe_block")),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

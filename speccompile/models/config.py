@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import InputError, UnsupportedError
 from .architectures import FAMILIES, HF_ACTS, REFUSED, Family, family, family_name, layer_roles
+from .attention_keys import latent_attention, layer_shapes
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .rope_keys import check_rope_scaling, rope_params
@@ -75,6 +76,13 @@ class ModelConfig:
     q_lora_rank: int = 0  # 0: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # per-layer attention shapes (Gemma 4: full-attention layers' global_head_dim / kv heads; []: every layer's is
+    # head_dim / num_key_value_heads); `layer(i)` is the config as layer i sees it
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_kv_heads: list[int] = field(default_factory=list)
+    k_eq_v: bool = False  # full-attention layers have no v_proj: the values are the key projection (before k_norm)
+    v_norm: bool = False  # the values get a scale-free RMSNorm per head (Gemma 4)
+    layer_scalar: bool = False  # each layer's output times its learned scalar (Gemma 4's `layer_scalar`, role of that name)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -93,6 +101,26 @@ class ModelConfig:
         """Multi-head latent attention (the compressed cache)."""
         return bool(self.kv_lora_rank)
 
+    def layer(self, i: int) -> "ModelConfig":
+        """The config as layer `i` sees it: its own head_dim and KV heads (`layer_head_dims`); `self` when uniform."""
+        if not self.layer_head_dims:
+            return self
+        return dataclasses.replace(self, head_dim=self.layer_head_dims[i], num_key_value_heads=self.layer_kv_heads[i],
+                                   layer_head_dims=[], layer_kv_heads=[])
+
+    def values_are_keys(self, i: int) -> bool:
+        """Layer i's values are its key projection (`k_eq_v` on a full-attention layer: no v_proj)."""
+        return self.k_eq_v and not self.sliding(i)
+
+    @property
+    def max_head_dim(self) -> int:
+        """The widest head of any layer (the fused CPU graph's wide-head rule)."""
+        return max(self.layer_head_dims or [self.head_dim])
+
+    def kind_head_dim(self, kind: str) -> int:
+        """The head_dim of the layers using rotary table `kind` (per-layer shapes: every such layer has one)."""
+        return next((self.layer(i).head_dim for i in range(self.num_hidden_layers) if self.rope_kind(i) == kind), self.head_dim)
+
     @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
@@ -110,9 +138,10 @@ class ModelConfig:
     def layer_roles(self, layer: int = 0) -> list[str]:
         """The roles layer `layer` has weights for (models/architectures.py; a MoE layer's experts are not roles)."""
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
-        return layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
-                           moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp,
-                           mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
+        roles = layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
+                            moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp,
+                            mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
+        return [*roles, "layer_scalar"] if self.layer_scalar else roles
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -179,6 +208,8 @@ def _multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) 
         out["embed_scale"] = float(data.get(fam.embed_scale, 1.0))
     if fam.attn_scale == "query_pre_attn_scalar":
         out["attn_scale"] = float(data.get("query_pre_attn_scalar") or head_dim) ** -0.5
+    elif fam.attn_scale == "unit":  # q/k norms alone scale the scores (Gemma 4)
+        out["attn_scale"] = 1.0
     elif fam.attn_scale:
         out["attn_scale"] = float(data[fam.attn_scale])
     if fam.residual_key:
@@ -229,6 +260,8 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
     rope, local = rope_params(data)
     types, window = _layer_types(data, fam, layers)
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
+    if rope.get("rope_type") == "proportional":  # the whole head turns, frequencies past the fraction 0 (models/rope.py)
+        partial = 1.0
     if data.get("rotary_dim") and "partial_rotary_factor" not in rope:  # MiniMax-M2's legacy key: the rotated dims
         partial = int(data["rotary_dim"]) / head_dim
     return dict(
@@ -247,6 +280,8 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         attn_softcap=float(data.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **_multipliers(data, fam, hidden, head_dim),
+        **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
+        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar,
     )
 
 
@@ -285,27 +320,9 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
-        return ModelConfig(**{**fields, **(_latent_attention(data, source) if fam.mla else {})})
+        return ModelConfig(**{**fields, **(latent_attention(data, source) if fam.mla else {})})
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
-
-
-def _latent_attention(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """The ModelConfig fields of multi-head latent attention (DeepSeek-V3): one cached vector per token of
-    kv_lora_rank + qk_rope_head_dim values, read as one KV head; transformers' softmax scale (1 / sqrt(nope + rope),
-    times yarn's mscale(factor, mscale_all_dim) squared); rope on the rope dims, interleaved unless
-    `rope_interleave` is false."""
-    if data.get("attention_bias"):
-        raise UnsupportedError(f"{source}: multi-head latent attention with attention_bias is not supported")
-    rank, rope, nope = int(data["kv_lora_rank"]), int(data["qk_rope_head_dim"]), int(data["qk_nope_head_dim"])
-    scale = (nope + rope) ** -0.5
-    scaling, _ = rope_params(data)
-    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None) and scaling.get("mscale_all_dim"):
-        mscale = 0.1 * float(scaling["mscale_all_dim"]) * math.log(float(scaling["factor"])) + 1.0
-        scale = scale * mscale * mscale if float(scaling["factor"]) > 1 else scale
-    return dict(num_key_value_heads=1, head_dim=rank + rope, rotary_dim=rope, kv_lora_rank=rank,
-                q_lora_rank=int(data.get("q_lora_rank") or 0), qk_nope_head_dim=nope, v_head_dim=int(data["v_head_dim"]),
-                attn_scale=scale, rope_interleaved=bool(data.get("rope_interleave", True)))
 
 
 def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
@@ -404,6 +421,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
+    if family(arch).layer_shapes:  # llama.cpp's gemma4: per-layer key lengths, its own names for the scalars: not mapped
+        raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (per-layer attention shapes; export its safetensors)")
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
         arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:

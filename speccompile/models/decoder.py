@@ -94,19 +94,20 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
         self.config, self.layer = config, layer
+        shape = config.layer(layer)  # per-layer head_dim / kv heads (Gemma 4's full-attention layers)
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        self.num_kv_heads = shape.num_key_value_heads
+        self.head_dim = shape.head_dim
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = None if config.values_are_keys(layer) else nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
         if config.qk_norm:
             full = config.qk_norm_full
             self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
-            self.k_norm = norm_of(config, config.kv_dim if full else self.head_dim)
+            self.k_norm = norm_of(config, shape.kv_dim if full else self.head_dim)
         else:
             self.q_norm = self.k_norm = None
 
@@ -114,7 +115,11 @@ class Attention(nn.Module):
                 past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
-        q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        if self.v_proj is None:  # values = the key projection (Gemma 4's attention_k_eq_v)
+            q, k = fused_linear(x, (self.q_proj, self.k_proj))
+            v = k
+        else:
+            q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
         if self.q_norm is not None and cfg.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q = static_reshape(q, 0, -1, heads, dim)
@@ -122,13 +127,16 @@ class Attention(nn.Module):
         v = static_reshape(v, 0, -1, kv_heads, dim)
         if self.q_norm is not None and not (cfg.qk_norm_full or cfg.qk_norm_after_rope):
             q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.v_norm:
+            v = scale_free_norm(v, cfg.rms_norm_eps)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         kind = cfg.rope_kind(self.layer)
         if kind:
             q, k = (apply_rope(t, *rotary[kind], cfg) for t in (q, k))
         if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
             q, k = self.q_norm(q), self.k_norm(k)
-        bias = biases[cfg.sliding(self.layer)]
+        sliding = cfg.sliding(self.layer)
+        bias = biases[(sliding, kv_heads)] if (sliding, kv_heads) in biases else biases[sliding]
         k_all = torch.cat((past_k, k), dim=2)
         v_all = torch.cat((past_v, v), dim=2)
         # [b, kv, groups*q, d]: the query heads of a group attend the same kv head without repeating KV;
@@ -156,6 +164,12 @@ class Attention(nn.Module):
         if self.num_heads == self.num_kv_heads:
             column = _with_last_row(column)
         return torch.softmax(torch.cat((scores, column), dim=-1), dim=-1)[..., :-1]
+
+
+def scale_free_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a gain over the last axis, in float32 (Gemma 4's value norm)."""
+    x32 = x.to(torch.float32)
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def _with_last_row(x: torch.Tensor) -> torch.Tensor:
@@ -224,11 +238,16 @@ class DecoderLayer(nn.Module):
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config))
+        self.layer_scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None  # Gemma 4: the output's multiplier
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.mlp_name)(h)
 
     def forward(self, x, rotary, biases, past_k, past_v):
+        out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v)
+        return (out if self.layer_scalar is None else out * self.layer_scalar), k_all, v_all
+
+    def _blocks(self, x, rotary, biases, past_k, past_v):
         def norm(module, h):
             return h if module is None else module(h)
 
@@ -323,10 +342,14 @@ class Decoder(nn.Module):
         rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)
-        biases = {False: attention_bias(attention_mask, cfg.num_attention_heads, cfg.num_key_value_heads)}
+        masks = {False: attention_mask}
         if cfg.layer_types:
-            biases[True] = attention_bias(sliding_mask(attention_mask, position_ids, cfg.sliding_window),
-                                          cfg.num_attention_heads, cfg.num_key_value_heads)
+            masks[True] = sliding_mask(attention_mask, position_ids, cfg.sliding_window)
+        biases = {sliding: attention_bias(mask, cfg.num_attention_heads, cfg.num_key_value_heads) for sliding, mask in masks.items()}
+        for i in range(cfg.num_hidden_layers):  # layers with kv heads of their own: a bias tiled for their groups
+            kv, sliding = cfg.layer(i).num_key_value_heads, cfg.sliding(i)
+            if kv != cfg.num_key_value_heads and (sliding, kv) not in biases:
+                biases[(sliding, kv)] = attention_bias(masks[sliding], cfg.num_attention_heads, kv)
         presents = []
         taps = []
         for i, layer in enumerate(self.model.layers):
@@ -355,8 +378,8 @@ class Decoder(nn.Module):
     def empty_past(self, batch: int = 1, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         """A zero-length KV cache for prefill."""
         dtype = dtype or self.lm_head.weight.dtype
-        shape = (batch, self.config.num_key_value_heads, 0, self.config.head_dim)
-        return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.config.num_hidden_layers)]
+        shapes = [self.config.layer(i) for i in range(self.config.num_hidden_layers)]
+        return [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for c in shapes for _ in "kv"]
 
 
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none",
@@ -385,9 +408,10 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     """The checkpoint under this module's names: each layer role's tensors (a fused one split in parts)."""
     state = dict(weights)
     names = family(config.architecture).layer_names()
-    q, kv, inter = config.num_attention_heads * config.head_dim, config.kv_dim, config.intermediate_size
-    sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
+    inter = config.intermediate_size
     for i in range(config.num_hidden_layers):
+        q, kv = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim
+        sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
         p = f"model.layers.{i}."
         roles = config.layer_roles(i)
         found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}

@@ -1,7 +1,8 @@
 """Rotary position embedding frequencies (torch-free): the one computation the torch reference decoder and
 the ONNX graph builders share, so both hold the same float32 constants by construction.
 
-Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn and longrope, plus "factors": each frequency
+Rope kinds follow transformers' `rope_type`: default, linear, llama3, yarn, longrope and proportional (Gemma 4: a
+zero frequency, an identity rotation, past the rotated fraction of the head), plus "factors": each frequency
 divided by its factor, as llama.cpp applies a GGUF's `rope_freqs` tensor (its converter's llama3 scaling, precomputed),
 and "ntk_alpha": Hunyuan's fixed-alpha NTK, the base times alpha ** (dim / (dim - 2)), static frequencies. Longrope holds two sets
 of frequencies and picks one per row: a row at position p uses the long factors iff p >= original_max_position_embeddings
@@ -24,7 +25,7 @@ def rope_inv_freq(config: ModelConfig, kind: str = "global", long: bool = False)
     """Inverse RoPE frequencies [rope_dim / 2] as float32 of the layers using rotary table `kind` ("global" or
     "local": sliding layers with their own base, unscaled), with rope_scaling applied (in float64). `long`:
     longrope's long factors (the rows at and past `long_rope_start`)."""
-    dim = config.rope_dim
+    dim = config.rotary_dim or config.kind_head_dim(kind)
     base = config.rope_local_theta if kind == "local" else config.rope_theta
     scaling = (config.rope_scaling or {}) if kind == "global" else {}
     rope_type = scaling.get("rope_type", "default")
@@ -37,6 +38,9 @@ def rope_inv_freq(config: ModelConfig, kind: str = "global", long: bool = False)
         inv_freq = _llama3(inv_freq, scaling)
     elif rope_type == "yarn":
         inv_freq = _yarn(config, base, dim, scaling)
+    elif rope_type == "proportional":  # Gemma 4: the first partial * dim / 2 frequencies over the whole head, the rest 0
+        angles = int(float(scaling.get("partial_rotary_factor", 1.0)) * dim // 2)
+        inv_freq = np.concatenate([inv_freq[:angles], np.zeros(dim // 2 - angles)]) / float(scaling.get("factor", 1.0))
     elif rope_type == "factors":
         inv_freq = inv_freq / np.asarray(scaling["factors"], np.float64)
     elif rope_type == "longrope":

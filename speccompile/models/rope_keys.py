@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import UnsupportedError
 
 # factors: a GGUF's `rope_freqs`; ntk_alpha: Hunyuan's "dynamic" with a fixed alpha (static frequencies)
-SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors", "ntk_alpha")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear", "yarn", "longrope", "factors", "ntk_alpha", "proportional")
 
 
 def check_rope_scaling(scaling: dict[str, Any] | None, source: str, alpha: bool = False) -> dict[str, Any] | None:
@@ -25,7 +25,8 @@ def check_rope_scaling(scaling: dict[str, Any] | None, source: str, alpha: bool 
         )
     if rope_type == "default":
         return None
-    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in ("type", "rope_theta", "partial_rotary_factor")}
+    dropped = ("type", "rope_theta") if rope_type == "proportional" else ("type", "rope_theta", "partial_rotary_factor")
+    out = {k: v for k, v in dict(scaling, rope_type=rope_type).items() if k not in dropped}
     if "short_mscale" in out or "long_mscale" in out:  # Phi-MoE's cos/sin factors: one for every position, or refused
         short, long = out.pop("short_mscale", None), out.pop("long_mscale", None)
         if short != long:

@@ -126,9 +126,10 @@ class BufferKVCache:
       * growing the buffers (capacity doubles, bounded by the context limit): one copy of the cache.
     """
 
-    def __init__(self, count: int, kv_heads: int, head_dim: int, dtype, wrap: Callable[[np.ndarray], Any],
+    def __init__(self, shapes: Sequence[tuple[int, int]], dtype, wrap: Callable[[np.ndarray], Any],
                  capacity: int = 256, max_capacity: int | None = None):
-        self._shape = (1, kv_heads, 0, head_dim)
+        """`shapes`: each buffer's (kv_heads, head_dim) (layers may differ: Gemma 4)."""
+        self._shapes = [(int(h), int(d)) for h, d in shapes]
         self._dtype = dtype
         self._wrap = wrap
         self.max_capacity = max_capacity
@@ -139,14 +140,14 @@ class BufferKVCache:
         self.arrays: list[np.ndarray] = []
         self.tensors: list[Any] = []
         self.fixed = False  # views into a shared buffer (a slot of a batch): never reallocated
-        self._allocate(count, capacity)
+        self._allocate(capacity)
 
     @classmethod
     def over(cls, arrays: list[np.ndarray], wrap: Callable[[np.ndarray], Any]) -> "BufferKVCache":
         """An empty cache over existing [1, kv_heads, capacity, head_dim] arrays (one slot of a batched
         buffer); it cannot grow past their capacity."""
         cache = cls.__new__(cls)
-        cache._shape, cache._dtype, cache._wrap = (1, arrays[0].shape[1], 0, arrays[0].shape[3]), arrays[0].dtype, wrap
+        cache._shapes, cache._dtype, cache._wrap = [(a.shape[1], a.shape[3]) for a in arrays], arrays[0].dtype, wrap
         cache.max_capacity, cache.length, cache.compactions, cache.binding, cache.fixed = arrays[0].shape[2], 0, 0, None, True
         cache.row_slots = None
         cache.point_at(arrays)
@@ -158,10 +159,9 @@ class BufferKVCache:
         self.tensors = [self._wrap(a) for a in self.arrays]
         self.binding = None
 
-    def _allocate(self, count: int, capacity: int) -> None:
-        shape = (*self._shape[:2], capacity, self._shape[3])
+    def _allocate(self, capacity: int) -> None:
         old = self.arrays
-        self.arrays = [np.zeros(shape, dtype=self._dtype) for _ in range(count)]
+        self.arrays = [np.zeros((1, heads, capacity, dim), dtype=self._dtype) for heads, dim in self._shapes]
         for new, previous in zip(self.arrays, old):
             new[:, :, : self.length] = previous[:, :, : self.length]
         self.tensors = [self._wrap(a) for a in self.arrays]  # OrtValues viewing the numpy memory
@@ -183,7 +183,7 @@ class BufferKVCache:
         capacity = max(total, 2 * self.capacity)
         if self.max_capacity:
             capacity = max(total, min(capacity, self.max_capacity))
-        self._allocate(len(self.arrays), capacity)
+        self._allocate(capacity)
 
     def attention_mask(self, new_mask: np.ndarray) -> np.ndarray:
         """[1, q, length + q]: every committed row is visible; the new tokens' own (causal or tree) mask."""

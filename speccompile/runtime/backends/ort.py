@@ -129,9 +129,10 @@ class OrtSession:
         self.present_names = [n for n in self.output_names if n.startswith("present")]
         self.hidden_name = hidden_output(spec)
         self.feature_dtypes = {name: _np_dtype(spec, name) for name in feature_inputs(spec)}
-        past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
-        self.kv_dtype = _NP_DTYPES.get(past.dtype, np.float32)
-        self.kv_shape = (1, int(past.shape[1]), 0, int(past.shape[3]))
+        pasts = [t for t in spec.inputs if t.name.startswith("past_key_values")]
+        self.kv_dtype = _NP_DTYPES.get(pasts[0].dtype, np.float32)
+        self.kv_shapes = [(int(t.shape[1]), int(t.shape[3])) for t in pasts]  # per buffer: layers may differ (Gemma 4)
+        self.kv_shape = (1, self.kv_shapes[0][0], 0, max(d for _, d in self.kv_shapes))  # the widest head: wide-head rule
 
     def _to_ort(self, array: np.ndarray):
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
@@ -155,7 +156,7 @@ class OrtSession:
         next rows' logits would differ from plain decoding's in the last bits (docs/quantization.md)."""
         if max_dead is None:
             max_dead = 0 if self.device == "cpu" else 64
-        empty = [self._to_ort(np.zeros(self.kv_shape, dtype=self.kv_dtype)) for _ in self.past_names]
+        empty = [self._to_ort(np.zeros((1, heads, 0, dim), dtype=self.kv_dtype)) for heads, dim in self.kv_shapes]
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
@@ -208,7 +209,7 @@ class OrtBufferSession(OrtSession):
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
-        return BufferKVCache(len(self.past_names), self.kv_shape[1], self.kv_shape[3], self.kv_dtype, self._to_ort,
+        return BufferKVCache(self.kv_shapes, self.kv_dtype, self._to_ort,
                              capacity=capacity or self.initial_capacity, max_capacity=capacity or self.max_context)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
@@ -317,7 +318,7 @@ class OrtBufferSession(OrtSession):
 
     def new_batch_buffers(self, slots: int, rows: int) -> list[np.ndarray]:
         """Per-layer KV buffers [slots, kv_heads, rows, head_dim] for `run_batch` (one slot per sequence)."""
-        return [np.zeros((slots, self.kv_shape[1], rows, self.kv_shape[3]), dtype=self.kv_dtype) for _ in self.past_names]
+        return [np.zeros((slots, heads, rows, dim), dtype=self.kv_dtype) for heads, dim in self.kv_shapes]
 
     def slot_cache(self, buffers: list[np.ndarray], slot: int) -> BufferKVCache:
         """The cache of one slot of `buffers`: `run` (a prefill, batch 1) and `run_batch` both write into it."""

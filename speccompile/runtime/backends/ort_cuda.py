@@ -89,12 +89,11 @@ def binding_plan(spec: GraphSpec, q: int, capacity: int, batch: int = 1) -> Bind
     all buckets (KV past and present share one key: the graph writes the new rows in place).
     """
     kv_dtype = next(t.dtype for t in spec.inputs if t.name.startswith("past_key_values"))
-    past = next(t for t in spec.inputs if t.name.startswith("past_key_values"))
-    kv_shape = (1, int(past.shape[1]), int(capacity), int(past.shape[3]))
     inputs: dict[str, Buffer] = {}
     for tensor in spec.inputs:
         name = tensor.name
-        if name.startswith("past_key_values"):
+        if name.startswith("past_key_values"):  # each buffer its layer's kv heads / head_dim
+            kv_shape = (1, int(tensor.shape[1]), int(capacity), int(tensor.shape[3]))
             inputs[name] = Buffer("kv." + name.removeprefix("past_key_values."), kv_shape, kv_dtype, "device")
         elif name == "seqlens_k":
             inputs[name] = Buffer(name, (batch,), "int32", "device")
