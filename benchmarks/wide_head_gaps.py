@@ -35,7 +35,7 @@ def decode(session, prompt: np.ndarray, tokens: np.ndarray, q: int, layout: str)
     """Prefill `prompt`, decode `tokens` in passes of q rows in `layout`; every token row's logits."""
     rule = session.wide
     block, short = CUT_BLOCK, CUT_HALF
-    session.wide = {"cuts": WideHeadRule(cut_block=block), "rows": WideHeadRule(lift=(block, short))}.get(layout, WideHeadRule())
+    session.wide = {"cuts": rule if rule.cut_blocks else WideHeadRule(cut_blocks=(block,)), "rows": WideHeadRule(lift=(block, short))}.get(layout, WideHeadRule())
     cache = session.new_cache(capacity=4096)
     live: list[bool] = []
     seq = np.concatenate([prompt, tokens])

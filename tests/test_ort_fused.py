@@ -319,8 +319,9 @@ def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypa
     model = make_tiny_hf_model(tmp_path / "hd256", head_dim=256)
     export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=384, hidden_states="final"))
     session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.wide == WideHeadRule(cut_block=128) and recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
-    assert WideHeadRule.of((128, 64), 512).lift == (128, 64) and not WideHeadRule.of((0, 0), 256).active
+    assert session.wide == WideHeadRule(cut_blocks=(128,)) and recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
+    assert WideHeadRule.of((128, 64), [512]) == WideHeadRule(cut_blocks=(64,)) and not WideHeadRule.of((0, 0), [256]).active
+    assert WideHeadRule.of((128, 64), [256, 512]).cut_blocks == (128, 64) and WideHeadRule.of((128, 64), [192]).lift == (128, 64)
     rng = np.random.default_rng(3)
     uncut_differs = False
     for length in (58, 180, 314):  # passes from 58..72 cross the cut at 63, 180..194 at 191, 314..328 at 319
@@ -344,3 +345,28 @@ def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypa
     text = "abc abd abc abd abc abd abc " * 3
     plain = runner.generate(text, chat=False, max_tokens=40, drafter="none")
     assert runner.generate(text, chat=False, max_tokens=40).tokens == plain.tokens
+
+
+def test_gemma4_head_widths_256_and_512_get_the_same_bits_in_any_pass(tmp_path, monkeypatch):
+    """Gemma 4's real head widths (sliding 256, full 512): the runtime cuts at both widths' slots (31, 63 and 95
+    mod 128, backends/wide_head.py), so a position's logits are the same bits in chain passes of 1, 3, 5 and 8 rows
+    across the cuts. Negative control: the padding-row lift alone (the rule before 512 was measured) differs."""
+    from test_families import make_family_model
+
+    from speccompile.runtime.backends.wide_head import WideHeadRule
+
+    shape = dict(model_type="gemma4_text", sliding_window=64, layer_types=["sliding_attention", "full_attention"],
+                 hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+                 num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0)
+    make_family_model(tmp_path / "g4", "g4", families={"g4": shape})
+    export_artifact(str(tmp_path / "g4"), tmp_path / "art", ExportOptions(max_context=256))
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.wide == WideHeadRule(cut_blocks=(128, 64))
+    prompt, tokens = np.random.default_rng(5).integers(3, 60, (2, 80))
+    one_row = _chunked_logits(session, prompt, tokens, 1)[0]
+    for q in (3, 5, 8):
+        np.testing.assert_array_equal(_chunked_logits(session, prompt, tokens, q)[0], one_row, err_msg=f"q={q}")
+    with monkeypatch.context() as patch:
+        patch.setattr(session, "wide", WideHeadRule(lift=(128, 64)))
+        lifted = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 3, 5, 8)]
+    assert any(not np.array_equal(x, lifted[0]) for x in lifted[1:])

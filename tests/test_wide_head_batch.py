@@ -40,7 +40,7 @@ def test_head_dim_256_slot_rows_equal_each_sequence_alone_bitwise(wide_artifact)
     assert spec.extra["attention_lift"] == [128, 64]
     alone = open_artifact(wide_artifact, threads=1).target
     slotted = OrtSlotSession(wide_artifact, manifest, spec, threads=1)
-    assert slotted.wide == WideHeadRule(cut_block=128)
+    assert slotted.wide == WideHeadRule(cut_blocks=(128,))
 
     def differing_rows(lengths, cases) -> int:
         rng = np.random.default_rng(0)

@@ -1,7 +1,8 @@
 """The premise of the cut rule (runtime/backends/wide_head.py), checked on ONNX Runtime's CPU GroupQueryAttention
 itself at head_dim 256: a query row's output is the same bits in two passes exactly when both end in the same
 "half" for the row's own 128-slot block (short: the pass's last slot E in that block with E mod 128 <= 63; long
-otherwise). Random rows, pass sizes and padding rows; if a future onnxruntime changes the kernel, this fails."""
+otherwise); at head_dim 512 the same with 64-slot blocks (E mod 64 <= 31). Random rows, pass sizes and padding
+rows; if a future onnxruntime changes the kernel, this fails."""
 
 from __future__ import annotations
 
@@ -9,26 +10,28 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from speccompile.runtime.backends.wide_head import CUT_BLOCK, CUT_HALF, WideHeadRule
+import pytest
 
-HEADS, DIM, CAPACITY = 4, 256, 768
+from speccompile.runtime.backends.wide_head import CUT_BLOCK, CUT_BLOCKS, CUT_HALF, WideHeadRule
+
+HEADS, CAPACITY = 4, 768
 
 
-def _attention() -> ort.InferenceSession:
-    """One GroupQueryAttention (4 query heads, 1 KV head, head_dim 256) over a shared past/present buffer."""
+def _attention(dim: int) -> ort.InferenceSession:
+    """One GroupQueryAttention (4 query heads, 1 KV head, head_dim `dim`) over a shared past/present buffer."""
     f = TensorProto.FLOAT
     node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens_k", "total", "", "", "", "bias"],
                             ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=HEADS, kv_num_heads=1,
-                            scale=DIM ** -0.5)
-    inputs = [helper.make_tensor_value_info("q", f, [1, "S", HEADS * DIM]), helper.make_tensor_value_info("k", f, [1, "S", DIM]),
-              helper.make_tensor_value_info("v", f, [1, "S", DIM]), helper.make_tensor_value_info("pk", f, [1, 1, CAPACITY, DIM]),
-              helper.make_tensor_value_info("pv", f, [1, 1, CAPACITY, DIM]),
+                            scale=dim ** -0.5)
+    inputs = [helper.make_tensor_value_info("q", f, [1, "S", HEADS * dim]), helper.make_tensor_value_info("k", f, [1, "S", dim]),
+              helper.make_tensor_value_info("v", f, [1, "S", dim]), helper.make_tensor_value_info("pk", f, [1, 1, CAPACITY, dim]),
+              helper.make_tensor_value_info("pv", f, [1, 1, CAPACITY, dim]),
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
               helper.make_tensor_value_info("total", TensorProto.INT32, []),
               helper.make_tensor_value_info("bias", f, [1, 1, "S", "T"])]
-    outputs = [helper.make_tensor_value_info("out", f, [1, "S", HEADS * DIM]),
-               helper.make_tensor_value_info("present_k", f, [1, 1, CAPACITY, DIM]),
-               helper.make_tensor_value_info("present_v", f, [1, 1, CAPACITY, DIM])]
+    outputs = [helper.make_tensor_value_info("out", f, [1, "S", HEADS * dim]),
+               helper.make_tensor_value_info("present_k", f, [1, 1, CAPACITY, dim]),
+               helper.make_tensor_value_info("present_v", f, [1, 1, CAPACITY, dim])]
     model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     options = ort.SessionOptions()
@@ -39,7 +42,7 @@ def _attention() -> ort.InferenceSession:
 def _row(session, data, p: int, first: int, pad: int) -> np.ndarray:
     """Row p's output from a pass of rows first..p (keys 0..first-1 cached) plus `pad` copies of row p after it."""
     keys, values, queries = data
-    past_k, past_v = np.zeros((2, 1, 1, CAPACITY, DIM), np.float32)
+    past_k, past_v = np.zeros((2, 1, 1, CAPACITY, keys.shape[1]), np.float32)
     past_k[0, 0, :first], past_v[0, 0, :first] = keys[:first], values[:first]
     rows = [*range(first, p + 1), *[p] * pad]
     total = first + len(rows)
@@ -52,14 +55,15 @@ def _row(session, data, p: int, first: int, pad: int) -> np.ndarray:
     return out[0, p - first]
 
 
-def _short(p: int, last: int) -> bool:
-    return last // CUT_BLOCK == p // CUT_BLOCK and last % CUT_BLOCK <= CUT_HALF - 1
+def _short(p: int, last: int, block: int = CUT_BLOCK) -> bool:
+    return last // block == p // block and last % block <= block // 2 - 1
 
 
-def test_a_rows_bits_follow_where_its_pass_ends():
-    session, rng = _attention(), np.random.default_rng(0)
-    data = (rng.standard_normal((CAPACITY, DIM), np.float32), rng.standard_normal((CAPACITY, DIM), np.float32),
-            rng.standard_normal((CAPACITY, HEADS * DIM), np.float32))
+@pytest.mark.parametrize("dim", sorted(CUT_BLOCKS))
+def test_a_rows_bits_follow_where_its_pass_ends(dim):
+    session, rng, block = _attention(dim), np.random.default_rng(0), CUT_BLOCKS[dim]
+    data = (rng.standard_normal((CAPACITY, dim), np.float32), rng.standard_normal((CAPACITY, dim), np.float32),
+            rng.standard_normal((CAPACITY, HEADS * dim), np.float32))
     alone, agree, differ = {}, 0, 0
     for _ in range(120):
         p = int(rng.integers(1, 640))
@@ -68,7 +72,7 @@ def test_a_rows_bits_follow_where_its_pass_ends():
         if p not in alone:  # plain decoding: a one-row pass and its padding row
             alone[p] = _row(session, data, p, p, 1)
         same = np.array_equal(_row(session, data, p, p - q + 1, pad), alone[p])
-        predicted = _short(p, p + pad) == _short(p, p + 1)
+        predicted = _short(p, p + pad, block) == _short(p, p + 1, block)
         assert same == predicted, (p, q, pad)
         agree += same
         differ += not same
@@ -78,11 +82,13 @@ def test_a_rows_bits_follow_where_its_pass_ends():
 def test_passes_within_a_segment_end_as_alone():
     """The cut rule's consequence: a pass whose rows lie between two cuts (plus a one-row pass's padding row) ends
     in the same half as each of its rows alone."""
-    rule = WideHeadRule(cut_block=CUT_BLOCK)
-    for start in range(0, 600):
-        rows = rule.rows_from(start)
-        assert 1 <= rows <= CUT_BLOCK
-        for q in range(1, rows + 1):
-            last = start + q - 1 + int(q == 1)
-            assert all(_short(p, last) == _short(p, p + 1) for p in range(start, start + q)), (start, q)
-    assert rule.segments(60, 140) == [(0, 3), (3, 131), (131, 140)]
+    for blocks in ((CUT_BLOCK,), (64,), (CUT_BLOCK, 64)):  # head_dim 256, 512, both (Gemma 4): the union of the cuts
+        rule = WideHeadRule(cut_blocks=blocks)
+        for start in range(0, 600):
+            rows = rule.rows_from(start)
+            assert 1 <= rows <= min(blocks)
+            for q in range(1, rows + 1):
+                last = start + q - 1 + int(q == 1)
+                assert all(_short(p, last, b) == _short(p, p + 1, b) for b in blocks for p in range(start, start + q)), (blocks, start, q)
+    assert WideHeadRule(cut_blocks=(CUT_BLOCK,)).segments(60, 140) == [(0, 3), (3, 131), (131, 140)]
+    assert WideHeadRule(cut_blocks=(CUT_BLOCK, 64)).segments(60, 140) == [(0, 3), (3, 35), (35, 99), (99, 131), (131, 140)]

@@ -17,7 +17,8 @@ WIDE_HEAD_DIM = 128  # above it, OneRowPadding takes a count of rows (`many`) an
 def attention_lift(head_dim: int) -> list[int]:
     """[block, short] for head_dim > 128: ONNX Runtime CPU rounds a row of GroupQueryAttention differently depending on
     where its pass ends. The runtime reads it as a rule (runtime/backends/wide_head.py): at head_dim 256 passes cut
-    at slots 63 mod 128 (measured mechanism: MLAS's last column panel of <= 64 keys takes K in one stride), other
+    at slots 63 mod 128 (measured mechanism: MLAS's last column panel of <= 64 keys takes K in one stride), at 512
+    at 31 mod 64, other
     widths padding rows that leave no remainder of 1..short modulo block (benchmarks/wide_head_gaps.py)."""
     return [128, 64]
 TREE_BIAS = "attention_bias"  # the GPU slot graph's tree form: every slot's additive mask (GpuSlotInputs)

@@ -132,7 +132,7 @@ class OrtSession:
         pasts = [t for t in spec.inputs if t.name.startswith("past_key_values")]
         self.kv_dtype = _NP_DTYPES.get(pasts[0].dtype, np.float32)
         self.kv_shapes = [(int(t.shape[1]), int(t.shape[3])) for t in pasts]  # per buffer: layers may differ (Gemma 4)
-        self.kv_shape = (1, self.kv_shapes[0][0], 0, max(d for _, d in self.kv_shapes))  # the widest head: wide-head rule
+        self.kv_shape = (1, self.kv_shapes[0][0], 0, max(d for _, d in self.kv_shapes))  # the widest head
 
     def _to_ort(self, array: np.ndarray):
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
@@ -205,7 +205,7 @@ class OrtBufferSession(OrtSession):
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
         # head_dim > 128: passes cut at fixed slots (256) or lifted by padding rows (backends/wide_head.py)
-        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), int(self.kv_shape[3]))
+        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), [d for _, d in self.kv_shapes])
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""

@@ -48,7 +48,8 @@ class OrtSlotSession:
         self.hidden_name = hidden_output(spec)
         # head_dim > 128: a slot's rows stay within a segment between cuts, or its total is lifted, as its pass
         # alone (backends/wide_head.py)
-        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), int(spec.head_dim))
+        head_dims = [int(t.shape[3]) for t in spec.inputs if t.name.startswith("past_key_values")]
+        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), head_dims)
         self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
         widths = {t.name: int(t.shape[-1]) for t in spec.outputs if t.name in self._outputs}
         self._widths = [widths[name] for name in self._outputs]

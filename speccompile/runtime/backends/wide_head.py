@@ -17,49 +17,54 @@ exactly when p mod 128 <= 62):
   after it ends its pass at or before 128 (b + 1) + 63 (short, as alone). `rows_from` says how many rows a pass may
   hold from its first slot; the session splits a pass that would cross a cut, and a generation sizes its drafts
   so that it rarely has to (`Session.pass_rows`). No extra rows.
-* **Lift** (other widths over 128, where the operator steps elsewhere: 512 at 32 and 64, and neither rule
-  predicts 160 or 192 on the operator): padding rows move every pass's total off a remainder of 1..short modulo
-  block (`attention_lift` [block, short] in the manifest), as measured for 256 before the cuts.
+  head_dim 512 (Gemma 4's full layers) steps the same way with blocks of 64: a row in the first 32 slots of a
+  64-slot block is short exactly when its pass ends in those 32 slots (measured on the operator,
+  tests/test_wide_head_rule.py), so it cuts at 31 mod 64. A graph with both widths cuts at both (31, 63 and 95
+  mod 128): a pass inside a segment of the union is inside a segment of each rule.
+* **Lift** (other widths over 128, where neither rule was measured: 160 or 192 on the operator step elsewhere):
+  padding rows move every pass's total off a remainder of 1..short modulo block (`attention_lift` [block, short]
+  in the manifest), as measured for 256 before the cuts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 UNBOUNDED_ROWS = 1 << 30  # a pass of any size computes its rows' bits as alone (no cut)
 CUT_BLOCK = 128  # MLAS SGEMM's column panel
 CUT_HALF = 64  # a panel of at most this many columns strides K at once
-CUT_HEAD_DIM = 256  # the head_dim the cut rule was measured for (K = 2 x 128: two strides, or one)
+CUT_BLOCKS = {256: CUT_BLOCK, 512: 64}  # head_dim -> the block its cut rule was measured with (cut at block / 2 - 1)
 
 
 @dataclass(frozen=True)
 class WideHeadRule:
-    """A graph's rule for head_dim > 128: `cut_block` (head_dim 256: cuts at CUT_HALF - 1 modulo it; 0: none) or
-    `lift` (other widths: [block, short] padding rows; (0, 0): none). Neither below 129."""
+    """A graph's rule for head_dim > 128: `cut_blocks` (head_dim 256: 128, 512: 64; each cuts at block / 2 - 1
+    modulo it; (): none) and `lift` (other widths: [block, short] padding rows; (0, 0): none). Neither below 129."""
 
-    cut_block: int = 0
+    cut_blocks: tuple[int, ...] = ()
     lift: tuple[int, int] = (0, 0)
 
     @classmethod
-    def of(cls, recorded_lift: tuple[int, int], head_dim: int) -> "WideHeadRule":
-        """The rule for a graph of `head_dim` whose manifest records `recorded_lift` (as `recorded_lift` reads it)."""
-        if not recorded_lift[0]:
+    def of(cls, recorded_lift: tuple[int, int], head_dims: Iterable[int]) -> "WideHeadRule":
+        """The rule for a graph whose layers have `head_dims` and whose manifest records `recorded_lift` (as
+        `recorded_lift` reads it; a graph without the padding input records none and gets no rule)."""
+        wide = {int(d) for d in head_dims if int(d) > 128}
+        if not recorded_lift[0] or not wide:
             return cls()
-        if head_dim == CUT_HEAD_DIM:
-            return cls(cut_block=CUT_BLOCK)
-        return cls(lift=recorded_lift)
+        blocks = tuple(sorted({CUT_BLOCKS[d] for d in wide if d in CUT_BLOCKS}, reverse=True))
+        return cls(cut_blocks=blocks, lift=recorded_lift if wide - CUT_BLOCKS.keys() else (0, 0))
 
     @property
     def active(self) -> bool:
         """Whether passes need a layout of their own (a batched pass of one row per sequence has none)."""
-        return bool(self.cut_block or self.lift[0])
+        return bool(self.cut_blocks or self.lift[0])
 
     def rows_from(self, start: int) -> int:
         """The most rows a pass whose first row lands at KV slot `start` may hold (up to the next cut)."""
-        if not self.cut_block:
+        if not self.cut_blocks:
             return UNBOUNDED_ROWS
-        cut = CUT_HALF - 1
-        return 1 + (cut - start - 1) % self.cut_block
+        return min(1 + (block // 2 - 2 - start) % block for block in self.cut_blocks)
 
     def segments(self, start: int, rows: int) -> list[tuple[int, int]]:
         """[a, b) row ranges of a pass of `rows` rows from slot `start`, one per segment between cuts."""
