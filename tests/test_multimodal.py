@@ -39,6 +39,8 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
         _SIGLIP, model_type="clip_vision_model", projection_dim=32))),
     # Qwen2.5-VL (model.layers.*, visual.*: the text names already) and Qwen3-VL (model.language_model.*): mrope
     "qwen2_5_vl": ("qwen2_5_vl", dict(text_config=dict(_TEXT, rope_parameters=_MROPE), vision_config=_QWEN_VISION)),
+    "qwen2_vl": ("qwen2_vl", dict(text_config=dict(_TEXT, rope_parameters=_MROPE), vision_config=dict(
+        depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2))),
     "qwen3_vl": ("qwen3_vl", dict(text_config=dict(_TEXT, rope_parameters=dict(_MROPE, mrope_interleaved=True)),
                                   vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0]))),
 }
