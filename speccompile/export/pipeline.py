@@ -49,6 +49,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     started = time.time()
     progress(f"loading {model_name}")
     model = load_model(model_name)  # the file headers: the weights are read while the graphs are written
+    if model.left_out:  # a multimodal checkpoint's towers: "text decoder only: vision_tower, ... not exported"
+        progress(model.left_out)
     cfg = model.config
     max_context = options.max_context or cfg.max_position_embeddings
     drafter = drafter_estimate(model, options.dtype, request.kind if request else None, request.path if request else None)

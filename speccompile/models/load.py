@@ -26,6 +26,7 @@ from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
 from .mtp_layouts import is_mtp_weight, mtp_weights
+from .multimodal import text_decoder
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
@@ -50,6 +51,7 @@ class LoadedModel:
     source_files: list[Path]  # what `source_sha256` covers
     chat_template: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    left_out: str = ""  # what of the checkpoint is not exported (a multimodal one's towers: models/multimodal.py), said at export
     _digest: "_Digest | None" = field(default=None, repr=False)
 
     @property
@@ -189,31 +191,42 @@ def read_safetensors(path: Path) -> dict[str, Any]:
 
 
 def load_hf_folder(folder: Path) -> LoadedModel:
-    """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files)."""
+    """Open a Hugging Face model folder (config.json, *.safetensors or a sharded index, tokenizer files); a multimodal
+    checkpoint's text decoder alone (models/multimodal.py)."""
     raw = _read_config_json(folder)
+    text = text_decoder(raw, str(folder / "config.json"))
+    stored, left_out, files = None, "", []
+    if text is not None:  # the text config's lm_head tying follows the checkpoint
+        files = _safetensors_files(folder)
+        stored, left_out = text.weights(SafetensorsSource(files))
+        raw = text.text_config(stored)
     config = config_from_hf(raw, str(folder))
     check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
-    files = _safetensors_files(folder)
-    weights = per_expert(SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
+    files = files or _safetensors_files(folder)
+    weights = per_expert(stored or SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
     weights = hf_view(weights, family(config.architecture), config.num_attention_heads)  # e.g. Phi-2's model.final_layernorm
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     if config.tie_word_embeddings:
         dropped.add("lm_head.weight")
-    return LoadedModel(config, weights.without(dropped), folder, "hf", files, _hf_chat_template(folder))
+    return LoadedModel(config, weights.without(dropped), folder, "hf", files, _hf_chat_template(folder), left_out=left_out)
 
 
 def _hf_chat_template(folder: Path) -> str | None:
+    """chat_template.jinja, else tokenizer_config.json's `chat_template`, else a multimodal processor's
+    chat_template.json (its `chat_template`)."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text()
-    tok_cfg = folder / "tokenizer_config.json"
-    if tok_cfg.is_file():
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        if not (folder / name).is_file():
+            continue
         try:
-            template = json.loads(tok_cfg.read_text()).get("chat_template")
-        except json.JSONDecodeError:
-            return None
-        return template if isinstance(template, str) else None
+            template = json.loads((folder / name).read_text()).get("chat_template")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(template, str):
+            return template
     return None
 
 

@@ -1,0 +1,131 @@
+"""The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
+architecture table (Gemma 3 / 4, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL), read as that family's checkpoint.
+
+The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
+leave out filled in, older keys moved to where transformers 5 keeps them, Qwen2.5-VL's flat text keys gathered), its
+model_type the text family's, what sits at the top level (`quantization_config`) carried over. The lm_head is tied
+iff the checkpoint has none (transformers 5 ties only then: a stored lm_head that differs from the embedding is not
+tied, whatever the config says). The weights are the language model's under the text family's names
+(`model.language_model.*` of transformers 5 or `language_model.model.*` of older saves become `model.*`,
+`language_model.lm_head.*` becomes `lm_head.*`); the vision / audio towers and their projectors are left out,
+never read, and said so at export; a tensor that is neither is refused in one line. Qwen-VL's multimodal rope
+("mrope") is plain rope on text: its three position axes (time, height, width) are each the token's position for
+text tokens (transformers' `get_rope_index`), so every frequency section turns by the same angle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UnsupportedError
+from .architectures import family_name
+from .weights import WeightSource
+
+# wrappers read as their text decoder -> the text_config model_types read (None: any family of the table)
+WRAPPERS: dict[str, tuple[str, ...] | None] = {
+    "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "mistral3": None, "llava": None,
+    "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
+}
+# text decoders of a wrapper that are a family of the table under another name (their mrope is plain rope on text)
+TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+# wrappers whose text decoder is not a family of the table, and why
+REFUSED_WRAPPERS = {
+    "llama4": "Llama 4's text decoder (chunked attention, interleaved MoE layers) is not supported",
+    "mllama": "Llama 3.2 Vision's text decoder has cross-attention layers (not supported)",
+    "paligemma": "PaliGemma attends to the whole prompt both ways (prefix LM), not causally (not supported)",
+    "gemma3n": "Gemma 3n's text decoder (AltUp, per-layer embeddings, KV sharing) is not supported",
+    "qwen3_vl_moe": "Qwen3-VL-MoE's fused experts (stored [experts, hidden, 2 * inter]) are not read",
+}
+# top-level parts of a wrapper that are not the language model (under `model.` in transformers 5's saves)
+LEFT_OUT = ("vision_tower", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
+_RENAMED = (("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+_TOP_LEVEL = ("quantization_config",)  # wrapper keys the text decoder's config reads
+
+
+@dataclass(frozen=True)
+class TextDecoder:
+    """The text decoder of a multimodal checkpoint: its config.json keys (before the lm_head tying) and where."""
+
+    wrapper: str  # the wrapper's model_type
+    config: dict[str, Any]  # the text decoder's config.json keys, model_type a family's of the table
+    source: str  # config.json's path (errors)
+
+    def weights(self, stored: WeightSource) -> tuple[WeightSource, str]:
+        """(the language model's tensors under the text family's names, the line saying what is left out);
+        a tensor that is neither the language model's nor a left-out part is refused."""
+        names, dropped = {}, set()
+        for name in stored.names():
+            part = name.removeprefix("model.").split(".", 1)[0]
+            renamed = next((new + name[len(old):] for old, new in _RENAMED if name.startswith(old)), None)
+            if part in LEFT_OUT and renamed is None:
+                dropped.add(name)
+            elif renamed is not None or name.startswith(("model.", "lm_head.")):  # Qwen2.5-VL's: the text names already
+                names[name] = renamed or name
+            else:
+                raise UnsupportedError(f"{self.source}: {self.wrapper} tensor {name} is neither the language model's nor a "
+                                       f"vision / audio part ({', '.join(LEFT_OUT)}); not read")
+        parts = sorted({n.removeprefix("model.").split(".", 1)[0] for n in dropped})
+        note = f"text decoder only: {', '.join(parts) or 'no other part'} not exported ({len(dropped)} tensors)"
+        return stored.without(dropped).renamed(names), note
+
+    def text_config(self, weights: WeightSource) -> dict[str, Any]:
+        """The config.json keys of the text decoder, tied iff `weights` (the language model's) has no lm_head."""
+        return {**self.config, "tie_word_embeddings": "lm_head.weight" not in weights}
+
+
+def text_decoder(raw: dict[str, Any], source: str) -> TextDecoder | None:
+    """The text decoder of a multimodal config.json (None: a text model's); UnsupportedError (one line, naming the
+    key) for a wrapper or a text decoder that is not read."""
+    kind = str(raw.get("model_type", "")).lower()
+    if kind in REFUSED_WRAPPERS:
+        raise UnsupportedError(f"{source}: model_type '{kind}': {REFUSED_WRAPPERS[kind]}")
+    if "text_config" not in raw and (kind not in WRAPPERS or "vision_config" not in raw):
+        return None
+    if kind not in WRAPPERS:
+        text_type = (raw.get("text_config") or {}).get("model_type")
+        raise UnsupportedError(f"{source}: model_type '{kind}' (a multimodal wrapper, text_config '{text_type}') is not "
+                               f"supported (supported: {', '.join(sorted(WRAPPERS))})")
+    text = _transformers_text_config(kind, raw)
+    text_type = str(text.get("model_type", "")).lower()
+    allowed = WRAPPERS[kind]
+    family_type = TEXT_TYPES.get(text_type, text_type)
+    if (allowed is not None and text_type not in allowed) or family_name(family_type) is None:
+        raise UnsupportedError(f"{source}: {kind} with text_config model_type '{text_type}' is not supported")
+    if text.get("use_bidirectional_attention") in (True, "all"):
+        raise UnsupportedError(f"{source}: {kind} with use_bidirectional_attention is not supported (a causal decoder only)")
+    text.update({k: raw[k] for k in _TOP_LEVEL if k in raw}, model_type=family_type)
+    if text_type in TEXT_TYPES:
+        _plain_rope(text, source)
+    return TextDecoder(kind, text, source)
+
+
+def _transformers_text_config(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The wrapper's text config as transformers reads it (its class defaults filled in), or, where this transformers
+    does not know the wrapper, `text_config` as stored (Qwen2.5-VL's older saves: the top level, less vision_config)."""
+    try:
+        import transformers
+
+        config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in raw.items() if k != "model_type"})
+        return dict(config.get_text_config().to_dict())
+    except Exception:  # noqa: BLE001 - transformers without this model_type (ValueError), or one it cannot build
+        stored = raw.get("text_config")
+        return dict(stored) if stored else {k: v for k, v in raw.items() if k != "vision_config"}
+
+
+def _plain_rope(text: dict[str, Any], source: str) -> None:
+    """Qwen-VL's mrope read as the plain rope it is on text (mrope_section / mrope_interleaved dropped); a section
+    list that does not cover the rotated half of a head is refused."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = text.get(key)
+        if not isinstance(rope, dict):
+            continue
+        section = rope.get("mrope_section")
+        heads = int(text.get("num_attention_heads") or 1)
+        head_dim = int(text.get("head_dim") or int(text.get("hidden_size") or 0) // heads)
+        if section is not None and sum(section) != head_dim // 2:
+            raise UnsupportedError(f"{source}: {key} mrope_section {section} does not cover head_dim {head_dim} / 2")
+        rope = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
+        if rope.get("type") == "mrope" or rope.get("rope_type") == "mrope":
+            rope = {k: v for k, v in rope.items() if k != "type"} | {"rope_type": "default"}
+        text[key] = rope
