@@ -349,3 +349,31 @@ def test_gemma4_parts_not_built_are_refused(key, setting):
         config_from_hf({**data, key: setting}, "config.json")
     with pytest.raises(UnsupportedError, match="GGUF gemma4 is not supported"):
         config_from_gguf({"general.architecture": "gemma4"}, False, False, "model.gguf")
+
+
+def test_old_format_config_reads_as_transformers_reads_it(tmp_path):
+    """A Gemma 3 config.json as the Hub keeps it (transformers 4.5x: `sliding_window_pattern`, `rope_local_base_freq`,
+    `rope_theta`, no `layer_types` or per-type rope table) is read through transformers' own config class
+    (models/hf_config.py): the export matches transformers on it. Read as stored, every layer was sliding at the
+    global base (relative error 0.76)."""
+    import json
+
+    import torch
+    import transformers
+
+    two = {"gemma3_text": dict(FAMILIES["gemma3_text"], num_hidden_layers=4, layer_types=_TWO * 2, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})}
+    make_family_model(tmp_path / "m", "gemma3_text", families=two)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    for key in ("layer_types", "rope_parameters"):
+        config.pop(key)
+    config.update(sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=10000.0, rope_scaling=None)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager", dtype=torch.float32).eval()
+    assert hf.config.layer_types == _TWO * 2  # what transformers makes of it
+    seq = [int(t) for t in np.random.default_rng(0).integers(3, TINY_VOCAB, 26)]
+    export_artifact(str(tmp_path / "m"), tmp_path / "art", ExportOptions())
+    session = open_artifact(tmp_path / "art", threads=1).target
+    cache = session.new_cache()
+    out = session.run(np.array(seq), np.arange(26), cache.attention_mask(np.tril(np.ones((26, 26), bool))), cache)
+    _close(out.logits, _hf_logits(hf, seq), "old-format gemma3_text")

@@ -21,6 +21,7 @@ from ..manifest import sha256_of
 from .architectures import LLAMA_GGUF, family
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
+from .hf_config import as_transformers_reads
 from .hf_layouts import hf_view
 from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
@@ -200,6 +201,8 @@ def load_hf_folder(folder: Path) -> LoadedModel:
         files = _safetensors_files(folder)
         stored, left_out = text.weights(SafetensorsSource(files))
         raw = text.text_config(stored)
+    else:  # read as transformers reads it: old keys converted, defaults filled (models/hf_config.py)
+        raw = as_transformers_reads(raw)
     config = config_from_hf(raw, str(folder))
     check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
     files = files or _safetensors_files(folder)

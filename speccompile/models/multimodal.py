@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .architectures import family_name
+from .hf_config import transformers_config
 from .weights import WeightSource
 
 # wrappers read as their text decoder -> the text_config model_types read (None: any family of the table)
@@ -103,14 +104,11 @@ def text_decoder(raw: dict[str, Any], source: str) -> TextDecoder | None:
 def _transformers_text_config(kind: str, raw: dict[str, Any]) -> dict[str, Any]:
     """The wrapper's text config as transformers reads it (its class defaults filled in), or, where this transformers
     does not know the wrapper, `text_config` as stored (Qwen2.5-VL's older saves: the top level, less vision_config)."""
-    try:
-        import transformers
-
-        config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in raw.items() if k != "model_type"})
+    config = transformers_config(dict(raw, model_type=kind))
+    if config is not None:
         return dict(config.get_text_config().to_dict())
-    except Exception:  # noqa: BLE001 - transformers without this model_type (ValueError), or one it cannot build
-        stored = raw.get("text_config")
-        return dict(stored) if stored else {k: v for k, v in raw.items() if k != "vision_config"}
+    stored = raw.get("text_config")
+    return dict(stored) if stored else {k: v for k, v in raw.items() if k != "vision_config"}
 
 
 def _plain_rope(text: dict[str, Any], source: str) -> None:
