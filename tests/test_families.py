@@ -382,3 +382,23 @@ def test_gemma4_shared_layers_hold_their_producers_rows(tmp_path):
             assert np.abs(kv[2 * shared]).max() > 0
             for part in (0, 1):  # key, value
                 np.testing.assert_array_equal(kv[2 * shared + part], kv[2 * producer + part])
+
+
+def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
+    """A checkpoint that keeps the shared layers' own k/v projections and k_norm (transformers ignores them on load)
+    loads without them: the weights match the config exactly."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    make_family_model(tmp_path / "hf", "gemma4-e")
+    path = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(str(path))
+    extra = {f"model.layers.{i}.self_attn.{name}": torch.ones(shape) for i in (2, 3)
+             for name, shape in (("k_proj.weight", (32, 64)), ("v_proj.weight", (32, 64)), ("k_norm.weight", (16,)))}
+    save_file({**tensors, **extra}, str(path), metadata={"format": "pt"})
+    model = load_model(str(tmp_path / "hf"))
+    assert not set(extra) & set(model.weights.names())
+    check_weights(model.config, model.weights)
