@@ -130,6 +130,11 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                      hidden_size_per_layer_input=0, rope_parameters={
                          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6, "factor": 2.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # Gemma 4 E2B / E4B's layers: KV sharing (layers 2 and 3 take the keys of 0 and 1, the last of their type; their MLP
+    # double-wide) and per-layer embeddings (8 per layer) on 4 alternating sliding / full layers
+    "gemma4-e": dict(model_type="gemma4_text", num_hidden_layers=4, sliding_window=WINDOW, layer_types=_TWO * 2, head_dim=16,
+                     global_head_dim=32, num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+                     vocab_size_per_layer_input=TINY_VOCAB, final_logit_softcapping=30.0),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }
@@ -334,19 +339,27 @@ def test_gptneox_gguf_reads_as_gpt_neox(tmp_path, parallel):
     _check_torch_reference(tmp_path / "model.gguf", hf, seq, f"gptneox gguf (parallel {parallel})")
 
 
-@pytest.mark.parametrize("key,setting", [("num_kv_shared_layers", 2), ("hidden_size_per_layer_input", 8), ("enable_moe_block", True)])
-def test_gemma4_parts_not_built_are_refused(key, setting):
-    """Gemma 4's KV sharing, per-layer embeddings and MoE block are refused by their config keys, in one line;
-    so is its GGUF (llama.cpp's per-layer attention shapes are not mapped)."""
+def test_gemma4_config_keys_and_what_is_refused():
+    """Gemma 4's KV sharing (each of the last num_kv_shared_layers takes the keys of the last earlier layer of its
+    type; transformers' kv_sharing_modes), double-wide MLP and per-layer embeddings read from config.json; the MoE block,
+    a sharing no earlier layer can feed and its GGUF are refused in one line (llama.cpp's per-layer attention shapes are
+    not mapped)."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_gguf, config_from_hf
 
-    data = dict(model_type="gemma4_text", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=_TWO,
+    data = dict(model_type="gemma4_text", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=_TWO * 2,
                 hidden_size_per_layer_input=0)
-    assert config_from_hf(data, "config.json").layer_head_dims == [16, 512]  # transformers' default global_head_dim
-    with pytest.raises(UnsupportedError, match=f"gemma4 with {key} is not supported"):
-        config_from_hf({**data, key: setting}, "config.json")
+    assert config_from_hf(data, "config.json").layer_head_dims == [16, 512] * 2  # transformers' default global_head_dim
+    cfg = config_from_hf({**data, "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 8},
+                         "config.json")
+    assert (cfg.kv_sources, cfg.layer_intermediate_sizes) == ([-1, -1, 0, 1], [128, 128, 256, 256])
+    assert (cfg.per_layer_input_size, cfg.per_layer_vocab_size) == (8, 262_144)  # transformers' default table rows
+    assert "k_norm" not in cfg.layer_roles(3) and "ple_gate" in cfg.layer_roles(0)
+    for bad in (dict(enable_moe_block=True), dict(num_kv_shared_layers=4),  # no layer computes keys
+                dict(num_kv_shared_layers=2, layer_types=["full_attention"] * 2 + _TWO)):  # no earlier sliding layer
+        with pytest.raises(UnsupportedError, match="gemma4 with enable_moe_block is not supported|num_kv_shared_layers .* is not supported"):
+            config_from_hf({**data, **bad}, "config.json")
     with pytest.raises(UnsupportedError, match="GGUF gemma4 is not supported"):
         config_from_gguf({"general.architecture": "gemma4"}, False, False, "model.gguf")
 
@@ -377,3 +390,43 @@ def test_old_format_config_reads_as_transformers_reads_it(tmp_path):
     cache = session.new_cache()
     out = session.run(np.array(seq), np.arange(26), cache.attention_mask(np.tril(np.ones((26, 26), bool))), cache)
     _close(out.logits, _hf_logits(hf, seq), "old-format gemma3_text")
+
+
+def test_gemma4_shared_layers_hold_their_producers_rows(tmp_path):
+    """KV sharing without sharing a buffer: a shared layer's KV buffer holds, bit for bit, the rows of the layer whose
+    keys it takes (each pass's rows included: a prefill, then a tree), in the contract and the fused CPU graph."""
+    make_family_model(tmp_path / "hf", "gemma4-e")
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 24)]
+    for fused in (True, False):
+        session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
+        cache = session.new_cache()
+        out = session.run(np.array(seq[:20]), np.arange(20), cache.attention_mask(np.tril(np.ones((20, 20), bool))), cache)
+        cache.append(out.presents, range(20), 20)
+        out = session.run(np.array(seq[20:24]), 20 + TREE.sum(1) - 1, cache.attention_mask(TREE), cache)
+        cache.append(out.presents, [0, 1, 3], 4)
+        kv = [np.asarray(a)[:, :, :23] for a in cache.arrays] if fused else [cache.to_numpy(t) for t in cache.tensors]
+        for shared, producer in ((2, 0), (3, 1)):
+            assert np.abs(kv[2 * shared]).max() > 0
+            for part in (0, 1):  # key, value
+                np.testing.assert_array_equal(kv[2 * shared + part], kv[2 * producer + part])
+
+
+def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
+    """A checkpoint that keeps the shared layers' own k/v projections and k_norm (transformers ignores them on load)
+    loads without them: the weights match the config exactly."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    make_family_model(tmp_path / "hf", "gemma4-e")
+    path = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(str(path))
+    extra = {f"model.layers.{i}.self_attn.{name}": torch.ones(shape) for i in (2, 3)
+             for name, shape in (("k_proj.weight", (32, 64)), ("v_proj.weight", (32, 64)), ("k_norm.weight", (16,)))}
+    save_file({**tensors, **extra}, str(path), metadata={"format": "pt"})
+    model = load_model(str(tmp_path / "hf"))
+    assert not set(extra) & set(model.weights.names())
+    check_weights(model.config, model.weights)

@@ -28,11 +28,13 @@ from onnx import TensorProto
 from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
+from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block, moe_names
+from .per_layer_ops import per_layer_block, per_layer_inputs
 from .recipes import (EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
-                      top_bias_recipes)
+                      per_layer_recipes, top_bias_recipes)
 from .weight_store import WeightStore
 
 OPSET = 21
@@ -58,7 +60,7 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
-    names.update(top_bias_recipes(cfg, dtype))
+    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype)})
     for i in range(cfg.num_hidden_layers):
         names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
         if cfg.moe is not None and cfg.moe.is_moe(i):
@@ -78,6 +80,8 @@ class _Graph:
     rotary: dict[str, tuple[str, str]] = field(default_factory=dict)  # rope kind -> (cos, sin)
     biases: dict[tuple, str] = field(default_factory=dict)  # (sliding?, kv heads) -> the tiled bias
     padded: dict[tuple, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
+    new_rows: dict[int, tuple[str, str]] = field(default_factory=dict)  # layer -> its pass's roped k / v (KV sharing)
+    per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
 
     @property
     def elem(self) -> int:
@@ -109,6 +113,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     x = b.one("/embed_tokens", "Gather", [g.weight("model.embed_tokens.weight"), "input_ids"])
     if cfg.embed_scale != 1.0:
         x = b.one("/embed_tokens", "Mul", [x, b.const("/embed_tokens", cfg.embed_scale, np_dtype(dtype))])
+    if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
+        g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
     keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
     g.biases = {key: _attention_bias(g, *key) for key in keys}
@@ -122,8 +128,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,
                   "model.norm.bias" if cfg.norm_bias else None)
-    _lm_head(g, final)
-    outputs = _outputs(g, presents, len(taps))
+    lm_head(b, model, g.weight, final)
+    graph_outputs = outputs(model, g.elem, presents, len(taps))
     if model.hidden_states == "eagle3":
         b.one("", "Concat", taps, "aux_hidden_states", axis=-1)
     inputs = [value("input_ids", TensorProto.INT64, ["batch", "q_len"]),
@@ -132,19 +138,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     for i in range(count):
         inputs += [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
                    for kind in ("key", "value")]
-    return b.model("main_graph", inputs, outputs, {"": OPSET})
-
-
-def _outputs(g: _Graph, presents: list[str], taps: int) -> list[onnx.ValueInfoProto]:
-    cfg = g.model.config
-    outputs = [value("logits", TensorProto.FLOAT, ["batch", "q_len", cfg.vocab_size])]
-    outputs += [value(name, g.elem, ["batch", cfg.layer(int(name.split(".")[1])).num_key_value_heads, "total_len",
-                                     cfg.layer(int(name.split(".")[1])).head_dim]) for name in presents]
-    if g.model.hidden_states == "final":
-        outputs.append(value("hidden_states", g.elem, ["batch", "q_len", cfg.hidden_size]))
-    elif g.model.hidden_states == "eagle3":
-        outputs.append(value("aux_hidden_states", g.elem, ["batch", "q_len", taps * cfg.hidden_size]))
-    return outputs
+    return b.model("main_graph", inputs, graph_outputs, {"": OPSET})
 
 
 def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
@@ -234,6 +228,9 @@ def _layer(g: _Graph, i: int, x: str) -> str:
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
     x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
     x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x))))
+    if cfg.per_layer_input_size:
+        x = per_layer_block(g.emitter(f"{scope}/per_layer"), cfg, i, x, g.per_layer, lambda role: g.role(i, role),
+                            lambda h: norm("ple_norm", h))
     return b.one(scope, "Mul", [x, g.role(i, "layer_scalar")]) if cfg.layer_scalar else x
 
 
@@ -245,7 +242,7 @@ def _mlp(g: _Graph, i: int, h: str) -> str:
         return moe_block(g.emitter(scope), g.model.config, i, h)
     if not g.model.config.mlp_gated:
         return _plain_mlp(g, i, h, scope)
-    inter = g.model.config.intermediate_size
+    inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
     act = b.one(scope, "Mul", [_act(g, i, gate, scope), up])
@@ -303,6 +300,20 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     return q, k, v
 
 
+def _shared_qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
+    """KV sharing: layer i's q (q_proj, its per-head norm before rope: Gemma 4's layers; roped) and, as its own new
+    keys / values, the pass's roped k / v rows of the layer it shares them with (the same rope table: the same type)."""
+    b, cfg = g.b, g.model.config.layer(i)
+    q = b.one(s, "MatMul", [h, g.role(i, "qkv")])
+    if cfg.attention_bias:
+        q = b.one(s, "Add", [g.role(i, "qkv_bias"), q])
+    q = b.one(s, "Reshape", [q, b.const(s, [0, -1, cfg.num_attention_heads, cfg.head_dim])])
+    if cfg.qk_norm:
+        q = _norm(g, f"{s}/q_norm", q, role_name(i, "q_norm"))
+    q, kind = b.one(s, "Transpose", [q], perm=[0, 2, 1, 3]), cfg.rope_kind(i)
+    return (_rope(g, s, q, kind, cfg) if kind else q), *g.new_rows[cfg.kv_source(i)]
+
+
 def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str, str]:
     """Multi-head latent attention's query [b, heads, q, dim] and key [b, 1, q, dim] (export/mla_ops.py; `w_uk`:
     kv_b_proj's per-head key slices), roped; the key is also the value."""
@@ -323,7 +334,8 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     cfg = g.model.config.layer(i)
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
-    q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s)
+    q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
+    g.new_rows[i] = (k, v)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
@@ -335,7 +347,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
-        scores = _softcap(g, s, scores, cfg.attn_softcap)
+        scores = softcap(g.b, s, scores, cfg.attn_softcap)
     scores = b.one(s, "Add", [scores, bias])
     if cfg.attn_sinks:
         probs = _with_sinks(g, i, s, scores, q)
@@ -382,13 +394,6 @@ def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
     return b.one(s, "Slice", [probs, b.const(s, [0]), b.const(s, [-1]), b.const(s, [-1]), b.const(s, [1])])
 
 
-def _softcap(g: _Graph, scope: str, x: str, cap: float) -> str:
-    """cap * tanh(x / cap) (Gemma 2's attention and final logit soft-capping), in float32."""
-    b = g.b
-    return b.one(scope, "Mul", [b.one(scope, "Tanh", [b.one(scope, "Div", [x, b.const(scope, cap, "float32")])]),
-                                b.const(scope, cap, "float32")])
-
-
 def _rope(g: _Graph, scope: str, x: str, kind: str, cfg: ModelConfig | None = None) -> str:
     """x * cos + rotate(x) * sin over the first rope_dim dims (the rest pass through); rotate(x) = [-x2, x1] of
     the halves, or of each (x0, x1) pair when interleaved (constant slice bounds). `cfg`: the layer's (its head_dim)."""
@@ -418,28 +423,3 @@ def _with_last_row(g: _Graph, scope: str, x: str) -> str:
     b = g.b
     last = b.one(scope, "Slice", [x, b.const(scope, [-1]), b.const(scope, [INT64_MAX]), b.const(scope, [2]), b.const(scope, [1])])
     return b.one(scope, "Concat", [x, last], axis=2)
-
-
-def _lm_head(g: _Graph, hidden: str) -> str:
-    """float32 logits [b, q, vocab]: a MatMul by lm_head.weight_t, or the tied table read by a Gemm (transB);
-    then the family's logit multiplier and soft-capping."""
-    b = g.b
-    cfg = g.model.config
-    if g.model.tied:
-        rows = b.one("", "Reshape", [hidden, b.const("", [-1, cfg.hidden_size])])
-        flat = b.one("", "Gemm", [rows, g.weight("model.embed_tokens.weight")], transB=1)
-        lead = b.one("", "Slice", [b.one("", "Shape", [hidden]), b.const("", [0]), b.const("", [2])])
-        shape = b.one("", "Concat", [lead, b.const("", [-1])], axis=0)
-        logits = b.one("", "Reshape", [flat, shape])
-    else:
-        logits = b.one("/lm_head", "MatMul", [hidden, g.weight("lm_head.weight_t")])
-    if cfg.lm_head_bias:
-        logits = b.one("/lm_head", "Add", [logits, g.weight("lm_head.bias")])
-    if not (cfg.logit_scale != 1.0 or cfg.final_softcap):
-        return b.one("", "Cast", [logits], "logits", to=TensorProto.FLOAT)
-    logits = b.one("", "Cast", [logits], to=TensorProto.FLOAT)
-    if cfg.logit_scale != 1.0:
-        logits = b.one("", "Mul", [logits, b.const("", cfg.logit_scale, "float32")])
-    if cfg.final_softcap:
-        logits = _softcap(g, "", logits, cfg.final_softcap)
-    return b.one("", "Identity", [logits], "logits")

@@ -21,9 +21,10 @@ from onnx import TensorProto
 from .activations import activation
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, moe_block
+from .per_layer_ops import per_layer_block, per_layer_inputs
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
 from .fused_ops import window_bias
-from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, top_bias_recipes
+from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
 from .weight_store import WeightStore
 
 
@@ -39,6 +40,8 @@ class _Fused:
     inits: list[TensorProto] = field(default_factory=list)
     consts: dict[str, np.ndarray] = field(default_factory=dict)
     biases: dict[tuple, str] = field(default_factory=dict)  # (slot, sliding) -> the attention bias
+    new_rows: dict[int, list[str]] = field(default_factory=dict)  # layer -> its k / v inputs (KV sharing)
+    per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
 
     @property
     def elem(self) -> int:
@@ -114,6 +117,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     cfg, n = f.model.config, f.n
     norms = _Norms(f)
     residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
+    if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
+        f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
+            h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))
     for i in range(count):
         if cfg.placement == "post":
             residual = residual if pending is None else n("Add", [residual, pending])[0]
@@ -125,7 +131,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if i in f.model.aux_layers:
             taps.append(residual)
         w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
-        query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms)
+        query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
+            _shared_query(f, i, h, norms)
+        f.new_rows[i] = query[1:]
         out, layer_presents = _attention(f, i, query, padding, slots)
         presents += layer_presents
         if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
@@ -149,9 +157,8 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if cfg.placement in ("sandwich", "post"):
             pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
         pending = _scaled(f, pending)
-        if cfg.layer_scalar:  # Gemma 4: the whole stream times the layer's scalar (the next norm is a plain one)
-            residual = n("Mul", [n("Add", [residual, pending])[0], f.layer_weight(i, "layer_scalar", "layer_scalar")])[0]
-            pending = None
+        if cfg.layer_scalar or cfg.per_layer_input_size:  # Gemma 4 (the next norm is then a plain one)
+            residual, pending = _layer_end(f, i, n("Add", [residual, pending])[0], norms), None
     final_gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
     final_gain += [f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else []
     if pending is None:
@@ -161,6 +168,15 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(last)
     return final, taps, presents
+
+
+def _layer_end(f: _Fused, i: int, residual: str, norms: _Norms) -> str:
+    """Layer i's residual stream after its per-layer input block (PLE) and times its scalar (Gemma 4)."""
+    cfg = f.model.config
+    if cfg.per_layer_input_size:
+        residual = per_layer_block(f.emitter(), cfg, i, residual, f.per_layer, lambda role: f.layer_weight(i, role, role),
+                                   lambda h: norms.plain(h, norms.gamma(i, "ple_norm"), f"layers.{i}.ple"))
+    return f.n("Mul", [residual, f.layer_weight(i, "layer_scalar", "layer_scalar")])[0] if cfg.layer_scalar else residual
 
 
 def _scaled(f: _Fused, x: str) -> str:
@@ -177,7 +193,7 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i)):
+    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources):  # KV sharing: k / v apart
         return [qkv, "", ""]
     pre = f"layers.{i}"
     if cfg.values_are_keys(i):
@@ -199,6 +215,21 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     k_gamma = norms.gamma(i, "k_norm")
     k = head_norm(n, k, kv_heads, dim, lambda x: norms.plain(x, k_gamma, f"{pre}.k"), f.const, f"{pre}.k")
     return [q, k, v]
+
+
+def _shared_query(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
+    """KV sharing: GroupQueryAttention's inputs of layer i: its q (q_proj, its per-head norm: Gemma 4's layers) and
+    the k / v inputs (before rope) of the layer it shares them with, which its GroupQueryAttention ropes alike (the
+    same table: the same type) and writes into this layer's own KV buffer: the same rows."""
+    cfg, n = f.model.config.layer(i), f.n
+    q = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
+    if cfg.attention_bias:
+        q = n("Add", [q, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
+    if cfg.qk_norm:
+        gamma = norms.gamma(i, "q_norm")
+        q = head_norm(n, q, cfg.num_attention_heads, cfg.head_dim, lambda x: norms.plain(x, gamma, f"layers.{i}.q"), f.const,
+                      f"layers.{i}.q")
+    return [q, *f.new_rows[cfg.kv_source(i)]]
 
 
 def _rope(f: _Fused, i: int, x: str, heads: int) -> str:
@@ -321,7 +352,7 @@ def _mlp(f: _Fused, i: int, h: str) -> str:
     if not f.model.config.mlp_gated:
         return _plain_mlp(f, i, h)
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
-    inter = f.model.config.intermediate_size
+    inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
     act = n("Mul", [_act(f, i, gate), up])[0]
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]

@@ -78,7 +78,9 @@ def layer_sources(config: ModelConfig, i: int) -> dict[str, tuple[str, ...]]:
     """The Hugging Face tensors of decoder layer `i`, by role (models/architectures.py)."""
     p = f"model.layers.{i}."
     sources = {role: tuple(p + n for n in names) for role, names in family(config.architecture).layer_names().items()}
-    if config.values_are_keys(i):  # no v_proj: q | k rows (the graphs take the keys as values)
+    if config.kv_source(i) is not None:  # KV sharing: q_proj alone (the keys / values are another layer's)
+        sources["qkv"], sources["qkv_bias"] = sources["qkv"][:1], sources["qkv_bias"][:1]
+    elif config.values_are_keys(i):  # no v_proj: q | k rows (the graphs take the keys as values)
         sources["qkv"], sources["qkv_bias"] = sources["qkv"][:2], sources["qkv_bias"][:2]
     return sources
 
@@ -88,8 +90,11 @@ FINAL_NORM = ("model.norm.weight",)
 FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
-TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b"}  # roles stored as MatMul weights [in, out]
-NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm"}
+TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj"}  # MatMul weights [in, out]
+NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm"}
+# the per-layer embeddings (Gemma 4's PLE): table [vocab, layers * P], projection [layers * P, hidden], norm [P]
+PLE_TABLE, PLE_PROJECTION, PLE_NORM = ("model.embed_tokens_per_layer.weight",), ("model.per_layer_model_projection.weight",), \
+    ("model.per_layer_projection_norm.weight",)
 
 
 def layer_roles(config: ModelConfig, layer: int = 0) -> list[str]:
@@ -112,6 +117,15 @@ def top_bias_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
     return {**biases, **({"lm_head.bias": Recipe(LM_HEAD_BIAS, False, dtype)} if config.lm_head_bias else {})}
 
 
+def per_layer_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
+    """The per-layer embeddings' model-level weights (Gemma 4's PLE), by graph initializer name ({}: none)."""
+    if not config.per_layer_input_size:
+        return {}
+    return {"model.embed_tokens_per_layer.weight": Recipe(PLE_TABLE, False, dtype),
+            "model.per_layer_model_projection.weight_t": Recipe(PLE_PROJECTION, True, dtype),
+            "model.per_layer_projection_norm.weight": Recipe(PLE_NORM, False, dtype, config.norm_offset)}
+
+
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor a decoder of `config` reads, with its shape."""
     c = config
@@ -120,6 +134,9 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[LM_HEAD[0]] = (c.vocab_size, c.hidden_size)
     shapes.update({FINAL_NORM_BIAS[0]: (c.hidden_size,)} if c.norm_bias else {})
     shapes.update({LM_HEAD_BIAS[0]: (c.vocab_size,)} if c.lm_head_bias else {})
+    width = c.num_hidden_layers * c.per_layer_input_size
+    shapes.update({PLE_TABLE[0]: (c.per_layer_vocab_size, width), PLE_PROJECTION[0]: (width, c.hidden_size),
+                   PLE_NORM[0]: (c.per_layer_input_size,)} if width else {})
     for i in range(c.num_hidden_layers):
         shapes.update(_layer_shapes(c, i))
     return shapes
@@ -134,15 +151,18 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
                 "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
-                "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES}}
+                "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES},
+                "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)]}
     if c.mla:
         per_role.update(_mla_shapes(c))
         per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]
     fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
     shapes: dict[str, tuple[int, ...]] = {}
     names = layer_sources(config, i)
+    shared = c.kv_source(i) is not None  # KV sharing: q_proj alone (its shape first among qkv's)
     for role in layer_roles(config, i):
-        role_shapes = fused[role] if len(names[role]) == 1 and role in fused else per_role[role]
+        fused_role = len(names[role]) == 1 and role in fused and not (shared and role.startswith("qkv"))
+        role_shapes = fused[role] if fused_role else per_role[role]
         shapes.update(zip(names[role], role_shapes))
     if c.moe is not None and c.moe.is_moe(i):
         shapes.update(c.moe.shapes(i, h))

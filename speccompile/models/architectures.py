@@ -19,6 +19,9 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
   layer_scalar    the layer output's learned multiplier [1] (Gemma 4)
+  ple_gate, ple_proj, ple_norm  the per-layer embeddings' block (Gemma 4's PLE): gate [P, hidden], projection
+                  [hidden, P], the norm of its output before the residual add
+  (KV sharing: a shared layer's qkv role is q_proj alone, and it has no k_norm)
   act             xIELU's learned scalars alpha_p, alpha_n, beta, eps (Apertus; each shown as [1]), stacked [4]
   <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
 Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles instead of qkv (docs/DESIGN.md,
@@ -51,6 +54,8 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "down_bias": ("mlp.down_proj.bias",),
     "act": ("mlp.act_fn.alpha_p", "mlp.act_fn.alpha_n", "mlp.act_fn.beta", "mlp.act_fn.eps"),  # xIELU's scalars
     "layer_scalar": ("layer_scalar",),
+    "ple_gate": ("per_layer_input_gate.weight",), "ple_proj": ("per_layer_projection.weight",),
+    "ple_norm": ("post_per_layer_input_norm.weight",),
 }
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
@@ -289,12 +294,13 @@ FAMILIES: dict[str, Family] = {
                                                                   "post_norm": ("feedforward_layernorm.weight",)}),
     # Gemma 4 (text; the multimodal `gemma4` config's text_config): Gemma 3's sandwich and per-head q/k norms with plain
     # gains, attention scale 1, a scale-free value norm, full-attention layers of their own head_dim / kv heads (values
-    # = keys where attention_k_eq_v) and proportional partial rope, a learned scalar per layer. KV sharing, per-layer
-    # embeddings and the MoE block are not built (refused by their keys); its GGUF is refused (models/load.py)
+    # = keys where attention_k_eq_v) and proportional partial rope, a learned scalar per layer, KV sharing (the last
+    # num_kv_shared_layers take an earlier layer's keys; their MLP double-wide where use_double_wide_mlp), per-layer
+    # embeddings (the `ple_*` roles). The MoE block is not built (refused by its key); its GGUF is refused (models/load.py)
     "gemma4": Family(("gemma4_text", "gemma4"), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
                      embed_scale="sqrt_hidden", attn_scale="unit", names=_SANDWICH_NAMES, bias_keys={"o": "attention_bias"},
                      layer_shapes=True, v_norm=True, layer_scalar=True,
-                     refused_keys=("num_kv_shared_layers", "hidden_size_per_layer_input", "enable_moe_block")),
+                     refused_keys=("enable_moe_block",)),
 }
 
 # Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.

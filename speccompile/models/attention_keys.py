@@ -1,5 +1,6 @@
 """config.json's attention keys beyond one GQA shape for every layer: multi-head latent attention (DeepSeek-V2/V3's
-compressed cache) and per-layer head widths / kv heads (Gemma 4's full-attention layers), as ModelConfig fields."""
+compressed cache) and per-layer head widths / kv heads (Gemma 4's full-attention layers, its KV sharing and per-layer
+embeddings), as ModelConfig fields."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def latent_attention(data: dict[str, Any], source: str) -> dict[str, Any]:
 def layer_shapes(data: dict[str, Any], types: list[str], layers: int, head_dim: int, source: str) -> dict[str, Any]:
     """Gemma 4's per-layer attention shapes: config.json's `per_layer_config` (layer -> head_dim /
     num_key_value_heads, as transformers writes it), else transformers' defaults: full-attention layers take
-    global_head_dim (512) and, where attention_k_eq_v, num_global_key_value_heads."""
+    global_head_dim (512) and, where attention_k_eq_v, num_global_key_value_heads. Also its other per-layer keys:
+    KV sharing (`kv_sharing`; the shared layers' MLP twice as wide where use_double_wide_mlp) and the per-layer
+    embeddings' width (hidden_size_per_layer_input; their table's rows: vocab_size_per_layer_input)."""
     kv_heads = int(data.get("num_key_value_heads") or data["num_attention_heads"])
     per_layer = data.get("per_layer_config")
     if per_layer is None:
@@ -42,6 +45,29 @@ def layer_shapes(data: dict[str, Any], types: list[str], layers: int, head_dim: 
     if not isinstance(per_layer, dict) or any(set(v) - {"head_dim", "num_key_value_heads"} for v in per_layer.values()):
         raise UnsupportedError(f"{source}: per_layer_config {per_layer!r} is not supported (only head_dim / num_key_value_heads per layer)")
     layer = [per_layer.get(str(i), per_layer.get(i, {})) for i in range(layers)]
-    return dict(layer_head_dims=[int(c.get("head_dim", head_dim)) for c in layer],
-                layer_kv_heads=[int(c.get("num_key_value_heads", kv_heads)) for c in layer],
-                k_eq_v=bool(data.get("attention_k_eq_v")))
+    shapes = dict(layer_head_dims=[int(c.get("head_dim", head_dim)) for c in layer],
+                  layer_kv_heads=[int(c.get("num_key_value_heads", kv_heads)) for c in layer],
+                  k_eq_v=bool(data.get("attention_k_eq_v")))
+    sources = kv_sharing(data, types, layers, source)
+    for i, j in enumerate(sources):
+        if j >= 0 and (shapes["layer_head_dims"][i], shapes["layer_kv_heads"][i]) != (shapes["layer_head_dims"][j], shapes["layer_kv_heads"][j]):
+            raise UnsupportedError(f"{source}: num_kv_shared_layers: layer {i} shares the keys of layer {j}, of another attention shape")
+    inter = int(data["intermediate_size"])
+    wide = [inter * (2 if j >= 0 else 1) for j in sources] if data.get("use_double_wide_mlp") and sources else []
+    ple = int(data.get("hidden_size_per_layer_input") or 0)
+    return dict(shapes, kv_sources=sources, layer_intermediate_sizes=wide, per_layer_input_size=ple,
+                per_layer_vocab_size=int(data.get("vocab_size_per_layer_input") or 262_144) if ple else 0)
+
+
+def kv_sharing(data: dict[str, Any], types: list[str], layers: int, source: str) -> list[int]:
+    """Gemma 4's `num_kv_shared_layers`: the last that many layers compute no keys / values and take those of the last
+    earlier layer of their own type (transformers' kv_sharing_modes); per layer that layer's index, or -1 ([]: none)."""
+    shared = int(data.get("num_kv_shared_layers") or 0)
+    if not shared:
+        return []
+    kinds, first = types or ["full_attention"] * layers, layers - shared
+    producers = {kinds[i]: i for i in range(max(first, 0))}  # the last earlier layer of each type
+    if first <= 0 or any(kinds[i] not in producers for i in range(first, layers)):
+        raise UnsupportedError(f"{source}: num_kv_shared_layers {shared} is not supported "
+                               "(a shared layer's type has no earlier layer computing its keys)")
+    return [-1] * first + [producers[kinds[i]] for i in range(first, layers)]

@@ -14,6 +14,7 @@ from .attention_keys import latent_attention, layer_shapes
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .rope_keys import check_rope_scaling, rope_params
+from .rope_keys import gpt_oss_gguf_keys as _gpt_oss_gguf_keys
 
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
@@ -83,6 +84,12 @@ class ModelConfig:
     k_eq_v: bool = False  # full-attention layers have no v_proj: the values are the key projection (before k_norm)
     v_norm: bool = False  # the values get a scale-free RMSNorm per head (Gemma 4)
     layer_scalar: bool = False  # each layer's output times its learned scalar (Gemma 4's `layer_scalar`, role of that name)
+    # KV sharing (Gemma 4): per layer, the layer whose pass's new key / value rows it takes as its own (-1: its own
+    # projections); []: none. `layer_intermediate_sizes`: per layer MLP widths (the shared layers' double-wide MLP)
+    kv_sources: list[int] = field(default_factory=list)
+    layer_intermediate_sizes: list[int] = field(default_factory=list)
+    per_layer_input_size: int = 0  # per-layer embeddings (Gemma 4's PLE): each layer's width (0: none)
+    per_layer_vocab_size: int = 0  # the rows of their table
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -102,11 +109,18 @@ class ModelConfig:
         return bool(self.kv_lora_rank)
 
     def layer(self, i: int) -> "ModelConfig":
-        """The config as layer `i` sees it: its own head_dim and KV heads (`layer_head_dims`); `self` when uniform."""
-        if not self.layer_head_dims:
+        """The config as layer `i` sees it: its own head_dim, KV heads (`layer_head_dims`) and MLP width
+        (`layer_intermediate_sizes`); `self` when uniform."""
+        if not (self.layer_head_dims or self.layer_intermediate_sizes):
             return self
-        return dataclasses.replace(self, head_dim=self.layer_head_dims[i], num_key_value_heads=self.layer_kv_heads[i],
-                                   layer_head_dims=[], layer_kv_heads=[])
+        dims, kv, inter = self.layer_head_dims, self.layer_kv_heads, self.layer_intermediate_sizes
+        return dataclasses.replace(self, head_dim=dims[i] if dims else self.head_dim, num_key_value_heads=kv[i] if kv else self.num_key_value_heads,
+                                   intermediate_size=inter[i] if inter else self.intermediate_size, layer_head_dims=[],
+                                   layer_kv_heads=[], layer_intermediate_sizes=[])
+
+    def kv_source(self, i: int) -> int | None:
+        """The layer whose new key / value rows layer i takes as its own (KV sharing), or None: its own."""
+        return self.kv_sources[i] if self.kv_sources and self.kv_sources[i] >= 0 else None
 
     def values_are_keys(self, i: int) -> bool:
         """Layer i's values are its key projection (`k_eq_v` on a full-attention layer: no v_proj)."""
@@ -141,7 +155,9 @@ class ModelConfig:
         roles = layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
                             moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp,
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
-        return [*roles, "layer_scalar"] if self.layer_scalar else roles
+        if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
+            roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
+        return roles + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size)
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -396,21 +412,6 @@ def _gguf_layer_keys(meta: dict[str, Any], p: str, fam: Family, arch: str, data:
         out["rope_parameters"] = {"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
                                   "sliding_attention": {"rope_theta": local}}
     return out
-
-
-def _gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
-    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: `_gguf_layer_keys`, period 2). Unless the
-    file names them, llama.cpp takes yarn's betas 32 / 1. The correction range is not rounded (`truncate` false,
-    as gpt-oss' own config.json and reference code have it); one rope base for every layer."""
-    local_base = meta.get(p + "rope.freq_base_swa")
-    if local_base is not None and float(local_base) != float(meta.get(p + "rope.freq_base", 10000.0)):
-        raise UnsupportedError(f"{source}: GGUF gpt-oss with {p}rope.freq_base_swa {local_base!r} is not supported (one rope base)")
-    rope = {"rope_type": "yarn", "factor": float(meta.get(p + "rope.scaling.factor") or 1.0),
-            "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast") or 32.0),
-            "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow") or 1.0), "truncate": False}
-    if meta.get(p + "rope.scaling.original_context_length"):
-        rope["original_max_position_embeddings"] = int(meta[p + "rope.scaling.original_context_length"])
-    return {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,

@@ -20,6 +20,8 @@ from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: 
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, rotate_half  # noqa: F401 - re-exported
+from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
+from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 
 
 class RMSNorm(nn.Module):
@@ -46,20 +48,6 @@ class RMSNorm(nn.Module):
 def norm_of(config: ModelConfig, size: int | None = None) -> RMSNorm:
     """The family's norm over `size` (default: hidden_size)."""
     return RMSNorm(size or config.hidden_size, config.rms_norm_eps, config.norm_offset, config.norm == "layer", config.norm_bias)
-
-
-def fused_linear(x: torch.Tensor, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """Several Linear layers on the same input as one matmul (q/k/v, gate/up), then split.
-
-    The exporter folds the concatenated weight into one initializer, so the graph has one larger
-    MatMul instead of several small ones (fewer kernel launches and thread-pool dispatches per step).
-    Parameters keep their Hugging Face names.
-    """
-    weight = torch.cat([layer.weight for layer in layers], dim=0)
-    biases = [layer.bias for layer in layers]
-    bias = torch.cat(biases) if all(b is not None for b in biases) else None
-    out = nn.functional.linear(x, weight, bias)
-    return tuple(torch.split(out, [layer.out_features for layer in layers], dim=-1))
 
 
 class _TiedLMHead(torch.autograd.Function):
@@ -99,42 +87,25 @@ class Attention(nn.Module):
         self.num_kv_heads = shape.num_key_value_heads
         self.head_dim = shape.head_dim
         bias = config.attention_bias
+        own = config.kv_source(layer) is None  # KV sharing: no k/v projections (another layer's keys / values)
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = None if config.values_are_keys(layer) else nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias) if own else None
+        self.v_proj = None if config.values_are_keys(layer) or not own else nn.Linear(config.hidden_size, shape.kv_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
         if config.qk_norm:
             full = config.qk_norm_full
             self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
-            self.k_norm = norm_of(config, shape.kv_dim if full else self.head_dim)
+            self.k_norm = norm_of(config, shape.kv_dim if full else self.head_dim) if own else None
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor,
-                past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias."""
+    def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor, past_v: torch.Tensor,
+                shared: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias; `shared`: KV sharing, the pass's new
+        key / value rows [b, kv, q, dim] (roped) of the layer whose keys this one takes: only the query is computed."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
-        if self.v_proj is None:  # values = the key projection (Gemma 4's attention_k_eq_v)
-            q, k = fused_linear(x, (self.q_proj, self.k_proj))
-            v = k
-        else:
-            q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
-        if self.q_norm is not None and cfg.qk_norm_full:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = static_reshape(q, 0, -1, heads, dim)
-        k = static_reshape(k, 0, -1, kv_heads, dim)
-        v = static_reshape(v, 0, -1, kv_heads, dim)
-        if self.q_norm is not None and not (cfg.qk_norm_full or cfg.qk_norm_after_rope):
-            q, k = self.q_norm(q), self.k_norm(k)
-        if cfg.v_norm:
-            v = scale_free_norm(v, cfg.rms_norm_eps)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        kind = cfg.rope_kind(self.layer)
-        if kind:
-            q, k = (apply_rope(t, *rotary[kind], cfg) for t in (q, k))
-        if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared)
         sliding = cfg.sliding(self.layer)
         bias = biases[(sliding, kv_heads)] if (sliding, kv_heads) in biases else biases[sliding]
         k_all = torch.cat((past_k, k), dim=2)
@@ -156,6 +127,37 @@ class Attention(nn.Module):
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
         return self.o_proj(out), k_all, v_all
 
+    def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped."""
+        heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
+        if self.v_proj is None:  # values = the key projection (Gemma 4's attention_k_eq_v)
+            q, k = fused_linear(x, (self.q_proj, self.k_proj))
+            v = k
+        else:
+            q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        if self.q_norm is not None and cfg.qk_norm_full:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = static_reshape(q, 0, -1, heads, dim)
+        k = static_reshape(k, 0, -1, kv_heads, dim)
+        v = static_reshape(v, 0, -1, kv_heads, dim)
+        if self.q_norm is not None and not (cfg.qk_norm_full or cfg.qk_norm_after_rope):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.v_norm:
+            v = scale_free_norm(v, cfg.rms_norm_eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        kind = cfg.rope_kind(self.layer)
+        if kind:
+            q, k = (apply_rope(t, *rotary[kind], cfg) for t in (q, k))
+        if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def _shared_q(self, x: torch.Tensor, rotary: dict) -> torch.Tensor:
+        """KV sharing: the roped query [b, heads, q, dim] alone (its per-head norm before rope: Gemma 4's layers)."""
+        q = static_reshape(self.q_proj(x), 0, -1, self.num_heads, self.head_dim)
+        q = (q if self.q_norm is None else self.q_norm(q)).transpose(1, 2)
+        kind = self.config.rope_kind(self.layer)
+        return apply_rope(q, *rotary[kind], self.config) if kind else q
 
     def _with_sinks(self, scores: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Softmax over the scores [b, kv, rows, T] and each row's head sink logit, the sink column dropped after."""
@@ -182,47 +184,6 @@ def _with_last_row(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x, x[:, :, -1:]), dim=2)
 
 
-class XIELU(nn.Module):
-    """transformers' xIELU (Apertus) on its learned scalars, each [1] (the checkpoint's beta / eps: models/hf_layouts.py)."""
-
-    def __init__(self):
-        super().__init__()
-        self.alpha_p, self.alpha_n, self.beta, self.eps = (nn.Parameter(torch.zeros(1)) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha_p, alpha_n = nn.functional.softplus(self.alpha_p), self.beta + nn.functional.softplus(self.alpha_n)
-        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
-                           (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n + self.beta * x)
-
-
-class MLP(nn.Module):
-    """down(act(gate) * up), gate and up from one matmul; or, not `mlp_gated`, down(act(up)) (Phi-2)."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        bias = config.mlp_bias
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False) if config.mlp_gated else None
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self.act = config.mlp_act
-        self.act_fn = XIELU() if self.act == "xielu" else None
-
-    def _act(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_fn is not None:
-            return self.act_fn(x)
-        if self.act == "relu2":  # Nemotron / Arcee: relu(x) ** 2
-            return torch.square(nn.functional.relu(x))
-        if self.act in ("gelu", "gelu_tanh"):  # exact (erf) or tanh GELU
-            return nn.functional.gelu(x, approximate="tanh" if self.act == "gelu_tanh" else "none")
-        return nn.functional.silu(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_proj is None:
-            return self.down_proj(self._act(self.up_proj(x)))
-        gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(self._act(gate) * up)
-
-
 class DecoderLayer(nn.Module):
     """Attention and MLP blocks with the family's norms where its placement puts them (pre / sandwich / post /
     parallel / parallel2; module names: Llama's, plus post_attn_norm and post_mlp_norm)."""
@@ -237,23 +198,29 @@ class DecoderLayer(nn.Module):
         self.self_attn = LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer)
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
-        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config))
+        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer)))
         self.layer_scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None  # Gemma 4: the output's multiplier
+        if config.per_layer_input_size:  # Gemma 4's per-layer embeddings: the block after the MLP (models/per_layer.py)
+            attach_per_layer_block(self, config, norm_of)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.mlp_name)(h)
 
-    def forward(self, x, rotary, biases, past_k, past_v):
-        out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v)
+    def forward(self, x, rotary, biases, past_k, past_v, shared=None, per_layer=None):
+        """`shared`: KV sharing, the new key / value rows this layer takes (Attention); `per_layer`: its per-layer
+        input [b, q, P] (Gemma 4's PLE)."""
+        out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v, shared)
+        if per_layer is not None:
+            out = per_layer_block(self, self.config, out, per_layer)
         return (out if self.layer_scalar is None else out * self.layer_scalar), k_all, v_all
 
-    def _blocks(self, x, rotary, biases, past_k, past_v):
+    def _blocks(self, x, rotary, biases, past_k, past_v, shared=None):
         def norm(module, h):
             return h if module is None else module(h)
 
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
-        attn, k_all, v_all = self.self_attn(h, rotary, biases, past_k, past_v)
+        attn, k_all, v_all = self.self_attn(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
         if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
             mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
             return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
@@ -273,6 +240,9 @@ class DecoderModel(nn.Module):
         self.norm = norm_of(config)
         self.rotary_emb = RotaryEmbedding(config)
         self.rotary_local = RotaryEmbedding(config, "local") if "local" in config.rope_kinds() else None
+        if config.per_layer_input_size:  # Gemma 4's per-layer embeddings (models/per_layer.py)
+            self.embed_tokens_per_layer, self.per_layer_model_projection, self.per_layer_projection_norm = \
+                per_layer_modules(config, norm_of)
 
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -350,12 +320,16 @@ class Decoder(nn.Module):
             kv, sliding = cfg.layer(i).num_key_value_heads, cfg.sliding(i)
             if kv != cfg.num_key_value_heads and (sliding, kv) not in biases:
                 biases[(sliding, kv)] = attention_bias(masks[sliding], cfg.num_attention_heads, kv)
-        presents = []
-        taps = []
+        presents, taps, new_rows = [], [], {}  # new_rows: KV sharing, a layer's pass's new key / value rows
+        per_layer = per_layer_inputs(self.model, cfg, input_ids, x) if cfg.per_layer_input_size else None
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layers:
                 taps.append(x)
-            x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1])
+            past = past_key_values[2 * i].shape[2]
+            x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1],
+                                    new_rows.get(cfg.kv_source(i)), None if per_layer is None else per_layer[:, :, i])
+            if cfg.kv_sources:
+                new_rows[i] = (k_all[:, :, past:], v_all[:, :, past:])
             presents += [k_all, v_all]
         if self.config.num_hidden_layers in self.aux_layers:  # tap L: the final hidden state before the norm
             taps.append(x)
@@ -408,16 +382,15 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     """The checkpoint under this module's names: each layer role's tensors (a fused one split in parts)."""
     state = dict(weights)
     names = family(config.architecture).layer_names()
-    inter = config.intermediate_size
     for i in range(config.num_hidden_layers):
-        q, kv = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim
+        q, kv, inter = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim, config.layer(i).intermediate_size
         sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
         p = f"model.layers.{i}."
         roles = config.layer_roles(i)
         found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}
         for role, tensors in found.items():
             targets = _MODULE_NAMES[role]
-            if len(tensors) == 1 and len(targets) > 1:
+            if len(tensors) == 1 and len(targets) > 1 and len(names[role]) == 1:  # a fused tensor (not q_proj alone)
                 tensors = list(torch.split(tensors[0], sizes[role], dim=0))
             state.update({p + t: w for t, w in zip(targets, tensors)})
     return state

@@ -210,9 +210,19 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     weights = hf_view(weights, family(config.architecture), config.num_attention_heads)  # e.g. Phi-2's model.final_layernorm
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
+    dropped |= _unused_shared_kv(config, weights.names())
     if config.tie_word_embeddings:
         dropped.add("lm_head.weight")
     return LoadedModel(config, weights.without(dropped), folder, "hf", files, _hf_chat_template(folder), left_out=left_out)
+
+
+def _unused_shared_kv(config: ModelConfig, names: list[str]) -> set[str]:
+    """KV sharing: what a checkpoint may still hold of the shared layers' own k / v projections and k_norm (transformers
+    ignores them on load): never read."""
+    roles = family(config.architecture).layer_names()
+    own = [*roles["qkv"][1:], *roles["qkv_bias"][1:], *roles["k_norm"]]
+    shared = [i for i in range(config.num_hidden_layers) if config.kv_source(i) is not None]
+    return {f"model.layers.{i}.{n}" for i in shared for n in own} & set(names)
 
 
 def _hf_chat_template(folder: Path) -> str | None:

@@ -1,5 +1,6 @@
 """A config.json's rope keys: transformers 5's `rope_parameters` (maybe one per layer type) or the older
-`rope_theta` / `rope_scaling` ones, read into the rope scaling `ModelConfig` keeps (models/rope.py computes it)."""
+`rope_theta` / `rope_scaling` ones, read into the rope scaling `ModelConfig` keeps (models/rope.py computes it); and
+gpt-oss' rope from llama.cpp's GGUF metadata, as those keys."""
 
 from __future__ import annotations
 
@@ -51,3 +52,18 @@ def rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if kind in ("llama3", "yarn", "longrope") and data.get("original_max_position_embeddings"):
         merged["original_max_position_embeddings"] = data["original_max_position_embeddings"]  # Phi-3: top-level wins
     return merged, {}
+
+
+def gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
+    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: models/config.py `_gguf_layer_keys`, period 2). Unless the
+    file names them, llama.cpp takes yarn's betas 32 / 1. The correction range is not rounded (`truncate` false,
+    as gpt-oss' own config.json and reference code have it); one rope base for every layer."""
+    local_base = meta.get(p + "rope.freq_base_swa")
+    if local_base is not None and float(local_base) != float(meta.get(p + "rope.freq_base", 10000.0)):
+        raise UnsupportedError(f"{source}: GGUF gpt-oss with {p}rope.freq_base_swa {local_base!r} is not supported (one rope base)")
+    rope = {"rope_type": "yarn", "factor": float(meta.get(p + "rope.scaling.factor") or 1.0),
+            "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast") or 32.0),
+            "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow") or 1.0), "truncate": False}
+    if meta.get(p + "rope.scaling.original_context_length"):
+        rope["original_max_position_embeddings"] = int(meta[p + "rope.scaling.original_context_length"])
+    return {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
