@@ -130,6 +130,35 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                      hidden_size_per_layer_input=0, rope_parameters={
                          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6, "factor": 2.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # issue 43's families: rows of the table under another model type, then new entries of existing features
+    "iquestcoder": {},  # Llama
+    "sarvam_mla": dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
+                       n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16,
+                       qk_nope_head_dim=16, v_head_dim=24),  # DeepSeek-V3
+    "param2moe": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                      n_group=2, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5),  # GLM-4.5
+    "sarvam_moe": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                       n_shared_experts=1, routed_scaling_factor=2.5),  # GLM-4.5, per-head q/k norms, full rotary
+    "apertus1p5_text": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # Apertus
+    "gemma4_unified_text": dict(sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32,  # Gemma 4 dense
+                                num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=30.0),
+    "jais2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),  # biased LayerNorms, biased ReLU-squared MLP
+    "persimmon": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64),  # per-head qkv, q/k LayerNorms
+    # sliding layers, sinks, a rope base per layer: layer 0 full with the global base, 1 sliding with its own, 2 full NoPE
+    "granite_swa": dict(num_hidden_layers=3, sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention", "full_attention"],
+                        layer_rope_theta=[10000.0, 500.0, 0], embedding_multiplier=6.0, attention_multiplier=0.2,
+                        residual_multiplier=0.5, logits_scaling=4.0),
+    "granitemoe_swa": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48,
+                           sliding_window=WINDOW, layer_types=_TWO, layer_rope_theta=[0, 10000.0], embedding_multiplier=6.0,
+                           attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    "hyperclovax": dict(embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=0.25),
+    "mellum": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=WINDOW, layer_types=_TWO,
+                   mlp_layer_types=["dense", "sparse"], rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                                                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    "flint": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                  sliding_window=WINDOW, layer_types=_TWO, mlp_only_layers=[]),
+    "hy_v3": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, router_scaling_factor=2.5,
+                  mlp_layer_types=["dense", "sparse"]),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }
