@@ -378,3 +378,29 @@ def test_gemma4_parts_not_built_are_refused(key, setting):
         config_from_hf({**data, key: setting}, "config.json")
     with pytest.raises(UnsupportedError, match="GGUF gemma4 is not supported"):
         config_from_gguf({"general.architecture": "gemma4"}, False, False, "model.gguf")
+
+
+@pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
+                                               ("inkling_text", "conv state"), ("gpt2", "learned absolute position"),
+                                               ("cohere2_moe", "sigmoid of the top-k logits"), ("ministral3", "Llama 4's attention scaling")])
+def test_families_not_built_say_why(model_type, reason):
+    """A transformers model type the table does not build is refused in one line with its reason (models/refused.py)."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    with pytest.raises(UnsupportedError, match=f"architecture '{model_type}': .*{reason}") as info:
+        config_from_hf({"model_type": model_type}, "config.json")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("extra,key", [(dict(layer_rope_theta=[1e4, 5e5]), "layer_rope_theta"),  # two bases on full layers
+                                       (dict(model_type="apertus1p5_text", output_vocab_size=50), "output_vocab_size")])
+def test_issue43_parts_not_built_are_refused(extra, key):
+    """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head: refused naming the key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = {**dict(model_type="granite_swa", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_multiplier=0.25), **extra}
+    with pytest.raises(UnsupportedError, match=key):
+        config_from_hf(data, "config.json")

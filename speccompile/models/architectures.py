@@ -339,14 +339,6 @@ FAMILIES: dict[str, Family] = {
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
 }
 
-# Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
-REFUSED = {
-    "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
-    "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
-    "hunyuan-moe": "llama.cpp's Hunyuan MoE GGUF is not read (no oracle: its converter needs Hunyuan's tiktoken tokenizer); "
-                   "export the safetensors checkpoint",
-}
-
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}
 
 

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import FAMILIES, HF_ACTS, REFUSED, Family, family, family_name, layer_roles
+from .architectures import FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
+from .refused import REFUSED
 from .rope_keys import check_rope_scaling, layer_rope_bases, rope_params
 
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
