@@ -135,7 +135,7 @@ def test_bad_inputs(tmp_path, tiny_model_dir, tiny_artifact):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    _assert_clean_error(run_cli("export", str(gpt2), "--out", str(out)), "unsupported architecture 'gpt2'", out)
+    _assert_clean_error(run_cli("export", str(gpt2), "--out", str(out)), "architecture 'gpt2': learned absolute position embeddings are not built", out)
     # existing output without --force
     _assert_clean_error(run_cli("export", str(tiny_model_dir), "--out", str(tiny_artifact)), "--force")
     assert (tiny_artifact / "manifest.json").exists()

@@ -135,6 +135,35 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gemma4-e": dict(model_type="gemma4_text", num_hidden_layers=4, sliding_window=WINDOW, layer_types=_TWO * 2, head_dim=16,
                      global_head_dim=32, num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
                      vocab_size_per_layer_input=TINY_VOCAB, final_logit_softcapping=30.0),
+    # issue 43's families: rows of the table under another model type, then new entries of existing features
+    "iquestcoder": {},  # Llama
+    "sarvam_mla": dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
+                       n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16,
+                       qk_nope_head_dim=16, v_head_dim=24),  # DeepSeek-V3
+    "param2moe": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+                      n_group=2, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5),  # GLM-4.5
+    "sarvam_moe": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                       n_shared_experts=1, routed_scaling_factor=2.5),  # GLM-4.5, per-head q/k norms, full rotary
+    "apertus1p5_text": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # Apertus
+    "gemma4_unified_text": dict(sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32,  # Gemma 4 dense
+                                num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=30.0),
+    "jais2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),  # biased LayerNorms, biased ReLU-squared MLP
+    "persimmon": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64),  # per-head qkv, q/k LayerNorms
+    # sliding layers, sinks, a rope base per layer: layer 0 full with the global base, 1 sliding with its own, 2 full NoPE
+    "granite_swa": dict(num_hidden_layers=3, sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention", "full_attention"],
+                        layer_rope_theta=[10000.0, 500.0, 0], embedding_multiplier=6.0, attention_multiplier=0.2,
+                        residual_multiplier=0.5, logits_scaling=4.0),
+    "granitemoe_swa": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48,
+                           sliding_window=WINDOW, layer_types=_TWO, layer_rope_theta=[0, 10000.0], embedding_multiplier=6.0,
+                           attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=4.0),
+    "hyperclovax": dict(embedding_multiplier=6.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=0.25),
+    "mellum": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=WINDOW, layer_types=_TWO,
+                   mlp_layer_types=["dense", "sparse"], rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                                                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    "flint": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                  sliding_window=WINDOW, layer_types=_TWO, mlp_only_layers=[]),
+    "hy_v3": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, router_scaling_factor=2.5,
+                  mlp_layer_types=["dense", "sparse"]),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
 }
@@ -430,3 +459,29 @@ def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
     model = load_model(str(tmp_path / "hf"))
     assert not set(extra) & set(model.weights.names())
     check_weights(model.config, model.weights)
+
+
+@pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
+                                               ("inkling_text", "conv state"), ("gpt2", "learned absolute position"),
+                                               ("cohere2_moe", "sigmoid of the top-k logits"), ("ministral3", "Llama 4's attention scaling")])
+def test_families_not_built_say_why(model_type, reason):
+    """A transformers model type the table does not build is refused in one line with its reason (models/refused.py)."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    with pytest.raises(UnsupportedError, match=f"architecture '{model_type}': .*{reason}") as info:
+        config_from_hf({"model_type": model_type}, "config.json")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("extra,key", [(dict(layer_rope_theta=[1e4, 5e5]), "layer_rope_theta"),  # two bases on full layers
+                                       (dict(model_type="apertus1p5_text", output_vocab_size=50), "output_vocab_size")])
+def test_issue43_parts_not_built_are_refused(extra, key):
+    """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head: refused naming the key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = {**dict(model_type="granite_swa", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_multiplier=0.25), **extra}
+    with pytest.raises(UnsupportedError, match=key):
+        config_from_hf(data, "config.json")

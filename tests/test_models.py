@@ -124,8 +124,8 @@ def test_gguf_nextn_names():
 
 
 def test_config_errors():
-    with pytest.raises(UnsupportedError, match="unsupported architecture 'gpt2'.*gemma3.*llama, minimax_m2, mistral"):
-        config_from_hf({"model_type": "gpt2"}, "cfg")
+    with pytest.raises(UnsupportedError, match="unsupported architecture 'bert'.*gemma3.*llama, mellum, minimax_m2, mistral"):
+        config_from_hf({"model_type": "bert"}, "cfg")
     with pytest.raises(UnsupportedError, match="DeepSeek-V2 topk_method 'noaux'"):
         config_from_hf({"model_type": "deepseek_v2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
                         "num_hidden_layers": 1, "num_attention_heads": 1, "moe_intermediate_size": 4, "n_routed_experts": 2,

@@ -137,8 +137,9 @@ def _config_folder(tmp_path, raw: dict):
     (dict(model_type="llava", text_config=dict(_TEXT, model_type="mamba")), "llava with text_config model_type 'mamba' is not supported"),
     (dict(model_type="gemma3", text_config=dict(_TEXT, model_type="gemma3_text", use_bidirectional_attention=True)),
      "gemma3 with use_bidirectional_attention is not supported"),
-    (dict(model_type="gemma4", text_config=dict(_TEXT, model_type="gemma4_text", hidden_size_per_layer_input=16)),
-     "gemma4 with hidden_size_per_layer_input is not supported"),
+    (dict(model_type="gemma4", text_config=dict(_TEXT, model_type="gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                       moe_intermediate_size=16)),
+     "gemma4 with enable_moe_block is not supported"),
 ])
 def test_unsupported_wrappers_are_refused(tmp_path, capsys, raw, says):
     folder = _config_folder(tmp_path, raw)

@@ -91,8 +91,8 @@ class Family:
     # pre | sandwich (pre + post norms) | post (post only) | parallel (attn + MLP on one norm) | parallel2 (attn and MLP
     # each on its own norm of the same input: GPT-NeoX)
     placement: str = "pre"
-    # config key choosing between `pre` (false) and a parallel placement (true: `placement` when it is one, else
-    # `parallel`); absent from the config, `placement` (StableLM / GPT-NeoX: use_parallel_residual)
+    # config key choosing between `pre` (false) and `placement` (true; `parallel` where `placement` is pre); absent from
+    # the config, `placement` (StableLM / GPT-NeoX: use_parallel_residual; HyperCLOVA X: use_post_norm, sandwich)
     parallel_key: str = ""
     qk_norm: str = ""  # "" | head (per head) | full (over all heads) | after_rope (per head, of the roped q / k: Hunyuan)
     attention_bias: bool = False  # default of the `attention_bias` config key (q/k/v biases)
@@ -183,10 +183,11 @@ _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multip
 _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attention_bias"},
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
+_EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family(("llama", "smollm2", "smollm"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
+    "llama": Family(("llama", "smollm2", "smollm", "iquestcoder"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
     "mistral": Family(("mistral", "ministral", "cwm"), gguf_llama_order=True),  # Ministral, CWM: per-layer layer_types
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window", bias_keys={"o": "attention_bias"}),
@@ -222,7 +223,9 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
     # GLM-4.7-Flash (glm4_moe_lite): V3's latent attention and routing, dense layers by mlp_layer_types (default: the first)
-    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF),
+    # Sarvam (sarvam_mla): DeepSeek-V3's config under its own expert-count keys
+    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite", "sarvam_mla"), mla=True, moe="deepseek_v3", names=MLA_NAMES,
+                          gguf=_MLA_GGUF, config_keys=_EXPERT_KEYS),
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
     # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
@@ -289,7 +292,9 @@ FAMILIES: dict[str, Family] = {
     "hunyuan_v1_dense": Family(("hunyuan_v1_dense", "hunyuan-dense"), **_HUNYUAN),  # llama.cpp: alpha folded into freq_base
     "hunyuan_v1_moe": Family(("hunyuan_v1_moe",), moe="hunyuan_v1_moe", **_HUNYUAN),
     # Apertus: q/k norms per head, a plain MLP with xIELU (or the hidden_act it names), Llama's norms under other names
-    "apertus": Family(("apertus",), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
+    # Apertus 1.5 (apertus1p5_text): the same layers; an LM head pruned to fewer rows (output_vocab_size) is not built
+    "apertus": Family(("apertus", "apertus1p5_text"), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
+                      refused_keys=("output_vocab_size",),
                       bias_keys={"o": "attention_bias"}, names={"input_norm": ("attention_layernorm.weight",),
                                                                   "post_norm": ("feedforward_layernorm.weight",)}),
     # Gemma 4 (text; the multimodal `gemma4` config's text_config): Gemma 3's sandwich and per-head q/k norms with plain
@@ -297,18 +302,47 @@ FAMILIES: dict[str, Family] = {
     # = keys where attention_k_eq_v) and proportional partial rope, a learned scalar per layer, KV sharing (the last
     # num_kv_shared_layers take an earlier layer's keys; their MLP double-wide where use_double_wide_mlp), per-layer
     # embeddings (the `ple_*` roles). The MoE block is not built (refused by its key); its GGUF is refused (models/load.py)
-    "gemma4": Family(("gemma4_text", "gemma4"), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
+    "gemma4": Family(("gemma4_text", "gemma4", "gemma4_unified_text"), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
                      embed_scale="sqrt_hidden", attn_scale="unit", names=_SANDWICH_NAMES, bias_keys={"o": "attention_bias"},
                      layer_shapes=True, v_norm=True, layer_scalar=True,
                      refused_keys=("enable_moe_block",)),
-}
-
-# Families whose layers change the cache contract (docs/DESIGN.md, "Families not built"): refused in one line.
-REFUSED = {
-    "qwen3_next": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
-    "qwen3_5": "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported",
-    "hunyuan-moe": "llama.cpp's Hunyuan MoE GGUF is not read (no oracle: its converter needs Hunyuan's tiktoken tokenizer); "
-                   "export the safetensors checkpoint",
+    # Jais 2: Llama's attention with q/k/v/o biases, biased LayerNorms, a plain ReLU-squared MLP with biases
+    "jais2": Family(("jais2",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_act="relu2",
+                    act_key="hidden_act", mlp_bias=True, bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),
+    # Persimmon: GPT-NeoX's per-head fused qkv, Phi-2's per-head biased q/k LayerNorms, a plain ReLU-squared MLP, pre norms
+    "persimmon": Family(("persimmon",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False,
+                        mlp_act="relu2", act_key="hidden_act", mlp_bias=True, qk_norm_key="qk_layernorm", qkv_per_head=True,
+                        names={"qkv": ("self_attn.query_key_value.weight",), "qkv_bias": ("self_attn.query_key_value.bias",),
+                               "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",),
+                               "q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
+                               **{k: v for k, v in _NEOX_NAMES.items() if k.startswith(("up", "down"))}},
+                        top_names={f"model.final_layernorm.{x}": f"model.norm.{x}" for x in ("weight", "bias")}),
+    # Granite SWA (granite_swa, granitemoe_swa): Granite / Granite-MoE-Shared with sliding layers, attention sinks and a rope
+    # base per layer (layer_rope_theta, 0: no rope)
+    "granite_swa": Family(("granite_swa",), **_GRANITE, attn_sinks=True, bias_keys={"o": "attention_bias"}),
+    "granitemoe_swa": Family(("granitemoe_swa",), **_GRANITE, attn_sinks=True, bias_keys={"o": "attention_bias"}, moe="granitemoe"),
+    # HyperCLOVA X: Granite's multipliers (the logits multiplied) in sandwich norms (post_norm1 / post_norm2; pre norms when
+    # use_post_norm is false)
+    "hyperclovax": Family(("hyperclovax",), **{**_GRANITE, "logit_key": "logits_scaling"}, placement="sandwich",
+                          parallel_key="use_post_norm", bias_keys={"o": "attention_bias"},
+                          names={"post_attn_norm": ("post_norm1.weight",), "post_mlp_norm": ("post_norm2.weight",)}),
+    # Mellum: Qwen3-MoE's attention and routing, sliding layers with their own rope base, dense layers by mlp_layer_types
+    "mellum": Family(("mellum",), qk_norm="head", moe="qwen3_moe", bias_keys={"o": "attention_bias"}),
+    # Flint: Qwen3-MoE's attention with sinks, no rope on full-attention layers; sigmoid top k renormalised, an ungated
+    # shared expert, dense mlp_only_layers
+    "flint": Family(("flint",), qk_norm="head", attn_sinks=True, global_nope=True, moe="flint", bias_keys={"o": "attention_bias"},
+                    names={"sinks": ("self_attn.softmax_offset",)}),
+    # Hy3 (hy_v3): per-head q/k norms; DeepSeek-V3's sigmoid routing in one group (router mlp.router.gate, score bias
+    # mlp.expert_bias, scaled by router_scaling_factor), ungated shared experts (mlp.shared_mlp), dense layers by mlp_layer_types
+    # Sarvam-MoE, Param2-MoE: GLM-4.5's layers (full rotary by default) in Ling's names (word_embeddings, a fused
+    # attention.query_key_value, attention.dense, query_layernorm / key_layernorm, the score bias gate.expert_bias)
+    "sarvam_moe": Family(("sarvam_moe", "param2moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3",
+                         config_keys={**_EXPERT_KEYS, "use_qkv_bias": "attention_bias"},
+                         names={"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
+                                "o_proj": ("attention.dense.weight",), "q_norm": ("attention.query_layernorm.weight",),
+                                "k_norm": ("attention.key_layernorm.weight",)},
+                         top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
+    "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

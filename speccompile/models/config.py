@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import FAMILIES, HF_ACTS, REFUSED, Family, family, family_name, layer_roles
+from .architectures import FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .rope_keys import check_rope_scaling, rope_params
+from .refused import REFUSED
+from .rope_keys import check_rope_scaling, layer_rope_bases, rope_params
 from .rope_keys import gpt_oss_gguf_keys as _gpt_oss_gguf_keys
 
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
@@ -253,10 +254,11 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
 
 
 def _placement(data: dict[str, Any], fam: Family) -> str:
-    """The family's placement, or its `parallel_key`'s choice: pre (false) or the parallel placement (true)."""
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel
+    where that is pre)."""
     if not fam.parallel_key or data.get(fam.parallel_key) is None:
         return fam.placement
-    return (fam.placement if fam.placement.startswith("parallel") else "parallel") if data[fam.parallel_key] else "pre"
+    return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
 
 
 def _mlp_act(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
@@ -280,7 +282,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         partial = 1.0
     if data.get("rotary_dim") and "partial_rotary_factor" not in rope:  # MiniMax-M2's legacy key: the rotated dims
         partial = int(data["rotary_dim"]) / head_dim
-    return dict(
+    fields = dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=check_rope_scaling(rope, source, alpha=fam.rope_alpha),
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
@@ -299,6 +301,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar,
     )
+    return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}
 
 
 def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:

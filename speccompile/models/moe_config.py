@@ -116,7 +116,9 @@ class MoeConfig:
 
 
 def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
-    """Qwen-MoE: `mlp_only_layers` and the layers `decoder_sparse_step` skips keep a dense MLP."""
+    """Qwen-MoE: `mlp_only_layers` and the layers `decoder_sparse_step` skips keep a dense MLP (Mellum: `mlp_layer_types`)."""
+    if data.get("mlp_layer_types"):
+        return _mlp_dense_layers(data, layers)
     step = int(data.get("decoder_sparse_step") or 1)
     only = {int(i) for i in data.get("mlp_only_layers") or []}
     return tuple(i for i in range(layers) if i in only or (i + 1) % step)
@@ -219,6 +221,15 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          bool(data.get("norm_topk_prob", False)),
                          shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0,
                          dense_layers=_dense_layers(data, layers))
+    if kind == "flint":  # sigmoid top k renormalised without a score bias (one group), an ungated shared expert
+        return MoeConfig(int(experts), top_k, int(data["moe_intermediate_size"]), "sigmoid_group", bool(data.get("norm_topk_prob", True)),
+                         shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0), shared_gated=False,
+                         dense_layers=_dense_layers(data, layers))
+    if kind == "hy_v3":  # sigmoid top k of scores + score bias (one group), renormalised, scaled; ungated shared experts
+        inter = int(data["moe_intermediate_size"])
+        return MoeConfig(int(experts), top_k, inter, "sigmoid_group", True, shared_name="shared_mlp", shared_gated=False,
+                         shared_expert_size=inter * int(data.get("num_shared_experts") or 0), score_bias=True,
+                         routed_scale=float(data.get("router_scaling_factor", 1.0)), dense_layers=_mlp_dense_layers(data, layers))
     if kind == "olmoe":  # experts of intermediate_size, every layer
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", bool(data.get("norm_topk_prob", False)))
     if kind == "granitemoe":  # the fused experts and shared MLP shown per expert by models/moe_weights.py

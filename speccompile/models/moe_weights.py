@@ -1,6 +1,6 @@
 """gpt-oss' and Granite-MoE's fused expert tensors shown per expert, under the names every consumer reads
 (models/moe_config.py); ERNIE 4.5 MoE's, K-EXAONE's and MiniMax-M2's score
-bias under DeepSeek-V3's name, Hunyuan's router `gate.wg` as `gate` (`_VIEWS`).
+bias under DeepSeek-V3's name (Sarvam-MoE's `gate.expert_bias` too), Hunyuan's router `gate.wg` as `gate` (`_VIEWS`).
 
 transformers saves gpt-oss' experts as `mlp.experts.gate_up_proj` [experts, hidden, 2 * inter] (gate and up
 columns interleaved: gate = [..., ::2], up = [..., 1::2]), `gate_up_proj_bias` [experts, 2 * inter], `down_proj`
@@ -105,12 +105,17 @@ _VIEWS = {
     "block_sparse_moe.input_linear.weight": ("block_sparse_moe.experts.{e}.gate_proj.weight", "block_sparse_moe.experts.{e}.up_proj.weight"),
     "block_sparse_moe.output_linear.weight": ("block_sparse_moe.experts.{e}.down_proj.weight",),
     "block_sparse_moe.router.layer.weight": ("block_sparse_moe.router.weight",),
+    # Granite-MoE-SWA's checkpoints: transformers' own fused [experts, 2 x inter, hidden] / [experts, hidden, inter]
+    "block_sparse_moe.experts.gate_up_proj": ("block_sparse_moe.experts.{e}.gate_proj.weight", "block_sparse_moe.experts.{e}.up_proj.weight"),
+    "block_sparse_moe.experts.down_proj": ("block_sparse_moe.experts.{e}.down_proj.weight",),
     "shared_mlp.input_linear.weight": ("block_sparse_moe.shared_expert.gate_proj.weight", "block_sparse_moe.shared_expert.up_proj.weight"),
     "shared_mlp.output_linear.weight": ("block_sparse_moe.shared_expert.down_proj.weight",),
     "mlp.moe_statics.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),
     "mlp.e_score_correction_bias": ("mlp.gate.e_score_correction_bias",),  # K-EXAONE
     "block_sparse_moe.e_score_correction_bias": ("block_sparse_moe.gate.e_score_correction_bias",),  # MiniMax-M2
     "mlp.gate.wg.weight": ("mlp.gate.weight",),  # Hunyuan's router
+    "mlp.gate.expert_bias": ("mlp.gate.e_score_correction_bias",),  # Sarvam-MoE / Param2-MoE (Ling's name)
+    "mlp.expert_bias": ("mlp.gate.e_score_correction_bias",), "mlp.router.gate.weight": ("mlp.gate.weight",),  # Hy3
 }
 _VIEWED = re.compile(r"^(model\.layers\.\d+\.)(" + "|".join(re.escape(k) for k in _VIEWS) + ")$")
 

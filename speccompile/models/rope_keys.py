@@ -67,3 +67,22 @@ def gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, An
     if meta.get(p + "rope.scaling.original_context_length"):
         rope["original_max_position_embeddings"] = int(meta[p + "rope.scaling.original_context_length"])
     return {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
+
+
+def layer_rope_bases(data: dict[str, Any], types: list[str], rope_theta: float, source: str) -> dict[str, Any]:
+    """Granite SWA's `layer_rope_theta` (a rope base per layer, 0: no rope) as the table's rope per layer: the full
+    layers' one base (the global table), the sliding layers' one base (the local table), the NoPE layers; {} without
+    the key. Other patterns, or a second base with rope scaling (the local table has none), are refused."""
+    thetas = data.get("layer_rope_theta")
+    if not thetas:
+        return {}
+    sliding = [bool(types) and t == "sliding_attention" for t in types] or [False] * len(thetas)
+    full = {float(t) for t, s in zip(thetas, sliding) if t and not s}
+    local = {float(t) for t, s in zip(thetas, sliding) if t and s}
+    base = full.pop() if len(full) == 1 else rope_theta
+    local_base = local.pop() if len(local) == 1 else base
+    if full or local or (local_base != base and check_rope_scaling(rope_params(data)[0], source)):
+        raise UnsupportedError(f"{source}: layer_rope_theta {thetas} is not supported (one base for the full-attention "
+                               "layers, one for the sliding ones, 0 for none; a second base without rope scaling)")
+    return dict(rope_theta=base, rope_local_theta=0.0 if local_base == base else local_base,
+                nope_layers=[i for i, t in enumerate(thetas) if not t])
