@@ -147,7 +147,7 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         kind = cfg.rope_kind(self.layer)
         if kind:
-            q, k = (apply_rope(t, *rotary[kind], cfg) for t in (q, k))
+            q, k = (apply_rope(t, *rotary[kind], cfg.layer(self.layer)) for t in (q, k))  # the layer's head_dim
         if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
@@ -157,7 +157,7 @@ class Attention(nn.Module):
         q = static_reshape(self.q_proj(x), 0, -1, self.num_heads, self.head_dim)
         q = (q if self.q_norm is None else self.q_norm(q)).transpose(1, 2)
         kind = self.config.rope_kind(self.layer)
-        return apply_rope(q, *rotary[kind], self.config) if kind else q
+        return apply_rope(q, *rotary[kind], self.config.layer(self.layer)) if kind else q
 
     def _with_sinks(self, scores: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Softmax over the scores [b, kv, rows, T] and each row's head sink logit, the sink column dropped after."""

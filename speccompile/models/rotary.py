@@ -20,7 +20,7 @@ def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """x * cos + rotate(x) * sin over the first rope_dim dims (halves, or (x0, x1) pairs when interleaved). Axes are
     positive and reshapes constant: torch's TorchScript exporter lost a tensor's rank after a run-time Reshape."""
-    rot, last = config.rotary_dim or x.shape[-1], x.dim() - 1
+    rot, last = config.rope_dim, x.dim() - 1
     if rot == x.shape[-1] and not config.rope_interleaved:  # the traced contract graph's nodes, as before
         return x * cos + rotate_half(x, rot // 2) * sin
     part = x.narrow(last, 0, rot)
