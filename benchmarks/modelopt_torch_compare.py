@@ -105,13 +105,17 @@ def linear_by_linear():
     """models/decoder.py's fused q/k/v and gate/up matmuls computed by each Linear layer in turn (the same function),
     so that forward hooks and ModelOpt's quantizers see every layer."""
     import speccompile.models.decoder as decoder_module
+    import speccompile.models.feed_forward as feed_forward_module  # the MLP's gate/up
 
-    fused = decoder_module.fused_linear
-    decoder_module.fused_linear = lambda x, layers: tuple(layer(x) for layer in layers)
+    modules = (decoder_module, feed_forward_module)
+    fused = [module.fused_linear for module in modules]
+    for module in modules:
+        module.fused_linear = lambda x, layers: tuple(layer(x) for layer in layers)
     try:
         yield
     finally:
-        decoder_module.fused_linear = fused
+        for module, original in zip(modules, fused):
+            module.fused_linear = original
 
 
 def effective_weight_t(linear, rows, device: str) -> np.ndarray:
