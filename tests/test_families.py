@@ -135,6 +135,10 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gemma4-e": dict(model_type="gemma4_text", num_hidden_layers=4, sliding_window=WINDOW, layer_types=_TWO * 2, head_dim=16,
                      global_head_dim=32, num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
                      vocab_size_per_layer_input=TINY_VOCAB, final_logit_softcapping=30.0),
+    # Gemma 4 26B-A4B's layers: the MoE block (4 experts, top 2, GELU) beside the dense MLP on sliding / full layers
+    "gemma4-moe": dict(model_type="gemma4_text", sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32,
+                       num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
+                       enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
     # issue 43's families: rows of the table under another model type, then new entries of existing features
     "iquestcoder": {},  # Llama
     "sarvam_mla": dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
@@ -370,9 +374,9 @@ def test_gptneox_gguf_reads_as_gpt_neox(tmp_path, parallel):
 
 def test_gemma4_config_keys_and_what_is_refused():
     """Gemma 4's KV sharing (each of the last num_kv_shared_layers takes the keys of the last earlier layer of its
-    type; transformers' kv_sharing_modes), double-wide MLP and per-layer embeddings read from config.json; the MoE block,
-    a sharing no earlier layer can feed and its GGUF are refused in one line (llama.cpp's per-layer attention shapes are
-    not mapped)."""
+    type; transformers' kv_sharing_modes), double-wide MLP, per-layer embeddings and MoE block (beside the dense MLP)
+    read from config.json; experts of an activation other than GELU / SiLU, a sharing no earlier layer can feed and its
+    GGUF are refused in one line (llama.cpp's per-layer attention shapes are not mapped)."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_gguf, config_from_hf
 
@@ -385,9 +389,15 @@ def test_gemma4_config_keys_and_what_is_refused():
     assert (cfg.kv_sources, cfg.layer_intermediate_sizes) == ([-1, -1, 0, 1], [128, 128, 256, 256])
     assert (cfg.per_layer_input_size, cfg.per_layer_vocab_size) == (8, 262_144)  # transformers' default table rows
     assert "k_norm" not in cfg.layer_roles(3) and "ple_gate" in cfg.layer_roles(0)
-    for bad in (dict(enable_moe_block=True), dict(num_kv_shared_layers=4),  # no layer computes keys
-                dict(num_kv_shared_layers=2, layer_types=["full_attention"] * 2 + _TWO)):  # no earlier sliding layer
-        with pytest.raises(UnsupportedError, match="gemma4 with enable_moe_block is not supported|num_kv_shared_layers .* is not supported"):
+    moe = config_from_hf({**data, "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+                         "config.json")
+    assert (moe.moe.routing, moe.moe.act, moe.moe.beside_dense, moe.moe.block) == ("normed_softmax_topk", "gelu_tanh", True, "moe")
+    assert {"gate_up", "down", "dense_out_norm", "moe_in_norm", "moe_out_norm"} <= set(moe.layer_roles(0))
+    assert config_from_hf(data, "config.json").moe is None
+    for bad in (dict(num_kv_shared_layers=4),  # no layer computes keys
+                dict(num_kv_shared_layers=2, layer_types=["full_attention"] * 2 + _TWO),  # no earlier sliding layer
+                dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32, hidden_activation="relu2")):
+        with pytest.raises(UnsupportedError, match="experts with hidden_activation 'relu2'|num_kv_shared_layers .* is not supported"):
             config_from_hf({**data, **bad}, "config.json")
     with pytest.raises(UnsupportedError, match="GGUF gemma4 is not supported"):
         config_from_gguf({"general.architecture": "gemma4"}, False, False, "model.gguf")

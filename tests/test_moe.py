@@ -18,9 +18,10 @@ from conftest import TINY_VOCAB
 from test_families import make_family_model
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe"]  # tests/test_families.py: the tiny configs (a
-# dense layer, a shared expert, renormalised top k; Mixtral with a sliding window; gpt-oss: biases, clamped SwiGLU, sinks,
-# yarn; Hunyuan: an ungated shared MLP, q/k norms after rope)
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe"]  # tests/test_families.py: the tiny
+# configs (a dense layer, a shared expert, renormalised top k; Mixtral with a sliding window; gpt-oss: biases, clamped
+# SwiGLU, sinks, yarn; Hunyuan: an ungated shared MLP, q/k norms after rope; Gemma 4: normed routing with per-expert
+# scales, GELU experts beside the dense MLP)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_moe_graph_is_sparse_standard_onnx(moe_artifacts):
         assert {f"layers.0.mlp.experts.{e}.weight_t" for e in range(4)} <= {i.name for i in graph.initializer}
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss", "hunyuan_v1_moe"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe"])
 def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp_path, arch):
     """`build --int4`: every expert (and shared expert) MatMul is a MatMulNBits of the packed fused CPU graph, the
     routers stay float; rows are exact in any pass and `verify` finds speculative decoding identical to plain."""
@@ -139,10 +140,11 @@ def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp
     graph = onnx.load(str(built / "target.ort.onnx"), load_external_data=False).graph
     packed = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
     float_matmuls = {n.input[1] for n in graph.node if n.op_type == "MatMul"} & {i.name for i in graph.initializer}
-    shared = 0 if arch == "gpt_oss" else 2
+    shared = 0 if arch == "gpt_oss" else 2  # Gemma 4: its dense MLP beside the experts
     assert len(packed) == 2 * (2 + 4 * 2 + shared)  # per layer: qkv, o_proj, 4 experts x 2, shared expert x 2
     gated = arch == "qwen2_moe"  # Hunyuan's shared MLP is added ungated
-    assert float_matmuls == {"lm_head.weight_t"} | {f"layers.{i}.mlp.{name}.weight_t" for i in range(2)
+    head = set() if arch == "gemma4-moe" else {"lm_head.weight_t"}  # Gemma's tied head reads the embedding table
+    assert float_matmuls == head | {f"layers.{i}.mlp.{name}.weight_t" for i in range(2)
                                                      for name in ("router", *(["shared_expert_gate"] if gated else []))}
     session = open_artifact(built, threads=1).target
     assert session.spec.file == "target.ort.onnx" and session.row_invariant
@@ -175,7 +177,11 @@ def assert_moe_block_matches_transformers(model: Path, layer: int, rows: int):
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     x = torch.randn(1, rows, loaded.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        expected = hf.model.layers[layer].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
+        if moe.beside_dense:  # Gemma 4: the router and the experts are the layer's own modules
+            hf_layer, flat = hf.model.layers[layer], x.reshape(rows, -1)
+            expected = hf_layer.experts(flat, *reversed(hf_layer.router(flat)[1:])).reshape(x.shape)
+        else:
+            expected = hf.model.layers[layer].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
         expected = expected[0] if isinstance(expected, tuple) else expected
         expected = expected.numpy()  # within 1e-5 of the block's largest output (sums in another expert order)
         np.testing.assert_allclose(block(x).numpy(), expected, atol=1e-5 * float(np.abs(expected).max()), rtol=0)

@@ -32,6 +32,11 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
     "gemma4": ("gemma4", dict(text_config=dict(_TEXT, sliding_window=WINDOW, layer_types=_TWO, global_head_dim=32,
                                                num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0),
                               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))),
+    # Gemma 4 26B-A4B's layers (model.language_model.*): the MoE block beside the dense MLP, fused experts
+    "gemma4-moe": ("gemma4", dict(text_config=dict(_TEXT, sliding_window=WINDOW, layer_types=_TWO, global_head_dim=32,
+                                                   num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                                                   enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+                                  vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))),
     # Mistral Small 3.x (mistral3): an untied lm_head (language_model.lm_head), every layer sliding
     "mistral3": ("mistral3", dict(text_config=dict(_TEXT, model_type="mistral", sliding_window=WINDOW), tie_word_embeddings=False,
                                   vision_config=dict(_SIGLIP, head_dim=16))),
@@ -137,9 +142,6 @@ def _config_folder(tmp_path, raw: dict):
     (dict(model_type="llava", text_config=dict(_TEXT, model_type="mamba")), "llava with text_config model_type 'mamba' is not supported"),
     (dict(model_type="gemma3", text_config=dict(_TEXT, model_type="gemma3_text", use_bidirectional_attention=True)),
      "gemma3 with use_bidirectional_attention is not supported"),
-    (dict(model_type="gemma4", text_config=dict(_TEXT, model_type="gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2,
-                                                       moe_intermediate_size=16)),
-     "gemma4 with enable_moe_block is not supported"),
 ])
 def test_unsupported_wrappers_are_refused(tmp_path, capsys, raw, says):
     folder = _config_folder(tmp_path, raw)

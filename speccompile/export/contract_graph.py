@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto
@@ -31,7 +33,7 @@ from .activations import activation
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
-from .moe_ops import Emitter, moe_block, moe_names
+from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .recipes import (EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
                       per_layer_recipes, top_bias_recipes)
@@ -227,19 +229,27 @@ def _layer(g: _Graph, i: int, x: str) -> str:
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
     x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
-    x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x))))
+    x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))
     if cfg.per_layer_input_size:
         x = per_layer_block(g.emitter(f"{scope}/per_layer"), cfg, i, x, g.per_layer, lambda role: g.role(i, role),
                             lambda h: norm("ple_norm", h))
     return b.one(scope, "Mul", [x, g.role(i, "layer_scalar")]) if cfg.layer_scalar else x
 
 
-def _mlp(g: _Graph, i: int, h: str) -> str:
+def _mlp(g: _Graph, i: int, h: str, x: str = "", norm: Callable[[str, str], str] | None = None) -> str:
     """down(act(gate) * up), gate and up from one MatMul (act: `_act`); or the layer's mixture of
-    experts (export/moe_ops.py)."""
-    b, scope = g.b, f"/layers.{i}/mlp"
-    if g.model.config.moe is not None and g.model.config.moe.is_moe(i):
+    experts (export/moe_ops.py; Gemma 4's beside the dense MLP: on the residual `x`, `norm(role, t)` its norms)."""
+    scope, moe = f"/layers.{i}/mlp", g.model.config.moe
+    if moe is not None and moe.is_moe(i) and moe.beside_dense:
+        return beside_dense(g.emitter(scope), g.model.config, i, h, x, lambda t: _dense_mlp(g, i, t), norm)
+    if moe is not None and moe.is_moe(i):
         return moe_block(g.emitter(scope), g.model.config, i, h)
+    return _dense_mlp(g, i, h)
+
+
+def _dense_mlp(g: _Graph, i: int, h: str) -> str:
+    """Layer i's dense MLP: gated, or plain (`_plain_mlp`)."""
+    b, scope = g.b, f"/layers.{i}/mlp"
     if not g.model.config.mlp_gated:
         return _plain_mlp(g, i, h, scope)
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)

@@ -20,7 +20,7 @@ from onnx import TensorProto
 
 from .activations import activation
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
-from .moe_ops import Emitter, moe_block
+from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
 from .fused_ops import window_bias
@@ -153,7 +153,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             h = residual
         else:
             h, residual = norms.skip(_scaled(f, attn), residual, norms.gamma(i, "post_norm"))
-        pending = _mlp(f, i, h)
+        pending = _mlp(f, i, h, residual, norms)
         if cfg.placement in ("sandwich", "post"):
             pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
         pending = _scaled(f, pending)
@@ -343,12 +343,21 @@ def _slot_tree_bias(f: _Fused, i: int, b: int, slots: "GpuSlotInputs") -> str:
     return f.biases[key]
 
 
-def _mlp(f: _Fused, i: int, h: str) -> str:
-    """down(act(gate) * up) with gate and up from one MatMul (act: `_act`); or the
-    layer's mixture of experts (export/moe_ops.py)."""
-    n = f.n
-    if f.model.config.moe is not None and f.model.config.moe.is_moe(i):
+def _mlp(f: _Fused, i: int, h: str, residual: str = "", norms: _Norms | None = None) -> str:
+    """down(act(gate) * up) with gate and up from one MatMul (act: `_act`); or the layer's mixture of experts
+    (export/moe_ops.py; Gemma 4's beside the dense MLP: on the `residual` stream, with its `norms`)."""
+    n, moe = f.n, f.model.config.moe
+    if moe is not None and moe.is_moe(i) and moe.beside_dense:
+        return beside_dense(f.emitter(), f.model.config, i, h, residual, lambda t: _dense_mlp(f, i, t),
+                            lambda role, t: norms.plain(t, norms.gamma(i, role), f"layers.{i}.{role}"))
+    if moe is not None and moe.is_moe(i):
         return moe_block(Emitter(n, f.const, f.weight, f.elem, f.dtype), f.model.config, i, h)
+    return _dense_mlp(f, i, h)
+
+
+def _dense_mlp(f: _Fused, i: int, h: str) -> str:
+    """Layer i's dense MLP: gated, or plain (`_plain_mlp`)."""
+    n = f.n
     if not f.model.config.mlp_gated:
         return _plain_mlp(f, i, h)
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]

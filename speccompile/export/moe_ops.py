@@ -7,7 +7,9 @@ pass of 7), so a verify pass would not reproduce plain decoding bit for bit. The
 therefore decomposed into standard operators, sparse by expert:
 
     routing   Softmax + TopK (+ renormalise), or TopK + Softmax (gpt-oss), or DeepSeek-V3's group-limited sigmoid
-              routing (`_group_route`), or Phi-MoE's sparsemixer (`_sparsemixer`), in float32, per row; each row's choices then ordered by expert index
+              routing (`_group_route`), or Phi-MoE's sparsemixer (`_sparsemixer`), or Gemma 4's (Softmax + TopK of the
+              input's scale-free norm, renormalised, times per-expert scales), in float32, per row; each row's choices then
+              ordered by expert index
     dispatch  once per layer: the pass's (row, choice) pairs sorted by expert (TopK, ties by pair: rows ascending),
               their rows gathered, and cut by each expert's count (one Split with E outputs)
     expert e  its SwiGLU MLP on its piece only (two MatMuls with 2-D weights): five nodes, an unchosen expert's on
@@ -15,6 +17,7 @@ therefore decomposed into standard operators, sparse by expert:
     combine   the pieces concatenated, times their routing weights, put back in (row, choice) order, and each row's
               choices summed in expert-index order
     shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE), or + shared_experts(x) (DeepSeek-V3)
+    beside    Gemma 4: the layer's dense MLP and the block side by side, each output normed, summed (`beside_dense`)
 
 Each row's routing reads that row alone, and its expert outputs come from weight MatMuls whose rows ONNX Runtime
 computes alike whatever the number of rows (the premise of the dense layers too: export/fused_ops.py,
@@ -71,6 +74,9 @@ def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:
         names[f"{p}{ROUTER}.bias"] = Recipe((f"{q}{moe.router}.bias",), False, dtype)
     if moe.score_bias:  # float32 whatever the export dtype: the routing is float32
         names[f"{p}{ROUTER}.score_bias"] = Recipe((f"{q}{moe.router}.e_score_correction_bias",), False, "fp32")
+    if moe.routing == "normed_softmax_topk":  # Gemma 4: the router input's gain; the per-expert scales in float32
+        names[f"{p}{ROUTER}.scale"] = Recipe((f"{q}{moe.router}.scale",), False, dtype)
+        names[f"{p}{ROUTER}.per_expert_scale"] = Recipe((f"{q}{moe.router}.per_expert_scale",), False, "fp32")
     for e in range(moe.num_experts):
         src, x = moe.expert_sources(layer, e), f"{p}mlp.experts.{e}"
         names[f"{x}.weight_t"] = Recipe((src["gate"], src["up"]), True, dtype)
@@ -87,14 +93,18 @@ def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:
     return names
 
 
-def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str | None = None) -> str:
-    """Layer `layer`'s MoE block on `h` [..., hidden] (any leading axes); returns its output, same shape."""
+def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str | None = None,
+              expert_h: str | None = None) -> str:
+    """Layer `layer`'s MoE block on `h` [..., hidden] (any leading axes); returns its output, same shape.
+    `expert_h`: the experts' input where it is not the router's (Gemma 4: their own norm of the residual)."""
     moe, hidden = config.moe, config.hidden_size
     names = moe_names(config, layer, em.dtype)
     w = {name: em.weight(name, recipe) for name, recipe in names.items()}
     p = f"layers.{layer}."
     x = em.one("Reshape", [h, em.const("moe.rows_shape", [-1, hidden])])
-    values, index = _route(em, moe, x, w, p)
+    values, index = _route(em, moe, x, w, p, hidden)
+    if expert_h is not None:
+        x = em.one("Reshape", [expert_h, em.const("moe.rows_shape", [-1, hidden])])
     index, choice = em.op("TopK", [index, em.const("moe.top_k", [moe.top_k])], 2, axis=-1, largest=0, sorted=1)
     values = em.one("GatherElements", [values, choice], axis=-1)  # each row's choices by expert index
     experts = em.one("Reshape", [index, em.const("moe.flat", [-1])])  # [pairs]: pair = row * top_k + choice
@@ -126,8 +136,11 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
     return em.op("Reshape", [total, em.one("Shape", [h])], [output] if output else 1)[0]
 
 
-def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tuple[str, str]:
+def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str, hidden: int) -> tuple[str, str]:
     """(routing weights in the graph dtype, int64 expert indices), both [rows, top_k]; computed in float32."""
+    if moe.routing == "normed_softmax_topk":  # Gemma 4: the scale-free norm of the input, its gain, 1 / sqrt(hidden)
+        x = em.one("Mul", [em.one("Mul", [_scale_free_norm(em, x, moe.router_eps), w[f"{p}{ROUTER}.scale"]]),
+                           em.const("moe.router_root", hidden ** -0.5, np_dtype(em.dtype))])
     logits = em.one("MatMul", [x, w[f"{p}{ROUTER}.weight_t"]])
     if moe.router_bias:
         logits = em.one("Add", [logits, w[f"{p}{ROUTER}.bias"]])
@@ -145,6 +158,8 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str) -> tu
         values, index = em.op("TopK", [em.one("Softmax", [logits], axis=-1), k], 2, axis=-1)
         if moe.norm_topk_prob:
             values = em.one("Div", [values, em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)])
+    if moe.routing == "normed_softmax_topk":
+        values = em.one("Mul", [values, em.one("Gather", [w[f"{p}{ROUTER}.per_expert_scale"], index], axis=0)])
     if em.elem != TensorProto.FLOAT:
         values = em.one("Cast", [values], to=em.elem)
     return values, index
@@ -208,9 +223,28 @@ def _expert(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], name: str, i
         alpha = em.const("moe.alpha", moe.swiglu_alpha, np_dtype(em.dtype))
         glu = em.one("Mul", [gate, em.one("Sigmoid", [em.one("Mul", [gate, alpha])])])
         act = em.one("Mul", [em.one("Add", [up, em.const("moe.one_f", 1.0, np_dtype(em.dtype))]), glu])
+    elif moe.act in ("gelu", "gelu_tanh"):  # Gemma 4's experts
+        act = em.one("Mul", [em.one("Gelu", [gate], approximate="tanh" if moe.act == "gelu_tanh" else "none"), up])
     else:
         act = em.one("Mul", [em.one("Mul", [gate, em.one("Sigmoid", [gate])]), up])
     out = em.one("MatMul", [act, w[f"{name}.down_proj.weight_t"]])
     if bias:
         out = em.one("Add", [out, w[f"{name}.down_proj.bias"]])
     return out
+
+
+def _scale_free_norm(em: Emitter, x: str, eps: float) -> str:
+    """x's RMS norm over the last axis without a gain, computed in float32, in the graph dtype."""
+    wide = x if em.elem == TensorProto.FLOAT else em.one("Cast", [x], to=TensorProto.FLOAT)
+    mean = em.one("ReduceMean", [em.one("Mul", [wide, wide]), em.const("moe.last_axis", [-1])], keepdims=1)
+    root = em.one("Sqrt", [em.one("Add", [mean, em.const("moe.router_eps", eps, np.float32)])])
+    normed = em.one("Div", [wide, root])
+    return normed if em.elem == TensorProto.FLOAT else em.one("Cast", [normed], to=em.elem)
+
+
+def beside_dense(em: Emitter, config: ModelConfig, layer: int, h: str, x: str, dense: Callable[[str], str],
+                 norm: Callable[[str, str], str]) -> str:
+    """Gemma 4's MoE layer: norm(dense_out_norm, dense(h)) + norm(moe_out_norm, experts(norm(moe_in_norm, x)) routed by x);
+    `h`: the dense MLP's normed input, `x`: the residual stream; `dense`, `norm(role, t)`: the builder's MLP and norms."""
+    experts = moe_block(em, config, layer, x, expert_h=norm("moe_in_norm", x))
+    return em.one("Add", [norm("dense_out_norm", dense(h)), norm("moe_out_norm", experts)])

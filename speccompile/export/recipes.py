@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 from onnx import TensorProto
 
-from ..models.architectures import NORM_ROLES, family
+from ..models.architectures import BESIDE_ROLES, NORM_ROLES, family
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.weights import WeightSource
 from ..weights_file import Piece
@@ -91,7 +91,8 @@ FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj"}  # MatMul weights [in, out]
-NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm"}
+NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
+         *BESIDE_ROLES}
 # the per-layer embeddings (Gemma 4's PLE): table [vocab, layers * P], projection [layers * P, hidden], norm [P]
 PLE_TABLE, PLE_PROJECTION, PLE_NORM = ("model.embed_tokens_per_layer.weight",), ("model.per_layer_model_projection.weight",), \
     ("model.per_layer_projection_norm.weight",)
@@ -152,7 +153,8 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
                 "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES},
-                "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)]}
+                "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
+                **{role: [(h,)] for role in BESIDE_ROLES}}
     if c.mla:
         per_role.update(_mla_shapes(c))
         per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]

@@ -58,6 +58,7 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "ple_norm": ("post_per_layer_input_norm.weight",),
 }
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
+BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
     "post_attn_norm": ("post_attention_layernorm.weight",),
     "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -301,11 +302,13 @@ FAMILIES: dict[str, Family] = {
     # gains, attention scale 1, a scale-free value norm, full-attention layers of their own head_dim / kv heads (values
     # = keys where attention_k_eq_v) and proportional partial rope, a learned scalar per layer, KV sharing (the last
     # num_kv_shared_layers take an earlier layer's keys; their MLP double-wide where use_double_wide_mlp), per-layer
-    # embeddings (the `ple_*` roles). The MoE block is not built (refused by its key); its GGUF is refused (models/load.py)
+    # embeddings (the `ple_*` roles); the MoE block (enable_moe_block, 26B-A4B) beside the dense MLP, its norms the
+    # `BESIDE_ROLES` (models/moe_config.py `normed_softmax_topk`). Its GGUF is refused (models/load.py)
     "gemma4": Family(("gemma4_text", "gemma4", "gemma4_unified_text"), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
-                     embed_scale="sqrt_hidden", attn_scale="unit", names=_SANDWICH_NAMES, bias_keys={"o": "attention_bias"},
-                     layer_shapes=True, v_norm=True, layer_scalar=True,
-                     refused_keys=("enable_moe_block",)),
+                     embed_scale="sqrt_hidden", attn_scale="unit", bias_keys={"o": "attention_bias"}, moe="gemma4",
+                     names={**_SANDWICH_NAMES, "dense_out_norm": ("post_feedforward_layernorm_1.weight",),
+                            "moe_in_norm": ("pre_feedforward_layernorm_2.weight",), "moe_out_norm": ("post_feedforward_layernorm_2.weight",)},
+                     layer_shapes=True, v_norm=True, layer_scalar=True),
     # Jais 2: Llama's attention with q/k/v/o biases, biased LayerNorms, a plain ReLU-squared MLP with biases
     "jais2": Family(("jais2",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_act="relu2",
                     act_key="hidden_act", mlp_bias=True, bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
+from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -153,12 +153,14 @@ class ModelConfig:
     def layer_roles(self, layer: int = 0) -> list[str]:
         """The roles layer `layer` has weights for (models/architectures.py; a MoE layer's experts are not roles)."""
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
+        moe = self.moe is not None and self.moe.is_moe(layer)
+        beside = moe and self.moe.beside_dense  # Gemma 4: the dense MLP's roles too, and the norms around both
         roles = layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
-                            moe=self.moe is not None and self.moe.is_moe(layer), norm_bias=self.norm_bias, mlp=mlp,
+                            moe=moe and not beside, norm_bias=self.norm_bias, mlp=mlp,
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
-        return roles + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size)
+        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size)
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"

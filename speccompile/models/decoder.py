@@ -13,9 +13,9 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .architectures import LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .architectures import BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
 from .mla import LatentAttention
-from .moe import SparseMoe
+from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 from .trace_ops import static_reshape
@@ -199,12 +199,16 @@ class DecoderLayer(nn.Module):
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer)))
+        self.beside_dense = is_moe and config.moe.beside_dense
+        if self.beside_dense:  # Gemma 4: the dense MLP beside the experts (models/moe.py)
+            attach_beside_dense(self, config, layer, norm_of)
         self.layer_scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None  # Gemma 4: the output's multiplier
         if config.per_layer_input_size:  # Gemma 4's per-layer embeddings: the block after the MLP (models/per_layer.py)
             attach_per_layer_block(self, config, norm_of)
 
-    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
-        return getattr(self, self.mlp_name)(h)
+    def _mlp(self, h: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP block on its normed input `h` (`x`: the residual stream, Gemma 4's experts' input)."""
+        return beside_dense(self, self.mlp_name, h, x) if self.beside_dense else getattr(self, self.mlp_name)(h)
 
     def forward(self, x, rotary, biases, past_k, past_v, shared=None, per_layer=None):
         """`shared`: KV sharing, the new key / value rows this layer takes (Attention); `per_layer`: its per-layer
@@ -226,7 +230,7 @@ class DecoderLayer(nn.Module):
             return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
         attn = norm(self.post_attn_norm, attn)
         x = x + (attn * scale if scale != 1.0 else attn)
-        out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x)))
+        out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x), x))
         return x + (out * scale if scale != 1.0 else out), k_all, v_all
 
 
@@ -374,7 +378,8 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",)}
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+                 **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
 

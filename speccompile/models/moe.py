@@ -3,22 +3,27 @@
 Parameter names equal the Hugging Face per-expert checkpoints' (`mlp.gate.weight`, `mlp.experts.3.up_proj.weight`,
 Mixtral's `block_sparse_moe.experts.3.w3.weight`, ...), so their state dicts load as is. The block computes what
 the graphs compute (export/moe_ops.py): every row's routing from that row alone, then the sum over its experts
-in expert order of weight * expert(row), starting from zero, plus Qwen2-MoE's gated shared expert.
+in expert order of weight * expert(row), starting from zero, plus Qwen2-MoE's gated shared expert. Gemma 4's block
+sits beside the layer's dense MLP (`attach_beside_dense`, `beside_dense`).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
+from .config import ModelConfig
+from .feed_forward import MLP, activation
 from .moe_config import MoeConfig
 from .trace_ops import static_reshape
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, moe: MoeConfig) -> torch.Tensor:
-    """SiLU(gate) * up, or gpt-oss' clamped form gate * sigmoid(alpha * gate) * (up + 1)."""
+    """act(gate) * up (SiLU; Gemma 4: GELU), or gpt-oss' clamped form gate * sigmoid(alpha * gate) * (up + 1)."""
     if not moe.swiglu_limit:
-        return nn.functional.silu(gate) * up
+        return activation(gate, moe.act) * up
     gate = gate.clamp(max=moe.swiglu_limit)
     up = up.clamp(min=-moe.swiglu_limit, max=moe.swiglu_limit)
     return (up + 1) * (gate * torch.sigmoid(gate * moe.swiglu_alpha))
@@ -99,6 +104,9 @@ class SparseMoe(nn.Module):
         setattr(self, moe.router, nn.Linear(hidden, moe.num_experts, bias=moe.router_bias))
         if moe.score_bias:  # DeepSeek-V3: `gate.e_score_correction_bias`
             getattr(self, moe.router).register_buffer("e_score_correction_bias", torch.zeros(moe.num_experts))
+        if moe.routing == "normed_softmax_topk":  # Gemma 4: the router input's gain, each expert's weight multiplier
+            getattr(self, moe.router).scale = nn.Parameter(torch.ones(hidden))
+            getattr(self, moe.router).per_expert_scale = nn.Parameter(torch.ones(moe.num_experts))
         self.experts = nn.ModuleList(Expert(hidden, moe.expert_size, moe, bias=moe.expert_bias)
                                      for _ in range(moe.num_experts))
         if moe.shared_expert_size:
@@ -106,12 +114,19 @@ class SparseMoe(nn.Module):
             setattr(self, moe.shared_name, Expert(hidden, moe.shared_expert_size, plain, ("gate_proj", "up_proj", "down_proj")))
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if moe.shared_gated else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, expert_x: torch.Tensor | None = None) -> torch.Tensor:
+        """The block on `x` [..., hidden]; `expert_x`: the experts' input where it is not the router's (Gemma 4)."""
         router = getattr(self, self.moe.router)
         bias = router.e_score_correction_bias if self.moe.score_bias else None
         flat = static_reshape(x, -1, self.hidden)  # rows [N, hidden]
-        weights, index = route(router(flat).to(torch.float32), self.moe, bias)  # in float32, as the graphs
+        normed = self.moe.routing == "normed_softmax_topk"
+        logits = router(_router_input(flat, router.scale, self.moe.router_eps) if normed else flat)
+        weights, index = route(logits.to(torch.float32), self.moe, bias)  # in float32, as the graphs
+        if normed:
+            weights = weights * router.per_expert_scale.to(torch.float32)[index]
         weights = weights.to(x.dtype)
+        x = x if expert_x is None else expert_x
+        flat = static_reshape(x, -1, self.hidden)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):  # rows by index, no branch on the data: the traced heads' graph too
             chosen = index == e  # [N, top_k]: at most one true per row
@@ -123,3 +138,22 @@ class SparseMoe(nn.Module):
             shared = getattr(self, self.moe.shared_name)(x)
             out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)
         return out
+
+
+def _router_input(flat: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma 4's router input: the rows' RMS norm without a gain (in float32), times `scale` and 1 / sqrt(hidden)."""
+    x32 = flat.to(torch.float32)
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(flat.dtype)
+    return normed * scale * torch.tensor(flat.shape[-1] ** -0.5, dtype=flat.dtype)
+
+
+def attach_beside_dense(layer: nn.Module, config: ModelConfig, i: int, norm_of: Callable[[ModelConfig], nn.Module]) -> None:
+    """Gemma 4's MoE layer i: the dense MLP (`mlp`) beside the experts, and the norms around them (BESIDE_ROLES)."""
+    layer.mlp = MLP(config.layer(i))
+    layer.dense_out_norm, layer.moe_in_norm, layer.moe_out_norm = (norm_of(config) for _ in range(3))
+
+
+def beside_dense(layer: nn.Module, moe_block_name: str, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dense_out_norm(mlp(h)) + moe_out_norm(experts(moe_in_norm(x)) routed by x): `h` the MLP's normed input,
+    `x` the residual stream; the experts: the layer's module `moe_block_name`."""
+    return layer.dense_out_norm(layer.mlp(h)) + layer.moe_out_norm(getattr(layer, moe_block_name)(x, layer.moe_in_norm(x)))

@@ -17,7 +17,12 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
   zeroes the experts outside the best topk_group groups (`greedy`: one group); the top k scores times
   `routed_scale`, not renormalised. Shared experts and dense first layers as V3;
 * `sparsemixer` (Phi-3.5-MoE, at inference; top 2): the best logit m wins; its weight is its softmax among the logits
-  s with (m - s) / max(|s|, m) <= 2 `jitter_eps` (the others masked out); the same again over the rest for the second.
+  s with (m - s) / max(|s|, m) <= 2 `jitter_eps` (the others masked out); the same again over the rest for the second;
+* `normed_softmax_topk` (Gemma 4's 26B-A4B): the router reads the residual stream's scale-free RMS norm times its
+  learned `router.scale` and 1 / sqrt(hidden); softmax top k renormalised, each weight times its expert's learned
+  `router.per_expert_scale`. Gemma 4's MoE layers keep their dense MLP beside the experts (`beside_dense`: the
+  experts on their own norm of the residual, each output through its own norm, summed; models/moe.py), its experts
+  GELU-gated (`act`) and stored fused ([experts, 2 * inter, hidden], gate rows then up rows: models/moe_weights.py).
 
 gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
 clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
@@ -31,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnsupportedError
+from .architectures import HF_ACTS
 
-ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group", "sparsemixer")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group", "sparsemixer", "normed_softmax_topk")
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,9 @@ class MoeConfig:
     routed_scale: float = 1.0  # the routing weights' multiplier (routed_scaling_factor)
     score_bias: bool = False  # the router's e_score_correction_bias (added for the choice only)
     jitter_eps: float = 0.0  # sparsemixer: the relative distance from the best logit within which logits compete
+    act: str = "silu"  # the experts' gate activation (ModelConfig.mlp_act's kinds; Gemma 4: gelu_tanh)
+    beside_dense: bool = False  # Gemma 4: the dense MLP and the experts side by side, each with its norms
+    router_eps: float = 0.0  # normed_softmax_topk: the router input norm's epsilon (rms_norm_eps)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -103,6 +112,8 @@ class MoeConfig:
             shapes[f"{p}{self.router}.bias"] = (self.num_experts,)
         if self.score_bias:
             shapes[f"{p}{self.router}.e_score_correction_bias"] = (self.num_experts,)
+        if self.routing == "normed_softmax_topk":
+            shapes.update({f"{p}{self.router}.scale": (hidden,), f"{p}{self.router}.per_expert_scale": (self.num_experts,)})
         by_role = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
                    "gate_bias": (inter,), "up_bias": (inter,), "down_bias": (hidden,)}
         for e in range(self.num_experts):
@@ -254,6 +265,15 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          projections=("w1", "w3", "w2"))
     if kind in ("deepseek_v3", "deepseek_v2"):
         return _deepseek_moe(kind, data, top_k, layers)
+    if kind == "gemma4":  # the MoE block beside the dense MLP (enable_moe_block); its experts' activation the MLP's
+        if not data.get("enable_moe_block"):
+            return None
+        act = HF_ACTS.get(str(data.get("hidden_activation", "gelu_pytorch_tanh")), "")
+        if act not in ("gelu_tanh", "gelu", "silu"):
+            raise UnsupportedError(f"config.json: Gemma 4's experts with hidden_activation {data['hidden_activation']!r} are not supported")
+        return MoeConfig(int(experts), int(data["top_k_experts"]), int(data["moe_intermediate_size"]), "normed_softmax_topk", True,
+                         block="moe", router="router", act=act, beside_dense=True,
+                         router_eps=float(data.get("rms_norm_eps", 1e-6)))
     if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),

@@ -1,4 +1,4 @@
-"""gpt-oss' and Granite-MoE's fused expert tensors shown per expert, under the names every consumer reads
+"""gpt-oss', Granite-MoE's and Gemma 4's fused expert tensors shown per expert, under the names every consumer reads
 (models/moe_config.py); ERNIE 4.5 MoE's, K-EXAONE's and MiniMax-M2's score
 bias under DeepSeek-V3's name (Sarvam-MoE's `gate.expert_bias` too), Hunyuan's router `gate.wg` as `gate` (`_VIEWS`).
 
@@ -116,6 +116,10 @@ _VIEWS = {
     "mlp.gate.wg.weight": ("mlp.gate.weight",),  # Hunyuan's router
     "mlp.gate.expert_bias": ("mlp.gate.e_score_correction_bias",),  # Sarvam-MoE / Param2-MoE (Ling's name)
     "mlp.expert_bias": ("mlp.gate.e_score_correction_bias",), "mlp.router.gate.weight": ("mlp.gate.weight",),  # Hy3
+    # Gemma 4's MoE block (its own `moe` in these names): fused experts as Granite-MoE-SWA's, the router and its scales
+    "experts.gate_up_proj": ("moe.experts.{e}.gate_proj.weight", "moe.experts.{e}.up_proj.weight"),
+    "experts.down_proj": ("moe.experts.{e}.down_proj.weight",), "router.proj.weight": ("moe.router.weight",),
+    "router.scale": ("moe.router.scale",), "router.per_expert_scale": ("moe.router.per_expert_scale",),
 }
 _VIEWED = re.compile(r"^(model\.layers\.\d+\.)(" + "|".join(re.escape(k) for k in _VIEWS) + ")$")
 
@@ -163,7 +167,7 @@ class LayerViewSource(WeightSource):
 
 def per_expert(source: WeightSource, where: str = "") -> WeightSource:
     """`source`, with fused gpt-oss expert tensors (plain or MXFP4) split per expert, or the `_VIEWS` tensors
-    (Granite-MoE, ERNIE 4.5 MoE, K-EXAONE, MiniMax-M2, Hunyuan) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
+    (Granite-MoE, ERNIE 4.5 MoE, K-EXAONE, MiniMax-M2, Hunyuan, Gemma 4) renamed, when it has any; an InputError naming `where` for an MXFP4 `_blocks`
     tensor without its `_scales` or of the wrong shape / type."""
     if any(_VIEWED.match(n) for n in source.names()):
         return LayerViewSource(source)
