@@ -166,6 +166,9 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                   mlp_layer_types=["dense", "sparse"]),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
+    # GPT-J: parallel attention + plain gelu_new MLP on one biased LayerNorm, interleaved partial rotary, an lm_head bias;
+    # GPT-2's config keys (the tiny shape's Llama keys cleared: n_inner None is 4 x n_embd, multi-head attention)
+    "gptj": dict(num_attention_heads=2, rotary_dim=16, intermediate_size=None, num_key_value_heads=None, head_dim=None),
 }
 
 
@@ -485,3 +488,14 @@ def test_issue43_parts_not_built_are_refused(extra, key):
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_multiplier=0.25), **extra}
     with pytest.raises(UnsupportedError, match=key):
         config_from_hf(data, "config.json")
+
+
+@pytest.mark.parametrize("arch", ["gptj"])
+def test_gguf_of_families_without_a_llamacpp_layout_is_refused(arch):
+    """A family whose llama.cpp tensor names the table does not map (`Family.gguf` empty) refuses its GGUF in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    with pytest.raises(UnsupportedError, match=f"GGUF {arch} is not supported") as info:
+        config_from_gguf({"general.architecture": arch}, False, False, "model.gguf")
+    assert "\n" not in str(info.value)

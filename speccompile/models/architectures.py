@@ -110,7 +110,7 @@ class Family:
     logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # roles overriding LLAMA_NAMES
-    gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))
+    gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))  # {}: the family's GGUF is refused
     gguf_llama_order: bool = False  # llama.cpp permuted the q/k rows (its LlamaModel converters: llama, mistral, granite, smollm3)
     # GGUF metadata (llama.cpp's `<arch>.<key>`) -> the config key it gives (scales, softcaps)
     gguf_keys: dict[str, str] = field(default_factory=dict)
@@ -133,6 +133,7 @@ class Family:
     # num_hidden_layers); the standard name wins where both are present
     config_keys: dict[str, str] = field(default_factory=dict)
     config_defaults: dict[str, object] = field(default_factory=dict)  # config keys' values where config.json has none (transformers' defaults)
+    inner_multiple: int = 0  # intermediate_size = this x hidden_size where the config gives none (GPT-J's n_inner None: 4)
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -184,6 +185,8 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
+_GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
+              "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -343,6 +346,16 @@ FAMILIES: dict[str, Family] = {
                                 "k_norm": ("attention.key_layernorm.weight",)},
                          top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
+    # GPT-J: attention and a plain gelu_new MLP with biases on one biased LayerNorm (parallel), interleaved partial rotary
+    # (rotary_dim), no attention biases, an lm_head bias; GPT-2's config keys (n_embd, n_inner None: 4 x n_embd)
+    "gptj": Family(("gptj",), norm="layer", norm_bias=True, placement="parallel", rope_interleaved=True, mlp_gated=False,
+                   mlp_bias=True, mlp_act="gelu_tanh", act_key="activation_function", lm_head_bias=True, prefix="transformer.",
+                   layers_key="h", config_keys=_GPT2_KEYS, inner_multiple=4, gguf={},
+                   names={"input_norm": ("ln_1.weight",), "qkv": tuple(f"attn.{x}_proj.weight" for x in "qkv"),
+                          "o_proj": ("attn.out_proj.weight",), "up": ("mlp.fc_in.weight",), "up_bias": ("mlp.fc_in.bias",),
+                          "down": ("mlp.fc_out.weight",), "down_bias": ("mlp.fc_out.bias",)},
+                   top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight",
+                              "model.ln_f.bias": "model.norm.bias"}),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

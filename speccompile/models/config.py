@@ -312,7 +312,9 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
-    data = {**fam.config_defaults, **{std: data[own] for own, std in fam.config_keys.items() if own in data}, **data}
+    data = {**fam.config_defaults, **{std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}, **data}
+    if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
+        data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
     if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
         data["intermediate_size"] = data["moe_intermediate_size"]
     try:
@@ -425,6 +427,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
+    if not family(arch).gguf:  # a family whose llama.cpp tensor names the table does not map (GPT-J)
+        raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (its llama.cpp layout is not read; export its safetensors)")
     if family(arch).layer_shapes:  # llama.cpp's gemma4: per-layer key lengths, its own names for the scalars: not mapped
         raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (per-layer attention shapes; export its safetensors)")
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
