@@ -134,6 +134,12 @@ class Family:
     config_keys: dict[str, str] = field(default_factory=dict)
     config_defaults: dict[str, object] = field(default_factory=dict)  # config keys' values where config.json has none (transformers' defaults)
     inner_multiple: int = 0  # intermediate_size = this x hidden_size where the config gives none (GPT-J's n_inner None: 4)
+    # learned absolute positions (GPT-2: wpe, role `model.embed_positions.weight`) added to the token embeddings, no rope;
+    # the table's row of position p is p + position_offset (OPT: 2)
+    learned_positions: bool = False
+    position_offset: int = 0
+    conv1d: bool = False  # the layers' 2-D weights are stored [in, out] (GPT-2's Conv1D), shown [out, in] at load
+    multi_query_key: str = ""  # config key that, true, gives one KV head (GPT-BigCode: multi_query); false is refused
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -187,6 +193,14 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
+_GPT2_NAMES = {"input_norm": ("ln_1.weight",), "post_norm": ("ln_2.weight",), "qkv": ("attn.c_attn.weight",),
+               "qkv_bias": ("attn.c_attn.bias",), "o_proj": ("attn.c_proj.weight",), "o_bias": ("attn.c_proj.bias",),
+               "up": ("mlp.c_fc.weight",), "up_bias": ("mlp.c_fc.bias",), "down": ("mlp.c_proj.weight",), "down_bias": ("mlp.c_proj.bias",)}
+_GPT2 = dict(norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_bias=True, mlp_act="gelu_tanh",
+             act_key="activation_function", prefix="transformer.", layers_key="h", config_keys=_GPT2_KEYS, inner_multiple=4,
+             learned_positions=True, gguf={}, names=_GPT2_NAMES,
+             top_names={"model.wte.weight": "model.embed_tokens.weight", "model.wpe.weight": "model.embed_positions.weight",
+                        "model.ln_f.weight": "model.norm.weight", "model.ln_f.bias": "model.norm.bias"})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -356,6 +370,11 @@ FAMILIES: dict[str, Family] = {
                           "down": ("mlp.fc_out.weight",), "down_bias": ("mlp.fc_out.bias",)},
                    top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight",
                               "model.ln_f.bias": "model.norm.bias"}),
+    # GPT-2 / DistilGPT-2: learned absolute positions (wpe; every layer without rope), pre biased LayerNorms, a fused
+    # c_attn (q | k | v) and c_proj with biases, a plain gelu_new MLP with biases, Conv1D weights stored [in, out]
+    "gpt2": Family(("gpt2",), conv1d=True, refused_keys=("scale_attn_by_inverse_layer_idx",), **_GPT2),
+    # GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
+    "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}
