@@ -173,6 +173,8 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # a plain gelu_new MLP, a tied head; GPT-BigCode: the same layers as nn.Linear with multi-query attention
     "gpt2": dict(intermediate_size=None, num_key_value_heads=None, head_dim=None),
     "gpt_bigcode": dict(intermediate_size=None, num_key_value_heads=None, head_dim=None),
+    # OPT: learned positions at row position + 2, pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP (ffn_dim)
+    "opt": dict(ffn_dim=96, intermediate_size=None, num_key_value_heads=None, head_dim=None, word_embed_proj_dim=64),
 }
 
 
@@ -482,9 +484,14 @@ def test_families_not_built_say_why(model_type, reason):
 
 
 @pytest.mark.parametrize("extra,key", [(dict(layer_rope_theta=[1e4, 5e5]), "layer_rope_theta"),  # two bases on full layers
-                                       (dict(model_type="apertus1p5_text", output_vocab_size=50), "output_vocab_size")])
+                                       (dict(model_type="apertus1p5_text", output_vocab_size=50), "output_vocab_size"),
+                                       (dict(model_type="opt", do_layer_norm_before=False), "do_layer_norm_before False"),
+                                       (dict(model_type="opt", word_embed_proj_dim=32), "word_embed_proj_dim 32"),
+                                       (dict(model_type="gpt_bigcode", multi_query=False), "multi_query false"),
+                                       (dict(model_type="gpt2", scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx")])
 def test_issue43_parts_not_built_are_refused(extra, key):
-    """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head: refused naming the key."""
+    """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head, OPT's post-norm blocks and
+    project_in / project_out, GPT-BigCode's per-head fused qkv, GPT-2's per-layer attention scale: refused naming the key."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 
@@ -494,7 +501,7 @@ def test_issue43_parts_not_built_are_refused(extra, key):
         config_from_hf(data, "config.json")
 
 
-@pytest.mark.parametrize("arch", ["gptj", "gpt2", "gpt_bigcode"])
+@pytest.mark.parametrize("arch", ["gptj", "gpt2", "gpt_bigcode", "opt"])
 def test_gguf_of_families_without_a_llamacpp_layout_is_refused(arch):
     """A family whose llama.cpp tensor names the table does not map (`Family.gguf` empty) refuses its GGUF in one line."""
     from speccompile.errors import UnsupportedError

@@ -140,6 +140,9 @@ class Family:
     position_offset: int = 0
     conv1d: bool = False  # the layers' 2-D weights are stored [in, out] (GPT-2's Conv1D), shown [out, in] at load
     multi_query_key: str = ""  # config key that, true, gives one KV head (GPT-BigCode: multi_query); false is refused
+    # config keys whose value, where given, must be this (a str: the value of that config key) or the checkpoint is refused
+    # (OPT: do_layer_norm_before true, word_embed_proj_dim = hidden_size)
+    refused_unless: dict[str, object] = field(default_factory=dict)
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -160,7 +163,7 @@ class Family:
 
 # transformers' `hidden_act` names -> mlp_act (gelu_new / gelu_fast are the tanh form, written differently)
 HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "silu": "silu", "swish": "silu", "relu2": "relu2", "xielu": "xielu"}
+           "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
 _NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
                "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
                "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
@@ -373,6 +376,17 @@ FAMILIES: dict[str, Family] = {
     # GPT-2 / DistilGPT-2: learned absolute positions (wpe; every layer without rope), pre biased LayerNorms, a fused
     # c_attn (q | k | v) and c_proj with biases, a plain gelu_new MLP with biases, Conv1D weights stored [in, out]
     "gpt2": Family(("gpt2",), conv1d=True, refused_keys=("scale_attn_by_inverse_layer_idx",), **_GPT2),
+    # OPT: learned positions (table row = position + 2), pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP with
+    # biases (fc1 / fc2), a tied head; post-norm blocks (do_layer_norm_before false) and project_in / project_out refused
+    "opt": Family(("opt",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_bias=True,
+                  mlp_act="relu", act_key="activation_function", learned_positions=True, position_offset=2, prefix="model.decoder.",
+                  bias_keys={"qkv": "enable_bias", "o": "enable_bias", "mlp": "enable_bias"}, config_keys={"ffn_dim": "intermediate_size"},
+                  refused_unless={"do_layer_norm_before": True, "word_embed_proj_dim": "hidden_size", "_remove_final_layer_norm": False,
+                                  "layer_norm_elementwise_affine": True}, gguf={},
+                  names={"input_norm": ("self_attn_layer_norm.weight",), "post_norm": ("final_layer_norm.weight",),
+                         "o_proj": ("self_attn.out_proj.weight",), "o_bias": ("self_attn.out_proj.bias",), "up": ("fc1.weight",),
+                         "up_bias": ("fc1.bias",), "down": ("fc2.weight",), "down_bias": ("fc2.bias",)},
+                  top_names={"model.final_layer_norm.weight": "model.norm.weight", "model.final_layer_norm.bias": "model.norm.bias"}),
     # GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
     "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
 }

@@ -54,7 +54,7 @@ class ModelConfig:
     placement: str = "pre"  # pre | sandwich | post | parallel | parallel2
     qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
     qk_norm_after_rope: bool = False  # the per-head q/k norms take the roped q / k (Hunyuan) instead of rope taking theirs
-    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu2 | xielu
+    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu | relu2 | xielu
     mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
     mlp_bias: bool = False  # the plain MLP's up / down biases
     lm_head_bias: bool = False
@@ -226,6 +226,8 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
     """attention_bias (q/k/v), o_proj_bias and mlp_bias from the family's `bias_keys` (else its defaults); a
     use_bias / mlp_bias key the family does not read, or one of its `refused_keys`, is refused."""
     refused = [key for key in fam.refused_keys if data.get(key)]
+    refused += [f"{key} {data[key]!r}" for key, want in fam.refused_unless.items()
+                if data.get(key) is not None and data[key] != (data.get(want) if isinstance(want, str) else want)]
     if refused:
         raise UnsupportedError(f"{source}: {arch} with {refused[0]} is not supported")
     keys = fam.bias_keys
@@ -297,7 +299,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
-    data = {**fam.config_defaults, **{std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}, **data}
+    own = {std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}
+    data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
     if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
         data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
     if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
