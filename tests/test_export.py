@@ -132,10 +132,10 @@ def test_bad_inputs(tmp_path, tiny_model_dir, tiny_artifact):
     gguf_file.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
     _assert_clean_error(run_cli("export", str(gguf_file), "--out", str(out)), "bad.gguf", out)
     # unsupported architecture
-    gpt2 = tmp_path / "gpt2"
-    gpt2.mkdir()
-    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    _assert_clean_error(run_cli("export", str(gpt2), "--out", str(out)), "architecture 'gpt2': learned absolute position embeddings are not built", out)
+    mpt = tmp_path / "mpt"
+    mpt.mkdir()
+    (mpt / "config.json").write_text(json.dumps({"model_type": "mpt"}))
+    _assert_clean_error(run_cli("export", str(mpt), "--out", str(out)), "architecture 'mpt': ALiBi position biases are not built", out)
     # existing output without --force
     _assert_clean_error(run_cli("export", str(tiny_model_dir), "--out", str(tiny_artifact)), "--force")
     assert (tiny_artifact / "manifest.json").exists()

@@ -170,6 +170,15 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                   mlp_layer_types=["dense", "sparse"]),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
+    # GPT-J: parallel attention + plain gelu_new MLP on one biased LayerNorm, interleaved partial rotary, an lm_head bias;
+    # GPT-2's config keys (the tiny shape's Llama keys cleared: n_inner None is 4 x n_embd, multi-head attention)
+    "gptj": dict(num_attention_heads=2, rotary_dim=16, intermediate_size=None, num_key_value_heads=None, head_dim=None),
+    # learned absolute positions (wpe), no rope; GPT-2: Conv1D weights [in, out], a fused c_attn, biased LayerNorms and
+    # a plain gelu_new MLP, a tied head; GPT-BigCode: the same layers as nn.Linear with multi-query attention
+    "gpt2": dict(intermediate_size=None, num_key_value_heads=None, head_dim=None),
+    "gpt_bigcode": dict(intermediate_size=None, num_key_value_heads=None, head_dim=None),
+    # OPT: learned positions at row position + 2, pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP (ffn_dim)
+    "opt": dict(ffn_dim=96, intermediate_size=None, num_key_value_heads=None, head_dim=None, word_embed_proj_dim=64),
 }
 
 
@@ -472,7 +481,7 @@ def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
 
 
 @pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
-                                               ("inkling_text", "conv state"), ("gpt2", "learned absolute position"),
+                                               ("inkling_text", "conv state"), ("xglm", "sinusoidal absolute position"),
                                                ("cohere2_moe", "sigmoid of the top-k logits"), ("ministral3", "Llama 4's attention scaling")])
 def test_families_not_built_say_why(model_type, reason):
     """A transformers model type the table does not build is refused in one line with its reason (models/refused.py)."""
@@ -485,9 +494,14 @@ def test_families_not_built_say_why(model_type, reason):
 
 
 @pytest.mark.parametrize("extra,key", [(dict(layer_rope_theta=[1e4, 5e5]), "layer_rope_theta"),  # two bases on full layers
-                                       (dict(model_type="apertus1p5_text", output_vocab_size=50), "output_vocab_size")])
+                                       (dict(model_type="apertus1p5_text", output_vocab_size=50), "output_vocab_size"),
+                                       (dict(model_type="opt", do_layer_norm_before=False), "do_layer_norm_before False"),
+                                       (dict(model_type="opt", word_embed_proj_dim=32), "word_embed_proj_dim 32"),
+                                       (dict(model_type="gpt_bigcode", multi_query=False), "multi_query false"),
+                                       (dict(model_type="gpt2", scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx")])
 def test_issue43_parts_not_built_are_refused(extra, key):
-    """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head: refused naming the key."""
+    """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head, OPT's post-norm blocks and
+    project_in / project_out, GPT-BigCode's per-head fused qkv, GPT-2's per-layer attention scale: refused naming the key."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 
@@ -495,3 +509,33 @@ def test_issue43_parts_not_built_are_refused(extra, key):
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_multiplier=0.25), **extra}
     with pytest.raises(UnsupportedError, match=key):
         config_from_hf(data, "config.json")
+
+
+@pytest.mark.parametrize("arch", ["gptj", "gpt2", "gpt_bigcode", "opt"])
+def test_gguf_of_families_without_a_llamacpp_layout_is_refused(arch):
+    """A family whose llama.cpp tensor names the table does not map (`Family.gguf` empty) refuses its GGUF in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    with pytest.raises(UnsupportedError, match=f"GGUF {arch} is not supported") as info:
+        config_from_gguf({"general.architecture": arch}, False, False, "model.gguf")
+    assert "\n" not in str(info.value)
+
+
+def test_gpt2_draft_model_for_a_gpt2_target(tmp_path):
+    """GPT-2 / DistilGPT-2, the classic assisted-generation pair: a tiny gpt2 target with a one-layer gpt2 draft model of
+    the same vocabulary (`export --drafter draft-model:DIR`): greedy output identical to plain; a context past
+    n_positions refused in one line naming --max-context."""
+    make_family_model(tmp_path / "target", "gpt2")
+    make_family_model(tmp_path / "draft", "gpt2", seed=1, num_hidden_layers=1)
+    done = run_cli("export", str(tmp_path / "target"), "--out", str(tmp_path / "art"), "--max-context", "128",
+                   "--drafter", f"draft-model:{tmp_path / 'draft'}")
+    assert done.returncode == 0, done.stderr
+    runner = Runner(tmp_path / "art", drafter="draft-model", num_draft_tokens=3, adaptive=False, threads=1)
+    for prompt in ("abc abd abc abd abc", "hello there"):
+        plain = runner.generate(prompt, chat=False, max_tokens=30, drafter="none")
+        assert runner.generate(prompt, chat=False, max_tokens=30).tokens == plain.tokens
+    done = run_cli("export", str(tmp_path / "target"), "--out", str(tmp_path / "long"), "--max-context", "1024")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and errors == [line for line in errors if "--max-context 1024" in line and "n_positions" in line] != []
+    assert "Traceback" not in done.stderr and not (tmp_path / "long").exists()

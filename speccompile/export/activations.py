@@ -1,5 +1,5 @@
 """The MLP activations as ONNX nodes, for every graph builder (contract, fused CPU / GPU): SiLU (x * Sigmoid x),
-exact or tanh GELU, ReLU squared (Relu, then times itself) and xIELU (Apertus: four learned scalars per layer)."""
+exact or tanh GELU, ReLU (OPT), ReLU squared (Relu, then times itself) and xIELU (Apertus: four learned scalars per layer)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ def activation(em: Emitter, kind: str, x: str, params: str | None = None) -> str
     """`kind` (ModelConfig.mlp_act) of `x`; `params`: xIELU's [alpha_p, alpha_n, beta, eps] initializer."""
     if kind in ("gelu", "gelu_tanh"):
         return em.one("Gelu", [x], approximate="tanh" if kind == "gelu_tanh" else "none")
-    if kind == "relu2":
+    if kind in ("relu", "relu2"):
         r = em.one("Relu", [x])
-        return em.one("Mul", [r, r])
+        return em.one("Mul", [r, r]) if kind == "relu2" else r
     if kind == "xielu":
         return _xielu(em, x, params)
     return em.one("Mul", [x, em.one("Sigmoid", [x])])

@@ -35,8 +35,8 @@ from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
-from .recipes import (EMBED, LM_HEAD, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
-                      per_layer_recipes, top_bias_recipes)
+from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
+                      per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
 
 OPSET = 21
@@ -62,7 +62,7 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
-    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype)})
+    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype)})
     for i in range(cfg.num_hidden_layers):
         names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
         if cfg.moe is not None and cfg.moe.is_moe(i):
@@ -115,6 +115,10 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     x = b.one("/embed_tokens", "Gather", [g.weight("model.embed_tokens.weight"), "input_ids"])
     if cfg.embed_scale != 1.0:
         x = b.one("/embed_tokens", "Mul", [x, b.const("/embed_tokens", cfg.embed_scale, np_dtype(dtype))])
+    if cfg.position_embeddings:  # learned absolute positions: the table's row of each position_ids entry
+        rows = b.one("/embed_positions", "Add", ["position_ids", b.const("/embed_positions", [cfg.position_offset], np.int64)]) \
+            if cfg.position_offset else "position_ids"
+        x = b.one("/embed_positions", "Add", [x, b.one("/embed_positions", "Gather", [g.weight(POSITIONS[0]), rows])])
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}

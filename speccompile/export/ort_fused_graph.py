@@ -51,7 +51,7 @@ from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, attention_lif
 from .fused_layers import _Fused, decoder_layers, rotary_names
 from .graph_builder import value
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
-from .recipes import EMBED, LM_HEAD, DecoderWeights, Recipe, np_dtype, top_bias_recipes
+from .recipes import EMBED, LM_HEAD, POSITIONS, DecoderWeights, Recipe, np_dtype, position_recipes, top_bias_recipes
 from .weight_store import WeightStore, stored_by_recipe
 
 TARGETS = ("cpu", "cuda")
@@ -185,6 +185,8 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     x = f.n("Gather", [embed, "input_ids"])[0]
     if model.config.embed_scale != 1.0:
         x = f.n("Mul", [x, f.const("embed_scale", model.config.embed_scale, np_dtype(dtype))])[0]
+    if model.config.position_embeddings:  # learned absolute positions: every form's position_ids line up with input_ids
+        x = f.n("Add", [x, _position_rows(f)])[0]
     slot_inputs = (SlotInputs(f.n, f.const, slots) if target == "cpu" else GpuSlotInputs(f.n, f.const, slots, tree)) if slots else None
     wide = model.config.max_head_dim > WIDE_HEAD_DIM
     padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots else None
@@ -201,6 +203,16 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
     model_proto.producer_name = "speccompile"
     return model_proto
+
+
+def _position_rows(f: _Fused) -> str:
+    """The learned position table's rows of `position_ids` (+ the family's offset), the index clipped to the table: a
+    padding row past the context reads the last row (its output is dropped)."""
+    cfg = f.model.config
+    table = f.weight(POSITIONS[0], position_recipes(cfg, f.dtype)[POSITIONS[0]])
+    rows = f.n("Add", ["position_ids", f.const("positions.offset", [cfg.position_offset])])[0] if cfg.position_offset else "position_ids"
+    rows = f.n("Min", [rows, f.const("positions.last", [cfg.position_embeddings - 1])])[0]
+    return f.n("Gather", [table, rows])[0]
 
 
 def _rotary_tables(f: _Fused, rows: int) -> None:

@@ -53,6 +53,9 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         progress(model.left_out)
     cfg = model.config
     max_context = options.max_context or cfg.max_position_embeddings
+    if cfg.position_embeddings and max_context > cfg.max_position_embeddings:  # no row of the learned table past it
+        raise InputError(f"max_context {max_context}: {cfg.architecture} has learned positions for "
+                         f"{cfg.max_position_embeddings} tokens (n_positions)", "max_context")
     drafter = drafter_estimate(model, options.dtype, request.kind if request else None, request.path if request else None)
     needed = estimate_export_bytes(model, options.dtype, max_context + options.max_verify_tokens, options.fused_cpu_graph,
                                    options.gpu_graph, drafter)

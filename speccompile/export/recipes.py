@@ -86,6 +86,7 @@ def layer_sources(config: ModelConfig, i: int) -> dict[str, tuple[str, ...]]:
 
 
 EMBED = ("model.embed_tokens.weight",)
+POSITIONS = ("model.embed_positions.weight",)  # learned absolute positions (GPT-2's wpe) [rows, hidden]
 FINAL_NORM = ("model.norm.weight",)
 FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
@@ -118,6 +119,11 @@ def top_bias_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
     return {**biases, **({"lm_head.bias": Recipe(LM_HEAD_BIAS, False, dtype)} if config.lm_head_bias else {})}
 
 
+def position_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
+    """The learned position table (GPT-2's wpe), by graph initializer name ({}: rope instead)."""
+    return {POSITIONS[0]: Recipe(POSITIONS, False, dtype)} if config.position_embeddings else {}
+
+
 def per_layer_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
     """The per-layer embeddings' model-level weights (Gemma 4's PLE), by graph initializer name ({}: none)."""
     if not config.per_layer_input_size:
@@ -135,6 +141,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[LM_HEAD[0]] = (c.vocab_size, c.hidden_size)
     shapes.update({FINAL_NORM_BIAS[0]: (c.hidden_size,)} if c.norm_bias else {})
     shapes.update({LM_HEAD_BIAS[0]: (c.vocab_size,)} if c.lm_head_bias else {})
+    shapes.update({POSITIONS[0]: (c.position_embeddings, c.hidden_size)} if c.position_embeddings else {})
     width = c.num_hidden_layers * c.per_layer_input_size
     shapes.update({PLE_TABLE[0]: (c.per_layer_vocab_size, width), PLE_PROJECTION[0]: (width, c.hidden_size),
                    PLE_NORM[0]: (c.per_layer_input_size,)} if width else {})

@@ -111,7 +111,7 @@ class Family:
     logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # roles overriding LLAMA_NAMES
-    gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))
+    gguf: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GGUF))  # {}: the family's GGUF is refused
     gguf_llama_order: bool = False  # llama.cpp permuted the q/k rows (its LlamaModel converters: llama, mistral, granite, smollm3)
     # GGUF metadata (llama.cpp's `<arch>.<key>`) -> the config key it gives (scales, softcaps)
     gguf_keys: dict[str, str] = field(default_factory=dict)
@@ -134,6 +134,16 @@ class Family:
     # num_hidden_layers); the standard name wins where both are present
     config_keys: dict[str, str] = field(default_factory=dict)
     config_defaults: dict[str, object] = field(default_factory=dict)  # config keys' values where config.json has none (transformers' defaults)
+    inner_multiple: int = 0  # intermediate_size = this x hidden_size where the config gives none (GPT-J's n_inner None: 4)
+    # learned absolute positions (GPT-2: wpe, role `model.embed_positions.weight`) added to the token embeddings, no rope;
+    # the table's row of position p is p + position_offset (OPT: 2)
+    learned_positions: bool = False
+    position_offset: int = 0
+    conv1d: bool = False  # the layers' 2-D weights are stored [in, out] (GPT-2's Conv1D), shown [out, in] at load
+    multi_query_key: str = ""  # config key that, true, gives one KV head (GPT-BigCode: multi_query); false is refused
+    # config keys whose value, where given, must be this (a str: the value of that config key) or the checkpoint is refused
+    # (OPT: do_layer_norm_before true, word_embed_proj_dim = hidden_size)
+    refused_unless: dict[str, object] = field(default_factory=dict)
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
@@ -154,7 +164,7 @@ class Family:
 
 # transformers' `hidden_act` names -> mlp_act (gelu_new / gelu_fast are the tanh form, written differently)
 HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "silu": "silu", "swish": "silu", "relu2": "relu2", "xielu": "xielu"}
+           "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
 _NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
                "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
                "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
@@ -185,6 +195,16 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
+_GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
+              "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
+_GPT2_NAMES = {"input_norm": ("ln_1.weight",), "post_norm": ("ln_2.weight",), "qkv": ("attn.c_attn.weight",),
+               "qkv_bias": ("attn.c_attn.bias",), "o_proj": ("attn.c_proj.weight",), "o_bias": ("attn.c_proj.bias",),
+               "up": ("mlp.c_fc.weight",), "up_bias": ("mlp.c_fc.bias",), "down": ("mlp.c_proj.weight",), "down_bias": ("mlp.c_proj.bias",)}
+_GPT2 = dict(norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_bias=True, mlp_act="gelu_tanh",
+             act_key="activation_function", prefix="transformer.", layers_key="h", config_keys=_GPT2_KEYS, inner_multiple=4,
+             learned_positions=True, gguf={}, names=_GPT2_NAMES,
+             top_names={"model.wte.weight": "model.embed_tokens.weight", "model.wpe.weight": "model.embed_positions.weight",
+                        "model.ln_f.weight": "model.norm.weight", "model.ln_f.bias": "model.norm.bias"})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 
 FAMILIES: dict[str, Family] = {
@@ -346,6 +366,32 @@ FAMILIES: dict[str, Family] = {
                                 "k_norm": ("attention.key_layernorm.weight",)},
                          top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
+    # GPT-J: attention and a plain gelu_new MLP with biases on one biased LayerNorm (parallel), interleaved partial rotary
+    # (rotary_dim), no attention biases, an lm_head bias; GPT-2's config keys (n_embd, n_inner None: 4 x n_embd)
+    "gptj": Family(("gptj",), norm="layer", norm_bias=True, placement="parallel", rope_interleaved=True, mlp_gated=False,
+                   mlp_bias=True, mlp_act="gelu_tanh", act_key="activation_function", lm_head_bias=True, prefix="transformer.",
+                   layers_key="h", config_keys=_GPT2_KEYS, inner_multiple=4, gguf={},
+                   names={"input_norm": ("ln_1.weight",), "qkv": tuple(f"attn.{x}_proj.weight" for x in "qkv"),
+                          "o_proj": ("attn.out_proj.weight",), "up": ("mlp.fc_in.weight",), "up_bias": ("mlp.fc_in.bias",),
+                          "down": ("mlp.fc_out.weight",), "down_bias": ("mlp.fc_out.bias",)},
+                   top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight",
+                              "model.ln_f.bias": "model.norm.bias"}),
+    # GPT-2 / DistilGPT-2: learned absolute positions (wpe; every layer without rope), pre biased LayerNorms, a fused
+    # c_attn (q | k | v) and c_proj with biases, a plain gelu_new MLP with biases, Conv1D weights stored [in, out]
+    "gpt2": Family(("gpt2",), conv1d=True, refused_keys=("scale_attn_by_inverse_layer_idx",), **_GPT2),
+    # OPT: learned positions (table row = position + 2), pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP with
+    # biases (fc1 / fc2), a tied head; post-norm blocks (do_layer_norm_before false) and project_in / project_out refused
+    "opt": Family(("opt",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_bias=True,
+                  mlp_act="relu", act_key="activation_function", learned_positions=True, position_offset=2, prefix="model.decoder.",
+                  bias_keys={"qkv": "enable_bias", "o": "enable_bias", "mlp": "enable_bias"}, config_keys={"ffn_dim": "intermediate_size"},
+                  refused_unless={"do_layer_norm_before": True, "word_embed_proj_dim": "hidden_size", "_remove_final_layer_norm": False,
+                                  "layer_norm_elementwise_affine": True}, gguf={},
+                  names={"input_norm": ("self_attn_layer_norm.weight",), "post_norm": ("final_layer_norm.weight",),
+                         "o_proj": ("self_attn.out_proj.weight",), "o_bias": ("self_attn.out_proj.bias",), "up": ("fc1.weight",),
+                         "up_bias": ("fc1.bias",), "down": ("fc2.weight",), "down_bias": ("fc2.bias",)},
+                  top_names={"model.final_layer_norm.weight": "model.norm.weight", "model.final_layer_norm.bias": "model.norm.bias"}),
+    # GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
+    "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import InputError, UnsupportedError
 from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
+from .layer_keys import kv_heads, multipliers
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .refused import REFUSED
@@ -53,7 +54,7 @@ class ModelConfig:
     placement: str = "pre"  # pre | sandwich | post | parallel | parallel2
     qk_norm_full: bool = False  # q/k norms over all heads at once (OLMo 2) instead of per head
     qk_norm_after_rope: bool = False  # the per-head q/k norms take the roped q / k (Hunyuan) instead of rope taking theirs
-    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu2 | xielu
+    mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu | relu2 | xielu
     mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
     mlp_bias: bool = False  # the plain MLP's up / down biases
     lm_head_bias: bool = False
@@ -91,6 +92,9 @@ class ModelConfig:
     layer_intermediate_sizes: list[int] = field(default_factory=list)
     per_layer_input_size: int = 0  # per-layer embeddings (Gemma 4's PLE): each layer's width (0: none)
     per_layer_vocab_size: int = 0  # the rows of their table
+    # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
+    position_embeddings: int = 0
+    position_offset: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -210,6 +214,8 @@ def _layer_types(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[s
 
 
 def _nope_layers(data: dict[str, Any], fam: Family, types: list[str], layers: int) -> list[int]:
+    if fam.learned_positions:  # positions come from the embedding table: no layer ropes
+        return list(range(layers))
     flags = data.get("no_rope_layers")  # SmolLM3: 1 = rope, 0 = no rope
     if flags:
         return [i for i, f in enumerate(flags[:layers]) if not f]
@@ -218,32 +224,12 @@ def _nope_layers(data: dict[str, Any], fam: Family, types: list[str], layers: in
     return []
 
 
-def _multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -> dict[str, float]:
-    """embed_scale, attn_scale, residual_scale and logit_scale of the family's config keys."""
-    out: dict[str, float] = {}
-    if fam.embed_scale == "sqrt_hidden":
-        out["embed_scale"] = math.sqrt(hidden)
-    elif fam.embed_scale:
-        out["embed_scale"] = float(data.get(fam.embed_scale, 1.0))
-    if fam.attn_scale == "query_pre_attn_scalar":
-        out["attn_scale"] = float(data.get("query_pre_attn_scalar") or head_dim) ** -0.5
-    elif fam.attn_scale == "unit":  # q/k norms alone scale the scores (Gemma 4)
-        out["attn_scale"] = 1.0
-    elif fam.attn_scale:
-        out["attn_scale"] = float(data[fam.attn_scale])
-    if fam.residual_key:
-        out["residual_scale"] = float(data.get(fam.residual_key, 1.0))
-    if fam.logit_key.startswith("1/"):
-        out["logit_scale"] = 1.0 / float(data.get(fam.logit_key[2:], 1.0))
-    elif fam.logit_key:
-        out["logit_scale"] = float(data.get(fam.logit_key, 1.0))
-    return out
-
-
 def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[str, bool]:
     """attention_bias (q/k/v), o_proj_bias and mlp_bias from the family's `bias_keys` (else its defaults); a
     use_bias / mlp_bias key the family does not read, or one of its `refused_keys`, is refused."""
     refused = [key for key in fam.refused_keys if data.get(key)]
+    refused += [f"{key} {data[key]!r}" for key, want in fam.refused_unless.items()
+                if data.get(key) is not None and data[key] != (data.get(want) if isinstance(want, str) else want)]
     if refused:
         raise UnsupportedError(f"{source}: {arch} with {refused[0]} is not supported")
     keys = fam.bias_keys
@@ -299,9 +285,10 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         nope_layers=_nope_layers(data, fam, types, layers),
         attn_softcap=float(data.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
-        **_multipliers(data, fam, hidden, head_dim),
+        **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
-        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar,
+        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset,
+        position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}
 
@@ -314,7 +301,10 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
-    data = {**fam.config_defaults, **{std: data[own] for own, std in fam.config_keys.items() if own in data}, **data}
+    own = {std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}
+    data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
+    if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
+        data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
     if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
         data["intermediate_size"] = data["moe_intermediate_size"]
     try:
@@ -331,7 +321,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             intermediate_size=int(data["intermediate_size"]),
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(data.get("num_key_value_heads") or heads),
+            num_key_value_heads=kv_heads(data, fam, heads, source),
             head_dim=head_dim,
             rms_norm_eps=float(eps),
             max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
@@ -427,6 +417,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
+    if not family(arch).gguf:  # a family whose llama.cpp tensor names the table does not map (GPT-J)
+        raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (its llama.cpp layout is not read; export its safetensors)")
     if family(arch).layer_shapes:  # llama.cpp's gemma4: per-layer key lengths, its own names for the scalars: not mapped
         raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (per-layer attention shapes; export its safetensors)")
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):

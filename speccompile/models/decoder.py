@@ -240,6 +240,8 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.position_embeddings:  # learned absolute positions (GPT-2's wpe)
+            self.embed_positions = nn.Embedding(config.position_embeddings, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = norm_of(config)
         self.rotary_emb = RotaryEmbedding(config)
@@ -313,6 +315,8 @@ class Decoder(nn.Module):
         dtype = x.dtype
         if cfg.embed_scale != 1.0:
             x = x * torch.tensor(cfg.embed_scale, dtype=dtype)
+        if cfg.position_embeddings:  # the table's row of each position (OPT: position + 2)
+            x = x + self.model.embed_positions(position_ids + cfg.position_offset if cfg.position_offset else position_ids)
         rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)

@@ -26,6 +26,8 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     """ModelConfig.mlp_act `kind` of `x` (xIELU, with learned scalars, is the `XIELU` module)."""
     if kind == "relu2":  # Nemotron / Arcee: relu(x) ** 2
         return torch.square(nn.functional.relu(x))
+    if kind == "relu":  # OPT
+        return nn.functional.relu(x)
     if kind in ("gelu", "gelu_tanh"):  # exact (erf) or tanh GELU
         return nn.functional.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
     return nn.functional.silu(x)

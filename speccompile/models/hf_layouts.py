@@ -35,6 +35,24 @@ class _QkvPerHead(WeightSource):
         return self._inner.names()
 
 
+class _Transposed(WeightSource):
+    """`inner` with its 2-D tensors `names` (GPT-2's Conv1D weights, stored [in, out]) shown [out, in]."""
+
+    def __init__(self, inner: WeightSource, names: set[str]):
+        self._inner, self._names = inner, names
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._inner.info(name)
+        return TensorInfo(tuple(reversed(info.shape)), info.dtype) if name in self._names else info
+
+    def read(self, name: str) -> np.ndarray:
+        tensor = self._inner.read(name)
+        return np.ascontiguousarray(tensor.T) if name in self._names else tensor
+
+    def names(self) -> list[str]:
+        return self._inner.names()
+
+
 class _Scalars(WeightSource):
     """`inner` with its 0-d tensors `scalars` (xIELU's beta / eps buffers) shown as [1]."""
 
@@ -56,12 +74,18 @@ class _Scalars(WeightSource):
 def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
     then its `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
+    if fam.prefix and fam.layers_key and not any(n.startswith(fam.prefix) for n in source.names()):  # a base model's save
+        source = source.renamed({n: fam.prefix + n for n in source.names() if not n.startswith("lm_head.")})  # (GPT-2's `h.0.*`)
     if fam.prefix:
         source = source.renamed({n: "model." + n[len(fam.prefix):] for n in source.names() if n.startswith(fam.prefix)})
     if fam.layers_key:
         old = f"model.{fam.layers_key}."
         source = source.renamed({n: "model.layers." + n[len(old):] for n in source.names() if n.startswith(old)})
     source = source.renamed(fam.top_names)
+    if fam.conv1d:  # Conv1D [in, out]; the causal-mask buffers old saves keep (attn.bias, attn.masked_bias) are not weights
+        layer = [n for n in source.names() if n.startswith("model.layers.")]
+        source = source.without({n for n in layer if n.endswith((".attn.bias", ".attn.masked_bias"))})
+        source = _Transposed(source, {n for n in layer if n.endswith(".weight") and len(source.shape(n)) == 2})
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
     if not fam.qkv_per_head:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 _HYBRID = "hybrid linear attention (a recurrent state that must roll back on rejected drafts) is not supported"
 _DSA = "sparse attention (an indexer picks each query's top-k keys of the whole cache) is not supported"
-_POSITIONS = "learned absolute position embeddings are not built"
 
 REFUSED = {
     # the cache contract: recurrent or convolution states, sparse attention
@@ -18,7 +17,7 @@ REFUSED = {
     "hy_v4": "sparse attention (DSA indexer) and hyper-connections are not supported",
     "doge": "dynamic mask attention (top-k keys of the whole cache past keep_window_size) is not supported",
     # features no builder has yet
-    "gpt2": _POSITIONS, "gpt_bigcode": _POSITIONS, "opt": _POSITIONS, "xglm": "sinusoidal absolute position embeddings are not built",
+    "xglm": "sinusoidal absolute position embeddings are not built",
     "mpt": "ALiBi position biases are not built",
     "codegen": "CodeGen's fused qkv (four model-parallel blocks of q | v | k) is not built",
     "olmo": "OLMo 1's LayerNorm without weight or bias is not built",
