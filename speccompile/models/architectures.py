@@ -233,6 +233,9 @@ FAMILIES: dict[str, Family] = {
                          "ffn_up": "mlp.gate_up_proj"}),
     "cohere2": Family(("cohere2",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
                       logit_key="logit_scale", gguf_keys={"logit_scale": "logit_scale"}, gguf_swa_period=4, bias_keys={"o": "attention_bias"}),
+    # Cohere 2's layers with a MoE block (models/moe_config.py); its RMSNorm variant (rms_norm_eps set) is not built
+    "cohere2_moe": Family(("cohere2_moe",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
+                          logit_key="logit_scale", bias_keys={"o": "attention_bias"}, moe="cohere2_moe", refused_keys=("rms_norm_eps",)),
     "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES, gguf=_POST_GGUF,
                       gguf_swa_period=4),
     "ernie4_5": Family(("ernie4_5", "helium"), rope_interleaved=True),  # Helium: the same layer, attention_bias for q/k/v

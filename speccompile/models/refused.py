@@ -26,8 +26,6 @@ REFUSED = {
     "llama4_text": "chunked attention, the NoPE layers' query temperature and routing on the expert input are not built",
     "diffllama": "differential attention (two softmax maps subtracted) is not built",
     "bitnet": "BitNet's sub-norms and ternary BitLinear weights are not built",
-    "cohere2_moe": "Cohere 2 MoE's routing (sigmoid of the top-k logits), averaged shared experts and dense layers of their own "
-                   "size are not built",
     "axk1": "a norm of the MoE block's output on MoE layers only (post_mlp_layernorm) is not built",
     "kolibri1": "routing on logits + score bias with sigmoid weights is not built",
     "minicpm5_moe": "a sigmoid gate on the attention output (q_gate_proj) is not built",
