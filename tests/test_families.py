@@ -98,6 +98,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "glm": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),  # interleaved partial rotary, fused gate_up
     "vaultgemma": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),  # softcaps, pre norms
     "flex_olmo": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=True),
+    "olmo": {},  # OLMo 1: LayerNorms without weight or bias (gains of ones at load)
     "internlm3": {},
     "exaone": {},  # GPT-2's names (transformer.h.N.attn.attention.*)
     # MLA (as deepseek_v3) with V3's routing, dense layers by mlp_layer_types; MLA on dense layers (youtu)
@@ -507,6 +508,7 @@ def test_families_not_built_say_why(model_type, reason):
                                        (dict(model_type="gpt_bigcode", multi_query=False), "multi_query false"),
                                        (dict(model_type="gpt2", scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
                                        (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", rms_norm_eps=1e-5), "rms_norm_eps"),
+                                       (dict(model_type="olmo", clip_qkv=8.0), "clip_qkv"),
                                        (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", mlp_layer_types=["dense", "sparse"]),
                                         "dense layers"),
                                        (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", expert_selection_fn="relu"),
