@@ -98,6 +98,7 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "glm": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32),  # interleaved partial rotary, fused gate_up
     "vaultgemma": dict(sliding_window=WINDOW, query_pre_attn_scalar=24, layer_types=_TWO),  # softcaps, pre norms
     "flex_olmo": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=True),
+    "olmo": {},  # OLMo 1: LayerNorms without weight or bias (gains of ones at load)
     "internlm3": {},
     "exaone": {},  # GPT-2's names (transformer.h.N.attn.attention.*)
     # MLA (as deepseek_v3) with V3's routing, dense layers by mlp_layer_types; MLA on dense layers (youtu)
@@ -122,6 +123,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # top 2 renormalised (router mlp.gate.wg), a shared MLP added ungated
     "hunyuan_v1_dense": dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}),
     "hunyuan_v1_moe": dict(num_experts=4, moe_topk=2, intermediate_size=32),
+    # Cohere 2 MoE: Cohere 2's layers (parallel LayerNorm block, interleaved rope, NoPE global layer 1, logit scale); top 2
+    # logits softmaxed, experts of intermediate_size, 2 shared experts averaged in; -sigmoid: sigmoid top 2 renormalised, summed
+    "cohere2_moe": dict(sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25, intermediate_size=32, num_experts=4,
+                        num_experts_per_tok=2, num_shared_experts=2),
+    "cohere2_moe-sigmoid": dict(model_type="cohere2_moe", sliding_window=WINDOW, layer_types=_TWO, logit_scale=0.25, intermediate_size=32,
+                                num_experts=4, num_experts_per_tok=2, num_shared_experts=1, expert_selection_fn="sigmoid",
+                                shared_expert_combination_strategy="sum"),
     # Gemma 4 dense: the full layer (1) with a 32-wide head and 1 kv head whose values are its keys (k_eq_v), proportional
     # rope on a quarter of it; scale-free value norms, a learned scalar per layer. gemma4-v: v_proj, the base kv heads
     "gemma4_text": dict(sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
@@ -482,7 +490,7 @@ def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
 
 @pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
                                                ("inkling_text", "conv state"), ("xglm", "sinusoidal absolute position"),
-                                               ("cohere2_moe", "sigmoid of the top-k logits"), ("ministral3", "Llama 4's attention scaling")])
+                                               ("kolibri1", "routing on logits"), ("ministral3", "Llama 4's attention scaling")])
 def test_families_not_built_say_why(model_type, reason):
     """A transformers model type the table does not build is refused in one line with its reason (models/refused.py)."""
     from speccompile.errors import UnsupportedError
@@ -498,10 +506,17 @@ def test_families_not_built_say_why(model_type, reason):
                                        (dict(model_type="opt", do_layer_norm_before=False), "do_layer_norm_before False"),
                                        (dict(model_type="opt", word_embed_proj_dim=32), "word_embed_proj_dim 32"),
                                        (dict(model_type="gpt_bigcode", multi_query=False), "multi_query false"),
-                                       (dict(model_type="gpt2", scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx")])
+                                       (dict(model_type="gpt2", scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
+                                       (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", rms_norm_eps=1e-5), "rms_norm_eps"),
+                                       (dict(model_type="olmo", clip_qkv=8.0), "clip_qkv"),
+                                       (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", mlp_layer_types=["dense", "sparse"]),
+                                        "dense layers"),
+                                       (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", expert_selection_fn="relu"),
+                                        "expert_selection_fn 'relu'")])
 def test_issue43_parts_not_built_are_refused(extra, key):
     """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head, OPT's post-norm blocks and
-    project_in / project_out, GPT-BigCode's per-head fused qkv, GPT-2's per-layer attention scale: refused naming the key."""
+    project_in / project_out, GPT-BigCode's per-head fused qkv, GPT-2's per-layer attention scale, Cohere 2 MoE's RMSNorm
+    variant, dense layers and other routings: refused naming the key."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 

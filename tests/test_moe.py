@@ -18,10 +18,11 @@ from conftest import TINY_VOCAB
 from test_families import make_family_model
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe"]  # tests/test_families.py: the tiny
-# configs (a dense layer, a shared expert, renormalised top k; Mixtral with a sliding window; gpt-oss: biases, clamped
-# SwiGLU, sinks, yarn; Hunyuan: an ungated shared MLP, q/k norms after rope; Gemma 4: normed routing with per-expert
-# scales, GELU experts beside the dense MLP)
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe", "cohere2_moe", "cohere2_moe-sigmoid"]
+# tests/test_families.py: the tiny configs (a dense layer, a shared expert, renormalised top k; Mixtral with a sliding
+# window; gpt-oss: biases, clamped SwiGLU, sinks, yarn; Hunyuan: an ungated shared MLP, q/k norms after rope; Gemma 4:
+# normed routing with per-expert scales, GELU experts beside the dense MLP; Cohere 2 MoE: top k then softmax / sigmoid,
+# shared experts averaged / summed)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def test_moe_graph_is_sparse_standard_onnx(moe_artifacts):
         assert {f"layers.0.mlp.experts.{e}.weight_t" for e in range(4)} <= {i.name for i in graph.initializer}
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe", "cohere2_moe"])
 def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp_path, arch):
     """`build --int4`: every expert (and shared expert) MatMul is a MatMulNBits of the packed fused CPU graph, the
     routers stay float; rows are exact in any pass and `verify` finds speculative decoding identical to plain."""
@@ -143,7 +144,7 @@ def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp
     shared = 0 if arch == "gpt_oss" else 2  # Gemma 4: its dense MLP beside the experts
     assert len(packed) == 2 * (2 + 4 * 2 + shared)  # per layer: qkv, o_proj, 4 experts x 2, shared expert x 2
     gated = arch == "qwen2_moe"  # Hunyuan's shared MLP is added ungated
-    head = set() if arch == "gemma4-moe" else {"lm_head.weight_t"}  # Gemma's tied head reads the embedding table
+    head = set() if arch in ("gemma4-moe", "cohere2_moe") else {"lm_head.weight_t"}  # a tied head reads the embedding table
     assert float_matmuls == head | {f"layers.{i}.mlp.{name}.weight_t" for i in range(2)
                                                      for name in ("router", *(["shared_expert_gate"] if gated else []))}
     session = open_artifact(built, threads=1).target

@@ -48,6 +48,10 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
         depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2))),
     "qwen3_vl": ("qwen3_vl", dict(text_config=dict(_TEXT, rope_parameters=dict(_MROPE, mrope_interleaved=True)),
                                   vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0]))),
+    # Qwen3-VL-MoE (model.language_model.*): Qwen3-MoE's layers, fused experts; hidden 64 != inter 24 and != 2 * inter
+    "qwen3_vl_moe": ("qwen3_vl_moe", dict(text_config=dict(_TEXT, rope_parameters=dict(_MROPE, mrope_interleaved=True),
+                                                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24),
+                                          vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0]))),
 }
 # text_config keys whose values are transformers' defaults, left out as older saves leave them (Gemma 3's published configs)
 _GEMMA3_DEFAULTS = ("query_pre_attn_scalar", "rms_norm_eps", "hidden_activation", "attn_logit_softcapping",
@@ -78,22 +82,27 @@ def make_wrapper_model(folder, name: str, seed: int = 0):
     return model
 
 
-def _rewrite(folder, names: dict[str, str] | None = None, drop_text_keys: tuple[str, ...] = ()) -> None:
-    """The checkpoint with its tensors renamed (`names`: old prefix -> new) and text_config keys left out."""
+def _rewrite(folder, names: dict[str, str] | None = None, drop_text_keys: tuple[str, ...] = (), transpose: str = "") -> None:
+    """The checkpoint with its tensors renamed (`names`: old prefix -> new), those ending in `transpose` stored with their
+    last two axes swapped, and text_config keys left out."""
     from safetensors.torch import load_file, save_file
 
-    if names:
+    if names or transpose:
         tensors = load_file(folder / "model.safetensors")
-        renamed = {next((new + k[len(old):] for old, new in names.items() if k.startswith(old)), k): v for k, v in tensors.items()}
+        tensors = {k: v.transpose(1, 2).contiguous() if transpose and k.endswith(transpose) else v for k, v in tensors.items()}
+        renamed = {next((new + k[len(old):] for old, new in (names or {}).items() if k.startswith(old)), k): v
+                   for k, v in tensors.items()}
         save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
     raw = json.loads((folder / "config.json").read_text())
     raw["text_config"] = {k: v for k, v in raw["text_config"].items() if k not in drop_text_keys}
     (folder / "config.json").write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize("name", [*WRAPPERS, "gemma3-v5"])
+@pytest.mark.parametrize("name", [*WRAPPERS, "gemma3-v5", "qwen3_vl_moe-published"])
 def test_wrapper_text_decoder_matches_transformers(tmp_path, name):
-    hf = make_wrapper_model(tmp_path / "hf", name.removesuffix("-v5"))
+    hf = make_wrapper_model(tmp_path / "hf", name.removesuffix("-v5").removesuffix("-published"))
+    if name == "qwen3_vl_moe-published":  # the published checkpoints' experts: [experts, hidden, 2 * inter], [experts, inter, hidden]
+        _rewrite(tmp_path / "hf", transpose="_proj")
     if name == "gemma3-v5":  # transformers 5's names, a config of an older save (defaults left out)
         _rewrite(tmp_path / "hf", {"language_model.model.": "model.language_model.", "vision_tower.": "model.vision_tower.",
                                    "multi_modal_projector.": "model.multi_modal_projector."}, _GEMMA3_DEFAULTS)

@@ -133,6 +133,8 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
         if moe.shared_gated:
             shared = em.one("Mul", [em.one("Sigmoid", [em.one("MatMul", [x, w[f"{p}{SHARED_GATE}.weight_t"]])]), shared])
         total = em.one("Add", [total, shared])
+        if moe.shared_average:
+            total = em.one("Div", [total, em.const("moe.two_of_average", 2.0, np_dtype(em.dtype))])
     return em.op("Reshape", [total, em.one("Shape", [h])], [output] if output else 1)[0]
 
 
@@ -151,13 +153,13 @@ def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str, hidde
         values, index = _group_route(em, moe, logits, w.get(f"{p}{ROUTER}.score_bias"), k)
     elif moe.routing == "sparsemixer":
         values, index = _sparsemixer(em, moe, logits)
-    elif moe.routing == "topk_softmax":
+    elif moe.routing in ("topk_softmax", "topk_sigmoid"):
         values, index = em.op("TopK", [logits, k], 2, axis=-1)
-        values = em.one("Softmax", [values], axis=-1)
+        values = em.one("Softmax", [values], axis=-1) if moe.routing == "topk_softmax" else em.one("Sigmoid", [values])
     else:
         values, index = em.op("TopK", [em.one("Softmax", [logits], axis=-1), k], 2, axis=-1)
-        if moe.norm_topk_prob:
-            values = em.one("Div", [values, em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)])
+    if moe.norm_topk_prob and moe.routing in ("softmax_topk", "normed_softmax_topk", "topk_sigmoid"):  # renormalised to sum 1
+        values = em.one("Div", [values, em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)])
     if moe.routing == "normed_softmax_topk":
         values = em.one("Mul", [values, em.one("Gather", [w[f"{p}{ROUTER}.per_expert_scale"], index], axis=0)])
     if em.elem != TensorProto.FLOAT:

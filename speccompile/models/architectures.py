@@ -148,6 +148,7 @@ class Family:
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
     refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
+    weightless_norms: bool = False  # LayerNorms without a gain (OLMo 1): gains of ones shown at load (models/hf_layouts.py)
     # Gemma 4's attention: full-attention layers' own head_dim / kv heads (per_layer_config, else global_head_dim /
     # num_global_key_value_heads), values = keys on them where `attention_k_eq_v`, a scale-free value norm, a learned
     # scalar per layer (role `layer_scalar`)
@@ -222,6 +223,8 @@ FAMILIES: dict[str, Family] = {
                    gguf={**LLAMA_GGUF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}, gguf_swa_period=0),
     "granite": Family(("granite",), **_GRANITE, bias_keys={"o": "attention_bias"}),
     "granitemoe": Family(("granitemoe", "granitemoeshared"), **_GRANITE, bias_keys={"o": "attention_bias"}, moe="granitemoe"),
+    # OLMo 1: Llama's layers with LayerNorms of no weight or bias (eps 1e-5); clip_qkv (a clamp of q / k / v) not built
+    "olmo": Family(("olmo",), norm="layer", weightless_norms=True, refused_keys=("clip_qkv",)),
     "olmo2": Family(("olmo2", "olmo3"), placement="post", qk_norm="full", names=_POST_NAMES, gguf=_POST_GGUF, gguf_swa_period=4,
                     bias_keys={"o": "attention_bias"}),
     "smollm3": Family(("smollm3",), sliding_key="use_sliding_window", gguf_llama_order=True, gguf_nope_period=4,
@@ -233,6 +236,9 @@ FAMILIES: dict[str, Family] = {
                          "ffn_up": "mlp.gate_up_proj"}),
     "cohere2": Family(("cohere2",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
                       logit_key="logit_scale", gguf_keys={"logit_scale": "logit_scale"}, gguf_swa_period=4, bias_keys={"o": "attention_bias"}),
+    # Cohere 2's layers with a MoE block (models/moe_config.py); its RMSNorm variant (rms_norm_eps set) is not built
+    "cohere2_moe": Family(("cohere2_moe",), norm="layer", placement="parallel", rope_interleaved=True, global_nope=True,
+                          logit_key="logit_scale", bias_keys={"o": "attention_bias"}, moe="cohere2_moe", refused_keys=("rms_norm_eps",)),
     "exaone4": Family(("exaone4",), placement="post", qk_norm="head", global_nope=True, names=_POST_NAMES, gguf=_POST_GGUF,
                       gguf_swa_period=4),
     "ernie4_5": Family(("ernie4_5", "helium"), rope_interleaved=True),  # Helium: the same layer, attention_bias for q/k/v

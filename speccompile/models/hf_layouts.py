@@ -3,7 +3,8 @@
 The table's names are Llama's (`model.` prefix, q|k|v rows in a fused qkv); a family whose checkpoint differs
 says how in its entry (models/architectures.py): `Family.prefix` (GPT-NeoX's `gpt_neox.` where Llama has
 `model.`), `Family.layers_key` (EXAONE 3's `h` where Llama has `layers`), `Family.top_names` (names outside
-the layers) and `Family.qkv_per_head` (a fused qkv stored per head, [heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`, shown q|k|v). Nothing is read up front.
+the layers), `Family.qkv_per_head` (a fused qkv stored per head, [heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`,
+shown q|k|v) and `Family.weightless_norms` (OLMo 1's LayerNorms without a gain: gains of ones shown). Nothing is read up front.
 """
 
 from __future__ import annotations
@@ -71,6 +72,34 @@ class _Scalars(WeightSource):
         return self._inner.names()
 
 
+class _Ones(WeightSource):
+    """`inner` with the tensors `ones` (name -> shape) added, all ones (OLMo 1's LayerNorms have no gain)."""
+
+    def __init__(self, inner: WeightSource, ones: dict[str, tuple[int, ...]], dtype: np.dtype):
+        self._inner, self._ones, self._dtype = inner, ones, dtype
+
+    def info(self, name: str) -> TensorInfo:
+        return TensorInfo(self._ones[name], self._dtype) if name in self._ones else self._inner.info(name)
+
+    def read(self, name: str) -> np.ndarray:
+        return np.ones(self._ones[name], self._dtype) if name in self._ones else self._inner.read(name)
+
+    def names(self) -> list[str]:
+        return [*self._inner.names(), *self._ones]
+
+
+def _weightless_norms(source: WeightSource, fam: Family) -> WeightSource:
+    """`source` with a gain of ones for each norm of every layer (those of the layers its tensors name) and the final
+    norm, of the embedding's width (OLMo 1)."""
+    hidden = source.shape("model.embed_tokens.weight")[1]
+    layers = {int(n.split(".")[2]) for n in source.names() if n.startswith("model.layers.")}
+    roles = fam.layer_names()
+    norms = [roles[role][0] for role in ("input_norm", "post_norm")]
+    ones = {f"model.layers.{i}.{norm}": (hidden,) for i in sorted(layers) for norm in norms}
+    ones["model.norm.weight"] = (hidden,)
+    return _Ones(source, {n: s for n, s in ones.items() if n not in source}, source.info("model.embed_tokens.weight").dtype)
+
+
 def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
     then its `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
@@ -86,6 +115,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
         layer = [n for n in source.names() if n.startswith("model.layers.")]
         source = source.without({n for n in layer if n.endswith((".attn.bias", ".attn.masked_bias"))})
         source = _Transposed(source, {n for n in layer if n.endswith(".weight") and len(source.shape(n)) == 2})
+    if fam.weightless_norms:
+        source = _weightless_norms(source, fam)
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
     if not fam.qkv_per_head:

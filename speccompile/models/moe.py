@@ -58,7 +58,11 @@ def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None 
     if moe.routing == "topk_softmax":
         values, index = torch.topk(logits, moe.top_k, dim=1)
         return torch.softmax(values, dim=1), index
-    values, index = torch.topk(torch.softmax(logits, dim=1), moe.top_k, dim=1)
+    if moe.routing == "topk_sigmoid":
+        values, index = torch.topk(logits, moe.top_k, dim=1)
+        values = torch.sigmoid(values)
+    else:
+        values, index = torch.topk(torch.softmax(logits, dim=1), moe.top_k, dim=1)
     if moe.norm_topk_prob:
         values = values / values.sum(dim=1, keepdim=True)
     return values, index
@@ -137,6 +141,7 @@ class SparseMoe(nn.Module):
         if self.moe.shared_expert_size:
             shared = getattr(self, self.moe.shared_name)(x)
             out = out + (shared if self.shared_expert_gate is None else torch.sigmoid(self.shared_expert_gate(x)) * shared)
+            out = out / 2 if self.moe.shared_average else out
         return out
 
 

@@ -7,7 +7,9 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
 
 * `softmax_topk` (Qwen2/3-MoE, Mixtral, Hunyuan): softmax over all experts, the top k, renormalised to sum 1 when
   `norm_topk_prob` (Mixtral always);
-* `topk_softmax` (gpt-oss): the top k router logits, softmax over those k;
+* `topk_softmax` (gpt-oss, Granite-MoE, Cohere 2 MoE's "softmax"): the top k router logits, softmax over those k;
+* `topk_sigmoid` (Cohere 2 MoE's "sigmoid"): the top k router logits, their sigmoids, renormalised to sum 1 when
+  `norm_topk_prob`;
 * `sigmoid_group` (DeepSeek-V3, Kimi K2, Moonlight): sigmoid scores; the choice reads them plus
   `e_score_correction_bias` (`score_bias`): the `n_group` groups of experts are scored by the sum of their top 2,
   only the experts of the best `topk_group` groups compete for the top k; the weights are the unbiased scores of
@@ -24,6 +26,9 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
   experts on their own norm of the residual, each output through its own norm, summed; models/moe.py), its experts
   GELU-gated (`act`) and stored fused ([experts, 2 * inter, hidden], gate rows then up rows: models/moe_weights.py).
 
+Cohere 2 MoE adds its ungated shared experts (intermediate_size x num_shared_experts wide) to the routed output, or
+averages the two (`shared_average`: (routed + shared) / 2, its "average" combination strategy).
+
 gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
 clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
 experts fused ([experts, hidden, 2 * inter], gate/up interleaved); `models.moe.split_fused_experts` shows them
@@ -38,7 +43,7 @@ from typing import Any
 from ..errors import UnsupportedError
 from .architectures import HF_ACTS
 
-ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group", "softmax_group", "sparsemixer", "normed_softmax_topk")
+ROUTINGS = ("softmax_topk", "topk_softmax", "topk_sigmoid", "sigmoid_group", "softmax_group", "sparsemixer", "normed_softmax_topk")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class MoeConfig:
     dense_layers: tuple[int, ...] = ()  # layers with the dense MLP of config.intermediate_size
     shared_name: str = "shared_expert"  # the shared expert's module (DeepSeek-V3: shared_experts)
     shared_gated: bool = True  # the shared expert's output times sigmoid(shared_expert_gate(x)) (Qwen2-MoE)
+    shared_average: bool = False  # (routed + shared) / 2 where the shared output is otherwise added (Cohere 2 MoE)
     n_group: int = 1  # sigmoid_group: expert groups, of which the best topk_group compete
     topk_group: int = 1
     routed_scale: float = 1.0  # the routing weights' multiplier (routed_scaling_factor)
@@ -211,6 +217,21 @@ def _ernie_moe(data: dict[str, Any], layers: int) -> MoeConfig:
                      dense_layers=tuple(i for i in range(layers) if (i + 1) % every or not start <= i <= end))
 
 
+def _cohere2_moe(data: dict[str, Any], experts: int, top_k: int) -> MoeConfig:
+    """Cohere 2 MoE: top k logits then softmax, or sigmoid (renormalised when norm_topk_prob); experts of
+    intermediate_size; ungated shared experts summed or averaged with the routed output. Dense layers refused."""
+    select, combine = data.get("expert_selection_fn", "softmax"), data.get("shared_expert_combination_strategy", "average")
+    if select not in ("softmax", "sigmoid") or combine not in ("sum", "average"):
+        bad = f"expert_selection_fn {select!r}" if select not in ("softmax", "sigmoid") else f"shared_expert_combination_strategy {combine!r}"
+        raise UnsupportedError(f"config.json: Cohere 2 MoE with {bad} is not supported")
+    if "dense" in (data.get("mlp_layer_types") or []):
+        raise UnsupportedError("config.json: Cohere 2 MoE with dense layers (mlp_layer_types) is not supported")
+    inter = int(data["intermediate_size"])
+    return MoeConfig(experts, top_k, inter, "topk_softmax" if select == "softmax" else "topk_sigmoid",
+                     bool(data.get("norm_topk_prob", True)), shared_expert_size=inter * int(data.get("num_shared_experts") or 0),
+                     shared_name="shared_experts", shared_gated=False, shared_average=combine == "average")
+
+
 def _uniform(data: dict[str, Any], key: str) -> int:
     """An int config key that may be a per-layer list (Hunyuan's moe_topk); a list of different values is refused."""
     value = data[key]
@@ -252,6 +273,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         inter = int(data["intermediate_size"])
         return MoeConfig(_uniform(data, "num_experts"), _uniform(data, "moe_topk"), inter, "softmax_topk", True,
                          shared_expert_size=inter, shared_name="shared_mlp", shared_gated=False)
+    if kind == "cohere2_moe":
+        return _cohere2_moe(data, int(experts), top_k)
     if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), score_bias=True)

@@ -10,6 +10,10 @@ MXFP4 instead (`gate_up_proj_blocks` / `_scales` [experts, 2 * inter, hidden / 3
 `mlp.experts.{e}.gate_proj.weight` [inter, hidden] (a Linear's [out, in]), `up_proj`, `down_proj` and their
 biases, read a slice at a time from the memory-mapped tensors (an MXFP4 weight dequantized one expert's rows at a
 time, to float32); every other tensor passes through.
+
+Qwen3-VL-MoE's text decoder keeps the same names with another layout (`ChunkedExpertSource`): transformers' module holds
+`gate_up_proj` [experts, 2 * inter, hidden] (gate rows, then up rows) and `down_proj` [experts, hidden, inter], and saves
+them so; the published checkpoints store them transposed ([experts, hidden, 2 * inter], [experts, inter, hidden]).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import UnsupportedError
 from . import mxfp4
 from .weights import TensorInfo, WeightSource
 
@@ -160,6 +165,50 @@ class LayerViewSource(WeightSource):
         tensor = tensor if expert is None else tensor[expert]
         rows = tensor.shape[0] // parts
         return np.ascontiguousarray(tensor[k * rows:(k + 1) * rows]).reshape(self.info(name).shape)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
+class ChunkedExpertSource(WeightSource):
+    """`inner` with Qwen3-VL-MoE's fused experts (`mlp.experts.gate_up_proj`, `down_proj`) shown per expert as [out, in]
+    Linears, read as transformers reads them: a tensor of its module's shape as is, else one of the published
+    checkpoints' transposed shape transposed (a square one is thus read as is, as transformers does); another refused."""
+
+    def __init__(self, inner: WeightSource, hidden: int, inter: int, where: str = ""):
+        self._inner, self._inter = inner, inter
+        self._virtual: dict[str, tuple[str, int, int | None, bool]] = {}  # name -> (stored, expert, half, transposed)
+        self._names: list[str] = []
+        for name in inner.names():
+            match = _FUSED.match(name)
+            if match is None or match.group(3):
+                self._names.append(name)
+                continue
+            experts, fused = inner.shape(name)[0], match.group(2) == "gate_up_proj"
+            module = (experts, 2 * inter, hidden) if fused else (experts, hidden, inter)
+            shape = tuple(inner.shape(name))
+            if shape not in (module, (experts, module[2], module[1])):
+                raise UnsupportedError(f"{where}: {name} {list(shape)} is neither {list(module)} nor its transpose")
+            for e in range(experts):
+                for half, proj in enumerate(("gate_proj", "up_proj") if fused else ("down_proj",)):
+                    virtual = f"{match.group(1)}{e}.{proj}.weight"
+                    self._virtual[virtual] = (name, e, half if fused else None, shape != module)
+                    self._names.append(virtual)
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self._virtual:
+            return self._inner.info(name)
+        stored, _, half, transposed = self._virtual[name]
+        rows, cols = self._inner.shape(stored)[1:][::-1] if transposed else self._inner.shape(stored)[1:]
+        return TensorInfo((rows if half is None else self._inter, cols), self._inner.info(stored).dtype)
+
+    def read(self, name: str) -> np.ndarray:
+        if name not in self._virtual:
+            return self._inner.read(name)
+        stored, expert, half, transposed = self._virtual[name]
+        tensor = self._inner.read(stored)[expert]
+        tensor = tensor.T if transposed else tensor
+        return np.ascontiguousarray(tensor if half is None else tensor[half * self._inter:(half + 1) * self._inter])
 
     def names(self) -> list[str]:
         return list(self._names)

@@ -1,5 +1,6 @@
 """The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
-architecture table (Gemma 3 / 4, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL), read as that family's checkpoint.
+architecture table (Gemma 3 / 4, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE), read as that family's
+checkpoint.
 
 The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
 leave out filled in, older keys moved to where transformers 5 keeps them, Qwen2.5-VL's flat text keys gathered), its
@@ -10,7 +11,8 @@ tied, whatever the config says). The weights are the language model's under the 
 `language_model.lm_head.*` becomes `lm_head.*`); the vision / audio towers and their projectors are left out,
 never read, and said so at export; a tensor that is neither is refused in one line. Qwen-VL's multimodal rope
 ("mrope") is plain rope on text: its three position axes (time, height, width) are each the token's position for
-text tokens (transformers' `get_rope_index`), so every frequency section turns by the same angle.
+text tokens (transformers' `get_rope_index`), so every frequency section turns by the same angle. Qwen3-VL-MoE's text
+decoder is Qwen3-MoE's (top k always renormalised) with fused experts, shown per expert (models/moe_weights.py).
 """
 
 from __future__ import annotations
@@ -21,22 +23,23 @@ from typing import Any
 from ..errors import UnsupportedError
 from .architectures import family_name
 from .hf_config import transformers_config
+from .moe_weights import ChunkedExpertSource
 from .weights import WeightSource
 
 # wrappers read as their text decoder -> the text_config model_types read (None: any family of the table)
 WRAPPERS: dict[str, tuple[str, ...] | None] = {
     "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "mistral3": None, "llava": None,
     "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
+    "qwen3_vl_moe": ("qwen3_vl_moe_text",),
 }
 # text decoders of a wrapper that are a family of the table under another name (their mrope is plain rope on text)
-TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
 # wrappers whose text decoder is not a family of the table, and why
 REFUSED_WRAPPERS = {
     "llama4": "Llama 4's text decoder (chunked attention, interleaved MoE layers) is not supported",
     "mllama": "Llama 3.2 Vision's text decoder has cross-attention layers (not supported)",
     "paligemma": "PaliGemma attends to the whole prompt both ways (prefix LM), not causally (not supported)",
     "gemma3n": "Gemma 3n's text decoder (AltUp, per-layer embeddings, KV sharing) is not supported",
-    "qwen3_vl_moe": "Qwen3-VL-MoE's fused experts (stored [experts, hidden, 2 * inter]) are not read",
 }
 # top-level parts of a wrapper that are not the language model (under `model.` in transformers 5's saves)
 LEFT_OUT = ("vision_tower", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
@@ -68,7 +71,10 @@ class TextDecoder:
                                        f"vision / audio part ({', '.join(LEFT_OUT)}); not read")
         parts = sorted({n.removeprefix("model.").split(".", 1)[0] for n in dropped})
         note = f"text decoder only: {', '.join(parts) or 'no other part'} not exported ({len(dropped)} tensors)"
-        return stored.without(dropped).renamed(names), note
+        text = stored.without(dropped).renamed(names)
+        if self.wrapper == "qwen3_vl_moe":  # its fused experts, per expert as Qwen3-MoE's
+            text = ChunkedExpertSource(text, int(self.config["hidden_size"]), int(self.config["moe_intermediate_size"]), self.source)
+        return text, note
 
     def text_config(self, weights: WeightSource) -> dict[str, Any]:
         """The config.json keys of the text decoder, tied iff `weights` (the language model's) has no lm_head."""
@@ -98,6 +104,8 @@ def text_decoder(raw: dict[str, Any], source: str) -> TextDecoder | None:
     text.update({k: raw[k] for k in _TOP_LEVEL if k in raw}, model_type=family_type)
     if text_type in TEXT_TYPES:
         _plain_rope(text, source)
+    if text_type == "qwen3_vl_moe_text":  # its router always renormalises the top k (no norm_topk_prob key)
+        text["norm_topk_prob"] = True
     return TextDecoder(kind, text, source)
 
 
