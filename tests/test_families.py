@@ -392,8 +392,8 @@ def test_gptneox_gguf_reads_as_gpt_neox(tmp_path, parallel):
 def test_gemma4_config_keys_and_what_is_refused():
     """Gemma 4's KV sharing (each of the last num_kv_shared_layers takes the keys of the last earlier layer of its
     type; transformers' kv_sharing_modes), double-wide MLP, per-layer embeddings and MoE block (beside the dense MLP)
-    read from config.json; experts of an activation other than GELU / SiLU, a sharing no earlier layer can feed and its
-    GGUF are refused in one line (llama.cpp's per-layer attention shapes are not mapped)."""
+    read from config.json; experts of an activation other than GELU / SiLU and a sharing no earlier layer can feed are
+    refused in one line; llama.cpp's metadata gives the per-layer head widths (what it would compute otherwise, refused)."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_gguf, config_from_hf
 
@@ -416,8 +416,17 @@ def test_gemma4_config_keys_and_what_is_refused():
                 dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32, hidden_activation="relu2")):
         with pytest.raises(UnsupportedError, match="experts with hidden_activation 'relu2'|num_kv_shared_layers .* is not supported"):
             config_from_hf({**data, **bad}, "config.json")
-    with pytest.raises(UnsupportedError, match="GGUF gemma4 is not supported"):
-        config_from_gguf({"general.architecture": "gemma4"}, False, False, "model.gguf")
+    meta = {"general.architecture": "gemma4", "gemma4.block_count": 2, "gemma4.embedding_length": 64, "gemma4.attention.head_count": 4,
+            "gemma4.feed_forward_length": 128, "gemma4.attention.key_length": 32, "gemma4.attention.key_length_swa": 16,
+            "gemma4.attention.sliding_window": WINDOW, "gemma4.attention.sliding_window_pattern": [True, False]}
+    cfg = config_from_gguf(meta, False, False, "model.gguf", tensors={})
+    assert (cfg.layer_head_dims, cfg.layer_types, cfg.k_eq_v) == ([16, 32], _TWO, True)  # no blk.1.attn_v: values = keys
+    for bad, match in ((dict(meta, **{"gemma4.attention.value_length": 16}), "value_length 16 is not supported"),
+                       (dict(meta, **{"gemma4.feed_forward_length": [128, 64]}), "feed_forward_length .* is not supported")):
+        with pytest.raises(UnsupportedError, match=match):
+            config_from_gguf(bad, False, False, "model.gguf", tensors={})
+    with pytest.raises(UnsupportedError, match="rope_freqs tensor other than"):
+        config_from_gguf(meta, False, False, "model.gguf", {"factors": [1.0, 2.0] * 8}, tensors={})
 
 
 def test_old_format_config_reads_as_transformers_reads_it(tmp_path):

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(
 VOCAB = 49152  # SmolLM2's tokenizer: a BPE whose pre-tokenizer hash the converter knows ("smollm")
 SPM_VOCAB = 384  # the sentencepiece tokenizer.model trained here for the families whose converter reads only that
 _SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron")
+_SPM_JSON_FAMILIES = ("gemma4_text", "gemma4-v", "gemma4-e", "gemma4-moe")  # the converter reads tokenizer.json (a sentencepiece BPE)
 NOT_CONVERTED = {  # what keeps the converter from writing the tiny checkpoint (the family still loads: test_families)
     "qwen2": "transformers reads a qwen2 folder's tokenizer as Qwen2Tokenizer, whose pre-tokenizer llama.cpp's "
              "converter recognises only with Qwen's own vocabulary",
@@ -43,6 +44,7 @@ spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model
                                character_coverage=1.0, byte_fallback=True, pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
 open(sys.argv[1], "wb").write(model.getvalue())
 """
+_SPM_TO_JSON = "import sys; from transformers import AutoTokenizer; AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[1])"
 _DROPPED_WINDOW = ("mistral", "mixtral", "starcoder2")  # the converter writes no window for them: the file is full attention
 GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can say what transformers does
     **{name: FAMILIES[name] for name in ("llama", "llama-llama3", "mistral", "qwen2", "qwen3", "gemma", "phi3", "granite", "olmo2",
@@ -70,6 +72,15 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     **{name: FAMILIES[name] for name in ("olmo3", "cohere", "minimax_m2", "exaone")},
     # NTK-alpha rope folded into rope.freq_base by the converter (which asserts a 32k or 256k context), q/k norms after rope
     "hunyuan_v1_dense": dict(FAMILIES["hunyuan_v1_dense"], max_position_embeddings=32768),
+    # Gemma 4: sliding / full layers of their own head widths and kv heads, values = keys (k_eq_v) or a v_proj, the
+    # proportional rope as `rope_freqs` (the converter writes no rope factor); E2B's KV sharing, double-wide MLP and
+    # per-layer embeddings (the converter cuts token_embd to vocab_size_per_layer_input rows: the full vocabulary)
+    "gemma4_text": FAMILIES["gemma4_text"],
+    "gemma4-v": dict(FAMILIES["gemma4-v"], rope_parameters={
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "gemma4-e": dict(FAMILIES["gemma4-e"], vocab_size_per_layer_input=SPM_VOCAB),
+    "gemma4-moe": FAMILIES["gemma4-moe"],  # 26B-A4B's MoE block: fused experts, the router's scales
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
@@ -77,7 +88,8 @@ _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory) -> dict[str, Path]:
     """Tokenizer folders by kind, written once: "bpe" SmolLM2's (from the bundled GGUF), "glm" the same with GLM's
-    `<|user|>` added (the converter reads it), "spm" a sentencepiece model trained here by the converter's python."""
+    `<|user|>` added (the converter reads it), "spm" a sentencepiece model trained here by the converter's python,
+    "spm_json" the same with the tokenizer.json transformers converts it to."""
     import importlib.util
 
     from tokenizers import Tokenizer
@@ -100,7 +112,12 @@ def tokenizers(tmp_path_factory) -> dict[str, Path]:
     if done.returncode != 0:
         pytest.skip(f"no sentencepiece model: {done.stderr.strip().splitlines()[-1]} (scripts/setup_gguf_oracle.sh)")
     (root / "spm" / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
-    return {"bpe": root / "bpe", "glm": root / "glm", "spm": root / "spm"}
+    (root / "spm_json").mkdir()
+    for file in (root / "spm").iterdir():
+        (root / "spm_json" / file.name).write_bytes(file.read_bytes())
+    done = subprocess.run([PYTHON, "-c", _SPM_TO_JSON, str(root / "spm_json")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"bpe": root / "bpe", "glm": root / "glm", "spm": root / "spm", "spm_json": root / "spm_json"}
 
 
 def convert(hf_dir: Path, out: Path) -> None:
@@ -117,8 +134,8 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
     """(transformers model, the GGUF llama.cpp's converter wrote of it, its vocabulary size)."""
     if name in NOT_CONVERTED:
         pytest.skip(NOT_CONVERTED[name])
-    kind = "spm" if name in _SPM_FAMILIES else "glm" if name in ("glm4", "glm4_moe") else "bpe"
-    vocab = {"spm": SPM_VOCAB, "glm": VOCAB + 3, "bpe": VOCAB}[kind]
+    kind = "spm" if name in _SPM_FAMILIES else "spm_json" if name in _SPM_JSON_FAMILIES else "glm" if name in ("glm4", "glm4_moe") else "bpe"
+    vocab = {"spm": SPM_VOCAB, "spm_json": SPM_VOCAB, "glm": VOCAB + 3, "bpe": VOCAB}[kind]
     hf = make_family_model(tmp_path / "hf", name, families=GGUF_FAMILIES, vocab_size=vocab)
     if name in _SCORE_BIAS:
         _move_score_bias(hf, tmp_path / "hf")

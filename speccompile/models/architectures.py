@@ -80,6 +80,14 @@ _POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "
               "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA4_GGUF = {**_GEMMA_GGUF, "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+                "post_norm": "post_per_layer_input_norm", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+                "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2",
+                # the MoE block as transformers stores it (fused experts, router scales: models/moe_weights.py shows them
+                # per expert); a key with its suffix names one tensor, a bare name a tensor without `.weight`
+                "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+                "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+                "ffn_down_exps.weight": "experts.down_proj"}
 
 
 @dataclass(frozen=True)
@@ -329,12 +337,12 @@ FAMILIES: dict[str, Family] = {
     # = keys where attention_k_eq_v) and proportional partial rope, a learned scalar per layer, KV sharing (the last
     # num_kv_shared_layers take an earlier layer's keys; their MLP double-wide where use_double_wide_mlp), per-layer
     # embeddings (the `ple_*` roles); the MoE block (enable_moe_block, 26B-A4B) beside the dense MLP, its norms the
-    # `BESIDE_ROLES` (models/moe_config.py `normed_softmax_topk`). Its GGUF is refused (models/load.py)
+    # `BESIDE_ROLES` (models/moe_config.py `normed_softmax_topk`). Its GGUF: models/gemma4_gguf.py
     "gemma4": Family(("gemma4_text", "gemma4", "gemma4_unified_text"), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
                      embed_scale="sqrt_hidden", attn_scale="unit", bias_keys={"o": "attention_bias"}, moe="gemma4",
                      names={**_SANDWICH_NAMES, "dense_out_norm": ("post_feedforward_layernorm_1.weight",),
                             "moe_in_norm": ("pre_feedforward_layernorm_2.weight",), "moe_out_norm": ("post_feedforward_layernorm_2.weight",)},
-                     layer_shapes=True, v_norm=True, layer_scalar=True),
+                     layer_shapes=True, v_norm=True, layer_scalar=True, gguf=_GEMMA4_GGUF, gguf_keys=_SOFTCAPS),
     # Jais 2: Llama's attention with q/k/v/o biases, biased LayerNorms, a plain ReLU-squared MLP with biases
     "jais2": Family(("jais2",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_act="relu2",
                     act_key="hidden_act", mlp_bias=True, bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),

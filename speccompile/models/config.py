@@ -12,6 +12,7 @@ from ..errors import InputError, UnsupportedError
 from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .layer_keys import kv_heads, multipliers
+from .gemma4_gguf import gemma4_keys
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .refused import REFUSED
@@ -410,23 +411,27 @@ def _gguf_layer_keys(meta: dict[str, Any], p: str, fam: Family, arch: str, data:
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
-                     rope_factors: dict[str, list[float]] | None = None, present: frozenset[str] = frozenset()) -> ModelConfig:
+                     rope_factors: dict[str, list[float]] | None = None, present: frozenset[str] = frozenset(),
+                     tensors: dict[str, tuple[int, ...]] | None = None) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (keys like `llama.block_count`; longrope's factors from tensors;
-    `present`: the `Family.bias_keys` roles whose bias tensors the file holds, and "qk_norm" if it has q/k norms)."""
+    `present`: the `Family.bias_keys` roles whose bias tensors the file holds, and "qk_norm" if it has q/k norms;
+    `tensors`: the file's tensor names with their shapes, which Gemma 4's per-layer attention reads)."""
     arch_name = meta.get("general.architecture")
     if arch_name is None:
         raise InputError(f"{source}: GGUF metadata has no general.architecture")
     arch = normalize_architecture(arch_name, source)
     if not family(arch).gguf:  # a family whose llama.cpp tensor names the table does not map (GPT-J)
         raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (its llama.cpp layout is not read; export its safetensors)")
-    if family(arch).layer_shapes:  # llama.cpp's gemma4: per-layer key lengths, its own names for the scalars: not mapped
-        raise UnsupportedError(f"{source}: a GGUF {arch_name} is not supported (per-layer attention shapes; export its safetensors)")
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
         arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:
         arch, mla_keys = deepseek2_keys(meta, arch_name + ".", source) if family(arch).mla else (arch, {})
-        data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys}
-        if family(arch).moe:
+        shapes: dict[str, Any] = {}
+        if family(arch).layer_shapes:  # Gemma 4's per-layer shapes, KV sharing, PLE and rope (models/gemma4_gguf.py)
+            meta, shapes = gemma4_keys(meta, arch_name + ".", tensors or {}, (rope_factors or {}).get("factors"), source)
+            rope_factors = None
+        data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
+        if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe))
     except KeyError as exc:
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None

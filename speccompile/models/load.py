@@ -252,12 +252,16 @@ _GGUF_NAMES = {
     "output_norm.bias": "model.norm.bias",
     "output.weight": "lm_head.weight",
     "output.bias": "lm_head.bias",
+    "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",  # Gemma 4's per-layer embeddings
+    "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+    "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight",
 }
 # an MTP (nextn) block's own tensors, `blk.L.nextn.*` (its decoder layer: the ordinary `blk.L.*` names)
 _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_tokens": "embed_tokens",
           "shared_head_head": "shared_head.head", "shared_head_norm": "shared_head.norm"}
-# checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's / MiniMax-M2's `exp_probs_b.bias`)
-_BARE = ("self_attn.sinks", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias")
+# checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's / MiniMax-M2's
+# `exp_probs_b.bias`, Gemma 4's `layer_output_scale.weight`)
+_BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias")
 
 
 def _open_gguf(path: Path):
@@ -292,6 +296,8 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}"
     if len(parts) == 5 and parts[0] == "blk" and parts[2] == "nextn" and parts[3] in _NEXTN:  # an MTP block's own
         return f"model.layers.{parts[1]}.{_NEXTN[parts[3]]}.{parts[4]}"
+    if len(parts) == 4 and parts[0] == "blk" and f"{parts[2]}.{parts[3]}" in block_names:  # one tensor's own name (Gemma 4's)
+        return f"model.layers.{parts[1]}.{block_names[parts[2] + '.' + parts[3]]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""
@@ -328,14 +334,15 @@ _READ_INTO_CONFIG = ("rope_factors_long.weight", "rope_factors_short.weight", "r
 def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightSource]:
     """(reader, metadata, config, every tensor under its Hugging Face name, MTP blocks included) of a GGUF file."""
     reader = _open_gguf(path)
-    names = {t.name for t in reader.tensors}
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}  # numpy's order
+    names = set(shapes)
     meta = _gguf_metadata(reader)
     factors = {f"{kind}_factor": [float(v) for v in t.data] for t in reader.tensors for kind in ("long", "short")
                if t.name == f"rope_factors_{kind}.weight"}  # llama.cpp's longrope (Phi-3), F32
     factors.update({"factors": [float(v) for v in t.data] for t in reader.tensors if t.name == "rope_freqs.weight"})  # llama3
     present = frozenset(role for role, t in (("qkv", "attn_q.bias"), ("o", "attn_output.bias"), ("mlp", "ffn_up.bias"),
                                              ("qk_norm", "attn_q_norm.weight")) if f"blk.0.{t}" in names)
-    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None, present)
+    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None, present, shapes)
     fam = family(config.architecture)
     llama_order = fam.gguf_llama_order
 
@@ -351,6 +358,8 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
     unread = [name for name in source.skipped if name not in _READ_INTO_CONFIG]
     if unread:  # a weight left out would change the model without a word: refused instead
         raise UnsupportedError(f"{path}: tensor {unread[0]} ({len(unread)} unread in all) is not read for {config.architecture}")
+    if config.moe and config.moe.beside_dense:  # Gemma 4's fused experts, stored as in its safetensors
+        return reader, meta, config, per_expert(source, str(path))
     return reader, meta, config, source
 
 
