@@ -180,3 +180,20 @@ def test_config_keys_of_a_family():
     assert rope_attention_factor(config_from_hf({**moe, "rope_scaling": rope}, "cfg")) == 1.25
     with pytest.raises(UnsupportedError, match="short_mscale 1.25 != long_mscale 1.5"):
         config_from_hf({**moe, "rope_scaling": {**rope, "long_mscale": 1.5}}, "cfg")
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("num_experts_per_tok", None, "missing required key 'num_experts_per_tok'"),  # DeepSeek-V2's default config
+    ("num_hidden_layers", None, "config.json has a value this family cannot read"),
+    ("num_attention_heads", "four", "config.json has a value this family cannot read"),
+])
+def test_null_or_mistyped_config_values_are_one_line_errors(key, value, says):
+    """A config.json key that is null or of another type is an InputError naming the file, not a traceback
+    (found by benchmarks/family_sweep.py: transformers' default DeepSeek-V2 config has num_experts_per_tok null)."""
+    data = dict(model_type="deepseek_v2", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=32, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                v_head_dim=24, max_position_embeddings=512)
+    data[key] = value
+    with pytest.raises(InputError, match=says):
+        config_from_hf(data, "folder")

@@ -335,6 +335,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         return ModelConfig(**{**fields, **(latent_attention(data, source) if fam.mla else {})})
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
+    except (TypeError, ValueError) as exc:  # a key null or of another type than the family reads
+        raise InputError(f"{source}: config.json has a value this family cannot read ({exc})") from None
 
 
 def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
