@@ -242,13 +242,18 @@ def _uniform(data: dict[str, Any], key: str) -> int:
     return int(value)
 
 
+def _top_k(kind: str, data: dict[str, Any]) -> int:
+    """num_experts_per_tok (0 where absent); a null one in a MoE family's config is a missing key (DeepSeek-V2's default)."""
+    if kind and "num_experts_per_tok" in data and data["num_experts_per_tok"] is None:
+        raise KeyError("num_experts_per_tok")
+    return int(data.get("num_experts_per_tok") or 0)
+
+
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
     experts = data.get("num_experts", data.get("num_local_experts"))
-    if kind and "num_experts_per_tok" in data and data["num_experts_per_tok"] is None:  # DeepSeek-V2's default config
-        raise KeyError("num_experts_per_tok")
-    top_k = int(data.get("num_experts_per_tok") or 0)
+    top_k = _top_k(kind, data)
     layers = int(data["num_hidden_layers"])
     if kind in ("qwen2_moe", "qwen3_moe"):
         return MoeConfig(int(experts), top_k, int(data["moe_intermediate_size"]), "softmax_topk",
