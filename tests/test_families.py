@@ -106,6 +106,12 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                           kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24,
                           routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense"]),
     "youtu": dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24),
+    # MiniCPM3: that attention with rope on halves (v_head_dim by default hidden / heads), longrope as MiniCPM3-4B (the
+    # short factors below original_max_position_embeddings), the embeddings, residual branches and logits scaled
+    "minicpm3": dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                     scale_emb=3.0, scale_depth=1.4, dim_model_base=16, tie_word_embeddings=False, rope_parameters={
+                         "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
+                         "short_factor": [1.0 + 0.25 * i for i in range(8)], "long_factor": [2.0 + i for i in range(8)]}),
     # every layer MoE, no intermediate_size; K-EXAONE: EXAONE 4 attention (layer 1 global: no rope), V3 routing
     "solar_open": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=2.5),
     "exaone_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, sliding_window=WINDOW,
@@ -427,6 +433,25 @@ def test_gemma4_config_keys_and_what_is_refused():
             config_from_gguf(bad, False, False, "model.gguf", tensors={})
     with pytest.raises(UnsupportedError, match="rope_freqs tensor other than"):
         config_from_gguf(meta, False, False, "model.gguf", {"factors": [1.0, 2.0] * 8}, tensors={})
+
+
+def test_minicpm3_config_keys_read_as_transformers_reads_them():
+    """MiniCPM3's keys where config.json leaves them out or null, read as transformers' MiniCPM3Config reads them:
+    v_head_dim hidden / heads, the tied head, scale_emb / scale_depth / dim_model_base defaults, null ones no-ops."""
+    import math
+
+    import transformers
+
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="minicpm3", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16)
+    for extra in ({}, dict(scale_depth=None, dim_model_base=None), dict(tie_word_embeddings=False, v_head_dim=24)):
+        hf = transformers.MiniCPM3Config(**{k: v for k, v in {**data, **extra}.items() if k != "model_type"})
+        cfg = config_from_hf({**data, **extra}, "config.json")
+        assert (cfg.v_head_dim, cfg.tie_word_embeddings, cfg.rope_interleaved) == (hf.v_head_dim, hf.tie_word_embeddings, False)
+        assert (cfg.embed_scale, cfg.logit_scale) == (hf.scale_emb, 1 / hf.logits_scaling)
+        assert cfg.residual_scale == pytest.approx(hf.scale_depth / math.sqrt(hf.num_hidden_layers), rel=1e-12)
 
 
 def test_old_format_config_reads_as_transformers_reads_it(tmp_path):

@@ -155,6 +155,7 @@ class Family:
     qkv_per_head: bool = False  # a fused qkv stored per head ([heads, 3, head_dim] rows: GPT-NeoX), shown q|k|v at load
     qk_norm_key: str = ""  # config key that, true, gives the layers per-head q/k norms (Phi-2: qk_layernorm)
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
+    minicpm: bool = False  # MiniCPM's config keys, read as the table's (models/layer_keys.py `minicpm_keys`)
     refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
     weightless_norms: bool = False  # LayerNorms without a gain (OLMo 1): gains of ones shown at load (models/hf_layouts.py)
     # Gemma 4's attention: full-attention layers' own head_dim / kv heads (per_layer_config, else global_head_dim /
@@ -315,6 +316,8 @@ FAMILIES: dict[str, Family] = {
                      top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight"}),
     # Youtu-LLM: DeepSeek-V3's latent attention on dense SwiGLU layers
     "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),
+    # MiniCPM3: that attention with rope on halves, Granite's multipliers from MiniCPM's keys (models/layer_keys.py)
+    "minicpm3": Family(("minicpm3",), mla=True, names=MLA_NAMES, gguf={}, minicpm=True, embed_scale="embedding_multiplier", residual_key="residual_multiplier", logit_key="1/logits_scaling"),
     # K-EXAONE (exaone_moe): EXAONE 4's attention (per-head q/k norms, no rope on full layers) in pre norms, DeepSeek-V3's routing
     "exaone_moe": Family(("exaone_moe",), qk_norm="head", global_nope=True, moe="deepseek_v3", config_defaults={"first_k_dense_replace": 1},
                          config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}),

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import InputError, UnsupportedError
 from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
-from .layer_keys import kv_heads, multipliers
+from .layer_keys import family_keys, kv_heads, multipliers
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -302,13 +302,12 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         raise InputError(f"{source}: config.json has no 'model_type'")
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
-    own = {std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}
-    data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
-    if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
-        data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
-    if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
-        data["intermediate_size"] = data["moe_intermediate_size"]
     try:
+        data = family_keys(data, fam)
+        if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
+            data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
+        if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
+            data["intermediate_size"] = data["moe_intermediate_size"]
         hidden = int(data["hidden_size"])
         heads = int(data["num_attention_heads"])
         layers = int(data["num_hidden_layers"])

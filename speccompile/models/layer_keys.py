@@ -1,5 +1,6 @@
-"""Config keys of the layer description that a family's entry names (models/architectures.py): the multipliers
-(embedding, attention, residual and logit scales) and the KV heads (GPT-BigCode's `multi_query`)."""
+"""Config keys of the layer description that a family's entry names (models/architectures.py): the family's own key
+names and defaults (MiniCPM's multipliers), the multipliers (embedding, attention, residual and logit scales) and the
+KV heads (GPT-BigCode's `multi_query`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,26 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .architectures import Family
+
+
+def family_keys(data: dict[str, Any], fam: Family) -> dict[str, Any]:
+    """config.json's keys as the table reads them: the family's own names renamed (`config_keys`; the standard name
+    wins where both are given), its defaults where config.json has none (`config_defaults`), MiniCPM's keys rewritten."""
+    own = {std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}
+    data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
+    return minicpm_keys(data) if fam.minicpm else data
+
+
+def minicpm_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """MiniCPM3's keys as Granite's multipliers, with transformers' MiniCPM3Config defaults where config.json has none:
+    the embeddings times scale_emb (12), each residual branch times scale_depth / sqrt(num_hidden_layers) (1.4; null:
+    1), the final hidden state divided by hidden_size / dim_model_base (256; null: hidden_size); v_head_dim
+    hidden_size // num_attention_heads where unset, rope on halves (apply_rotary_pos_emb), a tied head by default."""
+    hidden, depth, base = int(data["hidden_size"]), data.get("scale_depth", 1.4), data.get("dim_model_base", 256)
+    return {"tie_word_embeddings": True, **data, "embedding_multiplier": float(data.get("scale_emb", 12)),
+            "residual_multiplier": 1.0 if depth is None else float(depth) / math.sqrt(int(data["num_hidden_layers"])),
+            "logits_scaling": 1.0 if base is None else hidden / float(base), "rope_interleave": False,
+            "v_head_dim": data.get("v_head_dim") or hidden // int(data["num_attention_heads"])}
 
 
 def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -> dict[str, float]:
