@@ -15,61 +15,61 @@ from .architectures import Family
 from .weights import TensorInfo, WeightSource
 
 
-class _QkvPerHead(WeightSource):
-    """`inner` with the fused qkv tensors in `fused` (weights [heads * 3 * head_dim, in], biases) reordered from
-    per-head [heads, 3, head_dim] rows to q | k | v rows."""
+class _PerTensor(WeightSource):
+    """`inner` with the tensors in `chosen` shown otherwise: their shape by `_shape`, their data by `_array`."""
 
-    def __init__(self, inner: WeightSource, fused: set[str], heads: int):
-        self._inner, self._fused, self._heads = inner, fused, heads
+    def __init__(self, inner: WeightSource, chosen: set[str]):
+        self._inner, self._chosen = inner, chosen
 
     def info(self, name: str) -> TensorInfo:
-        return self._inner.info(name)
+        info = self._inner.info(name)
+        return TensorInfo(self._shape(info.shape), info.dtype) if name in self._chosen else info
 
     def read(self, name: str) -> np.ndarray:
         tensor = self._inner.read(name)
-        if name not in self._fused:
-            return tensor
+        return self._array(tensor) if name in self._chosen else tensor
+
+    def names(self) -> list[str]:
+        return self._inner.names()
+
+    def _shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+    def _array(self, tensor: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _QkvPerHead(_PerTensor):
+    """The fused qkv tensors chosen (weights [heads * 3 * head_dim, in], biases) reordered from per-head
+    [heads, 3, head_dim] rows to q | k | v rows."""
+
+    def __init__(self, inner: WeightSource, fused: set[str], heads: int):
+        super().__init__(inner, fused)
+        self._heads = heads
+
+    def _array(self, tensor: np.ndarray) -> np.ndarray:
         rows = tensor.reshape(self._heads, 3, -1, *tensor.shape[1:])
         return np.ascontiguousarray(np.swapaxes(rows, 0, 1)).reshape(tensor.shape)
 
-    def names(self) -> list[str]:
-        return self._inner.names()
+
+class _Transposed(_PerTensor):
+    """The 2-D tensors chosen (GPT-2's Conv1D weights, stored [in, out]) shown [out, in]."""
+
+    def _shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(reversed(shape))
+
+    def _array(self, tensor: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(tensor.T)
 
 
-class _Transposed(WeightSource):
-    """`inner` with its 2-D tensors `names` (GPT-2's Conv1D weights, stored [in, out]) shown [out, in]."""
+class _Scalars(_PerTensor):
+    """The 0-d tensors chosen (xIELU's beta / eps buffers) shown as [1]."""
 
-    def __init__(self, inner: WeightSource, names: set[str]):
-        self._inner, self._names = inner, names
+    def _shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (1,)
 
-    def info(self, name: str) -> TensorInfo:
-        info = self._inner.info(name)
-        return TensorInfo(tuple(reversed(info.shape)), info.dtype) if name in self._names else info
-
-    def read(self, name: str) -> np.ndarray:
-        tensor = self._inner.read(name)
-        return np.ascontiguousarray(tensor.T) if name in self._names else tensor
-
-    def names(self) -> list[str]:
-        return self._inner.names()
-
-
-class _Scalars(WeightSource):
-    """`inner` with its 0-d tensors `scalars` (xIELU's beta / eps buffers) shown as [1]."""
-
-    def __init__(self, inner: WeightSource, scalars: set[str]):
-        self._inner, self._scalars = inner, scalars
-
-    def info(self, name: str) -> TensorInfo:
-        info = self._inner.info(name)
-        return TensorInfo((1,), info.dtype) if name in self._scalars else info
-
-    def read(self, name: str) -> np.ndarray:
-        tensor = self._inner.read(name)
-        return tensor.reshape(1) if name in self._scalars else tensor
-
-    def names(self) -> list[str]:
-        return self._inner.names()
+    def _array(self, tensor: np.ndarray) -> np.ndarray:
+        return tensor.reshape(1)
 
 
 class _Ones(WeightSource):
