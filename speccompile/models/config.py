@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
+from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
+from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .layer_keys import family_keys, kv_heads, multipliers
 from .gemma4_gguf import gemma4_keys
@@ -18,6 +18,7 @@ from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, layer_rope_bases, rope_params
 from .rope_keys import gpt_oss_gguf_keys as _gpt_oss_gguf_keys
+from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
@@ -376,39 +377,6 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         data.update(_gpt_oss_gguf_keys(meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
-
-
-def _gguf_layer_keys(meta: dict[str, Any], p: str, fam: Family, arch: str, data: dict[str, Any],
-                     source: str) -> dict[str, Any]:
-    """The config.json keys of llama.cpp's per-layer metadata: sliding layers (`attention.sliding_window` with
-    `attention.sliding_window_pattern`: a period, layer i slides iff i % period < period - 1, or one flag per layer;
-    absent: the family's `gguf_swa_period`), the sliding layers' rope base (`rope.freq_base_swa`), llama.cpp's fixed
-    NoPE layers and the family's scale / softcap keys (`Family.gguf_keys`)."""
-    layers, out = data["num_hidden_layers"], {key: meta[p + k] for k, key in fam.gguf_keys.items() if p + k in meta}
-    if fam.attn_scale == "query_pre_attn_scalar":
-        out["query_pre_attn_scalar"] = data["head_dim"]  # llama.cpp scales by head_dim ** -0.5
-    if fam.gguf_nope_period:
-        out["no_rope_layers"] = [int((i + 1) % fam.gguf_nope_period != 0) for i in range(layers)]
-    window = int(meta.get(p + "attention.sliding_window") or 0)
-    pattern = meta.get(p + "attention.sliding_window_pattern", fam.gguf_swa_period)
-    if not window:
-        return out
-    if pattern is None:
-        raise UnsupportedError(f"{source}: a GGUF {arch} with {p}attention.sliding_window is not supported "
-                               "(llama.cpp reads no layer pattern for it; export its safetensors)")
-    if isinstance(pattern, list) and len(pattern) >= layers:
-        slides = [bool(flag) for flag in pattern[:layers]]
-    elif isinstance(pattern, numbers.Integral) and not isinstance(pattern, bool) and pattern >= 0:
-        slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
-    else:
-        raise UnsupportedError(f"{source}: {p}attention.sliding_window_pattern {pattern!r} is not supported")
-    out.update(sliding_window=window, use_sliding_window=True,
-               layer_types=["sliding_attention" if s else "full_attention" for s in slides])
-    local = float(meta.get(p + "rope.freq_base_swa") or fam.gguf_local_base or data["rope_theta"])
-    if local != data["rope_theta"]:  # the scaling stays with the full-attention layers (Gemma 3)
-        out["rope_parameters"] = {"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
-                                  "sliding_attention": {"rope_theta": local}}
-    return out
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
