@@ -153,6 +153,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gemma4-moe": dict(model_type="gemma4_text", sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32,
                        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
                        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+    # Gemma 3n E2B / E4B's layers: AltUp's 4 streams, LAuReL (rank 8), the Gaussian top-k on layers 0 and 1's gates, KV
+    # sharing (layers 2 and 3 take the keys of 0 and 1), per-layer embeddings (8 per layer; the last 16 tokens past their
+    # table), an MLP width per layer
+    "gemma3n_text": dict(num_hidden_layers=4, sliding_window=WINDOW, layer_types=_TWO * 2, num_kv_shared_layers=2,
+                         hidden_size_per_layer_input=8, vocab_size_per_layer_input=TINY_VOCAB - 16, laurel_rank=8,
+                         activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], intermediate_size=[128, 96, 128, 96],
+                         final_logit_softcapping=30.0),
     # issue 43's families: rows of the table under another model type, then new entries of existing features
     "iquestcoder": {},  # Llama
     "sarvam_mla": dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,

@@ -57,6 +57,13 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "ple_gate": ("per_layer_input_gate.weight",), "ple_proj": ("per_layer_projection.weight",),
     "ple_norm": ("post_per_layer_input_norm.weight",),
 }
+# Gemma 3n's AltUp (the streams' predict / correct coefficients, the router and its norm, the scale of the active stream's
+# correction) and LAuReL (the low-rank residual: left [rank, hidden], right [hidden, rank], its output's norm) per layer
+ALTUP_NAMES: dict[str, tuple[str, ...]] = {
+    "altup_scale": ("altup.correct_output_scale",), "altup_correct": ("altup.correction_coefs.weight",),
+    "altup_predict": ("altup.prediction_coefs.weight",), "altup_router": ("altup.modality_router.weight",),
+    "altup_router_norm": ("altup.router_norm.weight",), "laurel_left": ("laurel.linear_left.weight",),
+    "laurel_right": ("laurel.linear_right.weight",), "laurel_norm": ("laurel.post_laurel_norm.weight",)}
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
 _SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
@@ -164,6 +171,7 @@ class Family:
     layer_shapes: bool = False
     v_norm: bool = False
     layer_scalar: bool = False
+    altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -346,6 +354,12 @@ FAMILIES: dict[str, Family] = {
                      names={**_SANDWICH_NAMES, "dense_out_norm": ("post_feedforward_layernorm_1.weight",),
                             "moe_in_norm": ("pre_feedforward_layernorm_2.weight",), "moe_out_norm": ("post_feedforward_layernorm_2.weight",)},
                      layer_shapes=True, v_norm=True, layer_scalar=True, gguf=_GEMMA4_GGUF, gguf_keys=_SOFTCAPS),
+    # Gemma 3n (text; the multimodal `gemma3n` config's text_config): Gemma 4's attention (per-head q/k norms, scale 1, a
+    # scale-free value norm) on one head shape, KV sharing and per-layer embeddings, inside AltUp's parallel streams with
+    # LAuReL's low-rank residual (the `ALTUP_NAMES` roles) and the Gaussian top-k on the first layers' MLP gates
+    "gemma3n": Family(("gemma3n_text",), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
+                      embed_scale="sqrt_hidden", attn_scale="unit", bias_keys={"o": "attention_bias"}, v_norm=True, altup=True,
+                      names={**_SANDWICH_NAMES, **ALTUP_NAMES}, gguf={}),
     # Jais 2: Llama's attention with q/k/v/o biases, biased LayerNorms, a plain ReLU-squared MLP with biases
     "jais2": Family(("jais2",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_act="relu2",
                     act_key="hidden_act", mlp_bias=True, bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),

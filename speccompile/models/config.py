@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
+from .altup_keys import altup_keys
+from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .layer_keys import family_keys, kv_heads, multipliers
@@ -94,6 +95,11 @@ class ModelConfig:
     layer_intermediate_sizes: list[int] = field(default_factory=list)
     per_layer_input_size: int = 0  # per-layer embeddings (Gemma 4's PLE): each layer's width (0: none)
     per_layer_vocab_size: int = 0  # the rows of their table
+    # Gemma 3n (models/altup.py): AltUp's parallel streams (0: none), LAuReL's rank, the Gaussian top-k's target
+    # sparsity of each layer's MLP gate ([]: none; 0: that layer dense)
+    altup_inputs: int = 0
+    laurel_rank: int = 0
+    activation_sparsity: list[float] = field(default_factory=list)
     # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
     position_embeddings: int = 0
     position_offset: int = 0
@@ -166,7 +172,8 @@ class ModelConfig:
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
-        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size)
+        altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
+        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) + altup
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -289,6 +296,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
+        **(altup_keys(data, types, layers, source) if fam.altup else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )

@@ -49,9 +49,9 @@ class XIELU(nn.Module):
 class MLP(nn.Module):
     """down(act(gate) * up), gate and up from one matmul; or, not `mlp_gated`, down(act(up)) (Phi-2)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, sparsity: float = 0.0):
         super().__init__()
-        bias = config.mlp_bias
+        bias, self.sparsity = config.mlp_bias, sparsity  # sparsity: the gate's Gaussian top-k (Gemma 3n, models/altup.py)
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False) if config.mlp_gated else None
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
@@ -65,4 +65,8 @@ class MLP(nn.Module):
         if self.gate_proj is None:
             return self.down_proj(self._act(self.up_proj(x)))
         gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
+        if self.sparsity:
+            from .altup import gaussian_topk
+
+            gate = gaussian_topk(gate, self.sparsity)
         return self.down_proj(self._act(gate) * up)
