@@ -30,13 +30,14 @@ from onnx import TensorProto
 from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
-from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
-                      per_layer_recipes, position_recipes, top_bias_recipes)
+from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, altup_recipes, final_norm_recipe, layer_recipe, layer_roles,
+                      np_dtype, per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
 
 OPSET = 21
@@ -62,7 +63,7 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
-    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype)})
+    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype), **altup_recipes(cfg, dtype)})
     for i in range(cfg.num_hidden_layers):
         names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
         if cfg.moe is not None and cfg.moe.is_moe(i):
@@ -121,15 +122,17 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         x = b.one("/embed_positions", "Add", [x, b.one("/embed_positions", "Gather", [g.weight(POSITIONS[0]), rows])])
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
+    x = altup_streams(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams (export/altup_ops.py)
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
     keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
     g.biases = {key: _attention_bias(g, *key) for key in keys}
     taps, presents = [], []
     for i in range(count):
         if i in model.aux_layers:
-            taps.append(x)
+            taps.append(active_stream(g.emitter("/altup"), x) if cfg.altup_inputs else x)
         x = _layer(g, i, x)
         presents += [f"present.{i}.key", f"present.{i}.value"]
+    x = altup_merge(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,
@@ -229,6 +232,9 @@ def _layer(g: _Graph, i: int, x: str) -> str:
             h = b.one(scope, "Mul", [h, b.const(scope, cfg.residual_scale, np_dtype(g.dtype))])
         return b.one(scope, "Add", [x, h])
 
+    if cfg.altup_inputs:  # Gemma 3n: the layer on AltUp's streams (export/altup_ops.py)
+        return altup_layer(g.emitter(f"{scope}/altup"), cfg, i, x, LayerParts(lambda h: _attention(g, i, h), lambda h: _mlp(g, i, h),
+                                                                              norm, lambda role: g.role(i, role)), g.per_layer)
     if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
@@ -259,6 +265,8 @@ def _dense_mlp(g: _Graph, i: int, h: str) -> str:
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
+    if g.model.config.activation_sparsity and g.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+        gate = gaussian_topk(g.emitter(scope), gate, g.model.config.activation_sparsity[i])
     act = b.one(scope, "Mul", [_act(g, i, gate, scope), up])
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 

@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -42,13 +43,16 @@ class _Fused:
     biases: dict[tuple, str] = field(default_factory=dict)  # (slot, sliding) -> the attention bias
     new_rows: dict[int, list[str]] = field(default_factory=dict)  # layer -> its k / v inputs (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    named: set[str] = field(default_factory=set)  # the initializers written
 
     @property
     def elem(self) -> int:
         return ELEM[self.dtype]
 
     def weight(self, name: str, recipe: Recipe) -> str:
-        self.inits.append(self.store.tensor(name, recipe))
+        if name not in self.named:  # a weight read twice (Gemma 3n's router norm): one initializer
+            self.named.add(name)
+            self.inits.append(self.store.tensor(name, recipe))
         return name
 
     def layer_weight(self, i: int, name: str, role: str) -> str:
@@ -120,6 +124,8 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
             h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))
+    if cfg.altup_inputs:  # Gemma 3n: the layers on AltUp's streams
+        return _altup_layers(f, x, count, padding, slots, norms)
     for i in range(count):
         if cfg.placement == "post":
             residual = residual if pending is None else n("Add", [residual, pending])[0]
@@ -130,18 +136,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             h, residual = norms.skip(pending, residual, norms.gamma(i, "input_norm"))
         if i in f.model.aux_layers:
             taps.append(residual)
-        w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
-        query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
-            _shared_query(f, i, h, norms)
-        f.new_rows[i] = query[1:]
-        out, layer_presents = _attention(f, i, query, padding, slots)
-        presents += layer_presents
-        if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
-            heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
-            out = latent_output(f.emitter(), cfg, heads, w_uv)
-        attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
-        if cfg.o_proj_bias:
-            attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
+        attn = _attend(f, i, h, norms, padding, slots, presents)
         if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
             h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if cfg.placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
@@ -168,6 +163,42 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(last)
     return final, taps, presents
+
+
+def _attend(f: _Fused, i: int, h: str, norms: _Norms, padding: OneRowPadding | None, slots: SlotInputs | None,
+            presents: list[str]) -> str:
+    """Layer i's attention on its normed input `h`, o_proj included; its present names appended to `presents`."""
+    cfg, n = f.model.config, f.n
+    w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+    query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
+        _shared_query(f, i, h, norms)
+    f.new_rows[i] = query[1:]
+    out, layer_presents = _attention(f, i, query, padding, slots)
+    presents += layer_presents
+    if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
+        heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
+        out = latent_output(f.emitter(), cfg, heads, w_uv)
+    attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+    return n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0] if cfg.o_proj_bias else attn
+
+
+def _altup_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None, slots: SlotInputs | None,
+                  norms: _Norms) -> tuple[str, list[str], list[str]]:
+    """Gemma 3n's layers on AltUp's streams of the embeddings `x` (export/altup_ops.py), the streams' mean and the
+    final norm; returns (final hidden, EAGLE-3 taps, present names)."""
+    cfg, em, taps, presents = f.model.config, f.emitter(), [], []
+    streams = altup_streams(em, cfg, x)
+    for i in range(count):
+        if i in f.model.aux_layers:
+            taps.append(active_stream(em, streams))
+        parts = LayerParts(lambda h, i=i: _attend(f, i, h, norms, padding, slots, presents), lambda h, i=i: _mlp(f, i, h),
+                           lambda role, h, i=i: norms.plain(h, norms.gamma(i, role), f"layers.{i}.{role}"),
+                           lambda role, i=i: f.layer_weight(i, role, role))
+        streams = altup_layer(em, cfg, i, streams, parts, f.per_layer)
+    last = altup_merge(em, cfg, streams)
+    if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
+        taps.append(last)
+    return norms.plain(last, [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))], "final"), taps, presents
 
 
 def _layer_end(f: _Fused, i: int, residual: str, norms: _Norms) -> str:
@@ -363,6 +394,8 @@ def _dense_mlp(f: _Fused, i: int, h: str) -> str:
     gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
+    if f.model.config.activation_sparsity and f.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+        gate = gaussian_topk(f.emitter(), gate, f.model.config.activation_sparsity[i])
     act = n("Mul", [_act(f, i, gate), up])[0]
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
 
