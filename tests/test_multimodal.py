@@ -168,3 +168,36 @@ def test_stray_tensor_is_refused(tmp_path, capsys):
     code, _, err = run_cli_here(capsys, "export", str(tmp_path / "hf"), "--out", str(tmp_path / "art"))
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "llava tensor image_newline.bias is neither" in lines[0], err
+
+
+def test_gemma3n_wrapper_reads_its_language_model(tmp_path):
+    """Gemma 3n (model.language_model.*, tied; the vision / audio towers and their embedders left out): the text
+    decoder's contract and fused graphs match transformers' Gemma3nForCausalLM on the same weights at every position
+    of a prefill, a tree verify and a chain pass (the wrapper's forward on text tokens; its MobileNet tower needs timm,
+    which the tests do not install, so the checkpoint is written from the text model); greedy n-gram == plain."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    from test_families import make_family_model
+
+    hf = make_family_model(tmp_path / "text", "gemma3n_text")
+    tensors = {"model.language_model." + k.removeprefix("model."): v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    tensors.update({"model.vision_tower.timm_model.conv_stem.conv.weight": torch.zeros(4, 3, 3, 3),
+                    "model.embed_vision.embedding.weight": torch.zeros(128, 8), "model.embed_audio.embedding.weight": torch.zeros(128, 8),
+                    "model.audio_tower.subsample_conv_projection.input_proj_linear.weight": torch.zeros(8, 8)})
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(transformers.AutoConfig.for_model("gemma3n", text_config=hf.config.to_dict()).to_json_string())
+    write_char_tokenizer(folder)
+    said: list[str] = []
+    export_artifact(str(folder), tmp_path / "art", ExportOptions(max_context=96), said.append)
+    left_out = [m for m in said if m.startswith("text decoder only: ")]
+    assert left_out == ["text decoder only: audio_tower, embed_audio, embed_vision, vision_tower not exported (4 tensors)"], said
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    for fused in (True, False):
+        _check_graph(open_artifact(tmp_path / "art", threads=1, fused=fused).target, hf, seq, 5, f"gemma3n {'fused' if fused else 'contract'}")
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    assert runner.generate(prompt, chat=False, max_tokens=40).tokens == runner.generate(prompt, chat=False, max_tokens=40, drafter="none").tokens

@@ -28,7 +28,7 @@ from .weights import WeightSource
 
 # wrappers read as their text decoder -> the text_config model_types read (None: any family of the table)
 WRAPPERS: dict[str, tuple[str, ...] | None] = {
-    "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "mistral3": None, "llava": None,
+    "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "gemma3n": ("gemma3n_text",), "mistral3": None, "llava": None,
     "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
     "qwen3_vl_moe": ("qwen3_vl_moe_text",),
 }
@@ -39,7 +39,6 @@ REFUSED_WRAPPERS = {
     "llama4": "Llama 4's text decoder (chunked attention, interleaved MoE layers) is not supported",
     "mllama": "Llama 3.2 Vision's text decoder has cross-attention layers (not supported)",
     "paligemma": "PaliGemma attends to the whole prompt both ways (prefix LM), not causally (not supported)",
-    "gemma3n": "Gemma 3n's text decoder (AltUp, per-layer embeddings, KV sharing) is not supported",
 }
 # top-level parts of a wrapper that are not the language model (under `model.` in transformers 5's saves)
 LEFT_OUT = ("vision_tower", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
