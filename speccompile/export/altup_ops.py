@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto
 
-from ..models.altup import sparsity_multiplier
+from ..models.feed_forward import sparsity_multiplier
 from ..models.config import ModelConfig
 from .activations import activation
 from .moe_ops import Emitter

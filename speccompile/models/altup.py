@@ -11,7 +11,8 @@ parallel residual streams, LAuReL's low-rank residual and the Gaussian top-k of 
                s'_j = pred_j + (out - pred_0) * (corr(m') + 1)[j]                        correct (m' from out)
                s'_j += ple_norm(proj(act(gate(s'_0 * scale)) * per_layer_i))  for j >= 1
     final      mean(s_0, rescale_0(s_1 @ U_1), ...), rescale against s_0's rms; then the final norm
-    top-k      gate -> relu(gate - (mean(gate) + std(gate) * Phi^-1(sparsity))) per row (the first layers' MLP)
+    top-k      gate -> relu(gate - (mean(gate) + std(gate) * Phi^-1(sparsity))) per row (the first layers' MLP;
+               models/feed_forward.py `gaussian_topk`)
 
 Everything is per row (a token's streams, norms, means), so a position computes the same values in any pass.
 """
@@ -26,18 +27,6 @@ from torch import nn
 
 from .config import ModelConfig
 from .feed_forward import activation
-
-
-def sparsity_multiplier(sparsity: float) -> float:
-    """Phi^-1(sparsity) in float32, as transformers computes it (torch's Normal(0, 1).icdf)."""
-    return float(torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(sparsity, dtype=torch.float32)))
-
-
-def gaussian_topk(x: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """relu(x - (mean + std * Phi^-1(sparsity))) over the last axis (std: the population's)."""
-    multiplier = torch.tensor(sparsity_multiplier(sparsity), dtype=x.dtype)
-    cutoff = x.mean(-1, keepdim=True) + torch.std(x, dim=-1, keepdim=True, unbiased=False) * multiplier
-    return nn.functional.relu(x - cutoff)
 
 
 class AltUp(nn.Module):

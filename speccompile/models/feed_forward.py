@@ -33,6 +33,18 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     return nn.functional.silu(x)
 
 
+def sparsity_multiplier(sparsity: float) -> float:
+    """Phi^-1(sparsity) in float32, as transformers computes it (torch's Normal(0, 1).icdf)."""
+    return float(torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(sparsity, dtype=torch.float32)))
+
+
+def gaussian_topk(x: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """relu(x - (mean + std * Phi^-1(sparsity))) over the last axis (std: the population's)."""
+    multiplier = torch.tensor(sparsity_multiplier(sparsity), dtype=x.dtype)
+    cutoff = x.mean(-1, keepdim=True) + torch.std(x, dim=-1, keepdim=True, unbiased=False) * multiplier
+    return nn.functional.relu(x - cutoff)
+
+
 class XIELU(nn.Module):
     """transformers' xIELU (Apertus) on its learned scalars, each [1] (the checkpoint's beta / eps: models/hf_layouts.py)."""
 
@@ -66,7 +78,5 @@ class MLP(nn.Module):
             return self.down_proj(self._act(self.up_proj(x)))
         gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
         if self.sparsity:
-            from .altup import gaussian_topk
-
             gate = gaussian_topk(gate, self.sparsity)
         return self.down_proj(self._act(gate) * up)
