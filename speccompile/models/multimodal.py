@@ -1,5 +1,5 @@
 """The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
-architecture table (Gemma 3 / 4, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE), read as that family's
+architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE), read as that family's
 checkpoint.
 
 The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
