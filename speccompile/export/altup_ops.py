@@ -16,6 +16,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..models.feed_forward import sparsity_multiplier
+from ..models.soft_tokens import SOFT_TABLE
 from ..models.config import ModelConfig
 from .activations import activation
 from .moe_ops import Emitter
@@ -40,6 +41,16 @@ def _stream(em: Emitter, streams: str, k: int) -> str:
 def active_stream(em: Emitter, streams: str) -> str:
     """Stream 0 [b, q, hidden] (an EAGLE-3 tap's hidden state)."""
     return _stream(em, streams, 0)
+
+
+def soft_tokens(em: Emitter, cfg: ModelConfig, x: str) -> str:
+    """The scaled embeddings `x` with the wrapper's image / audio tokens (input_ids >= soft_token_offset) taken from
+    their table (models/soft_tokens.py)."""
+    offset = em.const("soft.offset", cfg.soft_token_offset)
+    rows = em.one("Max", [em.one("Sub", ["input_ids", offset]), em.const("soft.zero", 0)])
+    rows = em.one("Gather", [em.weight(SOFT_TABLE, altup_recipes(cfg, em.dtype)[SOFT_TABLE]), rows])
+    soft = em.one("Unsqueeze", [em.one("GreaterOrEqual", ["input_ids", offset]), em.const("altup.last", [-1])])
+    return em.one("Where", [soft, rows, x])
 
 
 def _rms(em: Emitter, x: str) -> str:

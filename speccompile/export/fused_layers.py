@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
-from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -121,6 +121,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     cfg, n = f.model.config, f.n
     norms = _Norms(f)
     residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
+    x = soft_tokens(f.emitter(), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
             h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))

@@ -22,6 +22,7 @@ from onnx import TensorProto
 
 from ..models.architectures import BESIDE_ROLES, NORM_ROLES, family
 from ..models.config import ModelConfig, eagle3_tap_layers
+from ..models.soft_tokens import SOFT_TABLE
 from ..models.weights import WeightSource
 from ..weights_file import Piece
 
@@ -135,9 +136,11 @@ def per_layer_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
 
 
 def altup_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
-    """Gemma 3n's projections into / out of the AltUp streams, by graph initializer name ({}: no AltUp)."""
-    return {f"model.{kind}.{k}.weight_t": Recipe((f"model.{kind}.{k}.weight",), True, dtype)
-            for kind in ("altup_projections", "altup_unembed_projections") for k in range(config.altup_inputs - 1)}
+    """Gemma 3n's projections into / out of the AltUp streams and its wrapper's image / audio token table
+    (models/soft_tokens.py), by graph initializer name ({}: no AltUp)."""
+    recipes = {f"model.{kind}.{k}.weight_t": Recipe((f"model.{kind}.{k}.weight",), True, dtype)
+               for kind in ("altup_projections", "altup_unembed_projections") for k in range(config.altup_inputs - 1)}
+    return {**recipes, **({SOFT_TABLE: Recipe((SOFT_TABLE,), False, dtype)} if config.soft_token_offset else {})}
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -153,6 +156,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes.update({PLE_TABLE[0]: (c.per_layer_vocab_size, width), PLE_PROJECTION[0]: (width, c.hidden_size),
                    PLE_NORM[0]: (c.per_layer_input_size,)} if width else {})
     shapes.update({r.sources[0]: (c.hidden_size, c.hidden_size) for r in altup_recipes(c, "fp32").values()})
+    shapes.update({SOFT_TABLE: (c.vocab_size - c.soft_token_offset, c.hidden_size)} if c.soft_token_offset else {})
     for i in range(c.num_hidden_layers):
         shapes.update(_layer_shapes(c, i))
     return shapes

@@ -82,6 +82,14 @@ def altup_projections(config: ModelConfig) -> tuple[nn.ModuleList, nn.ModuleList
     return tuple(nn.ModuleList(nn.Linear(hidden, hidden, bias=False) for _ in range(config.altup_inputs - 1)) for _ in "io")
 
 
+def soft_token_embeds(model: nn.Module, config: ModelConfig, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The scaled embeddings `x` with the wrapper's image / audio tokens (ids >= soft_token_offset) taken from
+    `model.soft_token_embeds` (models/soft_tokens.py)."""
+    soft = input_ids >= config.soft_token_offset
+    rows = model.soft_token_embeds((input_ids - config.soft_token_offset).clamp(min=0))
+    return torch.where(soft.unsqueeze(-1), rows.to(x.dtype), x)
+
+
 def _rescaled(p: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     magnitude = torch.sqrt(torch.mean(p ** 2, dim=-1, keepdim=True).clamp(min=1e-5))
     return p * target / magnitude

@@ -32,4 +32,5 @@ def altup_keys(data: dict[str, Any], types: list[str], layers: int, source: str)
     return dict(altup_inputs=inputs, laurel_rank=int(data.get("laurel_rank", 64)),
                 activation_sparsity=sparsity if any(sparsity) else [], kv_sources=kv_sharing(data, types, layers, source),
                 layer_intermediate_sizes=widths if len(set(widths)) > 1 else [], per_layer_input_size=ple,
-                per_layer_vocab_size=int(data.get("vocab_size_per_layer_input", 262_144)) if ple else 0)
+                per_layer_vocab_size=int(data.get("vocab_size_per_layer_input", 262_144)) if ple else 0,
+                soft_token_offset=int(data.get("soft_token_offset") or 0))  # set by the gemma3n wrapper (models/multimodal.py)

@@ -100,6 +100,7 @@ class ModelConfig:
     altup_inputs: int = 0
     laurel_rank: int = 0
     activation_sparsity: list[float] = field(default_factory=list)
+    soft_token_offset: int = 0  # its wrapper's image / audio tokens (ids from here on) embed from their own table (models/soft_tokens.py)
     # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
     position_embeddings: int = 0
     position_offset: int = 0

@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup
+from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
 from .architectures import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
@@ -258,6 +258,8 @@ class DecoderModel(nn.Module):
                 per_layer_modules(config, norm_of)
         if config.altup_inputs:  # Gemma 3n's projections into and out of the AltUp streams (models/altup.py)
             self.altup_projections, self.altup_unembed_projections = altup_projections(config)
+        if config.soft_token_offset:  # Gemma 3n's wrapper: its image / audio tokens' table (models/soft_tokens.py)
+            self.soft_token_embeds = nn.Embedding(config.vocab_size - config.soft_token_offset, config.hidden_size)
 
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -338,6 +340,7 @@ class Decoder(nn.Module):
             if kv != cfg.num_key_value_heads and (sliding, kv) not in biases:
                 biases[(sliding, kv)] = attention_bias(masks[sliding], cfg.num_attention_heads, kv)
         presents, taps, new_rows = [], [], {}  # new_rows: KV sharing, a layer's pass's new key / value rows
+        x = soft_token_embeds(self.model, cfg, input_ids, x) if cfg.soft_token_offset else x
         per_layer = per_layer_inputs(self.model, cfg, input_ids, x) if cfg.per_layer_input_size else None
         x = altup_streams(self.model.altup_projections, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams
         for i, layer in enumerate(self.model.layers):
