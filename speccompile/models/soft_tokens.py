@@ -21,7 +21,9 @@ Part = tuple[str, int, int, float]  # (embedder: embed_vision | embed_audio, its
 
 def gemma3n_soft_tokens(full: Any, text: dict[str, Any], source: str) -> tuple[Part, ...]:
     """The embedders of transformers' Gemma3nConfig `full`, their rows covering [first offset, vocab_size) without a
-    gap (else refused)."""
+    gap (else refused; so is a config transformers cannot read: None)."""
+    if full is None:
+        raise UnsupportedError(f"{source}: gemma3n's vision_config / audio_config are not readable by the installed transformers")
     parts = tuple((name, int(c.vocab_offset), int(c.vocab_size), float(c.rms_norm_eps))
                   for name, c in (("embed_vision", full.vision_config), ("embed_audio", full.audio_config)))
     ends = [parts[0][1], *(offset + rows for _, offset, rows, _ in parts)]
