@@ -131,12 +131,12 @@ def altup_layer(em: Emitter, cfg: ModelConfig, i: int, streams: str, parts: Laye
     x = em.one("Div", [x, em.const("altup.sqrt2", math.sqrt(2), np_dtype(em.dtype))])
     x = em.one("Add", [x, parts.norm("post_mlp_norm", parts.mlp(parts.norm("post_norm", x)))])
     corrected = _correct(em, cfg, predictions, active, x, parts, router)
+    if cfg.altup_inputs == 1:  # no stream past the first to add the per-layer input block to
+        return corrected
     first = em.one("Mul", [_stream(em, corrected, 0), parts.weight("altup_scale")])
     mine = em.one("Gather", [per_layer, em.const(f"ple.layer.{i}", i)], axis=2)
     gated = em.one("Mul", [activation(em, cfg.mlp_act, em.one("MatMul", [first, parts.weight("ple_gate")])), mine])
     added = parts.norm("ple_norm", em.one("MatMul", [gated, parts.weight("ple_proj")]))
-    if cfg.altup_inputs == 1:
-        return corrected
     head = em.one("Slice", [corrected, em.const("altup.zero", [0]), em.const("altup.one_i", [1]), em.const("altup.axis0", [0])])
     rest = em.one("Slice", [corrected, em.const("altup.one_i", [1]), em.const(f"altup.end.{cfg.altup_inputs}", [cfg.altup_inputs]),
                             em.const("altup.axis0", [0])])

@@ -10,7 +10,7 @@ parallel residual streams, LAuReL's low-rank residual and the Gaussian top-k of 
                out = x + post_mlp_norm(mlp(post_norm(x)))
                s'_j = pred_j + (out - pred_0) * (corr(m') + 1)[j]                        correct (m' from out)
                s'_j += ple_norm(proj(act(gate(s'_0 * scale)) * per_layer_i))  for j >= 1
-    final      mean(s_0, rescale_0(s_1 @ U_1), ...), rescale against s_0's rms; then the final norm
+    final      mean(s_0, rescale(s_1 @ U_1), ...), each rescaled to s_0's rms; then the final norm
     top-k      gate -> relu(gate - (mean(gate) + std(gate) * Phi^-1(sparsity))) per row (the first layers' MLP;
                models/feed_forward.py `gaussian_topk`)
 
