@@ -35,6 +35,7 @@ from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
+from .query_scale import query_scale
 from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
                       per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
@@ -84,6 +85,7 @@ class _Graph:
     padded: dict[tuple, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
     new_rows: dict[int, tuple[str, str]] = field(default_factory=dict)  # layer -> its pass's roped k / v (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    query_scale: str = ""  # Llama 4's query scaling [b, 1, q, 1] (export/query_scale.py), or none
 
     @property
     def elem(self) -> int:
@@ -122,6 +124,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
+    g.query_scale = query_scale(g.emitter("/query_scale"), cfg, "position_ids", [1, 3]) if cfg.query_scale_beta else ""
     keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
     g.biases = {key: _attention_bias(g, *key) for key in keys}
     taps, presents = [], []
@@ -349,6 +352,8 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
+    if g.query_scale:  # after rope and the q norms
+        q = b.one(s, "Mul", [q, g.query_scale])
     g.new_rows[i] = (k, v)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)

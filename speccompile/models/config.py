@@ -66,6 +66,8 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # the rope base of sliding layers (0: rope_theta)
     nope_layers: list[int] = field(default_factory=list)  # layers without rope
     attn_scale: float = 0.0  # 0: head_dim ** -0.5
+    query_scale_beta: float = 0.0  # Llama 4's query scaling (Ministral 3): q times 1 + beta log(1 + floor(position / length)); 0: none
+    query_scale_length: int = 0  # its length (rope_parameters' original_max_position_embeddings)
     attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (0: none)
     final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
     embed_scale: float = 1.0
