@@ -220,7 +220,7 @@ _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_so
 FAMILIES: dict[str, Family] = {
     "llama": Family(("llama", "smollm2", "smollm", "iquestcoder"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
     "mistral": Family(("mistral", "ministral", "cwm"), gguf_llama_order=True),  # Ministral, CWM: per-layer layer_types
-    "ministral3": Family(("ministral3",), attn_scale="llama4", gguf={}),  # Ministral 3: Mistral's layers, yarn rope, Llama 4's query scaling
+    "ministral3": Family(("ministral3", "mistral3"), attn_scale="llama4", gguf_llama_order=True),  # Mistral's layers, yarn rope, Llama 4's query scaling
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window", bias_keys={"o": "attention_bias"}),
     "gemma": Family(("gemma",), bias_keys={"o": "attention_bias"}, **{**_GEMMA, "gguf": dict(LLAMA_GGUF)}),  # pre norms: ffn_norm is post_attention_layernorm
