@@ -16,6 +16,8 @@ from conftest import TINY_VOCAB, run_cli, write_char_tokenizer
 
 WINDOW = 8  # sliding families: shorter than the 26-token test sequence
 _TWO = ["sliding_attention", "full_attention"]
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}
 FAMILIES = {  # model_type -> config overrides of the tiny shape
     "llama": {},
     "llama-yarn": dict(model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
@@ -24,6 +26,9 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}),
     "mistral": dict(sliding_window=WINDOW),
+    # Ministral 3: Mistral's layers, yarn rope, the queries times 1 + beta log(1 + floor(position / 8)) (Llama 4's
+    # scaling; an original length of 8: four scales in the 26-token sequence)
+    "ministral3": dict(sliding_window=WINDOW, rope_parameters=dict(MINISTRAL3_ROPE)),
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=None),
     "qwen3": {},
     "llama-bias": dict(model_type="llama", attention_bias=True),  # q/k/v and o_proj biases
@@ -556,9 +561,36 @@ def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
     check_weights(model.config, model.weights)
 
 
+def test_ministral3_query_scaling_binds(tmp_path):
+    """Ministral 3's query scaling, read from rope_parameters (transformers' default config: beta 0.1, length 16384,
+    yarn), is what makes the tiny model match transformers from position 8 on: the torch reference without it equals
+    transformers below 8 (scale 1) and is far off from 8 on, so the family test above fails on a graph that drops it."""
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from speccompile.models.config import config_from_hf
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    default = config_from_hf(transformers.Ministral3Config().to_dict(), "config.json")
+    assert (default.query_scale_beta, default.query_scale_length, default.rope_scaling["rope_type"]) == (0.1, 16384, "yarn")
+    hf = make_family_model(tmp_path / "hf", "ministral3")
+    loaded = load_model(str(tmp_path / "hf"))
+    assert (loaded.config.query_scale_beta, loaded.config.query_scale_length) == (0.5, 8)
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    decoder = build_decoder(dataclasses.replace(loaded.config, query_scale_beta=0.0), loaded.weights)
+    with torch.no_grad():
+        logits = decoder(torch.tensor([seq]), torch.arange(26)[None], causal_mask(26, 0), *decoder.empty_past())[0][0].numpy()
+    want = _hf_logits(hf, seq)
+    err = np.abs(logits - want).max(axis=-1) / np.abs(want).max(axis=-1)
+    assert err[:8].max() <= 1e-4 and err[8:].min() > 1e-2, err
+
+
 @pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
                                                ("inkling_text", "conv state"), ("xglm", "sinusoidal absolute position"),
-                                               ("kolibri1", "routing on logits"), ("ministral3", "Llama 4's attention scaling")])
+                                               ("kolibri1", "routing on logits"), ("diffllama", "differential attention")])
 def test_families_not_built_say_why(model_type, reason):
     """A transformers model type the table does not build is refused in one line with its reason (models/refused.py)."""
     from speccompile.errors import UnsupportedError

@@ -15,7 +15,7 @@ from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
 from conftest import TINY_VOCAB, run_cli_here, write_char_tokenizer
-from test_families import WINDOW, _check_graph
+from test_families import MINISTRAL3_ROPE, WINDOW, _check_graph
 
 _TEXT = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -40,6 +40,9 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
     # Mistral Small 3.x (mistral3): an untied lm_head (language_model.lm_head), every layer sliding
     "mistral3": ("mistral3", dict(text_config=dict(_TEXT, model_type="mistral", sliding_window=WINDOW), tie_word_embeddings=False,
                                   vision_config=dict(_SIGLIP, head_dim=16))),
+    # Ministral 3 (mistral3, text_config ministral3; a tied head as the 3B's): yarn rope, queries scaled by position
+    "ministral3": ("mistral3", dict(text_config=dict(_TEXT, model_type="ministral3", rope_parameters=dict(MINISTRAL3_ROPE),
+                                                     tie_word_embeddings=True), vision_config=dict(_SIGLIP, head_dim=16))),
     "llava": ("llava", dict(text_config=dict(_TEXT, model_type="llama"), vision_config=dict(
         _SIGLIP, model_type="clip_vision_model", projection_dim=32))),
     # Qwen2.5-VL (model.layers.*, visual.*: the text names already) and Qwen3-VL (model.language_model.*): mrope

@@ -36,6 +36,7 @@ from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
+from .query_scale import query_scale
 from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, altup_recipes, final_norm_recipe, layer_recipe, layer_roles,
                       np_dtype, per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
@@ -85,6 +86,7 @@ class _Graph:
     padded: dict[tuple, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
     new_rows: dict[int, tuple[str, str]] = field(default_factory=dict)  # layer -> its pass's roped k / v (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    query_scale: str = ""  # Llama 4's query scaling [b, 1, q, 1] (export/query_scale.py), or none
 
     @property
     def elem(self) -> int:
@@ -125,6 +127,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
     x = altup_streams(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams (export/altup_ops.py)
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
+    g.query_scale = query_scale(g.emitter("/query_scale"), cfg, "position_ids", [1, 3]) if cfg.query_scale_beta else ""
     keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
     g.biases = {key: _attention_bias(g, *key) for key in keys}
     taps, presents = [], []
@@ -358,15 +361,17 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
+    if g.query_scale:  # after rope and the q norms
+        q = b.one(s, "Mul", [q, g.query_scale])
     g.new_rows[i] = (k, v)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
     key = (cfg.sliding(i), kv_heads)
     bias = g.biases[key]
-    if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
-        qg = _with_last_row(g, s, qg)
-        g.padded[key] = bias = g.padded.get(key) or _with_last_row(g, s, bias)  # once, as the tracer merged it
+    if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (with_last_row)
+        qg = g.b.with_last_row(s, qg)
+        g.padded[key] = bias = g.padded.get(key) or g.b.with_last_row(s, bias)  # once, as the tracer merged it
     scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
@@ -412,7 +417,7 @@ def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
     rows = b.one(s, "Concat", [b.one(s, "Shape", [q], end=3), b.const(s, [1])], axis=0)  # [b, heads, q, 1]
     column = b.one(s, "Reshape", [b.one(s, "Expand", [sinks, rows]), b.const(s, [0, cfg.num_key_value_heads, -1, 1])])
     if cfg.num_attention_heads == cfg.num_key_value_heads:
-        column = _with_last_row(g, s, column)
+        column = g.b.with_last_row(s, column)
     probs = b.one(s, "Softmax", [b.one(s, "Concat", [scores, column], axis=-1)], axis=-1)
     return b.one(s, "Slice", [probs, b.const(s, [0]), b.const(s, [-1]), b.const(s, [-1]), b.const(s, [1])])
 
@@ -439,10 +444,3 @@ def _rope(g: _Graph, scope: str, x: str, kind: str, cfg: ModelConfig | None = No
         return out
     rest = b.one(scope, "Slice", [x, b.const(scope, [rot]), b.const(scope, [INT64_MAX]), axis, step])
     return b.one(scope, "Concat", [out, rest], axis=-1)
-
-
-def _with_last_row(g: _Graph, scope: str, x: str) -> str:
-    """`x` [b, h, rows, n] with a copy of its last row appended (models.decoder._with_last_row)."""
-    b = g.b
-    last = b.one(scope, "Slice", [x, b.const(scope, [-1]), b.const(scope, [INT64_MAX]), b.const(scope, [2]), b.const(scope, [1])])
-    return b.one(scope, "Concat", [x, last], axis=2)

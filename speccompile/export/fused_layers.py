@@ -23,6 +23,7 @@ from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altu
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
+from .query_scale import query_scale
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
 from .fused_ops import window_bias
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
@@ -43,6 +44,7 @@ class _Fused:
     biases: dict[tuple, str] = field(default_factory=dict)  # (slot, sliding) -> the attention bias
     new_rows: dict[int, list[str]] = field(default_factory=dict)  # layer -> its k / v inputs (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    query_scale: str = ""  # Llama 4's query scaling [b, q, 1] (export/query_scale.py), or none
     named: set[str] = field(default_factory=set)  # the initializers written
 
     @property
@@ -120,11 +122,12 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     """The first `count` layers and the final norm; returns (final hidden, EAGLE-3 taps, present names)."""
     cfg, n = f.model.config, f.n
     norms = _Norms(f)
-    residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
     x = soft_tokens(f.emitter(), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
+    residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
             h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))
+    f.query_scale = query_scale(f.emitter(), cfg, "position_ids", [2]) if cfg.query_scale_beta else ""
     if cfg.altup_inputs:  # Gemma 3n: the layers on AltUp's streams
         return _altup_layers(f, x, count, padding, slots, norms)
     for i in range(count):
@@ -174,6 +177,8 @@ def _attend(f: _Fused, i: int, h: str, norms: _Norms, padding: OneRowPadding | N
     query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
         _shared_query(f, i, h, norms)
     f.new_rows[i] = query[1:]
+    if f.query_scale:  # after the q norms; GroupQueryAttention's rope commutes with a per-position scalar
+        query = [n("Mul", [query[0], f.query_scale])[0], *query[1:]]
     out, layer_presents = _attention(f, i, query, padding, slots)
     presents += layer_presents
     if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
@@ -225,7 +230,7 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources):  # KV sharing: k / v apart
+    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources or cfg.query_scale_beta):  # KV sharing, q scaled: apart
         return [qkv, "", ""]
     pre = f"layers.{i}"
     if cfg.values_are_keys(i):

@@ -121,7 +121,7 @@ class Family:
     rope_alpha: bool = False  # rope type "dynamic" with an `alpha` is NTK-alpha, static (Hunyuan: rope kind ntk_alpha)
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
-    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier
+    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier | unit | llama4 (q times Llama 4's scaling by position)
     residual_key: str = ""  # config key multiplying each block's output (Granite)
     logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
@@ -228,6 +228,7 @@ _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_so
 FAMILIES: dict[str, Family] = {
     "llama": Family(("llama", "smollm2", "smollm", "iquestcoder"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
     "mistral": Family(("mistral", "ministral", "cwm"), gguf_llama_order=True),  # Ministral, CWM: per-layer layer_types
+    "ministral3": Family(("ministral3", "mistral3"), attn_scale="llama4", gguf_llama_order=True),  # Mistral's layers, yarn rope, Llama 4's query scaling
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window", bias_keys={"o": "attention_bias"}),
     "gemma": Family(("gemma",), bias_keys={"o": "attention_bias"}, **{**_GEMMA, "gguf": dict(LLAMA_GGUF)}),  # pre norms: ffn_norm is post_attention_layernorm

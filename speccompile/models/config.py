@@ -17,10 +17,10 @@ from .gemma4_gguf import gemma4_keys
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .refused import REFUSED
-from .rope_keys import check_rope_scaling, layer_rope_bases, rope_params
-from .rope_keys import gpt_oss_gguf_keys as _gpt_oss_gguf_keys
+from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
+_GGUF_ROPE = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys}  # a family's rope keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
@@ -68,6 +68,8 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # the rope base of sliding layers (0: rope_theta)
     nope_layers: list[int] = field(default_factory=list)  # layers without rope
     attn_scale: float = 0.0  # 0: head_dim ** -0.5
+    query_scale_beta: float = 0.0  # Llama 4's query scaling (Ministral 3): q times 1 + beta log(1 + floor(position / length)); 0: none
+    query_scale_length: int = 0  # its length (rope_parameters' original_max_position_embeddings)
     attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (0: none)
     final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
     embed_scale: float = 1.0
@@ -382,8 +384,8 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
     elif rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
         data["rope_scaling"] = {"rope_type": "longrope", **rope_factors,
                                 "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"])}
-    if arch == "gpt_oss":
-        data.update(_gpt_oss_gguf_keys(meta, p, source))
+    if arch in _GGUF_ROPE:
+        data.update(_GGUF_ROPE[arch](meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
 

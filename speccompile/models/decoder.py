@@ -20,7 +20,7 @@ from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 from .trace_ops import static_reshape
-from .rotary import RotaryEmbedding, apply_rope, bound_positions, rotate_half  # noqa: F401 - re-exported
+from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 
@@ -103,10 +103,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor, past_v: torch.Tensor,
                 shared: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias; `shared`: KV sharing, the pass's new
-        key / value rows [b, kv, q, dim] (roped) of the layer whose keys this one takes: only the query is computed."""
+        """`rotary`: rope kind -> (cos, sin), and "query" -> Llama 4's query scaling if any (`query_scale`); `biases`:
+        sliding? -> additive bias; `shared`: KV sharing, the pass's new key / value rows [b, kv, q, dim] (roped) of the
+        layer whose keys this one takes: only the query is computed."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
         q, k, v = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared)
+        if "query" in rotary:  # after rope and the q norms (transformers' Ministral 3 / Llama 4)
+            q = q * rotary["query"]
         sliding = cfg.sliding(self.layer)
         bias = biases[(sliding, kv_heads)] if (sliding, kv_heads) in biases else biases[sliding]
         k_all = torch.cat((past_k, k), dim=2)
@@ -331,6 +334,8 @@ class Decoder(nn.Module):
         rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)
+        if cfg.query_scale_beta:
+            rotary["query"] = query_scale(cfg, position_ids, dtype)
         masks = {False: attention_mask}
         if cfg.layer_types:
             masks[True] = sliding_mask(attention_mask, position_ids, cfg.sliding_window)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .architectures import Family
+from .rope_keys import rope_params
 
 
 def family_keys(data: dict[str, Any], fam: Family) -> dict[str, Any]:
@@ -34,8 +35,12 @@ def minicpm_keys(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -> dict[str, float]:
-    """embed_scale, attn_scale, residual_scale and logit_scale of the family's config keys."""
+    """embed_scale, attn_scale, residual_scale and logit_scale of the family's config keys; Llama 4's query scaling
+    (`query_scale_beta` / `query_scale_length`: rope_parameters' llama_4_scaling_beta, original_max_position_embeddings)."""
     out: dict[str, float] = {}
+    rope = rope_params(data)[0] if fam.attn_scale == "llama4" else {}
+    if rope.get("llama_4_scaling_beta"):  # the scores' scale stays head_dim ** -0.5
+        out.update(query_scale_beta=float(rope["llama_4_scaling_beta"]), query_scale_length=int(rope["original_max_position_embeddings"]))
     if fam.embed_scale == "sqrt_hidden":
         out["embed_scale"] = math.sqrt(hidden)
     elif fam.embed_scale:
@@ -44,7 +49,7 @@ def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -
         out["attn_scale"] = float(data.get("query_pre_attn_scalar") or head_dim) ** -0.5
     elif fam.attn_scale == "unit":  # q/k norms alone scale the scores (Gemma 4)
         out["attn_scale"] = 1.0
-    elif fam.attn_scale:
+    elif fam.attn_scale and fam.attn_scale != "llama4":
         out["attn_scale"] = float(data[fam.attn_scale])
     if fam.residual_key:
         out["residual_scale"] = float(data.get(fam.residual_key, 1.0))

@@ -34,6 +34,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: Mo
     return out if rot == x.shape[-1] else torch.cat((out, x.narrow(last, rot, x.shape[-1] - rot)), dim=last)
 
 
+def query_scale(config: ModelConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Llama 4's query scaling (Ministral 3) [b, 1, q, 1]: 1 + beta log(1 + floor(position / length)) in float32 (as
+    transformers), in `dtype`; None without it. Per position, so it commutes with rope and scales a query anywhere after
+    its norms."""
+    if not config.query_scale_beta:
+        return None
+    floor = torch.floor(position_ids.to(torch.float32) / config.query_scale_length)
+    return (1 + config.query_scale_beta * torch.log(1 + floor))[:, None, :, None].to(dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables computed from explicit position ids (so tree nodes can share a position)."""
 
