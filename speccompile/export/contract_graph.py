@@ -30,6 +30,7 @@ from onnx import TensorProto
 from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
+from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
@@ -257,9 +258,9 @@ def _dense_mlp(g: _Graph, i: int, h: str) -> str:
     if not g.model.config.mlp_gated:
         return _plain_mlp(g, i, h, scope)
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
-    both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
+    both = b.one(scope, "MatMul", [_projected(g, i, "", h, scope), g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
-    act = b.one(scope, "Mul", [_act(g, i, gate, scope), up])
+    act = _projected(g, i, "ffn_sub_norm", b.one(scope, "Mul", [_act(g, i, gate, scope), up]), scope)
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
 
@@ -348,6 +349,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     cfg = g.model.config.layer(i)
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+    h = _projected(g, i, "", h, s)
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
     g.new_rows[i] = (k, v)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
@@ -375,8 +377,16 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
-    out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
+    out = b.one(f"{s}/o_proj", "MatMul", [_projected(g, i, "attn_sub_norm", out, s), g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
+
+
+def _projected(g: _Graph, i: int, sub_norm: str, x: str, s: str) -> str:
+    """A projection's input `x`: its `sub_norm` (BitNet's attn_sub_norm / ffn_sub_norm) when the model has them, then
+    through int8 and back when the model quantizes its activations (export/bitnet_ops.py)."""
+    cfg = g.model.config
+    x = _norm(g, f"{s}/{sub_norm}", x, role_name(i, sub_norm)) if sub_norm and cfg.sub_norms else x
+    return act_quant(g.emitter(s), x) if cfg.act_quant else x
 
 
 def _scores(g: _Graph, s: str, qg: str, keys: str) -> str:

@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
+from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -131,15 +132,16 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if i in f.model.aux_layers:
             taps.append(residual)
         w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
-        query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
-            _shared_query(f, i, h, norms)
+        a = _projected(f, i, "", h)  # BitNet: through int8 and back
+        query = _latent_qkv(f, i, a, norms, w_uk) if cfg.mla else _qkv(f, i, a, norms) if cfg.kv_source(i) is None else \
+            _shared_query(f, i, a, norms)
         f.new_rows[i] = query[1:]
         out, layer_presents = _attention(f, i, query, padding, slots)
         presents += layer_presents
         if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
             heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
             out = latent_output(f.emitter(), cfg, heads, w_uv)
-        attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+        attn = n("MatMul", [_projected(f, i, "attn_sub_norm", out), f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
         if cfg.o_proj_bias:
             attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
         if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
@@ -360,11 +362,19 @@ def _dense_mlp(f: _Fused, i: int, h: str) -> str:
     n = f.n
     if not f.model.config.mlp_gated:
         return _plain_mlp(f, i, h)
-    gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
+    gu = n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
-    act = n("Mul", [_act(f, i, gate), up])[0]
+    act = _projected(f, i, "ffn_sub_norm", n("Mul", [_act(f, i, gate), up])[0])
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+
+
+def _projected(f: _Fused, i: int, sub_norm: str, x: str) -> str:
+    """A projection's input `x`: its `sub_norm` (BitNet's attn_sub_norm / ffn_sub_norm) when the model has them, then
+    through int8 and back when the model quantizes its activations (export/bitnet_ops.py)."""
+    cfg, norms = f.model.config, _Norms(f)
+    x = norms.plain(x, norms.gamma(i, sub_norm), f"layers.{i}.{sub_norm}") if sub_norm and cfg.sub_norms else x
+    return act_quant(f.emitter(), x) if cfg.act_quant else x
 
 
 def _act(f: _Fused, i: int, x: str) -> str:

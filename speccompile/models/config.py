@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import InputError, UnsupportedError
 from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
 from .attention_keys import latent_attention, layer_shapes
+from .bitnet import bitnet_fields
 from .layer_keys import family_keys, kv_heads, multipliers
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import deepseek2_keys
@@ -96,6 +97,8 @@ class ModelConfig:
     # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
     position_embeddings: int = 0
     position_offset: int = 0
+    sub_norms: bool = False  # norms of o_proj's and down_proj's inputs (BitNet: roles attn_sub_norm / ffn_sub_norm)
+    act_quant: bool = False  # every projection's input per token through int8 and back (BitNet's BitLinear: models/bitnet.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -165,7 +168,8 @@ class ModelConfig:
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
-        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size)
+        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
+            + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -196,11 +200,7 @@ def normalize_architecture(name: str, source: str) -> str:
 
 
 def _eos_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
+    return [] if value is None else [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def _layer_types(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:
@@ -288,7 +288,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
-        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset,
+        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .architectures import Family
+from .bitnet import unpacked_view
 from .weights import TensorInfo, WeightSource
 
 
@@ -117,6 +118,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
         source = _Transposed(source, {n for n in layer if n.endswith(".weight") and len(source.shape(n)) == 2})
     if fam.weightless_norms:
         source = _weightless_norms(source, fam)
+    if fam.sub_norms:  # BitNet's packed ternary weights shown as float (models/bitnet.py)
+        source = unpacked_view(source)
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
     if not fam.qkv_per_head:

@@ -24,7 +24,6 @@ REFUSED = {
     "ministral3": "Llama 4's attention scaling (queries times 1 + beta log(1 + position // original length)) is not built",
     "llama4_text": "chunked attention, the NoPE layers' query temperature and routing on the expert input are not built",
     "diffllama": "differential attention (two softmax maps subtracted) is not built",
-    "bitnet": "BitNet's sub-norms and ternary BitLinear weights are not built",
     "axk1": "a norm of the MoE block's output on MoE layers only (post_mlp_layernorm) is not built",
     "kolibri1": "routing on logits + score bias with sigmoid weights is not built",
     "minicpm5_moe": "a sigmoid gate on the attention output (q_gate_proj) is not built",
