@@ -196,6 +196,9 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # BitNet saved unquantized (plain Linear layers): norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP
     # (its packed ternary checkpoint with 8-bit activations: tests/test_bitnet.py)
     "bitnet": {},
+    # nanochat: RMSNorms without a gain, q/k norms after rope, the embeddings normed, rope turned the other way, a plain
+    # ReLU-squared MLP (fc1 / fc2), final logit soft-capping
+    "nanochat": dict(final_logit_softcapping=15.0),
 }
 
 

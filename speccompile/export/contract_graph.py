@@ -120,6 +120,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         rows = b.one("/embed_positions", "Add", ["position_ids", b.const("/embed_positions", [cfg.position_offset], np.int64)]) \
             if cfg.position_offset else "position_ids"
         x = b.one("/embed_positions", "Add", [x, b.one("/embed_positions", "Gather", [g.weight(POSITIONS[0]), rows])])
+    if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
+        x = _norm(g, "/embed_norm", x, "model.norm.weight")
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
@@ -169,8 +171,8 @@ def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
     emb = b.one(s, "Unsqueeze", [emb, b.const(s, [1])])
     factor = rope_attention_factor(cfg, kind)
 
-    def table(op: str) -> str:
-        t = b.one(s, op, [emb])
+    def table(op: str) -> str:  # nanochat's rope turned the other way: sin negated
+        t = b.one(s, "Neg", [b.one(s, op, [emb])]) if op == "Sin" and cfg.rope_reversed else b.one(s, op, [emb])
         return b.one(s, "Cast", [t if factor == 1.0 else b.one(s, "Mul", [t, b.const(s, factor, "float32")])], to=g.elem)
 
     return table("Cos"), table("Sin")
@@ -382,8 +384,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
 
 
 def _projected(g: _Graph, i: int, sub_norm: str, x: str, s: str) -> str:
-    """A projection's input `x`: its `sub_norm` (BitNet's attn_sub_norm / ffn_sub_norm) when the model has them, then
-    through int8 and back when the model quantizes its activations (export/bitnet_ops.py)."""
+    """A projection's input `x`: its `sub_norm` when the model has them, then through int8 and back (BitNet)."""
     cfg = g.model.config
     x = _norm(g, f"{s}/{sub_norm}", x, role_name(i, sub_norm)) if sub_norm and cfg.sub_norms else x
     return act_quant(g.emitter(s), x) if cfg.act_quant else x

@@ -118,6 +118,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     cfg, n = f.model.config, f.n
     norms = _Norms(f)
     residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
+    embed_gain = _final_gain(f) if cfg.embed_norm else []  # nanochat: the final norm of the embeddings too
+    if embed_gain:
+        residual = norms.plain(x, embed_gain, "embed")
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
             h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))
@@ -161,8 +164,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         pending = _scaled(f, pending)
         if cfg.layer_scalar or cfg.per_layer_input_size:  # Gemma 4 (the next norm is then a plain one)
             residual, pending = _layer_end(f, i, n("Add", [residual, pending])[0], norms), None
-    final_gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
-    final_gain += [f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else []
+    final_gain = embed_gain or _final_gain(f)
     if pending is None:
         final, last = norms.plain(residual, final_gain, "final"), residual
     else:
@@ -170,6 +172,13 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(last)
     return final, taps, presents
+
+
+def _final_gain(f: _Fused) -> list[str]:
+    """The final norm's gain, and its bias when the family's norms have one."""
+    cfg = f.model.config
+    gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
+    return gain + ([f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else [])
 
 
 def _layer_end(f: _Fused, i: int, residual: str, norms: _Norms) -> str:

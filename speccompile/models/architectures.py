@@ -29,8 +29,7 @@ Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles 
 "Multi-head latent attention"):
   q_kv_a          q_a_proj and kv_a_proj_with_mqa stacked (one MatMul); `q_kv` when the model has no q_lora_rank:
                   q_proj and kv_a_proj_with_mqa
-  q_a_norm, q_b   q_a_layernorm, q_b_proj (with q_lora_rank only)
-  kv_a_norm       kv_a_layernorm (the latent's norm)
+  q_a_norm, q_b   q_a_layernorm, q_b_proj (with q_lora_rank only); kv_a_norm: kv_a_layernorm (the latent's norm)
   kv_b            kv_b_proj [heads * (nope + v), kv_lora_rank]: absorbed into the query and the output per head
 """
 
@@ -61,17 +60,15 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
 }
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
-_SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
-    "post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
-    "post_mlp_norm": ("post_feedforward_layernorm.weight",)}
+_SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
+                   "post_mlp_norm": ("post_feedforward_layernorm.weight",)}  # Gemma 2 / 3: post_attention_layernorm: the attention output's
 _POST_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",),  # OLMo 2 / EXAONE 4: norms after each block only
                "post_mlp_norm": ("post_feedforward_layernorm.weight",)}
 LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")},  # OLMo 2 / EXAONE 4
@@ -155,7 +152,7 @@ class Family:
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
     minicpm: bool = False  # MiniCPM's config keys, read as the table's (models/layer_keys.py `minicpm_keys`)
     refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
-    weightless_norms: bool = False  # LayerNorms without a gain (OLMo 1): gains of ones shown at load (models/hf_layouts.py)
+    weightless_norms: bool = False  # norms without a gain (OLMo 1, nanochat): gains of ones shown at load (models/hf_layouts.py)
     # Gemma 4's attention: full-attention layers' own head_dim / kv heads (per_layer_config, else global_head_dim /
     # num_global_key_value_heads), values = keys on them where `attention_k_eq_v`, a scale-free value norm, a learned
     # scalar per layer (role `layer_scalar`)
@@ -163,6 +160,8 @@ class Family:
     v_norm: bool = False
     layer_scalar: bool = False
     sub_norms: bool = False  # BitNet: norms of o_proj's and down_proj's inputs (models/bitnet.py: its packed ternary weights)
+    embed_norm: bool = False  # the final norm also normalises the embeddings before layer 0 (nanochat)
+    rope_reversed: bool = False  # rope turned the other way: rotate_half [x2, -x1], i.e. sin negated (nanochat)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -172,11 +171,10 @@ class Family:
 
 
 # transformers' `hidden_act` names -> mlp_act (gelu_new / gelu_fast are the tanh form, written differently)
-HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
-_NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
-               "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
-               "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
+HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
+_NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",), "o_proj": ("attention.dense.weight",),
+               "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",), "up_bias": ("mlp.dense_h_to_4h.bias",),
+               "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
 _NEOX_GGUF = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "attention.query_key_value",
               "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}  # qkv rows q|k|v
 
@@ -408,6 +406,8 @@ FAMILIES: dict[str, Family] = {
     "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
     # BitNet b1.58: Llama with norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP; the release's packed
     # ternary weights and 8-bit activations (quantization_config "bitnet": models/bitnet.py); llama.cpp's `bitnet` not read
+    # nanochat: gainless RMSNorms (q/k norms after rope included), the embeddings normed, rope turned the other way, a plain relu2 MLP
+    "nanochat": Family(("nanochat",), mlp_gated=False, mlp_act="relu2", act_key="hidden_act", qk_norm="after_rope", weightless_norms=True, embed_norm=True, rope_reversed=True, names={"up": ("mlp.fc1.weight",), "down": ("mlp.fc2.weight",)}, bias_keys={"o": "attention_bias"}, gguf={}),
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={}),
 }
 

@@ -99,6 +99,8 @@ class ModelConfig:
     position_offset: int = 0
     sub_norms: bool = False  # norms of o_proj's and down_proj's inputs (BitNet: roles attn_sub_norm / ffn_sub_norm)
     act_quant: bool = False  # every projection's input per token through int8 and back (BitNet's BitLinear: models/bitnet.py)
+    embed_norm: bool = False  # the final norm (its gain) also normalises the embeddings before layer 0 (nanochat)
+    rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -243,8 +245,7 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
 
 
 def _placement(data: dict[str, Any], fam: Family) -> str:
-    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel
-    where that is pre)."""
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre)."""
     if not fam.parallel_key or data.get(fam.parallel_key) is None:
         return fam.placement
     return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
@@ -289,6 +290,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
+        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}

@@ -323,6 +323,8 @@ class Decoder(nn.Module):
             x = x * torch.tensor(cfg.embed_scale, dtype=dtype)
         if cfg.position_embeddings:  # the table's row of each position (OPT: position + 2)
             x = x + self.model.embed_positions(position_ids + cfg.position_offset if cfg.position_offset else position_ids)
+        if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
+            x = self.model.norm(x)
         rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)

@@ -20,7 +20,6 @@ REFUSED = {
     "xglm": "sinusoidal absolute position embeddings are not built",
     "mpt": "ALiBi position biases are not built",
     "codegen": "CodeGen's fused qkv (four model-parallel blocks of q | v | k) is not built",
-    "nanochat": "weightless norms, a norm of the embeddings and rope turned the other way are not built",
     "ministral3": "Llama 4's attention scaling (queries times 1 + beta log(1 + position // original length)) is not built",
     "llama4_text": "chunked attention, the NoPE layers' query temperature and routing on the expert input are not built",
     "diffllama": "differential attention (two softmax maps subtracted) is not built",
