@@ -205,6 +205,12 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gpt_bigcode": dict(intermediate_size=None, num_key_value_heads=None, head_dim=None),
     # OPT: learned positions at row position + 2, pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP (ffn_dim)
     "opt": dict(ffn_dim=96, intermediate_size=None, num_key_value_heads=None, head_dim=None, word_embed_proj_dim=64),
+    # BitNet saved unquantized (plain Linear layers): norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP
+    # (its packed ternary checkpoint with 8-bit activations: tests/test_bitnet.py)
+    "bitnet": {},
+    # nanochat: RMSNorms without a gain, q/k norms after rope, the embeddings normed, rope turned the other way, a plain
+    # ReLU-squared MLP (fc1 / fc2), final logit soft-capping
+    "nanochat": dict(final_logit_softcapping=15.0),
 }
 
 

@@ -31,9 +31,10 @@ from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
 from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
+from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
-from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
+from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, latent_scores
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
@@ -123,6 +124,8 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
             if cfg.position_offset else "position_ids"
         x = b.one("/embed_positions", "Add", [x, b.one("/embed_positions", "Gather", [g.weight(POSITIONS[0]), rows])])
     x = soft_tokens(g.emitter("/soft_tokens"), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
+    if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
+        x = _norm(g, "/embed_norm", x, "model.norm.weight")
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
     x = altup_streams(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams (export/altup_ops.py)
@@ -175,8 +178,8 @@ def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
     emb = b.one(s, "Unsqueeze", [emb, b.const(s, [1])])
     factor = rope_attention_factor(cfg, kind)
 
-    def table(op: str) -> str:
-        t = b.one(s, op, [emb])
+    def table(op: str) -> str:  # nanochat's rope turned the other way: sin negated
+        t = b.one(s, "Neg", [b.one(s, op, [emb])]) if op == "Sin" and cfg.rope_reversed else b.one(s, op, [emb])
         return b.one(s, "Cast", [t if factor == 1.0 else b.one(s, "Mul", [t, b.const(s, factor, "float32")])], to=g.elem)
 
     return table("Cos"), table("Sin")
@@ -267,11 +270,11 @@ def _dense_mlp(g: _Graph, i: int, h: str) -> str:
     if not g.model.config.mlp_gated:
         return _plain_mlp(g, i, h, scope)
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
-    both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
+    both = b.one(scope, "MatMul", [_projected(g, i, "", h, scope), g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
     if g.model.config.activation_sparsity and g.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
         gate = gaussian_topk(g.emitter(scope), gate, g.model.config.activation_sparsity[i])
-    act = b.one(scope, "Mul", [_act(g, i, gate, scope), up])
+    act = _projected(g, i, "ffn_sub_norm", b.one(scope, "Mul", [_act(g, i, gate, scope), up]), scope)
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
 
@@ -360,6 +363,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     cfg = g.model.config.layer(i)
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+    h = _projected(g, i, "", h, s)
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
     if g.query_scale:  # after rope and the q norms
         q = b.one(s, "Mul", [q, g.query_scale])
@@ -372,7 +376,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (with_last_row)
         qg = g.b.with_last_row(s, qg)
         g.padded[key] = bias = g.padded.get(key) or g.b.with_last_row(s, bias)  # once, as the tracer merged it
-    scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
+    scores = latent_scores(g.emitter(s), cfg, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
         scores = softcap(g.b, s, scores, cfg.attn_softcap)
@@ -389,23 +393,15 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
-    out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
+    out = b.one(f"{s}/o_proj", "MatMul", [_projected(g, i, "attn_sub_norm", out, s), g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 
 
-def _scores(g: _Graph, s: str, qg: str, keys: str) -> str:
-    """qg [b, kv, rows, dim] @ keys [b, kv, dim, T]. A latent head wider than 128 (MLA's 576) as slices of 128 dims
-    summed in order: MLAS splits a dot product into chunks whose size depends on T (256 and more at T <= 64, 128
-    above), so one MatMul would round a row by the pass's total; a slice of <= 128 dims is one chunk at every T."""
-    b, dim = g.b, g.model.config.head_dim
-    if not (g.model.config.mla and dim > 128):
-        return b.one(s, "MatMul", [qg, keys])
-    total = ""
-    for start in range(0, dim, 128):
-        bounds = [b.const(s, [start]), b.const(s, [min(start + 128, dim)])]
-        part = b.one(s, "MatMul", [b.one(s, "Slice", [qg, *bounds, b.const(s, [3])]), b.one(s, "Slice", [keys, *bounds, b.const(s, [2])])])
-        total = b.one(s, "Add", [total, part]) if total else part
-    return total
+def _projected(g: _Graph, i: int, sub_norm: str, x: str, s: str) -> str:
+    """A projection's input `x`: its `sub_norm` when the model has them, then through int8 and back (BitNet)."""
+    cfg = g.model.config
+    x = _norm(g, f"{s}/{sub_norm}", x, role_name(i, sub_norm)) if sub_norm and cfg.sub_norms else x
+    return act_quant(g.emitter(s), x) if cfg.act_quant else x
 
 
 def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:

@@ -95,7 +95,8 @@ LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
               "altup_router", "altup_predict", "altup_correct"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
-         "altup_router_norm", "laurel_norm", *BESIDE_ROLES}
+         "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
+         *BESIDE_ROLES}
 # the per-layer embeddings (Gemma 4's PLE): table [vocab, layers * P], projection [layers * P, hidden], norm [P]
 PLE_TABLE, PLE_PROJECTION, PLE_NORM = ("model.embed_tokens_per_layer.weight",), ("model.per_layer_model_projection.weight",), \
     ("model.per_layer_projection_norm.weight",)
@@ -173,7 +174,7 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
                 "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES},
                 "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
-                **{role: [(h,)] for role in BESIDE_ROLES}, **_altup_shapes(c)}
+                **{role: [(h,)] for role in BESIDE_ROLES}, "attn_sub_norm": [(q,)], "ffn_sub_norm": [(inter,)], **_altup_shapes(c)}
     if c.mla:
         per_role.update(_mla_shapes(c))
         per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]

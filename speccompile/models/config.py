@@ -12,7 +12,8 @@ from .altup_keys import altup_keys
 from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
-from .layer_keys import family_keys, kv_heads, multipliers
+from .bitnet import bitnet_fields
+from .layer_keys import family_keys, kv_heads, multipliers, placement
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -106,6 +107,10 @@ class ModelConfig:
     # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
     position_embeddings: int = 0
     position_offset: int = 0
+    sub_norms: bool = False  # norms of o_proj's and down_proj's inputs (BitNet: roles attn_sub_norm / ffn_sub_norm)
+    act_quant: bool = False  # every projection's input per token through int8 and back (BitNet's BitLinear: models/bitnet.py)
+    embed_norm: bool = False  # the final norm (its gain) also normalises the embeddings before layer 0 (nanochat)
+    rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -176,7 +181,8 @@ class ModelConfig:
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
-        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) + altup
+        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
+            + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms + altup
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -207,11 +213,7 @@ def normalize_architecture(name: str, source: str) -> str:
 
 
 def _eos_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
+    return [] if value is None else [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def _layer_types(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:
@@ -253,14 +255,6 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
                 mlp_bias=bool(data.get(keys["mlp"], fam.mlp_bias)) if "mlp" in keys else fam.mlp_bias)
 
 
-def _placement(data: dict[str, Any], fam: Family) -> str:
-    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel
-    where that is pre)."""
-    if not fam.parallel_key or data.get(fam.parallel_key) is None:
-        return fam.placement
-    return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
-
-
 def _mlp_act(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
     """The family's activation, or the one its `act_key` names (transformers' names, `HF_ACTS`)."""
     if not fam.act_key or data.get(fam.act_key) is None:
@@ -288,7 +282,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         qk_norm_after_rope=fam.qk_norm == "after_rope",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement=_placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
+        norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
         norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
         lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
@@ -300,7 +294,8 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         **(altup_keys(data, types, layers, source) if fam.altup else {}),
-        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset,
+        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
+        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}

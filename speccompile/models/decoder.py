@@ -23,6 +23,7 @@ from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
+from .bitnet import act_quant
 
 
 class RMSNorm(nn.Module):
@@ -94,6 +95,7 @@ class Attention(nn.Module):
         self.v_proj = None if config.values_are_keys(layer) or not own else nn.Linear(config.hidden_size, shape.kv_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
+        self.attn_sub_norm = norm_of(config, self.num_heads * self.head_dim) if config.sub_norms else None  # BitNet
         if config.qk_norm:
             full = config.qk_norm_full
             self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
@@ -107,6 +109,7 @@ class Attention(nn.Module):
         sliding? -> additive bias; `shared`: KV sharing, the pass's new key / value rows [b, kv, q, dim] (roped) of the
         layer whose keys this one takes: only the query is computed."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
+        x = act_quant(x) if cfg.act_quant else x  # BitNet's BitLinear inputs (models/bitnet.py)
         q, k, v = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared)
         if "query" in rotary:  # after rope and the q norms (transformers' Ministral 3 / Llama 4)
             q = q * rotary["query"]
@@ -129,7 +132,8 @@ class Attention(nn.Module):
             context = context[:, :, :-1]
         out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
-        return self.o_proj(out), k_all, v_all
+        out = out if self.attn_sub_norm is None else self.attn_sub_norm(out)
+        return self.o_proj(act_quant(out) if cfg.act_quant else out), k_all, v_all
 
     def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped."""
@@ -204,6 +208,8 @@ class DecoderLayer(nn.Module):
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
         setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
+        if config.sub_norms:  # BitNet: the norm of down_proj's input
+            getattr(self, self.mlp_name).ffn_sub_norm = norm_of(config, config.layer(layer).intermediate_size)
         self.beside_dense = is_moe and config.moe.beside_dense
         if self.beside_dense:  # Gemma 4: the dense MLP beside the experts (models/moe.py)
             attach_beside_dense(self, config, layer, norm_of)
@@ -331,6 +337,8 @@ class Decoder(nn.Module):
             x = x * torch.tensor(cfg.embed_scale, dtype=dtype)
         if cfg.position_embeddings:  # the table's row of each position (OPT: position + 2)
             x = x + self.model.embed_positions(position_ids + cfg.position_offset if cfg.position_offset else position_ids)
+        if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
+            x = self.model.norm(x)
         rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .bitnet import act_quant
 from .config import ModelConfig
 
 
@@ -69,14 +70,21 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = config.mlp_act
         self.act_fn = XIELU() if self.act == "xielu" else None
+        self.ffn_sub_norm: nn.Module | None = None  # BitNet: the norm of down_proj's input (set by the layer)
+        self.quant = config.act_quant  # BitNet: the projections' inputs through int8 and back (models/bitnet.py)
 
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         return self.act_fn(x) if self.act_fn is not None else activation(x, self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = act_quant(x) if self.quant else x
         if self.gate_proj is None:
-            return self.down_proj(self._act(self.up_proj(x)))
+            return self._down(self._act(self.up_proj(x)))
         gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
         if self.sparsity:
             gate = gaussian_topk(gate, self.sparsity)
-        return self.down_proj(self._act(gate) * up)
+        return self._down(self._act(gate) * up)
+
+    def _down(self, h: torch.Tensor) -> torch.Tensor:
+        h = h if self.ffn_sub_norm is None else self.ffn_sub_norm(h)
+        return self.down_proj(act_quant(h) if self.quant else h)

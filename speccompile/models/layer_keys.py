@@ -67,3 +67,10 @@ def kv_heads(data: dict[str, Any], fam: Family, heads: int, source: str) -> int:
     if not data.get(fam.multi_query_key, True):
         raise UnsupportedError(f"{source}: {fam.multi_query_key} false is not supported (a fused qkv stored per head)")
     return 1
+
+
+def placement(data: dict[str, Any], fam: Family) -> str:
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre)."""
+    if not fam.parallel_key or data.get(fam.parallel_key) is None:
+        return fam.placement
+    return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"

@@ -55,6 +55,7 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("long_inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind, long=True)), persistent=False)
         self.interleaved = config.rope_interleaved
         self.factor = rope.rope_attention_factor(config, kind)
+        self.reversed = config.rope_reversed  # nanochat: the rotation by -angle (sin negated)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         pos = position_ids.to(torch.float32).unsqueeze(-1)
@@ -63,9 +64,10 @@ class RotaryEmbedding(nn.Module):
             freqs = torch.where(position_ids.unsqueeze(-1) < self.long_start, freqs, pos * self.long_inv_freq)
         emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         emb = emb.unsqueeze(1)  # [b, 1, q, d]
+        sin = -emb.sin() if self.reversed else emb.sin()
         if self.factor == 1.0:
-            return emb.cos().to(dtype), emb.sin().to(dtype)
-        return (emb.cos() * self.factor).to(dtype), (emb.sin() * self.factor).to(dtype)
+            return emb.cos().to(dtype), sin.to(dtype)
+        return (emb.cos() * self.factor).to(dtype), (sin * self.factor).to(dtype)
 
 
 def bound_positions(module: nn.Module, positions: int) -> None:
