@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     reason="set SPECCOMPILE_LLAMACPP_CONVERTER to llama.cpp's convert_hf_to_gguf.py (scripts/setup_gguf_oracle.sh)")
 VOCAB = 49152  # SmolLM2's tokenizer: a BPE whose pre-tokenizer hash the converter knows ("smollm")
 SPM_VOCAB = 384  # the sentencepiece tokenizer.model trained here for the families whose converter reads only that
-_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron")
+_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron", "minicpm3", "bitnet", "bitnet-tq1_0", "bitnet-tq2_0")
 _SPM_JSON_FAMILIES = ("gemma4_text", "gemma4-v", "gemma4-e", "gemma4-moe")  # the converter reads tokenizer.json (a sentencepiece BPE)
 NOT_CONVERTED = {  # what keeps the converter from writing the tiny checkpoint (the family still loads: test_families)
     "qwen2": "transformers reads a qwen2 folder's tokenizer as Qwen2Tokenizer, whose pre-tokenizer llama.cpp's "
@@ -84,7 +84,21 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # Ministral 3 as llama.cpp's mistral3 (no window, as the released models): yarn, the query scaling's beta as
     # attention.temperature_scale, its length the yarn original length
     "ministral3": dict(FAMILIES["ministral3"], sliding_window=None),
+    # GPT-2 (Conv1D weights transposed by the converter), StarCoder 1 (gpt_bigcode as llama.cpp's starcoder, one KV
+    # head): learned positions (position_embd), a fused qkv with its bias
+    "gpt2": dict(FAMILIES["gpt2"], n_ctx=512),  # the converter reads n_ctx (released config.json files have it)
+    "gpt_bigcode": FAMILIES["gpt_bigcode"],
+    # MiniCPM3: llama.cpp fixes MiniCPM3-4B's multipliers (the converter writes none): scale_emb 12, dim_model_base 256
+    "minicpm3": dict(FAMILIES["minicpm3"], scale_emb=12.0, scale_depth=1.4, dim_model_base=256),
+    # BitNet as llama.cpp's bitnet (1bitLLM's: its graph a gated SiLU MLP, no output tensor): the converter writes each
+    # projection ternary times its mean |w|, in f32 or TQ1_0 / TQ2_0 (256-wide rows; the embeddings then f16)
+    "bitnet": dict(FAMILIES["bitnet"], tie_word_embeddings=True, hidden_act="silu"),
+    **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
+                              head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
+_OUTTYPE = {"bitnet-tq1_0": "tq1_0", "bitnet-tq2_0": "tq2_0"}  # the converter's --outtype where not f32
+_TERNARY = ("bitnet", *_OUTTYPE)  # projections the converter rounds to ternary times a scale: transformers' rounded too
+_BITNET_NAMES = {"self_attn.attn_sub_norm.": "self_attn.inner_attn_ln.", "mlp.ffn_sub_norm.": "mlp.ffn_layernorm."}  # 1bitLLM's
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
 
@@ -123,10 +137,10 @@ def tokenizers(tmp_path_factory) -> dict[str, Path]:
     return {"bpe": root / "bpe", "glm": root / "glm", "spm": root / "spm", "spm_json": root / "spm_json"}
 
 
-def convert(hf_dir: Path, out: Path) -> None:
-    """llama.cpp's converter on `hf_dir` (f32), with its own gguf-py."""
+def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> None:
+    """llama.cpp's converter on `hf_dir` (f32 unless `outtype`), with its own gguf-py."""
     env = dict(os.environ, PYTHONPATH=str(Path(CONVERTER).parent / "gguf-py"))
-    done = subprocess.run([PYTHON, CONVERTER, str(hf_dir), "--outfile", str(out), "--outtype", "f32"],
+    done = subprocess.run([PYTHON, CONVERTER, str(hf_dir), "--outfile", str(out), "--outtype", outtype],
                           capture_output=True, text=True, env=env, timeout=300)
     if "ModuleNotFoundError" in done.stderr:
         pytest.skip(f"llama.cpp's converter: {done.stderr.strip().splitlines()[-1]} (scripts/setup_gguf_oracle.sh)")
@@ -146,8 +160,38 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
         file.unlink()
     for file in tokenizers[kind].iterdir():
         (tmp_path / "hf" / file.name).write_bytes(file.read_bytes())
-    convert(tmp_path / "hf", tmp_path / "model.gguf")
+    if name in _TERNARY:  # the converter maps 1bitLLM's sub-norm names, not transformers'
+        _rename_tensors(tmp_path / "hf", _BITNET_NAMES)
+    convert(tmp_path / "hf", tmp_path / "model.gguf", _OUTTYPE.get(name, "f32"))
+    if name in _TERNARY:
+        _ternarize(hf, half=name in _OUTTYPE)
     return hf, tmp_path / "model.gguf", vocab
+
+
+def _rename_tensors(folder: Path, renames: dict[str, str]) -> None:
+    """The checkpoint's model.safetensors with each tensor name's `renames` parts replaced."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    for old, new in renames.items():
+        tensors = {name.replace(old, new): t for name, t in tensors.items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _ternarize(hf, half: bool) -> None:
+    """BitNet b1.58's absmean rounding of each projection (q/k/v/o, gate/up/down), in place: w -> s * clamp(round(w / s),
+    -1, 1) with s = mean |w| (at least 1e-5), what llama.cpp's converter writes for them; `half`: every matrix then
+    rounded to float16 (TQ2_0 keeps s as a float16 per block of 256, the embeddings are f16)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("_proj.weight") and ".layers." in name:
+                iscale = 1 / p.abs().mean().clamp(min=1e-5)
+                p.copy_((p * iscale).round().clamp(-1, 1) / iscale)
+            if half and p.dim() == 2:
+                p.copy_(p.half().float())
 
 
 def _move_score_bias(hf, folder: Path) -> None:
@@ -173,6 +217,11 @@ def test_llamacpp_gguf_matches_transformers(tmp_path, name, tokenizers):
     hf, gguf_path, vocab = gguf_of(tmp_path, name, tokenizers)
     if name in _DROPPED_WINDOW:
         hf.config.sliding_window = None
+    if name in _OUTTYPE:  # the projections really in that type (not the converter's f16 fallback)
+        from gguf import GGUFReader
+
+        kinds = {t.name: t.tensor_type.name for t in GGUFReader(str(gguf_path)).tensors}
+        assert kinds["blk.0.attn_q.weight"] == kinds["blk.0.ffn_down.weight"] == _OUTTYPE[name].upper(), kinds
     export_artifact(str(gguf_path), tmp_path / "art", ExportOptions(max_context=96))
     seq = [int(t) for t in np.random.default_rng(1).integers(3, vocab, 3 * WINDOW + 2)]
     err = prefill_error(open_artifact(tmp_path / "art", threads=1).target, hf, seq)

@@ -93,9 +93,10 @@ SPLIT_TEXTS = ["Hello world! It's 12345 apples, 3.14159... and 1,000,000.", "你
 
 @pytest.mark.parametrize("pre", sorted(PRE_SPLITS))
 def test_deepseek_splits_are_used_not_gpt2s(tmp_path, monkeypatch, pre):
-    """A DeepSeek `pre` (V3 / R1 / Moonlight's "deepseek-v3", V2's "deepseek-llm") exports with llama.cpp's regex
-    list for it instead of being refused, and the list changes the pieces: GPT-2's regex keeps "12345" in one
-    piece, DeepSeek-V3's cuts digits in threes, V2's cuts "\\n" off on its own."""
+    """A DeepSeek `pre` (V3 / R1 / Moonlight's "deepseek-v3", V2's "deepseek-llm") or StarCoder's ("starcoder",
+    "refact") exports with llama.cpp's regex list for it instead of being refused, and the list changes the pieces:
+    GPT-2's regex keeps "12345" in one piece, DeepSeek-V3's cuts digits in threes, StarCoder's one by one, V2's cuts
+    "\\n" off on its own."""
     _write(tmp_path, monkeypatch, pre=pre)
     export_artifact(str(tmp_path / "g" / "model.gguf"), tmp_path / "art", ExportOptions(max_context=96))
     from tokenizers import Tokenizer
@@ -104,7 +105,8 @@ def test_deepseek_splits_are_used_not_gpt2s(tmp_path, monkeypatch, pre):
     pieces = [p for p, _ in split.pre_tokenize_str("a 12345\nb")]
     gpt2 = [p for p, _ in Tokenizer.from_str(_bpe()._tokenizer.to_str()).pre_tokenizer.pre_tokenize_str("a 12345\nb")]
     assert pieces != gpt2 and "".join(pieces) == "".join(gpt2)
-    assert ("Ġ12345" in gpt2) and (["123", "45"] == [p for p in pieces if p.isdigit()] if pre == "deepseek-v3" else "Ċ" in pieces)
+    digits = {"deepseek-v3": ["123", "45"], "starcoder": list("12345"), "refact": list("12345")}
+    assert ("Ġ12345" in gpt2) and (digits[pre] == [p for p in pieces if p.isdigit()] if pre in digits else "Ċ" in pieces)
 
 
 @pytest.mark.skipif(not LLAMACPP_RUNTIME, reason="needs llama.cpp's tokenizer: SPECCOMPILE_LLAMACPP_RUNTIME_PYTHON, a "

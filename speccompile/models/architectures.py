@@ -213,9 +213,10 @@ _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head":
 _GPT2_NAMES = {"input_norm": ("ln_1.weight",), "post_norm": ("ln_2.weight",), "qkv": ("attn.c_attn.weight",),
                "qkv_bias": ("attn.c_attn.bias",), "o_proj": ("attn.c_proj.weight",), "o_bias": ("attn.c_proj.bias",),
                "up": ("mlp.c_fc.weight",), "up_bias": ("mlp.c_fc.bias",), "down": ("mlp.c_proj.weight",), "down_bias": ("mlp.c_proj.bias",)}
+_GPT2_GGUF = {"attn_norm": "ln_1", "ffn_norm": "ln_2", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 _GPT2 = dict(norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_bias=True, mlp_act="gelu_tanh",
              act_key="activation_function", prefix="transformer.", layers_key="h", config_keys=_GPT2_KEYS, inner_multiple=4,
-             learned_positions=True, gguf={}, names=_GPT2_NAMES,
+             learned_positions=True, gguf=_GPT2_GGUF, names=_GPT2_NAMES,
              top_names={"model.wte.weight": "model.embed_tokens.weight", "model.wpe.weight": "model.embed_positions.weight",
                         "model.ln_f.weight": "model.norm.weight", "model.ln_f.bias": "model.norm.bias"})
 _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
@@ -321,7 +322,7 @@ FAMILIES: dict[str, Family] = {
     # Youtu-LLM: DeepSeek-V3's latent attention on dense SwiGLU layers
     "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),
     # MiniCPM3: that attention with rope on halves, Granite's multipliers from MiniCPM's keys (models/layer_keys.py)
-    "minicpm3": Family(("minicpm3",), mla=True, names=MLA_NAMES, gguf={}, minicpm=True, embed_scale="embedding_multiplier", residual_key="residual_multiplier", logit_key="1/logits_scaling"),
+    "minicpm3": Family(("minicpm3",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF, minicpm=True, embed_scale="embedding_multiplier", residual_key="residual_multiplier", logit_key="1/logits_scaling"),
     # K-EXAONE (exaone_moe): EXAONE 4's attention (per-head q/k norms, no rope on full layers) in pre norms, DeepSeek-V3's routing
     "exaone_moe": Family(("exaone_moe",), qk_norm="head", global_nope=True, moe="deepseek_v3", config_defaults={"first_k_dense_replace": 1},
                          config_keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}),
@@ -417,13 +418,12 @@ FAMILIES: dict[str, Family] = {
                          "o_proj": ("self_attn.out_proj.weight",), "o_bias": ("self_attn.out_proj.bias",), "up": ("fc1.weight",),
                          "up_bias": ("fc1.bias",), "down": ("fc2.weight",), "down_bias": ("fc2.bias",)},
                   top_names={"model.final_layer_norm.weight": "model.norm.weight", "model.final_layer_norm.bias": "model.norm.bias"}),
-    # GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
-    "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
-    # BitNet b1.58: Llama with norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP; the release's packed
-    # ternary weights and 8-bit activations (quantization_config "bitnet": models/bitnet.py); llama.cpp's `bitnet` not read
+    # GPT-BigCode (StarCoder, SantaCoder; llama.cpp's starcoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
+    "gpt_bigcode": Family(("gpt_bigcode", "starcoder"), multi_query_key="multi_query", **_GPT2),
     # nanochat: gainless RMSNorms (q/k norms after rope included), the embeddings normed, rope turned the other way, a plain relu2 MLP
     "nanochat": Family(("nanochat",), mlp_gated=False, mlp_act="relu2", act_key="hidden_act", qk_norm="after_rope", weightless_norms=True, embed_norm=True, rope_reversed=True, names={"up": ("mlp.fc1.weight",), "down": ("mlp.fc2.weight",)}, bias_keys={"o": "attention_bias"}, gguf={}),
-    "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={}),
+    # BitNet b1.58: Llama with sub-norms (of o_proj's, down_proj's inputs), a gated relu2 MLP, packed ternary weights, int8 activations (models/bitnet.py)
+    "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -38,6 +38,13 @@ def bitnet_fields(data: dict[str, Any], sub_norms: bool, source: str) -> dict[st
     return dict(sub_norms=True, act_quant=True)
 
 
+def bitnet_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
+    """llama.cpp's `bitnet` (1bitLLM's bitnet_b1_58, the converter's BitnetForCausalLM): a gated SiLU MLP (its graph
+    fixes it; the file names no activation), the projections written as ternary times their mean |w| (F32 / F16, or
+    TQ1_0 / TQ2_0: dequantized to fp32 as any GGUF type) and multiplied in float, no 8-bit activations."""
+    return {"hidden_act": "silu"}
+
+
 def unpack_ternary(packed: np.ndarray) -> np.ndarray:
     """uint8 [rows, ...] -> int8 [PER_BYTE * rows, ...] ternary values, transformers' `unpack_weights` order."""
     packed = np.asarray(packed, dtype=np.uint8)

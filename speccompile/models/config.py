@@ -12,16 +12,16 @@ from .altup_keys import altup_keys
 from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
-from .bitnet import bitnet_fields
+from .bitnet import bitnet_fields, bitnet_gguf_keys
 from .layer_keys import family_keys, kv_heads, multipliers, placement
 from .gemma4_gguf import gemma4_keys
-from .mla_gguf import deepseek2_keys
+from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
-_GGUF_ROPE = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys}  # a family's rope keys of llama.cpp's metadata
+_GGUF_KEYS = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys, "bitnet": bitnet_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
@@ -379,8 +379,8 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
     elif rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
         data["rope_scaling"] = {"rope_type": "longrope", **rope_factors,
                                 "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"])}
-    if arch in _GGUF_ROPE:
-        data.update(_GGUF_ROPE[arch](meta, p, source))
+    if arch in _GGUF_KEYS:
+        data.update(_GGUF_KEYS[arch](meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
 
@@ -400,7 +400,7 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
     if arch == "llama" and meta.get(f"{arch_name}.expert_count"):
         arch = "mixtral"  # llama.cpp writes Mixtral as a llama with experts
     try:
-        arch, mla_keys = deepseek2_keys(meta, arch_name + ".", source) if family(arch).mla else (arch, {})
+        meta, arch, mla_keys = mla_gguf_keys(meta, arch, arch_name + ".", source) if family(arch).mla else (meta, arch, {})
         shapes: dict[str, Any] = {}
         if family(arch).layer_shapes:  # Gemma 4's per-layer shapes, KV sharing, PLE and rope (models/gemma4_gguf.py)
             meta, shapes = gemma4_keys(meta, arch_name + ".", tensors or {}, (rope_factors or {}).get("factors"), source)

@@ -1,6 +1,6 @@
 """A GGUF's `gpt2` tokenizer (llama.cpp's byte-level BPE: the vocabulary, its merges and the token types) written as
 a `tokenizers` tokenizer.json, for architectures whose GGUF tokenizer transformers does not convert (Phi-2,
-DeepSeek-V2/V3).
+DeepSeek-V2/V3, StarCoder 1).
 
 The tokenizer is GPT-2's: byte-level pre-tokenization with GPT-2's split regex (llama.cpp's `tokenizer.ggml.pre`
 "gpt-2", "phi-2" or "default"), BPE over the merges in order, byte-level decoding. Control tokens become special
@@ -8,7 +8,8 @@ added tokens and user-defined ones plain added tokens, matched on the raw text, 
 
 DeepSeek's files ("deepseek-v3": V3, R1, Kimi's Moonlight; "deepseek-llm": V2) name other splits: llama.cpp
 applies a list of regexes in turn, each splitting the pieces the one before left (matches and the text between
-them both kept), then the byte-level mapping without GPT-2's regex. `PRE_SPLITS` holds those lists as llama.cpp's
+them both kept), then the byte-level mapping without GPT-2's regex. StarCoder's ("starcoder", "refact") cuts every
+digit off first, then GPT-2's regex. `PRE_SPLITS` holds those lists as llama.cpp's
 llama-vocab.cpp gives them; `tokenizers` runs them as a Sequence of isolated Splits.
 """
 
@@ -34,7 +35,9 @@ _DEEPSEEK_LLM_LETTERS = (  # llama.cpp's letter class of the deepseek-llm split 
     "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
     "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-"
     "\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943")
+_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"  # llama.cpp's (the text between kept)
 PRE_SPLITS: dict[str, tuple[str, ...]] = {  # `tokenizer.ggml.pre` -> the regexes llama.cpp splits with, in turn
+    "starcoder": (r"\p{N}", _GPT2_REGEX), "refact": (r"\p{N}", _GPT2_REGEX),
     "deepseek-v3": (
         r"\p{N}{1,3}",
         "[一-龥぀-ゟ゠-ヿ]+",

@@ -253,6 +253,7 @@ _GGUF_NAMES = {
     "output_norm.bias": "model.norm.bias",
     "output.weight": "lm_head.weight",
     "output.bias": "lm_head.bias",
+    "position_embd.weight": "model.embed_positions.weight",  # learned absolute positions (GPT-2, StarCoder)
     "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",  # Gemma 4's per-layer embeddings
     "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
     "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight",
@@ -299,7 +300,7 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
         return f"model.layers.{parts[1]}.{_NEXTN[parts[3]]}.{parts[4]}"
     if len(parts) == 4 and parts[0] == "blk" and f"{parts[2]}.{parts[3]}" in block_names:  # one tensor's own name (Gemma 4's)
         return f"model.layers.{parts[1]}.{block_names[parts[2] + '.' + parts[3]]}"
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names:
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names and parts[3] in ("weight", "bias"):  # not BitNet's `.scale`
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""
     if stacked in block_names:  # early llama.cpp Mixtral files: one 2-D tensor per expert, `blk.N.ffn_gate.E.weight`
@@ -343,7 +344,7 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
     factors.update({"factors": [float(v) for v in t.data] for t in reader.tensors if t.name == "rope_freqs.weight"})  # llama3
     present = frozenset(role for role, t in (("qkv", "attn_q.bias"), ("o", "attn_output.bias"), ("mlp", "ffn_up.bias"),
                                              ("qk_norm", "attn_q_norm.weight")) if f"blk.0.{t}" in names)
-    config = config_from_gguf(meta, "output.weight" in names, "blk.0.attn_q.bias" in names, str(path), factors or None, present, shapes)
+    config = config_from_gguf(meta, "output.weight" in names, bool({"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & names), str(path), factors or None, present, shapes)
     fam = family(config.architecture)
     llama_order = fam.gguf_llama_order
 

@@ -1,5 +1,5 @@
-"""llama.cpp's `deepseek2` GGUF (DeepSeek-V2 / V3, Kimi K2, Moonlight): its metadata as config.json keys, its split
-kv_b_proj joined back.
+"""llama.cpp's `deepseek2` GGUF (DeepSeek-V2 / V3, Kimi K2, Moonlight) and `minicpm3`: its metadata as config.json keys,
+its split kv_b_proj joined back.
 
 llama.cpp's converter writes multi-head latent attention as `attention.kv_lora_rank`, `attention.q_lora_rank`
 (absent: q_proj), `rope.dimension_count` (the roped dims), `attention.key_length_mla` (nope + rope) and
@@ -25,6 +25,25 @@ from .weights import TensorInfo, WeightSource
 
 _GATING = {1: "deepseek_v2", 2: "deepseek_v3"}  # llama.cpp's expert_gating_func: softmax, sigmoid
 _SPLIT = re.compile(r"^(model\.layers\.\d+\.self_attn\.)k_b_proj\.weight$")
+
+
+def mla_gguf_keys(meta: dict[str, Any], arch: str, p: str, source: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(metadata, family, the config.json keys of its latent attention) of a latent-attention file: llama.cpp's
+    `deepseek2` (`deepseek2_keys`) or its `minicpm3` (`minicpm3_keys`)."""
+    return minicpm3_keys(meta, p) if arch == "minicpm3" else (meta, *deepseek2_keys(meta, p, source))
+
+
+def minicpm3_keys(meta: dict[str, Any], p: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """llama.cpp's `minicpm3`: the ranks, `attention.key_length` (nope + rope), `rope.dimension_count`; no value length
+    (llama.cpp's default hidden / heads) and no longrope original length (llama.cpp's: `context_length`, given to the
+    metadata). Its multipliers are not written: llama.cpp fixes MiniCPM3-4B's (scale_emb 12, scale_depth 1.4,
+    dim_model_base 256), transformers' MiniCPM3Config defaults (models/layer_keys.py `minicpm_keys`). q / k rows as
+    stored by transformers (the converter does not permute them)."""
+    rope, hidden, heads = int(meta[p + "rope.dimension_count"]), int(meta[p + "embedding_length"]), int(meta[p + "attention.head_count"])
+    keys = {"kv_lora_rank": int(meta[p + "attention.kv_lora_rank"]), "q_lora_rank": int(meta.get(p + "attention.q_lora_rank") or 0),
+            "qk_rope_head_dim": rope, "qk_nope_head_dim": int(meta[p + "attention.key_length"]) - rope, "partial_rotary_factor": 1.0,
+            "v_head_dim": int(meta.get(p + "attention.value_length") or hidden // heads)}
+    return {p + "rope.scaling.original_context_length": meta.get(p + "context_length", 2048), **meta}, "minicpm3", keys
 
 
 def deepseek2_keys(meta: dict[str, Any], p: str, source: str) -> tuple[str, dict[str, Any]]:

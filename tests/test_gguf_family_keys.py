@@ -1,0 +1,55 @@
+"""llama.cpp's metadata of the families whose GGUF carries less than their config.json (no converter needed; the
+converted files themselves: tests/test_gguf_llamacpp.py): MiniCPM3's fixed multipliers and default lengths, BitNet's
+SiLU, a BitNet file's per-tensor `.scale` refused rather than dropped."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from speccompile.errors import UnsupportedError
+from speccompile.models.config import config_from_gguf
+from speccompile.models.load import load_model
+
+from conftest import write_gguf
+from test_families import make_family_model
+
+
+def _meta(arch: str, **keys) -> dict:
+    base = {"general.architecture": arch, f"{arch}.embedding_length": 64, f"{arch}.attention.head_count": 4,
+            f"{arch}.block_count": 2, f"{arch}.feed_forward_length": 128, f"{arch}.context_length": 512,
+            f"{arch}.attention.layer_norm_rms_epsilon": 1e-6, f"{arch}.vocab_size": 256}
+    return {**base, **{f"{arch}.{k}": v for k, v in keys.items()}}
+
+
+def test_minicpm3_gguf_takes_llamacpp_fixed_multipliers_and_default_lengths():
+    """The converter writes no scale, value length or longrope original length: llama.cpp's minicpm3 fixes scale_emb
+    12, scale_depth 1.4, dim_model_base 256 and uses hidden / heads and context_length; the config says the same."""
+    meta = _meta("minicpm3", **{"attention.head_count_kv": 4, "attention.kv_lora_rank": 32, "attention.q_lora_rank": 48,
+                                "attention.key_length": 40, "rope.dimension_count": 16})
+    factors = {"long_factor": [2.0] * 8, "short_factor": [1.5] * 8}
+    cfg = config_from_gguf(meta, True, False, "model.gguf", rope_factors=factors)
+    assert cfg.architecture == "minicpm3" and (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_dim) == (32, 48, 16)
+    assert (cfg.qk_nope_head_dim, cfg.v_head_dim) == (24, 16)
+    assert cfg.embed_scale == 12.0 and math.isclose(cfg.residual_scale, 1.4 / math.sqrt(2)) and cfg.logit_scale == 256 / 64
+    assert cfg.rope_scaling["original_max_position_embeddings"] == 512 and cfg.rope_scaling["short_factor"] == [1.5] * 8
+
+
+def test_bitnet_gguf_is_silu_float_with_sub_norms():
+    """llama.cpp's bitnet graph is a gated SiLU MLP (the file names no activation) on float products: not the relu2
+    default of transformers' BitNet, no 8-bit activations; its sub-norms read."""
+    cfg = config_from_gguf(_meta("bitnet", **{"attention.head_count_kv": 2}), False, False, "model.gguf")
+    assert (cfg.architecture, cfg.mlp_act, cfg.sub_norms, cfg.act_quant, cfg.tie_word_embeddings) == ("bitnet", "silu", True, False, True)
+
+
+def test_bitnet_gguf_with_a_tensor_scale_is_refused(tmp_path):
+    """A per-tensor scale beside a projection (`blk.N.attn_q.scale`, which llama.cpp multiplies in) is not read:
+    the file is refused in one line naming it instead of loading without it."""
+    make_family_model(tmp_path / "hf", "bitnet")
+    write_gguf(tmp_path / "model.gguf", tmp_path / "hf", arch="bitnet",
+               metadata=lambda writer: writer.add_tensor("blk.0.attn_q.scale", np.ones(1, np.float32)))
+    with pytest.raises(UnsupportedError, match=r"tensor blk\.0\.attn_q\.scale .*not read for bitnet") as info:
+        load_model(str(tmp_path / "model.gguf"))
+    assert "\n" not in str(info.value)
