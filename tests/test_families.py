@@ -204,6 +204,12 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # nanochat: RMSNorms without a gain, q/k norms after rope, the embeddings normed, rope turned the other way, a plain
     # ReLU-squared MLP (fc1 / fc2), final logit soft-capping
     "nanochat": dict(final_logit_softcapping=15.0),
+    # Llama 4: layer 0 a chunked rope layer (chunks of 8: three in the sequence) with gainless q/k norms after interleaved
+    # rope and a dense MLP (intermediate_size_mlp), layer 1 a NoPE full layer with the query temperature (floor_scale 4:
+    # seven scales) and a MoE block (top-1 sigmoid on the experts' input, a shared expert)
+    "llama4_text": dict(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                        no_rope_layer_interval=2, attention_chunk_size=WINDOW, floor_scale=4, attn_scale=0.5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }
 
 

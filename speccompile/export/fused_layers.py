@@ -25,7 +25,8 @@ from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
-from .fused_ops import window_bias
+from .fused_ops import FLOAT_MIN, window_bias
+from .chunk_ops import before_chunk
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
 from .weight_store import WeightStore
 
@@ -175,7 +176,7 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
     query = _latent_qkv(f, i, a, norms, w_uk) if cfg.mla else _qkv(f, i, a, norms) if cfg.kv_source(i) is None else \
         _shared_query(f, i, a, norms)
     f.new_rows[i] = query[1:]
-    if f.query_scale:  # after the q norms; GroupQueryAttention's rope commutes with a per-position scalar
+    if f.query_scale and cfg.layer(i).query_scale_beta:  # after the q norms; GroupQueryAttention's rope commutes with a per-position scalar
         query = [n("Mul", [query[0], f.query_scale])[0], *query[1:]]
     out, layer_presents = _attention(f, i, query, padding, slots)
     if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
@@ -308,8 +309,15 @@ def _bias(f: _Fused, i: int, slot: int | None, bias: str, positions: str) -> str
         return bias
     key = (slot, True)
     if key not in f.biases:
-        f.biases[key] = window_bias(f.n, f.const, bias, positions, f.model.config.sliding_window)
+        f.biases[key] = _chunk_bias(f, bias, positions) if f.model.config.window_chunks else \
+            window_bias(f.n, f.const, bias, positions, f.model.config.sliding_window)
     return f.biases[key]
+
+
+def _chunk_bias(f: _Fused, bias: str, positions: str) -> str:
+    """`bias` [b, 1, q, T] with the keys before each query's chunk masked (Llama 4: export/chunk_ops.py)."""
+    far = f.n("Unsqueeze", [before_chunk(f.emitter(), bias, positions, f.model.config.sliding_window), f.const("chunk.axis1", [1])])[0]
+    return f.n("Where", [far, f.const("window.min", FLOAT_MIN, np.float32), bias])[0]
 
 
 def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | None,

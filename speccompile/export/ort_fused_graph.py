@@ -78,6 +78,8 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
     if target == "cuda" and dtype not in CUDA_DTYPES:
         return (f"GroupQueryAttention has CUDA kernels for {'/'.join(CUDA_DTYPES)} only (export dtype {dtype}); "
                 "ort-cuda runs the contract graph")
+    if target == "cuda" and config.window_chunks:
+        return "Llama 4's chunked attention: GroupQueryAttention's local_window_size keeps a window, not a chunk; ort-cuda runs the contract graph"
     if config.mla and config.head_dim > (WIDE_HEAD_DIM if target == "cpu" else 256):
         return (f"multi-head latent attention's {config.head_dim}-wide cache head: ONNX Runtime's CPU GroupQueryAttention "
                 "rounds a row by the pass's rows and total at this width and no attention_lift keeps it exact"

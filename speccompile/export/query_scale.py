@@ -1,7 +1,7 @@
 """Llama 4's query scaling (Ministral 3) as ONNX nodes, for every graph builder (contract, fused CPU / GPU): what
 models/rotary.py `query_scale` computes, operator for operator.
 
-    scale = 1 + beta * log(1 + floor(float(position_ids) / length))     float32, once per pass, in the model dtype
+    scale = 1 + beta * log(1 + floor(float(position_ids + offset) / length))     float32, once per pass, in the model dtype
 
 Each query row is multiplied by its position's scale after rope and the q norms (the contract graph), or after the
 norms and before GroupQueryAttention's rope (the fused graphs: a per-position scalar commutes with rope).
@@ -17,6 +17,8 @@ from .moe_ops import Emitter
 
 def query_scale(em: Emitter, cfg: ModelConfig, positions: str, axes: list[int]) -> str:
     """The scale of `positions` (int64 [b, q]) with size-1 axes `axes` added (the query layout's), in the model dtype."""
+    if cfg.query_scale_offset:  # Llama 4's temperature: position + 1
+        positions = em.one("Add", [positions, em.const("query_scale.offset", [cfg.query_scale_offset])])
     floats = em.one("Cast", [positions], to=TensorProto.FLOAT)
     ratio = em.one("Div", [floats, em.const("query_scale.length", float(cfg.query_scale_length), "float32")])
     one = em.const("query_scale.one", 1.0, "float32")

@@ -109,7 +109,7 @@ class Family:
     rope_alpha: bool = False  # rope type "dynamic" with an `alpha` is NTK-alpha, static (Hunyuan: rope kind ntk_alpha)
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
-    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier | unit | llama4 (q times Llama 4's scaling by position)
+    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier | unit | llama4 (q times Llama 4's scaling by position) | llama4_nope
     residual_key: str = ""  # config key multiplying each block's output (Granite)
     logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
@@ -310,8 +310,7 @@ FAMILIES: dict[str, Family] = {
     "exaone": Family(("exaone",), prefix="transformer.", layers_key="h", names=_EXAONE_NAMES, gguf=_EXAONE_GGUF,
                      config_keys={"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps"},
                      top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight"}),
-    # Youtu-LLM: DeepSeek-V3's latent attention on dense SwiGLU layers
-    "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),
+    "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),  # Youtu-LLM: DeepSeek-V3's latent attention, dense SwiGLU
     # MiniCPM3: that attention with rope on halves, Granite's multipliers from MiniCPM's keys (models/layer_keys.py)
     "minicpm3": Family(("minicpm3",), mla=True, names=MLA_NAMES, gguf={}, minicpm=True, embed_scale="embedding_multiplier", residual_key="residual_multiplier", logit_key="1/logits_scaling"),
     # K-EXAONE (exaone_moe): EXAONE 4's attention (per-head q/k norms, no rope on full layers) in pre norms, DeepSeek-V3's routing
@@ -403,13 +402,14 @@ FAMILIES: dict[str, Family] = {
                          "o_proj": ("self_attn.out_proj.weight",), "o_bias": ("self_attn.out_proj.bias",), "up": ("fc1.weight",),
                          "up_bias": ("fc1.bias",), "down": ("fc2.weight",), "down_bias": ("fc2.bias",)},
                   top_names={"model.final_layer_norm.weight": "model.norm.weight", "model.final_layer_norm.bias": "model.norm.bias"}),
-    # GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
-    "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
+    "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),  # GPT-2's layers as nn.Linear, multi-query attention
     # BitNet b1.58: Llama with norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP; the release's packed
     # ternary weights and 8-bit activations (quantization_config "bitnet": models/bitnet.py); llama.cpp's `bitnet` not read
     # nanochat: gainless RMSNorms (q/k norms after rope included), the embeddings normed, rope turned the other way, a plain relu2 MLP
     "nanochat": Family(("nanochat",), mlp_gated=False, mlp_act="relu2", act_key="hidden_act", qk_norm="after_rope", weightless_norms=True, embed_norm=True, rope_reversed=True, names={"up": ("mlp.fc1.weight",), "down": ("mlp.fc2.weight",)}, bias_keys={"o": "attention_bias"}, gguf={}),
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={}),
+    # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
+    "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names={"gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"), "down": ("feed_forward.down_proj.weight",)}),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -26,6 +26,9 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
   experts on their own norm of the residual, each output through its own norm, summed; models/moe.py), its experts
   GELU-gated (`act`) and stored fused ([experts, 2 * inter, hidden], gate rows then up rows: models/moe_weights.py).
 
+Llama 4: `topk_sigmoid` whose weights scale each chosen expert's input (`scale_input`: expert(w x), not w expert(x)),
+plus an ungated shared expert; MoE layers every `interleave_moe_layer_step`-th (or `moe_layers`), the rest dense.
+
 Cohere 2 MoE adds its ungated shared experts (intermediate_size x num_shared_experts wide) to the routed output, or
 averages the two (`shared_average`: (routed + shared) / 2, its "average" combination strategy).
 
@@ -75,6 +78,7 @@ class MoeConfig:
     act: str = "silu"  # the experts' gate activation (ModelConfig.mlp_act's kinds; Gemma 4: gelu_tanh)
     beside_dense: bool = False  # Gemma 4: the dense MLP and the experts side by side, each with its norms
     router_eps: float = 0.0  # normed_softmax_topk: the router input norm's epsilon (rms_norm_eps)
+    scale_input: bool = False  # the routing weight multiplies the expert's input, not its output (Llama 4)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -304,6 +308,11 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         return MoeConfig(int(experts), int(data["top_k_experts"]), int(data["moe_intermediate_size"]), "normed_softmax_topk", True,
                          block="moe", router="router", act=act, beside_dense=True,
                          router_eps=float(data.get("rms_norm_eps", 1e-6)))
+    if kind == "llama4":  # sigmoid of the top k logits on the experts' input, an ungated shared expert, moe_layers
+        inter, step = int(data["moe_intermediate_size"]), int(data.get("interleave_moe_layer_step") or 1)
+        sparse = data.get("moe_layers") if data.get("moe_layers") is not None else range(step - 1, layers, step)
+        return MoeConfig(int(experts), top_k, inter, "topk_sigmoid", block="feed_forward", router="router", shared_expert_size=inter,
+                         shared_gated=False, scale_input=True, dense_layers=tuple(i for i in range(layers) if i not in set(sparse)))
     if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),
