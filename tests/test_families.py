@@ -566,6 +566,34 @@ def test_ministral3_query_scaling_binds(tmp_path):
     assert err[:8].max() <= 1e-4 and err[8:].min() > 1e-2, err
 
 
+def test_llama4_features_bind(tmp_path):
+    """Llama 4's chunks, NoPE temperature and routing on the expert input each make the tiny model match transformers:
+    the torch reference without one is far off (so the family test above fails on a graph that drops it); the config
+    reads transformers' defaults (chunks of 8192 on rope layers, every fourth layer NoPE, temperature 0.1 / 8192)."""
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from speccompile.models.config import config_from_hf
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    default = config_from_hf(transformers.Llama4TextConfig().to_dict(), "config.json")
+    assert (default.sliding_window, default.window_chunks, default.nope_layers[:2], default.query_scale_beta,
+            default.query_scale_length, default.moe.top_k, default.moe.scale_input) == (8192, True, [3, 7], 0.1, 8192, 1, True)
+    hf = make_family_model(tmp_path / "hf", "llama4_text")
+    loaded = load_model(str(tmp_path / "hf"))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    want = _hf_logits(hf, seq)
+    for change in (dict(window_chunks=False), dict(query_scale_beta=0.0), dict(moe=dataclasses.replace(loaded.config.moe, scale_input=False))):
+        decoder = build_decoder(dataclasses.replace(loaded.config, **change), loaded.weights)
+        with torch.no_grad():
+            logits = decoder(torch.tensor([seq]), torch.arange(26)[None], causal_mask(26, 0), *decoder.empty_past())[0][0].numpy()
+        err = np.abs(logits - want).max(axis=-1) / np.abs(want).max(axis=-1)
+        assert err.max() > 1e-2, (change, err.max())
+
+
 @pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
                                                ("inkling_text", "conv state"), ("xglm", "sinusoidal absolute position"),
                                                ("kolibri1", "routing on logits"), ("diffllama", "differential attention")])
