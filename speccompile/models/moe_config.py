@@ -236,6 +236,15 @@ def _cohere2_moe(data: dict[str, Any], experts: int, top_k: int) -> MoeConfig:
                      shared_name="shared_experts", shared_gated=False, shared_average=combine == "average")
 
 
+def _llama4_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> MoeConfig:
+    """Llama 4: sigmoids of the top k logits on the experts' input, an ungated shared expert; MoE layers `moe_layers`,
+    else every `interleave_moe_layer_step`-th (moe_intermediate_size: models/llama4.py's name of its intermediate_size)."""
+    inter, step = int(data["moe_intermediate_size"]), int(data.get("interleave_moe_layer_step") or 1)
+    sparse = set(data["moe_layers"] if data.get("moe_layers") is not None else range(step - 1, layers, step))
+    return MoeConfig(experts, top_k, inter, "topk_sigmoid", block="feed_forward", router="router", shared_expert_size=inter,
+                     shared_gated=False, scale_input=True, dense_layers=tuple(i for i in range(layers) if i not in sparse))
+
+
 def _uniform(data: dict[str, Any], key: str) -> int:
     """An int config key that may be a per-layer list (Hunyuan's moe_topk); a list of different values is refused."""
     value = data[key]
@@ -284,8 +293,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         inter = int(data["intermediate_size"])
         return MoeConfig(_uniform(data, "num_experts"), _uniform(data, "moe_topk"), inter, "softmax_topk", True,
                          shared_expert_size=inter, shared_name="shared_mlp", shared_gated=False)
-    if kind == "cohere2_moe":
-        return _cohere2_moe(data, int(experts), top_k)
+    if kind in ("cohere2_moe", "llama4"):
+        return _cohere2_moe(data, int(experts), top_k) if kind == "cohere2_moe" else _llama4_moe(data, int(experts), top_k, layers)
     if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), score_bias=True)
@@ -308,11 +317,6 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         return MoeConfig(int(experts), int(data["top_k_experts"]), int(data["moe_intermediate_size"]), "normed_softmax_topk", True,
                          block="moe", router="router", act=act, beside_dense=True,
                          router_eps=float(data.get("rms_norm_eps", 1e-6)))
-    if kind == "llama4":  # sigmoid of the top k logits on the experts' input, an ungated shared expert, moe_layers
-        inter, step = int(data["moe_intermediate_size"]), int(data.get("interleave_moe_layer_step") or 1)
-        sparse = data.get("moe_layers") if data.get("moe_layers") is not None else range(step - 1, layers, step)
-        return MoeConfig(int(experts), top_k, inter, "topk_sigmoid", block="feed_forward", router="router", shared_expert_size=inter,
-                         shared_gated=False, scale_input=True, dense_layers=tuple(i for i in range(layers) if i not in set(sparse)))
     if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),
