@@ -210,6 +210,10 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "llama4_text": dict(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                         no_rope_layer_interval=2, attention_chunk_size=WINDOW, floor_scale=4, attn_scale=0.5,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # chunks of 512, past every test's context (Scout's 8192 past an 8K artifact's): causal, and a GPU graph
+    "llama4-wide-chunks": dict(model_type="llama4_text", intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
+                               num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=512,
+                               floor_scale=4, attn_scale=0.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }
 
 

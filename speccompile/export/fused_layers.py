@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ..errors import UnsupportedError
 from .activations import activation
 from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
@@ -120,8 +119,6 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
                    slots: SlotInputs | None) -> tuple[str, list[str], list[str]]:
     """The first `count` layers and the final norm; returns (final hidden, EAGLE-3 taps, present names)."""
     cfg, n = f.model.config, f.n
-    if f.target == "cuda" and cfg.window_chunks:  # export/chunk_ops.py; ort_fused_graph.fused_variant_problem says so first
-        raise UnsupportedError("Llama 4's chunked attention has no GPU graph (GroupQueryAttention keeps a window, not a chunk)")
     norms = _Norms(f)
     residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
     embed_gain = _final_gain(f) if cfg.embed_norm else []  # nanochat: the final norm of the embeddings too
