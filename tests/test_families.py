@@ -158,6 +158,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gemma4-moe": dict(model_type="gemma4_text", sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32,
                        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
                        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+    # Gemma 3n E2B / E4B's layers: AltUp's 4 streams, LAuReL (rank 8), the Gaussian top-k on layers 0 and 1's gates, KV
+    # sharing (layers 2 and 3 take the keys of 0 and 1), per-layer embeddings (8 per layer; the last 16 tokens past their
+    # table), an MLP width per layer
+    "gemma3n_text": dict(num_hidden_layers=4, sliding_window=WINDOW, layer_types=_TWO * 2, num_kv_shared_layers=2,
+                         hidden_size_per_layer_input=8, vocab_size_per_layer_input=TINY_VOCAB - 16, laurel_rank=8,
+                         activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], intermediate_size=[128, 96, 128, 96],
+                         final_logit_softcapping=30.0),
     # issue 43's families: rows of the table under another model type, then new entries of existing features
     "iquestcoder": {},  # Llama
     "sarvam_mla": dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
@@ -454,6 +461,33 @@ def test_gemma4_config_keys_and_what_is_refused():
             config_from_gguf(bad, False, False, "model.gguf", tensors={})
     with pytest.raises(UnsupportedError, match="rope_freqs tensor other than"):
         config_from_gguf(meta, False, False, "model.gguf", {"factors": [1.0, 2.0] * 8}, tensors={})
+
+
+def test_gemma3n_config_keys_and_what_is_refused():
+    """Gemma 3n's keys read as transformers reads them (a width per layer, activation sparsity defaults: the first 10
+    of more than 10 layers at 0.95, KV sharing, per-layer embeddings, AltUp's streams and LAuReL's rank as roles); another
+    active stream, an uncorrected one, a sparsity out of [0, 1) and llama.cpp's layout are refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+
+    data = dict(model_type="gemma3n_text", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=[128, 96, 128, 96],
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+                layer_types=_TWO * 2, num_kv_shared_layers=2, hidden_size_per_layer_input=8, laurel_rank=8)
+    cfg = config_from_hf(data, "config.json")
+    assert (cfg.kv_sources, cfg.layer_intermediate_sizes, cfg.activation_sparsity) == ([-1, -1, 0, 1], [128, 96, 128, 96], [])
+    assert (cfg.altup_inputs, cfg.laurel_rank, cfg.per_layer_input_size, cfg.per_layer_vocab_size) == (4, 8, 8, 262_144)
+    assert (cfg.attn_scale, cfg.v_norm, cfg.norm_offset, cfg.placement) == (1.0, True, 0.0, "sandwich")
+    assert {"altup_predict", "laurel_left", "ple_gate"} <= set(cfg.layer_roles(3)) and "k_norm" not in cfg.layer_roles(3)
+    wide = config_from_hf({**data, "num_hidden_layers": 12, "intermediate_size": 128, "layer_types": _TWO * 6}, "config.json")
+    assert (wide.activation_sparsity, wide.layer_intermediate_sizes) == ([0.95] * 10 + [0.0] * 2, [])
+    for bad, match in ((dict(altup_active_idx=1), "altup_active_idx 1 is not supported"),
+                       (dict(altup_correct_scale=False), "altup_correct_scale False is not supported"),
+                       (dict(activation_sparsity_pattern=[1.0, 0, 0, 0]), "activation_sparsity_pattern .* is not supported"),
+                       (dict(num_kv_shared_layers=4), "num_kv_shared_layers 4 is not supported")):
+        with pytest.raises(UnsupportedError, match=match):
+            config_from_hf({**data, **bad}, "config.json")
+    with pytest.raises(UnsupportedError, match="Gemma 3n is read from its Hugging Face checkpoint"):
+        config_from_gguf({"general.architecture": "gemma3n"}, False, False, "model.gguf")
 
 
 def test_minicpm3_config_keys_read_as_transformers_reads_them():

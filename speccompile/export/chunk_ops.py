@@ -10,6 +10,10 @@ only keep a window of the last keys (`local_window_size`), are not written for c
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..models.config import ModelConfig
+from .fused_ops import FLOAT_MIN, window_bias
 from .moe_ops import Emitter
 
 
@@ -24,3 +28,16 @@ def before_chunk(em: Emitter, keys_of: str, positions: str, chunk: int) -> str:
     start = em.one("Sub", [positions, em.one("Mod", [positions, em.const("chunk.size", chunk)])])
     return em.one("Less", [em.one("Unsqueeze", [keys, em.const("chunk.axis1", [1])]),
                            em.one("Unsqueeze", [start, em.const("chunk.axis2", [2])])])
+
+
+def chunk_bias(em: Emitter, bias: str, positions: str, chunk: int) -> str:
+    """A fused graph's `bias` [b, 1, q, T] with the keys before each query's chunk masked (float32 min)."""
+    far = em.one("Unsqueeze", [before_chunk(em, bias, positions, chunk), em.const("chunk.axis1", [1])])
+    return em.one("Where", [far, em.const("window.min", FLOAT_MIN, np.float32), bias])
+
+
+def sliding_bias(em: Emitter, cfg: ModelConfig, bias: str, positions: str) -> str:
+    """A fused graph's sliding-layer bias: Llama 4's chunks (`chunk_bias`), else the window (`fused_ops.window_bias`)."""
+    if cfg.window_chunks:
+        return chunk_bias(em, bias, positions, cfg.sliding_window)
+    return window_bias(em.op, em.const, bias, positions, cfg.sliding_window)

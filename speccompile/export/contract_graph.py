@@ -30,6 +30,7 @@ from onnx import TensorProto
 from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
 from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
@@ -38,8 +39,8 @@ from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
 from .chunk_ops import before_chunk
-from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
-                      per_layer_recipes, position_recipes, top_bias_recipes)
+from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, altup_recipes, final_norm_recipe, layer_recipe, layer_roles,
+                      np_dtype, per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
 
 OPSET = 21
@@ -65,7 +66,7 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
-    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype)})
+    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype), **altup_recipes(cfg, dtype)})
     for i in range(cfg.num_hidden_layers):
         names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
         if cfg.moe is not None and cfg.moe.is_moe(i):
@@ -123,10 +124,12 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         rows = b.one("/embed_positions", "Add", ["position_ids", b.const("/embed_positions", [cfg.position_offset], np.int64)]) \
             if cfg.position_offset else "position_ids"
         x = b.one("/embed_positions", "Add", [x, b.one("/embed_positions", "Gather", [g.weight(POSITIONS[0]), rows])])
+    x = soft_tokens(g.emitter("/soft_tokens"), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
     if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
         x = _norm(g, "/embed_norm", x, "model.norm.weight")
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
+    x = altup_streams(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams (export/altup_ops.py)
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
     g.query_scale = query_scale(g.emitter("/query_scale"), cfg, "position_ids", [1, 3]) if cfg.query_scale_beta else ""
     keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
@@ -134,9 +137,10 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     taps, presents = [], []
     for i in range(count):
         if i in model.aux_layers:
-            taps.append(x)
+            taps.append(active_stream(g.emitter("/altup"), x) if cfg.altup_inputs else x)
         x = _layer(g, i, x)
         presents += [f"present.{i}.key", f"present.{i}.value"]
+    x = altup_merge(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,
@@ -238,6 +242,9 @@ def _layer(g: _Graph, i: int, x: str) -> str:
             h = b.one(scope, "Mul", [h, b.const(scope, cfg.residual_scale, np_dtype(g.dtype))])
         return b.one(scope, "Add", [x, h])
 
+    if cfg.altup_inputs:  # Gemma 3n: the layer on AltUp's streams (export/altup_ops.py)
+        return altup_layer(g.emitter(f"{scope}/altup"), cfg, i, x, LayerParts(lambda h: _attention(g, i, h), lambda h: _mlp(g, i, h),
+                                                                              norm, lambda role: g.role(i, role)), g.per_layer)
     if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
@@ -268,6 +275,8 @@ def _dense_mlp(g: _Graph, i: int, h: str) -> str:
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     both = b.one(scope, "MatMul", [_projected(g, i, "", h, scope), g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
+    if g.model.config.activation_sparsity and g.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+        gate = gaussian_topk(g.emitter(scope), gate, g.model.config.activation_sparsity[i])
     act = _projected(g, i, "ffn_sub_norm", b.one(scope, "Mul", [_act(g, i, gate, scope), up]), scope)
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
@@ -367,9 +376,9 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
     key = (cfg.sliding(i), kv_heads)
     bias = g.biases[key]
-    if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
-        qg = _with_last_row(g, s, qg)
-        g.padded[key] = bias = g.padded.get(key) or _with_last_row(g, s, bias)  # once, as the tracer merged it
+    if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (with_last_row)
+        qg = g.b.with_last_row(s, qg)
+        g.padded[key] = bias = g.padded.get(key) or g.b.with_last_row(s, bias)  # once, as the tracer merged it
     scores = latent_scores(g.emitter(s), cfg, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
@@ -407,7 +416,7 @@ def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
     rows = b.one(s, "Concat", [b.one(s, "Shape", [q], end=3), b.const(s, [1])], axis=0)  # [b, heads, q, 1]
     column = b.one(s, "Reshape", [b.one(s, "Expand", [sinks, rows]), b.const(s, [0, cfg.num_key_value_heads, -1, 1])])
     if cfg.num_attention_heads == cfg.num_key_value_heads:
-        column = _with_last_row(g, s, column)
+        column = g.b.with_last_row(s, column)
     probs = b.one(s, "Softmax", [b.one(s, "Concat", [scores, column], axis=-1)], axis=-1)
     return b.one(s, "Slice", [probs, b.const(s, [0]), b.const(s, [-1]), b.const(s, [-1]), b.const(s, [1])])
 
@@ -434,10 +443,3 @@ def _rope(g: _Graph, scope: str, x: str, kind: str, cfg: ModelConfig | None = No
         return out
     rest = b.one(scope, "Slice", [x, b.const(scope, [rot]), b.const(scope, [INT64_MAX]), axis, step])
     return b.one(scope, "Concat", [out, rest], axis=-1)
-
-
-def _with_last_row(g: _Graph, scope: str, x: str) -> str:
-    """`x` [b, h, rows, n] with a copy of its last row appended (models.decoder._with_last_row)."""
-    b = g.b
-    last = b.one(scope, "Slice", [x, b.const(scope, [-1]), b.const(scope, [INT64_MAX]), b.const(scope, [2]), b.const(scope, [1])])
-    return b.one(scope, "Concat", [x, last], axis=2)

@@ -5,7 +5,7 @@ Each layer reads only `ModelConfig`'s layer description (models/architectures.py
 q/k norms (before rope, or after it: roped by a `RotaryEmbedding` before GroupQueryAttention), rope kind per layer
 (global / local table, or none), the attention scale, soft-capping and sliding
 window, and the MLP activation. A sliding layer reads its own additive bias: the pass's `attention_bias` with
-the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`); the causal
+the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`; Llama 4's chunks: `chunk_ops.chunk_bias`); the causal
 CUDA graphs, which verify chains only, use GroupQueryAttention's `local_window_size` instead (the slotted GPU
 graph's tree form takes a bias, windowed as the CPU graph's).
 """
@@ -19,14 +19,14 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
 from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
-from .fused_ops import FLOAT_MIN, window_bias
-from .chunk_ops import before_chunk
+from .chunk_ops import sliding_bias
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
 from .weight_store import WeightStore
 
@@ -46,13 +46,16 @@ class _Fused:
     new_rows: dict[int, list[str]] = field(default_factory=dict)  # layer -> its k / v inputs (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
     query_scale: str = ""  # Llama 4's query scaling [b, q, 1] (export/query_scale.py), or none
+    named: set[str] = field(default_factory=set)  # the initializers written
 
     @property
     def elem(self) -> int:
         return ELEM[self.dtype]
 
     def weight(self, name: str, recipe: Recipe) -> str:
-        self.inits.append(self.store.tensor(name, recipe))
+        if name not in self.named:  # a weight read twice (Gemma 3n's router norm): one initializer
+            self.named.add(name)
+            self.inits.append(self.store.tensor(name, recipe))
         return name
 
     def layer_weight(self, i: int, name: str, role: str) -> str:
@@ -120,6 +123,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     """The first `count` layers and the final norm; returns (final hidden, EAGLE-3 taps, present names)."""
     cfg, n = f.model.config, f.n
     norms = _Norms(f)
+    x = soft_tokens(f.emitter(), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
     residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
     embed_gain = _final_gain(f) if cfg.embed_norm else []  # nanochat: the final norm of the embeddings too
     if embed_gain:
@@ -128,6 +132,8 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
             h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))
     f.query_scale = query_scale(f.emitter(), cfg, "position_ids", [2]) if cfg.query_scale_beta else ""
+    if cfg.altup_inputs:  # Gemma 3n: the layers on AltUp's streams
+        return _altup_layers(f, x, count, padding, slots, norms)
     for i in range(count):
         if cfg.placement == "post":
             residual = residual if pending is None else n("Add", [residual, pending])[0]
@@ -186,6 +192,31 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
     if cfg.o_proj_bias:
         attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
     return attn, layer_presents
+
+
+def _altup_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None, slots: SlotInputs | None,
+                  norms: _Norms) -> tuple[str, list[str], list[str]]:
+    """Gemma 3n's layers on AltUp's streams of the embeddings `x` (export/altup_ops.py), the streams' mean and the
+    final norm; returns (final hidden, EAGLE-3 taps, present names)."""
+    cfg, em, taps, presents = f.model.config, f.emitter(), [], []
+
+    def attend(i: int, h: str) -> str:
+        attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
+        presents.extend(layer_presents)
+        return attn
+
+    streams = altup_streams(em, cfg, x)
+    for i in range(count):
+        if i in f.model.aux_layers:
+            taps.append(active_stream(em, streams))
+        parts = LayerParts(lambda h, i=i: attend(i, h), lambda h, i=i: _mlp(f, i, h),
+                           lambda role, h, i=i: norms.plain(h, norms.gamma(i, role), f"layers.{i}.{role}"),
+                           lambda role, i=i: f.layer_weight(i, role, role))
+        streams = altup_layer(em, cfg, i, streams, parts, f.per_layer)
+    last = altup_merge(em, cfg, streams)
+    if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
+        taps.append(last)
+    return norms.plain(last, _final_gain(f), "final"), taps, presents
 
 
 def _final_gain(f: _Fused) -> list[str]:
@@ -309,15 +340,8 @@ def _bias(f: _Fused, i: int, slot: int | None, bias: str, positions: str) -> str
         return bias
     key = (slot, True)
     if key not in f.biases:
-        f.biases[key] = _chunk_bias(f, bias, positions) if f.model.config.window_chunks else \
-            window_bias(f.n, f.const, bias, positions, f.model.config.sliding_window)
+        f.biases[key] = sliding_bias(f.emitter(), f.model.config, bias, positions)  # a window, or Llama 4's chunks
     return f.biases[key]
-
-
-def _chunk_bias(f: _Fused, bias: str, positions: str) -> str:
-    """`bias` [b, 1, q, T] with the keys before each query's chunk masked (Llama 4: export/chunk_ops.py)."""
-    far = f.n("Unsqueeze", [before_chunk(f.emitter(), bias, positions, f.model.config.sliding_window), f.const("chunk.axis1", [1])])[0]
-    return f.n("Where", [far, f.const("window.min", FLOAT_MIN, np.float32), bias])[0]
 
 
 def _attention(f: _Fused, i: int, query: list[str], padding: OneRowPadding | None,
@@ -395,6 +419,8 @@ def _dense_mlp(f: _Fused, i: int, h: str) -> str:
     gu = n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
+    if f.model.config.activation_sparsity and f.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+        gate = gaussian_topk(f.emitter(), gate, f.model.config.activation_sparsity[i])
     act = _projected(f, i, "ffn_sub_norm", n("Mul", [_act(f, i, gate), up])[0])
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
 

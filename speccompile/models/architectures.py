@@ -58,6 +58,13 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "ple_norm": ("post_per_layer_input_norm.weight",),
     "attn_sub_norm": ("self_attn.attn_sub_norm.weight",), "ffn_sub_norm": ("mlp.ffn_sub_norm.weight",),  # BitNet
 }
+# Gemma 3n's AltUp (the streams' predict / correct coefficients, the router and its norm, the scale of the active stream's
+# correction) and LAuReL (the low-rank residual: left [rank, hidden], right [hidden, rank], its output's norm) per layer
+ALTUP_NAMES: dict[str, tuple[str, ...]] = {
+    "altup_scale": ("altup.correct_output_scale",), "altup_correct": ("altup.correction_coefs.weight",),
+    "altup_predict": ("altup.prediction_coefs.weight",), "altup_router": ("altup.modality_router.weight",),
+    "altup_router_norm": ("altup.router_norm.weight",), "laurel_left": ("laurel.linear_left.weight",),
+    "laurel_right": ("laurel.linear_right.weight",), "laurel_norm": ("laurel.post_laurel_norm.weight",)}
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -162,6 +169,7 @@ class Family:
     sub_norms: bool = False  # BitNet: norms of o_proj's and down_proj's inputs (models/bitnet.py: its packed ternary weights)
     embed_norm: bool = False  # the final norm also normalises the embeddings before layer 0 (nanochat)
     rope_reversed: bool = False  # rope turned the other way: rotate_half [x2, -x1], i.e. sin negated (nanochat)
+    altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -341,6 +349,12 @@ FAMILIES: dict[str, Family] = {
                      names={**_SANDWICH_NAMES, "dense_out_norm": ("post_feedforward_layernorm_1.weight",),
                             "moe_in_norm": ("pre_feedforward_layernorm_2.weight",), "moe_out_norm": ("post_feedforward_layernorm_2.weight",)},
                      layer_shapes=True, v_norm=True, layer_scalar=True, gguf=_GEMMA4_GGUF, gguf_keys=_SOFTCAPS),
+    # Gemma 3n (text; the multimodal `gemma3n` config's text_config): Gemma 4's attention (per-head q/k norms, scale 1, a
+    # scale-free value norm) on one head shape, KV sharing and per-layer embeddings, inside AltUp's parallel streams with
+    # LAuReL's low-rank residual (the `ALTUP_NAMES` roles) and the Gaussian top-k on the first layers' MLP gates
+    "gemma3n": Family(("gemma3n_text",), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
+                      embed_scale="sqrt_hidden", attn_scale="unit", bias_keys={"o": "attention_bias"}, v_norm=True, altup=True,
+                      names={**_SANDWICH_NAMES, **ALTUP_NAMES}, gguf={}),
     # Jais 2: Llama's attention with q/k/v/o biases, biased LayerNorms, a plain ReLU-squared MLP with biases
     "jais2": Family(("jais2",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_act="relu2",
                     act_key="hidden_act", mlp_bias=True, bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),
@@ -423,28 +437,3 @@ def family_name(model_type: str) -> str | None:
 def family(name: str) -> Family:
     """The entry of family `name` (a ModelConfig.architecture)."""
     return FAMILIES[name]
-
-
-_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
-                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",), "parallel2": ("input_norm", "post_norm")}
-
-MLA_ROLES = {"lora": ["q_kv_a", "q_a_norm", "q_b", "kv_a_norm", "kv_b"], "plain": ["q_kv", "kv_a_norm", "kv_b"]}
-
-
-def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
-                moe: bool = False, norm_bias: bool = False, mlp: str = "gated", mla: str = "", act: bool = False) -> list[str]:
-    """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
-    sinks, norm biases, MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
-    models/moe_config.py), latent attention (`mla`: "" none, "lora" with q_lora_rank, "plain" without) and the
-    activation's learned scalars (`act`: xIELU)."""
-    mlp_roles = {"gated": ["gate_up", "down"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
-    attention = MLA_ROLES[mla] if mla else ["qkv"]
-    roles = [*_PLACEMENT_NORMS[placement], *attention, "o_proj", *([] if moe else mlp_roles[mlp]), *(["act"] if act and not moe else [])]
-    if norm_bias:
-        roles += [f"{role}_bias" for role in _PLACEMENT_NORMS[placement]]
-    if attention_bias:
-        roles.append("qkv_bias")
-    roles += [role for role, used in (("o_bias", o_bias), ("sinks", sinks)) if used]
-    if qk_norm:
-        roles += ["q_norm", "k_norm", *(["q_norm_bias", "k_norm_bias"] if norm_bias else [])]
-    return roles

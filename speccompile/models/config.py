@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
+from .altup_keys import altup_keys
+from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
+from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields
 from .llama4 import llama4_fields
@@ -19,6 +20,7 @@ from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
+from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
 _GGUF_ROPE = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys}  # a family's rope keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
@@ -100,6 +102,12 @@ class ModelConfig:
     layer_intermediate_sizes: list[int] = field(default_factory=list)
     per_layer_input_size: int = 0  # per-layer embeddings (Gemma 4's PLE): each layer's width (0: none)
     per_layer_vocab_size: int = 0  # the rows of their table
+    # Gemma 3n (models/altup.py): AltUp's parallel streams (0: none), LAuReL's rank, the Gaussian top-k's target
+    # sparsity of each layer's MLP gate ([]: none; 0: that layer dense)
+    altup_inputs: int = 0
+    laurel_rank: int = 0
+    activation_sparsity: list[float] = field(default_factory=list)
+    soft_token_offset: int = 0  # its wrapper's image / audio tokens (ids from here on) embed from their own table (models/soft_tokens.py)
     # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
     position_embeddings: int = 0
     position_offset: int = 0
@@ -177,8 +185,9 @@ class ModelConfig:
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
+        altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
         return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
-            + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms
+            + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms + altup
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -289,6 +298,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
+        **(altup_keys(data, types, layers, source) if fam.altup else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
         embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
@@ -378,39 +388,6 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         data.update(_GGUF_ROPE[arch](meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
-
-
-def _gguf_layer_keys(meta: dict[str, Any], p: str, fam: Family, arch: str, data: dict[str, Any],
-                     source: str) -> dict[str, Any]:
-    """The config.json keys of llama.cpp's per-layer metadata: sliding layers (`attention.sliding_window` with
-    `attention.sliding_window_pattern`: a period, layer i slides iff i % period < period - 1, or one flag per layer;
-    absent: the family's `gguf_swa_period`), the sliding layers' rope base (`rope.freq_base_swa`), llama.cpp's fixed
-    NoPE layers and the family's scale / softcap keys (`Family.gguf_keys`)."""
-    layers, out = data["num_hidden_layers"], {key: meta[p + k] for k, key in fam.gguf_keys.items() if p + k in meta}
-    if fam.attn_scale == "query_pre_attn_scalar":
-        out["query_pre_attn_scalar"] = data["head_dim"]  # llama.cpp scales by head_dim ** -0.5
-    if fam.gguf_nope_period:
-        out["no_rope_layers"] = [int((i + 1) % fam.gguf_nope_period != 0) for i in range(layers)]
-    window = int(meta.get(p + "attention.sliding_window") or 0)
-    pattern = meta.get(p + "attention.sliding_window_pattern", fam.gguf_swa_period)
-    if not window:
-        return out
-    if pattern is None:
-        raise UnsupportedError(f"{source}: a GGUF {arch} with {p}attention.sliding_window is not supported "
-                               "(llama.cpp reads no layer pattern for it; export its safetensors)")
-    if isinstance(pattern, list) and len(pattern) >= layers:
-        slides = [bool(flag) for flag in pattern[:layers]]
-    elif isinstance(pattern, numbers.Integral) and not isinstance(pattern, bool) and pattern >= 0:
-        slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
-    else:
-        raise UnsupportedError(f"{source}: {p}attention.sliding_window_pattern {pattern!r} is not supported")
-    out.update(sliding_window=window, use_sliding_window=True,
-               layer_types=["sliding_attention" if s else "full_attention" for s in slides])
-    local = float(meta.get(p + "rope.freq_base_swa") or fam.gguf_local_base or data["rope_theta"])
-    if local != data["rope_theta"]:  # the scaling stays with the full-attention layers (Gemma 3)
-        out["rope_parameters"] = {"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
-                                  "sliding_attention": {"rope_theta": local}}
-    return out
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,

@@ -13,7 +13,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .architectures import BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
+from .architectures import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
@@ -205,7 +206,8 @@ class DecoderLayer(nn.Module):
         self.self_attn = LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer)
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
-        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer)))
+        sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
+        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
         if config.sub_norms:  # BitNet: the norm of down_proj's input
             getattr(self, self.mlp_name).ffn_sub_norm = norm_of(config, config.layer(layer).intermediate_size)
         self.beside_dense = is_moe and config.moe.beside_dense
@@ -214,6 +216,8 @@ class DecoderLayer(nn.Module):
         self.layer_scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None  # Gemma 4: the output's multiplier
         if config.per_layer_input_size:  # Gemma 4's per-layer embeddings: the block after the MLP (models/per_layer.py)
             attach_per_layer_block(self, config, norm_of)
+        if config.altup_inputs:  # Gemma 3n's AltUp streams and LAuReL (models/altup.py)
+            attach_altup(self, config, norm_of)
 
     def _mlp(self, h: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP block on its normed input `h` (`x`: the residual stream, Gemma 4's experts' input)."""
@@ -221,7 +225,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rotary, biases, past_k, past_v, shared=None, per_layer=None):
         """`shared`: KV sharing, the new key / value rows this layer takes (Attention); `per_layer`: its per-layer
-        input [b, q, P] (Gemma 4's PLE)."""
+        input [b, q, P] (Gemma 4's PLE); Gemma 3n (AltUp): `x` is the streams [n, b, q, hidden] (models/altup.py)."""
+        if self.config.altup_inputs:
+            return altup_layer(self, self.config, x, lambda h: self.self_attn(h, rotary, biases, past_k, past_v,
+                                                                             *([shared] if shared is not None else [])), per_layer)
         out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v, shared)
         if per_layer is not None:
             out = per_layer_block(self, self.config, out, per_layer)
@@ -258,6 +265,10 @@ class DecoderModel(nn.Module):
         if config.per_layer_input_size:  # Gemma 4's per-layer embeddings (models/per_layer.py)
             self.embed_tokens_per_layer, self.per_layer_model_projection, self.per_layer_projection_norm = \
                 per_layer_modules(config, norm_of)
+        if config.altup_inputs:  # Gemma 3n's projections into and out of the AltUp streams (models/altup.py)
+            self.altup_projections, self.altup_unembed_projections = altup_projections(config)
+        if config.soft_token_offset:  # Gemma 3n's wrapper: its image / audio tokens' table (models/soft_tokens.py)
+            self.soft_token_embeds = nn.Embedding(config.vocab_size - config.soft_token_offset, config.hidden_size)
 
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -352,16 +363,19 @@ class Decoder(nn.Module):
             if kv != cfg.num_key_value_heads and (sliding, kv) not in biases:
                 biases[(sliding, kv)] = attention_bias(masks[sliding], cfg.num_attention_heads, kv)
         presents, taps, new_rows = [], [], {}  # new_rows: KV sharing, a layer's pass's new key / value rows
+        x = soft_token_embeds(self.model, cfg, input_ids, x) if cfg.soft_token_offset else x
         per_layer = per_layer_inputs(self.model, cfg, input_ids, x) if cfg.per_layer_input_size else None
+        x = altup_streams(self.model.altup_projections, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layers:
-                taps.append(x)
+                taps.append(x[0] if cfg.altup_inputs else x)
             past = past_key_values[2 * i].shape[2]
             x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1],
                                     new_rows.get(cfg.kv_source(i)), None if per_layer is None else per_layer[:, :, i])
             if cfg.kv_sources:
                 new_rows[i] = (k_all[:, :, past:], v_all[:, :, past:])
             presents += [k_all, v_all]
+        x = altup_merge(self.model.altup_unembed_projections, x) if cfg.altup_inputs else x
         if self.config.num_hidden_layers in self.aux_layers:  # tap L: the final hidden state before the norm
             taps.append(x)
         hidden = self.model.norm(x)
@@ -405,7 +419,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 

@@ -18,6 +18,8 @@ def family_keys(data: dict[str, Any], fam: Family) -> dict[str, Any]:
     wins where both are given), its defaults where config.json has none (`config_defaults`), MiniCPM's keys rewritten."""
     own = {std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}
     data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
+    if fam.altup and isinstance(data.get("intermediate_size"), list):  # Gemma 3n: a width per layer (models/altup_keys.py)
+        data = {**data, "intermediate_size": max(data["intermediate_size"]), "layer_intermediate_sizes": data["intermediate_size"]}
     return minicpm_keys(data) if fam.minicpm else llama4_keys(data) if fam.attn_scale == "llama4_nope" else data
 
 

@@ -17,6 +17,7 @@ REFUSED = {
     "hy_v4": "sparse attention (DSA indexer) and hyper-connections are not supported",
     "doge": "dynamic mask attention (top-k keys of the whole cache past keep_window_size) is not supported",
     # features no builder has yet
+    "gemma3n": "Gemma 3n is read from its Hugging Face checkpoint (the gemma3n wrapper's text_config); llama.cpp's layout is not read",
     "xglm": "sinusoidal absolute position embeddings are not built",
     "mpt": "ALiBi position biases are not built",
     "codegen": "CodeGen's fused qkv (four model-parallel blocks of q | v | k) is not built",

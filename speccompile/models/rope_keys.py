@@ -55,7 +55,7 @@ def rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
-    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: models/config.py `_gguf_layer_keys`, period 2). Unless the
+    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: models/gguf_layer_keys.py, period 2). Unless the
     file names them, llama.cpp takes yarn's betas 32 / 1. The correction range is not rounded (`truncate` false,
     as gpt-oss' own config.json and reference code have it); one rope base for every layer."""
     local_base = meta.get(p + "rope.freq_base_swa")
