@@ -211,6 +211,16 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     # nanochat: RMSNorms without a gain, q/k norms after rope, the embeddings normed, rope turned the other way, a plain
     # ReLU-squared MLP (fc1 / fc2), final logit soft-capping
     "nanochat": dict(final_logit_softcapping=15.0),
+    # Llama 4: layer 0 a chunked rope layer (chunks of 8: three in the sequence) with gainless q/k norms after interleaved
+    # rope and a dense MLP (intermediate_size_mlp), layer 1 a NoPE full layer with the query temperature (floor_scale 4:
+    # seven scales) and a MoE block (top-1 sigmoid on the experts' input, a shared expert)
+    "llama4_text": dict(intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                        no_rope_layer_interval=2, attention_chunk_size=WINDOW, floor_scale=4, attn_scale=0.5,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # chunks of 512, past every test's context (Scout's 8192 past an 8K artifact's): causal, and a GPU graph
+    "llama4-wide-chunks": dict(model_type="llama4_text", intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
+                               num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layer_interval=2, attention_chunk_size=512,
+                               floor_scale=4, attn_scale=0.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
 }
 
 
@@ -592,6 +602,34 @@ def test_ministral3_query_scaling_binds(tmp_path):
     want = _hf_logits(hf, seq)
     err = np.abs(logits - want).max(axis=-1) / np.abs(want).max(axis=-1)
     assert err[:8].max() <= 1e-4 and err[8:].min() > 1e-2, err
+
+
+def test_llama4_features_bind(tmp_path):
+    """Llama 4's chunks, NoPE temperature and routing on the expert input each make the tiny model match transformers:
+    the torch reference without one is far off (so the family test above fails on a graph that drops it); the config
+    reads transformers' defaults (chunks of 8192 on rope layers, every fourth layer NoPE, temperature 0.1 / 8192)."""
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from speccompile.models.config import config_from_hf
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    default = config_from_hf(transformers.Llama4TextConfig().to_dict(), "config.json")
+    assert (default.sliding_window, default.window_chunks, default.nope_layers[:2], default.query_scale_beta,
+            default.query_scale_length, default.moe.top_k, default.moe.scale_input) == (8192, True, [3, 7], 0.1, 8192, 1, True)
+    hf = make_family_model(tmp_path / "hf", "llama4_text")
+    loaded = load_model(str(tmp_path / "hf"))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    want = _hf_logits(hf, seq)
+    for change in (dict(window_chunks=False), dict(query_scale_beta=0.0), dict(moe=dataclasses.replace(loaded.config.moe, scale_input=False))):
+        decoder = build_decoder(dataclasses.replace(loaded.config, **change), loaded.weights)
+        with torch.no_grad():
+            logits = decoder(torch.tensor([seq]), torch.arange(26)[None], causal_mask(26, 0), *decoder.empty_past())[0][0].numpy()
+        err = np.abs(logits - want).max(axis=-1) / np.abs(want).max(axis=-1)
+        assert err.max() > 1e-2, (change, err.max())
 
 
 @pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),

@@ -392,6 +392,10 @@ def test_every_family_gpu_form_matches_transformers(tmp_path, name):
     `next_tokens` its argmax."""
     from test_families import _close, _hf_logits, make_family_model
 
+    if name == "llama4_text":  # chunks of 8 in 64 KV slots: no GPU graph, said in one line (the export notes it, goes on)
+        with pytest.raises(UnsupportedError, match="chunked attention on 64 KV slots, past its chunk of 8"):
+            _fp32_gpu_form(tmp_path, name, family=True)
+        return
     hf = make_family_model(tmp_path / name, name)
     out, spec, _ = _fp32_gpu_form(tmp_path, name, family=True)
     gpu = OrtCudaSession(out, spec, device="cpu", max_context=MAX_CONTEXT, threads=1)

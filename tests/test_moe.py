@@ -18,11 +18,11 @@ from conftest import TINY_VOCAB
 from test_families import make_family_model
 from test_quantized_exact import PROMPTS, assert_greedy_speculative_equals_plain
 
-MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe", "cohere2_moe", "cohere2_moe-sigmoid"]
+MOE = ["qwen3_moe", "qwen2_moe", "mixtral", "gpt_oss", "hunyuan_v1_moe", "gemma4-moe", "cohere2_moe", "cohere2_moe-sigmoid", "llama4_text"]
 # tests/test_families.py: the tiny configs (a dense layer, a shared expert, renormalised top k; Mixtral with a sliding
 # window; gpt-oss: biases, clamped SwiGLU, sinks, yarn; Hunyuan: an ungated shared MLP, q/k norms after rope; Gemma 4:
 # normed routing with per-expert scales, GELU experts beside the dense MLP; Cohere 2 MoE: top k then softmax / sigmoid,
-# shared experts averaged / summed)
+# shared experts averaged / summed; Llama 4: top-1 sigmoid weights on the experts' input, a dense layer 0, chunked attention)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_int4_build_packs_every_expert_and_verifies_identical(moe_artifacts, tmp
 def test_torch_moe_block_matches_transformers_block(moe_artifacts, arch):
     """models.moe.SparseMoe with the checkpoint's layer-0 tensors = transformers' MoE block on the same rows."""
     model, _ = moe_artifacts[arch]
-    assert_moe_block_matches_transformers(model, 0, 9)
+    assert_moe_block_matches_transformers(model, 1 if arch == "llama4_text" else 0, 9)  # Llama 4's layer 0 is dense
 
 
 def assert_moe_block_matches_transformers(model: Path, layer: int, rows: int):
@@ -182,9 +182,9 @@ def assert_moe_block_matches_transformers(model: Path, layer: int, rows: int):
             hf_layer, flat = hf.model.layers[layer], x.reshape(rows, -1)
             expected = hf_layer.experts(flat, *reversed(hf_layer.router(flat)[1:])).reshape(x.shape)
         else:
-            expected = hf.model.layers[layer].mlp(x)  # transformers 5 calls every MoE block `mlp` (Mixtral too)
+            expected = getattr(hf.model.layers[layer], moe.block if moe.block == "feed_forward" else "mlp")(x)  # `mlp` (Mixtral too), Llama 4's feed_forward
         expected = expected[0] if isinstance(expected, tuple) else expected
-        expected = expected.numpy()  # within 1e-5 of the block's largest output (sums in another expert order)
+        expected = expected.reshape(x.shape).numpy()  # within 1e-5 of the block's largest output (sums in another expert order)
         np.testing.assert_allclose(block(x).numpy(), expected, atol=1e-5 * float(np.abs(expected).max()), rtol=0)
     return moe
 

@@ -15,7 +15,7 @@ from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
 from conftest import TINY_VOCAB, run_cli_here, write_char_tokenizer
-from test_families import MINISTRAL3_ROPE, WINDOW, _check_graph
+from test_families import FAMILIES, MINISTRAL3_ROPE, WINDOW, _check_graph
 
 _TEXT = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -55,6 +55,10 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
     "qwen3_vl_moe": ("qwen3_vl_moe", dict(text_config=dict(_TEXT, rope_parameters=dict(_MROPE, mrope_interleaved=True),
                                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24),
                                           vision_config=dict(_QWEN_VISION, deepstack_visual_indexes=[0]))),
+    # Llama 4 (Scout / Maverick: language_model.model.*, vision_model.*): tests/test_families.py's llama4_text layers
+    "llama4": ("llama4", dict(text_config=dict(_TEXT, **FAMILIES["llama4_text"]), vision_config=dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14,
+        vision_output_dim=32, projector_input_dim=32, projector_output_dim=64))),
 }
 # text_config keys whose values are transformers' defaults, left out as older saves leave them (Gemma 3's published configs)
 _GEMMA3_DEFAULTS = ("query_pre_attn_scalar", "rms_norm_eps", "hidden_activation", "attn_logit_softcapping",
@@ -114,7 +118,7 @@ def test_wrapper_text_decoder_matches_transformers(tmp_path, name):
     out = tmp_path / "art"
     export_artifact(str(tmp_path / "hf"), out, ExportOptions(max_context=96), said.append)
     left_out = [m for m in said if m.startswith("text decoder only: ")]
-    assert len(left_out) == 1 and ("vision_tower" in left_out[0] or "visual" in left_out[0]), said
+    assert len(left_out) == 1 and any(part in left_out[0] for part in ("vision_tower", "visual", "vision_model")), said
     manifest = json.loads((out / "manifest.json").read_text())
     assert not any("vision" in f or "visual" in f for f in manifest["files"])
     assert (out / "tokenizer_config.json").is_file()  # the tokenizer's template wins over the processor's
@@ -149,7 +153,7 @@ def _config_folder(tmp_path, raw: dict):
 
 
 @pytest.mark.parametrize("raw, says", [
-    (dict(model_type="llama4", text_config=dict(_TEXT, model_type="llama4_text")), "model_type 'llama4': Llama 4's text decoder"),
+    (dict(model_type="mllama", text_config=dict(_TEXT, model_type="mllama_text_model")), "model_type 'mllama': Llama 3.2 Vision"),
     (dict(model_type="idefics3", text_config=dict(_TEXT, model_type="llama")), "model_type 'idefics3' (a multimodal wrapper"),
     (dict(model_type="llava", text_config=dict(_TEXT, model_type="mamba")), "llava with text_config model_type 'mamba' is not supported"),
     (dict(model_type="gemma3", text_config=dict(_TEXT, model_type="gemma3_text", use_bidirectional_attention=True)),

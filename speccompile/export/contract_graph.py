@@ -38,6 +38,7 @@ from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, lat
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
+from .chunk_ops import before_chunk
 from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, altup_recipes, final_norm_recipe, layer_recipe, layer_roles,
                       np_dtype, per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
@@ -194,7 +195,9 @@ def _attention_bias(g: _Graph, sliding: bool, kv_heads: int) -> str:
     cfg = g.model.config
     mask = "attention_mask"
     s = ("/sliding" if sliding else "") + ("" if kv_heads == cfg.num_key_value_heads else f"/kv{kv_heads}")
-    if sliding:
+    if sliding and cfg.window_chunks:  # Llama 4's chunks (export/chunk_ops.py)
+        mask = b.one(s, "And", [mask, b.one(s, "Not", [before_chunk(g.emitter(s), mask, "position_ids", cfg.sliding_window)])])
+    elif sliding:
         slots = b.one(s, "Range", [b.const(s, 0), b.one(s, "Squeeze", [b.one(s, "Shape", [mask], start=2, end=3)]), b.const(s, 1)])
         distance = b.one(s, "Sub", [b.one(s, "Unsqueeze", ["position_ids", b.const(s, [-1])]), slots])
         mask = b.one(s, "And", [mask, b.one(s, "Less", [distance, b.const(s, cfg.sliding_window)])])
@@ -365,7 +368,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
     h = _projected(g, i, "", h, s)
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
-    if g.query_scale:  # after rope and the q norms
+    if g.query_scale and cfg.query_scale_beta:  # after rope and the q norms (Llama 4: NoPE layers only)
         q = b.one(s, "Mul", [q, g.query_scale])
     g.new_rows[i] = (k, v)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)

@@ -5,7 +5,7 @@ Each layer reads only `ModelConfig`'s layer description (models/architectures.py
 q/k norms (before rope, or after it: roped by a `RotaryEmbedding` before GroupQueryAttention), rope kind per layer
 (global / local table, or none), the attention scale, soft-capping and sliding
 window, and the MLP activation. A sliding layer reads its own additive bias: the pass's `attention_bias` with
-the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`); the causal
+the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`; Llama 4's chunks: `chunk_ops.chunk_bias`); the causal
 CUDA graphs, which verify chains only, use GroupQueryAttention's `local_window_size` instead (the slotted GPU
 graph's tree form takes a bias, windowed as the CPU graph's).
 """
@@ -26,7 +26,7 @@ from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
-from .fused_ops import window_bias
+from .chunk_ops import sliding_bias
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
 from .weight_store import WeightStore
 
@@ -182,7 +182,7 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
     query = _latent_qkv(f, i, a, norms, w_uk) if cfg.mla else _qkv(f, i, a, norms) if cfg.kv_source(i) is None else \
         _shared_query(f, i, a, norms)
     f.new_rows[i] = query[1:]
-    if f.query_scale:  # after the q norms; GroupQueryAttention's rope commutes with a per-position scalar
+    if f.query_scale and cfg.layer(i).query_scale_beta:  # after the q norms; GroupQueryAttention's rope commutes with a per-position scalar
         query = [n("Mul", [query[0], f.query_scale])[0], *query[1:]]
     out, layer_presents = _attention(f, i, query, padding, slots)
     if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
@@ -340,7 +340,7 @@ def _bias(f: _Fused, i: int, slot: int | None, bias: str, positions: str) -> str
         return bias
     key = (slot, True)
     if key not in f.biases:
-        f.biases[key] = window_bias(f.n, f.const, bias, positions, f.model.config.sliding_window)
+        f.biases[key] = sliding_bias(f.emitter(), f.model.config, bias, positions)  # a window, or Llama 4's chunks
     return f.biases[key]
 
 

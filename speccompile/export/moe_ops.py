@@ -14,7 +14,7 @@ therefore decomposed into standard operators, sparse by expert:
               their rows gathered, and cut by each expert's count (one Split with E outputs)
     expert e  its SwiGLU MLP on its piece only (two MatMuls with 2-D weights): five nodes, an unchosen expert's on
               zero rows
-    combine   the pieces concatenated, times their routing weights, put back in (row, choice) order, and each row's
+    combine   the pieces concatenated, times their routing weights (Llama 4: the rows times them before their expert), put back in (row, choice) order, and each row's
               choices summed in expert-index order
     shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE), or + shared_experts(x) (DeepSeek-V3)
     beside    Gemma 4: the layer's dense MLP and the block side by side, each output normed, summed (`beside_dense`)
@@ -115,11 +115,12 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
         em.one("Unsqueeze", [experts, em.const("moe.zero", [0])]),
         em.const(f"moe.expert_column.{moe.num_experts}", np.arange(moe.num_experts).reshape(-1, 1))])], to=TensorProto.INT64),
         em.const("moe.one", [1])], keepdims=0)  # [experts]: pairs per expert
+    if moe.scale_input:  # Llama 4: each pair's row times its weight before its expert
+        x_sorted = em.one("Mul", [x_sorted, _pair_weights(em, values, order)])
     pieces = em.op("Split", [x_sorted, counts], moe.num_experts, axis=0)
     outs = [_expert(em, moe, piece, w, f"{p}mlp.experts.{e}", moe.expert_size, moe.expert_bias) for e, piece in enumerate(pieces)]
-    weights = em.one("Unsqueeze", [em.one("Gather", [em.one("Reshape", [values, em.const("moe.flat", [-1])]), order], axis=0),
-                                   em.const("moe.last_axis", [-1])])
-    y = em.one("Mul", [em.one("Concat", outs, axis=0), weights])  # [pairs, hidden], sorted by expert
+    y = em.one("Concat", outs, axis=0)  # [pairs, hidden], sorted by expert
+    y = y if moe.scale_input else em.one("Mul", [y, _pair_weights(em, values, order)])
     unsort = em.op("TopK", [order, pairs], 2, axis=0, largest=0, sorted=1)[1]
     y = em.one("Reshape", [em.one("Gather", [y, unsort], axis=0), em.const("moe.choices_shape", [-1, moe.top_k, hidden])])
     parts = em.op("Split", [y], moe.top_k, axis=1, num_outputs=moe.top_k) if moe.top_k > 1 else [y]
@@ -136,6 +137,12 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
         if moe.shared_average:
             total = em.one("Div", [total, em.const("moe.two_of_average", 2.0, np_dtype(em.dtype))])
     return em.op("Reshape", [total, em.one("Shape", [h])], [output] if output else 1)[0]
+
+
+def _pair_weights(em: Emitter, values: str, order: str) -> str:
+    """The routing weights [pairs, 1] in the experts' (sorted) pair order."""
+    return em.one("Unsqueeze", [em.one("Gather", [em.one("Reshape", [values, em.const("moe.flat", [-1])]), order], axis=0),
+                                em.const("moe.last_axis", [-1])])
 
 
 def _route(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], p: str, hidden: int) -> tuple[str, str]:

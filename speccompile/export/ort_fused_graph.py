@@ -35,12 +35,14 @@ contrib_ops/cuda/bert/group_query_attention.cc):
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..errors import UnsupportedError
 from ..manifest import GraphSpec, variant_name
 from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
@@ -68,8 +70,8 @@ CUDA_BIAS_MIN_ORT = "1.28"
 __all__ = ["PAD_INPUT", "BATCH", "add_fused_variant", "export_fused_variant", "fused_variant_problem", "build_fused_graph"]
 
 
-def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") -> str | None:
-    """Why this model cannot get the fused `target` graph (None when it can)."""
+def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu", kv_capacity: int | None = None) -> str | None:
+    """Why this model cannot get the fused `target` graph with `kv_capacity` KV slots (None when it can)."""
     if target == "cpu" and dtype != "fp32":
         return f"the fused ONNX Runtime CPU graph is fp32 only (export dtype {dtype})"
     if not onnxruntime_loads(FUSED_MIN_ORT):
@@ -78,6 +80,8 @@ def fused_variant_problem(config: ModelConfig, dtype: str, target: str = "cpu") 
     if target == "cuda" and dtype not in CUDA_DTYPES:
         return (f"GroupQueryAttention has CUDA kernels for {'/'.join(CUDA_DTYPES)} only (export dtype {dtype}); "
                 "ort-cuda runs the contract graph")
+    if target == "cuda" and config.window_chunks and (kv_capacity is None or kv_capacity > config.sliding_window):
+        return _CHUNKS.format(kv_capacity, config.sliding_window)
     if config.mla and config.head_dim > (WIDE_HEAD_DIM if target == "cpu" else 256):
         return (f"multi-head latent attention's {config.head_dim}-wide cache head: ONNX Runtime's CPU GroupQueryAttention "
                 "rounds a row by the pass's rows and total at this width and no attention_lift keeps it exact"
@@ -105,7 +109,7 @@ def add_fused_variant(model: DecoderWeights, name: str, graphs: dict[str, GraphS
     cuda with `slots`: also the slotted graph's tree form (variant_name(name, "cuda-tree-slots"), per-slot
     attention_bias: tree drafts batched), over the same weight files."""
     contract = graphs[name]
-    problem = fused_variant_problem(model.config, contract.dtype, target)
+    problem = fused_variant_problem(model.config, contract.dtype, target, max_context + pass_rows)
     if problem:
         progress(f"note: no {_DESCRIPTIONS[target]} for {name}: {problem}")
         return []
@@ -171,6 +175,21 @@ def _spec(contract: GraphSpec, graph_path: Path, target: str, kv_capacity: int, 
                      hidden_states=contract.hidden_states, extra=extra)
 
 
+_CHUNKS = ("Llama 4's chunked attention on {} KV slots, past its chunk of {}: GroupQueryAttention's local_window_size keeps "
+           "a window, not a chunk; ort-cuda runs the contract graph")
+
+
+def _unchunked(model: DecoderWeights, kv_capacity: int, target: str) -> DecoderWeights:
+    """Llama 4's chunked layers in a GPU graph: positions below the chunk size all lie in chunk 0, whose mask is the
+    causal one, so they are built as full-attention layers; a longer KV capacity is refused (`_CHUNKS`)."""
+    cfg = model.config
+    if target != "cuda" or not cfg.window_chunks:
+        return model
+    if kv_capacity > cfg.sliding_window:
+        raise UnsupportedError(_CHUNKS.format(kv_capacity, cfg.sliding_window))
+    return dataclasses.replace(model, config=dataclasses.replace(cfg, layer_types=[], sliding_window=0, window_chunks=False))
+
+
 def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: int, target: str = "cpu",
                       dtype: str = "fp32", slots: int = 0, layers: int | None = None, tree: bool = False) -> onnx.ModelProto:
     """The fused graph for `target` ('cpu': attention_bias input, fp32; 'cuda': causal, model dtype, ArgMax).
@@ -179,6 +198,7 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     only the first that many decoder layers (the probe of the ONNX Runtime load check)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target}")
+    model = _unchunked(model, max_context, target)
     f = _Fused(model, store, dtype, target)
     _rotary_tables(f, max_context + (1 if target == "cpu" else 0))  # CPU: a spare slot for OneRowPadding's row
     embed = f.weight("model.embed_tokens.weight", Recipe(EMBED, False, dtype))

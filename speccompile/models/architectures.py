@@ -116,7 +116,7 @@ class Family:
     rope_alpha: bool = False  # rope type "dynamic" with an `alpha` is NTK-alpha, static (Hunyuan: rope kind ntk_alpha)
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
-    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier | unit | llama4 (q times Llama 4's scaling by position)
+    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier | unit | llama4 (q times Llama 4's scaling by position) | llama4_nope
     residual_key: str = ""  # config key multiplying each block's output (Granite)
     logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
@@ -319,8 +319,7 @@ FAMILIES: dict[str, Family] = {
     "exaone": Family(("exaone",), prefix="transformer.", layers_key="h", names=_EXAONE_NAMES, gguf=_EXAONE_GGUF,
                      config_keys={"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps"},
                      top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight"}),
-    # Youtu-LLM: DeepSeek-V3's latent attention on dense SwiGLU layers
-    "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),
+    "youtu": Family(("youtu",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF),  # Youtu-LLM: DeepSeek-V3's latent attention, dense SwiGLU
     # MiniCPM3: that attention with rope on halves, Granite's multipliers from MiniCPM's keys (models/layer_keys.py)
     "minicpm3": Family(("minicpm3",), mla=True, names=MLA_NAMES, gguf=_MLA_GGUF, minicpm=True, embed_scale="embedding_multiplier", residual_key="residual_multiplier", logit_key="1/logits_scaling"),
     # K-EXAONE (exaone_moe): EXAONE 4's attention (per-head q/k norms, no rope on full layers) in pre norms, DeepSeek-V3's routing
@@ -424,6 +423,8 @@ FAMILIES: dict[str, Family] = {
     "nanochat": Family(("nanochat",), mlp_gated=False, mlp_act="relu2", act_key="hidden_act", qk_norm="after_rope", weightless_norms=True, embed_norm=True, rope_reversed=True, names={"up": ("mlp.fc1.weight",), "down": ("mlp.fc2.weight",)}, bias_keys={"o": "attention_bias"}, gguf={}),
     # BitNet b1.58: Llama with sub-norms (of o_proj's, down_proj's inputs), a gated relu2 MLP, packed ternary weights, int8 activations (models/bitnet.py)
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
+    # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
+    "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names={"gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"), "down": ("feed_forward.down_proj.weight",)}),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

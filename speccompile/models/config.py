@@ -13,6 +13,7 @@ from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family,
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields, bitnet_gguf_keys
+from .llama4 import llama4_fields
 from .layer_keys import family_keys, kv_heads, multipliers, placement
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import mla_gguf_keys
@@ -71,6 +72,9 @@ class ModelConfig:
     attn_scale: float = 0.0  # 0: head_dim ** -0.5
     query_scale_beta: float = 0.0  # Llama 4's query scaling (Ministral 3): q times 1 + beta log(1 + floor(position / length)); 0: none
     query_scale_length: int = 0  # its length (rope_parameters' original_max_position_embeddings)
+    query_scale_offset: int = 0  # added to the position first (Llama 4's temperature: 1)
+    nope_temperature: bool = False  # Llama 4: the query scale on NoPE layers only, the q/k norms on rope layers only (`layer`)
+    window_chunks: bool = False  # Llama 4: a sliding layer's window is its chunk, positions p - p % W .. p (models/llama4.py)
     attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (0: none)
     final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
     embed_scale: float = 1.0
@@ -130,14 +134,15 @@ class ModelConfig:
         return bool(self.kv_lora_rank)
 
     def layer(self, i: int) -> "ModelConfig":
-        """The config as layer `i` sees it: its own head_dim, KV heads (`layer_head_dims`) and MLP width
-        (`layer_intermediate_sizes`); `self` when uniform."""
-        if not (self.layer_head_dims or self.layer_intermediate_sizes):
+        """The config as layer `i` sees it: its own head_dim, KV heads (`layer_head_dims`), MLP width
+        (`layer_intermediate_sizes`), q/k norms and query scale (`nope_temperature`); `self` when uniform."""
+        if not (self.layer_head_dims or self.layer_intermediate_sizes or self.nope_temperature):
             return self
-        dims, kv, inter = self.layer_head_dims, self.layer_kv_heads, self.layer_intermediate_sizes
+        dims, kv, inter, nope = self.layer_head_dims, self.layer_kv_heads, self.layer_intermediate_sizes, i in self.nope_layers
         return dataclasses.replace(self, head_dim=dims[i] if dims else self.head_dim, num_key_value_heads=kv[i] if kv else self.num_key_value_heads,
-                                   intermediate_size=inter[i] if inter else self.intermediate_size, layer_head_dims=[],
-                                   layer_kv_heads=[], layer_intermediate_sizes=[])
+                                   intermediate_size=inter[i] if inter else self.intermediate_size, layer_head_dims=[], layer_kv_heads=[],
+                                   layer_intermediate_sizes=[], nope_temperature=False, **({"qk_norm": self.qk_norm and not nope,
+                                   "query_scale_beta": self.query_scale_beta * nope} if self.nope_temperature else {}))
 
     def kv_source(self, i: int) -> int | None:
         """The layer whose new key / value rows layer i takes as its own (KV sharing), or None: its own."""
@@ -175,7 +180,7 @@ class ModelConfig:
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
         moe = self.moe is not None and self.moe.is_moe(layer)
         beside = moe and self.moe.beside_dense  # Gemma 4: the dense MLP's roles too, and the norms around both
-        roles = layer_roles(self.placement, self.attention_bias, self.qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
+        roles = layer_roles(self.placement, self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
                             moe=moe and not beside, norm_bias=self.norm_bias, mlp=mlp,
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
@@ -298,7 +303,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
-    return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}
+    return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source), **(llama4_fields(data) if fam.attn_scale == "llama4_nope" else {})}
 
 
 def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:

@@ -96,7 +96,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
         self.attn_sub_norm = norm_of(config, self.num_heads * self.head_dim) if config.sub_norms else None  # BitNet
-        if config.qk_norm:
+        if shape.qk_norm:  # Llama 4: rope layers only
             full = config.qk_norm_full
             self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
             self.k_norm = norm_of(config, shape.kv_dim if full else self.head_dim) if own else None
@@ -111,7 +111,7 @@ class Attention(nn.Module):
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
         x = act_quant(x) if cfg.act_quant else x  # BitNet's BitLinear inputs (models/bitnet.py)
         q, k, v = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared)
-        if "query" in rotary:  # after rope and the q norms (transformers' Ministral 3 / Llama 4)
+        if "query" in rotary and cfg.layer(self.layer).query_scale_beta:  # after rope and the q norms (Ministral 3 / Llama 4)
             q = q * rotary["query"]
         sliding = cfg.sliding(self.layer)
         bias = biases[(sliding, kv_heads)] if (sliding, kv_heads) in biases else biases[sliding]
@@ -284,6 +284,16 @@ def sliding_mask(attention_mask: torch.Tensor, position_ids: torch.Tensor, windo
     return attention_mask & ((position_ids.unsqueeze(-1) - slots) < window)
 
 
+def chunk_mask(attention_mask: torch.Tensor, position_ids: torch.Tensor, chunk: int) -> torch.Tensor:
+    """`attention_mask` [b, q, T] without the keys of positions before the query's chunk (p - p % chunk; Llama 4's
+    chunked layers): a past key's position is its slot, the pass's own keys' (the last q slots) their `position_ids`."""
+    slots = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    past = attention_mask.shape[-1] - position_ids.shape[1]
+    own = position_ids.gather(1, (slots - past).clamp(min=0).unsqueeze(0).expand(position_ids.shape[0], -1))
+    keys = torch.where(slots < past, slots, own)  # [b, T]
+    return attention_mask & (keys.unsqueeze(1) >= (position_ids - position_ids % chunk).unsqueeze(-1))
+
+
 def attention_bias(attention_mask: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
     """Boolean [b, q, T] mask -> the additive bias `Attention` expects: [b, 1, groups*q, T].
 
@@ -346,7 +356,7 @@ class Decoder(nn.Module):
             rotary["query"] = query_scale(cfg, position_ids, dtype)
         masks = {False: attention_mask}
         if cfg.layer_types:
-            masks[True] = sliding_mask(attention_mask, position_ids, cfg.sliding_window)
+            masks[True] = (chunk_mask if cfg.window_chunks else sliding_mask)(attention_mask, position_ids, cfg.sliding_window)
         biases = {sliding: attention_bias(mask, cfg.num_attention_heads, cfg.num_key_value_heads) for sliding, mask in masks.items()}
         for i in range(cfg.num_hidden_layers):  # layers with kv heads of their own: a bias tiled for their groups
             kv, sliding = cfg.layer(i).num_key_value_heads, cfg.sliding(i)

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .architectures import Family
+from .llama4 import llama4_keys
 from .rope_keys import rope_params
 
 
@@ -19,7 +20,7 @@ def family_keys(data: dict[str, Any], fam: Family) -> dict[str, Any]:
     data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
     if fam.altup and isinstance(data.get("intermediate_size"), list):  # Gemma 3n: a width per layer (models/altup_keys.py)
         data = {**data, "intermediate_size": max(data["intermediate_size"]), "layer_intermediate_sizes": data["intermediate_size"]}
-    return minicpm_keys(data) if fam.minicpm else data
+    return minicpm_keys(data) if fam.minicpm else llama4_keys(data) if fam.attn_scale == "llama4_nope" else data
 
 
 def minicpm_keys(data: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -
         out["attn_scale"] = float(data.get("query_pre_attn_scalar") or head_dim) ** -0.5
     elif fam.attn_scale == "unit":  # q/k norms alone scale the scores (Gemma 4)
         out["attn_scale"] = 1.0
-    elif fam.attn_scale and fam.attn_scale != "llama4":
+    elif fam.attn_scale and not fam.attn_scale.startswith("llama4"):  # llama4_nope: models/llama4.py
         out["attn_scale"] = float(data[fam.attn_scale])
     if fam.residual_key:
         out["residual_scale"] = float(data.get(fam.residual_key, 1.0))

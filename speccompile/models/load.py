@@ -23,6 +23,7 @@ from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .hf_config import as_transformers_reads
 from .hf_layouts import hf_view
+from .llama4_weights import llama4_weights
 from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
@@ -209,6 +210,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     files = files or _safetensors_files(folder)
     weights = per_expert(stored or SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
     weights = hf_view(weights, family(config.architecture), config.num_attention_heads)  # e.g. Phi-2's model.final_layernorm
+    weights = llama4_weights(weights, config) if config.nope_temperature else weights  # fused experts, gainless q/k norms
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     dropped |= _unused_shared_kv(config, weights.names())

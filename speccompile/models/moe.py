@@ -136,7 +136,9 @@ class SparseMoe(nn.Module):
             chosen = index == e  # [N, top_k]: at most one true per row
             rows = torch.nonzero(chosen.any(dim=1)).reshape(-1)
             weight = (weights * chosen).sum(dim=1, keepdim=True).index_select(0, rows)
-            out = out.index_put((rows,), out.index_select(0, rows) + expert(flat.index_select(0, rows)) * weight)
+            chosen_x = flat.index_select(0, rows)
+            y = expert(chosen_x * weight) if self.moe.scale_input else expert(chosen_x) * weight  # Llama 4: the input scaled
+            out = out.index_put((rows,), out.index_select(0, rows) + y)
         out = out.reshape_as(x)
         if self.moe.shared_expert_size:
             shared = getattr(self, self.moe.shared_name)(x)

@@ -26,6 +26,9 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
   experts on their own norm of the residual, each output through its own norm, summed; models/moe.py), its experts
   GELU-gated (`act`) and stored fused ([experts, 2 * inter, hidden], gate rows then up rows: models/moe_weights.py).
 
+Llama 4: `topk_sigmoid` whose weights scale each chosen expert's input (`scale_input`: expert(w x), not w expert(x)),
+plus an ungated shared expert; MoE layers every `interleave_moe_layer_step`-th (or `moe_layers`), the rest dense.
+
 Cohere 2 MoE adds its ungated shared experts (intermediate_size x num_shared_experts wide) to the routed output, or
 averages the two (`shared_average`: (routed + shared) / 2, its "average" combination strategy).
 
@@ -75,6 +78,7 @@ class MoeConfig:
     act: str = "silu"  # the experts' gate activation (ModelConfig.mlp_act's kinds; Gemma 4: gelu_tanh)
     beside_dense: bool = False  # Gemma 4: the dense MLP and the experts side by side, each with its norms
     router_eps: float = 0.0  # normed_softmax_topk: the router input norm's epsilon (rms_norm_eps)
+    scale_input: bool = False  # the routing weight multiplies the expert's input, not its output (Llama 4)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -232,6 +236,15 @@ def _cohere2_moe(data: dict[str, Any], experts: int, top_k: int) -> MoeConfig:
                      shared_name="shared_experts", shared_gated=False, shared_average=combine == "average")
 
 
+def _llama4_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> MoeConfig:
+    """Llama 4: sigmoids of the top k logits on the experts' input, an ungated shared expert; MoE layers `moe_layers`,
+    else every `interleave_moe_layer_step`-th (moe_intermediate_size: models/llama4.py's name of its intermediate_size)."""
+    inter, step = int(data["moe_intermediate_size"]), int(data.get("interleave_moe_layer_step") or 1)
+    sparse = set(data["moe_layers"] if data.get("moe_layers") is not None else range(step - 1, layers, step))
+    return MoeConfig(experts, top_k, inter, "topk_sigmoid", block="feed_forward", router="router", shared_expert_size=inter,
+                     shared_gated=False, scale_input=True, dense_layers=tuple(i for i in range(layers) if i not in sparse))
+
+
 def _uniform(data: dict[str, Any], key: str) -> int:
     """An int config key that may be a per-layer list (Hunyuan's moe_topk); a list of different values is refused."""
     value = data[key]
@@ -280,8 +293,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         inter = int(data["intermediate_size"])
         return MoeConfig(_uniform(data, "num_experts"), _uniform(data, "moe_topk"), inter, "softmax_topk", True,
                          shared_expert_size=inter, shared_name="shared_mlp", shared_gated=False)
-    if kind == "cohere2_moe":
-        return _cohere2_moe(data, int(experts), top_k)
+    if kind in ("cohere2_moe", "llama4"):
+        return _cohere2_moe(data, int(experts), top_k) if kind == "cohere2_moe" else _llama4_moe(data, int(experts), top_k, layers)
     if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), score_bias=True)

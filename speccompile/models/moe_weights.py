@@ -175,24 +175,27 @@ class ChunkedExpertSource(WeightSource):
     Linears, read as transformers reads them: a tensor of its module's shape as is, else one of the published
     checkpoints' transposed shape transposed (a square one is thus read as is, as transformers does); another refused."""
 
-    def __init__(self, inner: WeightSource, hidden: int, inter: int, where: str = ""):
+    def __init__(self, inner: WeightSource, hidden: int, inter: int, where: str = "", fused: re.Pattern = _FUSED,
+                 transposed: bool | None = None):
+        """`fused`: the stored names (groups: prefix, tensor, suffix); `transposed`: stored transposed always (Llama 4's,
+        whatever the shapes), never, or (None) where the shape says so."""
         self._inner, self._inter = inner, inter
         self._virtual: dict[str, tuple[str, int, int | None, bool]] = {}  # name -> (stored, expert, half, transposed)
         self._names: list[str] = []
         for name in inner.names():
-            match = _FUSED.match(name)
+            match = fused.match(name)
             if match is None or match.group(3):
                 self._names.append(name)
                 continue
-            experts, fused = inner.shape(name)[0], match.group(2) == "gate_up_proj"
-            module = (experts, 2 * inter, hidden) if fused else (experts, hidden, inter)
+            experts, gate_up = inner.shape(name)[0], match.group(2) == "gate_up_proj"
+            module = (experts, 2 * inter, hidden) if gate_up else (experts, hidden, inter)
             shape = tuple(inner.shape(name))
             if shape not in (module, (experts, module[2], module[1])):
                 raise UnsupportedError(f"{where}: {name} {list(shape)} is neither {list(module)} nor its transpose")
             for e in range(experts):
-                for half, proj in enumerate(("gate_proj", "up_proj") if fused else ("down_proj",)):
+                for half, proj in enumerate(("gate_proj", "up_proj") if gate_up else ("down_proj",)):
                     virtual = f"{match.group(1)}{e}.{proj}.weight"
-                    self._virtual[virtual] = (name, e, half if fused else None, shape != module)
+                    self._virtual[virtual] = (name, e, half if gate_up else None, shape != module if transposed is None else transposed)
                     self._names.append(virtual)
 
     def info(self, name: str) -> TensorInfo:

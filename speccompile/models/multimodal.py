@@ -1,5 +1,5 @@
 """The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
-architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE), read as that family's
+architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Llama 4), read as that family's
 checkpoint.
 
 The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
@@ -31,18 +31,17 @@ from .weights import WeightSource
 WRAPPERS: dict[str, tuple[str, ...] | None] = {
     "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "gemma3n": ("gemma3n_text",), "mistral3": None, "llava": None,
     "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
-    "qwen3_vl_moe": ("qwen3_vl_moe_text",),
+    "qwen3_vl_moe": ("qwen3_vl_moe_text",), "llama4": ("llama4_text",),
 }
 # text decoders of a wrapper that are a family of the table under another name (their mrope is plain rope on text)
 TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
 # wrappers whose text decoder is not a family of the table, and why
 REFUSED_WRAPPERS = {
-    "llama4": "Llama 4's text decoder (chunked attention, interleaved MoE layers) is not supported",
     "mllama": "Llama 3.2 Vision's text decoder has cross-attention layers (not supported)",
     "paligemma": "PaliGemma attends to the whole prompt both ways (prefix LM), not causally (not supported)",
 }
 # top-level parts of a wrapper that are not the language model (under `model.` in transformers 5's saves)
-LEFT_OUT = ("vision_tower", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
+LEFT_OUT = ("vision_tower", "vision_model", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
 _RENAMED = (("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
 _TOP_LEVEL = ("quantization_config",)  # wrapper keys the text decoder's config reads
 

@@ -21,7 +21,6 @@ REFUSED = {
     "xglm": "sinusoidal absolute position embeddings are not built",
     "mpt": "ALiBi position biases are not built",
     "codegen": "CodeGen's fused qkv (four model-parallel blocks of q | v | k) is not built",
-    "llama4_text": "chunked attention, the NoPE layers' query temperature and routing on the expert input are not built",
     "diffllama": "differential attention (two softmax maps subtracted) is not built",
     "axk1": "a norm of the MoE block's output on MoE layers only (post_mlp_layernorm) is not built",
     "kolibri1": "routing on logits + score bias with sigmoid weights is not built",

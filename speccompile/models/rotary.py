@@ -40,7 +40,8 @@ def query_scale(config: ModelConfig, position_ids: torch.Tensor, dtype: torch.dt
     its norms."""
     if not config.query_scale_beta:
         return None
-    floor = torch.floor(position_ids.to(torch.float32) / config.query_scale_length)
+    positions = position_ids + config.query_scale_offset if config.query_scale_offset else position_ids  # Llama 4's + 1
+    floor = torch.floor(positions.to(torch.float32) / config.query_scale_length)
     return (1 + config.query_scale_beta * torch.log(1 + floor))[:, None, :, None].to(dtype)
 
 
