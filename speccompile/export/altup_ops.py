@@ -15,7 +15,6 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto
 
-from ..models.feed_forward import sparsity_multiplier
 from ..models.soft_tokens import SOFT_TABLE
 from ..models.config import ModelConfig
 from .activations import activation
@@ -144,7 +143,10 @@ def altup_layer(em: Emitter, cfg: ModelConfig, i: int, streams: str, parts: Laye
 
 
 def gaussian_topk(em: Emitter, x: str, sparsity: float) -> str:
-    """relu(x - (mean + std * Phi^-1(sparsity))) over the last axis (the population's std), per row."""
+    """relu(x - (mean + std * Phi^-1(sparsity))) over the last axis (the population's std), per row. The torch
+    reference's Phi^-1 (imported here: the CLI checks options on a runtime-only install before export needs torch)."""
+    from ..models.feed_forward import sparsity_multiplier
+
     axis = em.const("altup.axis", [-1])
     mean = em.one("ReduceMean", [x, axis], keepdims=1)
     centered = em.one("Sub", [x, mean])

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import UnsupportedError
 from .weights import WeightSource
@@ -33,12 +32,15 @@ def gemma3n_soft_tokens(full: Any, text: dict[str, Any], source: str) -> tuple[P
     return parts
 
 
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)  # Gemma3nRMSNorm's form
+def _rms(x: "torch.Tensor", eps: float) -> "torch.Tensor":
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).pow(-0.5)  # Gemma3nRMSNorm's form (torch.pow)
 
 
 def soft_token_table(stored: WeightSource, parts: tuple[Part, ...]) -> np.ndarray:
-    """The embedders' outputs of every id they cover, in float32, in id order (`stored`: the wrapper's tensors)."""
+    """The embedders' outputs of every id they cover, in float32, in id order (`stored`: the wrapper's tensors).
+    torch is imported here: reading a wrapper's config must work on a runtime-only install."""
+    import torch
+
     rows = []
     for name, _, _, eps in parts:
         def tensor(key: str) -> torch.Tensor:
