@@ -9,7 +9,7 @@ from typing import Callable
 
 from .. import __version__
 from ..atomic_dir import atomic_output, check_artifact_output
-from ..errors import InputError, check_at_least, check_one_of
+from ..errors import InputError, UnsupportedError, check_at_least, check_one_of
 from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for, target_taps_for
@@ -52,6 +52,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     if model.left_out:  # a multimodal checkpoint's towers: "text decoder only: vision_tower, ... not exported"
         progress(model.left_out)
     cfg = model.config
+    if cfg.hybrid is not None:  # docs/DESIGN.md "Hybrid linear attention": the torch reference only, so far
+        raise UnsupportedError(f"{model_name}: {cfg.architecture}: hybrid linear attention has no ONNX graph yet (not exported)")
     max_context = options.max_context or cfg.max_position_embeddings
     if cfg.position_embeddings and max_context > cfg.max_position_embeddings:  # no row of the learned table past it
         raise InputError(f"max_context {max_context}: {cfg.architecture} has learned positions for "

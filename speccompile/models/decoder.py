@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .architectures import BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .linear_config import LINEAR_NAMES
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
@@ -21,6 +22,7 @@ from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-expo
 from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
+from .linear_attention import GatedDeltaNet, split_output_gate
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 
 
@@ -88,7 +90,7 @@ class Attention(nn.Module):
         self.head_dim = shape.head_dim
         bias = config.attention_bias
         own = config.kv_source(layer) is None  # KV sharing: no k/v projections (another layer's keys / values)
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim * (1 + config.attn_output_gate), bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias) if own else None
         self.v_proj = None if config.values_are_keys(layer) or not own else nn.Linear(config.hidden_size, shape.kv_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
@@ -105,7 +107,7 @@ class Attention(nn.Module):
         """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias; `shared`: KV sharing, the pass's new
         key / value rows [b, kv, q, dim] (roped) of the layer whose keys this one takes: only the query is computed."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
-        q, k, v = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared)
+        q, k, v, gate = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared, None)
         sliding = cfg.sliding(self.layer)
         bias = biases[(sliding, kv_heads)] if (sliding, kv_heads) in biases else biases[sliding]
         k_all = torch.cat((past_k, k), dim=2)
@@ -125,16 +127,18 @@ class Attention(nn.Module):
             context = context[:, :, :-1]
         out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
-        return self.o_proj(out), k_all, v_all
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate)), k_all, v_all
 
-    def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped."""
+    def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped; the
+        output gate [b, q, heads * dim] (gated attention: q_proj gives it) or None."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
         if self.v_proj is None:  # values = the key projection (Gemma 4's attention_k_eq_v)
             q, k = fused_linear(x, (self.q_proj, self.k_proj))
             v = k
         else:
             q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, gate = split_output_gate(q, heads, dim) if cfg.attn_output_gate else (q, None)
         if self.q_norm is not None and cfg.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q = static_reshape(q, 0, -1, heads, dim)
@@ -150,7 +154,7 @@ class Attention(nn.Module):
             q, k = (apply_rope(t, *rotary[kind], cfg.layer(self.layer)) for t in (q, k))  # the layer's head_dim
         if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
             q, k = self.q_norm(q), self.k_norm(k)
-        return q, k, v
+        return q, k, v, gate
 
     def _shared_q(self, x: torch.Tensor, rotary: dict) -> torch.Tensor:
         """KV sharing: the roped query [b, heads, q, dim] alone (its per-head norm before rope: Gemma 4's layers)."""
@@ -195,7 +199,9 @@ class DecoderLayer(nn.Module):
         for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
-        self.self_attn = LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer)
+        self.mixer = "linear_attn" if config.linear(layer) else "self_attn"  # a gated delta net's cache: its states
+        setattr(self, self.mixer, GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps) if config.linear(layer)
+                else LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer))
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer)))
@@ -224,7 +230,7 @@ class DecoderLayer(nn.Module):
 
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
-        attn, k_all, v_all = self.self_attn(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
+        attn, k_all, v_all = getattr(self, self.mixer)(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
         if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
             mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
             return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
@@ -294,7 +300,7 @@ class Decoder(nn.Module):
     def output_names(self) -> list[str]:
         names = ["logits"]
         for i in range(self.config.num_hidden_layers):
-            names += [f"present.{i}.key", f"present.{i}.value"]
+            names += [f"present_state.{i}.conv", f"present_state.{i}.recurrent"] if self.config.linear(i) else [f"present.{i}.key", f"present.{i}.value"]
         if self.hidden_mode == "final":
             names.append("hidden_states")
         elif self.hidden_mode == "eagle3":
@@ -305,7 +311,8 @@ class Decoder(nn.Module):
     def input_names(self) -> list[str]:
         names = ["input_ids", "position_ids", "attention_mask"]
         for i in range(self.config.num_hidden_layers):
-            names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+            names += [f"past_state.{i}.conv", f"past_state.{i}.recurrent"] if self.config.linear(i) else \
+                [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         return names
 
     def forward(self, input_ids, position_ids, attention_mask, *past_key_values):
@@ -360,8 +367,12 @@ class Decoder(nn.Module):
     def empty_past(self, batch: int = 1, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         """A zero-length KV cache for prefill."""
         dtype = dtype or self.lm_head.weight.dtype
-        shapes = [self.config.layer(i) for i in range(self.config.num_hidden_layers)]
-        return [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for c in shapes for _ in "kv"]
+        past = []
+        for i, layer in enumerate(self.model.layers):
+            c = self.config.layer(i)
+            past += layer.linear_attn.empty_states(batch, dtype) if self.config.linear(i) else \
+                [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"]
+        return past
 
 
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none",
@@ -382,7 +393,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **LINEAR_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
@@ -393,7 +404,9 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     names = family(config.architecture).layer_names()
     for i in range(config.num_hidden_layers):
         q, kv, inter = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim, config.layer(i).intermediate_size
-        sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
+        sizes = {"qkv": [q * (1 + config.attn_output_gate), kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
+        if config.hybrid is not None:  # Qwen3-Next's fused in_proj_qkvz / in_proj_ba (shown q|k|v|z, b|a)
+            sizes.update(lin_qkvz=[config.hybrid.conv_dim, config.hybrid.value_dim], lin_ba=[config.hybrid.num_v_heads] * 2)
         p = f"model.layers.{i}."
         roles = config.layer_roles(i)
         found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}
