@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_VOCAB
-from test_families import _close, _hf_logits, make_family_model
+from test_families import _close, _decoded, _hf_logits, make_family_model
 
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 _LINEAR = dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -67,12 +67,86 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     _close(np.concatenate(one), full[:8], f"{name} one row a pass")
 
 
-def test_export_refuses_in_one_line(tmp_path):
-    """Until its graphs are built, exporting a hybrid checkpoint is refused in one line, exit 2, nothing written."""
+def _greedy(session, prompt: list[int], n: int, draft) -> tuple[list[int], np.ndarray, list[int]]:
+    """Greedy decoding of n tokens after `prompt` in chain passes of the pending token + `draft(j)` (j: tokens so far),
+    each verified by the exact greedy rule, the accepted rows committed: the tokens, each token's logits, and how
+    many drafts each pass accepted."""
+    cache = session.new_cache()
+    q = len(prompt)
+    out = session.run(np.array(prompt), np.arange(q), cache.attention_mask(np.tril(np.ones((q, q), bool))), cache)
+    cache.append(out.presents, range(q), q)
+    tokens, logits, accepted = [int(out.logits[-1].argmax())], [out.logits[-1]], []
+    while len(tokens) < n:
+        drafted = draft(len(tokens))
+        ids, start = [tokens[-1], *drafted], q + len(tokens) - 1
+        cache.maybe_compact(len(ids), 96)  # rejected rows squeezed out (as the runtime's loop does)
+        out = session.run(np.array(ids), np.arange(start, start + len(ids)),
+                          cache.attention_mask(np.tril(np.ones((len(ids),) * 2, bool))), cache)
+        for r in range(len(ids)):
+            tokens.append(int(out.logits[r].argmax()))
+            logits.append(out.logits[r])
+            if r == len(drafted) or drafted[r] != tokens[-1]:
+                break
+        accepted.append(r)
+        cache.append(out.presents, range(r + 1), len(ids))
+    return tokens[:n], np.stack(logits[:n]), accepted
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+def test_contract_graph_decodes_speculatively_exactly(tmp_path, name):
+    """The contract graph (state inputs, per-row state outputs) against transformers at every position; a position's
+    logits the same bits in a one-row and a three-row pass; chain passes whose drafts are partly right (the plain
+    continuation, one token changed every other pass) commit the states plain decoding reaches: every token's
+    logits bitwise plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+    from speccompile.runtime.session import Runner
+
+
+    hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
+    manifest = export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    assert set(manifest.graphs) == {"target"}  # the contract graph alone
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.spec.file == "target.onnx"
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    one = _decoded(session, seq, 1)
+    _close(one, _hf_logits(hf, seq)[12:], f"{name} contract graph")
+    np.testing.assert_array_equal(one, _decoded(session, seq, 3))
+    prompt = seq[:10]
+    plain, plain_logits, _ = _greedy(session, prompt, 30, lambda j: [])
+    _close(plain_logits, _hf_logits(hf, prompt + plain)[9:39], f"{name} plain decoding")
+
+    def draft(j: int) -> list[int]:
+        guess = list(plain[j:j + 4])
+        if j % 2 and len(guess) > 2:
+            guess[2] = (guess[2] + 1) % TINY_VOCAB
+        return guess
+
+    tokens, logits, accepted = _greedy(session, prompt, 30, draft)
+    assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
+    np.testing.assert_array_equal(logits, plain_logits)
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    text = "abc abd abc abd abc abd abc"
+    assert runner.generate(text, chat=False, max_tokens=40).tokens == runner.generate(text, chat=False, max_tokens=40, drafter="none").tokens
+
+
+def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
+    """Trees (the suffix drafter), batched decoding, another backend, a GPU dtype and drafter graphs: one line each."""
     from conftest import run_cli
+    from speccompile.errors import UnsupportedError
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
 
     make_family_model(tmp_path / "hf", "qwen3_5_text", families=HYBRID)
-    done = run_cli("export", str(tmp_path / "hf"), "--out", str(tmp_path / "art"))
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert done.returncode == 2 and len(errors) == 1 and "hybrid linear attention" in errors[0] and "Traceback" not in done.stderr
-    assert not (tmp_path / "art").exists()
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=64))
+    with pytest.raises(UnsupportedError, match="drafter suffix: a hybrid linear-attention target verifies chains only"):
+        Runner(tmp_path / "art", drafter="suffix", threads=1)
+    with pytest.raises(UnsupportedError, match="batched decoding of a hybrid linear-attention target is not supported"):
+        Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2)
+    for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", f"draft-model:{tmp_path / 'hf'}"], "drafts chains")):
+        done = run_cli(*args)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists()

@@ -32,6 +32,7 @@ from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_fr
 from .activations import activation
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
+from .linear_ops import linear_layer, output_gate, state_values
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -84,6 +85,7 @@ class _Graph:
     padded: dict[tuple, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
     new_rows: dict[int, tuple[str, str]] = field(default_factory=dict)  # layer -> its pass's roped k / v (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    gates: dict[int, str] = field(default_factory=dict)  # layer -> its attention output gate (gated attention)
 
     @property
     def elem(self) -> int:
@@ -129,7 +131,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         if i in model.aux_layers:
             taps.append(x)
         x = _layer(g, i, x)
-        presents += [f"present.{i}.key", f"present.{i}.value"]
+        presents += [f"present{'_state' if cfg.linear(i) else ''}.{i}.{kind}" for kind in (("conv", "recurrent") if cfg.linear(i) else ("key", "value"))]
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,
@@ -142,7 +144,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
               value("position_ids", TensorProto.INT64, ["batch", "q_len"]),
               value("attention_mask", TensorProto.BOOL, ["batch", "q_len", "total_len"])]
     for i in range(count):
-        inputs += [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
+        inputs += state_values(cfg, i, g.elem, past=True) if cfg.linear(i) else [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
                    for kind in ("key", "value")]
     return b.model("main_graph", inputs, graph_outputs, {"": OPSET})
 
@@ -232,7 +234,8 @@ def _layer(g: _Graph, i: int, x: str) -> str:
     if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
-    x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
+    mixer = (lambda h: linear_layer(b, cfg, i, h, lambda role: g.role(i, role), g.elem)) if cfg.linear(i) else (lambda h: _attention(g, i, h))
+    x = add(x, norm("post_attn_norm", mixer(norm("input_norm", x))))
     x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))
     if cfg.per_layer_input_size:
         x = per_layer_block(g.emitter(f"{scope}/per_layer"), cfg, i, x, g.per_layer, lambda role: g.role(i, role),
@@ -287,7 +290,10 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     qkv = b.one(s, "MatMul", [h, g.role(i, "qkv")])
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
-    if cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
+    if cfg.attn_output_gate:  # gated attention: q rows doubled (per head q, gate), the gate kept for the output
+        q, k, v = b.op(s, "Split", [qkv, b.const(s, [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+        q, g.gates[i] = output_gate(b, s, q, heads, dim)
+    elif cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
         q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
     else:
@@ -375,6 +381,8 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
+    if i in g.gates:
+        out = b.one(s, "Mul", [out, b.one(s, "Sigmoid", [g.gates[i]])])
     out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 

@@ -28,6 +28,7 @@ from .constraints import CompiledConstraint, ConstraintSpec
 from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
+from .state_cache import check_hybrid_run, is_hybrid
 from .suffix_cache import SuffixCache
 from .generate import Generator
 from .logprobs import LogprobRecorder, TokenLogprob, prompt_logprobs
@@ -76,6 +77,7 @@ class Runner:
         manifest = read_manifest(artifact, verify_files=False)  # what the options ask of it is checked before anything loads
         check_backend(Path(artifact), manifest, options.backend)
         self.drafter_name = resolve_drafter(manifest, options.drafter)
+        check_hybrid_run(manifest, options.backend, self.drafter_name, str(artifact))  # chains on ort-cpu only
         self.draft_config: DraftConfig | None = self._draft_config(manifest)
         self.suffix_cache = _suffix_cache(options) if self.drafter_name == "suffix" else None  # every slot's drafter shares it
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
@@ -218,6 +220,10 @@ class Runner:
         of a slot pass can, so every row is bitwise its row alone by construction."""
         from .batch import BatchDecoder
         from .batch_passes import OnePassPerRequest, slots_for
+
+        if is_hybrid(self.artifact.manifest):
+            raise UnsupportedError(f"{self.artifact.directory}: batched decoding of a hybrid linear-attention target is not "
+                                   "supported (its recurrent states have no batch slots)")
 
         if slot_passes not in SLOT_PASSES:
             raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")

@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache, KVCache
+from ..state_cache import StateCache, state_inputs, with_zero_states
 from .base import StepOutput, feature_inputs, hidden_output
 from .ort_quantized import quantized_session_config
 from .tree_layout import MainPathLayout
@@ -124,7 +125,8 @@ class OrtSession:
         self.session = inference_session(directory, manifest, spec, backend, threads, spinning)
         self.device = "cpu" if backend == "ort-cpu" else "cuda"
         self._ort = ort
-        self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
+        self.past_names = [t.name for t in spec.inputs if t.name.startswith(("past_key_values", "past_state."))]
+        self.states = state_inputs(spec)  # hybrid linear attention: which cache inputs are states (runtime/state_cache.py)
         self.output_names = spec.output_names()
         self.present_names = [n for n in self.output_names if n.startswith("present")]
         self.hidden_name = hidden_output(spec)
@@ -157,6 +159,8 @@ class OrtSession:
         if max_dead is None:
             max_dead = 0 if self.device == "cpu" else 64
         empty = [self._to_ort(np.zeros((1, heads, 0, dim), dtype=self.kv_dtype)) for heads, dim in self.kv_shapes]
+        if self.states:  # hybrid linear attention: zero states among the KV buffers (runtime/state_cache.py)
+            return StateCache(with_zero_states(empty, self.spec, self._to_ort), self.states, lambda v: v.numpy(), self._to_ort, max_dead)
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,

@@ -1,0 +1,93 @@
+"""The cache of a hybrid linear-attention target (Qwen3-Next, Qwen3.5): KV rows for its attention layers, the
+committed (conv, recurrent) states for its gated delta net layers (docs/DESIGN.md, "Hybrid linear attention").
+
+The contract graph takes each linear layer's states as of the last committed token (`past_state.{i}.conv`,
+`past_state.{i}.recurrent`) and returns its states after each row of the pass (`present_state.{i}.*`, [1, q, ...]),
+every row computed by the same per-token ops whatever the pass's length. Committing k accepted rows of a chain
+takes the states of row k - 1, so the committed states are bitwise those plain decoding (one row a pass) reaches;
+rejected rows cost nothing to drop. A state cannot be rolled back, so only chains commit (accepted rows 0..k-1):
+tree drafters and batched decoding are refused for such targets (`hybrid_problem`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from ..manifest import GraphSpec, Manifest
+from .kvcache import KVCache
+
+CHAIN_DRAFTERS = ("ngram", "none")  # what a hybrid target drafts with: chains only
+_NP = {"float32": np.float32, "float16": np.float16}
+
+
+def state_inputs(spec: GraphSpec) -> list[int]:
+    """Positions, among the graph's cache inputs (past_key_values.* and past_state.*, in order), of the states."""
+    cache = [t.name for t in spec.inputs if t.name.startswith(("past_key_values.", "past_state."))]
+    return [k for k, name in enumerate(cache) if name.startswith("past_state.")]
+
+
+def is_hybrid(manifest: Manifest) -> bool:
+    """Whether the artifact's target holds recurrent states (hybrid linear attention)."""
+    return "target" in manifest.graphs and bool(state_inputs(manifest.graphs["target"]))
+
+
+def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str) -> None:
+    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu with a chain drafter."""
+    if not is_hybrid(manifest):
+        return
+    if backend != "ort-cpu":
+        raise UnsupportedError(f"{where}: a hybrid linear-attention target runs on backend ort-cpu only", "backend")
+    if drafter not in CHAIN_DRAFTERS:
+        raise UnsupportedError(f"{where}: drafter {drafter}: a hybrid linear-attention target verifies chains only "
+                               f"(its recurrent state cannot branch): use {' or '.join(CHAIN_DRAFTERS)}", "drafter")
+
+
+def with_zero_states(kv: list[Any], spec: GraphSpec, wrap: Callable[[np.ndarray], Any]) -> list[Any]:
+    """The empty KV buffers `kv` with each state input's zeros (the states before the first token) in its place."""
+    cache = [t for t in spec.inputs if t.name.startswith(("past_key_values.", "past_state."))]
+    out = list(kv)
+    for k in state_inputs(spec):
+        out.insert(k, wrap(np.zeros([1, *cache[k].shape[1:]], dtype=_NP.get(cache[k].dtype, np.float32))))
+    return out
+
+
+class StateCache(KVCache):
+    """A KVCache whose tensors at `states` are a linear layer's states instead of KV rows: appended by taking the
+    last accepted row's states, never compacted or truncated row by row."""
+
+    def __init__(self, empty: Sequence[Any], states: Sequence[int], to_numpy: Callable[[Any], np.ndarray],
+                 from_numpy: Callable[[np.ndarray], Any], max_dead: int = 0):
+        super().__init__(empty, to_numpy, from_numpy, max_dead)
+        self.states = frozenset(states)
+
+    def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
+        """The KV rows as KVCache; each state: the one after the last kept row (a chain: rows 0..k-1)."""
+        keep = [int(k) for k in keep]
+        if keep != list(range(len(keep))):
+            raise ValueError(f"a hybrid linear-attention cache commits chains only (rows {keep} kept)")
+        old = self.tensors
+        super().append(presents, keep, num_new)
+        for k in self.states:
+            if not keep:
+                self.tensors[k] = old[k]
+            else:
+                rows = self.to_numpy(presents[k])
+                self.tensors[k] = self.from_numpy(np.ascontiguousarray(rows[:, keep[-1]]))
+
+    def truncate(self, length: int) -> None:
+        """KV rows past `length` dropped; the states cannot roll back: only the end of a generation truncates."""
+        super().truncate(length)
+
+    def compact(self) -> None:
+        """Gather live KV rows (the states are not rows)."""
+        idx = np.flatnonzero(self.live)
+        if len(idx) == self.physical_len:
+            return
+        for k, tensor in enumerate(self.tensors):
+            if k not in self.states:
+                self.tensors[k] = self.from_numpy(np.ascontiguousarray(np.take(self.to_numpy(tensor), idx, axis=2)))
+        self.live = np.ones(len(idx), dtype=bool)
+        self.compactions += 1
