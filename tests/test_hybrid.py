@@ -131,7 +131,8 @@ def test_contract_graph_decodes_speculatively_exactly(tmp_path, name):
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
-    """Trees (the suffix drafter), batched decoding, another backend, a GPU dtype and drafter graphs: one line each."""
+    """Trees (the suffix drafter), shape-invariant (padded) passes, batched decoding, a GPU dtype and drafter graphs:
+    one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -141,6 +142,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=64))
     with pytest.raises(UnsupportedError, match="drafter suffix: a hybrid linear-attention target verifies chains only"):
         Runner(tmp_path / "art", drafter="suffix", threads=1)
+    with pytest.raises(UnsupportedError, match="shape_invariant: a hybrid linear-attention target runs its passes as given"):
+        Runner(tmp_path / "art", drafter="ngram", threads=1, shape_invariant=True)
     with pytest.raises(UnsupportedError, match="batched decoding of a hybrid linear-attention target is not supported"):
         Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2)
     for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),

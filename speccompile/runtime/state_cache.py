@@ -34,12 +34,15 @@ def is_hybrid(manifest: Manifest) -> bool:
     return "target" in manifest.graphs and bool(state_inputs(manifest.graphs["target"]))
 
 
-def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str) -> None:
-    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu with a chain drafter."""
+def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str, shape_invariant: bool | int = False) -> None:
+    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu, its passes as given, with a chain drafter."""
     if not is_hybrid(manifest):
         return
     if backend != "ort-cpu":
         raise UnsupportedError(f"{where}: a hybrid linear-attention target runs on backend ort-cpu only", "backend")
+    if shape_invariant:  # padding rows would run through the recurrence and be cut out of the states as KV rows
+        raise UnsupportedError(f"{where}: shape_invariant: a hybrid linear-attention target runs its passes as given "
+                               "(its rows are the same bits in every pass on ort-cpu already)", "shape_invariant")
     if drafter not in CHAIN_DRAFTERS:
         raise UnsupportedError(f"{where}: drafter {drafter}: a hybrid linear-attention target verifies chains only "
                                f"(its recurrent state cannot branch): use {' or '.join(CHAIN_DRAFTERS)}", "drafter")
