@@ -1,6 +1,7 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention) against
-transformers' fp32 eager forward on tiny random checkpoints: the torch reference at every position of a prefill, of
-chain passes continuing from the committed states, and one row a pass."""
+transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
+at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
+INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from conftest import TINY_VOCAB
 from test_families import _close, _decoded, _hf_logits, make_family_model
 
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
-_LINEAR = dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+_LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                linear_value_head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
-HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), layer 3 gated full attention
+HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), layer 3 gated full attention (rotary on 16 of
+    # its 32 dims: GroupQueryAttention's rotary needs a multiple of 16)
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
@@ -92,42 +94,86 @@ def _greedy(session, prompt: list[int], n: int, draft) -> tuple[list[int], np.nd
     return tokens[:n], np.stack(logits[:n]), accepted
 
 
+def _partly_right(plain: list[int], width: int):
+    """Drafts of the plain continuation, `width` long, one token changed every other pass."""
+    def draft(j: int) -> list[int]:
+        guess = list(plain[j:j + width])
+        if j % 2 and len(guess) > 2:
+            guess[2] = (guess[2] + 1) % TINY_VOCAB
+        return guess
+    return draft
+
+
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
-def test_contract_graph_decodes_speculatively_exactly(tmp_path, name):
-    """The contract graph (state inputs, per-row state outputs) against transformers at every position; a position's
-    logits the same bits in a one-row and a three-row pass; chain passes whose drafts are partly right (the plain
-    continuation, one token changed every other pass) commit the states plain decoding reaches: every token's
-    logits bitwise plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding."""
+def test_graphs_decode_speculatively_exactly(tmp_path, name):
+    """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
+    transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
+    passes whose drafts are partly right commit the states plain decoding reaches: every token's logits bitwise
+    plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding."""
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.artifact import open_artifact
     from speccompile.runtime.session import Runner
 
-
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     manifest = export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
-    assert set(manifest.graphs) == {"target"}  # the contract graph alone
-    session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.spec.file == "target.onnx"
+    assert set(manifest.graphs) == {"target", "target-ort"}  # no GPU or slotted graph
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
-    one = _decoded(session, seq, 1)
-    _close(one, _hf_logits(hf, seq)[12:], f"{name} contract graph")
-    np.testing.assert_array_equal(one, _decoded(session, seq, 3))
     prompt = seq[:10]
-    plain, plain_logits, _ = _greedy(session, prompt, 30, lambda j: [])
-    _close(plain_logits, _hf_logits(hf, prompt + plain)[9:39], f"{name} plain decoding")
-
-    def draft(j: int) -> list[int]:
-        guess = list(plain[j:j + 4])
-        if j % 2 and len(guess) > 2:
-            guess[2] = (guess[2] + 1) % TINY_VOCAB
-        return guess
-
-    tokens, logits, accepted = _greedy(session, prompt, 30, draft)
-    assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
-    np.testing.assert_array_equal(logits, plain_logits)
+    for fused in (True, False):
+        session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
+        assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
+        one = _decoded(session, seq, 1)
+        _close(one, _hf_logits(hf, seq)[12:], f"{name} {session.spec.file}")
+        np.testing.assert_array_equal(one, _decoded(session, seq, 3))
+        plain, plain_logits, _ = _greedy(session, prompt, 30, lambda j: [])
+        _close(plain_logits, _hf_logits(hf, prompt + plain)[9:39], f"{name} {session.spec.file} plain decoding")
+        tokens, logits, accepted = _greedy(session, prompt, 30, _partly_right(plain, 4))
+        assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
+        np.testing.assert_array_equal(logits, plain_logits)
     runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     text = "abc abd abc abd abc abd abc"
     assert runner.generate(text, chat=False, max_tokens=40).tokens == runner.generate(text, chat=False, max_tokens=40, drafter="none").tokens
+
+
+def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
+    """head_dim 256 (Qwen3-Next's): the fused CPU graph's passes are cut at slot multiples of 128 (a prefill of 247
+    rows, chain passes across slot 256); each segment starts from the last row's states of the one before: plain
+    decoding within 1e-4 of transformers, partly right drafts bitwise plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+
+    wide = {"qwen3_5_text": dict(HYBRID["qwen3_5_text"], head_dim=256)}
+    hf = make_family_model(tmp_path / "hf", "qwen3_5_text", families=wide)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=320))
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.spec.file == "target.ort.onnx" and session.wide.cut_blocks == (128,)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(3, TINY_VOCAB, 247)]
+    plain, plain_logits, _ = _greedy(session, prompt, 20, lambda j: [])
+    _close(plain_logits, _hf_logits(hf, prompt + plain)[246:266], "head_dim 256 plain decoding")
+    tokens, logits, accepted = _greedy(session, prompt, 20, _partly_right(plain, 5))
+    assert tokens == plain and max(accepted) > 2
+    np.testing.assert_array_equal(logits, plain_logits)
+
+
+def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
+    """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
+    (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding."""
+    import onnx
+
+    from conftest import run_cli
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    make_family_model(tmp_path / "hf", "qwen3_5_moe_text", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    done = run_cli("build", str(tmp_path / "art"), "--int4", "--onnx-only", "--out", str(tmp_path / "int4"))
+    assert done.returncode == 0, done.stderr
+    nodes = onnx.load(str(tmp_path / "int4" / "target.ort.onnx"), load_external_data=False).graph.node
+    packed = [n for n in nodes if n.op_type == "MatMulNBits"]
+    assert any("lin_qkvz" in i for n in packed for i in n.input) and any("lin_out" in i for n in packed for i in n.input)
+    runner = Runner(tmp_path / "int4", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    text = "abc abd abc abd abc abd abc"
+    assert runner.generate(text, chat=False, max_tokens=32).tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):

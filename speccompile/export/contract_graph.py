@@ -234,7 +234,8 @@ def _layer(g: _Graph, i: int, x: str) -> str:
     if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
-    mixer = (lambda h: linear_layer(b, cfg, i, h, lambda role: g.role(i, role), g.elem)) if cfg.linear(i) else (lambda h: _attention(g, i, h))
+    mixer = (lambda h: linear_layer(g.emitter(f"{scope}/linear_attn"), cfg, i, h, lambda role: g.role(i, role))) if cfg.linear(i) \
+        else (lambda h: _attention(g, i, h))
     x = add(x, norm("post_attn_norm", mixer(norm("input_norm", x))))
     x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))
     if cfg.per_layer_input_size:
@@ -292,7 +293,7 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
     if cfg.attn_output_gate:  # gated attention: q rows doubled (per head q, gate), the gate kept for the output
         q, k, v = b.op(s, "Split", [qkv, b.const(s, [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-        q, g.gates[i] = output_gate(b, s, q, heads, dim)
+        q, g.gates[i] = output_gate(g.emitter(s), q, heads, dim)
     elif cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
         q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k

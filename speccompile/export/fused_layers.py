@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
+from .linear_ops import linear_layer, output_gate
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -42,6 +43,7 @@ class _Fused:
     biases: dict[tuple, str] = field(default_factory=dict)  # (slot, sliding) -> the attention bias
     new_rows: dict[int, list[str]] = field(default_factory=dict)  # layer -> its k / v inputs (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    gates: dict[int, str] = field(default_factory=dict)  # layer -> its attention output gate (gated attention)
 
     @property
     def elem(self) -> int:
@@ -130,18 +132,12 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             h, residual = norms.skip(pending, residual, norms.gamma(i, "input_norm"))
         if i in f.model.aux_layers:
             taps.append(residual)
-        w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
-        query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
-            _shared_query(f, i, h, norms)
-        f.new_rows[i] = query[1:]
-        out, layer_presents = _attention(f, i, query, padding, slots)
-        presents += layer_presents
-        if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
-            heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
-            out = latent_output(f.emitter(), cfg, heads, w_uv)
-        attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
-        if cfg.o_proj_bias:
-            attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
+        if cfg.linear(i):  # a gated delta net (export/linear_ops.py): its states instead of KV buffers
+            attn = linear_layer(f.emitter(), cfg, i, h, lambda role: f.layer_weight(i, f"linear_attn.{role}", role))
+            presents += [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
+        else:
+            attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
+            presents += layer_presents
         if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
             h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if cfg.placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
@@ -170,6 +166,27 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     return final, taps, presents
 
 
+def _attention_block(f: _Fused, i: int, h: str, norms: _Norms, padding: OneRowPadding | None,
+                     slots: SlotInputs | None) -> tuple[str, list[str]]:
+    """Layer i's attention block on its normed input `h` through o_proj (the output gate of gated attention
+    before it); returns it and the layer's present names."""
+    cfg, n = f.model.config, f.n
+    w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+    query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
+        _shared_query(f, i, h, norms)
+    f.new_rows[i] = query[1:]
+    out, presents = _attention(f, i, query, padding, slots)
+    if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
+        heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
+        out = latent_output(f.emitter(), cfg, heads, w_uv)
+    if i in f.gates:  # gated attention (export/linear_ops.py `output_gate`)
+        out = n("Mul", [out, n("Sigmoid", [f.gates[i]])[0]])[0]
+    attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+    if cfg.o_proj_bias:
+        attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
+    return attn, presents
+
+
 def _layer_end(f: _Fused, i: int, residual: str, norms: _Norms) -> str:
     """Layer i's residual stream after its per-layer input block (PLE) and times its scalar (Gemma 4)."""
     cfg = f.model.config
@@ -193,10 +210,13 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources):  # KV sharing: k / v apart
+    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources or cfg.attn_output_gate):  # KV sharing: k / v apart
         return [qkv, "", ""]
     pre = f"layers.{i}"
-    if cfg.values_are_keys(i):
+    if cfg.attn_output_gate:  # q rows doubled (per head q, gate): the gate kept for the attention's output
+        q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+        q, f.gates[i] = output_gate(f.emitter(), q, heads, dim)
+    elif cfg.values_are_keys(i):
         q, k = n("Split", [qkv, f.const(f"{pre}.qk_split", [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
     else:

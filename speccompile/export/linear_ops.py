@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
 import onnx
 from onnx import helper
 
 from ..models.config import ModelConfig
 from .graph_builder import INT64_MAX, GraphBuilder, value
+from .moe_ops import Emitter
 
 
 def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.ValueInfoProto]:
@@ -30,40 +32,45 @@ def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.V
             value(f"{'past' if past else 'present'}_state.{i}.recurrent", elem, ["batch", *rows, *h.recurrent_state_shape()])]
 
 
-def output_gate(b: GraphBuilder, s: str, q: str, heads: int, dim: int) -> tuple[str, str]:
+def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
     """Gated attention's doubled query rows [b, q, heads * 2 * dim] (per head: q, then gate) -> q [b, q, heads * dim]
     and the gate of that shape (models.linear_attention.split_output_gate)."""
-    both = b.one(s, "Reshape", [q, b.const(s, [0, 0, heads, 2 * dim])])
-    q, gate = b.op(s, "Split", [both, b.const(s, [dim, dim])], 2, axis=-1)
-    flat = b.const(s, [0, 0, heads * dim])
-    return b.one(s, "Reshape", [q, flat]), b.one(s, "Reshape", [gate, flat])
+    both = em.one("Reshape", [q, em.const("gate.heads", [0, 0, heads, 2 * dim])])
+    q, gate = em.op("Split", [both, em.const("gate.split", [dim, dim])], 2, axis=-1)
+    flat = em.const("gate.flat", [0, 0, heads * dim])
+    return em.one("Reshape", [q, flat]), em.one("Reshape", [gate, flat])
 
 
-def _silu(b: GraphBuilder, s: str, x: str) -> str:
-    return b.one(s, "Mul", [x, b.one(s, "Sigmoid", [x])])
+def _silu(em: Emitter, x: str) -> str:
+    return em.one("Mul", [x, em.one("Sigmoid", [x])])
 
 
-def linear_layer(b: GraphBuilder, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str], elem: int) -> str:
-    """Linear layer i's output [b, q, hidden] of its normed input `h` (models.linear_attention.GatedDeltaNet);
-    writes present_state.{i}.conv / .recurrent. `role(name)`: the layer's initializer of that role."""
-    hy, s = cfg.hybrid, f"/layers.{i}/linear_attn"
-    proj = b.one(s, "MatMul", [h, role("lin_qkvz")])
-    mixed, z = b.op(s, "Split", [proj, b.const(s, [hy.conv_dim, hy.value_dim])], 2, axis=-1)
-    beta_in, a = b.op(s, "Split", [b.one(s, "MatMul", [h, role("lin_ba")]), b.const(s, [hy.num_v_heads] * 2)], 2, axis=-1)
-    kernel = b.one(s, "Reshape", [role("lin_conv"), b.const(s, [hy.conv_dim, hy.conv_kernel])])
-    carried = [f"{s}/Scan_{n}" for n in ("conv", "recurrent", "kernel", "a_log", "dt_bias")]  # the weights ride as states:
-    outs = b.op(s, "Scan", [f"past_state.{i}.conv", f"past_state.{i}.recurrent", kernel, role("lin_a_log"), role("lin_dt_bias"),
-                            mixed, beta_in, a],  # the body reads no outer value (the build passes' segments see every input)
-                [*carried, f"{s}/Scan_rows", f"present_state.{i}.conv", f"present_state.{i}.recurrent"],
-                body=_step_body(cfg, i, elem), num_scan_inputs=3, scan_input_axes=[1, 1, 1], scan_output_axes=[1, 1, 1])
+def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> str:
+    """Linear layer i's output [b, q, hidden] of its normed input `h` (models.linear_attention.GatedDeltaNet), in
+    the contract and the fused CPU graph alike (`em`: the builder's node writer); writes present_state.{i}.conv /
+    .recurrent. `role(name)`: the layer's initializer of that role."""
+    hy, c = cfg.hybrid, em.const
+    proj = em.one("MatMul", [h, role("lin_qkvz")])
+    mixed, z = em.op("Split", [proj, c("linear.qkv_z", [hy.conv_dim, hy.value_dim])], 2, axis=-1)
+    beta_in, a = em.op("Split", [em.one("MatMul", [h, role("lin_ba")]), c("linear.b_a", [hy.num_v_heads] * 2)], 2, axis=-1)
+    kernel = em.one("Reshape", [role("lin_conv"), c("linear.kernel", [hy.conv_dim, hy.conv_kernel])])
+    carried = [f"linear.{i}.scan_{n}" for n in ("conv", "recurrent", "kernel", "a_log", "dt_bias", "rows")]
+    outs = em.op("Scan", [f"past_state.{i}.conv", f"past_state.{i}.recurrent", kernel, role("lin_a_log"), role("lin_dt_bias"),
+                          mixed, beta_in, a],  # the weights ride as states: the body reads no outer value (the build
+                 [*carried, f"present_state.{i}.conv", f"present_state.{i}.recurrent"],  # passes' segments see every input)
+                 body=_step_body(cfg, i, em.elem), num_scan_inputs=3, scan_input_axes=[1, 1, 1], scan_output_axes=[1, 1, 1])
     rows = outs[5]  # [b, q, heads, v_dim]: the gated RMSNorm of each head's readout, times SiLU(z)
-    wide = b.one(s, "Mul", [rows, b.one(s, "Div", [b.const(s, 1.0, "float32"), b.one(s, "Sqrt", [b.one(s, "Add", [
-        b.one(s, "ReduceMean", [b.one(s, "Pow", [rows, b.const(s, 2.0, "float32")]), b.const(s, [-1])], keepdims=1),
-        b.const(s, cfg.rms_norm_eps, "float32")])])])])
-    gate = _silu(b, s, b.one(s, "Reshape", [z, b.const(s, [0, 0, hy.num_v_heads, hy.v_dim])]))
-    normed = b.one(s, "Mul", [b.one(s, "Mul", [role("lin_norm"), wide]), gate])
-    flat = b.one(s, "Reshape", [normed, b.const(s, [0, 0, hy.value_dim])])
-    return b.one(f"{s}/out_proj", "MatMul", [flat, role("lin_out")])
+    square = em.one("ReduceMean", [em.one("Pow", [rows, c("linear.two", 2.0, np.float32)]), c("linear.last", [-1])], keepdims=1)
+    root = em.one("Sqrt", [em.one("Add", [square, c("linear.eps", cfg.rms_norm_eps, np.float32)])])
+    wide = em.one("Mul", [rows, em.one("Div", [c("linear.one", 1.0, np.float32), root])])
+    gate = _silu(em, em.one("Reshape", [z, c("linear.z_heads", [0, 0, hy.num_v_heads, hy.v_dim])]))
+    normed = em.one("Mul", [em.one("Mul", [role("lin_norm"), wide]), gate])
+    flat = em.one("Reshape", [normed, c("linear.value_rows", [0, 0, hy.value_dim])])
+    return em.one("MatMul", [flat, role("lin_out")])
+
+
+def _silu_b(b: GraphBuilder, s: str, x: str) -> str:
+    return b.one(s, "Mul", [x, b.one(s, "Sigmoid", [x])])
 
 
 def _step_body(cfg: ModelConfig, i: int, elem: int) -> onnx.GraphProto:
@@ -75,7 +82,7 @@ def _step_body(cfg: ModelConfig, i: int, elem: int) -> onnx.GraphProto:
     conv_in, rec_in, kernel, a_log, dt_bias, mixed, beta_in, a = (
         f"{s}/{n}" for n in ("conv_in", "recurrent_in", "kernel", "A_log", "dt_bias", "mixed", "b", "a"))
     window = b.one(s, "Concat", [conv_in, b.one(s, "Unsqueeze", [mixed, b.const(s, [-1])])], axis=-1)  # [b, C, K]
-    conv = _silu(b, s, b.one(s, "ReduceSum", [b.one(s, "Mul", [window, kernel]), b.const(s, [-1])], keepdims=0))
+    conv = _silu_b(b, s, b.one(s, "ReduceSum", [b.one(s, "Mul", [window, kernel]), b.const(s, [-1])], keepdims=0))
     conv_out = b.one(s, "Slice", [window, b.const(s, [1]), b.const(s, [INT64_MAX]), b.const(s, [2]), b.const(s, [1])])
     query, key, val = b.op(s, "Split", [conv, b.const(s, [hy.key_dim, hy.key_dim, hy.value_dim])], 3, axis=-1)
     query, key = (_l2norm(b, s, b.one(s, "Reshape", [t, b.const(s, [0, hy.num_k_heads, hy.k_dim])])) for t in (query, key))

@@ -56,8 +56,8 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     cfg = model.config
     if cfg.hybrid is not None:  # docs/DESIGN.md "Hybrid linear attention": the contract graph alone, fp32, chains
         check_hybrid_export(cfg, options.dtype, request.kind if request else None)
-        options = dataclasses.replace(options, fused_cpu_graph=False, gpu_graph=False, batch_slots=0)
-        progress(f"{cfg.architecture}: hybrid linear attention: the contract graph only (no fused CPU / GPU / slotted graph)")
+        options = dataclasses.replace(options, gpu_graph=False, batch_slots=0)
+        progress(f"{cfg.architecture}: hybrid linear attention: no GPU or slotted graph (chains on ort-cpu)")
     max_context = options.max_context or cfg.max_position_embeddings
     if cfg.position_embeddings and max_context > cfg.max_position_embeddings:  # no row of the learned table past it
         raise InputError(f"max_context {max_context}: {cfg.architecture} has learned positions for "

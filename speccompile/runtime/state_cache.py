@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from ..manifest import GraphSpec, Manifest
-from .kvcache import KVCache
+from .kvcache import BufferKVCache, KVCache
 
 CHAIN_DRAFTERS = ("ngram", "none")  # what a hybrid target drafts with: chains only
 _NP = {"float32": np.float32, "float16": np.float16}
@@ -94,3 +94,47 @@ class StateCache(KVCache):
                 self.tensors[k] = self.from_numpy(np.ascontiguousarray(np.take(self.to_numpy(tensor), idx, axis=2)))
         self.live = np.ones(len(idx), dtype=bool)
         self.compactions += 1
+
+
+class BufferStateCache(BufferKVCache):
+    """The fused CPU graph's cache of a hybrid target: KV buffers written in place (BufferKVCache) and each linear
+    layer's committed states. A pass binds the states it starts from and fresh per-row outputs (`bind_states`); a
+    pass cut in segments (head_dim > 128) starts each segment from the previous one's last row and gathers their
+    rows (`record`); the verdict keeps the last accepted row's states (`append`)."""
+
+    def __init__(self, spec: GraphSpec, shapes: Sequence[tuple[int, int]], dtype, wrap: Callable[[np.ndarray], Any],
+                 capacity: int, max_capacity: int | None):
+        super().__init__(shapes, dtype, wrap, capacity=capacity, max_capacity=max_capacity)
+        inputs = {t.name: t for t in spec.inputs if t.name.startswith("past_state.")}
+        self.committed = {name: np.zeros([1, *(int(d) for d in t.shape[1:])], dtype=_NP.get(t.dtype, np.float32))
+                          for name, t in inputs.items()}
+        self.rows: dict[str, np.ndarray] = {}  # past_state name -> the current pass's per-row states [1, rows, ...]
+
+    def start_pass(self) -> None:
+        """A new pass: its rows start from the committed states."""
+        self.rows = {}
+
+    def bind_states(self, binding: Any, q: int) -> dict[str, np.ndarray]:
+        """Bind the states this (segment of a) pass starts from, and arrays for its q rows' states; returns those."""
+        outputs = {}
+        for name, state in self.committed.items():
+            start = state if name not in self.rows else self.rows[name][:, -1]
+            binding.bind_cpu_input(name, np.ascontiguousarray(start))
+            outputs[name] = np.empty((1, q, *state.shape[1:]), dtype=state.dtype)
+            binding.bind_ortvalue_output(name.replace("past_state.", "present_state.", 1), self._wrap(outputs[name]))
+        return outputs
+
+    def record(self, outputs: dict[str, np.ndarray]) -> None:
+        """A (segment of a) pass's per-row states, after the rows before it."""
+        self.rows = {name: rows if name not in self.rows else np.concatenate([self.rows[name], rows], axis=1)
+                     for name, rows in outputs.items()}
+
+    def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
+        """The KV rows as BufferKVCache; each state: the one after the last kept row (a chain: rows 0..k-1)."""
+        keep = [int(k) for k in keep]
+        if keep != list(range(len(keep))):
+            raise ValueError(f"a hybrid linear-attention cache commits chains only (rows {keep} kept)")
+        super().append(presents, keep, num_new)
+        if keep:
+            self.committed = {name: np.ascontiguousarray(rows[:, keep[-1]]) for name, rows in self.rows.items()}
+        self.rows = {}
