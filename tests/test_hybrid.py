@@ -199,3 +199,47 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_multimodal_checkpoint_exports_its_text_decoder(tmp_path, model_type):
+    """Qwen3.5's published form (Qwen3_5ForConditionalGeneration: model.language_model.*, a vision tower, an MTP block
+    mtp.*, interleaved mrope sections) exports its text decoder: the vision tower and the MTP block left out, the
+    fused graph within 1e-4 of transformers' text-only forward at every position, n-gram speculative == plain."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from conftest import write_char_tokenizer
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+    from speccompile.runtime.session import Runner
+
+    text = dict(HYBRID[f"{model_type}_text"], vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[3, 3, 2], mrope_interleaved=True)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(4.0) if p.dim() == 2 else p.add_(0.2 * torch.randn_like(p))
+    folder = tmp_path / "hf"
+    hf.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    tensors = load_file(folder / "model.safetensors")  # the published checkpoints' MTP block
+    tensors.update({"mtp.fc.weight": torch.ones(64, 128), "mtp.norm.weight": torch.ones(64)})
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    said: list[str] = []
+    export_artifact(str(folder), tmp_path / "art", ExportOptions(max_context=96), said.append)
+    assert any(m.startswith("text decoder only: visual") for m in said), said
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.spec.file == "target.ort.onnx"
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([seq])).logits[0].float().numpy()
+    _close(_decoded(session, seq, 3), want[12:], f"{model_type} text decoder")
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens

@@ -9,7 +9,6 @@ _DSA = "sparse attention (an indexer picks each query's top-k keys of the whole 
 
 REFUSED = {
     # the cache contract: recurrent or convolution states, sparse attention
-    "qwen3_5": "the Qwen3.5 multimodal wrapper is not read: export its text model (model_type qwen3_5_text)",
     "lara_mini": _HYBRID,
     "qwen4_exp_text": _HYBRID.replace(" is", ", a sparse-attention indexer and n-gram embeddings are"),
     "inkling_text": "short causal convolutions (a conv state that must roll back on rejected drafts) are not supported",
