@@ -177,8 +177,8 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
-    """Trees (the suffix drafter), shape-invariant (padded) passes, batched decoding, a GPU dtype and drafter graphs:
-    one line each."""
+    """Trees (the suffix drafter), shape-invariant (padded) passes, batched decoding, a GPU dtype, drafter graphs and
+    a hybrid model as a draft model: one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -199,6 +199,11 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists()
+    make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
+    done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "as a draft model is not supported" in errors[0], done.stderr
+    assert not (tmp_path / "dm").exists()
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
