@@ -177,8 +177,8 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
-    """Trees (the suffix drafter), shape-invariant (padded) passes, batched decoding, a GPU dtype, drafter graphs and
-    a hybrid model as a draft model: one line each."""
+    """Trees (the suffix drafter), shape-invariant (padded) passes, batched decoding, a GPU dtype, heads on the target's
+    hidden states (MTP) and a hybrid model as a draft model: one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -194,7 +194,7 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
         Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2)
     for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
-                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", f"draft-model:{tmp_path / 'hf'}"], "drafts chains")):
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains")):
         done = run_cli(*args)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
@@ -248,3 +248,17 @@ def test_qwen3_5_multimodal_checkpoint_exports_its_text_decoder(tmp_path, model_
     runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     prompt = "abc abd abc abd abc abd abc"
     assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_a_draft_model_drafts_chains_for_a_hybrid_target(tmp_path):
+    """A (Llama) draft model sharing the tokenizer drafts chains for a hybrid target: speculative == plain."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    make_family_model(tmp_path / "hf", "qwen3_next", families=HYBRID)
+    make_family_model(tmp_path / "llama", "llama")
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96, drafter=f"draft-model:{tmp_path / 'llama'}"))
+    runner = Runner(tmp_path / "art", drafter="draft-model", num_draft_tokens=4, adaptive=False, threads=1)
+    text = "abc abd abc abd abc abd abc"
+    spec = runner.generate(text, chat=False, max_tokens=32)
+    assert sum(spec.stats.drafted) > 0 and spec.tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens

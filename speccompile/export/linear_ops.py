@@ -120,12 +120,12 @@ def _l2norm(b: GraphBuilder, s: str, x: str) -> str:
 
 
 def check_hybrid_export(cfg: ModelConfig, dtype: str, drafter: str | None) -> None:
-    """A hybrid target exports its contract graph in fp32, drafting chains with the n-gram or suffix drafter."""
+    """A hybrid target exports in fp32, drafting chains: the n-gram drafter or a draft model (no head on its states)."""
     from ..errors import InputError
 
     if dtype != "fp32":
         raise InputError(f"dtype {dtype}: hybrid linear attention ({cfg.architecture}) exports in fp32 only", "dtype")
-    if drafter not in (None, "ngram", "suffix"):
+    if drafter not in (None, "ngram", "draft-model"):
         raise InputError(f"drafter {drafter}: a hybrid linear-attention target ({cfg.architecture}) drafts chains with the "
-                         "ngram or suffix drafter (no drafter graph is exported for it)", "drafter")
+                         "ngram drafter or a draft model (trees and heads on its hidden states are not supported)", "drafter")
 

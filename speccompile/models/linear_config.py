@@ -51,10 +51,6 @@ class HybridConfig:
         """The conv1d's channels: q | k | v."""
         return 2 * self.key_dim + self.value_dim
 
-    def qkvz_sizes(self) -> list[int]:
-        """Rows of the stacked projection: q, k, v, z."""
-        return [self.key_dim, self.key_dim, self.value_dim, self.value_dim]
-
     def conv_state_shape(self) -> tuple[int, int]:
         """A layer's conv state per sequence: the last kernel - 1 conv inputs, [conv_dim, kernel - 1]."""
         return (self.conv_dim, self.conv_kernel - 1)
@@ -85,7 +81,3 @@ def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
         raise UnsupportedError(f"{source}: linear_num_value_heads not a multiple of linear_num_key_heads is not supported")
     return dict(hybrid=hybrid, attn_output_gate=True)
 
-
-def linear_layer_roles(norm_roles: tuple[str, ...], mlp_roles: list[str]) -> list[str]:
-    """The roles of a linear layer: its norms, the gated delta net's, its MLP's."""
-    return [*norm_roles, *LINEAR_ROLES, *mlp_roles]

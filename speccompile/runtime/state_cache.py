@@ -19,7 +19,7 @@ from ..errors import UnsupportedError
 from ..manifest import GraphSpec, Manifest
 from .kvcache import BufferKVCache, KVCache
 
-CHAIN_DRAFTERS = ("ngram", "none")  # what a hybrid target drafts with: chains only
+HYBRID_DRAFTERS = ("ngram", "none", "draft-model")  # what a hybrid target drafts with: chains (artifact.CHAIN_DRAFTERS)
 _NP = {"float32": np.float32, "float16": np.float16}
 
 
@@ -43,9 +43,9 @@ def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str,
     if shape_invariant:  # padding rows would run through the recurrence and be cut out of the states as KV rows
         raise UnsupportedError(f"{where}: shape_invariant: a hybrid linear-attention target runs its passes as given "
                                "(its rows are the same bits in every pass on ort-cpu already)", "shape_invariant")
-    if drafter not in CHAIN_DRAFTERS:
+    if drafter not in HYBRID_DRAFTERS:
         raise UnsupportedError(f"{where}: drafter {drafter}: a hybrid linear-attention target verifies chains only "
-                               f"(its recurrent state cannot branch): use {' or '.join(CHAIN_DRAFTERS)}", "drafter")
+                               f"(its recurrent state cannot branch): use {', '.join(HYBRID_DRAFTERS)}", "drafter")
 
 
 def with_zero_states(kv: list[Any], spec: GraphSpec, wrap: Callable[[np.ndarray], Any]) -> list[Any]:
