@@ -131,7 +131,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         if i in model.aux_layers:
             taps.append(x)
         x = _layer(g, i, x)
-        presents += [f"present{'_state' if cfg.linear(i) else ''}.{i}.{kind}" for kind in (("conv", "recurrent") if cfg.linear(i) else ("key", "value"))]
+        presents += [f"present{'_state' if cfg.linear(i) else ''}.{i}.{kind}" for kind in (("conv", "recurrent", "rows") if cfg.linear(i) else ("key", "value"))]
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,

@@ -134,7 +134,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             taps.append(residual)
         if cfg.linear(i):  # a gated delta net (export/linear_ops.py): its states instead of KV buffers
             attn = linear_layer(f.emitter(), cfg, i, h, lambda role: f.layer_weight(i, f"linear_attn.{role}", role))
-            presents += [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
+            presents += [f"present_state.{i}.{kind}" for kind in ("conv", "recurrent", "rows")]
         else:
             attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
             presents += layer_presents

@@ -1,13 +1,16 @@
-"""Hybrid linear attention's nodes for the contract graph (export/contract_graph.py): a gated delta net layer, and
-gated attention's output gate (models/linear_attention.py is the torch reference, op for op).
+"""Hybrid linear attention's nodes for the contract and the fused CPU graph (export/contract_graph.py,
+export/fused_layers.py): a gated delta net layer, and gated attention's output gate (models/linear_attention.py is the
+torch reference, op for op).
 
-A linear layer reads its committed states `past_state.{i}.conv` [b, conv_dim, kernel - 1] and
-`past_state.{i}.recurrent` [b, value heads, key_head_dim, value_head_dim] and runs the pass's rows through one
-`Scan` over the row axis: every row is one iteration of the same body on the same shapes (the conv window, SiLU,
-l2norms, the decay, the delta rule, the readout: elementwise ops and reductions, no MatMul), so a row's output and
-states are the same bits in a one-row pass (plain decoding) and in a verify pass. The scan's per-row states are the
-outputs `present_state.{i}.conv` [b, q, ...] and `present_state.{i}.recurrent` [b, q, ...]: the runtime commits
-the states of the last accepted row (runtime/state_cache.py).
+A linear layer reads its states `past_state.{i}.conv` [b, conv_dim, kernel - 1] and `past_state.{i}.recurrent`
+[b, value heads, key_head_dim, value_head_dim] as of some committed token, and the accepted rows after it not yet
+folded in, `past_state.{i}.rows` [b, pending, conv_dim + 2 heads] (each row's conv input, b and a). One `Scan` folds
+those rows into the states (`present_state.{i}.conv` / `.recurrent`), a second runs the pass's rows from there; both
+iterate the same token step on the same shapes (the conv window, SiLU, l2norms, the decay, the delta rule, the
+readout: elementwise ops and reductions, no MatMul), so a row's readout and states are the same bits in a one-row
+pass (plain decoding), in a verify pass and when folded in the next pass. The pass's rows' inputs are the output
+`present_state.{i}.rows` [b, q, ...]: the runtime keeps the accepted ones as the next pending rows
+(runtime/state_cache.py).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from .moe_ops import Emitter
 
 
 def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.ValueInfoProto]:
-    """Linear layer i's state inputs (`past`) or per-row state outputs, as graph values."""
-    h = cfg.hybrid
-    rows = [] if past else ["q_len"]
-    return [value(f"{'past' if past else 'present'}_state.{i}.conv", elem, ["batch", *rows, *h.conv_state_shape()]),
-            value(f"{'past' if past else 'present'}_state.{i}.recurrent", elem, ["batch", *rows, *h.recurrent_state_shape()])]
+    """Linear layer i's cache inputs (`past`: the states, the pending rows) or outputs (the states after the pending
+    rows, the pass's rows), as graph values."""
+    h, kind = cfg.hybrid, "past" if past else "present"
+    return [value(f"{kind}_state.{i}.conv", elem, ["batch", *h.conv_state_shape()]),
+            value(f"{kind}_state.{i}.recurrent", elem, ["batch", *h.recurrent_state_shape()]),
+            value(f"{kind}_state.{i}.rows", elem, ["batch", "pending" if past else "q_len", h.conv_dim + 2 * h.num_v_heads])]
 
 
 def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
@@ -47,19 +51,21 @@ def _silu(em: Emitter, x: str) -> str:
 
 def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> str:
     """Linear layer i's output [b, q, hidden] of its normed input `h` (models.linear_attention.GatedDeltaNet), in
-    the contract and the fused CPU graph alike (`em`: the builder's node writer); writes present_state.{i}.conv /
-    .recurrent. `role(name)`: the layer's initializer of that role."""
+    the contract and the fused CPU graph alike (`em`: the builder's node writer). The first scan folds the pending
+    rows (the last pass's accepted rows' conv input, b, a: `past_state.{i}.rows`) into the states, written as
+    present_state.{i}.conv / .recurrent; the second runs the pass's rows from there, whose inputs are written as
+    present_state.{i}.rows. `role(name)`: the layer's initializer of that role."""
     hy, c = cfg.hybrid, em.const
     proj = em.one("MatMul", [h, role("lin_qkvz")])
     mixed, z = em.op("Split", [proj, c("linear.qkv_z", [hy.conv_dim, hy.value_dim])], 2, axis=-1)
     beta_in, a = em.op("Split", [em.one("MatMul", [h, role("lin_ba")]), c("linear.b_a", [hy.num_v_heads] * 2)], 2, axis=-1)
-    kernel = em.one("Reshape", [role("lin_conv"), c("linear.kernel", [hy.conv_dim, hy.conv_kernel])])
-    carried = [f"linear.{i}.scan_{n}" for n in ("conv", "recurrent", "kernel", "a_log", "dt_bias", "rows")]
-    outs = em.op("Scan", [f"past_state.{i}.conv", f"past_state.{i}.recurrent", kernel, role("lin_a_log"), role("lin_dt_bias"),
-                          mixed, beta_in, a],  # the weights ride as states: the body reads no outer value (the build
-                 [*carried, f"present_state.{i}.conv", f"present_state.{i}.recurrent"],  # passes' segments see every input)
-                 body=_step_body(cfg, i, em.elem), num_scan_inputs=3, scan_input_axes=[1, 1, 1], scan_output_axes=[1, 1, 1])
-    rows = outs[5]  # [b, q, heads, v_dim]: the gated RMSNorm of each head's readout, times SiLU(z)
+    em.op("Concat", [mixed, beta_in, a], [f"present_state.{i}.rows"], axis=-1)
+    weights = [em.one("Reshape", [role("lin_conv"), c("linear.kernel", [hy.conv_dim, hy.conv_kernel])]), role("lin_a_log"),
+               role("lin_dt_bias")]  # they ride as scan states: a body reads no outer value (the build passes' segments)
+    states = [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
+    _fold(em, cfg, i, weights, states)
+    rows = _scan(em, cfg, i, states, weights, [mixed, beta_in, a])  # [b, q, heads, v_dim]: their readout
+    # the gated RMSNorm of each head's readout, times SiLU(z)
     square = em.one("ReduceMean", [em.one("Pow", [rows, c("linear.two", 2.0, np.float32)]), c("linear.last", [-1])], keepdims=1)
     root = em.one("Sqrt", [em.one("Add", [square, c("linear.eps", cfg.rms_norm_eps, np.float32)])])
     wide = em.one("Mul", [rows, em.one("Div", [c("linear.one", 1.0, np.float32), root])])
@@ -69,18 +75,74 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     return em.one("MatMul", [flat, role("lin_out")])
 
 
+def _scan(em: Emitter, cfg: ModelConfig, i: int, states: list[str], weights: list[str], rows: list[str]) -> str:
+    """The Scan of the step body over the pass's rows (conv input, b, a: [b, q, ...]) from `states`; returns their
+    readouts [b, q, heads, v_dim]."""
+    names = [f"linear.{i}.rows.{n}" for n in ("conv", "recurrent", "kernel", "a_log", "dt_bias", "readout")]
+    return em.op("Scan", [*states, *weights, *rows], names, body=_step_body(cfg, i, em.elem, "rows"), num_scan_inputs=3,
+                 scan_input_axes=[1, 1, 1], scan_output_axes=[1])[5]
+
+
+def _fold(em: Emitter, cfg: ModelConfig, i: int, weights: list[str], outputs: list[str]) -> None:
+    """The Scan folding the pending rows `past_state.{i}.rows` into `past_state.{i}.conv` / `.recurrent`, behind a
+    zero row flagged 0 (`_fold_body`); the states after them named `outputs`."""
+    hy, c, pending = cfg.hybrid, em.const, f"past_state.{i}.rows"
+    lead = em.one("Shape", [pending], start=0, end=1)  # [b]
+    zero = em.one("ConstantOfShape", [em.one("Concat", [lead, c("linear.one_row", [1, hy.conv_dim + 2 * hy.num_v_heads])], axis=0)],
+                  value=helper.make_tensor("zero", em.elem, [1], [0.0]))
+    rows = em.one("Concat", [zero, pending], axis=1)
+    flags = em.one("ConstantOfShape", [em.one("Shape", [pending], start=0, end=2)], value=helper.make_tensor("one", em.elem, [1], [1.0]))
+    flags = em.one("Concat", [em.one("ConstantOfShape", [em.one("Concat", [lead, c("linear.flag_row", [1])], axis=0)]), flags], axis=1)
+    names = [*outputs, *(f"linear.{i}.fold.{n}" for n in ("kernel", "a_log", "dt_bias"))]
+    em.op("Scan", [f"past_state.{i}.conv", f"past_state.{i}.recurrent", *weights, rows, flags], names,
+          body=_fold_body(cfg, i, em.elem), num_scan_inputs=2, scan_input_axes=[1, 1])
+
+
 def _silu_b(b: GraphBuilder, s: str, x: str) -> str:
     return b.one(s, "Mul", [x, b.one(s, "Sigmoid", [x])])
 
 
-def _step_body(cfg: ModelConfig, i: int, elem: int) -> onnx.GraphProto:
-    """The scan's body: one token (models.linear_attention.GatedDeltaNet.step). Inputs: the conv state [b, C, K-1],
-    the recurrent state [b, H, Dk, Dv], the conv kernel [C, K], A_log and dt_bias [H] (passed through), the row's
-    conv input [b, C], b and a [b, H]; outputs: those five, then the row's readout [b, H, Dv] and copies of the two
-    states (the scan's per-row outputs)."""
-    hy, s, b = cfg.hybrid, f"/layers.{i}/linear_attn/step", GraphBuilder()
-    conv_in, rec_in, kernel, a_log, dt_bias, mixed, beta_in, a = (
-        f"{s}/{n}" for n in ("conv_in", "recurrent_in", "kernel", "A_log", "dt_bias", "mixed", "b", "a"))
+def _step_body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
+    """The pass's rows' scan body: one token (models.linear_attention.GatedDeltaNet.step). Inputs: the conv state
+    [b, C, K-1], the recurrent state [b, H, Dk, Dv], the conv kernel [C, K], A_log and dt_bias [H] (passed through),
+    the row's conv input [b, C], b and a [b, H]; outputs: those five, then the row's readout [b, H, Dv]."""
+    hy, s, b = cfg.hybrid, f"/layers.{i}/linear_attn/{tag}", GraphBuilder()
+    names = [f"{s}/{n}" for n in ("conv_in", "recurrent_in", "kernel", "A_log", "dt_bias", "mixed", "b", "a")]
+    conv_out, state, out = _step_nodes(b, s, hy, *names)
+    passed = [b.one(s, "Identity", [t]) for t in names[2:5]]
+    return _body(b, f"linear_{tag}_{i}", hy, elem, names[:5], {names[5]: ["batch", hy.conv_dim], names[6]: ["batch", hy.num_v_heads],
+                                                                   names[7]: ["batch", hy.num_v_heads]}, [conv_out, state, *passed, out])
+
+
+def _fold_body(cfg: ModelConfig, i: int, elem: int) -> onnx.GraphProto:
+    """The pending rows' scan body: the same token step on a row of `past_state.{i}.rows` (conv input | b | a), its
+    states kept where the row's flag is 1 (the first row, a zero row flagged 0, keeps the states: ONNX Runtime's
+    Scan takes no empty sequence). Inputs: the five states, the row [b, C + 2H], its flag [b]; outputs: the five."""
+    hy, s, b = cfg.hybrid, f"/layers.{i}/linear_attn/fold", GraphBuilder()
+    names = [f"{s}/{n}" for n in ("conv_in", "recurrent_in", "kernel", "A_log", "dt_bias", "row", "flag")]
+    row = b.op(s, "Split", [names[5], b.const(s, [hy.conv_dim, hy.num_v_heads, hy.num_v_heads])], 3, axis=-1)
+    conv_new, state_new, _ = _step_nodes(b, s, hy, *names[:5], *row)
+    keep = b.one(s, "Greater", [names[6], b.const(s, 0.5, "float32")])
+    conv_out = b.one(s, "Where", [b.one(s, "Unsqueeze", [keep, b.const(s, [1, 2])]), conv_new, names[0]])
+    state = b.one(s, "Where", [b.one(s, "Unsqueeze", [keep, b.const(s, [1, 2, 3])]), state_new, names[1]])
+    passed = [b.one(s, "Identity", [t]) for t in names[2:5]]
+    return _body(b, f"linear_fold_{i}", hy, elem, names[:5], {names[5]: ["batch", hy.conv_dim + 2 * hy.num_v_heads],
+                                                                names[6]: ["batch"]}, [conv_out, state, *passed])
+
+
+def _body(b: GraphBuilder, name: str, hy, elem: int, states: list[str], rows: dict[str, list], outputs: list[str]) -> onnx.GraphProto:
+    """A scan body graph: the five state inputs (conv, recurrent, kernel, A_log, dt_bias), the scan inputs `rows`
+    (name -> shape) and `outputs`."""
+    C, H = hy.conv_dim, hy.num_v_heads
+    shapes = [["batch", C, hy.conv_kernel - 1], ["batch", H, hy.k_dim, hy.v_dim], [C, hy.conv_kernel], [H], [H]]
+    inputs = [helper.make_tensor_value_info(n, elem, shape) for n, shape in [*zip(states, shapes), *rows.items()]]
+    return helper.make_graph(b.nodes, name, inputs, [helper.make_tensor_value_info(n, elem, None) for n in outputs])
+
+
+def _step_nodes(b: GraphBuilder, s: str, hy, conv_in: str, rec_in: str, kernel: str, a_log: str, dt_bias: str, mixed: str,
+                beta_in: str, a: str) -> tuple[str, str, str]:
+    """One token's nodes (transformers' causal_conv1d_update and torch_recurrent_gated_delta_rule): the conv state,
+    the recurrent state after it and its readout."""
     window = b.one(s, "Concat", [conv_in, b.one(s, "Unsqueeze", [mixed, b.const(s, [-1])])], axis=-1)  # [b, C, K]
     conv = _silu_b(b, s, b.one(s, "ReduceSum", [b.one(s, "Mul", [window, kernel]), b.const(s, [-1])], keepdims=0))
     conv_out = b.one(s, "Slice", [window, b.const(s, [1]), b.const(s, [INT64_MAX]), b.const(s, [2]), b.const(s, [1])])
@@ -102,15 +164,7 @@ def _step_body(cfg: ModelConfig, i: int, elem: int) -> onnx.GraphProto:
     delta = b.one(s, "Mul", [b.one(s, "Sub", [val, memory]), b.one(s, "Unsqueeze", [beta, b.const(s, [-1])])])
     state = b.one(s, "Add", [state, b.one(s, "Mul", [k_col, b.one(s, "Unsqueeze", [delta, b.const(s, [-2])])])])
     q_col = b.one(s, "Unsqueeze", [query, b.const(s, [-1])])
-    out = b.one(s, "ReduceSum", [b.one(s, "Mul", [state, q_col]), b.const(s, [-2])], keepdims=0)
-    conv_copy, state_copy = b.one(s, "Identity", [conv_out]), b.one(s, "Identity", [state])
-    passed = [b.one(s, "Identity", [t]) for t in (kernel, a_log, dt_bias)]
-    C, H = hy.conv_dim, hy.num_v_heads
-    shapes = {conv_in: ["batch", C, hy.conv_kernel - 1], rec_in: ["batch", H, hy.k_dim, hy.v_dim], kernel: [C, hy.conv_kernel],
-              a_log: [H], dt_bias: [H], mixed: ["batch", C], beta_in: ["batch", H], a: ["batch", H]}
-    inputs = [helper.make_tensor_value_info(n, elem, shape) for n, shape in shapes.items()]
-    outputs = [helper.make_tensor_value_info(n, elem, None) for n in (conv_out, state, *passed, out, conv_copy, state_copy)]
-    return helper.make_graph(b.nodes, f"linear_step_{i}", inputs, outputs)
+    return conv_out, state, b.one(s, "ReduceSum", [b.one(s, "Mul", [state, q_col]), b.const(s, [-2])], keepdims=0)
 
 
 def _l2norm(b: GraphBuilder, s: str, x: str) -> str:

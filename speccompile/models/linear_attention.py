@@ -2,9 +2,9 @@
 attention's output gate (models/linear_config.py has the shapes and names; docs/DESIGN.md "Hybrid linear attention").
 
 A pass runs its rows through the recurrence one token at a time, the same ops in the same shapes for every row
-(`GatedDeltaNet.step`), so a row's output and state are the same bits whether a pass has one row or many. The layer
-takes the committed (conv state, recurrent state) and returns, besides its output rows, the states after each
-row: [batch, q, ...]; committing k accepted rows takes the states of row k - 1 (runtime/).
+(`GatedDeltaNet.step`), as the graphs do. The layer takes (conv state, recurrent state) and returns, besides its
+output rows, the states after each row [batch, q, ...]: the numerical reference, whose cache interface is simpler
+than the graphs' (they take pending rows and fold them in: export/linear_ops.py, runtime/state_cache.py).
 """
 
 from __future__ import annotations

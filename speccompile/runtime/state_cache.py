@@ -1,12 +1,15 @@
-"""The cache of a hybrid linear-attention target (Qwen3-Next, Qwen3.5): KV rows for its attention layers, the
-committed (conv, recurrent) states for its gated delta net layers (docs/DESIGN.md, "Hybrid linear attention").
+"""The cache of a hybrid linear-attention target (Qwen3-Next, Qwen3.5): KV rows for its attention layers, and for
+each gated delta net layer its (conv, recurrent) states plus the *pending rows* (docs/DESIGN.md, "Hybrid linear
+attention").
 
-The contract graph takes each linear layer's states as of the last committed token (`past_state.{i}.conv`,
-`past_state.{i}.recurrent`) and returns its states after each row of the pass (`present_state.{i}.*`, [1, q, ...]),
-every row computed by the same per-token ops whatever the pass's length. Committing k accepted rows of a chain
-takes the states of row k - 1, so the committed states are bitwise those plain decoding (one row a pass) reaches;
-rejected rows cost nothing to drop. A state cannot be rolled back, so only chains commit (accepted rows 0..k-1):
-tree drafters and batched decoding are refused for such targets (`hybrid_problem`).
+A linear layer's state cannot be rolled back, so a pass never commits its own rows: it takes the states as of some
+token (`past_state.{i}.conv`, `past_state.{i}.recurrent`) and the accepted rows after it that are not folded in yet
+(`past_state.{i}.rows`: each row's conv input, b and a), first folds those rows in, one token at a time (their states
+out: `present_state.{i}.conv` / `.recurrent`), then runs its own rows from there and returns their inputs
+(`present_state.{i}.rows`). Committing k accepted rows keeps the folded states and the pass's first k rows as the
+next pending rows, so the states are always plain decoding's bits: every row goes through the same per-token ops,
+whatever pass it comes in (plain decoding: one pending row a pass); rejected rows cost nothing to drop. Only chains
+commit (accepted rows 0..k-1): tree drafters, padded passes and batched decoding are refused for such targets.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ HYBRID_DRAFTERS = ("ngram", "none", "draft-model")  # what a hybrid target draft
 _NP = {"float32": np.float32, "float16": np.float16}
 
 
-def state_inputs(spec: GraphSpec) -> list[int]:
-    """Positions, among the graph's cache inputs (past_key_values.* and past_state.*, in order), of the states."""
+def state_inputs(spec: GraphSpec, rows: bool = False) -> list[int]:
+    """Positions, among the graph's cache inputs (past_key_values.* and past_state.*, in order), of the states and
+    pending rows (`rows`: of the pending rows alone)."""
     cache = [t.name for t in spec.inputs if t.name.startswith(("past_key_values.", "past_state."))]
-    return [k for k, name in enumerate(cache) if name.startswith("past_state.")]
+    return [k for k, name in enumerate(cache) if name.startswith("past_state.") and (not rows or name.endswith(".rows"))]
 
 
 def is_hybrid(manifest: Manifest) -> bool:
@@ -48,37 +52,43 @@ def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str,
                                f"(its recurrent state cannot branch): use {', '.join(HYBRID_DRAFTERS)}", "drafter")
 
 
+def zero_state(spec: Any) -> np.ndarray:
+    """A state input's value before the first token: zeros (no pending rows), batch 1."""
+    return np.zeros([1, *(0 if isinstance(d, str) else int(d) for d in spec.shape[1:])], dtype=_NP.get(spec.dtype, np.float32))
+
+
 def with_zero_states(kv: list[Any], spec: GraphSpec, wrap: Callable[[np.ndarray], Any]) -> list[Any]:
-    """The empty KV buffers `kv` with each state input's zeros (the states before the first token) in its place."""
+    """The empty KV buffers `kv` with each state input's value before the first token in its place."""
     cache = [t for t in spec.inputs if t.name.startswith(("past_key_values.", "past_state."))]
     out = list(kv)
     for k in state_inputs(spec):
-        out.insert(k, wrap(np.zeros([1, *cache[k].shape[1:]], dtype=_NP.get(cache[k].dtype, np.float32))))
+        out.insert(k, wrap(zero_state(cache[k])))
     return out
 
 
+def _chain(keep: Sequence[int]) -> int:
+    """How many rows a verdict keeps; ValueError unless they are the pass's first rows (a chain)."""
+    keep = [int(k) for k in keep]
+    if keep != list(range(len(keep))):
+        raise ValueError(f"a hybrid linear-attention cache commits chains only (rows {keep} kept)")
+    return len(keep)
+
+
 class StateCache(KVCache):
-    """A KVCache whose tensors at `states` are a linear layer's states instead of KV rows: appended by taking the
-    last accepted row's states, never compacted or truncated row by row."""
+    """A KVCache whose tensors at `states` are a linear layer's (conv, recurrent, pending rows) instead of KV rows:
+    the pass's folded states and its first k rows as the next pending ones; never compacted or truncated by row."""
 
     def __init__(self, empty: Sequence[Any], states: Sequence[int], to_numpy: Callable[[Any], np.ndarray],
-                 from_numpy: Callable[[np.ndarray], Any], max_dead: int = 0):
+                 from_numpy: Callable[[np.ndarray], Any], max_dead: int = 0, rows: Sequence[int] = ()):
         super().__init__(empty, to_numpy, from_numpy, max_dead)
-        self.states = frozenset(states)
+        self.states, self.rows = frozenset(states), frozenset(rows)  # rows: the positions of the pending rows
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
-        """The KV rows as KVCache; each state: the one after the last kept row (a chain: rows 0..k-1)."""
-        keep = [int(k) for k in keep]
-        if keep != list(range(len(keep))):
-            raise ValueError(f"a hybrid linear-attention cache commits chains only (rows {keep} kept)")
-        old = self.tensors
+        """The KV rows as KVCache; the states folded by the pass and its first k rows as the pending ones."""
+        kept = _chain(keep)
         super().append(presents, keep, num_new)
-        for k in self.states:
-            if not keep:
-                self.tensors[k] = old[k]
-            else:
-                rows = self.to_numpy(presents[k])
-                self.tensors[k] = self.from_numpy(np.ascontiguousarray(rows[:, keep[-1]]))
+        for k in self.rows:
+            self.tensors[k] = self.from_numpy(np.ascontiguousarray(self.to_numpy(presents[k])[:, :kept]))
 
     def truncate(self, length: int) -> None:
         """KV rows past `length` dropped; the states cannot roll back: only the end of a generation truncates."""
@@ -97,44 +107,48 @@ class StateCache(KVCache):
 
 
 class BufferStateCache(BufferKVCache):
-    """The fused CPU graph's cache of a hybrid target: KV buffers written in place (BufferKVCache) and each linear
-    layer's committed states. A pass binds the states it starts from and fresh per-row outputs (`bind_states`); a
-    pass cut in segments (head_dim > 128) starts each segment from the previous one's last row and gathers their
-    rows (`record`); the verdict keeps the last accepted row's states (`append`)."""
+    """The fused CPU graph's cache of a hybrid target: KV buffers written in place (BufferKVCache), each linear
+    layer's states and pending rows. A pass binds them and arrays for its outputs (`bind_states`); a pass cut in
+    segments (head_dim > 128) runs each later segment from the previous one's folded states with its rows pending
+    (`record`); the verdict keeps the first segment's folded states and the pass's first k rows (`append`)."""
 
     def __init__(self, spec: GraphSpec, shapes: Sequence[tuple[int, int]], dtype, wrap: Callable[[np.ndarray], Any],
                  capacity: int, max_capacity: int | None):
         super().__init__(shapes, dtype, wrap, capacity=capacity, max_capacity=max_capacity)
-        inputs = {t.name: t for t in spec.inputs if t.name.startswith("past_state.")}
-        self.committed = {name: np.zeros([1, *(int(d) for d in t.shape[1:])], dtype=_NP.get(t.dtype, np.float32))
-                          for name, t in inputs.items()}
-        self.rows: dict[str, np.ndarray] = {}  # past_state name -> the current pass's per-row states [1, rows, ...]
+        self.inputs = {t.name: zero_state(t) for t in spec.inputs if t.name.startswith("past_state.")}
+        self.folded: dict[str, np.ndarray] = {}  # the pass's first segment's outputs (the states after the pending rows)
+        self.segment: dict[str, np.ndarray] = {}  # the inputs of the pass's next segment
+        self.pass_rows: list[np.ndarray] = []  # each linear layer's rows of the pass so far, by input name
 
     def start_pass(self) -> None:
-        """A new pass: its rows start from the committed states."""
-        self.rows = {}
+        """A new pass: it starts from the committed states and pending rows."""
+        self.folded, self.segment, self.pass_rows = {}, dict(self.inputs), []
 
     def bind_states(self, binding: Any, q: int) -> dict[str, np.ndarray]:
-        """Bind the states this (segment of a) pass starts from, and arrays for its q rows' states; returns those."""
+        """Bind this (segment of a) pass's state inputs and arrays for its outputs; returns the outputs by name."""
         outputs = {}
-        for name, state in self.committed.items():
-            start = state if name not in self.rows else self.rows[name][:, -1]
-            binding.bind_cpu_input(name, np.ascontiguousarray(start))
-            outputs[name] = np.empty((1, q, *state.shape[1:]), dtype=state.dtype)
+        for name, value in self.segment.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            shape = (1, q, value.shape[2]) if name.endswith(".rows") else value.shape
+            outputs[name] = np.empty(shape, dtype=value.dtype)
             binding.bind_ortvalue_output(name.replace("past_state.", "present_state.", 1), self._wrap(outputs[name]))
         return outputs
 
     def record(self, outputs: dict[str, np.ndarray]) -> None:
-        """A (segment of a) pass's per-row states, after the rows before it."""
-        self.rows = {name: rows if name not in self.rows else np.concatenate([self.rows[name], rows], axis=1)
-                     for name, rows in outputs.items()}
+        """A (segment of a) pass's outputs: the next segment starts from its folded states, its rows pending."""
+        if not self.folded:
+            self.folded = outputs
+        self.pass_rows.append(outputs)
+        self.segment = dict(outputs)
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
-        """The KV rows as BufferKVCache; each state: the one after the last kept row (a chain: rows 0..k-1)."""
-        keep = [int(k) for k in keep]
-        if keep != list(range(len(keep))):
-            raise ValueError(f"a hybrid linear-attention cache commits chains only (rows {keep} kept)")
+        """The KV rows as BufferKVCache; the states after the old pending rows, the pass's first k rows pending."""
+        kept = _chain(keep)
         super().append(presents, keep, num_new)
-        if keep:
-            self.committed = {name: np.ascontiguousarray(rows[:, keep[-1]]) for name, rows in self.rows.items()}
-        self.rows = {}
+        for name in self.inputs:
+            if name.endswith(".rows"):
+                rows = np.concatenate([part[name] for part in self.pass_rows], axis=1) if self.pass_rows else self.inputs[name]
+                self.inputs[name] = np.ascontiguousarray(rows[:, :kept])
+            elif self.folded:
+                self.inputs[name] = self.folded[name]
+        self.folded, self.segment, self.pass_rows = {}, {}, []

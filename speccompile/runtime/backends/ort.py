@@ -162,7 +162,8 @@ class OrtSession:
             max_dead = 0 if self.device == "cpu" else 64
         empty = [self._to_ort(np.zeros((1, heads, 0, dim), dtype=self.kv_dtype)) for heads, dim in self.kv_shapes]
         if self.states:  # hybrid linear attention: zero states among the KV buffers (runtime/state_cache.py)
-            return StateCache(with_zero_states(empty, self.spec, self._to_ort), self.states, lambda v: v.numpy(), self._to_ort, max_dead)
+            return StateCache(with_zero_states(empty, self.spec, self._to_ort), self.states, lambda v: v.numpy(), self._to_ort,
+                              max_dead, state_inputs(self.spec, rows=True))
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
