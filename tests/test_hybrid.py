@@ -177,8 +177,8 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
-    """Trees (the suffix drafter), shape-invariant (padded) passes, batched decoding, a GPU dtype, heads on the target's
-    hidden states (MTP) and a hybrid model as a draft model: one line each."""
+    """Trees (the suffix drafter), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype, heads on the
+    target's hidden states (MTP) and a hybrid model as a draft model: one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -190,8 +190,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
         Runner(tmp_path / "art", drafter="suffix", threads=1)
     with pytest.raises(UnsupportedError, match="shape_invariant: a hybrid linear-attention target runs its passes as given"):
         Runner(tmp_path / "art", drafter="ngram", threads=1, shape_invariant=True)
-    with pytest.raises(UnsupportedError, match="batched decoding of a hybrid linear-attention target is not supported"):
-        Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2)
+    with pytest.raises(UnsupportedError, match="slot_passes all: a hybrid linear-attention target's recurrent states have no batch slots"):
+        Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2, slot_passes="all")
     for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains")):
@@ -262,3 +262,21 @@ def test_a_draft_model_drafts_chains_for_a_hybrid_target(tmp_path):
     text = "abc abd abc abd abc abd abc"
     spec = runner.generate(text, chat=False, max_tokens=32)
     assert sum(spec.stats.drafted) > 0 and spec.tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_batched_requests_run_one_pass_each(tmp_path):
+    """The batch decoder (the server's) runs a hybrid target one pass per request, each request's states in its own
+    cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    from test_batch import _decode_together
+
+    make_family_model(tmp_path / "hf", "qwen3_next", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, threads=1)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(3, TINY_VOCAB, n)] for n in (5, 9, 14, 7)]
+    together, decoder = _decode_together(runner, prompts, 20, slots=3)
+    assert decoder.passes.mode["passes"] == "one-per-request"
+    assert [r.tokens for r in together] == [runner.generate_ids(p, max_tokens=20, drafter="none").tokens for p in prompts]

@@ -186,6 +186,8 @@ class Runner:
         `batch_decoder`); None when it can (the fused CPU graph with a batch axis, or the GPU graph with its slotted
         form)."""
         target = self.artifact.target
+        if is_hybrid(self.artifact.manifest):  # each request's cache holds its own states (runtime/state_cache.py)
+            return "a hybrid linear-attention target's recurrent states have no batch slots: one pass per request"
         if self._gpu_slots_spec() is not None:
             return None
         if self._drafts_trees() and self.artifact.backend == "ort-cuda":
@@ -221,9 +223,6 @@ class Runner:
         from .batch import BatchDecoder
         from .batch_passes import OnePassPerRequest, slots_for
 
-        if is_hybrid(self.artifact.manifest):
-            raise UnsupportedError(f"{self.artifact.directory}: batched decoding of a hybrid linear-attention target is not "
-                                   "supported (its recurrent states have no batch slots)")
 
         if slot_passes not in SLOT_PASSES:
             raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")

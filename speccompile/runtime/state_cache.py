@@ -9,7 +9,8 @@ out: `present_state.{i}.conv` / `.recurrent`), then runs its own rows from there
 (`present_state.{i}.rows`). Committing k accepted rows keeps the folded states and the pass's first k rows as the
 next pending rows, so the states are always plain decoding's bits: every row goes through the same per-token ops,
 whatever pass it comes in (plain decoding: one pending row a pass); rejected rows cost nothing to drop. Only chains
-commit (accepted rows 0..k-1): tree drafters, padded passes and batched decoding are refused for such targets.
+commit (accepted rows 0..k-1): tree drafters and padded passes are refused for such targets, and the batch decoder
+runs one pass per request (`Runner.batch_problem`).
 """
 
 from __future__ import annotations
