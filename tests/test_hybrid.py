@@ -178,7 +178,7 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     """Trees (the suffix drafter), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype, heads on the
-    target's hidden states (MTP) and a hybrid model as a draft model: one line each."""
+    target's hidden states (MTP), TensorRT engines and a hybrid model as a draft model: one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -194,11 +194,12 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
         Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2, slot_passes="all")
     for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
-                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains")):
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains"),
+                       (["build", str(tmp_path / "art"), "--int4", "--out", str(tmp_path / "trt")], "--onnx-only")):
         done = run_cli(*args)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
-    assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists()
+    assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists() and not (tmp_path / "trt").exists()
     make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
     done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
