@@ -63,8 +63,9 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     weights = [em.one("Reshape", [role("lin_conv"), c("linear.kernel", [hy.conv_dim, hy.conv_kernel])]), role("lin_a_log"),
                role("lin_dt_bias")]  # they ride as scan states: a body reads no outer value (the build passes' segments)
     states = [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
-    _fold(em, cfg, i, weights, states)
-    rows = _scan(em, cfg, i, states, weights, [mixed, beta_in, a])  # [b, q, heads, v_dim]: their readout
+    pending = em.op("Split", [f"past_state.{i}.rows", c("linear.rows", [hy.conv_dim, hy.num_v_heads, hy.num_v_heads])], 3, axis=-1)
+    _scan(em, cfg, i, "fold", [f"past_state.{i}.conv", f"past_state.{i}.recurrent"], weights, pending, states)
+    rows = _scan(em, cfg, i, "rows", states, weights, [mixed, beta_in, a])  # [b, q, heads, v_dim]: their readout
     # the gated RMSNorm of each head's readout, times SiLU(z)
     square = em.one("ReduceMean", [em.one("Pow", [rows, c("linear.two", 2.0, np.float32)]), c("linear.last", [-1])], keepdims=1)
     root = em.one("Sqrt", [em.one("Add", [square, c("linear.eps", cfg.rms_norm_eps, np.float32)])])
@@ -75,27 +76,15 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     return em.one("MatMul", [flat, role("lin_out")])
 
 
-def _scan(em: Emitter, cfg: ModelConfig, i: int, states: list[str], weights: list[str], rows: list[str]) -> str:
-    """The Scan of the step body over the pass's rows (conv input, b, a: [b, q, ...]) from `states`; returns their
-    readouts [b, q, heads, v_dim]."""
-    names = [f"linear.{i}.rows.{n}" for n in ("conv", "recurrent", "kernel", "a_log", "dt_bias", "readout")]
-    return em.op("Scan", [*states, *weights, *rows], names, body=_step_body(cfg, i, em.elem, "rows"), num_scan_inputs=3,
+def _scan(em: Emitter, cfg: ModelConfig, i: int, tag: str, states: list[str], weights: list[str], rows: list[str],
+          outputs: list[str] | None = None) -> str:
+    """A Scan of the token step (`_step_body`) over `rows` (conv input, b, a: [b, n, ...]; n >= 1: ONNX Runtime's Scan
+    takes no empty sequence) from `states`; its final states named `outputs` (else internal); returns the rows'
+    readouts [b, n, heads, v_dim]."""
+    names = [*(outputs or [f"linear.{i}.{tag}.conv", f"linear.{i}.{tag}.recurrent"]),
+             *(f"linear.{i}.{tag}.{n}" for n in ("kernel", "a_log", "dt_bias", "readout"))]
+    return em.op("Scan", [*states, *weights, *rows], names, body=_step_body(cfg, i, em.elem, tag), num_scan_inputs=3,
                  scan_input_axes=[1, 1, 1], scan_output_axes=[1])[5]
-
-
-def _fold(em: Emitter, cfg: ModelConfig, i: int, weights: list[str], outputs: list[str]) -> None:
-    """The Scan folding the pending rows `past_state.{i}.rows` into `past_state.{i}.conv` / `.recurrent`, behind a
-    zero row flagged 0 (`_fold_body`); the states after them named `outputs`."""
-    hy, c, pending = cfg.hybrid, em.const, f"past_state.{i}.rows"
-    lead = em.one("Shape", [pending], start=0, end=1)  # [b]
-    zero = em.one("ConstantOfShape", [em.one("Concat", [lead, c("linear.one_row", [1, hy.conv_dim + 2 * hy.num_v_heads])], axis=0)],
-                  value=helper.make_tensor("zero", em.elem, [1], [0.0]))
-    rows = em.one("Concat", [zero, pending], axis=1)
-    flags = em.one("ConstantOfShape", [em.one("Shape", [pending], start=0, end=2)], value=helper.make_tensor("one", em.elem, [1], [1.0]))
-    flags = em.one("Concat", [em.one("ConstantOfShape", [em.one("Concat", [lead, c("linear.flag_row", [1])], axis=0)]), flags], axis=1)
-    names = [*outputs, *(f"linear.{i}.fold.{n}" for n in ("kernel", "a_log", "dt_bias"))]
-    em.op("Scan", [f"past_state.{i}.conv", f"past_state.{i}.recurrent", *weights, rows, flags], names,
-          body=_fold_body(cfg, i, em.elem), num_scan_inputs=2, scan_input_axes=[1, 1])
 
 
 def _silu_b(b: GraphBuilder, s: str, x: str) -> str:
@@ -103,7 +92,8 @@ def _silu_b(b: GraphBuilder, s: str, x: str) -> str:
 
 
 def _step_body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
-    """The pass's rows' scan body: one token (models.linear_attention.GatedDeltaNet.step). Inputs: the conv state
+    """The scans' body: one token (models.linear_attention.GatedDeltaNet.step), the same nodes in both scans (`tag`
+    names them apart). Inputs: the conv state
     [b, C, K-1], the recurrent state [b, H, Dk, Dv], the conv kernel [C, K], A_log and dt_bias [H] (passed through),
     the row's conv input [b, C], b and a [b, H]; outputs: those five, then the row's readout [b, H, Dv]."""
     hy, s, b = cfg.hybrid, f"/layers.{i}/linear_attn/{tag}", GraphBuilder()
@@ -112,22 +102,6 @@ def _step_body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto
     passed = [b.one(s, "Identity", [t]) for t in names[2:5]]
     return _body(b, f"linear_{tag}_{i}", hy, elem, names[:5], {names[5]: ["batch", hy.conv_dim], names[6]: ["batch", hy.num_v_heads],
                                                                    names[7]: ["batch", hy.num_v_heads]}, [conv_out, state, *passed, out])
-
-
-def _fold_body(cfg: ModelConfig, i: int, elem: int) -> onnx.GraphProto:
-    """The pending rows' scan body: the same token step on a row of `past_state.{i}.rows` (conv input | b | a), its
-    states kept where the row's flag is 1 (the first row, a zero row flagged 0, keeps the states: ONNX Runtime's
-    Scan takes no empty sequence). Inputs: the five states, the row [b, C + 2H], its flag [b]; outputs: the five."""
-    hy, s, b = cfg.hybrid, f"/layers.{i}/linear_attn/fold", GraphBuilder()
-    names = [f"{s}/{n}" for n in ("conv_in", "recurrent_in", "kernel", "A_log", "dt_bias", "row", "flag")]
-    row = b.op(s, "Split", [names[5], b.const(s, [hy.conv_dim, hy.num_v_heads, hy.num_v_heads])], 3, axis=-1)
-    conv_new, state_new, _ = _step_nodes(b, s, hy, *names[:5], *row)
-    keep = b.one(s, "Greater", [names[6], b.const(s, 0.5, "float32")])
-    conv_out = b.one(s, "Where", [b.one(s, "Unsqueeze", [keep, b.const(s, [1, 2])]), conv_new, names[0]])
-    state = b.one(s, "Where", [b.one(s, "Unsqueeze", [keep, b.const(s, [1, 2, 3])]), state_new, names[1]])
-    passed = [b.one(s, "Identity", [t]) for t in names[2:5]]
-    return _body(b, f"linear_fold_{i}", hy, elem, names[:5], {names[5]: ["batch", hy.conv_dim + 2 * hy.num_v_heads],
-                                                                names[6]: ["batch"]}, [conv_out, state, *passed])
 
 
 def _body(b: GraphBuilder, name: str, hy, elem: int, states: list[str], rows: dict[str, list], outputs: list[str]) -> onnx.GraphProto:

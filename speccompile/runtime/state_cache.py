@@ -8,7 +8,8 @@ token (`past_state.{i}.conv`, `past_state.{i}.recurrent`) and the accepted rows 
 out: `present_state.{i}.conv` / `.recurrent`), then runs its own rows from there and returns their inputs
 (`present_state.{i}.rows`). Committing k accepted rows keeps the folded states and the pass's first k rows as the
 next pending rows, so the states are always plain decoding's bits: every row goes through the same per-token ops,
-whatever pass it comes in (plain decoding: one pending row a pass); rejected rows cost nothing to drop. Only chains
+whatever pass it comes in (plain decoding: one pending row a pass); rejected rows cost nothing to drop. There is
+always a pending row (the first pass's: a zero row, which leaves the zero states zero). Only chains
 commit (accepted rows 0..k-1): tree drafters and padded passes are refused for such targets, and the batch decoder
 runs one pass per request (`Runner.batch_problem`).
 """
@@ -54,8 +55,9 @@ def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str,
 
 
 def zero_state(spec: Any) -> np.ndarray:
-    """A state input's value before the first token: zeros (no pending rows), batch 1."""
-    return np.zeros([1, *(0 if isinstance(d, str) else int(d) for d in spec.shape[1:])], dtype=_NP.get(spec.dtype, np.float32))
+    """A state input's value before the first token, batch 1: zero states and one zero pending row (ONNX Runtime's
+    Scan takes no empty sequence; a zero row leaves zero states zero, bit for bit: its conv input, q, k, v are 0)."""
+    return np.zeros([1, *(1 if isinstance(d, str) else int(d) for d in spec.shape[1:])], dtype=_NP.get(spec.dtype, np.float32))
 
 
 def with_zero_states(kv: list[Any], spec: GraphSpec, wrap: Callable[[np.ndarray], Any]) -> list[Any]:
@@ -86,9 +88,11 @@ class StateCache(KVCache):
 
     def append(self, presents: Sequence[Any], keep: Sequence[int], num_new: int) -> None:
         """The KV rows as KVCache; the states folded by the pass and its first k rows as the pending ones."""
-        kept = _chain(keep)
+        kept, old = _chain(keep), list(self.tensors)
         super().append(presents, keep, num_new)
-        for k in self.rows:
+        for k in self.states:  # nothing kept: the states and pending rows stay (the fold needs a row)
+            self.tensors[k] = old[k] if not kept else self.tensors[k]
+        for k in self.rows if kept else ():
             self.tensors[k] = self.from_numpy(np.ascontiguousarray(self.to_numpy(presents[k])[:, :kept]))
 
     def truncate(self, length: int) -> None:
@@ -146,10 +150,9 @@ class BufferStateCache(BufferKVCache):
         """The KV rows as BufferKVCache; the states after the old pending rows, the pass's first k rows pending."""
         kept = _chain(keep)
         super().append(presents, keep, num_new)
-        for name in self.inputs:
+        for name in self.inputs if kept and self.pass_rows else ():  # nothing kept: the states and pending rows stay
             if name.endswith(".rows"):
-                rows = np.concatenate([part[name] for part in self.pass_rows], axis=1) if self.pass_rows else self.inputs[name]
-                self.inputs[name] = np.ascontiguousarray(rows[:, :kept])
-            elif self.folded:
+                self.inputs[name] = np.ascontiguousarray(np.concatenate([part[name] for part in self.pass_rows], axis=1)[:, :kept])
+            else:
                 self.inputs[name] = self.folded[name]
         self.folded, self.segment, self.pass_rows = {}, {}, []
