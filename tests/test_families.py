@@ -16,6 +16,8 @@ from conftest import TINY_VOCAB, run_cli, write_char_tokenizer
 
 WINDOW = 8  # sliding families: shorter than the 26-token test sequence
 _TWO = ["sliding_attention", "full_attention"]
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                   "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}
 FAMILIES = {  # model_type -> config overrides of the tiny shape
     "llama": {},
     "llama-yarn": dict(model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
@@ -24,6 +26,9 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64}),
     "mistral": dict(sliding_window=WINDOW),
+    # Ministral 3: Mistral's layers, yarn rope, the queries times 1 + beta log(1 + floor(position / 8)) (Llama 4's
+    # scaling; an original length of 8: four scales in the 26-token sequence)
+    "ministral3": dict(sliding_window=WINDOW, rope_parameters=dict(MINISTRAL3_ROPE)),
     "qwen2": dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, layer_types=None),
     "qwen3": {},
     "llama-bias": dict(model_type="llama", attention_bias=True),  # q/k/v and o_proj biases
@@ -153,6 +158,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gemma4-moe": dict(model_type="gemma4_text", sliding_window=WINDOW, layer_types=_TWO, head_dim=16, global_head_dim=32,
                        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
                        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+    # Gemma 3n E2B / E4B's layers: AltUp's 4 streams, LAuReL (rank 8), the Gaussian top-k on layers 0 and 1's gates, KV
+    # sharing (layers 2 and 3 take the keys of 0 and 1), per-layer embeddings (8 per layer; the last 16 tokens past their
+    # table), an MLP width per layer
+    "gemma3n_text": dict(num_hidden_layers=4, sliding_window=WINDOW, layer_types=_TWO * 2, num_kv_shared_layers=2,
+                         hidden_size_per_layer_input=8, vocab_size_per_layer_input=TINY_VOCAB - 16, laurel_rank=8,
+                         activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0], intermediate_size=[128, 96, 128, 96],
+                         final_logit_softcapping=30.0),
     # issue 43's families: rows of the table under another model type, then new entries of existing features
     "iquestcoder": {},  # Llama
     "sarvam_mla": dict(num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
@@ -193,6 +205,12 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "gpt_bigcode": dict(intermediate_size=None, num_key_value_heads=None, head_dim=None),
     # OPT: learned positions at row position + 2, pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP (ffn_dim)
     "opt": dict(ffn_dim=96, intermediate_size=None, num_key_value_heads=None, head_dim=None, word_embed_proj_dim=64),
+    # BitNet saved unquantized (plain Linear layers): norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP
+    # (its packed ternary checkpoint with 8-bit activations: tests/test_bitnet.py)
+    "bitnet": {},
+    # nanochat: RMSNorms without a gain, q/k norms after rope, the embeddings normed, rope turned the other way, a plain
+    # ReLU-squared MLP (fc1 / fc2), final logit soft-capping
+    "nanochat": dict(final_logit_softcapping=15.0),
 }
 
 
@@ -435,6 +453,33 @@ def test_gemma4_config_keys_and_what_is_refused():
         config_from_gguf(meta, False, False, "model.gguf", {"factors": [1.0, 2.0] * 8}, tensors={})
 
 
+def test_gemma3n_config_keys_and_what_is_refused():
+    """Gemma 3n's keys read as transformers reads them (a width per layer, activation sparsity defaults: the first 10
+    of more than 10 layers at 0.95, KV sharing, per-layer embeddings, AltUp's streams and LAuReL's rank as roles); another
+    active stream, an uncorrected one, a sparsity out of [0, 1) and llama.cpp's layout are refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+
+    data = dict(model_type="gemma3n_text", vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=[128, 96, 128, 96],
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
+                layer_types=_TWO * 2, num_kv_shared_layers=2, hidden_size_per_layer_input=8, laurel_rank=8)
+    cfg = config_from_hf(data, "config.json")
+    assert (cfg.kv_sources, cfg.layer_intermediate_sizes, cfg.activation_sparsity) == ([-1, -1, 0, 1], [128, 96, 128, 96], [])
+    assert (cfg.altup_inputs, cfg.laurel_rank, cfg.per_layer_input_size, cfg.per_layer_vocab_size) == (4, 8, 8, 262_144)
+    assert (cfg.attn_scale, cfg.v_norm, cfg.norm_offset, cfg.placement) == (1.0, True, 0.0, "sandwich")
+    assert {"altup_predict", "laurel_left", "ple_gate"} <= set(cfg.layer_roles(3)) and "k_norm" not in cfg.layer_roles(3)
+    wide = config_from_hf({**data, "num_hidden_layers": 12, "intermediate_size": 128, "layer_types": _TWO * 6}, "config.json")
+    assert (wide.activation_sparsity, wide.layer_intermediate_sizes) == ([0.95] * 10 + [0.0] * 2, [])
+    for bad, match in ((dict(altup_active_idx=1), "altup_active_idx 1 is not supported"),
+                       (dict(altup_correct_scale=False), "altup_correct_scale False is not supported"),
+                       (dict(activation_sparsity_pattern=[1.0, 0, 0, 0]), "activation_sparsity_pattern .* is not supported"),
+                       (dict(num_kv_shared_layers=4), "num_kv_shared_layers 4 is not supported")):
+        with pytest.raises(UnsupportedError, match=match):
+            config_from_hf({**data, **bad}, "config.json")
+    with pytest.raises(UnsupportedError, match="Gemma 3n is read from its Hugging Face checkpoint"):
+        config_from_gguf({"general.architecture": "gemma3n"}, False, False, "model.gguf")
+
+
 def test_minicpm3_config_keys_read_as_transformers_reads_them():
     """MiniCPM3's keys where config.json leaves them out or null, read as transformers' MiniCPM3Config reads them:
     v_head_dim hidden / heads, the tied head, scale_emb / scale_depth / dim_model_base defaults, null ones no-ops."""
@@ -522,9 +567,36 @@ def test_gemma4_checkpoint_leftovers_of_shared_layers_are_dropped(tmp_path):
     check_weights(model.config, model.weights)
 
 
+def test_ministral3_query_scaling_binds(tmp_path):
+    """Ministral 3's query scaling, read from rope_parameters (transformers' default config: beta 0.1, length 16384,
+    yarn), is what makes the tiny model match transformers from position 8 on: the torch reference without it equals
+    transformers below 8 (scale 1) and is far off from 8 on, so the family test above fails on a graph that drops it."""
+    import dataclasses
+
+    import torch
+    import transformers
+
+    from speccompile.models.config import config_from_hf
+    from speccompile.models.decoder import build_decoder, causal_mask
+    from speccompile.models.load import load_model
+
+    default = config_from_hf(transformers.Ministral3Config().to_dict(), "config.json")
+    assert (default.query_scale_beta, default.query_scale_length, default.rope_scaling["rope_type"]) == (0.1, 16384, "yarn")
+    hf = make_family_model(tmp_path / "hf", "ministral3")
+    loaded = load_model(str(tmp_path / "hf"))
+    assert (loaded.config.query_scale_beta, loaded.config.query_scale_length) == (0.5, 8)
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    decoder = build_decoder(dataclasses.replace(loaded.config, query_scale_beta=0.0), loaded.weights)
+    with torch.no_grad():
+        logits = decoder(torch.tensor([seq]), torch.arange(26)[None], causal_mask(26, 0), *decoder.empty_past())[0][0].numpy()
+    want = _hf_logits(hf, seq)
+    err = np.abs(logits - want).max(axis=-1) / np.abs(want).max(axis=-1)
+    assert err[:8].max() <= 1e-4 and err[8:].min() > 1e-2, err
+
+
 @pytest.mark.parametrize("model_type,reason", [("qwen4_exp_text", "hybrid linear attention"), ("deepseek_v32", "sparse attention"),
                                                ("inkling_text", "conv state"), ("xglm", "sinusoidal absolute position"),
-                                               ("kolibri1", "routing on logits"), ("ministral3", "Llama 4's attention scaling")])
+                                               ("kolibri1", "routing on logits"), ("diffllama", "differential attention")])
 def test_families_not_built_say_why(model_type, reason):
     """A transformers model type the table does not build is refused in one line with its reason (models/refused.py)."""
     from speccompile.errors import UnsupportedError

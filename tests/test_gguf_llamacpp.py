@@ -81,6 +81,9 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
     "gemma4-e": dict(FAMILIES["gemma4-e"], vocab_size_per_layer_input=SPM_VOCAB),
     "gemma4-moe": FAMILIES["gemma4-moe"],  # 26B-A4B's MoE block: fused experts, the router's scales
+    # Ministral 3 as llama.cpp's mistral3 (no window, as the released models): yarn, the query scaling's beta as
+    # attention.temperature_scale, its length the yarn original length
+    "ministral3": dict(FAMILIES["ministral3"], sliding_window=None),
 }
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 

@@ -238,7 +238,9 @@ def test_fp16_export_with_batch_slots_writes_the_gpu_slot_form(tmp_path):
 
 
 @pytest.mark.parametrize("arch,overrides", [("qwen2", {"tie_word_embeddings": True}), ("qwen3", {}), ("phi", {"family": True}),
-                                            ("hunyuan_v1_dense", {"family": True})])  # rope before GroupQueryAttention
+                                            ("hunyuan_v1_dense", {"family": True}),  # rope before GroupQueryAttention
+                                            ("ministral3", {"family": True}),  # queries scaled by each slot's positions
+                                            ("gemma3n_text", {"family": True})])  # AltUp streams, KV sharing, per-layer embeddings
 def test_each_slot_computes_what_the_single_sequence_graph_computes(tmp_path, arch, overrides):
     """Three model families: two slots run different sequences (prefill, then a chain step) in the same passes;
     each slot's logits match the single-sequence GPU graph's for that sequence alone."""

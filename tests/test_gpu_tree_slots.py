@@ -121,8 +121,8 @@ def test_sampled_tree_answers_batched_are_exact(tree_artifact):
     assert p_value > 1e-3, f"chi-square p-value {p_value:.3g}: batched tree samples are not the target's distribution"
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3", "hunyuan_v1_dense"])  # phi3: a sliding window of 8, masked by position in
-# the bias; Hunyuan: rope (and the q/k norms after it) before GroupQueryAttention
+@pytest.mark.parametrize("arch", ["llama", "phi3", "hunyuan_v1_dense", "gemma3n_text"])  # phi3: a sliding window of 8, masked by
+# position in the bias; Hunyuan: rope (and the q/k norms after it) before GroupQueryAttention; Gemma 3n: AltUp, KV sharing
 def test_a_slots_tree_rows_are_the_contract_graphs(tmp_path, arch):
     """A tree in slot 1 (slot 0 runs a chain in the same pass): every tree row's logits match the contract graph's
     tree pass, the rows off the main path included. Negative control: the same rows run causally (no tree bias)

@@ -242,7 +242,8 @@ def test_gguf_sliding_pattern_and_gpt_oss_one_rope_base():
     gpt-oss' sliding layers, is refused in one line naming the key."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.architectures import family
-    from speccompile.models.config import _gguf_layer_keys, _gpt_oss_gguf_keys
+    from speccompile.models.config import _gguf_layer_keys
+    from speccompile.models.rope_keys import gpt_oss_gguf_keys as _gpt_oss_gguf_keys
 
     meta = {"gpt-oss.rope.freq_base": 150000.0, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0,
             "gpt-oss.attention.sliding_window": 128}

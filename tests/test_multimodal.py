@@ -15,7 +15,7 @@ from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
 from conftest import TINY_VOCAB, run_cli_here, write_char_tokenizer
-from test_families import WINDOW, _check_graph
+from test_families import MINISTRAL3_ROPE, WINDOW, _check_graph
 
 _TEXT = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -40,6 +40,9 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
     # Mistral Small 3.x (mistral3): an untied lm_head (language_model.lm_head), every layer sliding
     "mistral3": ("mistral3", dict(text_config=dict(_TEXT, model_type="mistral", sliding_window=WINDOW), tie_word_embeddings=False,
                                   vision_config=dict(_SIGLIP, head_dim=16))),
+    # Ministral 3 (mistral3, text_config ministral3; a tied head as the 3B's): yarn rope, queries scaled by position
+    "ministral3": ("mistral3", dict(text_config=dict(_TEXT, model_type="ministral3", rope_parameters=dict(MINISTRAL3_ROPE),
+                                                     tie_word_embeddings=True), vision_config=dict(_SIGLIP, head_dim=16))),
     "llava": ("llava", dict(text_config=dict(_TEXT, model_type="llama"), vision_config=dict(
         _SIGLIP, model_type="clip_vision_model", projection_dim=32))),
     # Qwen2.5-VL (model.layers.*, visual.*: the text names already) and Qwen3-VL (model.language_model.*): mrope
@@ -168,3 +171,72 @@ def test_stray_tensor_is_refused(tmp_path, capsys):
     code, _, err = run_cli_here(capsys, "export", str(tmp_path / "hf"), "--out", str(tmp_path / "art"))
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
     assert code == 2 and len(lines) == 1 and "llava tensor image_newline.bias is neither" in lines[0], err
+
+
+class _Gemma3nText:
+    """transformers' Gemma3nModel forward on token ids (its text path: a token at or past embed_vision's offset embedded
+    by its embedder, per-layer inputs of the ids) over the text model `hf` and the embedders; Gemma3nForConditionalGeneration
+    itself needs timm for its MobileNet tower, which the tests do not install."""
+
+    def __init__(self, hf, embedders):
+        self.hf, self.embedders = hf, embedders
+
+    def __call__(self, input_ids):
+        import torch
+
+        model = self.hf.model
+        embeds = model.embed_tokens(input_ids)
+        for embedder in self.embedders:
+            mine = (input_ids >= embedder.vocab_offset) & (input_ids < embedder.vocab_offset + embedder.vocab_size)
+            ids = torch.where(mine, input_ids, embedder.vocab_offset)
+            embeds = torch.where(mine.unsqueeze(-1), embedder(input_ids=ids), embeds)
+        hidden = model(inputs_embeds=embeds, per_layer_inputs=model.get_per_layer_inputs(input_ids)).last_hidden_state
+        cap = self.hf.config.final_logit_softcapping
+        logits = torch.tanh(self.hf.lm_head(hidden) / cap) * cap
+        return type("Out", (), {"logits": logits})
+
+
+def test_gemma3n_wrapper_reads_its_language_model(tmp_path):
+    """Gemma 3n (model.language_model.*, tied; the vision / audio towers left out): the text decoder's contract and fused
+    graphs match transformers' forward on token ids at every position of a prefill, a tree verify and a chain pass,
+    its image / audio tokens (ids 80-95 here) embedded by their embedders (models/soft_tokens.py); greedy n-gram == plain."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nMultimodalEmbedder
+
+    from test_families import make_family_model
+
+    hf = make_family_model(tmp_path / "text", "gemma3n_text")
+    config = transformers.AutoConfig.for_model("gemma3n", text_config=hf.config.to_dict(),
+                                               vision_config=dict(vocab_offset=80, vocab_size=8, hidden_size=16),
+                                               audio_config=dict(vocab_offset=88, vocab_size=8, hidden_size=16))
+    torch.manual_seed(1)
+    embedders = {name: Gemma3nMultimodalEmbedder(part, config.text_config).eval()
+                 for name, part in (("embed_vision", config.vision_config), ("embed_audio", config.audio_config))}
+    tensors = {"model.language_model." + k.removeprefix("model."): v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    with torch.no_grad():
+        for name, embedder in embedders.items():
+            for key, p in embedder.named_parameters():
+                p.add_(0.2 * torch.randn_like(p))
+                tensors[f"model.{name}.{key}"] = p.detach().clone()
+    tensors.update({"model.vision_tower.timm_model.conv_stem.conv.weight": torch.zeros(4, 3, 3, 3),
+                    "model.audio_tower.subsample_conv_projection.input_proj_linear.weight": torch.zeros(8, 8)})
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(config.to_json_string())
+    write_char_tokenizer(folder)
+    said: list[str] = []
+    export_artifact(str(folder), tmp_path / "art", ExportOptions(max_context=96), said.append)
+    left_out = [m for m in said if m.startswith("text decoder only: ")]
+    assert left_out == ["text decoder only: audio_tower, embed_audio, embed_vision, vision_tower not exported (10 tensors); "
+                        "embed_vision/embed_audio token rows read as model.soft_token_embeds.weight"], said
+    reference = _Gemma3nText(hf, list(embedders.values()))
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    assert max(seq) >= 88 and any(80 <= t < 88 for t in seq)  # image and audio tokens among them
+    for fused in (True, False):
+        _check_graph(open_artifact(tmp_path / "art", threads=1, fused=fused).target, reference, seq, 84, f"gemma3n {'fused' if fused else 'contract'}")
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    assert runner.generate(prompt, chat=False, max_tokens=40).tokens == runner.generate(prompt, chat=False, max_tokens=40, drafter="none").tokens

@@ -39,9 +39,11 @@ def alone_rows_in_slots(alone, pool: list[np.ndarray], prompts: list, tokens: li
     return expected, caches, rows
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "cohere2", "phi", "qwen2_moe", "gpt_oss", "hunyuan_v1_dense"])  # + windows,
-# softcaps, LayerNorm (Phi-2: with biases, a plain MLP), mixtures of experts (a shared expert; biases, clamped SwiGLU,
-# attention sinks), q/k norms after rope (Hunyuan: RotaryEmbedding before GroupQueryAttention)
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "cohere2", "phi", "qwen2_moe", "gpt_oss", "hunyuan_v1_dense",
+                                  "ministral3", "gemma3n_text"])  # + windows, softcaps, LayerNorm (Phi-2: with biases, a plain MLP), mixtures of
+# experts (a shared expert; biases, clamped SwiGLU, attention sinks), q/k norms after rope (Hunyuan: RotaryEmbedding before
+# GroupQueryAttention), queries scaled by position (Ministral 3: each slot's rows by their own positions),
+# Gemma 3n's AltUp streams, Gaussian top-k, KV sharing and per-layer embeddings
 def test_slot_rows_equal_each_sequence_alone_bitwise(tmp_path, arch):
     art = tmp_path / "art"
     if arch in ("llama", "qwen3"):

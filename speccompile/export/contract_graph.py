@@ -30,14 +30,17 @@ from onnx import TensorProto
 from ..models.config import ModelConfig
 from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_freq
 from .activations import activation
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
+from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import INT64_MAX, GraphBuilder, value
-from .linear_ops import linear_layer, output_gate, state_values
-from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
+from .linear_ops import gated, gated_qkv, linear_layer, state_values
+from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, latent_scores
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
-from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, layer_roles, np_dtype,
-                      per_layer_recipes, position_recipes, top_bias_recipes)
+from .query_scale import query_scale
+from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, altup_recipes, final_norm_recipe, layer_recipe, layer_roles,
+                      np_dtype, per_layer_recipes, position_recipes, top_bias_recipes)
 from .weight_store import WeightStore
 
 OPSET = 21
@@ -63,7 +66,7 @@ def contract_names(model: DecoderWeights, dtype: str) -> dict[str, Recipe]:
     names = {"model.embed_tokens.weight": Recipe(EMBED, False, dtype), "model.norm.weight": final_norm_recipe(cfg, dtype)}
     if not model.tied:
         names["lm_head.weight_t"] = Recipe(LM_HEAD, True, dtype)
-    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype)})
+    names.update({**top_bias_recipes(cfg, dtype), **per_layer_recipes(cfg, dtype), **position_recipes(cfg, dtype), **altup_recipes(cfg, dtype)})
     for i in range(cfg.num_hidden_layers):
         names.update({role_name(i, role): layer_recipe(cfg, i, role, dtype) for role in layer_roles(cfg, i)})
         if cfg.moe is not None and cfg.moe.is_moe(i):
@@ -85,6 +88,7 @@ class _Graph:
     padded: dict[tuple, str] = field(default_factory=dict)  # the biases with their last row repeated (made once)
     new_rows: dict[int, tuple[str, str]] = field(default_factory=dict)  # layer -> its pass's roped k / v (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    query_scale: str = ""  # Llama 4's query scaling [b, 1, q, 1] (export/query_scale.py), or none
     gates: dict[int, str] = field(default_factory=dict)  # layer -> its attention output gate (gated attention)
 
     @property
@@ -121,17 +125,23 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         rows = b.one("/embed_positions", "Add", ["position_ids", b.const("/embed_positions", [cfg.position_offset], np.int64)]) \
             if cfg.position_offset else "position_ids"
         x = b.one("/embed_positions", "Add", [x, b.one("/embed_positions", "Gather", [g.weight(POSITIONS[0]), rows])])
+    x = soft_tokens(g.emitter("/soft_tokens"), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
+    if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
+        x = _norm(g, "/embed_norm", x, "model.norm.weight")
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         g.per_layer = per_layer_inputs(g.emitter("/per_layer"), cfg, x, lambda h, gain: _norm(g, "/per_layer_projection_norm", h, gain))
+    x = altup_streams(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams (export/altup_ops.py)
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
+    g.query_scale = query_scale(g.emitter("/query_scale"), cfg, "position_ids", [1, 3]) if cfg.query_scale_beta else ""
     keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
     g.biases = {key: _attention_bias(g, *key) for key in keys}
     taps, presents = [], []
     for i in range(count):
         if i in model.aux_layers:
-            taps.append(x)
+            taps.append(active_stream(g.emitter("/altup"), x) if cfg.altup_inputs else x)
         x = _layer(g, i, x)
         presents += [f"present{'_state' if cfg.linear(i) else ''}.{i}.{kind}" for kind in (("conv", "recurrent", "rows") if cfg.linear(i) else ("key", "value"))]
+    x = altup_merge(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
     final = _norm(g, "/norm", x, "model.norm.weight", "hidden_states" if model.hidden_states == "final" else None,
@@ -170,8 +180,8 @@ def _rotary(g: _Graph, kind: str) -> tuple[str, str]:
     emb = b.one(s, "Unsqueeze", [emb, b.const(s, [1])])
     factor = rope_attention_factor(cfg, kind)
 
-    def table(op: str) -> str:
-        t = b.one(s, op, [emb])
+    def table(op: str) -> str:  # nanochat's rope turned the other way: sin negated
+        t = b.one(s, "Neg", [b.one(s, op, [emb])]) if op == "Sin" and cfg.rope_reversed else b.one(s, op, [emb])
         return b.one(s, "Cast", [t if factor == 1.0 else b.one(s, "Mul", [t, b.const(s, factor, "float32")])], to=g.elem)
 
     return table("Cos"), table("Sin")
@@ -231,6 +241,9 @@ def _layer(g: _Graph, i: int, x: str) -> str:
             h = b.one(scope, "Mul", [h, b.const(scope, cfg.residual_scale, np_dtype(g.dtype))])
         return b.one(scope, "Add", [x, h])
 
+    if cfg.altup_inputs:  # Gemma 3n: the layer on AltUp's streams (export/altup_ops.py)
+        return altup_layer(g.emitter(f"{scope}/altup"), cfg, i, x, LayerParts(lambda h: _attention(g, i, h), lambda h: _mlp(g, i, h),
+                                                                              norm, lambda role: g.role(i, role)), g.per_layer)
     if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
@@ -261,9 +274,11 @@ def _dense_mlp(g: _Graph, i: int, h: str) -> str:
     if not g.model.config.mlp_gated:
         return _plain_mlp(g, i, h, scope)
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
-    both = b.one(scope, "MatMul", [h, g.role(i, "gate_up")])
+    both = b.one(scope, "MatMul", [_projected(g, i, "", h, scope), g.role(i, "gate_up")])
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
-    act = b.one(scope, "Mul", [_act(g, i, gate, scope), up])
+    if g.model.config.activation_sparsity and g.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+        gate = gaussian_topk(g.emitter(scope), gate, g.model.config.activation_sparsity[i])
+    act = _projected(g, i, "ffn_sub_norm", b.one(scope, "Mul", [_act(g, i, gate, scope), up]), scope)
     return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
 
 
@@ -292,8 +307,7 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
     if cfg.attn_output_gate:  # gated attention: q rows doubled (per head q, gate), the gate kept for the output
-        q, k, v = b.op(s, "Split", [qkv, b.const(s, [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-        q, g.gates[i] = output_gate(g.emitter(s), q, heads, dim)
+        q, g.gates[i], k, v = gated_qkv(g.emitter(s), "", qkv, heads, kv_heads, dim)
     elif cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
         q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
@@ -355,17 +369,20 @@ def _attention(g: _Graph, i: int, h: str) -> str:
     cfg = g.model.config.layer(i)
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     w_uk, w_uv = absorbed(g.emitter(s), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
+    h = _projected(g, i, "", h, s)
     q, k, v = _latent_qkv(g, i, h, s, w_uk) if cfg.mla else _qkv(g, i, h, s) if cfg.kv_source(i) is None else _shared_qkv(g, i, h, s)
+    if g.query_scale:  # after rope and the q norms
+        q = b.one(s, "Mul", [q, g.query_scale])
     g.new_rows[i] = (k, v)
     k_all = b.one(s, "Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
     v_all = b.one(s, "Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
     qg = b.one(s, "Reshape", [q, b.const(s, [0, kv_heads, -1, dim])])
     key = (cfg.sliding(i), kv_heads)
     bias = g.biases[key]
-    if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (_with_last_row)
-        qg = _with_last_row(g, s, qg)
-        g.padded[key] = bias = g.padded.get(key) or _with_last_row(g, s, bias)  # once, as the tracer merged it
-    scores = _scores(g, s, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
+    if heads == kv_heads:  # one query head per KV head: keep >= 2 rows in the attention matmuls (with_last_row)
+        qg = g.b.with_last_row(s, qg)
+        g.padded[key] = bias = g.padded.get(key) or g.b.with_last_row(s, bias)  # once, as the tracer merged it
+    scores = latent_scores(g.emitter(s), cfg, qg, b.one(s, "Transpose", [k_all], perm=[0, 1, 3, 2]))
     scores = b.one(s, "Mul", [b.one(s, "Cast", [scores], to=TensorProto.FLOAT), b.const(s, cfg.scale, "float32")])
     if cfg.attn_softcap:
         scores = softcap(g.b, s, scores, cfg.attn_softcap)
@@ -382,25 +399,16 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
-    if i in g.gates:
-        out = b.one(s, "Mul", [out, b.one(s, "Sigmoid", [g.gates[i]])])
-    out = b.one(f"{s}/o_proj", "MatMul", [out, g.role(i, "o_proj")])
+    out = gated(g.emitter(s), out, g.gates.get(i, ""))  # gated attention (export/linear_ops.py)
+    out = b.one(f"{s}/o_proj", "MatMul", [_projected(g, i, "attn_sub_norm", out, s), g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 
 
-def _scores(g: _Graph, s: str, qg: str, keys: str) -> str:
-    """qg [b, kv, rows, dim] @ keys [b, kv, dim, T]. A latent head wider than 128 (MLA's 576) as slices of 128 dims
-    summed in order: MLAS splits a dot product into chunks whose size depends on T (256 and more at T <= 64, 128
-    above), so one MatMul would round a row by the pass's total; a slice of <= 128 dims is one chunk at every T."""
-    b, dim = g.b, g.model.config.head_dim
-    if not (g.model.config.mla and dim > 128):
-        return b.one(s, "MatMul", [qg, keys])
-    total = ""
-    for start in range(0, dim, 128):
-        bounds = [b.const(s, [start]), b.const(s, [min(start + 128, dim)])]
-        part = b.one(s, "MatMul", [b.one(s, "Slice", [qg, *bounds, b.const(s, [3])]), b.one(s, "Slice", [keys, *bounds, b.const(s, [2])])])
-        total = b.one(s, "Add", [total, part]) if total else part
-    return total
+def _projected(g: _Graph, i: int, sub_norm: str, x: str, s: str) -> str:
+    """A projection's input `x`: its `sub_norm` when the model has them, then through int8 and back (BitNet)."""
+    cfg = g.model.config
+    x = _norm(g, f"{s}/{sub_norm}", x, role_name(i, sub_norm)) if sub_norm and cfg.sub_norms else x
+    return act_quant(g.emitter(s), x) if cfg.act_quant else x
 
 
 def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
@@ -412,7 +420,7 @@ def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
     rows = b.one(s, "Concat", [b.one(s, "Shape", [q], end=3), b.const(s, [1])], axis=0)  # [b, heads, q, 1]
     column = b.one(s, "Reshape", [b.one(s, "Expand", [sinks, rows]), b.const(s, [0, cfg.num_key_value_heads, -1, 1])])
     if cfg.num_attention_heads == cfg.num_key_value_heads:
-        column = _with_last_row(g, s, column)
+        column = g.b.with_last_row(s, column)
     probs = b.one(s, "Softmax", [b.one(s, "Concat", [scores, column], axis=-1)], axis=-1)
     return b.one(s, "Slice", [probs, b.const(s, [0]), b.const(s, [-1]), b.const(s, [-1]), b.const(s, [1])])
 
@@ -439,10 +447,3 @@ def _rope(g: _Graph, scope: str, x: str, kind: str, cfg: ModelConfig | None = No
         return out
     rest = b.one(scope, "Slice", [x, b.const(scope, [rot]), b.const(scope, [INT64_MAX]), axis, step])
     return b.one(scope, "Concat", [out, rest], axis=-1)
-
-
-def _with_last_row(g: _Graph, scope: str, x: str) -> str:
-    """`x` [b, h, rows, n] with a copy of its last row appended (models.decoder._with_last_row)."""
-    b = g.b
-    last = b.one(scope, "Slice", [x, b.const(scope, [-1]), b.const(scope, [INT64_MAX]), b.const(scope, [2]), b.const(scope, [1])])
-    return b.one(scope, "Concat", [x, last], axis=2)

@@ -19,12 +19,15 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
-from .linear_ops import linear_layer, output_gate
+from .linear_ops import gated, gated_qkv, linear_block
+from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
+from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
+from .query_scale import query_scale
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
-from .fused_ops import window_bias
+from .fused_ops import rotary_names, window_bias  # noqa: F401 - rotary_names re-exported
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
 from .weight_store import WeightStore
 
@@ -43,6 +46,8 @@ class _Fused:
     biases: dict[tuple, str] = field(default_factory=dict)  # (slot, sliding) -> the attention bias
     new_rows: dict[int, list[str]] = field(default_factory=dict)  # layer -> its k / v inputs (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
+    query_scale: str = ""  # Llama 4's query scaling [b, q, 1] (export/query_scale.py), or none
+    named: set[str] = field(default_factory=set)  # the initializers written
     gates: dict[int, str] = field(default_factory=dict)  # layer -> its attention output gate (gated attention)
 
     @property
@@ -50,7 +55,9 @@ class _Fused:
         return ELEM[self.dtype]
 
     def weight(self, name: str, recipe: Recipe) -> str:
-        self.inits.append(self.store.tensor(name, recipe))
+        if name not in self.named:  # a weight read twice (Gemma 3n's router norm): one initializer
+            self.named.add(name)
+            self.inits.append(self.store.tensor(name, recipe))
         return name
 
     def layer_weight(self, i: int, name: str, role: str) -> str:
@@ -73,12 +80,6 @@ class _Fused:
 
 _WEIGHT_NAMES = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight",
                  "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
-
-
-def rotary_names(kind: str) -> list[str]:
-    """The cos / sin cache initializers of rotary table `kind`."""
-    prefix = "rotary" if kind == "global" else f"rotary_{kind}"
-    return [f"{prefix}.cos_cache", f"{prefix}.sin_cache"]
 
 
 class _Norms:
@@ -118,10 +119,17 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     """The first `count` layers and the final norm; returns (final hidden, EAGLE-3 taps, present names)."""
     cfg, n = f.model.config, f.n
     norms = _Norms(f)
+    x = soft_tokens(f.emitter(), cfg, x) if cfg.soft_token_offset else x  # Gemma 3n's image / audio tokens
     residual, pending, taps, presents = x, None, [], []  # pending: the block output not yet added to residual
+    embed_gain = _final_gain(f) if cfg.embed_norm else []  # nanochat: the final norm of the embeddings too
+    if embed_gain:
+        residual = norms.plain(x, embed_gain, "embed")
     if cfg.per_layer_input_size:  # Gemma 4's per-layer embeddings (export/per_layer_ops.py)
         f.per_layer = per_layer_inputs(f.emitter(), cfg, x, lambda h, gain: norms.plain(
             h, [f.weight(gain, per_layer_recipes(cfg, f.dtype)[gain])], "per_layer"))
+    f.query_scale = query_scale(f.emitter(), cfg, "position_ids", [2]) if cfg.query_scale_beta else ""
+    if cfg.altup_inputs:  # Gemma 3n: the layers on AltUp's streams
+        return _altup_layers(f, x, count, padding, slots, norms)
     for i in range(count):
         if cfg.placement == "post":
             residual = residual if pending is None else n("Add", [residual, pending])[0]
@@ -132,12 +140,8 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             h, residual = norms.skip(pending, residual, norms.gamma(i, "input_norm"))
         if i in f.model.aux_layers:
             taps.append(residual)
-        if cfg.linear(i):  # a gated delta net (export/linear_ops.py): its states instead of KV buffers
-            attn = linear_layer(f.emitter(), cfg, i, h, lambda role: f.layer_weight(i, f"linear_attn.{role}", role))
-            presents += [f"present_state.{i}.{kind}" for kind in ("conv", "recurrent", "rows")]
-        else:
-            attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
-            presents += layer_presents
+        attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
+        presents += layer_presents
         if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
             h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if cfg.placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
@@ -155,8 +159,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         pending = _scaled(f, pending)
         if cfg.layer_scalar or cfg.per_layer_input_size:  # Gemma 4 (the next norm is then a plain one)
             residual, pending = _layer_end(f, i, n("Add", [residual, pending])[0], norms), None
-    final_gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
-    final_gain += [f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else []
+    final_gain = embed_gain or _final_gain(f)
     if pending is None:
         final, last = norms.plain(residual, final_gain, "final"), residual
     else:
@@ -166,25 +169,60 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     return final, taps, presents
 
 
-def _attention_block(f: _Fused, i: int, h: str, norms: _Norms, padding: OneRowPadding | None,
+def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRowPadding | None,
                      slots: SlotInputs | None) -> tuple[str, list[str]]:
-    """Layer i's attention block on its normed input `h` through o_proj (the output gate of gated attention
-    before it); returns it and the layer's present names."""
+    """Layer i's attention on the normed input `h` through o_proj (and its bias); returns (output, present names)."""
     cfg, n = f.model.config, f.n
+    if cfg.linear(i):  # a gated delta net (export/linear_ops.py): its states instead of KV buffers
+        return linear_block(f.emitter(), cfg, i, h, lambda role: f.layer_weight(i, f"linear_attn.{role}", role))
     w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
-    query = _latent_qkv(f, i, h, norms, w_uk) if cfg.mla else _qkv(f, i, h, norms) if cfg.kv_source(i) is None else \
-        _shared_query(f, i, h, norms)
+    a = _projected(f, i, "", h)  # BitNet: through int8 and back
+    query = _latent_qkv(f, i, a, norms, w_uk) if cfg.mla else _qkv(f, i, a, norms) if cfg.kv_source(i) is None else \
+        _shared_query(f, i, a, norms)
     f.new_rows[i] = query[1:]
-    out, presents = _attention(f, i, query, padding, slots)
+    if f.query_scale:  # after the q norms; GroupQueryAttention's rope commutes with a per-position scalar
+        query = [n("Mul", [query[0], f.query_scale])[0], *query[1:]]
+    out, layer_presents = _attention(f, i, query, padding, slots)
     if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
         heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
         out = latent_output(f.emitter(), cfg, heads, w_uv)
-    if i in f.gates:  # gated attention (export/linear_ops.py `output_gate`)
-        out = n("Mul", [out, n("Sigmoid", [f.gates[i]])[0]])[0]
-    attn = n("MatMul", [out, f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
+    out = gated(f.emitter(), out, f.gates.get(i, ""))  # gated attention (export/linear_ops.py)
+    attn = n("MatMul", [_projected(f, i, "attn_sub_norm", out), f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
     if cfg.o_proj_bias:
         attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
-    return attn, presents
+    return attn, layer_presents
+
+
+def _altup_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None, slots: SlotInputs | None,
+                  norms: _Norms) -> tuple[str, list[str], list[str]]:
+    """Gemma 3n's layers on AltUp's streams of the embeddings `x` (export/altup_ops.py), the streams' mean and the
+    final norm; returns (final hidden, EAGLE-3 taps, present names)."""
+    cfg, em, taps, presents = f.model.config, f.emitter(), [], []
+
+    def attend(i: int, h: str) -> str:
+        attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
+        presents.extend(layer_presents)
+        return attn
+
+    streams = altup_streams(em, cfg, x)
+    for i in range(count):
+        if i in f.model.aux_layers:
+            taps.append(active_stream(em, streams))
+        parts = LayerParts(lambda h, i=i: attend(i, h), lambda h, i=i: _mlp(f, i, h),
+                           lambda role, h, i=i: norms.plain(h, norms.gamma(i, role), f"layers.{i}.{role}"),
+                           lambda role, i=i: f.layer_weight(i, role, role))
+        streams = altup_layer(em, cfg, i, streams, parts, f.per_layer)
+    last = altup_merge(em, cfg, streams)
+    if count == cfg.num_hidden_layers and count in f.model.aux_layers:  # tap L: the final hidden state before the norm
+        taps.append(last)
+    return norms.plain(last, _final_gain(f), "final"), taps, presents
+
+
+def _final_gain(f: _Fused) -> list[str]:
+    """The final norm's gain, and its bias when the family's norms have one."""
+    cfg = f.model.config
+    gain = [f.weight("model.norm.weight", final_norm_recipe(cfg, f.dtype))]
+    return gain + ([f.weight("model.norm.bias", top_bias_recipes(cfg, f.dtype)["model.norm.bias"])] if cfg.norm_bias else [])
 
 
 def _layer_end(f: _Fused, i: int, residual: str, norms: _Norms) -> str:
@@ -210,12 +248,11 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources or cfg.attn_output_gate):  # KV sharing: k / v apart
+    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources or cfg.query_scale_beta or cfg.attn_output_gate):  # apart
         return [qkv, "", ""]
     pre = f"layers.{i}"
     if cfg.attn_output_gate:  # q rows doubled (per head q, gate): the gate kept for the attention's output
-        q, k, v = n("Split", [qkv, f.const(f"{pre}.qkv_split", [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-        q, f.gates[i] = output_gate(f.emitter(), q, heads, dim)
+        q, f.gates[i], k, v = gated_qkv(f.emitter(), f"{pre}.qkv_split", qkv, heads, kv_heads, dim)
     elif cfg.values_are_keys(i):
         q, k = n("Split", [qkv, f.const(f"{pre}.qk_split", [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
@@ -380,11 +417,21 @@ def _dense_mlp(f: _Fused, i: int, h: str) -> str:
     n = f.n
     if not f.model.config.mlp_gated:
         return _plain_mlp(f, i, h)
-    gu = n("MatMul", [h, f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
+    gu = n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
-    act = n("Mul", [_act(f, i, gate), up])[0]
+    if f.model.config.activation_sparsity and f.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+        gate = gaussian_topk(f.emitter(), gate, f.model.config.activation_sparsity[i])
+    act = _projected(f, i, "ffn_sub_norm", n("Mul", [_act(f, i, gate), up])[0])
     return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+
+
+def _projected(f: _Fused, i: int, sub_norm: str, x: str) -> str:
+    """A projection's input `x`: its `sub_norm` (BitNet's attn_sub_norm / ffn_sub_norm) when the model has them, then
+    through int8 and back when the model quantizes its activations (export/bitnet_ops.py)."""
+    cfg, norms = f.model.config, _Norms(f)
+    x = norms.plain(x, norms.gamma(i, sub_norm), f"layers.{i}.{sub_norm}") if sub_norm and cfg.sub_norms else x
+    return act_quant(f.emitter(), x) if cfg.act_quant else x
 
 
 def _act(f: _Fused, i: int, x: str) -> str:

@@ -43,6 +43,12 @@ class GraphBuilder:
         """Add a one-output node; returns its output (named `output` when given)."""
         return self.op(scope, op, inputs, [output] if output else 1, **attrs)[0]
 
+    def with_last_row(self, scope: str, x: str) -> str:
+        """`x` [b, h, rows, n] with a copy of its last row appended (models.decoder._with_last_row)."""
+        last = self.one(scope, "Slice", [x, self.const(scope, [-1]), self.const(scope, [INT64_MAX]), self.const(scope, [2]),
+                                         self.const(scope, [1])])
+        return self.one(scope, "Concat", [x, last], axis=2)
+
     def const(self, scope: str, value, dtype=np.int64) -> str:
         """A Constant node holding `value`; returns its output."""
         array = np.asarray(value, dtype=dtype)

@@ -45,6 +45,22 @@ def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
     return em.one("Reshape", [q, flat]), em.one("Reshape", [gate, flat])
 
 
+def gated_qkv(em: Emitter, key: str, qkv: str, heads: int, kv_heads: int, dim: int) -> tuple[str, str, str, str]:
+    """Gated attention's fused q/k/v rows (q doubled) -> q, its gate, k, v (`key`: the split sizes' constant)."""
+    q, k, v = em.op("Split", [qkv, em.const(key, [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    return (*output_gate(em, q, heads, dim), k, v)
+
+
+def gated(em: Emitter, out: str, gate: str) -> str:
+    """The attention output times sigmoid(gate) (gated attention), or as it is (`gate` "")."""
+    return em.one("Mul", [out, em.one("Sigmoid", [gate])]) if gate else out
+
+
+def linear_block(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> tuple[str, list[str]]:
+    """`linear_layer` and the layer's outputs (its states and rows) in the place of the KV presents."""
+    return linear_layer(em, cfg, i, h, role), [f"present_state.{i}.{kind}" for kind in ("conv", "recurrent", "rows")]
+
+
 def _silu(em: Emitter, x: str) -> str:
     return em.one("Mul", [x, em.one("Sigmoid", [x])])
 

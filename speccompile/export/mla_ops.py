@@ -71,3 +71,19 @@ def latent_output(em: Emitter, cfg: ModelConfig, context: str, w_uv: str) -> str
     latent = em.one("Slice", [context, em.const("mla.rope", [rope]), em.const("mla.int_max", [2 ** 62]), em.const("mla.axis3", [3])])
     out = per_head(em, latent, w_uv, heads, cfg.kv_lora_rank, cfg.v_head_dim)
     return em.one("Reshape", [out, em.const("mla.out_shape", [0, 0, heads * cfg.v_head_dim])])
+
+
+def latent_scores(em: Emitter, cfg: ModelConfig, qg: str, keys: str) -> str:
+    """qg [b, kv, rows, dim] @ keys [b, kv, dim, T]. A latent head wider than 128 (MLA's 576) as slices of 128 dims
+    summed in order: MLAS splits a dot product into chunks whose size depends on T (256 and more at T <= 64, 128
+    above), so one MatMul would round a row by the pass's total; a slice of <= 128 dims is one chunk at every T."""
+    dim = cfg.head_dim
+    if not (cfg.mla and dim > 128):
+        return em.one("MatMul", [qg, keys])
+    total = ""
+    for start in range(0, dim, 128):
+        bounds = [em.const("mla.slice", [start]), em.const("mla.slice", [min(start + 128, dim)])]
+        axis_q, axis_k = em.const("mla.slice", [3]), em.const("mla.slice", [2])
+        part = em.one("MatMul", [em.one("Slice", [qg, *bounds, axis_q]), em.one("Slice", [keys, *bounds, axis_k])])
+        total = em.one("Add", [total, part]) if total else part
+    return total

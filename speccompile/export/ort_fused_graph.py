@@ -233,8 +233,9 @@ def _rotary_tables(f: _Fused, rows: int) -> None:
             long = rounded_inv_freq(f.model.config, np_dtype(f.dtype), kind, long=True)
             freqs[start:] = np.arange(start, rows, dtype=np.float32)[:, None] * long[None, :]
             key_freq += long.tobytes() + str(start).encode()
-        for name, fn in zip(rotary_names(kind), (np.cos, np.sin)):
-            key = (name, rows, f.dtype, key_freq, float(factor))
+        sin = (lambda t: -np.sin(t)) if f.model.config.rope_reversed else np.sin  # nanochat: the rotation by -angle
+        for name, fn in zip(rotary_names(kind), (np.cos, sin)):
+            key = (name, rows, f.dtype, key_freq, float(factor), f.model.config.rope_reversed)
             table = (lambda fn=fn: fn(freqs).astype(np.float32).astype(np_dtype(f.dtype))) if factor == 1 else \
                 (lambda fn=fn: (fn(freqs).astype(np.float32) * factor).astype(np_dtype(f.dtype)))
             f.inits.append(f.store.computed(name, key, table))

@@ -28,7 +28,10 @@ def per_layer_inputs(em: Emitter, cfg: ModelConfig, embeds: str, norm: Callable[
     recipes, dtype = per_layer_recipes(cfg, em.dtype), np_dtype(em.dtype)
     layers, width = cfg.num_hidden_layers, cfg.per_layer_input_size
     shape = em.const("ple.shape", [0, 0, layers, width])
-    tokens = em.one("Gather", [em.weight(TABLE, recipes[TABLE]), "input_ids"])
+    ids = "input_ids"
+    if cfg.per_layer_vocab_size < cfg.vocab_size:  # Gemma 3n: tokens past the table read its row 0
+        ids = em.one("Where", [em.one("Less", [ids, em.const("ple.vocab", cfg.per_layer_vocab_size)]), ids, em.const("ple.row0", 0)])
+    tokens = em.one("Gather", [em.weight(TABLE, recipes[TABLE]), ids])
     tokens = em.one("Mul", [tokens, em.const("ple.token_scale", width ** 0.5, dtype)])
     projected = em.one("MatMul", [embeds, em.weight(PROJECTION, recipes[PROJECTION])])
     projected = em.one("Mul", [projected, em.const("ple.projection_scale", cfg.hidden_size ** -0.5, dtype)])

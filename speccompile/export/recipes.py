@@ -22,6 +22,7 @@ from onnx import TensorProto
 
 from ..models.architectures import BESIDE_ROLES, NORM_ROLES, family
 from ..models.config import ModelConfig, eagle3_tap_layers
+from ..models.soft_tokens import SOFT_TABLE
 from ..models.weights import WeightSource
 from ..weights_file import Piece
 
@@ -91,8 +92,10 @@ FINAL_NORM = ("model.norm.weight",)
 FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
-TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "lin_qkvz", "lin_ba", "lin_out"}  # MatMul weights [in, out]
+TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
+              "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
+         "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
 # the per-layer embeddings (Gemma 4's PLE): table [vocab, layers * P], projection [layers * P, hidden], norm [P]
 PLE_TABLE, PLE_PROJECTION, PLE_NORM = ("model.embed_tokens_per_layer.weight",), ("model.per_layer_model_projection.weight",), \
@@ -133,6 +136,14 @@ def per_layer_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
             "model.per_layer_projection_norm.weight": Recipe(PLE_NORM, False, dtype, config.norm_offset)}
 
 
+def altup_recipes(config: ModelConfig, dtype: str) -> dict[str, Recipe]:
+    """Gemma 3n's projections into / out of the AltUp streams and its wrapper's image / audio token table
+    (models/soft_tokens.py), by graph initializer name ({}: no AltUp)."""
+    recipes = {f"model.{kind}.{k}.weight_t": Recipe((f"model.{kind}.{k}.weight",), True, dtype)
+               for kind in ("altup_projections", "altup_unembed_projections") for k in range(config.altup_inputs - 1)}
+    return {**recipes, **({SOFT_TABLE: Recipe((SOFT_TABLE,), False, dtype)} if config.soft_token_offset else {})}
+
+
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every checkpoint tensor a decoder of `config` reads, with its shape."""
     c = config
@@ -145,6 +156,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     width = c.num_hidden_layers * c.per_layer_input_size
     shapes.update({PLE_TABLE[0]: (c.per_layer_vocab_size, width), PLE_PROJECTION[0]: (width, c.hidden_size),
                    PLE_NORM[0]: (c.per_layer_input_size,)} if width else {})
+    shapes.update({r.sources[0]: (c.hidden_size, c.hidden_size) for r in altup_recipes(c, "fp32").values()})
+    shapes.update({SOFT_TABLE: (c.vocab_size - c.soft_token_offset, c.hidden_size)} if c.soft_token_offset else {})
     for i in range(c.num_hidden_layers):
         shapes.update(_layer_shapes(c, i))
     return shapes
@@ -161,7 +174,7 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
                 "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES},
                 "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
-                **{role: [(h,)] for role in BESIDE_ROLES}}
+                **{role: [(h,)] for role in BESIDE_ROLES}, "attn_sub_norm": [(q,)], "ffn_sub_norm": [(inter,)], **_altup_shapes(c)}
     if c.attn_output_gate:  # gated attention: q_proj gives q and the gate
         per_role["qkv"] = [(2 * q, h), (kv, h), (kv, h)]
     if c.hybrid is not None:
@@ -190,6 +203,13 @@ def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     return {"lin_qkvz": [(hy.conv_dim, h), (hy.value_dim, h)], "lin_ba": [(hy.num_v_heads, h)] * 2,
             "lin_conv": [(hy.conv_dim, 1, hy.conv_kernel)], "lin_a_log": [(hy.num_v_heads,)], "lin_dt_bias": [(hy.num_v_heads,)],
             "lin_norm": [(hy.v_dim,)], "lin_out": [(h, hy.value_dim)]}
+
+
+def _altup_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
+    """The shapes of Gemma 3n's AltUp / LAuReL roles (models/architectures.py ALTUP_NAMES)."""
+    n, h, r = c.altup_inputs, c.hidden_size, c.laurel_rank
+    return {"altup_scale": [(h,)], "altup_correct": [(n, n)], "altup_predict": [(n * n, n)], "altup_router": [(n, h)],
+            "altup_router_norm": [(h,)], "laurel_left": [(r, h)], "laurel_right": [(h, r)], "laurel_norm": [(h,)]}
 
 
 def _mla_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:

@@ -18,6 +18,7 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
+  attn_sub_norm, ffn_sub_norm  norms of o_proj's and down_proj's inputs (`sub_norms`: BitNet)
   layer_scalar    the layer output's learned multiplier [1] (Gemma 4)
   ple_gate, ple_proj, ple_norm  the per-layer embeddings' block (Gemma 4's PLE): gate [P, hidden], projection
                   [hidden, P], the norm of its output before the residual add
@@ -28,8 +29,7 @@ Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles 
 "Multi-head latent attention"):
   q_kv_a          q_a_proj and kv_a_proj_with_mqa stacked (one MatMul); `q_kv` when the model has no q_lora_rank:
                   q_proj and kv_a_proj_with_mqa
-  q_a_norm, q_b   q_a_layernorm, q_b_proj (with q_lora_rank only)
-  kv_a_norm       kv_a_layernorm (the latent's norm)
+  q_a_norm, q_b   q_a_layernorm, q_b_proj (with q_lora_rank only); kv_a_norm: kv_a_layernorm (the latent's norm)
   kv_b            kv_b_proj [heads * (nope + v), kv_lora_rank]: absorbed into the query and the output per head
 """
 
@@ -58,24 +58,26 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "layer_scalar": ("layer_scalar",),
     "ple_gate": ("per_layer_input_gate.weight",), "ple_proj": ("per_layer_projection.weight",),
     "ple_norm": ("post_per_layer_input_norm.weight",),
+    "attn_sub_norm": ("self_attn.attn_sub_norm.weight",), "ffn_sub_norm": ("mlp.ffn_sub_norm.weight",),  # BitNet
 }
+# Gemma 3n's AltUp (the streams' predict / correct coefficients, the router and its norm, the scale of the active stream's
+# correction) and LAuReL (the low-rank residual: left [rank, hidden], right [hidden, rank], its output's norm) per layer
+ALTUP_NAMES: dict[str, tuple[str, ...]] = {
+    "altup_scale": ("altup.correct_output_scale",), "altup_correct": ("altup.correction_coefs.weight",),
+    "altup_predict": ("altup.prediction_coefs.weight",), "altup_router": ("altup.modality_router.weight",),
+    "altup_router_norm": ("altup.router_norm.weight",), "laurel_left": ("laurel.linear_left.weight",),
+    "laurel_right": ("laurel.linear_right.weight",), "laurel_norm": ("laurel.post_laurel_norm.weight",)}
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
-_SANDWICH_NAMES = {  # Gemma 2 / 3: post_attention_layernorm is the attention output's norm
-    "post_attn_norm": ("post_attention_layernorm.weight",),
-    "post_norm": ("pre_feedforward_layernorm.weight",),
-    "post_mlp_norm": ("post_feedforward_layernorm.weight",),
-}
-_POST_NAMES = {  # OLMo 2 / EXAONE 4: norms after each block only
-    "post_attn_norm": ("post_attention_layernorm.weight",),
-    "post_mlp_norm": ("post_feedforward_layernorm.weight",),
-}
+_SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
+                   "post_mlp_norm": ("post_feedforward_layernorm.weight",)}  # Gemma 2 / 3: post_attention_layernorm: the attention output's
+_POST_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",),  # OLMo 2 / EXAONE 4: norms after each block only
+               "post_mlp_norm": ("post_feedforward_layernorm.weight",)}
 LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")},  # OLMo 2 / EXAONE 4
@@ -116,7 +118,7 @@ class Family:
     rope_alpha: bool = False  # rope type "dynamic" with an `alpha` is NTK-alpha, static (Hunyuan: rope kind ntk_alpha)
     global_nope: bool = False  # full-attention layers have no rope when the model has sliding layers
     embed_scale: str = ""  # "" | sqrt_hidden | a config key (multiplier)
-    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier
+    attn_scale: str = ""  # "" (head_dim ** -0.5) | query_pre_attn_scalar | attention_multiplier | unit | llama4 (q times Llama 4's scaling by position)
     residual_key: str = ""  # config key multiplying each block's output (Granite)
     logit_key: str = ""  # config key multiplying the logits (Cohere) or, prefixed "1/", dividing them (Granite)
     sliding_key: str = ""  # config key that must be true for sliding layers to count (Qwen2: use_sliding_window)
@@ -159,13 +161,17 @@ class Family:
     mla: bool = False  # multi-head latent attention (DeepSeek-V2/V3: a compressed KV cache, the `MLA_NAMES` roles)
     minicpm: bool = False  # MiniCPM's config keys, read as the table's (models/layer_keys.py `minicpm_keys`)
     refused_keys: tuple[str, ...] = ()  # config keys the table does not build: set (true), the checkpoint is refused
-    weightless_norms: bool = False  # LayerNorms without a gain (OLMo 1): gains of ones shown at load (models/hf_layouts.py)
+    weightless_norms: bool = False  # norms without a gain (OLMo 1, nanochat): gains of ones shown at load (models/hf_layouts.py)
     # Gemma 4's attention: full-attention layers' own head_dim / kv heads (per_layer_config, else global_head_dim /
     # num_global_key_value_heads), values = keys on them where `attention_k_eq_v`, a scale-free value norm, a learned
     # scalar per layer (role `layer_scalar`)
     layer_shapes: bool = False
     v_norm: bool = False
     layer_scalar: bool = False
+    sub_norms: bool = False  # BitNet: norms of o_proj's and down_proj's inputs (models/bitnet.py: its packed ternary weights)
+    embed_norm: bool = False  # the final norm also normalises the embeddings before layer 0 (nanochat)
+    rope_reversed: bool = False  # rope turned the other way: rotate_half [x2, -x1], i.e. sin negated (nanochat)
+    altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     hybrid: bool = False  # gated delta net layers beside gated full attention (models/linear_config.py: Qwen3-Next, Qwen3.5)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
@@ -176,20 +182,17 @@ class Family:
 
 
 # transformers' `hidden_act` names -> mlp_act (gelu_new / gelu_fast are the tanh form, written differently)
-HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
-_NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",),
-               "o_proj": ("attention.dense.weight",), "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",),
-               "up_bias": ("mlp.dense_h_to_4h.bias",), "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
+HF_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu", "relu": "relu", "relu2": "relu2", "xielu": "xielu"}
+_NEOX_NAMES = {"qkv": ("attention.query_key_value.weight",), "qkv_bias": ("attention.query_key_value.bias",), "o_proj": ("attention.dense.weight",),
+               "o_bias": ("attention.dense.bias",), "up": ("mlp.dense_h_to_4h.weight",), "up_bias": ("mlp.dense_h_to_4h.bias",),
+               "down": ("mlp.dense_4h_to_h.weight",), "down_bias": ("mlp.dense_4h_to_h.bias",)}
 _NEOX_GGUF = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "attention.query_key_value",
               "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}  # qkv rows q|k|v
 
-MLA_NAMES = {
-    "q_kv_a": ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
-    "q_kv": ("self_attn.q_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
-    "q_a_norm": ("self_attn.q_a_layernorm.weight",), "q_b": ("self_attn.q_b_proj.weight",),
-    "kv_a_norm": ("self_attn.kv_a_layernorm.weight",), "kv_b": ("self_attn.kv_b_proj.weight",),
-}
+MLA_NAMES = {"q_kv_a": ("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+             "q_kv": ("self_attn.q_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+             "q_a_norm": ("self_attn.q_a_layernorm.weight",), "q_b": ("self_attn.q_b_proj.weight",),
+             "kv_a_norm": ("self_attn.kv_a_layernorm.weight",), "kv_b": ("self_attn.kv_b_proj.weight",)}
 _MLA_GGUF = {**{k: LLAMA_GGUF[k] for k in ("attn_norm", "ffn_norm", "attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down")},
              **{k: f"self_attn.{v}" for k, v in (("attn_q_a", "q_a_proj"), ("attn_q_a_norm", "q_a_layernorm"), ("attn_q_b", "q_b_proj"),
                                                  ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_kv_a_norm", "kv_a_layernorm"),
@@ -224,6 +227,7 @@ _SOFTCAPS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_so
 FAMILIES: dict[str, Family] = {
     "llama": Family(("llama", "smollm2", "smollm", "iquestcoder"), gguf_llama_order=True, bias_keys={"o": "attention_bias"}),
     "mistral": Family(("mistral", "ministral", "cwm"), gguf_llama_order=True),  # Ministral, CWM: per-layer layer_types
+    "ministral3": Family(("ministral3", "mistral3"), attn_scale="llama4", gguf_llama_order=True),  # Mistral's layers, yarn rope, Llama 4's query scaling
     "qwen2": Family(("qwen2",), attention_bias=True, sliding_key="use_sliding_window"),
     "qwen3": Family(("qwen3",), qk_norm="head", sliding_key="use_sliding_window", bias_keys={"o": "attention_bias"}),
     "gemma": Family(("gemma",), bias_keys={"o": "attention_bias"}, **{**_GEMMA, "gguf": dict(LLAMA_GGUF)}),  # pre norms: ffn_norm is post_attention_layernorm
@@ -347,6 +351,12 @@ FAMILIES: dict[str, Family] = {
                      names={**_SANDWICH_NAMES, "dense_out_norm": ("post_feedforward_layernorm_1.weight",),
                             "moe_in_norm": ("pre_feedforward_layernorm_2.weight",), "moe_out_norm": ("post_feedforward_layernorm_2.weight",)},
                      layer_shapes=True, v_norm=True, layer_scalar=True, gguf=_GEMMA4_GGUF, gguf_keys=_SOFTCAPS),
+    # Gemma 3n (text; the multimodal `gemma3n` config's text_config): Gemma 4's attention (per-head q/k norms, scale 1, a
+    # scale-free value norm) on one head shape, KV sharing and per-layer embeddings, inside AltUp's parallel streams with
+    # LAuReL's low-rank residual (the `ALTUP_NAMES` roles) and the Gaussian top-k on the first layers' MLP gates
+    "gemma3n": Family(("gemma3n_text",), placement="sandwich", qk_norm="head", mlp_act="gelu_tanh", act_key="hidden_activation",
+                      embed_scale="sqrt_hidden", attn_scale="unit", bias_keys={"o": "attention_bias"}, v_norm=True, altup=True,
+                      names={**_SANDWICH_NAMES, **ALTUP_NAMES}, gguf={}),
     # Jais 2: Llama's attention with q/k/v/o biases, biased LayerNorms, a plain ReLU-squared MLP with biases
     "jais2": Family(("jais2",), norm="layer", norm_bias=True, attention_bias=True, o_bias=True, mlp_gated=False, mlp_act="relu2",
                     act_key="hidden_act", mlp_bias=True, bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),
@@ -409,6 +419,11 @@ FAMILIES: dict[str, Family] = {
                   top_names={"model.final_layer_norm.weight": "model.norm.weight", "model.final_layer_norm.bias": "model.norm.bias"}),
     # GPT-BigCode (StarCoder, SantaCoder): GPT-2's layers as nn.Linear, multi-query attention (c_attn: q, one k, one v head)
     "gpt_bigcode": Family(("gpt_bigcode",), multi_query_key="multi_query", **_GPT2),
+    # BitNet b1.58: Llama with norms of o_proj's and down_proj's inputs, a gated ReLU-squared MLP; the release's packed
+    # ternary weights and 8-bit activations (quantization_config "bitnet": models/bitnet.py); llama.cpp's `bitnet` not read
+    # nanochat: gainless RMSNorms (q/k norms after rope included), the embeddings normed, rope turned the other way, a plain relu2 MLP
+    "nanochat": Family(("nanochat",), mlp_gated=False, mlp_act="relu2", act_key="hidden_act", qk_norm="after_rope", weightless_norms=True, embed_norm=True, rope_reversed=True, names={"up": ("mlp.fc1.weight",), "down": ("mlp.fc2.weight",)}, bias_keys={"o": "attention_bias"}, gguf={}),
+    "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={}),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}
@@ -422,29 +437,3 @@ def family_name(model_type: str) -> str | None:
 def family(name: str) -> Family:
     """The entry of family `name` (a ModelConfig.architecture)."""
     return FAMILIES[name]
-
-
-_PLACEMENT_NORMS = {"pre": ("input_norm", "post_norm"), "sandwich": ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm"),
-                    "post": ("post_attn_norm", "post_mlp_norm"), "parallel": ("input_norm",), "parallel2": ("input_norm", "post_norm")}
-
-
-MLA_ROLES = {"lora": ["q_kv_a", "q_a_norm", "q_b", "kv_a_norm", "kv_b"], "plain": ["q_kv", "kv_a_norm", "kv_b"]}
-
-
-def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
-                moe: bool = False, norm_bias: bool = False, mlp: str = "gated", mla: str = "", act: bool = False) -> list[str]:
-    """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
-    sinks, norm biases, MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
-    models/moe_config.py), latent attention (`mla`: "" none, "lora" with q_lora_rank, "plain" without) and the
-    activation's learned scalars (`act`: xIELU)."""
-    mlp_roles = {"gated": ["gate_up", "down"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
-    attention = MLA_ROLES[mla] if mla else ["qkv"]
-    roles = [*_PLACEMENT_NORMS[placement], *attention, "o_proj", *([] if moe else mlp_roles[mlp]), *(["act"] if act and not moe else [])]
-    if norm_bias:
-        roles += [f"{role}_bias" for role in _PLACEMENT_NORMS[placement]]
-    if attention_bias:
-        roles.append("qkv_bias")
-    roles += [role for role, used in (("o_bias", o_bias), ("sinks", sinks)) if used]
-    if qk_norm:
-        roles += ["q_norm", "k_norm", *(["q_norm_bias", "k_norm_bias"] if norm_bias else [])]
-    return roles

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError, UnsupportedError
-from .architectures import BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name, layer_roles
+from .altup_keys import altup_keys
+from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
+from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
-from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of
+from .bitnet import bitnet_fields
+from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import deepseek2_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import LINEAR_ROLES, HybridConfig, hybrid_from_hf
 from .refused import REFUSED
-from .rope_keys import check_rope_scaling, layer_rope_bases, rope_params
-from .rope_keys import gpt_oss_gguf_keys as _gpt_oss_gguf_keys
+from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
+from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
+_GGUF_ROPE = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys}  # a family's rope keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
@@ -67,6 +70,8 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # the rope base of sliding layers (0: rope_theta)
     nope_layers: list[int] = field(default_factory=list)  # layers without rope
     attn_scale: float = 0.0  # 0: head_dim ** -0.5
+    query_scale_beta: float = 0.0  # Llama 4's query scaling (Ministral 3): q times 1 + beta log(1 + floor(position / length)); 0: none
+    query_scale_length: int = 0  # its length (rope_parameters' original_max_position_embeddings)
     attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (0: none)
     final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
     embed_scale: float = 1.0
@@ -94,9 +99,19 @@ class ModelConfig:
     layer_intermediate_sizes: list[int] = field(default_factory=list)
     per_layer_input_size: int = 0  # per-layer embeddings (Gemma 4's PLE): each layer's width (0: none)
     per_layer_vocab_size: int = 0  # the rows of their table
+    # Gemma 3n (models/altup.py): AltUp's parallel streams (0: none), LAuReL's rank, the Gaussian top-k's target
+    # sparsity of each layer's MLP gate ([]: none; 0: that layer dense)
+    altup_inputs: int = 0
+    laurel_rank: int = 0
+    activation_sparsity: list[float] = field(default_factory=list)
+    soft_token_offset: int = 0  # its wrapper's image / audio tokens (ids from here on) embed from their own table (models/soft_tokens.py)
     # learned absolute positions (GPT-2's wpe; 0: none): the table's rows; position p reads row p + position_offset
     position_embeddings: int = 0
     position_offset: int = 0
+    sub_norms: bool = False  # norms of o_proj's and down_proj's inputs (BitNet: roles attn_sub_norm / ffn_sub_norm)
+    act_quant: bool = False  # every projection's input per token through int8 and back (BitNet's BitLinear: models/bitnet.py)
+    embed_norm: bool = False  # the final norm (its gain) also normalises the embeddings before layer 0 (nanochat)
+    rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
     hybrid: HybridConfig | None = None  # gated delta net layers (models/linear_config.py; None: attention only)
     attn_output_gate: bool = False  # q_proj doubled (per head q, gate): attention output times sigmoid(gate) (Qwen3-Next)
 
@@ -176,7 +191,9 @@ class ModelConfig:
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
             roles = [*LINEAR_ROLES, *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias"))]
-        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size)
+        altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
+        return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
+            + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms + altup
 
     def sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
@@ -207,11 +224,7 @@ def normalize_architecture(name: str, source: str) -> str:
 
 
 def _eos_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
+    return [] if value is None else [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[str, bool]:
@@ -229,14 +242,6 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
     qkv = data.get(keys["qkv"], fam.attention_bias) if "qkv" in keys else data.get("attention_bias", data.get("use_bias", fam.attention_bias))
     return dict(attention_bias=bool(qkv), o_proj_bias=bool(data.get(keys["o"], fam.o_bias)) if "o" in keys else fam.o_bias,
                 mlp_bias=bool(data.get(keys["mlp"], fam.mlp_bias)) if "mlp" in keys else fam.mlp_bias)
-
-
-def _placement(data: dict[str, Any], fam: Family) -> str:
-    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel
-    where that is pre)."""
-    if not fam.parallel_key or data.get(fam.parallel_key) is None:
-        return fam.placement
-    return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
 
 
 def _mlp_act(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
@@ -266,7 +271,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         qk_norm_after_rope=fam.qk_norm == "after_rope",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement=_placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
+        norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
         norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
         lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
@@ -277,7 +282,9 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
-        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset,
+        **(altup_keys(data, types, layers, source) if fam.altup else {}),
+        v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
+        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source)}
@@ -362,43 +369,10 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
     elif rope_factors:  # llama.cpp's longrope (Phi-3): the factor sets are tensors, the original length metadata
         data["rope_scaling"] = {"rope_type": "longrope", **rope_factors,
                                 "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"])}
-    if arch == "gpt_oss":
-        data.update(_gpt_oss_gguf_keys(meta, p, source))
+    if arch in _GGUF_ROPE:
+        data.update(_GGUF_ROPE[arch](meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
-
-
-def _gguf_layer_keys(meta: dict[str, Any], p: str, fam: Family, arch: str, data: dict[str, Any],
-                     source: str) -> dict[str, Any]:
-    """The config.json keys of llama.cpp's per-layer metadata: sliding layers (`attention.sliding_window` with
-    `attention.sliding_window_pattern`: a period, layer i slides iff i % period < period - 1, or one flag per layer;
-    absent: the family's `gguf_swa_period`), the sliding layers' rope base (`rope.freq_base_swa`), llama.cpp's fixed
-    NoPE layers and the family's scale / softcap keys (`Family.gguf_keys`)."""
-    layers, out = data["num_hidden_layers"], {key: meta[p + k] for k, key in fam.gguf_keys.items() if p + k in meta}
-    if fam.attn_scale == "query_pre_attn_scalar":
-        out["query_pre_attn_scalar"] = data["head_dim"]  # llama.cpp scales by head_dim ** -0.5
-    if fam.gguf_nope_period:
-        out["no_rope_layers"] = [int((i + 1) % fam.gguf_nope_period != 0) for i in range(layers)]
-    window = int(meta.get(p + "attention.sliding_window") or 0)
-    pattern = meta.get(p + "attention.sliding_window_pattern", fam.gguf_swa_period)
-    if not window:
-        return out
-    if pattern is None:
-        raise UnsupportedError(f"{source}: a GGUF {arch} with {p}attention.sliding_window is not supported "
-                               "(llama.cpp reads no layer pattern for it; export its safetensors)")
-    if isinstance(pattern, list) and len(pattern) >= layers:
-        slides = [bool(flag) for flag in pattern[:layers]]
-    elif isinstance(pattern, numbers.Integral) and not isinstance(pattern, bool) and pattern >= 0:
-        slides = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
-    else:
-        raise UnsupportedError(f"{source}: {p}attention.sliding_window_pattern {pattern!r} is not supported")
-    out.update(sliding_window=window, use_sliding_window=True,
-               layer_types=["sliding_attention" if s else "full_attention" for s in slides])
-    local = float(meta.get(p + "rope.freq_base_swa") or fam.gguf_local_base or data["rope_theta"])
-    if local != data["rope_theta"]:  # the scaling stays with the full-attention layers (Gemma 3)
-        out["rope_parameters"] = {"full_attention": {"rope_theta": data["rope_theta"], **data.pop("rope_scaling", {})},
-                                  "sliding_attention": {"rope_theta": local}}
-    return out
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,

@@ -13,17 +13,19 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .architectures import BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
+from .architectures import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
 from .linear_config import LINEAR_NAMES
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
 from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-exported
 from .trace_ops import static_reshape
-from .rotary import RotaryEmbedding, apply_rope, bound_positions, rotate_half  # noqa: F401 - re-exported
+from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
 from .linear_attention import GatedDeltaNet, split_output_gate
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
+from .bitnet import act_quant
 
 
 class RMSNorm(nn.Module):
@@ -95,6 +97,7 @@ class Attention(nn.Module):
         self.v_proj = None if config.values_are_keys(layer) or not own else nn.Linear(config.hidden_size, shape.kv_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attn_sinks else None  # gpt-oss
+        self.attn_sub_norm = norm_of(config, self.num_heads * self.head_dim) if config.sub_norms else None  # BitNet
         if config.qk_norm:
             full = config.qk_norm_full
             self.q_norm = norm_of(config, self.num_heads * self.head_dim if full else self.head_dim)
@@ -104,10 +107,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: dict, biases: dict, past_k: torch.Tensor, past_v: torch.Tensor,
                 shared: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`rotary`: rope kind -> (cos, sin); `biases`: sliding? -> additive bias; `shared`: KV sharing, the pass's new
-        key / value rows [b, kv, q, dim] (roped) of the layer whose keys this one takes: only the query is computed."""
+        """`rotary`: rope kind -> (cos, sin), and "query" -> Llama 4's query scaling if any (`query_scale`); `biases`:
+        sliding? -> additive bias; `shared`: KV sharing, the pass's new key / value rows [b, kv, q, dim] (roped) of the
+        layer whose keys this one takes: only the query is computed."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
+        x = act_quant(x) if cfg.act_quant else x  # BitNet's BitLinear inputs (models/bitnet.py)
         q, k, v, gate = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared, None)
+        if "query" in rotary:  # after rope and the q norms (transformers' Ministral 3 / Llama 4)
+            q = q * rotary["query"]
         sliding = cfg.sliding(self.layer)
         bias = biases[(sliding, kv_heads)] if (sliding, kv_heads) in biases else biases[sliding]
         k_all = torch.cat((past_k, k), dim=2)
@@ -127,7 +134,9 @@ class Attention(nn.Module):
             context = context[:, :, :-1]
         out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
-        return self.o_proj(out if gate is None else out * torch.sigmoid(gate)), k_all, v_all
+        out = out if self.attn_sub_norm is None else self.attn_sub_norm(out)
+        out = out if gate is None else out * torch.sigmoid(gate)  # gated attention (Qwen3-Next)
+        return self.o_proj(act_quant(out) if cfg.act_quant else out), k_all, v_all
 
     def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped; the
@@ -204,13 +213,18 @@ class DecoderLayer(nn.Module):
                 else LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer))
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
-        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer)))
+        sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
+        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
+        if config.sub_norms:  # BitNet: the norm of down_proj's input
+            getattr(self, self.mlp_name).ffn_sub_norm = norm_of(config, config.layer(layer).intermediate_size)
         self.beside_dense = is_moe and config.moe.beside_dense
         if self.beside_dense:  # Gemma 4: the dense MLP beside the experts (models/moe.py)
             attach_beside_dense(self, config, layer, norm_of)
         self.layer_scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None  # Gemma 4: the output's multiplier
         if config.per_layer_input_size:  # Gemma 4's per-layer embeddings: the block after the MLP (models/per_layer.py)
             attach_per_layer_block(self, config, norm_of)
+        if config.altup_inputs:  # Gemma 3n's AltUp streams and LAuReL (models/altup.py)
+            attach_altup(self, config, norm_of)
 
     def _mlp(self, h: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP block on its normed input `h` (`x`: the residual stream, Gemma 4's experts' input)."""
@@ -218,7 +232,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, rotary, biases, past_k, past_v, shared=None, per_layer=None):
         """`shared`: KV sharing, the new key / value rows this layer takes (Attention); `per_layer`: its per-layer
-        input [b, q, P] (Gemma 4's PLE)."""
+        input [b, q, P] (Gemma 4's PLE); Gemma 3n (AltUp): `x` is the streams [n, b, q, hidden] (models/altup.py)."""
+        if self.config.altup_inputs:
+            return altup_layer(self, self.config, x, lambda h: self.self_attn(h, rotary, biases, past_k, past_v,
+                                                                             *([shared] if shared is not None else [])), per_layer)
         out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v, shared)
         if per_layer is not None:
             out = per_layer_block(self, self.config, out, per_layer)
@@ -255,6 +272,10 @@ class DecoderModel(nn.Module):
         if config.per_layer_input_size:  # Gemma 4's per-layer embeddings (models/per_layer.py)
             self.embed_tokens_per_layer, self.per_layer_model_projection, self.per_layer_projection_norm = \
                 per_layer_modules(config, norm_of)
+        if config.altup_inputs:  # Gemma 3n's projections into and out of the AltUp streams (models/altup.py)
+            self.altup_projections, self.altup_unembed_projections = altup_projections(config)
+        if config.soft_token_offset:  # Gemma 3n's wrapper: its image / audio tokens' table (models/soft_tokens.py)
+            self.soft_token_embeds = nn.Embedding(config.vocab_size - config.soft_token_offset, config.hidden_size)
 
 
 def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -324,9 +345,13 @@ class Decoder(nn.Module):
             x = x * torch.tensor(cfg.embed_scale, dtype=dtype)
         if cfg.position_embeddings:  # the table's row of each position (OPT: position + 2)
             x = x + self.model.embed_positions(position_ids + cfg.position_offset if cfg.position_offset else position_ids)
+        if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
+            x = self.model.norm(x)
         rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)
+        if cfg.query_scale_beta:
+            rotary["query"] = query_scale(cfg, position_ids, dtype)
         masks = {False: attention_mask}
         if cfg.layer_types:
             masks[True] = sliding_mask(attention_mask, position_ids, cfg.sliding_window)
@@ -336,16 +361,19 @@ class Decoder(nn.Module):
             if kv != cfg.num_key_value_heads and (sliding, kv) not in biases:
                 biases[(sliding, kv)] = attention_bias(masks[sliding], cfg.num_attention_heads, kv)
         presents, taps, new_rows = [], [], {}  # new_rows: KV sharing, a layer's pass's new key / value rows
+        x = soft_token_embeds(self.model, cfg, input_ids, x) if cfg.soft_token_offset else x
         per_layer = per_layer_inputs(self.model, cfg, input_ids, x) if cfg.per_layer_input_size else None
+        x = altup_streams(self.model.altup_projections, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layers:
-                taps.append(x)
+                taps.append(x[0] if cfg.altup_inputs else x)
             past = past_key_values[2 * i].shape[2]
             x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1],
                                     new_rows.get(cfg.kv_source(i)), None if per_layer is None else per_layer[:, :, i])
             if cfg.kv_sources:
                 new_rows[i] = (k_all[:, :, past:], v_all[:, :, past:])
             presents += [k_all, v_all]
+        x = altup_merge(self.model.altup_unembed_projections, x) if cfg.altup_inputs else x
         if self.config.num_hidden_layers in self.aux_layers:  # tap L: the final hidden state before the norm
             taps.append(x)
         hidden = self.model.norm(x)
@@ -365,14 +393,11 @@ class Decoder(nn.Module):
         return tuple(outputs)
 
     def empty_past(self, batch: int = 1, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-        """A zero-length KV cache for prefill."""
+        """A zero-length KV cache for prefill (a gated delta net layer: its zero states)."""
         dtype = dtype or self.lm_head.weight.dtype
-        past = []
-        for i, layer in enumerate(self.model.layers):
-            c = self.config.layer(i)
-            past += layer.linear_attn.empty_states(batch, dtype) if self.config.linear(i) else \
-                [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"]
-        return past
+        layers = [(self.config.layer(i), layer, self.config.linear(i)) for i, layer in enumerate(self.model.layers)]
+        return [t for c, layer, linear in layers for t in (layer.linear_attn.empty_states(batch, dtype) if linear else  # states
+                [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"])]
 
 
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none",
@@ -393,7 +418,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **LINEAR_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
@@ -404,9 +429,8 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     names = family(config.architecture).layer_names()
     for i in range(config.num_hidden_layers):
         q, kv, inter = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim, config.layer(i).intermediate_size
-        sizes = {"qkv": [q * (1 + config.attn_output_gate), kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
-        if config.hybrid is not None:  # Qwen3-Next's fused in_proj_qkvz / in_proj_ba (shown q|k|v|z, b|a)
-            sizes.update(lin_qkvz=[config.hybrid.conv_dim, config.hybrid.value_dim], lin_ba=[config.hybrid.num_v_heads] * 2)
+        sizes = {"qkv": [q * (1 + config.attn_output_gate), kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter],
+                 **(config.hybrid.fused_sizes() if config.hybrid is not None else {})}
         p = f"model.layers.{i}."
         roles = config.layer_roles(i)
         found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .bitnet import act_quant
 from .config import ModelConfig
 
 
@@ -33,6 +34,18 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     return nn.functional.silu(x)
 
 
+def sparsity_multiplier(sparsity: float) -> float:
+    """Phi^-1(sparsity) in float32, as transformers computes it (torch's Normal(0, 1).icdf)."""
+    return float(torch.distributions.normal.Normal(0, 1).icdf(torch.tensor(sparsity, dtype=torch.float32)))
+
+
+def gaussian_topk(x: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """relu(x - (mean + std * Phi^-1(sparsity))) over the last axis (std: the population's)."""
+    multiplier = torch.tensor(sparsity_multiplier(sparsity), dtype=x.dtype)
+    cutoff = x.mean(-1, keepdim=True) + torch.std(x, dim=-1, keepdim=True, unbiased=False) * multiplier
+    return nn.functional.relu(x - cutoff)
+
+
 class XIELU(nn.Module):
     """transformers' xIELU (Apertus) on its learned scalars, each [1] (the checkpoint's beta / eps: models/hf_layouts.py)."""
 
@@ -49,20 +62,29 @@ class XIELU(nn.Module):
 class MLP(nn.Module):
     """down(act(gate) * up), gate and up from one matmul; or, not `mlp_gated`, down(act(up)) (Phi-2)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, sparsity: float = 0.0):
         super().__init__()
-        bias = config.mlp_bias
+        bias, self.sparsity = config.mlp_bias, sparsity  # sparsity: the gate's Gaussian top-k (Gemma 3n, models/altup.py)
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False) if config.mlp_gated else None
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = config.mlp_act
         self.act_fn = XIELU() if self.act == "xielu" else None
+        self.ffn_sub_norm: nn.Module | None = None  # BitNet: the norm of down_proj's input (set by the layer)
+        self.quant = config.act_quant  # BitNet: the projections' inputs through int8 and back (models/bitnet.py)
 
     def _act(self, x: torch.Tensor) -> torch.Tensor:
         return self.act_fn(x) if self.act_fn is not None else activation(x, self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = act_quant(x) if self.quant else x
         if self.gate_proj is None:
-            return self.down_proj(self._act(self.up_proj(x)))
+            return self._down(self._act(self.up_proj(x)))
         gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(self._act(gate) * up)
+        if self.sparsity:
+            gate = gaussian_topk(gate, self.sparsity)
+        return self._down(self._act(gate) * up)
+
+    def _down(self, h: torch.Tensor) -> torch.Tensor:
+        h = h if self.ffn_sub_norm is None else self.ffn_sub_norm(h)
+        return self.down_proj(act_quant(h) if self.quant else h)

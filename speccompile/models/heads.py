@@ -116,7 +116,8 @@ def head_layer_config(raw: dict[str, Any], target: ModelConfig, hidden: int | No
     layer_type = str(raw.get("model_type") or "llama")
     base.update(architecture="llama", num_hidden_layers=1, qk_norm=layer_type == "qwen3", attention_bias=layer_type == "qwen2",
                 tie_word_embeddings=False, moe=None, qk_norm_after_rope=False,  # a head's q/k norms: Qwen3's, before rope
-                kv_sources=[], layer_intermediate_sizes=[], per_layer_input_size=0)  # the target's KV sharing / PLE: not a head's
+                kv_sources=[], layer_intermediate_sizes=[], per_layer_input_size=0,  # the target's KV sharing / PLE: not a head's
+                altup_inputs=0, laurel_rank=0, activation_sparsity=[], soft_token_offset=0)  # nor its AltUp streams (Gemma 3n)
     if target.mla:  # a Llama layer: not the target's latent attention geometry (its partial interleaved rope, scale)
         base.update(_NOT_LATENT)
     params = raw.get("rope_parameters") or {}

@@ -4,7 +4,7 @@ The table's names are Llama's (`model.` prefix, q|k|v rows in a fused qkv); a fa
 says how in its entry (models/architectures.py): `Family.prefix` (GPT-NeoX's `gpt_neox.` where Llama has
 `model.`), `Family.layers_key` (EXAONE 3's `h` where Llama has `layers`), `Family.top_names` (names outside
 the layers), `Family.qkv_per_head` (a fused qkv stored per head, [heads, 3, head_dim] rows: GPT-NeoX's `query_key_value`,
-shown q|k|v) and `Family.weightless_norms` (OLMo 1's LayerNorms without a gain: gains of ones shown). Nothing is read up front.
+shown q|k|v) and `Family.weightless_norms` (OLMo 1's LayerNorms, nanochat's RMSNorms without a gain: gains of ones shown). Nothing is read up front.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .architectures import Family
+from .bitnet import unpacked_view
 from .linear_config import HybridConfig
 from .weights import TensorInfo, WeightSource
 
@@ -106,14 +107,17 @@ class _Ones(WeightSource):
         return [*self._inner.names(), *self._ones]
 
 
-def _weightless_norms(source: WeightSource, fam: Family) -> WeightSource:
+def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` with a gain of ones for each norm of every layer (those of the layers its tensors name) and the final
-    norm, of the embedding's width (OLMo 1)."""
+    norm, of the embedding's width (OLMo 1, nanochat), and for per-head q / k norms of the head's (nanochat)."""
     hidden = source.shape("model.embed_tokens.weight")[1]
-    layers = {int(n.split(".")[2]) for n in source.names() if n.startswith("model.layers.")}
+    layers = sorted({int(n.split(".")[2]) for n in source.names() if n.startswith("model.layers.")})
     roles = fam.layer_names()
     norms = [roles[role][0] for role in ("input_norm", "post_norm")]
-    ones = {f"model.layers.{i}.{norm}": (hidden,) for i in sorted(layers) for norm in norms}
+    ones = {f"model.layers.{i}.{norm}": (hidden,) for i in layers for norm in norms}
+    if fam.qk_norm in ("head", "after_rope") and layers:  # head_dim: q_proj's rows per head
+        dim = source.shape(f"model.layers.{layers[0]}.{roles['qkv'][0]}")[0] // heads
+        ones.update({f"model.layers.{i}.{roles[role][0]}": (dim,) for i in layers for role in ("q_norm", "k_norm")})
     ones["model.norm.weight"] = (hidden,)
     return _Ones(source, {n: s for n, s in ones.items() if n not in source}, source.info("model.embed_tokens.weight").dtype)
 
@@ -135,7 +139,9 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = source.without({n for n in layer if n.endswith((".attn.bias", ".attn.masked_bias"))})
         source = _Transposed(source, {n for n in layer if n.endswith(".weight") and len(source.shape(n)) == 2})
     if fam.weightless_norms:
-        source = _weightless_norms(source, fam)
+        source = _weightless_norms(source, fam, heads)
+    if fam.sub_norms:  # BitNet's packed ternary weights shown as float (models/bitnet.py)
+        source = unpacked_view(source)
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
     if hybrid is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .architectures import Family
+from .rope_keys import rope_params
 
 
 def family_keys(data: dict[str, Any], fam: Family) -> dict[str, Any]:
@@ -16,6 +17,8 @@ def family_keys(data: dict[str, Any], fam: Family) -> dict[str, Any]:
     wins where both are given), its defaults where config.json has none (`config_defaults`), MiniCPM's keys rewritten."""
     own = {std: data[own] for own, std in fam.config_keys.items() if data.get(own) is not None}
     data = {**fam.config_defaults, **own, **{k: v for k, v in data.items() if v is not None or k not in own}}
+    if fam.altup and isinstance(data.get("intermediate_size"), list):  # Gemma 3n: a width per layer (models/altup_keys.py)
+        data = {**data, "intermediate_size": max(data["intermediate_size"]), "layer_intermediate_sizes": data["intermediate_size"]}
     return minicpm_keys(data) if fam.minicpm else data
 
 
@@ -32,8 +35,12 @@ def minicpm_keys(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -> dict[str, float]:
-    """embed_scale, attn_scale, residual_scale and logit_scale of the family's config keys."""
+    """embed_scale, attn_scale, residual_scale and logit_scale of the family's config keys; Llama 4's query scaling
+    (`query_scale_beta` / `query_scale_length`: rope_parameters' llama_4_scaling_beta, original_max_position_embeddings)."""
     out: dict[str, float] = {}
+    rope = rope_params(data)[0] if fam.attn_scale == "llama4" else {}
+    if rope.get("llama_4_scaling_beta"):  # the scores' scale stays head_dim ** -0.5
+        out.update(query_scale_beta=float(rope["llama_4_scaling_beta"]), query_scale_length=int(rope["original_max_position_embeddings"]))
     if fam.embed_scale == "sqrt_hidden":
         out["embed_scale"] = math.sqrt(hidden)
     elif fam.embed_scale:
@@ -42,7 +49,7 @@ def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -
         out["attn_scale"] = float(data.get("query_pre_attn_scalar") or head_dim) ** -0.5
     elif fam.attn_scale == "unit":  # q/k norms alone scale the scores (Gemma 4)
         out["attn_scale"] = 1.0
-    elif fam.attn_scale:
+    elif fam.attn_scale and fam.attn_scale != "llama4":
         out["attn_scale"] = float(data[fam.attn_scale])
     if fam.residual_key:
         out["residual_scale"] = float(data.get(fam.residual_key, 1.0))
@@ -60,6 +67,13 @@ def kv_heads(data: dict[str, Any], fam: Family, heads: int, source: str) -> int:
     if not data.get(fam.multi_query_key, True):
         raise UnsupportedError(f"{source}: {fam.multi_query_key} false is not supported (a fused qkv stored per head)")
     return 1
+
+
+def placement(data: dict[str, Any], fam: Family) -> str:
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre)."""
+    if not fam.parallel_key or data.get(fam.parallel_key) is None:
+        return fam.placement
+    return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
 
 
 def layer_types_of(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:

@@ -51,6 +51,10 @@ class HybridConfig:
         """The conv1d's channels: q | k | v."""
         return 2 * self.key_dim + self.value_dim
 
+    def fused_sizes(self) -> dict[str, list[int]]:
+        """Rows of the fused roles' parts: q|k|v and z, b and a (Qwen3-Next's in_proj_qkvz / in_proj_ba, split)."""
+        return {"lin_qkvz": [self.conv_dim, self.value_dim], "lin_ba": [self.num_v_heads] * 2}
+
     def conv_state_shape(self) -> tuple[int, int]:
         """A layer's conv state per sequence: the last kernel - 1 conv inputs, [conv_dim, kernel - 1]."""
         return (self.conv_dim, self.conv_kernel - 1)

@@ -204,7 +204,8 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     else:  # read as transformers reads it: old keys converted, defaults filled (models/hf_config.py)
         raw = as_transformers_reads(raw)
     config = config_from_hf(raw, str(folder))
-    check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
+    if not config.act_quant:  # BitNet's packed ternary weights: models/bitnet.py
+        check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
     files = files or _safetensors_files(folder)
     weights = per_expert(stored or SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
     weights = hf_view(weights, family(config.architecture), config.num_attention_heads, config.hybrid)  # e.g. Phi-2's model.final_layernorm

@@ -1,5 +1,5 @@
 """The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
-architecture table (Gemma 3 / 4, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Qwen3.5 / Qwen3.5-MoE), read as that family's
+architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Qwen3.5 / Qwen3.5-MoE), read as that family's
 checkpoint.
 
 The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
@@ -24,11 +24,12 @@ from ..errors import UnsupportedError
 from .architectures import family_name
 from .hf_config import transformers_config
 from .moe_weights import ChunkedExpertSource
+from .soft_tokens import SOFT_TABLE, Part, gemma3n_soft_tokens, soft_token_table
 from .weights import WeightSource
 
 # wrappers read as their text decoder -> the text_config model_types read (None: any family of the table)
 WRAPPERS: dict[str, tuple[str, ...] | None] = {
-    "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "mistral3": None, "llava": None,
+    "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "gemma3n": ("gemma3n_text",), "mistral3": None, "llava": None,
     "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
     "qwen3_vl_moe": ("qwen3_vl_moe_text",), "qwen3_5": ("qwen3_5_text",), "qwen3_5_moe": ("qwen3_5_moe_text",),
 }
@@ -39,7 +40,6 @@ REFUSED_WRAPPERS = {
     "llama4": "Llama 4's text decoder (chunked attention, interleaved MoE layers) is not supported",
     "mllama": "Llama 3.2 Vision's text decoder has cross-attention layers (not supported)",
     "paligemma": "PaliGemma attends to the whole prompt both ways (prefix LM), not causally (not supported)",
-    "gemma3n": "Gemma 3n's text decoder (AltUp, per-layer embeddings, KV sharing) is not supported",
 }
 # top-level parts of a wrapper that are not the language model (under `model.` in transformers 5's saves)
 LEFT_OUT = ("vision_tower", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
@@ -54,6 +54,7 @@ class TextDecoder:
     wrapper: str  # the wrapper's model_type
     config: dict[str, Any]  # the text decoder's config.json keys, model_type a family's of the table
     source: str  # config.json's path (errors)
+    soft_tokens: tuple[Part, ...] = ()  # Gemma 3n: the embedders of its image / audio tokens (models/soft_tokens.py)
 
     def weights(self, stored: WeightSource) -> tuple[WeightSource, str]:
         """(the language model's tensors under the text family's names, the line saying what is left out);
@@ -73,6 +74,9 @@ class TextDecoder:
         parts = sorted({n.removeprefix("model.").split(".", 1)[0] for n in dropped})
         note = f"text decoder only: {', '.join(parts) or 'no other part'} not exported ({len(dropped)} tensors)"
         text = stored.without(dropped).renamed(names)
+        if self.soft_tokens:  # Gemma 3n's image / audio tokens: their embedders' outputs, one table
+            text = text.with_arrays({SOFT_TABLE: soft_token_table(stored, self.soft_tokens)})
+            note += f"; {'/'.join(p[0] for p in self.soft_tokens)} token rows read as {SOFT_TABLE}"
         if self.wrapper == "qwen3_vl_moe":  # its fused experts, per expert as Qwen3-MoE's
             text = ChunkedExpertSource(text, int(self.config["hidden_size"]), int(self.config["moe_intermediate_size"]), self.source)
         return text, note
@@ -107,7 +111,11 @@ def text_decoder(raw: dict[str, Any], source: str) -> TextDecoder | None:
         _plain_rope(text, source)
     if text_type == "qwen3_vl_moe_text":  # its router always renormalises the top k (no norm_topk_prob key)
         text["norm_topk_prob"] = True
-    return TextDecoder(kind, text, source)
+    soft: tuple[Part, ...] = ()
+    if kind == "gemma3n":  # its image / audio tokens' embedders (models/soft_tokens.py)
+        soft = gemma3n_soft_tokens(transformers_config(dict(raw, model_type=kind)), text, source)
+        text["soft_token_offset"] = soft[0][1]
+    return TextDecoder(kind, text, source, soft)
 
 
 def _transformers_text_config(kind: str, raw: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def per_layer_inputs(model: nn.Module, config: ModelConfig, input_ids: torch.Ten
     """Every layer's per-layer input [b, q, layers, P] of the tokens `input_ids` and their scaled embeddings
     `embeds` (`model`: the DecoderModel holding `per_layer_modules`); multipliers rounded to the model dtype."""
     layers, width, dtype = config.num_hidden_layers, config.per_layer_input_size, embeds.dtype
+    if config.per_layer_vocab_size < config.vocab_size:  # Gemma 3n: tokens past the table read its row 0
+        input_ids = torch.where(input_ids < config.per_layer_vocab_size, input_ids, 0)
     tokens = model.embed_tokens_per_layer(input_ids) * torch.tensor(width ** 0.5, dtype=dtype)
     projected = model.per_layer_model_projection(embeds) * torch.tensor(config.hidden_size ** -0.5, dtype=dtype)
     projected = model.per_layer_projection_norm(static_reshape(projected, 0, -1, layers, width))

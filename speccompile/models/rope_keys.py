@@ -1,6 +1,6 @@
 """A config.json's rope keys: transformers 5's `rope_parameters` (maybe one per layer type) or the older
 `rope_theta` / `rope_scaling` ones, read into the rope scaling `ModelConfig` keeps (models/rope.py computes it); and
-gpt-oss' rope from llama.cpp's GGUF metadata, as those keys."""
+gpt-oss' and Ministral 3's yarn rope from llama.cpp's GGUF metadata, as those keys."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def rope_params(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
-    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: models/config.py `_gguf_layer_keys`, period 2). Unless the
+    """gpt-oss' yarn rope from llama.cpp's metadata (its sliding layers: models/gguf_layer_keys.py, period 2). Unless the
     file names them, llama.cpp takes yarn's betas 32 / 1. The correction range is not rounded (`truncate` false,
     as gpt-oss' own config.json and reference code have it); one rope base for every layer."""
     local_base = meta.get(p + "rope.freq_base_swa")
@@ -67,6 +67,24 @@ def gpt_oss_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, An
     if meta.get(p + "rope.scaling.original_context_length"):
         rope["original_max_position_embeddings"] = int(meta[p + "rope.scaling.original_context_length"])
     return {"rope_scaling": rope} if meta.get(p + "rope.scaling.type") == "yarn" else {}
+
+
+def ministral3_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
+    """Ministral 3's yarn rope and query scaling from llama.cpp's `mistral3` metadata: yarn's betas (32 / 1 unless
+    named), `rope.scaling.yarn_log_multiplier` as mscale_all_dim (mscale 1), `attention.temperature_scale` as
+    llama_4_scaling_beta, whose length is the yarn original length (llama.cpp's n_ctx_orig_yarn)."""
+    if meta.get(p + "rope.scaling.type") != "yarn":
+        if meta.get(p + "attention.temperature_scale"):
+            raise UnsupportedError(f"{source}: GGUF mistral3 with {p}attention.temperature_scale but no yarn rope is not supported")
+        return {}
+    rope = {"rope_type": "yarn", "factor": float(meta[p + "rope.scaling.factor"]),
+            "original_max_position_embeddings": int(meta[p + "rope.scaling.original_context_length"]),
+            "beta_fast": float(meta.get(p + "rope.scaling.yarn_beta_fast") or 32.0),
+            "beta_slow": float(meta.get(p + "rope.scaling.yarn_beta_slow") or 1.0), "mscale": 1.0,
+            "mscale_all_dim": float(meta.get(p + "rope.scaling.yarn_log_multiplier") or 0.0)}
+    if meta.get(p + "attention.temperature_scale"):
+        rope["llama_4_scaling_beta"] = float(meta[p + "attention.temperature_scale"])
+    return {"rope_scaling": rope}
 
 
 def layer_rope_bases(data: dict[str, Any], types: list[str], rope_theta: float, source: str) -> dict[str, Any]:

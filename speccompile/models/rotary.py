@@ -34,6 +34,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, config: Mo
     return out if rot == x.shape[-1] else torch.cat((out, x.narrow(last, rot, x.shape[-1] - rot)), dim=last)
 
 
+def query_scale(config: ModelConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Llama 4's query scaling (Ministral 3) [b, 1, q, 1]: 1 + beta log(1 + floor(position / length)) in float32 (as
+    transformers), in `dtype`; None without it. Per position, so it commutes with rope and scales a query anywhere after
+    its norms."""
+    if not config.query_scale_beta:
+        return None
+    floor = torch.floor(position_ids.to(torch.float32) / config.query_scale_length)
+    return (1 + config.query_scale_beta * torch.log(1 + floor))[:, None, :, None].to(dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables computed from explicit position ids (so tree nodes can share a position)."""
 
@@ -45,6 +55,7 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer("long_inv_freq", torch.from_numpy(rope.rope_inv_freq(config, kind, long=True)), persistent=False)
         self.interleaved = config.rope_interleaved
         self.factor = rope.rope_attention_factor(config, kind)
+        self.reversed = config.rope_reversed  # nanochat: the rotation by -angle (sin negated)
 
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         pos = position_ids.to(torch.float32).unsqueeze(-1)
@@ -53,9 +64,10 @@ class RotaryEmbedding(nn.Module):
             freqs = torch.where(position_ids.unsqueeze(-1) < self.long_start, freqs, pos * self.long_inv_freq)
         emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat((freqs, freqs), dim=-1)
         emb = emb.unsqueeze(1)  # [b, 1, q, d]
+        sin = -emb.sin() if self.reversed else emb.sin()
         if self.factor == 1.0:
-            return emb.cos().to(dtype), emb.sin().to(dtype)
-        return (emb.cos() * self.factor).to(dtype), (emb.sin() * self.factor).to(dtype)
+            return emb.cos().to(dtype), sin.to(dtype)
+        return (emb.cos() * self.factor).to(dtype), (sin * self.factor).to(dtype)
 
 
 def bound_positions(module: nn.Module, positions: int) -> None:

@@ -116,6 +116,28 @@ class WeightSource(ABC, Mapping[str, np.ndarray]):
         return _Renamed(self, dict(names)) if names else self
 
 
+    def with_arrays(self, arrays: Mapping[str, Any]) -> "WeightSource":
+        """This source plus `arrays` (in memory) under their names."""
+        return _Joined(self, ArraySource(arrays))
+
+
+class _Joined(WeightSource):
+    def __init__(self, inner: WeightSource, extra: WeightSource):
+        self._inner, self._extra = inner, extra
+
+    def _of(self, name: str) -> WeightSource:
+        return self._extra if name in self._extra.names() else self._inner
+
+    def info(self, name: str) -> TensorInfo:
+        return self._of(name).info(name)
+
+    def read(self, name: str) -> np.ndarray:
+        return self._of(name).read(name)
+
+    def names(self) -> list[str]:
+        return [*self._inner.names(), *self._extra.names()]
+
+
 class _Renamed(WeightSource):
     def __init__(self, inner: WeightSource, names: dict[str, str]):
         self._inner = inner
