@@ -5,6 +5,8 @@ INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hyb
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -200,6 +202,11 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
     assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists() and not (tmp_path / "trt").exists()
+    from speccompile.models.config import config_from_hf
+
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    with pytest.raises(UnsupportedError, match="every layer is linear_attention"):
+        config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json")
     make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
     done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

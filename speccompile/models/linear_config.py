@@ -66,8 +66,8 @@ class HybridConfig:
 
 def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a hybrid checkpoint's config.json: `hybrid` (layer_types, else every
-    full_attention_interval-th layer full, as transformers), the output gate; other layer kinds and a
-    hidden_act other than SiLU (the conv's and the gated norm's activation) are refused."""
+    full_attention_interval-th layer full, as transformers), the output gate; other layer kinds, no full-attention
+    layer at all and a hidden_act other than SiLU (the conv's and the gated norm's activation) are refused."""
     types = data.get("layer_types")
     if not types:
         interval = int(data.get("full_attention_interval") or 4)
@@ -81,6 +81,9 @@ def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     hybrid = HybridConfig(linear=[t == "linear_attention" for t in types], num_k_heads=int(data["linear_num_key_heads"]),
                           num_v_heads=int(data["linear_num_value_heads"]), k_dim=int(data["linear_key_head_dim"]),
                           v_dim=int(data["linear_value_head_dim"]), conv_kernel=int(data.get("linear_conv_kernel_dim") or 4))
+    if all(hybrid.linear):  # the runtime's sessions key off the KV inputs (every Qwen3-Next / Qwen3.5 has full layers)
+        raise UnsupportedError(f"{source}: a hybrid linear-attention model whose every layer is linear_attention (no "
+                               "full_attention layer) is not supported")
     if hybrid.num_v_heads % hybrid.num_k_heads:
         raise UnsupportedError(f"{source}: linear_num_value_heads not a multiple of linear_num_key_heads is not supported")
     return dict(hybrid=hybrid, attn_output_gate=True)
