@@ -68,7 +68,7 @@ def test_hidden_state_taps(tmp_path):
         # taps are the inputs of layers (2, L//2, L-3): recompute by hand
         x = final.model.embed_tokens(ids)
         cos, sin = final.model.rotary_emb(pos, x.dtype)
-        from speccompile.models.decoder import mask_to_bias
+        from speccompile.models.masks import mask_to_bias
 
         bias = mask_to_bias(causal_mask(5, 0)).unsqueeze(1).repeat(1, 1, 2, 1)  # tiled over the 2 query groups
         taps = []
@@ -135,8 +135,8 @@ def test_config_errors():
         config_from_gguf(grouped, True, False, "m.gguf")  # llama.cpp's group score is not DeepSeek-V2's
     with pytest.raises(UnsupportedError, match="deepseek2.expert_gating_func 4 is not supported"):
         config_from_gguf({**grouped, "deepseek2.expert_gating_func": 4}, True, False, "m.gguf")
-    with pytest.raises(UnsupportedError, match="qwen3_next.*linear attention"):
-        config_from_hf({"model_type": "qwen3_next"}, "cfg")
+    with pytest.raises(UnsupportedError, match="lara_mini.*linear attention"):
+        config_from_hf({"model_type": "lara_mini"}, "cfg")
     with pytest.raises(InputError, match="missing required key"):
         config_from_hf({"model_type": "llama"}, "cfg")
     with pytest.raises(UnsupportedError, match="rope_scaling type 'dynamic'"):

@@ -147,6 +147,9 @@ def _check_source(src: Path, manifest: Manifest, options: BuildOptions) -> None:
     if manifest.precision.get("target", {}).get("scheme") and options.precision != "none":
         raise InputError(f"{src}: the target is already quantized ({manifest.precision['target']['scheme']}); build from the unquantized export")
     manifest.graph("target")  # must exist
+    if not options.onnx_only and any(t.name.startswith("past_state.") for t in manifest.graph("target").inputs):
+        raise InputError(f"{src}: a hybrid linear-attention target runs on ort-cpu only: build it with --onnx-only "
+                         "(no TensorRT engines)", "onnx_only")
 
 
 def _tensorrt_setup(options: BuildOptions) -> tuple:

@@ -95,6 +95,9 @@ def prefill_feeds(spec: GraphSpec, ids: Sequence[int] | np.ndarray) -> dict[str,
         if t.name.startswith("past_key_values"):
             dtype = np.float16 if t.dtype == "float16" else np.float32
             feeds[t.name] = np.zeros((b, int(t.shape[1]), 0, int(t.shape[3])), dtype=dtype)
+        elif t.name.startswith("past_state."):  # hybrid linear attention: the states before the first token
+            feeds[t.name] = np.zeros((b, *(1 if isinstance(d, str) else int(d) for d in t.shape[1:])),  # (one zero pending row)
+                                     dtype=np.float16 if t.dtype == "float16" else np.float32)
     return feeds
 
 

@@ -33,11 +33,13 @@ from .activations import activation
 from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
 from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
-from .graph_builder import INT64_MAX, GraphBuilder, value
+from .graph_builder import GraphBuilder, value
+from .linear_ops import gated, gated_qkv, linear_layer, state_values
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, latent_scores
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
+from .rope_ops import rope
 from .chunk_ops import before_chunk
 from .recipes import (EMBED, LM_HEAD, POSITIONS, ELEM, DecoderWeights, Recipe, altup_recipes, final_norm_recipe, layer_recipe, layer_roles,
                       np_dtype, per_layer_recipes, position_recipes, top_bias_recipes)
@@ -89,6 +91,7 @@ class _Graph:
     new_rows: dict[int, tuple[str, str]] = field(default_factory=dict)  # layer -> its pass's roped k / v (KV sharing)
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
     query_scale: str = ""  # Llama 4's query scaling [b, 1, q, 1] (export/query_scale.py), or none
+    gates: dict[int, str] = field(default_factory=dict)  # layer -> its attention output gate (gated attention)
 
     @property
     def elem(self) -> int:
@@ -139,7 +142,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         if i in model.aux_layers:
             taps.append(active_stream(g.emitter("/altup"), x) if cfg.altup_inputs else x)
         x = _layer(g, i, x)
-        presents += [f"present.{i}.key", f"present.{i}.value"]
+        presents += [f"present{'_state' if cfg.linear(i) else ''}.{i}.{kind}" for kind in (("conv", "recurrent", "rows") if cfg.linear(i) else ("key", "value"))]
     x = altup_merge(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)
@@ -153,7 +156,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
               value("position_ids", TensorProto.INT64, ["batch", "q_len"]),
               value("attention_mask", TensorProto.BOOL, ["batch", "q_len", "total_len"])]
     for i in range(count):
-        inputs += [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
+        inputs += state_values(cfg, i, g.elem, past=True) if cfg.linear(i) else [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
                    for kind in ("key", "value")]
     return b.model("main_graph", inputs, graph_outputs, {"": OPSET})
 
@@ -248,7 +251,9 @@ def _layer(g: _Graph, i: int, x: str) -> str:
     if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
-    x = add(x, norm("post_attn_norm", _attention(g, i, norm("input_norm", x))))
+    mixer = (lambda h: linear_layer(g.emitter(f"{scope}/linear_attn"), cfg, i, h, lambda role: g.role(i, role))) if cfg.linear(i) \
+        else (lambda h: _attention(g, i, h))
+    x = add(x, norm("post_attn_norm", mixer(norm("input_norm", x))))
     x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))
     if cfg.per_layer_input_size:
         x = per_layer_block(g.emitter(f"{scope}/per_layer"), cfg, i, x, g.per_layer, lambda role: g.role(i, role),
@@ -305,7 +310,9 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     qkv = b.one(s, "MatMul", [h, g.role(i, "qkv")])
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
-    if cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
+    if cfg.attn_output_gate:  # gated attention: q rows doubled (per head q, gate), the gate kept for the output
+        q, g.gates[i], k, v = gated_qkv(g.emitter(s), "", qkv, heads, kv_heads, dim)
+    elif cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
         q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
     else:
@@ -396,6 +403,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
+    out = gated(g.emitter(s), out, g.gates.get(i, ""))  # gated attention (export/linear_ops.py)
     out = b.one(f"{s}/o_proj", "MatMul", [_projected(g, i, "attn_sub_norm", out, s), g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 
@@ -422,24 +430,5 @@ def _with_sinks(g: _Graph, i: int, s: str, scores: str, q: str) -> str:
 
 
 def _rope(g: _Graph, scope: str, x: str, kind: str, cfg: ModelConfig | None = None) -> str:
-    """x * cos + rotate(x) * sin over the first rope_dim dims (the rest pass through); rotate(x) = [-x2, x1] of
-    the halves, or of each (x0, x1) pair when interleaved (constant slice bounds). `cfg`: the layer's (its head_dim)."""
-    b, cfg = g.b, cfg or g.model.config
-    cos, sin = g.rotary[kind]
-    rot, axis, step = cfg.rope_dim, b.const(scope, [3]), b.const(scope, [1])
-    part = x if rot == cfg.head_dim else b.one(scope, "Slice", [x, b.const(scope, [0]), b.const(scope, [rot]), axis, step])
-    if cfg.rope_interleaved:
-        pairs = b.one(scope, "Reshape", [part, b.const(scope, [0, 0, 0, -1, 2])])
-        even, odd = b.op(scope, "Split", [pairs, b.const(scope, [1, 1])], 2, axis=-1)
-        rotated = b.one(scope, "Reshape", [b.one(scope, "Concat", [b.one(scope, "Neg", [odd]), even], axis=-1),
-                                           b.const(scope, [0, 0, 0, rot])])
-    else:
-        half = rot // 2
-        upper = b.one(scope, "Slice", [part, b.const(scope, [half]), b.const(scope, [INT64_MAX]), axis, step])
-        lower = b.one(scope, "Slice", [part, b.const(scope, [0]), b.const(scope, [half]), axis, step])
-        rotated = b.one(scope, "Concat", [b.one(scope, "Neg", [upper]), lower], axis=-1)
-    out = b.one(scope, "Add", [b.one(scope, "Mul", [part, cos]), b.one(scope, "Mul", [rotated, sin])])
-    if rot == cfg.head_dim:
-        return out
-    rest = b.one(scope, "Slice", [x, b.const(scope, [rot]), b.const(scope, [INT64_MAX]), axis, step])
-    return b.one(scope, "Concat", [out, rest], axis=-1)
+    """`x` through the rope of `kind` (export/rope_ops.py); `cfg`: the layer's (its head_dim)."""
+    return rope(g.b, scope, x, *g.rotary[kind], cfg or g.model.config)

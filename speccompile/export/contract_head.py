@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto
 
 from .graph_builder import GraphBuilder, value
+from .linear_ops import state_values
 from .recipes import DecoderWeights
 
 
@@ -16,8 +17,12 @@ def outputs(model: DecoderWeights, elem: int, presents: list[str], taps: int) ->
     """logits, the presents (each its layer's shape, in `elem`) and the hidden-state outputs, as graph output values."""
     cfg = model.config
     outputs = [value("logits", TensorProto.FLOAT, ["batch", "q_len", cfg.vocab_size])]
-    outputs += [value(name, elem, ["batch", cfg.layer(int(name.split(".")[1])).num_key_value_heads, "total_len",
-                                     cfg.layer(int(name.split(".")[1])).head_dim]) for name in presents]
+    for name in presents:
+        layer = int(name.split(".")[1])
+        if cfg.linear(layer):  # a gated delta net's states after each row (export/linear_ops.py)
+            outputs += [v for v in state_values(cfg, layer, elem, past=False) if v.name == name]
+        else:
+            outputs.append(value(name, elem, ["batch", cfg.layer(layer).num_key_value_heads, "total_len", cfg.layer(layer).head_dim]))
     if model.hidden_states == "final":
         outputs.append(value("hidden_states", elem, ["batch", "q_len", cfg.hidden_size]))
     elif model.hidden_states == "eagle3":

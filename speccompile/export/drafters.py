@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..errors import InputError
+from ..errors import InputError, UnsupportedError
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.load import LoadedModel
 from ..draft_config import DraftConfig
@@ -113,6 +113,10 @@ def export_draft_model(request: DrafterRequest, target: LoadedModel, out_dir: Pa
     from .decoder_graph import DecoderWeights, export_decoder
 
     draft = load_model(request.path)
+    if draft.config.hybrid is not None:  # a draft model's cache rolls back the drafts the target rejects: states cannot
+        raise UnsupportedError(f"drafter draft-model:{request.path}: a hybrid linear-attention model "
+                               f"({draft.config.architecture}) as a draft model is not supported (its recurrent states "
+                               "cannot roll back rejected drafts)", "drafter")
     _check_same_tokenizer(draft, out_dir, request.path)
     max_context = request.max_context or draft.config.max_position_embeddings
     weights = DecoderWeights(draft.config, draft.weights, "none", max_context=max_context)

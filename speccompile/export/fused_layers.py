@@ -19,13 +19,14 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
+from .linear_ops import gated, gated_qkv, linear_block
 from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
 from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
-from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, skip_norm
+from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, rotary_names, skip_norm
 from .chunk_ops import sliding_bias
 from .recipes import ELEM, DecoderWeights, Recipe, final_norm_recipe, layer_recipe, np_dtype, per_layer_recipes, top_bias_recipes
 from .weight_store import WeightStore
@@ -47,6 +48,7 @@ class _Fused:
     per_layer: str = ""  # every layer's per-layer input [b, q, layers, P] (PLE)
     query_scale: str = ""  # Llama 4's query scaling [b, q, 1] (export/query_scale.py), or none
     named: set[str] = field(default_factory=set)  # the initializers written
+    gates: dict[int, str] = field(default_factory=dict)  # layer -> its attention output gate (gated attention)
 
     @property
     def elem(self) -> int:
@@ -78,12 +80,6 @@ class _Fused:
 
 _WEIGHT_NAMES = {"input_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight",
                  "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
-
-
-def rotary_names(kind: str) -> list[str]:
-    """The cos / sin cache initializers of rotary table `kind`."""
-    prefix = "rotary" if kind == "global" else f"rotary_{kind}"
-    return [f"{prefix}.cos_cache", f"{prefix}.sin_cache"]
 
 
 class _Norms:
@@ -177,6 +173,8 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
                      slots: SlotInputs | None) -> tuple[str, list[str]]:
     """Layer i's attention on the normed input `h` through o_proj (and its bias); returns (output, present names)."""
     cfg, n = f.model.config, f.n
+    if cfg.linear(i):  # a gated delta net (export/linear_ops.py): its states instead of KV buffers
+        return linear_block(f.emitter(), cfg, i, h, lambda role: f.layer_weight(i, f"linear_attn.{role}", role))
     w_uk, w_uv = absorbed(f.emitter(), cfg, i) if cfg.mla else ("", "")  # kv_b_proj's per-head slices
     a = _projected(f, i, "", h)  # BitNet: through int8 and back
     query = _latent_qkv(f, i, a, norms, w_uk) if cfg.mla else _qkv(f, i, a, norms) if cfg.kv_source(i) is None else \
@@ -188,6 +186,7 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
     if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
         heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
         out = latent_output(f.emitter(), cfg, heads, w_uv)
+    out = gated(f.emitter(), out, f.gates.get(i, ""))  # gated attention (export/linear_ops.py)
     attn = n("MatMul", [_projected(f, i, "attn_sub_norm", out), f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
     if cfg.o_proj_bias:
         attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
@@ -249,10 +248,12 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
     qkv = n("MatMul", [h, f.layer_weight(i, "self_attn.qkv.weight_t", "qkv")])[0]
     if cfg.attention_bias:
         qkv = n("Add", [qkv, f.layer_weight(i, "self_attn.qkv.bias", "qkv_bias")])[0]
-    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources or cfg.query_scale_beta):  # KV sharing, q scaled: apart
+    if not (cfg.qk_norm or cfg.v_norm or cfg.values_are_keys(i) or cfg.kv_sources or cfg.query_scale_beta or cfg.attn_output_gate):  # apart
         return [qkv, "", ""]
     pre = f"layers.{i}"
-    if cfg.values_are_keys(i):
+    if cfg.attn_output_gate:  # q rows doubled (per head q, gate): the gate kept for the attention's output
+        q, f.gates[i], k, v = gated_qkv(f.emitter(), f"{pre}.qkv_split", qkv, heads, kv_heads, dim)
+    elif cfg.values_are_keys(i):
         q, k = n("Split", [qkv, f.const(f"{pre}.qk_split", [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
     else:

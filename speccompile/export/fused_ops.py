@@ -227,3 +227,9 @@ def window_bias(n: Nodes, const, bias: str, positions: str, window: int) -> str:
     query = n("Unsqueeze", [positions, const("window.axes", [1, 3])])[0]
     far = n("GreaterOrEqual", [n("Sub", [query, slots])[0], const("window.size", window)])[0]
     return n("Where", [far, const("window.min", FLOAT_MIN, np.float32), bias])[0]
+
+
+def rotary_names(kind: str) -> list[str]:
+    """The cos / sin cache initializers of rotary table `kind`."""
+    prefix = "rotary" if kind == "global" else f"rotary_{kind}"
+    return [f"{prefix}.cos_cache", f"{prefix}.sin_cache"]

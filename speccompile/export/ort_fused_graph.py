@@ -49,9 +49,10 @@ from ..models.rope import long_rope_start, rope_attention_factor, rounded_inv_fr
 from ..onnx_versions import installed_onnxruntime, onnxruntime_loads
 from ..weights_file import WeightsWriter
 from .contract_graph import contract_names
-from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, attention_lift, GpuSlotInputs, OneRowPadding, SlotInputs
-from .fused_layers import _Fused, decoder_layers, rotary_names
+from .fused_ops import BATCH, MS_DOMAIN, PAD_INPUT, WIDE_HEAD_DIM, attention_lift, GpuSlotInputs, OneRowPadding, SlotInputs, rotary_names
+from .fused_layers import _Fused, decoder_layers
 from .graph_builder import value
+from .linear_ops import state_values
 from .onnx_export import check_graph_bounded, graph_interface, save_graph
 from .recipes import EMBED, LM_HEAD, POSITIONS, DecoderWeights, Recipe, np_dtype, position_recipes, top_bias_recipes
 from .weight_store import WeightStore, stored_by_recipe
@@ -215,6 +216,9 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)
     inputs = slot_inputs.values() if slot_inputs is not None else _pass_inputs(target)
     for i in range(count):
+        if model.config.linear(i):  # a gated delta net's committed states (export/linear_ops.py; no slotted form)
+            inputs += state_values(model.config, i, f.elem, past=True)
+            continue
         cache_shape = _cache_shape(model.config.layer(i), slots)
         for b in range(slots or 1):
             past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
@@ -316,7 +320,8 @@ def _tied_head_table(f: _Fused, embed: str) -> str:
 
 def _kv_and_hidden_outputs(f: _Fused, presents: list[str], final: str, taps: list[str], slots: int) -> list[onnx.ValueInfoProto]:
     cfg = f.model.config
-    outputs = [value(name, f.elem, _cache_shape(cfg.layer(int(name.split(".")[1])), slots)) for name in presents]
+    outputs = [value(name, f.elem, _cache_shape(cfg.layer(int(name.split(".")[1])), slots)) if name.startswith("present.") else
+               next(v for v in state_values(cfg, int(name.split(".")[1]), f.elem, past=False) if v.name == name) for name in presents]
     if f.model.hidden_states == "final":
         f.n("Identity", [final], ["hidden_states"])
         outputs.append(value("hidden_states", f.elem, [BATCH, "q_len", cfg.hidden_size]))

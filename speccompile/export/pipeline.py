@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError, check_at_least, check_one_of
 from ..manifest import Manifest, remember_verified
 from .cpu_draft_weights import DRAFT_WEIGHTS
+from .linear_ops import check_hybrid_export
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for, target_taps_for
 from .ort_fused_graph import add_fused_variant
 from .output_size import check_disk_space, drafter_estimate, estimate_export_bytes
@@ -52,6 +54,10 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
     if model.left_out:  # a multimodal checkpoint's towers: "text decoder only: vision_tower, ... not exported"
         progress(model.left_out)
     cfg = model.config
+    if cfg.hybrid is not None:  # docs/DESIGN.md "Hybrid linear attention": the contract graph alone, fp32, chains
+        check_hybrid_export(cfg, options.dtype, request.kind if request else None)
+        options = dataclasses.replace(options, gpu_graph=False, batch_slots=0)
+        progress(f"{cfg.architecture}: hybrid linear attention: no GPU or slotted graph (chains on ort-cpu)")
     max_context = options.max_context or cfg.max_position_embeddings
     if cfg.position_embeddings and max_context > cfg.max_position_embeddings:  # no row of the learned table past it
         raise InputError(f"max_context {max_context}: {cfg.architecture} has learned positions for "

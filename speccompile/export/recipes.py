@@ -93,7 +93,7 @@ FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
-              "altup_router", "altup_predict", "altup_correct"}  # MatMul weights [in, out]
+              "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -175,10 +175,16 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES},
                 "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
                 **{role: [(h,)] for role in BESIDE_ROLES}, "attn_sub_norm": [(q,)], "ffn_sub_norm": [(inter,)], **_altup_shapes(c)}
+    if c.attn_output_gate:  # gated attention: q_proj gives q and the gate
+        per_role["qkv"] = [(2 * q, h), (kv, h), (kv, h)]
+    if c.hybrid is not None:
+        per_role.update(_linear_shapes(c))
     if c.mla:
         per_role.update(_mla_shapes(c))
         per_role["o_proj"] = [(h, c.num_attention_heads * c.v_head_dim)]
     fused = {"qkv": [(q + 2 * kv, h)], "gate_up": [(2 * inter, h)], "qkv_bias": [(q + 2 * kv,)]}
+    if c.hybrid is not None:  # Qwen3-Next's in_proj_qkvz / in_proj_ba
+        fused.update(lin_qkvz=[(c.hybrid.conv_dim + c.hybrid.value_dim, h)], lin_ba=[(2 * c.hybrid.num_v_heads, h)])
     shapes: dict[str, tuple[int, ...]] = {}
     names = layer_sources(config, i)
     shared = c.kv_source(i) is not None  # KV sharing: q_proj alone (its shape first among qkv's)
@@ -189,6 +195,14 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     if c.moe is not None and c.moe.is_moe(i):
         shapes.update(c.moe.shapes(i, h))
     return shapes
+
+
+def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
+    """The shapes of a gated delta net's roles (models/linear_config.py LINEAR_NAMES)."""
+    hy, h = c.hybrid, c.hidden_size
+    return {"lin_qkvz": [(hy.conv_dim, h), (hy.value_dim, h)], "lin_ba": [(hy.num_v_heads, h)] * 2,
+            "lin_conv": [(hy.conv_dim, 1, hy.conv_kernel)], "lin_a_log": [(hy.num_v_heads,)], "lin_dt_bias": [(hy.num_v_heads,)],
+            "lin_norm": [(hy.v_dim,)], "lin_out": [(h, hy.value_dim)]}
 
 
 def _altup_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:

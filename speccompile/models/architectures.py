@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES
+
 LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "input_norm": ("input_layernorm.weight",),
     "qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
@@ -170,6 +172,7 @@ class Family:
     embed_norm: bool = False  # the final norm also normalises the embeddings before layer 0 (nanochat)
     rope_reversed: bool = False  # rope turned the other way: rotate_half [x2, -x1], i.e. sin negated (nanochat)
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
+    hybrid: bool = False  # gated delta net layers beside gated full attention (models/linear_config.py: Qwen3-Next, Qwen3.5)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -207,6 +210,7 @@ _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multip
 _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attention_bias"},
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
+_HYBRID = dict(hybrid=True, norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
@@ -294,15 +298,13 @@ FAMILIES: dict[str, Family] = {
                          "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),
                          "up_bias": ("mlp.fc1.bias",), "down": ("mlp.fc2.weight",), "down_bias": ("mlp.fc2.bias",)},
                   top_names={"model.final_layernorm.weight": "model.norm.weight", "model.final_layernorm.bias": "model.norm.bias"}),
-    # Pythia / GPT-NeoX-20B: two norms of the same input (parallel2) unless use_parallel_residual is false, a fused
-    # qkv stored per head, biases everywhere, exact GELU, partial rotary (halves), an untied embed_out
+    # Pythia / GPT-NeoX-20B: two norms of the same input (parallel2) unless use_parallel_residual is false, a fused qkv stored per head, biases everywhere, exact GELU, partial rotary (halves), an untied embed_out
     "gpt_neox": Family(("gpt_neox", "gptneox"), gguf=_NEOX_GGUF, gguf_keys={"use_parallel_residual": "use_parallel_residual"}, norm="layer", norm_bias=True, placement="parallel2", parallel_key="use_parallel_residual",
                        attention_bias=True, o_bias=True, bias_keys={"o": "attention_bias"}, mlp_gated=False, mlp_bias=True,
                        mlp_act="gelu", act_key="hidden_act", names=_NEOX_NAMES, prefix="gpt_neox.", qkv_per_head=True,
                        top_names={"model.embed_in.weight": "model.embed_tokens.weight", "model.final_layer_norm.weight": "model.norm.weight",
                                   "model.final_layer_norm.bias": "model.norm.bias", "embed_out.weight": "lm_head.weight"}),
-    # Command R v1: Cohere 2's parallel LayerNorm block without sliding layers; its per-head q/k LayerNorms (a gain per
-    # head: Command R+) are not built
+    # Command R v1: Cohere 2's parallel LayerNorm block without sliding layers; its per-head q/k LayerNorms (a gain per head: Command R+) are not built
     "cohere": Family(("cohere", "command-r"), norm="layer", placement="parallel", rope_interleaved=True, logit_key="logit_scale",
                      gguf_keys={"logit_scale": "logit_scale"}, bias_keys={"o": "attention_bias"}, refused_keys=("use_qk_norm",)),
     # GLM-4-9B (older than glm4): pre norms, q/k/v biases, interleaved partial rotary, a fused gate_up_proj
@@ -333,8 +335,7 @@ FAMILIES: dict[str, Family] = {
     # softmax top k renormalised (router mlp.gate.wg), a shared MLP (mlp.shared_mlp) added ungated
     "hunyuan_v1_dense": Family(("hunyuan_v1_dense", "hunyuan-dense"), **_HUNYUAN),  # llama.cpp: alpha folded into freq_base
     "hunyuan_v1_moe": Family(("hunyuan_v1_moe",), moe="hunyuan_v1_moe", **_HUNYUAN),
-    # Apertus: q/k norms per head, a plain MLP with xIELU (or the hidden_act it names), Llama's norms under other names
-    # Apertus 1.5 (apertus1p5_text): the same layers; an LM head pruned to fewer rows (output_vocab_size) is not built
+    # Apertus: q/k norms per head, a plain MLP with xIELU (or the hidden_act it names), Llama's norms under other names Apertus 1.5 (apertus1p5_text): the same layers; an LM head pruned to fewer rows (output_vocab_size) is not built
     "apertus": Family(("apertus", "apertus1p5_text"), mlp_gated=False, mlp_act="xielu", act_key="hidden_act", qk_norm="head",
                       refused_keys=("output_vocab_size",),
                       bias_keys={"o": "attention_bias"}, names={"input_norm": ("attention_layernorm.weight",),
@@ -367,23 +368,19 @@ FAMILIES: dict[str, Family] = {
                                "q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
                                **{k: v for k, v in _NEOX_NAMES.items() if k.startswith(("up", "down"))}},
                         top_names={f"model.final_layernorm.{x}": f"model.norm.{x}" for x in ("weight", "bias")}),
-    # Granite SWA (granite_swa, granitemoe_swa): Granite / Granite-MoE-Shared with sliding layers, attention sinks and a rope
-    # base per layer (layer_rope_theta, 0: no rope)
+    # Granite SWA (granite_swa, granitemoe_swa): Granite / Granite-MoE-Shared with sliding layers, attention sinks and a rope base per layer (layer_rope_theta, 0: no rope)
     "granite_swa": Family(("granite_swa",), **_GRANITE, attn_sinks=True, bias_keys={"o": "attention_bias"}),
     "granitemoe_swa": Family(("granitemoe_swa",), **_GRANITE, attn_sinks=True, bias_keys={"o": "attention_bias"}, moe="granitemoe"),
-    # HyperCLOVA X: Granite's multipliers (the logits multiplied) in sandwich norms (post_norm1 / post_norm2; pre norms when
-    # use_post_norm is false)
+    # HyperCLOVA X: Granite's multipliers (the logits multiplied) in sandwich norms (post_norm1 / post_norm2; pre norms when use_post_norm is false)
     "hyperclovax": Family(("hyperclovax",), **{**_GRANITE, "logit_key": "logits_scaling"}, placement="sandwich",
                           parallel_key="use_post_norm", bias_keys={"o": "attention_bias"},
                           names={"post_attn_norm": ("post_norm1.weight",), "post_mlp_norm": ("post_norm2.weight",)}),
     # Mellum: Qwen3-MoE's attention and routing, sliding layers with their own rope base, dense layers by mlp_layer_types
     "mellum": Family(("mellum",), qk_norm="head", moe="qwen3_moe", bias_keys={"o": "attention_bias"}),
-    # Flint: Qwen3-MoE's attention with sinks, no rope on full-attention layers; sigmoid top k renormalised, an ungated
-    # shared expert, dense mlp_only_layers
+    # Flint: Qwen3-MoE's attention with sinks, no rope on full-attention layers; sigmoid top k renormalised, an ungated shared expert, dense mlp_only_layers
     "flint": Family(("flint",), qk_norm="head", attn_sinks=True, global_nope=True, moe="flint", bias_keys={"o": "attention_bias"},
                     names={"sinks": ("self_attn.softmax_offset",)}),
-    # Hy3 (hy_v3): per-head q/k norms; DeepSeek-V3's sigmoid routing in one group (router mlp.router.gate, score bias
-    # mlp.expert_bias, scaled by router_scaling_factor), ungated shared experts (mlp.shared_mlp), dense layers by mlp_layer_types
+    # Hy3 (hy_v3): per-head q/k norms; DeepSeek-V3's sigmoid routing in one group (router mlp.router.gate, score bias mlp.expert_bias, scaled by router_scaling_factor), ungated shared experts (mlp.shared_mlp), dense layers by mlp_layer_types
     # Sarvam-MoE, Param2-MoE: GLM-4.5's layers (full rotary by default) in Ling's names (word_embeddings, a fused
     # attention.query_key_value, attention.dense, query_layernorm / key_layernorm, the score bias gate.expert_bias)
     "sarvam_moe": Family(("sarvam_moe", "param2moe"), qk_norm_key="use_qk_norm", moe="deepseek_v3",
@@ -393,6 +390,10 @@ FAMILIES: dict[str, Family] = {
                                 "k_norm": ("attention.key_layernorm.weight",)},
                          top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
+    # Qwen3-Next, Qwen3.5 (text; MoE): gated delta nets, gated full attention, zero-centred gains (models/linear_config.py)
+    "qwen3_next": Family(("qwen3_next",), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
+    "qwen3_5": Family(("qwen3_5_text",), **_HYBRID, names=LINEAR_NAMES),
+    "qwen3_5_moe": Family(("qwen3_5_moe_text",), **_HYBRID, moe="qwen2_moe", names=LINEAR_NAMES),
     # GPT-J: attention and a plain gelu_new MLP with biases on one biased LayerNorm (parallel), interleaved partial rotary
     # (rotary_dim), no attention biases, an lm_head bias; GPT-2's config keys (n_embd, n_inner None: 4 x n_embd)
     "gptj": Family(("gptj",), norm="layer", norm_bias=True, placement="parallel", rope_interleaved=True, mlp_gated=False,
@@ -403,8 +404,7 @@ FAMILIES: dict[str, Family] = {
                           "down": ("mlp.fc_out.weight",), "down_bias": ("mlp.fc_out.bias",)},
                    top_names={"model.wte.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight",
                               "model.ln_f.bias": "model.norm.bias"}),
-    # GPT-2 / DistilGPT-2: learned absolute positions (wpe; every layer without rope), pre biased LayerNorms, a fused
-    # c_attn (q | k | v) and c_proj with biases, a plain gelu_new MLP with biases, Conv1D weights stored [in, out]
+    # GPT-2 / DistilGPT-2: learned absolute positions (wpe; every layer without rope), pre biased LayerNorms, a fused c_attn (q | k | v) and c_proj with biases, a plain gelu_new MLP with biases, Conv1D weights stored [in, out]
     "gpt2": Family(("gpt2",), conv1d=True, refused_keys=("scale_attn_by_inverse_layer_idx",), **_GPT2),
     # OPT: learned positions (table row = position + 2), pre biased LayerNorms, q/k/v/o biases, a plain ReLU MLP with
     # biases (fc1 / fc2), a tied head; post-norm blocks (do_layer_norm_before false) and project_in / project_out refused

@@ -14,10 +14,11 @@ from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields, bitnet_gguf_keys
 from .llama4 import llama4_fields
-from .layer_keys import family_keys, kv_heads, multipliers, placement
+from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
+from .linear_config import LINEAR_ROLES, HybridConfig, hybrid_from_hf
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
@@ -115,10 +116,18 @@ class ModelConfig:
     act_quant: bool = False  # every projection's input per token through int8 and back (BitNet's BitLinear: models/bitnet.py)
     embed_norm: bool = False  # the final norm (its gain) also normalises the embeddings before layer 0 (nanochat)
     rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
+    hybrid: HybridConfig | None = None  # gated delta net layers (models/linear_config.py; None: attention only)
+    attn_output_gate: bool = False  # q_proj doubled (per head q, gate): attention output times sigmoid(gate) (Qwen3-Next)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
             self.moe = MoeConfig(**self.moe)
+        if isinstance(self.hybrid, dict):
+            self.hybrid = HybridConfig(**self.hybrid)
+
+    def linear(self, layer: int) -> bool:
+        """Layer `layer` is a gated delta net (hybrid linear attention) instead of attention."""
+        return self.hybrid is not None and self.hybrid.linear[layer]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -185,6 +194,8 @@ class ModelConfig:
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
+        if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
+            roles = [*LINEAR_ROLES, *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias"))]
         altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
         return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
             + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms + altup
@@ -221,28 +232,6 @@ def _eos_list(value: Any) -> list[int]:
     return [] if value is None else [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _layer_types(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:
-    """Per-layer attention kinds and the window (no sliding layers: [], 0)."""
-    window = data.get("sliding_window")
-    if not window or (fam.sliding_key and not data.get(fam.sliding_key)):
-        return [], 0
-    types = list(data.get("layer_types") or ["sliding_attention"] * layers)
-    if "sliding_attention" not in types:
-        return [], 0
-    return types, int(window)
-
-
-def _nope_layers(data: dict[str, Any], fam: Family, types: list[str], layers: int) -> list[int]:
-    if fam.learned_positions:  # positions come from the embedding table: no layer ropes
-        return list(range(layers))
-    flags = data.get("no_rope_layers")  # SmolLM3: 1 = rope, 0 = no rope
-    if flags:
-        return [i for i, f in enumerate(flags[:layers]) if not f]
-    if fam.global_nope and types:
-        return [i for i, t in enumerate(types) if t != "sliding_attention"]
-    return []
-
-
 def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[str, bool]:
     """attention_bias (q/k/v), o_proj_bias and mlp_bias from the family's `bias_keys` (else its defaults); a
     use_bias / mlp_bias key the family does not read, or one of its `refused_keys`, is refused."""
@@ -275,7 +264,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
                        source: str) -> dict[str, Any]:
     """The ModelConfig fields of the family's layer description, read from a config.json."""
     rope, local = rope_params(data)
-    types, window = _layer_types(data, fam, layers)
+    types, window = layer_types_of(data, fam, layers)
     partial = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 1.0)))
     if rope.get("rope_type") == "proportional":  # the whole head turns, frequencies past the fraction 0 (models/rope.py)
         partial = 1.0
@@ -293,7 +282,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
         layer_types=types, sliding_window=window,
         rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
-        nope_layers=_nope_layers(data, fam, types, layers),
+        nope_layers=nope_layers_of(data, fam, types, layers),
         attn_softcap=float(data.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
@@ -343,7 +332,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
-        return ModelConfig(**{**fields, **(latent_attention(data, source) if fam.mla else {})})
+        extra = {**(latent_attention(data, source) if fam.mla else {}), **(hybrid_from_hf(data, layers, source) if fam.hybrid else {})}
+        return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None
     except (TypeError, ValueError) as exc:  # a key null or of another type than the family reads

@@ -15,6 +15,7 @@ from torch import nn
 
 from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
 from .architectures import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .linear_config import LINEAR_NAMES
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
@@ -22,8 +23,10 @@ from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-expo
 from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
+from .linear_attention import GatedDeltaNet, split_output_gate
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 from .bitnet import act_quant
+from .masks import attention_bias, chunk_mask, sliding_mask
 
 
 class RMSNorm(nn.Module):
@@ -90,7 +93,7 @@ class Attention(nn.Module):
         self.head_dim = shape.head_dim
         bias = config.attention_bias
         own = config.kv_source(layer) is None  # KV sharing: no k/v projections (another layer's keys / values)
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim * (1 + config.attn_output_gate), bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias) if own else None
         self.v_proj = None if config.values_are_keys(layer) or not own else nn.Linear(config.hidden_size, shape.kv_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
@@ -110,7 +113,7 @@ class Attention(nn.Module):
         layer whose keys this one takes: only the query is computed."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
         x = act_quant(x) if cfg.act_quant else x  # BitNet's BitLinear inputs (models/bitnet.py)
-        q, k, v = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared)
+        q, k, v, gate = self._qkv(x, rotary) if shared is None else (self._shared_q(x, rotary), *shared, None)
         if "query" in rotary and cfg.layer(self.layer).query_scale_beta:  # after rope and the q norms (Ministral 3 / Llama 4)
             q = q * rotary["query"]
         sliding = cfg.sliding(self.layer)
@@ -133,16 +136,19 @@ class Attention(nn.Module):
         out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
         out = out if self.attn_sub_norm is None else self.attn_sub_norm(out)
+        out = out if gate is None else out * torch.sigmoid(gate)  # gated attention (Qwen3-Next)
         return self.o_proj(act_quant(out) if cfg.act_quant else out), k_all, v_all
 
-    def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped."""
+    def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q, k, v [b, heads, q, dim] of `x`: projected, q/k norms (before rope, or after it), value norm, roped; the
+        output gate [b, q, heads * dim] (gated attention: q_proj gives it) or None."""
         heads, kv_heads, dim, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.config
         if self.v_proj is None:  # values = the key projection (Gemma 4's attention_k_eq_v)
             q, k = fused_linear(x, (self.q_proj, self.k_proj))
             v = k
         else:
             q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, gate = split_output_gate(q, heads, dim) if cfg.attn_output_gate else (q, None)
         if self.q_norm is not None and cfg.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q = static_reshape(q, 0, -1, heads, dim)
@@ -158,7 +164,7 @@ class Attention(nn.Module):
             q, k = (apply_rope(t, *rotary[kind], cfg.layer(self.layer)) for t in (q, k))  # the layer's head_dim
         if self.q_norm is not None and cfg.qk_norm_after_rope:  # Hunyuan: each roped head normalised
             q, k = self.q_norm(q), self.k_norm(k)
-        return q, k, v
+        return q, k, v, gate
 
     def _shared_q(self, x: torch.Tensor, rotary: dict) -> torch.Tensor:
         """KV sharing: the roped query [b, heads, q, dim] alone (its per-head norm before rope: Gemma 4's layers)."""
@@ -203,7 +209,9 @@ class DecoderLayer(nn.Module):
         for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
-        self.self_attn = LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer)
+        self.mixer = "linear_attn" if config.linear(layer) else "self_attn"  # a gated delta net's cache: its states
+        setattr(self, self.mixer, GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps) if config.linear(layer)
+                else LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer))
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
@@ -240,7 +248,7 @@ class DecoderLayer(nn.Module):
 
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
-        attn, k_all, v_all = self.self_attn(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
+        attn, k_all, v_all = getattr(self, self.mixer)(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
         if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
             mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
             return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
@@ -271,40 +279,6 @@ class DecoderModel(nn.Module):
             self.soft_token_embeds = nn.Embedding(config.vocab_size - config.soft_token_offset, config.hidden_size)
 
 
-def mask_to_bias(attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Boolean mask (true = may attend) -> additive float bias (0 or a large negative number)."""
-    zero = torch.zeros((), dtype=dtype)
-    neg = torch.full((), torch.finfo(dtype).min, dtype=dtype)
-    return torch.where(attention_mask, zero, neg)
-
-
-def sliding_mask(attention_mask: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
-    """`attention_mask` [b, q, T] without the key slots j at position - j >= window (a sliding layer's mask)."""
-    slots = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    return attention_mask & ((position_ids.unsqueeze(-1) - slots) < window)
-
-
-def chunk_mask(attention_mask: torch.Tensor, position_ids: torch.Tensor, chunk: int) -> torch.Tensor:
-    """`attention_mask` [b, q, T] without the keys of positions before the query's chunk (p - p % chunk; Llama 4's
-    chunked layers): a past key's position is its slot, the pass's own keys' (the last q slots) their `position_ids`."""
-    slots = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    past = attention_mask.shape[-1] - position_ids.shape[1]
-    own = position_ids.gather(1, (slots - past).clamp(min=0).unsqueeze(0).expand(position_ids.shape[0], -1))
-    keys = torch.where(slots < past, slots, own)  # [b, T]
-    return attention_mask & (keys.unsqueeze(1) >= (position_ids - position_ids % chunk).unsqueeze(-1))
-
-
-def attention_bias(attention_mask: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
-    """Boolean [b, q, T] mask -> the additive bias `Attention` expects: [b, 1, groups*q, T].
-
-    Attention folds the query heads of each KV group into the row axis (row = group * q + position),
-    so the bias is tiled once per forward instead of once per layer.
-    """
-    bias = mask_to_bias(attention_mask).unsqueeze(1)
-    groups = num_heads // num_kv_heads
-    return bias.repeat(1, 1, groups, 1) if groups > 1 else bias
-
-
 class Decoder(nn.Module):
     """Causal LM with the verify-graph interface. `hidden_states` selects extra outputs: none|final|eagle3."""
 
@@ -324,7 +298,7 @@ class Decoder(nn.Module):
     def output_names(self) -> list[str]:
         names = ["logits"]
         for i in range(self.config.num_hidden_layers):
-            names += [f"present.{i}.key", f"present.{i}.value"]
+            names += [f"present_state.{i}.conv", f"present_state.{i}.recurrent"] if self.config.linear(i) else [f"present.{i}.key", f"present.{i}.value"]
         if self.hidden_mode == "final":
             names.append("hidden_states")
         elif self.hidden_mode == "eagle3":
@@ -335,7 +309,8 @@ class Decoder(nn.Module):
     def input_names(self) -> list[str]:
         names = ["input_ids", "position_ids", "attention_mask"]
         for i in range(self.config.num_hidden_layers):
-            names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+            names += [f"past_state.{i}.conv", f"past_state.{i}.recurrent"] if self.config.linear(i) else \
+                [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         return names
 
     def forward(self, input_ids, position_ids, attention_mask, *past_key_values):
@@ -395,10 +370,11 @@ class Decoder(nn.Module):
         return tuple(outputs)
 
     def empty_past(self, batch: int = 1, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
-        """A zero-length KV cache for prefill."""
+        """A zero-length KV cache for prefill (a gated delta net layer: its zero states)."""
         dtype = dtype or self.lm_head.weight.dtype
-        shapes = [self.config.layer(i) for i in range(self.config.num_hidden_layers)]
-        return [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for c in shapes for _ in "kv"]
+        layers = [(self.config.layer(i), layer, self.config.linear(i)) for i, layer in enumerate(self.model.layers)]
+        return [t for c, layer, linear in layers for t in (layer.linear_attn.empty_states(batch, dtype) if linear else  # states
+                [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"])]
 
 
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none",
@@ -419,7 +395,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
@@ -430,7 +406,8 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     names = family(config.architecture).layer_names()
     for i in range(config.num_hidden_layers):
         q, kv, inter = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim, config.layer(i).intermediate_size
-        sizes = {"qkv": [q, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter]}
+        sizes = {"qkv": [q * (1 + config.attn_output_gate), kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter],
+                 **(config.hybrid.fused_sizes() if config.hybrid is not None else {})}
         p = f"model.layers.{i}."
         roles = config.layer_roles(i)
         found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .decoder import MLP, RMSNorm, RotaryEmbedding, apply_rope, mask_to_bias
+from .decoder import MLP, RMSNorm, RotaryEmbedding, apply_rope
+from .masks import mask_to_bias
 
 
 @dataclass

@@ -41,7 +41,8 @@ from torch import nn
 
 from ..errors import InputError
 from .config import ModelConfig
-from .decoder import MLP, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attention_bias, mask_to_bias
+from .decoder import MLP, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope
+from .masks import attention_bias, mask_to_bias
 
 _LAYER_KEYS = (
     "hidden_size",

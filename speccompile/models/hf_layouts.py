@@ -13,6 +13,7 @@ import numpy as np
 
 from .architectures import Family
 from .bitnet import unpacked_view
+from .linear_config import HybridConfig
 from .weights import TensorInfo, WeightSource
 
 
@@ -51,6 +52,23 @@ class _QkvPerHead(_PerTensor):
     def _array(self, tensor: np.ndarray) -> np.ndarray:
         rows = tensor.reshape(self._heads, 3, -1, *tensor.shape[1:])
         return np.ascontiguousarray(np.swapaxes(rows, 0, 1)).reshape(tensor.shape)
+
+
+class _LinearPerGroup(_PerTensor):
+    """Qwen3-Next's fused in_proj_qkvz / in_proj_ba, stored per key-head group ([groups, q | k | v | z] rows, [groups,
+    b | a]), shown q | k | v | z (b | a) rows as Qwen3.5 stores them apart (models/linear_config.py)."""
+
+    def __init__(self, inner: WeightSource, chosen: set[str], hybrid: HybridConfig):
+        super().__init__(inner, chosen)
+        self._h = hybrid
+
+    def _array(self, tensor: np.ndarray) -> np.ndarray:
+        h = self._h
+        per = h.num_v_heads // h.num_k_heads
+        parts = [h.k_dim, h.k_dim, per * h.v_dim, per * h.v_dim] if tensor.shape[0] != 2 * h.num_v_heads else [per, per]
+        rows = tensor.reshape(h.num_k_heads, sum(parts), -1)
+        cuts = np.cumsum(parts)[:-1]
+        return np.ascontiguousarray(np.concatenate([p.reshape(-1, rows.shape[-1]) for p in np.split(rows, cuts, axis=1)]))
 
 
 class _Transposed(_PerTensor):
@@ -104,9 +122,10 @@ def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSo
     return _Ones(source, {n: s for n, s in ones.items() if n not in source}, source.info("model.embed_tokens.weight").dtype)
 
 
-def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
+def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig | None = None) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
-    then its `top_names`, and a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v."""
+    then its `top_names`, a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v, and Qwen3-Next's
+    per-group linear-attention projections (`hybrid`) shown as Qwen3.5's rows."""
     if fam.prefix and fam.layers_key and not any(n.startswith(fam.prefix) for n in source.names()):  # a base model's save
         source = source.renamed({n: fam.prefix + n for n in source.names() if not n.startswith("lm_head.")})  # (GPT-2's `h.0.*`)
     if fam.prefix:
@@ -125,6 +144,9 @@ def hf_view(source: WeightSource, fam: Family, heads: int) -> WeightSource:
         source = unpacked_view(source)
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
+    if hybrid is not None:
+        grouped = {n for n in source.names() if n.endswith(("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"))}
+        source = _LinearPerGroup(source, grouped, hybrid) if grouped else source
     if not fam.qkv_per_head:
         return source
     layer = fam.layer_names()

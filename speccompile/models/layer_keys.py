@@ -75,3 +75,25 @@ def placement(data: dict[str, Any], fam: Family) -> str:
     if not fam.parallel_key or data.get(fam.parallel_key) is None:
         return fam.placement
     return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
+
+
+def layer_types_of(data: dict[str, Any], fam: Family, layers: int) -> tuple[list[str], int]:
+    """Per-layer attention kinds and the window (no sliding layers: [], 0)."""
+    window = data.get("sliding_window")
+    if not window or (fam.sliding_key and not data.get(fam.sliding_key)):
+        return [], 0
+    types = list(data.get("layer_types") or ["sliding_attention"] * layers)
+    if "sliding_attention" not in types:
+        return [], 0
+    return types, int(window)
+
+
+def nope_layers_of(data: dict[str, Any], fam: Family, types: list[str], layers: int) -> list[int]:
+    if fam.learned_positions:  # positions come from the embedding table: no layer ropes
+        return list(range(layers))
+    flags = data.get("no_rope_layers")  # SmolLM3: 1 = rope, 0 = no rope
+    if flags:
+        return [i for i, f in enumerate(flags[:layers]) if not f]
+    if fam.global_nope and types:
+        return [i for i, t in enumerate(types) if t != "sliding_attention"]
+    return []

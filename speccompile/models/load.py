@@ -209,7 +209,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
         check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
     files = files or _safetensors_files(folder)
     weights = per_expert(stored or SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
-    weights = hf_view(weights, family(config.architecture), config.num_attention_heads)  # e.g. Phi-2's model.final_layernorm
+    weights = hf_view(weights, family(config.architecture), config.num_attention_heads, config.hybrid)  # e.g. Phi-2's model.final_layernorm
     weights = llama4_weights(weights, config) if config.nope_temperature else weights  # fused experts, gainless q/k norms
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's

@@ -1,5 +1,5 @@
 """The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
-architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Llama 4), read as that family's
+architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Llama 4, Qwen3.5 / Qwen3.5-MoE), read as that family's
 checkpoint.
 
 The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
@@ -31,7 +31,7 @@ from .weights import WeightSource
 WRAPPERS: dict[str, tuple[str, ...] | None] = {
     "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "gemma3n": ("gemma3n_text",), "mistral3": None, "llava": None,
     "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
-    "qwen3_vl_moe": ("qwen3_vl_moe_text",), "llama4": ("llama4_text",),
+    "qwen3_vl_moe": ("qwen3_vl_moe_text",), "llama4": ("llama4_text",), "qwen3_5": ("qwen3_5_text",), "qwen3_5_moe": ("qwen3_5_moe_text",),
 }
 # text decoders of a wrapper that are a family of the table under another name (their mrope is plain rope on text)
 TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
@@ -64,7 +64,8 @@ class TextDecoder:
             renamed = next((new + name[len(old):] for old, new in _RENAMED if name.startswith(old)), None)
             if part in LEFT_OUT and renamed is None:
                 dropped.add(name)
-            elif renamed is not None or name.startswith(("model.", "lm_head.")):  # Qwen2.5-VL's: the text names already
+            elif renamed is not None or name.startswith(("model.", "lm_head.", "mtp.")):  # Qwen2.5-VL's: the text names already
+                # (Qwen3.5's MTP block `mtp.*`: the target's loader leaves it out, as a text checkpoint's)
                 names[name] = renamed or name
             else:
                 raise UnsupportedError(f"{self.source}: {self.wrapper} tensor {name} is neither the language model's nor a "

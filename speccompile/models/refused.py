@@ -9,7 +9,7 @@ _DSA = "sparse attention (an indexer picks each query's top-k keys of the whole 
 
 REFUSED = {
     # the cache contract: recurrent or convolution states, sparse attention
-    "qwen3_next": _HYBRID, "qwen3_5": _HYBRID, "lara_mini": _HYBRID,
+    "lara_mini": _HYBRID,
     "qwen4_exp_text": _HYBRID.replace(" is", ", a sparse-attention indexer and n-gram embeddings are"),
     "inkling_text": "short causal convolutions (a conv state that must roll back on rejected drafts) are not supported",
     "deepseek_v32": _DSA, "glm_moe_dsa": _DSA, "axk2": _DSA, "minimax_m3_vl_text": _DSA,

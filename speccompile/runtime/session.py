@@ -28,6 +28,7 @@ from .constraints import CompiledConstraint, ConstraintSpec
 from .drafters.base import Drafter, DrafterRequest, exported_section
 from .drafters.registry import make_drafter
 from .drafters.ngram_corpus import NgramCorpus
+from .state_cache import check_hybrid_run, is_hybrid
 from .suffix_cache import SuffixCache
 from .generate import Generator
 from .logprobs import LogprobRecorder, TokenLogprob, prompt_logprobs
@@ -79,6 +80,7 @@ class Runner:
         self.draft_config: DraftConfig | None = self._draft_config(manifest)
         self.suffix_cache = _suffix_cache(options) if self.drafter_name == "suffix" else None  # every slot's drafter shares it
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
+        check_hybrid_run(manifest, options.backend, self.drafter_name, str(artifact), shape_invariant)  # chains on ort-cpu
         self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
                                       shape_invariant, options.shared_cores)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it
@@ -184,6 +186,8 @@ class Runner:
         `batch_decoder`); None when it can (the fused CPU graph with a batch axis, or the GPU graph with its slotted
         form)."""
         target = self.artifact.target
+        if is_hybrid(self.artifact.manifest):  # each request's cache holds its own states (runtime/state_cache.py)
+            return "a hybrid linear-attention target's recurrent states have no batch slots: one pass per request"
         if self._gpu_slots_spec() is not None:
             return None
         if self._drafts_trees() and self.artifact.backend == "ort-cuda":
@@ -218,6 +222,7 @@ class Runner:
         of a slot pass can, so every row is bitwise its row alone by construction."""
         from .batch import BatchDecoder
         from .batch_passes import OnePassPerRequest, slots_for
+
 
         if slot_passes not in SLOT_PASSES:
             raise InputError(f"slot_passes must be one of {', '.join(SLOT_PASSES)}, got {slot_passes!r}", "slot_passes")

@@ -14,10 +14,11 @@ import numpy as np
 from ...errors import InputError, UnsupportedError
 from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache, KVCache
+from ..state_cache import BufferStateCache, StateCache, state_inputs, with_zero_states
 from .base import StepOutput, feature_inputs, hidden_output
 from .ort_quantized import quantized_session_config
 from .tree_layout import MainPathLayout
-from .wide_head import UNBOUNDED_ROWS, WideHeadRule
+from .wide_head import UNBOUNDED_ROWS, WideHeadRule, lift_rows, recorded_lift  # noqa: F401 - re-exported
 
 _NP_DTYPES = {"float": np.float32, "float16": np.float16, "bfloat16": np.float32, "double": np.float64}
 _PROVIDERS = {
@@ -124,9 +125,12 @@ class OrtSession:
         self.session = inference_session(directory, manifest, spec, backend, threads, spinning)
         self.device = "cpu" if backend == "ort-cpu" else "cuda"
         self._ort = ort
-        self.past_names = [t.name for t in spec.inputs if t.name.startswith("past_key_values")]
+        self.past_names = [t.name for t in spec.inputs if t.name.startswith(("past_key_values", "past_state."))]
+        self.states = state_inputs(spec)  # hybrid linear attention: which cache inputs are states (runtime/state_cache.py)
         self.output_names = spec.output_names()
         self.present_names = [n for n in self.output_names if n.startswith("present")]
+        self.kv_past = [n for n in self.past_names if n.startswith("past_key_values")]  # the KV buffers alone
+        self.kv_present = [n for n in self.present_names if n.startswith("present.")]
         self.hidden_name = hidden_output(spec)
         self.feature_dtypes = {name: _np_dtype(spec, name) for name in feature_inputs(spec)}
         pasts = [t for t in spec.inputs if t.name.startswith("past_key_values")]
@@ -157,6 +161,9 @@ class OrtSession:
         if max_dead is None:
             max_dead = 0 if self.device == "cpu" else 64
         empty = [self._to_ort(np.zeros((1, heads, 0, dim), dtype=self.kv_dtype)) for heads, dim in self.kv_shapes]
+        if self.states:  # hybrid linear attention: zero states among the KV buffers (runtime/state_cache.py)
+            return StateCache(with_zero_states(empty, self.spec, self._to_ort), self.states, lambda v: v.numpy(), self._to_ort,
+                              max_dead, state_inputs(self.spec, rows=True))
         return KVCache(empty, to_numpy=lambda v: v.numpy(), from_numpy=self._to_ort, max_dead=max_dead)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: KVCache,
@@ -209,8 +216,9 @@ class OrtBufferSession(OrtSession):
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""
-        return BufferKVCache(self.kv_shapes, self.kv_dtype, self._to_ort,
-                             capacity=capacity or self.initial_capacity, max_capacity=capacity or self.max_context)
+        return BufferKVCache(self.kv_shapes, self.kv_dtype, self._to_ort, capacity=capacity or self.initial_capacity,
+                             max_capacity=capacity or self.max_context) if not self.states else BufferStateCache(
+            self.spec, self.kv_shapes, self.kv_dtype, self._to_ort, capacity or self.initial_capacity, capacity or self.max_context)
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_mask: np.ndarray, cache: BufferKVCache,
             last_logits_only: bool = False, **features: np.ndarray) -> StepOutput:
@@ -221,6 +229,8 @@ class OrtBufferSession(OrtSession):
         over the committed rows and the new ones, as `cache.attention_mask` makes it) runs main path first, its
         rows marked `plain_exact` (tree_layout.py); the shape-invariant wrapper lays out its own passes."""
         q = int(input_ids.size)
+        if self.states:  # hybrid linear attention: the pass's states start from the committed ones
+            cache.start_pass()
         if self.row_invariant and not features and attention_mask.shape[-1] == cache.length + q:
             layout = MainPathLayout.of_tree(attention_mask, q)
             if layout is not None:  # a tree: its main path's rows are plain decoding's (tree_layout.py)
@@ -278,7 +288,10 @@ class OrtBufferSession(OrtSession):
         arrays = [np.empty(shape, dtype=np.float32) for shape in shapes]  # fresh each step: callers may keep them
         for name, array in zip(self._step_outputs, arrays):
             binding.bind_ortvalue_output(name, self._to_ort(array))  # rebound each step: q (the output shape) changes
+        states = cache.bind_states(binding, q) if self.states else None  # (runtime/state_cache.py)
         self.session.run_with_iobinding(binding)
+        if states is not None:
+            cache.record(states)
         return StepOutput(logits=arrays[0][0], presents=cache.tensors, hidden=arrays[1][0] if self.hidden_name else None)
 
     def _padding_rows(self, q: int, batch: int = 1) -> int:
@@ -403,30 +416,12 @@ class OrtBufferSession(OrtSession):
         if cache.binding is not None and cache.binding[0] is self and cache.binding[1] == cache.capacity:
             return cache.binding[2]
         binding = self.session.io_binding()
-        for past, value in zip(self.past_names, cache.tensors):
+        for past, value in zip(self.kv_past, cache.tensors):
             binding.bind_ortvalue_input(past, value)
-        for present, value in zip(self.present_names, cache.tensors):
+        for present, value in zip(self.kv_present, cache.tensors):
             binding.bind_ortvalue_output(present, value)
         cache.binding = (self, cache.capacity, binding)
         return binding
-
-
-def recorded_lift(recorded: list[int] | tuple[int, ...] | None) -> tuple[int, int]:
-    """A graph's `attention_lift` as the runtime applies it: manifests exported before the steps at 192 + 256 k
-    were found record [256, 64] for head_dim 256, which missed them; modulo 128 covers both (export/fused_ops.py)."""
-    block, short = (int(v) for v in recorded or (0, 0))
-    return (128, short) if block == 256 else (block, short)
-
-
-def lift_rows(lift: tuple[int, int], total: int, capacity: int | None = None) -> int:
-    """Padding rows that move one sequence's attention total off a remainder of 1..short modulo block (`lift` =
-    the graph's `attention_lift` [block, short]; (0, 0): none), 0 where a buffer of `capacity` rows (None: one
-    that grows) cannot hold them (export/fused_ops.py `attention_lift`)."""
-    block, short = lift
-    rest = total % block if block else 0
-    if not 1 <= rest <= short or (capacity is not None and total + short + 1 - rest > capacity):
-        return 0
-    return short + 1 - rest
 
 
 class OrtFeatureSession:

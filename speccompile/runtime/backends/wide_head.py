@@ -74,3 +74,21 @@ class WideHeadRule:
             pieces.append((a, b))
             a = b
         return pieces
+
+
+def recorded_lift(recorded: list[int] | tuple[int, ...] | None) -> tuple[int, int]:
+    """A graph's `attention_lift` as the runtime applies it: manifests exported before the steps at 192 + 256 k
+    were found record [256, 64] for head_dim 256, which missed them; modulo 128 covers both (export/fused_ops.py)."""
+    block, short = (int(v) for v in recorded or (0, 0))
+    return (128, short) if block == 256 else (block, short)
+
+
+def lift_rows(lift: tuple[int, int], total: int, capacity: int | None = None) -> int:
+    """Padding rows that move one sequence's attention total off a remainder of 1..short modulo block (`lift` =
+    the graph's `attention_lift` [block, short]; (0, 0): none), 0 where a buffer of `capacity` rows (None: one
+    that grows) cannot hold them (export/fused_ops.py `attention_lift`)."""
+    block, short = lift
+    rest = total % block if block else 0
+    if not 1 <= rest <= short or (capacity is not None and total + short + 1 - rest > capacity):
+        return 0
+    return short + 1 - rest

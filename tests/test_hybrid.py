@@ -1,0 +1,290 @@
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention) against
+transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
+at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
+INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import TINY_VOCAB
+from test_families import _close, _decoded, _hf_logits, make_family_model
+
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+_LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+               linear_value_head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), layer 3 gated full attention (rotary on 16 of
+    # its 32 dims: GroupQueryAttention's rotary needs a multiple of 16)
+    "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
+    "qwen3_5_text": dict(_LINEAR),
+    "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
+}
+
+
+def _reference(folder):
+    from speccompile.models.decoder import build_decoder
+    from speccompile.models.load import load_model
+
+    loaded = load_model(str(folder))
+    return build_decoder(loaded.config, loaded.weights)
+
+
+def _pass(decoder, ids: list[int], start: int, past: list) -> tuple[np.ndarray, list]:
+    """One pass of rows `ids` at positions start..; the cache after all its rows (a chain: every row accepted)."""
+    import torch
+
+    from speccompile.models.decoder import causal_mask
+
+    q = len(ids)
+    mask = causal_mask(q, start)
+    with torch.no_grad():
+        out = decoder(torch.tensor([ids]), torch.arange(start, start + q)[None], mask, *past)
+    presents, committed = list(out[1:]), []
+    for i in range(decoder.config.num_hidden_layers):
+        pair = presents[2 * i:2 * i + 2]
+        committed += [t[:, -1] for t in pair] if decoder.config.linear(i) else pair
+    return out[0][0].numpy(), committed
+
+
+@pytest.mark.parametrize("name", list(HYBRID))
+def test_torch_reference_matches_transformers(tmp_path, name):
+    hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
+    decoder = _reference(tmp_path / "hf")
+    assert [decoder.config.linear(i) for i in range(4)] == [True, True, True, False]
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    full = _hf_logits(hf, seq)
+    logits, _ = _pass(decoder, seq, 0, decoder.empty_past())
+    _close(logits, full, f"{name} prefill")
+    rows, past = _pass(decoder, seq[:20], 0, decoder.empty_past())
+    chained = [rows]
+    for start in (20, 23):  # chain passes from the committed states
+        rows, past = _pass(decoder, seq[start:start + 3], start, past)
+        chained.append(rows)
+    _close(np.concatenate(chained), full, f"{name} chain passes")
+    one, past = [], decoder.empty_past()  # plain decoding, one row a pass
+    for t, token in enumerate(seq[:8]):
+        rows, past = _pass(decoder, [token], t, past)
+        one.append(rows)
+    _close(np.concatenate(one), full[:8], f"{name} one row a pass")
+
+
+def _greedy(session, prompt: list[int], n: int, draft) -> tuple[list[int], np.ndarray, list[int]]:
+    """Greedy decoding of n tokens after `prompt` in chain passes of the pending token + `draft(j)` (j: tokens so far),
+    each verified by the exact greedy rule, the accepted rows committed: the tokens, each token's logits, and how
+    many drafts each pass accepted."""
+    cache = session.new_cache()
+    q = len(prompt)
+    out = session.run(np.array(prompt), np.arange(q), cache.attention_mask(np.tril(np.ones((q, q), bool))), cache)
+    cache.append(out.presents, range(q), q)
+    tokens, logits, accepted = [int(out.logits[-1].argmax())], [out.logits[-1]], []
+    while len(tokens) < n:
+        drafted = draft(len(tokens))
+        ids, start = [tokens[-1], *drafted], q + len(tokens) - 1
+        cache.maybe_compact(len(ids), 96)  # rejected rows squeezed out (as the runtime's loop does)
+        out = session.run(np.array(ids), np.arange(start, start + len(ids)),
+                          cache.attention_mask(np.tril(np.ones((len(ids),) * 2, bool))), cache)
+        for r in range(len(ids)):
+            tokens.append(int(out.logits[r].argmax()))
+            logits.append(out.logits[r])
+            if r == len(drafted) or drafted[r] != tokens[-1]:
+                break
+        accepted.append(r)
+        cache.append(out.presents, range(r + 1), len(ids))
+    return tokens[:n], np.stack(logits[:n]), accepted
+
+
+def _partly_right(plain: list[int], width: int):
+    """Drafts of the plain continuation, `width` long, one token changed every other pass."""
+    def draft(j: int) -> list[int]:
+        guess = list(plain[j:j + width])
+        if j % 2 and len(guess) > 2:
+            guess[2] = (guess[2] + 1) % TINY_VOCAB
+        return guess
+    return draft
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+def test_graphs_decode_speculatively_exactly(tmp_path, name):
+    """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
+    transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
+    passes whose drafts are partly right commit the states plain decoding reaches: every token's logits bitwise
+    plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+    from speccompile.runtime.session import Runner
+
+    hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
+    manifest = export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    assert set(manifest.graphs) == {"target", "target-ort"}  # no GPU or slotted graph
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    prompt = seq[:10]
+    for fused in (True, False):
+        session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
+        assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
+        one = _decoded(session, seq, 1)
+        _close(one, _hf_logits(hf, seq)[12:], f"{name} {session.spec.file}")
+        np.testing.assert_array_equal(one, _decoded(session, seq, 3))
+        plain, plain_logits, _ = _greedy(session, prompt, 30, lambda j: [])
+        _close(plain_logits, _hf_logits(hf, prompt + plain)[9:39], f"{name} {session.spec.file} plain decoding")
+        tokens, logits, accepted = _greedy(session, prompt, 30, _partly_right(plain, 4))
+        assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
+        np.testing.assert_array_equal(logits, plain_logits)
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    text = "abc abd abc abd abc abd abc"
+    assert runner.generate(text, chat=False, max_tokens=40).tokens == runner.generate(text, chat=False, max_tokens=40, drafter="none").tokens
+
+
+def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
+    """head_dim 256 (Qwen3-Next's): the fused CPU graph's passes are cut at slot multiples of 128 (a prefill of 247
+    rows, chain passes across slot 256); each segment starts from the last row's states of the one before: plain
+    decoding within 1e-4 of transformers, partly right drafts bitwise plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+
+    wide = {"qwen3_5_text": dict(HYBRID["qwen3_5_text"], head_dim=256)}
+    hf = make_family_model(tmp_path / "hf", "qwen3_5_text", families=wide)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=320))
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.spec.file == "target.ort.onnx" and session.wide.cut_blocks == (128,)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(3, TINY_VOCAB, 247)]
+    plain, plain_logits, _ = _greedy(session, prompt, 20, lambda j: [])
+    _close(plain_logits, _hf_logits(hf, prompt + plain)[246:266], "head_dim 256 plain decoding")
+    tokens, logits, accepted = _greedy(session, prompt, 20, _partly_right(plain, 5))
+    assert tokens == plain and max(accepted) > 2
+    np.testing.assert_array_equal(logits, plain_logits)
+
+
+def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
+    """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
+    (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding."""
+    import onnx
+
+    from conftest import run_cli
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    make_family_model(tmp_path / "hf", "qwen3_5_moe_text", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    done = run_cli("build", str(tmp_path / "art"), "--int4", "--onnx-only", "--out", str(tmp_path / "int4"))
+    assert done.returncode == 0, done.stderr
+    nodes = onnx.load(str(tmp_path / "int4" / "target.ort.onnx"), load_external_data=False).graph.node
+    packed = [n for n in nodes if n.op_type == "MatMulNBits"]
+    assert any("lin_qkvz" in i for n in packed for i in n.input) and any("lin_out" in i for n in packed for i in n.input)
+    runner = Runner(tmp_path / "int4", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    text = "abc abd abc abd abc abd abc"
+    assert runner.generate(text, chat=False, max_tokens=32).tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
+    """Trees (the suffix drafter), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype, heads on the
+    target's hidden states (MTP), TensorRT engines and a hybrid model as a draft model: one line each."""
+    from conftest import run_cli
+    from speccompile.errors import UnsupportedError
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    make_family_model(tmp_path / "hf", "qwen3_5_text", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=64))
+    with pytest.raises(UnsupportedError, match="drafter suffix: a hybrid linear-attention target verifies chains only"):
+        Runner(tmp_path / "art", drafter="suffix", threads=1)
+    with pytest.raises(UnsupportedError, match="shape_invariant: a hybrid linear-attention target runs its passes as given"):
+        Runner(tmp_path / "art", drafter="ngram", threads=1, shape_invariant=True)
+    with pytest.raises(UnsupportedError, match="slot_passes all: a hybrid linear-attention target's recurrent states have no batch slots"):
+        Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2, slot_passes="all")
+    for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains"),
+                       (["build", str(tmp_path / "art"), "--int4", "--out", str(tmp_path / "trt")], "--onnx-only")):
+        done = run_cli(*args)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists() and not (tmp_path / "trt").exists()
+    from speccompile.models.config import config_from_hf
+
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    with pytest.raises(UnsupportedError, match="every layer is linear_attention"):
+        config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json")
+    make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
+    done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "as a draft model is not supported" in errors[0], done.stderr
+    assert not (tmp_path / "dm").exists()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_multimodal_checkpoint_exports_its_text_decoder(tmp_path, model_type):
+    """Qwen3.5's published form (Qwen3_5ForConditionalGeneration: model.language_model.*, a vision tower, an MTP block
+    mtp.*, interleaved mrope sections) exports its text decoder: the vision tower and the MTP block left out, the
+    fused graph within 1e-4 of transformers' text-only forward at every position, n-gram speculative == plain."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from conftest import write_char_tokenizer
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+    from speccompile.runtime.session import Runner
+
+    text = dict(HYBRID[f"{model_type}_text"], vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[3, 3, 2], mrope_interleaved=True)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(4.0) if p.dim() == 2 else p.add_(0.2 * torch.randn_like(p))
+    folder = tmp_path / "hf"
+    hf.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    tensors = load_file(folder / "model.safetensors")  # the published checkpoints' MTP block
+    tensors.update({"mtp.fc.weight": torch.ones(64, 128), "mtp.norm.weight": torch.ones(64)})
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    said: list[str] = []
+    export_artifact(str(folder), tmp_path / "art", ExportOptions(max_context=96), said.append)
+    assert any(m.startswith("text decoder only: visual") for m in said), said
+    session = open_artifact(tmp_path / "art", threads=1).target
+    assert session.spec.file == "target.ort.onnx"
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([seq])).logits[0].float().numpy()
+    _close(_decoded(session, seq, 3), want[12:], f"{model_type} text decoder")
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
+    prompt = "abc abd abc abd abc abd abc"
+    assert runner.generate(prompt, chat=False, max_tokens=32).tokens == runner.generate(prompt, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_a_draft_model_drafts_chains_for_a_hybrid_target(tmp_path):
+    """A (Llama) draft model sharing the tokenizer drafts chains for a hybrid target: speculative == plain."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    make_family_model(tmp_path / "hf", "qwen3_next", families=HYBRID)
+    make_family_model(tmp_path / "llama", "llama")
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96, drafter=f"draft-model:{tmp_path / 'llama'}"))
+    runner = Runner(tmp_path / "art", drafter="draft-model", num_draft_tokens=4, adaptive=False, threads=1)
+    text = "abc abd abc abd abc abd abc"
+    spec = runner.generate(text, chat=False, max_tokens=32)
+    assert sum(spec.stats.drafted) > 0 and spec.tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_batched_requests_run_one_pass_each(tmp_path):
+    """The batch decoder (the server's) runs a hybrid target one pass per request, each request's states in its own
+    cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    from test_batch import _decode_together
+
+    make_family_model(tmp_path / "hf", "qwen3_next", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, threads=1)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(3, TINY_VOCAB, n)] for n in (5, 9, 14, 7)]
+    together, decoder = _decode_together(runner, prompts, 20, slots=3)
+    assert decoder.passes.mode["passes"] == "one-per-request"
+    assert [r.tokens for r in together] == [runner.generate_ids(p, max_tokens=20, drafter="none").tokens for p in prompts]
