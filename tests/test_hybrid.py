@@ -1,4 +1,5 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention) against
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2: short
+convs beside attention) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -21,6 +22,8 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
+    # LFM2: layers 0-2 short convs (kernel 3), layer 3 attention with per-head q / k norms; the MLP width adjusted
+    "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
 }
 
 
@@ -106,7 +109,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -157,25 +160,28 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
     np.testing.assert_array_equal(logits, plain_logits)
 
 
-def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path):
+@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2", ("conv_in", "conv_out"))])
+def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
-    (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding."""
+    (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding (`verify`: identical)."""
     import onnx
 
     from conftest import run_cli
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.session import Runner
 
-    make_family_model(tmp_path / "hf", "qwen3_5_moe_text", families=HYBRID)
+    make_family_model(tmp_path / "hf", name, families=HYBRID)
     export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
     done = run_cli("build", str(tmp_path / "art"), "--int4", "--onnx-only", "--out", str(tmp_path / "int4"))
     assert done.returncode == 0, done.stderr
     nodes = onnx.load(str(tmp_path / "int4" / "target.ort.onnx"), load_external_data=False).graph.node
     packed = [n for n in nodes if n.op_type == "MatMulNBits"]
-    assert any("lin_qkvz" in i for n in packed for i in n.input) and any("lin_out" in i for n in packed for i in n.input)
+    assert all(any(role in i for n in packed for i in n.input) for role in packed_roles)
     runner = Runner(tmp_path / "int4", drafter="ngram", num_draft_tokens=4, adaptive=False, threads=1)
     text = "abc abd abc abd abc abd abc"
     assert runner.generate(text, chat=False, max_tokens=32).tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
+    done = run_cli("verify", str(tmp_path / "int4"), "--raw", "--max-tokens", "16", "--limit", "2", "--drafter", "ngram")
+    assert done.returncode == 0 and "identical" in done.stdout, done.stdout + done.stderr
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
@@ -288,3 +294,23 @@ def test_batched_requests_run_one_pass_each(tmp_path):
     together, decoder = _decode_together(runner, prompts, 20, slots=3)
     assert decoder.passes.mode["passes"] == "one-per-request"
     assert [r.tokens for r in together] == [runner.generate_ids(p, max_tokens=20, drafter="none").tokens for p in prompts]
+
+
+def test_lfm2_config_keys_and_refusals():
+    """LFM2's own config.json keys (LFM2-350M's: block_ff_dim, full_attn_idxs, tie_embedding): the MLP width after
+    transformers' auto adjustment (6656 -> 4608), short convs where no attention; conv biases refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="lfm2", vocab_size=65536, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                num_key_value_heads=8, block_ff_dim=6656, block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0,
+                block_multiple_of=256, conv_L_cache=3, norm_eps=1e-5, tie_embedding=True, rope_theta=1000000.0,
+                full_attn_idxs=[2, 5, 8, 10, 12, 14], max_position_embeddings=128000)
+    cfg = config_from_hf(data, "lfm2.json")
+    assert cfg.intermediate_size == 4608 and cfg.tie_word_embeddings and cfg.rms_norm_eps == 1e-5 and cfg.rope_theta == 1e6
+    assert [i for i in range(16) if not cfg.linear(i)] == [2, 5, 8, 10, 12, 14]
+    assert cfg.hybrid.short_conv and cfg.hybrid.conv_state_shape() == (1024, 2) and cfg.hybrid.state_kinds() == ("conv", "rows")
+    with pytest.raises(UnsupportedError, match="lfm2.json: conv_bias true"):
+        config_from_hf(dict(data, conv_bias=True), "lfm2.json")
+    with pytest.raises(UnsupportedError, match="without a full_attention layer"):
+        config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json")

@@ -34,7 +34,7 @@ from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altu
 from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import GraphBuilder, value
-from .linear_ops import gated, gated_qkv, linear_layer, state_values
+from .linear_ops import gated, gated_qkv, linear_layer, present_names, state_values
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, latent_scores
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -142,7 +142,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
         if i in model.aux_layers:
             taps.append(active_stream(g.emitter("/altup"), x) if cfg.altup_inputs else x)
         x = _layer(g, i, x)
-        presents += [f"present{'_state' if cfg.linear(i) else ''}.{i}.{kind}" for kind in (("conv", "recurrent", "rows") if cfg.linear(i) else ("key", "value"))]
+        presents += present_names(cfg, i)
     x = altup_merge(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x
     if count == cfg.num_hidden_layers and count in model.aux_layers:  # tap L: the final hidden state before the norm
         taps.append(x)

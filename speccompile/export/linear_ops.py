@@ -25,15 +25,23 @@ from onnx import helper
 from ..models.config import ModelConfig
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .moe_ops import Emitter
+from .short_conv_ops import short_conv_layer
 
 
 def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.ValueInfoProto]:
     """Linear layer i's cache inputs (`past`: the states, the pending rows) or outputs (the states after the pending
     rows, the pass's rows), as graph values."""
     h, kind = cfg.hybrid, "past" if past else "present"
-    return [value(f"{kind}_state.{i}.conv", elem, ["batch", *h.conv_state_shape()]),
-            value(f"{kind}_state.{i}.recurrent", elem, ["batch", *h.recurrent_state_shape()]),
-            value(f"{kind}_state.{i}.rows", elem, ["batch", "pending" if past else "q_len", h.conv_dim + 2 * h.num_v_heads])]
+    shapes = {"conv": ["batch", *h.conv_state_shape()], "recurrent": ["batch", *h.recurrent_state_shape()],
+              "rows": ["batch", "pending" if past else "q_len", h.row_width()]}
+    return [value(f"{kind}_state.{i}.{state}", elem, shapes[state]) for state in h.state_kinds()]
+
+
+def present_names(cfg: ModelConfig, i: int) -> list[str]:
+    """Layer i's cache outputs: a recurrent layer's states and rows, else its key and value rows."""
+    if cfg.linear(i):
+        return [f"present_state.{i}.{kind}" for kind in cfg.hybrid.state_kinds()]
+    return [f"present.{i}.key", f"present.{i}.value"]
 
 
 def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
@@ -58,7 +66,7 @@ def gated(em: Emitter, out: str, gate: str) -> str:
 
 def linear_block(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> tuple[str, list[str]]:
     """`linear_layer` and the layer's outputs (its states and rows) in the place of the KV presents."""
-    return linear_layer(em, cfg, i, h, role), [f"present_state.{i}.{kind}" for kind in ("conv", "recurrent", "rows")]
+    return linear_layer(em, cfg, i, h, role), present_names(cfg, i)
 
 
 def _silu(em: Emitter, x: str) -> str:
@@ -70,7 +78,10 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     the contract and the fused CPU graph alike (`em`: the builder's node writer). The first scan folds the pending
     rows (the last pass's accepted rows' conv input, b, a: `past_state.{i}.rows`) into the states, written as
     present_state.{i}.conv / .recurrent; the second runs the pass's rows from there, whose inputs are written as
-    present_state.{i}.rows. `role(name)`: the layer's initializer of that role."""
+    present_state.{i}.rows. `role(name)`: the layer's initializer of that role. A short conv (LFM2):
+    export/short_conv_ops.py."""
+    if cfg.hybrid.short_conv:
+        return short_conv_layer(em, cfg, i, h, role)
     hy, c = cfg.hybrid, em.const
     proj = em.one("MatMul", [h, role("lin_qkvz")])
     mixed, z = em.op("Split", [proj, c("linear.qkv_z", [hy.conv_dim, hy.value_dim])], 2, axis=-1)

@@ -15,7 +15,7 @@ from torch import nn
 
 from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
 from .architectures import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
-from .linear_config import LINEAR_NAMES
+from .linear_config import LINEAR_NAMES, SHORT_CONV_NAMES
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
@@ -23,7 +23,8 @@ from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-expo
 from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
-from .linear_attention import GatedDeltaNet, split_output_gate
+from .linear_attention import split_output_gate
+from .short_conv import mixer_name, recurrent_layer
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 from .bitnet import act_quant
 from .masks import attention_bias, chunk_mask, sliding_mask
@@ -209,8 +210,8 @@ class DecoderLayer(nn.Module):
         for role, name in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm"),
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
-        self.mixer = "linear_attn" if config.linear(layer) else "self_attn"  # a gated delta net's cache: its states
-        setattr(self, self.mixer, GatedDeltaNet(config.hidden_size, config.hybrid, config.rms_norm_eps) if config.linear(layer)
+        self.mixer = mixer_name(config.hybrid) if config.linear(layer) else "self_attn"  # a recurrent layer's cache: its states
+        setattr(self, self.mixer, recurrent_layer(config.hidden_size, config.hybrid, config.rms_norm_eps) if config.linear(layer)
                 else LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer))
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
@@ -373,7 +374,7 @@ class Decoder(nn.Module):
         """A zero-length KV cache for prefill (a gated delta net layer: its zero states)."""
         dtype = dtype or self.lm_head.weight.dtype
         layers = [(self.config.layer(i), layer, self.config.linear(i)) for i, layer in enumerate(self.model.layers)]
-        return [t for c, layer, linear in layers for t in (layer.linear_attn.empty_states(batch, dtype) if linear else  # states
+        return [t for c, layer, linear in layers for t in (getattr(layer, layer.mixer).empty_states(batch, dtype) if linear else  # states
                 [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"])]
 
 
@@ -395,7 +396,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 

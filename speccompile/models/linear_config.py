@@ -25,13 +25,19 @@ LINEAR_NAMES: dict[str, tuple[str, ...]] = {
 }
 FUSED_LINEAR_NAMES = {"lin_qkvz": ("linear_attn.in_proj_qkvz.weight",), "lin_ba": ("linear_attn.in_proj_ba.weight",)}
 LINEAR_ROLES = tuple(LINEAR_NAMES)
+# a short-conv layer's roles (LFM2: in_proj -> B | C | x, the depthwise conv, out_proj)
+SHORT_CONV_NAMES: dict[str, tuple[str, ...]] = {"conv_in": ("conv.in_proj.weight",), "conv_kernel": ("conv.conv.weight",),
+                                                "conv_out": ("conv.out_proj.weight",)}
 
 
 @dataclass(frozen=True)
 class HybridConfig:
-    """The gated delta net layers' shapes and which layers they are (`linear[i]`: layer i is one)."""
+    """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"
+    (Qwen3-Next, Qwen3.5: conv and recurrent states) or "short_conv" (LFM2: a conv state alone over `width` channels)."""
 
     linear: list[bool] = field(default_factory=list)
+    kind: str = "gated_delta"
+    width: int = 0  # a short-conv layer's channels (the hidden size)
     num_k_heads: int = 0
     num_v_heads: int = 0
     k_dim: int = 0  # linear_key_head_dim
@@ -48,8 +54,24 @@ class HybridConfig:
 
     @property
     def conv_dim(self) -> int:
-        """The conv1d's channels: q | k | v."""
-        return 2 * self.key_dim + self.value_dim
+        """The conv1d's channels: q | k | v (a short conv: `width`)."""
+        return self.width if self.short_conv else 2 * self.key_dim + self.value_dim
+
+    @property
+    def short_conv(self) -> bool:
+        return self.kind == "short_conv"
+
+    def roles(self) -> tuple[str, ...]:
+        """A recurrent layer's roles in the place of attention's."""
+        return tuple(SHORT_CONV_NAMES) if self.short_conv else LINEAR_ROLES
+
+    def state_kinds(self) -> tuple[str, ...]:
+        """A recurrent layer's cache tensors: its states, then its pending rows."""
+        return ("conv", "rows") if self.short_conv else ("conv", "recurrent", "rows")
+
+    def row_width(self) -> int:
+        """A pending row's floats: its conv input (a gated delta net: and b, a)."""
+        return self.conv_dim if self.short_conv else self.conv_dim + 2 * self.num_v_heads
 
     def fused_sizes(self) -> dict[str, list[int]]:
         """Rows of the fused roles' parts: q|k|v and z, b and a (Qwen3-Next's in_proj_qkvz / in_proj_ba, split)."""
@@ -62,6 +84,30 @@ class HybridConfig:
     def recurrent_state_shape(self) -> tuple[int, int, int]:
         """A layer's recurrent state per sequence: [value heads, key_head_dim, value_head_dim]."""
         return (self.num_v_heads, self.k_dim, self.v_dim)
+
+
+def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """ModelConfig fields of an LFM2 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are short
+    convs), the MLP width after transformers' `block_auto_adjust_ff_dim`; conv biases and no attention layer refused."""
+    types = data.get("layer_types") or ["full_attention" if i in (data.get("full_attn_idxs") or []) else "conv" for i in range(layers)]
+    types = list(types)[:layers]
+    other = sorted(set(types) - {"full_attention", "conv"})
+    if other:
+        raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in an LFM2 model")
+    if data.get("conv_bias"):
+        raise UnsupportedError(f"{source}: conv_bias true (short-conv biases) is not supported")
+    if "full_attention" not in types:
+        raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
+    inter = int(data["intermediate_size"])
+    if data.get("block_auto_adjust_ff_dim"):  # transformers' Lfm2MLP
+        inter = int(2 * inter / 3)
+        if data.get("block_ffn_dim_multiplier") is not None:
+            multiple = int(data.get("block_multiple_of") or 256)
+            inter = int(float(data["block_ffn_dim_multiplier"]) * inter)
+            inter = multiple * ((inter + multiple - 1) // multiple)
+    hybrid = HybridConfig(linear=[t == "conv" for t in types], kind="short_conv", width=int(data["hidden_size"]),
+                          conv_kernel=int(data.get("conv_L_cache") or 3))
+    return dict(hybrid=hybrid, intermediate_size=inter)
 
 
 def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
