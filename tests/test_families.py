@@ -246,7 +246,7 @@ def make_family_model(folder, name: str, seed: int = 0, families: dict | None = 
             else:  # norm gains and biases away from their initial values
                 p.add_(0.2 * torch.randn_like(p))
         for name, b in [*model.named_buffers(), *model.named_parameters()]:
-            if name.endswith("e_score_correction_bias"):  # a choice bias that changes which experts win
+            if name.endswith(("e_score_correction_bias", "expert_bias")):  # a choice bias that changes which experts win
                 b.copy_(0.1 * torch.randn_like(b))
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scalar (a buffer, 1 at init)
                 b.copy_(0.5 + torch.rand_like(b))

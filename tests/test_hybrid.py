@@ -1,5 +1,5 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2: short
-convs beside attention) against
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
+LFM2-MoE: short convs beside attention) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -24,6 +24,9 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
     # LFM2: layers 0-2 short convs (kernel 3), layer 3 attention with per-head q / k norms; the MLP width adjusted
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
+    # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
+    "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"], num_dense_layers=1,
+                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
 }
 
 
@@ -109,7 +112,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -160,7 +163,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
     np.testing.assert_array_equal(logits, plain_logits)
 
 
-@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2", ("conv_in", "conv_out"))])
+@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
     (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding (`verify`: identical)."""
@@ -314,3 +317,22 @@ def test_lfm2_config_keys_and_refusals():
         config_from_hf(dict(data, conv_bias=True), "lfm2.json")
     with pytest.raises(UnsupportedError, match="without a full_attention layer"):
         config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json")
+
+
+def test_lfm2_moe_config_keys():
+    """LFM2-MoE's config.json keys (LFM2-8B-A1B's shape): short convs where no attention, the dense MLP of
+    intermediate_size unadjusted on the first num_dense_layers, sigmoid routing in one group with the score bias,
+    renormalised with transformers' 1e-6."""
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="lfm2_moe", vocab_size=65536, hidden_size=2048, intermediate_size=7168, moe_intermediate_size=1792,
+                num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=8, num_dense_layers=2, num_experts=32,
+                num_experts_per_tok=4, use_expert_bias=True, norm_topk_prob=True, routed_scaling_factor=1.0, conv_L_cache=3,
+                norm_eps=1e-5, tie_embedding=True, rope_theta=1000000.0, max_position_embeddings=128000,
+                layer_types=["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)])
+    cfg = config_from_hf(data, "lfm2_moe.json")
+    moe = cfg.moe
+    assert cfg.intermediate_size == 7168 and [i for i in range(24) if not cfg.linear(i)] == [2, 6, 10, 14, 18, 21]
+    assert (moe.routing, moe.score_bias, moe.norm_topk_prob, moe.renorm_eps) == ("sigmoid_group", True, True, 1e-6)
+    assert (moe.num_experts, moe.top_k, moe.expert_size, moe.dense_layers) == (32, 4, 1792, (0, 1))
+    assert moe.expert_sources(5, 3)["gate"] == "model.layers.5.feed_forward.experts.3.w1.weight"

@@ -215,7 +215,7 @@ def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | Non
     values = em.one("GatherElements", [scores, index], axis=-1)
     if moe.norm_topk_prob:
         total = em.one("ReduceSum", [values, em.const("moe.last_axis", [-1])], keepdims=1)
-        values = em.one("Div", [values, em.one("Add", [total, em.const("moe.tiny", 1e-20, np.float32)])])
+        values = em.one("Div", [values, em.one("Add", [total, em.const("moe.tiny", moe.renorm_eps, np.float32)])])
     return em.one("Mul", [values, em.const("moe.routed_scale", moe.routed_scale, np.float32)]), index
 
 

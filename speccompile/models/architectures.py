@@ -211,6 +211,11 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
 _HYBRID = dict(hybrid="gated_delta", norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
+_LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf={}, top_names={"model.embedding_norm.weight": "model.norm.weight"},
+             names={**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
+                    "o_proj": ("self_attn.out_proj.weight",), "q_norm": ("self_attn.q_layernorm.weight",),
+                    "k_norm": ("self_attn.k_layernorm.weight",), "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"),
+                    "down": ("feed_forward.w2.weight",)}, config_keys={"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"})
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
@@ -394,11 +399,10 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(("qwen3_next",), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text",), **_HYBRID, names=LINEAR_NAMES),
     "qwen3_5_moe": Family(("qwen3_5_moe_text",), **_HYBRID, moe="qwen2_moe", names=LINEAR_NAMES),
-    "lfm2": Family(("lfm2",), hybrid="short_conv", qk_norm="head", gguf={}, top_names={"model.embedding_norm.weight": "model.norm.weight"},
-                   names={**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
-                          "o_proj": ("self_attn.out_proj.weight",), "q_norm": ("self_attn.q_layernorm.weight",),
-                          "k_norm": ("self_attn.k_layernorm.weight",), "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"),
-                          "down": ("feed_forward.w2.weight",)}, config_keys={"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"}),
+    # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
+    # (score bias feed_forward.expert_bias) and dense first num_dense_layers
+    "lfm2": Family(("lfm2",), **_LFM2),
+    "lfm2_moe": Family(("lfm2_moe",), **_LFM2, moe="lfm2_moe"),
     # GPT-J: attention and a plain gelu_new MLP with biases on one biased LayerNorm (parallel), interleaved partial rotary
     # (rotary_dim), no attention biases, an lm_head bias; GPT-2's config keys (n_embd, n_inner None: 4 x n_embd)
     "gptj": Family(("gptj",), norm="layer", norm_bias=True, placement="parallel", rope_interleaved=True, mlp_gated=False,

@@ -95,7 +95,7 @@ def _group_route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor 
     index = torch.topk(choice.masked_fill(keep == 0, float("-inf") if sigmoid else 0.0), moe.top_k, dim=1)[1]
     values = scores.gather(1, index)
     if moe.norm_topk_prob:
-        values = values / (values.sum(dim=1, keepdim=True) + 1e-20)
+        values = values / (values.sum(dim=1, keepdim=True) + moe.renorm_eps)
     return values * moe.routed_scale, index
 
 

@@ -13,7 +13,7 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
 * `sigmoid_group` (DeepSeek-V3, Kimi K2, Moonlight): sigmoid scores; the choice reads them plus
   `e_score_correction_bias` (`score_bias`): the `n_group` groups of experts are scored by the sum of their top 2,
   only the experts of the best `topk_group` groups compete for the top k; the weights are the unbiased scores of
-  the chosen experts, renormalised (sum + 1e-20) when `norm_topk_prob`, times `routed_scale`. Its shared experts
+  the chosen experts, renormalised (sum + `renorm_eps`, 1e-20; LFM2-MoE 1e-6) when `norm_topk_prob`, times `routed_scale`. Its shared experts
   (`shared_experts`, moe_intermediate_size x n_shared_experts wide) are added ungated;
 * `softmax_group` (DeepSeek-V2): softmax scores; `group_limited_greedy` scores a group by its largest score and
   zeroes the experts outside the best topk_group groups (`greedy`: one group); the top k scores times
@@ -79,6 +79,7 @@ class MoeConfig:
     beside_dense: bool = False  # Gemma 4: the dense MLP and the experts side by side, each with its norms
     router_eps: float = 0.0  # normed_softmax_topk: the router input norm's epsilon (rms_norm_eps)
     scale_input: bool = False  # the routing weight multiplies the expert's input, not its output (Llama 4)
+    renorm_eps: float = 1e-20  # sigmoid_group's renormalisation: weights / (their sum + renorm_eps) (LFM2-MoE: 1e-6)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -245,6 +246,18 @@ def _llama4_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> 
                      shared_gated=False, scale_input=True, dense_layers=tuple(i for i in range(layers) if i not in sparse))
 
 
+def _lfm2_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> MoeConfig:
+    """LFM2-MoE: sigmoid top k of scores + expert_bias (one group), renormalised (sum + 1e-6), scaled; its experts
+    `feed_forward.experts.N.w1 / w3 / w2`; the first num_dense_layers dense."""
+    return MoeConfig(experts, top_k, int(data["moe_intermediate_size"]), "sigmoid_group", bool(data.get("norm_topk_prob", True)),
+                     block="feed_forward", projections=("w1", "w3", "w2"), score_bias=bool(data.get("use_expert_bias", True)),
+                     routed_scale=float(data.get("routed_scaling_factor", 1.0)), renorm_eps=1e-6,
+                     dense_layers=tuple(range(min(int(data.get("num_dense_layers") or 0), layers))))
+
+
+_LAYERED = {"llama4": _llama4_moe, "lfm2_moe": _lfm2_moe}  # MoE kinds read by a function of (data, experts, top_k, layers)
+
+
 def _uniform(data: dict[str, Any], key: str) -> int:
     """An int config key that may be a per-layer list (Hunyuan's moe_topk); a list of different values is refused."""
     value = data[key]
@@ -293,8 +306,8 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         inter = int(data["intermediate_size"])
         return MoeConfig(_uniform(data, "num_experts"), _uniform(data, "moe_topk"), inter, "softmax_topk", True,
                          shared_expert_size=inter, shared_name="shared_mlp", shared_gated=False)
-    if kind in ("cohere2_moe", "llama4"):
-        return _cohere2_moe(data, int(experts), top_k) if kind == "cohere2_moe" else _llama4_moe(data, int(experts), top_k, layers)
+    if kind == "cohere2_moe" or kind in _LAYERED:
+        return _cohere2_moe(data, int(experts), top_k) if kind == "cohere2_moe" else _LAYERED[kind](data, int(experts), top_k, layers)
     if kind == "minimax_m2":  # sigmoid scores, top k of scores + e_score_correction_bias, renormalised: one group
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sigmoid_group", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), score_bias=True)

@@ -121,6 +121,7 @@ _VIEWS = {
     "mlp.gate.wg.weight": ("mlp.gate.weight",),  # Hunyuan's router
     "mlp.gate.expert_bias": ("mlp.gate.e_score_correction_bias",),  # Sarvam-MoE / Param2-MoE (Ling's name)
     "mlp.expert_bias": ("mlp.gate.e_score_correction_bias",), "mlp.router.gate.weight": ("mlp.gate.weight",),  # Hy3
+    "feed_forward.expert_bias": ("feed_forward.gate.e_score_correction_bias",),  # LFM2-MoE
     # Gemma 4's MoE block (its own `moe` in these names): fused experts as Granite-MoE-SWA's, the router and its scales
     "experts.gate_up_proj": ("moe.experts.{e}.gate_proj.weight", "moe.experts.{e}.up_proj.weight"),
     "experts.down_proj": ("moe.experts.{e}.down_proj.weight",), "router.proj.weight": ("moe.router.weight",),
