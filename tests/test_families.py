@@ -194,6 +194,13 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
                   sliding_window=WINDOW, layer_types=_TWO, mlp_only_layers=[]),
     "hy_v3": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, router_scaling_factor=2.5,
                   mlp_layer_types=["dense", "sparse"]),
+    # AFMoE: sliding layer 0 (rope), full layer 1 (no rope), sandwich norms, q/k norms, a gate_proj on the attention
+    # output, layer 0 dense, layer 1 sigmoid routing with a score bias and shared experts, muP's embedding scale
+    "afmoe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=2, num_dense_layers=1,
+                  route_scale=2.5, sliding_window=WINDOW, layer_types=_TWO, mup_enabled=True),
+    # MiniCPM5-MoE: q and the output gate in one q_gate_proj, DeepSeek-V3's group routing (2 groups of 2), dense layer 0
+    "minicpm5_moe": dict(num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, n_group=2,
+                         topk_group=1, routed_scaling_factor=2.5, mlp_layer_types=["dense", "sparse"]),
     "minimax_m2": dict(num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
                        intermediate_size=32, rotary_dim=16),
     # GPT-J: parallel attention + plain gelu_new MLP on one biased LayerNorm, interleaved partial rotary, an lm_head bias;
@@ -367,7 +374,8 @@ def test_gemma3_270m_gguf_reads_as_gemma3():
     check_weights(cfg, model.weights)  # every tensor named by the family's GGUF names, in its shape
 
 
-@pytest.mark.parametrize("name", ["cohere2", "olmo2", "phi"])  # LayerNorm + parallel blocks; post norms; biased LayerNorm, plain MLP
+# LayerNorm + parallel blocks; post norms; biased LayerNorm, plain MLP; a gated attention output and sigmoid-routed experts
+@pytest.mark.parametrize("name", ["cohere2", "olmo2", "phi", "afmoe"])
 def test_int4_build_runs_packed_and_decodes_exactly(tmp_path, name):
     """The quantization passes take the family's graphs: INT4 packed (MatMulNBits) and greedy n-gram == plain."""
     import onnx
@@ -656,11 +664,12 @@ def test_families_not_built_say_why(model_type, reason):
                                        (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", mlp_layer_types=["dense", "sparse"]),
                                         "dense layers"),
                                        (dict(FAMILIES["cohere2_moe"], model_type="cohere2_moe", expert_selection_fn="relu"),
-                                        "expert_selection_fn 'relu'")])
+                                        "expert_selection_fn 'relu'"),
+                                       (dict(FAMILIES["afmoe"], model_type="afmoe", attention_bias=True), "afmoe with attention_bias")])
 def test_issue43_parts_not_built_are_refused(extra, key):
     """Granite SWA's rope bases beyond one per layer kind, Apertus 1.5's pruned LM head, OPT's post-norm blocks and
     project_in / project_out, GPT-BigCode's per-head fused qkv, GPT-2's per-layer attention scale, Cohere 2 MoE's RMSNorm
-    variant, dense layers and other routings: refused naming the key."""
+    variant, dense layers and other routings, AFMoE's attention biases (its gate has none): refused naming the key."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 

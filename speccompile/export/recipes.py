@@ -20,7 +20,8 @@ from typing import Iterator
 import numpy as np
 from onnx import TensorProto
 
-from ..models.architectures import BESIDE_ROLES, NORM_ROLES, family
+from ..models.architectures import family
+from ..models.weight_names import BESIDE_ROLES, NORM_ROLES
 from ..models.config import ModelConfig, eagle3_tap_layers
 from ..models.soft_tokens import SOFT_TABLE
 from ..models.weights import WeightSource

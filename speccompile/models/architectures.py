@@ -7,30 +7,7 @@ Face names per role, GGUF names per role). The torch reference (models/decoder.p
 (models/load.py) read only `ModelConfig` fields and the roles below, never a family's name: a family that only
 recombines existing features is one entry here (docs/DESIGN.md, "The architecture table").
 
-Roles of a layer's weights (HF names relative to `model.layers.{i}.`; a role with one name and several parts
-is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v rows, gate/up rows):
-  input_norm      the norm before attention (pre / sandwich / parallel)
-  qkv, qkv_bias   q, k, v projections (3 names) or one fused qkv_proj
-  q_norm, k_norm  q / k norms (per head, or over all heads: `qk_norm_full`; per head after rope: `qk_norm_after_rope`)
-  o_proj          attention output
-  post_attn_norm  norm of the attention output before the residual add (sandwich / post)
-  post_norm       the norm before the MLP (pre / sandwich)
-  gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
-  up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
-  post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
-  attn_sub_norm, ffn_sub_norm  norms of o_proj's and down_proj's inputs (`sub_norms`: BitNet)
-  layer_scalar    the layer output's learned multiplier [1] (Gemma 4)
-  ple_gate, ple_proj, ple_norm  the per-layer embeddings' block (Gemma 4's PLE): gate [P, hidden], projection
-                  [hidden, P], the norm of its output before the residual add
-  (KV sharing: a shared layer's qkv role is q_proj alone, and it has no k_norm)
-  act             xIELU's learned scalars alpha_p, alpha_n, beta, eps (Apertus; each shown as [1]), stacked [4]
-  <norm>_bias     a norm's bias (`norm_bias`, q/k norms included; named as the norm's weight with `.bias`)
-Multi-head latent attention (DeepSeek-V2/V3, `mla`) has its own attention roles instead of qkv (docs/DESIGN.md,
-"Multi-head latent attention"):
-  q_kv_a          q_a_proj and kv_a_proj_with_mqa stacked (one MatMul); `q_kv` when the model has no q_lora_rank:
-                  q_proj and kv_a_proj_with_mqa
-  q_a_norm, q_b   q_a_layernorm, q_b_proj (with q_lora_rank only); kv_a_norm: kv_a_layernorm (the latent's norm)
-  kv_b            kv_b_proj [heads * (nope + v), kv_lora_rank]: absorbed into the query and the output per head
+The weights' roles and Llama's names for them: models/weight_names.py.
 """
 
 from __future__ import annotations
@@ -38,46 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, SHORT_CONV_NAMES
+from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
-LLAMA_NAMES: dict[str, tuple[str, ...]] = {
-    "input_norm": ("input_layernorm.weight",),
-    "qkv": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-    "q_norm": ("self_attn.q_norm.weight",),
-    "k_norm": ("self_attn.k_norm.weight",),
-    "o_proj": ("self_attn.o_proj.weight",),
-    "post_norm": ("post_attention_layernorm.weight",),
-    "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-    "down": ("mlp.down_proj.weight",),
-    "o_bias": ("self_attn.o_proj.bias",),
-    "sinks": ("self_attn.sinks",),
-    "up": ("mlp.up_proj.weight",),
-    "up_bias": ("mlp.up_proj.bias",),
-    "down_bias": ("mlp.down_proj.bias",),
-    "act": ("mlp.act_fn.alpha_p", "mlp.act_fn.alpha_n", "mlp.act_fn.beta", "mlp.act_fn.eps"),  # xIELU's scalars
-    "layer_scalar": ("layer_scalar",),
-    "ple_gate": ("per_layer_input_gate.weight",), "ple_proj": ("per_layer_projection.weight",),
-    "ple_norm": ("post_per_layer_input_norm.weight",),
-    "attn_sub_norm": ("self_attn.attn_sub_norm.weight",), "ffn_sub_norm": ("mlp.ffn_sub_norm.weight",),  # BitNet
-}
-# Gemma 3n's AltUp (the streams' predict / correct coefficients, the router and its norm, the scale of the active stream's
-# correction) and LAuReL (the low-rank residual: left [rank, hidden], right [hidden, rank], its output's norm) per layer
-ALTUP_NAMES: dict[str, tuple[str, ...]] = {
-    "altup_scale": ("altup.correct_output_scale",), "altup_correct": ("altup.correction_coefs.weight",),
-    "altup_predict": ("altup.prediction_coefs.weight",), "altup_router": ("altup.modality_router.weight",),
-    "altup_router_norm": ("altup.router_norm.weight",), "laurel_left": ("laurel.linear_left.weight",),
-    "laurel_right": ("laurel.linear_right.weight",), "laurel_norm": ("laurel.post_laurel_norm.weight",)}
-NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
-BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
                    "post_mlp_norm": ("post_feedforward_layernorm.weight",)}  # Gemma 2 / 3: post_attention_layernorm: the attention output's
 _POST_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",),  # OLMo 2 / EXAONE 4: norms after each block only
                "post_mlp_norm": ("post_feedforward_layernorm.weight",)}
-LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 _PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")},  # OLMo 2 / EXAONE 4
@@ -172,6 +115,8 @@ class Family:
     embed_norm: bool = False  # the final norm also normalises the embeddings before layer 0 (nanochat)
     rope_reversed: bool = False  # rope turned the other way: rotate_half [x2, -x1], i.e. sin negated (nanochat)
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
+    output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
+    # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
@@ -403,6 +348,16 @@ FAMILIES: dict[str, Family] = {
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe",), **_LFM2, moe="lfm2_moe"),
+    # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k
+    # norms, a gated attention output (a gate_proj of its own), sigmoid routing with a score bias in one group, ungated
+    # shared experts, dense first num_dense_layers; muP's sqrt(hidden) embedding scale when mup_enabled
+    "afmoe": Family(("afmoe",), placement="sandwich", qk_norm="head", global_nope=True, output_gate="self_attn.gate_proj.weight",
+                    embed_scale="sqrt_hidden:mup_enabled", moe="afmoe", gguf={}, refused_keys=("attention_bias",),
+                    names={**_SANDWICH_NAMES, "post_norm": ("pre_mlp_layernorm.weight",), "post_mlp_norm": ("post_mlp_layernorm.weight",)}),
+    # MiniCPM5-MoE: Llama's attention with q and the output gate in one q_proj (per head q | gate; transformers' module
+    # calls it q_gate_proj), DeepSeek-V3's sigmoid group routing, dense layers by mlp_layer_types
+    "minicpm5_moe": Family(("minicpm5_moe",), output_gate="fused", moe="deepseek_v3", config_keys=_EXPERT_KEYS, gguf={},
+                           refused_keys=("attention_bias",)),
     # GPT-J: attention and a plain gelu_new MLP with biases on one biased LayerNorm (parallel), interleaved partial rotary
     # (rotary_dim), no attention biases, an lm_head bias; GPT-2's config keys (n_embd, n_inner None: 4 x n_embd)
     "gptj": Family(("gptj",), norm="layer", norm_bias=True, placement="parallel", rope_interleaved=True, mlp_gated=False,

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..errors import InputError, UnsupportedError
 from .altup_keys import altup_keys
-from .architectures import ALTUP_NAMES, BESIDE_ROLES, FAMILIES, HF_ACTS, Family, family, family_name
+from .architectures import FAMILIES, HF_ACTS, Family, family, family_name
+from .weight_names import ALTUP_NAMES, BESIDE_ROLES
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields, bitnet_gguf_keys
@@ -289,7 +290,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         **(altup_keys(data, types, layers, source) if fam.altup else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
-        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed,
+        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed, attn_output_gate=bool(fam.output_gate),
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source), **(llama4_fields(data) if fam.attn_scale == "llama4_nope" else {})}

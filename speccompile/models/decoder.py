@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
-from .architectures import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, MLA_NAMES, NORM_ROLES, family
+from .architectures import MLA_NAMES, family
+from .weight_names import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, NORM_ROLES
 from .linear_config import LINEAR_NAMES, SHORT_CONV_NAMES
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense

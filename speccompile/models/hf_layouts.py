@@ -107,6 +107,31 @@ class _Ones(WeightSource):
         return [*self._inner.names(), *self._ones]
 
 
+class _GateApart(WeightSource):
+    """AFMoE's attention output gate, a projection of its own ([heads * head_dim, in]), shown inside q_proj as
+    Qwen3-Next keeps it: [heads, q | gate] rows (`ModelConfig.attn_output_gate`); the gate tensors themselves hidden."""
+
+    def __init__(self, inner: WeightSource, query: str, gate: str, heads: int):
+        self._inner, self._heads = inner, heads
+        self._gates = {n[:-len(gate)] + query: n for n in inner.names() if n.startswith("model.layers.") and n.endswith("." + gate)}
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._inner.info(name)
+        return TensorInfo((2 * info.shape[0], *info.shape[1:]), info.dtype) if name in self._gates else info
+
+    def read(self, name: str) -> np.ndarray:
+        query = self._inner.read(name)
+        if name not in self._gates:
+            return query
+        gate = self._inner.read(self._gates[name])
+        both = np.stack([query.reshape(self._heads, -1, *query.shape[1:]), gate.reshape(self._heads, -1, *gate.shape[1:])], axis=1)
+        return both.reshape(2 * query.shape[0], *query.shape[1:])
+
+    def names(self) -> list[str]:
+        hidden = set(self._gates.values())
+        return [n for n in self._inner.names() if n not in hidden]
+
+
 def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` with a gain of ones for each norm of every layer (those of the layers its tensors name) and the final
     norm, of the embedding's width (OLMo 1, nanochat), and for per-head q / k norms of the head's (nanochat)."""
@@ -125,7 +150,8 @@ def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSo
 def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig | None = None) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
     then its `top_names`, a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v, and Qwen3-Next's
-    per-group linear-attention projections (`hybrid`) shown as Qwen3.5's rows."""
+    per-group linear-attention projections (`hybrid`) shown as Qwen3.5's rows, and an output gate of its own
+    (`output_gate`: AFMoE) inside q_proj."""
     if fam.prefix and fam.layers_key and not any(n.startswith(fam.prefix) for n in source.names()):  # a base model's save
         source = source.renamed({n: fam.prefix + n for n in source.names() if not n.startswith("lm_head.")})  # (GPT-2's `h.0.*`)
     if fam.prefix:
@@ -147,6 +173,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
     if hybrid is not None:
         grouped = {n for n in source.names() if n.endswith(("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"))}
         source = _LinearPerGroup(source, grouped, hybrid) if grouped else source
+    if fam.output_gate not in ("", "fused"):
+        source = _GateApart(source, fam.layer_names()["qkv"][0], fam.output_gate, heads)
     if not fam.qkv_per_head:
         return source
     layer = fam.layer_names()

@@ -42,8 +42,10 @@ def multipliers(data: dict[str, Any], fam: Family, hidden: int, head_dim: int) -
     rope = rope_params(data)[0] if fam.attn_scale == "llama4" else {}
     if rope.get("llama_4_scaling_beta"):  # the scores' scale stays head_dim ** -0.5
         out.update(query_scale_beta=float(rope["llama_4_scaling_beta"]), query_scale_length=int(rope["original_max_position_embeddings"]))
-    if fam.embed_scale == "sqrt_hidden":
-        out["embed_scale"] = math.sqrt(hidden)
+    if fam.embed_scale.startswith("sqrt_hidden"):  # "sqrt_hidden:key": only where the config's key is true (AFMoE's mup_enabled)
+        key = fam.embed_scale.partition(":")[2]
+        if not key or data.get(key):
+            out["embed_scale"] = math.sqrt(hidden)
     elif fam.embed_scale:
         out["embed_scale"] = float(data.get(fam.embed_scale, 1.0))
     if fam.attn_scale == "query_pre_attn_scalar":

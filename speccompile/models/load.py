@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import InputError, SpecCompileError, UnsupportedError
 from ..manifest import sha256_of
-from .architectures import LLAMA_GGUF, family
+from .architectures import family
+from .weight_names import LLAMA_GGUF
 from .config import ModelConfig, config_from_gguf, config_from_hf
 from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .hf_config import as_transformers_reads

@@ -255,7 +255,16 @@ def _lfm2_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> Mo
                      dense_layers=tuple(range(min(int(data.get("num_dense_layers") or 0), layers))))
 
 
-_LAYERED = {"llama4": _llama4_moe, "lfm2_moe": _lfm2_moe}  # MoE kinds read by a function of (data, experts, top_k, layers)
+def _afmoe_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> MoeConfig:
+    """AFMoE: sigmoid top k of scores + expert_bias (one group), renormalised, times route_scale; ungated shared
+    experts (moe_intermediate_size x num_shared_experts wide); the first num_dense_layers dense."""
+    inter = int(data["moe_intermediate_size"])
+    return MoeConfig(experts, top_k, inter, "sigmoid_group", True, score_bias=True, routed_scale=float(data.get("route_scale", 1.0)),
+                     shared_expert_size=inter * int(data.get("num_shared_experts") or 0), shared_name="shared_experts", shared_gated=False,
+                     dense_layers=tuple(range(min(int(data.get("num_dense_layers") or 0), layers))))
+
+
+_LAYERED = {"llama4": _llama4_moe, "lfm2_moe": _lfm2_moe, "afmoe": _afmoe_moe}  # MoE kinds read by a function of (data, experts, top_k, layers)
 
 
 def _uniform(data: dict[str, Any], key: str) -> int:

@@ -24,7 +24,6 @@ REFUSED = {
     "diffllama": "differential attention (two softmax maps subtracted) is not built",
     "axk1": "a norm of the MoE block's output on MoE layers only (post_mlp_layernorm) is not built",
     "kolibri1": "routing on logits + score bias with sigmoid weights is not built",
-    "minicpm5_moe": "a sigmoid gate on the attention output (q_gate_proj) is not built",
     "laguna": "a softplus gate on the attention output, per-layer head counts and per-layer-type partial rotary are not built",
     "mimo_v2_flash": "values narrower than keys (v_head_dim), sinks on sliding layers only and the value scale are not built",
     "ergo": "per-expert output norms, ungated ReLU-squared experts and the global-attention scale are not built",
