@@ -17,10 +17,10 @@ from test_families import _close, _decoded, _hf_logits, make_family_model
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 _LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                linear_value_head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
-_MAMBA2 = dict(num_hidden_layers=4, layer_types=["mamba", "mamba", "mamba", "attention"], mamba_n_heads=8, mamba_n_groups=2,
-               mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_expand=2, intermediate_size=32, shared_intermediate_size=48,
-               position_embedding_type="nope", embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5,
-               logits_scaling=2.0)
+_MAMBA2 = dict(num_hidden_layers=4, mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_expand=2)
+_GRANITE_H = dict(_MAMBA2, layer_types=["mamba", "mamba", "mamba", "attention"], intermediate_size=32, shared_intermediate_size=48,
+                  position_embedding_type="nope", embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                  logits_scaling=2.0)
 HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), layer 3 gated full attention (rotary on 16 of
     # its 32 dims: GroupQueryAttention's rotary needs a multiple of 16)
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
@@ -30,8 +30,10 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
     # Granite 4.0-H: layers 0-2 Mamba-2 (8 heads of 16 in 2 groups, d_state 16, conv kernel 4 with its bias), layer 3 NoPE
     # attention; Granite's multipliers; MoE with a shared MLP (granitemoehybrid_dense: the shared MLP alone)
-    "granitemoehybrid": dict(_MAMBA2, num_local_experts=4, num_experts_per_tok=2),
-    "granitemoehybrid_dense": dict(_MAMBA2, model_type="granitemoehybrid", num_local_experts=0),
+    "granitemoehybrid": dict(_GRANITE_H, num_local_experts=4, num_experts_per_tok=2),
+    "granitemoehybrid_dense": dict(_GRANITE_H, model_type="granitemoehybrid", num_local_experts=0),
+    # Bamba: the same Mamba-2 layers, attention at attn_layer_indices (rope on 16 of its 32 dims), a SwiGLU
+    "bamba": dict(_MAMBA2, attn_layer_indices=[3], head_dim=32),
 }
 
 
@@ -117,7 +119,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "granitemoehybrid", "granitemoehybrid_dense"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "granitemoehybrid", "granitemoehybrid_dense", "bamba"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -357,6 +359,26 @@ def test_granite_4_h_config_keys_and_refusals():
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
-    for model_type in ("bamba", "nemotron_h", "mamba", "falcon_mamba", "jamba"):
+    with pytest.raises(UnsupportedError, match="granite.json: architecture 'nemotron_h': layers of one block each"):
+        config_from_hf(dict(data, model_type="nemotron_h"), "granite.json")
+    for model_type in ("mamba", "falcon_mamba", "jamba"):  # Mamba-1
         with pytest.raises(UnsupportedError, match=f"granite.json: unsupported architecture '{model_type}'"):
             config_from_hf(dict(data, model_type=model_type), "granite.json")
+
+
+def test_bamba_config_keys():
+    """Bamba-9B's config.json keys: attention at attn_layer_indices with rope on half of each head (transformers'
+    hard-coded partial_rotary_factor 0.5), Mamba-2 layers elsewhere, a dense SwiGLU; MLP biases refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="bamba", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, attn_layer_indices=[9, 18, 27], mamba_n_heads=128, mamba_d_head=64,
+                mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True, mamba_proj_bias=False,
+                rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=262144, tie_word_embeddings=False)
+    cfg = config_from_hf(data, "bamba.json")
+    assert [i for i in range(32) if not cfg.linear(i)] == [9, 18, 27] and cfg.nope_layers == [] and cfg.rotary_dim == 64
+    assert cfg.moe is None and cfg.intermediate_size == 14336 and cfg.hybrid.recurrent_state_shape() == (128, 128, 64)
+    assert cfg.embed_scale == 1.0 and cfg.residual_scale == 1.0 and cfg.logit_scale == 1.0
+    with pytest.raises(UnsupportedError, match="bamba.json: bamba with mlp_bias"):
+        config_from_hf(dict(data, mlp_bias=True), "bamba.json")

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from ..models.config import ModelConfig
+from ..models.linear_config import HybridConfig
 from .graph_builder import INT64_MAX, GraphBuilder
 from .moe_ops import Emitter
 
@@ -89,7 +90,7 @@ def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
     return helper.make_graph(b.nodes, f"mamba2_{tag}_{i}", inputs, [helper.make_tensor_value_info(o, elem, None) for o in outputs])
 
 
-def _per_head(b: GraphBuilder, s: str, hy, t: str) -> str:
+def _per_head(b: GraphBuilder, s: str, hy: HybridConfig, t: str) -> str:
     """B or C [b, groups * N] -> [b, heads, N], each group serving heads / groups consecutive heads."""
     grouped = b.one(s, "Reshape", [t, b.const(s, [0, hy.num_k_heads, hy.k_dim])])
     per = hy.num_v_heads // hy.num_k_heads

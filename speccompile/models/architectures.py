@@ -172,7 +172,7 @@ class Family:
     embed_norm: bool = False  # the final norm also normalises the embeddings before layer 0 (nanochat)
     rope_reversed: bool = False  # rope turned the other way: rotate_half [x2, -x1], i.e. sin negated (nanochat)
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
-    hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H)
+    hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -210,7 +210,7 @@ _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multip
 _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attention_bias"},
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
-_SHARED_MLP = {"gate_up": tuple(f"block_sparse_moe.shared_expert.{p}_proj.weight" for p in ("gate", "up")), "down": ("block_sparse_moe.shared_expert.down_proj.weight",)}
+_FEED_FORWARD, _SHARED_MLP = ({"gate_up": (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), "down": (f"{m}.down_proj.weight",)} for m in ("feed_forward", "block_sparse_moe.shared_expert"))
 _HYBRID = dict(hybrid="gated_delta", norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
@@ -395,10 +395,10 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(("qwen3_next",), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text",), **_HYBRID, names=LINEAR_NAMES),
     "qwen3_5_moe": Family(("qwen3_5_moe_text",), **_HYBRID, moe="qwen2_moe", names=LINEAR_NAMES),
-    # Granite 4.0-H: Mamba-2 layers beside NoPE attention (position_embedding_type "rope": rope), Granite's multipliers, Granite-MoE-
-    # Shared's experts and shared MLP (num_local_experts 0: the shared MLP alone, a SwiGLU, named as models/moe_weights.py shows it)
-    "granitemoehybrid": Family(("granitemoehybrid",), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf={}, bias_keys={"o": "attention_bias"},
-                               names={**MAMBA2_NAMES, **_SHARED_MLP}),
+    # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers, Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it)
+    "granitemoehybrid": Family(("granitemoehybrid",), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf={}, bias_keys={"o": "attention_bias"}, names={**MAMBA2_NAMES, **_SHARED_MLP}, config_defaults={"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024}),  # transformers'
+    # Bamba: attention at attn_layer_indices (Llama's, rope on half of each head), a SwiGLU (feed_forward, after pre_ff_layernorm)
+    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"}, config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5}, names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)}, top_names={"model.final_layernorm.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), hybrid="short_conv", qk_norm="head", gguf={}, top_names={"model.embedding_norm.weight": "model.norm.weight"},
                    names={**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
                           "o_proj": ("self_attn.out_proj.weight",), "q_norm": ("self_attn.q_layernorm.weight",),
@@ -434,7 +434,7 @@ FAMILIES: dict[str, Family] = {
     # BitNet b1.58: Llama with sub-norms (of o_proj's, down_proj's inputs), a gated relu2 MLP, packed ternary weights, int8 activations (models/bitnet.py)
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
-    "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names={"gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"), "down": ("feed_forward.down_proj.weight",)}),
+    "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -6,8 +6,8 @@ SiLU, then per token the recurrence of transformers' `torch_recurrent_gated_delt
 key_head_dim, value_head_dim], and a gated RMSNorm of its output times SiLU(z) before out_proj. Its cache is
 (conv state [conv_dim, kernel - 1], recurrent state) instead of KV rows. The other layers are full attention with
 an output gate (q_proj doubled: per head q then gate; the output times sigmoid(gate) before o_proj). Other kinds of
-recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py) and Granite 4.0-H's Mamba-2 layers
-(models/mamba2.py), each with its config reader below.
+recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py) and Granite 4.0-H's and Bamba's
+Mamba-2 layers (models/mamba2.py), each with its config reader below.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ MAMBA2_NAMES: dict[str, tuple[str, ...]] = {
 class HybridConfig:
     """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"
     (Qwen3-Next, Qwen3.5: conv and recurrent states), "short_conv" (LFM2: a conv state alone over `width` channels) or
-    "mamba2" (Granite 4.0-H: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
+    "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)."""
 
     linear: list[bool] = field(default_factory=list)
@@ -166,12 +166,14 @@ def _infinite(value: Any) -> bool:
 
 
 def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
-    """ModelConfig fields of a Granite 4.0-H config.json (granitemoehybrid): `hybrid` ("mamba" / "linear_attention"
-    layers are Mamba-2, "attention" / "full_attention" attention), NoPE attention unless position_embedding_type is
-    "rope", the dense MLP's width (shared_intermediate_size) when num_local_experts is 0; projection biases, a
+    """ModelConfig fields of a Granite 4.0-H (granitemoehybrid) or Bamba config.json: `hybrid` ("mamba" /
+    "linear_attention" layers are Mamba-2, "attention" / "full_attention" or Bamba's attn_layer_indices attention), NoPE
+    attention unless position_embedding_type is "rope" (Bamba's default), Granite's dense MLP width
+    (shared_intermediate_size) when num_local_experts is 0; projection biases, a
     time_step_limit other than (0, inf), an activation other than SiLU and no attention layer refused."""
     kinds = {"mamba": True, "linear_attention": True, "attention": False, "full_attention": False}
-    types = list(data.get("layer_types") or ["mamba"] * layers)[:layers]
+    indices = data.get("attn_layer_indices") or []  # Bamba's
+    types = list(data.get("layer_types") or ["attention" if i in indices else "mamba" for i in range(layers)])[:layers]
     other = sorted(set(types) - set(kinds))
     if other:
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in a Mamba-2 hybrid model")
@@ -193,6 +195,6 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
                           conv_bias=bool(data.get("mamba_conv_bias", True)))
     if all(hybrid.linear):
         raise _no_attention(source)
-    dense = {} if int(data.get("num_local_experts") or 0) else {"intermediate_size": int(data.get("shared_intermediate_size") or 1024)}
+    dense = {"intermediate_size": int(data["shared_intermediate_size"])} if "shared_intermediate_size" in data and not data["num_local_experts"] else {}
     nope = {} if data.get("position_embedding_type") == "rope" else {"nope_layers": list(range(layers))}
     return dict(hybrid=hybrid, **dense, **nope)
