@@ -1,5 +1,5 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
-LFM2-MoE: short convs beside attention) against
+LFM2-MoE: short convs beside attention; Granite 4.0-H and Bamba: Mamba-2 layers beside attention) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -17,6 +17,10 @@ from test_families import _close, _decoded, _hf_logits, make_family_model
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 _LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                linear_value_head_dim=8, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+_MAMBA2 = dict(num_hidden_layers=4, mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_expand=2)
+_GRANITE_H = dict(_MAMBA2, layer_types=["mamba", "mamba", "mamba", "attention"], intermediate_size=32, shared_intermediate_size=48,
+                  position_embedding_type="nope", embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                  logits_scaling=2.0)
 HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), layer 3 gated full attention (rotary on 16 of
     # its 32 dims: GroupQueryAttention's rotary needs a multiple of 16)
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
@@ -27,6 +31,12 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
     "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"], num_dense_layers=1,
                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # Granite 4.0-H: layers 0-2 Mamba-2 (8 heads of 16 in 2 groups, d_state 16, conv kernel 4 with its bias), layer 3 NoPE
+    # attention; Granite's multipliers; MoE with a shared MLP (granitemoehybrid_dense: the shared MLP alone)
+    "granitemoehybrid": dict(_GRANITE_H, num_local_experts=4, num_experts_per_tok=2),
+    "granitemoehybrid_dense": dict(_GRANITE_H, model_type="granitemoehybrid", num_local_experts=0),
+    # Bamba: the same Mamba-2 layers, attention at attn_layer_indices (rope on 16 of its 32 dims), a SwiGLU
+    "bamba": dict(_MAMBA2, attn_layer_indices=[3], head_dim=32),
 }
 
 
@@ -112,7 +122,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -163,7 +173,8 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
     np.testing.assert_array_equal(logits, plain_logits)
 
 
-@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts"))])
+@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
+                                                ("granitemoehybrid", ("ssm_in", "ssm_out"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
     (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding (`verify`: identical)."""
@@ -336,3 +347,60 @@ def test_lfm2_moe_config_keys():
     assert (moe.routing, moe.score_bias, moe.norm_topk_prob, moe.renorm_eps) == ("sigmoid_group", True, True, 1e-6)
     assert (moe.num_experts, moe.top_k, moe.expert_size, moe.dense_layers) == (32, 4, 1792, (0, 1))
     assert moe.expert_sources(5, 3)["gate"] == "model.layers.5.feed_forward.experts.3.w1.weight"
+
+
+def test_granite_4_h_config_keys_and_refusals():
+    """Granite 4.0-H-Tiny's config.json (transformers 4.56's keys: layer_types "mamba" / "attention", NoPE, 64 experts
+    and a shared MLP): Mamba-2 layers where no attention, their shape, Granite's multipliers; what is not built refused
+    in one line naming the file and the key (bamba and nemotron_h: not in the table)."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    attention = [5, 15, 25, 35]
+    data = dict(model_type="granitemoehybrid", vocab_size=100352, hidden_size=1536, intermediate_size=512, num_hidden_layers=40,
+                num_attention_heads=12, num_key_value_heads=4, layer_types=["attention" if i in attention else "mamba" for i in range(40)],
+                mamba_n_heads=48, mamba_n_groups=1, mamba_d_state=128, mamba_d_head=64, mamba_d_conv=4, mamba_expand=2,
+                mamba_chunk_size=256, mamba_conv_bias=True, mamba_proj_bias=False, num_local_experts=64, num_experts_per_tok=6,
+                shared_intermediate_size=1024, position_embedding_type="nope", embedding_multiplier=12, attention_multiplier=0.0078125,
+                residual_multiplier=0.22, logits_scaling=6, rms_norm_eps=1e-5, rope_theta=10000, tie_word_embeddings=True,
+                hidden_act="silu", max_position_embeddings=131072, attention_bias=False, normalization_function="rmsnorm")
+    cfg = config_from_hf(data, "granite.json")
+    assert [i for i in range(40) if not cfg.linear(i)] == attention and cfg.nope_layers == list(range(40))
+    hy = cfg.hybrid
+    assert hy.mamba2 and hy.conv_bias and hy.conv_dim == 3072 + 2 * 128 and hy.row_width() == 3328 + 48 + 1
+    assert hy.conv_state_shape() == (3328, 3) and hy.recurrent_state_shape() == (48, 128, 64) and hy.state_kinds() == ("conv", "recurrent", "rows")
+    assert cfg.moe.num_experts == 64 and cfg.moe.top_k == 6 and cfg.moe.shared_expert_size == 1024 and cfg.moe.expert_size == 512
+    assert cfg.attn_scale == 0.0078125 and cfg.embed_scale == 12 and cfg.residual_scale == 0.22 and cfg.logit_scale == 1 / 6
+    assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings
+    dense = config_from_hf(dict(data, num_local_experts=0, position_embedding_type="rope"), "granite.json")
+    assert dense.moe is None and dense.intermediate_size == 1024 and dense.nope_layers == []
+    for key, value, said in (("mamba_proj_bias", True, "granite.json: mamba_proj_bias true"),
+                             ("time_step_limit", [0.001, 0.1], "granite.json: time_step_limit"),
+                             ("hidden_act", "gelu", "granite.json: hidden_act 'gelu'"),
+                             ("layer_types", ["mamba"] * 40, "every layer is linear_attention"),
+                             ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
+        with pytest.raises(UnsupportedError, match=said):
+            config_from_hf(dict(data, **{key: value}), "granite.json")
+    with pytest.raises(UnsupportedError, match="granite.json: architecture 'nemotron_h': layers of one block each"):
+        config_from_hf(dict(data, model_type="nemotron_h"), "granite.json")
+    for model_type in ("mamba", "falcon_mamba", "jamba"):  # Mamba-1
+        with pytest.raises(UnsupportedError, match=f"granite.json: unsupported architecture '{model_type}'"):
+            config_from_hf(dict(data, model_type=model_type), "granite.json")
+
+
+def test_bamba_config_keys():
+    """Bamba-9B's config.json keys: attention at attn_layer_indices with rope on half of each head (transformers'
+    hard-coded partial_rotary_factor 0.5), Mamba-2 layers elsewhere, a dense SwiGLU; MLP biases refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="bamba", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, attn_layer_indices=[9, 18, 27], mamba_n_heads=128, mamba_d_head=64,
+                mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_conv_bias=True, mamba_proj_bias=False,
+                rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=262144, tie_word_embeddings=False)
+    cfg = config_from_hf(data, "bamba.json")
+    assert [i for i in range(32) if not cfg.linear(i)] == [9, 18, 27] and cfg.nope_layers == [] and cfg.rotary_dim == 64
+    assert cfg.moe is None and cfg.intermediate_size == 14336 and cfg.hybrid.recurrent_state_shape() == (128, 128, 64)
+    assert cfg.embed_scale == 1.0 and cfg.residual_scale == 1.0 and cfg.logit_scale == 1.0
+    with pytest.raises(UnsupportedError, match="bamba.json: bamba with mlp_bias"):
+        config_from_hf(dict(data, mlp_bias=True), "bamba.json")

@@ -94,7 +94,8 @@ FINAL_NORM_BIAS = ("model.norm.bias",)
 LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
-              "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out"}  # MatMul weights [in, out]
+              "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out",
+              "ssm_in", "ssm_out"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -199,8 +200,13 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
-    """The shapes of a recurrent layer's roles (models/linear_config.py LINEAR_NAMES, SHORT_CONV_NAMES)."""
+    """The shapes of a recurrent layer's roles (models/linear_config.py LINEAR_NAMES, SHORT_CONV_NAMES, MAMBA2_NAMES)."""
     hy, h = c.hybrid, c.hidden_size
+    if hy.mamba2:
+        heads = [(hy.num_v_heads,)]
+        return {"ssm_in": [(hy.value_dim + hy.conv_dim + hy.num_v_heads, h)], "ssm_conv": [(hy.conv_dim, 1, hy.conv_kernel)],
+                "ssm_conv_bias": [(hy.conv_dim,)], "ssm_a_log": heads, "ssm_dt_bias": heads, "ssm_d": heads,
+                "ssm_norm": [(hy.value_dim,)], "ssm_out": [(h, hy.value_dim)]}
     if hy.short_conv:
         return {"conv_in": [(3 * hy.width, h)], "conv_kernel": [(hy.width, 1, hy.conv_kernel)], "conv_out": [(h, hy.width)]}
     return {"lin_qkvz": [(hy.conv_dim, h), (hy.value_dim, h)], "lin_ba": [(hy.num_v_heads, h)] * 2,

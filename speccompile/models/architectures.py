@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -118,6 +118,7 @@ class Family:
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
+    # | mamba2 (Granite 4.0-H, Bamba)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -155,6 +156,8 @@ _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multip
 _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attention_bias"},
                 names={"q_norm": ("self_attn.query_layernorm.weight",), "k_norm": ("self_attn.key_layernorm.weight",)},
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
+_FEED_FORWARD, _SHARED_MLP = ({"gate_up": (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), "down": (f"{m}.down_proj.weight",)}
+                              for m in ("feed_forward", "block_sparse_moe.shared_expert"))
 _HYBRID = dict(hybrid="gated_delta", norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
 _LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf={}, top_names={"model.embedding_norm.weight": "model.norm.weight"},
              names={**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
@@ -344,6 +347,17 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(("qwen3_next",), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text",), **_HYBRID, names=LINEAR_NAMES),
     "qwen3_5_moe": Family(("qwen3_5_moe_text",), **_HYBRID, moe="qwen2_moe", names=LINEAR_NAMES),
+    # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
+    # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
+    # transformers' defaults where config.json leaves them out
+    "granitemoehybrid": Family(("granitemoehybrid",), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf={}, bias_keys={"o": "attention_bias"},
+                               names={**MAMBA2_NAMES, **_SHARED_MLP},
+                               config_defaults={"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024}),
+    # Bamba: attention at attn_layer_indices (Llama's, rope on half of each head), a SwiGLU (feed_forward, after pre_ff_layernorm)
+    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"},
+                    config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
+                    names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
+                    top_names={"model.final_layernorm.weight": "model.norm.weight"}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
@@ -388,7 +402,7 @@ FAMILIES: dict[str, Family] = {
     # BitNet b1.58: Llama with sub-norms (of o_proj's, down_proj's inputs), a gated relu2 MLP, packed ternary weights, int8 activations (models/bitnet.py)
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
-    "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names={"gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"), "down": ("feed_forward.down_proj.weight",)}),
+    "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -19,7 +19,7 @@ from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, short_conv_from_hf
+from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
@@ -196,7 +196,7 @@ class ModelConfig:
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
-            roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias"))]
+            roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias"))]
         altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
         return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
             + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms + altup
@@ -333,7 +333,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
-        extra = {**(latent_attention(data, source) if fam.mla else {}), **({"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf}[fam.hybrid](data, layers, source) if fam.hybrid else {})}
+        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf}
+        extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
         raise InputError(f"{source}: config.json is missing required key {exc}") from None

@@ -5,7 +5,9 @@ projections q|k|v|z and b|a of the normed input, a depthwise causal conv1d (kern
 SiLU, then per token the recurrence of transformers' `torch_recurrent_gated_delta_rule` on a state [value heads,
 key_head_dim, value_head_dim], and a gated RMSNorm of its output times SiLU(z) before out_proj. Its cache is
 (conv state [conv_dim, kernel - 1], recurrent state) instead of KV rows. The other layers are full attention with
-an output gate (q_proj doubled: per head q then gate; the output times sigmoid(gate) before o_proj).
+an output gate (q_proj doubled: per head q then gate; the output times sigmoid(gate) before o_proj). Other kinds of
+recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py) and Granite 4.0-H's and Bamba's
+Mamba-2 layers (models/mamba2.py), each with its config reader below.
 """
 
 from __future__ import annotations
@@ -28,12 +30,21 @@ LINEAR_ROLES = tuple(LINEAR_NAMES)
 # a short-conv layer's roles (LFM2: in_proj -> B | C | x, the depthwise conv, out_proj)
 SHORT_CONV_NAMES: dict[str, tuple[str, ...]] = {"conv_in": ("conv.in_proj.weight",), "conv_kernel": ("conv.conv.weight",),
                                                 "conv_out": ("conv.out_proj.weight",)}
+# a Mamba-2 layer's roles (Granite 4.0-H: in_proj -> z | xBC | dt, the conv1d and its bias, the SSM's A_log / dt_bias /
+# D, the gated group norm, out_proj)
+MAMBA2_NAMES: dict[str, tuple[str, ...]] = {
+    "ssm_in": ("mamba.in_proj.weight",), "ssm_conv": ("mamba.conv1d.weight",), "ssm_conv_bias": ("mamba.conv1d.bias",),
+    "ssm_a_log": ("mamba.A_log",), "ssm_dt_bias": ("mamba.dt_bias",), "ssm_d": ("mamba.D",), "ssm_norm": ("mamba.norm.weight",),
+    "ssm_out": ("mamba.out_proj.weight",),
+}
 
 
 @dataclass(frozen=True)
 class HybridConfig:
     """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"
-    (Qwen3-Next, Qwen3.5: conv and recurrent states) or "short_conv" (LFM2: a conv state alone over `width` channels)."""
+    (Qwen3-Next, Qwen3.5: conv and recurrent states), "short_conv" (LFM2: a conv state alone over `width` channels) or
+    "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
+    `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)."""
 
     linear: list[bool] = field(default_factory=list)
     kind: str = "gated_delta"
@@ -43,6 +54,7 @@ class HybridConfig:
     k_dim: int = 0  # linear_key_head_dim
     v_dim: int = 0  # linear_value_head_dim
     conv_kernel: int = 4
+    conv_bias: bool = False  # a Mamba-2 conv1d's bias (mamba_conv_bias)
 
     @property
     def key_dim(self) -> int:
@@ -61,8 +73,14 @@ class HybridConfig:
     def short_conv(self) -> bool:
         return self.kind == "short_conv"
 
+    @property
+    def mamba2(self) -> bool:
+        return self.kind == "mamba2"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
+        if self.mamba2:
+            return tuple(r for r in MAMBA2_NAMES if self.conv_bias or r != "ssm_conv_bias")
         return tuple(SHORT_CONV_NAMES) if self.short_conv else LINEAR_ROLES
 
     def state_kinds(self) -> tuple[str, ...]:
@@ -70,8 +88,9 @@ class HybridConfig:
         return ("conv", "rows") if self.short_conv else ("conv", "recurrent", "rows")
 
     def row_width(self) -> int:
-        """A pending row's floats: its conv input (a gated delta net: and b, a)."""
-        return self.conv_dim if self.short_conv else self.conv_dim + 2 * self.num_v_heads
+        """A pending row's floats: its conv input (a gated delta net: and b, a; Mamba-2: and dt, and 1, the flag that
+        tells a row from the runtime's first zero row, which must leave the states as they are)."""
+        return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)
 
     def fused_sizes(self) -> dict[str, list[int]]:
         """Rows of the fused roles' parts: q|k|v and z, b and a (Qwen3-Next's in_proj_qkvz / in_proj_ba, split)."""
@@ -128,9 +147,54 @@ def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
                           num_v_heads=int(data["linear_num_value_heads"]), k_dim=int(data["linear_key_head_dim"]),
                           v_dim=int(data["linear_value_head_dim"]), conv_kernel=int(data.get("linear_conv_kernel_dim") or 4))
     if all(hybrid.linear):  # the runtime's sessions key off the KV inputs (every Qwen3-Next / Qwen3.5 has full layers)
-        raise UnsupportedError(f"{source}: a hybrid linear-attention model whose every layer is linear_attention (no "
-                               "full_attention layer) is not supported")
+        raise _no_attention(source)
     if hybrid.num_v_heads % hybrid.num_k_heads:
         raise UnsupportedError(f"{source}: linear_num_value_heads not a multiple of linear_num_key_heads is not supported")
     return dict(hybrid=hybrid, attn_output_gate=True)
 
+
+
+def _no_attention(source: str) -> UnsupportedError:
+    """The refusal of a hybrid model without an attention layer (the runtime's sessions key off the KV inputs)."""
+    return UnsupportedError(f"{source}: a hybrid linear-attention model whose every layer is linear_attention (no "
+                            "full_attention layer) is not supported")
+
+
+def _infinite(value: Any) -> bool:
+    """A config.json float that is +inf (json's Infinity, or transformers' {"__float__": "Infinity"})."""
+    return value == {"__float__": "Infinity"} or (isinstance(value, (int, float)) and value == float("inf"))
+
+
+def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """ModelConfig fields of a Granite 4.0-H (granitemoehybrid) or Bamba config.json: `hybrid` ("mamba" /
+    "linear_attention" layers are Mamba-2, "attention" / "full_attention" or Bamba's attn_layer_indices attention), NoPE
+    attention unless position_embedding_type is "rope" (Bamba's default), Granite's dense MLP width
+    (shared_intermediate_size) when num_local_experts is 0; projection biases, a
+    time_step_limit other than (0, inf), an activation other than SiLU and no attention layer refused."""
+    kinds = {"mamba": True, "linear_attention": True, "attention": False, "full_attention": False}
+    indices = data.get("attn_layer_indices") or []  # Bamba's
+    types = list(data.get("layer_types") or ["attention" if i in indices else "mamba" for i in range(layers)])[:layers]
+    other = sorted(set(types) - set(kinds))
+    if other:
+        raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in a Mamba-2 hybrid model")
+    if str(data.get("hidden_act", "silu")) != "silu":
+        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Mamba-2 hybrid model")
+    if data.get("mamba_proj_bias"):
+        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+    limit = data.get("time_step_limit")
+    if limit is not None and not (len(limit) == 2 and limit[0] == 0 and _infinite(limit[1])):
+        raise UnsupportedError(f"{source}: time_step_limit {limit!r} (a clamped dt) is not supported (0, inf)")
+    inner = int(data.get("mamba_expand") or 2) * int(data["hidden_size"])
+    heads, groups = int(data.get("mamba_n_heads") or 128), int(data.get("mamba_n_groups") or 1)
+    head_dim = inner // heads if data.get("mamba_d_head", "auto") == "auto" else int(data["mamba_d_head"])
+    if heads * head_dim != inner or heads % groups:
+        raise UnsupportedError(f"{source}: mamba_n_heads x mamba_d_head != mamba_expand x hidden_size, or heads not a "
+                               "multiple of mamba_n_groups, is not supported")
+    hybrid = HybridConfig(linear=[kinds[t] for t in types], kind="mamba2", num_k_heads=groups, num_v_heads=heads,
+                          k_dim=int(data.get("mamba_d_state") or 256), v_dim=head_dim, conv_kernel=int(data.get("mamba_d_conv") or 4),
+                          conv_bias=bool(data.get("mamba_conv_bias", True)))
+    if all(hybrid.linear):
+        raise _no_attention(source)
+    dense = {"intermediate_size": int(data["shared_intermediate_size"])} if "shared_intermediate_size" in data and not data["num_local_experts"] else {}
+    nope = {} if data.get("position_embedding_type") == "rope" else {"nope_layers": list(range(layers))}
+    return dict(hybrid=hybrid, **dense, **nope)

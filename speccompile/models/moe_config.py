@@ -306,9 +306,9 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
                          routed_scale=float(data.get("router_scaling_factor", 1.0)), dense_layers=_mlp_dense_layers(data, layers))
     if kind == "olmoe":  # experts of intermediate_size, every layer
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", bool(data.get("norm_topk_prob", False)))
-    if kind == "granitemoe":  # the fused experts and shared MLP shown per expert by models/moe_weights.py
+    if kind == "granitemoe":  # the fused experts and shared MLP shown per expert by models/moe_weights.py; none: dense (Granite 4.0-H)
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", block="block_sparse_moe",
-                         router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False)
+                         router="router", shared_expert_size=int(data.get("shared_intermediate_size") or 0), shared_gated=False) if experts else None
     if kind == "ernie4_5_moe":
         return _ernie_moe(data, layers)
     if kind == "hunyuan_v1_moe":  # softmax top k renormalised; experts and the ungated shared MLP of intermediate_size
