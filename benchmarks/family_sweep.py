@@ -51,6 +51,12 @@ def write_char_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
 
 
+def _cli() -> str:
+    """The `speccompile` command of this interpreter's environment (an unactivated venv's too), else the PATH's."""
+    beside = Path(sys.executable).parent / "speccompile"
+    return str(beside) if beside.exists() else "speccompile"
+
+
 def one(model_type: str) -> tuple[str, str]:
     """(outcome, the last stderr line) for `model_type`."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,7 +65,7 @@ def one(model_type: str) -> tuple[str, str]:
                               preexec_fn=_limit, timeout=600)
         if make.returncode:
             return "no-model", (make.stderr.strip().splitlines() or [""])[-1][:160]
-        run = subprocess.run(["speccompile", "export", str(folder), "--out", str(out)], capture_output=True, text=True,
+        run = subprocess.run([_cli(), "export", str(folder), "--out", str(out)], capture_output=True, text=True,
                              preexec_fn=_limit, timeout=600)
     err = run.stderr.strip()
     errors = [line for line in err.splitlines() if line.startswith("error:")]
