@@ -409,31 +409,32 @@ def test_bamba_config_keys():
         config_from_hf(dict(data, mlp_bias=True), "bamba.json")
 
 
-_NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-M-M-M-M-"  # Nemotron-H-8B's shape: 24 M, 4 *, 24 -
+_NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"  # Nemotron-H-8B-Base-8K's: 24 M, 4 *, 24 -
 _NANO_2_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"  # Nemotron Nano 2 9B's: 27 M, 4 *, 25 -
 
 
 def test_nemotron_h_config_keys_and_refusals():
-    """Nemotron-H-8B-like (hybrid_override_pattern, the legacy mamba_* keys) and Nemotron-Nano-2-9B-like config.json
+    """Nemotron-H-8B-like (hybrid_override_pattern, attention_head_dim, the legacy mamba_* keys) and Nemotron-Nano-2-9B-like config.json
     (mamba heads x head_dim != expand x hidden): each mixer block and the MLP block after it one table layer, a mixer
     followed by a mixer a layer without an MLP, every layer NoPE; what is not built refused in one line naming the key."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 
     data = dict(model_type="nemotron_h", vocab_size=131072, hidden_size=4096, intermediate_size=21504, num_hidden_layers=52,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, hybrid_override_pattern=_NEMOTRON_H_8B,
+                num_attention_heads=32, num_key_value_heads=8, attention_head_dim=128, hybrid_override_pattern=_NEMOTRON_H_8B,
                 mamba_num_heads=128, mamba_head_dim=64, mamba_n_groups=8, ssm_state_size=128, mamba_d_conv=4, mamba_expand=2,
                 mamba_conv_bias=True, mamba_proj_bias=False, mamba_dt_limit=[0.0, float("inf")], mamba_hidden_act="silu",
                 mlp_hidden_act="relu2", layer_norm_epsilon=1e-5, attention_bias=False, use_bias=False, mlp_bias=False,
                 residual_in_fp32=False, tie_word_embeddings=False, max_position_embeddings=8192)
     cfg = config_from_hf(data, "nh.json")
     attention = [i for i, m in enumerate(c for c in _NEMOTRON_H_8B if c != "-") if m == "*"]
-    assert cfg.num_hidden_layers == 28 and [i for i in range(28) if not cfg.linear(i)] == attention
+    assert cfg.num_hidden_layers == 28 and [i for i in range(28) if not cfg.linear(i)] == attention == [4, 10, 16, 22]
     assert [i for i in range(28) if not cfg.has_mlp(i)] == [a - 1 for a in attention] and cfg.nope_layers == list(range(28))
     assert cfg.hybrid.mamba2 and cfg.hybrid.conv_bias and cfg.hybrid.recurrent_state_shape() == (128, 128, 64)
     assert cfg.hybrid.conv_dim == 8192 + 2 * 8 * 128 and cfg.layer(0).intermediate_size == 21504 and not cfg.mlp_gated
     assert cfg.mlp_act == "relu2" and cfg.rms_norm_eps == 1e-5 and cfg.head_dim == 128 and not cfg.attention_bias
     assert "post_norm" not in cfg.layer_roles(attention[0] - 1) and "up" in cfg.layer_roles(attention[0])
+    assert config_from_hf(dict(data, attention_head_dim=None, head_dim=96), "nh.json").head_dim == 96
     nano = dict(data, hidden_size=4480, intermediate_size=15680, num_attention_heads=40, hybrid_override_pattern=None,
                 layers_block_type=[{"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c] for c in _NANO_2_9B],
                 mamba_head_dim=80, n_groups=8, conv_kernel=4, time_step_limit=[0.0, {"__float__": "Infinity"}])

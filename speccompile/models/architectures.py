@@ -363,7 +363,7 @@ FAMILIES: dict[str, Family] = {
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases) or a plain relu2 MLP, grouped into layers (models/nemotron_h.py)
     "nemotron_h": Family(("nemotron_h",), hybrid="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act", prefix="backbone.", gguf={},
-                         config_keys={"layer_norm_epsilon": "rms_norm_eps"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
+                         config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe",), **_LFM2, moe="lfm2_moe"),
