@@ -1,5 +1,5 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
-LFM2-MoE: short convs beside attention; Granite 4.0-H and Bamba: Mamba-2 layers beside attention) against
+LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -37,6 +37,10 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "granitemoehybrid_dense": dict(_GRANITE_H, model_type="granitemoehybrid", num_local_experts=0),
     # Bamba: the same Mamba-2 layers, attention at attn_layer_indices (rope on 16 of its 32 dims), a SwiGLU
     "bamba": dict(_MAMBA2, attn_layer_indices=[3], head_dim=32),
+    # Nemotron-H: blocks M - M M - * (Mamba-2 as Granite's above, NoPE attention, relu2 MLPs), table layers (M -) (M) (M -)
+    # (*): a Mamba-2 and the attention layer without an MLP
+    "nemotron_h": dict(layers_block_type=["linear_attention", "mlp", "linear_attention", "linear_attention", "mlp", "full_attention"],
+                       mamba_num_heads=8, n_groups=2, ssm_state_size=16, mamba_head_dim=16, conv_kernel=4),
 }
 
 
@@ -122,7 +126,8 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba",
+                                  "nemotron_h"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -174,7 +179,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
-                                                ("granitemoehybrid", ("ssm_in", "ssm_out"))])
+                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("nemotron_h", ("ssm_in", "up"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
     (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding (`verify`: identical)."""
@@ -352,7 +357,7 @@ def test_lfm2_moe_config_keys():
 def test_granite_4_h_config_keys_and_refusals():
     """Granite 4.0-H-Tiny's config.json (transformers 4.56's keys: layer_types "mamba" / "attention", NoPE, 64 experts
     and a shared MLP): Mamba-2 layers where no attention, their shape, Granite's multipliers; what is not built refused
-    in one line naming the file and the key (bamba and nemotron_h: not in the table)."""
+    in one line naming the file and the key (Mamba-1: not in the table)."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 
@@ -381,8 +386,6 @@ def test_granite_4_h_config_keys_and_refusals():
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
-    with pytest.raises(UnsupportedError, match="granite.json: architecture 'nemotron_h': layers of one block each"):
-        config_from_hf(dict(data, model_type="nemotron_h"), "granite.json")
     for model_type in ("mamba", "falcon_mamba", "jamba"):  # Mamba-1
         with pytest.raises(UnsupportedError, match=f"granite.json: unsupported architecture '{model_type}'"):
             config_from_hf(dict(data, model_type=model_type), "granite.json")
@@ -404,3 +407,49 @@ def test_bamba_config_keys():
     assert cfg.embed_scale == 1.0 and cfg.residual_scale == 1.0 and cfg.logit_scale == 1.0
     with pytest.raises(UnsupportedError, match="bamba.json: bamba with mlp_bias"):
         config_from_hf(dict(data, mlp_bias=True), "bamba.json")
+
+
+_NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"  # Nemotron-H-8B-Base-8K's: 24 M, 4 *, 24 -
+_NANO_2_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"  # Nemotron Nano 2 9B's: 27 M, 4 *, 25 -
+
+
+def test_nemotron_h_config_keys_and_refusals():
+    """Nemotron-H-8B-like (hybrid_override_pattern, attention_head_dim, the legacy mamba_* keys) and Nemotron-Nano-2-9B-like config.json
+    (mamba heads x head_dim != expand x hidden): each mixer block and the MLP block after it one table layer, a mixer
+    followed by a mixer a layer without an MLP, every layer NoPE; what is not built refused in one line naming the key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="nemotron_h", vocab_size=131072, hidden_size=4096, intermediate_size=21504, num_hidden_layers=52,
+                num_attention_heads=32, num_key_value_heads=8, attention_head_dim=128, hybrid_override_pattern=_NEMOTRON_H_8B,
+                mamba_num_heads=128, mamba_head_dim=64, mamba_n_groups=8, ssm_state_size=128, mamba_d_conv=4, mamba_expand=2,
+                mamba_conv_bias=True, mamba_proj_bias=False, mamba_dt_limit=[0.0, float("inf")], mamba_hidden_act="silu",
+                mlp_hidden_act="relu2", layer_norm_epsilon=1e-5, attention_bias=False, use_bias=False, mlp_bias=False,
+                residual_in_fp32=False, tie_word_embeddings=False, max_position_embeddings=8192)
+    cfg = config_from_hf(data, "nh.json")
+    attention = [i for i, m in enumerate(c for c in _NEMOTRON_H_8B if c != "-") if m == "*"]
+    assert cfg.num_hidden_layers == 28 and [i for i in range(28) if not cfg.linear(i)] == attention == [4, 10, 16, 22]
+    assert [i for i in range(28) if not cfg.has_mlp(i)] == [a - 1 for a in attention] and cfg.nope_layers == list(range(28))
+    assert cfg.hybrid.mamba2 and cfg.hybrid.conv_bias and cfg.hybrid.recurrent_state_shape() == (128, 128, 64)
+    assert cfg.hybrid.conv_dim == 8192 + 2 * 8 * 128 and cfg.layer(0).intermediate_size == 21504 and not cfg.mlp_gated
+    assert cfg.mlp_act == "relu2" and cfg.rms_norm_eps == 1e-5 and cfg.head_dim == 128 and not cfg.attention_bias
+    assert "post_norm" not in cfg.layer_roles(attention[0] - 1) and "up" in cfg.layer_roles(attention[0])
+    assert config_from_hf(dict(data, attention_head_dim=None, head_dim=96), "nh.json").head_dim == 96
+    nano = dict(data, hidden_size=4480, intermediate_size=15680, num_attention_heads=40, hybrid_override_pattern=None,
+                layers_block_type=[{"M": "linear_attention", "*": "full_attention", "-": "mlp"}[c] for c in _NANO_2_9B],
+                mamba_head_dim=80, n_groups=8, conv_kernel=4, time_step_limit=[0.0, {"__float__": "Infinity"}])
+    cfg = config_from_hf(nano, "nano.json")
+    assert cfg.num_hidden_layers == 31 and sum(not cfg.linear(i) for i in range(31)) == 4 and cfg.hybrid.value_dim == 10240
+    assert [i for i in range(31) if not cfg.has_mlp(i)] == [3, 7, 11, 16, 21, 24]
+    for key, value, said in (("hybrid_override_pattern", "MEM*E", "nh.json: layers_block_type 'moe'"),
+                             ("hybrid_override_pattern", "M--*-", "nh.json: layers_block_type 'mlp' at block 2"),
+                             ("hybrid_override_pattern", "-M*", "nh.json: layers_block_type 'mlp' at block 0"),
+                             ("hybrid_override_pattern", "MX*", "nh.json: hybrid_override_pattern 'MX\\*'"),
+                             ("hybrid_override_pattern", "M-M-", "every layer is linear_attention"),
+                             ("num_nextn_predict_layers", 1, "nh.json: num_nextn_predict_layers 1"),
+                             ("mamba_dt_limit", [0.001, 0.1], "nh.json: time_step_limit"),
+                             ("mamba_hidden_act", "gelu", "nh.json: hidden_act 'gelu'"),
+                             ("use_bias", True, "nh.json: nemotron_h with use_bias"), ("mlp_bias", True, "nh.json: nemotron_h with mlp_bias"),
+                             ("mlp_hidden_act", "tanh", "nh.json: nemotron_h with mlp_hidden_act 'tanh'")):
+        with pytest.raises(UnsupportedError, match=said):
+            config_from_hf(dict(data, **{key: value}), "nh.json")

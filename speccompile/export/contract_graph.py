@@ -254,7 +254,8 @@ def _layer(g: _Graph, i: int, x: str) -> str:
     mixer = (lambda h: linear_layer(g.emitter(f"{scope}/linear_attn"), cfg, i, h, lambda role: g.role(i, role))) if cfg.linear(i) \
         else (lambda h: _attention(g, i, h))
     x = add(x, norm("post_attn_norm", mixer(norm("input_norm", x))))
-    x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))
+    if cfg.has_mlp(i):  # Nemotron-H: a layer may be its mixer alone
+        x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))
     if cfg.per_layer_input_size:
         x = per_layer_block(g.emitter(f"{scope}/per_layer"), cfg, i, x, g.per_layer, lambda role: g.role(i, role),
                             lambda h: norm("ple_norm", h))

@@ -1,13 +1,11 @@
 """The decoder layers of the fused ONNX Runtime graphs (export/ort_fused_graph.py), by the layer description.
 
-Each layer reads only `ModelConfig`'s layer description (models/architectures.py): norm kind and placement
-(pre: the residual add fused into the next norm, `SkipSimplifiedLayerNormalization`; sandwich; post; parallel),
-q/k norms (before rope, or after it: roped by a `RotaryEmbedding` before GroupQueryAttention), rope kind per layer
-(global / local table, or none), the attention scale, soft-capping and sliding
-window, and the MLP activation. A sliding layer reads its own additive bias: the pass's `attention_bias` with
+Each layer reads only `ModelConfig`'s layer description (models/architectures.py): norm kind and placement (pre: the residual
+add fused into the next norm, `SkipSimplifiedLayerNormalization`; sandwich; post; parallel), q/k norms (before rope, or after it:
+roped by a `RotaryEmbedding` before GroupQueryAttention), rope kind per layer (global / local table, or none), the attention scale,
+soft-capping and sliding window, the MLP activation (or no MLP: Nemotron-H). A sliding layer reads its own additive bias: the pass's `attention_bias` with
 the key slots j at position - j >= window masked (the contract graph's rule, `fused_ops.window_bias`; Llama 4's chunks: `chunk_ops.chunk_bias`); the causal
-CUDA graphs, which verify chains only, use GroupQueryAttention's `local_window_size` instead (the slotted GPU
-graph's tree form takes a bias, windowed as the CPU graph's).
+CUDA graphs, which verify chains only, use GroupQueryAttention's `local_window_size` (the slotted GPU graph's tree form takes a bias, windowed as the CPU graph's).
 """
 
 from __future__ import annotations
@@ -145,6 +143,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
         if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
             h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if cfg.placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
+            continue
+        if not cfg.has_mlp(i):  # Nemotron-H: its mixer alone, added by the next norm
+            pending = _scaled(f, attn)
             continue
         if cfg.placement in ("sandwich", "post"):
             attn = norms.plain(attn, norms.gamma(i, "post_attn_norm"), f"layers.{i}.post_attn")
@@ -414,16 +415,15 @@ def _mlp(f: _Fused, i: int, h: str, residual: str = "", norms: _Norms | None = N
 
 def _dense_mlp(f: _Fused, i: int, h: str) -> str:
     """Layer i's dense MLP: gated, or plain (`_plain_mlp`)."""
-    n = f.n
     if not f.model.config.mlp_gated:
         return _plain_mlp(f, i, h)
-    gu = n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
+    gu = f.n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
     inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
-    gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
+    gate, up = f.n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
     if f.model.config.activation_sparsity and f.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
         gate = gaussian_topk(f.emitter(), gate, f.model.config.activation_sparsity[i])
-    act = _projected(f, i, "ffn_sub_norm", n("Mul", [_act(f, i, gate), up])[0])
-    return n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    act = _projected(f, i, "ffn_sub_norm", f.n("Mul", [_act(f, i, gate), up])[0])
+    return f.n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
 
 
 def _projected(f: _Fused, i: int, sub_norm: str, x: str) -> str:

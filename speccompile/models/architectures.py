@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .nemotron_h import NEMOTRON_H_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -118,7 +119,7 @@ class Family:
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
-    # | mamba2 (Granite 4.0-H, Bamba)
+    # | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -360,6 +361,10 @@ FAMILIES: dict[str, Family] = {
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
+    # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases) or a plain relu2 MLP, grouped into layers (models/nemotron_h.py)
+    "nemotron_h": Family(("nemotron_h",), hybrid="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act", prefix="backbone.", gguf={},
+                         config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
+                         top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe",), **_LFM2, moe="lfm2_moe"),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import InputError, UnsupportedError
 from .altup_keys import altup_keys
 from .architectures import FAMILIES, HF_ACTS, Family, family, family_name
-from .weight_names import ALTUP_NAMES, BESIDE_ROLES
+from .weight_names import ALTUP_NAMES, BESIDE_ROLES, MLP_ROLES
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields, bitnet_gguf_keys
@@ -20,6 +20,7 @@ from .gemma4_gguf import gemma4_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf
+from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
@@ -99,7 +100,7 @@ class ModelConfig:
     v_norm: bool = False  # the values get a scale-free RMSNorm per head (Gemma 4)
     layer_scalar: bool = False  # each layer's output times its learned scalar (Gemma 4's `layer_scalar`, role of that name)
     # KV sharing (Gemma 4): per layer, the layer whose pass's new key / value rows it takes as its own (-1: its own
-    # projections); []: none. `layer_intermediate_sizes`: per layer MLP widths (the shared layers' double-wide MLP)
+    # projections); []: none. `layer_intermediate_sizes`: per layer MLP widths (the shared layers' double-wide MLP); 0: no MLP (Nemotron-H)
     kv_sources: list[int] = field(default_factory=list)
     layer_intermediate_sizes: list[int] = field(default_factory=list)
     per_layer_input_size: int = 0  # per-layer embeddings (Gemma 4's PLE): each layer's width (0: none)
@@ -129,6 +130,10 @@ class ModelConfig:
     def linear(self, layer: int) -> bool:
         """Layer `layer` is a gated delta net (hybrid linear attention) instead of attention."""
         return self.hybrid is not None and self.hybrid.linear[layer]
+
+    def has_mlp(self, layer: int) -> bool:
+        """Layer `layer` has an MLP block (Nemotron-H: a mixer block with no MLP block after it has width 0)."""
+        return not self.layer_intermediate_sizes or self.layer_intermediate_sizes[layer] > 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -197,6 +202,8 @@ class ModelConfig:
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
             roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias"))]
+        if not self.has_mlp(layer):  # Nemotron-H: the MLP's norm and weights absent
+            roles = [r for r in roles if r not in MLP_ROLES]
         altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
         return roles + [*BESIDE_ROLES] * beside + ["layer_scalar"] * self.layer_scalar + ["ple_gate", "ple_proj", "ple_norm"] * bool(self.per_layer_input_size) \
             + ["attn_sub_norm", "ffn_sub_norm"] * self.sub_norms + altup
@@ -305,7 +312,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     arch = normalize_architecture(model_type, source)
     fam = family(arch)
     try:
-        data = family_keys(data, fam)
+        data = nemotron_h_keys(family_keys(data, fam), source) if fam.hybrid == "nemotron_h" else family_keys(data, fam)
         if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
             data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
         if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
@@ -333,7 +340,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
-        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf}
+        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

@@ -217,7 +217,9 @@ class DecoderLayer(nn.Module):
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
-        setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
+        self.has_mlp = config.has_mlp(layer)  # Nemotron-H: a mixer block with no MLP block after it
+        if self.has_mlp:
+            setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
         if config.sub_norms:  # BitNet: the norm of down_proj's input
             getattr(self, self.mlp_name).ffn_sub_norm = norm_of(config, config.layer(layer).intermediate_size)
         self.beside_dense = is_moe and config.moe.beside_dense
@@ -256,6 +258,8 @@ class DecoderLayer(nn.Module):
             return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
         attn = norm(self.post_attn_norm, attn)
         x = x + (attn * scale if scale != 1.0 else attn)
+        if not self.has_mlp:
+            return x, k_all, v_all
         out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x), x))
         return x + (out * scale if scale != 1.0 else out), k_all, v_all
 

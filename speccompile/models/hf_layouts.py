@@ -14,6 +14,7 @@ import numpy as np
 from .architectures import Family
 from .bitnet import unpacked_view
 from .linear_config import HybridConfig
+from .nemotron_h import blocks_view
 from .weights import TensorInfo, WeightSource
 
 
@@ -150,7 +151,7 @@ def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSo
 def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig | None = None) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
     then its `top_names`, a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v, and Qwen3-Next's
-    per-group linear-attention projections (`hybrid`) shown as Qwen3.5's rows, and an output gate of its own
+    per-group linear-attention projections (`hybrid`) shown as Qwen3.5's rows, Nemotron-H's blocks as layers, and an output gate of its own
     (`output_gate`: AFMoE) inside q_proj."""
     if fam.prefix and fam.layers_key and not any(n.startswith(fam.prefix) for n in source.names()):  # a base model's save
         source = source.renamed({n: fam.prefix + n for n in source.names() if not n.startswith("lm_head.")})  # (GPT-2's `h.0.*`)
@@ -159,6 +160,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
     if fam.layers_key:
         old = f"model.{fam.layers_key}."
         source = source.renamed({n: "model.layers." + n[len(old):] for n in source.names() if n.startswith(old)})
+    if fam.hybrid == "nemotron_h":  # one block a layer, grouped into the table's layers (models/nemotron_h.py)
+        source = blocks_view(source)
     source = source.renamed(fam.top_names)
     if fam.conv1d:  # Conv1D [in, out]; the causal-mask buffers old saves keep (attn.bias, attn.masked_bias) are not weights
         layer = [n for n in source.names() if n.startswith("model.layers.")]

@@ -184,7 +184,7 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     limit = data.get("time_step_limit")
     if limit is not None and not (len(limit) == 2 and limit[0] == 0 and _infinite(limit[1])):
         raise UnsupportedError(f"{source}: time_step_limit {limit!r} (a clamped dt) is not supported (0, inf)")
-    inner = int(data.get("mamba_expand") or 2) * int(data["hidden_size"])
+    inner = int(data.get("mamba_d_inner") or int(data.get("mamba_expand") or 2) * int(data["hidden_size"]))  # Nemotron-H: heads x head_dim
     heads, groups = int(data.get("mamba_n_heads") or 128), int(data.get("mamba_n_groups") or 1)
     head_dim = inner // heads if data.get("mamba_d_head", "auto") == "auto" else int(data["mamba_d_head"])
     if heads * head_dim != inner or heads % groups:

@@ -12,7 +12,6 @@ REFUSED = {
     "lara_mini": _HYBRID,
     "qwen4_exp_text": _HYBRID.replace(" is", ", a sparse-attention indexer and n-gram embeddings are"),
     "inkling_text": "short causal convolutions (a conv state that must roll back on rejected drafts) are not supported",
-    "nemotron_h": "layers of one block each (Mamba-2, attention, MLP or MoE by hybrid_override_pattern) are not built",
     "deepseek_v32": _DSA, "glm_moe_dsa": _DSA, "axk2": _DSA, "minimax_m3_vl_text": _DSA,
     "deepseek_v4": "compressed sparse attention and hyper-connections are not supported",
     "hy_v4": "sparse attention (DSA indexer) and hyper-connections are not supported",

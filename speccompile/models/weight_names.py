@@ -57,6 +57,7 @@ ALTUP_NAMES: dict[str, tuple[str, ...]] = {
     "altup_predict": ("altup.prediction_coefs.weight",), "altup_router": ("altup.modality_router.weight",),
     "altup_router_norm": ("altup.router_norm.weight",), "laurel_left": ("laurel.linear_left.weight",),
     "laurel_right": ("laurel.linear_right.weight",), "laurel_norm": ("laurel.post_laurel_norm.weight",)}
+MLP_ROLES = ("post_norm", "post_norm_bias", "gate_up", "up", "down", "up_bias", "down_bias", "act")  # a dense MLP block's
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
 LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
