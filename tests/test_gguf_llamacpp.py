@@ -20,6 +20,7 @@ from speccompile.runtime.artifact import open_artifact
 from speccompile.runtime.session import Runner
 
 from test_families import FAMILIES, WINDOW, _hf_logits, make_family_model
+from test_hybrid import HYBRID
 
 CONVERTER = os.environ.get("SPECCOMPILE_LLAMACPP_CONVERTER", "")
 PYTHON = os.environ.get("SPECCOMPILE_LLAMACPP_PYTHON", sys.executable)  # the converter imports sentencepiece
@@ -93,6 +94,10 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # BitNet as llama.cpp's bitnet (1bitLLM's: its graph a gated SiLU MLP, no output tensor): the converter writes each
     # projection ternary times its mean |w|, in f32 or TQ1_0 / TQ2_0 (256-wide rows; the embeddings then f16)
     "bitnet": dict(FAMILIES["bitnet"], tie_word_embeddings=True, hidden_act="silu"),
+    # LFM2 / LFM2-MoE (llama.cpp's lfm2 / lfm2moe): short convs where `attention.head_count_kv` is 0, the final norm as
+    # token_embd_norm, the conv kernel kept 2-D; the MoE's score bias as exp_probs_b and its leading dense layer
+    "lfm2": dict(HYBRID["lfm2"], block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0, block_multiple_of=32),  # 128 -> 96
+    "lfm2_moe": HYBRID["lfm2_moe"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }

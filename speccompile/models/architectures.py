@@ -75,6 +75,7 @@ class Family:
     # (layer i slides iff i % period < period - 1; 0: every layer); None: llama.cpp reads no pattern (refused)
     gguf_swa_period: int | None = None
     gguf_local_base: float = 0.0  # llama.cpp's rope base of sliding layers without `rope.freq_base_swa` (0: the global)
+    gguf_top: dict[str, str] = field(default_factory=dict)  # llama.cpp's names outside the blocks beyond Llama's (LFM2's token_embd_norm)
     gguf_nope_period: int = 0  # llama.cpp's fixed NoPE layers: (i + 1) % period == 0 (SmolLM3: 4)
     attn_sinks: bool = False  # a learned per-head logit in every softmax's denominator (gpt-oss `self_attn.sinks`)
     o_bias: bool = False  # o_proj has a bias
@@ -160,7 +161,13 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
 _FEED_FORWARD, _SHARED_MLP = ({"gate_up": (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), "down": (f"{m}.down_proj.weight",)}
                               for m in ("feed_forward", "block_sparse_moe.shared_expert"))
 _HYBRID = dict(hybrid="gated_delta", norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
-_LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf={}, top_names={"model.embedding_norm.weight": "model.norm.weight"},
+# LFM2's llama.cpp names (lfm2 / lfm2moe): its final norm (embedding_norm) is token_embd_norm, the short conv `shortconv.*`
+_LFM2_GGUF = {**LLAMA_GGUF, "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
+              "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
+              "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2", "shortconv.conv": "conv.conv",
+              "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
+_LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf=_LFM2_GGUF, gguf_top={"token_embd_norm.weight": "model.norm.weight"},
+             top_names={"model.embedding_norm.weight": "model.norm.weight"},
              names={**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
                     "o_proj": ("self_attn.out_proj.weight",), "q_norm": ("self_attn.q_layernorm.weight",),
                     "k_norm": ("self_attn.k_layernorm.weight",), "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"),
@@ -366,7 +373,7 @@ FAMILIES: dict[str, Family] = {
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),
-    "lfm2_moe": Family(("lfm2_moe",), **_LFM2, moe="lfm2_moe"),
+    "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k
     # norms, a gated attention output (a gate_proj of its own), sigmoid routing with a score bias in one group, ungated
     # shared experts, dense first num_dense_layers; muP's sqrt(hidden) embedding scale when mup_enabled

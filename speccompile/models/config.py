@@ -19,13 +19,14 @@ from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope
 from .gemma4_gguf import gemma4_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf
+from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
-_GGUF_KEYS = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys, "bitnet": bitnet_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
+_GGUF_KEYS = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys, "bitnet": bitnet_gguf_keys,
+              "lfm2": short_conv_gguf_keys, "lfm2_moe": short_conv_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
@@ -367,7 +368,7 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         "model_type": arch, "vocab_size": int(vocab), "hidden_size": hidden,
         "intermediate_size": int(meta[ffn]),  # GLM-4.5's MTP blocks follow the decoder's in block_count
         "num_hidden_layers": int(meta[p + "block_count"]) - int(meta.get(p + "nextn_predict_layers") or 0),
-        "num_attention_heads": heads, "num_key_value_heads": int(meta.get(p + "attention.head_count_kv") or heads),
+        "num_attention_heads": heads, "num_key_value_heads": _kv_heads(meta.get(p + "attention.head_count_kv"), heads),
         "head_dim": head_dim, "rms_norm_eps": float(meta.get(p + "attention.layer_norm_rms_epsilon",
                                                              meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
         "rope_theta": float(meta.get(p + "rope.freq_base", 10000.0)),
@@ -387,6 +388,13 @@ def _gguf_config_json(meta: dict[str, Any], arch: str, source: str,
         data.update(_GGUF_KEYS[arch](meta, p, source))
     data.update(_gguf_layer_keys(meta, p, family(arch), arch, data, source))
     return data
+
+
+def _kv_heads(value: Any, heads: int) -> int:
+    """llama.cpp's `attention.head_count_kv`: one count, or one per layer (LFM2: 0 on its short-conv layers)."""
+    if isinstance(value, (list, tuple)):
+        return max((int(v) for v in value), default=0) or heads
+    return int(value or heads)
 
 
 def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias: bool, source: str,
@@ -411,7 +419,7 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
             rope_factors = None
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
-            data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe))
+            data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))
     except KeyError as exc:
         raise InputError(f"{source}: GGUF metadata is missing {exc}") from None
     data.update(tie_word_embeddings=not has_output_weight, attention_bias=has_qkv_bias)

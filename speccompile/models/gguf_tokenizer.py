@@ -53,6 +53,12 @@ PRE_SPLITS: dict[str, tuple[str, ...]] = {  # `tokenizer.ggml.pre` -> the regexe
         "\\p{N}+",
     ),
 }
+# Llama 3's split (llama.cpp's form of its tokenizer.json regex), for the `pre` values llama.cpp reads as Llama 3's: a
+# whole piece that is a token is that token (`ignore_merges`), and a BOS is added unless the file says otherwise
+_LLAMA3_REGEX = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PRES = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2")
+PRE_SPLITS.update({pre: (_LLAMA3_REGEX,) for pre in LLAMA3_PRES})
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 
 
@@ -80,7 +86,7 @@ def gpt2_tokenizer_files(reader, source: Path, out_dir: Path) -> list[str] | Non
     vocab = {token: i for i, token in enumerate(tokens)}
     if not tokens or len(vocab) != len(tokens):
         raise InputError(f"{source}: the GGUF vocabulary has {len(tokens) - len(vocab)} repeated tokens (a BPE needs one id per token)")
-    tok = Tokenizer(models.BPE(vocab, merges))
+    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=pre in LLAMA3_PRES))
     tok.pre_tokenizer = _pre_tokenizer(PRE_SPLITS.get(pre))
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL])
@@ -91,7 +97,7 @@ def gpt2_tokenizer_files(reader, source: Path, out_dir: Path) -> list[str] | Non
         if index is not None and 0 <= int(index) < len(tokens):
             config[f"{role}_token"] = tokens[int(index)]
     bos = config.get("bos_token")
-    if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos is not None:
+    if _field(reader, "tokenizer.ggml.add_bos_token", pre in LLAMA3_PRES) and bos is not None:
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                                            special_tokens=[(bos, vocab[bos])])
     else:

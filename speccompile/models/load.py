@@ -266,7 +266,8 @@ _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_token
           "shared_head_head": "shared_head.head", "shared_head_norm": "shared_head.norm"}
 # checkpoint tensors without a `.weight` suffix (llama.cpp's gpt-oss `attn_sinks.weight`, DeepSeek-V3's / MiniMax-M2's
 # `exp_probs_b.bias`, Gemma 4's `layer_output_scale.weight`)
-_BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias")
+_BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias",
+         "feed_forward.gate.e_score_correction_bias")
 
 
 def _open_gguf(path: Path):
@@ -291,11 +292,12 @@ def _gguf_metadata(reader) -> dict[str, Any]:
     return meta
 
 
-def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str | None:
+def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF, top_names: dict[str, str] | None = None) -> str | None:
     """Map a GGUF tensor name (`blk.3.attn_q.weight`) to its Hugging Face name (the family's `block_names`: the
-    architecture table's `Family.gguf`), or None if unknown."""
-    if name in _GGUF_NAMES:
-        return _GGUF_NAMES[name]
+    architecture table's `Family.gguf`; `top_names`: its `Family.gguf_top`, names outside the blocks), or None if unknown."""
+    top = {**_GGUF_NAMES, **(top_names or {})}
+    if name in top:
+        return top[name]
     parts = name.split(".")
     if len(parts) in (3, 4) and parts[0] == "blk" and block_names.get(parts[2]) in _BARE and parts[3:] in ([], ["weight"], ["bias"]):
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}"
@@ -305,6 +307,8 @@ def gguf_to_hf_name(name: str, block_names: dict[str, str] = LLAMA_GGUF) -> str 
         return f"model.layers.{parts[1]}.{block_names[parts[2] + '.' + parts[3]]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in block_names and parts[3] in ("weight", "bias"):  # not BitNet's `.scale`
         return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
+    if len(parts) == 5 and parts[0] == "blk" and f"{parts[2]}.{parts[3]}" in block_names and parts[4] in ("weight", "bias"):
+        return f"model.layers.{parts[1]}.{block_names[parts[2] + '.' + parts[3]]}.{parts[4]}"  # LFM2's `shortconv.conv`
     stacked = f"{parts[2]}_exps" if len(parts) == 5 and parts[0] == "blk" and parts[3].isdigit() else ""
     if stacked in block_names:  # early llama.cpp Mixtral files: one 2-D tensor per expert, `blk.N.ffn_gate.E.weight`
         return f"model.layers.{parts[1]}.{block_names[stacked].replace('*', parts[3])}.{parts[4]}"
@@ -359,7 +363,7 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
         return None
 
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
-    source = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names), unpermute)
+    source = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names, fam.gguf_top), unpermute)
     unread = [name for name in source.skipped if name not in _READ_INTO_CONFIG]
     if unread:  # a weight left out would change the model without a word: refused instead
         raise UnsupportedError(f"{path}: tensor {unread[0]} ({len(unread)} unread in all) is not read for {config.architecture}")

@@ -146,11 +146,11 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
     return tuple(i for i in range(layers) if i in only or (i + 1) % step)
 
 
-def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str, Any]:
+def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str, tensors: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The config.json keys of a MoE family (`kind`) that llama.cpp's metadata (`<arch>.expert_count`, ...) gives.
     Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE and Mixtral yes,
     Qwen2-MoE and OLMoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
-    `leading_dense_block_count` first ones."""
+    `leading_dense_block_count` first ones (and LFM2-MoE's; its score bias where the file has `exp_probs_b`: `tensors`)."""
     if kind in ("deepseek_v3", "deepseek_v2"):
         return _deepseek_keys_from_gguf(meta, prefix)
     if kind == "ernie4_5_moe":  # llama.cpp: MoE layers every `interleave_moe_layer_step`-th from the leading dense ones
@@ -165,6 +165,11 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str) -> dict[str
         data["intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
     if kind == "granitemoe":
         data["shared_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
+    if kind == "lfm2_moe":
+        data.update(moe_intermediate_size=int(meta[prefix + "expert_feed_forward_length"]),
+                    num_dense_layers=int(meta.get(prefix + "leading_dense_block_count") or 0),
+                    use_expert_bias=any(name.endswith("exp_probs_b.bias") for name in tensors),
+                    routed_scaling_factor=float(meta.get(prefix + "expert_weights_scale") or 1.0))
     if kind in ("qwen2_moe", "qwen3_moe"):
         data["moe_intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
         data["shared_expert_intermediate_size"] = int(meta.get(prefix + "expert_shared_feed_forward_length") or 0)
