@@ -98,6 +98,9 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # token_embd_norm, the conv kernel kept 2-D; the MoE's score bias as exp_probs_b and its leading dense layer
     "lfm2": dict(HYBRID["lfm2"], block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0, block_multiple_of=32),  # 128 -> 96
     "lfm2_moe": HYBRID["lfm2_moe"],
+    # Granite 4.0-H (llama.cpp's granitehybrid): Mamba-2 where head_count_kv is 0, A as -exp(A_log), NoPE attention; MoE
+    # with a shared MLP, and dense (the shared MLP as ffn_gate / ffn_up / ffn_down)
+    **{name: HYBRID[name] for name in ("granitemoehybrid", "granitemoehybrid_dense")},
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
@@ -161,6 +164,8 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
     hf = make_family_model(tmp_path / "hf", name, families=GGUF_FAMILIES, vocab_size=vocab)
     if name in _SCORE_BIAS:
         _move_score_bias(hf, tmp_path / "hf")
+    if name.startswith("granitemoehybrid"):  # the converter reads the released files' "mamba" / "attention" layer types
+        _hub_layer_types(tmp_path / "hf")
     for file in (tmp_path / "hf").glob("tokenizer*"):
         file.unlink()
     for file in tokenizers[kind].iterdir():
@@ -171,6 +176,18 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
     if name in _TERNARY:
         _ternarize(hf, half=name in _OUTTYPE)
     return hf, tmp_path / "model.gguf", vocab
+
+
+def _hub_layer_types(folder: Path) -> None:
+    """config.json's layer_types as Granite 4.0-H's released config.json files write them ("mamba" / "attention"),
+    where transformers 5 saves "linear_attention" / "full_attention"."""
+    import json
+
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    hub = {"linear_attention": "mamba", "full_attention": "attention"}
+    config["layer_types"] = [hub.get(kind, kind) for kind in config["layer_types"]]
+    path.write_text(json.dumps(config, indent=2))
 
 
 def _rename_tensors(folder: Path, renames: dict[str, str]) -> None:

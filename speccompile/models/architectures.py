@@ -172,6 +172,11 @@ _LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf=_LFM2_GGUF, gguf_top={"to
                     "o_proj": ("self_attn.out_proj.weight",), "q_norm": ("self_attn.q_layernorm.weight",),
                     "k_norm": ("self_attn.k_layernorm.weight",), "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"),
                     "down": ("feed_forward.w2.weight",)}, config_keys={"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"})
+# llama.cpp's granitehybrid: Mamba-2 as `ssm_*` (A, D and dt's bias without `.weight`: models/mamba2_gguf.py), a dense
+# model's MLP (Granite 4.0-H's shared MLP alone) as ffn_gate / ffn_up / ffn_down
+_MAMBA2_GGUF = {**LLAMA_GGUF, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias", "ssm_a": "mamba.A_log",
+                "ssm_d": "mamba.D", "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
+                **{f"ffn_{x}": f"block_sparse_moe.shared_expert.{x}_proj" for x in ("gate", "up", "down")}}
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
@@ -358,7 +363,8 @@ FAMILIES: dict[str, Family] = {
     # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
     # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
     # transformers' defaults where config.json leaves them out
-    "granitemoehybrid": Family(("granitemoehybrid",), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf={}, bias_keys={"o": "attention_bias"},
+    "granitemoehybrid": Family(("granitemoehybrid", "granitehybrid"), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf=_MAMBA2_GGUF,
+                               bias_keys={"o": "attention_bias"},
                                names={**MAMBA2_NAMES, **_SHARED_MLP},
                                config_defaults={"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024}),
     # Bamba: attention at attn_layer_indices (Llama's, rope on half of each head), a SwiGLU (feed_forward, after pre_ff_layernorm)

@@ -129,15 +129,20 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
     return dict(hybrid=hybrid, intermediate_size=inter)
 
 
+def gguf_kv_heads(meta: dict[str, Any], p: str) -> list[int]:
+    """llama.cpp's `attention.head_count_kv` per layer: a hybrid's list (0 on its recurrent layers), or one count."""
+    kv = meta[p + "attention.head_count_kv"]
+    return [int(h) for h in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * int(meta[p + "block_count"])
+
+
 def short_conv_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
     """The config.json keys of llama.cpp's lfm2 / lfm2moe metadata: a layer is attention where its
     `attention.head_count_kv` entry is not 0 (a short conv where it is), the conv's `shortconv.l_cache`; the MLP
     width as written (the converter already adjusted it)."""
-    kv = meta[p + "attention.head_count_kv"]
-    kv = list(kv) if isinstance(kv, (list, tuple)) else [int(kv)] * int(meta[p + "block_count"])
+    kv = gguf_kv_heads(meta, p)
     if not any(kv):
         raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
-    return {"layer_types": ["full_attention" if heads else "conv" for heads in kv], "num_key_value_heads": max(int(h) for h in kv),
+    return {"layer_types": ["full_attention" if heads else "conv" for heads in kv], "num_key_value_heads": max(kv),
             "conv_L_cache": int(meta[p + "shortconv.l_cache"]), "block_auto_adjust_ff_dim": False}
 
 

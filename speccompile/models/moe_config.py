@@ -159,6 +159,9 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str, tensors: fr
                 "moe_num_shared_experts": int(meta.get(prefix + "expert_shared_count") or 0),
                 "moe_layer_start_index": int(meta.get(prefix + "leading_dense_block_count") or 0),
                 "moe_layer_interval": int(meta.get(prefix + "interleave_moe_layer_step") or 1)}
+    if kind == "granitemoe" and not meta.get(prefix + "expert_count"):  # Granite 4.0-H dense: the shared MLP alone
+        return {"num_local_experts": 0, "shared_intermediate_size": int(meta.get(prefix + "expert_shared_feed_forward_length")
+                                                                        or meta[prefix + "feed_forward_length"])}
     data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
             "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind not in ("qwen2_moe", "olmoe")))}
     if kind == "gpt_oss":  # llama.cpp stores no SwiGLU clamp for gpt-oss: moe_from_hf's defaults are its hard-coded 7 / 1.702

@@ -323,8 +323,10 @@ class GGUFSource(WeightSource):
             shape = (1, *shape)  # llama.cpp keeps Qwen2-MoE's [1, hidden] shared-expert gate as [hidden]
         elif len(shape) == 2 and shape[0] == 1 and name.endswith("bias"):
             shape = shape[1:]  # a bias is 1-D (llama.cpp keeps ERNIE 4.5 MoE's score bias [1, experts])
-        elif len(shape) == 2 and name.endswith("conv.conv.weight"):
-            shape = (shape[0], 1, shape[1])  # llama.cpp keeps LFM2's depthwise conv [channels, 1, kernel] as [channels, kernel]
+        elif len(shape) == 2 and name.endswith(("conv.conv.weight", "conv1d.weight")):
+            shape = (shape[0], 1, shape[1])  # llama.cpp keeps a depthwise conv [channels, 1, kernel] as [channels, kernel] (LFM2, Mamba-2)
+        elif len(shape) == 2 and name.endswith(("mamba.A_log", "mamba.D", "mamba.norm.weight")):
+            shape = (shape[0] * shape[1],)  # llama.cpp's Mamba-2 A and D [heads, 1], the gated norm's gain [groups, inner / groups]
         return TensorInfo(shape, np.dtype(np.float32))
 
     def read(self, name: str) -> np.ndarray:
