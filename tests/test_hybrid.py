@@ -41,6 +41,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # (*): a Mamba-2 and the attention layer without an MLP
     "nemotron_h": dict(layers_block_type=["linear_attention", "mlp", "linear_attention", "linear_attention", "mlp", "full_attention"],
                        mamba_num_heads=8, n_groups=2, ssm_state_size=16, mamba_head_dim=16, conv_kernel=4),
+    # Nemotron 3 Nano: blocks M E M - M * E, table layers (M E) (M -) (M) (* E): ungated relu2 experts (8, top 2, sigmoid
+    # routing with a score bias, scaled 2.5) and an ungated relu2 shared expert on layers 0 and 3, a dense MLP, an MLP-less layer
+    "nemotron_h_moe": dict(model_type="nemotron_h", hybrid_override_pattern="MEM-M*E", mamba_num_heads=8, n_groups=2, ssm_state_size=16,
+                           mamba_head_dim=16, conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                           moe_shared_expert_intermediate_size=64, routed_scaling_factor=2.5),
 }
 
 
@@ -127,7 +132,7 @@ def _partly_right(plain: list[int], width: int):
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba",
-                                  "nemotron_h"])
+                                  "nemotron_h", "nemotron_h_moe"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -179,7 +184,8 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
-                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("nemotron_h", ("ssm_in", "up"))])
+                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("nemotron_h", ("ssm_in", "up")),
+                                                ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
     (the scan's body is left as it is), and greedy n-gram speculative decoding equals plain decoding (`verify`: identical)."""
@@ -441,7 +447,8 @@ def test_nemotron_h_config_keys_and_refusals():
     cfg = config_from_hf(nano, "nano.json")
     assert cfg.num_hidden_layers == 31 and sum(not cfg.linear(i) for i in range(31)) == 4 and cfg.hybrid.value_dim == 10240
     assert [i for i in range(31) if not cfg.has_mlp(i)] == [3, 7, 11, 16, 21, 24]
-    for key, value, said in (("hybrid_override_pattern", "MEM*E", "nh.json: layers_block_type 'moe'"),
+    for key, value, said in (("hybrid_override_pattern", "MEE*", "nh.json: layers_block_type 'moe' at block 2"),
+                             ("hybrid_override_pattern", "E*M", "nh.json: layers_block_type 'moe' at block 0"),
                              ("hybrid_override_pattern", "M--*-", "nh.json: layers_block_type 'mlp' at block 2"),
                              ("hybrid_override_pattern", "-M*", "nh.json: layers_block_type 'mlp' at block 0"),
                              ("hybrid_override_pattern", "MX*", "nh.json: hybrid_override_pattern 'MX\\*'"),
@@ -453,3 +460,37 @@ def test_nemotron_h_config_keys_and_refusals():
                              ("mlp_hidden_act", "tanh", "nh.json: nemotron_h with mlp_hidden_act 'tanh'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "nh.json")
+
+
+_NANO_3_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # Nemotron-3-Nano-30B-A3B's: 23 M, 6 *, 23 E
+
+
+def test_nemotron_3_nano_config_keys_and_refusals():
+    """Nemotron-3-Nano-30B-A3B-like config.json: each mixer block and the MoE block after it one table layer; 128 ungated
+    relu2 experts, 6 active, DeepSeek-V3's sigmoid routing with the score bias in one group, renormalised, times 2.5; one
+    ungated shared expert of moe_shared_expert_intermediate_size; the layers without an MLP (a Mamba-2 block before attention)
+    in `dense_layers`; latent expert projections and xIELU experts refused in one line naming the key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="nemotron_h", vocab_size=131072, hidden_size=2688, intermediate_size=1856, num_attention_heads=32,
+                num_key_value_heads=2, head_dim=128, hybrid_override_pattern=_NANO_3_30B, mamba_num_heads=64, mamba_head_dim=64,
+                n_groups=8, ssm_state_size=128, conv_kernel=4, n_routed_experts=128, num_experts_per_tok=6, n_shared_experts=1,
+                moe_intermediate_size=1856, moe_shared_expert_intermediate_size=3712, moe_latent_size=None, n_group=1, topk_group=1,
+                norm_topk_prob=True, routed_scaling_factor=2.5, mlp_hidden_act="relu2", layer_norm_epsilon=1e-5, tie_word_embeddings=False)
+    cfg = config_from_hf(data, "nano3.json")
+    mixers = [c for c in _NANO_3_30B if c != "E"]
+    assert cfg.num_hidden_layers == 29 and [i for i in range(29) if not cfg.linear(i)] == [i for i, c in enumerate(mixers) if c == "*"]
+    moe, no_mlp = cfg.moe, [i for i in range(29) if not cfg.has_mlp(i)]
+    assert no_mlp == [2, 6, 10, 14, 18, 23] and moe.dense_layers == tuple(no_mlp) and sum(map(moe.is_moe, range(29))) == 23
+    assert (moe.num_experts, moe.top_k, moe.expert_size, moe.shared_expert_size) == (128, 6, 1856, 3712)
+    assert (moe.routing, moe.score_bias, moe.norm_topk_prob, moe.routed_scale, moe.n_group, moe.topk_group) == ("sigmoid_group", True, True, 2.5, 1, 1)
+    assert (moe.act, moe.expert_gated, moe.shared_gated, moe.shared_name) == ("relu2", False, False, "shared_experts")
+    assert moe.expert_sources(0, 3) == {"up": "model.layers.0.mlp.experts.3.up_proj.weight", "down": "model.layers.0.mlp.experts.3.down_proj.weight"}
+    shapes = moe.shapes(0, 2688)
+    assert len(shapes) == 2 + 2 * 128 + 2 and shapes["model.layers.0.mlp.shared_experts.up_proj.weight"] == (3712, 2688)
+    assert not any("gate_proj" in name for name in shapes) and shapes["model.layers.0.mlp.gate.e_score_correction_bias"] == (128,)
+    for key, value, said in (("moe_latent_size", 1024, "nano3.json: moe_latent_size 1024"),
+                             ("mlp_hidden_act", "xielu", "nano3.json: mlp_hidden_act 'xielu'")):
+        with pytest.raises(UnsupportedError, match=said):
+            config_from_hf(dict(data, **{key: value}), "nano3.json")

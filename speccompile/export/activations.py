@@ -3,7 +3,7 @@ exact or tanh GELU, ReLU (OPT), ReLU squared (Relu, then times itself) and xIELU
 
 from __future__ import annotations
 
-from .moe_ops import Emitter
+from .emitter import Emitter
 from .recipes import np_dtype
 
 

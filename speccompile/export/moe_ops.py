@@ -13,7 +13,7 @@ therefore decomposed into standard operators, sparse by expert:
     dispatch  once per layer: the pass's (row, choice) pairs sorted by expert (TopK, ties by pair: rows ascending),
               their rows gathered, and cut by each expert's count (one Split with E outputs)
     expert e  its SwiGLU MLP on its piece only (two MatMuls with 2-D weights): five nodes, an unchosen expert's on
-              zero rows
+              zero rows; an ungated expert (Nemotron-H: `expert_gated` False) MatMul, its activation, MatMul
     combine   the pieces concatenated, times their routing weights (Llama 4: the rows times them before their expert), put back in (row, choice) order, and each row's
               choices summed in expert-index order
     shared    + sigmoid(x @ shared_expert_gate) * shared_expert(x) (Qwen2-MoE), or + shared_experts(x) (DeepSeek-V3)
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import re
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -38,25 +37,12 @@ from onnx import TensorProto, numpy_helper
 
 from ..models.config import ModelConfig
 from ..models.moe_config import MoeConfig
+from .activations import activation
+from .emitter import Emitter
 from .recipes import Recipe, np_dtype
 
 ROUTER = "mlp.router"  # graph names of a layer's router: never quantized (qdq_targets.DEFAULT_EXCLUDE)
 SHARED_GATE = "mlp.shared_expert_gate"
-
-
-@dataclass
-class Emitter:
-    """How a builder writes nodes: `op(op_type, inputs, outputs, **attrs) -> outputs`, `const(key, values, dtype)`
-    (an int64 / float constant; builders may reuse one per key), `weight(name, recipe) -> initializer name`."""
-
-    op: Callable[..., list[str]]
-    const: Callable[..., str]
-    weight: Callable[[str, Recipe], str]
-    elem: int
-    dtype: str
-
-    def one(self, op: str, inputs: list[str], **attrs) -> str:
-        return self.op(op, inputs, 1, **attrs)[0]
 
 
 def reads_rows(weight: str) -> bool:
@@ -79,14 +65,14 @@ def moe_names(config: ModelConfig, layer: int, dtype: str) -> dict[str, Recipe]:
         names[f"{p}{ROUTER}.per_expert_scale"] = Recipe((f"{q}{moe.router}.per_expert_scale",), False, "fp32")
     for e in range(moe.num_experts):
         src, x = moe.expert_sources(layer, e), f"{p}mlp.experts.{e}"
-        names[f"{x}.weight_t"] = Recipe((src["gate"], src["up"]), True, dtype)
+        names[f"{x}.weight_t"] = Recipe((src["gate"], src["up"]) if moe.expert_gated else (src["up"],), True, dtype)
         names[f"{x}.down_proj.weight_t"] = Recipe((src["down"],), True, dtype)
         if moe.expert_bias:
-            names[f"{x}.bias"] = Recipe((src["gate_bias"], src["up_bias"]), False, dtype)
+            names[f"{x}.bias"] = Recipe((src["gate_bias"], src["up_bias"]) if moe.expert_gated else (src["up_bias"],), False, dtype)
             names[f"{x}.down_proj.bias"] = Recipe((src["down_bias"],), False, dtype)
     if moe.shared_expert_size:
         s = f"{q}{moe.shared_name}."
-        names[f"{p}mlp.shared_expert.weight_t"] = Recipe((s + "gate_proj.weight", s + "up_proj.weight"), True, dtype)
+        names[f"{p}mlp.shared_expert.weight_t"] = Recipe(tuple(s + f"{x}.weight" for x in moe.shared_projections()[:-1]), True, dtype)
         names[f"{p}mlp.shared_expert.down_proj.weight_t"] = Recipe((s + "down_proj.weight",), True, dtype)
         if moe.shared_gated:
             names[f"{p}{SHARED_GATE}.weight_t"] = Recipe((f"{q}shared_expert_gate.weight",), True, dtype)
@@ -129,8 +115,9 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
         total = em.one("Add", [total, part])
     total = em.one("Reshape", [total, em.const("moe.rows_shape", [-1, hidden])])
     if moe.shared_expert_size:
-        shared = _expert(em, MoeConfig(1, 1, moe.shared_expert_size), x, w, f"{p}mlp.shared_expert",
-                         moe.shared_expert_size, False)
+        plain = MoeConfig(1, 1, moe.shared_expert_size) if moe.expert_gated else \
+            MoeConfig(1, 1, moe.shared_expert_size, act=moe.act, expert_gated=False)
+        shared = _expert(em, plain, x, w, f"{p}mlp.shared_expert", moe.shared_expert_size, False)
         if moe.shared_gated:
             shared = em.one("Mul", [em.one("Sigmoid", [em.one("MatMul", [x, w[f"{p}{SHARED_GATE}.weight_t"]])]), shared])
         total = em.one("Add", [total, shared])
@@ -220,10 +207,14 @@ def _group_route(em: Emitter, moe: MoeConfig, logits: str, score_bias: str | Non
 
 
 def _expert(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], name: str, inter: int, bias: bool) -> str:
-    """down(swiglu(x @ [gate | up])) (+ biases) of the expert whose initializers are `name`.*."""
+    """down(swiglu(x @ [gate | up])) (+ biases) of the expert whose initializers are `name`.*; ungated
+    (`expert_gated` False): down(act(x @ up))."""
     both = em.one("MatMul", [x, w[f"{name}.weight_t"]])
     if bias:
         both = em.one("Add", [both, w[f"{name}.bias"]])
+    if not moe.expert_gated:
+        out = em.one("MatMul", [activation(em, moe.act, both), w[f"{name}.down_proj.weight_t"]])
+        return em.one("Add", [out, w[f"{name}.down_proj.bias"]]) if bias else out
     gate, up = em.op("Split", [both, em.const(f"moe.split.{inter}", [inter, inter])], 2, axis=-1)
     if moe.swiglu_limit:
         limit = em.const("moe.limit", moe.swiglu_limit, np_dtype(em.dtype))

@@ -374,8 +374,8 @@ FAMILIES: dict[str, Family] = {
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
-    # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases) or a plain relu2 MLP, grouped into layers (models/nemotron_h.py)
-    "nemotron_h": Family(("nemotron_h",), hybrid="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act", prefix="backbone.", gguf={},
+    # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py)
+    "nemotron_h": Family(("nemotron_h",), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act", prefix="backbone.", gguf={},
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),

@@ -30,7 +30,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, moe: MoeConfig) -> torch.Tensor
 
 
 class Expert(nn.Module):
-    """One SwiGLU expert; its three Linear modules carry the family's names (gate_proj/up_proj/down_proj, w1/w3/w2)."""
+    """One SwiGLU expert; its three Linear modules carry the family's names (gate_proj/up_proj/down_proj, w1/w3/w2).
+    Ungated (`expert_gated` False, Nemotron-H): down(act(up x)), no gate module."""
 
     def __init__(self, hidden: int, inter: int, moe: MoeConfig, names: tuple[str, str, str] | None = None,
                  bias: bool = False):
@@ -38,13 +39,16 @@ class Expert(nn.Module):
         self.moe = moe
         self.names = names or moe.projections
         gate, up, down = self.names
-        setattr(self, gate, nn.Linear(hidden, inter, bias=bias))
+        if moe.expert_gated:
+            setattr(self, gate, nn.Linear(hidden, inter, bias=bias))
         setattr(self, up, nn.Linear(hidden, inter, bias=bias))
         setattr(self, down, nn.Linear(inter, hidden, bias=bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up, down = (getattr(self, n) for n in self.names)
-        return down(swiglu(gate(x), up(x), self.moe))
+        up, down = (getattr(self, n) for n in self.names[1:])
+        if not self.moe.expert_gated:
+            return down(activation(up(x), self.moe.act))
+        return down(swiglu(getattr(self, self.names[0])(x), up(x), self.moe))
 
 
 def route(logits: torch.Tensor, moe: MoeConfig, score_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +118,8 @@ class SparseMoe(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden, moe.expert_size, moe, bias=moe.expert_bias)
                                      for _ in range(moe.num_experts))
         if moe.shared_expert_size:
-            plain = MoeConfig(1, 1, moe.shared_expert_size)
+            plain = MoeConfig(1, 1, moe.shared_expert_size) if moe.expert_gated else \
+                MoeConfig(1, 1, moe.shared_expert_size, act=moe.act, expert_gated=False)
             setattr(self, moe.shared_name, Expert(hidden, moe.shared_expert_size, plain, ("gate_proj", "up_proj", "down_proj")))
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if moe.shared_gated else None
 

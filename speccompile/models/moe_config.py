@@ -29,6 +29,9 @@ sigmoid(shared_expert_gate(x)). Routing weights, by family:
 Llama 4: `topk_sigmoid` whose weights scale each chosen expert's input (`scale_input`: expert(w x), not w expert(x)),
 plus an ungated shared expert; MoE layers every `interleave_moe_layer_step`-th (or `moe_layers`), the rest dense.
 
+Nemotron-H (Nemotron 3 Nano): `sigmoid_group` with the score bias, its experts and shared expert ungated
+(`expert_gated` False: down(act(up x)), `act` relu2, no gate projection).
+
 Cohere 2 MoE adds its ungated shared experts (intermediate_size x num_shared_experts wide) to the routed output, or
 averages the two (`shared_average`: (routed + shared) / 2, its "average" combination strategy).
 
@@ -80,6 +83,7 @@ class MoeConfig:
     router_eps: float = 0.0  # normed_softmax_topk: the router input norm's epsilon (rms_norm_eps)
     scale_input: bool = False  # the routing weight multiplies the expert's input, not its output (Llama 4)
     renorm_eps: float = 1e-20  # sigmoid_group's renormalisation: weights / (their sum + renorm_eps) (LFM2-MoE: 1e-6)
+    expert_gated: bool = True  # False: every expert and the shared expert down(act(up x)), no gate projection (Nemotron-H)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
@@ -99,7 +103,11 @@ class MoeConfig:
         names = dict(zip(("gate", "up", "down"), (p + f"{x}.weight" for x in self.projections)))
         if self.expert_bias:
             names.update(zip(("gate_bias", "up_bias", "down_bias"), (p + f"{x}.bias" for x in self.projections)))
-        return names
+        return names if self.expert_gated else {role: name for role, name in names.items() if not role.startswith("gate")}
+
+    def shared_projections(self) -> tuple[str, ...]:
+        """The shared expert's projections (gate_proj, up_proj, down_proj; ungated: up_proj, down_proj)."""
+        return ("gate_proj", "up_proj", "down_proj") if self.expert_gated else ("up_proj", "down_proj")
 
     def gguf_names(self) -> dict[str, str]:
         """llama.cpp's MoE block tensors -> their names relative to a layer (`Family.gguf`'s vocabulary): the
@@ -107,8 +115,10 @@ class MoeConfig:
         b, (gate, up, down) = self.block, self.projections
         names = {"ffn_gate_inp": f"{b}.{self.router}", "ffn_gate_exps": f"{b}.experts.*.{gate}",
                  "ffn_up_exps": f"{b}.experts.*.{up}", "ffn_down_exps": f"{b}.experts.*.{down}"}
+        if not self.expert_gated:
+            del names["ffn_gate_exps"]
         if self.shared_expert_size:
-            names.update({f"ffn_{x}_shexp": f"{b}.{self.shared_name}.{x}_proj" for x in ("gate", "up", "down")})
+            names.update({f"ffn_{x[:-5]}_shexp": f"{b}.{self.shared_name}.{x}" for x in self.shared_projections()})
         if self.shared_expert_size and self.shared_gated:
             names["ffn_gate_inp_shexp"] = f"{b}.shared_expert_gate"
         if self.score_bias:  # DeepSeek-V3's `exp_probs_b.bias` (a name without `.weight`: models/load.py)
@@ -131,7 +141,7 @@ class MoeConfig:
             shapes.update({name: by_role[role] for role, name in self.expert_sources(layer, e).items()})
         if self.shared_expert_size:
             s, x = self.shared_expert_size, f"{p}{self.shared_name}."
-            shapes.update({f"{x}gate_proj.weight": (s, hidden), f"{x}up_proj.weight": (s, hidden), f"{x}down_proj.weight": (hidden, s)})
+            shapes.update({f"{x}{proj}.weight": (hidden, s) if proj == "down_proj" else (s, hidden) for proj in self.shared_projections()})
             if self.shared_gated:
                 shapes[f"{p}shared_expert_gate.weight"] = (1, hidden)
         return shapes
@@ -272,6 +282,21 @@ def _afmoe_moe(data: dict[str, Any], experts: int, top_k: int, layers: int) -> M
                      dense_layers=tuple(range(min(int(data.get("num_dense_layers") or 0), layers))))
 
 
+def _nemotron_h_moe(data: dict[str, Any], layers: int) -> MoeConfig | None:
+    """Nemotron-H's MoE blocks (the table layers `nemotron_h_moe_layers`, models/nemotron_h.py; none: None): DeepSeek-V3's
+    sigmoid group routing with the score bias, ungated experts (`mlp_hidden_act`, relu2) and one ungated shared expert
+    of moe_shared_expert_intermediate_size (transformers ignores n_shared_experts); the other layers dense or MLP-less."""
+    moe = set(data.get("nemotron_h_moe_layers") or [])
+    if not moe:
+        return None
+    return MoeConfig(int(data["n_routed_experts"]), int(data["num_experts_per_tok"]), int(data["moe_intermediate_size"]), "sigmoid_group",
+                     bool(data.get("norm_topk_prob", True)), shared_expert_size=int(data["moe_shared_expert_intermediate_size"]),
+                     shared_name="shared_experts", shared_gated=False, n_group=int(data.get("n_group") or 1),
+                     topk_group=int(data.get("topk_group") or 1), routed_scale=float(data.get("routed_scaling_factor", 1.0)),
+                     score_bias=True, act=HF_ACTS[str(data.get("mlp_hidden_act", "relu2"))], expert_gated=False,
+                     dense_layers=tuple(i for i in range(layers) if i not in moe))
+
+
 _LAYERED = {"llama4": _llama4_moe, "lfm2_moe": _lfm2_moe, "afmoe": _afmoe_moe}  # MoE kinds read by a function of (data, experts, top_k, layers)
 
 
@@ -295,12 +320,13 @@ def _top_k(kind: str, data: dict[str, Any]) -> int:
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
+    if kind == "nemotron_h":  # its experts by the block pattern (models/nemotron_h.py); none: dense (Nemotron Nano 2)
+        return _nemotron_h_moe(data, int(data["num_hidden_layers"]))
     experts = data.get("num_experts", data.get("num_local_experts"))
     top_k = _top_k(kind, data)
     layers = int(data["num_hidden_layers"])
     if kind in ("qwen2_moe", "qwen3_moe"):
-        return MoeConfig(int(experts), top_k, int(data["moe_intermediate_size"]), "softmax_topk",
-                         bool(data.get("norm_topk_prob", False)),
+        return MoeConfig(int(experts), top_k, int(data["moe_intermediate_size"]), "softmax_topk", bool(data.get("norm_topk_prob", False)),
                          shared_expert_size=int(data.get("shared_expert_intermediate_size") or 0) if kind == "qwen2_moe" else 0,
                          dense_layers=_dense_layers(data, layers))
     if kind == "flint":  # sigmoid top k renormalised without a score bias (one group), an ungated shared expert
@@ -345,8 +371,7 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
         if act not in ("gelu_tanh", "gelu", "silu"):
             raise UnsupportedError(f"config.json: Gemma 4's experts with hidden_activation {data['hidden_activation']!r} are not supported")
         return MoeConfig(int(experts), int(data["top_k_experts"]), int(data["moe_intermediate_size"]), "normed_softmax_topk", True,
-                         block="moe", router="router", act=act, beside_dense=True,
-                         router_eps=float(data.get("rms_norm_eps", 1e-6)))
+                         block="moe", router="router", act=act, beside_dense=True, router_eps=float(data.get("rms_norm_eps", 1e-6)))
     if kind == "gpt_oss":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "topk_softmax", router="router",
                          router_bias=True, expert_bias=True, swiglu_limit=float(data.get("swiglu_limit", 7.0)),

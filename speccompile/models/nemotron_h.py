@@ -6,8 +6,11 @@ A Nemotron-H block holds one thing, norm -> block -> residual add (transformers'
 MLP, residual), so each mixer block and the MLP block after it (if any) are one table layer; a mixer followed by
 another mixer is a layer without an MLP (`ModelConfig.layer_intermediate_sizes` 0). The config keys are read as
 Granite 4.0-H's Mamba-2 keys (models/linear_config.py, `mamba2_from_hf`: the same computation) and the tensors are
-shown under the table's names (`blocks_view`). Refused in one line: MoE blocks (ungated experts are not built), an
-MLP block not after a mixer, MTP layers (`num_nextn_predict_layers`).
+shown under the table's names (`blocks_view`). A MoE block (Nemotron 3 Nano) after a mixer is that layer's MLP: its
+`MoeConfig` (models/moe_config.py, `_nemotron_h_moe`) has ungated experts and an ungated shared expert (`expert_gated`
+False), and the layers whose MLP is dense or absent are its `dense_layers`. Refused in one line: an MLP or MoE block
+not after a mixer, MTP layers (`num_nextn_predict_layers`), latent expert projections (`moe_latent_size`), experts
+whose activation has learned parameters (xIELU).
 """
 
 from __future__ import annotations
@@ -45,17 +48,15 @@ def block_types(data: dict[str, Any], source: str) -> list[str]:
 
 def group_blocks(types: list[str], source: str) -> list[tuple[int, int | None]]:
     """Table layers as (mixer block, MLP block or None): each mixer block with the MLP block right after it."""
-    if "moe" in types:
-        raise UnsupportedError(f"{source}: layers_block_type 'moe' (Nemotron-H MoE blocks: ungated relu2 experts) is not supported")
     groups: list[tuple[int, int | None]] = []
     for b, kind in enumerate(types):
         if kind in _MIXERS:
             groups.append((b, None))
-        elif kind == "mlp" and groups and groups[-1][1] is None and types[b - 1] in _MIXERS:
+        elif kind in ("mlp", "moe") and groups and groups[-1][1] is None and types[b - 1] in _MIXERS:
             groups[-1] = (groups[-1][0], b)
         else:
-            raise UnsupportedError(f"{source}: layers_block_type {kind!r} at block {b} (not an MLP right after a Mamba-2 or "
-                                   "attention block) is not supported")
+            raise UnsupportedError(f"{source}: layers_block_type {kind!r} at block {b} (not an MLP or MoE block right after a "
+                                   "Mamba-2 or attention block) is not supported")
     return groups
 
 
@@ -66,13 +67,19 @@ def nemotron_h_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
     mlp_bias are refused as biases the family does not have)."""
     if int(data.get("num_nextn_predict_layers") or 0):
         raise UnsupportedError(f"{source}: num_nextn_predict_layers {data['num_nextn_predict_layers']} (Nemotron-H MTP layers) is not supported")
-    groups = group_blocks(block_types(data, source), source)
+    types = block_types(data, source)
+    groups = group_blocks(types, source)
+    if "moe" in types and data.get("moe_latent_size") is not None:
+        raise UnsupportedError(f"{source}: moe_latent_size {data['moe_latent_size']} (Nemotron-H's latent expert projections) is not supported")
+    if "moe" in types and str(data.get("mlp_hidden_act")) == "xielu":
+        raise UnsupportedError(f"{source}: mlp_hidden_act 'xielu' in Nemotron-H's experts is not supported")
     mamba = {key: next((data[k] for k in names if data.get(k) is not None), default) for key, (names, default) in _MAMBA_KEYS.items()}
     heads, head_dim = int(mamba["mamba_n_heads"]), int(mamba["mamba_d_head"])
     inter = int(data["intermediate_size"])
     rest = {k: v for k, v in data.items() if k not in ("attention_bias", "mamba_proj_bias", "layer_types", "hybrid_override_pattern")}
-    return {**rest, **mamba, "num_hidden_layers": len(groups), "layer_types": [_MIXERS[block_types(data, source)[m]] for m, _ in groups],
-            "mamba_d_inner": heads * head_dim, "nemotron_h_widths": [inter if mlp is not None else 0 for _, mlp in groups]}
+    return {**rest, **mamba, "num_hidden_layers": len(groups), "layer_types": [_MIXERS[types[m]] for m, _ in groups],
+            "mamba_d_inner": heads * head_dim, "nemotron_h_widths": [inter if mlp is not None else 0 for _, mlp in groups],
+            "nemotron_h_moe_layers": [i for i, (_, mlp) in enumerate(groups) if mlp is not None and types[mlp] == "moe"]}
 
 
 def nemotron_h_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
@@ -85,10 +92,11 @@ def nemotron_h_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
 def blocks_view(source: WeightSource) -> WeightSource:
     """`source` (`model.layers.{block}.norm` / `.mixer.*`, the prefix already `model.`) under the table's layer names:
     a mixer block's norm as layer i's input_layernorm and its tensors under `mixer.`, the MLP block after it as layer
-    i's post_attention_layernorm and `mlp.` (blocks told apart by their tensors: an MLP block has `mixer.up_proj`)."""
+    i's post_attention_layernorm and `mlp.` (blocks told apart by their tensors: an MLP block has `mixer.up_proj`, a MoE
+    block its router `mixer.gate`)."""
     found = [re.match(r"model\.layers\.(\d+)\.(.*)$", n) for n in source.names()]
     blocks = sorted({int(m.group(1)) for m in found if m})
-    mlp = {int(m.group(1)) for m in found if m and m.group(2) == "mixer.up_proj.weight"}
+    mlp = {int(m.group(1)) for m in found if m and m.group(2) in ("mixer.up_proj.weight", "mixer.gate.weight")}
     rename, layer = {}, -1
     for b in blocks:
         layer += b not in mlp
