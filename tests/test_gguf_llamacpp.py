@@ -101,12 +101,16 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # Granite 4.0-H (llama.cpp's granitehybrid): Mamba-2 where head_count_kv is 0, A as -exp(A_log), NoPE attention; MoE
     # with a shared MLP, and dense (the shared MLP as ffn_gate / ffn_up / ffn_down)
     **{name: HYBRID[name] for name in ("granitemoehybrid", "granitemoehybrid_dense")},
+    # Qwen3.5 (llama.cpp's qwen35): gated delta nets (`recurrent_layers`), the value heads stored in llama.cpp's tiled
+    # order, A as -exp(A_log), the zero-centred gains stored as 1 + w
+    "qwen3_5_text": HYBRID["qwen3_5_text"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
 _OUTTYPE = {"bitnet-tq1_0": "tq1_0", "bitnet-tq2_0": "tq2_0"}  # the converter's --outtype where not f32
 _TERNARY = ("bitnet", *_OUTTYPE)  # projections the converter rounds to ternary times a scale: transformers' rounded too
 _BITNET_NAMES = {"self_attn.attn_sub_norm.": "self_attn.inner_attn_ln.", "mlp.ffn_sub_norm.": "mlp.ffn_layernorm."}  # 1bitLLM's
+_NO_MTP = ("qwen3_5_text",)  # the converter insists on MTP layers unless told there are none
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
 
@@ -145,10 +149,10 @@ def tokenizers(tmp_path_factory) -> dict[str, Path]:
     return {"bpe": root / "bpe", "glm": root / "glm", "spm": root / "spm", "spm_json": root / "spm_json"}
 
 
-def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> None:
-    """llama.cpp's converter on `hf_dir` (f32 unless `outtype`), with its own gguf-py."""
+def convert(hf_dir: Path, out: Path, outtype: str = "f32", extra: tuple[str, ...] = ()) -> None:
+    """llama.cpp's converter on `hf_dir` (f32 unless `outtype`; `extra`: more of its flags), with its own gguf-py."""
     env = dict(os.environ, PYTHONPATH=str(Path(CONVERTER).parent / "gguf-py"))
-    done = subprocess.run([PYTHON, CONVERTER, str(hf_dir), "--outfile", str(out), "--outtype", outtype],
+    done = subprocess.run([PYTHON, CONVERTER, str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra],
                           capture_output=True, text=True, env=env, timeout=300)
     if "ModuleNotFoundError" in done.stderr:
         pytest.skip(f"llama.cpp's converter: {done.stderr.strip().splitlines()[-1]} (scripts/setup_gguf_oracle.sh)")
@@ -172,7 +176,7 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
         (tmp_path / "hf" / file.name).write_bytes(file.read_bytes())
     if name in _TERNARY:  # the converter maps 1bitLLM's sub-norm names, not transformers'
         _rename_tensors(tmp_path / "hf", _BITNET_NAMES)
-    convert(tmp_path / "hf", tmp_path / "model.gguf", _OUTTYPE.get(name, "f32"))
+    convert(tmp_path / "hf", tmp_path / "model.gguf", _OUTTYPE.get(name, "f32"), ("--no-mtp",) if name in _NO_MTP else ())
     if name in _TERNARY:
         _ternarize(hf, half=name in _OUTTYPE)
     return hf, tmp_path / "model.gguf", vocab

@@ -17,6 +17,7 @@ from .bitnet import bitnet_fields, bitnet_gguf_keys
 from .llama4 import llama4_fields
 from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
+from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -27,7 +28,8 @@ from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, 
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
 _GGUF_KEYS = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys, "bitnet": bitnet_gguf_keys,
-              "lfm2": short_conv_gguf_keys, "lfm2_moe": short_conv_gguf_keys, "granitemoehybrid": mamba2_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
+              "lfm2": short_conv_gguf_keys, "lfm2_moe": short_conv_gguf_keys, "granitemoehybrid": mamba2_gguf_keys,
+              "qwen3_5": gated_delta_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 
