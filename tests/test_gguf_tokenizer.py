@@ -77,8 +77,10 @@ def test_phi2_gguf_exports_with_its_bpe_tokenizer(tmp_path, monkeypatch):
 
 
 def test_a_bpe_with_another_split_is_not_guessed(tmp_path, monkeypatch):
-    """A `gpt2` tokenizer whose pre-tokenizer is not GPT-2's regex (here Qwen2's) is refused in one line."""
-    _write(tmp_path, monkeypatch, pre="qwen2")
+    """A `gpt2` tokenizer whose pre-tokenizer is neither GPT-2's regex nor one of `PRE_SPLITS` (here Mistral Nemo's
+    "tekken") is refused in one line."""
+    assert "tekken" not in PRE_SPLITS
+    _write(tmp_path, monkeypatch, pre="tekken")
     with pytest.raises(SpecCompileError, match="tokenizer could not be converted"):
         export_artifact(str(tmp_path / "g" / "model.gguf"), tmp_path / "art", ExportOptions(max_context=96))
 

@@ -361,7 +361,8 @@ def test_lfm2_moe_config_keys():
 
 
 def test_granite_4_h_config_keys_and_refusals():
-    """Granite 4.0-H-Tiny's config.json (transformers 4.56's keys: layer_types "mamba" / "attention", NoPE, 64 experts
+    """A Granite 4.0-H-Tiny-shaped config.json (its sizes as published, the attention indices assumed: no hub here to read
+    the file; transformers 4.56's keys: layer_types "mamba" / "attention", NoPE, 64 experts
     and a shared MLP): Mamba-2 layers where no attention, their shape, Granite's multipliers; what is not built refused
     in one line naming the file and the key (Mamba-1: not in the table)."""
     from speccompile.errors import UnsupportedError
