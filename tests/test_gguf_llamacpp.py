@@ -104,6 +104,11 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # Qwen3.5 (llama.cpp's qwen35): gated delta nets (`recurrent_layers`), the value heads stored in llama.cpp's tiled
     # order, A as -exp(A_log), the zero-centred gains stored as 1 + w
     "qwen3_5_text": HYBRID["qwen3_5_text"],
+    # Nemotron-H / Nano 2 and Nemotron 3 Nano (a dense MLP block included): one block a `blk.N`, Mamba-2 as Granite
+    # 4.0-H's, attention where head_count_kv is not 0, q / k rows permuted. transformers 5 fills num_experts_per_tok in
+    # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
+    # width: ffn_up); the nemotron_h files older transformers gave: test_hybrid's test_nemotron_h_gguf_metadata_and_refusals
+    **{name: HYBRID[name] for name in ("nemotron_h", "nemotron_h_moe")},
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }

@@ -495,3 +495,48 @@ def test_nemotron_3_nano_config_keys_and_refusals():
                              ("mlp_hidden_act", "xielu", "nano3.json: mlp_hidden_act 'xielu'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "nano3.json")
+
+
+def _nemotron_h_gguf(pattern: str, arch: str) -> tuple[dict, dict]:
+    """(metadata, tensor shapes) as llama.cpp's converter writes a tiny Nemotron-H of block pattern `pattern` (M, *, -, E):
+    head_count_kv per block, feed_forward_length per block (nemotron_h: its MLP blocks', nemotron_h_moe: its MoE blocks')."""
+    p, moe = f"{arch}.", arch == "nemotron_h_moe"
+    meta = {"general.architecture": arch, p + "block_count": len(pattern), p + "embedding_length": 64, p + "attention.head_count": 4,
+            p + "attention.head_count_kv": [2 * (c == "*") for c in pattern], p + "attention.key_length": 16,
+            p + "feed_forward_length": [32 if c == "E" else 0 if moe else 128 * (c == "-") for c in pattern], p + "vocab_size": 256,
+            p + "attention.layer_norm_epsilon": 1e-5, p + "ssm.conv_kernel": 4, p + "ssm.state_size": 16, p + "ssm.group_count": 2,
+            p + "ssm.inner_size": 128, p + "ssm.time_step_rank": 8, p + "expert_count": 8, p + "expert_used_count": 2,
+            p + "expert_feed_forward_length": 32, p + "expert_shared_feed_forward_length": 64, p + "expert_weights_norm": True,
+            p + "expert_weights_scale": 2.5, p + "expert_group_count": 1, p + "expert_group_used_count": 1}
+    own = {"M": ("ssm_in.weight", "ssm_conv1d.bias"), "*": ("attn_q.weight",), "-": ("ffn_up.weight",), "E": ("ffn_gate_inp.weight",)}
+    tensors = {f"blk.{b}.{name}": (128, 64) for b, c in enumerate(pattern) for name in own[c]}
+    return meta, tensors
+
+
+def test_nemotron_h_gguf_metadata_and_refusals():
+    """llama.cpp's nemotron_h metadata (Nemotron-H / Nano 2 as the converter writes it where transformers has no
+    NemotronHConfig) and nemotron_h_moe's (Nemotron 3 Nano, a dense MLP block too): the blocks' kinds from head_count_kv
+    and each block's tensors, grouped into table layers as from safetensors, the MLP width from ffn_up (a MoE file writes
+    0 for it); an MTP block, latent experts, MLP blocks of different widths, a block of no kind refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    meta, tensors = _nemotron_h_gguf("M-MM-*", "nemotron_h")
+    cfg = config_from_gguf(meta, True, False, "nh.gguf", tensors=tensors)
+    assert cfg.architecture == "nemotron_h" and cfg.num_hidden_layers == 4 and [cfg.linear(i) for i in range(4)] == [True] * 3 + [False]
+    assert cfg.layer_intermediate_sizes == [128, 0, 128, 0] and cfg.moe is None and cfg.nope_layers == [0, 1, 2, 3]
+    assert (cfg.hybrid.num_v_heads, cfg.hybrid.v_dim, cfg.hybrid.num_k_heads, cfg.hybrid.k_dim, cfg.hybrid.conv_bias) == (8, 16, 2, 16, True)
+    assert (cfg.num_key_value_heads, cfg.head_dim, cfg.mlp_act, cfg.mlp_gated) == (2, 16, "relu2", False)
+    meta, tensors = _nemotron_h_gguf("MEM-M*E", "nemotron_h_moe")
+    moe = config_from_gguf(meta, True, False, "nano3.gguf", tensors=tensors).moe
+    assert (moe.num_experts, moe.top_k, moe.expert_size, moe.shared_expert_size, moe.routed_scale, moe.dense_layers) == (8, 2, 32, 64, 2.5, (1, 2))
+    assert config_from_gguf(meta, True, False, "nano3.gguf", tensors=tensors).layer(1).intermediate_size == 128
+    for change, said in (({"nemotron_h_moe.nextn_predict_layers": 1}, "nano3.gguf: nemotron_h_moe.nextn_predict_layers 1"),
+                         ({"nemotron_h_moe.moe_latent_size": 16}, "nano3.gguf: moe_latent_size 16"),
+                         ({"blk.3.ffn_up.weight": None}, "nano3.gguf: block 3 has neither"),
+                         ({"blk.3.ffn_up.weight": (96, 64), "blk.1.ffn_gate_inp.weight": None, "blk.1.ffn_up.weight": (128, 64)},
+                          r"nano3.gguf: MLP blocks of widths \[96, 128\]")):
+        names = {k: v for k, v in {**tensors, **{k: v for k, v in change.items() if k.startswith("blk.")}}.items() if v is not None}
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_gguf({**meta, **{k: v for k, v in change.items() if not k.startswith("blk.")}}, True, False, "nano3.gguf", tensors=names)
+        assert "\n" not in str(info.value)

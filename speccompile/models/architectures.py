@@ -183,6 +183,9 @@ _LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf=_LFM2_GGUF, gguf_top={"to
 _MAMBA2_GGUF = {**LLAMA_GGUF, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias", "ssm_a": "mamba.A_log",
                 "ssm_d": "mamba.D", "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
                 **{f"ffn_{x}": f"block_sparse_moe.shared_expert.{x}_proj" for x in ("gate", "up", "down")}}
+_NEMOTRON_H_GGUF = {"attn_norm": "norm", **{f"attn_{x}": f"mixer.{x}_proj" for x in "qkv"}, "attn_output": "mixer.o_proj",
+                    **{k: v.replace("mamba.", "mixer.") for k, v in _MAMBA2_GGUF.items() if k.startswith("ssm_")},
+                    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # one block a `blk.N` (models/nemotron_h_gguf.py)
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
@@ -381,8 +384,10 @@ FAMILIES: dict[str, Family] = {
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
-    # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py)
-    "nemotron_h": Family(("nemotron_h",), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act", prefix="backbone.", gguf={},
+    # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
+    # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)
+    "nemotron_h": Family(("nemotron_h", "nemotron_h_moe"), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act",
+                         prefix="backbone.", gguf=_NEMOTRON_H_GGUF, gguf_llama_order=True,
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),

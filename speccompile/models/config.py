@@ -23,6 +23,7 @@ from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
+from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
 from .rope_keys import check_rope_scaling, gpt_oss_gguf_keys, layer_rope_bases, ministral3_gguf_keys, rope_params
 from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
@@ -420,6 +421,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
         if family(arch).layer_shapes:  # Gemma 4's per-layer shapes, KV sharing, PLE and rope (models/gemma4_gguf.py)
             meta, shapes = gemma4_keys(meta, arch_name + ".", tensors or {}, (rope_factors or {}).get("factors"), source)
             rope_factors = None
+        if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
+            meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))

@@ -32,6 +32,7 @@ from .mtp_layouts import is_mtp_weight, mtp_weights
 from .multimodal import text_decoder
 from .gated_delta_gguf import GroupedValueHeads
 from .mamba2_gguf import ALogView
+from .nemotron_h import blocks_view
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
 TOKENIZER_FILES = (
@@ -270,7 +271,7 @@ _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_token
 # `exp_probs_b.bias`, Gemma 4's `layer_output_scale.weight`)
 _BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias",
          "feed_forward.gate.e_score_correction_bias", "mamba.A_log", "mamba.D", "mamba.dt_bias", "linear_attn.A_log",
-         "linear_attn.dt_bias")
+         "linear_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias")
 
 
 def _open_gguf(path: Path):
@@ -371,7 +372,7 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
     if unread:  # a weight left out would change the model without a word: refused instead
         raise UnsupportedError(f"{path}: tensor {unread[0]} ({len(unread)} unread in all) is not read for {config.architecture}")
     if config.hybrid is not None and config.hybrid.kind == "mamba2":  # A stored as -exp(A_log): models/mamba2_gguf.py
-        return reader, meta, config, ALogView(source)
+        return reader, meta, config, ALogView(blocks_view(source) if fam.hybrid == "nemotron_h" else source)  # blocks grouped
     if config.hybrid is not None and config.hybrid.kind == "gated_delta":  # and value heads tiled: models/gated_delta_gguf.py
         return reader, meta, config, GroupedValueHeads(source, config.hybrid)
     if config.moe and config.moe.beside_dense:  # Gemma 4's fused experts, stored as in its safetensors

@@ -44,7 +44,7 @@ class ALogView(WeightSource):
 
     def read(self, name: str) -> np.ndarray:
         tensor = self._inner.read(name)
-        return np.log(-tensor).astype(np.float32) if name.endswith("mamba.A_log") else tensor
+        return np.log(-tensor).astype(np.float32) if name.endswith(("mamba.A_log", "mixer.A_log")) else tensor
 
     def names(self) -> list[str]:
         return self._inner.names()

@@ -93,10 +93,10 @@ def blocks_view(source: WeightSource) -> WeightSource:
     """`source` (`model.layers.{block}.norm` / `.mixer.*`, the prefix already `model.`) under the table's layer names:
     a mixer block's norm as layer i's input_layernorm and its tensors under `mixer.`, the MLP block after it as layer
     i's post_attention_layernorm and `mlp.` (blocks told apart by their tensors: an MLP block has `mixer.up_proj`, a MoE
-    block its router `mixer.gate`)."""
+    block its router `mixer.gate`; a GGUF's, models/nemotron_h_gguf.py, has its tensors under `mlp.` already)."""
     found = [re.match(r"model\.layers\.(\d+)\.(.*)$", n) for n in source.names()]
     blocks = sorted({int(m.group(1)) for m in found if m})
-    mlp = {int(m.group(1)) for m in found if m and m.group(2) in ("mixer.up_proj.weight", "mixer.gate.weight")}
+    mlp = {int(m.group(1)) for m in found if m and (m.group(2) in ("mixer.up_proj.weight", "mixer.gate.weight") or m.group(2).startswith("mlp."))}
     rename, layer = {}, -1
     for b in blocks:
         layer += b not in mlp
@@ -107,5 +107,5 @@ def blocks_view(source: WeightSource) -> WeightSource:
         if m:
             layer, norm, part = rename[int(m.group(1))]
             rest = m.group(2)
-            names[m.group(0)] = f"model.layers.{layer}." + (f"{norm}.weight" if rest == "norm.weight" else f"{part}.{rest.removeprefix('mixer.')}")
+            names[m.group(0)] = f"model.layers.{layer}." + (f"{norm}.weight" if rest == "norm.weight" else f"{part}.{rest.split('.', 1)[1]}")
     return source.renamed(names)
