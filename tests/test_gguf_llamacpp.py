@@ -103,7 +103,7 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     **{name: HYBRID[name] for name in ("granitemoehybrid", "granitemoehybrid_dense")},
     # Qwen3.5 (llama.cpp's qwen35): gated delta nets (`recurrent_layers`), the value heads stored in llama.cpp's tiled
     # order, A as -exp(A_log), the zero-centred gains stored as 1 + w
-    "qwen3_5_text": HYBRID["qwen3_5_text"],
+    "qwen3_5_text": HYBRID["qwen3_5_text"], "qwen3_5_moe_text": HYBRID["qwen3_5_moe_text"],
     # Nemotron-H / Nano 2 and Nemotron 3 Nano (a dense MLP block included): one block a `blk.N`, Mamba-2 as Granite
     # 4.0-H's, attention where head_count_kv is not 0, q / k rows permuted. transformers 5 fills num_experts_per_tok in
     # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
@@ -115,7 +115,7 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
 _OUTTYPE = {"bitnet-tq1_0": "tq1_0", "bitnet-tq2_0": "tq2_0"}  # the converter's --outtype where not f32
 _TERNARY = ("bitnet", *_OUTTYPE)  # projections the converter rounds to ternary times a scale: transformers' rounded too
 _BITNET_NAMES = {"self_attn.attn_sub_norm.": "self_attn.inner_attn_ln.", "mlp.ffn_sub_norm.": "mlp.ffn_layernorm."}  # 1bitLLM's
-_NO_MTP = ("qwen3_5_text",)  # the converter insists on MTP layers unless told there are none
+_NO_MTP = ("qwen3_5_text", "qwen3_5_moe_text")  # the converter insists on MTP layers unless told there are none
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
 
@@ -175,6 +175,8 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
         _move_score_bias(hf, tmp_path / "hf")
     if name.startswith("granitemoehybrid"):  # the converter reads the released files' "mamba" / "attention" layer types
         _hub_layer_types(tmp_path / "hf")
+    if name == "qwen3_5_moe_text":  # the converter's transformers reads a qwen3_5_moe_text folder's tokenizer as Qwen2's
+        _tokenizer_model_type(tmp_path / "hf", "qwen3_5_text")  # (Qwen's own split): the model class comes from `architectures`
     for file in (tmp_path / "hf").glob("tokenizer*"):
         file.unlink()
     for file in tokenizers[kind].iterdir():
@@ -197,6 +199,15 @@ def _hub_layer_types(folder: Path) -> None:
     hub = {"linear_attention": "mamba", "full_attention": "attention"}
     config["layer_types"] = [hub.get(kind, kind) for kind in config["layer_types"]]
     path.write_text(json.dumps(config, indent=2))
+
+
+def _tokenizer_model_type(folder: Path, model_type: str) -> None:
+    """config.json's model_type set to `model_type` (its `architectures`, which the converter's model class comes
+    from, kept): what transformers reads the folder's tokenizer as."""
+    import json
+
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": model_type}, indent=2))
 
 
 def _rename_tensors(folder: Path, renames: dict[str, str]) -> None:

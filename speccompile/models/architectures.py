@@ -368,8 +368,8 @@ FAMILIES: dict[str, Family] = {
     # Qwen3-Next, Qwen3.5 (text; MoE): gated delta nets, gated full attention, zero-centred gains (models/linear_config.py)
     "qwen3_next": Family(("qwen3_next", "qwen3next"), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, names=LINEAR_NAMES),
-    # (llama.cpp's qwen35moe and qwen3next GGUF are refused: no oracle here for the first, the second keeps b | a per group)
-    "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **_HYBRID, moe="qwen2_moe", names=LINEAR_NAMES),
+    # (llama.cpp's qwen3next GGUF is refused: it keeps Qwen3-Next's b | a per key-head group)
+    "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
     # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
     # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
     # transformers' defaults where config.json leaves them out

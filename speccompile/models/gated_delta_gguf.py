@@ -1,4 +1,4 @@
-"""llama.cpp's `qwen35` GGUF (Qwen3.5) as the table's gated-delta-net hybrid
+"""llama.cpp's `qwen35` / `qwen35moe` GGUF (Qwen3.5, Qwen3.5-MoE) as the table's gated-delta-net hybrid
 (models/linear_config.py `hybrid_from_hf`): the config.json keys its metadata gives, and its linear layers' tensors
 shown as transformers stores them.
 
@@ -20,10 +20,11 @@ from .weights import TensorInfo, WeightSource
 
 
 def gated_delta_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any]:
-    """The config.json keys (qwen3_5_text's) of a qwen35 GGUF's metadata."""
+    """The config.json keys (qwen3_5_text's / qwen3_5_moe_text's) of a qwen35 / qwen35moe GGUF's metadata."""
     values = int(meta[p + "ssm.time_step_rank"])
     recurrent = list(meta[p + "attention.recurrent_layers"])
-    return {"model_type": "qwen3_5_text", "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
+    text_type = {"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}[meta["general.architecture"]]
+    return {"model_type": text_type, "layer_types": ["linear_attention" if r else "full_attention" for r in recurrent],
             "linear_conv_kernel_dim": int(meta[p + "ssm.conv_kernel"]), "linear_key_head_dim": int(meta[p + "ssm.state_size"]),
             "linear_num_key_heads": int(meta[p + "ssm.group_count"]), "linear_num_value_heads": values,
             "linear_value_head_dim": int(meta[p + "ssm.inner_size"]) // values}
