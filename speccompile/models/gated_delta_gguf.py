@@ -6,7 +6,7 @@ llama.cpp's converter writes the linear layers' sizes as `ssm.*` (`ssm.group_cou
 value heads, `ssm.state_size`: the key head width), which layers are recurrent as `attention.recurrent_layers`, A as
 -exp(A_log), and, where there are more value heads than key heads, every value-head axis in its "tiled" order
 (value head j of key group g at j * groups + g, where transformers groups them: g * per_group + j). The view below
-undoes both; the zero-centred gains it stored as 1 + w are read as plain gains (config_from_gguf sets norm_offset 0).
+undoes the order (`ALogView` the A); the zero-centred gains it stored as 1 + w are read as plain gains (config_from_gguf sets norm_offset 0).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def gated_delta_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str
 
 
 class GroupedValueHeads(WeightSource):
-    """`inner` (a qwen35 GGUF's tensors under transformers' names) with A_log as log(-A) and every value-head axis
-    back in transformers' grouped order: in_proj_qkv's value rows, in_proj_z's rows, in_proj_a / in_proj_b's rows,
+    """`inner` (a qwen35 GGUF's tensors under transformers' names) with every value-head axis back in transformers'
+    grouped order (A as log(-A): models/mamba2_gguf.py `ALogView`): in_proj_qkv's value rows, in_proj_z's rows, in_proj_a / in_proj_b's rows,
     A_log, dt_bias, the conv kernel's value channels, out_proj's columns."""
 
     def __init__(self, inner: WeightSource, hybrid: HybridConfig):
@@ -46,8 +46,6 @@ class GroupedValueHeads(WeightSource):
 
     def read(self, name: str) -> np.ndarray:
         tensor, h = self._inner.read(name), self._h
-        if name.endswith("linear_attn.A_log"):
-            tensor = np.log(-tensor).astype(np.float32)
         if h.num_v_heads == h.num_k_heads or ".linear_attn." not in name:
             return tensor
         keys = 2 * h.num_k_heads * h.k_dim  # q and k rows (channels) ahead of the values

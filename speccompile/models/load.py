@@ -371,10 +371,12 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
     unread = [name for name in source.skipped if name not in _READ_INTO_CONFIG]
     if unread:  # a weight left out would change the model without a word: refused instead
         raise UnsupportedError(f"{path}: tensor {unread[0]} ({len(unread)} unread in all) is not read for {config.architecture}")
-    if config.hybrid is not None and config.hybrid.kind == "mamba2":  # A stored as -exp(A_log): models/mamba2_gguf.py
-        return reader, meta, config, ALogView(blocks_view(source) if fam.hybrid == "nemotron_h" else source)  # blocks grouped
-    if config.hybrid is not None and config.hybrid.kind == "gated_delta":  # and value heads tiled: models/gated_delta_gguf.py
-        return reader, meta, config, GroupedValueHeads(source, config.hybrid)
+    if config.hybrid is not None:  # A stored as -exp(A_log) (models/mamba2_gguf.py); Nemotron-H's blocks grouped,
+        if fam.hybrid == "nemotron_h":  # a gated delta net's value heads tiled (models/gated_delta_gguf.py)
+            source = blocks_view(source)
+        if config.hybrid.kind == "gated_delta":
+            source = GroupedValueHeads(source, config.hybrid)
+        return reader, meta, config, ALogView(source)
     if config.moe and config.moe.beside_dense:  # Gemma 4's fused experts, stored as in its safetensors
         return reader, meta, config, per_expert(source, str(path))
     return reader, meta, config, source

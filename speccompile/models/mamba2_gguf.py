@@ -33,8 +33,8 @@ def mamba2_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any
 
 
 class ALogView(WeightSource):
-    """`inner` (a GGUF's tensors under transformers' names) with each Mamba-2 layer's A, which llama.cpp stores as
-    A = -exp(A_log), shown as transformers' A_log = log(-A)."""
+    """`inner` (a GGUF's tensors under transformers' names) with each recurrent layer's A (Mamba-2's, a gated delta
+    net's), which llama.cpp stores as A = -exp(A_log), shown as transformers' A_log = log(-A)."""
 
     def __init__(self, inner: WeightSource):
         self._inner = inner
@@ -44,7 +44,7 @@ class ALogView(WeightSource):
 
     def read(self, name: str) -> np.ndarray:
         tensor = self._inner.read(name)
-        return np.log(-tensor).astype(np.float32) if name.endswith(("mamba.A_log", "mixer.A_log")) else tensor
+        return np.log(-tensor).astype(np.float32) if name.endswith(".A_log") else tensor
 
     def names(self) -> list[str]:
         return self._inner.names()
