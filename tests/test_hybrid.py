@@ -46,7 +46,16 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "nemotron_h_moe": dict(model_type="nemotron_h", hybrid_override_pattern="MEM-M*E", mamba_num_heads=8, n_groups=2, ssm_state_size=16,
                            mamba_head_dim=16, conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                            moe_shared_expert_intermediate_size=64, routed_scaling_factor=2.5),
+    # no attention layer at all (a cache of states alone, no KV rows): pure Mamba-2 (Mamba2ForCausalLM: 4 blocks, 8 heads of
+    # 16 in 2 groups, d_state 16, no MLP) and a Qwen3.5 whose every layer is a gated delta net. Their pad token's zero
+    # embedding would give zero logits after it (no attention to carry the context): no pad token. transformers' own cache
+    # of linear layers alone has no mask sizes (use_cache false)
+    "mamba2": dict(num_hidden_layers=4, num_heads=8, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, expand=2,
+                   pad_token_id=None, use_cache=False),
+    "qwen3_5_text_linear": dict(_LINEAR, model_type="qwen3_5_text", layer_types=["linear_attention"] * 4, pad_token_id=None,
+                                use_cache=False),
 }
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear")
 
 
 def _reference(folder):
@@ -78,7 +87,7 @@ def _pass(decoder, ids: list[int], start: int, past: list) -> tuple[np.ndarray, 
 def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
-    assert [decoder.config.linear(i) for i in range(4)] == [True, True, True, False]
+    assert [decoder.config.linear(i) for i in range(4)] == [True, True, True, name in ATTENTION_FREE]
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)
     logits, _ = _pass(decoder, seq, 0, decoder.empty_past())
@@ -132,12 +141,13 @@ def _partly_right(plain: list[int], width: int):
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba",
-                                  "nemotron_h", "nemotron_h_moe"])
+                                  "nemotron_h", "nemotron_h_moe", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
     passes whose drafts are partly right commit the states plain decoding reaches: every token's logits bitwise
-    plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding."""
+    plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding. A target without
+    attention has no KV input at all (its caches count the committed tokens)."""
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.artifact import open_artifact
     from speccompile.runtime.session import Runner
@@ -150,6 +160,7 @@ def test_graphs_decode_speculatively_exactly(tmp_path, name):
     for fused in (True, False):
         session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
         assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
+        assert (not session.kv_shapes) == (name in ATTENTION_FREE)
         one = _decoded(session, seq, 1)
         _close(one, _hf_logits(hf, seq)[12:], f"{name} {session.spec.file}")
         np.testing.assert_array_equal(one, _decoded(session, seq, 3))
@@ -185,6 +196,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("nemotron_h", ("ssm_in", "up")),
+                                                ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
@@ -235,9 +247,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists() and not (tmp_path / "trt").exists()
     from speccompile.models.config import config_from_hf
 
-    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
-    with pytest.raises(UnsupportedError, match="every layer is linear_attention"):
-        config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json")
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())  # every layer linear: built (no attention layer)
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json").attention_free
     make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
     done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -337,8 +348,7 @@ def test_lfm2_config_keys_and_refusals():
     assert cfg.hybrid.short_conv and cfg.hybrid.conv_state_shape() == (1024, 2) and cfg.hybrid.state_kinds() == ("conv", "rows")
     with pytest.raises(UnsupportedError, match="lfm2.json: conv_bias true"):
         config_from_hf(dict(data, conv_bias=True), "lfm2.json")
-    with pytest.raises(UnsupportedError, match="without a full_attention layer"):
-        config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json")
+    assert config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json").attention_free  # every layer a short conv
 
 
 def test_lfm2_moe_config_keys():
@@ -386,10 +396,10 @@ def test_granite_4_h_config_keys_and_refusals():
     assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings
     dense = config_from_hf(dict(data, num_local_experts=0, position_embedding_type="rope"), "granite.json")
     assert dense.moe is None and dense.intermediate_size == 1024 and dense.nope_layers == []
+    assert config_from_hf(dict(data, layer_types=["mamba"] * 40), "granite.json").attention_free  # every layer Mamba-2: built
     for key, value, said in (("mamba_proj_bias", True, "granite.json: mamba_proj_bias true"),
                              ("time_step_limit", [0.001, 0.1], "granite.json: time_step_limit"),
                              ("hidden_act", "gelu", "granite.json: hidden_act 'gelu'"),
-                             ("layer_types", ["mamba"] * 40, "every layer is linear_attention"),
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
@@ -448,12 +458,13 @@ def test_nemotron_h_config_keys_and_refusals():
     cfg = config_from_hf(nano, "nano.json")
     assert cfg.num_hidden_layers == 31 and sum(not cfg.linear(i) for i in range(31)) == 4 and cfg.hybrid.value_dim == 10240
     assert [i for i in range(31) if not cfg.has_mlp(i)] == [3, 7, 11, 16, 21, 24]
+    mamba_only = config_from_hf(dict(data, hybrid_override_pattern="M-M-"), "nh.json")  # no attention block: built
+    assert mamba_only.attention_free and mamba_only.num_hidden_layers == 2
     for key, value, said in (("hybrid_override_pattern", "MEE*", "nh.json: layers_block_type 'moe' at block 2"),
                              ("hybrid_override_pattern", "E*M", "nh.json: layers_block_type 'moe' at block 0"),
                              ("hybrid_override_pattern", "M--*-", "nh.json: layers_block_type 'mlp' at block 2"),
                              ("hybrid_override_pattern", "-M*", "nh.json: layers_block_type 'mlp' at block 0"),
                              ("hybrid_override_pattern", "MX*", "nh.json: hybrid_override_pattern 'MX\\*'"),
-                             ("hybrid_override_pattern", "M-M-", "every layer is linear_attention"),
                              ("num_nextn_predict_layers", 1, "nh.json: num_nextn_predict_layers 1"),
                              ("mamba_dt_limit", [0.001, 0.1], "nh.json: time_step_limit"),
                              ("mamba_hidden_act", "gelu", "nh.json: hidden_act 'gelu'"),
@@ -461,6 +472,27 @@ def test_nemotron_h_config_keys_and_refusals():
                              ("mlp_hidden_act", "tanh", "nh.json: nemotron_h with mlp_hidden_act 'tanh'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "nh.json")
+
+
+def test_mamba2_config_keys_and_refusals():
+    """A Mamba-2-2.7B-shaped config.json (transformers' Mamba2Config keys): every layer Mamba-2 without an MLP, no attention
+    layer, the SSM's shape under its own key names; in / out projection biases, a clamped dt and another activation
+    refused in one line naming the key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="mamba2", vocab_size=50288, hidden_size=2560, num_hidden_layers=64, num_heads=80, head_dim=64, state_size=128,
+                expand=2, n_groups=1, conv_kernel=4, use_bias=False, use_conv_bias=True, hidden_act="silu", layer_norm_epsilon=1e-5,
+                residual_in_fp32=True, time_step_limit=[0.0, float("inf")], tie_word_embeddings=True)
+    cfg = config_from_hf(data, "mamba2.json")
+    assert cfg.attention_free and cfg.num_hidden_layers == 64 and not any(cfg.has_mlp(i) for i in range(64))
+    assert cfg.hybrid.mamba2 and cfg.hybrid.recurrent_state_shape() == (80, 128, 64) and cfg.hybrid.conv_dim == 5120 + 2 * 128
+    assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings and cfg.hybrid.conv_bias and cfg.rope_kinds() == []
+    for key, value, said in (("use_bias", True, "mamba2.json: mamba2 with use_bias"), ("time_step_limit", [0.0, 0.1], "mamba2.json: time_step_limit"),
+                             ("hidden_act", "gelu", "mamba2.json: hidden_act 'gelu'")):
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_hf(dict(data, **{key: value}), "mamba2.json")
+        assert "\n" not in str(info.value)
 
 
 _NANO_3_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # Nemotron-3-Nano-30B-A3B's: 23 M, 6 *, 23 E

@@ -136,6 +136,11 @@ class ModelConfig:
         """Layer `layer` is a gated delta net (hybrid linear attention) instead of attention."""
         return self.hybrid is not None and self.hybrid.linear[layer]
 
+    @property
+    def attention_free(self) -> bool:
+        """Every layer recurrent (pure Mamba-2, an all-recurrent hybrid): a cache of states alone, no KV rows."""
+        return self.hybrid is not None and all(self.hybrid.linear[:self.num_hidden_layers])
+
     def has_mlp(self, layer: int) -> bool:
         """Layer `layer` has an MLP block (Nemotron-H: a mixer block with no MLP block after it has width 0)."""
         return not self.layer_intermediate_sizes or self.layer_intermediate_sizes[layer] > 0
@@ -224,7 +229,7 @@ class ModelConfig:
 
     def rope_kinds(self) -> list[str]:
         """The rotary tables the layers use, in a fixed order."""
-        used = {self.rope_kind(i) for i in range(self.num_hidden_layers)}
+        used = {self.rope_kind(i) for i in range(self.num_hidden_layers) if not self.linear(i)}
         return [k for k in ("global", "local") if k in used]
 
 

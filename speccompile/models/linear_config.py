@@ -107,7 +107,7 @@ class HybridConfig:
 
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of an LFM2 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are short
-    convs), the MLP width after transformers' `block_auto_adjust_ff_dim`; conv biases and no attention layer refused."""
+    convs), the MLP width after transformers' `block_auto_adjust_ff_dim`; conv biases refused."""
     types = data.get("layer_types") or ["full_attention" if i in (data.get("full_attn_idxs") or []) else "conv" for i in range(layers)]
     types = list(types)[:layers]
     other = sorted(set(types) - {"full_attention", "conv"})
@@ -115,8 +115,6 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in an LFM2 model")
     if data.get("conv_bias"):
         raise UnsupportedError(f"{source}: conv_bias true (short-conv biases) is not supported")
-    if "full_attention" not in types:
-        raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
     inter = int(data["intermediate_size"])
     if data.get("block_auto_adjust_ff_dim"):  # transformers' Lfm2MLP
         inter = int(2 * inter / 3)
@@ -140,16 +138,14 @@ def short_conv_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str,
     `attention.head_count_kv` entry is not 0 (a short conv where it is), the conv's `shortconv.l_cache`; the MLP
     width as written (the converter already adjusted it)."""
     kv = gguf_kv_heads(meta, p)
-    if not any(kv):
-        raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
-    return {"layer_types": ["full_attention" if heads else "conv" for heads in kv], "num_key_value_heads": max(kv),
+    return {"layer_types": ["full_attention" if heads else "conv" for heads in kv], "num_key_value_heads": max(kv) or 1,
             "conv_L_cache": int(meta[p + "shortconv.l_cache"]), "block_auto_adjust_ff_dim": False}
 
 
 def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a hybrid checkpoint's config.json: `hybrid` (layer_types, else every
-    full_attention_interval-th layer full, as transformers), the output gate; other layer kinds, no full-attention
-    layer at all and a hidden_act other than SiLU (the conv's and the gated norm's activation) are refused."""
+    full_attention_interval-th layer full, as transformers; every layer may be linear), the output gate; other layer
+    kinds and a hidden_act other than SiLU (the conv's and the gated norm's activation) are refused."""
     types = data.get("layer_types")
     if not types:
         interval = int(data.get("full_attention_interval") or 4)
@@ -163,18 +159,10 @@ def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     hybrid = HybridConfig(linear=[t == "linear_attention" for t in types], num_k_heads=int(data["linear_num_key_heads"]),
                           num_v_heads=int(data["linear_num_value_heads"]), k_dim=int(data["linear_key_head_dim"]),
                           v_dim=int(data["linear_value_head_dim"]), conv_kernel=int(data.get("linear_conv_kernel_dim") or 4))
-    if all(hybrid.linear):  # the runtime's sessions key off the KV inputs (every Qwen3-Next / Qwen3.5 has full layers)
-        raise _no_attention(source)
     if hybrid.num_v_heads % hybrid.num_k_heads:
         raise UnsupportedError(f"{source}: linear_num_value_heads not a multiple of linear_num_key_heads is not supported")
     return dict(hybrid=hybrid, attn_output_gate=True)
 
-
-
-def _no_attention(source: str) -> UnsupportedError:
-    """The refusal of a hybrid model without an attention layer (the runtime's sessions key off the KV inputs)."""
-    return UnsupportedError(f"{source}: a hybrid linear-attention model whose every layer is linear_attention (no "
-                            "full_attention layer) is not supported")
 
 
 def _infinite(value: Any) -> bool:
@@ -187,7 +175,7 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     "linear_attention" layers are Mamba-2, "attention" / "full_attention" or Bamba's attn_layer_indices attention), NoPE
     attention unless position_embedding_type is "rope" (Bamba's default), Granite's dense MLP width
     (shared_intermediate_size) when num_local_experts is 0; projection biases, a
-    time_step_limit other than (0, inf), an activation other than SiLU and no attention layer refused."""
+    time_step_limit other than (0, inf) and an activation other than SiLU refused (every layer may be Mamba-2)."""
     kinds = {"mamba": True, "linear_attention": True, "attention": False, "full_attention": False}
     indices = data.get("attn_layer_indices") or []  # Bamba's
     types = list(data.get("layer_types") or ["attention" if i in indices else "mamba" for i in range(layers)])[:layers]
@@ -210,8 +198,6 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     hybrid = HybridConfig(linear=[kinds[t] for t in types], kind="mamba2", num_k_heads=groups, num_v_heads=heads,
                           k_dim=int(data.get("mamba_d_state") or 256), v_dim=head_dim, conv_kernel=int(data.get("mamba_d_conv") or 4),
                           conv_bias=bool(data.get("mamba_conv_bias", True)))
-    if all(hybrid.linear):
-        raise _no_attention(source)
     dense = {"intermediate_size": int(data["shared_intermediate_size"])} if "shared_intermediate_size" in data and not data["num_local_experts"] else {}
     nope = {} if data.get("position_embedding_type") == "rope" else {"nope_layers": list(range(layers))}
     return dict(hybrid=hybrid, **dense, **nope)
