@@ -109,6 +109,8 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
     # width: ffn_up); the nemotron_h files older transformers gave: test_hybrid's test_nemotron_h_gguf_metadata_and_refusals
     **{name: HYBRID[name] for name in ("nemotron_h", "nemotron_h_moe")},
+    # pure Mamba-2 (llama.cpp's mamba2: no attention head at all, the blocks' norm as attn_norm, A as -exp(A_log))
+    "mamba2": HYBRID["mamba2"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
@@ -270,7 +272,7 @@ def test_llamacpp_gguf_matches_transformers(tmp_path, name, tokenizers):
     assert err <= 1e-4, f"{name}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma", "deepseek_v3"])  # gemma: a sentencepiece tokenizer from the file
+@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma", "deepseek_v3", "mamba2"])  # gemma: a sentencepiece tokenizer from the file
 def test_llamacpp_gguf_ngram_equals_plain(tmp_path, name, tokenizers):
     _, gguf_path, _ = gguf_of(tmp_path, name, tokenizers)
     export_artifact(str(gguf_path), tmp_path / "art", ExportOptions(max_context=128))

@@ -314,15 +314,18 @@ def test_a_draft_model_drafts_chains_for_a_hybrid_target(tmp_path):
     assert sum(spec.stats.drafted) > 0 and spec.tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
 
 
-def test_batched_requests_run_one_pass_each(tmp_path):
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+def test_batched_requests_run_one_pass_each(tmp_path, name):
     """The batch decoder (the server's) runs a hybrid target one pass per request, each request's states in its own
-    cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone."""
+    cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone; a
+    target without attention (mamba2: states alone) likewise, and `speccompile run` on it."""
+    from conftest import run_cli
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.session import Runner
 
     from test_batch import _decode_together
 
-    make_family_model(tmp_path / "hf", "qwen3_next", families=HYBRID)
+    make_family_model(tmp_path / "hf", name, families=HYBRID)
     export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
     runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, threads=1)
     rng = np.random.default_rng(0)
@@ -330,6 +333,20 @@ def test_batched_requests_run_one_pass_each(tmp_path):
     together, decoder = _decode_together(runner, prompts, 20, slots=3)
     assert decoder.passes.mode["passes"] == "one-per-request"
     assert [r.tokens for r in together] == [runner.generate_ids(p, max_tokens=20, drafter="none").tokens for p in prompts]
+    if name in ATTENTION_FREE:  # `speccompile run`, and `speccompile serve` answering as the Runner
+        import httpx
+
+        from conftest import load_benchmark
+
+        done = run_cli("run", str(tmp_path / "art"), "--prompt", "abc abd abc", "--drafter", "ngram", "--max-tokens", "12")
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        server = load_benchmark("server_process").ServerProcess(tmp_path / "art", "--served-model-name", "m", "--threads", "1")
+        try:
+            body = {"model": "m", "prompt": "abc abd abc", "max_tokens": 16, "temperature": 0}
+            answer = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()
+        finally:
+            assert server.stop() == 0
+        assert answer["choices"][0]["text"] == runner.generate("abc abd abc", chat=False, max_tokens=16).text
 
 
 def test_lfm2_config_keys_and_refusals():

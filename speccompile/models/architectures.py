@@ -390,8 +390,8 @@ FAMILIES: dict[str, Family] = {
                          prefix="backbone.", gguf=_NEMOTRON_H_GGUF, gguf_llama_order=True,
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
-    # Mamba-2 (Mamba2ForCausalLM): Nemotron-H's Mamba-2 blocks alone, no attention, no MLP (models/nemotron_h.py)
-    "mamba2": Family(("mamba2",), hybrid="nemotron_h", act_key="mlp_hidden_act", prefix="backbone.", gguf={}, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),
+    # Mamba-2 (Mamba2ForCausalLM; llama.cpp's mamba2 GGUF): Nemotron-H's Mamba-2 blocks alone, no attention, no MLP (models/nemotron_h.py)
+    "mamba2": Family(("mamba2",), hybrid="nemotron_h", act_key="mlp_hidden_act", prefix="backbone.", gguf=_NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k
