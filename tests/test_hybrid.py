@@ -318,7 +318,7 @@ def test_a_draft_model_drafts_chains_for_a_hybrid_target(tmp_path):
 def test_batched_requests_run_one_pass_each(tmp_path, name):
     """The batch decoder (the server's) runs a hybrid target one pass per request, each request's states in its own
     cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone; a
-    target without attention (mamba2: states alone) likewise, and `speccompile run` on it."""
+    target without attention (mamba2: states alone) likewise, and `speccompile run`, `inspect` and `serve` on it."""
     from conftest import run_cli
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.session import Runner
@@ -340,6 +340,8 @@ def test_batched_requests_run_one_pass_each(tmp_path, name):
 
         done = run_cli("run", str(tmp_path / "art"), "--prompt", "abc abd abc", "--drafter", "ngram", "--max-tokens", "12")
         assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        done = run_cli("inspect", str(tmp_path / "art"))
+        assert done.returncode == 0 and "0 heads / 0 KV heads" in done.stdout, done.stdout + done.stderr
         server = load_benchmark("server_process").ServerProcess(tmp_path / "art", "--served-model-name", "m", "--threads", "1")
         try:
             body = {"model": "m", "prompt": "abc abd abc", "max_tokens": 16, "temperature": 0}

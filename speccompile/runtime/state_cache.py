@@ -16,8 +16,8 @@ runs one pass per request (`Runner.batch_problem`).
 A target with no attention layer at all (pure Mamba-2, an all-recurrent hybrid) has states alone and no KV input: the
 caches hold no KV tensor and count the committed tokens themselves (`StateCache`: KVCache's liveness mask over the
 pass rows, `BufferStateCache`: BufferKVCache's `length`), which the positions and the graphs' length inputs come from.
-Its fused graph still declares attention's inputs (`attention_bias`, `seqlens_k`, `total_sequence_length`,
-`attention_pad`), unused: the runtime binds them as for any target and ONNX Runtime takes them.
+Its graphs still declare attention's inputs (`attention_mask`; the fused graph's `attention_bias`, `seqlens_k`,
+`total_sequence_length`, `attention_pad`), unread: the runtime binds them as for any target and ONNX Runtime takes them.
 """
 
 from __future__ import annotations
