@@ -167,6 +167,8 @@ _QWEN35_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm",
                 "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b", "ssm_alpha": "linear_attn.in_proj_a",
                 "ssm_a": "linear_attn.A_log", "ssm_dt": "linear_attn.dt_bias", "ssm_conv1d": "linear_attn.conv1d",
                 "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
+# llama.cpp's qwen3next: Qwen3-Next's in_proj_qkvz split as Qwen3.5's (attn_qkv, attn_gate), in_proj_ba kept (ssm_ba)
+_QWEN3NEXT_GGUF = {**_QWEN35_GGUF, "ssm_ba": "linear_attn.in_proj_ba"}
 # LFM2's llama.cpp names (lfm2 / lfm2moe): its final norm (embedding_norm) is token_embd_norm, the short conv `shortconv.*`
 _LFM2_GGUF = {**LLAMA_GGUF, "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
               "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
@@ -366,9 +368,9 @@ FAMILIES: dict[str, Family] = {
                          top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
     # Qwen3-Next, Qwen3.5 (text; MoE): gated delta nets, gated full attention, zero-centred gains (models/linear_config.py)
-    "qwen3_next": Family(("qwen3_next", "qwen3next"), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
+    "qwen3_next": Family(("qwen3_next", "qwen3next"), **{**_HYBRID, "gguf": _QWEN3NEXT_GGUF}, moe="qwen2_moe",
+                         names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, names=LINEAR_NAMES),
-    # (llama.cpp's qwen3next GGUF is refused: it keeps Qwen3-Next's b | a per key-head group)
     "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
     # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
     # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
