@@ -384,16 +384,14 @@ FAMILIES: dict[str, Family] = {
                     config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
                     names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
-    # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
-    # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
     # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)
     "nemotron_h": Family(("nemotron_h", "nemotron_h_moe"), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act",
                          prefix="backbone.", gguf=_NEMOTRON_H_GGUF, gguf_llama_order=True,
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
-    # Mamba-2 (Mamba2ForCausalLM; llama.cpp's mamba2 GGUF): Nemotron-H's Mamba-2 blocks alone, no attention, no MLP (models/nemotron_h.py)
-    "mamba2": Family(("mamba2",), hybrid="nemotron_h", act_key="mlp_hidden_act", prefix="backbone.", gguf=_NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),
+    "mamba2": Family(("mamba2",), gguf=_NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),  # Nemotron-H's Mamba-2 blocks alone (models/nemotron_h.py)
+    # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k

@@ -34,9 +34,10 @@ _MAMBA_KEYS = {"mamba_n_heads": (("mamba_num_heads",), 128), "mamba_d_head": (("
                "mamba_d_conv": (("conv_kernel", "mamba_d_conv"), 4), "mamba_conv_bias": (("use_conv_bias", "mamba_conv_bias"), True),
                "time_step_limit": (("time_step_limit", "mamba_dt_limit"), None), "hidden_act": (("mamba_hidden_act",), "silu")}
 
-# Mamba-2 (`mamba2`, Mamba2ForCausalLM: the same blocks, every one Mamba-2): its table entry's config keys under
-# Nemotron-H's names, no attention heads or MLP, its embeddings (older saves: `embedding`) and final norm
-MAMBA2_KEYS = dict(config_keys={"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state_size": "ssm_state_size",
+# Mamba-2 (`mamba2`, Mamba2ForCausalLM and llama.cpp's mamba2 GGUF: the same blocks, every one Mamba-2, no attention, no
+# MLP): its table entry's fields, its config keys under Nemotron-H's names, its embeddings (older saves: `embedding`)
+MAMBA2_KEYS = dict(hybrid="nemotron_h", act_key="mlp_hidden_act", prefix="backbone.",
+                   config_keys={"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state_size": "ssm_state_size",
                                 "hidden_act": "mamba_hidden_act", "layer_norm_epsilon": "rms_norm_eps"},
                    config_defaults={"num_attention_heads": 1, "num_key_value_heads": 1, "intermediate_size": 0},
                    top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.embedding.weight": "model.embed_tokens.weight",
