@@ -37,6 +37,10 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "granitemoehybrid_dense": dict(_GRANITE_H, model_type="granitemoehybrid", num_local_experts=0),
     # Bamba: the same Mamba-2 layers, attention at attn_layer_indices (rope on 16 of its 32 dims), a SwiGLU
     "bamba": dict(_MAMBA2, attn_layer_indices=[3], head_dim=32),
+    # Jamba: layers 0-2 Mamba-1 (inner 128, d_state 16, dt rank 4, conv kernel 4 with its bias; dt / B / C RMS-normed), layer 3
+    # NoPE attention; layers 1 and 3 softmax top 2 of 4 experts (not renormalised), 0 and 2 a SwiGLU
+    "jamba": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=3, expert_layer_period=2, expert_layer_offset=1,
+                  num_experts=4, num_experts_per_tok=2, intermediate_size=32, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2),
     # Nemotron-H: blocks M - M M - * (Mamba-2 as Granite's above, NoPE attention, relu2 MLPs), table layers (M -) (M) (M -)
     # (*): a Mamba-2 and the attention layer without an MLP
     "nemotron_h": dict(layers_block_type=["linear_attention", "mlp", "linear_attention", "linear_attention", "mlp", "full_attention"],

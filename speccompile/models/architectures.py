@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA1_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import NEMOTRON_H_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -119,8 +119,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
-    # | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -382,6 +381,9 @@ FAMILIES: dict[str, Family] = {
                     config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
                     names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
+    # Jamba: Mamba-1 layers (models/mamba1.py) beside NoPE attention, a SwiGLU or softmax top k experts not renormalised (feed_forward.router): by period / offset
+    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf={}, names={**MAMBA1_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
+                    top_names={"model.final_layernorm.weight": "model.norm.weight"}, config_defaults={"attn_layer_period": 8, "attn_layer_offset": 4}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;

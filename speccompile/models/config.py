@@ -21,7 +21,7 @@ from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -345,7 +345,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
-        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf}
+        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
+                     "mamba1": mamba1_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

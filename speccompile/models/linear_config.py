@@ -6,8 +6,8 @@ SiLU, then per token the recurrence of transformers' `torch_recurrent_gated_delt
 key_head_dim, value_head_dim], and a gated RMSNorm of its output times SiLU(z) before out_proj. Its cache is
 (conv state [conv_dim, kernel - 1], recurrent state) instead of KV rows. The other layers are full attention with
 an output gate (q_proj doubled: per head q then gate; the output times sigmoid(gate) before o_proj). Other kinds of
-recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py) and Granite 4.0-H's and Bamba's
-Mamba-2 layers (models/mamba2.py), each with its config reader below.
+recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py), Granite 4.0-H's and Bamba's
+Mamba-2 layers (models/mamba2.py) and Jamba's Mamba-1 layers (models/mamba1.py), each with its config reader below.
 """
 
 from __future__ import annotations
@@ -37,6 +37,14 @@ MAMBA2_NAMES: dict[str, tuple[str, ...]] = {
     "ssm_a_log": ("mamba.A_log",), "ssm_dt_bias": ("mamba.dt_bias",), "ssm_d": ("mamba.D",), "ssm_norm": ("mamba.norm.weight",),
     "ssm_out": ("mamba.out_proj.weight",),
 }
+# a Mamba-1 layer's roles (Jamba: in_proj -> x | z, the conv1d and its bias, x_proj -> dt | B | C and their RMS norms'
+# gains, dt_proj and its bias, the SSM's A_log [inner, d_state] and D, out_proj)
+MAMBA1_NAMES: dict[str, tuple[str, ...]] = {
+    "ssm_in": ("mamba.in_proj.weight",), "ssm_conv": ("mamba.conv1d.weight",), "ssm_conv_bias": ("mamba.conv1d.bias",),
+    "ssm_x": ("mamba.x_proj.weight",), "ssm_dt_norm": ("mamba.dt_layernorm.weight",), "ssm_b_norm": ("mamba.b_layernorm.weight",),
+    "ssm_c_norm": ("mamba.c_layernorm.weight",), "ssm_dt": ("mamba.dt_proj.weight",), "ssm_dt_proj_bias": ("mamba.dt_proj.bias",),
+    "ssm_a_log": ("mamba.A_log",), "ssm_d": ("mamba.D",), "ssm_out": ("mamba.out_proj.weight",),
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,9 @@ class HybridConfig:
     """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"
     (Qwen3-Next, Qwen3.5: conv and recurrent states), "short_conv" (LFM2: a conv state alone over `width` channels) or
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
-    `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)."""
+    `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
+    or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
+    dt of rank `dt_rank`)."""
 
     linear: list[bool] = field(default_factory=list)
     kind: str = "gated_delta"
@@ -54,7 +64,8 @@ class HybridConfig:
     k_dim: int = 0  # linear_key_head_dim
     v_dim: int = 0  # linear_value_head_dim
     conv_kernel: int = 4
-    conv_bias: bool = False  # a Mamba-2 conv1d's bias (mamba_conv_bias)
+    conv_bias: bool = False  # a Mamba conv1d's bias (mamba_conv_bias)
+    dt_rank: int = 0  # a Mamba-1 layer's dt rank (mamba_dt_rank)
 
     @property
     def key_dim(self) -> int:
@@ -66,8 +77,8 @@ class HybridConfig:
 
     @property
     def conv_dim(self) -> int:
-        """The conv1d's channels: q | k | v (a short conv: `width`)."""
-        return self.width if self.short_conv else 2 * self.key_dim + self.value_dim
+        """The conv1d's channels: q | k | v (a short conv, Mamba-1: `width`)."""
+        return self.width if self.short_conv or self.mamba1 else 2 * self.key_dim + self.value_dim
 
     @property
     def short_conv(self) -> bool:
@@ -77,10 +88,14 @@ class HybridConfig:
     def mamba2(self) -> bool:
         return self.kind == "mamba2"
 
+    @property
+    def mamba1(self) -> bool:
+        return self.kind == "mamba1"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
-        if self.mamba2:
-            return tuple(r for r in MAMBA2_NAMES if self.conv_bias or r != "ssm_conv_bias")
+        if self.mamba2 or self.mamba1:
+            return tuple(r for r in (MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES) if self.conv_bias or r != "ssm_conv_bias")
         return tuple(SHORT_CONV_NAMES) if self.short_conv else LINEAR_ROLES
 
     def state_kinds(self) -> tuple[str, ...]:
@@ -89,7 +104,9 @@ class HybridConfig:
 
     def row_width(self) -> int:
         """A pending row's floats: its conv input (a gated delta net: and b, a; Mamba-2: and dt, and 1, the flag that
-        tells a row from the runtime's first zero row, which must leave the states as they are)."""
+        tells a row from the runtime's first zero row, which must leave the states as they are; Mamba-1: and 1)."""
+        if self.mamba1:
+            return self.conv_dim + 1
         return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)
 
     def fused_sizes(self) -> dict[str, list[int]]:
@@ -100,9 +117,9 @@ class HybridConfig:
         """A layer's conv state per sequence: the last kernel - 1 conv inputs, [conv_dim, kernel - 1]."""
         return (self.conv_dim, self.conv_kernel - 1)
 
-    def recurrent_state_shape(self) -> tuple[int, int, int]:
-        """A layer's recurrent state per sequence: [value heads, key_head_dim, value_head_dim]."""
-        return (self.num_v_heads, self.k_dim, self.v_dim)
+    def recurrent_state_shape(self) -> tuple[int, ...]:
+        """A layer's recurrent state per sequence: [value heads, key_head_dim, value_head_dim] (Mamba-1: [inner, d_state])."""
+        return (self.width, self.k_dim) if self.mamba1 else (self.num_v_heads, self.k_dim, self.v_dim)
 
 
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
@@ -215,3 +232,23 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     dense = {"intermediate_size": int(data["shared_intermediate_size"])} if "shared_intermediate_size" in data and not data["num_local_experts"] else {}
     nope = {} if data.get("position_embedding_type") == "rope" else {"nope_layers": list(range(layers))}
     return dict(hybrid=hybrid, **dense, **nope)
+
+
+def mamba1_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """ModelConfig fields of a Jamba config.json: `hybrid` (layer i attention where i % attn_layer_period ==
+    attn_layer_offset, else Mamba-1, as transformers' `layers_block_type`), every layer NoPE (Jamba's attention has no
+    positions); projection biases (mamba_proj_bias), an activation other than SiLU and no attention layer refused."""
+    period, offset = int(data["attn_layer_period"]), int(data["attn_layer_offset"])
+    if str(data.get("hidden_act", "silu")) != "silu":
+        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Mamba-1 hybrid model")
+    if data.get("mamba_proj_bias"):
+        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+    hidden = int(data["hidden_size"])
+    rank = data.get("mamba_dt_rank", "auto")
+    hybrid = HybridConfig(linear=[i % period != offset for i in range(layers)], kind="mamba1",
+                          width=int(data.get("mamba_expand") or 2) * hidden, k_dim=int(data.get("mamba_d_state") or 16),
+                          conv_kernel=int(data.get("mamba_d_conv") or 4), conv_bias=bool(data.get("mamba_conv_bias", True)),
+                          dt_rank=-(-hidden // 16) if rank == "auto" else int(rank))
+    if all(hybrid.linear):
+        raise _no_attention(source)
+    return dict(hybrid=hybrid, nope_layers=list(range(layers)))

@@ -5,8 +5,8 @@ every expert per token; the token goes through its `top_k` experts (SwiGLU MLPs 
 outputs are summed, each weighted by its routing weight; Qwen2-MoE adds a shared expert weighted by
 sigmoid(shared_expert_gate(x)). Routing weights, by family:
 
-* `softmax_topk` (Qwen2/3-MoE, Mixtral, Hunyuan): softmax over all experts, the top k, renormalised to sum 1 when
-  `norm_topk_prob` (Mixtral always);
+* `softmax_topk` (Qwen2/3-MoE, Mixtral, Hunyuan, Jamba): softmax over all experts, the top k, renormalised to sum 1
+  when `norm_topk_prob` (Mixtral always, Jamba never);
 * `topk_softmax` (gpt-oss, Granite-MoE, Cohere 2 MoE's "softmax"): the top k router logits, softmax over those k;
 * `topk_sigmoid` (Cohere 2 MoE's "sigmoid"): the top k router logits, their sigmoids, renormalised to sum 1 when
   `norm_topk_prob`;
@@ -359,6 +359,10 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
             raise UnsupportedError(f"config.json: Phi-MoE's sparsemixer with num_experts_per_tok {top_k} is not supported (2)")
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "sparsemixer", block="block_sparse_moe",
                          projections=("w1", "w3", "w2"), jitter_eps=float(data.get("router_jitter_noise", 0.01)))
+    if kind == "jamba":  # softmax top k, not renormalised, every expert_layer_period-th layer from expert_layer_offset; 1 expert: dense
+        experts, period, offset = (int(data.get(k, d)) for k, d in (("num_experts", 16), ("expert_layer_period", 2), ("expert_layer_offset", 1)))
+        return MoeConfig(experts, int(data.get("num_experts_per_tok", 2)), int(data["intermediate_size"]), "softmax_topk", block="feed_forward",
+                         router="router", dense_layers=tuple(i for i in range(layers) if i % period != offset)) if experts > 1 else None
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
