@@ -135,7 +135,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba",
                                   "nemotron_h", "nemotron_h_moe"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
@@ -188,7 +188,8 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
-                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("nemotron_h", ("ssm_in", "up")),
+                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
+                                                ("nemotron_h", ("ssm_in", "up")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
