@@ -398,9 +398,47 @@ def test_granite_4_h_config_keys_and_refusals():
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
-    for model_type in ("mamba", "falcon_mamba", "jamba"):  # Mamba-1
+    for model_type in ("mamba", "falcon_mamba"):  # Mamba-1 without attention (Jamba's: test_jamba_config_keys_and_refusals)
         with pytest.raises(UnsupportedError, match=f"granite.json: unsupported architecture '{model_type}'"):
             config_from_hf(dict(data, model_type=model_type), "granite.json")
+
+
+def test_jamba_config_keys_and_refusals():
+    """A Jamba-v0.1-shaped config.json (its published keys): attention every 8th layer from 4, NoPE; Mamba-1 layers
+    (inner 2 x 4096, d_state 16, dt rank 256 or "auto": ceil(hidden / 16)), their state shapes; 16 experts top 2 not
+    renormalised every other layer from 1, SwiGLUs between; transformers' defaults where keys are absent; what is not
+    built refused in one line naming the file and the key (no attention layer: the runtime keys off attention)."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="jamba", vocab_size=65536, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, attn_layer_period=8, attn_layer_offset=4, expert_layer_period=2,
+                expert_layer_offset=1, num_experts=16, num_experts_per_tok=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                mamba_dt_rank=256, mamba_conv_bias=True, mamba_proj_bias=False, hidden_act="silu", rms_norm_eps=1e-6,
+                use_mamba_kernels=True, sliding_window=None, n_ctx=262144, max_position_embeddings=262144, tie_word_embeddings=False)
+    cfg = config_from_hf(data, "jamba.json")
+    assert [i for i in range(32) if not cfg.linear(i)] == [4, 12, 20, 28] and cfg.nope_layers == list(range(32))
+    hy = cfg.hybrid
+    assert hy.mamba1 and not hy.mamba2 and hy.conv_bias and hy.width == hy.conv_dim == 8192 and hy.k_dim == 16 and hy.dt_rank == 256
+    assert hy.row_width() == 8193 and hy.conv_state_shape() == (8192, 3) and hy.recurrent_state_shape() == (8192, 16)
+    assert hy.state_kinds() == ("conv", "recurrent", "rows") and "ssm_conv_bias" in hy.roles() and "ssm_dt_norm" in hy.roles()
+    moe = cfg.moe
+    assert moe.num_experts == 16 and moe.top_k == 2 and moe.expert_size == 14336 and cfg.intermediate_size == 14336
+    assert moe.routing == "softmax_topk" and not moe.norm_topk_prob and moe.dense_layers == tuple(range(0, 32, 2))
+    assert moe.shapes(1, 4096)["model.layers.1.feed_forward.router.weight"] == (16, 4096)
+    assert cfg.rms_norm_eps == 1e-6 and not cfg.tie_word_embeddings
+    bare = {k: v for k, v in data.items() if not k.startswith(("attn_layer", "expert_layer", "num_experts", "mamba_"))}
+    defaults = config_from_hf(dict(bare, hidden_size=4100, num_attention_heads=41), "jamba.json")  # transformers' defaults
+    assert [i for i in range(32) if not defaults.linear(i)] == [4, 12, 20, 28] and defaults.hybrid.dt_rank == 257
+    assert defaults.hybrid.width == 8200 and defaults.hybrid.k_dim == 16 and defaults.hybrid.conv_kernel == 4 and defaults.hybrid.conv_bias
+    assert defaults.moe.num_experts == 16 and defaults.moe.top_k == 2 and defaults.moe.dense_layers == tuple(range(0, 32, 2))
+    dense = config_from_hf(dict(data, num_experts=1, mamba_conv_bias=False, use_mamba_kernels=False), "jamba.json")
+    assert dense.moe is None and "ssm_conv_bias" not in dense.hybrid.roles()
+    for key, value, said in (("mamba_proj_bias", True, "jamba.json: mamba_proj_bias true"),
+                             ("hidden_act", "gelu", "jamba.json: hidden_act 'gelu'"),
+                             ("attn_layer_offset", 40, "every layer is linear_attention")):
+        with pytest.raises(UnsupportedError, match=said):
+            config_from_hf(dict(data, **{key: value}), "jamba.json")
 
 
 def test_bamba_config_keys():

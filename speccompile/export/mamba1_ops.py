@@ -21,7 +21,8 @@ import onnx
 from onnx import helper
 
 from ..models.config import ModelConfig
-from .graph_builder import INT64_MAX, GraphBuilder
+from .graph_builder import GraphBuilder
+from .mamba2_ops import conv_step
 from .moe_ops import Emitter
 
 # the weights the scan body reads (passed through as scan states: a body reads no outer value), by role
@@ -64,11 +65,7 @@ def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
               **({"conv_bias": [C]} if hy.conv_bias else {}), "x_proj": [C, R + 2 * N], "dt_norm": [R], "b_norm": [N],
               "c_norm": [N], "dt_proj": [R, C], "dt_bias": [C], "A_log": [C, N], "D": [C], "x": ["batch", C], "flag": ["batch", 1]}
     n = {key: f"{s}/{key}" for key in shapes}
-    window = b.one(s, "Concat", [n["conv_in"], b.one(s, "Unsqueeze", [n["x"], b.const(s, [-1])])], axis=-1)  # [b, C, K]
-    conv = b.one(s, "ReduceSum", [b.one(s, "Mul", [window, n["kernel"]]), b.const(s, [-1])], keepdims=0)
-    conv = b.one(s, "Add", [conv, n["conv_bias"]]) if hy.conv_bias else conv
-    x = b.one(s, "Mul", [conv, b.one(s, "Sigmoid", [conv])])
-    conv_out = b.one(s, "Slice", [window, b.const(s, [1]), b.const(s, [INT64_MAX]), b.const(s, [2]), b.const(s, [1])])
+    x, conv_out = conv_step(b, s, n, n["x"], hy.conv_bias)
     dt, b_in, c_in = b.op(s, "Split", [b.one(s, "MatMul", [x, n["x_proj"]]), b.const(s, [R, N, N])], 3, axis=-1)
     dt, b_in, c_in = (_rms(b, s, t, n[g], cfg.rms_norm_eps) for t, g in ((dt, "dt_norm"), (b_in, "b_norm"), (c_in, "c_norm")))
     dt = b.one(s, "Add", [b.one(s, "MatMul", [dt, n["dt_proj"]]), n["dt_bias"]])

@@ -199,6 +199,15 @@ def _infinite(value: Any) -> bool:
     return value == {"__float__": "Infinity"} or (isinstance(value, (int, float)) and value == float("inf"))
 
 
+def _refuse_mamba_keys(data: dict[str, Any], source: str, kind: str) -> None:
+    """UnsupportedError where a Mamba hybrid's config.json has an activation other than SiLU (the conv's and the MLP's)
+    or projection biases (mamba_proj_bias)."""
+    if str(data.get("hidden_act", "silu")) != "silu":
+        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a {kind} hybrid model")
+    if data.get("mamba_proj_bias"):
+        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+
+
 def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a Granite 4.0-H (granitemoehybrid) or Bamba config.json: `hybrid` ("mamba" /
     "linear_attention" layers are Mamba-2, "attention" / "full_attention" or Bamba's attn_layer_indices attention), NoPE
@@ -211,10 +220,7 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     other = sorted(set(types) - set(kinds))
     if other:
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in a Mamba-2 hybrid model")
-    if str(data.get("hidden_act", "silu")) != "silu":
-        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Mamba-2 hybrid model")
-    if data.get("mamba_proj_bias"):
-        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+    _refuse_mamba_keys(data, source, "Mamba-2")
     limit = data.get("time_step_limit")
     if limit is not None and not (len(limit) == 2 and limit[0] == 0 and _infinite(limit[1])):
         raise UnsupportedError(f"{source}: time_step_limit {limit!r} (a clamped dt) is not supported (0, inf)")
@@ -239,10 +245,7 @@ def mamba1_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     attn_layer_offset, else Mamba-1, as transformers' `layers_block_type`), every layer NoPE (Jamba's attention has no
     positions); projection biases (mamba_proj_bias), an activation other than SiLU and no attention layer refused."""
     period, offset = int(data["attn_layer_period"]), int(data["attn_layer_offset"])
-    if str(data.get("hidden_act", "silu")) != "silu":
-        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Mamba-1 hybrid model")
-    if data.get("mamba_proj_bias"):
-        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+    _refuse_mamba_keys(data, source, "Mamba-1")
     hidden = int(data["hidden_size"])
     rank = data.get("mamba_dt_rank", "auto")
     hybrid = HybridConfig(linear=[i % period != offset for i in range(layers)], kind="mamba1",
