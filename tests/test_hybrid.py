@@ -41,6 +41,9 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # NoPE attention; layers 1 and 3 softmax top 2 of 4 experts (not renormalised), 0 and 2 a SwiGLU
     "jamba": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=3, expert_layer_period=2, expert_layer_offset=1,
                   num_experts=4, num_experts_per_tok=2, intermediate_size=32, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2),
+    # jamba_dense: one expert (every MLP a SwiGLU), no conv bias, dt rank 8
+    "jamba_dense": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=3, num_experts=1, mamba_conv_bias=False,
+                        mamba_dt_rank=8, model_type="jamba"),
     # Nemotron-H: blocks M - M M - * (Mamba-2 as Granite's above, NoPE attention, relu2 MLPs), table layers (M -) (M) (M -)
     # (*): a Mamba-2 and the attention layer without an MLP
     "nemotron_h": dict(layers_block_type=["linear_attention", "mlp", "linear_attention", "linear_attention", "mlp", "full_attention"],
@@ -135,7 +138,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
                                   "nemotron_h", "nemotron_h_moe"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
