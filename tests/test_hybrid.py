@@ -586,3 +586,34 @@ def test_nemotron_h_gguf_metadata_and_refusals():
         with pytest.raises(UnsupportedError, match=said) as info:
             config_from_gguf({**meta, **{k: v for k, v in change.items() if not k.startswith("blk.")}}, True, False, "nano3.gguf", tensors=names)
         assert "\n" not in str(info.value)
+
+
+def test_jamba_gguf_metadata_and_refusals():
+    """llama.cpp's jamba metadata as its converter writes it (no layer periods): attention where head_count_kv is not
+    0, MoE where a layer has a router (ffn_gate_inp), both read back as transformers' period / offset; the Mamba-1 sizes
+    from ssm.* (the dt rank as time_step_rank), the conv bias where the file has one; layer sets no period gives, and no
+    attention layer, refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    p = "jamba."
+    meta = {"general.architecture": "jamba", p + "block_count": 8, p + "embedding_length": 64, p + "attention.head_count": 4,
+            p + "attention.head_count_kv": [0, 0, 0, 2, 0, 0, 0, 2], p + "feed_forward_length": 32, p + "vocab_size": 256,
+            p + "attention.layer_norm_rms_epsilon": 1e-6, p + "ssm.conv_kernel": 4, p + "ssm.inner_size": 128, p + "ssm.state_size": 16,
+            p + "ssm.time_step_rank": 4, p + "expert_count": 4, p + "expert_used_count": 2}
+    tensors = {**{f"blk.{i}.ssm_conv1d.bias": (128,) for i in (0, 1, 2, 4, 5, 6)}, **{f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in (1, 3, 5, 7)}}
+    cfg = config_from_gguf(meta, True, False, "jamba.gguf", tensors=tensors)
+    assert cfg.architecture == "jamba" and [i for i in range(8) if not cfg.linear(i)] == [3, 7] and cfg.nope_layers == list(range(8))
+    hy = cfg.hybrid
+    assert (hy.kind, hy.width, hy.k_dim, hy.dt_rank, hy.conv_kernel, hy.conv_bias, cfg.num_key_value_heads) == ("mamba1", 128, 16, 4, 4, True, 2)
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.expert_size, cfg.moe.norm_topk_prob, cfg.moe.dense_layers) == (4, 2, 32, False, (0, 2, 4, 6))
+    one = config_from_gguf({**meta, p + "attention.head_count_kv": [0, 0, 0, 0, 0, 2, 0, 0]}, True, False, "jamba.gguf",
+                           tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in (2,)})
+    assert [i for i in range(8) if not one.linear(i)] == [5] and one.moe.dense_layers == (0, 1, 3, 4, 5, 6, 7) and not one.hybrid.conv_bias
+    for kv, routers, said in (([0, 2, 0, 0, 2, 0, 0, 0], (1, 3, 5, 7), r"jamba.gguf: the attention layers \[1, 4\] are not every n-th"),
+                              ([0, 0, 0, 2, 0, 0, 0, 2], (1, 3, 7), r"jamba.gguf: the expert layers \[1, 3, 7\] are not every n-th"),
+                              ([0] * 8, (1, 3, 5, 7), "every layer is linear_attention")):
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_gguf({**meta, p + "attention.head_count_kv": kv}, True, False, "jamba.gguf",
+                             tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in routers})
+        assert "\n" not in str(info.value)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA1_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA1_GGUF, MAMBA1_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import NEMOTRON_H_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -381,9 +381,9 @@ FAMILIES: dict[str, Family] = {
                     config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
                     names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
-    # Jamba: Mamba-1 layers (models/mamba1.py) beside NoPE attention, a SwiGLU or softmax top k experts not renormalised (feed_forward.router): by period / offset
-    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf={}, names={**MAMBA1_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
-                    top_names={"model.final_layernorm.weight": "model.norm.weight"}, config_defaults={"attn_layer_period": 8, "attn_layer_offset": 4}),
+    # Jamba: Mamba-1 (models/mamba1.py), NoPE attention, SwiGLUs or softmax top k experts not renormalised, by period / offset; llama.cpp's jamba GGUF (models/mamba1_gguf.py)
+    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", names={**MAMBA1_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)}, top_names={"model.final_layernorm.weight": "model.norm.weight"},
+                    gguf={**LLAMA_GGUF, **MAMBA1_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;

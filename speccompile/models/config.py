@@ -18,6 +18,7 @@ from .llama4 import llama4_fields
 from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
 from .gated_delta_gguf import gated_delta_gguf_keys
+from .mamba1_gguf import mamba1_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -424,6 +425,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
             rope_factors = None
         if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
             meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
+        if family(arch).hybrid == "mamba1":  # Jamba's layer periods from its metadata and tensors (models/mamba1_gguf.py)
+            shapes = mamba1_gguf_keys(meta, arch_name + ".", tensors or {}, source)
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))

@@ -45,6 +45,9 @@ MAMBA1_NAMES: dict[str, tuple[str, ...]] = {
     "ssm_c_norm": ("mamba.c_layernorm.weight",), "ssm_dt": ("mamba.dt_proj.weight",), "ssm_dt_proj_bias": ("mamba.dt_proj.bias",),
     "ssm_a_log": ("mamba.A_log",), "ssm_d": ("mamba.D",), "ssm_out": ("mamba.out_proj.weight",),
 }
+# llama.cpp's names of a Mamba-1 layer's tensors (its `jamba` GGUF; A stored as -exp(A_log): models/mamba2_gguf.py ALogView)
+MAMBA1_GGUF = {f"ssm_{k}": f"mamba.{v}" for k, v in (("in", "in_proj"), ("conv1d", "conv1d"), ("x", "x_proj"), ("dt", "dt_proj"), ("a", "A_log"),
+               ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,7 @@ def mamba1_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     """ModelConfig fields of a Jamba config.json: `hybrid` (layer i attention where i % attn_layer_period ==
     attn_layer_offset, else Mamba-1, as transformers' `layers_block_type`), every layer NoPE (Jamba's attention has no
     positions); projection biases (mamba_proj_bias), an activation other than SiLU and no attention layer refused."""
-    period, offset = int(data["attn_layer_period"]), int(data["attn_layer_offset"])
+    period, offset = int(data.get("attn_layer_period", 8)), int(data.get("attn_layer_offset", 4))  # transformers' defaults
     _refuse_mamba_keys(data, source, "Mamba-1")
     hidden = int(data["hidden_size"])
     rank = data.get("mamba_dt_rank", "auto")
