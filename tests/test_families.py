@@ -679,7 +679,7 @@ def test_issue43_parts_not_built_are_refused(extra, key):
         config_from_hf(data, "config.json")
 
 
-@pytest.mark.parametrize("arch", ["gptj", "opt", "nanochat", "qwen3next"])  # GPT-2, StarCoder, BitNet, MiniCPM3: tests/test_gguf_llamacpp.py
+@pytest.mark.parametrize("arch", ["gptj", "opt", "nanochat"])  # GPT-2, StarCoder, BitNet, MiniCPM3: tests/test_gguf_llamacpp.py
 def test_gguf_of_families_without_a_llamacpp_layout_is_refused(arch):
     """A family whose llama.cpp tensor names the table does not map (`Family.gguf` empty) refuses its GGUF in one line."""
     from speccompile.errors import UnsupportedError

@@ -1,6 +1,6 @@
 """llama.cpp's metadata of the families whose GGUF carries less than their config.json (no converter needed; the
 converted files themselves: tests/test_gguf_llamacpp.py): MiniCPM3's fixed multipliers and default lengths, BitNet's
-SiLU, a BitNet file's per-tensor `.scale` refused rather than dropped."""
+SiLU, a BitNet file's per-tensor `.scale` refused rather than dropped, Qwen3-Next's layers without `recurrent_layers`."""
 
 from __future__ import annotations
 
@@ -53,3 +53,16 @@ def test_bitnet_gguf_with_a_tensor_scale_is_refused(tmp_path):
     with pytest.raises(UnsupportedError, match=r"tensor blk\.0\.attn_q\.scale .*not read for bitnet") as info:
         load_model(str(tmp_path / "model.gguf"))
     assert "\n" not in str(info.value)
+
+
+def test_qwen3next_gguf_without_recurrent_layers_takes_the_full_attention_interval():
+    """A qwen3next file whose converter saw no layer_types (it writes `recurrent_layers` only from them): every
+    `full_attention_interval`-th layer full, as llama.cpp and transformers; the top k renormalised as llama.cpp's graph."""
+    meta = _meta("qwen3next", **{"block_count": 6, "attention.head_count_kv": 2, "attention.key_length": 32, "full_attention_interval": 3,
+                                 "ssm.conv_kernel": 4, "ssm.state_size": 16, "ssm.group_count": 2, "ssm.time_step_rank": 4,
+                                 "ssm.inner_size": 32, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+                                 "expert_shared_feed_forward_length": 48})
+    cfg = config_from_gguf(meta, True, False, "model.gguf")
+    assert cfg.architecture == "qwen3_next" and cfg.hybrid.linear == [True, True, False, True, True, False]
+    assert (cfg.hybrid.num_k_heads, cfg.hybrid.num_v_heads, cfg.hybrid.k_dim, cfg.hybrid.v_dim) == (2, 4, 16, 8)
+    assert cfg.moe.norm_topk_prob and cfg.norm_offset == 0.0

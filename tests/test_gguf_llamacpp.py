@@ -105,6 +105,9 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # Qwen3.5 (llama.cpp's qwen35): gated delta nets (`recurrent_layers`), the value heads stored in llama.cpp's tiled
     # order, A as -exp(A_log), the zero-centred gains stored as 1 + w
     "qwen3_5_text": HYBRID["qwen3_5_text"], "qwen3_5_moe_text": HYBRID["qwen3_5_moe_text"],
+    # Qwen3-Next (llama.cpp's qwen3next): in_proj_qkvz split into q|k|v and z rows (values in transformers' grouped
+    # order), in_proj_ba kept per key-head group, a shared expert; every layer MoE (llama.cpp has no dense qwen3next layer)
+    "qwen3_next": dict(HYBRID["qwen3_next"], decoder_sparse_step=1),
     # Nemotron-H / Nano 2 and Nemotron 3 Nano (a dense MLP block included): one block a `blk.N`, Mamba-2 as Granite
     # 4.0-H's, attention where head_count_kv is not 0, q / k rows permuted. transformers 5 fills num_experts_per_tok in
     # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
@@ -119,7 +122,7 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
 _OUTTYPE = {"bitnet-tq1_0": "tq1_0", "bitnet-tq2_0": "tq2_0"}  # the converter's --outtype where not f32
 _TERNARY = ("bitnet", *_OUTTYPE)  # projections the converter rounds to ternary times a scale: transformers' rounded too
 _BITNET_NAMES = {"self_attn.attn_sub_norm.": "self_attn.inner_attn_ln.", "mlp.ffn_sub_norm.": "mlp.ffn_layernorm."}  # 1bitLLM's
-_NO_MTP = ("qwen3_5_text", "qwen3_5_moe_text")  # the converter insists on MTP layers unless told there are none
+_NO_MTP = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")  # the converter insists on MTP layers unless told there are none
 _SCORE_BIAS = ("deepseek_v3",)  # the router's choice bias, zero as transformers makes it: moved (it must be read)
 
 

@@ -218,8 +218,8 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, pa
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
-    """Trees (the suffix drafter), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype, heads on the
-    target's hidden states (MTP), TensorRT engines and a hybrid model as a draft model: one line each."""
+    """Trees (a drafter outside HYBRID_DRAFTERS), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype,
+    heads on the target's hidden states (MTP), TensorRT engines and a hybrid model as a draft model: one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -227,13 +227,17 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
 
     make_family_model(tmp_path / "hf", "qwen3_5_text", families=HYBRID)
     export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=64))
-    with pytest.raises(UnsupportedError, match="drafter suffix: a hybrid linear-attention target verifies chains only"):
-        Runner(tmp_path / "art", drafter="suffix", threads=1)
+    from speccompile.runtime.state_cache import check_hybrid_run
+    from speccompile.manifest import read_manifest
+
+    with pytest.raises(UnsupportedError, match="drafter eagle3: a hybrid linear-attention target verifies chains only"):
+        check_hybrid_run(read_manifest(tmp_path / "art"), "ort-cpu", "eagle3", str(tmp_path / "art"))
     with pytest.raises(UnsupportedError, match="shape_invariant: a hybrid linear-attention target runs its passes as given"):
         Runner(tmp_path / "art", drafter="ngram", threads=1, shape_invariant=True)
     with pytest.raises(UnsupportedError, match="slot_passes all: a hybrid linear-attention target's recurrent states have no batch slots"):
         Runner(tmp_path / "art", drafter="ngram", threads=1).batch_decoder(2, slot_passes="all")
-    for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix"], "verifies chains only"),
+    for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix", "--backend", "ort-cuda"],
+                        "runs on --backend ort-cpu only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains"),
                        (["build", str(tmp_path / "art"), "--int4", "--out", str(tmp_path / "trt")], "--onnx-only")):
@@ -309,6 +313,30 @@ def test_a_draft_model_drafts_chains_for_a_hybrid_target(tmp_path):
     text = "abc abd abc abd abc abd abc"
     spec = runner.generate(text, chat=False, max_tokens=32)
     assert sum(spec.stats.drafted) > 0 and spec.tokens == runner.generate(text, chat=False, max_tokens=32, drafter="none").tokens
+
+
+def test_the_suffix_drafter_drafts_chains_for_a_hybrid_target(tmp_path):
+    """The suffix drafter drafts chains for a hybrid target (a recurrent state cannot branch; the state cache
+    refuses any other verdict): greedy output equal to plain decoding, alone with the store of earlier responses,
+    and in the batch decoder (a server's), one pass per request."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.session import Runner
+
+    from test_batch import _decode_together
+
+    make_family_model(tmp_path / "hf", "qwen3_5_text", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
+    runner = Runner(tmp_path / "art", drafter="suffix", threads=1)
+    assert runner.suffix_cache.tree is False
+    prompt = [int(t) for t in np.random.default_rng(3).integers(3, TINY_VOCAB, 12)]
+    plain = runner.generate_ids(prompt, max_tokens=24, drafter="none").tokens
+    first = runner.generate_ids(prompt, max_tokens=24)  # learns the response: the next one drafts from it
+    again = runner.generate_ids(prompt, max_tokens=24)
+    assert first.tokens == plain and again.tokens == plain
+    assert sum(again.stats.drafted) > sum(first.stats.drafted) and again.stats.target_passes < first.stats.target_passes
+    together, decoder = _decode_together(runner, [prompt, prompt[:7]], 24, slots=2)
+    assert decoder.passes.mode["passes"] == "one-per-request"
+    assert [r.tokens for r in together] == [plain, runner.generate_ids(prompt[:7], max_tokens=24, drafter="none").tokens]
 
 
 def test_batched_requests_run_one_pass_each(tmp_path):

@@ -59,7 +59,15 @@ WRAPPERS = {  # name -> (model_type, config kwargs); text decoders as tests/test
     "llama4": ("llama4", dict(text_config=dict(_TEXT, **FAMILIES["llama4_text"]), vision_config=dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14,
         vision_output_dim=32, projector_input_dim=32, projector_output_dim=64))),
+    # Phi-4-multimodal (model.*, the towers in model.embed_tokens_extend; text keys at the top level): Phi-4-mini's
+    # fused qkv / gate_up, longrope on half of each head, an untied lm_head
+    "phi4_multimodal": ("phi4_multimodal", dict(_TEXT, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                                original_max_position_embeddings=256, rope_parameters=FAMILIES["phi3"]["rope_parameters"],
+                                                vision_config=dict(_SIGLIP, crop_size=28), audio_config=dict(
+        hidden_size=32, intermediate_size=64, num_blocks=1, num_attention_heads=2, nemo_conv_channels=32,
+        depthwise_seperable_out_channel=32, ext_pw_out_channel=32, depthwise_multiplier=1, kernel_size=3))),
 }
+_CAUSAL_LM = ("phi4_multimodal",)  # wrappers transformers builds as a causal LM (not AutoModelForImageTextToText)
 # text_config keys whose values are transformers' defaults, left out as older saves leave them (Gemma 3's published configs)
 _GEMMA3_DEFAULTS = ("query_pre_attn_scalar", "rms_norm_eps", "hidden_activation", "attn_logit_softcapping",
                     "final_logit_softcapping", "attention_bias")
@@ -73,7 +81,8 @@ def make_wrapper_model(folder, name: str, seed: int = 0):
     model_type, kwargs = WRAPPERS[name]
     config = transformers.AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+    auto = transformers.AutoModelForCausalLM if model_type in _CAUSAL_LM else transformers.AutoModelForImageTextToText
+    model = auto.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.dim() == 2:
@@ -118,7 +127,7 @@ def test_wrapper_text_decoder_matches_transformers(tmp_path, name):
     out = tmp_path / "art"
     export_artifact(str(tmp_path / "hf"), out, ExportOptions(max_context=96), said.append)
     left_out = [m for m in said if m.startswith("text decoder only: ")]
-    assert len(left_out) == 1 and any(part in left_out[0] for part in ("vision_tower", "visual", "vision_model")), said
+    assert len(left_out) == 1 and any(part in left_out[0] for part in ("vision_tower", "visual", "vision_model", "embed_tokens_extend")), said
     manifest = json.loads((out / "manifest.json").read_text())
     assert not any("vision" in f or "visual" in f for f in manifest["files"])
     assert (out / "tokenizer_config.json").is_file()  # the tokenizer's template wins over the processor's
@@ -166,6 +175,42 @@ def test_unsupported_wrappers_are_refused(tmp_path, capsys, raw, says):
     lines = [line for line in err.strip().splitlines() if line.startswith("error:")]
     assert code == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "art").exists()
+
+
+def test_phi4_multimodal_remote_code_save_reads_its_base_layers(tmp_path):
+    """Phi-4-multimodal as Microsoft published it (model_type phi4mm, remote code): the text keys beside embd_layer /
+    vision_lora / speech_lora, each adapted layer's weight under `base_layer.` beside its vision / speech LoRA
+    tensors. The text decoder is the base layers (the adapters are off on text, as transformers' conversion drops
+    them): logits as transformers' phi4_multimodal forward of the converted checkpoint, the adapters said."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    hf = make_wrapper_model(tmp_path / "hf", "phi4_multimodal")
+    folder = tmp_path / "hf"
+    tensors, adapted = load_file(folder / "model.safetensors"), ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+    stored = {}
+    for name, tensor in tensors.items():
+        if name.startswith("model.layers.") and name.rsplit(".", 2)[-2] in adapted:
+            stem = name.removesuffix(".weight")
+            stored[f"{stem}.base_layer.weight"] = tensor
+            for mode in ("vision", "speech"):  # rank 4; B nonzero: applied, they would change the logits
+                stored[f"{stem}.lora_A.{mode}.weight"] = torch.randn(4, tensor.shape[1])
+                stored[f"{stem}.lora_B.{mode}.weight"] = torch.randn(tensor.shape[0], 4)
+        else:
+            stored[name] = tensor
+    save_file(stored, folder / "model.safetensors", metadata={"format": "pt"})
+    raw = json.loads((folder / "config.json").read_text())
+    raw = {k: v for k, v in raw.items() if k not in ("vision_config", "audio_config")}
+    raw.update(model_type="phi4mm", auto_map={"AutoConfig": "configuration_phi4mm.Phi4MMConfig"},
+               embd_layer={"image_embd_layer": {"crop_size": 28}, "audio_embd_layer": {"downsample_rate": 8}},
+               vision_lora={"r": 4, "lora_alpha": 8}, speech_lora={"r": 4, "lora_alpha": 8})
+    (folder / "config.json").write_text(json.dumps(raw))
+    said: list[str] = []
+    export_artifact(str(folder), tmp_path / "art", ExportOptions(max_context=96), said.append)
+    note = [m for m in said if m.startswith("text decoder only: ")]
+    assert len(note) == 1 and "embed_tokens_extend" in note[0] and "32 LoRA adapter tensors" in note[0], said
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _check_graph(open_artifact(tmp_path / "art", threads=1).target, hf, seq, 5, "phi4mm fused")
 
 
 def test_stray_tensor_is_refused(tmp_path, capsys):

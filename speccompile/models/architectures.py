@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA1_GGUF, MAMBA1_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import NEMOTRON_H_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -166,6 +166,8 @@ _QWEN35_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm",
                 "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b", "ssm_alpha": "linear_attn.in_proj_a",
                 "ssm_a": "linear_attn.A_log", "ssm_dt": "linear_attn.dt_bias", "ssm_conv1d": "linear_attn.conv1d",
                 "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
+# llama.cpp's qwen3next: Qwen3-Next's in_proj_qkvz split as Qwen3.5's (attn_qkv, attn_gate), in_proj_ba kept (ssm_ba)
+_QWEN3NEXT_GGUF = {**_QWEN35_GGUF, "ssm_ba": "linear_attn.in_proj_ba"}
 # LFM2's llama.cpp names (lfm2 / lfm2moe): its final norm (embedding_norm) is token_embd_norm, the short conv `shortconv.*`
 _LFM2_GGUF = {**LLAMA_GGUF, "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
               "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
@@ -365,9 +367,9 @@ FAMILIES: dict[str, Family] = {
                          top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
     # Qwen3-Next, Qwen3.5 (text; MoE): gated delta nets, gated full attention, zero-centred gains (models/linear_config.py)
-    "qwen3_next": Family(("qwen3_next", "qwen3next"), **_HYBRID, moe="qwen2_moe", names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
+    "qwen3_next": Family(("qwen3_next", "qwen3next"), **{**_HYBRID, "gguf": _QWEN3NEXT_GGUF}, moe="qwen2_moe",
+                         names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, names=LINEAR_NAMES),
-    # (llama.cpp's qwen3next GGUF is refused: it keeps Qwen3-Next's b | a per key-head group)
     "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
     # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
     # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
@@ -381,9 +383,7 @@ FAMILIES: dict[str, Family] = {
                     config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
                     names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
-    # Jamba: Mamba-1 (models/mamba1.py), NoPE attention, SwiGLUs or softmax top k experts not renormalised, by period / offset; llama.cpp's jamba GGUF (models/mamba1_gguf.py)
-    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", names={**MAMBA1_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)}, top_names={"model.final_layernorm.weight": "model.norm.weight"},
-                    gguf={**LLAMA_GGUF, **MAMBA1_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}}),
+    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf=JAMBA_GGUF, names=JAMBA_NAMES, top_names={"model.final_layernorm.weight": "model.norm.weight"}),  # Mamba-1: models/mamba1.py
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;

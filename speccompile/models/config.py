@@ -31,7 +31,7 @@ from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
 _GGUF_KEYS = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys, "bitnet": bitnet_gguf_keys,
               "lfm2": short_conv_gguf_keys, "lfm2_moe": short_conv_gguf_keys, "granitemoehybrid": mamba2_gguf_keys,
-              "qwen3_5": gated_delta_gguf_keys, "qwen3_5_moe": gated_delta_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
+              "qwen3_next": gated_delta_gguf_keys, "qwen3_5": gated_delta_gguf_keys, "qwen3_5_moe": gated_delta_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UnsupportedError
+from .weight_names import LLAMA_GGUF
 
 # roles of a linear layer's weights -> Hugging Face names (relative to `model.layers.{i}.`). Qwen3.5 stores q|k|v
 # and z (b and a) apart; Qwen3-Next fused, per key-head group, shown q|k|v|z (b|a) at load (models/hf_layouts.py)
@@ -45,9 +46,14 @@ MAMBA1_NAMES: dict[str, tuple[str, ...]] = {
     "ssm_c_norm": ("mamba.c_layernorm.weight",), "ssm_dt": ("mamba.dt_proj.weight",), "ssm_dt_proj_bias": ("mamba.dt_proj.bias",),
     "ssm_a_log": ("mamba.A_log",), "ssm_d": ("mamba.D",), "ssm_out": ("mamba.out_proj.weight",),
 }
-# llama.cpp's names of a Mamba-1 layer's tensors (its `jamba` GGUF; A stored as -exp(A_log): models/mamba2_gguf.py ALogView)
-MAMBA1_GGUF = {f"ssm_{k}": f"mamba.{v}" for k, v in (("in", "in_proj"), ("conv1d", "conv1d"), ("x", "x_proj"), ("dt", "dt_proj"), ("a", "A_log"),
-               ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}
+# a Jamba layer's names: the Mamba-1 layer's, the SwiGLU under feed_forward after pre_ff_layernorm (its experts: moe_config.py)
+JAMBA_NAMES = {**MAMBA1_NAMES, "gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"),
+               "down": ("feed_forward.down_proj.weight",), "post_norm": ("pre_ff_layernorm.weight",)}
+# llama.cpp's names of a Jamba layer's tensors (its `jamba` GGUF, models/mamba1_gguf.py; A stored as -exp(A_log):
+# models/mamba2_gguf.py ALogView): Llama's attention, the SwiGLU under feed_forward after pre_ff_layernorm, the Mamba-1 layer
+JAMBA_GGUF = {**LLAMA_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")},
+              **{f"ssm_{k}": f"mamba.{v}" for k, v in (("in", "in_proj"), ("conv1d", "conv1d"), ("x", "x_proj"), ("dt", "dt_proj"), ("a", "A_log"),
+                 ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
 from .mtp_layouts import is_mtp_weight, mtp_weights
 from .multimodal import text_decoder
-from .gated_delta_gguf import GroupedValueHeads
+from .gated_delta_gguf import GroupedValueHeads, JoinedQkvz
 from .mamba2_gguf import ALogView
 from .nemotron_h import blocks_view
 from .weights import GGUFSource, SafetensorsSource, WeightSource
@@ -374,8 +374,8 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
     if config.hybrid is not None:  # A stored as -exp(A_log) (models/mamba2_gguf.py); Nemotron-H's blocks grouped,
         if fam.hybrid == "nemotron_h":  # a gated delta net's value heads tiled (models/gated_delta_gguf.py)
             source = blocks_view(source)
-        if config.hybrid.kind == "gated_delta":
-            source = GroupedValueHeads(source, config.hybrid)
+        if config.hybrid.kind == "gated_delta":  # qwen3next: its fused projections joined back (values grouped)
+            source = (JoinedQkvz if meta["general.architecture"] == "qwen3next" else GroupedValueHeads)(source, config.hybrid)
         return reader, meta, config, ALogView(source)
     if config.moe and config.moe.beside_dense:  # Gemma 4's fused experts, stored as in its safetensors
         return reader, meta, config, per_expert(source, str(path))

@@ -158,7 +158,7 @@ def _dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
 
 def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str, tensors: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The config.json keys of a MoE family (`kind`) that llama.cpp's metadata (`<arch>.expert_count`, ...) gives.
-    Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE, Qwen3.5-MoE and
+    Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE, Qwen3.5-MoE, Qwen3-Next and
     Mixtral yes, Qwen2-MoE and OLMoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
     `leading_dense_block_count` first ones (and LFM2-MoE's; its score bias where the file has `exp_probs_b`: `tensors`)."""
     if kind in ("deepseek_v3", "deepseek_v2"):
@@ -173,7 +173,8 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str, tensors: fr
         return {"num_local_experts": 0, "shared_intermediate_size": int(meta.get(prefix + "expert_shared_feed_forward_length")
                                                                         or meta[prefix + "feed_forward_length"])}
     data = {"num_experts": int(meta[prefix + "expert_count"]), "num_experts_per_tok": int(meta[prefix + "expert_used_count"]),
-            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm", kind not in ("qwen2_moe", "olmoe") or prefix == "qwen35moe."))}
+            "norm_topk_prob": bool(meta.get(prefix + "expert_weights_norm",
+                                            kind not in ("qwen2_moe", "olmoe") or prefix in ("qwen35moe.", "qwen3next.")))}
     if kind == "gpt_oss":  # llama.cpp stores no SwiGLU clamp for gpt-oss: moe_from_hf's defaults are its hard-coded 7 / 1.702
         data["intermediate_size"] = int(meta[prefix + "expert_feed_forward_length"])
     if kind == "granitemoe":

@@ -1,6 +1,6 @@
 """The text decoder of a multimodal checkpoint: an image / audio-text wrapper whose language model is a family of the
-architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Llama 4, Qwen3.5 / Qwen3.5-MoE), read as that family's
-checkpoint.
+architecture table (Gemma 3 / 4 / 3n, Mistral 3, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3-VL-MoE, Llama 4, Qwen3.5 / Qwen3.5-MoE,
+Phi-4-multimodal), read as that family's checkpoint.
 
 The config is the wrapper's `text_config` as transformers reads it (`AutoConfig.for_model`: the defaults old saves
 leave out filled in, older keys moved to where transformers 5 keeps them, Qwen2.5-VL's flat text keys gathered), its
@@ -32,16 +32,24 @@ WRAPPERS: dict[str, tuple[str, ...] | None] = {
     "gemma3": ("gemma3_text",), "gemma4": ("gemma4_text",), "gemma3n": ("gemma3n_text",), "mistral3": None, "llava": None,
     "qwen2_vl": ("qwen2_vl_text",), "qwen2_5_vl": ("qwen2_5_vl_text",), "qwen3_vl": ("qwen3_vl_text",),
     "qwen3_vl_moe": ("qwen3_vl_moe_text",), "llama4": ("llama4_text",), "qwen3_5": ("qwen3_5_text",), "qwen3_5_moe": ("qwen3_5_moe_text",),
+    "phi4_multimodal": ("phi4_multimodal",),  # its text keys at the top level beside vision_config / audio_config
 }
 # text decoders of a wrapper that are a family of the table under another name (their mrope is plain rope on text)
-TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
+TEXT_TYPES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe",
+              "phi4_multimodal": "phi3"}  # Phi-4-multimodal's language model: Phi-4-mini's layers
+_SUB_CONFIGS = ("vision_config", "audio_config")  # a flat wrapper's (Phi-4-multimodal) towers, not text keys
+# remote-code saves -> the wrapper transformers converts them to, and their keys that are not the text decoder's
+REMOTE_SAVES = {"phi4mm": "phi4_multimodal"}
+_REMOTE_KEYS = ("embd_layer", "audio_processor", "img_processor", "vision_lora", "speech_lora", "auto_map", "architectures")
+_ADAPTERS = (".lora_A.", ".lora_B.")  # PEFT's per-modality LoRA tensors (Phi-4-multimodal's vision / speech: off on text)
 # wrappers whose text decoder is not a family of the table, and why
 REFUSED_WRAPPERS = {
     "mllama": "Llama 3.2 Vision's text decoder has cross-attention layers (not supported)",
     "paligemma": "PaliGemma attends to the whole prompt both ways (prefix LM), not causally (not supported)",
 }
 # top-level parts of a wrapper that are not the language model (under `model.` in transformers 5's saves)
-LEFT_OUT = ("vision_tower", "vision_model", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio")
+LEFT_OUT = ("vision_tower", "vision_model", "multi_modal_projector", "visual", "embed_vision", "audio_tower", "embed_audio",
+            "embed_tokens_extend")
 _RENAMED = (("model.language_model.", "model."), ("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
 _TOP_LEVEL = ("quantization_config",)  # wrapper keys the text decoder's config reads
 
@@ -59,6 +67,10 @@ class TextDecoder:
         """(the language model's tensors under the text family's names, the line saying what is left out);
         a tensor that is neither the language model's nor a left-out part is refused."""
         names, dropped = {}, set()
+        adapters = {n for n in stored.names() if any(a in n for a in _ADAPTERS)}  # the base layer's weight is the text one
+        base = {n: n.replace(".base_layer.", ".") for n in stored.names() if ".base_layer." in n}
+        if adapters or base:
+            stored = stored.without(adapters).renamed(base)
         for name in stored.names():
             part = name.removeprefix("model.").split(".", 1)[0]
             renamed = next((new + name[len(old):] for old, new in _RENAMED if name.startswith(old)), None)
@@ -72,6 +84,8 @@ class TextDecoder:
                                        f"vision / audio part ({', '.join(LEFT_OUT)}); not read")
         parts = sorted({n.removeprefix("model.").split(".", 1)[0] for n in dropped})
         note = f"text decoder only: {', '.join(parts) or 'no other part'} not exported ({len(dropped)} tensors)"
+        if adapters:
+            note += f"; {len(adapters)} LoRA adapter tensors (vision / speech) not applied"
         text = stored.without(dropped).renamed(names)
         if self.soft_tokens:  # Gemma 3n's image / audio tokens: their embedders' outputs, one table
             text = text.with_arrays({SOFT_TABLE: soft_token_table(stored, self.soft_tokens)})
@@ -91,13 +105,15 @@ def text_decoder(raw: dict[str, Any], source: str) -> TextDecoder | None:
     kind = str(raw.get("model_type", "")).lower()
     if kind in REFUSED_WRAPPERS:
         raise UnsupportedError(f"{source}: model_type '{kind}': {REFUSED_WRAPPERS[kind]}")
-    if "text_config" not in raw and (kind not in WRAPPERS or "vision_config" not in raw):
+    if "text_config" not in raw and (kind not in WRAPPERS or "vision_config" not in raw) and kind not in REMOTE_SAVES:
         return None
+    if kind in REMOTE_SAVES:  # read as the wrapper transformers converts the save to
+        raw, kind = {k: v for k, v in raw.items() if k not in _REMOTE_KEYS} | {"model_type": REMOTE_SAVES[kind]}, REMOTE_SAVES[kind]
     if kind not in WRAPPERS:
         text_type = (raw.get("text_config") or {}).get("model_type")
         raise UnsupportedError(f"{source}: model_type '{kind}' (a multimodal wrapper, text_config '{text_type}') is not "
                                f"supported (supported: {', '.join(sorted(WRAPPERS))})")
-    text = _transformers_text_config(kind, raw)
+    text = {k: v for k, v in _transformers_text_config(kind, raw).items() if k not in _SUB_CONFIGS}
     text_type = str(text.get("model_type", "")).lower()
     allowed = WRAPPERS[kind]
     family_type = TEXT_TYPES.get(text_type, text_type)

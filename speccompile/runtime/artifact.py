@@ -16,6 +16,7 @@ from .backends.factory import open_session
 from .backends.ort_cuda_slots import OneSlotSession, OrtCudaSlotSession
 from .backends.shared_weights import SharedWeights, gpu_form_weights
 from .options import DRAFTER_CHOICES
+from .state_cache import is_hybrid
 
 CHAIN_DRAFTERS = ("ngram", "none", "draft-model")  # drafters that never draft trees (the GPU graph's causal passes)
 
@@ -141,7 +142,7 @@ def tree_form_note(manifest: Manifest, backend: str, drafter: str, fused: bool =
     it does not: the artifact has no tree form of its slotted GPU graph, or ONNX Runtime here is too old for it."""
     resolved = resolve_drafter(manifest, drafter)
     drafts_trees = resolved not in CHAIN_DRAFTERS and resolved in ("suffix", (manifest.drafter or {}).get("kind"))
-    if backend != "ort-cuda" or not fused or not drafts_trees:  # (a drafter the artifact lacks: the runner refuses it)
+    if backend != "ort-cuda" or not fused or not drafts_trees or is_hybrid(manifest):  # (the runner refuses those)
         return None
     if runnable_spec(manifest, "target", backend, fused, False, True).file != manifest.graph("target").file:
         return None

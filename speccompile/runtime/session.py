@@ -77,6 +77,8 @@ class Runner:
         manifest = read_manifest(artifact, verify_files=False)  # what the options ask of it is checked before anything loads
         check_backend(Path(artifact), manifest, options.backend)
         self.drafter_name = resolve_drafter(manifest, options.drafter)
+        if self.drafter_name == "suffix" and is_hybrid(manifest):  # a recurrent state verifies chains only
+            options = self.options = dataclasses.replace(options, suffix_tree=False)
         self.draft_config: DraftConfig | None = self._draft_config(manifest)
         self.suffix_cache = _suffix_cache(options) if self.drafter_name == "suffix" else None  # every slot's drafter shares it
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant

@@ -10,8 +10,8 @@ out: `present_state.{i}.conv` / `.recurrent`), then runs its own rows from there
 next pending rows, so the states are always plain decoding's bits: every row goes through the same per-token ops,
 whatever pass it comes in (plain decoding: one pending row a pass); rejected rows cost nothing to drop. There is
 always a pending row (the first pass's: a zero row, which leaves the zero states zero). Only chains
-commit (accepted rows 0..k-1): tree drafters and padded passes are refused for such targets, and the batch decoder
-runs one pass per request (`Runner.batch_problem`).
+commit (accepted rows 0..k-1): tree drafters and padded passes are refused for such targets, the suffix drafter
+drafts chains for them (`Runner`), and the batch decoder runs one pass per request (`Runner.batch_problem`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..errors import UnsupportedError
 from ..manifest import GraphSpec, Manifest
 from .kvcache import BufferKVCache, KVCache
 
-HYBRID_DRAFTERS = ("ngram", "none", "draft-model")  # what a hybrid target drafts with: chains (artifact.CHAIN_DRAFTERS)
+HYBRID_DRAFTERS = ("ngram", "suffix", "none", "draft-model")  # what a hybrid target drafts with: chains (the suffix drafter's, Runner)
 _NP = {"float32": np.float32, "float16": np.float16}
 
 
