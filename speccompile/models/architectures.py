@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -119,8 +119,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
-    # | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -384,6 +383,7 @@ FAMILIES: dict[str, Family] = {
                     config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
                     names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
                     top_names={"model.final_layernorm.weight": "model.norm.weight"}),
+    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf=JAMBA_GGUF, names=JAMBA_NAMES, top_names={"model.final_layernorm.weight": "model.norm.weight"}),  # Mamba-1: models/mamba1.py
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
     # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)
     "nemotron_h": Family(("nemotron_h", "nemotron_h_moe"), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act",
