@@ -1,5 +1,6 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
-LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention) against
+LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Jamba:
+Mamba-1; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -61,8 +62,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                    pad_token_id=None, use_cache=False),
     "qwen3_5_text_linear": dict(_LINEAR, model_type="qwen3_5_text", layer_types=["linear_attention"] * 4, pad_token_id=None,
                                 use_cache=False),
+    # and a Jamba whose attention period (8) passes its 4 layers: every layer Mamba-1, one expert
+    "jamba_linear": dict(num_hidden_layers=4, attn_layer_period=8, attn_layer_offset=4, num_experts=1, mamba_dt_rank=8, model_type="jamba",
+                         pad_token_id=None, use_cache=False),
 }
-ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear")
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear")
 
 
 def _reference(folder):
@@ -670,8 +674,8 @@ def test_nemotron_h_gguf_metadata_and_refusals():
 def test_jamba_gguf_metadata_and_refusals():
     """llama.cpp's jamba metadata as its converter writes it (no layer periods): attention where head_count_kv is not
     0, MoE where a layer has a router (ffn_gate_inp), both read back as transformers' period / offset; the Mamba-1 sizes
-    from ssm.* (the dt rank as time_step_rank), the conv bias where the file has one; layer sets no period gives, and no
-    attention layer, refused in one line."""
+    from ssm.* (the dt rank as time_step_rank), the conv bias where the file has one, no attention layer at all; layer
+    sets no period gives refused in one line."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_gguf
 
@@ -690,9 +694,10 @@ def test_jamba_gguf_metadata_and_refusals():
                            tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in (2,)})
     assert [i for i in range(8) if not one.linear(i)] == [5] and one.moe.dense_layers == (0, 1, 3, 4, 5, 6, 7) and not one.hybrid.conv_bias
     for kv, routers, said in (([0, 2, 0, 0, 2, 0, 0, 0], (1, 3, 5, 7), r"jamba.gguf: the attention layers \[1, 4\] are not every n-th"),
-                              ([0, 0, 0, 2, 0, 0, 0, 2], (1, 3, 7), r"jamba.gguf: the expert layers \[1, 3, 7\] are not every n-th"),
-                              ([0] * 8, (1, 3, 5, 7), "every layer is linear_attention")):
+                              ([0, 0, 0, 2, 0, 0, 0, 2], (1, 3, 7), r"jamba.gguf: the expert layers \[1, 3, 7\] are not every n-th")):
         with pytest.raises(UnsupportedError, match=said) as info:
             config_from_gguf({**meta, p + "attention.head_count_kv": kv}, True, False, "jamba.gguf",
                              tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in routers})
         assert "\n" not in str(info.value)
+    no_attention = config_from_gguf({**meta, p + "attention.head_count_kv": [0] * 8}, True, False, "jamba.gguf", tensors=tensors)
+    assert no_attention.attention_free and no_attention.moe.dense_layers == (0, 2, 4, 6)  # every layer Mamba-1: built
