@@ -120,7 +120,7 @@ class Family:
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
-    # | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped)
+    # | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | falcon_h1 (Mamba-2 inside each attention layer)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -160,6 +160,8 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
 _FEED_FORWARD, _SHARED_MLP = ({"gate_up": (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), "down": (f"{m}.down_proj.weight",)}
                               for m in ("feed_forward", "block_sparse_moe.shared_expert"))
+_BAMBA_NAMES = dict(names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
+                    top_names={"model.final_layernorm.weight": "model.norm.weight"})
 _HYBRID = dict(hybrid="gated_delta", norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
 # llama.cpp's qwen35 / qwen35moe: the gated delta net as attn_qkv | attn_gate, ssm_beta / ssm_alpha, ssm_* (A and dt's bias
 # without `.weight`; value heads tiled: models/gated_delta_gguf.py); post_attention_norm the norm before the MLP
@@ -372,18 +374,18 @@ FAMILIES: dict[str, Family] = {
                          names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, names=LINEAR_NAMES),
     "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
-    # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
-    # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
-    # transformers' defaults where config.json leaves them out
+    # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers, Granite-MoE-Shared's
+    # experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it); transformers' defaults
     "granitemoehybrid": Family(("granitemoehybrid", "granitehybrid"), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf=_MAMBA2_GGUF,
                                bias_keys={"o": "attention_bias"},
                                names={**MAMBA2_NAMES, **_SHARED_MLP},
                                config_defaults={"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024}),
     # Bamba: attention at attn_layer_indices (Llama's, rope on half of each head), a SwiGLU (feed_forward, after pre_ff_layernorm)
-    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"},
-                    config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
-                    names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
-                    top_names={"model.final_layernorm.weight": "model.norm.weight"}),
+    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"}, **_BAMBA_NAMES,
+                    config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5}),
+    # Falcon-H1: Bamba's names; every layer attention (full rope) beside a Mamba-2 mixer, muP multipliers (models/falcon_h1.py)
+    "falcon_h1": Family(("falcon_h1",), hybrid="falcon_h1", **_BAMBA_NAMES, embed_scale="embedding_multiplier", logit_key="lm_head_multiplier",
+                        gguf={}, refused_keys=("attention_bias", "projectors_bias")),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group
     # (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;

@@ -22,6 +22,7 @@ from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .falcon_h1 import falcon_h1_from_hf
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -136,6 +137,10 @@ class ModelConfig:
         """Layer `layer` is a gated delta net (hybrid linear attention) instead of attention."""
         return self.hybrid is not None and self.hybrid.linear[layer]
 
+    def parallel_mixer(self, layer: int) -> bool:
+        """Layer `layer` runs a Mamba-2 mixer beside its attention on the same normed input (Falcon-H1)."""
+        return self.hybrid is not None and self.hybrid.parallel and not self.hybrid.linear[layer]
+
     def has_mlp(self, layer: int) -> bool:
         """Layer `layer` has an MLP block (Nemotron-H: a mixer block with no MLP block after it has width 0)."""
         return not self.layer_intermediate_sizes or self.layer_intermediate_sizes[layer] > 0
@@ -207,6 +212,7 @@ class ModelConfig:
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
             roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias"))]
+        roles += [*self.hybrid.roles()] if self.parallel_mixer(layer) else []  # Falcon-H1: the Mamba-2 mixer's too
         if not self.has_mlp(layer):  # Nemotron-H: the MLP's norm and weights absent
             roles = [r for r in roles if r not in MLP_ROLES]
         altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
@@ -345,7 +351,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             **_layer_description(data, fam, arch, layers, hidden, head_dim, source),
             moe=moe_from_hf(fam.moe, data),
         )
-        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf}
+        recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
+                     "falcon_h1": falcon_h1_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

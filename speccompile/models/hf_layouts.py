@@ -148,6 +148,27 @@ def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSo
     return _Ones(source, {n: s for n, s in ones.items() if n not in source}, source.info("model.embed_tokens.weight").dtype)
 
 
+class _Scaled(_PerTensor):
+    """Layer tensors times factors per run of rows (`HybridConfig.scales`: Falcon-H1's muP multipliers, folded as
+    llama.cpp's converter folds them), in float32."""
+
+    def __init__(self, inner: WeightSource, scales: dict[str, list[list[float]]]):
+        chosen = {n for n in inner.names() if n.startswith("model.layers.") and n.split(".", 3)[3] in scales}
+        super().__init__(inner, chosen)
+        self._scales = scales
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._inner.info(name)
+        return TensorInfo(info.shape, np.dtype(np.float32)) if name in self._chosen else info
+
+    def read(self, name: str) -> np.ndarray:
+        if name not in self._chosen:
+            return self._inner.read(name)
+        runs = self._scales[name.split(".", 3)[3]]
+        factors = np.repeat(np.array([f for _, f in runs], dtype=np.float32), [int(r) for r, _ in runs])
+        return self._inner.read_float32(name) * factors.reshape(-1, *[1] * (len(self.shape(name)) - 1))
+
+
 def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig | None = None) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
     then its `top_names`, a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v, and Qwen3-Next's
@@ -173,6 +194,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = unpacked_view(source)
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
+    if hybrid is not None and hybrid.scales:  # Falcon-H1's muP multipliers folded (models/falcon_h1.py)
+        source = _Scaled(source, hybrid.scales)
     if hybrid is not None:
         grouped = {n for n in source.names() if n.endswith(("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"))}
         source = _LinearPerGroup(source, grouped, hybrid) if grouped else source
