@@ -112,6 +112,8 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
     # width: ffn_up); the nemotron_h files older transformers gave: test_hybrid's test_nemotron_h_gguf_metadata_and_refusals
     **{name: HYBRID[name] for name in ("nemotron_h", "nemotron_h_moe")},
+    # Falcon-H1 (llama.cpp's falcon-h1): every multiplier folded into the tensors by the converter, Mamba-2 as `ssm_*`
+    "falcon_h1": HYBRID["falcon_h1"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }

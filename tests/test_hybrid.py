@@ -495,6 +495,33 @@ def test_falcon_h1_config_keys_and_refusals():
         assert "\n" not in str(info.value)
 
 
+def test_falcon_h1_gguf_metadata_and_refusals():
+    """llama.cpp's falcon-h1 metadata (the converter folds every multiplier into the tensors): the Mamba-2 sizes from
+    `ssm.*` beside attention in every layer, no multiplier left, the conv bias from the file's tensors; a file with the
+    mixer's norm (its order against the gate not recorded) or without an output tensor refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    p = "falcon-h1."
+    meta = {"general.architecture": "falcon-h1", p + "block_count": 3, p + "embedding_length": 64, p + "attention.head_count": 4,
+            p + "attention.head_count_kv": 2, p + "attention.key_length": 16, p + "feed_forward_length": 128, p + "vocab_size": 256,
+            p + "attention.layer_norm_rms_epsilon": 1e-5, p + "rope.freq_base": 1e11, p + "ssm.conv_kernel": 4, p + "ssm.state_size": 16,
+            p + "ssm.group_count": 2, p + "ssm.inner_size": 96, p + "ssm.time_step_rank": 6}
+    tensors = {"output.weight": (256, 64), **{f"blk.{b}.ssm_in.weight": (262, 64) for b in range(3)}}
+    cfg = config_from_gguf(meta, True, False, "fh1.gguf", tensors=tensors)
+    hy = cfg.hybrid
+    assert cfg.architecture == "falcon_h1" and all(map(cfg.parallel_mixer, range(3))) and not any(map(cfg.linear, range(3)))
+    assert (hy.value_dim, hy.num_v_heads, hy.v_dim, hy.num_k_heads, hy.k_dim, hy.conv_bias, hy.gate_norm) == (96, 6, 16, 2, 16, False, "none")
+    assert hy.scales == {} and (cfg.embed_scale, cfg.logit_scale, cfg.rope_theta, cfg.head_dim) == (1.0, 1.0, 1e11, 16)
+    assert config_from_gguf(meta, True, False, "fh1.gguf", tensors={**tensors, "blk.0.ssm_conv1d.bias": (160,)}).hybrid.conv_bias
+    for change, said in (({"blk.0.ssm_norm.weight": (2, 48)}, "fh1.gguf: a falcon-h1 GGUF with ssm_norm"),
+                         ({"output.weight": None}, "fh1.gguf: a falcon-h1 GGUF without output.weight")):
+        names = {k: v for k, v in {**tensors, **change}.items() if v is not None}
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_gguf(meta, "output.weight" in names, False, "fh1.gguf", tensors=names)
+        assert "\n" not in str(info.value)
+
+
 _NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"  # Nemotron-H-8B-Base-8K's: 24 M, 4 *, 24 -
 _NANO_2_9B = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"  # Nemotron Nano 2 9B's: 27 M, 4 *, 25 -
 

@@ -22,7 +22,7 @@ from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
-from .falcon_h1 import falcon_h1_from_hf
+from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -430,6 +430,7 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
             rope_factors = None
         if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
             meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
+        shapes.update(falcon_h1_gguf_keys(meta, arch_name + ".", tensors or {}, source) if family(arch).hybrid == "falcon_h1" else {})
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))

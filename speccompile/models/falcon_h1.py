@@ -10,6 +10,12 @@ k, attention_out_multiplier into o_proj, ssm_in_multiplier and ssm_multipliers (
 in_proj, ssm_out_multiplier into out_proj, mlp_multipliers into gate_proj and down_proj; the embedding and LM head
 multipliers are the table's embedding and logit scales. Refused in one line: projection biases (`attention_bias`,
 `projectors_bias`, `mamba_proj_bias`, `mlp_bias`), a clamped dt, an activation other than SiLU.
+
+llama.cpp's `falcon-h1` GGUF is read too (`falcon_h1_gguf_keys`): its converter folded every multiplier into the
+tensors (the embedding and LM head ones included), wrote the Mamba-2 sizes as `ssm.*` and A as -exp(A_log)
+(models/mamba2_gguf.py shows it as A_log); it records neither `mamba_rms_norm` nor `mamba_norm_before_gate`, so a
+file with the mixer's norm (`ssm_norm`) is refused, as is one without an output tensor (the folded embedding
+multiplier would scale the tied head).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ..errors import UnsupportedError
 from .linear_config import HybridConfig, mamba2_from_hf
 
 
@@ -50,3 +57,18 @@ def mup_scales(data: dict[str, Any], hy: HybridConfig) -> dict[str, list[list[fl
             "mamba.out_proj.weight": [[hidden, m("ssm_out_multiplier")]], "feed_forward.gate_proj.weight": [[inter, gate]],
             "feed_forward.down_proj.weight": [[hidden, down]]}
     return {name: parts for name, parts in runs.items() if any(f != 1.0 for _, f in parts)}
+
+
+def falcon_h1_gguf_keys(meta: dict[str, Any], p: str, tensors: dict[str, tuple[int, ...]], source: str) -> dict[str, Any]:
+    """The config.json keys of a llama.cpp falcon-h1 GGUF (`tensors`: its tensor names): the Mamba-2 sizes, the conv
+    bias where the file has one; the multipliers are already in the tensors (none given: 1)."""
+    if any(name.endswith(".ssm_norm.weight") for name in tensors):
+        raise UnsupportedError(f"{source}: a falcon-h1 GGUF with ssm_norm (mamba_rms_norm) is not supported: the file does "
+                               "not record whether the norm comes before the gate (mamba_norm_before_gate)")
+    if "output.weight" not in tensors:
+        raise UnsupportedError(f"{source}: a falcon-h1 GGUF without output.weight (tied embeddings) is not supported: the "
+                               "converter folded embedding_multiplier into the table the head would share")
+    inner, heads = int(meta[p + "ssm.inner_size"]), int(meta[p + "ssm.time_step_rank"])
+    return {"mamba_d_ssm": inner, "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_d_state": int(meta[p + "ssm.state_size"]),
+            "mamba_n_groups": int(meta[p + "ssm.group_count"]), "mamba_d_conv": int(meta[p + "ssm.conv_kernel"]),
+            "mamba_conv_bias": "blk.0.ssm_conv1d.bias" in tensors}

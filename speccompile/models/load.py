@@ -271,7 +271,7 @@ _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_token
 # `exp_probs_b.bias`, Gemma 4's `layer_output_scale.weight`)
 _BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias",
          "feed_forward.gate.e_score_correction_bias", "mamba.A_log", "mamba.D", "mamba.dt_bias", "linear_attn.A_log",
-         "linear_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias")
+         "linear_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias", "pre_ff_layernorm.weight")  # falcon-h1's `blk.N.ffn_norm`
 
 
 def _open_gguf(path: Path):
