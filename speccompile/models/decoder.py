@@ -244,37 +244,36 @@ class DecoderLayer(nn.Module):
         if self.config.altup_inputs:
             return altup_layer(self, self.config, x, lambda h: self.self_attn(h, rotary, biases, past_k, past_v,
                                                                              *([shared] if shared is not None else [])), per_layer)
-        self.states = list(states)
-        out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v, shared)
+        out, presents = self._blocks(x, rotary, biases, past_k, past_v, shared, states)
         if per_layer is not None:
             out = per_layer_block(self, self.config, out, per_layer)
-        return (out if self.layer_scalar is None else out * self.layer_scalar), k_all, v_all, *self.states
+        return (out if self.layer_scalar is None else out * self.layer_scalar), *presents
 
-    def _mixer(self, h, rotary, biases, past_k, past_v, shared=None):
-        """The attention (or recurrent) block's output on the normed input `h`; a parallel Mamba-2 mixer's added
-        (Falcon-H1: its states after each row kept in `self.states`)."""
+    def _mixer(self, h, rotary, biases, past_k, past_v, shared=None, states=()):
+        """The attention (or recurrent) block's output on the normed input `h` and its presents; a parallel Mamba-2
+        mixer's output added (Falcon-H1: `states` its conv and SSM states, its states after each row presents too)."""
         attn, k_all, v_all = getattr(self, self.mixer)(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
-        if self.states:
-            ssm, *self.states = self.mamba(h, rotary, biases, *self.states)
-            attn = attn + ssm
-        return attn, k_all, v_all
+        if not states:
+            return attn, [k_all, v_all]
+        ssm, convs, ssms = self.mamba(h, rotary, biases, *states)
+        return attn + ssm, [k_all, v_all, convs, ssms]
 
-    def _blocks(self, x, rotary, biases, past_k, past_v, shared=None):
+    def _blocks(self, x, rotary, biases, past_k, past_v, shared=None, states=()):
         def norm(module, h):
             return h if module is None else module(h)
 
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
-        attn, k_all, v_all = self._mixer(h, rotary, biases, past_k, past_v, shared)
+        attn, presents = self._mixer(h, rotary, biases, past_k, past_v, shared, states)
         if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
             mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
-            return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
+            return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, presents
         attn = norm(self.post_attn_norm, attn)
         x = x + (attn * scale if scale != 1.0 else attn)
         if not self.has_mlp:
-            return x, k_all, v_all
+            return x, presents
         out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x), x))
-        return x + (out * scale if scale != 1.0 else out), k_all, v_all
+        return x + (out * scale if scale != 1.0 else out), presents
 
 
 class DecoderModel(nn.Module):
