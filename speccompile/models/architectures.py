@@ -187,7 +187,6 @@ _LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf=_LFM2_GGUF, gguf_top={"to
 _MAMBA2_GGUF = {**LLAMA_GGUF, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias", "ssm_a": "mamba.A_log",
                 "ssm_d": "mamba.D", "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
                 **{f"ffn_{x}": f"block_sparse_moe.shared_expert.{x}_proj" for x in ("gate", "up", "down")}}
-_FEED_FORWARD_GGUF = {f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}  # Falcon-H1's SwiGLU (llama.cpp's falcon-h1)
 _NEMOTRON_H_GGUF = {"attn_norm": "norm", **{f"attn_{x}": f"mixer.{x}_proj" for x in "qkv"}, "attn_output": "mixer.o_proj",
                     **{k: v.replace("mamba.", "mixer.") for k, v in _MAMBA2_GGUF.items() if k.startswith("ssm_")},
                     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # one block a `blk.N` (models/nemotron_h_gguf.py)
@@ -382,11 +381,10 @@ FAMILIES: dict[str, Family] = {
                                names={**MAMBA2_NAMES, **_SHARED_MLP},
                                config_defaults={"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024}),
     # Bamba: attention at attn_layer_indices (Llama's, rope on half of each head), a SwiGLU (feed_forward, after pre_ff_layernorm)
-    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"}, **_BAMBA_NAMES,
-                    config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5}),
+    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"}, **_BAMBA_NAMES, config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5}),
     # Falcon-H1: Bamba's names; every layer attention (full rope) beside a Mamba-2 mixer, muP multipliers (models/falcon_h1.py)
     "falcon_h1": Family(("falcon_h1", "falcon-h1"), hybrid="falcon_h1", **_BAMBA_NAMES, embed_scale="embedding_multiplier", logit_key="lm_head_multiplier",
-                        refused_keys=("attention_bias", "projectors_bias"), gguf={**_MAMBA2_GGUF, "ffn_norm": "pre_ff_layernorm.weight", **_FEED_FORWARD_GGUF}),
+                        refused_keys=("attention_bias", "projectors_bias"), gguf={**_MAMBA2_GGUF, "ffn_norm": "pre_ff_layernorm.weight", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}}),
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
     # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)
