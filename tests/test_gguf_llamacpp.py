@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(
     reason="set SPECCOMPILE_LLAMACPP_CONVERTER to llama.cpp's convert_hf_to_gguf.py (scripts/setup_gguf_oracle.sh)")
 VOCAB = 49152  # SmolLM2's tokenizer: a BPE whose pre-tokenizer hash the converter knows ("smollm")
 SPM_VOCAB = 384  # the sentencepiece tokenizer.model trained here for the families whose converter reads only that
-_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron", "minicpm3", "bitnet", "bitnet-tq1_0", "bitnet-tq2_0")
+_SPM_FAMILIES = ("gemma", "gemma2", "phi3", "ernie4_5", "ernie4_5_moe", "nemotron", "minicpm3", "bitnet", "bitnet-tq1_0", "bitnet-tq2_0",
+                 "jamba", "jamba_dense")
 _SPM_JSON_FAMILIES = ("gemma4_text", "gemma4-v", "gemma4-e", "gemma4-moe")  # the converter reads tokenizer.json (a sentencepiece BPE)
 NOT_CONVERTED = {  # what keeps the converter from writing the tiny checkpoint (the family still loads: test_families)
     "qwen2": "transformers reads a qwen2 folder's tokenizer as Qwen2Tokenizer, whose pre-tokenizer llama.cpp's "
@@ -112,6 +113,9 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
     # width: ffn_up); the nemotron_h files older transformers gave: test_hybrid's test_nemotron_h_gguf_metadata_and_refusals
     **{name: HYBRID[name] for name in ("nemotron_h", "nemotron_h_moe")},
+    # Jamba (llama.cpp's jamba): Mamba-1 where head_count_kv is 0, A as -exp(A_log) [inner, d_state], the experts' layers
+    # told by their router ffn_gate_inp (no period in the metadata); and one expert (every MLP dense), no conv bias
+    **{name: HYBRID[name] for name in ("jamba", "jamba_dense")},
     # Falcon-H1 (llama.cpp's falcon-h1): every multiplier folded into the tensors by the converter, Mamba-2 as `ssm_*`
     "falcon_h1": HYBRID["falcon_h1"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,

@@ -40,6 +40,13 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "granitemoehybrid_dense": dict(_GRANITE_H, model_type="granitemoehybrid", num_local_experts=0),
     # Bamba: the same Mamba-2 layers, attention at attn_layer_indices (rope on 16 of its 32 dims), a SwiGLU
     "bamba": dict(_MAMBA2, attn_layer_indices=[3], head_dim=32),
+    # Jamba: layers 0-2 Mamba-1 (inner 128, d_state 16, dt rank 4, conv kernel 4 with its bias; dt / B / C RMS-normed), layer 3
+    # NoPE attention; layers 1 and 3 softmax top 2 of 4 experts (not renormalised), 0 and 2 a SwiGLU
+    "jamba": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=3, expert_layer_period=2, expert_layer_offset=1,
+                  num_experts=4, num_experts_per_tok=2, intermediate_size=32, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2),
+    # jamba_dense: one expert (every MLP a SwiGLU), no conv bias, dt rank 8
+    "jamba_dense": dict(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=3, num_experts=1, mamba_conv_bias=False,
+                        mamba_dt_rank=8, model_type="jamba"),
     # Nemotron-H: blocks M - M M - * (Mamba-2 as Granite's above, NoPE attention, relu2 MLPs), table layers (M -) (M) (M -)
     # (*): a Mamba-2 and the attention layer without an MLP
     "nemotron_h": dict(layers_block_type=["linear_attention", "mlp", "linear_attention", "linear_attention", "mlp", "full_attention"],
@@ -143,7 +150,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
                                   "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
@@ -196,7 +203,8 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
-                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("nemotron_h", ("ssm_in", "up")),
+                                                ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
+                                                ("nemotron_h", ("ssm_in", "up")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
@@ -434,9 +442,47 @@ def test_granite_4_h_config_keys_and_refusals():
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
-    for model_type in ("mamba", "falcon_mamba", "jamba"):  # Mamba-1
+    for model_type in ("mamba", "falcon_mamba"):  # Mamba-1 without attention (Jamba's: test_jamba_config_keys_and_refusals)
         with pytest.raises(UnsupportedError, match=f"granite.json: unsupported architecture '{model_type}'"):
             config_from_hf(dict(data, model_type=model_type), "granite.json")
+
+
+def test_jamba_config_keys_and_refusals():
+    """A Jamba-v0.1-shaped config.json (its published keys): attention every 8th layer from 4, NoPE; Mamba-1 layers
+    (inner 2 x 4096, d_state 16, dt rank 256 or "auto": ceil(hidden / 16)), their state shapes; 16 experts top 2 not
+    renormalised every other layer from 1, SwiGLUs between; transformers' defaults where keys are absent; what is not
+    built refused in one line naming the file and the key (no attention layer: the runtime keys off attention)."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="jamba", vocab_size=65536, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, attn_layer_period=8, attn_layer_offset=4, expert_layer_period=2,
+                expert_layer_offset=1, num_experts=16, num_experts_per_tok=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                mamba_dt_rank=256, mamba_conv_bias=True, mamba_proj_bias=False, hidden_act="silu", rms_norm_eps=1e-6,
+                use_mamba_kernels=True, sliding_window=None, n_ctx=262144, max_position_embeddings=262144, tie_word_embeddings=False)
+    cfg = config_from_hf(data, "jamba.json")
+    assert [i for i in range(32) if not cfg.linear(i)] == [4, 12, 20, 28] and cfg.nope_layers == list(range(32))
+    hy = cfg.hybrid
+    assert hy.mamba1 and not hy.mamba2 and hy.conv_bias and hy.width == hy.conv_dim == 8192 and hy.k_dim == 16 and hy.dt_rank == 256
+    assert hy.row_width() == 8193 and hy.conv_state_shape() == (8192, 3) and hy.recurrent_state_shape() == (8192, 16)
+    assert hy.state_kinds() == ("conv", "recurrent", "rows") and "ssm_conv_bias" in hy.roles() and "ssm_dt_norm" in hy.roles()
+    moe = cfg.moe
+    assert moe.num_experts == 16 and moe.top_k == 2 and moe.expert_size == 14336 and cfg.intermediate_size == 14336
+    assert moe.routing == "softmax_topk" and not moe.norm_topk_prob and moe.dense_layers == tuple(range(0, 32, 2))
+    assert moe.shapes(1, 4096)["model.layers.1.feed_forward.router.weight"] == (16, 4096)
+    assert cfg.rms_norm_eps == 1e-6 and not cfg.tie_word_embeddings
+    bare = {k: v for k, v in data.items() if not k.startswith(("attn_layer", "expert_layer", "num_experts", "mamba_"))}
+    defaults = config_from_hf(dict(bare, hidden_size=4100, num_attention_heads=41), "jamba.json")  # transformers' defaults
+    assert [i for i in range(32) if not defaults.linear(i)] == [4, 12, 20, 28] and defaults.hybrid.dt_rank == 257
+    assert defaults.hybrid.width == 8200 and defaults.hybrid.k_dim == 16 and defaults.hybrid.conv_kernel == 4 and defaults.hybrid.conv_bias
+    assert defaults.moe.num_experts == 16 and defaults.moe.top_k == 2 and defaults.moe.dense_layers == tuple(range(0, 32, 2))
+    dense = config_from_hf(dict(data, num_experts=1, mamba_conv_bias=False, use_mamba_kernels=False), "jamba.json")
+    assert dense.moe is None and "ssm_conv_bias" not in dense.hybrid.roles()
+    for key, value, said in (("mamba_proj_bias", True, "jamba.json: mamba_proj_bias true"),
+                             ("hidden_act", "gelu", "jamba.json: hidden_act 'gelu'"),
+                             ("attn_layer_offset", 40, "every layer is linear_attention")):
+        with pytest.raises(UnsupportedError, match=said):
+            config_from_hf(dict(data, **{key: value}), "jamba.json")
 
 
 def test_bamba_config_keys():
@@ -645,4 +691,35 @@ def test_nemotron_h_gguf_metadata_and_refusals():
         names = {k: v for k, v in {**tensors, **{k: v for k, v in change.items() if k.startswith("blk.")}}.items() if v is not None}
         with pytest.raises(UnsupportedError, match=said) as info:
             config_from_gguf({**meta, **{k: v for k, v in change.items() if not k.startswith("blk.")}}, True, False, "nano3.gguf", tensors=names)
+        assert "\n" not in str(info.value)
+
+
+def test_jamba_gguf_metadata_and_refusals():
+    """llama.cpp's jamba metadata as its converter writes it (no layer periods): attention where head_count_kv is not
+    0, MoE where a layer has a router (ffn_gate_inp), both read back as transformers' period / offset; the Mamba-1 sizes
+    from ssm.* (the dt rank as time_step_rank), the conv bias where the file has one; layer sets no period gives, and no
+    attention layer, refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    p = "jamba."
+    meta = {"general.architecture": "jamba", p + "block_count": 8, p + "embedding_length": 64, p + "attention.head_count": 4,
+            p + "attention.head_count_kv": [0, 0, 0, 2, 0, 0, 0, 2], p + "feed_forward_length": 32, p + "vocab_size": 256,
+            p + "attention.layer_norm_rms_epsilon": 1e-6, p + "ssm.conv_kernel": 4, p + "ssm.inner_size": 128, p + "ssm.state_size": 16,
+            p + "ssm.time_step_rank": 4, p + "expert_count": 4, p + "expert_used_count": 2}
+    tensors = {**{f"blk.{i}.ssm_conv1d.bias": (128,) for i in (0, 1, 2, 4, 5, 6)}, **{f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in (1, 3, 5, 7)}}
+    cfg = config_from_gguf(meta, True, False, "jamba.gguf", tensors=tensors)
+    assert cfg.architecture == "jamba" and [i for i in range(8) if not cfg.linear(i)] == [3, 7] and cfg.nope_layers == list(range(8))
+    hy = cfg.hybrid
+    assert (hy.kind, hy.width, hy.k_dim, hy.dt_rank, hy.conv_kernel, hy.conv_bias, cfg.num_key_value_heads) == ("mamba1", 128, 16, 4, 4, True, 2)
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.expert_size, cfg.moe.norm_topk_prob, cfg.moe.dense_layers) == (4, 2, 32, False, (0, 2, 4, 6))
+    one = config_from_gguf({**meta, p + "attention.head_count_kv": [0, 0, 0, 0, 0, 2, 0, 0]}, True, False, "jamba.gguf",
+                           tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in (2,)})
+    assert [i for i in range(8) if not one.linear(i)] == [5] and one.moe.dense_layers == (0, 1, 3, 4, 5, 6, 7) and not one.hybrid.conv_bias
+    for kv, routers, said in (([0, 2, 0, 0, 2, 0, 0, 0], (1, 3, 5, 7), r"jamba.gguf: the attention layers \[1, 4\] are not every n-th"),
+                              ([0, 0, 0, 2, 0, 0, 0, 2], (1, 3, 7), r"jamba.gguf: the expert layers \[1, 3, 7\] are not every n-th"),
+                              ([0] * 8, (1, 3, 5, 7), "every layer is linear_attention")):
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_gguf({**meta, p + "attention.head_count_kv": kv}, True, False, "jamba.gguf",
+                             tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in routers})
         assert "\n" not in str(info.value)

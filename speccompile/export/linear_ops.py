@@ -25,6 +25,7 @@ from onnx import helper
 from ..models.config import ModelConfig
 from .graph_builder import INT64_MAX, GraphBuilder, value
 from .moe_ops import Emitter
+from .mamba1_ops import mamba1_layer
 from .mamba2_ops import mamba2_layer
 from .short_conv_ops import short_conv_layer
 
@@ -94,11 +95,11 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     rows (the last pass's accepted rows' conv input, b, a: `past_state.{i}.rows`) into the states, written as
     present_state.{i}.conv / .recurrent; the second runs the pass's rows from there, whose inputs are written as
     present_state.{i}.rows. `role(name)`: the layer's initializer of that role. A short conv (LFM2):
-    export/short_conv_ops.py; a Mamba-2 layer (Granite 4.0-H): export/mamba2_ops.py."""
+    export/short_conv_ops.py; a Mamba-2 layer (Granite 4.0-H): export/mamba2_ops.py; Mamba-1 (Jamba): export/mamba1_ops.py."""
     if cfg.hybrid.short_conv:
         return short_conv_layer(em, cfg, i, h, role)
-    if cfg.hybrid.mamba2:
-        return mamba2_layer(em, cfg, i, h, role)
+    if cfg.hybrid.mamba2 or cfg.hybrid.mamba1:
+        return (mamba2_layer if cfg.hybrid.mamba2 else mamba1_layer)(em, cfg, i, h, role)
     hy, c = cfg.hybrid, em.const
     proj = em.one("MatMul", [h, role("lin_qkvz")])
     mixed, z = em.op("Split", [proj, c("linear.qkv_z", [hy.conv_dim, hy.value_dim])], 2, axis=-1)

@@ -78,11 +78,7 @@ def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
               **({"conv_bias": [C]} if hy.conv_bias else {}), "A_log": [H], "dt_bias": [H], "D": [H],
               "xbc": ["batch", C], "dt": ["batch", H], "flag": ["batch", 1]}
     n = {key: f"{s}/{key}" for key in shapes}
-    window = b.one(s, "Concat", [n["conv_in"], b.one(s, "Unsqueeze", [n["xbc"], b.const(s, [-1])])], axis=-1)  # [b, C, K]
-    conv = b.one(s, "ReduceSum", [b.one(s, "Mul", [window, n["kernel"]]), b.const(s, [-1])], keepdims=0)
-    conv = b.one(s, "Add", [conv, n["conv_bias"]]) if hy.conv_bias else conv
-    conv = b.one(s, "Mul", [conv, b.one(s, "Sigmoid", [conv])])
-    conv_out = b.one(s, "Slice", [window, b.const(s, [1]), b.const(s, [INT64_MAX]), b.const(s, [2]), b.const(s, [1])])
+    conv, conv_out = conv_step(b, s, n, n["xbc"], hy.conv_bias)
     x, b_in, c_in = b.op(s, "Split", [conv, b.const(s, [hy.value_dim, hy.key_dim, hy.key_dim])], 3, axis=-1)
     b_in, c_in = (_per_head(b, s, hy, t) for t in (b_in, c_in))
     x = b.one(s, "Reshape", [x, b.const(s, [0, H, hy.v_dim])])
@@ -98,6 +94,17 @@ def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
     outputs = [conv_out, state, *(b.one(s, "Identity", [w]) for w in weights), y]
     inputs = [helper.make_tensor_value_info(n[k], elem, shape) for k, shape in shapes.items()]
     return helper.make_graph(b.nodes, f"mamba2_{tag}_{i}", inputs, [helper.make_tensor_value_info(o, elem, None) for o in outputs])
+
+
+def conv_step(b: GraphBuilder, s: str, n: dict[str, str], row: str, bias: bool) -> tuple[str, str]:
+    """A Mamba layer's causal conv on one token: the conv state `n["conv_in"]` [b, C, K-1] and the row's input `row`
+    [b, C] through the kernel `n["kernel"]` [C, K] (and the bias `n["conv_bias"]`), SiLU; returns it and the conv state
+    after the row."""
+    window = b.one(s, "Concat", [n["conv_in"], b.one(s, "Unsqueeze", [row, b.const(s, [-1])])], axis=-1)  # [b, C, K]
+    conv = b.one(s, "ReduceSum", [b.one(s, "Mul", [window, n["kernel"]]), b.const(s, [-1])], keepdims=0)
+    conv = b.one(s, "Add", [conv, n["conv_bias"]]) if bias else conv
+    conv = b.one(s, "Mul", [conv, b.one(s, "Sigmoid", [conv])])
+    return conv, b.one(s, "Slice", [window, b.const(s, [1]), b.const(s, [INT64_MAX]), b.const(s, [2]), b.const(s, [1])])
 
 
 def _per_head(b: GraphBuilder, s: str, hy: HybridConfig, t: str) -> str:

@@ -95,7 +95,7 @@ LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
               "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out",
-              "ssm_in", "ssm_out"}  # MatMul weights [in, out]
+              "ssm_in", "ssm_out", "ssm_x", "ssm_dt"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -200,8 +200,14 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 
 def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
-    """The shapes of a recurrent layer's roles (models/linear_config.py LINEAR_NAMES, SHORT_CONV_NAMES, MAMBA2_NAMES)."""
+    """The shapes of a recurrent layer's roles (models/linear_config.py LINEAR_NAMES, SHORT_CONV_NAMES, MAMBA2_NAMES,
+    MAMBA1_NAMES)."""
     hy, h = c.hybrid, c.hidden_size
+    if hy.mamba1:
+        inner, n, r = [(hy.width,)], [(hy.k_dim,)], hy.dt_rank
+        return {"ssm_in": [(2 * hy.width, h)], "ssm_conv": [(hy.width, 1, hy.conv_kernel)], "ssm_conv_bias": inner,
+                "ssm_x": [(r + 2 * hy.k_dim, hy.width)], "ssm_dt_norm": [(r,)], "ssm_b_norm": n, "ssm_c_norm": n, "ssm_dt": [(hy.width, r)],
+                "ssm_dt_proj_bias": inner, "ssm_a_log": [(hy.width, hy.k_dim)], "ssm_d": inner, "ssm_out": [(h, hy.width)]}
     if hy.mamba2:
         heads = [(hy.num_v_heads,)]
         return {"ssm_in": [(hy.value_dim + hy.conv_dim + hy.num_v_heads, h)], "ssm_conv": [(hy.conv_dim, 1, hy.conv_kernel)],

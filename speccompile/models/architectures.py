@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import NEMOTRON_H_NAMES
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -119,8 +119,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    hybrid: str = ""  # recurrent layers beside attention (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2)
-    # | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | falcon_h1 (Mamba-2 inside each attention layer)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -385,6 +384,7 @@ FAMILIES: dict[str, Family] = {
     # Falcon-H1: Bamba's names; every layer attention (full rope) beside a Mamba-2 mixer, muP multipliers (models/falcon_h1.py)
     "falcon_h1": Family(("falcon_h1", "falcon-h1"), hybrid="falcon_h1", **_BAMBA_NAMES, embed_scale="embedding_multiplier", logit_key="lm_head_multiplier",
                         refused_keys=("attention_bias", "projectors_bias"), gguf={**_MAMBA2_GGUF, "ffn_norm": "pre_ff_layernorm.weight", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}}),
+    "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf=JAMBA_GGUF, names=JAMBA_NAMES, top_names={"model.final_layernorm.weight": "model.norm.weight"}),  # Mamba-1: models/mamba1.py
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
     # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)

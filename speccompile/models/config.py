@@ -18,10 +18,11 @@ from .llama4 import llama4_fields
 from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
 from .gated_delta_gguf import gated_delta_gguf_keys
+from .mamba1_gguf import mamba1_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
@@ -352,7 +353,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             moe=moe_from_hf(fam.moe, data),
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
-                     "falcon_h1": falcon_h1_from_hf}
+                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
@@ -430,7 +431,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
             rope_factors = None
         if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
             meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
-        shapes.update(falcon_h1_gguf_keys(meta, arch_name + ".", tensors or {}, source) if family(arch).hybrid == "falcon_h1" else {})
+        if family(arch).hybrid in ("mamba1", "falcon_h1"):  # from metadata and tensors: Jamba's layer periods (models/mamba1_gguf.py), Falcon-H1's sizes
+            shapes = (mamba1_gguf_keys if family(arch).hybrid == "mamba1" else falcon_h1_gguf_keys)(meta, arch_name + ".", tensors or {}, source)
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))

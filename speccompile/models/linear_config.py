@@ -6,9 +6,9 @@ SiLU, then per token the recurrence of transformers' `torch_recurrent_gated_delt
 key_head_dim, value_head_dim], and a gated RMSNorm of its output times SiLU(z) before out_proj. Its cache is
 (conv state [conv_dim, kernel - 1], recurrent state) instead of KV rows. The other layers are full attention with
 an output gate (q_proj doubled: per head q then gate; the output times sigmoid(gate) before o_proj). Other kinds of
-recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py) and Granite 4.0-H's and Bamba's
-Mamba-2 layers (models/mamba2.py), each with its config reader below; Falcon-H1's Mamba-2 mixer runs beside attention
-in every layer (`HybridConfig.parallel`, models/falcon_h1.py).
+recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py), Granite 4.0-H's and Bamba's
+Mamba-2 layers (models/mamba2.py) and Jamba's Mamba-1 layers (models/mamba1.py), each with its config reader below; Falcon-H1's Mamba-2
+mixer runs beside attention in every layer (`HybridConfig.parallel`, models/falcon_h1.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UnsupportedError
+from .weight_names import LLAMA_GGUF
 
 # roles of a linear layer's weights -> Hugging Face names (relative to `model.layers.{i}.`). Qwen3.5 stores q|k|v
 # and z (b and a) apart; Qwen3-Next fused, per key-head group, shown q|k|v|z (b|a) at load (models/hf_layouts.py)
@@ -38,6 +39,22 @@ MAMBA2_NAMES: dict[str, tuple[str, ...]] = {
     "ssm_a_log": ("mamba.A_log",), "ssm_dt_bias": ("mamba.dt_bias",), "ssm_d": ("mamba.D",), "ssm_norm": ("mamba.norm.weight",),
     "ssm_out": ("mamba.out_proj.weight",),
 }
+# a Mamba-1 layer's roles (Jamba: in_proj -> x | z, the conv1d and its bias, x_proj -> dt | B | C and their RMS norms'
+# gains, dt_proj and its bias, the SSM's A_log [inner, d_state] and D, out_proj)
+MAMBA1_NAMES: dict[str, tuple[str, ...]] = {
+    "ssm_in": ("mamba.in_proj.weight",), "ssm_conv": ("mamba.conv1d.weight",), "ssm_conv_bias": ("mamba.conv1d.bias",),
+    "ssm_x": ("mamba.x_proj.weight",), "ssm_dt_norm": ("mamba.dt_layernorm.weight",), "ssm_b_norm": ("mamba.b_layernorm.weight",),
+    "ssm_c_norm": ("mamba.c_layernorm.weight",), "ssm_dt": ("mamba.dt_proj.weight",), "ssm_dt_proj_bias": ("mamba.dt_proj.bias",),
+    "ssm_a_log": ("mamba.A_log",), "ssm_d": ("mamba.D",), "ssm_out": ("mamba.out_proj.weight",),
+}
+# a Jamba layer's names: the Mamba-1 layer's, the SwiGLU under feed_forward after pre_ff_layernorm (its experts: moe_config.py)
+JAMBA_NAMES = {**MAMBA1_NAMES, "gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"),
+               "down": ("feed_forward.down_proj.weight",), "post_norm": ("pre_ff_layernorm.weight",)}
+# llama.cpp's names of a Jamba layer's tensors (its `jamba` GGUF, models/mamba1_gguf.py; A stored as -exp(A_log):
+# models/mamba2_gguf.py ALogView): Llama's attention, the SwiGLU under feed_forward after pre_ff_layernorm, the Mamba-1 layer
+JAMBA_GGUF = {**LLAMA_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")},
+              **{f"ssm_{k}": f"mamba.{v}" for k, v in (("in", "in_proj"), ("conv1d", "conv1d"), ("x", "x_proj"), ("dt", "dt_proj"), ("a", "A_log"),
+                 ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}}
 
 
 @dataclass(frozen=True)
@@ -45,11 +62,13 @@ class HybridConfig:
     """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"
     (Qwen3-Next, Qwen3.5: conv and recurrent states), "short_conv" (LFM2: a conv state alone over `width` channels) or
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
-    `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes).
-    `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2 mixer on its normed input,
-    the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed y * SiLU(z), Granite), "none"
-    (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors folded into tensors at load (muP
-    multipliers: a layer tensor's name -> [rows, factor] runs of its rows, models/hf_layouts.py)."""
+    `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
+    or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
+    dt of rank `dt_rank`). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
+    y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
+    folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
+    models/hf_layouts.py)."""
 
     linear: list[bool] = field(default_factory=list)
     kind: str = "gated_delta"
@@ -59,7 +78,8 @@ class HybridConfig:
     k_dim: int = 0  # linear_key_head_dim
     v_dim: int = 0  # linear_value_head_dim
     conv_kernel: int = 4
-    conv_bias: bool = False  # a Mamba-2 conv1d's bias (mamba_conv_bias)
+    conv_bias: bool = False  # a Mamba conv1d's bias (mamba_conv_bias)
+    dt_rank: int = 0  # a Mamba-1 layer's dt rank (mamba_dt_rank)
     parallel: bool = False  # Falcon-H1: the Mamba-2 mixer beside each attention layer
     gate_norm: str = "gated"  # gated | none | before_gate (the Mamba-2 output's norm and gate)
     scales: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [rows, factor] runs, folded at load
@@ -74,8 +94,8 @@ class HybridConfig:
 
     @property
     def conv_dim(self) -> int:
-        """The conv1d's channels: q | k | v (a short conv: `width`)."""
-        return self.width if self.short_conv else 2 * self.key_dim + self.value_dim
+        """The conv1d's channels: q | k | v (a short conv, Mamba-1: `width`)."""
+        return self.width if self.short_conv or self.mamba1 else 2 * self.key_dim + self.value_dim
 
     @property
     def short_conv(self) -> bool:
@@ -85,10 +105,15 @@ class HybridConfig:
     def mamba2(self) -> bool:
         return self.kind == "mamba2"
 
+    @property
+    def mamba1(self) -> bool:
+        return self.kind == "mamba1"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
-        if self.mamba2:
-            return tuple(r for r in MAMBA2_NAMES if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
+        if self.mamba2 or self.mamba1:
+            names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
+            return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
         return tuple(SHORT_CONV_NAMES) if self.short_conv else LINEAR_ROLES
 
     def state_kinds(self) -> tuple[str, ...]:
@@ -97,7 +122,9 @@ class HybridConfig:
 
     def row_width(self) -> int:
         """A pending row's floats: its conv input (a gated delta net: and b, a; Mamba-2: and dt, and 1, the flag that
-        tells a row from the runtime's first zero row, which must leave the states as they are)."""
+        tells a row from the runtime's first zero row, which must leave the states as they are; Mamba-1: and 1)."""
+        if self.mamba1:
+            return self.conv_dim + 1
         return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)
 
     def fused_sizes(self) -> dict[str, list[int]]:
@@ -108,9 +135,9 @@ class HybridConfig:
         """A layer's conv state per sequence: the last kernel - 1 conv inputs, [conv_dim, kernel - 1]."""
         return (self.conv_dim, self.conv_kernel - 1)
 
-    def recurrent_state_shape(self) -> tuple[int, int, int]:
-        """A layer's recurrent state per sequence: [value heads, key_head_dim, value_head_dim]."""
-        return (self.num_v_heads, self.k_dim, self.v_dim)
+    def recurrent_state_shape(self) -> tuple[int, ...]:
+        """A layer's recurrent state per sequence: [value heads, key_head_dim, value_head_dim] (Mamba-1: [inner, d_state])."""
+        return (self.width, self.k_dim) if self.mamba1 else (self.num_v_heads, self.k_dim, self.v_dim)
 
 
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
@@ -190,6 +217,15 @@ def _infinite(value: Any) -> bool:
     return value == {"__float__": "Infinity"} or (isinstance(value, (int, float)) and value == float("inf"))
 
 
+def _refuse_mamba_keys(data: dict[str, Any], source: str, kind: str) -> None:
+    """UnsupportedError where a Mamba hybrid's config.json has an activation other than SiLU (the conv's and the MLP's)
+    or projection biases (mamba_proj_bias)."""
+    if str(data.get("hidden_act", "silu")) != "silu":
+        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a {kind} hybrid model")
+    if data.get("mamba_proj_bias"):
+        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+
+
 def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a Granite 4.0-H (granitemoehybrid) or Bamba config.json: `hybrid` ("mamba" /
     "linear_attention" layers are Mamba-2, "attention" / "full_attention" or Bamba's attn_layer_indices attention), NoPE
@@ -202,10 +238,7 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     other = sorted(set(types) - set(kinds))
     if other:
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in a Mamba-2 hybrid model")
-    if str(data.get("hidden_act", "silu")) != "silu":
-        raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Mamba-2 hybrid model")
-    if data.get("mamba_proj_bias"):
-        raise UnsupportedError(f"{source}: mamba_proj_bias true (in_proj / out_proj biases) is not supported")
+    _refuse_mamba_keys(data, source, "Mamba-2")
     limit = data.get("time_step_limit")
     if limit is not None and not (len(limit) == 2 and limit[0] == 0 and _infinite(limit[1])):
         raise UnsupportedError(f"{source}: time_step_limit {limit!r} (a clamped dt) is not supported (0, inf)")
@@ -223,3 +256,20 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     dense = {"intermediate_size": int(data["shared_intermediate_size"])} if "shared_intermediate_size" in data and not data["num_local_experts"] else {}
     nope = {} if data.get("position_embedding_type") == "rope" else {"nope_layers": list(range(layers))}
     return dict(hybrid=hybrid, **dense, **nope)
+
+
+def mamba1_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """ModelConfig fields of a Jamba config.json: `hybrid` (layer i attention where i % attn_layer_period ==
+    attn_layer_offset, else Mamba-1, as transformers' `layers_block_type`), every layer NoPE (Jamba's attention has no
+    positions); projection biases (mamba_proj_bias), an activation other than SiLU and no attention layer refused."""
+    period, offset = int(data.get("attn_layer_period", 8)), int(data.get("attn_layer_offset", 4))  # transformers' defaults
+    _refuse_mamba_keys(data, source, "Mamba-1")
+    hidden = int(data["hidden_size"])
+    rank = data.get("mamba_dt_rank", "auto")
+    hybrid = HybridConfig(linear=[i % period != offset for i in range(layers)], kind="mamba1",
+                          width=int(data.get("mamba_expand") or 2) * hidden, k_dim=int(data.get("mamba_d_state") or 16),
+                          conv_kernel=int(data.get("mamba_d_conv") or 4), conv_bias=bool(data.get("mamba_conv_bias", True)),
+                          dt_rank=-(-hidden // 16) if rank == "auto" else int(rank))
+    if all(hybrid.linear):
+        raise _no_attention(source)
+    return dict(hybrid=hybrid, nope_layers=list(range(layers)))

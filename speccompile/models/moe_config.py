@@ -5,8 +5,8 @@ every expert per token; the token goes through its `top_k` experts (SwiGLU MLPs 
 outputs are summed, each weighted by its routing weight; Qwen2-MoE adds a shared expert weighted by
 sigmoid(shared_expert_gate(x)). Routing weights, by family:
 
-* `softmax_topk` (Qwen2/3-MoE, Mixtral, Hunyuan): softmax over all experts, the top k, renormalised to sum 1 when
-  `norm_topk_prob` (Mixtral always);
+* `softmax_topk` (Qwen2/3-MoE, Mixtral, Hunyuan, Jamba): softmax over all experts, the top k, renormalised to sum 1
+  when `norm_topk_prob` (Mixtral always, Jamba never);
 * `topk_softmax` (gpt-oss, Granite-MoE, Cohere 2 MoE's "softmax"): the top k router logits, softmax over those k;
 * `topk_sigmoid` (Cohere 2 MoE's "sigmoid"): the top k router logits, their sigmoids, renormalised to sum 1 when
   `norm_topk_prob`;
@@ -301,6 +301,14 @@ def _nemotron_h_moe(data: dict[str, Any], layers: int) -> MoeConfig | None:
 _LAYERED = {"llama4": _llama4_moe, "lfm2_moe": _lfm2_moe, "afmoe": _afmoe_moe}  # MoE kinds read by a function of (data, experts, top_k, layers)
 
 
+def _jamba_moe(data: dict[str, Any], layers: int) -> MoeConfig | None:
+    """Jamba: softmax top k, not renormalised, every expert_layer_period-th layer from expert_layer_offset (the router
+    `feed_forward.router`; transformers' defaults where absent); one expert: every layer a dense SwiGLU (None)."""
+    experts, period, offset = (int(data.get(k, d)) for k, d in (("num_experts", 16), ("expert_layer_period", 2), ("expert_layer_offset", 1)))
+    return MoeConfig(experts, int(data.get("num_experts_per_tok", 2)), int(data["intermediate_size"]), "softmax_topk", block="feed_forward",
+                     router="router", dense_layers=tuple(i for i in range(layers) if i % period != offset)) if experts > 1 else None
+
+
 def _uniform(data: dict[str, Any], key: str) -> int:
     """An int config key that may be a per-layer list (Hunyuan's moe_topk); a list of different values is refused."""
     value = data[key]
@@ -321,8 +329,8 @@ def _top_k(kind: str, data: dict[str, Any]) -> int:
 def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     """The MoE layer of a config.json whose family's MLP kind is `kind` (models/architectures.py; "" dense: None);
     KeyError when a key is missing."""
-    if kind == "nemotron_h":  # its experts by the block pattern (models/nemotron_h.py); none: dense (Nemotron Nano 2)
-        return _nemotron_h_moe(data, int(data["num_hidden_layers"]))
+    if kind in ("nemotron_h", "jamba"):  # experts by the block pattern (models/nemotron_h.py) or Jamba's layer period; none: dense
+        return (_nemotron_h_moe if kind == "nemotron_h" else _jamba_moe)(data, int(data["num_hidden_layers"]))
     experts = data.get("num_experts", data.get("num_local_experts"))
     top_k = _top_k(kind, data)
     layers = int(data["num_hidden_layers"])

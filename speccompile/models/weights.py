@@ -325,7 +325,8 @@ class GGUFSource(WeightSource):
             shape = shape[1:]  # a bias is 1-D (llama.cpp keeps ERNIE 4.5 MoE's score bias [1, experts])
         elif len(shape) == 2 and name.endswith(("conv.conv.weight", "conv1d.weight")):
             shape = (shape[0], 1, shape[1])  # llama.cpp keeps a depthwise conv [channels, 1, kernel] as [channels, kernel] (LFM2, Mamba-2)
-        elif len(shape) == 2 and name.endswith(tuple(f"{m}.{t}" for m in ("mamba", "mixer") for t in ("A_log", "D", "norm.weight"))):
+        elif len(shape) == 2 and name.endswith(tuple(f"{m}.{t}" for m in ("mamba", "mixer") for t in ("A_log", "D", "norm.weight"))) \
+                and (shape[1] == 1 or name.endswith("norm.weight")):  # (Mamba-1's A_log [inner, d_state] stays 2-D)
             shape = (shape[0] * shape[1],)  # llama.cpp's Mamba-2 A and D [heads, 1], the gated norm's gain [groups, inner / groups] (Nemotron-H: mixer.)
         return TensorInfo(shape, np.dtype(np.float32))
 
