@@ -109,6 +109,10 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # every NemotronHConfig, so the converter writes both as nemotron_h_moe, the MLP blocks' feed_forward_length 0 (their
     # width: ffn_up); the nemotron_h files older transformers gave: test_hybrid's test_nemotron_h_gguf_metadata_and_refusals
     **{name: HYBRID[name] for name in ("nemotron_h", "nemotron_h_moe")},
+    # Falcon-40B / 180B's layout (KV groups, ln_attn / ln_mlp): the converter regroups the qkv q | k | v. (Falcon-7B's
+    # multi-query layout: the converter reads the KV groups from transformers' config, which fills num_kv_heads with
+    # the query heads, and fails on the tensor; its GGUF keys: tests/test_families.py)
+    "falcon-grouped": FAMILIES["falcon-grouped"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }

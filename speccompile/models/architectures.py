@@ -279,6 +279,15 @@ FAMILIES: dict[str, Family] = {
                        mlp_act="gelu", act_key="hidden_act", names=_NEOX_NAMES, prefix="gpt_neox.", qkv_per_head=True,
                        top_names={"model.embed_in.weight": "model.embed_tokens.weight", "model.final_layer_norm.weight": "model.norm.weight",
                                   "model.final_layer_norm.bias": "model.norm.bias", "embed_out.weight": "lm_head.weight"}),
+    # Falcon: attention and a plain MLP on one or two LayerNorms of the same input, or pre norms (models/falcon.py), the
+    # fused qkv per KV group (multi-query, grouped or per head), biases by `bias`, a tied head
+    "falcon": Family(("falcon",), norm="layer", norm_bias=True, placement="parallel2", mlp_gated=False, mlp_act="gelu", act_key="activation",
+                     bias_keys={"qkv": "bias", "o": "bias", "mlp": "bias"}, prefix="transformer.", layers_key="h", qkv_per_head=True,
+                     gguf={"attn_norm": "input_layernorm", "attn_norm_2": "post_attention_layernorm", "attn_qkv": "self_attention.query_key_value",
+                           "attn_output": "self_attention.dense", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                     config_keys={"layer_norm_epsilon": "layer_norm_eps"},
+                     names={**_NEOX_NAMES, **{k: (v[0].replace("attention.", "self_attention."),) for k, v in _NEOX_NAMES.items() if k.startswith(("qkv", "o_"))}},
+                     top_names={"model.word_embeddings.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight", "model.ln_f.bias": "model.norm.bias"}),
     # Command R v1: Cohere 2's parallel LayerNorm block without sliding layers; its per-head q/k LayerNorms (a gain per head: Command R+) are not built
     "cohere": Family(("cohere", "command-r"), norm="layer", placement="parallel", rope_interleaved=True, logit_key="logit_scale",
                      gguf_keys={"logit_scale": "logit_scale"}, bias_keys={"o": "attention_bias"}, refused_keys=("use_qk_norm",)),

@@ -22,6 +22,7 @@ from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import HybridConfig, hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .falcon import falcon_gguf_keys, falcon_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -318,6 +319,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     fam = family(arch)
     try:
         data = nemotron_h_keys(family_keys(data, fam), source) if fam.hybrid == "nemotron_h" else family_keys(data, fam)
+        data = falcon_keys(data, source) if arch == "falcon" else data
         if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
             data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
         if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
@@ -424,6 +426,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
         if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
             meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
+        if arch == "falcon":  # its norms and KV groups from the tensors (models/falcon.py)
+            data.update(falcon_gguf_keys(data, tensors or {}))
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))
     except KeyError as exc:

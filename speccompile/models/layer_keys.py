@@ -73,7 +73,10 @@ def kv_heads(data: dict[str, Any], fam: Family, heads: int, source: str) -> int:
 
 
 def placement(data: dict[str, Any], fam: Family) -> str:
-    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre)."""
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre),
+    or the one a family's key reader chose (`_placement`: models/falcon.py)."""
+    if "_placement" in data:
+        return str(data["_placement"])
     if not fam.parallel_key or data.get(fam.parallel_key) is None:
         return fam.placement
     return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
