@@ -118,6 +118,10 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     **{name: HYBRID[name] for name in ("jamba", "jamba_dense")},
     # Falcon-H1 (llama.cpp's falcon-h1): every multiplier folded into the tensors by the converter, Mamba-2 as `ssm_*`
     "falcon_h1": HYBRID["falcon_h1"],
+    # Falcon-40B / 180B's layout (KV groups, ln_attn / ln_mlp): the converter regroups the qkv q | k | v. (Falcon-7B's
+    # multi-query layout: the converter reads the KV groups from transformers' config, which fills num_kv_heads with
+    # the query heads, and fails on the tensor; its GGUF keys: tests/test_families.py)
+    "falcon-grouped": FAMILIES["falcon-grouped"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
