@@ -18,6 +18,7 @@ WINDOW = 8  # sliding families: shorter than the 26-token test sequence
 _TWO = ["sliding_attention", "full_attention"]
 MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32.0,
                    "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}
+UNSET = object()  # a config key left out of make_family_model's defaults
 FAMILIES = {  # model_type -> config overrides of the tiny shape
     "llama": {},
     "llama-yarn": dict(model_type="llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
@@ -92,6 +93,11 @@ FAMILIES = {  # model_type -> config overrides of the tiny shape
     "granitemoeshared": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, shared_intermediate_size=48),
     # two biased LayerNorms of one input (parallel residual), per-head fused qkv, exact GELU, partial rotary 0.25;
     # gpt_neox-seq: use_parallel_residual false (pre norms), gelu_new
+    # Falcon-7B: multi-query, attention and the MLP on one LayerNorm; Falcon-40B / 180B (falcon-grouped): KV groups in
+    # the fused qkv, ln_attn / ln_mlp; falcon-seq: pre norms (parallel_attn false), a fused qkv per head, biases
+    "falcon": dict(head_dim=UNSET, num_key_value_heads=UNSET, intermediate_size=UNSET, ffn_hidden_size=96),
+    "falcon-grouped": dict(model_type="falcon", head_dim=UNSET, num_key_value_heads=UNSET, new_decoder_architecture=True, num_kv_heads=2),
+    "falcon-seq": dict(model_type="falcon", head_dim=UNSET, num_key_value_heads=UNSET, multi_query=False, parallel_attn=False, bias=True),
     "gpt_neox": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=64, rotary_pct=0.25),
     "gpt_neox-seq": dict(model_type="gpt_neox", num_attention_heads=2, num_key_value_heads=2, head_dim=32, rotary_pct=0.5,
                          use_parallel_residual=False, hidden_act="gelu_new"),
@@ -243,6 +249,7 @@ def make_family_model(folder, name: str, seed: int = 0, families: dict | None = 
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
                   pad_token_id=0)
     kwargs.update(overrides)
+    kwargs = {k: v for k, v in kwargs.items() if v is not UNSET}  # keys a config does not take (Falcon's head_dim)
     config = transformers.AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -429,6 +436,41 @@ def test_gptneox_gguf_reads_as_gpt_neox(tmp_path, parallel):
     check_weights(model.config, model.weights)
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     _check_torch_reference(tmp_path / "model.gguf", hf, seq, f"gptneox gguf (parallel {parallel})")
+
+
+def test_falcon_7b_gguf_reads_as_falcon(tmp_path):
+    """A `falcon` GGUF of Falcon-7B's layout (one KV head, one norm `attn_norm`, qkv rows q | k | v as llama.cpp's
+    converter regroups them) reads as the table's falcon, parallel on one norm; the torch reference matches
+    transformers at every position. (Falcon-40B's layout against llama.cpp's own converter: tests/test_gguf_llamacpp.py;
+    today's converter cannot write the multi-query one: it takes transformers' num_kv_heads for the KV groups.)"""
+    from speccompile.export.recipes import check_weights
+    from speccompile.models.load import load_model
+
+    from conftest import write_gguf
+
+    hf = make_family_model(tmp_path / "hf", "falcon")
+    write_gguf(tmp_path / "model.gguf", tmp_path / "hf", arch="falcon")
+    model = load_model(str(tmp_path / "model.gguf"))
+    assert (model.config.architecture, model.config.placement, model.config.num_key_value_heads) == ("falcon", "parallel", 1)
+    check_weights(model.config, model.weights)
+    _check_torch_reference(tmp_path / "model.gguf", hf, [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)], "falcon gguf")
+
+
+def test_falcon_config_keys_and_refusals():
+    """Falcon's config.json as transformers reads it: the placement and KV heads of each layout (a stored
+    num_key_value_heads, which transformers' attention ignores, too), the MLP width ffn_hidden_size; ALiBi refused."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    base = dict(model_type="falcon", hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=TINY_VOCAB,
+                num_key_value_heads=3, ffn_hidden_size=80)
+    for keys, placement, kv in ((dict(), "parallel", 1), (dict(new_decoder_architecture=True, num_kv_heads=2), "parallel2", 2),
+                                (dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1), "parallel", 2),
+                                (dict(multi_query=False, parallel_attn=False), "pre", 4)):
+        config = config_from_hf({**base, **keys}, "config.json")
+        assert (config.placement, config.num_key_value_heads, config.intermediate_size) == (placement, kv, 80), keys
+    with pytest.raises(UnsupportedError, match="falcon with alibi is not supported"):
+        config_from_hf({**base, "alibi": True}, "config.json")
 
 
 def test_gemma4_config_keys_and_what_is_refused():

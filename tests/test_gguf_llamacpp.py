@@ -116,6 +116,12 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # Jamba (llama.cpp's jamba): Mamba-1 where head_count_kv is 0, A as -exp(A_log) [inner, d_state], the experts' layers
     # told by their router ffn_gate_inp (no period in the metadata); and one expert (every MLP dense), no conv bias
     **{name: HYBRID[name] for name in ("jamba", "jamba_dense")},
+    # Falcon-H1 (llama.cpp's falcon-h1): every multiplier folded into the tensors by the converter, Mamba-2 as `ssm_*`
+    "falcon_h1": HYBRID["falcon_h1"],
+    # Falcon-40B / 180B's layout (KV groups, ln_attn / ln_mlp): the converter regroups the qkv q | k | v. (Falcon-7B's
+    # multi-query layout: the converter reads the KV groups from transformers' config, which fills num_kv_heads with
+    # the query heads, and fails on the tensor; its GGUF keys: tests/test_families.py)
+    "falcon-grouped": FAMILIES["falcon-grouped"],
     # pure Mamba-2 (llama.cpp's mamba2: no attention head at all, the blocks' norm as attn_norm, A as -exp(A_log))
     "mamba2": HYBRID["mamba2"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,

@@ -22,6 +22,9 @@ _MAMBA2 = dict(num_hidden_layers=4, mamba_n_heads=8, mamba_n_groups=2, mamba_d_s
 _GRANITE_H = dict(_MAMBA2, layer_types=["mamba", "mamba", "mamba", "attention"], intermediate_size=32, shared_intermediate_size=48,
                   position_embedding_type="nope", embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5,
                   logits_scaling=2.0)
+_FALCON_H1 = dict(_MAMBA2, mamba_d_ssm=128, embedding_multiplier=2.0, lm_head_multiplier=0.5, attention_in_multiplier=0.8,
+                  key_multiplier=0.6, attention_out_multiplier=0.9, ssm_in_multiplier=1.2, ssm_out_multiplier=0.7,
+                  ssm_multipliers=[0.9, 1.1, 0.8, 1.3, 0.6], mlp_multipliers=[0.75, 1.25])
 HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), layer 3 gated full attention (rotary on 16 of
     # its 32 dims: GroupQueryAttention's rotary needs a multiple of 16)
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
@@ -51,6 +54,10 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                        mamba_num_heads=8, n_groups=2, ssm_state_size=16, mamba_head_dim=16, conv_kernel=4),
     # Nemotron 3 Nano: blocks M E M - M * E, table layers (M E) (M -) (M) (* E): ungated relu2 experts (8, top 2, sigmoid
     # routing with a score bias, scaled 2.5) and an ungated relu2 shared expert on layers 0 and 3, a dense MLP, an MLP-less layer
+    # Falcon-H1: every layer attention (rope) beside a Mamba-2 mixer (as Granite's; its output y * SiLU(z), unnormed), a
+    # SwiGLU; muP multipliers, none of them 1 (falcon_h1_norm: the mixer's group norm before the gate, mamba_rms_norm)
+    "falcon_h1": dict(_FALCON_H1),
+    "falcon_h1_norm": dict(_FALCON_H1, model_type="falcon_h1", mamba_rms_norm=True, mamba_norm_before_gate=True),
     "nemotron_h_moe": dict(model_type="nemotron_h", hybrid_override_pattern="MEM-M*E", mamba_num_heads=8, n_groups=2, ssm_state_size=16,
                            mamba_head_dim=16, conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                            moe_shared_expert_intermediate_size=64, routed_scaling_factor=2.5),
@@ -88,9 +95,12 @@ def _pass(decoder, ids: list[int], start: int, past: list) -> tuple[np.ndarray, 
     with torch.no_grad():
         out = decoder(torch.tensor([ids]), torch.arange(start, start + q)[None], mask, *past)
     presents, committed = list(out[1:]), []
-    for i in range(decoder.config.num_hidden_layers):
-        pair = presents[2 * i:2 * i + 2]
+    for i in range(decoder.config.num_hidden_layers):  # a parallel mixer's (Falcon-H1) states after the layer's keys, values
+        pair, presents = presents[:2], presents[2:]
         committed += [t[:, -1] for t in pair] if decoder.config.linear(i) else pair
+        if decoder.config.parallel_mixer(i):
+            committed += [t[:, -1] for t in presents[:2]]
+            presents = presents[2:]
     return out[0][0].numpy(), committed
 
 
@@ -98,7 +108,9 @@ def _pass(decoder, ids: list[int], start: int, past: list) -> tuple[np.ndarray, 
 def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
-    assert [decoder.config.linear(i) for i in range(4)] == [True, True, True, name in ATTENTION_FREE]
+    parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
+    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [True, True, True, name in ATTENTION_FREE])
+    assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)
     logits, _ = _pass(decoder, seq, 0, decoder.empty_past())
@@ -152,7 +164,7 @@ def _partly_right(plain: list[int], width: int):
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", *ATTENTION_FREE])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -208,6 +220,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")),
+                                                ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
@@ -521,6 +534,71 @@ def test_bamba_config_keys():
     assert cfg.embed_scale == 1.0 and cfg.residual_scale == 1.0 and cfg.logit_scale == 1.0
     with pytest.raises(UnsupportedError, match="bamba.json: bamba with mlp_bias"):
         config_from_hf(dict(data, mlp_bias=True), "bamba.json")
+
+
+def test_falcon_h1_config_keys_and_refusals():
+    """A Falcon-H1-0.5B-shaped config.json (its sizes and multipliers as recalled, no hub here to read the file): every layer
+    attention (full rope) with a Mamba-2 mixer beside it of mamba_d_ssm channels (not mamba_expand x hidden), its output
+    unnormed; the embedding and LM head multipliers as the table's scales, the others folded into the projections' rows;
+    the gate norm by mamba_rms_norm / mamba_norm_before_gate; what is not built refused in one line naming the file and key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    ssm = [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738]
+    data = dict(model_type="falcon_h1", vocab_size=32784, hidden_size=1024, intermediate_size=2048, num_hidden_layers=36,
+                num_attention_heads=8, num_key_value_heads=2, head_dim=64, mamba_d_ssm=1536, mamba_n_heads=24, mamba_d_head=64,
+                mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=128, mamba_conv_bias=True,
+                mamba_proj_bias=False, mamba_norm_before_gate=False, mamba_rms_norm=False, rope_theta=1e11, rms_norm_eps=1e-5,
+                embedding_multiplier=5.65625, lm_head_multiplier=0.0390625, attention_in_multiplier=1.0, attention_out_multiplier=0.9375,
+                key_multiplier=0.390625, ssm_in_multiplier=1.25, ssm_out_multiplier=0.2357, ssm_multipliers=ssm,
+                mlp_multipliers=[0.8838834764831844, 0.5859375], projectors_bias=False, attention_bias=False, mlp_bias=False,
+                tie_word_embeddings=False, hidden_act="silu", max_position_embeddings=16384, time_step_limit=[0.0, float("inf")])
+    cfg = config_from_hf(data, "fh1.json")
+    hy = cfg.hybrid
+    assert not any(map(cfg.linear, range(36))) and all(map(cfg.parallel_mixer, range(36))) and cfg.nope_layers == []
+    assert hy.mamba2 and hy.parallel and hy.gate_norm == "none" and hy.value_dim == 1536 and hy.recurrent_state_shape() == (24, 128, 64)
+    assert "ssm_in" in cfg.layer_roles(0) and "qkv" in cfg.layer_roles(0) and "ssm_norm" not in cfg.layer_roles(0)
+    assert (cfg.embed_scale, cfg.logit_scale, cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) == (5.65625, 0.0390625, 64, 0, 1e11)
+    assert hy.scales["mamba.in_proj.weight"] == [[1536, ssm[0] * 1.25], [1536, 0.3125], [128, ssm[2] * 1.25], [128, 0.625], [24, ssm[4] * 1.25]]
+    assert hy.scales["self_attn.k_proj.weight"] == [[128, 0.390625]] and "self_attn.q_proj.weight" not in hy.scales  # all 1: none
+    assert hy.scales["feed_forward.down_proj.weight"] == [[1024, 0.5859375]] and hy.scales["mamba.out_proj.weight"] == [[1024, 0.2357]]
+    for norm, before, gate in ((True, False, "gated"), (True, True, "before_gate")):
+        assert config_from_hf(dict(data, mamba_rms_norm=norm, mamba_norm_before_gate=before), "fh1.json").hybrid.gate_norm == gate
+    assert config_from_hf(dict(data, mamba_d_ssm=None, mamba_d_head="auto", mamba_n_heads=32), "fh1.json").hybrid.value_dim == 2048
+    for key, value, said in (("attention_bias", True, "fh1.json: falcon_h1 with attention_bias"),
+                             ("projectors_bias", True, "fh1.json: falcon_h1 with projectors_bias"),
+                             ("mamba_proj_bias", True, "fh1.json: mamba_proj_bias true"), ("mlp_bias", True, "fh1.json: falcon_h1 with mlp_bias"),
+                             ("time_step_limit", [0.001, 0.1], "fh1.json: time_step_limit"), ("hidden_act", "gelu", "fh1.json: hidden_act 'gelu'")):
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_hf(dict(data, **{key: value}), "fh1.json")
+        assert "\n" not in str(info.value)
+
+
+def test_falcon_h1_gguf_metadata_and_refusals():
+    """llama.cpp's falcon-h1 metadata (the converter folds every multiplier into the tensors): the Mamba-2 sizes from
+    `ssm.*` beside attention in every layer, no multiplier left, the conv bias from the file's tensors; a file with the
+    mixer's norm (its order against the gate not recorded) or without an output tensor refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf
+
+    p = "falcon-h1."
+    meta = {"general.architecture": "falcon-h1", p + "block_count": 3, p + "embedding_length": 64, p + "attention.head_count": 4,
+            p + "attention.head_count_kv": 2, p + "attention.key_length": 16, p + "feed_forward_length": 128, p + "vocab_size": 256,
+            p + "attention.layer_norm_rms_epsilon": 1e-5, p + "rope.freq_base": 1e11, p + "ssm.conv_kernel": 4, p + "ssm.state_size": 16,
+            p + "ssm.group_count": 2, p + "ssm.inner_size": 96, p + "ssm.time_step_rank": 6}
+    tensors = {"output.weight": (256, 64), **{f"blk.{b}.ssm_in.weight": (262, 64) for b in range(3)}}
+    cfg = config_from_gguf(meta, True, False, "fh1.gguf", tensors=tensors)
+    hy = cfg.hybrid
+    assert cfg.architecture == "falcon_h1" and all(map(cfg.parallel_mixer, range(3))) and not any(map(cfg.linear, range(3)))
+    assert (hy.value_dim, hy.num_v_heads, hy.v_dim, hy.num_k_heads, hy.k_dim, hy.conv_bias, hy.gate_norm) == (96, 6, 16, 2, 16, False, "none")
+    assert hy.scales == {} and (cfg.embed_scale, cfg.logit_scale, cfg.rope_theta, cfg.head_dim) == (1.0, 1.0, 1e11, 16)
+    assert config_from_gguf(meta, True, False, "fh1.gguf", tensors={**tensors, "blk.0.ssm_conv1d.bias": (160,)}).hybrid.conv_bias
+    for change, said in (({"blk.0.ssm_norm.weight": (2, 48)}, "fh1.gguf: a falcon-h1 GGUF with ssm_norm"),
+                         ({"output.weight": None}, "fh1.gguf: a falcon-h1 GGUF without output.weight")):
+        names = {k: v for k, v in {**tensors, **change}.items() if v is not None}
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_gguf(meta, "output.weight" in names, False, "fh1.gguf", tensors=names)
+        assert "\n" not in str(info.value)
 
 
 _NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"  # Nemotron-H-8B-Base-8K's: 24 M, 4 *, 24 -

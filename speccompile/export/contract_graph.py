@@ -34,7 +34,7 @@ from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altu
 from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import GraphBuilder, value
-from .linear_ops import gated, gated_qkv, linear_layer, present_names, state_values
+from .linear_ops import gated, gated_qkv, linear_layer, parallel_mixer, present_names, state_values
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, latent_scores
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
 from .per_layer_ops import per_layer_block, per_layer_inputs
@@ -157,7 +157,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
               value("attention_mask", TensorProto.BOOL, ["batch", "q_len", "total_len"])]
     for i in range(count):
         inputs += state_values(cfg, i, g.elem, past=True) if cfg.linear(i) else [value(f"past_key_values.{i}.{kind}", g.elem, ["batch", cfg.layer(i).num_key_value_heads, "past_len", cfg.layer(i).head_dim])
-                   for kind in ("key", "value")]
+                   for kind in ("key", "value")] + (state_values(cfg, i, g.elem, past=True) if cfg.parallel_mixer(i) else [])
     return b.model("main_graph", inputs, graph_outputs, {"": OPSET})
 
 
@@ -252,7 +252,7 @@ def _layer(g: _Graph, i: int, x: str) -> str:
         h = norm("input_norm", x)
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
     mixer = (lambda h: linear_layer(g.emitter(f"{scope}/linear_attn"), cfg, i, h, lambda role: g.role(i, role))) if cfg.linear(i) \
-        else (lambda h: _attention(g, i, h))
+        else (lambda h: parallel_mixer(g.emitter(f"{scope}/mamba"), cfg, i, h, _attention(g, i, h), lambda role: g.role(i, role)))
     x = add(x, norm("post_attn_norm", mixer(norm("input_norm", x))))
     if cfg.has_mlp(i):  # Nemotron-H: a layer may be its mixer alone
         x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))

@@ -19,7 +19,7 @@ def outputs(model: DecoderWeights, elem: int, presents: list[str], taps: int) ->
     outputs = [value("logits", TensorProto.FLOAT, ["batch", "q_len", cfg.vocab_size])]
     for name in presents:
         layer = int(name.split(".")[1])
-        if cfg.linear(layer):  # a gated delta net's states after each row (export/linear_ops.py)
+        if name.startswith("present_state."):  # a recurrent layer's (or parallel mixer's) states (export/linear_ops.py)
             outputs += [v for v in state_values(cfg, layer, elem, past=False) if v.name == name]
         else:
             outputs.append(value(name, elem, ["batch", cfg.layer(layer).num_key_value_heads, "total_len", cfg.layer(layer).head_dim]))

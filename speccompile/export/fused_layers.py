@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto
 
 from .activations import activation
-from .linear_ops import gated, gated_qkv, linear_block
+from .linear_ops import gated, gated_qkv, linear_block, parallel_block
 from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altup_streams, gaussian_topk, soft_tokens
 from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
@@ -191,7 +191,7 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
     attn = n("MatMul", [_projected(f, i, "attn_sub_norm", out), f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
     if cfg.o_proj_bias:
         attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
-    return attn, layer_presents
+    return parallel_block(f.emitter(), cfg, i, h, attn, layer_presents, lambda role: f.layer_weight(i, f"mamba.{role}", role))  # Falcon-H1
 
 
 def _altup_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None, slots: SlotInputs | None,

@@ -40,10 +40,18 @@ def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.V
 
 
 def present_names(cfg: ModelConfig, i: int) -> list[str]:
-    """Layer i's cache outputs: a recurrent layer's states and rows, else its key and value rows."""
+    """Layer i's cache outputs: a recurrent layer's states and rows, else its key and value rows (and, a parallel
+    mixer beside its attention: Falcon-H1, its states and rows after them)."""
+    states = [f"present_state.{i}.{kind}" for kind in cfg.hybrid.state_kinds()] if cfg.hybrid is not None else []
     if cfg.linear(i):
-        return [f"present_state.{i}.{kind}" for kind in cfg.hybrid.state_kinds()]
-    return [f"present.{i}.key", f"present.{i}.value"]
+        return states
+    return [f"present.{i}.key", f"present.{i}.value", *(states if cfg.parallel_mixer(i) else [])]
+
+
+def parallel_mixer(em: Emitter, cfg: ModelConfig, i: int, h: str, attn: str, role: Callable[[str], str]) -> str:
+    """Layer i's attention output `attn`, plus (Falcon-H1: `ModelConfig.parallel_mixer`) its Mamba-2 mixer's output of
+    the same normed input `h`, whose states and rows are outputs of the graph (`present_names`); no node otherwise."""
+    return em.one("Add", [attn, mamba2_layer(em, cfg, i, h, role)]) if cfg.parallel_mixer(i) else attn
 
 
 def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
@@ -69,6 +77,12 @@ def gated(em: Emitter, out: str, gate: str) -> str:
 def linear_block(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> tuple[str, list[str]]:
     """`linear_layer` and the layer's outputs (its states and rows) in the place of the KV presents."""
     return linear_layer(em, cfg, i, h, role), present_names(cfg, i)
+
+
+def parallel_block(em: Emitter, cfg: ModelConfig, i: int, h: str, attn: str, presents: list[str],
+                   role: Callable[[str], str]) -> tuple[str, list[str]]:
+    """`parallel_mixer` and the layer's outputs: its KV `presents`, then (Falcon-H1) the mixer's states and rows."""
+    return parallel_mixer(em, cfg, i, h, attn, role), [*presents, *present_names(cfg, i)[2:]]
 
 
 def _silu(em: Emitter, x: str) -> str:

@@ -8,7 +8,9 @@ rows into the states (`present_state.{i}.conv` / `.recurrent`), a second runs th
 window, SiLU, the decay, the outer product, the readout: elementwise ops and reductions, no MatMul), so a row's
 readout and states are the same bits in every pass. The trailing 1 tells a row from the runtime's first pending row,
 all zeros (runtime/state_cache.py): its dt is multiplied by it, so that row leaves the zero states as they are although
-the conv bias makes its x and B nonzero. The gated group norm and out_proj run on the pass's readouts.
+the conv bias makes its x and B nonzero. The gated group norm (Falcon-H1: none, or the norm before the gate:
+`HybridConfig.gate_norm`) and out_proj run on the pass's readouts. Falcon-H1 runs this layer beside attention
+(export/linear_ops.py `parallel_mixer`).
 """
 
 from __future__ import annotations
@@ -39,12 +41,20 @@ def mamba2_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     pending = em.op("Split", [f"past_state.{i}.rows", c("mamba2.rows", [hy.conv_dim, hy.num_v_heads, 1])], 3, axis=-1)
     _scan(em, cfg, i, "fold", [f"past_state.{i}.conv", f"past_state.{i}.recurrent"], weights, pending, states)
     y = _scan(em, cfg, i, "rows", states, weights, [xbc, dt, flag])  # [b, q, heads, head_dim]
-    gated = em.one("Mul", [em.one("Reshape", [y, c("mamba2.inner", [0, 0, hy.value_dim])]), em.one("Mul", [z, em.one("Sigmoid", [z])])])
+    y = em.one("Reshape", [y, c("mamba2.inner", [0, 0, hy.value_dim])])
+
+    def gate() -> str:  # SiLU(z), written where each form uses it
+        return em.one("Mul", [z, em.one("Sigmoid", [z])])
+
+    if hy.gate_norm == "none":  # Falcon-H1 without mamba_rms_norm: y * SiLU(z)
+        return em.one("MatMul", [em.one("Mul", [y, gate()]), role("ssm_out")])
+    gated = y if hy.gate_norm == "before_gate" else em.one("Mul", [y, gate()])
     parts = em.one("Reshape", [gated, c("mamba2.groups", [0, 0, hy.num_k_heads, hy.value_dim // hy.num_k_heads])])
     square = em.one("ReduceMean", [em.one("Pow", [parts, c("mamba2.two", 2.0, np.float32)]), c("mamba2.last", [-1])], keepdims=1)
     root = em.one("Sqrt", [em.one("Add", [square, c("mamba2.eps", cfg.rms_norm_eps, np.float32)])])
     normed = em.one("Mul", [parts, em.one("Div", [c("mamba2.unit", 1.0, np.float32), root])])
     normed = em.one("Mul", [role("ssm_norm"), em.one("Reshape", [normed, c("mamba2.inner", [0, 0, hy.value_dim])])])
+    normed = em.one("Mul", [normed, gate()]) if hy.gate_norm == "before_gate" else normed  # Falcon-H1's norm_before_gate
     return em.one("MatMul", [normed, role("ssm_out")])
 
 

@@ -224,6 +224,7 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
         for b in range(slots or 1):
             past = f"past_key_values.{i}.{b}" if slots else f"past_key_values.{i}"
             inputs += [value(f"{past}.{kind}", f.elem, cache_shape) for kind in ("key", "value")]
+        inputs += state_values(model.config, i, f.elem, past=True) if model.config.parallel_mixer(i) else []  # Falcon-H1's mixer
     graph = helper.make_graph(f.n.nodes, "speccompile_ort_fused", inputs, outputs, f.inits)
     model_proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)])
     model_proto.producer_name = "speccompile"

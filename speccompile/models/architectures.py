@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
+from .hybrid_names import LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -119,7 +120,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -159,34 +160,15 @@ _HUNYUAN = dict(qk_norm="after_rope", rope_alpha=True, bias_keys={"o": "attentio
                 gguf={**LLAMA_GGUF, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})
 _FEED_FORWARD, _SHARED_MLP = ({"gate_up": (f"{m}.gate_proj.weight", f"{m}.up_proj.weight"), "down": (f"{m}.down_proj.weight",)}
                               for m in ("feed_forward", "block_sparse_moe.shared_expert"))
+_BAMBA_NAMES = dict(names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
+                    top_names={"model.final_layernorm.weight": "model.norm.weight"})
 _HYBRID = dict(hybrid="gated_delta", norm_offset=1.0, qk_norm="head", gguf={}, config_defaults={"norm_topk_prob": True})
-# llama.cpp's qwen35 / qwen35moe: the gated delta net as attn_qkv | attn_gate, ssm_beta / ssm_alpha, ssm_* (A and dt's bias
-# without `.weight`; value heads tiled: models/gated_delta_gguf.py); post_attention_norm the norm before the MLP
-_QWEN35_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_qkv": "linear_attn.in_proj_qkv",
-                "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b", "ssm_alpha": "linear_attn.in_proj_a",
-                "ssm_a": "linear_attn.A_log", "ssm_dt": "linear_attn.dt_bias", "ssm_conv1d": "linear_attn.conv1d",
-                "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
-# llama.cpp's qwen3next: Qwen3-Next's in_proj_qkvz split as Qwen3.5's (attn_qkv, attn_gate), in_proj_ba kept (ssm_ba)
-_QWEN3NEXT_GGUF = {**_QWEN35_GGUF, "ssm_ba": "linear_attn.in_proj_ba"}
-# LFM2's llama.cpp names (lfm2 / lfm2moe): its final norm (embedding_norm) is token_embd_norm, the short conv `shortconv.*`
-_LFM2_GGUF = {**LLAMA_GGUF, "attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
-              "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
-              "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2", "shortconv.conv": "conv.conv",
-              "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
-_LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf=_LFM2_GGUF, gguf_top={"token_embd_norm.weight": "model.norm.weight"},
+_LFM2 = dict(hybrid="short_conv", qk_norm="head", gguf=LFM2_GGUF, gguf_top={"token_embd_norm.weight": "model.norm.weight"},
              top_names={"model.embedding_norm.weight": "model.norm.weight"},
              names={**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
                     "o_proj": ("self_attn.out_proj.weight",), "q_norm": ("self_attn.q_layernorm.weight",),
                     "k_norm": ("self_attn.k_layernorm.weight",), "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"),
                     "down": ("feed_forward.w2.weight",)}, config_keys={"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"})
-# llama.cpp's granitehybrid: Mamba-2 as `ssm_*` (A, D and dt's bias without `.weight`: models/mamba2_gguf.py), a dense
-# model's MLP (Granite 4.0-H's shared MLP alone) as ffn_gate / ffn_up / ffn_down
-_MAMBA2_GGUF = {**LLAMA_GGUF, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_dt": "mamba.dt_bias", "ssm_a": "mamba.A_log",
-                "ssm_d": "mamba.D", "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj",
-                **{f"ffn_{x}": f"block_sparse_moe.shared_expert.{x}_proj" for x in ("gate", "up", "down")}}
-_NEMOTRON_H_GGUF = {"attn_norm": "norm", **{f"attn_{x}": f"mixer.{x}_proj" for x in "qkv"}, "attn_output": "mixer.o_proj",
-                    **{k: v.replace("mamba.", "mixer.") for k, v in _MAMBA2_GGUF.items() if k.startswith("ssm_")},
-                    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # one block a `blk.N` (models/nemotron_h_gguf.py)
 _EXPERT_KEYS = {"num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts"}
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_inner": "intermediate_size",
               "n_positions": "max_position_embeddings", "layer_norm_epsilon": "rms_norm_eps"}
@@ -280,6 +262,15 @@ FAMILIES: dict[str, Family] = {
                        mlp_act="gelu", act_key="hidden_act", names=_NEOX_NAMES, prefix="gpt_neox.", qkv_per_head=True,
                        top_names={"model.embed_in.weight": "model.embed_tokens.weight", "model.final_layer_norm.weight": "model.norm.weight",
                                   "model.final_layer_norm.bias": "model.norm.bias", "embed_out.weight": "lm_head.weight"}),
+    # Falcon: attention and a plain MLP on one or two LayerNorms of the same input, or pre norms (models/falcon.py), the
+    # fused qkv per KV group (multi-query, grouped or per head), biases by `bias`, a tied head
+    "falcon": Family(("falcon",), norm="layer", norm_bias=True, placement="parallel2", mlp_gated=False, mlp_act="gelu", act_key="activation",
+                     bias_keys={"qkv": "bias", "o": "bias", "mlp": "bias"}, prefix="transformer.", layers_key="h", qkv_per_head=True,
+                     gguf={"attn_norm": "input_layernorm", "attn_norm_2": "post_attention_layernorm", "attn_qkv": "self_attention.query_key_value",
+                           "attn_output": "self_attention.dense", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+                     config_keys={"layer_norm_epsilon": "layer_norm_eps"},
+                     names={**_NEOX_NAMES, **{k: (v[0].replace("attention.", "self_attention."),) for k, v in _NEOX_NAMES.items() if k.startswith(("qkv", "o_"))}},
+                     top_names={"model.word_embeddings.weight": "model.embed_tokens.weight", "model.ln_f.weight": "model.norm.weight", "model.ln_f.bias": "model.norm.bias"}),
     # Command R v1: Cohere 2's parallel LayerNorm block without sliding layers; its per-head q/k LayerNorms (a gain per head: Command R+) are not built
     "cohere": Family(("cohere", "command-r"), norm="layer", placement="parallel", rope_interleaved=True, logit_key="logit_scale",
                      gguf_keys={"logit_scale": "logit_scale"}, bias_keys={"o": "attention_bias"}, refused_keys=("use_qk_norm",)),
@@ -367,30 +358,29 @@ FAMILIES: dict[str, Family] = {
                          top_names={"model.word_embeddings.weight": "model.embed_tokens.weight"}),
     "hy_v3": Family(("hy_v3",), qk_norm="head", moe="hy_v3", bias_keys={"o": "attention_bias"}),
     # Qwen3-Next, Qwen3.5 (text; MoE): gated delta nets, gated full attention, zero-centred gains (models/linear_config.py)
-    "qwen3_next": Family(("qwen3_next", "qwen3next"), **{**_HYBRID, "gguf": _QWEN3NEXT_GGUF}, moe="qwen2_moe",
+    "qwen3_next": Family(("qwen3_next", "qwen3next"), **{**_HYBRID, "gguf": QWEN3NEXT_GGUF}, moe="qwen2_moe",
                          names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
-    "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, names=LINEAR_NAMES),
-    "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": _QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
-    # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers,
-    # Granite-MoE-Shared's experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it);
-    # transformers' defaults where config.json leaves them out
-    "granitemoehybrid": Family(("granitemoehybrid", "granitehybrid"), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf=_MAMBA2_GGUF,
+    "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": QWEN35_GGUF}, names=LINEAR_NAMES),
+    "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
+    # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers, Granite-MoE-Shared's
+    # experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it); transformers' defaults
+    "granitemoehybrid": Family(("granitemoehybrid", "granitehybrid"), **_GRANITE, hybrid="mamba2", moe="granitemoe", gguf=MAMBA2_GGUF,
                                bias_keys={"o": "attention_bias"},
                                names={**MAMBA2_NAMES, **_SHARED_MLP},
                                config_defaults={"num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 1024}),
     # Bamba: attention at attn_layer_indices (Llama's, rope on half of each head), a SwiGLU (feed_forward, after pre_ff_layernorm)
-    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"},
-                    config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5},
-                    names={**MAMBA2_NAMES, **_FEED_FORWARD, "post_norm": ("pre_ff_layernorm.weight",)},
-                    top_names={"model.final_layernorm.weight": "model.norm.weight"}),
+    "bamba": Family(("bamba",), hybrid="mamba2", gguf={}, bias_keys={"o": "attention_bias"}, **_BAMBA_NAMES, config_defaults={"position_embedding_type": "rope", "partial_rotary_factor": 0.5}),
+    # Falcon-H1: Bamba's names; every layer attention (full rope) beside a Mamba-2 mixer, muP multipliers (models/falcon_h1.py)
+    "falcon_h1": Family(("falcon_h1", "falcon-h1"), hybrid="falcon_h1", **_BAMBA_NAMES, embed_scale="embedding_multiplier", logit_key="lm_head_multiplier",
+                        refused_keys=("attention_bias", "projectors_bias"), gguf={**MAMBA2_GGUF, "ffn_norm": "pre_ff_layernorm.weight", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}}),
     "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf=JAMBA_GGUF, names=JAMBA_NAMES, top_names={"model.final_layernorm.weight": "model.norm.weight"}),  # Mamba-1: models/mamba1.py
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
     # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)
     "nemotron_h": Family(("nemotron_h", "nemotron_h_moe"), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act",
-                         prefix="backbone.", gguf=_NEMOTRON_H_GGUF, gguf_llama_order=True,
+                         prefix="backbone.", gguf=NEMOTRON_H_GGUF, gguf_llama_order=True,
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
-    "mamba2": Family(("mamba2",), gguf=_NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),  # Nemotron-H's Mamba-2 blocks alone (models/nemotron_h.py)
+    "mamba2": Family(("mamba2",), gguf=NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),  # Nemotron-H's Mamba-2 blocks alone (models/nemotron_h.py)
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),

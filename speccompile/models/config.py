@@ -9,13 +9,13 @@ from typing import Any
 
 from ..errors import InputError, UnsupportedError
 from .altup_keys import altup_keys
-from .architectures import FAMILIES, HF_ACTS, Family, family, family_name
+from .architectures import FAMILIES, Family, family, family_name
 from .weight_names import ALTUP_NAMES, BESIDE_ROLES, MLP_ROLES
 from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields, bitnet_gguf_keys
 from .llama4 import llama4_fields
-from .layer_keys import family_keys, kv_heads, layer_types_of, multipliers, nope_layers_of, placement
+from .layer_keys import family_keys, kv_heads, layer_types_of, mlp_act_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
 from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba1_gguf import mamba1_gguf_keys
@@ -23,6 +23,8 @@ from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
 from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
+from .falcon import falcon_gguf_keys, falcon_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -142,6 +144,10 @@ class ModelConfig:
         """Every layer recurrent (pure Mamba-2, an all-recurrent hybrid): a cache of states alone, no KV rows."""
         return self.hybrid is not None and all(self.hybrid.linear[:self.num_hidden_layers])
 
+    def parallel_mixer(self, layer: int) -> bool:
+        """Layer `layer` runs a Mamba-2 mixer beside its attention on the same normed input (Falcon-H1)."""
+        return self.hybrid is not None and self.hybrid.parallel and not self.hybrid.linear[layer]
+
     def has_mlp(self, layer: int) -> bool:
         """Layer `layer` has an MLP block (Nemotron-H: a mixer block with no MLP block after it has width 0)."""
         return not self.layer_intermediate_sizes or self.layer_intermediate_sizes[layer] > 0
@@ -213,6 +219,7 @@ class ModelConfig:
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
             roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias"))]
+        roles += [*self.hybrid.roles()] if self.parallel_mixer(layer) else []  # Falcon-H1: the Mamba-2 mixer's too
         if not self.has_mlp(layer):  # Nemotron-H: the MLP's norm and weights absent
             roles = [r for r in roles if r not in MLP_ROLES]
         altup = [role for role in ALTUP_NAMES if self.altup_inputs and (self.laurel_rank or not role.startswith("laurel"))]
@@ -268,17 +275,6 @@ def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[s
                 mlp_bias=bool(data.get(keys["mlp"], fam.mlp_bias)) if "mlp" in keys else fam.mlp_bias)
 
 
-def _mlp_act(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
-    """The family's activation, or the one its `act_key` names (transformers' names, `HF_ACTS`)."""
-    if not fam.act_key or data.get(fam.act_key) is None:
-        return fam.mlp_act
-    act = HF_ACTS.get(str(data[fam.act_key]))
-    if act is None:
-        raise UnsupportedError(f"{source}: {arch} with {fam.act_key} {data[fam.act_key]!r} is not supported "
-                               f"(supported: {', '.join(sorted(HF_ACTS))})")
-    return act
-
-
 def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int, hidden: int, head_dim: int,
                        source: str) -> dict[str, Any]:
     """The ModelConfig fields of the family's layer description, read from a config.json."""
@@ -295,7 +291,7 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
         qk_norm_after_rope=fam.qk_norm == "after_rope",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=_mlp_act(data, fam, arch, source),
+        norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=mlp_act_of(data, fam, arch, source),
         norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
         lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
@@ -324,6 +320,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
     fam = family(arch)
     try:
         data = nemotron_h_keys(family_keys(data, fam), source) if fam.hybrid == "nemotron_h" else family_keys(data, fam)
+        data = falcon_keys(data, source) if arch == "falcon" else data
         if data.get("intermediate_size") is None and fam.inner_multiple:  # GPT-J's n_inner None
             data["intermediate_size"] = fam.inner_multiple * int(data["hidden_size"])
         if "intermediate_size" not in data and "moe_intermediate_size" in data:  # every layer MoE (Solar Open): no dense size
@@ -352,7 +349,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             moe=moe_from_hf(fam.moe, data),
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
-                     "mamba1": mamba1_from_hf}
+                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
@@ -430,9 +427,11 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
             rope_factors = None
         if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
             meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
-        if family(arch).hybrid == "mamba1":  # Jamba's layer periods from its metadata and tensors (models/mamba1_gguf.py)
-            shapes = mamba1_gguf_keys(meta, arch_name + ".", tensors or {}, source)
+        if family(arch).hybrid in ("mamba1", "falcon_h1"):  # from metadata and tensors: Jamba's layer periods (models/mamba1_gguf.py), Falcon-H1's sizes
+            shapes = (mamba1_gguf_keys if family(arch).hybrid == "mamba1" else falcon_h1_gguf_keys)(meta, arch_name + ".", tensors or {}, source)
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}
+        if arch == "falcon":  # its norms and KV groups from the tensors (models/falcon.py)
+            data.update(falcon_gguf_keys(data, tensors or {}))
         if family(arch).moe and not shapes:  # Gemma 4's MoE block: models/gemma4_gguf.py
             data.update(moe_keys_from_gguf(meta, arch_name + ".", family(arch).moe, frozenset(tensors or ())))
     except KeyError as exc:

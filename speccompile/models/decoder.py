@@ -214,6 +214,8 @@ class DecoderLayer(nn.Module):
         self.mixer = mixer_name(config.hybrid) if config.linear(layer) else "self_attn"  # a recurrent layer's cache: its states
         setattr(self, self.mixer, recurrent_layer(config.hidden_size, config.hybrid, config.rms_norm_eps) if config.linear(layer)
                 else LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer))
+        if config.parallel_mixer(layer):  # Falcon-H1: a Mamba-2 mixer beside the attention, on the same normed input
+            self.mamba = recurrent_layer(config.hidden_size, config.hybrid, config.rms_norm_eps)
         is_moe = config.moe is not None and config.moe.is_moe(layer)
         self.mlp_name = config.moe.block if is_moe else "mlp"  # Mixtral's MoE block is `block_sparse_moe`
         sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
@@ -235,33 +237,43 @@ class DecoderLayer(nn.Module):
         """The MLP block on its normed input `h` (`x`: the residual stream, Gemma 4's experts' input)."""
         return beside_dense(self, self.mlp_name, h, x) if self.beside_dense else getattr(self, self.mlp_name)(h)
 
-    def forward(self, x, rotary, biases, past_k, past_v, shared=None, per_layer=None):
+    def forward(self, x, rotary, biases, past_k, past_v, shared=None, per_layer=None, states=()):
         """`shared`: KV sharing, the new key / value rows this layer takes (Attention); `per_layer`: its per-layer
-        input [b, q, P] (Gemma 4's PLE); Gemma 3n (AltUp): `x` is the streams [n, b, q, hidden] (models/altup.py)."""
+        input [b, q, P] (Gemma 4's PLE); Gemma 3n (AltUp): `x` is the streams [n, b, q, hidden] (models/altup.py);
+        `states`: the parallel Mamba-2 mixer's (Falcon-H1), whose states per row follow the keys and values out."""
         if self.config.altup_inputs:
             return altup_layer(self, self.config, x, lambda h: self.self_attn(h, rotary, biases, past_k, past_v,
                                                                              *([shared] if shared is not None else [])), per_layer)
-        out, k_all, v_all = self._blocks(x, rotary, biases, past_k, past_v, shared)
+        out, presents = self._blocks(x, rotary, biases, past_k, past_v, shared, states)
         if per_layer is not None:
             out = per_layer_block(self, self.config, out, per_layer)
-        return (out if self.layer_scalar is None else out * self.layer_scalar), k_all, v_all
+        return (out if self.layer_scalar is None else out * self.layer_scalar), *presents
 
-    def _blocks(self, x, rotary, biases, past_k, past_v, shared=None):
+    def _mixer(self, h, rotary, biases, past_k, past_v, shared=None, states=()):
+        """The attention (or recurrent) block's output on the normed input `h` and its presents; a parallel Mamba-2
+        mixer's output added (Falcon-H1: `states` its conv and SSM states, its states after each row presents too)."""
+        attn, k_all, v_all = getattr(self, self.mixer)(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
+        if not states:
+            return attn, [k_all, v_all]
+        ssm, convs, ssms = self.mamba(h, rotary, biases, *states)
+        return attn + ssm, [k_all, v_all, convs, ssms]
+
+    def _blocks(self, x, rotary, biases, past_k, past_v, shared=None, states=()):
         def norm(module, h):
             return h if module is None else module(h)
 
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
-        attn, k_all, v_all = getattr(self, self.mixer)(h, rotary, biases, past_k, past_v, *([shared] if shared is not None else []))
+        attn, presents = self._mixer(h, rotary, biases, past_k, past_v, shared, states)
         if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
             mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
-            return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, k_all, v_all
+            return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, presents
         attn = norm(self.post_attn_norm, attn)
         x = x + (attn * scale if scale != 1.0 else attn)
         if not self.has_mlp:
-            return x, k_all, v_all
+            return x, presents
         out = norm(self.post_mlp_norm, self._mlp(norm(self.post_attention_layernorm, x), x))
-        return x + (out * scale if scale != 1.0 else out), k_all, v_all
+        return x + (out * scale if scale != 1.0 else out), presents
 
 
 class DecoderModel(nn.Module):
@@ -305,6 +317,7 @@ class Decoder(nn.Module):
         names = ["logits"]
         for i in range(self.config.num_hidden_layers):
             names += [f"present_state.{i}.conv", f"present_state.{i}.recurrent"] if self.config.linear(i) else [f"present.{i}.key", f"present.{i}.value"]
+            names += [f"present_state.{i}.conv", f"present_state.{i}.recurrent"] if self.config.parallel_mixer(i) else []
         if self.hidden_mode == "final":
             names.append("hidden_states")
         elif self.hidden_mode == "eagle3":
@@ -317,10 +330,12 @@ class Decoder(nn.Module):
         for i in range(self.config.num_hidden_layers):
             names += [f"past_state.{i}.conv", f"past_state.{i}.recurrent"] if self.config.linear(i) else \
                 [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+            names += [f"past_state.{i}.conv", f"past_state.{i}.recurrent"] if self.config.parallel_mixer(i) else []
         return names
 
     def forward(self, input_ids, position_ids, attention_mask, *past_key_values):
-        """Run the decoder; `past_key_values` is the flat list (k0, v0, k1, v1, ...)."""
+        """Run the decoder; `past_key_values` is the flat list (k0, v0, k1, v1, ...; a parallel mixer's conv and SSM
+        states after its layer's k, v)."""
         cfg = self.config
         x = self.model.embed_tokens(input_ids)
         dtype = x.dtype
@@ -347,15 +362,17 @@ class Decoder(nn.Module):
         x = soft_token_embeds(self.model, cfg, input_ids, x) if cfg.soft_token_offset else x
         per_layer = per_layer_inputs(self.model, cfg, input_ids, x) if cfg.per_layer_input_size else None
         x = altup_streams(self.model.altup_projections, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams
+        at = 0  # the layer's first cache tensor
         for i, layer in enumerate(self.model.layers):
             if i in self.aux_layers:
                 taps.append(x[0] if cfg.altup_inputs else x)
-            past = past_key_values[2 * i].shape[2]
-            x, k_all, v_all = layer(x, rotary, biases, past_key_values[2 * i], past_key_values[2 * i + 1],
-                                    new_rows.get(cfg.kv_source(i)), None if per_layer is None else per_layer[:, :, i])
+            past, width = past_key_values[at].shape[2], 4 if cfg.parallel_mixer(i) else 2
+            x, k_all, v_all, *states = layer(x, rotary, biases, past_key_values[at], past_key_values[at + 1], new_rows.get(cfg.kv_source(i)),
+                                             None if per_layer is None else per_layer[:, :, i], past_key_values[at + 2:at + width])
             if cfg.kv_sources:
                 new_rows[i] = (k_all[:, :, past:], v_all[:, :, past:])
-            presents += [k_all, v_all]
+            presents += [k_all, v_all, *states]
+            at += width
         x = altup_merge(self.model.altup_unembed_projections, x) if cfg.altup_inputs else x
         if self.config.num_hidden_layers in self.aux_layers:  # tap L: the final hidden state before the norm
             taps.append(x)
@@ -378,9 +395,10 @@ class Decoder(nn.Module):
     def empty_past(self, batch: int = 1, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         """A zero-length KV cache for prefill (a gated delta net layer: its zero states)."""
         dtype = dtype or self.lm_head.weight.dtype
-        layers = [(self.config.layer(i), layer, self.config.linear(i)) for i, layer in enumerate(self.model.layers)]
-        return [t for c, layer, linear in layers for t in (getattr(layer, layer.mixer).empty_states(batch, dtype) if linear else  # states
-                [torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"])]
+        layers = [(self.config.layer(i), layer, self.config.linear(i), self.config.parallel_mixer(i)) for i, layer in enumerate(self.model.layers)]
+        return [t for c, layer, linear, both in layers for t in (getattr(layer, layer.mixer).empty_states(batch, dtype) if linear else  # states
+                [*(torch.zeros((batch, c.num_key_value_heads, 0, c.head_dim), dtype=dtype) for _ in "kv"),
+                 *(layer.mamba.empty_states(batch, dtype) if both else [])])]  # Falcon-H1: the parallel mixer's states
 
 
 def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | WeightSource", hidden_states: str = "none",

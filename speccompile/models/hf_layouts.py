@@ -13,6 +13,7 @@ import numpy as np
 
 from .architectures import Family
 from .bitnet import unpacked_view
+from .falcon import falcon_view
 from .linear_config import HybridConfig
 from .nemotron_h import blocks_view
 from .weights import TensorInfo, WeightSource
@@ -42,17 +43,19 @@ class _PerTensor(WeightSource):
         raise NotImplementedError
 
 
-class _QkvPerHead(_PerTensor):
-    """The fused qkv tensors chosen (weights [heads * 3 * head_dim, in], biases) reordered from per-head
-    [heads, 3, head_dim] rows to q | k | v rows."""
+class _QkvPerGroup(_PerTensor):
+    """The fused qkv tensors chosen (weights [rows, in], biases) reordered from per-KV-group rows [groups, the group's
+    queries | its key | its value, head_dim] (GPT-NeoX: a group per head; Falcon) to q | k | v rows."""
 
-    def __init__(self, inner: WeightSource, fused: set[str], heads: int):
+    def __init__(self, inner: WeightSource, fused: set[str], heads: int, groups: int):
         super().__init__(inner, fused)
-        self._heads = heads
+        self._heads, self._groups = heads, groups
 
     def _array(self, tensor: np.ndarray) -> np.ndarray:
-        rows = tensor.reshape(self._heads, 3, -1, *tensor.shape[1:])
-        return np.ascontiguousarray(np.swapaxes(rows, 0, 1)).reshape(tensor.shape)
+        per = self._heads // self._groups
+        rows = tensor.reshape(self._groups, per + 2, -1, *tensor.shape[1:])
+        parts = (rows[:, :per], rows[:, per], rows[:, per + 1])
+        return np.ascontiguousarray(np.concatenate([p.reshape(-1, *tensor.shape[1:]) for p in parts]))
 
 
 class _LinearPerGroup(_PerTensor):
@@ -148,9 +151,31 @@ def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSo
     return _Ones(source, {n: s for n, s in ones.items() if n not in source}, source.info("model.embed_tokens.weight").dtype)
 
 
-def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig | None = None) -> WeightSource:
+class _Scaled(_PerTensor):
+    """Layer tensors times factors per run of rows (`HybridConfig.scales`: Falcon-H1's muP multipliers, folded as
+    llama.cpp's converter folds them), in float32."""
+
+    def __init__(self, inner: WeightSource, scales: dict[str, list[list[float]]]):
+        chosen = {n for n in inner.names() if n.startswith("model.layers.") and n.split(".", 3)[3] in scales}
+        super().__init__(inner, chosen)
+        self._scales = scales
+
+    def info(self, name: str) -> TensorInfo:
+        info = self._inner.info(name)
+        return TensorInfo(info.shape, np.dtype(np.float32)) if name in self._chosen else info
+
+    def read(self, name: str) -> np.ndarray:
+        if name not in self._chosen:
+            return self._inner.read(name)
+        runs = self._scales[name.split(".", 3)[3]]
+        factors = np.repeat(np.array([f for _, f in runs], dtype=np.float32), [int(r) for r, _ in runs])
+        return self._inner.read_float32(name) * factors.reshape(-1, *[1] * (len(self.shape(name)) - 1))
+
+
+def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig | None = None, kv_heads: int = 0) -> WeightSource:
     """`source` under the table's names: the family's `prefix` renamed to `model.` and its `layers_key` to `layers`,
-    then its `top_names`, a per-head fused qkv (`qkv_per_head`, `heads` query heads) shown q | k | v, and Qwen3-Next's
+    then its `top_names`, a fused qkv per KV group (`qkv_per_head`, `heads` query heads in `kv_heads` groups, 0: a
+    group per head) shown q | k | v, Falcon's two norms as the table's, and Qwen3-Next's
     per-group linear-attention projections (`hybrid`) shown as Qwen3.5's rows, Nemotron-H's blocks as layers, and an output gate of its own
     (`output_gate`: AFMoE) inside q_proj."""
     if fam.prefix and fam.layers_key and not any(n.startswith(fam.prefix) for n in source.names()):  # a base model's save
@@ -162,6 +187,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = source.renamed({n: "model.layers." + n[len(old):] for n in source.names() if n.startswith(old)})
     if fam.hybrid == "nemotron_h":  # one block a layer, grouped into the table's layers (models/nemotron_h.py)
         source = blocks_view(source)
+    if "falcon" in fam.model_types:
+        source = falcon_view(source)
     source = source.renamed(fam.top_names)
     if fam.conv1d:  # Conv1D [in, out]; the causal-mask buffers old saves keep (attn.bias, attn.masked_bias) are not weights
         layer = [n for n in source.names() if n.startswith("model.layers.")]
@@ -173,6 +200,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = unpacked_view(source)
     if fam.mlp_act == "xielu":
         source = _Scalars(source, {n for n in source.names() if n.startswith("model.layers.") and source.shape(n) == ()})
+    if hybrid is not None and hybrid.scales:  # Falcon-H1's muP multipliers folded (models/falcon_h1.py)
+        source = _Scaled(source, hybrid.scales)
     if hybrid is not None:
         grouped = {n for n in source.names() if n.endswith(("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"))}
         source = _LinearPerGroup(source, grouped, hybrid) if grouped else source
@@ -183,4 +212,4 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
     layer = fam.layer_names()
     parts = {*layer["qkv"], *layer["qkv_bias"]}
     fused = {n for n in source.names() if n.startswith("model.layers.") and n.split(".", 3)[3] in parts}
-    return _QkvPerHead(source, fused, heads)
+    return _QkvPerGroup(source, fused, heads, kv_heads or heads)

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ..errors import UnsupportedError
-from .architectures import Family
+from .architectures import HF_ACTS, Family
 from .llama4 import llama4_keys
 from .rope_keys import rope_params
 
@@ -73,7 +73,10 @@ def kv_heads(data: dict[str, Any], fam: Family, heads: int, source: str) -> int:
 
 
 def placement(data: dict[str, Any], fam: Family) -> str:
-    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre)."""
+    """The family's placement, or its `parallel_key`'s choice: pre (false) or the family's placement (true; parallel where pre),
+    or the one a family's key reader chose (`_placement`: models/falcon.py)."""
+    if "_placement" in data:
+        return str(data["_placement"])
     if not fam.parallel_key or data.get(fam.parallel_key) is None:
         return fam.placement
     return (fam.placement if fam.placement != "pre" else "parallel") if data[fam.parallel_key] else "pre"
@@ -99,3 +102,14 @@ def nope_layers_of(data: dict[str, Any], fam: Family, types: list[str], layers: 
     if fam.global_nope and types:
         return [i for i, t in enumerate(types) if t != "sliding_attention"]
     return []
+
+
+def mlp_act_of(data: dict[str, Any], fam: Family, arch: str, source: str) -> str:
+    """The family's activation, or the one its `act_key` names (transformers' names, `HF_ACTS`)."""
+    if not fam.act_key or data.get(fam.act_key) is None:
+        return fam.mlp_act
+    act = HF_ACTS.get(str(data[fam.act_key]))
+    if act is None:
+        raise UnsupportedError(f"{source}: {arch} with {fam.act_key} {data[fam.act_key]!r} is not supported "
+                               f"(supported: {', '.join(sorted(HF_ACTS))})")
+    return act

@@ -7,7 +7,8 @@ key_head_dim, value_head_dim], and a gated RMSNorm of its output times SiLU(z) b
 (conv state [conv_dim, kernel - 1], recurrent state) instead of KV rows. The other layers are full attention with
 an output gate (q_proj doubled: per head q then gate; the output times sigmoid(gate) before o_proj). Other kinds of
 recurrent layer (`HybridConfig.kind`): LFM2's short convs (models/short_conv.py), Granite 4.0-H's and Bamba's
-Mamba-2 layers (models/mamba2.py) and Jamba's Mamba-1 layers (models/mamba1.py), each with its config reader below.
+Mamba-2 layers (models/mamba2.py) and Jamba's Mamba-1 layers (models/mamba1.py), each with its config reader below; Falcon-H1's Mamba-2
+mixer runs beside attention in every layer (`HybridConfig.parallel`, models/falcon_h1.py).
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ class HybridConfig:
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
     or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
-    dt of rank `dt_rank`)."""
+    dt of rank `dt_rank`). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
+    y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
+    folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
+    models/hf_layouts.py)."""
 
     linear: list[bool] = field(default_factory=list)
     kind: str = "gated_delta"
@@ -75,6 +80,9 @@ class HybridConfig:
     conv_kernel: int = 4
     conv_bias: bool = False  # a Mamba conv1d's bias (mamba_conv_bias)
     dt_rank: int = 0  # a Mamba-1 layer's dt rank (mamba_dt_rank)
+    parallel: bool = False  # Falcon-H1: the Mamba-2 mixer beside each attention layer
+    gate_norm: str = "gated"  # gated | none | before_gate (the Mamba-2 output's norm and gate)
+    scales: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [rows, factor] runs, folded at load
 
     @property
     def key_dim(self) -> int:
@@ -104,7 +112,8 @@ class HybridConfig:
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
         if self.mamba2 or self.mamba1:
-            return tuple(r for r in (MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES) if self.conv_bias or r != "ssm_conv_bias")
+            names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
+            return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
         return tuple(SHORT_CONV_NAMES) if self.short_conv else LINEAR_ROLES
 
     def state_kinds(self) -> tuple[str, ...]:

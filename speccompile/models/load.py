@@ -32,6 +32,7 @@ from .mtp_layouts import is_mtp_weight, mtp_weights
 from .multimodal import text_decoder
 from .gated_delta_gguf import GroupedValueHeads, JoinedQkvz
 from .mamba2_gguf import ALogView
+from .falcon import falcon_gguf_names
 from .nemotron_h import blocks_view
 from .weights import GGUFSource, SafetensorsSource, WeightSource
 
@@ -213,7 +214,8 @@ def load_hf_folder(folder: Path) -> LoadedModel:
         check_quantization_config(raw, str(folder / "config.json"))  # MXFP4 experts are dequantized; other methods refused
     files = files or _safetensors_files(folder)
     weights = per_expert(stored or SafetensorsSource(files), str(folder))  # gpt-oss' fused (or MXFP4) experts, per expert
-    weights = hf_view(weights, family(config.architecture), config.num_attention_heads, config.hybrid)  # e.g. Phi-2's model.final_layernorm
+    weights = hf_view(weights, family(config.architecture), config.num_attention_heads, config.hybrid,
+                      config.num_key_value_heads)  # e.g. Phi-2's model.final_layernorm
     weights = llama4_weights(weights, config) if config.nope_temperature else weights  # fused experts, gainless q/k norms
     dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
@@ -271,7 +273,7 @@ _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_token
 # `exp_probs_b.bias`, Gemma 4's `layer_output_scale.weight`)
 _BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias",
          "feed_forward.gate.e_score_correction_bias", "mamba.A_log", "mamba.D", "mamba.dt_bias", "linear_attn.A_log",
-         "linear_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias")
+         "linear_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias", "pre_ff_layernorm.weight")  # falcon-h1's `blk.N.ffn_norm`
 
 
 def _open_gguf(path: Path):
@@ -367,6 +369,8 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
         return None
 
     block_names = {**fam.gguf, **(config.moe.gguf_names() if config.moe else {})}  # MoE: 3-D experts, split per expert
+    if config.architecture == "falcon":  # its two norms' names (models/falcon.py)
+        block_names = falcon_gguf_names(block_names, config.placement)
     source = GGUFSource(reader, path, lambda name: gguf_to_hf_name(name, block_names, fam.gguf_top), unpermute)
     unread = [name for name in source.skipped if name not in _READ_INTO_CONFIG]
     if unread:  # a weight left out would change the model without a word: refused instead

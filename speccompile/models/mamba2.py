@@ -28,7 +28,7 @@ class Mamba2(nn.Module):
         self.in_proj = nn.Linear(hidden, hybrid.value_dim + hybrid.conv_dim + hybrid.num_v_heads, bias=False)
         self.conv1d = nn.Conv1d(hybrid.conv_dim, hybrid.conv_dim, hybrid.conv_kernel, groups=hybrid.conv_dim, bias=hybrid.conv_bias)
         self.A_log, self.dt_bias, self.D = (nn.Parameter(torch.zeros(hybrid.num_v_heads)) for _ in range(3))  # per head
-        self.norm = _Gain(hybrid.value_dim)
+        self.norm = _Gain(hybrid.value_dim) if hybrid.gate_norm != "none" else None  # Falcon-H1 without mamba_rms_norm: none
         self.out_proj = nn.Linear(hybrid.value_dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, rotary: dict, biases: dict, conv_state: torch.Tensor,
@@ -65,11 +65,16 @@ class Mamba2(nn.Module):
 
     def gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y * SiLU(z), RMS-normed over each of the n_groups groups, times the gain (transformers' RMSNormGated with
-        norm_before_gate False)."""
-        g = y * nn.functional.silu(z)
+        norm_before_gate False); `gate_norm` "none": y * SiLU(z); "before_gate": y normed times the gain, then * SiLU(z)
+        (Falcon-H1's FalconH1RMSNormGated with norm_before_gate True)."""
+        kind = self.h.gate_norm
+        g = y if kind == "before_gate" else y * nn.functional.silu(z)
+        if kind == "none":
+            return g
         parts = g.reshape(*g.shape[:-1], self.h.num_k_heads, -1)
         parts = parts * torch.rsqrt(parts.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.norm.weight * parts.reshape(g.shape)
+        normed = self.norm.weight * parts.reshape(g.shape)
+        return normed * nn.functional.silu(z) if kind == "before_gate" else normed
 
     def empty_states(self, batch: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The states before the first token: zeros."""
