@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_VOCAB
-from test_families import _close, _decoded, _hf_logits, make_family_model
+from test_families import UNSET, _close, _decoded, _hf_logits, make_family_model
 
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 _LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -29,6 +29,10 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
+    # OLMo Hybrid: layers 0-2 gated delta nets (separate q/k/v/g/a/b projections, beta in [0, 2], pre norms), layer 3
+    # OLMo 3's post-norm attention with full q / k norms (no head_dim key: hidden / heads)
+    "olmo_hybrid": dict(num_hidden_layers=4, head_dim=UNSET, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                        linear_value_head_dim=8),
     # LFM2: layers 0-2 short convs (kernel 3), layer 3 attention with per-head q / k norms; the MLP width adjusted
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
@@ -150,7 +154,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
                                   "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
@@ -202,7 +206,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
     np.testing.assert_array_equal(logits, plain_logits)
 
 
-@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
+@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("olmo_hybrid", ("lin_qkvz", "lin_ba", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
