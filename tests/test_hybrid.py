@@ -1,4 +1,5 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
+gated delta nets beside OLMo 3's post-norm attention; LFM2 and
 LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
@@ -392,6 +393,36 @@ def test_lfm2_config_keys_and_refusals():
         config_from_hf(dict(data, conv_bias=True), "lfm2.json")
     with pytest.raises(UnsupportedError, match="without a full_attention layer"):
         config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json")
+
+
+def test_olmo_hybrid_config_keys_and_refusals():
+    """OLMo Hybrid's config.json (OLMo-Hybrid-7B's shape, linear keys left to transformers' defaults): linear heads
+    num_attention_heads, key head dim 0.75 hidden / heads, value head dim twice it, every 4th layer full; beta in [0, 2]
+    unless linear_allow_neg_eigval is false, FLA's gated-norm epsilon, pre-norm delta-net layers beside post-norm
+    attention (their roles), no output gate; what it does not build (and its GGUF) refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+
+    data = dict(model_type="olmo_hybrid", vocab_size=100352, hidden_size=3840, intermediate_size=11008, num_hidden_layers=8,
+                num_attention_heads=30, max_position_embeddings=65536)
+    cfg = config_from_hf(data, "olmo.json")
+    h = cfg.hybrid
+    assert (h.num_k_heads, h.num_v_heads, h.k_dim, h.v_dim, h.conv_kernel) == (30, 30, 96, 192, 4) and cfg.num_key_value_heads == 30
+    assert [i for i in range(8) if not cfg.linear(i)] == [3, 7] and h.beta_scale == 2.0 and h.norm_eps == 1e-5
+    assert cfg.rms_norm_eps == 1e-6 and not cfg.attn_output_gate and cfg.qk_norm and cfg.qk_norm_full
+    assert [cfg.placement_of(i) for i in (0, 3)] == ["pre", "post"]
+    assert {"input_norm", "post_norm"} <= set(cfg.layer_roles(0)) and "post_attn_norm" not in cfg.layer_roles(0)
+    assert {"post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"} <= set(cfg.layer_roles(3)) and "input_norm" not in cfg.layer_roles(3)
+    assert config_from_hf(dict(data, linear_allow_neg_eigval=False), "olmo.json").hybrid.beta_scale == 1.0
+    assert [config_from_hf(dict(data, num_hidden_layers=3), "olmo.json").linear(i) for i in range(3)] == [True, True, False]
+    for key, value, message in (("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
+                                ("layer_types", ["linear_attention", "sliding_attention"] * 4, "layer_types 'sliding_attention'"),
+                                ("layer_types", ["linear_attention"] * 8, "no full_attention layer"),
+                                ("linear_num_value_heads", 45, "not a multiple of linear_num_key_heads")):
+        with pytest.raises(UnsupportedError, match=message):
+            config_from_hf(dict(data, **{key: value}), "olmo.json")
+    with pytest.raises(UnsupportedError, match="GGUF olmo_hybrid is not supported"):  # llama.cpp's converter has no OLMo Hybrid
+        config_from_gguf({"general.architecture": "olmo_hybrid"}, False, False, "model.gguf")
 
 
 def test_lfm2_moe_config_keys():

@@ -362,7 +362,8 @@ FAMILIES: dict[str, Family] = {
                          names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": QWEN35_GGUF}, names=LINEAR_NAMES),
     # OLMo Hybrid: OLMo 3's post-norm attention (full q/k norms, no sliding window) beside pre-norm gated delta nets (models/linear_config.py)
-    "olmo_hybrid": Family(("olmo_hybrid",), placement="post", qk_norm="full", hybrid="olmo_hybrid", names={**_POST_NAMES, **LINEAR_NAMES}, gguf={}, bias_keys={"o": "attention_bias"}),
+    "olmo_hybrid": Family(("olmo_hybrid",), placement="post", qk_norm="full", hybrid="olmo_hybrid", names={**_POST_NAMES, **LINEAR_NAMES}, gguf={}, bias_keys={"o": "attention_bias"},
+                          config_defaults={"rms_norm_eps": 1e-6}),
     "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
     # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers, Granite-MoE-Shared's
     # experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it); transformers' defaults

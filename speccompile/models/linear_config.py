@@ -1,4 +1,4 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5): which layers are gated delta nets, their shapes, their weights' roles.
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5, OLMo Hybrid): which layers are gated delta nets, their shapes, their weights' roles.
 
 A `linear_attention` layer (docs/DESIGN.md, "Hybrid linear attention") replaces attention by a gated delta net: the
 projections q|k|v|z and b|a of the normed input, a depthwise causal conv1d (kernel `conv_kernel`) over q|k|v with
