@@ -30,10 +30,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
-    # OLMo Hybrid: layers 0-2 gated delta nets (separate q/k/v/g/a/b projections, beta in [0, 2], pre norms), layer 3
-    # OLMo 3's post-norm attention with full q / k norms (no head_dim key: hidden / heads)
-    "olmo_hybrid": dict(num_hidden_layers=4, head_dim=UNSET, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-                        linear_value_head_dim=8),
+    # OLMo Hybrid: layers 1 and 3 gated delta nets (separate q/k/v/g/a/b projections, beta in [0, 2], pre norms), 0 and 2
+    # OLMo 3's post-norm attention with full q / k norms (no head_dim key: hidden / heads): each way between the two
+    # placements, and the final norm after a delta net
+    "olmo_hybrid": dict(num_hidden_layers=4, head_dim=UNSET, layer_types=["full_attention", "linear_attention"] * 2, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8),
     # LFM2: layers 0-2 short convs (kernel 3), layer 3 attention with per-head q / k norms; the MLP width adjusted
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
@@ -101,7 +102,8 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [True, True, True, False])
+    linear = [False, True, False, True] if name == "olmo_hybrid" else [True, True, True, False]
+    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else linear)
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)
