@@ -1,4 +1,5 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
+gated delta nets beside OLMo 3's post-norm attention; LFM2 and
 LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Jamba:
 Mamba-1; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_VOCAB
-from test_families import _close, _decoded, _hf_logits, make_family_model
+from test_families import UNSET, _close, _decoded, _hf_logits, make_family_model
 
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 _LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -30,6 +31,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
+    # OLMo Hybrid: layers 1 and 3 gated delta nets (separate q/k/v/g/a/b projections, beta in [0, 2], pre norms), 0 and 2
+    # OLMo 3's post-norm attention with full q / k norms (no head_dim key: hidden / heads): each way between the two
+    # placements, and the final norm after a delta net
+    "olmo_hybrid": dict(num_hidden_layers=4, head_dim=UNSET, layer_types=["full_attention", "linear_attention"] * 2, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8),
     # LFM2: layers 0-2 short convs (kernel 3), layer 3 attention with per-head q / k norms; the MLP width adjusted
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
@@ -109,7 +115,8 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [True, True, True, name in ATTENTION_FREE])
+    linear = [False, True, False, True] if name == "olmo_hybrid" else [True, True, True, name in ATTENTION_FREE]
+    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else linear)
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)
@@ -163,7 +170,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
                                   "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
@@ -217,7 +224,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
     np.testing.assert_array_equal(logits, plain_logits)
 
 
-@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
+@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("olmo_hybrid", ("lin_qkvz", "lin_ba", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
@@ -277,7 +284,7 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     from speccompile.models.config import config_from_hf
 
     raw = json.loads((tmp_path / "hf" / "config.json").read_text())  # every layer linear: built (no attention layer)
-    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json").attention_free
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json").hybrid.attention_free
     make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
     done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -420,7 +427,37 @@ def test_lfm2_config_keys_and_refusals():
     assert cfg.hybrid.short_conv and cfg.hybrid.conv_state_shape() == (1024, 2) and cfg.hybrid.state_kinds() == ("conv", "rows")
     with pytest.raises(UnsupportedError, match="lfm2.json: conv_bias true"):
         config_from_hf(dict(data, conv_bias=True), "lfm2.json")
-    assert config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json").attention_free  # every layer a short conv
+    assert config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json").hybrid.attention_free  # every layer a short conv
+
+
+def test_olmo_hybrid_config_keys_and_refusals():
+    """OLMo Hybrid's config.json (OLMo-Hybrid-7B's shape, linear keys left to transformers' defaults): linear heads
+    num_attention_heads, key head dim 0.75 hidden / heads, value head dim twice it, every 4th layer full; beta in [0, 2]
+    unless linear_allow_neg_eigval is false, FLA's gated-norm epsilon, pre-norm delta-net layers beside post-norm
+    attention (their roles), no output gate; what it does not build (and its GGUF) refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+
+    data = dict(model_type="olmo_hybrid", vocab_size=100352, hidden_size=3840, intermediate_size=11008, num_hidden_layers=8,
+                num_attention_heads=30, max_position_embeddings=65536)
+    cfg = config_from_hf(data, "olmo.json")
+    h = cfg.hybrid
+    assert (h.num_k_heads, h.num_v_heads, h.k_dim, h.v_dim, h.conv_kernel) == (30, 30, 96, 192, 4) and cfg.num_key_value_heads == 30
+    assert [i for i in range(8) if not cfg.linear(i)] == [3, 7] and h.beta_scale == 2.0 and h.norm_eps == 1e-5
+    assert cfg.rms_norm_eps == 1e-6 and not cfg.attn_output_gate and cfg.qk_norm and cfg.qk_norm_full
+    assert [cfg.placement_of(i) for i in (0, 3)] == ["pre", "post"]
+    assert {"input_norm", "post_norm"} <= set(cfg.layer_roles(0)) and "post_attn_norm" not in cfg.layer_roles(0)
+    assert {"post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"} <= set(cfg.layer_roles(3)) and "input_norm" not in cfg.layer_roles(3)
+    assert config_from_hf(dict(data, linear_allow_neg_eigval=False), "olmo.json").hybrid.beta_scale == 1.0
+    assert [config_from_hf(dict(data, num_hidden_layers=3), "olmo.json").linear(i) for i in range(3)] == [True, True, False]
+    for key, value, message in (("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
+                                ("layer_types", ["linear_attention", "sliding_attention"] * 4, "layer_types 'sliding_attention'"),
+                                ("layer_types", ["linear_attention"] * 8, "no full_attention layer"),
+                                ("linear_num_value_heads", 45, "not a multiple of linear_num_key_heads")):
+        with pytest.raises(UnsupportedError, match=message):
+            config_from_hf(dict(data, **{key: value}), "olmo.json")
+    with pytest.raises(UnsupportedError, match="GGUF olmo_hybrid is not supported"):  # llama.cpp's converter has no OLMo Hybrid
+        config_from_gguf({"general.architecture": "olmo_hybrid"}, False, False, "model.gguf")
 
 
 def test_lfm2_moe_config_keys():
@@ -468,7 +505,7 @@ def test_granite_4_h_config_keys_and_refusals():
     assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings
     dense = config_from_hf(dict(data, num_local_experts=0, position_embedding_type="rope"), "granite.json")
     assert dense.moe is None and dense.intermediate_size == 1024 and dense.nope_layers == []
-    assert config_from_hf(dict(data, layer_types=["mamba"] * 40), "granite.json").attention_free  # every layer Mamba-2: built
+    assert config_from_hf(dict(data, layer_types=["mamba"] * 40), "granite.json").hybrid.attention_free  # every layer Mamba-2: built
     for key, value, said in (("mamba_proj_bias", True, "granite.json: mamba_proj_bias true"),
                              ("time_step_limit", [0.001, 0.1], "granite.json: time_step_limit"),
                              ("hidden_act", "gelu", "granite.json: hidden_act 'gelu'"),
@@ -515,7 +552,7 @@ def test_jamba_config_keys_and_refusals():
                              ("hidden_act", "gelu", "jamba.json: hidden_act 'gelu'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "jamba.json")
-    assert config_from_hf(dict(data, attn_layer_offset=40), "jamba.json").attention_free  # every layer Mamba-1: built
+    assert config_from_hf(dict(data, attn_layer_offset=40), "jamba.json").hybrid.attention_free  # every layer Mamba-1: built
 
 
 def test_bamba_config_keys():
@@ -634,7 +671,7 @@ def test_nemotron_h_config_keys_and_refusals():
     assert cfg.num_hidden_layers == 31 and sum(not cfg.linear(i) for i in range(31)) == 4 and cfg.hybrid.value_dim == 10240
     assert [i for i in range(31) if not cfg.has_mlp(i)] == [3, 7, 11, 16, 21, 24]
     mamba_only = config_from_hf(dict(data, hybrid_override_pattern="M-M-"), "nh.json")  # no attention block: built
-    assert mamba_only.attention_free and mamba_only.num_hidden_layers == 2
+    assert mamba_only.hybrid.attention_free and mamba_only.num_hidden_layers == 2
     for key, value, said in (("hybrid_override_pattern", "MEE*", "nh.json: layers_block_type 'moe' at block 2"),
                              ("hybrid_override_pattern", "E*M", "nh.json: layers_block_type 'moe' at block 0"),
                              ("hybrid_override_pattern", "M--*-", "nh.json: layers_block_type 'mlp' at block 2"),
@@ -660,7 +697,7 @@ def test_mamba2_config_keys_and_refusals():
                 expand=2, n_groups=1, conv_kernel=4, use_bias=False, use_conv_bias=True, hidden_act="silu", layer_norm_epsilon=1e-5,
                 residual_in_fp32=True, time_step_limit=[0.0, float("inf")], tie_word_embeddings=True)
     cfg = config_from_hf(data, "mamba2.json")
-    assert cfg.attention_free and cfg.num_hidden_layers == 64 and not any(cfg.has_mlp(i) for i in range(64))
+    assert cfg.hybrid.attention_free and cfg.num_hidden_layers == 64 and not any(cfg.has_mlp(i) for i in range(64))
     assert cfg.hybrid.mamba2 and cfg.hybrid.recurrent_state_shape() == (80, 128, 64) and cfg.hybrid.conv_dim == 5120 + 2 * 128
     assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings and cfg.hybrid.conv_bias and cfg.rope_kinds() == []
     for key, value, said in (("use_bias", True, "mamba2.json: mamba2 with use_bias"), ("time_step_limit", [0.0, 0.1], "mamba2.json: time_step_limit"),
@@ -778,4 +815,4 @@ def test_jamba_gguf_metadata_and_refusals():
                              tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in routers})
         assert "\n" not in str(info.value)
     no_attention = config_from_gguf({**meta, p + "attention.head_count_kv": [0] * 8}, True, False, "jamba.gguf", tensors=tensors)
-    assert no_attention.attention_free and no_attention.moe.dense_layers == (0, 2, 4, 6)  # every layer Mamba-1: built
+    assert no_attention.hybrid.attention_free and no_attention.moe.dense_layers == (0, 2, 4, 6)  # every layer Mamba-1: built
