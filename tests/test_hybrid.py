@@ -452,10 +452,10 @@ def test_olmo_hybrid_config_keys_and_refusals():
     assert [config_from_hf(dict(data, num_hidden_layers=3), "olmo.json").linear(i) for i in range(3)] == [True, True, False]
     for key, value, message in (("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
                                 ("layer_types", ["linear_attention", "sliding_attention"] * 4, "layer_types 'sliding_attention'"),
-                                ("layer_types", ["linear_attention"] * 8, "no full_attention layer"),
                                 ("linear_num_value_heads", 45, "not a multiple of linear_num_key_heads")):
         with pytest.raises(UnsupportedError, match=message):
             config_from_hf(dict(data, **{key: value}), "olmo.json")
+    assert config_from_hf(dict(data, layer_types=["linear_attention"] * 8), "olmo.json").hybrid.attention_free  # no attention: built
     with pytest.raises(UnsupportedError, match="GGUF olmo_hybrid is not supported"):  # llama.cpp's converter has no OLMo Hybrid
         config_from_gguf({"general.architecture": "olmo_hybrid"}, False, False, "model.gguf")
 
