@@ -34,6 +34,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
     "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"], num_dense_layers=1,
                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # LFM3: layers 0 and 2 short convs, 1 sliding attention (window 8, default rope), 3 full attention (proportional rope on
+    # half of each head), each head's output times a sigmoid gate, sandwich norms (lfm3_plain: no gate, pre norms only)
+    "lfm3": dict(num_hidden_layers=4, layer_types=["conv", "sliding_attention", "conv", "full_attention"], sliding_window=8),
+    "lfm3_plain": dict(model_type="lfm3", num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"],
+                       use_sandwich_norm=False, use_attention_gate=False),
     # Granite 4.0-H: layers 0-2 Mamba-2 (8 heads of 16 in 2 groups, d_state 16, conv kernel 4 with its bias), layer 3 NoPE
     # attention; Granite's multipliers; MoE with a shared MLP (granitemoehybrid_dense: the shared MLP alone)
     "granitemoehybrid": dict(_GRANITE_H, num_local_experts=4, num_experts_per_tok=2),
@@ -96,7 +101,8 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [True, True, True, False])
+    types = HYBRID[name]["layer_types"] if name.startswith("lfm") else ["conv"] * 3 + ["full_attention"]  # else layers 0-2 recurrent
+    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t == "conv" for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import NEMOTRON_H_NAMES
 from .hybrid_names import LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
@@ -383,6 +383,9 @@ FAMILIES: dict[str, Family] = {
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
+    # LFM3: LFM2's short convs and MLP, sliding / full Qwen3 attention (proportional partial rope on full layers), a per-head output gate, sandwich norms
+    "lfm3": Family(("lfm3",), hybrid="short_conv", qk_norm="head", placement="sandwich", parallel_key="use_sandwich_norm", output_gate="self_attn.gate_proj.weight",
+                   refused_keys=("attention_bias",), gguf={}, names=LFM3_NAMES, top_names={"model.embedding_norm.weight": "model.norm.weight"}),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k
     # norms, a gated attention output (a gate_proj of its own), sigmoid routing with a score bias in one group, ungated
     # shared experts, dense first num_dense_layers; muP's sqrt(hidden) embedding scale when mup_enabled

@@ -32,6 +32,11 @@ LINEAR_ROLES = tuple(LINEAR_NAMES)
 # a short-conv layer's roles (LFM2: in_proj -> B | C | x, the depthwise conv, out_proj)
 SHORT_CONV_NAMES: dict[str, tuple[str, ...]] = {"conv_in": ("conv.in_proj.weight",), "conv_kernel": ("conv.conv.weight",),
                                                 "conv_out": ("conv.out_proj.weight",)}
+# LFM3's layer names: LFM2's short conv and MLP, sandwich norms (post_operator_norm / post_ffn_norm), Qwen3's attention
+# names (q_norm / k_norm / o_proj; its per-head gate, stored gate_proj, shown inside q_proj at load: models/hf_layouts.py)
+LFM3_NAMES = {**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
+              "post_attn_norm": ("post_operator_norm.weight",), "post_mlp_norm": ("post_ffn_norm.weight",),
+              "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"), "down": ("feed_forward.w2.weight",)}
 # a Mamba-2 layer's roles (Granite 4.0-H: in_proj -> z | xBC | dt, the conv1d and its bias, the SSM's A_log / dt_bias /
 # D, the gated group norm, out_proj)
 MAMBA2_NAMES: dict[str, tuple[str, ...]] = {
@@ -141,17 +146,19 @@ class HybridConfig:
 
 
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
-    """ModelConfig fields of an LFM2 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are short
-    convs), the MLP width after transformers' `block_auto_adjust_ff_dim`; conv biases and no attention layer refused."""
+    """ModelConfig fields of an LFM2 / LFM3 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are
+    short convs, full_attention / sliding_attention ones attention), the MLP width after transformers'
+    `block_auto_adjust_ff_dim`, LFM3's use_attention_gate; conv biases and no attention layer refused."""
     types = data.get("layer_types") or ["full_attention" if i in (data.get("full_attn_idxs") or []) else "conv" for i in range(layers)]
     types = list(types)[:layers]
-    other = sorted(set(types) - {"full_attention", "conv"})
+    other = sorted(set(types) - {"full_attention", "sliding_attention", "conv"})
     if other:
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in an LFM2 model")
     if data.get("conv_bias"):
         raise UnsupportedError(f"{source}: conv_bias true (short-conv biases) is not supported")
-    if "full_attention" not in types:
+    if set(types) <= {"conv"}:
         raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
+    _check_sliding(data, types, source)
     inter = int(data["intermediate_size"])
     if data.get("block_auto_adjust_ff_dim"):  # transformers' Lfm2MLP
         inter = int(2 * inter / 3)
@@ -161,7 +168,20 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
             inter = multiple * ((inter + multiple - 1) // multiple)
     hybrid = HybridConfig(linear=[t == "conv" for t in types], kind="short_conv", width=int(data["hidden_size"]),
                           conv_kernel=int(data.get("conv_L_cache") or 3))
-    return dict(hybrid=hybrid, intermediate_size=inter)
+    gate = {"attn_output_gate": bool(data["use_attention_gate"])} if "use_attention_gate" in data else {}  # LFM3
+    return dict(hybrid=hybrid, intermediate_size=inter, **gate)
+
+
+def _check_sliding(data: dict[str, Any], types: list[str], source: str) -> None:
+    """LFM3's sliding layers: a sliding_window, and their rope (rope_parameters' sliding_attention) of the default
+    type (the local rotary table is unscaled: models/rope.py); refused otherwise."""
+    if "sliding_attention" not in types:
+        return
+    if not data.get("sliding_window"):
+        raise UnsupportedError(f"{source}: sliding_attention layers without a sliding_window are not supported")
+    local = (data.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default" or float(local.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedError(f"{source}: rope_parameters sliding_attention {local!r} is not supported (default rope only)")
 
 
 def gguf_kv_heads(meta: dict[str, Any], p: str) -> list[int]:
