@@ -156,7 +156,8 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid", "granitemoehybrid_dense",
+                                  "bamba", "jamba", "jamba_dense",
                                   "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
@@ -209,6 +210,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
+                                                ("lfm3", ("conv_in", "conv_out", "self_attn.weight_t", "mlp")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
@@ -413,6 +415,38 @@ def test_lfm2_moe_config_keys():
     assert (moe.routing, moe.score_bias, moe.norm_topk_prob, moe.renorm_eps) == ("sigmoid_group", True, True, 1e-6)
     assert (moe.num_experts, moe.top_k, moe.expert_size, moe.dense_layers) == (32, 4, 1792, (0, 1))
     assert moe.expert_sources(5, 3)["gate"] == "model.layers.5.feed_forward.experts.3.w1.weight"
+
+
+def test_lfm3_config_keys_and_refusals():
+    """LFM3's config.json keys (transformers' defaults, LFM3-1.7B's shape): short convs where no attention, sliding
+    layers (window 256, their own default rope of base 1e4) and full ones (proportional rope on half of each 128-dim head,
+    base 1e6), the per-head output gate, sandwich norms, the MLP width unadjusted; use_sandwich_norm / use_attention_gate
+    false read; attention biases, conv biases, sliding layers without a window or with scaled rope, its GGUF refused."""
+    import transformers
+
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+    from speccompile.models.rope import rope_inv_freq
+
+    data = transformers.Lfm3Config().to_dict()
+    cfg = config_from_hf(data, "lfm3.json")
+    assert (cfg.intermediate_size, cfg.head_dim, cfg.num_key_value_heads, cfg.hybrid.conv_state_shape()) == (7680, 128, 4, (2048, 6))
+    assert [i for i in range(24) if not cfg.linear(i)] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22]
+    assert [i for i in range(24) if cfg.sliding(i)] == [4, 8, 12, 16, 20] and cfg.sliding_window == 256
+    assert [cfg.rope_kind(i) for i in (2, 4)] == ["global", "local"] and (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
+    assert cfg.rotary_dim == 0 and (rope_inv_freq(cfg)[32:] == 0).all() and (rope_inv_freq(cfg)[:32] > 0).all()
+    assert (rope_inv_freq(cfg, "local") > 0).all()
+    assert (cfg.placement, cfg.attn_output_gate, cfg.qk_norm, cfg.tie_word_embeddings) == ("sandwich", True, True, True)
+    plain = config_from_hf(dict(data, use_sandwich_norm=False, use_attention_gate=False), "lfm3.json")
+    assert (plain.placement, plain.attn_output_gate) == ("pre", False)
+    for key, value, why in (("attention_bias", True, "lfm3 with attention_bias"), ("conv_bias", True, "conv_bias true"),
+                            ("sliding_window", None, "without a sliding_window"),
+                            ("rope_parameters", {**data["rope_parameters"], "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4,
+                                                                                                 "factor": 2.0}}, "sliding_attention")):
+        with pytest.raises(UnsupportedError, match=f"lfm3.json: .*{why}"):
+            config_from_hf(dict(data, **{key: value}), "lfm3.json")
+    with pytest.raises(UnsupportedError, match="a GGUF lfm3 is not supported"):
+        config_from_gguf({"general.architecture": "lfm3"}, False, False, "lfm3.gguf")
 
 
 def test_granite_4_h_config_keys_and_refusals():
