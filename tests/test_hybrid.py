@@ -436,9 +436,9 @@ def test_lfm3_config_keys_and_refusals():
     assert [cfg.rope_kind(i) for i in (2, 4)] == ["global", "local"] and (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
     assert cfg.rotary_dim == 0 and (rope_inv_freq(cfg)[32:] == 0).all() and (rope_inv_freq(cfg)[:32] > 0).all()
     assert (rope_inv_freq(cfg, "local") > 0).all()
-    assert (cfg.placement, cfg.attn_output_gate, cfg.qk_norm, cfg.tie_word_embeddings) == ("sandwich", True, True, True)
+    assert (cfg.placement, cfg.attn_output_gate, cfg.gate_dim, cfg.qk_norm, cfg.tie_word_embeddings) == ("sandwich", True, 1, True, True)
     plain = config_from_hf(dict(data, use_sandwich_norm=False, use_attention_gate=False), "lfm3.json")
-    assert (plain.placement, plain.attn_output_gate) == ("pre", False)
+    assert (plain.placement, plain.attn_output_gate, plain.gate_dim) == ("pre", False, 0)
     for key, value, why in (("attention_bias", True, "lfm3 with attention_bias"), ("conv_bias", True, "conv_bias true"),
                             ("sliding_window", None, "without a sliding_window"),
                             ("rope_parameters", {**data["rope_parameters"], "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4,

@@ -312,7 +312,7 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
     if cfg.attn_output_gate:  # gated attention: q rows doubled (per head q, gate), the gate kept for the output
-        q, g.gates[i], k, v = gated_qkv(g.emitter(s), "", qkv, heads, kv_heads, dim)
+        q, g.gates[i], k, v = gated_qkv(g.emitter(s), "", qkv, heads, kv_heads, dim, cfg.gate_dim)
     elif cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
         q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
@@ -404,7 +404,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
-    out = gated(g.emitter(s), out, g.gates.get(i, ""))  # gated attention (export/linear_ops.py)
+    out = gated(g.emitter(s), out, g.gates.get(i, ""), heads * cfg.attn_head_gate)  # gated attention (export/linear_ops.py)
     out = b.one(f"{s}/o_proj", "MatMul", [_projected(g, i, "attn_sub_norm", out, s), g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 

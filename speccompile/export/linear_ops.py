@@ -54,24 +54,30 @@ def parallel_mixer(em: Emitter, cfg: ModelConfig, i: int, h: str, attn: str, rol
     return em.one("Add", [attn, mamba2_layer(em, cfg, i, h, role)]) if cfg.parallel_mixer(i) else attn
 
 
-def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
-    """Gated attention's doubled query rows [b, q, heads * 2 * dim] (per head: q, then gate) -> q [b, q, heads * dim]
-    and the gate of that shape (models.linear_attention.split_output_gate)."""
-    both = em.one("Reshape", [q, em.const("gate.heads", [0, 0, heads, 2 * dim])])
-    q, gate = em.op("Split", [both, em.const("gate.split", [dim, dim])], 2, axis=-1)
+def output_gate(em: Emitter, q: str, heads: int, dim: int, gate_dim: int) -> tuple[str, str]:
+    """Gated attention's query rows [b, q, heads * (dim + gate_dim)] (per head: q, then gate; gate_dim dim, or 1: LFM3)
+    -> q [b, q, heads * dim] and the gate: [b, q, heads * dim], or [b, q, heads, 1] (models.linear_attention.split_output_gate)."""
+    both = em.one("Reshape", [q, em.const("gate.heads", [0, 0, heads, dim + gate_dim])])
+    q, gate = em.op("Split", [both, em.const("gate.split", [dim, gate_dim])], 2, axis=-1)
     flat = em.const("gate.flat", [0, 0, heads * dim])
-    return em.one("Reshape", [q, flat]), em.one("Reshape", [gate, flat])
+    return em.one("Reshape", [q, flat]), gate if gate_dim != dim else em.one("Reshape", [gate, flat])
 
 
-def gated_qkv(em: Emitter, key: str, qkv: str, heads: int, kv_heads: int, dim: int) -> tuple[str, str, str, str]:
-    """Gated attention's fused q/k/v rows (q doubled) -> q, its gate, k, v (`key`: the split sizes' constant)."""
-    q, k, v = em.op("Split", [qkv, em.const(key, [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-    return (*output_gate(em, q, heads, dim), k, v)
+def gated_qkv(em: Emitter, key: str, qkv: str, heads: int, kv_heads: int, dim: int, gate_dim: int) -> tuple[str, str, str, str]:
+    """Gated attention's fused q/k/v rows (q and its gate) -> q, its gate, k, v (`key`: the split sizes' constant)."""
+    q, k, v = em.op("Split", [qkv, em.const(key, [heads * (dim + gate_dim), kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    return (*output_gate(em, q, heads, dim, gate_dim), k, v)
 
 
-def gated(em: Emitter, out: str, gate: str) -> str:
-    """The attention output times sigmoid(gate) (gated attention), or as it is (`gate` "")."""
-    return em.one("Mul", [out, em.one("Sigmoid", [gate])]) if gate else out
+def gated(em: Emitter, out: str, gate: str, heads: int = 0) -> str:
+    """The attention output times sigmoid(gate) (gated attention), or as it is (`gate` ""); `heads`: a gate of one
+    value a head ([b, q, heads, 1], LFM3), each head's output [b, q, heads, dim] times its value."""
+    if not gate:
+        return out
+    if not heads:
+        return em.one("Mul", [out, em.one("Sigmoid", [gate])])
+    per_head = em.one("Reshape", [out, em.const("gate.out_heads", [0, 0, heads, -1])])
+    return em.one("Reshape", [em.one("Mul", [per_head, em.one("Sigmoid", [gate])]), em.const("gate.out_flat", [0, 0, -1])])
 
 
 def linear_block(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> tuple[str, list[str]]:

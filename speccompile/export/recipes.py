@@ -178,7 +178,7 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
                 **{role: [(h,)] for role in BESIDE_ROLES}, "attn_sub_norm": [(q,)], "ffn_sub_norm": [(inter,)], **_altup_shapes(c)}
     if c.attn_output_gate:  # gated attention: q_proj gives q and the gate
-        per_role["qkv"] = [(2 * q, h), (kv, h), (kv, h)]
+        per_role["qkv"] = [(q + c.num_attention_heads * c.gate_dim, h), (kv, h), (kv, h)]
     if c.hybrid is not None:
         per_role.update(_linear_shapes(c))
     if c.mla:

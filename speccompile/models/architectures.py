@@ -120,6 +120,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
+    head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]): q rows per head q | 1 gate row
     hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
@@ -383,8 +384,8 @@ FAMILIES: dict[str, Family] = {
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
-    # LFM3: LFM2's short convs and MLP, sliding / full Qwen3 attention (proportional partial rope on full layers), a per-head output gate, sandwich norms
-    "lfm3": Family(("lfm3",), hybrid="short_conv", qk_norm="head", placement="sandwich", parallel_key="use_sandwich_norm", output_gate="self_attn.gate_proj.weight",
+    # LFM3: LFM2's short convs and MLP, sliding / full Qwen3 attention (proportional partial rope on full layers), a per-head output gate (`head_gate`), sandwich norms
+    "lfm3": Family(("lfm3",), hybrid="short_conv", qk_norm="head", placement="sandwich", parallel_key="use_sandwich_norm", output_gate="self_attn.gate_proj.weight", head_gate=True,
                    refused_keys=("attention_bias",), gguf={}, names=LFM3_NAMES, top_names={"model.embedding_norm.weight": "model.norm.weight"}),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k
     # norms, a gated attention output (a gate_proj of its own), sigmoid routing with a score bias in one group, ungated

@@ -128,6 +128,7 @@ class ModelConfig:
     rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
     hybrid: HybridConfig | None = None  # gated delta net layers (models/linear_config.py; None: attention only)
     attn_output_gate: bool = False  # q_proj doubled (per head q, gate): attention output times sigmoid(gate) (Qwen3-Next)
+    attn_head_gate: bool = False  # that gate one value a head (LFM3): q_proj's rows per head q, then one gate row
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -187,6 +188,11 @@ class ModelConfig:
     def kind_head_dim(self, kind: str) -> int:
         """The head_dim of the layers using rotary table `kind` (per-layer shapes: every such layer has one)."""
         return next((self.layer(i).head_dim for i in range(self.num_hidden_layers) if self.rope_kind(i) == kind), self.head_dim)
+
+    @property
+    def gate_dim(self) -> int:
+        """The output gate's rows per head in q_proj (after the head's q rows): head_dim, 1 (`attn_head_gate`) or 0."""
+        return (1 if self.attn_head_gate else self.head_dim) if self.attn_output_gate else 0
 
     @property
     def kv_dim(self) -> int:
@@ -299,7 +305,8 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         **(altup_keys(data, types, layers, source) if fam.altup else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
-        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed, attn_output_gate=bool(fam.output_gate),
+        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed, attn_output_gate=bool(fam.output_gate) and bool(data.get("use_attention_gate", True)),
+        attn_head_gate=fam.head_gate,
         position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source), **(llama4_fields(data) if fam.attn_scale == "llama4_nope" else {})}

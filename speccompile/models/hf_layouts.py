@@ -112,9 +112,9 @@ class _Ones(WeightSource):
 
 
 class _GateApart(WeightSource):
-    """AFMoE's attention output gate, a projection of its own ([heads * head_dim, in]; LFM3's: [heads, in], each
-    head's row repeated over its dims), shown inside q_proj as Qwen3-Next keeps it: [heads, q | gate] rows
-    (`ModelConfig.attn_output_gate`); the gate tensors themselves hidden."""
+    """AFMoE's attention output gate, a projection of its own ([heads * head_dim, in]; LFM3's: [heads, in], one gate a
+    head), shown inside q_proj as Qwen3-Next keeps it: [heads, q | gate] rows (`ModelConfig.attn_output_gate`,
+    `attn_head_gate`); the gate tensors themselves hidden."""
 
     def __init__(self, inner: WeightSource, query: str, gate: str, heads: int):
         self._inner, self._heads = inner, heads
@@ -122,17 +122,17 @@ class _GateApart(WeightSource):
 
     def info(self, name: str) -> TensorInfo:
         info = self._inner.info(name)
-        return TensorInfo((2 * info.shape[0], *info.shape[1:]), info.dtype) if name in self._gates else info
+        if name not in self._gates:
+            return info
+        return TensorInfo((info.shape[0] + self._inner.info(self._gates[name]).shape[0], *info.shape[1:]), info.dtype)
 
     def read(self, name: str) -> np.ndarray:
         query = self._inner.read(name)
         if name not in self._gates:
             return query
         gate = self._inner.read(self._gates[name])
-        if gate.shape[0] == self._heads:  # one gate a head (LFM3's gate_proj), repeated over the head's dims
-            gate = np.repeat(gate, query.shape[0] // self._heads, axis=0)
-        both = np.stack([query.reshape(self._heads, -1, *query.shape[1:]), gate.reshape(self._heads, -1, *gate.shape[1:])], axis=1)
-        return both.reshape(2 * query.shape[0], *query.shape[1:])
+        both = np.concatenate([query.reshape(self._heads, -1, *query.shape[1:]), gate.reshape(self._heads, -1, *gate.shape[1:])], axis=1)
+        return both.reshape(query.shape[0] + gate.shape[0], *query.shape[1:])
 
     def names(self) -> list[str]:
         hidden = set(self._gates.values())

@@ -95,8 +95,16 @@ class GatedDeltaNet(nn.Module):
                 torch.zeros((batch, *self.h.recurrent_state_shape()), dtype=dtype)]
 
 
-def split_output_gate(q: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated attention's doubled q_proj output [b, q, heads * 2 * head_dim] (per head: q, then gate) -> q [b, q,
-    heads * head_dim] and the gate of the same shape."""
-    both = q.reshape(q.shape[0], q.shape[1], heads, 2 * head_dim)
+def split_output_gate(q: torch.Tensor, heads: int, head_dim: int, gate_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated attention's q_proj output [b, q, heads * (head_dim + gate_dim)] (per head: q, then gate; gate_dim
+    head_dim, or 1: LFM3) -> q [b, q, heads * head_dim] and the gate [b, q, heads * gate_dim]."""
+    both = q.reshape(q.shape[0], q.shape[1], heads, head_dim + gate_dim)
     return both[..., :head_dim].reshape(q.shape[0], q.shape[1], -1), both[..., head_dim:].reshape(q.shape[0], q.shape[1], -1)
+
+
+def gated_output(out: torch.Tensor, gate: torch.Tensor, heads: int) -> torch.Tensor:
+    """The attention output [b, q, heads * dim] times sigmoid(gate): of its shape, or one value a head [b, q, heads]."""
+    if gate.shape[-1] == out.shape[-1]:
+        return out * torch.sigmoid(gate)
+    per_head = out.reshape(out.shape[0], out.shape[1], heads, -1) * torch.sigmoid(gate).unsqueeze(-1)
+    return per_head.reshape(out.shape)

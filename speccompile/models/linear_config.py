@@ -148,7 +148,7 @@ class HybridConfig:
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of an LFM2 / LFM3 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are
     short convs, full_attention / sliding_attention ones attention), the MLP width after transformers'
-    `block_auto_adjust_ff_dim`, LFM3's use_attention_gate; conv biases and no attention layer refused."""
+    `block_auto_adjust_ff_dim`; conv biases, no attention layer and LFM3's sliding layers without a window refused."""
     types = data.get("layer_types") or ["full_attention" if i in (data.get("full_attn_idxs") or []) else "conv" for i in range(layers)]
     types = list(types)[:layers]
     other = sorted(set(types) - {"full_attention", "sliding_attention", "conv"})
@@ -168,8 +168,7 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
             inter = multiple * ((inter + multiple - 1) // multiple)
     hybrid = HybridConfig(linear=[t == "conv" for t in types], kind="short_conv", width=int(data["hidden_size"]),
                           conv_kernel=int(data.get("conv_L_cache") or 3))
-    gate = {"attn_output_gate": bool(data["use_attention_gate"])} if "use_attention_gate" in data else {}  # LFM3
-    return dict(hybrid=hybrid, intermediate_size=inter, **gate)
+    return dict(hybrid=hybrid, intermediate_size=inter)
 
 
 def _check_sliding(data: dict[str, Any], types: list[str], source: str) -> None:
