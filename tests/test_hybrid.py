@@ -34,7 +34,7 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
     "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"], num_dense_layers=1,
                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
-    # LFM3: layers 0 and 2 short convs, 1 sliding attention (window 8, default rope), 3 full attention (proportional rope on
+    # LFM3: layers 0 and 2 short convs (kernel 7), 1 sliding attention (window 8, default rope), 3 full attention (proportional rope on
     # half of each head), each head's output times a sigmoid gate, sandwich norms (lfm3_plain: no gate, pre norms only)
     "lfm3": dict(num_hidden_layers=4, layer_types=["conv", "sliding_attention", "conv", "full_attention"], sliding_window=8),
     "lfm3_plain": dict(model_type="lfm3", num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"],
@@ -421,7 +421,8 @@ def test_lfm3_config_keys_and_refusals():
     """LFM3's config.json keys (transformers' defaults, LFM3-1.7B's shape): short convs where no attention, sliding
     layers (window 256, their own default rope of base 1e4) and full ones (proportional rope on half of each 128-dim head,
     base 1e6), the per-head output gate, sandwich norms, the MLP width unadjusted; use_sandwich_norm / use_attention_gate
-    false read; attention biases, conv biases, sliding layers without a window or with scaled rope, its GGUF refused."""
+    false read; attention biases, conv biases, sliding layers without a window or with scaled rope, partial rotary
+    without proportional rope, its GGUF refused."""
     import transformers
 
     from speccompile.errors import UnsupportedError
@@ -442,7 +443,9 @@ def test_lfm3_config_keys_and_refusals():
     for key, value, why in (("attention_bias", True, "lfm3 with attention_bias"), ("conv_bias", True, "conv_bias true"),
                             ("sliding_window", None, "without a sliding_window"),
                             ("rope_parameters", {**data["rope_parameters"], "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4,
-                                                                                                 "factor": 2.0}}, "sliding_attention")):
+                                                                                                 "factor": 2.0}}, "sliding_attention"),
+                            ("rope_parameters", {**data["rope_parameters"], "full_attention": {"rope_type": "default", "rope_theta": 1e6,
+                                                                                              "partial_rotary_factor": 0.5}}, "full_attention")):
         with pytest.raises(UnsupportedError, match=f"lfm3.json: .*{why}"):
             config_from_hf(dict(data, **{key: value}), "lfm3.json")
     with pytest.raises(UnsupportedError, match="a GGUF lfm3 is not supported"):

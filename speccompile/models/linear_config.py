@@ -172,8 +172,13 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
 
 
 def _check_sliding(data: dict[str, Any], types: list[str], source: str) -> None:
-    """LFM3's sliding layers: a sliding_window, and their rope (rope_parameters' sliding_attention) of the default
-    type (the local rotary table is unscaled: models/rope.py); refused otherwise."""
+    """LFM3's rope per layer type: full layers' partial_rotary_factor with proportional rope only (transformers' default
+    rope turns the whole head, its other types fail); sliding layers with a sliding_window and default rope (the
+    local rotary table is unscaled: models/rope.py); refused otherwise."""
+    full = (data.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type") != "proportional" and float(full.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedError(f"{source}: rope_parameters full_attention {full!r} is not supported (partial rotary only "
+                               "with rope_type proportional)")
     if "sliding_attention" not in types:
         return
     if not data.get("sliding_window"):
