@@ -22,7 +22,7 @@ from .mamba1_gguf import mamba1_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, olmo_hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .falcon import falcon_gguf_keys, falcon_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
@@ -140,6 +140,10 @@ class ModelConfig:
         """Layer `layer` is a gated delta net (hybrid linear attention) instead of attention."""
         return self.hybrid is not None and self.hybrid.linear[layer]
 
+    def placement_of(self, layer: int) -> str:
+        """Layer `layer`'s norm placement: the recurrent layers' own (`HybridConfig.placement`: OLMo Hybrid's), else the model's."""
+        return self.hybrid.placement if self.linear(layer) and self.hybrid.placement else self.placement
+
     def parallel_mixer(self, layer: int) -> bool:
         """Layer `layer` runs a Mamba-2 mixer beside its attention on the same normed input (Falcon-H1)."""
         return self.hybrid is not None and self.hybrid.parallel and not self.hybrid.linear[layer]
@@ -213,7 +217,7 @@ class ModelConfig:
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
         moe = self.moe is not None and self.moe.is_moe(layer)
         beside = moe and self.moe.beside_dense  # Gemma 4: the dense MLP's roles too, and the norms around both
-        roles = layer_roles(self.placement, self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
+        roles = layer_roles(self.placement_of(layer), self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
                             moe=moe and not beside, norm_bias=self.norm_bias, mlp=mlp,
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
@@ -291,23 +295,18 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
         rope_scaling=check_rope_scaling(rope, source, alpha=fam.rope_alpha),
         attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
-        qk_norm_after_rope=fam.qk_norm == "after_rope",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=mlp_act_of(data, fam, arch, source),
-        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
+        qk_norm_after_rope=fam.qk_norm == "after_rope", norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=mlp_act_of(data, fam, arch, source),
         lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,
-        rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
-        layer_types=types, sliding_window=window,
-        rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved, norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
+        layer_types=types, sliding_window=window, rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
         nope_layers=nope_layers_of(data, fam, types, layers),
-        attn_softcap=float(data.get("attn_logit_softcapping") or 0.0),
-        final_softcap=float(data.get("final_logit_softcapping") or 0.0),
+        attn_softcap=float(data.get("attn_logit_softcapping") or 0.0), final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         **(altup_keys(data, types, layers, source) if fam.altup else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
         embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed, attn_output_gate=bool(fam.output_gate) and bool(data.get("use_attention_gate", True)),
-        attn_head_gate=fam.head_gate,
-        position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
+        attn_head_gate=fam.head_gate, position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source), **(llama4_fields(data) if fam.attn_scale == "llama4_nope" else {})}
 
@@ -351,7 +350,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             moe=moe_from_hf(fam.moe, data),
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
-                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf}
+                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
