@@ -22,9 +22,10 @@ from .mamba1_gguf import mamba1_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .linear_config import ATTENTION_ONLY, HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .falcon import falcon_gguf_keys, falcon_keys
+from .kda_config import kda_from_hf
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -213,7 +214,7 @@ class ModelConfig:
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
-            roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias"))]
+            roles = [*self.hybrid.roles(), *(r for r in roles if r not in ATTENTION_ONLY)]
         roles += [*self.hybrid.roles()] if self.parallel_mixer(layer) else []  # Falcon-H1: the Mamba-2 mixer's too
         if not self.has_mlp(layer):  # Nemotron-H: the MLP's norm and weights absent
             roles = [r for r in roles if r not in MLP_ROLES]
@@ -344,7 +345,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             moe=moe_from_hf(fam.moe, data),
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
-                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf}
+                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "kda": kda_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

@@ -43,7 +43,7 @@ per expert under the names below, so every consumer reads per-expert [out, in] m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UnsupportedError
@@ -371,8 +371,9 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
-    if kind in ("deepseek_v3", "deepseek_v2"):
-        return _deepseek_moe(kind, data, top_k, layers)
+    if kind in ("deepseek_v3", "deepseek_v2", "kimi_linear"):  # Kimi Linear: V3's routing, Mixtral's block and names
+        moe = _deepseek_moe("deepseek_v2" if kind == "deepseek_v2" else "deepseek_v3", data, top_k, layers)
+        return replace(moe, block="block_sparse_moe", projections=("w1", "w3", "w2")) if kind == "kimi_linear" else moe
     if kind == "gemma4":  # the MoE block beside the dense MLP (enable_moe_block); its experts' activation the MLP's
         if not data.get("enable_moe_block"):
             return None
