@@ -305,6 +305,25 @@ def test_kimi_linear_config_keys_and_refusals():
             config_from_hf({**raw, key: value}, "config.json")
 
 
+def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):
+    """Kimi Linear at its released latent widths (kv_lora_rank 512, rope 64: a 576-wide cache head): no fused CPU graph,
+    the contract graph within 1e-4 of transformers at every position, partly right chain drafts bitwise plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+
+    wide = {"kimi_linear": dict(HYBRID["kimi_linear"], kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+                                num_attention_heads=2, num_key_value_heads=2)}
+    hf = make_family_model(tmp_path / "hf", "kimi_linear", families=wide)
+    assert set(export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96)).graphs) == {"target"}
+    session = open_artifact(tmp_path / "art", threads=1).target
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _close(_decoded(session, seq, 1), _hf_logits(hf, seq)[12:], "kimi_linear 576-wide target.onnx")
+    plain, plain_logits, _ = _greedy(session, seq[:10], 20, lambda j: [])
+    tokens, logits, accepted = _greedy(session, seq[:10], 20, _partly_right(plain, 4))
+    assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
+    np.testing.assert_array_equal(logits, plain_logits)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
 def test_qwen3_5_multimodal_checkpoint_exports_its_text_decoder(tmp_path, model_type):
     """Qwen3.5's published form (Qwen3_5ForConditionalGeneration: model.language_model.*, a vision tower, an MTP block

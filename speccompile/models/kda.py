@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from .linear_attention import l2norm, _Gain
+from .linear_attention import _Gain, delta_rule, l2norm, zero_states
 from .linear_config import HybridConfig
 
 
@@ -68,11 +68,8 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(beta_in)
         gate = (forget + self.dt_bias).reshape(-1, hy.num_v_heads, hy.k_dim)
         g = -self.A_log.reshape(-1, 1).exp() * nn.functional.softplus(gate)  # [b, H, D]: per key channel
-        state = recurrent * g.exp().unsqueeze(-1)
-        memory = (state * key.unsqueeze(-1)).sum(dim=-2)
-        delta = (value - memory) * beta.unsqueeze(-1)
-        state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
-        return (state * query.unsqueeze(-1)).sum(dim=-2), window[..., 1:], state
+        out, state = delta_rule(recurrent * g.exp().unsqueeze(-1), query, key, value, beta)
+        return out, window[..., 1:], state
 
     def gated_norm(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each head's values, times the gain, times sigmoid(gate) (transformers' KimiLinearRMSNormGated)."""
@@ -81,5 +78,4 @@ class KimiDeltaAttention(nn.Module):
 
     def empty_states(self, batch: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The states before the first token: zeros."""
-        return [torch.zeros((batch, *self.h.conv_state_shape()), dtype=dtype),
-                torch.zeros((batch, *self.h.recurrent_state_shape()), dtype=dtype)]
+        return zero_states(self.h, batch, dtype)
