@@ -299,10 +299,15 @@ def test_kimi_linear_config_keys_and_refusals():
     assert cfg.max_position_embeddings == 512
     for key, value, what in (("mla_use_nope", False, "mla_use_nope false"), ("hidden_act", "gelu", "hidden_act 'gelu'"),
                              ("moe_router_activation_func", "softmax", "moe_router_activation_func 'softmax'"),
+                             ("moe_layer_freq", 2, "moe_layer_freq 2"),
                              ("layer_types", ["linear_attention"] * 4, "every layer is linear_attention"),
                              ("layer_types", ["linear_attention", "mamba", "full_attention", "linear_attention"], "layer_types 'mamba'")):
         with pytest.raises(UnsupportedError, match=what):
             config_from_hf({**raw, key: value}, "config.json")
+    from speccompile.models.config import normalize_architecture
+
+    with pytest.raises(UnsupportedError, match="Kimi Linear GGUF is not read"):
+        normalize_architecture("kimi-linear", "model.gguf")
 
 
 def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):

@@ -43,8 +43,8 @@ def kda_shapes(hy: HybridConfig, hidden: int) -> dict[str, list[tuple[int, ...]]
 def kda_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a Kimi Linear config.json: `hybrid` (layer_types, else linear_attn_config's 1-indexed
     kda_layers / full_attn_layers, else transformers' default: layer i > 0 with i % 4 == 0 full), every layer NoPE;
-    an activation other than SiLU, rope on the latent attention (mla_use_nope false), a router other than sigmoid and
-    no attention layer are refused."""
+    an activation other than SiLU, rope on the latent attention (mla_use_nope false), a router other than sigmoid, MoE
+    layers not every layer (moe_layer_freq) and no attention layer are refused."""
     lin = data.get("linear_attn_config") or {}
     types = data.get("layer_types")
     if not types and "full_attn_layers" in lin and "kda_layers" in lin:
@@ -60,6 +60,8 @@ def kda_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any
         raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Kimi Linear model")
     if data.get("mla_use_nope") is False:
         raise UnsupportedError(f"{source}: mla_use_nope false (rope on Kimi Linear's latent attention) is not supported")
+    if int(data.get("moe_layer_freq") or 1) != 1:
+        raise UnsupportedError(f"{source}: moe_layer_freq {data['moe_layer_freq']!r} is not supported (1: every layer past the dense ones MoE)")
     if str(data.get("moe_router_activation_func", "sigmoid")) != "sigmoid":
         raise UnsupportedError(f"{source}: moe_router_activation_func {data['moe_router_activation_func']!r} is not supported (sigmoid)")
     heads = int(lin.get("num_heads", data.get("linear_num_heads", 32)))
