@@ -1,4 +1,5 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; LFM2 and
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
+gated delta nets beside OLMo 3's post-norm attention; LFM2 and
 LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_VOCAB
-from test_families import _close, _decoded, _hf_logits, make_family_model
+from test_families import UNSET, _close, _decoded, _hf_logits, make_family_model
 
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
 _LINEAR = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -29,6 +30,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "qwen3_next": dict(_LINEAR, **_MOE, decoder_sparse_step=2),  # MoE on layers 1 and 3 (a shared expert), dense 0 and 2
     "qwen3_5_text": dict(_LINEAR),
     "qwen3_5_moe_text": dict(_LINEAR, **_MOE),
+    # OLMo Hybrid: layers 1 and 3 gated delta nets (separate q/k/v/g/a/b projections, beta in [0, 2], pre norms), 0 and 2
+    # OLMo 3's post-norm attention with full q / k norms (no head_dim key: hidden / heads): each way between the two
+    # placements, and the final norm after a delta net
+    "olmo_hybrid": dict(num_hidden_layers=4, head_dim=UNSET, layer_types=["full_attention", "linear_attention"] * 2, linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8),
     # LFM2: layers 0-2 short convs (kernel 3), layer 3 attention with per-head q / k norms; the MLP width adjusted
     "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"]),
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
@@ -102,7 +108,8 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [True, True, True, False])
+    linear = [False, True, False, True] if name == "olmo_hybrid" else [True, True, True, False]
+    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else linear)
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)
@@ -156,7 +163,7 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
                                   "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
@@ -208,7 +215,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
     np.testing.assert_array_equal(logits, plain_logits)
 
 
-@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
+@pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("olmo_hybrid", ("lin_qkvz", "lin_ba", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
@@ -447,6 +454,36 @@ def test_lfm2_config_keys_and_refusals():
         config_from_hf(dict(data, conv_bias=True), "lfm2.json")
     with pytest.raises(UnsupportedError, match="without a full_attention layer"):
         config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json")
+
+
+def test_olmo_hybrid_config_keys_and_refusals():
+    """OLMo Hybrid's config.json (OLMo-Hybrid-7B's shape, linear keys left to transformers' defaults): linear heads
+    num_attention_heads, key head dim 0.75 hidden / heads, value head dim twice it, every 4th layer full; beta in [0, 2]
+    unless linear_allow_neg_eigval is false, FLA's gated-norm epsilon, pre-norm delta-net layers beside post-norm
+    attention (their roles), no output gate; what it does not build (and its GGUF) refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+
+    data = dict(model_type="olmo_hybrid", vocab_size=100352, hidden_size=3840, intermediate_size=11008, num_hidden_layers=8,
+                num_attention_heads=30, max_position_embeddings=65536)
+    cfg = config_from_hf(data, "olmo.json")
+    h = cfg.hybrid
+    assert (h.num_k_heads, h.num_v_heads, h.k_dim, h.v_dim, h.conv_kernel) == (30, 30, 96, 192, 4) and cfg.num_key_value_heads == 30
+    assert [i for i in range(8) if not cfg.linear(i)] == [3, 7] and h.beta_scale == 2.0 and h.norm_eps == 1e-5
+    assert cfg.rms_norm_eps == 1e-6 and not cfg.attn_output_gate and cfg.qk_norm and cfg.qk_norm_full
+    assert [cfg.placement_of(i) for i in (0, 3)] == ["pre", "post"]
+    assert {"input_norm", "post_norm"} <= set(cfg.layer_roles(0)) and "post_attn_norm" not in cfg.layer_roles(0)
+    assert {"post_attn_norm", "post_mlp_norm", "q_norm", "k_norm"} <= set(cfg.layer_roles(3)) and "input_norm" not in cfg.layer_roles(3)
+    assert config_from_hf(dict(data, linear_allow_neg_eigval=False), "olmo.json").hybrid.beta_scale == 1.0
+    assert [config_from_hf(dict(data, num_hidden_layers=3), "olmo.json").linear(i) for i in range(3)] == [True, True, False]
+    for key, value, message in (("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
+                                ("layer_types", ["linear_attention", "sliding_attention"] * 4, "layer_types 'sliding_attention'"),
+                                ("layer_types", ["linear_attention"] * 8, "no full_attention layer"),
+                                ("linear_num_value_heads", 45, "not a multiple of linear_num_key_heads")):
+        with pytest.raises(UnsupportedError, match=message):
+            config_from_hf(dict(data, **{key: value}), "olmo.json")
+    with pytest.raises(UnsupportedError, match="GGUF olmo_hybrid is not supported"):  # llama.cpp's converter has no OLMo Hybrid
+        config_from_gguf({"general.architecture": "olmo_hybrid"}, False, False, "model.gguf")
 
 
 def test_lfm2_moe_config_keys():

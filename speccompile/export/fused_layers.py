@@ -129,7 +129,7 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
     if cfg.altup_inputs:  # Gemma 3n: the layers on AltUp's streams
         return _altup_layers(f, x, count, padding, slots, norms)
     for i in range(count):
-        if cfg.placement == "post":
+        if (placement := cfg.placement_of(i)) == "post":  # OLMo Hybrid: pre-norm delta nets beside post-norm attention
             residual = residual if pending is None else n("Add", [residual, pending])[0]
             h = residual
         elif pending is None:
@@ -140,22 +140,22 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             taps.append(residual)
         attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
         presents += layer_presents
-        if cfg.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
-            h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if cfg.placement == "parallel2" else h
+        if placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
+            h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
             continue
         if not cfg.has_mlp(i):  # Nemotron-H: its mixer alone, added by the next norm
             pending = _scaled(f, attn)
             continue
-        if cfg.placement in ("sandwich", "post"):
+        if placement in ("sandwich", "post"):
             attn = norms.plain(attn, norms.gamma(i, "post_attn_norm"), f"layers.{i}.post_attn")
-        if cfg.placement == "post":
+        if placement == "post":
             residual = n("Add", [residual, attn])[0]
             h = residual
         else:
             h, residual = norms.skip(_scaled(f, attn), residual, norms.gamma(i, "post_norm"))
         pending = _mlp(f, i, h, residual, norms)
-        if cfg.placement in ("sandwich", "post"):
+        if placement in ("sandwich", "post"):
             pending = norms.plain(pending, norms.gamma(i, "post_mlp_norm"), f"layers.{i}.post_mlp")
         pending = _scaled(f, pending)
         if cfg.layer_scalar or cfg.per_layer_input_size:  # Gemma 4 (the next norm is then a plain one)

@@ -114,7 +114,7 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     rows = _scan(em, cfg, i, "rows", states, weights, [mixed, beta_in, a])  # [b, q, heads, v_dim]: their readout
     # the gated RMSNorm of each head's readout, times SiLU(z)
     square = em.one("ReduceMean", [em.one("Pow", [rows, c("linear.two", 2.0, np.float32)]), c("linear.last", [-1])], keepdims=1)
-    root = em.one("Sqrt", [em.one("Add", [square, c("linear.eps", cfg.rms_norm_eps, np.float32)])])
+    root = em.one("Sqrt", [em.one("Add", [square, c("linear.eps", hy.norm_eps or cfg.rms_norm_eps, np.float32)])])
     wide = em.one("Mul", [rows, em.one("Div", [c("linear.one", 1.0, np.float32), root])])
     gate = _silu(em, em.one("Reshape", [z, c("linear.z_heads", [0, 0, hy.num_v_heads, hy.v_dim])]))
     normed = em.one("Mul", [em.one("Mul", [role("lin_norm"), wide]), gate])
@@ -176,6 +176,8 @@ def _step_nodes(b: GraphBuilder, s: str, hy, conv_in: str, rec_in: str, kernel: 
     query = b.one(s, "Div", [query, b.const(s, math.sqrt(hy.k_dim), "float32")])
     val = b.one(s, "Reshape", [val, b.const(s, [0, hy.num_v_heads, hy.v_dim])])
     beta = b.one(s, "Sigmoid", [beta_in])
+    if hy.beta_scale != 1.0:  # OLMo Hybrid's linear_allow_neg_eigval: beta in [0, 2]
+        beta = b.one(s, "Mul", [beta, b.const(s, hy.beta_scale, "float32")])
     g = b.one(s, "Mul", [b.one(s, "Neg", [b.one(s, "Exp", [a_log])]), b.one(s, "Softplus", [b.one(s, "Add", [a, dt_bias])])])
     decay = b.one(s, "Unsqueeze", [b.one(s, "Exp", [g]), b.const(s, [-1, -2])])
     state = b.one(s, "Mul", [rec_in, decay])

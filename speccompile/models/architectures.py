@@ -121,7 +121,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -362,6 +362,9 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(("qwen3_next", "qwen3next"), **{**_HYBRID, "gguf": QWEN3NEXT_GGUF}, moe="qwen2_moe",
                          names={**LINEAR_NAMES, **FUSED_LINEAR_NAMES}),
     "qwen3_5": Family(("qwen3_5_text", "qwen35"), **{**_HYBRID, "gguf": QWEN35_GGUF}, names=LINEAR_NAMES),
+    # OLMo Hybrid: OLMo 3's post-norm attention (full q/k norms, no sliding window) beside pre-norm gated delta nets (models/linear_config.py)
+    "olmo_hybrid": Family(("olmo_hybrid",), placement="post", qk_norm="full", hybrid="olmo_hybrid", names={**_POST_NAMES, **LINEAR_NAMES}, gguf={}, bias_keys={"o": "attention_bias"},
+                          config_defaults={"rms_norm_eps": 1e-6}),
     "qwen3_5_moe": Family(("qwen3_5_moe_text", "qwen35moe"), **{**_HYBRID, "gguf": QWEN35_GGUF}, moe="qwen2_moe", names=LINEAR_NAMES),
     # Mamba-2 hybrids (models/mamba2.py). Granite 4.0-H: NoPE attention ("rope": rope), Granite's multipliers, Granite-MoE-Shared's
     # experts and shared MLP (no experts: the shared MLP alone, named as models/moe_weights.py shows it); transformers' defaults

@@ -22,7 +22,7 @@ from .mamba1_gguf import mamba1_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import ATTENTION_ONLY, HybridConfig, hybrid_from_hf, mamba1_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .linear_config import ATTENTION_ONLY, HybridConfig, hybrid_from_hf, mamba1_from_hf, olmo_hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .falcon import falcon_gguf_keys, falcon_keys
 from .kda_config import kda_from_hf
@@ -140,6 +140,10 @@ class ModelConfig:
         """Layer `layer` is a gated delta net (hybrid linear attention) instead of attention."""
         return self.hybrid is not None and self.hybrid.linear[layer]
 
+    def placement_of(self, layer: int) -> str:
+        """Layer `layer`'s norm placement: the recurrent layers' own (`HybridConfig.placement`: OLMo Hybrid's), else the model's."""
+        return self.hybrid.placement if self.linear(layer) and self.hybrid.placement else self.placement
+
     def parallel_mixer(self, layer: int) -> bool:
         """Layer `layer` runs a Mamba-2 mixer beside its attention on the same normed input (Falcon-H1)."""
         return self.hybrid is not None and self.hybrid.parallel and not self.hybrid.linear[layer]
@@ -208,7 +212,7 @@ class ModelConfig:
         mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
         moe = self.moe is not None and self.moe.is_moe(layer)
         beside = moe and self.moe.beside_dense  # Gemma 4: the dense MLP's roles too, and the norms around both
-        roles = layer_roles(self.placement, self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
+        roles = layer_roles(self.placement_of(layer), self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
                             moe=moe and not beside, norm_bias=self.norm_bias, mlp=mlp,
                             mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
@@ -345,7 +349,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             moe=moe_from_hf(fam.moe, data),
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
-                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "kda": kda_from_hf}
+                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf,
+                     "kda": kda_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

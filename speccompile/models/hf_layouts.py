@@ -15,7 +15,7 @@ from .architectures import Family
 from .bitnet import unpacked_view
 from .falcon import falcon_view
 from .kda_config import kimi_view
-from .linear_config import HybridConfig
+from .linear_config import OLMO_HYBRID_JOINED, OLMO_HYBRID_RENAMES, HybridConfig
 from .nemotron_h import blocks_view
 from .weights import TensorInfo, WeightSource
 
@@ -137,6 +137,42 @@ class _GateApart(WeightSource):
         return [n for n in self._inner.names() if n not in hidden]
 
 
+class _RowsJoined(WeightSource):
+    """`inner` with the tensors of each `joined` name's parts shown as one, their rows concatenated; the parts hidden."""
+
+    def __init__(self, inner: WeightSource, joined: dict[str, tuple[str, ...]]):
+        self._inner, self._joined = inner, joined
+        parts = {part for group in joined.values() for part in group}
+        self._names = [n for n in inner.names() if n not in parts] + list(joined)
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self._joined:
+            return self._inner.info(name)
+        shapes = [self._inner.shape(part) for part in self._joined[name]]
+        return TensorInfo((sum(s[0] for s in shapes), *shapes[0][1:]), self._inner.info(self._joined[name][0]).dtype)
+
+    def read(self, name: str) -> np.ndarray:
+        if name not in self._joined:
+            return self._inner.read(name)
+        return np.concatenate([self._inner.read(part) for part in self._joined[name]])
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
+def _olmo_hybrid_linear(source: WeightSource) -> WeightSource:
+    """OLMo Hybrid's tensors (a source with a linear_attn.q_proj: no other family has one) under the table's names
+    (models/linear_config.py OLMO_HYBRID_RENAMES, OLMO_HYBRID_JOINED: parts present joined); any other source as it is."""
+    first = ".linear_attn.q_proj.weight"
+    if not any(n.startswith("model.layers.") and n.endswith(first) for n in source.names()):
+        return source
+    layers = sorted({".".join(n.split(".")[:3]) + "." for n in source.names() if n.startswith("model.layers.")})
+    present = set(source.names())
+    source = _RowsJoined(source, {p + name: tuple(p + part for part in parts) for p in layers for name, parts in OLMO_HYBRID_JOINED.items()
+                                  if all(p + part in present for part in parts)})
+    return source.renamed({p + old: p + new for p in layers for old, new in OLMO_HYBRID_RENAMES.items() if p + old in present})
+
+
 def _weightless_norms(source: WeightSource, fam: Family, heads: int) -> WeightSource:
     """`source` with a gain of ones for each norm of every layer (those of the layers its tensors name) and the final
     norm, of the embedding's width (OLMo 1, nanochat), and for per-head q / k norms of the head's (nanochat)."""
@@ -207,7 +243,7 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = _Scaled(source, hybrid.scales)
     if hybrid is not None:
         grouped = {n for n in source.names() if n.endswith(("linear_attn.in_proj_qkvz.weight", "linear_attn.in_proj_ba.weight"))}
-        source = _LinearPerGroup(source, grouped, hybrid) if grouped else source
+        source = _LinearPerGroup(source, grouped, hybrid) if grouped else _olmo_hybrid_linear(source)
     if fam.output_gate not in ("", "fused"):
         source = _GateApart(source, fam.layer_names()["qkv"][0], fam.output_gate, heads)
     if not fam.qkv_per_head:

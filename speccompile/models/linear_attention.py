@@ -37,7 +37,7 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, hidden: int, hybrid: HybridConfig, eps: float):
         super().__init__()
-        self.h, self.eps = hybrid, eps
+        self.h, self.eps = hybrid, hybrid.norm_eps or eps  # OLMo Hybrid: its gated norm's own epsilon
         self.in_proj_qkv = nn.Linear(hidden, hybrid.conv_dim, bias=False)
         self.in_proj_z = nn.Linear(hidden, hybrid.value_dim, bias=False)
         self.in_proj_b = nn.Linear(hidden, hybrid.num_v_heads, bias=False)
@@ -76,7 +76,7 @@ class GatedDeltaNet(nn.Module):
             query, key = (t.repeat_interleave(groups, dim=1) for t in (query, key))
         query = query / math.sqrt(h.k_dim)
         value = value.reshape(-1, h.num_v_heads, h.v_dim)
-        beta = torch.sigmoid(beta_in)
+        beta = torch.sigmoid(beta_in) if h.beta_scale == 1.0 else torch.sigmoid(beta_in) * h.beta_scale  # OLMo Hybrid: [0, 2]
         g = -self.A_log.float().exp() * nn.functional.softplus(a + self.dt_bias)
         out, recurrent = delta_rule(recurrent * g.exp()[..., None, None], query, key, value, beta)
         return out, window[..., 1:], recurrent

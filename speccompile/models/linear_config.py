@@ -1,4 +1,4 @@
-"""Hybrid linear attention (Qwen3-Next, Qwen3.5): which layers are gated delta nets, their shapes, their weights' roles.
+"""Hybrid linear attention (Qwen3-Next, Qwen3.5, OLMo Hybrid): which layers are gated delta nets, their shapes, their weights' roles.
 
 A `linear_attention` layer (docs/DESIGN.md, "Hybrid linear attention") replaces attention by a gated delta net: the
 projections q|k|v|z and b|a of the normed input, a depthwise causal conv1d (kernel `conv_kernel`) over q|k|v with
@@ -13,7 +13,7 @@ mixer runs beside attention in every layer (`HybridConfig.parallel`, models/falc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UnsupportedError
@@ -71,7 +71,8 @@ class HybridConfig:
     mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
     y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
     folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
-    models/hf_layouts.py)."""
+    models/hf_layouts.py). A gated delta net's `beta_scale`, its gated norm's `norm_eps` and the recurrent layers' own
+    norm `placement`: OLMo Hybrid's (`olmo_hybrid_from_hf`)."""
 
     linear: list[bool] = field(default_factory=list)
     kind: str = "gated_delta"
@@ -86,6 +87,9 @@ class HybridConfig:
     parallel: bool = False  # Falcon-H1: the Mamba-2 mixer beside each attention layer
     gate_norm: str = "gated"  # gated | none | before_gate (the Mamba-2 output's norm and gate)
     scales: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [rows, factor] runs, folded at load
+    beta_scale: float = 1.0  # a gated delta net's beta = sigmoid(b) times this (OLMo Hybrid's linear_allow_neg_eigval: 2)
+    norm_eps: float = 0.0  # its gated RMSNorm's epsilon (0: the model's rms_norm_eps; OLMo Hybrid: FLA's 1e-5)
+    placement: str = ""  # the recurrent layers' norm placement ("": the model's; OLMo Hybrid: pre beside post-norm attention)
 
     @property
     def key_dim(self) -> int:
@@ -213,6 +217,33 @@ def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
         raise UnsupportedError(f"{source}: linear_num_value_heads not a multiple of linear_num_key_heads is not supported")
     return dict(hybrid=hybrid, attn_output_gate=True)
 
+
+# OLMo Hybrid's checkpoint names (its hub format, as transformers' conversion_mapping reads it) -> the table's: the delta net
+# under Qwen3.5's names (q | k | v projections and their convs joined, rows concatenated: models/hf_layouts.py), the layer
+# norms under transformers' (attention_layer_norm: input_layernorm; feedforward_layer_norm: post_attention_layernorm)
+OLMO_HYBRID_RENAMES = {"attention_layer_norm.weight": "input_layernorm.weight", "feedforward_layer_norm.weight": "post_attention_layernorm.weight",
+                       **{f"linear_attn.{old}.weight": f"linear_attn.{new}.weight" for old, new in
+                          (("g_proj", "in_proj_z"), ("b_proj", "in_proj_b"), ("a_proj", "in_proj_a"), ("o_proj", "out_proj"), ("o_norm", "norm"))}}
+OLMO_HYBRID_JOINED = {"linear_attn.in_proj_qkv.weight": tuple(f"linear_attn.{x}_proj.weight" for x in "qkv"),
+                      "linear_attn.conv1d.weight": tuple(f"linear_attn.{x}_conv1d.weight" for x in "qkv")}
+
+def olmo_hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """ModelConfig fields of an OLMo Hybrid config.json: `hybrid_from_hf`'s with transformers' defaults (linear heads:
+    num_attention_heads; key head dim 0.75 hidden / key heads, value head dim twice it; every 4th layer full, else the
+    last), beta scaled to [0, 2] (linear_allow_neg_eigval, default true), FLA's gated-norm epsilon 1e-5, the delta-net
+    layers pre-norm (Llama's) beside OLMo 3's post-norm attention, no output gate (rope on the attention layers: transformers fills a missing rope_theta)."""
+    data = dict(data)
+    for key in ("linear_num_key_heads", "linear_num_value_heads"):
+        data[key] = data.get(key) or data["num_attention_heads"]
+    data["linear_key_head_dim"] = data.get("linear_key_head_dim") or int(0.75 * int(data["hidden_size"]) / int(data["linear_num_key_heads"]))
+    data["linear_value_head_dim"] = data.get("linear_value_head_dim") or 2 * int(data["linear_key_head_dim"])
+    if not data.get("layer_types"):
+        types = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+        data["layer_types"] = types if "full_attention" in types else [*types[:-1], "full_attention"]
+    fields = hybrid_from_hf(data, layers, source)
+    neg = data.get("linear_allow_neg_eigval")
+    hybrid = replace(fields["hybrid"], beta_scale=1.0 if neg is False else 2.0, norm_eps=1e-5, placement="pre")
+    return dict(hybrid=hybrid, attn_output_gate=False)
 
 
 def _no_attention(source: str) -> UnsupportedError:
