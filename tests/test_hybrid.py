@@ -71,6 +71,12 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "nemotron_h_moe": dict(model_type="nemotron_h", hybrid_override_pattern="MEM-M*E", mamba_num_heads=8, n_groups=2, ssm_state_size=16,
                            mamba_head_dim=16, conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                            moe_shared_expert_intermediate_size=64, routed_scaling_factor=2.5),
+    # Kimi Linear: layers 0-2 Kimi Delta Attention (4 heads of 16, a decay per key channel), layer 3 DeepSeek-V3's latent
+    # attention without rope (its cache head 16 + 32); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts with a shared one
+    "kimi_linear": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_key_value_heads=4,
+                        linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32, qk_rope_head_dim=16,
+                        qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
+                        num_shared_experts=1, first_k_dense_replace=1),
 }
 
 
@@ -164,7 +170,7 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm"])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -218,7 +224,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("olmo_hybrid", ("lin_qkvz", "lin_ba", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("lfm3", ("conv_in", "conv_out", "self_attn.weight_t", "mlp")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
-                                                ("nemotron_h", ("ssm_in", "up")),
+                                                ("nemotron_h", ("ssm_in", "up")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
@@ -282,6 +288,59 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1 and "as a draft model is not supported" in errors[0], done.stderr
     assert not (tmp_path / "dm").exists()
+
+
+def test_kimi_linear_config_keys_and_refusals():
+    """Kimi Linear's config.json as Moonshot writes it: linear_attn_config's 1-indexed kda_layers / full_attn_layers,
+    its MoE keys under DeepSeek-V3's names, every layer NoPE; what is not built refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    raw = {"model_type": "kimi_linear", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+           "qk_nope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": None, "mla_use_nope": True, "model_max_length": 512,
+           "linear_attn_config": {"kda_layers": [1, 2, 4], "full_attn_layers": [3], "head_dim": 16, "num_heads": 2,
+                                  "short_conv_kernel_size": 3},
+           "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 32, "num_expert_group": 2,
+           "topk_group": 1, "moe_renormalize": False, "routed_scaling_factor": 2.446, "first_k_dense_replace": 1,
+           "moe_router_activation_func": "sigmoid"}
+    cfg = config_from_hf(raw, "config.json")
+    hy, moe = cfg.hybrid, cfg.moe
+    assert hy.kind == "kda" and hy.linear == [True, True, False, True] and cfg.nope_layers == [0, 1, 2, 3]
+    assert (hy.num_v_heads, hy.k_dim, hy.conv_kernel, hy.row_width()) == (2, 16, 3, 96 + 2 + 32)
+    assert {"q_kv", "kv_a_norm", "kv_b"} <= set(cfg.layer_roles(2)) and not {"q_kv", "kv_b", "o_proj"} & set(cfg.layer_roles(0))
+    assert (moe.num_experts, moe.top_k, moe.n_group, moe.norm_topk_prob, moe.block, moe.dense_layers) == (8, 2, 2, False, "block_sparse_moe", (0,))
+    assert cfg.max_position_embeddings == 512
+    for key, value, what in (("mla_use_nope", False, "mla_use_nope false"), ("hidden_act", "gelu", "hidden_act 'gelu'"),
+                             ("moe_router_activation_func", "softmax", "moe_router_activation_func 'softmax'"),
+                             ("moe_layer_freq", 2, "moe_layer_freq 2"),
+                             ("layer_types", ["linear_attention"] * 4, "every layer is linear_attention"),
+                             ("layer_types", ["linear_attention", "mamba", "full_attention", "linear_attention"], "layer_types 'mamba'")):
+        with pytest.raises(UnsupportedError, match=what):
+            config_from_hf({**raw, key: value}, "config.json")
+    from speccompile.models.config import normalize_architecture
+
+    with pytest.raises(UnsupportedError, match="Kimi Linear GGUF is not read"):
+        normalize_architecture("kimi-linear", "model.gguf")
+
+
+def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):
+    """Kimi Linear at its released latent widths (kv_lora_rank 512, rope 64: a 576-wide cache head): no fused CPU graph,
+    the contract graph within 1e-4 of transformers at every position, partly right chain drafts bitwise plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+
+    wide = {"kimi_linear": dict(HYBRID["kimi_linear"], kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+                                num_attention_heads=2, num_key_value_heads=2)}
+    hf = make_family_model(tmp_path / "hf", "kimi_linear", families=wide)
+    assert set(export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96)).graphs) == {"target"}
+    session = open_artifact(tmp_path / "art", threads=1).target
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _close(_decoded(session, seq, 1), _hf_logits(hf, seq)[12:], "kimi_linear 576-wide target.onnx")
+    plain, plain_logits, _ = _greedy(session, seq[:10], 20, lambda j: [])
+    tokens, logits, accepted = _greedy(session, seq[:10], 20, _partly_right(plain, 4))
+    assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
+    np.testing.assert_array_equal(logits, plain_logits)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])

@@ -356,7 +356,7 @@ def _shared_qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
 
 def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str, str]:
     """Multi-head latent attention's query [b, heads, q, dim] and key [b, 1, q, dim] (export/mla_ops.py; `w_uk`:
-    kv_b_proj's per-head key slices), roped; the key is also the value."""
+    kv_b_proj's per-head key slices), roped (unless the layer is NoPE); the key is also the value."""
     em, cfg = g.emitter(s), g.model.config
 
     def norm(x: str, role: str) -> str:
@@ -364,7 +364,10 @@ def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str,
 
     q, key = latent_inputs(em, cfg, i, h, norm)
     query = g.b.one(s, "Transpose", [absorbed_query(em, cfg, q, w_uk)], perm=[0, 2, 1, 3])
-    key = _rope(g, s, g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])]), "global")
+    key = g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])])
+    if not cfg.rope_kind(i):  # Kimi Linear: no rope
+        return query, key, key
+    key = _rope(g, s, key, "global")
     return _rope(g, s, query, "global"), key, key
 
 

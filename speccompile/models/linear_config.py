@@ -29,6 +29,9 @@ LINEAR_NAMES: dict[str, tuple[str, ...]] = {
 }
 FUSED_LINEAR_NAMES = {"lin_qkvz": ("linear_attn.in_proj_qkvz.weight",), "lin_ba": ("linear_attn.in_proj_ba.weight",)}
 LINEAR_ROLES = tuple(LINEAR_NAMES)
+KDA_ROLES = ("kda_qkv", "kda_down", "kda_f_up", "kda_g_up", "kda_conv", "kda_a_log", "kda_dt_bias", "kda_norm", "kda_out")
+# attention's roles, none of which a recurrent layer has (latent attention's too: Kimi Linear)
+ATTENTION_ONLY = ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias", "q_kv", "q_kv_a", "q_b", "q_a_norm", "kv_a_norm", "kv_b")
 # a short-conv layer's roles (LFM2: in_proj -> B | C | x, the depthwise conv, out_proj)
 SHORT_CONV_NAMES: dict[str, tuple[str, ...]] = {"conv_in": ("conv.in_proj.weight",), "conv_kernel": ("conv.conv.weight",),
                                                 "conv_out": ("conv.out_proj.weight",)}
@@ -69,7 +72,7 @@ class HybridConfig:
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
     or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
-    dt of rank `dt_rank`). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
     mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
     y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
     folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
@@ -118,8 +121,14 @@ class HybridConfig:
     def mamba1(self) -> bool:
         return self.kind == "mamba1"
 
+    @property
+    def kda(self) -> bool:
+        return self.kind == "kda"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
+        if self.kda:  # Kimi Delta Attention (models/kda_config.py)
+            return KDA_ROLES
         if self.mamba2 or self.mamba1:
             names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
             return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
@@ -132,8 +141,8 @@ class HybridConfig:
     def row_width(self) -> int:
         """A pending row's floats: its conv input (a gated delta net: and b, a; Mamba-2: and dt, and 1, the flag that
         tells a row from the runtime's first zero row, which must leave the states as they are; Mamba-1: and 1)."""
-        if self.mamba1:
-            return self.conv_dim + 1
+        if self.mamba1 or self.kda:  # KDA: and b [H], the forget gate's f_b(f_a(x)) [H * k_dim]
+            return self.conv_dim + (1 if self.mamba1 else self.num_v_heads + self.key_dim)
         return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)
 
     def fused_sizes(self) -> dict[str, list[int]]:
