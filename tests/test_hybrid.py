@@ -41,6 +41,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # LFM2-MoE: the same layers, layer 0's MLP dense, layers 1-3 sigmoid-routed experts with a score bias
     "lfm2_moe": dict(num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"], num_dense_layers=1,
                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # LFM3: layers 0 and 2 short convs (kernel 7), 1 sliding attention (window 8, default rope), 3 full attention (proportional rope on
+    # half of each head), each head's output times a sigmoid gate, sandwich norms (lfm3_plain: no gate, pre norms only)
+    "lfm3": dict(num_hidden_layers=4, layer_types=["conv", "sliding_attention", "conv", "full_attention"], sliding_window=8),
+    "lfm3_plain": dict(model_type="lfm3", num_hidden_layers=4, layer_types=["conv", "conv", "conv", "full_attention"],
+                       use_sandwich_norm=False, use_attention_gate=False),
     # Granite 4.0-H: layers 0-2 Mamba-2 (8 heads of 16 in 2 groups, d_state 16, conv kernel 4 with its bias), layer 3 NoPE
     # attention; Granite's multipliers; MoE with a shared MLP (granitemoehybrid_dense: the shared MLP alone)
     "granitemoehybrid": dict(_GRANITE_H, num_local_experts=4, num_experts_per_tok=2),
@@ -78,6 +83,12 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # and a Jamba whose attention period (8) passes its 4 layers: every layer Mamba-1, one expert
     "jamba_linear": dict(num_hidden_layers=4, attn_layer_period=8, attn_layer_offset=4, num_experts=1, mamba_dt_rank=8, model_type="jamba",
                          pad_token_id=None, use_cache=False),
+    # Kimi Linear: layers 0-2 Kimi Delta Attention (4 heads of 16, a decay per key channel), layer 3 DeepSeek-V3's latent
+    # attention without rope (its cache head 16 + 32); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts with a shared one
+    "kimi_linear": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_key_value_heads=4,
+                        linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32, qk_rope_head_dim=16,
+                        qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
+                        num_shared_experts=1, first_k_dense_replace=1),
 }
 ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear")
 
@@ -115,8 +126,8 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    linear = [False, True, False, True] if name == "olmo_hybrid" else [True, True, True, name in ATTENTION_FREE]
-    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else linear)
+    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
+    assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t in ("conv", "linear_attention") for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
     full = _hf_logits(hf, seq)
@@ -170,8 +181,9 @@ def _partly_right(plain: list[int], width: int):
     return draft
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "granitemoehybrid", "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", *ATTENTION_FREE])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
+                                  "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -225,8 +237,9 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 
 
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("olmo_hybrid", ("lin_qkvz", "lin_ba", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
+                                                ("lfm3", ("conv_in", "conv_out", "self_attn.weight_t", "mlp")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
-                                                ("nemotron_h", ("ssm_in", "up")),
+                                                ("nemotron_h", ("ssm_in", "up")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
@@ -290,6 +303,59 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1 and "as a draft model is not supported" in errors[0], done.stderr
     assert not (tmp_path / "dm").exists()
+
+
+def test_kimi_linear_config_keys_and_refusals():
+    """Kimi Linear's config.json as Moonshot writes it: linear_attn_config's 1-indexed kda_layers / full_attn_layers,
+    its MoE keys under DeepSeek-V3's names, every layer NoPE; what is not built refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    raw = {"model_type": "kimi_linear", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "kv_lora_rank": 32, "qk_rope_head_dim": 16,
+           "qk_nope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": None, "mla_use_nope": True, "model_max_length": 512,
+           "linear_attn_config": {"kda_layers": [1, 2, 4], "full_attn_layers": [3], "head_dim": 16, "num_heads": 2,
+                                  "short_conv_kernel_size": 3},
+           "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 32, "num_expert_group": 2,
+           "topk_group": 1, "moe_renormalize": False, "routed_scaling_factor": 2.446, "first_k_dense_replace": 1,
+           "moe_router_activation_func": "sigmoid"}
+    cfg = config_from_hf(raw, "config.json")
+    hy, moe = cfg.hybrid, cfg.moe
+    assert hy.kind == "kda" and hy.linear == [True, True, False, True] and cfg.nope_layers == [0, 1, 2, 3]
+    assert (hy.num_v_heads, hy.k_dim, hy.conv_kernel, hy.row_width()) == (2, 16, 3, 96 + 2 + 32)
+    assert {"q_kv", "kv_a_norm", "kv_b"} <= set(cfg.layer_roles(2)) and not {"q_kv", "kv_b", "o_proj"} & set(cfg.layer_roles(0))
+    assert (moe.num_experts, moe.top_k, moe.n_group, moe.norm_topk_prob, moe.block, moe.dense_layers) == (8, 2, 2, False, "block_sparse_moe", (0,))
+    assert cfg.max_position_embeddings == 512
+    for key, value, what in (("mla_use_nope", False, "mla_use_nope false"), ("hidden_act", "gelu", "hidden_act 'gelu'"),
+                             ("moe_router_activation_func", "softmax", "moe_router_activation_func 'softmax'"),
+                             ("moe_layer_freq", 2, "moe_layer_freq 2"),
+                             ("layer_types", ["linear_attention"] * 4, "every layer is linear_attention"),
+                             ("layer_types", ["linear_attention", "mamba", "full_attention", "linear_attention"], "layer_types 'mamba'")):
+        with pytest.raises(UnsupportedError, match=what):
+            config_from_hf({**raw, key: value}, "config.json")
+    from speccompile.models.config import normalize_architecture
+
+    with pytest.raises(UnsupportedError, match="Kimi Linear GGUF is not read"):
+        normalize_architecture("kimi-linear", "model.gguf")
+
+
+def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):
+    """Kimi Linear at its released latent widths (kv_lora_rank 512, rope 64: a 576-wide cache head): no fused CPU graph,
+    the contract graph within 1e-4 of transformers at every position, partly right chain drafts bitwise plain decoding."""
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+    from speccompile.runtime.artifact import open_artifact
+
+    wide = {"kimi_linear": dict(HYBRID["kimi_linear"], kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+                                num_attention_heads=2, num_key_value_heads=2)}
+    hf = make_family_model(tmp_path / "hf", "kimi_linear", families=wide)
+    assert set(export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96)).graphs) == {"target"}
+    session = open_artifact(tmp_path / "art", threads=1).target
+    seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
+    _close(_decoded(session, seq, 1), _hf_logits(hf, seq)[12:], "kimi_linear 576-wide target.onnx")
+    plain, plain_logits, _ = _greedy(session, seq[:10], 20, lambda j: [])
+    tokens, logits, accepted = _greedy(session, seq[:10], 20, _partly_right(plain, 4))
+    assert tokens == plain and max(accepted) == 4 and 0 < min(accepted) < 4
+    np.testing.assert_array_equal(logits, plain_logits)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
@@ -477,6 +543,41 @@ def test_lfm2_moe_config_keys():
     assert (moe.routing, moe.score_bias, moe.norm_topk_prob, moe.renorm_eps) == ("sigmoid_group", True, True, 1e-6)
     assert (moe.num_experts, moe.top_k, moe.expert_size, moe.dense_layers) == (32, 4, 1792, (0, 1))
     assert moe.expert_sources(5, 3)["gate"] == "model.layers.5.feed_forward.experts.3.w1.weight"
+
+
+def test_lfm3_config_keys_and_refusals():
+    """LFM3's config.json keys (transformers' defaults, LFM3-1.7B's shape): short convs where no attention, sliding
+    layers (window 256, their own default rope of base 1e4) and full ones (proportional rope on half of each 128-dim head,
+    base 1e6), the per-head output gate, sandwich norms, the MLP width unadjusted; use_sandwich_norm / use_attention_gate
+    false read; attention biases, conv biases, sliding layers without a window or with scaled rope, partial rotary
+    without proportional rope, its GGUF refused."""
+    import transformers
+
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_gguf, config_from_hf
+    from speccompile.models.rope import rope_inv_freq
+
+    data = transformers.Lfm3Config().to_dict()
+    cfg = config_from_hf(data, "lfm3.json")
+    assert (cfg.intermediate_size, cfg.head_dim, cfg.num_key_value_heads, cfg.hybrid.conv_state_shape()) == (7680, 128, 4, (2048, 6))
+    assert [i for i in range(24) if not cfg.linear(i)] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22]
+    assert [i for i in range(24) if cfg.sliding(i)] == [4, 8, 12, 16, 20] and cfg.sliding_window == 256
+    assert [cfg.rope_kind(i) for i in (2, 4)] == ["global", "local"] and (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
+    assert cfg.rotary_dim == 0 and (rope_inv_freq(cfg)[32:] == 0).all() and (rope_inv_freq(cfg)[:32] > 0).all()
+    assert (rope_inv_freq(cfg, "local") > 0).all()
+    assert (cfg.placement, cfg.attn_output_gate, cfg.gate_dim, cfg.qk_norm, cfg.tie_word_embeddings) == ("sandwich", True, 1, True, True)
+    plain = config_from_hf(dict(data, use_sandwich_norm=False, use_attention_gate=False), "lfm3.json")
+    assert (plain.placement, plain.attn_output_gate, plain.gate_dim) == ("pre", False, 0)
+    for key, value, why in (("attention_bias", True, "lfm3 with attention_bias"), ("conv_bias", True, "conv_bias true"),
+                            ("sliding_window", None, "without a sliding_window"),
+                            ("rope_parameters", {**data["rope_parameters"], "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4,
+                                                                                                 "factor": 2.0}}, "sliding_attention"),
+                            ("rope_parameters", {**data["rope_parameters"], "full_attention": {"rope_type": "default", "rope_theta": 1e6,
+                                                                                              "partial_rotary_factor": 0.5}}, "full_attention")):
+        with pytest.raises(UnsupportedError, match=f"lfm3.json: .*{why}"):
+            config_from_hf(dict(data, **{key: value}), "lfm3.json")
+    with pytest.raises(UnsupportedError, match="a GGUF lfm3 is not supported"):
+        config_from_gguf({"general.architecture": "lfm3"}, False, False, "lfm3.gguf")
 
 
 def test_granite_4_h_config_keys_and_refusals():

@@ -312,7 +312,7 @@ def _qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
     if cfg.attention_bias:
         qkv = b.one(s, "Add", [g.role(i, "qkv_bias"), qkv])
     if cfg.attn_output_gate:  # gated attention: q rows doubled (per head q, gate), the gate kept for the output
-        q, g.gates[i], k, v = gated_qkv(g.emitter(s), "", qkv, heads, kv_heads, dim)
+        q, g.gates[i], k, v = gated_qkv(g.emitter(s), "", qkv, heads, kv_heads, dim, cfg.gate_dim)
     elif cfg.values_are_keys(i):  # q | k rows: the values are the keys before their norm (Gemma 4's attention_k_eq_v)
         q, k = b.op(s, "Split", [qkv, b.const(s, [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k
@@ -356,7 +356,7 @@ def _shared_qkv(g: _Graph, i: int, h: str, s: str) -> tuple[str, str, str]:
 
 def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str, str]:
     """Multi-head latent attention's query [b, heads, q, dim] and key [b, 1, q, dim] (export/mla_ops.py; `w_uk`:
-    kv_b_proj's per-head key slices), roped; the key is also the value."""
+    kv_b_proj's per-head key slices), roped (unless the layer is NoPE); the key is also the value."""
     em, cfg = g.emitter(s), g.model.config
 
     def norm(x: str, role: str) -> str:
@@ -364,7 +364,10 @@ def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str,
 
     q, key = latent_inputs(em, cfg, i, h, norm)
     query = g.b.one(s, "Transpose", [absorbed_query(em, cfg, q, w_uk)], perm=[0, 2, 1, 3])
-    key = _rope(g, s, g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])]), "global")
+    key = g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])])
+    if not cfg.rope_kind(i):  # Kimi Linear: no rope
+        return query, key, key
+    key = _rope(g, s, key, "global")
     return _rope(g, s, query, "global"), key, key
 
 
@@ -404,7 +407,7 @@ def _attention(g: _Graph, i: int, h: str) -> str:
         out = latent_output(g.emitter(s), cfg, out, w_uv)
     else:
         out = b.one(s, "Reshape", [out, b.const(s, [0, -1, heads * dim])])
-    out = gated(g.emitter(s), out, g.gates.get(i, ""))  # gated attention (export/linear_ops.py)
+    out = gated(g.emitter(s), out, g.gates.get(i, ""), heads * cfg.attn_head_gate)  # gated attention (export/linear_ops.py)
     out = b.one(f"{s}/o_proj", "MatMul", [_projected(g, i, "attn_sub_norm", out, s), g.role(i, "o_proj")])
     return b.one(f"{s}/o_proj", "Add", [out, g.role(i, "o_bias")]) if cfg.o_proj_bias else out
 

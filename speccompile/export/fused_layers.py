@@ -187,7 +187,7 @@ def _attention_block(f: _Fused, i: int, h: str, norms: "_Norms", padding: OneRow
     if cfg.mla:  # the heads' latent outputs through W_UV (export/mla_ops.py)
         heads = n("Reshape", [out, f.const("mla.context_heads", [0, 0, cfg.num_attention_heads, cfg.head_dim])])[0]
         out = latent_output(f.emitter(), cfg, heads, w_uv)
-    out = gated(f.emitter(), out, f.gates.get(i, ""))  # gated attention (export/linear_ops.py)
+    out = gated(f.emitter(), out, f.gates.get(i, ""), cfg.num_attention_heads * cfg.attn_head_gate)  # gated attention (export/linear_ops.py)
     attn = n("MatMul", [_projected(f, i, "attn_sub_norm", out), f.layer_weight(i, "self_attn.o_proj.weight_t", "o_proj")])[0]
     if cfg.o_proj_bias:
         attn = n("Add", [attn, f.layer_weight(i, "self_attn.o_proj.bias", "o_bias")])[0]
@@ -253,7 +253,7 @@ def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:
         return [qkv, "", ""]
     pre = f"layers.{i}"
     if cfg.attn_output_gate:  # q rows doubled (per head q, gate): the gate kept for the attention's output
-        q, f.gates[i], k, v = gated_qkv(f.emitter(), f"{pre}.qkv_split", qkv, heads, kv_heads, dim)
+        q, f.gates[i], k, v = gated_qkv(f.emitter(), f"{pre}.qkv_split", qkv, heads, kv_heads, dim, cfg.gate_dim)
     elif cfg.values_are_keys(i):
         q, k = n("Split", [qkv, f.const(f"{pre}.qk_split", [heads * dim, kv_heads * dim])], 2, axis=-1)
         v = k

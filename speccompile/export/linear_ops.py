@@ -28,6 +28,7 @@ from .moe_ops import Emitter
 from .mamba1_ops import mamba1_layer
 from .mamba2_ops import mamba2_layer
 from .short_conv_ops import short_conv_layer
+from .kda_ops import kda_layer, l2norm_nodes
 
 
 def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.ValueInfoProto]:
@@ -54,24 +55,30 @@ def parallel_mixer(em: Emitter, cfg: ModelConfig, i: int, h: str, attn: str, rol
     return em.one("Add", [attn, mamba2_layer(em, cfg, i, h, role)]) if cfg.parallel_mixer(i) else attn
 
 
-def output_gate(em: Emitter, q: str, heads: int, dim: int) -> tuple[str, str]:
-    """Gated attention's doubled query rows [b, q, heads * 2 * dim] (per head: q, then gate) -> q [b, q, heads * dim]
-    and the gate of that shape (models.linear_attention.split_output_gate)."""
-    both = em.one("Reshape", [q, em.const("gate.heads", [0, 0, heads, 2 * dim])])
-    q, gate = em.op("Split", [both, em.const("gate.split", [dim, dim])], 2, axis=-1)
+def output_gate(em: Emitter, q: str, heads: int, dim: int, gate_dim: int) -> tuple[str, str]:
+    """Gated attention's query rows [b, q, heads * (dim + gate_dim)] (per head: q, then gate; gate_dim dim, or 1: LFM3)
+    -> q [b, q, heads * dim] and the gate: [b, q, heads * dim], or [b, q, heads, 1] (models.linear_attention.split_output_gate)."""
+    both = em.one("Reshape", [q, em.const("gate.heads", [0, 0, heads, dim + gate_dim])])
+    q, gate = em.op("Split", [both, em.const("gate.split", [dim, gate_dim])], 2, axis=-1)
     flat = em.const("gate.flat", [0, 0, heads * dim])
-    return em.one("Reshape", [q, flat]), em.one("Reshape", [gate, flat])
+    return em.one("Reshape", [q, flat]), gate if gate_dim != dim else em.one("Reshape", [gate, flat])
 
 
-def gated_qkv(em: Emitter, key: str, qkv: str, heads: int, kv_heads: int, dim: int) -> tuple[str, str, str, str]:
-    """Gated attention's fused q/k/v rows (q doubled) -> q, its gate, k, v (`key`: the split sizes' constant)."""
-    q, k, v = em.op("Split", [qkv, em.const(key, [2 * heads * dim, kv_heads * dim, kv_heads * dim])], 3, axis=-1)
-    return (*output_gate(em, q, heads, dim), k, v)
+def gated_qkv(em: Emitter, key: str, qkv: str, heads: int, kv_heads: int, dim: int, gate_dim: int) -> tuple[str, str, str, str]:
+    """Gated attention's fused q/k/v rows (q and its gate) -> q, its gate, k, v (`key`: the split sizes' constant)."""
+    q, k, v = em.op("Split", [qkv, em.const(key, [heads * (dim + gate_dim), kv_heads * dim, kv_heads * dim])], 3, axis=-1)
+    return (*output_gate(em, q, heads, dim, gate_dim), k, v)
 
 
-def gated(em: Emitter, out: str, gate: str) -> str:
-    """The attention output times sigmoid(gate) (gated attention), or as it is (`gate` "")."""
-    return em.one("Mul", [out, em.one("Sigmoid", [gate])]) if gate else out
+def gated(em: Emitter, out: str, gate: str, heads: int = 0) -> str:
+    """The attention output times sigmoid(gate) (gated attention), or as it is (`gate` ""); `heads`: a gate of one
+    value a head ([b, q, heads, 1], LFM3), each head's output [b, q, heads, dim] times its value."""
+    if not gate:
+        return out
+    if not heads:
+        return em.one("Mul", [out, em.one("Sigmoid", [gate])])
+    per_head = em.one("Reshape", [out, em.const("gate.out_heads", [0, 0, heads, -1])])
+    return em.one("Reshape", [em.one("Mul", [per_head, em.one("Sigmoid", [gate])]), em.const("gate.out_flat", [0, 0, -1])])
 
 
 def linear_block(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str], str]) -> tuple[str, list[str]]:
@@ -98,8 +105,8 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     export/short_conv_ops.py; a Mamba-2 layer (Granite 4.0-H): export/mamba2_ops.py; Mamba-1 (Jamba): export/mamba1_ops.py."""
     if cfg.hybrid.short_conv:
         return short_conv_layer(em, cfg, i, h, role)
-    if cfg.hybrid.mamba2 or cfg.hybrid.mamba1:
-        return (mamba2_layer if cfg.hybrid.mamba2 else mamba1_layer)(em, cfg, i, h, role)
+    if cfg.hybrid.mamba2 or cfg.hybrid.mamba1 or cfg.hybrid.kda:  # KDA (Kimi Linear): export/kda_ops.py
+        return (mamba2_layer if cfg.hybrid.mamba2 else mamba1_layer if cfg.hybrid.mamba1 else kda_layer)(em, cfg, i, h, role)
     hy, c = cfg.hybrid, em.const
     proj = em.one("MatMul", [h, role("lin_qkvz")])
     mixed, z = em.op("Split", [proj, c("linear.qkv_z", [hy.conv_dim, hy.value_dim])], 2, axis=-1)
@@ -166,7 +173,7 @@ def _step_nodes(b: GraphBuilder, s: str, hy, conv_in: str, rec_in: str, kernel: 
     conv = _silu_b(b, s, b.one(s, "ReduceSum", [b.one(s, "Mul", [window, kernel]), b.const(s, [-1])], keepdims=0))
     conv_out = b.one(s, "Slice", [window, b.const(s, [1]), b.const(s, [INT64_MAX]), b.const(s, [2]), b.const(s, [1])])
     query, key, val = b.op(s, "Split", [conv, b.const(s, [hy.key_dim, hy.key_dim, hy.value_dim])], 3, axis=-1)
-    query, key = (_l2norm(b, s, b.one(s, "Reshape", [t, b.const(s, [0, hy.num_k_heads, hy.k_dim])])) for t in (query, key))
+    query, key = (l2norm_nodes(b, s, b.one(s, "Reshape", [t, b.const(s, [0, hy.num_k_heads, hy.k_dim])])) for t in (query, key))
     groups = hy.num_v_heads // hy.num_k_heads
     if groups > 1:  # repeat_interleave: each key head serves `groups` consecutive value heads
         query, key = (b.one(s, "Reshape", [b.one(s, "Expand", [b.one(s, "Unsqueeze", [t, b.const(s, [2])]),
@@ -186,12 +193,6 @@ def _step_nodes(b: GraphBuilder, s: str, hy, conv_in: str, rec_in: str, kernel: 
     state = b.one(s, "Add", [state, b.one(s, "Mul", [k_col, b.one(s, "Unsqueeze", [delta, b.const(s, [-2])])])])
     q_col = b.one(s, "Unsqueeze", [query, b.const(s, [-1])])
     return conv_out, state, b.one(s, "ReduceSum", [b.one(s, "Mul", [state, q_col]), b.const(s, [-2])], keepdims=0)
-
-
-def _l2norm(b: GraphBuilder, s: str, x: str) -> str:
-    """x / sqrt(sum x^2 + 1e-6) over the last axis (models.linear_attention.l2norm)."""
-    total = b.one(s, "ReduceSum", [b.one(s, "Mul", [x, x]), b.const(s, [-1])], keepdims=1)
-    return b.one(s, "Mul", [x, b.one(s, "Div", [b.const(s, 1.0, "float32"), b.one(s, "Sqrt", [b.one(s, "Add", [total, b.const(s, 1e-6, "float32")])])])])
 
 
 def check_hybrid_export(cfg: ModelConfig, dtype: str, drafter: str | None) -> None:

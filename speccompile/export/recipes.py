@@ -23,6 +23,7 @@ from onnx import TensorProto
 from ..models.architectures import family
 from ..models.weight_names import BESIDE_ROLES, NORM_ROLES
 from ..models.config import ModelConfig, eagle3_tap_layers
+from ..models.kda_config import KDA_MATMULS, kda_shapes
 from ..models.soft_tokens import SOFT_TABLE
 from ..models.weights import WeightSource
 from ..weights_file import Piece
@@ -95,7 +96,7 @@ LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
               "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out",
-              "ssm_in", "ssm_out", "ssm_x", "ssm_dt"}  # MatMul weights [in, out]
+              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", *KDA_MATMULS}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -178,7 +179,7 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
                 "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
                 **{role: [(h,)] for role in BESIDE_ROLES}, "attn_sub_norm": [(q,)], "ffn_sub_norm": [(inter,)], **_altup_shapes(c)}
     if c.attn_output_gate:  # gated attention: q_proj gives q and the gate
-        per_role["qkv"] = [(2 * q, h), (kv, h), (kv, h)]
+        per_role["qkv"] = [(q + c.num_attention_heads * c.gate_dim, h), (kv, h), (kv, h)]
     if c.hybrid is not None:
         per_role.update(_linear_shapes(c))
     if c.mla:
@@ -201,8 +202,10 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
 
 def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     """The shapes of a recurrent layer's roles (models/linear_config.py LINEAR_NAMES, SHORT_CONV_NAMES, MAMBA2_NAMES,
-    MAMBA1_NAMES)."""
+    MAMBA1_NAMES, models/kda_config.py KDA_NAMES)."""
     hy, h = c.hybrid, c.hidden_size
+    if hy.kda:
+        return kda_shapes(hy, h)
     if hy.mamba1:
         inner, n, r = [(hy.width,)], [(hy.k_dim,)], hy.dt_rank
         return {"ssm_in": [(2 * hy.width, h)], "ssm_conv": [(hy.width, 1, hy.conv_kernel)], "ssm_conv_bias": inner,

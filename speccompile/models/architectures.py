@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
+from .kda_config import KDA_NAMES, KIMI_KEYS
 from .hybrid_names import LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -120,6 +121,7 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
+    head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]): q rows per head q | 1 gate row
     hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
@@ -387,6 +389,9 @@ FAMILIES: dict[str, Family] = {
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
+    # LFM3: LFM2's short convs and MLP, sliding / full Qwen3 attention (proportional partial rope on full layers), a per-head output gate (`head_gate`), sandwich norms
+    "lfm3": Family(("lfm3",), hybrid="short_conv", qk_norm="head", placement="sandwich", parallel_key="use_sandwich_norm", output_gate="self_attn.gate_proj.weight", head_gate=True,
+                   refused_keys=("attention_bias",), gguf={}, names=LFM3_NAMES, top_names={"model.embedding_norm.weight": "model.norm.weight"}),
     # AFMoE (Arcee Trinity): Gemma 3's sandwich norms and sliding / full layers (rope on sliding layers only), per-head q/k
     # norms, a gated attention output (a gate_proj of its own), sigmoid routing with a score bias in one group, ungated
     # shared experts, dense first num_dense_layers; muP's sqrt(hidden) embedding scale when mup_enabled
@@ -428,6 +433,8 @@ FAMILIES: dict[str, Family] = {
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
     "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
+    # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE
+    "kimi_linear": Family(("kimi_linear",), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={}, config_keys=KIMI_KEYS),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -15,16 +15,17 @@ from .layer_roles import layer_roles
 from .attention_keys import latent_attention, layer_shapes
 from .bitnet import bitnet_fields, bitnet_gguf_keys
 from .llama4 import llama4_fields
-from .layer_keys import family_keys, kv_heads, layer_types_of, mlp_act_of, multipliers, nope_layers_of, placement
+from .layer_keys import biases_of, family_keys, kv_heads, layer_types_of, mlp_act_of, multipliers, nope_layers_of, placement
 from .gemma4_gguf import gemma4_keys
 from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba1_gguf import mamba1_gguf_keys
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
-from .linear_config import HybridConfig, hybrid_from_hf, mamba1_from_hf, olmo_hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
+from .linear_config import ATTENTION_ONLY, HybridConfig, hybrid_from_hf, mamba1_from_hf, olmo_hybrid_from_hf, mamba2_from_hf, short_conv_from_hf, short_conv_gguf_keys
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .falcon import falcon_gguf_keys, falcon_keys
+from .kda_config import kda_from_hf
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -128,6 +129,7 @@ class ModelConfig:
     rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
     hybrid: HybridConfig | None = None  # gated delta net layers (models/linear_config.py; None: attention only)
     attn_output_gate: bool = False  # q_proj doubled (per head q, gate): attention output times sigmoid(gate) (Qwen3-Next)
+    attn_head_gate: bool = False  # that gate one value a head (LFM3): q_proj's rows per head q, then one gate row
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -193,6 +195,11 @@ class ModelConfig:
         return next((self.layer(i).head_dim for i in range(self.num_hidden_layers) if self.rope_kind(i) == kind), self.head_dim)
 
     @property
+    def gate_dim(self) -> int:
+        """The output gate's rows per head in q_proj (after the head's q rows): head_dim, 1 (`attn_head_gate`) or 0."""
+        return (1 if self.attn_head_gate else self.head_dim) if self.attn_output_gate else 0
+
+    @property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
@@ -217,7 +224,7 @@ class ModelConfig:
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
-            roles = [*self.hybrid.roles(), *(r for r in roles if r not in ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias"))]
+            roles = [*self.hybrid.roles(), *(r for r in roles if r not in ATTENTION_ONLY)]
         roles += [*self.hybrid.roles()] if self.parallel_mixer(layer) else []  # Falcon-H1: the Mamba-2 mixer's too
         if not self.has_mlp(layer):  # Nemotron-H: the MLP's norm and weights absent
             roles = [r for r in roles if r not in MLP_ROLES]
@@ -257,23 +264,6 @@ def _eos_list(value: Any) -> list[int]:
     return [] if value is None else [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def _biases(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[str, bool]:
-    """attention_bias (q/k/v), o_proj_bias and mlp_bias from the family's `bias_keys` (else its defaults); a
-    use_bias / mlp_bias key the family does not read, or one of its `refused_keys`, is refused."""
-    refused = [key for key in fam.refused_keys if data.get(key)]
-    refused += [f"{key} {data[key]!r}" for key, want in fam.refused_unless.items()
-                if data.get(key) is not None and data[key] != (data.get(want) if isinstance(want, str) else want)]
-    if refused:
-        raise UnsupportedError(f"{source}: {arch} with {refused[0]} is not supported")
-    keys = fam.bias_keys
-    for key in ("use_bias", "mlp_bias"):
-        if data.get(key) and key not in keys.values():
-            raise UnsupportedError(f"{source}: {arch} with {key} is not supported (biases this family does not have)")
-    qkv = data.get(keys["qkv"], fam.attention_bias) if "qkv" in keys else data.get("attention_bias", data.get("use_bias", fam.attention_bias))
-    return dict(attention_bias=bool(qkv), o_proj_bias=bool(data.get(keys["o"], fam.o_bias)) if "o" in keys else fam.o_bias,
-                mlp_bias=bool(data.get(keys["mlp"], fam.mlp_bias)) if "mlp" in keys else fam.mlp_bias)
-
-
 def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int, hidden: int, head_dim: int,
                        source: str) -> dict[str, Any]:
     """The ModelConfig fields of the family's layer description, read from a config.json."""
@@ -287,24 +277,20 @@ def _layer_description(data: dict[str, Any], fam: Family, arch: str, layers: int
     fields = dict(
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=check_rope_scaling(rope, source, alpha=fam.rope_alpha),
-        attn_sinks=fam.attn_sinks, **_biases(data, fam, arch, source),
+        attn_sinks=fam.attn_sinks, **biases_of(data, fam, arch, source),
         qk_norm=bool(fam.qk_norm or (fam.qk_norm_key and data.get(fam.qk_norm_key))), qk_norm_full=fam.qk_norm == "full",
-        qk_norm_after_rope=fam.qk_norm == "after_rope",
-        norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=mlp_act_of(data, fam, arch, source),
-        norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
+        qk_norm_after_rope=fam.qk_norm == "after_rope", norm=fam.norm, norm_offset=fam.norm_offset, placement=placement(data, fam), mlp_act=mlp_act_of(data, fam, arch, source),
         lm_head_bias=bool(data.get(fam.bias_keys["lm_head"], fam.lm_head_bias)) if "lm_head" in fam.bias_keys else fam.lm_head_bias,
-        rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved,
-        layer_types=types, sliding_window=window,
-        rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else 0, rope_interleaved=fam.rope_interleaved, norm_bias=fam.norm_bias, mlp_gated=fam.mlp_gated,
+        layer_types=types, sliding_window=window, rope_local_theta=float(local.get("rope_theta", 0.0)) if types else 0.0,
         nope_layers=nope_layers_of(data, fam, types, layers),
-        attn_softcap=float(data.get("attn_logit_softcapping") or 0.0),
-        final_softcap=float(data.get("final_logit_softcapping") or 0.0),
+        attn_softcap=float(data.get("attn_logit_softcapping") or 0.0), final_softcap=float(data.get("final_logit_softcapping") or 0.0),
         **multipliers(data, fam, hidden, head_dim),
         **(layer_shapes(data, types, layers, head_dim, source) if fam.layer_shapes else {}),
         **(altup_keys(data, types, layers, source) if fam.altup else {}),
         v_norm=fam.v_norm, layer_scalar=fam.layer_scalar, position_offset=fam.position_offset, **bitnet_fields(data, fam.sub_norms, source),
-        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed, attn_output_gate=bool(fam.output_gate),
-        position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
+        embed_norm=fam.embed_norm, rope_reversed=fam.rope_reversed, attn_output_gate=bool(fam.output_gate) and bool(data.get("use_attention_gate", True)),
+        attn_head_gate=fam.head_gate, position_embeddings=int(data.get("max_position_embeddings", 2048)) + fam.position_offset if fam.learned_positions else 0,
     )
     return {**fields, **layer_rope_bases(data, types, fields["rope_theta"], source), **(llama4_fields(data) if fam.attn_scale == "llama4_nope" else {})}
 
@@ -348,7 +334,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
             moe=moe_from_hf(fam.moe, data),
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
-                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf}
+                     "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf,
+                     "kda": kda_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

@@ -16,6 +16,7 @@ from torch import nn
 from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
 from .architectures import MLA_NAMES, family
 from .linear_config import LINEAR_NAMES, MAMBA1_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .kda_config import KDA_NAMES
 from .weight_names import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, NORM_ROLES
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
@@ -24,7 +25,7 @@ from .weights import WeightSource, describe_key_mismatch  # noqa: F401 - re-expo
 from .trace_ops import static_reshape
 from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, rotate_half  # noqa: F401 - re-exported
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
-from .linear_attention import split_output_gate
+from .linear_attention import gated_output, split_output_gate
 from .short_conv import mixer_name, recurrent_layer
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 from .bitnet import act_quant
@@ -95,7 +96,7 @@ class Attention(nn.Module):
         self.head_dim = shape.head_dim
         bias = config.attention_bias
         own = config.kv_source(layer) is None  # KV sharing: no k/v projections (another layer's keys / values)
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim * (1 + config.attn_output_gate), bias=bias)
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * (self.head_dim + shape.gate_dim), bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias) if own else None
         self.v_proj = None if config.values_are_keys(layer) or not own else nn.Linear(config.hidden_size, shape.kv_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.o_proj_bias)
@@ -138,7 +139,7 @@ class Attention(nn.Module):
         out = static_reshape(context, 0, heads, -1, dim)
         out = static_reshape(out.transpose(1, 2), 0, -1, heads * dim)
         out = out if self.attn_sub_norm is None else self.attn_sub_norm(out)
-        out = out if gate is None else out * torch.sigmoid(gate)  # gated attention (Qwen3-Next)
+        out = out if gate is None else gated_output(out, gate, heads)  # gated attention (Qwen3-Next, LFM3)
         return self.o_proj(act_quant(out) if cfg.act_quant else out), k_all, v_all
 
     def _qkv(self, x: torch.Tensor, rotary: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -150,7 +151,7 @@ class Attention(nn.Module):
             v = k
         else:
             q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
-        q, gate = split_output_gate(q, heads, dim) if cfg.attn_output_gate else (q, None)
+        q, gate = split_output_gate(q, heads, dim, cfg.layer(self.layer).gate_dim) if cfg.attn_output_gate else (q, None)
         if self.q_norm is not None and cfg.qk_norm_full:
             q, k = self.q_norm(q), self.k_norm(k)
         q = static_reshape(q, 0, -1, heads, dim)
@@ -419,7 +420,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, **KDA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 
@@ -430,7 +431,7 @@ def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[s
     names = family(config.architecture).layer_names()
     for i in range(config.num_hidden_layers):
         q, kv, inter = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim, config.layer(i).intermediate_size
-        sizes = {"qkv": [q * (1 + config.attn_output_gate), kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter],
+        sizes = {"qkv": [q + config.num_attention_heads * config.layer(i).gate_dim, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter],
                  **(config.hybrid.fused_sizes() if config.hybrid is not None else {})}
         p = f"model.layers.{i}."
         roles = config.layer_roles(i)

@@ -14,6 +14,7 @@ import numpy as np
 from .architectures import Family
 from .bitnet import unpacked_view
 from .falcon import falcon_view
+from .kda_config import kimi_view
 from .linear_config import OLMO_HYBRID_JOINED, OLMO_HYBRID_RENAMES, HybridConfig
 from .nemotron_h import blocks_view
 from .weights import TensorInfo, WeightSource
@@ -112,8 +113,9 @@ class _Ones(WeightSource):
 
 
 class _GateApart(WeightSource):
-    """AFMoE's attention output gate, a projection of its own ([heads * head_dim, in]), shown inside q_proj as
-    Qwen3-Next keeps it: [heads, q | gate] rows (`ModelConfig.attn_output_gate`); the gate tensors themselves hidden."""
+    """AFMoE's attention output gate, a projection of its own ([heads * head_dim, in]; LFM3's: [heads, in], one gate a
+    head), shown inside q_proj as Qwen3-Next keeps it: [heads, q | gate] rows (`ModelConfig.attn_output_gate`,
+    `attn_head_gate`); the gate tensors themselves hidden."""
 
     def __init__(self, inner: WeightSource, query: str, gate: str, heads: int):
         self._inner, self._heads = inner, heads
@@ -121,15 +123,17 @@ class _GateApart(WeightSource):
 
     def info(self, name: str) -> TensorInfo:
         info = self._inner.info(name)
-        return TensorInfo((2 * info.shape[0], *info.shape[1:]), info.dtype) if name in self._gates else info
+        if name not in self._gates:
+            return info
+        return TensorInfo((info.shape[0] + self._inner.info(self._gates[name]).shape[0], *info.shape[1:]), info.dtype)
 
     def read(self, name: str) -> np.ndarray:
         query = self._inner.read(name)
         if name not in self._gates:
             return query
         gate = self._inner.read(self._gates[name])
-        both = np.stack([query.reshape(self._heads, -1, *query.shape[1:]), gate.reshape(self._heads, -1, *gate.shape[1:])], axis=1)
-        return both.reshape(2 * query.shape[0], *query.shape[1:])
+        both = np.concatenate([query.reshape(self._heads, -1, *query.shape[1:]), gate.reshape(self._heads, -1, *gate.shape[1:])], axis=1)
+        return both.reshape(query.shape[0] + gate.shape[0], *query.shape[1:])
 
     def names(self) -> list[str]:
         hidden = set(self._gates.values())
@@ -225,6 +229,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = blocks_view(source)
     if "falcon" in fam.model_types:
         source = falcon_view(source)
+    if fam.hybrid == "kda":  # Kimi Linear saved by transformers: its dense MLPs' names
+        source = kimi_view(source)
     source = source.renamed(fam.top_names)
     if fam.conv1d:  # Conv1D [in, out]; the causal-mask buffers old saves keep (attn.bias, attn.masked_bias) are not weights
         layer = [n for n in source.names() if n.startswith("model.layers.")]

@@ -113,3 +113,20 @@ def mlp_act_of(data: dict[str, Any], fam: Family, arch: str, source: str) -> str
         raise UnsupportedError(f"{source}: {arch} with {fam.act_key} {data[fam.act_key]!r} is not supported "
                                f"(supported: {', '.join(sorted(HF_ACTS))})")
     return act
+
+
+def biases_of(data: dict[str, Any], fam: Family, arch: str, source: str) -> dict[str, bool]:
+    """attention_bias (q/k/v), o_proj_bias and mlp_bias from the family's `bias_keys` (else its defaults); a
+    use_bias / mlp_bias key the family does not read, or one of its `refused_keys`, is refused."""
+    refused = [key for key in fam.refused_keys if data.get(key)]
+    refused += [f"{key} {data[key]!r}" for key, want in fam.refused_unless.items()
+                if data.get(key) is not None and data[key] != (data.get(want) if isinstance(want, str) else want)]
+    if refused:
+        raise UnsupportedError(f"{source}: {arch} with {refused[0]} is not supported")
+    keys = fam.bias_keys
+    for key in ("use_bias", "mlp_bias"):
+        if data.get(key) and key not in keys.values():
+            raise UnsupportedError(f"{source}: {arch} with {key} is not supported (biases this family does not have)")
+    qkv = data.get(keys["qkv"], fam.attention_bias) if "qkv" in keys else data.get("attention_bias", data.get("use_bias", fam.attention_bias))
+    return dict(attention_bias=bool(qkv), o_proj_bias=bool(data.get(keys["o"], fam.o_bias)) if "o" in keys else fam.o_bias,
+                mlp_bias=bool(data.get(keys["mlp"], fam.mlp_bias)) if "mlp" in keys else fam.mlp_bias)

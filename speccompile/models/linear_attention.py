@@ -78,11 +78,8 @@ class GatedDeltaNet(nn.Module):
         value = value.reshape(-1, h.num_v_heads, h.v_dim)
         beta = torch.sigmoid(beta_in) if h.beta_scale == 1.0 else torch.sigmoid(beta_in) * h.beta_scale  # OLMo Hybrid: [0, 2]
         g = -self.A_log.float().exp() * nn.functional.softplus(a + self.dt_bias)
-        recurrent = recurrent * g.exp()[..., None, None]
-        memory = (recurrent * key.unsqueeze(-1)).sum(dim=-2)
-        delta = (value - memory) * beta.unsqueeze(-1)
-        recurrent = recurrent + key.unsqueeze(-1) * delta.unsqueeze(-2)
-        return (recurrent * query.unsqueeze(-1)).sum(dim=-2), window[..., 1:], recurrent
+        out, recurrent = delta_rule(recurrent * g.exp()[..., None, None], query, key, value, beta)
+        return out, window[..., 1:], recurrent
 
     def gated_norm(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each head's values, times the gain, times SiLU(gate) (transformers' RMSNormGated)."""
@@ -91,12 +88,33 @@ class GatedDeltaNet(nn.Module):
 
     def empty_states(self, batch: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The states before the first token: zeros."""
-        return [torch.zeros((batch, *self.h.conv_state_shape()), dtype=dtype),
-                torch.zeros((batch, *self.h.recurrent_state_shape()), dtype=dtype)]
+        return zero_states(self.h, batch, dtype)
 
 
-def split_output_gate(q: torch.Tensor, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated attention's doubled q_proj output [b, q, heads * 2 * head_dim] (per head: q, then gate) -> q [b, q,
-    heads * head_dim] and the gate of the same shape."""
-    both = q.reshape(q.shape[0], q.shape[1], heads, 2 * head_dim)
+def delta_rule(state: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule on the decayed state [b, H, Dk, Dv] -> (the readout [b, H, Dv], the state after the token)."""
+    memory = (state * key.unsqueeze(-1)).sum(dim=-2)
+    delta = (value - memory) * beta.unsqueeze(-1)
+    state = state + key.unsqueeze(-1) * delta.unsqueeze(-2)
+    return (state * query.unsqueeze(-1)).sum(dim=-2), state
+
+
+def zero_states(h: HybridConfig, batch: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """A delta-rule layer's states before the first token: zero conv and recurrent states."""
+    return [torch.zeros((batch, *h.conv_state_shape()), dtype=dtype), torch.zeros((batch, *h.recurrent_state_shape()), dtype=dtype)]
+
+
+def split_output_gate(q: torch.Tensor, heads: int, head_dim: int, gate_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated attention's q_proj output [b, q, heads * (head_dim + gate_dim)] (per head: q, then gate; gate_dim
+    head_dim, or 1: LFM3) -> q [b, q, heads * head_dim] and the gate [b, q, heads * gate_dim]."""
+    both = q.reshape(q.shape[0], q.shape[1], heads, head_dim + gate_dim)
     return both[..., :head_dim].reshape(q.shape[0], q.shape[1], -1), both[..., head_dim:].reshape(q.shape[0], q.shape[1], -1)
+
+
+def gated_output(out: torch.Tensor, gate: torch.Tensor, heads: int) -> torch.Tensor:
+    """The attention output [b, q, heads * dim] times sigmoid(gate): of its shape, or one value a head [b, q, heads]."""
+    if gate.shape[-1] == out.shape[-1]:
+        return out * torch.sigmoid(gate)
+    per_head = out.reshape(out.shape[0], out.shape[1], heads, -1) * torch.sigmoid(gate).unsqueeze(-1)
+    return per_head.reshape(out.shape)

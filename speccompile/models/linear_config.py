@@ -29,9 +29,17 @@ LINEAR_NAMES: dict[str, tuple[str, ...]] = {
 }
 FUSED_LINEAR_NAMES = {"lin_qkvz": ("linear_attn.in_proj_qkvz.weight",), "lin_ba": ("linear_attn.in_proj_ba.weight",)}
 LINEAR_ROLES = tuple(LINEAR_NAMES)
+KDA_ROLES = ("kda_qkv", "kda_down", "kda_f_up", "kda_g_up", "kda_conv", "kda_a_log", "kda_dt_bias", "kda_norm", "kda_out")
+# attention's roles, none of which a recurrent layer has (latent attention's too: Kimi Linear)
+ATTENTION_ONLY = ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias", "q_kv", "q_kv_a", "q_b", "q_a_norm", "kv_a_norm", "kv_b")
 # a short-conv layer's roles (LFM2: in_proj -> B | C | x, the depthwise conv, out_proj)
 SHORT_CONV_NAMES: dict[str, tuple[str, ...]] = {"conv_in": ("conv.in_proj.weight",), "conv_kernel": ("conv.conv.weight",),
                                                 "conv_out": ("conv.out_proj.weight",)}
+# LFM3's layer names: LFM2's short conv and MLP, sandwich norms (post_operator_norm / post_ffn_norm), Qwen3's attention
+# names (q_norm / k_norm / o_proj; its per-head gate, stored gate_proj, shown inside q_proj at load: models/hf_layouts.py)
+LFM3_NAMES = {**SHORT_CONV_NAMES, "input_norm": ("operator_norm.weight",), "post_norm": ("ffn_norm.weight",),
+              "post_attn_norm": ("post_operator_norm.weight",), "post_mlp_norm": ("post_ffn_norm.weight",),
+              "gate_up": ("feed_forward.w1.weight", "feed_forward.w3.weight"), "down": ("feed_forward.w2.weight",)}
 # a Mamba-2 layer's roles (Granite 4.0-H: in_proj -> z | xBC | dt, the conv1d and its bias, the SSM's A_log / dt_bias /
 # D, the gated group norm, out_proj)
 MAMBA2_NAMES: dict[str, tuple[str, ...]] = {
@@ -64,7 +72,7 @@ class HybridConfig:
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
     or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
-    dt of rank `dt_rank`). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
     mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
     y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
     folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
@@ -118,8 +126,14 @@ class HybridConfig:
     def mamba1(self) -> bool:
         return self.kind == "mamba1"
 
+    @property
+    def kda(self) -> bool:
+        return self.kind == "kda"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
+        if self.kda:  # Kimi Delta Attention (models/kda_config.py)
+            return KDA_ROLES
         if self.mamba2 or self.mamba1:
             names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
             return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
@@ -132,8 +146,8 @@ class HybridConfig:
     def row_width(self) -> int:
         """A pending row's floats: its conv input (a gated delta net: and b, a; Mamba-2: and dt, and 1, the flag that
         tells a row from the runtime's first zero row, which must leave the states as they are; Mamba-1: and 1)."""
-        if self.mamba1:
-            return self.conv_dim + 1
+        if self.mamba1 or self.kda:  # KDA: and b [H], the forget gate's f_b(f_a(x)) [H * k_dim]
+            return self.conv_dim + (1 if self.mamba1 else self.num_v_heads + self.key_dim)
         return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)
 
     def fused_sizes(self) -> dict[str, list[int]]:
@@ -150,15 +164,18 @@ class HybridConfig:
 
 
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
-    """ModelConfig fields of an LFM2 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are short
-    convs), the MLP width after transformers' `block_auto_adjust_ff_dim`; conv biases refused."""
+    """ModelConfig fields of an LFM2 / LFM3 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are
+    short convs, full_attention / sliding_attention ones attention), the MLP width after transformers'
+    `block_auto_adjust_ff_dim`; conv biases and LFM3's sliding layers without a window refused (every layer a short
+    conv is built)."""
     types = data.get("layer_types") or ["full_attention" if i in (data.get("full_attn_idxs") or []) else "conv" for i in range(layers)]
     types = list(types)[:layers]
-    other = sorted(set(types) - {"full_attention", "conv"})
+    other = sorted(set(types) - {"full_attention", "sliding_attention", "conv"})
     if other:
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in an LFM2 model")
     if data.get("conv_bias"):
         raise UnsupportedError(f"{source}: conv_bias true (short-conv biases) is not supported")
+    _check_sliding(data, types, source)
     inter = int(data["intermediate_size"])
     if data.get("block_auto_adjust_ff_dim"):  # transformers' Lfm2MLP
         inter = int(2 * inter / 3)
@@ -169,6 +186,23 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
     hybrid = HybridConfig(linear=[t == "conv" for t in types], kind="short_conv", width=int(data["hidden_size"]),
                           conv_kernel=int(data.get("conv_L_cache") or 3))
     return dict(hybrid=hybrid, intermediate_size=inter)
+
+
+def _check_sliding(data: dict[str, Any], types: list[str], source: str) -> None:
+    """LFM3's rope per layer type: full layers' partial_rotary_factor with proportional rope only (transformers' default
+    rope turns the whole head, its other types fail); sliding layers with a sliding_window and default rope (the
+    local rotary table is unscaled: models/rope.py); refused otherwise."""
+    full = (data.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type") != "proportional" and float(full.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedError(f"{source}: rope_parameters full_attention {full!r} is not supported (partial rotary only "
+                               "with rope_type proportional)")
+    if "sliding_attention" not in types:
+        return
+    if not data.get("sliding_window"):
+        raise UnsupportedError(f"{source}: sliding_attention layers without a sliding_window are not supported")
+    local = (data.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default" or float(local.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedError(f"{source}: rope_parameters sliding_attention {local!r} is not supported (default rope only)")
 
 
 def gguf_kv_heads(meta: dict[str, Any], p: str) -> list[int]:

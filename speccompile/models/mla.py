@@ -73,9 +73,9 @@ class LatentAttention(nn.Module):
         q_nope, q_pe = torch.split(q, [c.qk_nope_head_dim, rope], dim=3)
         w_uk, w_uv = absorbed_weights(self.kv_b_proj.weight, c)
         q_latent = drop_last_row(torch.matmul(with_last_row(q_nope), w_uk))  # [b, heads, q, rank]
-        cos, sin = rotary["global"]
-        query = apply_rope(torch.cat((q_pe, q_latent), dim=3), cos, sin, c)  # [b, heads, q, dim]
-        key = apply_rope(torch.cat((k_pe, c_kv), dim=2).unsqueeze(1), cos, sin, c)  # [b, 1, q, dim]
+        query, key = torch.cat((q_pe, q_latent), dim=3), torch.cat((k_pe, c_kv), dim=2).unsqueeze(1)  # [b, heads | 1, q, dim]
+        if c.rope_kind(self.layer):  # Kimi Linear's latent attention: no rope (NoPE), k_pe as it is
+            query, key = (apply_rope(t, *rotary["global"], c) for t in (query, key))
         k_all = torch.cat((past_k, key), dim=2)
         v_all = torch.cat((past_v, key), dim=2)
         bias = biases[False]  # [b, 1, heads * q, T]

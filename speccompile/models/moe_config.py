@@ -205,8 +205,9 @@ def _deepseek_keys_from_gguf(meta: dict[str, Any], p: str) -> dict[str, Any]:
 
 
 def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> MoeConfig:
-    """DeepSeek-V3's sigmoid or V2's softmax group routing (V2's `greedy`: one group), shared experts, dense first layers."""
-    inter, v3 = int(data["moe_intermediate_size"]), kind == "deepseek_v3"
+    """DeepSeek-V3's sigmoid or V2's softmax group routing (V2's `greedy`: one group), shared experts, dense first layers
+    (Kimi Linear: V3's routing, Mixtral's block and expert names)."""
+    inter, v3 = int(data["moe_intermediate_size"]), kind != "deepseek_v2"
     grouped = v3 or data.get("topk_method", "greedy") == "group_limited_greedy"
     if not v3 and data.get("topk_method", "greedy") not in ("greedy", "group_limited_greedy"):
         raise UnsupportedError(f"config.json: DeepSeek-V2 topk_method {data['topk_method']!r} is not supported "
@@ -217,7 +218,8 @@ def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> M
                      shared_gated=False, n_group=int(data.get("n_group") or 1) if grouped else 1,
                      topk_group=int(data.get("topk_group") or 1) if grouped else 1,
                      routed_scale=float(data.get("routed_scaling_factor", 1.0)), score_bias=v3,
-                     dense_layers=_mlp_dense_layers(data, layers))
+                     dense_layers=_mlp_dense_layers(data, layers),
+                     **(dict(block="block_sparse_moe", projections=("w1", "w3", "w2")) if kind == "kimi_linear" else {}))
 
 
 def _mlp_dense_layers(data: dict[str, Any], layers: int) -> tuple[int, ...]:
@@ -371,7 +373,7 @@ def moe_from_hf(kind: str, data: dict[str, Any]) -> MoeConfig | None:
     if kind == "mixtral":
         return MoeConfig(int(experts), top_k, int(data["intermediate_size"]), "softmax_topk", True, block="block_sparse_moe",
                          projections=("w1", "w3", "w2"))
-    if kind in ("deepseek_v3", "deepseek_v2"):
+    if kind in ("deepseek_v3", "deepseek_v2", "kimi_linear"):
         return _deepseek_moe(kind, data, top_k, layers)
     if kind == "gemma4":  # the MoE block beside the dense MLP (enable_moe_block); its experts' activation the MLP's
         if not data.get("enable_moe_block"):
