@@ -1,6 +1,7 @@
 """llama.cpp's metadata of the families whose GGUF carries less than their config.json (no converter needed; the
 converted files themselves: tests/test_gguf_llamacpp.py): MiniCPM3's fixed multipliers and default lengths, BitNet's
-SiLU, a BitNet file's per-tensor `.scale` refused rather than dropped, Qwen3-Next's layers without `recurrent_layers`."""
+SiLU, a BitNet file's per-tensor `.scale` refused rather than dropped, Qwen3-Next's layers without `recurrent_layers`,
+Kimi Linear's KDA heads and renormalised routing."""
 
 from __future__ import annotations
 
@@ -66,3 +67,21 @@ def test_qwen3next_gguf_without_recurrent_layers_takes_the_full_attention_interv
     assert cfg.architecture == "qwen3_next" and cfg.hybrid.linear == [True, True, False, True, True, False]
     assert (cfg.hybrid.num_k_heads, cfg.hybrid.num_v_heads, cfg.hybrid.k_dim, cfg.hybrid.v_dim) == (2, 4, 16, 8)
     assert cfg.moe.norm_topk_prob and cfg.norm_offset == 0.0
+
+
+def test_kimi_linear_gguf_takes_kda_heads_from_head_count_and_always_renormalises():
+    """llama.cpp's kimi-linear: KDA where head_count_kv is 0, its heads `attention.head_count` (no KDA head count is
+    written), NoPE latent attention; its graph renormalises the top k whatever `expert_weights_norm` says, and routes
+    by sigmoid: another `expert_gating_func` is refused in one line."""
+    keys = {"block_count": 4, "attention.head_count_kv": [0, 0, 0, 1], "kda.head_dim": 16, "ssm.conv_kernel": 3,
+            "attention.kv_lora_rank": 32, "rope.dimension_count": 16, "attention.key_length": 48, "attention.key_length_mla": 32,
+            "attention.value_length_mla": 16, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32,
+            "expert_shared_count": 1, "leading_dense_block_count": 1, "expert_weights_scale": 2.5, "expert_weights_norm": False}
+    cfg = config_from_gguf(_meta("kimi-linear", **keys, expert_gating_func=2), True, False, "model.gguf")
+    hy, moe = cfg.hybrid, cfg.moe
+    assert cfg.architecture == "kimi_linear" and hy.kind == "kda" and hy.linear == [True, True, True, False]
+    assert (hy.num_v_heads, hy.k_dim, hy.conv_kernel, cfg.nope_layers) == (4, 16, 3, [0, 1, 2, 3])
+    assert (cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.q_lora_rank) == (32, 16, 16, 0)
+    assert moe.norm_topk_prob and moe.score_bias and moe.dense_layers == (0,) and moe.shared_expert_size == 32
+    with pytest.raises(UnsupportedError, match="expert_gating_func 1 is not supported in a Kimi Linear model"):
+        config_from_gguf(_meta("kimi-linear", **keys, expert_gating_func=1), True, False, "model.gguf")

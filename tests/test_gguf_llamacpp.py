@@ -124,6 +124,10 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     "falcon-grouped": FAMILIES["falcon-grouped"],
     # pure Mamba-2 (llama.cpp's mamba2: no attention head at all, the blocks' norm as attn_norm, A as -exp(A_log))
     "mamba2": HYBRID["mamba2"],
+    # Kimi Linear (llama.cpp's kimi-linear): KDA where head_count_kv is 0, A as -exp(A_log), the q / k / v conv kernels 4-D;
+    # the latent attention's kv_b_proj split as DeepSeek's, the experts stacked (written from Moonshot's config.json keys
+    # and tensor names: `_moonshot_layout`), the choice bias as exp_probs_b, renormalised top k
+    "kimi_linear": HYBRID["kimi_linear"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
@@ -198,6 +202,8 @@ def gguf_of(tmp_path: Path, name: str, tokenizers: dict[str, Path]):
         (tmp_path / "hf" / file.name).write_bytes(file.read_bytes())
     if name in _TERNARY:  # the converter maps 1bitLLM's sub-norm names, not transformers'
         _rename_tensors(tmp_path / "hf", _BITNET_NAMES)
+    if name == "kimi_linear":
+        _moonshot_layout(tmp_path / "hf")
     convert(tmp_path / "hf", tmp_path / "model.gguf", _OUTTYPE.get(name, "f32"), ("--no-mtp",) if name in _NO_MTP else ())
     if name in _TERNARY:
         _ternarize(hf, half=name in _OUTTYPE)
@@ -214,6 +220,21 @@ def _hub_layer_types(folder: Path) -> None:
     hub = {"linear_attention": "mamba", "full_attention": "attention"}
     config["layer_types"] = [hub.get(kind, kind) for kind in config["layer_types"]]
     path.write_text(json.dumps(config, indent=2))
+
+
+def _moonshot_layout(folder: Path) -> None:
+    """A Kimi Linear checkpoint as Moonshot's released files write it, which the converter reads: linear_attn_config's
+    1-indexed kda_layers / full_attn_layers and the router's moe_router_activation_func (transformers saves neither),
+    the dense layers' MLP under `mlp.` (transformers saves it under `block_sparse_moe.`)."""
+    import json
+
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    types = config["layer_types"]
+    config["linear_attn_config"].update({key: [i + 1 for i, t in enumerate(types) if t == kind] for key, kind in
+                                         (("kda_layers", "linear_attention"), ("full_attn_layers", "full_attention"))})
+    path.write_text(json.dumps({**config, "moe_router_activation_func": "sigmoid"}, indent=2))
+    _rename_tensors(folder, {f"block_sparse_moe.{p}_proj.": f"mlp.{p}_proj." for p in ("gate", "up", "down")})
 
 
 def _tokenizer_model_type(folder: Path, model_type: str) -> None:

@@ -307,7 +307,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
 
 def test_kimi_linear_config_keys_and_refusals():
     """Kimi Linear's config.json as Moonshot writes it: linear_attn_config's 1-indexed kda_layers / full_attn_layers,
-    its MoE keys under DeepSeek-V3's names, every layer NoPE; what is not built refused in one line."""
+    its MoE keys under DeepSeek-V3's names, every layer NoPE; what is not built refused in one line; llama.cpp's
+    `kimi-linear` is the same family."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 
@@ -335,8 +336,7 @@ def test_kimi_linear_config_keys_and_refusals():
             config_from_hf({**raw, key: value}, "config.json")
     from speccompile.models.config import normalize_architecture
 
-    with pytest.raises(UnsupportedError, match="Kimi Linear GGUF is not read"):
-        normalize_architecture("kimi-linear", "model.gguf")
+    assert normalize_architecture("kimi-linear", "model.gguf") == "kimi_linear"  # llama.cpp's name (tests/test_gguf_llamacpp.py)
 
 
 def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
 from .kda_config import KDA_NAMES, KIMI_KEYS
-from .hybrid_names import LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
+from .hybrid_names import KIMI_GGUF, LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -433,8 +433,8 @@ FAMILIES: dict[str, Family] = {
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
     "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
-    # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE
-    "kimi_linear": Family(("kimi_linear",), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={}, config_keys=KIMI_KEYS),
+    # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE (GGUF: models/kda_gguf.py)
+    "kimi_linear": Family(("kimi_linear", "kimi-linear"), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={**_MLA_GGUF, **KIMI_GGUF}, config_keys=KIMI_KEYS),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

@@ -26,6 +26,7 @@ from .linear_config import ATTENTION_ONLY, HybridConfig, hybrid_from_hf, mamba1_
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .falcon import falcon_gguf_keys, falcon_keys
 from .kda_config import kda_from_hf
+from .kda_gguf import kda_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
 from .refused import REFUSED
@@ -34,7 +35,8 @@ from .gguf_layer_keys import gguf_layer_keys as _gguf_layer_keys
 
 _GGUF_KEYS = {"gpt_oss": gpt_oss_gguf_keys, "ministral3": ministral3_gguf_keys, "bitnet": bitnet_gguf_keys,
               "lfm2": short_conv_gguf_keys, "lfm2_moe": short_conv_gguf_keys, "granitemoehybrid": mamba2_gguf_keys,
-              "qwen3_next": gated_delta_gguf_keys, "qwen3_5": gated_delta_gguf_keys, "qwen3_5_moe": gated_delta_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
+              "qwen3_next": gated_delta_gguf_keys, "qwen3_5": gated_delta_gguf_keys, "qwen3_5_moe": gated_delta_gguf_keys,
+              "kimi_linear": kda_gguf_keys}  # a family's rope / activation keys of llama.cpp's metadata
 HIDDEN_STATE_MODES = ("none", "final", "eagle3")  # extra outputs of a target graph: none | final norm | EAGLE-3 taps
 
 

@@ -26,3 +26,8 @@ MAMBA2_GGUF = {**LLAMA_GGUF, "ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.con
 NEMOTRON_H_GGUF = {"attn_norm": "norm", **{f"attn_{x}": f"mixer.{x}_proj" for x in "qkv"}, "attn_output": "mixer.o_proj",
                    **{k: v.replace("mamba.", "mixer.") for k, v in MAMBA2_GGUF.items() if k.startswith("ssm_")},
                    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # one block a `blk.N` (models/nemotron_h_gguf.py)
+# llama.cpp's kimi-linear: Kimi Delta Attention as attn_q / attn_k / attn_v / attn_output and `ssm_*` (A and dt's bias without
+# `.weight`, the conv kernels 4-D: models/kda_gguf.py); its latent attention as DeepSeek's (models/architectures.py)
+KIMI_GGUF = {**{f"attn_{x}": f"self_attn.{x}_proj" for x in "kv"}, **{f"ssm_conv1d_{x}": f"self_attn.{x}_conv1d" for x in "qkv"},
+             **{f"ssm_{x}": f"self_attn.{x}_proj" for x in ("f_a", "f_b", "g_a", "g_b")}, "ssm_beta": "self_attn.b_proj",
+             "ssm_a": "self_attn.A_log", "ssm_dt": "self_attn.dt_bias", "ssm_norm": "self_attn.o_norm"}

@@ -32,6 +32,7 @@ from .mtp_layouts import is_mtp_weight, mtp_weights
 from .multimodal import text_decoder
 from .gated_delta_gguf import GroupedValueHeads, JoinedQkvz
 from .mamba2_gguf import ALogView
+from .kda_gguf import KdaShapes
 from .falcon import falcon_gguf_names
 from .nemotron_h import blocks_view
 from .weights import GGUFSource, SafetensorsSource, WeightSource
@@ -273,7 +274,7 @@ _NEXTN = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "embed_token
 # `exp_probs_b.bias`, Gemma 4's `layer_output_scale.weight`)
 _BARE = ("self_attn.sinks", "layer_scalar", "mlp.gate.e_score_correction_bias", "block_sparse_moe.gate.e_score_correction_bias",
          "feed_forward.gate.e_score_correction_bias", "mamba.A_log", "mamba.D", "mamba.dt_bias", "linear_attn.A_log",
-         "linear_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias", "pre_ff_layernorm.weight")  # falcon-h1's `blk.N.ffn_norm`
+         "linear_attn.dt_bias", "self_attn.A_log", "self_attn.dt_bias", "mixer.A_log", "mixer.D", "mixer.dt_bias", "pre_ff_layernorm.weight")  # falcon-h1's `blk.N.ffn_norm`
 
 
 def _open_gguf(path: Path):
@@ -380,6 +381,7 @@ def _gguf_weights(path: Path) -> tuple[Any, dict[str, Any], ModelConfig, WeightS
             source = blocks_view(source)
         if config.hybrid.kind == "gated_delta":  # qwen3next: its fused projections joined back (values grouped)
             source = (JoinedQkvz if meta["general.architecture"] == "qwen3next" else GroupedValueHeads)(source, config.hybrid)
+        source = KdaShapes(source) if config.hybrid.kind == "kda" else source  # Kimi Linear's 4-D conv kernels (models/kda_gguf.py)
         return reader, meta, config, ALogView(source)
     if config.moe and config.moe.beside_dense:  # Gemma 4's fused experts, stored as in its safetensors
         return reader, meta, config, per_expert(source, str(path))

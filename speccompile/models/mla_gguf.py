@@ -29,8 +29,12 @@ _SPLIT = re.compile(r"^(model\.layers\.\d+\.self_attn\.)k_b_proj\.weight$")
 
 def mla_gguf_keys(meta: dict[str, Any], arch: str, p: str, source: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(metadata, family, the config.json keys of its latent attention) of a latent-attention file: llama.cpp's
-    `deepseek2` (`deepseek2_keys`) or its `minicpm3` (`minicpm3_keys`)."""
-    return minicpm3_keys(meta, p) if arch == "minicpm3" else (meta, *deepseek2_keys(meta, p, source))
+    `deepseek2` (`deepseek2_keys`), its `minicpm3` (`minicpm3_keys`) or its `kimi-linear` (DeepSeek's keys, its own
+    routing: models/kda_gguf.py)."""
+    if arch == "minicpm3":
+        return minicpm3_keys(meta, p)
+    family, keys = deepseek2_keys(meta, p, source)
+    return meta, arch if arch == "kimi_linear" else family, keys
 
 
 def minicpm3_keys(meta: dict[str, Any], p: str) -> tuple[dict[str, Any], str, dict[str, Any]]:

@@ -161,8 +161,8 @@ def moe_keys_from_gguf(meta: dict[str, Any], prefix: str, kind: str, tensors: fr
     Renormalised top k: llama.cpp's `expert_weights_norm`, else what it hard-codes (Qwen3-MoE, Qwen3.5-MoE, Qwen3-Next and
     Mixtral yes, Qwen2-MoE and OLMoE no). Every layer is a MoE layer (llama.cpp has no dense ones for these families) except DeepSeek's
     `leading_dense_block_count` first ones (and LFM2-MoE's; its score bias where the file has `exp_probs_b`: `tensors`)."""
-    if kind in ("deepseek_v3", "deepseek_v2"):
-        return _deepseek_keys_from_gguf(meta, prefix)
+    if kind in ("deepseek_v3", "deepseek_v2", "kimi_linear"):  # llama.cpp's kimi-linear renormalises whatever the file says
+        return {**_deepseek_keys_from_gguf(meta, prefix), **({"norm_topk_prob": True} if kind == "kimi_linear" else {})}
     if kind == "ernie4_5_moe":  # llama.cpp: MoE layers every `interleave_moe_layer_step`-th from the leading dense ones
         return {"moe_num_experts": int(meta[prefix + "expert_count"]), "moe_k": int(meta[prefix + "expert_used_count"]),
                 "moe_intermediate_size": int(meta[prefix + "expert_feed_forward_length"]),

@@ -32,5 +32,4 @@ REFUSED = {
     # GGUF files
     "hunyuan-moe": "llama.cpp's Hunyuan MoE GGUF is not read (no oracle: its converter needs Hunyuan's tiktoken tokenizer); "
                    "export the safetensors checkpoint",
-    "kimi-linear": "llama.cpp's Kimi Linear GGUF is not read (its KDA and latent tensors are not mapped); export the safetensors checkpoint",
 }
