@@ -68,6 +68,22 @@ JAMBA_GGUF = {**LLAMA_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"fee
                  ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}}
 
 
+# a RecurrentGemma recurrent block's roles -> Hugging Face names (relative to `model.layers.{i}.`; models/rglru_config.py);
+# its layers' names: Gemma's roles under temporal_block / mlp_block, the norms temporal_pre_norm / channel_pre_norm
+RGLRU_NAMES: dict[str, tuple[str, ...]] = {
+    **{f"lru_{b}{s}": (f"temporal_block.linear_{b}.{w}",) for b in ("y", "x", "out") for s, w in (("", "weight"), ("_bias", "bias"))},
+    "lru_conv": ("temporal_block.conv_1d.weight",), "lru_conv_bias": ("temporal_block.conv_1d.bias",),
+    "lru_a": ("temporal_block.rg_lru.recurrent_param",),
+    **{f"lru_{g}{s}": (f"temporal_block.rg_lru.{n}_{w}",) for g, n in (("in_gate", "input_gate"), ("a_gate", "recurrent_gate"))
+       for s, w in (("", "weight"), ("_bias", "bias"))},
+}
+RECURRENT_GEMMA_NAMES = {**RGLRU_NAMES, "input_norm": ("temporal_pre_norm.weight",), "post_norm": ("channel_pre_norm.weight",),
+                         "qkv": tuple(f"temporal_block.{x}_proj.weight" for x in "qkv"), "o_proj": ("temporal_block.o_proj.weight",),
+                         "o_bias": ("temporal_block.o_proj.bias",), **{f"gate_up{s}": tuple(f"mlp_block.{x}_proj.{w}" for x in ("gate", "up"))
+                                                                        for s, w in (("", "weight"), ("_bias", "bias"))},
+                         "down": ("mlp_block.down_proj.weight",), "down_bias": ("mlp_block.down_proj.bias",)}
+
+
 @dataclass(frozen=True)
 class HybridConfig:
     """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"

@@ -1,5 +1,5 @@
 """RecurrentGemma (Griffin, transformers' `recurrent_gemma`): its config.json read as ModelConfig fields and its
-recurrent block's weight names (models/rglru.py is the torch reference, docs/DESIGN.md "Hybrid linear attention").
+recurrent block's weight names in models/linear_config.py (models/rglru.py is the torch reference, docs/DESIGN.md "Hybrid linear attention").
 
 block_types repeats over the layers (transformers' `layers_block_type`): "recurrent" layers are RG-LRU blocks
 (HybridConfig kind "rglru": `width` lru_width channels in `num_v_heads` gate blocks, conv1d_width taps with a bias),
@@ -17,14 +17,6 @@ import torch
 from ..errors import UnsupportedError
 from .linear_config import HybridConfig
 
-# the recurrent block's roles -> Hugging Face names (relative to `model.layers.{i}.`)
-RGLRU_NAMES: dict[str, tuple[str, ...]] = {
-    **{f"lru_{b}{s}": (f"temporal_block.linear_{b}.{w}",) for b in ("y", "x", "out") for s, w in (("", "weight"), ("_bias", "bias"))},
-    "lru_conv": ("temporal_block.conv_1d.weight",), "lru_conv_bias": ("temporal_block.conv_1d.bias",),
-    "lru_a": ("temporal_block.rg_lru.recurrent_param",),
-    **{f"lru_{g}{s}": (f"temporal_block.rg_lru.{n}_{w}",) for g, n in (("in_gate", "input_gate"), ("a_gate", "recurrent_gate"))
-       for s, w in (("", "weight"), ("_bias", "bias"))},
-}
 _ACTS = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast")
 
 
@@ -51,7 +43,7 @@ def rglru_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, A
     linear = [t == "recurrent" for t in (types * layers)[:layers]]
     if all(linear):
         raise UnsupportedError(f"{source}: a RecurrentGemma model whose every block is recurrent (no attention block) is not supported")
-    head_dim = hidden // heads
+    head_dim = int(data.get("head_dim") or hidden // heads)  # transformers sets hidden / heads, unless given
     factor = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 0.5)))
     return dict(hybrid=HybridConfig(linear=linear, kind="rglru", width=width, num_v_heads=heads,
                                     conv_kernel=int(data.get("conv1d_width") or 4), conv_bias=True),
