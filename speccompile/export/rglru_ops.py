@@ -22,6 +22,7 @@ from onnx import helper
 from ..models.config import ModelConfig
 from .activations import activation
 from .graph_builder import INT64_MAX, GraphBuilder
+from .mamba1_ops import state_scans
 from .moe_ops import Emitter
 
 # the weights the scan body reads (passed through as scan states: a body reads no outer value), by role
@@ -38,25 +39,13 @@ def rglru_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[s
     flags = em.one("Concat", [em.one("Sub", [c("rglru.one", 1.0, np.float32), reset]), reset], axis=-1)
     em.op("Concat", [x_in, flags], [f"present_state.{i}.rows"], axis=-1)
     weights = [em.one("Reshape", [role("lru_conv"), c("rglru.kernel", [hy.width, hy.conv_kernel])]), *(role(r) for r in _WEIGHTS)]
-    states = [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
     pending = em.op("Split", [f"past_state.{i}.rows", c("rglru.rows", [hy.width, 2])], 2, axis=-1)
-    _scan(em, cfg, i, "fold", [f"past_state.{i}.conv", f"past_state.{i}.recurrent"], weights, pending, states)
-    out = _scan(em, cfg, i, "rows", states, weights, [x_in, flags])  # [b, q, width]
+    out = state_scans(em, i, "rglru", lambda tag: _body(cfg, i, em.elem, tag), weights, pending, [x_in, flags])  # [b, q, width]
     return em.one("Add", [em.one("MatMul", [em.one("Mul", [out, y]), role("lru_out")]), role("lru_out_bias")])
 
 
-def _scan(em: Emitter, cfg: ModelConfig, i: int, tag: str, states: list[str], weights: list[str], rows: list[str],
-          outputs: list[str] | None = None) -> str:
-    """A Scan of the token step over `rows` (x, the flags: [b, n, ...], n >= 1) from `states`; its final states named
-    `outputs` (else internal), the weights passed through; returns the rows' states [b, n, width]."""
-    names = [*(outputs or [f"rglru.{i}.{tag}.conv", f"rglru.{i}.{tag}.recurrent"]),
-             *(f"rglru.{i}.{tag}.weight{k}" for k in range(len(weights))), f"rglru.{i}.{tag}.readout"]
-    return em.op("Scan", [*states, *weights, *rows], names, body=_body(cfg, i, em.elem, tag), num_scan_inputs=2,
-                 scan_input_axes=[1, 1], scan_output_axes=[1])[-1]
-
-
 def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
-    """One token (models.rglru.RgLru.step), the same nodes in both scans (`tag` names them apart). Inputs: the conv
+    """One token (models.rglru.RgLru.step), the same nodes in both scans (export/mamba1_ops.py `state_scans`; `tag` names them apart). Inputs: the conv
     state [b, C, K-1], the state [b, C], the weights (passed through), the row's x [b, C] and flags [b, 2]; outputs:
     the states, the weights, the row's state [b, C]."""
     hy, s, b = cfg.hybrid, f"/layers.{i}/rglru/{tag}", GraphBuilder()

@@ -91,7 +91,8 @@ class HybridConfig:
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
     or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
-    dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py)
+    or "rglru" (RecurrentGemma: conv and RG-LRU states over `width` channels, gates in `num_v_heads` blocks, models/rglru_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
     mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
     y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
     folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
