@@ -58,21 +58,30 @@ def test_rglru_block_matches_transformers_at_every_position():
 
 
 def test_rglru_config_keys_and_refusals():
-    """RecurrentGemma's config.json keys as transformers writes them read as the table's fields; what is not built
-    refused in one line."""
+    """RecurrentGemma's config.json keys as transformers writes them read through the table (config_from_hf): the
+    recurrent block's fields, Gemma's norms, the MLP's width and biases, the bf16 embedding scale, soft-capping, the
+    local window; what is not built refused in one line."""
     from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
     from speccompile.models.rglru_config import rglru_from_hf
 
-    fields = rglru_from_hf(dict(_CONFIG, num_hidden_layers=5, partial_rotary_factor=0.5), 5, "config.json")
-    hy = fields["hybrid"]
+    raw = dict(_CONFIG, model_type="recurrent_gemma", num_hidden_layers=5, num_key_value_heads=1, rms_norm_eps=1e-6,
+               hidden_activation="gelu_pytorch_tanh", logits_soft_cap=30.0, tie_word_embeddings=True, attention_bias=False,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+               block_types=["recurrent", "recurrent", "attention"], max_position_embeddings=512)
+    cfg = config_from_hf(raw, "config.json")
+    hy = cfg.hybrid
     assert (hy.kind, hy.linear, hy.width, hy.num_v_heads, hy.conv_kernel, hy.conv_bias) == ("rglru", [True, True, False, True, True], 64, 2, 4, True)
     assert (hy.row_width(), hy.conv_state_shape(), hy.recurrent_state_shape(), hy.state_kinds()) == (66, (64, 3), (64,), ("conv", "recurrent", "rows"))
-    assert (fields["head_dim"], fields["rotary_dim"], fields["sliding_window"], fields["intermediate_size"]) == (32, 16, 8, 48)
-    assert fields["final_softcap"] == 30.0 and fields["embed_scale"] == 8.0 and fields["o_proj_bias"]
-    assert rglru_from_hf(dict(_CONFIG, hidden_size=2560), 3, "c")["embed_scale"] == 50.5  # sqrt(2560) rounded to bfloat16, as transformers
+    assert (cfg.head_dim, cfg.rotary_dim, cfg.sliding_window, cfg.intermediate_size, cfg.num_key_value_heads) == (32, 16, 8, 48, 1)
+    assert cfg.sliding(2) and cfg.final_softcap == 30.0 and cfg.embed_scale == 8.0 and cfg.norm_offset == 1.0 and cfg.mlp_act == "gelu_tanh"
+    assert cfg.o_proj_bias and cfg.mlp_bias and cfg.mlp_gated and cfg.tie_word_embeddings
+    assert {"lru_y", "lru_a_gate", "gate_up_bias", "down_bias"} <= set(cfg.layer_roles(0)) and "qkv" not in cfg.layer_roles(0)
+    assert {"qkv", "o_proj", "o_bias", "gate_up_bias"} <= set(cfg.layer_roles(2)) and "lru_y" not in cfg.layer_roles(2)
+    assert rglru_from_hf(dict(_CONFIG, hidden_size=2560, lru_width=2560), 3, "c")["embed_scale"] == 50.5  # sqrt(2560) in bfloat16, as transformers
     for key, value, what in (("hidden_activation", "silu", "hidden_activation 'silu'"), ("attention_bias", True, "attention_bias true"),
                              ("rope_parameters", {"rope_type": "linear", "factor": 2.0}, "rope_type 'linear'"),
                              ("lru_width", 63, "lru_width 63 not a multiple"), ("block_types", ["recurrent", "mlp"], "block_types 'mlp'"),
                              ("block_types", ["recurrent"], "every block is recurrent")):
         with pytest.raises(UnsupportedError, match=what):
-            rglru_from_hf({**_CONFIG, key: value}, 3, "config.json")
+            config_from_hf({**raw, key: value}, "config.json")

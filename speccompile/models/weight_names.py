@@ -9,7 +9,7 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   o_proj          attention output
   post_attn_norm  norm of the attention output before the residual add (sandwich / post)
   post_norm       the norm before the MLP (pre / sandwich)
-  gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
+  gate_up, down   the gated MLP (2 names or one fused gate_up_proj), gate_up_bias (its biases: RecurrentGemma)
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
   attn_sub_norm, ffn_sub_norm  norms of o_proj's and down_proj's inputs (`sub_norms`: BitNet)
