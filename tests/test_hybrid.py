@@ -94,8 +94,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # norms, a gated tanh-GELU MLP with biases, o_proj's bias, sqrt(hidden) embedding scale, final logit soft-capping
     "recurrent_gemma": dict(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32, block_types=["recurrent"] * 3 + ["attention"],
                             attention_window_size=8, logits_soft_cap=8.0),
+    # and every block recurrent (Griffin's Hawk)
+    "recurrent_gemma_linear": dict(model_type="recurrent_gemma", num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                   block_types=["recurrent"], logits_soft_cap=8.0, pad_token_id=None, use_cache=False),
 }
-ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear")
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear")
 
 
 def _reference(folder):

@@ -81,7 +81,6 @@ def test_rglru_config_keys_and_refusals():
     assert rglru_from_hf(dict(_CONFIG, hidden_size=2560, lru_width=2560), 3, "c")["embed_scale"] == 50.5  # sqrt(2560) in bfloat16, as transformers
     for key, value, what in (("hidden_activation", "silu", "hidden_activation 'silu'"), ("attention_bias", True, "attention_bias true"),
                              ("rope_parameters", {"rope_type": "linear", "factor": 2.0}, "rope_type 'linear'"),
-                             ("lru_width", 63, "lru_width 63 not a multiple"), ("block_types", ["recurrent", "mlp"], "block_types 'mlp'"),
-                             ("block_types", ["recurrent"], "every block is recurrent")):
+                             ("lru_width", 63, "lru_width 63 not a multiple"), ("block_types", ["recurrent", "mlp"], "block_types 'mlp'")):
         with pytest.raises(UnsupportedError, match=what):
             config_from_hf({**raw, key: value}, "config.json")

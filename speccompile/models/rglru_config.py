@@ -22,8 +22,8 @@ _ACTS = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new", "gelu_fast")
 
 def rglru_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a RecurrentGemma config.json (transformers' defaults where a key is absent); an activation
-    other than tanh GELU, lru_width not a multiple of num_attention_heads, rope other than default, attention biases
-    and no attention layer refused."""
+    other than tanh GELU, lru_width not a multiple of num_attention_heads, rope other than default and attention
+    biases refused (every block may be recurrent)."""
     hidden, heads = int(data.get("hidden_size", 2560)), int(data.get("num_attention_heads", 10))
     act = str(data.get("hidden_activation") or "gelu_pytorch_tanh")
     if act not in _ACTS:
@@ -40,9 +40,7 @@ def rglru_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, A
     other = sorted(set(types) - {"recurrent", "attention"})
     if other:
         raise UnsupportedError(f"{source}: block_types {other[0]!r} is not supported in a RecurrentGemma model")
-    linear = [t == "recurrent" for t in (types * layers)[:layers]]
-    if all(linear):
-        raise UnsupportedError(f"{source}: a RecurrentGemma model whose every block is recurrent (no attention block) is not supported")
+    linear = [t == "recurrent" for t in (types * layers)[:layers]]  # every block may be recurrent (Hawk)
     head_dim = int(data.get("head_dim") or hidden // heads)  # transformers sets hidden / heads, unless given
     factor = float(rope.get("partial_rotary_factor", data.get("partial_rotary_factor", 0.5)))
     return dict(hybrid=HybridConfig(linear=linear, kind="rglru", width=width, num_v_heads=heads,
