@@ -89,8 +89,16 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                         linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32, qk_rope_head_dim=16,
                         qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
                         num_shared_experts=1, first_k_dense_replace=1),
+    # RecurrentGemma (Griffin): layers 0-2 RG-LRU blocks (lru_width 64 in 2 gate blocks, conv1d_width 4 with its bias; the
+    # reset at position 0), layer 3 local attention over 8 keys (one KV head, rope on 16 of its 32 dims); Gemma's (1 + w)
+    # norms, a gated tanh-GELU MLP with biases, o_proj's bias, sqrt(hidden) embedding scale, final logit soft-capping
+    "recurrent_gemma": dict(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32, block_types=["recurrent"] * 3 + ["attention"],
+                            attention_window_size=8, logits_soft_cap=8.0),
+    # and every block recurrent (Griffin's Hawk)
+    "recurrent_gemma_linear": dict(model_type="recurrent_gemma", num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                   block_types=["recurrent"], logits_soft_cap=8.0, pad_token_id=None, use_cache=False),
 }
-ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear")
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear")
 
 
 def _reference(folder):
@@ -183,7 +191,7 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", *ATTENTION_FREE])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "recurrent_gemma", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -239,7 +247,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
 @pytest.mark.parametrize("name, packed_roles", [("qwen3_5_moe_text", ("lin_qkvz", "lin_out")), ("olmo_hybrid", ("lin_qkvz", "lin_ba", "lin_out")), ("lfm2_moe", ("conv_in", "conv_out", "experts")),
                                                 ("lfm3", ("conv_in", "conv_out", "self_attn.weight_t", "mlp")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
-                                                ("nemotron_h", ("ssm_in", "up")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
+                                                ("nemotron_h", ("ssm_in", "up")), ("recurrent_gemma", ("lru_y", "lru_x", "lru_out", "mlp")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])

@@ -280,11 +280,13 @@ def _dense_mlp(g: _Graph, i: int, h: str) -> str:
         return _plain_mlp(g, i, h, scope)
     inter = g.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
     both = b.one(scope, "MatMul", [_projected(g, i, "", h, scope), g.role(i, "gate_up")])
+    both = b.one(scope, "Add", [both, g.role(i, "gate_up_bias")]) if g.model.config.mlp_bias else both  # RecurrentGemma
     gate, up = b.op(scope, "Split", [both, b.const(scope, [inter, inter])], 2, axis=-1)
     if g.model.config.activation_sparsity and g.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
         gate = gaussian_topk(g.emitter(scope), gate, g.model.config.activation_sparsity[i])
     act = _projected(g, i, "ffn_sub_norm", b.one(scope, "Mul", [_act(g, i, gate, scope), up]), scope)
-    return b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
+    out = b.one(f"{scope}/down_proj", "MatMul", [act, g.role(i, "down")])
+    return b.one(f"{scope}/down_proj", "Add", [out, g.role(i, "down_bias")]) if g.model.config.mlp_bias else out
 
 
 def _act(g: _Graph, i: int, x: str, scope: str) -> str:

@@ -414,16 +414,22 @@ def _mlp(f: _Fused, i: int, h: str, residual: str = "", norms: _Norms | None = N
 
 
 def _dense_mlp(f: _Fused, i: int, h: str) -> str:
-    """Layer i's dense MLP: gated, or plain (`_plain_mlp`)."""
-    if not f.model.config.mlp_gated:
-        return _plain_mlp(f, i, h)
-    gu = f.n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
-    inter = f.model.config.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
-    gate, up = f.n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
-    if f.model.config.activation_sparsity and f.model.config.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
-        gate = gaussian_topk(f.emitter(), gate, f.model.config.activation_sparsity[i])
-    act = _projected(f, i, "ffn_sub_norm", f.n("Mul", [_act(f, i, gate), up])[0])
-    return f.n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    """Layer i's dense MLP: down(act(gate) * up), gate and up from one MatMul, or plain down(act(up h)) (Phi-2's fc1 /
+    fc2); their biases where the family has them (`mlp_bias`: Phi-2's up / down, RecurrentGemma's gate too)."""
+    cfg, n, bias = f.model.config, f.n, f.model.config.mlp_bias
+    if not cfg.mlp_gated:
+        up = n("MatMul", [h, f.layer_weight(i, "mlp.up.weight_t", "up")])[0]
+        act = _act(f, i, n("Add", [up, f.layer_weight(i, "mlp.up.bias", "up_bias")])[0] if bias else up)
+    else:
+        gu = n("MatMul", [_projected(f, i, "", h), f.layer_weight(i, "mlp.gate_up.weight_t", "gate_up")])[0]
+        gu = n("Add", [gu, f.layer_weight(i, "mlp.gate_up.bias", "gate_up_bias")])[0] if bias else gu
+        inter = cfg.layer(i).intermediate_size  # its own (KV sharing's double-wide MLP)
+        gate, up = n("Split", [gu, f.const(f"layers.{i}.mlp_split", [inter, inter])], 2, axis=-1)
+        if cfg.activation_sparsity and cfg.activation_sparsity[i]:  # Gemma 3n's Gaussian top-k
+            gate = gaussian_topk(f.emitter(), gate, cfg.activation_sparsity[i])
+        act = _projected(f, i, "ffn_sub_norm", n("Mul", [_act(f, i, gate), up])[0])
+    out = n("MatMul", [act, f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
+    return n("Add", [out, f.layer_weight(i, "mlp.down_proj.bias", "down_bias")])[0] if bias else out
 
 
 def _projected(f: _Fused, i: int, sub_norm: str, x: str) -> str:
@@ -439,12 +445,3 @@ def _act(f: _Fused, i: int, x: str) -> str:
     kind = f.model.config.mlp_act
     return activation(f.emitter(), kind, x, f.layer_weight(i, "mlp.act.params", "act") if kind == "xielu" else None)
 
-
-def _plain_mlp(f: _Fused, i: int, h: str) -> str:
-    """down(act(up h + up_bias)) + down_bias (Phi-2's fc1 / fc2; the biases when the family has them)."""
-    n, cfg = f.n, f.model.config
-    up = n("MatMul", [h, f.layer_weight(i, "mlp.up.weight_t", "up")])[0]
-    if cfg.mlp_bias:
-        up = n("Add", [up, f.layer_weight(i, "mlp.up.bias", "up_bias")])[0]
-    out = n("MatMul", [_act(f, i, up), f.layer_weight(i, "mlp.down_proj.weight_t", "down")])[0]
-    return n("Add", [out, f.layer_weight(i, "mlp.down_proj.bias", "down_bias")])[0] if cfg.mlp_bias else out

@@ -38,20 +38,28 @@ def mamba1_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     em.op("Concat", [x_in, flag], [f"present_state.{i}.rows"], axis=-1)
     weights = [em.one("Reshape", [role("ssm_conv"), c("mamba1.kernel", [hy.width, hy.conv_kernel])]),
                *(role(r) for r in _WEIGHTS if hy.conv_bias or r != "ssm_conv_bias")]
-    states = [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
     pending = em.op("Split", [f"past_state.{i}.rows", c("mamba1.rows", [hy.width, 1])], 2, axis=-1)
-    _scan(em, cfg, i, "fold", [f"past_state.{i}.conv", f"past_state.{i}.recurrent"], weights, pending, states)
-    y = _scan(em, cfg, i, "rows", states, weights, [x_in, flag])  # [b, q, inner]
+    y = state_scans(em, i, "mamba1", lambda tag: _body(cfg, i, em.elem, tag), weights, pending, [x_in, flag])  # [b, q, inner]
     return em.one("MatMul", [em.one("Mul", [y, em.one("Mul", [z, em.one("Sigmoid", [z])])]), role("ssm_out")])
 
 
-def _scan(em: Emitter, cfg: ModelConfig, i: int, tag: str, states: list[str], weights: list[str], rows: list[str],
-          outputs: list[str] | None = None) -> str:
-    """A Scan of the token step over `rows` (x, the flag: [b, n, ...], n >= 1) from `states`; its final states named
-    `outputs` (else internal), the weights passed through; returns the rows' readouts [b, n, inner]."""
-    names = [*(outputs or [f"mamba1.{i}.{tag}.conv", f"mamba1.{i}.{tag}.recurrent"]),
-             *(f"mamba1.{i}.{tag}.weight{k}" for k in range(len(weights))), f"mamba1.{i}.{tag}.readout"]
-    return em.op("Scan", [*states, *weights, *rows], names, body=_body(cfg, i, em.elem, tag), num_scan_inputs=2,
+def state_scans(em: Emitter, i: int, prefix: str, body: Callable[[str], onnx.GraphProto], weights: list[str],
+                pending: list[str], rows: list[str]) -> str:
+    """Layer i's two Scans of the token step `body(tag)` (Mamba-1's, RecurrentGemma's: export/rglru_ops.py): the
+    pending rows folded into the past conv / recurrent states, written as the present ones, then the pass's `rows`
+    from there; returns the pass's readouts."""
+    present = [f"present_state.{i}.conv", f"present_state.{i}.recurrent"]
+    _scan(em, i, prefix, "fold", [f"past_state.{i}.conv", f"past_state.{i}.recurrent"], weights, pending, body, present)
+    return _scan(em, i, prefix, "rows", present, weights, rows, body)
+
+
+def _scan(em: Emitter, i: int, prefix: str, tag: str, states: list[str], weights: list[str], rows: list[str],
+          body: Callable[[str], onnx.GraphProto], outputs: list[str] | None = None) -> str:
+    """A Scan of the token step over `rows` (x, the flags: [b, n, ...], n >= 1) from `states`; its final states named
+    `outputs` (else internal), the weights passed through; returns the rows' readouts [b, n, ...]."""
+    names = [*(outputs or [f"{prefix}.{i}.{tag}.conv", f"{prefix}.{i}.{tag}.recurrent"]),
+             *(f"{prefix}.{i}.{tag}.weight{k}" for k in range(len(weights))), f"{prefix}.{i}.{tag}.readout"]
+    return em.op("Scan", [*states, *weights, *rows], names, body=body(tag), num_scan_inputs=2,
                  scan_input_axes=[1, 1], scan_output_axes=[1])[-1]
 
 

@@ -96,7 +96,7 @@ LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
               "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out",
-              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", *KDA_MATMULS}  # MatMul weights [in, out]
+              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", *KDA_MATMULS, "lru_y", "lru_x", "lru_out"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -174,7 +174,7 @@ def _layer_shapes(config: ModelConfig, i: int) -> dict[str, tuple[int, ...]]:
     per_role = {"input_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)], "o_proj": [(h, q)], "post_norm": [(h,)],
                 "post_attn_norm": [(h,)], "post_mlp_norm": [(h,)], "gate_up": [(inter, h), (inter, h)],
                 "down": [(h, inter)], "qkv_bias": [(q,), (kv,), (kv,)], "q_norm": qk[:1], "k_norm": qk[1:], "q_norm_bias": qk[:1], "k_norm_bias": qk[1:],
-                "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)],
+                "o_bias": [(h,)], "sinks": [(c.num_attention_heads,)], "up": [(inter, h)], "up_bias": [(inter,)], "gate_up_bias": [(inter,), (inter,)],
                 "down_bias": [(h,)], "act": [(1,)] * 4, "layer_scalar": [(1,)], **{f"{n}_bias": [(h,)] for n in NORM_ROLES},
                 "ple_gate": [(c.per_layer_input_size, h)], "ple_proj": [(h, c.per_layer_input_size)], "ple_norm": [(h,)],
                 **{role: [(h,)] for role in BESIDE_ROLES}, "attn_sub_norm": [(q,)], "ffn_sub_norm": [(inter,)], **_altup_shapes(c)}
@@ -206,6 +206,11 @@ def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     hy, h = c.hybrid, c.hidden_size
     if hy.kda:
         return kda_shapes(hy, h)
+    if hy.rglru:  # RecurrentGemma (models/rglru_config.py)
+        w, block = [(hy.width,)], (hy.num_v_heads, hy.width // hy.num_v_heads)
+        return {"lru_y": [(hy.width, h)], "lru_x": [(hy.width, h)], "lru_out": [(h, hy.width)], "lru_y_bias": w, "lru_x_bias": w,
+                "lru_out_bias": [(h,)], "lru_conv": [(hy.width, 1, hy.conv_kernel)], "lru_conv_bias": w, "lru_a": w,
+                "lru_in_gate": [(*block, block[1])], "lru_in_gate_bias": [block], "lru_a_gate": [(*block, block[1])], "lru_a_gate_bias": [block]}
     if hy.mamba1:
         inner, n, r = [(hy.width,)], [(hy.k_dim,)], hy.dt_rank
         return {"ssm_in": [(2 * hy.width, h)], "ssm_conv": [(hy.width, 1, hy.conv_kernel)], "ssm_conv_bias": inner,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, RECURRENT_GEMMA_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
 from .kda_config import KDA_NAMES, KIMI_KEYS
 from .hybrid_names import KIMI_GGUF, LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
@@ -122,7 +122,7 @@ class Family:
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]): q rows per head q | 1 gate row
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | rglru (RecurrentGemma)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -433,8 +433,8 @@ FAMILIES: dict[str, Family] = {
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
     "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
-    # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE (GGUF: models/kda_gguf.py)
-    "kimi_linear": Family(("kimi_linear", "kimi-linear"), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={**_MLA_GGUF, **KIMI_GGUF}, config_keys=KIMI_KEYS),
+    "kimi_linear": Family(("kimi_linear", "kimi-linear"), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={**_MLA_GGUF, **KIMI_GGUF}, config_keys=KIMI_KEYS),  # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE (GGUF: models/kda_gguf.py)
+    "recurrent_gemma": Family(("recurrent_gemma",), hybrid="rglru", norm_offset=1.0, mlp_act="gelu_tanh", mlp_bias=True, o_bias=True, names=RECURRENT_GEMMA_NAMES, gguf={}, top_names={"model.final_norm.weight": "model.norm.weight"}),  # Griffin: RG-LRU blocks beside local attention (models/rglru.py, models/rglru_config.py)
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

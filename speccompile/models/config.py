@@ -19,6 +19,7 @@ from .layer_keys import biases_of, family_keys, kv_heads, layer_types_of, mlp_ac
 from .gemma4_gguf import gemma4_keys
 from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba1_gguf import mamba1_gguf_keys
+from .rglru_config import rglru_from_hf
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -75,7 +76,7 @@ class ModelConfig:
     qk_norm_after_rope: bool = False  # the per-head q/k norms take the roped q / k (Hunyuan) instead of rope taking theirs
     mlp_act: str = "silu"  # silu | gelu_tanh | gelu | relu | relu2 | xielu
     mlp_gated: bool = True  # False: down(act(up x)) (Phi-2)
-    mlp_bias: bool = False  # the plain MLP's up / down biases
+    mlp_bias: bool = False  # the MLP's up / down biases (gated: and the gate's)
     lm_head_bias: bool = False
     rotary_dim: int = 0  # rotated dims of a head (0: all; partial rotary otherwise)
     rope_interleaved: bool = False
@@ -217,7 +218,7 @@ class ModelConfig:
 
     def layer_roles(self, layer: int = 0) -> list[str]:
         """The roles layer `layer` has weights for (models/architectures.py; a MoE layer's experts are not roles)."""
-        mlp = "gated" if self.mlp_gated else "plain_bias" if self.mlp_bias else "plain"
+        mlp = ("gated" if self.mlp_gated else "plain") + "_bias" * self.mlp_bias
         moe = self.moe is not None and self.moe.is_moe(layer)
         beside = moe and self.moe.beside_dense  # Gemma 4: the dense MLP's roles too, and the norms around both
         roles = layer_roles(self.placement_of(layer), self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
@@ -337,7 +338,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
                      "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf,
-                     "kda": kda_from_hf}
+                     "kda": kda_from_hf, "rglru": rglru_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

@@ -15,7 +15,7 @@ from torch import nn
 
 from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
 from .architectures import MLA_NAMES, family
-from .linear_config import LINEAR_NAMES, MAMBA1_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
+from .linear_config import LINEAR_NAMES, MAMBA1_NAMES, MAMBA2_NAMES, RGLRU_NAMES, SHORT_CONV_NAMES
 from .kda_config import KDA_NAMES
 from .weight_names import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, NORM_ROLES
 from .mla import LatentAttention
@@ -346,7 +346,7 @@ class Decoder(nn.Module):
             x = x + self.model.embed_positions(position_ids + cfg.position_offset if cfg.position_offset else position_ids)
         if cfg.embed_norm:  # nanochat: the final norm of the embeddings too
             x = self.model.norm(x)
-        rotary = {"global": self.model.rotary_emb(position_ids, dtype)}
+        rotary = {"global": self.model.rotary_emb(position_ids, dtype), "positions": position_ids}  # positions: RG-LRU's reset
         if self.model.rotary_local is not None:
             rotary["local"] = self.model.rotary_local(position_ids, dtype)
         if cfg.query_scale_beta:
@@ -420,7 +420,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, **KDA_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, **KDA_NAMES, **RGLRU_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 

@@ -60,12 +60,12 @@ class XIELU(nn.Module):
 
 
 class MLP(nn.Module):
-    """down(act(gate) * up), gate and up from one matmul; or, not `mlp_gated`, down(act(up)) (Phi-2)."""
+    """down(act(gate) * up), gate and up from one matmul (biases where `mlp_bias`: RecurrentGemma); or, not `mlp_gated`, down(act(up)) (Phi-2)."""
 
     def __init__(self, config: ModelConfig, sparsity: float = 0.0):
         super().__init__()
         bias, self.sparsity = config.mlp_bias, sparsity  # sparsity: the gate's Gaussian top-k (Gemma 3n, models/altup.py)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False) if config.mlp_gated else None
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias) if config.mlp_gated else None
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = config.mlp_act

@@ -12,10 +12,10 @@ MLA_ROLES = {"lora": ["q_kv_a", "q_a_norm", "q_b", "kv_a_norm", "kv_b"], "plain"
 def layer_roles(placement: str, attention_bias: bool, qk_norm: bool, o_bias: bool = False, sinks: bool = False,
                 moe: bool = False, norm_bias: bool = False, mlp: str = "gated", mla: str = "", act: bool = False) -> list[str]:
     """The roles a layer has weights for, by its norm placement, q/k/v biases, q/k norms, o_proj bias, attention
-    sinks, norm biases, MLP kind (gated | plain | plain_bias; a MoE layer's experts are not roles:
+    sinks, norm biases, MLP kind (gated | gated_bias | plain | plain_bias; a MoE layer's experts are not roles:
     models/moe_config.py), latent attention (`mla`: "" none, "lora" with q_lora_rank, "plain" without) and the
     activation's learned scalars (`act`: xIELU)."""
-    mlp_roles = {"gated": ["gate_up", "down"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
+    mlp_roles = {"gated": ["gate_up", "down"], "gated_bias": ["gate_up", "down", "gate_up_bias", "down_bias"], "plain": ["up", "down"], "plain_bias": ["up", "down", "up_bias", "down_bias"]}
     attention = MLA_ROLES[mla] if mla else ["qkv"]
     roles = [*_PLACEMENT_NORMS[placement], *attention, "o_proj", *([] if moe else mlp_roles[mlp]), *(["act"] if act and not moe else [])]
     if norm_bias:

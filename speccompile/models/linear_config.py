@@ -29,6 +29,9 @@ LINEAR_NAMES: dict[str, tuple[str, ...]] = {
 }
 FUSED_LINEAR_NAMES = {"lin_qkvz": ("linear_attn.in_proj_qkvz.weight",), "lin_ba": ("linear_attn.in_proj_ba.weight",)}
 LINEAR_ROLES = tuple(LINEAR_NAMES)
+# a RecurrentGemma recurrent block's roles (models/rglru_config.py has their names)
+RGLRU_ROLES = ("lru_y", "lru_y_bias", "lru_x", "lru_x_bias", "lru_conv", "lru_conv_bias", "lru_a", "lru_in_gate", "lru_in_gate_bias",
+               "lru_a_gate", "lru_a_gate_bias", "lru_out", "lru_out_bias")
 KDA_ROLES = ("kda_qkv", "kda_down", "kda_f_up", "kda_g_up", "kda_conv", "kda_a_log", "kda_dt_bias", "kda_norm", "kda_out")
 # attention's roles, none of which a recurrent layer has (latent attention's too: Kimi Linear)
 ATTENTION_ONLY = ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias", "q_kv", "q_kv_a", "q_b", "q_a_norm", "kv_a_norm", "kv_b")
@@ -65,6 +68,22 @@ JAMBA_GGUF = {**LLAMA_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"fee
                  ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}}
 
 
+# a RecurrentGemma recurrent block's roles -> Hugging Face names (relative to `model.layers.{i}.`; models/rglru_config.py);
+# its layers' names: Gemma's roles under temporal_block / mlp_block, the norms temporal_pre_norm / channel_pre_norm
+RGLRU_NAMES: dict[str, tuple[str, ...]] = {
+    **{f"lru_{b}{s}": (f"temporal_block.linear_{b}.{w}",) for b in ("y", "x", "out") for s, w in (("", "weight"), ("_bias", "bias"))},
+    "lru_conv": ("temporal_block.conv_1d.weight",), "lru_conv_bias": ("temporal_block.conv_1d.bias",),
+    "lru_a": ("temporal_block.rg_lru.recurrent_param",),
+    **{f"lru_{g}{s}": (f"temporal_block.rg_lru.{n}_{w}",) for g, n in (("in_gate", "input_gate"), ("a_gate", "recurrent_gate"))
+       for s, w in (("", "weight"), ("_bias", "bias"))},
+}
+RECURRENT_GEMMA_NAMES = {**RGLRU_NAMES, "input_norm": ("temporal_pre_norm.weight",), "post_norm": ("channel_pre_norm.weight",),
+                         "qkv": tuple(f"temporal_block.{x}_proj.weight" for x in "qkv"), "o_proj": ("temporal_block.o_proj.weight",),
+                         "o_bias": ("temporal_block.o_proj.bias",), **{f"gate_up{s}": tuple(f"mlp_block.{x}_proj.{w}" for x in ("gate", "up"))
+                                                                        for s, w in (("", "weight"), ("_bias", "bias"))},
+                         "down": ("mlp_block.down_proj.weight",), "down_bias": ("mlp_block.down_proj.bias",)}
+
+
 @dataclass(frozen=True)
 class HybridConfig:
     """The recurrent layers' shapes and which layers they are (`linear[i]`: layer i is one). `kind`: "gated_delta"
@@ -72,7 +91,8 @@ class HybridConfig:
     "mamba2" (Granite 4.0-H, Bamba: conv and SSM states; heads `num_v_heads` of `v_dim`, groups `num_k_heads` of state size
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
     or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
-    dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py)
+    or "rglru" (RecurrentGemma: conv and RG-LRU states over `width` channels, gates in `num_v_heads` blocks, models/rglru_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
     mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
     y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
     folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
@@ -107,7 +127,7 @@ class HybridConfig:
     @property
     def conv_dim(self) -> int:
         """The conv1d's channels: q | k | v (a short conv, Mamba-1: `width`)."""
-        return self.width if self.short_conv or self.mamba1 else 2 * self.key_dim + self.value_dim
+        return self.width if self.short_conv or self.mamba1 or self.rglru else 2 * self.key_dim + self.value_dim
 
     @property
     def short_conv(self) -> bool:
@@ -130,10 +150,14 @@ class HybridConfig:
     def kda(self) -> bool:
         return self.kind == "kda"
 
+    @property
+    def rglru(self) -> bool:
+        return self.kind == "rglru"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
-        if self.kda:  # Kimi Delta Attention (models/kda_config.py)
-            return KDA_ROLES
+        if self.kda or self.rglru:  # Kimi Delta Attention (models/kda_config.py), RecurrentGemma (models/rglru_config.py)
+            return KDA_ROLES if self.kda else RGLRU_ROLES
         if self.mamba2 or self.mamba1:
             names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
             return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
@@ -146,6 +170,8 @@ class HybridConfig:
     def row_width(self) -> int:
         """A pending row's floats: its conv input (a gated delta net: and b, a; Mamba-2: and dt, and 1, the flag that
         tells a row from the runtime's first zero row, which must leave the states as they are; Mamba-1: and 1)."""
+        if self.rglru:  # RecurrentGemma: and its flags keep, reset (models/rglru.py)
+            return self.conv_dim + 2
         if self.mamba1 or self.kda:  # KDA: and b [H], the forget gate's f_b(f_a(x)) [H * k_dim]
             return self.conv_dim + (1 if self.mamba1 else self.num_v_heads + self.key_dim)
         return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)
@@ -160,6 +186,8 @@ class HybridConfig:
 
     def recurrent_state_shape(self) -> tuple[int, ...]:
         """A layer's recurrent state per sequence: [value heads, key_head_dim, value_head_dim] (Mamba-1: [inner, d_state])."""
+        if self.rglru:  # RecurrentGemma: [width]
+            return (self.width,)
         return (self.width, self.k_dim) if self.mamba1 else (self.num_v_heads, self.k_dim, self.v_dim)
 
 

@@ -17,6 +17,7 @@ from .linear_attention import GatedDeltaNet
 from .linear_config import HybridConfig
 from .mamba1 import Mamba1
 from .mamba2 import Mamba2
+from .rglru import RgLru
 
 
 class ShortConv(nn.Module):
@@ -55,14 +56,16 @@ class ShortConv(nn.Module):
 
 def recurrent_layer(hidden: int, hybrid: HybridConfig, eps: float) -> nn.Module:
     """A recurrent layer's torch reference: a short conv (LFM2), a Mamba-2 layer (Granite 4.0-H, models/mamba2.py), a
-    Mamba-1 layer (Jamba, models/mamba1.py), Kimi Delta Attention or a gated delta net (Qwen3-Next, Qwen3.5)."""
+    Mamba-1 layer (Jamba, models/mamba1.py), a RecurrentGemma RG-LRU block, Kimi Delta Attention or a gated delta net (Qwen3-Next, Qwen3.5)."""
     if hybrid.mamba2 or hybrid.mamba1:
         return (Mamba2 if hybrid.mamba2 else Mamba1)(hidden, hybrid, eps)
-    if hybrid.kda:  # Kimi Linear (models/kda.py)
-        return KimiDeltaAttention(hidden, hybrid, eps)
+    if hybrid.kda or hybrid.rglru:  # Kimi Linear (models/kda.py), RecurrentGemma (models/rglru.py)
+        return KimiDeltaAttention(hidden, hybrid, eps) if hybrid.kda else RgLru(hidden, hybrid)
     return ShortConv(hidden, hybrid) if hybrid.short_conv else GatedDeltaNet(hidden, hybrid, eps)
 
 
 def mixer_name(hybrid: HybridConfig) -> str:
     """The recurrent layer's module name (transformers')."""
+    if hybrid.rglru:
+        return "temporal_block"
     return "mamba" if hybrid.mamba2 or hybrid.mamba1 else "self_attn" if hybrid.kda else "conv" if hybrid.short_conv else "linear_attn"

@@ -9,7 +9,7 @@ is a fused tensor, stacked the same way the graphs stack separate parts: q/k/v r
   o_proj          attention output
   post_attn_norm  norm of the attention output before the residual add (sandwich / post)
   post_norm       the norm before the MLP (pre / sandwich)
-  gate_up, down   the gated MLP (2 names or one fused gate_up_proj)
+  gate_up, down   the gated MLP (2 names or one fused gate_up_proj), gate_up_bias (its biases: RecurrentGemma)
   up, down        the plain MLP (`mlp_gated` False: down(act(up x)); Phi-2's fc1 / fc2), up_bias / down_bias
   post_mlp_norm   norm of the MLP output before the residual add (sandwich / post)
   attn_sub_norm, ffn_sub_norm  norms of o_proj's and down_proj's inputs (`sub_norms`: BitNet)
@@ -38,6 +38,7 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
     "o_proj": ("self_attn.o_proj.weight",),
     "post_norm": ("post_attention_layernorm.weight",),
     "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "gate_up_bias": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
     "down": ("mlp.down_proj.weight",),
     "o_bias": ("self_attn.o_proj.bias",),
     "sinks": ("self_attn.sinks",),
@@ -57,7 +58,7 @@ ALTUP_NAMES: dict[str, tuple[str, ...]] = {
     "altup_predict": ("altup.prediction_coefs.weight",), "altup_router": ("altup.modality_router.weight",),
     "altup_router_norm": ("altup.router_norm.weight",), "laurel_left": ("laurel.linear_left.weight",),
     "laurel_right": ("laurel.linear_right.weight",), "laurel_norm": ("laurel.post_laurel_norm.weight",)}
-MLP_ROLES = ("post_norm", "post_norm_bias", "gate_up", "up", "down", "up_bias", "down_bias", "act")  # a dense MLP block's
+MLP_ROLES = ("post_norm", "post_norm_bias", "gate_up", "up", "down", "gate_up_bias", "up_bias", "down_bias", "act")  # a dense MLP block's
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
 LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
