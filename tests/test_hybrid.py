@@ -77,6 +77,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                         linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32, qk_rope_head_dim=16,
                         qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
                         num_shared_experts=1, first_k_dense_replace=1),
+    # Bailing hybrid: groups of 2 layers (0, 2 KDA with full-rank gates and the bounded decay; 1, 3 latent attention with
+    # rope, q LoRA and a per-head output gate); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts in 2 groups, a shared one
+    "bailing_hybrid": dict(num_hidden_layers=4, layer_group_size=2, num_key_value_heads=4, head_dim=16, kv_lora_rank=32, qk_rope_head_dim=16,
+                           qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                           num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0),
 }
 
 
@@ -114,6 +119,7 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
     types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 3 + ["full_attention"]  # else layers 0-2 recurrent
+    types = ["linear_attention", "full_attention"] * 2 if name == "bailing_hybrid" else types  # groups of 2 layers
     assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t in ("conv", "linear_attention") for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
@@ -170,7 +176,8 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear"])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear",
+                                  "bailing_hybrid"])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -225,6 +232,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
                                                 ("lfm3", ("conv_in", "conv_out", "self_attn.weight_t", "mlp")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
+                                                ("bailing_hybrid", ("kda_qkv", "kda_down", "mla_gate", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):

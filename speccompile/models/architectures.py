@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import NEMOTRON_H_NAMES
 from .kda_config import KDA_NAMES, KIMI_KEYS
+from .bailing_config import BAILING_NAMES, BAILING_TOP
 from .hybrid_names import LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -229,8 +230,7 @@ FAMILIES: dict[str, Family] = {
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
     # GLM-4.7-Flash (glm4_moe_lite): V3's latent attention and routing, dense layers by mlp_layer_types (default: the first)
     # Sarvam (sarvam_mla): DeepSeek-V3's config under its own expert-count keys
-    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite", "sarvam_mla"), mla=True, moe="deepseek_v3", names=MLA_NAMES,
-                          gguf=_MLA_GGUF, config_keys=_EXPERT_KEYS),
+    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite", "sarvam_mla"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF, config_keys=_EXPERT_KEYS),
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
     # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
@@ -432,8 +432,9 @@ FAMILIES: dict[str, Family] = {
     "bitnet": Family(("bitnet",), mlp_act="relu2", act_key="hidden_act", sub_norms=True, bias_keys={"o": "attention_bias"}, gguf={**LLAMA_GGUF, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}),
     # Llama 4 (text; Scout / Maverick's `llama4` wrapper): chunked rope layers, NoPE layers' temperature, gainless q/k norms (models/llama4.py)
     "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
-    # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE
+    # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE; Bailing hybrid (Ling / Ring 2.5): KDA with full-rank gates beside latent attention with rope and a per-head output gate (models/bailing_config.py)
     "kimi_linear": Family(("kimi_linear",), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={}, config_keys=KIMI_KEYS),
+    "bailing_hybrid": Family(("bailing_hybrid",), hybrid="bailing", mla=True, moe="deepseek_v3", head_gate=True, names={**MLA_NAMES, **KDA_NAMES, **BAILING_NAMES}, gguf={}, config_keys=KIMI_KEYS, top_names=BAILING_TOP),
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}
