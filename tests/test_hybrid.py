@@ -332,6 +332,39 @@ def test_kimi_linear_config_keys_and_refusals():
         normalize_architecture("kimi-linear", "model.gguf")
 
 
+def test_bailing_hybrid_config_keys_and_refusals():
+    """Bailing hybrid's config.json as Ling's writes it: groups of layer_group_size layers (the last full attention), KDA
+    heads / head_dim (linear_head_dim, else head_dim), its MoE keys under DeepSeek-V3's names, rope on the latent
+    attention, the per-head output gate; what is not built refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    raw = {"model_type": "bailing_hybrid", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6, "kv_lora_rank": 32,
+           "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": None, "model_max_length": 512,
+           "layer_group_size": 3, "short_conv_kernel_size": 3, "kda_safe_gate": True, "kda_lower_bound": -4.0,
+           "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 32, "num_expert_group": 2,
+           "topk_group": 1, "moe_renormalize": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 2,
+           "num_nextn_predict_layers": 1, "expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": None}
+    cfg = config_from_hf(raw, "config.json")
+    hy, moe = cfg.hybrid, cfg.moe
+    assert hy.kind == "kda" and hy.linear == [True, True, False] * 2 and cfg.nope_layers == [] and cfg.attn_head_gate
+    assert (hy.num_v_heads, hy.k_dim, hy.conv_kernel, hy.full_gates, hy.gate_bound) == (4, 16, 3, True, -4.0)
+    assert "mla_gate" in cfg.layer_roles(2) and not {"kda_f_up", "kda_g_up", "mla_gate", "q_kv"} & set(cfg.layer_roles(0))
+    assert (moe.num_experts, moe.top_k, moe.n_group, moe.norm_topk_prob, moe.dense_layers, moe.shared_expert_size) == (8, 2, 2, True, (0, 1), 32)
+    assert (cfg.max_position_embeddings, cfg.rope_theta) == (512, 6e6)
+    assert config_from_hf({**raw, "rope_theta": 1e6}, "config.json").rope_theta == 1e6
+    unsafe = config_from_hf({**raw, "kda_safe_gate": False, "linear_head_dim": 8, "head_dim": 16}, "config.json").hybrid
+    assert (unsafe.gate_bound, unsafe.k_dim) == (0.0, 8)  # Kimi's softplus decay; KDA's own head_dim
+    for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("kda_lower_bound", 0.0, "kda_lower_bound 0"),
+                             ("expert_swiglu_limit_list", [0, 0, 7.0, 0, 0, 0], "expert_swiglu_limit_list with a non-zero limit"),
+                             ("share_expert_swiglu_limit_list", [7.0] * 6, "share_expert_swiglu_limit_list with a non-zero limit"),
+                             ("layer_types", ["linear_attention"] * 6, "every layer is linear_attention"),
+                             ("layer_types", ["linear_attention", "mamba"] * 3, "layer_types 'mamba'")):
+        with pytest.raises(UnsupportedError, match=what):
+            config_from_hf({**raw, key: value}, "config.json")
+
+
 def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):
     """Kimi Linear at its released latent widths (kv_lora_rank 512, rope 64: a 576-wide cache head): no fused CPU graph,
     the contract graph within 1e-4 of transformers at every position, partly right chain drafts bitwise plain decoding."""

@@ -30,7 +30,7 @@ _RENAMES = ((re.compile(r"\.attention\."), ".self_attn."), (re.compile(r"\.self_
 
 def bailing_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a Bailing hybrid config.json: `hybrid` (layer_types, else the last layer of every
-    layer_group_size full attention), rope on every attention layer. Refused in one line: an activation other than
+    layer_group_size full attention), rope on every attention layer (rope_theta 6e6 unless given). Refused in one line: an activation other than
     SiLU, SwiGLU clipping (a non-zero expert_swiglu_limit_list / share_expert_swiglu_limit_list entry), a safe gate
     bounded at 0, a layer type other than full / linear attention, no attention layer."""
     group = int(data.get("layer_group_size") or 6)
@@ -53,7 +53,8 @@ def bailing_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str,
                           k_dim=dim, v_dim=dim, conv_kernel=kernel, full_gates=True, gate_bound=bound)
     if all(hybrid.linear):
         raise UnsupportedError(f"{source}: a Bailing hybrid model whose every layer is linear_attention is not supported")
-    return dict(hybrid=hybrid, nope_layers=[])
+    theta = (data.get("rope_parameters") or {}).get("rope_theta", data.get("rope_theta", 6e6))  # transformers' default: 6e6
+    return dict(hybrid=hybrid, nope_layers=[], rope_theta=float(theta))
 
 
 def bailing_view(source: WeightSource) -> WeightSource:
