@@ -78,10 +78,12 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                         qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
                         num_shared_experts=1, first_k_dense_replace=1),
     # Bailing hybrid: groups of 2 layers (0, 2 KDA with full-rank gates and the bounded decay; 1, 3 latent attention with
-    # rope, q LoRA and a per-head output gate); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts in 2 groups, a shared one
+    # rope, q LoRA and a per-head output gate); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts in 2 groups, a shared one;
+    # SwiGLU clamped after SiLU per layer: the experts' on layers 1 and 3, the shared experts' on layer 2 (layer 0's unused)
     "bailing_hybrid": dict(num_hidden_layers=4, layer_group_size=2, num_key_value_heads=4, head_dim=16, kv_lora_rank=32, qk_rope_head_dim=16,
                            qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                           num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0),
+                           num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
+                           expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
 }
 
 
@@ -345,7 +347,7 @@ def test_bailing_hybrid_config_keys_and_refusals():
            "layer_group_size": 3, "short_conv_kernel_size": 3, "kda_safe_gate": True, "kda_lower_bound": -4.0,
            "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 32, "num_expert_group": 2,
            "topk_group": 1, "moe_renormalize": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 2,
-           "num_nextn_predict_layers": 1, "expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": None}
+           "num_nextn_predict_layers": 1, "expert_swiglu_limit_list": [0, 0, 7, 0, 0, 6.5], "share_expert_swiglu_limit_list": None}
     cfg = config_from_hf(raw, "config.json")
     hy, moe = cfg.hybrid, cfg.moe
     assert hy.kind == "kda" and hy.linear == [True, True, False] * 2 and cfg.nope_layers == [] and cfg.attn_head_gate
@@ -353,12 +355,12 @@ def test_bailing_hybrid_config_keys_and_refusals():
     assert "mla_gate" in cfg.layer_roles(2) and not {"kda_f_up", "kda_g_up", "mla_gate", "q_kv"} & set(cfg.layer_roles(0))
     assert (moe.num_experts, moe.top_k, moe.n_group, moe.norm_topk_prob, moe.dense_layers, moe.shared_expert_size) == (8, 2, 2, True, (0, 1), 32)
     assert (cfg.max_position_embeddings, cfg.rope_theta) == (512, 6e6)
+    assert [(moe.at_layer(i).clip, moe.at_layer(i).shared_clip) for i in (2, 4, 5)] == [(7.0, 0.0), (0.0, 0.0), (6.5, 0.0)]
     assert config_from_hf({**raw, "rope_theta": 1e6}, "config.json").rope_theta == 1e6
     unsafe = config_from_hf({**raw, "kda_safe_gate": False, "linear_head_dim": 8, "head_dim": 16}, "config.json").hybrid
     assert (unsafe.gate_bound, unsafe.k_dim) == (0.0, 8)  # Kimi's softplus decay; KDA's own head_dim
     for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("kda_lower_bound", 0.0, "kda_lower_bound 0"),
-                             ("expert_swiglu_limit_list", [0, 0, 7.0, 0, 0, 0], "expert_swiglu_limit_list with a non-zero limit"),
-                             ("share_expert_swiglu_limit_list", [7.0] * 6, "share_expert_swiglu_limit_list with a non-zero limit"),
+                             ("share_expert_swiglu_limit_list", [7.0] * 5, "share_expert_swiglu_limit_list has 5 limits for 6 layers"),
                              ("layer_types", ["linear_attention"] * 6, "every layer is linear_attention"),
                              ("layer_types", ["linear_attention", "mamba"] * 3, "layer_types 'mamba'")):
         with pytest.raises(UnsupportedError, match=what):

@@ -31,7 +31,7 @@ _RENAMES = ((re.compile(r"\.attention\."), ".self_attn."), (re.compile(r"\.self_
 def bailing_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a Bailing hybrid config.json: `hybrid` (layer_types, else the last layer of every
     layer_group_size full attention), rope on every attention layer (rope_theta 6e6 unless given). Refused in one line: an activation other than
-    SiLU, SwiGLU clipping (a non-zero expert_swiglu_limit_list / share_expert_swiglu_limit_list entry), a safe gate
+    SiLU, a SwiGLU limit list (expert_swiglu_limit_list / share_expert_swiglu_limit_list) not one a layer, a safe gate
     bounded at 0, a layer type other than full / linear attention, no attention layer."""
     group = int(data.get("layer_group_size") or 6)
     types = list(data.get("layer_types") or ["full_attention" if (i + 1) % group == 0 else "linear_attention" for i in range(layers)])
@@ -40,9 +40,9 @@ def bailing_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str,
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in a Bailing hybrid model")
     if str(data.get("hidden_act", "silu")) != "silu":
         raise UnsupportedError(f"{source}: hidden_act {data['hidden_act']!r} is not supported in a Bailing hybrid model")
-    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
-        if any(float(v) for v in data.get(key) or []):
-            raise UnsupportedError(f"{source}: {key} with a non-zero limit (SwiGLU clipping) is not supported")
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):  # models/moe_config.py `clip_limits`
+        if data.get(key) and len(data[key]) != layers:
+            raise UnsupportedError(f"{source}: {key} has {len(data[key])} limits for {layers} layers")
     bound = float(data.get("kda_lower_bound", -5.0)) if data.get("kda_safe_gate", True) else 0.0
     if data.get("kda_safe_gate", True) and not bound:
         raise UnsupportedError(f"{source}: kda_safe_gate with kda_lower_bound 0 is not supported")

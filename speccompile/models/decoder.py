@@ -222,7 +222,7 @@ class DecoderLayer(nn.Module):
         sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
         self.has_mlp = config.has_mlp(layer)  # Nemotron-H: a mixer block with no MLP block after it
         if self.has_mlp:
-            setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
+            setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe.at_layer(layer)) if is_moe else MLP(config.layer(layer), sparsity))
         if config.sub_norms:  # BitNet: the norm of down_proj's input
             getattr(self, self.mlp_name).ffn_sub_norm = norm_of(config, config.layer(layer).intermediate_size)
         self.beside_dense = is_moe and config.moe.beside_dense
