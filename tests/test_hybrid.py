@@ -367,6 +367,27 @@ def test_bailing_hybrid_config_keys_and_refusals():
             config_from_hf({**raw, key: value}, "config.json")
 
 
+def test_bailing_hybrid_mtp_layers_are_not_read(tmp_path):
+    """The MTP layers a Ling checkpoint stores after the decoder (layers.{num_hidden_layers}.*, num_nextn_predict_layers)
+    are left out of the target: its graphs and weights the same bytes as without them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    make_family_model(tmp_path / "hf", "bailing_hybrid", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "plain", ExportOptions(max_context=96))
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    weights.update({k.replace(".layers.3.", ".layers.4."): v.clone() for k, v in weights.items() if ".layers.3." in k})
+    weights.update({"model.layers.4.enorm.weight": torch.ones(64), "model.layers.4.eh_proj.weight": torch.ones(64, 128)})
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    export_artifact(str(tmp_path / "hf"), tmp_path / "mtp", ExportOptions(max_context=96))
+    for name in ("target.onnx", "target.onnx.data", "target.ort.onnx", "target.ort.onnx.data"):
+        assert (tmp_path / "mtp" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+
+
 def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):
     """Kimi Linear at its released latent widths (kv_lora_rank 512, rope 64: a 576-wide cache head): no fused CPU graph,
     the contract graph within 1e-4 of transformers at every position, partly right chain drafts bitwise plain decoding."""
