@@ -26,6 +26,8 @@ def summarize(directory: str | Path) -> dict[str, Any]:
             "inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in graph.inputs],
             "outputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in graph.outputs],
         }
+    linear = (cfg.get("hybrid") or {}).get("linear") or []
+    attention_free = bool(linear) and all(linear)  # every layer recurrent (pure Mamba-2): no attention heads
     return {
         "artifact": str(directory),
         "schema_version": manifest.schema_version,
@@ -36,8 +38,8 @@ def summarize(directory: str | Path) -> dict[str, Any]:
             "architecture": cfg.get("architecture"),
             "layers": cfg.get("num_hidden_layers"),
             "hidden_size": cfg.get("hidden_size"),
-            "heads": cfg.get("num_attention_heads"),
-            "kv_heads": cfg.get("num_key_value_heads"),
+            "heads": 0 if attention_free else cfg.get("num_attention_heads"),
+            "kv_heads": 0 if attention_free else cfg.get("num_key_value_heads"),
             "vocab_size": cfg.get("vocab_size"),
         },
         "limits": manifest.limits,

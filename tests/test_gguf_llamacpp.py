@@ -122,6 +122,8 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     # multi-query layout: the converter reads the KV groups from transformers' config, which fills num_kv_heads with
     # the query heads, and fails on the tensor; its GGUF keys: tests/test_families.py)
     "falcon-grouped": FAMILIES["falcon-grouped"],
+    # pure Mamba-2 (llama.cpp's mamba2: no attention head at all, the blocks' norm as attn_norm, A as -exp(A_log))
+    "mamba2": HYBRID["mamba2"],
     **{f"bitnet-{kind}": dict(model_type="bitnet", tie_word_embeddings=True, hidden_act="silu", hidden_size=256, intermediate_size=256,
                               head_dim=64) for kind in ("tq1_0", "tq2_0")},
 }
@@ -283,7 +285,7 @@ def test_llamacpp_gguf_matches_transformers(tmp_path, name, tokenizers):
     assert err <= 1e-4, f"{name}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma", "deepseek_v3"])  # gemma: a sentencepiece tokenizer from the file
+@pytest.mark.parametrize("name", ["gemma3_text", "granite", "gemma", "deepseek_v3", "mamba2"])  # gemma: a sentencepiece tokenizer from the file
 def test_llamacpp_gguf_ngram_equals_plain(tmp_path, name, tokenizers):
     _, gguf_path, _ = gguf_of(tmp_path, name, tokenizers)
     export_artifact(str(gguf_path), tmp_path / "art", ExportOptions(max_context=128))

@@ -1,7 +1,7 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
 gated delta nets beside OLMo 3's post-norm attention; LFM2 and
-LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Kimi Linear
-and Bailing hybrid: Kimi Delta Attention beside latent attention) against
+LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Jamba:
+Mamba-1; Kimi Linear and Bailing hybrid: Kimi Delta Attention beside latent attention; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -72,6 +72,17 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     "nemotron_h_moe": dict(model_type="nemotron_h", hybrid_override_pattern="MEM-M*E", mamba_num_heads=8, n_groups=2, ssm_state_size=16,
                            mamba_head_dim=16, conv_kernel=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                            moe_shared_expert_intermediate_size=64, routed_scaling_factor=2.5),
+    # no attention layer at all (a cache of states alone, no KV rows): pure Mamba-2 (Mamba2ForCausalLM: 4 blocks, 8 heads of
+    # 16 in 2 groups, d_state 16, no MLP) and a Qwen3.5 whose every layer is a gated delta net. Their pad token's zero
+    # embedding would give zero logits after it (no attention to carry the context): no pad token. transformers' own cache
+    # of linear layers alone has no mask sizes (use_cache false)
+    "mamba2": dict(num_hidden_layers=4, num_heads=8, head_dim=16, n_groups=2, state_size=16, conv_kernel=4, expand=2,
+                   pad_token_id=None, use_cache=False),
+    "qwen3_5_text_linear": dict(_LINEAR, model_type="qwen3_5_text", layer_types=["linear_attention"] * 4, pad_token_id=None,
+                                use_cache=False),
+    # and a Jamba whose attention period (8) passes its 4 layers: every layer Mamba-1, one expert
+    "jamba_linear": dict(num_hidden_layers=4, attn_layer_period=8, attn_layer_offset=4, num_experts=1, mamba_dt_rank=8, model_type="jamba",
+                         pad_token_id=None, use_cache=False),
     # Kimi Linear: layers 0-2 Kimi Delta Attention (4 heads of 16, a decay per key channel), layer 3 DeepSeek-V3's latent
     # attention without rope (its cache head 16 + 32); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts with a shared one
     "kimi_linear": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_key_value_heads=4,
@@ -86,6 +97,7 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                            num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
                            expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
 }
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear")
 
 
 def _reference(folder):
@@ -121,7 +133,7 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 3 + ["full_attention"]  # else layers 0-2 recurrent
+    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
     types = ["linear_attention", "full_attention"] * 2 if name == "bailing_hybrid" else types  # groups of 2 layers
     assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t in ("conv", "linear_attention") for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
@@ -179,13 +191,14 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear",
-                                  "bailing_hybrid"])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "bailing_hybrid",
+                                  *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
     passes whose drafts are partly right commit the states plain decoding reaches: every token's logits bitwise
-    plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding."""
+    plain decoding's; greedy n-gram speculative decoding through the Runner equals plain decoding. A target without
+    attention has no KV input at all (its caches count the committed tokens)."""
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.artifact import open_artifact
     from speccompile.runtime.session import Runner
@@ -198,6 +211,7 @@ def test_graphs_decode_speculatively_exactly(tmp_path, name):
     for fused in (True, False):
         session = open_artifact(tmp_path / "art", threads=1, fused=fused).target
         assert session.spec.file == ("target.ort.onnx" if fused else "target.onnx")
+        assert (not session.kv_shapes) == (name in ATTENTION_FREE)
         one = _decoded(session, seq, 1)
         _close(one, _hf_logits(hf, seq)[12:], f"{name} {session.spec.file}")
         np.testing.assert_array_equal(one, _decoded(session, seq, 3))
@@ -237,6 +251,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
                                                 ("nemotron_h", ("ssm_in", "up")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("bailing_hybrid", ("kda_qkv", "kda_down", "mla_gate", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
+                                                ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
@@ -291,9 +306,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     assert not (tmp_path / "f16").exists() and not (tmp_path / "e3").exists() and not (tmp_path / "trt").exists()
     from speccompile.models.config import config_from_hf
 
-    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
-    with pytest.raises(UnsupportedError, match="every layer is linear_attention"):
-        config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json")
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())  # every layer linear: built (no attention layer)
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json").hybrid.attention_free
     make_family_model(tmp_path / "llama", "llama")  # a hybrid model as another target's draft model
     done = run_cli("export", str(tmp_path / "llama"), "--out", str(tmp_path / "dm"), "--drafter", f"draft-model:{tmp_path / 'hf'}")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -490,15 +504,18 @@ def test_the_suffix_drafter_drafts_chains_for_a_hybrid_target(tmp_path):
     assert [r.tokens for r in together] == [plain, runner.generate_ids(prompt[:7], max_tokens=24, drafter="none").tokens]
 
 
-def test_batched_requests_run_one_pass_each(tmp_path):
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+def test_batched_requests_run_one_pass_each(tmp_path, name):
     """The batch decoder (the server's) runs a hybrid target one pass per request, each request's states in its own
-    cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone."""
+    cache: requests decoded together (continuous batching, 3 slots for 4 requests) get the tokens they get alone; a
+    target without attention (mamba2: states alone) likewise, and `speccompile run`, `inspect` and `serve` on it."""
+    from conftest import run_cli
     from speccompile.export.pipeline import ExportOptions, export_artifact
     from speccompile.runtime.session import Runner
 
     from test_batch import _decode_together
 
-    make_family_model(tmp_path / "hf", "qwen3_next", families=HYBRID)
+    make_family_model(tmp_path / "hf", name, families=HYBRID)
     export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(max_context=96))
     runner = Runner(tmp_path / "art", drafter="ngram", num_draft_tokens=4, threads=1)
     rng = np.random.default_rng(0)
@@ -506,6 +523,22 @@ def test_batched_requests_run_one_pass_each(tmp_path):
     together, decoder = _decode_together(runner, prompts, 20, slots=3)
     assert decoder.passes.mode["passes"] == "one-per-request"
     assert [r.tokens for r in together] == [runner.generate_ids(p, max_tokens=20, drafter="none").tokens for p in prompts]
+    if name in ATTENTION_FREE:  # `speccompile run`, and `speccompile serve` answering as the Runner
+        import httpx
+
+        from conftest import load_benchmark
+
+        done = run_cli("run", str(tmp_path / "art"), "--prompt", "abc abd abc", "--drafter", "ngram", "--max-tokens", "12")
+        assert done.returncode == 0 and done.stdout.strip(), done.stderr
+        done = run_cli("inspect", str(tmp_path / "art"))
+        assert done.returncode == 0 and "0 heads / 0 KV heads" in done.stdout, done.stdout + done.stderr
+        server = load_benchmark("server_process").ServerProcess(tmp_path / "art", "--served-model-name", "m", "--threads", "1")
+        try:
+            body = {"model": "m", "prompt": "abc abd abc", "max_tokens": 16, "temperature": 0}
+            answer = httpx.post(f"{server.url}/completions", json=body, timeout=120).json()
+        finally:
+            assert server.stop() == 0
+        assert answer["choices"][0]["text"] == runner.generate("abc abd abc", chat=False, max_tokens=16).text
 
 
 def test_lfm2_config_keys_and_refusals():
@@ -524,8 +557,7 @@ def test_lfm2_config_keys_and_refusals():
     assert cfg.hybrid.short_conv and cfg.hybrid.conv_state_shape() == (1024, 2) and cfg.hybrid.state_kinds() == ("conv", "rows")
     with pytest.raises(UnsupportedError, match="lfm2.json: conv_bias true"):
         config_from_hf(dict(data, conv_bias=True), "lfm2.json")
-    with pytest.raises(UnsupportedError, match="without a full_attention layer"):
-        config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json")
+    assert config_from_hf(dict(data, full_attn_idxs=[]), "lfm2.json").hybrid.attention_free  # every layer a short conv
 
 
 def test_olmo_hybrid_config_keys_and_refusals():
@@ -550,10 +582,10 @@ def test_olmo_hybrid_config_keys_and_refusals():
     assert [config_from_hf(dict(data, num_hidden_layers=3), "olmo.json").linear(i) for i in range(3)] == [True, True, False]
     for key, value, message in (("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),
                                 ("layer_types", ["linear_attention", "sliding_attention"] * 4, "layer_types 'sliding_attention'"),
-                                ("layer_types", ["linear_attention"] * 8, "no full_attention layer"),
                                 ("linear_num_value_heads", 45, "not a multiple of linear_num_key_heads")):
         with pytest.raises(UnsupportedError, match=message):
             config_from_hf(dict(data, **{key: value}), "olmo.json")
+    assert config_from_hf(dict(data, layer_types=["linear_attention"] * 8), "olmo.json").hybrid.attention_free  # no attention: built
     with pytest.raises(UnsupportedError, match="GGUF olmo_hybrid is not supported"):  # llama.cpp's converter has no OLMo Hybrid
         config_from_gguf({"general.architecture": "olmo_hybrid"}, False, False, "model.gguf")
 
@@ -638,10 +670,10 @@ def test_granite_4_h_config_keys_and_refusals():
     assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings
     dense = config_from_hf(dict(data, num_local_experts=0, position_embedding_type="rope"), "granite.json")
     assert dense.moe is None and dense.intermediate_size == 1024 and dense.nope_layers == []
+    assert config_from_hf(dict(data, layer_types=["mamba"] * 40), "granite.json").hybrid.attention_free  # every layer Mamba-2: built
     for key, value, said in (("mamba_proj_bias", True, "granite.json: mamba_proj_bias true"),
                              ("time_step_limit", [0.001, 0.1], "granite.json: time_step_limit"),
                              ("hidden_act", "gelu", "granite.json: hidden_act 'gelu'"),
-                             ("layer_types", ["mamba"] * 40, "every layer is linear_attention"),
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
@@ -654,7 +686,7 @@ def test_jamba_config_keys_and_refusals():
     """A Jamba-v0.1-shaped config.json (its published keys): attention every 8th layer from 4, NoPE; Mamba-1 layers
     (inner 2 x 4096, d_state 16, dt rank 256 or "auto": ceil(hidden / 16)), their state shapes; 16 experts top 2 not
     renormalised every other layer from 1, SwiGLUs between; transformers' defaults where keys are absent; what is not
-    built refused in one line naming the file and the key (no attention layer: the runtime keys off attention)."""
+    built refused in one line naming the file and the key (every layer Mamba-1, no attention layer, is built)."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_hf
 
@@ -682,10 +714,10 @@ def test_jamba_config_keys_and_refusals():
     dense = config_from_hf(dict(data, num_experts=1, mamba_conv_bias=False, use_mamba_kernels=False), "jamba.json")
     assert dense.moe is None and "ssm_conv_bias" not in dense.hybrid.roles()
     for key, value, said in (("mamba_proj_bias", True, "jamba.json: mamba_proj_bias true"),
-                             ("hidden_act", "gelu", "jamba.json: hidden_act 'gelu'"),
-                             ("attn_layer_offset", 40, "every layer is linear_attention")):
+                             ("hidden_act", "gelu", "jamba.json: hidden_act 'gelu'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "jamba.json")
+    assert config_from_hf(dict(data, attn_layer_offset=40), "jamba.json").hybrid.attention_free  # every layer Mamba-1: built
 
 
 def test_bamba_config_keys():
@@ -803,12 +835,13 @@ def test_nemotron_h_config_keys_and_refusals():
     cfg = config_from_hf(nano, "nano.json")
     assert cfg.num_hidden_layers == 31 and sum(not cfg.linear(i) for i in range(31)) == 4 and cfg.hybrid.value_dim == 10240
     assert [i for i in range(31) if not cfg.has_mlp(i)] == [3, 7, 11, 16, 21, 24]
+    mamba_only = config_from_hf(dict(data, hybrid_override_pattern="M-M-"), "nh.json")  # no attention block: built
+    assert mamba_only.hybrid.attention_free and mamba_only.num_hidden_layers == 2
     for key, value, said in (("hybrid_override_pattern", "MEE*", "nh.json: layers_block_type 'moe' at block 2"),
                              ("hybrid_override_pattern", "E*M", "nh.json: layers_block_type 'moe' at block 0"),
                              ("hybrid_override_pattern", "M--*-", "nh.json: layers_block_type 'mlp' at block 2"),
                              ("hybrid_override_pattern", "-M*", "nh.json: layers_block_type 'mlp' at block 0"),
                              ("hybrid_override_pattern", "MX*", "nh.json: hybrid_override_pattern 'MX\\*'"),
-                             ("hybrid_override_pattern", "M-M-", "every layer is linear_attention"),
                              ("num_nextn_predict_layers", 1, "nh.json: num_nextn_predict_layers 1"),
                              ("mamba_dt_limit", [0.001, 0.1], "nh.json: time_step_limit"),
                              ("mamba_hidden_act", "gelu", "nh.json: hidden_act 'gelu'"),
@@ -816,6 +849,27 @@ def test_nemotron_h_config_keys_and_refusals():
                              ("mlp_hidden_act", "tanh", "nh.json: nemotron_h with mlp_hidden_act 'tanh'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "nh.json")
+
+
+def test_mamba2_config_keys_and_refusals():
+    """A Mamba-2-2.7B-shaped config.json (transformers' Mamba2Config keys): every layer Mamba-2 without an MLP, no attention
+    layer, the SSM's shape under its own key names; in / out projection biases, a clamped dt and another activation
+    refused in one line naming the key."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="mamba2", vocab_size=50288, hidden_size=2560, num_hidden_layers=64, num_heads=80, head_dim=64, state_size=128,
+                expand=2, n_groups=1, conv_kernel=4, use_bias=False, use_conv_bias=True, hidden_act="silu", layer_norm_epsilon=1e-5,
+                residual_in_fp32=True, time_step_limit=[0.0, float("inf")], tie_word_embeddings=True)
+    cfg = config_from_hf(data, "mamba2.json")
+    assert cfg.hybrid.attention_free and cfg.num_hidden_layers == 64 and not any(cfg.has_mlp(i) for i in range(64))
+    assert cfg.hybrid.mamba2 and cfg.hybrid.recurrent_state_shape() == (80, 128, 64) and cfg.hybrid.conv_dim == 5120 + 2 * 128
+    assert cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings and cfg.hybrid.conv_bias and cfg.rope_kinds() == []
+    for key, value, said in (("use_bias", True, "mamba2.json: mamba2 with use_bias"), ("time_step_limit", [0.0, 0.1], "mamba2.json: time_step_limit"),
+                             ("hidden_act", "gelu", "mamba2.json: hidden_act 'gelu'")):
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_hf(dict(data, **{key: value}), "mamba2.json")
+        assert "\n" not in str(info.value)
 
 
 _NANO_3_30B = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # Nemotron-3-Nano-30B-A3B's: 23 M, 6 *, 23 E
@@ -900,8 +954,8 @@ def test_nemotron_h_gguf_metadata_and_refusals():
 def test_jamba_gguf_metadata_and_refusals():
     """llama.cpp's jamba metadata as its converter writes it (no layer periods): attention where head_count_kv is not
     0, MoE where a layer has a router (ffn_gate_inp), both read back as transformers' period / offset; the Mamba-1 sizes
-    from ssm.* (the dt rank as time_step_rank), the conv bias where the file has one; layer sets no period gives, and no
-    attention layer, refused in one line."""
+    from ssm.* (the dt rank as time_step_rank), the conv bias where the file has one, no attention layer at all; layer
+    sets no period gives refused in one line."""
     from speccompile.errors import UnsupportedError
     from speccompile.models.config import config_from_gguf
 
@@ -920,9 +974,10 @@ def test_jamba_gguf_metadata_and_refusals():
                            tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in (2,)})
     assert [i for i in range(8) if not one.linear(i)] == [5] and one.moe.dense_layers == (0, 1, 3, 4, 5, 6, 7) and not one.hybrid.conv_bias
     for kv, routers, said in (([0, 2, 0, 0, 2, 0, 0, 0], (1, 3, 5, 7), r"jamba.gguf: the attention layers \[1, 4\] are not every n-th"),
-                              ([0, 0, 0, 2, 0, 0, 0, 2], (1, 3, 7), r"jamba.gguf: the expert layers \[1, 3, 7\] are not every n-th"),
-                              ([0] * 8, (1, 3, 5, 7), "every layer is linear_attention")):
+                              ([0, 0, 0, 2, 0, 0, 0, 2], (1, 3, 7), r"jamba.gguf: the expert layers \[1, 3, 7\] are not every n-th")):
         with pytest.raises(UnsupportedError, match=said) as info:
             config_from_gguf({**meta, p + "attention.head_count_kv": kv}, True, False, "jamba.gguf",
                              tensors={f"blk.{i}.ffn_gate_inp.weight": (4, 64) for i in routers})
         assert "\n" not in str(info.value)
+    no_attention = config_from_gguf({**meta, p + "attention.head_count_kv": [0] * 8}, True, False, "jamba.gguf", tensors=tensors)
+    assert no_attention.hybrid.attention_free and no_attention.moe.dense_layers == (0, 2, 4, 6)  # every layer Mamba-1: built

@@ -135,7 +135,7 @@ def build_contract_graph(model: DecoderWeights, store: WeightStore, dtype: str, 
     x = altup_streams(g.emitter("/altup"), cfg, x) if cfg.altup_inputs else x  # Gemma 3n: x the streams (export/altup_ops.py)
     g.rotary = {kind: _rotary(g, kind) for kind in cfg.rope_kinds()}
     g.query_scale = query_scale(g.emitter("/query_scale"), cfg, "position_ids", [1, 3]) if cfg.query_scale_beta else ""
-    keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count)})
+    keys = sorted({(cfg.sliding(i), cfg.layer(i).num_key_value_heads) for i in range(count) if not cfg.linear(i)})  # (none: attention_mask unread)
     g.biases = {key: _attention_bias(g, *key) for key in keys}
     taps, presents = [], []
     for i in range(count):

@@ -210,7 +210,8 @@ def build_fused_graph(model: DecoderWeights, store: WeightStore, max_context: in
         x = f.n("Add", [x, _position_rows(f)])[0]
     slot_inputs = (SlotInputs(f.n, f.const, slots) if target == "cpu" else GpuSlotInputs(f.n, f.const, slots, tree)) if slots else None
     wide = model.config.max_head_dim > WIDE_HEAD_DIM
-    padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots else None
+    attends = model.config.hybrid is None or not model.config.hybrid.attention_free  # (else no padding row: state_cache.py)
+    padding = OneRowPadding(f.n, f.const, many=wide) if target == "cpu" and not slots and attends else None
     count = model.config.num_hidden_layers if layers is None else layers
     final, taps, presents = decoder_layers(f, x, count, padding, slot_inputs)
     outputs = _head(f, final, embed) + _kv_and_hidden_outputs(f, presents, final, taps, slots)

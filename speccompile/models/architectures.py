@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, SHORT_CONV_NAMES
-from .nemotron_h import NEMOTRON_H_NAMES
+from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
 from .kda_config import KDA_NAMES, KIMI_KEYS
 from .bailing_config import BAILING_NAMES, BAILING_TOP
 from .hybrid_names import LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
@@ -223,8 +223,7 @@ FAMILIES: dict[str, Family] = {
     "ernie4_5": Family(("ernie4_5", "helium"), rope_interleaved=True),  # Helium: the same layer, attention_bias for q/k/v
     "ernie4_5_moe": Family(("ernie4_5_moe", "ernie4_5-moe"), rope_interleaved=True, moe="ernie4_5_moe"),
     "qwen2_moe": Family(("qwen2_moe", "qwen2moe"), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
-    "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe",
-                       bias_keys={"o": "attention_bias"}),
+    "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe", bias_keys={"o": "attention_bias"}),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
@@ -379,13 +378,14 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": Family(("falcon_h1", "falcon-h1"), hybrid="falcon_h1", **_BAMBA_NAMES, embed_scale="embedding_multiplier", logit_key="lm_head_multiplier",
                         refused_keys=("attention_bias", "projectors_bias"), gguf={**MAMBA2_GGUF, "ffn_norm": "pre_ff_layernorm.weight", **{f"ffn_{x}": f"feed_forward.{x}_proj" for x in ("gate", "up", "down")}}),
     "jamba": Family(("jamba",), hybrid="mamba1", moe="jamba", gguf=JAMBA_GGUF, names=JAMBA_NAMES, top_names={"model.final_layernorm.weight": "model.norm.weight"}),  # Mamba-1: models/mamba1.py
-    # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     # Nemotron-H: a block each of Mamba-2, NoPE attention (no biases), a plain relu2 MLP or (Nemotron 3 Nano) ungated relu2 experts, grouped into layers (models/nemotron_h.py;
     # llama.cpp's nemotron_h / nemotron_h_moe GGUF, q / k rows permuted: models/nemotron_h_gguf.py)
     "nemotron_h": Family(("nemotron_h", "nemotron_h_moe"), hybrid="nemotron_h", moe="nemotron_h", mlp_gated=False, mlp_act="relu2", act_key="mlp_hidden_act",
                          prefix="backbone.", gguf=NEMOTRON_H_GGUF, gguf_llama_order=True,
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
+    "mamba2": Family(("mamba2",), gguf=NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),  # Nemotron-H's Mamba-2 blocks alone (models/nemotron_h.py)
+    # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),
     # LFM3: LFM2's short convs and MLP, sliding / full Qwen3 attention (proportional partial rope on full layers), a per-head output gate (`head_gate`), sandwich norms

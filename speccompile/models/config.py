@@ -244,7 +244,7 @@ class ModelConfig:
 
     def rope_kinds(self) -> list[str]:
         """The rotary tables the layers use, in a fixed order."""
-        used = {self.rope_kind(i) for i in range(self.num_hidden_layers)}
+        used = {self.rope_kind(i) for i in range(self.num_hidden_layers) if not self.linear(i)}
         return [k for k in ("global", "local") if k in used]
 
 

@@ -116,6 +116,11 @@ class HybridConfig:
         return self.kind == "short_conv"
 
     @property
+    def attention_free(self) -> bool:
+        """Every layer recurrent (pure Mamba-2, an all-recurrent hybrid): a cache of states alone, no KV rows."""
+        return all(self.linear)
+
+    @property
     def mamba2(self) -> bool:
         return self.kind == "mamba2"
 
@@ -163,7 +168,8 @@ class HybridConfig:
 def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of an LFM2 / LFM3 config.json: `hybrid` (layer_types, else full_attn_idxs: "conv" layers are
     short convs, full_attention / sliding_attention ones attention), the MLP width after transformers'
-    `block_auto_adjust_ff_dim`; conv biases, no attention layer and LFM3's sliding layers without a window refused."""
+    `block_auto_adjust_ff_dim`; conv biases and LFM3's sliding layers without a window refused (every layer a short
+    conv is built)."""
     types = data.get("layer_types") or ["full_attention" if i in (data.get("full_attn_idxs") or []) else "conv" for i in range(layers)]
     types = list(types)[:layers]
     other = sorted(set(types) - {"full_attention", "sliding_attention", "conv"})
@@ -171,8 +177,6 @@ def short_conv_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[s
         raise UnsupportedError(f"{source}: layer_types {other[0]!r} is not supported in an LFM2 model")
     if data.get("conv_bias"):
         raise UnsupportedError(f"{source}: conv_bias true (short-conv biases) is not supported")
-    if set(types) <= {"conv"}:
-        raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
     _check_sliding(data, types, source)
     inter = int(data["intermediate_size"])
     if data.get("block_auto_adjust_ff_dim"):  # transformers' Lfm2MLP
@@ -214,16 +218,14 @@ def short_conv_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str,
     `attention.head_count_kv` entry is not 0 (a short conv where it is), the conv's `shortconv.l_cache`; the MLP
     width as written (the converter already adjusted it)."""
     kv = gguf_kv_heads(meta, p)
-    if not any(kv):
-        raise UnsupportedError(f"{source}: an LFM2 model without a full_attention layer is not supported")
-    return {"layer_types": ["full_attention" if heads else "conv" for heads in kv], "num_key_value_heads": max(kv),
+    return {"layer_types": ["full_attention" if heads else "conv" for heads in kv], "num_key_value_heads": max(kv) or 1,
             "conv_L_cache": int(meta[p + "shortconv.l_cache"]), "block_auto_adjust_ff_dim": False}
 
 
 def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a hybrid checkpoint's config.json: `hybrid` (layer_types, else every
-    full_attention_interval-th layer full, as transformers), the output gate; other layer kinds, no full-attention
-    layer at all and a hidden_act other than SiLU (the conv's and the gated norm's activation) are refused."""
+    full_attention_interval-th layer full, as transformers; every layer may be linear), the output gate; other layer
+    kinds and a hidden_act other than SiLU (the conv's and the gated norm's activation) are refused."""
     types = data.get("layer_types")
     if not types:
         interval = int(data.get("full_attention_interval") or 4)
@@ -237,8 +239,6 @@ def hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     hybrid = HybridConfig(linear=[t == "linear_attention" for t in types], num_k_heads=int(data["linear_num_key_heads"]),
                           num_v_heads=int(data["linear_num_value_heads"]), k_dim=int(data["linear_key_head_dim"]),
                           v_dim=int(data["linear_value_head_dim"]), conv_kernel=int(data.get("linear_conv_kernel_dim") or 4))
-    if all(hybrid.linear):  # the runtime's sessions key off the KV inputs (every Qwen3-Next / Qwen3.5 has full layers)
-        raise _no_attention(source)
     if hybrid.num_v_heads % hybrid.num_k_heads:
         raise UnsupportedError(f"{source}: linear_num_value_heads not a multiple of linear_num_key_heads is not supported")
     return dict(hybrid=hybrid, attn_output_gate=True)
@@ -272,12 +272,6 @@ def olmo_hybrid_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[
     return dict(hybrid=hybrid, attn_output_gate=False)
 
 
-def _no_attention(source: str) -> UnsupportedError:
-    """The refusal of a hybrid model without an attention layer (the runtime's sessions key off the KV inputs)."""
-    return UnsupportedError(f"{source}: a hybrid linear-attention model whose every layer is linear_attention (no "
-                            "full_attention layer) is not supported")
-
-
 def _infinite(value: Any) -> bool:
     """A config.json float that is +inf (json's Infinity, or transformers' {"__float__": "Infinity"})."""
     return value == {"__float__": "Infinity"} or (isinstance(value, (int, float)) and value == float("inf"))
@@ -297,7 +291,7 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     "linear_attention" layers are Mamba-2, "attention" / "full_attention" or Bamba's attn_layer_indices attention), NoPE
     attention unless position_embedding_type is "rope" (Bamba's default), Granite's dense MLP width
     (shared_intermediate_size) when num_local_experts is 0; projection biases, a
-    time_step_limit other than (0, inf), an activation other than SiLU and no attention layer refused."""
+    time_step_limit other than (0, inf) and an activation other than SiLU refused (every layer may be Mamba-2)."""
     kinds = {"mamba": True, "linear_attention": True, "attention": False, "full_attention": False}
     indices = data.get("attn_layer_indices") or []  # Bamba's
     types = list(data.get("layer_types") or ["attention" if i in indices else "mamba" for i in range(layers)])[:layers]
@@ -317,8 +311,6 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
     hybrid = HybridConfig(linear=[kinds[t] for t in types], kind="mamba2", num_k_heads=groups, num_v_heads=heads,
                           k_dim=int(data.get("mamba_d_state") or 256), v_dim=head_dim, conv_kernel=int(data.get("mamba_d_conv") or 4),
                           conv_bias=bool(data.get("mamba_conv_bias", True)))
-    if all(hybrid.linear):
-        raise _no_attention(source)
     dense = {"intermediate_size": int(data["shared_intermediate_size"])} if "shared_intermediate_size" in data and not data["num_local_experts"] else {}
     nope = {} if data.get("position_embedding_type") == "rope" else {"nope_layers": list(range(layers))}
     return dict(hybrid=hybrid, **dense, **nope)
@@ -327,7 +319,7 @@ def mamba2_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
 def mamba1_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
     """ModelConfig fields of a Jamba config.json: `hybrid` (layer i attention where i % attn_layer_period ==
     attn_layer_offset, else Mamba-1, as transformers' `layers_block_type`), every layer NoPE (Jamba's attention has no
-    positions); projection biases (mamba_proj_bias), an activation other than SiLU and no attention layer refused."""
+    positions; every layer may be Mamba-1); projection biases (mamba_proj_bias) and an activation other than SiLU refused."""
     period, offset = int(data.get("attn_layer_period", 8)), int(data.get("attn_layer_offset", 4))  # transformers' defaults
     _refuse_mamba_keys(data, source, "Mamba-1")
     hidden = int(data["hidden_size"])
@@ -336,6 +328,4 @@ def mamba1_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, 
                           width=int(data.get("mamba_expand") or 2) * hidden, k_dim=int(data.get("mamba_d_state") or 16),
                           conv_kernel=int(data.get("mamba_d_conv") or 4), conv_bias=bool(data.get("mamba_conv_bias", True)),
                           dt_rank=-(-hidden // 16) if rank == "auto" else int(rank))
-    if all(hybrid.linear):
-        raise _no_attention(source)
     return dict(hybrid=hybrid, nope_layers=list(range(layers)))

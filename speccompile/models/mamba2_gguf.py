@@ -25,7 +25,7 @@ def mamba2_gguf_keys(meta: dict[str, Any], p: str, source: str) -> dict[str, Any
     hidden = int(meta[p + "embedding_length"])
     if inner % hidden or inner % heads:
         raise UnsupportedError(f"{source}: {p}ssm.inner_size {inner} is not a multiple of the width and the heads")
-    return {"layer_types": ["attention" if heads_kv else "mamba" for heads_kv in kv], "num_key_value_heads": max(kv),
+    return {"layer_types": ["attention" if heads_kv else "mamba" for heads_kv in kv], "num_key_value_heads": max(kv) or 1,
             "mamba_n_heads": heads, "mamba_d_head": inner // heads, "mamba_expand": inner // hidden,
             "mamba_d_state": int(meta[p + "ssm.state_size"]), "mamba_n_groups": int(meta[p + "ssm.group_count"]),
             "mamba_d_conv": int(meta[p + "ssm.conv_kernel"]),

@@ -10,7 +10,8 @@ shown under the table's names (`blocks_view`). A MoE block (Nemotron 3 Nano) aft
 `MoeConfig` (models/moe_config.py, `_nemotron_h_moe`) has ungated experts and an ungated shared expert (`expert_gated`
 False), and the layers whose MLP is dense or absent are its `dense_layers`. Refused in one line: an MLP or MoE block
 not after a mixer, MTP layers (`num_nextn_predict_layers`), latent expert projections (`moe_latent_size`), experts
-whose activation has learned parameters (xIELU).
+whose activation has learned parameters (xIELU). A pure Mamba-2 (`mamba2`, Mamba2ForCausalLM) stores the same blocks,
+every one Mamba-2 (`MAMBA2_KEYS`, `block_types`): table layers without attention or an MLP.
 """
 
 from __future__ import annotations
@@ -33,9 +34,21 @@ _MAMBA_KEYS = {"mamba_n_heads": (("mamba_num_heads",), 128), "mamba_d_head": (("
                "mamba_d_conv": (("conv_kernel", "mamba_d_conv"), 4), "mamba_conv_bias": (("use_conv_bias", "mamba_conv_bias"), True),
                "time_step_limit": (("time_step_limit", "mamba_dt_limit"), None), "hidden_act": (("mamba_hidden_act",), "silu")}
 
+# Mamba-2 (`mamba2`, Mamba2ForCausalLM and llama.cpp's mamba2 GGUF: the same blocks, every one Mamba-2, no attention, no
+# MLP): its table entry's fields, its config keys under Nemotron-H's names, its embeddings (older saves: `embedding`)
+MAMBA2_KEYS = dict(hybrid="nemotron_h", act_key="mlp_hidden_act", prefix="backbone.",
+                   config_keys={"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state_size": "ssm_state_size",
+                                "hidden_act": "mamba_hidden_act", "layer_norm_epsilon": "rms_norm_eps"},
+                   config_defaults={"num_attention_heads": 1, "num_key_value_heads": 1, "intermediate_size": 0},
+                   top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.embedding.weight": "model.embed_tokens.weight",
+                              "model.norm_f.weight": "model.norm.weight"})
+
 
 def block_types(data: dict[str, Any], source: str) -> list[str]:
-    """The checkpoint's block kinds: `layers_block_type` (or `layer_types`), else `hybrid_override_pattern`."""
+    """The checkpoint's block kinds: `layers_block_type` (or `layer_types`), else `hybrid_override_pattern`; a pure
+    Mamba-2 (`mamba2`: Mamba2ForCausalLM, the same blocks) every block Mamba-2."""
+    if data.get("model_type") == "mamba2":
+        return ["linear_attention"] * int(data["num_hidden_layers"])
     types = data.get("layers_block_type") or data.get("layer_types")
     if types:
         return [str(t) for t in types]

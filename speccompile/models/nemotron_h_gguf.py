@@ -45,7 +45,10 @@ def _moe_keys(meta: dict[str, Any], p: str) -> dict[str, Any]:
 def nemotron_h_gguf_keys(meta: dict[str, Any], p: str, tensors: dict[str, tuple[int, ...]],
                          source: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the metadata with one `feed_forward_length`: the MLP blocks' width, the config.json keys of nemotron_h) of a
-    nemotron_h / nemotron_h_moe GGUF; `tensors`: its tensor names with their shapes (numpy's order)."""
+    nemotron_h / nemotron_h_moe GGUF, or of a `mamba2` one (its blocks all Mamba-2: no attention head, no KV heads);
+    `tensors`: its tensor names with their shapes (numpy's order)."""
+    if meta.get("general.architecture") == "mamba2":  # Mamba2ForCausalLM: attention.head_count 0, no head_count_kv
+        meta = {**meta, p + "attention.head_count": 1, p + "attention.head_count_kv": [0] * int(meta[p + "block_count"])}
     nextn = int(meta.get(p + "nextn_predict_layers") or 0)
     if nextn:
         raise UnsupportedError(f"{source}: {p}nextn_predict_layers {nextn} (Nemotron-H's MTP block) is not supported "

@@ -12,6 +12,12 @@ whatever pass it comes in (plain decoding: one pending row a pass); rejected row
 always a pending row (the first pass's: a zero row, which leaves the zero states zero). Only chains
 commit (accepted rows 0..k-1): tree drafters and padded passes are refused for such targets, the suffix drafter
 drafts chains for them (`Runner`), and the batch decoder runs one pass per request (`Runner.batch_problem`).
+
+A target with no attention layer at all (pure Mamba-2, an all-recurrent hybrid) has states alone and no KV input: the
+caches hold no KV tensor and count the committed tokens themselves (`StateCache`: KVCache's liveness mask over the
+pass rows, `BufferStateCache`: BufferKVCache's `length`), which the positions and the graphs' length inputs come from.
+Its graphs still declare attention's inputs (`attention_mask`; the fused graph's `attention_bias`, `seqlens_k`,
+`total_sequence_length`, `attention_pad`), unread: the runtime binds them as for any target and ONNX Runtime takes them.
 """
 
 from __future__ import annotations
@@ -124,6 +130,11 @@ class BufferStateCache(BufferKVCache):
         self.folded: dict[str, np.ndarray] = {}  # the pass's first segment's outputs (the states after the pending rows)
         self.segment: dict[str, np.ndarray] = {}  # the inputs of the pass's next segment
         self.pass_rows: list[np.ndarray] = []  # each linear layer's rows of the pass so far, by input name
+
+    def reserve(self, total: int) -> None:
+        """Room for `total` KV rows (BufferKVCache); none to make without KV buffers (no attention layer)."""
+        if self._shapes:
+            super().reserve(total)
 
     def start_pass(self) -> None:
         """A new pass: it starts from the committed states and pending rows."""

@@ -83,8 +83,9 @@ def _open_backend(directory: str | Path, spec: GraphSpec, backend: str, threads:
 
 
 def has_kv_cache(spec: GraphSpec) -> bool:
-    """True for graphs that take past KV inputs (a `Session`); False for feature-only graphs (Medusa heads)."""
-    return any(name.startswith("past_key_values") for name in spec.input_names())
+    """True for graphs that take a cache, KV rows or recurrent states (a `Session`); False for feature-only graphs
+    (Medusa heads)."""
+    return any(name.startswith(("past_key_values", "past_state.")) for name in spec.input_names())
 
 
 def is_gpu_graph(spec: GraphSpec) -> bool:

@@ -133,10 +133,9 @@ class OrtSession:
         self.kv_present = [n for n in self.present_names if n.startswith("present.")]
         self.hidden_name = hidden_output(spec)
         self.feature_dtypes = {name: _np_dtype(spec, name) for name in feature_inputs(spec)}
-        pasts = [t for t in spec.inputs if t.name.startswith("past_key_values")]
-        self.kv_dtype = _NP_DTYPES.get(pasts[0].dtype, np.float32)
+        pasts = [t for t in spec.inputs if t.name.startswith("past_key_values")]  # none: every layer recurrent (state_cache.py)
+        self.kv_dtype = _NP_DTYPES.get(next((t.dtype for t in pasts), "float"), np.float32)
         self.kv_shapes = [(int(t.shape[1]), int(t.shape[3])) for t in pasts]  # per buffer: layers may differ (Gemma 4)
-        self.kv_shape = (1, self.kv_shapes[0][0], 0, max(d for _, d in self.kv_shapes))  # the widest head
 
     def _to_ort(self, array: np.ndarray):
         return self._ort.OrtValue.ortvalue_from_numpy(array, self.device, 0)
