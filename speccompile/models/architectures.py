@@ -122,8 +122,8 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]): q rows per head q | 1 gate row
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's)
+    head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]; latent attention: Bailing's g_proj, role mla_gate): q rows per head q | 1 gate row
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | kda (Kimi Linear) | bailing (Bailing hybrid: KDA with full-rank gates, models/bailing_config.py)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
