@@ -1,7 +1,7 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
 gated delta nets beside OLMo 3's post-norm attention; LFM2 and
 LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Jamba:
-Mamba-1; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
+Mamba-1; Kimi Linear and Bailing hybrid: Kimi Delta Attention beside latent attention; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -97,6 +97,13 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # and every block recurrent (Griffin's Hawk)
     "recurrent_gemma_linear": dict(model_type="recurrent_gemma", num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                                    block_types=["recurrent"], logits_soft_cap=8.0, pad_token_id=None, use_cache=False),
+    # Bailing hybrid: groups of 2 layers (0, 2 KDA with full-rank gates and the bounded decay; 1, 3 latent attention with
+    # rope, q LoRA and a per-head output gate); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts in 2 groups, a shared one;
+    # SwiGLU clamped after SiLU per layer: the experts' on layers 1 and 3, the shared experts' on layer 2 (layer 0's unused)
+    "bailing_hybrid": dict(num_hidden_layers=4, layer_group_size=2, num_key_value_heads=4, head_dim=16, kv_lora_rank=32, qk_rope_head_dim=16,
+                           qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                           num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
+                           expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
 }
 ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear")
 
@@ -135,6 +142,7 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
     types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
+    types = ["linear_attention", "full_attention"] * 2 if name == "bailing_hybrid" else types  # groups of 2 layers
     assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t in ("conv", "linear_attention") for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
     seq = [int(t) for t in np.random.default_rng(1).integers(3, TINY_VOCAB, 26)]
@@ -191,7 +199,7 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "recurrent_gemma", *ATTENTION_FREE])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "bailing_hybrid", "recurrent_gemma", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -248,6 +256,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
                                                 ("lfm3", ("conv_in", "conv_out", "self_attn.weight_t", "mlp")),
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")), ("recurrent_gemma", ("lru_y", "lru_x", "lru_out", "mlp")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
+                                                ("bailing_hybrid", ("kda_qkv", "kda_down", "mla_gate", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
@@ -345,6 +354,60 @@ def test_kimi_linear_config_keys_and_refusals():
     from speccompile.models.config import normalize_architecture
 
     assert normalize_architecture("kimi-linear", "model.gguf") == "kimi_linear"  # llama.cpp's name (tests/test_gguf_llamacpp.py)
+
+
+def test_bailing_hybrid_config_keys_and_refusals():
+    """Bailing hybrid's config.json as Ling's writes it: groups of layer_group_size layers (the last full attention), KDA
+    heads / head_dim (linear_head_dim, else head_dim), its MoE keys under DeepSeek-V3's names, rope on the latent
+    attention, the per-head output gate; what is not built refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    raw = {"model_type": "bailing_hybrid", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "rms_norm_eps": 1e-6, "kv_lora_rank": 32,
+           "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "q_lora_rank": None, "model_max_length": 512,
+           "layer_group_size": 3, "short_conv_kernel_size": 3, "kda_safe_gate": True, "kda_lower_bound": -4.0,
+           "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 1, "moe_intermediate_size": 32, "num_expert_group": 2,
+           "topk_group": 1, "moe_renormalize": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 2,
+           "num_nextn_predict_layers": 1, "expert_swiglu_limit_list": [0, 0, 7, 0, 0, 6.5], "share_expert_swiglu_limit_list": None}
+    cfg = config_from_hf(raw, "config.json")
+    hy, moe = cfg.hybrid, cfg.moe
+    assert hy.kind == "kda" and hy.linear == [True, True, False] * 2 and cfg.nope_layers == [] and cfg.attn_head_gate
+    assert (hy.num_v_heads, hy.k_dim, hy.conv_kernel, hy.full_gates, hy.gate_bound) == (4, 16, 3, True, -4.0)
+    assert "mla_gate" in cfg.layer_roles(2) and not {"kda_f_up", "kda_g_up", "mla_gate", "q_kv"} & set(cfg.layer_roles(0))
+    assert (moe.num_experts, moe.top_k, moe.n_group, moe.norm_topk_prob, moe.dense_layers, moe.shared_expert_size) == (8, 2, 2, True, (0, 1), 32)
+    assert (cfg.max_position_embeddings, cfg.rope_theta) == (512, 6e6)
+    assert [(moe.at_layer(i).clip, moe.at_layer(i).shared_clip) for i in (2, 4, 5)] == [(7.0, 0.0), (0.0, 0.0), (6.5, 0.0)]
+    assert config_from_hf({**raw, "rope_theta": 1e6}, "config.json").rope_theta == 1e6
+    unsafe = config_from_hf({**raw, "kda_safe_gate": False, "linear_head_dim": 8, "head_dim": 16}, "config.json").hybrid
+    assert (unsafe.gate_bound, unsafe.k_dim) == (0.0, 8)  # Kimi's softplus decay; KDA's own head_dim
+    for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("kda_lower_bound", 0.0, "kda_lower_bound 0"),
+                             ("share_expert_swiglu_limit_list", [7.0] * 5, "share_expert_swiglu_limit_list has 5 limits for 6 layers"),
+                             ("layer_types", ["linear_attention"] * 6, "every layer is linear_attention"),
+                             ("layer_types", ["linear_attention", "mamba"] * 3, "layer_types 'mamba'")):
+        with pytest.raises(UnsupportedError, match=what):
+            config_from_hf({**raw, key: value}, "config.json")
+
+
+def test_bailing_hybrid_mtp_layers_are_not_read(tmp_path):
+    """The MTP layers a Ling checkpoint stores after the decoder (layers.{num_hidden_layers}.*, num_nextn_predict_layers)
+    are left out of the target: its graphs and weights the same bytes as without them."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from speccompile.export.pipeline import ExportOptions, export_artifact
+
+    make_family_model(tmp_path / "hf", "bailing_hybrid", families=HYBRID)
+    export_artifact(str(tmp_path / "hf"), tmp_path / "plain", ExportOptions(max_context=96))
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    weights.update({k.replace(".layers.3.", ".layers.4."): v.clone() for k, v in weights.items() if ".layers.3." in k})
+    weights.update({"model.layers.4.enorm.weight": torch.ones(64), "model.layers.4.eh_proj.weight": torch.ones(64, 128)})
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    export_artifact(str(tmp_path / "hf"), tmp_path / "mtp", ExportOptions(max_context=96))
+    for name in ("target.onnx", "target.onnx.data", "target.ort.onnx", "target.ort.onnx.data"):
+        assert (tmp_path / "mtp" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
 
 
 def test_kimi_linear_released_latent_width_runs_the_contract_graph(tmp_path):

@@ -364,7 +364,7 @@ def _latent_qkv(g: _Graph, i: int, h: str, s: str, w_uk: str) -> tuple[str, str,
     def norm(x: str, role: str) -> str:
         return _norm(g, f"{s}/{role}", x, role_name(i, role))
 
-    q, key = latent_inputs(em, cfg, i, h, norm)
+    q, key = latent_inputs(em, cfg, i, h, norm, g.gates)
     query = g.b.one(s, "Transpose", [absorbed_query(em, cfg, q, w_uk)], perm=[0, 2, 1, 3])
     key = g.b.one(s, "Unsqueeze", [key, g.b.const(s, [1])])
     if not cfg.rope_kind(i):  # Kimi Linear: no rope

@@ -305,7 +305,7 @@ def _latent_qkv(f: _Fused, i: int, h: str, norms: _Norms, w_uk: str) -> list[str
     """Multi-head latent attention's GroupQueryAttention inputs: the query heads [q_pe, q_nope @ W_UK_h], and the
     one KV head [k_pe, c_kv] as key and value (GroupQueryAttention ropes the first rotary_dim dims of both)."""
     em, cfg = f.emitter(), f.model.config
-    q, key = latent_inputs(em, cfg, i, h, lambda x, role: norms.plain(x, norms.gamma(i, role), f"layers.{i}.{role}"))
+    q, key = latent_inputs(em, cfg, i, h, lambda x, role: norms.plain(x, norms.gamma(i, role), f"layers.{i}.{role}"), f.gates)
     query = absorbed_query(em, cfg, q, w_uk)
     query = f.n("Reshape", [query, f.const("mla.query_flat", [0, 0, cfg.num_attention_heads * cfg.head_dim])])[0]
     return [query, key, key]

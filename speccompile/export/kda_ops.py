@@ -28,8 +28,9 @@ def kda_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str
     hy, c = cfg.hybrid, em.const
     heads, dim = hy.num_v_heads, hy.k_dim
     mixed = em.one("MatMul", [h, role("kda_qkv")])
-    f_a, g_a, beta_in = em.op("Split", [em.one("MatMul", [h, role("kda_down")]), c("kda.down", [dim, dim, heads])], 3, axis=-1)
-    forget = em.one("MatMul", [f_a, role("kda_f_up")])
+    low = hy.key_dim if hy.full_gates else dim  # Bailing: f_proj | g_proj | b_proj, no up projections
+    f_a, g_a, beta_in = em.op("Split", [em.one("MatMul", [h, role("kda_down")]), c("kda.down_full" if hy.full_gates else "kda.down", [low, low, heads])], 3, axis=-1)
+    forget = f_a if hy.full_gates else em.one("MatMul", [f_a, role("kda_f_up")])
     em.op("Concat", [mixed, beta_in, forget], [f"present_state.{i}.rows"], axis=-1)
     weights = [em.one("Reshape", [role("kda_conv"), c("kda.kernel", [hy.conv_dim, hy.conv_kernel])]),
                em.one("Reshape", [role("kda_a_log"), c("kda.a_log", [heads, 1])]),
@@ -42,7 +43,7 @@ def kda_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[str
     square = em.one("ReduceMean", [em.one("Pow", [rows, c("kda.two", 2.0, np.float32)]), c("kda.last", [-1])], keepdims=1)
     root = em.one("Sqrt", [em.one("Add", [square, c("kda.eps", cfg.rms_norm_eps, np.float32)])])
     wide = em.one("Mul", [rows, em.one("Div", [c("kda.one", 1.0, np.float32), root])])
-    gate = em.one("Reshape", [em.one("MatMul", [g_a, role("kda_g_up")]), c("kda.heads", [0, 0, heads, dim])])
+    gate = em.one("Reshape", [g_a if hy.full_gates else em.one("MatMul", [g_a, role("kda_g_up")]), c("kda.heads", [0, 0, heads, dim])])
     normed = em.one("Mul", [em.one("Mul", [role("kda_norm"), wide]), em.one("Sigmoid", [gate])])
     return em.one("MatMul", [em.one("Reshape", [normed, c("kda.flat", [0, 0, hy.value_dim])]), role("kda_out")])
 
@@ -80,8 +81,12 @@ def _step_body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto
     heads = b.const(s, [0, H, D])
     query, key, val = (one("Reshape", [t, heads]) for t in b.op(s, "Split", [conv, b.const(s, [H * D] * 3)], 3, axis=-1))
     query, key = one("Div", [l2norm_nodes(b, s, query), b.const(s, math.sqrt(D), "float32")]), l2norm_nodes(b, s, key)
-    gate = one("Softplus", [one("Add", [one("Reshape", [forget, heads]), dt_bias])])
-    g = one("Mul", [one("Neg", [one("Exp", [a_log])]), gate])  # [b, H, D]: the decay per key channel
+    if hy.gate_bound:  # Bailing's safe gate: gate_bound * sigmoid(exp(A_log) * (forget + dt_bias))
+        gate = one("Add", [one("Reshape", [forget, heads]), dt_bias])
+        g = one("Mul", [b.const(s, hy.gate_bound, "float32"), one("Sigmoid", [one("Mul", [one("Exp", [a_log]), gate])])])
+    else:
+        gate = one("Softplus", [one("Add", [one("Reshape", [forget, heads]), dt_bias])])
+        g = one("Mul", [one("Neg", [one("Exp", [a_log])]), gate])  # [b, H, D]: the decay per key channel
     state = one("Mul", [rec_in, one("Unsqueeze", [one("Exp", [g]), b.const(s, [-1])])])
     k_col = one("Unsqueeze", [key, b.const(s, [-1])])
     memory = one("ReduceSum", [one("Mul", [state, k_col]), b.const(s, [-2])], keepdims=0)

@@ -27,9 +27,14 @@ def mla_weight(em: Emitter, cfg: ModelConfig, i: int, role: str) -> str:
     return em.weight(f"layers.{i}.{role}", layer_recipe(cfg, i, role, em.dtype))
 
 
-def latent_inputs(em: Emitter, cfg: ModelConfig, i: int, h: str, norm: Callable[[str, str], str]) -> tuple[str, str]:
+def latent_inputs(em: Emitter, cfg: ModelConfig, i: int, h: str, norm: Callable[[str, str], str],
+                  gates: dict[int, str]) -> tuple[str, str]:
     """(q [b, s, heads * (nope + rope)], key [b, s, rope + rank] = [k_pe, kv_a_layernorm(c_kv)], before rope) of
-    `h`: q_a_proj (or q_proj) and kv_a_proj_with_mqa as one MatMul; `norm(x, role)` is the builder's RMSNorm."""
+    `h`: q_a_proj (or q_proj) and kv_a_proj_with_mqa as one MatMul; `norm(x, role)` is the builder's RMSNorm. A
+    per-head output gate (Bailing's g_proj, `attn_head_gate`): its logits [b, s, heads, 1] in gates[i]."""
+    if cfg.attn_head_gate:
+        logits = em.one("MatMul", [h, mla_weight(em, cfg, i, "mla_gate")])
+        gates[i] = em.one("Reshape", [logits, em.const("mla.gate_heads", [0, 0, cfg.num_attention_heads, 1])])
     first = cfg.q_lora_rank or cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.rope_dim)
     both = em.one("MatMul", [h, mla_weight(em, cfg, i, "q_kv_a" if cfg.q_lora_rank else "q_kv")])
     q, c_kv, k_pe = em.op("Split", [both, em.const(f"mla.split_a.{first}", [first, cfg.kv_lora_rank, cfg.rope_dim])], 3,

@@ -83,7 +83,7 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
               expert_h: str | None = None) -> str:
     """Layer `layer`'s MoE block on `h` [..., hidden] (any leading axes); returns its output, same shape.
     `expert_h`: the experts' input where it is not the router's (Gemma 4: their own norm of the residual)."""
-    moe, hidden = config.moe, config.hidden_size
+    moe, hidden = config.moe.at_layer(layer), config.hidden_size  # Bailing: the layer's SwiGLU limits
     names = moe_names(config, layer, em.dtype)
     w = {name: em.weight(name, recipe) for name, recipe in names.items()}
     p = f"layers.{layer}."
@@ -115,7 +115,7 @@ def moe_block(em: Emitter, config: ModelConfig, layer: int, h: str, output: str 
         total = em.one("Add", [total, part])
     total = em.one("Reshape", [total, em.const("moe.rows_shape", [-1, hidden])])
     if moe.shared_expert_size:
-        plain = MoeConfig(1, 1, moe.shared_expert_size) if moe.expert_gated else \
+        plain = MoeConfig(1, 1, moe.shared_expert_size, clip=moe.shared_clip) if moe.expert_gated else \
             MoeConfig(1, 1, moe.shared_expert_size, act=moe.act, expert_gated=False)
         shared = _expert(em, plain, x, w, f"{p}mlp.shared_expert", moe.shared_expert_size, False)
         if moe.shared_gated:
@@ -225,6 +225,10 @@ def _expert(em: Emitter, moe: MoeConfig, x: str, w: dict[str, str], name: str, i
         act = em.one("Mul", [em.one("Add", [up, em.const("moe.one_f", 1.0, np_dtype(em.dtype))]), glu])
     elif moe.act in ("gelu", "gelu_tanh"):  # Gemma 4's experts
         act = em.one("Mul", [em.one("Gelu", [gate], approximate="tanh" if moe.act == "gelu_tanh" else "none"), up])
+    elif moe.clip:  # Bailing: min(SiLU(gate), limit) * clip(up, -limit, limit)
+        glu = em.one("Min", [em.one("Mul", [gate, em.one("Sigmoid", [gate])]), em.const(f"moe.clip.{moe.clip}", moe.clip, np_dtype(em.dtype))])
+        act = em.one("Mul", [glu, em.one("Clip", [up, em.const(f"moe.neg_clip.{moe.clip}", -moe.clip, np_dtype(em.dtype)),
+                                                  em.const(f"moe.clip.{moe.clip}", moe.clip, np_dtype(em.dtype))])])
     else:
         act = em.one("Mul", [em.one("Mul", [gate, em.one("Sigmoid", [gate])]), up])
     out = em.one("MatMul", [act, w[f"{name}.down_proj.weight_t"]])

@@ -96,7 +96,7 @@ LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
               "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out",
-              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", *KDA_MATMULS, "lru_y", "lru_x", "lru_out"}  # MatMul weights [in, out]
+              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", "mla_gate", *KDA_MATMULS, "lru_y", "lru_x", "lru_out"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -240,7 +240,7 @@ def _mla_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     q_out, latent = c.num_attention_heads * (c.qk_nope_head_dim + c.rope_dim), c.kv_lora_rank + c.rope_dim
     return {"q_kv_a": [(c.q_lora_rank, c.hidden_size), (latent, c.hidden_size)], "q_kv": [(q_out, c.hidden_size), (latent, c.hidden_size)],
             "q_a_norm": [(c.q_lora_rank,)], "q_b": [(q_out, c.q_lora_rank)], "kv_a_norm": [(c.kv_lora_rank,)],
-            "kv_b": [(c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)]}
+            "kv_b": [(c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)], "mla_gate": [(c.num_attention_heads, c.hidden_size)]}
 
 
 def check_weights(config: ModelConfig, source: WeightSource) -> None:

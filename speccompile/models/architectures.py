@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, RECURRENT_GEMMA_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
 from .kda_config import KDA_NAMES, KIMI_KEYS
+from .bailing_config import BAILING_NAMES, BAILING_TOP
 from .hybrid_names import KIMI_GGUF, LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
@@ -121,8 +122,8 @@ class Family:
     altup: bool = False  # Gemma 3n's AltUp streams, LAuReL, activation sparsity (models/altup.py, models/altup_keys.py)
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
-    head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]): q rows per head q | 1 gate row
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | rglru (RecurrentGemma)
+    head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]; latent attention: Bailing's g_proj, role mla_gate): q rows per head q | 1 gate row
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | kda (Kimi Linear) | bailing (Bailing hybrid: KDA with full-rank gates, models/bailing_config.py) | rglru (RecurrentGemma)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -222,15 +223,13 @@ FAMILIES: dict[str, Family] = {
     "ernie4_5": Family(("ernie4_5", "helium"), rope_interleaved=True),  # Helium: the same layer, attention_bias for q/k/v
     "ernie4_5_moe": Family(("ernie4_5_moe", "ernie4_5-moe"), rope_interleaved=True, moe="ernie4_5_moe"),
     "qwen2_moe": Family(("qwen2_moe", "qwen2moe"), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
-    "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe",
-                       bias_keys={"o": "attention_bias"}),
+    "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe", bias_keys={"o": "attention_bias"}),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
     # GLM-4.7-Flash (glm4_moe_lite): V3's latent attention and routing, dense layers by mlp_layer_types (default: the first)
     # Sarvam (sarvam_mla): DeepSeek-V3's config under its own expert-count keys
-    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite", "sarvam_mla"), mla=True, moe="deepseek_v3", names=MLA_NAMES,
-                          gguf=_MLA_GGUF, config_keys=_EXPERT_KEYS),
+    "deepseek_v3": Family(("deepseek_v3", "kimi_k2", "glm4_moe_lite", "sarvam_mla"), mla=True, moe="deepseek_v3", names=MLA_NAMES, gguf=_MLA_GGUF, config_keys=_EXPERT_KEYS),
     # llama.cpp's `deepseek2` reads as V2, as V3 with sigmoid routing (models/mla_gguf.py)
     "deepseek_v2": Family(("deepseek_v2", "deepseek2"), mla=True, moe="deepseek_v2", names=MLA_NAMES, gguf=_MLA_GGUF),
     # GLM-4.5 / 4.6 / Air: GQA with partial rotary (halves), optional q/k norms; DeepSeek-V3's sigmoid group routing
@@ -435,6 +434,7 @@ FAMILIES: dict[str, Family] = {
     "llama4": Family(("llama4_text",), attn_scale="llama4_nope", rope_interleaved=True, moe="llama4", gguf={}, names=_FEED_FORWARD),
     "kimi_linear": Family(("kimi_linear", "kimi-linear"), hybrid="kda", mla=True, moe="kimi_linear", names={**MLA_NAMES, **KDA_NAMES}, gguf={**_MLA_GGUF, **KIMI_GGUF}, config_keys=KIMI_KEYS),  # Kimi Linear: Kimi Delta Attention (models/kda_config.py) beside DeepSeek-V3's latent attention without rope, and its MoE (GGUF: models/kda_gguf.py)
     "recurrent_gemma": Family(("recurrent_gemma",), hybrid="rglru", norm_offset=1.0, mlp_act="gelu_tanh", mlp_bias=True, o_bias=True, names=RECURRENT_GEMMA_NAMES, gguf={}, top_names={"model.final_norm.weight": "model.norm.weight"}),  # Griffin: RG-LRU blocks beside local attention (models/rglru.py, models/rglru_config.py)
+    "bailing_hybrid": Family(("bailing_hybrid",), hybrid="bailing", mla=True, moe="deepseek_v3", head_gate=True, names={**MLA_NAMES, **KDA_NAMES, **BAILING_NAMES}, gguf={}, config_keys=KIMI_KEYS, top_names=BAILING_TOP),  # Bailing hybrid (Ling / Ring 2.5): KDA with full-rank gates beside latent attention with rope and a per-head output gate (models/bailing_config.py)
 }
 
 _BY_TYPE = {t: name for name, fam in FAMILIES.items() for t in fam.model_types}

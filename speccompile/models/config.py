@@ -27,6 +27,7 @@ from .linear_config import ATTENTION_ONLY, HybridConfig, hybrid_from_hf, mamba1_
 from .falcon_h1 import falcon_h1_from_hf, falcon_h1_gguf_keys
 from .falcon import falcon_gguf_keys, falcon_keys
 from .kda_config import kda_from_hf
+from .bailing_config import bailing_from_hf
 from .kda_gguf import kda_gguf_keys
 from .nemotron_h import nemotron_h_from_hf, nemotron_h_keys
 from .nemotron_h_gguf import nemotron_h_gguf_keys
@@ -132,7 +133,7 @@ class ModelConfig:
     rope_reversed: bool = False  # rope turned the other way: the rotation by -angle, i.e. sin negated (nanochat)
     hybrid: HybridConfig | None = None  # gated delta net layers (models/linear_config.py; None: attention only)
     attn_output_gate: bool = False  # q_proj doubled (per head q, gate): attention output times sigmoid(gate) (Qwen3-Next)
-    attn_head_gate: bool = False  # that gate one value a head (LFM3): q_proj's rows per head q, then one gate row
+    attn_head_gate: bool = False  # that gate one value a head (LFM3): q_proj's rows per head q, then one gate row (MLA: g_proj, Bailing)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from a manifest's JSON
@@ -223,7 +224,7 @@ class ModelConfig:
         beside = moe and self.moe.beside_dense  # Gemma 4: the dense MLP's roles too, and the norms around both
         roles = layer_roles(self.placement_of(layer), self.attention_bias, self.layer(layer).qk_norm, o_bias=self.o_proj_bias, sinks=self.attn_sinks,
                             moe=moe and not beside, norm_bias=self.norm_bias, mlp=mlp,
-                            mla=("lora" if self.q_lora_rank else "plain") if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
+                            mla=("lora" if self.q_lora_rank else "plain") + "_gated" * self.attn_head_gate if self.kv_lora_rank else "", act=self.mlp_act == "xielu")
         if self.kv_source(layer) is not None:  # KV sharing: q_proj alone (role qkv) and q_norm
             roles = [role for role in roles if role not in ("k_norm", "k_norm_bias")]
         if self.linear(layer):  # its norms and MLP; the gated delta net's roles for the attention's
@@ -338,7 +339,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
                      "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf,
-                     "kda": kda_from_hf, "rglru": rglru_from_hf}
+                     "kda": kda_from_hf, "rglru": rglru_from_hf, "bailing": bailing_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

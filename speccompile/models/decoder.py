@@ -222,7 +222,7 @@ class DecoderLayer(nn.Module):
         sparsity = config.activation_sparsity[layer] if config.activation_sparsity else 0.0  # Gemma 3n's Gaussian top-k
         self.has_mlp = config.has_mlp(layer)  # Nemotron-H: a mixer block with no MLP block after it
         if self.has_mlp:
-            setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe) if is_moe else MLP(config.layer(layer), sparsity))
+            setattr(self, self.mlp_name, SparseMoe(config.hidden_size, config.moe.at_layer(layer)) if is_moe else MLP(config.layer(layer), sparsity))
         if config.sub_norms:  # BitNet: the norm of down_proj's input
             getattr(self, self.mlp_name).ffn_sub_norm = norm_of(config, config.layer(layer).intermediate_size)
         self.beside_dense = is_moe and config.moe.beside_dense
@@ -420,7 +420,7 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     return model.eval()
 
 
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, **KDA_NAMES, **RGLRU_NAMES, "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
+_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, **KDA_NAMES, **RGLRU_NAMES, "mla_gate": ("self_attn.g_proj.weight",), "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
                  **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
 _MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
 

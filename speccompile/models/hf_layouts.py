@@ -15,6 +15,7 @@ from .architectures import Family
 from .bitnet import unpacked_view
 from .falcon import falcon_view
 from .kda_config import kimi_view
+from .bailing_config import bailing_view
 from .linear_config import OLMO_HYBRID_JOINED, OLMO_HYBRID_RENAMES, HybridConfig
 from .nemotron_h import blocks_view
 from .weights import TensorInfo, WeightSource
@@ -229,8 +230,8 @@ def hf_view(source: WeightSource, fam: Family, heads: int, hybrid: HybridConfig 
         source = blocks_view(source)
     if "falcon" in fam.model_types:
         source = falcon_view(source)
-    if fam.hybrid == "kda":  # Kimi Linear saved by transformers: its dense MLPs' names
-        source = kimi_view(source)
+    if fam.hybrid in ("kda", "bailing"):  # Kimi Linear saved by transformers: its dense MLPs' names; Ling's names
+        source = bailing_view(kimi_view(source))
     source = source.renamed(fam.top_names)
     if fam.conv1d:  # Conv1D [in, out]; the causal-mask buffers old saves keep (attn.bias, attn.masked_bias) are not weights
         layer = [n for n in source.names() if n.startswith("model.layers.")]

@@ -19,7 +19,8 @@ from .linear_config import HybridConfig
 
 class KimiDeltaAttention(nn.Module):
     """transformers' KimiLinearDeltaAttention under the checkpoint's names (q / k / v convs apart, the forget gate's
-    f_a_proj, f_b_proj, A_log [1, 1, H, 1], dt_bias [H * D] on the layer), with an explicit cache: forward(x,
+    f_a_proj, f_b_proj, A_log [1, 1, H, 1], dt_bias [H * D] on the layer; Bailing's full-rank f_proj / g_proj
+    in f_a_proj / g_a_proj, A_log [H], its bounded forget gate: `HybridConfig.full_gates`, `gate_bound`), with an explicit cache: forward(x,
     conv_state [b, C, K-1], recurrent [b, H, D, D]) -> (out, per-row conv states, per-row recurrent states)."""
 
     def __init__(self, hidden: int, hybrid: HybridConfig, eps: float):
@@ -29,13 +30,15 @@ class KimiDeltaAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(hidden, width, bias=False) for _ in range(3))
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (nn.Conv1d(width, width, hybrid.conv_kernel, groups=width, bias=False)
                                                        for _ in range(3))
-        self.f_a_proj = nn.Linear(hidden, hybrid.k_dim, bias=False)
-        self.f_b_proj = nn.Linear(hybrid.k_dim, hybrid.key_dim, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(1, 1, hybrid.num_v_heads, 1))
+        low = hybrid.key_dim if hybrid.full_gates else hybrid.k_dim  # Bailing: f_proj / g_proj in f_a_proj / g_a_proj
+        self.f_a_proj = nn.Linear(hidden, low, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(*((hybrid.num_v_heads,) if hybrid.full_gates else (1, 1, hybrid.num_v_heads, 1))))
         self.dt_bias = nn.Parameter(torch.zeros(hybrid.key_dim))
         self.b_proj = nn.Linear(hidden, hybrid.num_v_heads, bias=False)
-        self.g_a_proj = nn.Linear(hidden, hybrid.v_dim, bias=False)
-        self.g_b_proj = nn.Linear(hybrid.v_dim, width, bias=False)
+        self.g_a_proj = nn.Linear(hidden, low, bias=False)
+        if not hybrid.full_gates:
+            self.f_b_proj = nn.Linear(hybrid.k_dim, hybrid.key_dim, bias=False)
+            self.g_b_proj = nn.Linear(hybrid.v_dim, width, bias=False)
         self.o_norm = _Gain(hybrid.v_dim)
         self.o_proj = nn.Linear(width, hidden, bias=False)
 
@@ -44,14 +47,14 @@ class KimiDeltaAttention(nn.Module):
         """`rotary` / `biases`: unused (attention's arguments); the states are the committed ones."""
         b, q, hy = x.shape[0], x.shape[1], self.h
         mixed = torch.cat([proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)
-        forget, beta_in = self.f_b_proj(self.f_a_proj(x)), self.b_proj(x)
+        forget, beta_in = self.up("f", self.f_a_proj(x)), self.b_proj(x)
         outs, convs, states = [], [], []
         for t in range(q):
             o, conv_state, recurrent = self.step(mixed[:, t], beta_in[:, t], forget[:, t], conv_state, recurrent)
             outs.append(o)
             convs.append(conv_state)
             states.append(recurrent)
-        gate = self.g_b_proj(self.g_a_proj(x)).reshape(b, q, hy.num_v_heads, hy.v_dim)
+        gate = self.up("g", self.g_a_proj(x)).reshape(b, q, hy.num_v_heads, hy.v_dim)
         core = self.gated_norm(torch.stack(outs, dim=1), gate)
         return self.o_proj(core.reshape(b, q, hy.value_dim)), torch.stack(convs, dim=1), torch.stack(states, dim=1)
 
@@ -67,9 +70,16 @@ class KimiDeltaAttention(nn.Module):
         query, key = l2norm(query) / math.sqrt(hy.k_dim), l2norm(key)
         beta = torch.sigmoid(beta_in)
         gate = (forget + self.dt_bias).reshape(-1, hy.num_v_heads, hy.k_dim)
-        g = -self.A_log.reshape(-1, 1).exp() * nn.functional.softplus(gate)  # [b, H, D]: per key channel
+        if hy.gate_bound:  # Bailing's safe gate
+            g = hy.gate_bound * torch.sigmoid(self.A_log.reshape(-1, 1).exp() * gate)
+        else:
+            g = -self.A_log.reshape(-1, 1).exp() * nn.functional.softplus(gate)  # [b, H, D]: per key channel
         out, state = delta_rule(recurrent * g.exp().unsqueeze(-1), query, key, value, beta)
         return out, window[..., 1:], state
+
+    def up(self, which: str, low: torch.Tensor) -> torch.Tensor:
+        """The forget ("f") or output ("g") gate's up projection of its low-rank input (full-rank gates: as it is)."""
+        return low if self.h.full_gates else getattr(self, f"{which}_b_proj")(low)
 
     def gated_norm(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each head's values, times the gain, times sigmoid(gate) (transformers' KimiLinearRMSNormGated)."""

@@ -35,6 +35,9 @@ KIMI_KEYS = {"num_experts": "n_routed_experts", "num_experts_per_token": "num_ex
 def kda_shapes(hy: HybridConfig, hidden: int) -> dict[str, list[tuple[int, ...]]]:
     """The checkpoint shapes of a KDA layer's roles."""
     width, d, heads = hy.value_dim, hy.k_dim, hy.num_v_heads
+    if hy.full_gates:  # Bailing: f_proj | g_proj | b_proj, A_log [H]
+        return {**kda_shapes(HybridConfig(kind="kda", num_k_heads=heads, num_v_heads=heads, k_dim=d, v_dim=d, conv_kernel=hy.conv_kernel), hidden),
+                "kda_down": [(width, hidden), (width, hidden), (heads, hidden)], "kda_a_log": [(heads,)]}
     return {"kda_qkv": [(width, hidden)] * 3, "kda_down": [(d, hidden), (d, hidden), (heads, hidden)], "kda_f_up": [(width, d)],
             "kda_g_up": [(width, d)], "kda_conv": [(width, 1, hy.conv_kernel)] * 3, "kda_a_log": [(1, 1, heads, 1)],
             "kda_dt_bias": [(width,)], "kda_norm": [(d,)], "kda_out": [(hidden, width)]}

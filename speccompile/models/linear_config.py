@@ -34,7 +34,7 @@ RGLRU_ROLES = ("lru_y", "lru_y_bias", "lru_x", "lru_x_bias", "lru_conv", "lru_co
                "lru_a_gate", "lru_a_gate_bias", "lru_out", "lru_out_bias")
 KDA_ROLES = ("kda_qkv", "kda_down", "kda_f_up", "kda_g_up", "kda_conv", "kda_a_log", "kda_dt_bias", "kda_norm", "kda_out")
 # attention's roles, none of which a recurrent layer has (latent attention's too: Kimi Linear)
-ATTENTION_ONLY = ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias", "q_kv", "q_kv_a", "q_b", "q_a_norm", "kv_a_norm", "kv_b")
+ATTENTION_ONLY = ("qkv", "o_proj", "q_norm", "k_norm", "qkv_bias", "o_bias", "q_kv", "q_kv_a", "q_b", "q_a_norm", "kv_a_norm", "kv_b", "mla_gate")
 # a short-conv layer's roles (LFM2: in_proj -> B | C | x, the depthwise conv, out_proj)
 SHORT_CONV_NAMES: dict[str, tuple[str, ...]] = {"conv_in": ("conv.in_proj.weight",), "conv_kernel": ("conv.conv.weight",),
                                                 "conv_out": ("conv.out_proj.weight",)}
@@ -115,6 +115,8 @@ class HybridConfig:
     beta_scale: float = 1.0  # a gated delta net's beta = sigmoid(b) times this (OLMo Hybrid's linear_allow_neg_eigval: 2)
     norm_eps: float = 0.0  # its gated RMSNorm's epsilon (0: the model's rms_norm_eps; OLMo Hybrid: FLA's 1e-5)
     placement: str = ""  # the recurrent layers' norm placement ("": the model's; OLMo Hybrid: pre beside post-norm attention)
+    full_gates: bool = False  # KDA: full-rank forget and output gates (f_proj, g_proj; Bailing) instead of Kimi's LoRA pairs
+    gate_bound: float = 0.0  # KDA: g = gate_bound * sigmoid(exp(A_log) * (f + dt_bias)) (Bailing's safe gate); 0: Kimi's softplus
 
     @property
     def key_dim(self) -> int:
@@ -156,8 +158,10 @@ class HybridConfig:
 
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
-        if self.kda or self.rglru:  # Kimi Delta Attention (models/kda_config.py), RecurrentGemma (models/rglru_config.py)
-            return KDA_ROLES if self.kda else RGLRU_ROLES
+        if self.kda:  # Kimi Delta Attention (models/kda_config.py)
+            return tuple(r for r in KDA_ROLES if not (self.full_gates and r in ("kda_f_up", "kda_g_up")))
+        if self.rglru:  # RecurrentGemma (models/rglru_config.py)
+            return RGLRU_ROLES
         if self.mamba2 or self.mamba1:
             names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
             return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))

@@ -53,6 +53,8 @@ class LatentAttention(nn.Module):
         self.kv_a_layernorm = norm_of(c, rank)
         self.kv_b_proj = nn.Linear(rank, heads * (c.qk_nope_head_dim + c.v_head_dim), bias=False)
         self.o_proj = nn.Linear(heads * c.v_head_dim, c.hidden_size, bias=False)
+        if c.attn_head_gate:  # Bailing: each head's output times sigmoid(g_proj(x))
+            self.g_proj = nn.Linear(c.hidden_size, heads, bias=False)
 
     def _query_and_latent(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [b, heads, q, nope + rope], k_pe [b, q, rope] and c_kv [b, q, rank] (normed), before rope."""
@@ -83,6 +85,8 @@ class LatentAttention(nn.Module):
         scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * c.scale
         probs = torch.softmax(scores + bias, dim=3).to(v_all.dtype)
         context = static_reshape(torch.matmul(probs, v_all), 0, heads, -1, dim)[..., rope:]
-        out = drop_last_row(torch.matmul(with_last_row(context), w_uv))  # [b, heads, q, v]
-        out = static_reshape(out.transpose(1, 2), 0, -1, heads * c.v_head_dim)
+        out = drop_last_row(torch.matmul(with_last_row(context), w_uv)).transpose(1, 2)  # [b, q, heads, v]
+        if c.attn_head_gate:
+            out = out * torch.sigmoid(self.g_proj(x)).unsqueeze(-1)
+        out = static_reshape(out, 0, -1, heads * c.v_head_dim)
         return self.o_proj(out), k_all, v_all

@@ -21,7 +21,10 @@ from .trace_ops import static_reshape
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, moe: MoeConfig) -> torch.Tensor:
-    """act(gate) * up (SiLU; Gemma 4: GELU), or gpt-oss' clamped form gate * sigmoid(alpha * gate) * (up + 1)."""
+    """act(gate) * up (SiLU; Gemma 4: GELU), or gpt-oss' clamped form gate * sigmoid(alpha * gate) * (up + 1), or
+    Bailing's clamp after the activation (`clip`)."""
+    if moe.clip:
+        return activation(gate, moe.act).clamp(max=moe.clip) * up.clamp(min=-moe.clip, max=moe.clip)
     if not moe.swiglu_limit:
         return activation(gate, moe.act) * up
     gate = gate.clamp(max=moe.swiglu_limit)
@@ -118,7 +121,7 @@ class SparseMoe(nn.Module):
         self.experts = nn.ModuleList(Expert(hidden, moe.expert_size, moe, bias=moe.expert_bias)
                                      for _ in range(moe.num_experts))
         if moe.shared_expert_size:
-            plain = MoeConfig(1, 1, moe.shared_expert_size) if moe.expert_gated else \
+            plain = MoeConfig(1, 1, moe.shared_expert_size, clip=moe.shared_clip) if moe.expert_gated else \
                 MoeConfig(1, 1, moe.shared_expert_size, act=moe.act, expert_gated=False)
             setattr(self, moe.shared_name, Expert(hidden, moe.shared_expert_size, plain, ("gate_proj", "up_proj", "down_proj")))
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if moe.shared_gated else None

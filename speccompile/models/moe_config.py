@@ -38,12 +38,14 @@ averages the two (`shared_average`: (routed + shared) / 2, its "average" combina
 gpt-oss also clamps its SwiGLU (`swiglu_limit`, `swiglu_alpha`: gate * sigmoid(alpha * gate) * (up + 1), gate
 clamped above and up on both sides at limit) and gives the router and experts biases. Its checkpoints store the
 experts fused ([experts, hidden, 2 * inter], gate/up interleaved); `models.moe.split_fused_experts` shows them
-per expert under the names below, so every consumer reads per-expert [out, in] matrices.
+per expert under the names below, so every consumer reads per-expert [out, in] matrices. Bailing hybrid (as
+transformers' Step3p7) clamps after the activation instead, per layer (`clip_limits`, `shared_clip_limits`: 0 none):
+min(SiLU(gate), limit) * clip(up, -limit, limit); `at_layer` gives a layer's block its limits as `clip` / `shared_clip`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UnsupportedError
@@ -84,12 +86,25 @@ class MoeConfig:
     scale_input: bool = False  # the routing weight multiplies the expert's input, not its output (Llama 4)
     renorm_eps: float = 1e-20  # sigmoid_group's renormalisation: weights / (their sum + renorm_eps) (LFM2-MoE: 1e-6)
     expert_gated: bool = True  # False: every expert and the shared expert down(act(up x)), no gate projection (Nemotron-H)
+    clip_limits: tuple[float, ...] = ()  # per layer: the experts' SwiGLU clamped after SiLU at this limit (Bailing; 0: none)
+    shared_clip_limits: tuple[float, ...] = ()  # per layer: the shared experts' (Bailing)
+    clip: float = 0.0  # this block's experts' limit (`at_layer`)
+    shared_clip: float = 0.0  # this block's shared experts' limit (`at_layer`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "projections", tuple(self.projections))
         object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        object.__setattr__(self, "clip_limits", tuple(self.clip_limits))
+        object.__setattr__(self, "shared_clip_limits", tuple(self.shared_clip_limits))
         if self.routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing}")
+
+    def at_layer(self, layer: int) -> "MoeConfig":
+        """Layer `layer`'s block: its SwiGLU limits (`clip_limits`, `shared_clip_limits`) as `clip` / `shared_clip`."""
+        if not (self.clip_limits or self.shared_clip_limits):
+            return self
+        pick = [float(limits[layer]) if layer < len(limits) else 0.0 for limits in (self.clip_limits, self.shared_clip_limits)]
+        return replace(self, clip=pick[0], shared_clip=pick[1])
 
     def is_moe(self, layer: int) -> bool:
         return layer not in self.dense_layers
@@ -218,7 +233,8 @@ def _deepseek_moe(kind: str, data: dict[str, Any], top_k: int, layers: int) -> M
                      shared_gated=False, n_group=int(data.get("n_group") or 1) if grouped else 1,
                      topk_group=int(data.get("topk_group") or 1) if grouped else 1,
                      routed_scale=float(data.get("routed_scaling_factor", 1.0)), score_bias=v3,
-                     dense_layers=_mlp_dense_layers(data, layers),
+                     dense_layers=_mlp_dense_layers(data, layers), clip_limits=tuple(data.get("expert_swiglu_limit_list") or ()),
+                     shared_clip_limits=tuple(data.get("share_expert_swiglu_limit_list") or ()),  # Bailing hybrid
                      **(dict(block="block_sparse_moe", projections=("w1", "w3", "w2")) if kind == "kimi_linear" else {}))
 
 
