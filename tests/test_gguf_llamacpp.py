@@ -124,6 +124,10 @@ GGUF_FAMILIES = {  # test_families' tiny configs, where llama.cpp's metadata can
     "falcon-grouped": FAMILIES["falcon-grouped"],
     # pure Mamba-2 (llama.cpp's mamba2: no attention head at all, the blocks' norm as attn_norm, A as -exp(A_log))
     "mamba2": HYBRID["mamba2"],
+    # pure Mamba-1 and Falcon-Mamba (both llama.cpp's mamba: no attention head, A as -exp(A_log), the conv kernel 2-D;
+    # Falcon-Mamba's gainless dt / B / C norms as `ssm.dt_b_c_rms`, at the file's one epsilon: llama.cpp writes no
+    # mixer_rms_eps, so the tiny Falcon-Mamba's is its layer_norm_epsilon)
+    "mamba": HYBRID["mamba"], "falcon_mamba": dict(HYBRID["falcon_mamba"], mixer_rms_eps=1e-5),
     # Kimi Linear (llama.cpp's kimi-linear): KDA where head_count_kv is 0, A as -exp(A_log), the q / k / v conv kernels 4-D;
     # the latent attention's kv_b_proj split as DeepSeek's, the experts stacked (written from Moonshot's config.json keys
     # and tensor names: `_moonshot_layout`), the choice bias as exp_probs_b, renormalised top k

@@ -83,6 +83,13 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
     # and a Jamba whose attention period (8) passes its 4 layers: every layer Mamba-1, one expert
     "jamba_linear": dict(num_hidden_layers=4, attn_layer_period=8, attn_layer_offset=4, num_experts=1, mamba_dt_rank=8, model_type="jamba",
                          pad_token_id=None, use_cache=False),
+    # pure Mamba-1 (MambaForCausalLM: 4 blocks of norm -> mixer, inner 128, d_state 16, dt rank 4, no MLP) and Falcon-Mamba
+    # (its dt / B / C RMS-normed without gains, mixer_rms_eps apart from the blocks' layer_norm_epsilon; dt rank 8). Mamba's
+    # unnormed dt at transformers' initializer_range 0.1 (times the 4 of make_family_model) is ill-conditioned in fp32
+    # (transformers' own fp32 logits 8e-5 from its fp64 ones): 0.05
+    "mamba": dict(num_hidden_layers=4, state_size=16, conv_kernel=4, expand=2, initializer_range=0.05, pad_token_id=None, use_cache=False),
+    "falcon_mamba": dict(num_hidden_layers=4, state_size=16, conv_kernel=4, expand=2, time_step_rank=8, mixer_rms_eps=1e-3,
+                         pad_token_id=None, use_cache=False),
     # Kimi Linear: layers 0-2 Kimi Delta Attention (4 heads of 16, a decay per key channel), layer 3 DeepSeek-V3's latent
     # attention without rope (its cache head 16 + 32); layer 0 a dense SwiGLU, 1-3 sigmoid-routed experts with a shared one
     "kimi_linear": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_key_value_heads=4,
@@ -105,7 +112,7 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                            num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
                            expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
 }
-ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear")
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear", "mamba", "falcon_mamba")
 
 
 def _reference(folder):
@@ -258,7 +265,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
                                                 ("nemotron_h", ("ssm_in", "up")), ("recurrent_gemma", ("lru_y", "lru_x", "lru_out", "mlp")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("bailing_hybrid", ("kda_qkv", "kda_down", "mla_gate", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
-                                                ("mamba2", ("ssm_in", "ssm_out")),
+                                                ("mamba2", ("ssm_in", "ssm_out")), ("falcon_mamba", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
 def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, packed_roles):
     """`build --int4 --onnx-only`: calibration feeds zero states, the fused graph's projections become MatMulNBits
@@ -684,9 +691,6 @@ def test_granite_4_h_config_keys_and_refusals():
                              ("layer_types", ["mamba"] * 39 + ["moe"], "granite.json: layer_types 'moe'")):
         with pytest.raises(UnsupportedError, match=said):
             config_from_hf(dict(data, **{key: value}), "granite.json")
-    for model_type in ("mamba", "falcon_mamba"):  # Mamba-1 without attention (Jamba's: test_jamba_config_keys_and_refusals)
-        with pytest.raises(UnsupportedError, match=f"granite.json: unsupported architecture '{model_type}'"):
-            config_from_hf(dict(data, model_type=model_type), "granite.json")
 
 
 def test_jamba_config_keys_and_refusals():
@@ -876,6 +880,36 @@ def test_mamba2_config_keys_and_refusals():
                              ("hidden_act", "gelu", "mamba2.json: hidden_act 'gelu'")):
         with pytest.raises(UnsupportedError, match=said) as info:
             config_from_hf(dict(data, **{key: value}), "mamba2.json")
+        assert "\n" not in str(info.value)
+
+
+def test_mamba_and_falcon_mamba_config_keys_and_refusals():
+    """mamba-2.8b-hf's and Falcon-Mamba-7B's config.json (transformers' MambaConfig / FalconMambaConfig keys): every layer
+    Mamba-1 of intermediate_size channels without an MLP, no attention layer; Mamba's mixer without dt / B / C norms,
+    Falcon-Mamba's without gains at mixer_rms_eps (the blocks' norms at layer_norm_epsilon); in / out projection biases
+    and another activation refused in one line naming the key; no conv bias built."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    data = dict(model_type="mamba", vocab_size=50280, hidden_size=2560, num_hidden_layers=64, state_size=16, expand=2,
+                intermediate_size=5120, conv_kernel=4, use_bias=False, use_conv_bias=True, hidden_act="silu", layer_norm_epsilon=1e-5,
+                residual_in_fp32=True, time_step_rank=160, tie_word_embeddings=True)
+    cfg = config_from_hf(data, "mamba.json")
+    hy = cfg.hybrid
+    assert cfg.architecture == "mamba" and hy.attention_free and cfg.num_hidden_layers == 64 and not any(cfg.has_mlp(i) for i in range(64))
+    assert hy.mamba1 and hy.width == 5120 and hy.k_dim == 16 and hy.dt_rank == 160 and hy.conv_bias and hy.mixer_norms == "none"
+    assert hy.recurrent_state_shape() == (5120, 16) and cfg.rms_norm_eps == 1e-5 and cfg.tie_word_embeddings and cfg.rope_kinds() == []
+    assert "ssm_b_norm" not in cfg.layer_roles(0) and "input_norm" in cfg.layer_roles(0) and "down" not in cfg.layer_roles(0)
+    falcon = config_from_hf(dict(data, model_type="falcon_mamba", hidden_size=4096, intermediate_size=8192, time_step_rank=256,
+                                 mixer_rms_eps=1e-6, use_conv_bias=False, tie_word_embeddings=False), "falcon.json")
+    fy = falcon.hybrid
+    assert fy.mixer_norms == "plain" and fy.norm_eps == 1e-6 and falcon.rms_norm_eps == 1e-5 and fy.width == 8192 and not fy.conv_bias
+    assert "ssm_dt_norm" not in falcon.layer_roles(0) and "ssm_conv_bias" not in falcon.layer_roles(0) and "ssm_x" in falcon.layer_roles(0)
+    auto = config_from_hf({k: v for k, v in data.items() if k not in ("time_step_rank", "intermediate_size")}, "mamba.json")
+    assert auto.hybrid.dt_rank == 160 and auto.hybrid.width == 5120  # transformers' "auto": ceil(hidden / 16); expand x hidden
+    for key, value, said in (("use_bias", True, "mamba.json: mamba with use_bias"), ("hidden_act", "gelu", "mamba.json: hidden_act 'gelu'")):
+        with pytest.raises(UnsupportedError, match=said) as info:
+            config_from_hf(dict(data, **{key: value}), "mamba.json")
         assert "\n" not in str(info.value)
 
 

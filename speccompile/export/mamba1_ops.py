@@ -5,7 +5,7 @@ The layer reads its states `past_state.{i}.conv` [b, inner, kernel - 1] and `pas
 d_state] as of some committed token and the accepted rows after it not yet folded in, `past_state.{i}.rows` [b,
 pending, inner + 1] (each row's conv input x and 1). One `Scan` folds those rows into the states
 (`present_state.{i}.conv` / `.recurrent`), a second runs the pass's rows from there: the conv window, SiLU, x_proj
--> dt | B | C and their RMS norms, dt_proj and softplus, the decay, the update, the readout, each row on its own
+-> dt | B | C and their RMS norms (`HybridConfig.mixer_norms`: Falcon-Mamba's without gains, Mamba's none), dt_proj and softplus, the decay, the update, the readout, each row on its own
 ([b, inner] x [inner, ...] MatMuls of the same shapes in every scan), so a row's readout and states are the same bits
 in every pass. dt is multiplied by the row's trailing 1, so that the runtime's first pending row, all zeros, leaves
 the zero states as they are (the conv bias makes its x, B and C nonzero; its dt is 0: exp(0) = 1, a zero update).
@@ -37,7 +37,7 @@ def mamba1_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     flag = em.one("Expand", [c("mamba1.one", [[[1.0]]], np.float32), rows_shape])  # [b, q, 1]: a pass's rows are real
     em.op("Concat", [x_in, flag], [f"present_state.{i}.rows"], axis=-1)
     weights = [em.one("Reshape", [role("ssm_conv"), c("mamba1.kernel", [hy.width, hy.conv_kernel])]),
-               *(role(r) for r in _WEIGHTS if hy.conv_bias or r != "ssm_conv_bias")]
+               *(role(r) for r in _WEIGHTS if r in hy.roles())]
     pending = em.op("Split", [f"past_state.{i}.rows", c("mamba1.rows", [hy.width, 1])], 2, axis=-1)
     y = state_scans(em, i, "mamba1", lambda tag: _body(cfg, i, em.elem, tag), weights, pending, [x_in, flag])  # [b, q, inner]
     return em.one("MatMul", [em.one("Mul", [y, em.one("Mul", [z, em.one("Sigmoid", [z])])]), role("ssm_out")])
@@ -70,12 +70,15 @@ def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
     hy, s, b = cfg.hybrid, f"/layers.{i}/mamba/{tag}", GraphBuilder()
     C, N, R = hy.width, hy.k_dim, hy.dt_rank
     shapes = {"conv_in": ["batch", C, hy.conv_kernel - 1], "ssm_in": ["batch", C, N], "kernel": [C, hy.conv_kernel],
-              **({"conv_bias": [C]} if hy.conv_bias else {}), "x_proj": [C, R + 2 * N], "dt_norm": [R], "b_norm": [N],
-              "c_norm": [N], "dt_proj": [R, C], "dt_bias": [C], "A_log": [C, N], "D": [C], "x": ["batch", C], "flag": ["batch", 1]}
+              **({"conv_bias": [C]} if hy.conv_bias else {}), "x_proj": [C, R + 2 * N],
+              **({"dt_norm": [R], "b_norm": [N], "c_norm": [N]} if hy.mixer_norms == "gains" else {}),
+              "dt_proj": [R, C], "dt_bias": [C], "A_log": [C, N], "D": [C], "x": ["batch", C], "flag": ["batch", 1]}
     n = {key: f"{s}/{key}" for key in shapes}
+    eps = hy.norm_eps or cfg.rms_norm_eps
     x, conv_out = conv_step(b, s, n, n["x"], hy.conv_bias)
     dt, b_in, c_in = b.op(s, "Split", [b.one(s, "MatMul", [x, n["x_proj"]]), b.const(s, [R, N, N])], 3, axis=-1)
-    dt, b_in, c_in = (_rms(b, s, t, n[g], cfg.rms_norm_eps) for t, g in ((dt, "dt_norm"), (b_in, "b_norm"), (c_in, "c_norm")))
+    if hy.mixer_norms != "none":
+        dt, b_in, c_in = (_rms(b, s, t, n.get(g), eps) for t, g in ((dt, "dt_norm"), (b_in, "b_norm"), (c_in, "c_norm")))
     dt = b.one(s, "Add", [b.one(s, "MatMul", [dt, n["dt_proj"]]), n["dt_bias"]])
     dt = b.one(s, "Mul", [b.one(s, "Softplus", [dt]), n["flag"]])  # [b, C]
     decay = b.one(s, "Exp", [b.one(s, "Mul", [b.one(s, "Unsqueeze", [dt, b.const(s, [-1])]), b.one(s, "Neg", [b.one(s, "Exp", [n["A_log"]])])])])
@@ -90,8 +93,10 @@ def _body(cfg: ModelConfig, i: int, elem: int, tag: str) -> onnx.GraphProto:
     return helper.make_graph(b.nodes, f"mamba1_{tag}_{i}", inputs, [helper.make_tensor_value_info(o, elem, None) for o in outputs])
 
 
-def _rms(b: GraphBuilder, s: str, t: str, gain: str, eps: float) -> str:
-    """transformers' JambaRMSNorm of t over its last axis: t / sqrt(mean(t^2) + eps) times the gain."""
+def _rms(b: GraphBuilder, s: str, t: str, gain: str | None, eps: float) -> str:
+    """transformers' JambaRMSNorm of t over its last axis: t / sqrt(mean(t^2) + eps) times the gain (None: Falcon-Mamba's
+    FalconMambaWeightlessRMSNorm, no gain)."""
     square = b.one(s, "ReduceMean", [b.one(s, "Pow", [t, b.const(s, 2.0, np.float32)]), b.const(s, [-1])], keepdims=1)
     root = b.one(s, "Sqrt", [b.one(s, "Add", [square, b.const(s, eps, np.float32)])])
-    return b.one(s, "Mul", [gain, b.one(s, "Mul", [t, b.one(s, "Div", [b.const(s, 1.0, np.float32), root])])])
+    normed = b.one(s, "Mul", [t, b.one(s, "Div", [b.const(s, 1.0, np.float32), root])])
+    return normed if gain is None else b.one(s, "Mul", [gain, normed])

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 
 from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, RECURRENT_GEMMA_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
+from .mamba_config import MAMBA_KEYS
 from .kda_config import KDA_NAMES, KIMI_KEYS
 from .bailing_config import BAILING_NAMES, BAILING_TOP
 from .hybrid_names import KIMI_GGUF, LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
+from .gemma4_gguf import GEMMA4_GGUF, GEMMA_GGUF
 from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
 
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
@@ -29,16 +31,6 @@ _PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "att
               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")},  # OLMo 2 / EXAONE 4
               "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-_GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm"}
-_GEMMA4_GGUF = {**_GEMMA_GGUF, "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
-                "post_norm": "post_per_layer_input_norm", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
-                "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2",
-                # the MoE block as transformers stores it (fused experts, router scales: models/moe_weights.py shows them
-                # per expert); a key with its suffix names one tensor, a bare name a tensor without `.weight`
-                "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
-                "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps.weight": "experts.gate_up_proj",
-                "ffn_down_exps.weight": "experts.down_proj"}
 
 
 @dataclass(frozen=True)
@@ -123,7 +115,7 @@ class Family:
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]; latent attention: Bailing's g_proj, role mla_gate): q rows per head q | 1 gate row
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | kda (Kimi Linear) | bailing (Bailing hybrid: KDA with full-rank gates, models/bailing_config.py) | rglru (RecurrentGemma)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | kda (Kimi Linear) | bailing (Bailing hybrid: KDA with full-rank gates, models/bailing_config.py) | rglru (RecurrentGemma) | mamba (pure Mamba-1, models/mamba_config.py)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -153,7 +145,7 @@ _EXAONE_NAMES = {"input_norm": ("ln_1.weight",), "post_norm": ("ln_2.weight",),
                  "gate_up": ("mlp.c_fc_0.weight", "mlp.c_fc_1.weight"), "down": ("mlp.c_proj.weight",)}
 _EXAONE_GGUF = {"attn_norm": "ln_1", "ffn_norm": "ln_2", **{f"attn_{x}": f"attn.attention.{x}_proj" for x in "qkv"},
                 "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0", "ffn_up": "mlp.c_fc_1", "ffn_down": "mlp.c_proj"}
-_GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=_GEMMA_GGUF)
+_GEMMA = dict(norm_offset=1.0, mlp_act="gelu_tanh", embed_scale="sqrt_hidden", gguf=GEMMA_GGUF)
 _GRANITE = dict(embed_scale="embedding_multiplier", attn_scale="attention_multiplier", residual_key="residual_multiplier",
                 logit_key="1/logits_scaling", gguf_llama_order=True,
                 gguf_keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
@@ -318,7 +310,7 @@ FAMILIES: dict[str, Family] = {
                      embed_scale="sqrt_hidden", attn_scale="unit", bias_keys={"o": "attention_bias"}, moe="gemma4",
                      names={**_SANDWICH_NAMES, "dense_out_norm": ("post_feedforward_layernorm_1.weight",),
                             "moe_in_norm": ("pre_feedforward_layernorm_2.weight",), "moe_out_norm": ("post_feedforward_layernorm_2.weight",)},
-                     layer_shapes=True, v_norm=True, layer_scalar=True, gguf=_GEMMA4_GGUF, gguf_keys=_SOFTCAPS),
+                     layer_shapes=True, v_norm=True, layer_scalar=True, gguf=GEMMA4_GGUF, gguf_keys=_SOFTCAPS),
     # Gemma 3n (text; the multimodal `gemma3n` config's text_config): Gemma 4's attention (per-head q/k norms, scale 1, a
     # scale-free value norm) on one head shape, KV sharing and per-layer embeddings, inside AltUp's parallel streams with
     # LAuReL's low-rank residual (the `ALTUP_NAMES` roles) and the Gaussian top-k on the first layers' MLP gates
@@ -385,6 +377,7 @@ FAMILIES: dict[str, Family] = {
                          config_keys={"layer_norm_epsilon": "rms_norm_eps", "attention_head_dim": "head_dim"}, config_defaults={"head_dim": 128}, names=NEMOTRON_H_NAMES,
                          top_names={"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}),
     "mamba2": Family(("mamba2",), gguf=NEMOTRON_H_GGUF, names=NEMOTRON_H_NAMES, **MAMBA2_KEYS),  # Nemotron-H's Mamba-2 blocks alone (models/nemotron_h.py)
+    "mamba": Family(("mamba", "falcon_mamba"), **MAMBA_KEYS),  # Mamba-1 blocks alone; Falcon-Mamba's dt / B / C norms without gains (models/mamba_config.py; llama.cpp's mamba GGUF)
     # LFM2: short convs beside attention; LFM2-MoE: its layers with DeepSeek-V3's sigmoid routing in one group (score bias feed_forward.expert_bias) and dense first num_dense_layers
     "lfm2": Family(("lfm2",), **_LFM2),
     "lfm2_moe": Family(("lfm2_moe", "lfm2moe"), **_LFM2, moe="lfm2_moe"),

@@ -19,6 +19,7 @@ from .layer_keys import biases_of, family_keys, kv_heads, layer_types_of, mlp_ac
 from .gemma4_gguf import gemma4_keys
 from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba1_gguf import mamba1_gguf_keys
+from .mamba_config import mamba_from_hf, mamba_gguf_keys
 from .rglru_config import rglru_from_hf
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
@@ -339,7 +340,7 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
                      "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf,
-                     "kda": kda_from_hf, "rglru": rglru_from_hf, "bailing": bailing_from_hf}
+                     "kda": kda_from_hf, "rglru": rglru_from_hf, "bailing": bailing_from_hf, "mamba": mamba_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
@@ -415,8 +416,8 @@ def config_from_gguf(meta: dict[str, Any], has_output_weight: bool, has_qkv_bias
         if family(arch).layer_shapes:  # Gemma 4's per-layer shapes, KV sharing, PLE and rope (models/gemma4_gguf.py)
             meta, shapes = gemma4_keys(meta, arch_name + ".", tensors or {}, (rope_factors or {}).get("factors"), source)
             rope_factors = None
-        if family(arch).hybrid == "nemotron_h":  # its block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py)
-            meta, shapes = nemotron_h_gguf_keys(meta, arch_name + ".", tensors or {}, source)
+        if family(arch).hybrid in ("nemotron_h", "mamba"):  # Nemotron-H's block pattern from per-block metadata and tensors (models/nemotron_h_gguf.py), Mamba's sizes
+            meta, shapes = (nemotron_h_gguf_keys if family(arch).hybrid == "nemotron_h" else mamba_gguf_keys)(meta, arch_name + ".", tensors or {}, source)
         if family(arch).hybrid in ("mamba1", "falcon_h1"):  # from metadata and tensors: Jamba's layer periods (models/mamba1_gguf.py), Falcon-H1's sizes
             shapes = (mamba1_gguf_keys if family(arch).hybrid == "mamba1" else falcon_h1_gguf_keys)(meta, arch_name + ".", tensors or {}, source)
         data = {**_gguf_config_json(meta, arch, source, rope_factors), **mla_keys, **shapes}

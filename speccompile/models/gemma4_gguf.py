@@ -17,6 +17,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UnsupportedError
+from .weight_names import LLAMA_GGUF
+
+# llama.cpp's names of a Gemma 2 / 3 layer's tensors, and of a Gemma 4 layer's (models/architectures.py)
+GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm"}
+GEMMA4_GGUF = {**GEMMA_GGUF, "layer_output_scale": "layer_scalar", "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+               "post_norm": "post_per_layer_input_norm", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+               "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2",
+               # the MoE block as transformers stores it (fused experts, router scales: models/moe_weights.py shows them
+               # per expert); a key with its suffix names one tensor, a bare name a tensor without `.weight`
+               "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+               "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+               "ffn_down_exps.weight": "experts.down_proj"}
 
 _FREQ_OFF = 1e29  # a rope_freqs factor at least this large switches its frequency off (the converter writes 1e30)
 

@@ -58,6 +58,7 @@ MAMBA1_NAMES: dict[str, tuple[str, ...]] = {
     "ssm_c_norm": ("mamba.c_layernorm.weight",), "ssm_dt": ("mamba.dt_proj.weight",), "ssm_dt_proj_bias": ("mamba.dt_proj.bias",),
     "ssm_a_log": ("mamba.A_log",), "ssm_d": ("mamba.D",), "ssm_out": ("mamba.out_proj.weight",),
 }
+MAMBA1_GAINS = ("ssm_dt_norm", "ssm_b_norm", "ssm_c_norm")  # absent where the norms have no gains (Falcon-Mamba) or are absent (Mamba)
 # a Jamba layer's names: the Mamba-1 layer's, the SwiGLU under feed_forward after pre_ff_layernorm (its experts: moe_config.py)
 JAMBA_NAMES = {**MAMBA1_NAMES, "gate_up": ("feed_forward.gate_proj.weight", "feed_forward.up_proj.weight"),
                "down": ("feed_forward.down_proj.weight",), "post_norm": ("pre_ff_layernorm.weight",)}
@@ -109,6 +110,7 @@ class HybridConfig:
     conv_kernel: int = 4
     conv_bias: bool = False  # a Mamba conv1d's bias (mamba_conv_bias)
     dt_rank: int = 0  # a Mamba-1 layer's dt rank (mamba_dt_rank)
+    mixer_norms: str = "gains"  # a Mamba-1 layer's dt / B / C RMS norms: gains (Jamba) | plain (no gains: Falcon-Mamba, eps `norm_eps`) | none (Mamba)
     parallel: bool = False  # Falcon-H1: the Mamba-2 mixer beside each attention layer
     gate_norm: str = "gated"  # gated | none | before_gate (the Mamba-2 output's norm and gate)
     scales: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [rows, factor] runs, folded at load
@@ -164,7 +166,8 @@ class HybridConfig:
             return RGLRU_ROLES
         if self.mamba2 or self.mamba1:
             names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
-            return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm"))
+            return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm")
+                         and not (self.mixer_norms != "gains" and r in MAMBA1_GAINS))
         return tuple(SHORT_CONV_NAMES) if self.short_conv else LINEAR_ROLES
 
     def state_kinds(self) -> tuple[str, ...]:
