@@ -89,6 +89,17 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                         linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32, qk_rope_head_dim=16,
                         qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
                         num_shared_experts=1, first_k_dense_replace=1),
+    # and every layer Kimi Delta Attention (no latent attention layer)
+    "kimi_linear_linear": dict(model_type="kimi_linear", num_hidden_layers=4, layer_types=["linear_attention"] * 4, num_key_value_heads=4,
+                               linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32,
+                               qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4,
+                               num_experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
+                               pad_token_id=None, use_cache=False),
+    # and a group wider than the model: every layer KDA
+    "bailing_hybrid_linear": dict(model_type="bailing_hybrid", num_hidden_layers=4, layer_group_size=8, num_key_value_heads=4, head_dim=16,
+                                  kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                                  topk_group=1, num_mtp_layers=0, pad_token_id=None, use_cache=False),
     # RecurrentGemma (Griffin): layers 0-2 RG-LRU blocks (lru_width 64 in 2 gate blocks, conv1d_width 4 with its bias; the
     # reset at position 0), layer 3 local attention over 8 keys (one KV head, rope on 16 of its 32 dims); Gemma's (1 + w)
     # norms, a gated tanh-GELU MLP with biases, o_proj's bias, sqrt(hidden) embedding scale, final logit soft-capping
@@ -105,7 +116,7 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                            num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
                            expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
 }
-ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear")
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear", "kimi_linear_linear", "bailing_hybrid_linear")
 
 
 def _reference(folder):
@@ -347,10 +358,10 @@ def test_kimi_linear_config_keys_and_refusals():
     for key, value, what in (("mla_use_nope", False, "mla_use_nope false"), ("hidden_act", "gelu", "hidden_act 'gelu'"),
                              ("moe_router_activation_func", "softmax", "moe_router_activation_func 'softmax'"),
                              ("moe_layer_freq", 2, "moe_layer_freq 2"),
-                             ("layer_types", ["linear_attention"] * 4, "every layer is linear_attention"),
                              ("layer_types", ["linear_attention", "mamba", "full_attention", "linear_attention"], "layer_types 'mamba'")):
         with pytest.raises(UnsupportedError, match=what):
             config_from_hf({**raw, key: value}, "config.json")
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json").hybrid.attention_free  # built
     from speccompile.models.config import normalize_architecture
 
     assert normalize_architecture("kimi-linear", "model.gguf") == "kimi_linear"  # llama.cpp's name (tests/test_gguf_llamacpp.py)
@@ -383,10 +394,10 @@ def test_bailing_hybrid_config_keys_and_refusals():
     assert (unsafe.gate_bound, unsafe.k_dim) == (0.0, 8)  # Kimi's softplus decay; KDA's own head_dim
     for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("kda_lower_bound", 0.0, "kda_lower_bound 0"),
                              ("share_expert_swiglu_limit_list", [7.0] * 5, "share_expert_swiglu_limit_list has 5 limits for 6 layers"),
-                             ("layer_types", ["linear_attention"] * 6, "every layer is linear_attention"),
                              ("layer_types", ["linear_attention", "mamba"] * 3, "layer_types 'mamba'")):
         with pytest.raises(UnsupportedError, match=what):
             config_from_hf({**raw, key: value}, "config.json")
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 6}, "config.json").hybrid.attention_free  # built
 
 
 def test_bailing_hybrid_mtp_layers_are_not_read(tmp_path):
