@@ -104,6 +104,11 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                            qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                            num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
                            expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
+    # MiniMax-01: layers 0, 2, 3 lightning attention (4 heads of 16, decays by layer index; transformers' prefill in blocks of
+    # 4), layer 1 softmax attention; Mixtral's top 2 of 4 experts on every layer; residual factors != 1 on both sides
+    "minimax": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                    num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, block_size=4, linear_attn_alpha_factor=0.8,
+                    linear_attn_beta_factor=1.2, full_attn_alpha_factor=1.3, full_attn_beta_factor=0.7, mlp_alpha_factor=0.9, mlp_beta_factor=1.1),
 }
 ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear")
 
@@ -141,7 +146,7 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
+    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo", "minimax")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
     types = ["linear_attention", "full_attention"] * 2 if name == "bailing_hybrid" else types  # groups of 2 layers
     assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t in ("conv", "linear_attention") for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4

@@ -25,7 +25,7 @@ def _pair(layer: int) -> tuple[torch.nn.Module, Lightning]:
     for p in theirs.parameters():
         torch.nn.init.normal_(p, std=0.3)
     ours = Lightning(HIDDEN, HybridConfig(linear=[True] * LAYERS, kind="lightning", num_v_heads=HEADS, k_dim=HEAD_DIM,
-                                          v_dim=HEAD_DIM), layer, LAYERS).eval()
+                                          v_dim=HEAD_DIM), layer).eval()
     assert not ours.load_state_dict(theirs.state_dict(), strict=False).missing_keys
     return theirs, ours
 

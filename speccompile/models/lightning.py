@@ -16,6 +16,9 @@ from torch import nn
 
 from .linear_config import HybridConfig
 
+# transformers' buffers of these decays, which a checkpoint may hold; derived from the config, so not read (models/load.py)
+DECAY_BUFFERS = tuple(f"self_attn.{n}" for n in ("slope_rate", "query_decay", "key_decay", "diagonal_decay"))
+
 
 def slope_rate(heads: int, layer: int, layers: int) -> torch.Tensor:
     """Layer `layer`'s per-head decay rate [H] of `layers` (transformers' get_slope_rate, in float32 as it computes it)."""
@@ -25,10 +28,10 @@ def slope_rate(heads: int, layer: int, layers: int) -> torch.Tensor:
 
 
 class Lightning(nn.Module):
-    """transformers' MiniMaxLightningAttention with an explicit cache: forward(x, rotary, biases, state [b, H, D, D],
+    """transformers' MiniMaxLightningAttention of layer `layer` (of len(hybrid.linear)) with an explicit cache: forward(x, rotary, biases, state [b, H, D, D],
     placeholder [b, 0]) -> (out, per-row states, per-row placeholders)."""
 
-    def __init__(self, hidden: int, hybrid: HybridConfig, layer: int, layers: int):
+    def __init__(self, hidden: int, hybrid: HybridConfig, layer: int):
         super().__init__()
         self.h, heads, width = hybrid, hybrid.num_v_heads, hybrid.value_dim
         self.qkv_proj = nn.Linear(hidden, 3 * width, bias=False)
@@ -36,7 +39,7 @@ class Lightning(nn.Module):
         self.output_gate = nn.Linear(hidden, width, bias=False)
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(width))
-        self.register_buffer("decay", torch.exp(-slope_rate(heads, layer, layers)).reshape(heads, 1, 1), persistent=False)
+        self.register_buffer("decay", torch.exp(-slope_rate(heads, layer, len(hybrid.linear))).reshape(heads, 1, 1), persistent=False)
 
     def forward(self, x: torch.Tensor, rotary: dict, biases: dict, state: torch.Tensor,
                 placeholder: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
