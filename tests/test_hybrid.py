@@ -204,7 +204,7 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "bailing_hybrid", "recurrent_gemma", *ATTENTION_FREE])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "bailing_hybrid", "recurrent_gemma", "minimax", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -262,6 +262,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")), ("recurrent_gemma", ("lru_y", "lru_x", "lru_out", "mlp")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("bailing_hybrid", ("kda_qkv", "kda_down", "mla_gate", "experts.3.down_proj")),
+                                                ("minimax", ("lightning_qkv", "lightning_gate", "lightning_out", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("mamba2", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
