@@ -395,6 +395,30 @@ def test_bailing_hybrid_config_keys_and_refusals():
             config_from_hf({**raw, key: value}, "config.json")
 
 
+def test_minimax_config_keys_and_refusals():
+    """MiniMax-01's config.json: layer_types (default: even layers softmax attention, odd ones lightning attention), the
+    lightning heads (head_dim, else hidden / heads), the residual factors per layer by its kind, Mixtral's MoE keys, rope_theta
+    1e6 unless given; what is not built refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    raw = {"model_type": "minimax", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 256,
+           "linear_attn_alpha_factor": 0.5, "linear_attn_beta_factor": 2.0, "full_attn_alpha_factor": 3.0, "mlp_beta_factor": 0.25}
+    cfg = config_from_hf(raw, "config.json")
+    hy = cfg.hybrid
+    assert hy.kind == "lightning" and hy.linear == [False, True] * 2 and (hy.num_v_heads, hy.v_dim) == (4, 16)
+    assert hy.state_kinds() == ("recurrent", "rows") and hy.row_width() == 128 and hy.recurrent_state_shape() == (4, 16, 16)
+    assert cfg.residual_factors == [[3.0, 1.0, 1.0, 0.25], [0.5, 2.0, 1.0, 0.25]] * 2
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.block, cfg.rope_theta) == (4, 2, "block_sparse_moe", 1e6)
+    assert set(hy.roles()) <= set(cfg.layer_roles(1)) and "qkv" in cfg.layer_roles(0)
+    typed = config_from_hf({**raw, "layer_types": ["linear_attention"] * 3 + ["full_attention"], "head_dim": 8}, "config.json").hybrid
+    assert typed.linear == [True] * 3 + [False] and typed.v_dim == 8
+    for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("layer_types", ["linear_attention", "mamba"] * 2, "layer_types 'mamba'")):
+        with pytest.raises(UnsupportedError, match=what):
+            config_from_hf({**raw, key: value}, "config.json")
+
+
 def test_bailing_hybrid_mtp_layers_are_not_read(tmp_path):
     """The MTP layers a Ling checkpoint stores after the decoder (layers.{num_hidden_layers}.*, num_nextn_predict_layers)
     are left out of the target: its graphs and weights the same bytes as without them."""

@@ -38,5 +38,6 @@ def minimax_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str,
 
     factors = [[factor(f"{kind}_attn_alpha_factor"), factor(f"{kind}_attn_beta_factor"), factor("mlp_alpha_factor"), factor("mlp_beta_factor")]
                for kind in ("linear" if t == "linear_attention" else "full" for t in types)]
+    theta = (data.get("rope_parameters") or {}).get("rope_theta", data.get("rope_theta", 1e6))  # transformers' default: 1e6
     return dict(hybrid=HybridConfig(linear=[t == "linear_attention" for t in types], kind="lightning", num_v_heads=heads, k_dim=dim, v_dim=dim),
-                residual_factors=factors)
+                residual_factors=factors, rope_theta=float(theta))
