@@ -1,7 +1,7 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
 gated delta nets beside OLMo 3's post-norm attention; LFM2 and
 LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Jamba:
-Mamba-1; Kimi Linear and Bailing hybrid: Kimi Delta Attention beside latent attention; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
+Mamba-1; Kimi Linear and Bailing hybrid: Kimi Delta Attention beside latent attention; MiniMax-01: lightning attention beside softmax attention; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
@@ -96,6 +96,17 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                         linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32, qk_rope_head_dim=16,
                         qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4, num_experts_per_token=2, moe_intermediate_size=32,
                         num_shared_experts=1, first_k_dense_replace=1),
+    # and every layer Kimi Delta Attention (no latent attention layer)
+    "kimi_linear_linear": dict(model_type="kimi_linear", num_hidden_layers=4, layer_types=["linear_attention"] * 4, num_key_value_heads=4,
+                               linear_attn_config=dict(head_dim=16, num_heads=4, short_conv_kernel_size=4), kv_lora_rank=32,
+                               qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, num_experts=4,
+                               num_experts_per_token=2, moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
+                               pad_token_id=None, use_cache=False),
+    # and a group wider than the model: every layer KDA
+    "bailing_hybrid_linear": dict(model_type="bailing_hybrid", num_hidden_layers=4, layer_group_size=8, num_key_value_heads=4, head_dim=16,
+                                  kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                                  topk_group=1, num_mtp_layers=0, pad_token_id=None, use_cache=False),
     # RecurrentGemma (Griffin): layers 0-2 RG-LRU blocks (lru_width 64 in 2 gate blocks, conv1d_width 4 with its bias; the
     # reset at position 0), layer 3 local attention over 8 keys (one KV head, rope on 16 of its 32 dims); Gemma's (1 + w)
     # norms, a gated tanh-GELU MLP with biases, o_proj's bias, sqrt(hidden) embedding scale, final logit soft-capping
@@ -111,8 +122,13 @@ HYBRID = {  # layers 0-2 gated delta nets (value heads twice the key heads), lay
                            qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                            num_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, num_mtp_layers=0,
                            expert_swiglu_limit_list=[0, 0.5, 0, 0.7], share_expert_swiglu_limit_list=[0.6, 0, 0.4, 0]),
+    # MiniMax-01: layers 0, 2, 3 lightning attention (4 heads of 16, decays by layer index; transformers' prefill in blocks of
+    # 4), layer 1 softmax attention; Mixtral's top 2 of 4 experts on every layer; residual factors != 1 on both sides
+    "minimax": dict(num_hidden_layers=4, layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                    num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, block_size=4, linear_attn_alpha_factor=0.8,
+                    linear_attn_beta_factor=1.2, full_attn_alpha_factor=1.3, full_attn_beta_factor=0.7, mlp_alpha_factor=0.9, mlp_beta_factor=1.1),
 }
-ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear", "mamba", "falcon_mamba")
+ATTENTION_FREE = ("mamba2", "qwen3_5_text_linear", "jamba_linear", "recurrent_gemma_linear", "kimi_linear_linear", "bailing_hybrid_linear", "mamba", "falcon_mamba")
 
 
 def _reference(folder):
@@ -148,7 +164,7 @@ def test_torch_reference_matches_transformers(tmp_path, name):
     hf = make_family_model(tmp_path / "hf", name, families=HYBRID)
     decoder = _reference(tmp_path / "hf")
     parallel = decoder.config.hybrid.parallel  # Falcon-H1: every layer attention, each with its mixer
-    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
+    types = HYBRID[name]["layer_types"] if name.startswith(("lfm", "olmo", "minimax")) else ["conv"] * 4 if name in ATTENTION_FREE else ["conv"] * 3 + ["full_attention"]
     types = ["linear_attention", "full_attention"] * 2 if name == "bailing_hybrid" else types  # groups of 2 layers
     assert [decoder.config.linear(i) for i in range(4)] == ([False] * 4 if parallel else [t in ("conv", "linear_attention") for t in types])
     assert [decoder.config.parallel_mixer(i) for i in range(4)] == [parallel] * 4
@@ -206,7 +222,7 @@ def _partly_right(plain: list[int], width: int):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "olmo_hybrid", "lfm2", "lfm2_moe", "lfm3", "lfm3_plain", "granitemoehybrid",
                                   "granitemoehybrid_dense", "bamba", "jamba", "jamba_dense",
-                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "bailing_hybrid", "recurrent_gemma", *ATTENTION_FREE])
+                                  "nemotron_h", "nemotron_h_moe", "falcon_h1", "falcon_h1_norm", "kimi_linear", "bailing_hybrid", "recurrent_gemma", "minimax", *ATTENTION_FREE])
 def test_graphs_decode_speculatively_exactly(tmp_path, name):
     """The fused CPU graph (the default) and the contract graph (state inputs, per-row state outputs) against
     transformers at every position; a position's logits the same bits in a one-row and a three-row pass; chain
@@ -264,6 +280,7 @@ def test_wide_heads_cut_passes_and_chain_the_states(tmp_path):
                                                 ("granitemoehybrid", ("ssm_in", "ssm_out")), ("jamba", ("ssm_in", "ssm_out", "experts.3.down_proj")),
                                                 ("nemotron_h", ("ssm_in", "up")), ("recurrent_gemma", ("lru_y", "lru_x", "lru_out", "mlp")), ("kimi_linear", ("kda_qkv", "kda_out", "experts.3.down_proj")),
                                                 ("bailing_hybrid", ("kda_qkv", "kda_down", "mla_gate", "experts.3.down_proj")),
+                                                ("minimax", ("lightning_qkv", "lightning_gate", "lightning_out", "experts.3.down_proj")),
                                                 ("falcon_h1", ("ssm_in", "ssm_out", "self_attn.weight_t")),
                                                 ("mamba2", ("ssm_in", "ssm_out")), ("falcon_mamba", ("ssm_in", "ssm_out")),
                                                 ("nemotron_h_moe", ("ssm_in", "experts.7.down_proj", "shared_expert.weight_t", "shared_expert.down_proj"))])
@@ -354,10 +371,10 @@ def test_kimi_linear_config_keys_and_refusals():
     for key, value, what in (("mla_use_nope", False, "mla_use_nope false"), ("hidden_act", "gelu", "hidden_act 'gelu'"),
                              ("moe_router_activation_func", "softmax", "moe_router_activation_func 'softmax'"),
                              ("moe_layer_freq", 2, "moe_layer_freq 2"),
-                             ("layer_types", ["linear_attention"] * 4, "every layer is linear_attention"),
                              ("layer_types", ["linear_attention", "mamba", "full_attention", "linear_attention"], "layer_types 'mamba'")):
         with pytest.raises(UnsupportedError, match=what):
             config_from_hf({**raw, key: value}, "config.json")
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 4}, "config.json").hybrid.attention_free  # built
     from speccompile.models.config import normalize_architecture
 
     assert normalize_architecture("kimi-linear", "model.gguf") == "kimi_linear"  # llama.cpp's name (tests/test_gguf_llamacpp.py)
@@ -390,8 +407,32 @@ def test_bailing_hybrid_config_keys_and_refusals():
     assert (unsafe.gate_bound, unsafe.k_dim) == (0.0, 8)  # Kimi's softplus decay; KDA's own head_dim
     for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("kda_lower_bound", 0.0, "kda_lower_bound 0"),
                              ("share_expert_swiglu_limit_list", [7.0] * 5, "share_expert_swiglu_limit_list has 5 limits for 6 layers"),
-                             ("layer_types", ["linear_attention"] * 6, "every layer is linear_attention"),
                              ("layer_types", ["linear_attention", "mamba"] * 3, "layer_types 'mamba'")):
+        with pytest.raises(UnsupportedError, match=what):
+            config_from_hf({**raw, key: value}, "config.json")
+    assert config_from_hf({**raw, "layer_types": ["linear_attention"] * 6}, "config.json").hybrid.attention_free  # built
+
+
+def test_minimax_config_keys_and_refusals():
+    """MiniMax-01's config.json: layer_types (default: even layers softmax attention, odd ones lightning attention), the
+    lightning heads (head_dim, else hidden / heads), the residual factors per layer by its kind, Mixtral's MoE keys, rope_theta
+    1e6 unless given; what is not built refused in one line."""
+    from speccompile.errors import UnsupportedError
+    from speccompile.models.config import config_from_hf
+
+    raw = {"model_type": "minimax", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 256,
+           "linear_attn_alpha_factor": 0.5, "linear_attn_beta_factor": 2.0, "full_attn_alpha_factor": 3.0, "mlp_beta_factor": 0.25}
+    cfg = config_from_hf(raw, "config.json")
+    hy = cfg.hybrid
+    assert hy.kind == "lightning" and hy.linear == [False, True] * 2 and (hy.num_v_heads, hy.v_dim) == (4, 16)
+    assert hy.state_kinds() == ("recurrent", "rows") and hy.row_width() == 128 and hy.recurrent_state_shape() == (4, 16, 16)
+    assert cfg.residual_factors == [[3.0, 1.0, 1.0, 0.25], [0.5, 2.0, 1.0, 0.25]] * 2
+    assert (cfg.moe.num_experts, cfg.moe.top_k, cfg.moe.block, cfg.rope_theta) == (4, 2, "block_sparse_moe", 1e6)
+    assert set(hy.roles()) <= set(cfg.layer_roles(1)) and "qkv" in cfg.layer_roles(0)
+    typed = config_from_hf({**raw, "layer_types": ["linear_attention"] * 3 + ["full_attention"], "head_dim": 8}, "config.json").hybrid
+    assert typed.linear == [True] * 3 + [False] and typed.v_dim == 8
+    for key, value, what in (("hidden_act", "gelu", "hidden_act 'gelu'"), ("layer_types", ["linear_attention", "mamba"] * 2, "layer_types 'mamba'")):
         with pytest.raises(UnsupportedError, match=what):
             config_from_hf({**raw, key: value}, "config.json")
 

@@ -34,6 +34,7 @@ from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altu
 from .bitnet_ops import act_quant
 from .contract_head import lm_head, outputs, softcap
 from .graph_builder import GraphBuilder, value
+from .normed_residual_ops import normed_residual_nodes
 from .linear_ops import gated, gated_qkv, linear_layer, parallel_mixer, present_names, state_values
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output, latent_scores
 from .moe_ops import Emitter, beside_dense, moe_block, moe_names
@@ -253,6 +254,10 @@ def _layer(g: _Graph, i: int, x: str) -> str:
         return add(add(x, _attention(g, i, h)), _mlp(g, i, norm("post_norm", x) if "post_norm" in names else h))
     mixer = (lambda h: linear_layer(g.emitter(f"{scope}/linear_attn"), cfg, i, h, lambda role: g.role(i, role))) if cfg.linear(i) \
         else (lambda h: parallel_mixer(g.emitter(f"{scope}/mamba"), cfg, i, h, _attention(g, i, h), lambda role: g.role(i, role)))
+    if cfg.residual_factors:  # MiniMax-01: the residuals are the normed inputs, scaled (export/normed_residual_ops.py)
+        h = norm("input_norm", x)
+        return b.one(scope, "Add", list(normed_residual_nodes(g.emitter(scope), cfg.residual_factors[i], h, mixer(h),
+                                                              lambda t, u: norm("post_norm", b.one(scope, "Add", [t, u])), lambda t: _mlp(g, i, t))))
     x = add(x, norm("post_attn_norm", mixer(norm("input_norm", x))))
     if cfg.has_mlp(i):  # Nemotron-H: a layer may be its mixer alone
         x = add(x, norm("post_mlp_norm", _mlp(g, i, norm("post_norm", x), x, norm)))

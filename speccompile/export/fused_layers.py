@@ -22,6 +22,7 @@ from .altup_ops import LayerParts, active_stream, altup_layer, altup_merge, altu
 from .bitnet_ops import act_quant
 from .mla_ops import absorbed, absorbed_query, latent_inputs, latent_output
 from .moe_ops import Emitter, beside_dense, moe_block
+from .normed_residual_ops import normed_residual_nodes, scaled
 from .per_layer_ops import per_layer_block, per_layer_inputs
 from .query_scale import query_scale
 from .fused_ops import LOWEST, MS_DOMAIN, GpuSlotInputs, Nodes, OneRowPadding, SlotInputs, head_norm, layer_norm, rms_norm, rotary_names, skip_norm
@@ -140,6 +141,9 @@ def decoder_layers(f: _Fused, x: str, count: int, padding: OneRowPadding | None,
             taps.append(residual)
         attn, layer_presents = _attention_block(f, i, h, norms, padding, slots)
         presents += layer_presents
+        if cfg.residual_factors:  # MiniMax-01: the residuals are the normed inputs, scaled (export/normed_residual_ops.py)
+            residual, pending = normed_residual_nodes(f.emitter(), cfg.residual_factors[i], h, attn, lambda t, u: norms.skip(t, u, norms.gamma(i, "post_norm"))[0], lambda t: _mlp(f, i, t))
+            continue
         if placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of the residual (GPT-NeoX)
             h = norms.plain(residual, norms.gamma(i, "post_norm"), f"layers.{i}.mlp") if placement == "parallel2" else h
             pending = n("Add", [_scaled(f, attn), _scaled(f, _mlp(f, i, h))])[0]
@@ -237,8 +241,7 @@ def _layer_end(f: _Fused, i: int, residual: str, norms: _Norms) -> str:
 
 def _scaled(f: _Fused, x: str) -> str:
     """A block's output times the residual multiplier (Granite)."""
-    scale = f.model.config.residual_scale
-    return x if scale == 1.0 else f.n("Mul", [x, f.const("residual_scale", scale, np_dtype(f.dtype))])[0]
+    return scaled(f.emitter(), x, f.model.config.residual_scale, "residual_scale")
 
 
 def _qkv(f: _Fused, i: int, h: str, norms: _Norms) -> list[str]:

@@ -30,6 +30,7 @@ from .rglru_ops import rglru_layer
 from .mamba2_ops import mamba2_layer
 from .short_conv_ops import short_conv_layer
 from .kda_ops import kda_layer, l2norm_nodes
+from .lightning_ops import lightning_layer
 
 
 def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.ValueInfoProto]:
@@ -104,8 +105,8 @@ def linear_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callable[[
     present_state.{i}.conv / .recurrent; the second runs the pass's rows from there, whose inputs are written as
     present_state.{i}.rows. `role(name)`: the layer's initializer of that role. A short conv (LFM2):
     export/short_conv_ops.py; a Mamba-2 layer (Granite 4.0-H): export/mamba2_ops.py; Mamba-1 (Jamba): export/mamba1_ops.py."""
-    if cfg.hybrid.short_conv or cfg.hybrid.rglru:  # RecurrentGemma: export/rglru_ops.py
-        return (short_conv_layer if cfg.hybrid.short_conv else rglru_layer)(em, cfg, i, h, role)
+    if cfg.hybrid.short_conv or cfg.hybrid.rglru or cfg.hybrid.lightning:  # RecurrentGemma, MiniMax-01: export/rglru_ops.py, lightning_ops.py
+        return (short_conv_layer if cfg.hybrid.short_conv else rglru_layer if cfg.hybrid.rglru else lightning_layer)(em, cfg, i, h, role)
     if cfg.hybrid.mamba2 or cfg.hybrid.mamba1 or cfg.hybrid.kda:  # KDA (Kimi Linear): export/kda_ops.py
         return (mamba2_layer if cfg.hybrid.mamba2 else mamba1_layer if cfg.hybrid.mamba1 else kda_layer)(em, cfg, i, h, role)
     hy, c = cfg.hybrid, em.const

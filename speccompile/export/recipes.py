@@ -96,7 +96,8 @@ LM_HEAD = ("lm_head.weight",)
 LM_HEAD_BIAS = ("lm_head.bias",)
 TRANSPOSED = {"qkv", "o_proj", "gate_up", "up", "down", "q_kv_a", "q_kv", "q_b", "ple_gate", "ple_proj", "laurel_left", "laurel_right",
               "altup_router", "altup_predict", "altup_correct", "lin_qkvz", "lin_ba", "lin_out", "conv_in", "conv_out",
-              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", "mla_gate", *KDA_MATMULS, "lru_y", "lru_x", "lru_out"}  # MatMul weights [in, out]
+              "ssm_in", "ssm_out", "ssm_x", "ssm_dt", "mla_gate", *KDA_MATMULS, "lru_y", "lru_x", "lru_out",
+              "lightning_qkv", "lightning_gate", "lightning_out"}  # MatMul weights [in, out]
 NORMS = {"input_norm", "post_norm", "post_attn_norm", "post_mlp_norm", "q_norm", "k_norm", "q_a_norm", "kv_a_norm", "ple_norm",
          "attn_sub_norm", "ffn_sub_norm", "altup_router_norm", "laurel_norm",
          *BESIDE_ROLES}
@@ -206,6 +207,9 @@ def _linear_shapes(c: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     hy, h = c.hybrid, c.hidden_size
     if hy.kda:
         return kda_shapes(hy, h)
+    if hy.lightning:  # MiniMax-01 (models/lightning.py)
+        w = hy.value_dim
+        return {"lightning_qkv": [(3 * w, h)], "lightning_gate": [(w, h)], "lightning_norm": [(w,)], "lightning_out": [(h, w)]}
     if hy.rglru:  # RecurrentGemma (models/rglru_config.py)
         w, block = [(hy.width,)], (hy.num_v_heads, hy.width // hy.num_v_heads)
         return {"lru_y": [(hy.width, h)], "lru_x": [(hy.width, h)], "lru_out": [(h, hy.width)], "lru_y_bias": w, "lru_x_bias": w,

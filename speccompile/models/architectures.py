@@ -14,21 +14,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LINEAR_NAMES, MAMBA2_NAMES, RECURRENT_GEMMA_NAMES, SHORT_CONV_NAMES
+from .linear_config import FUSED_LINEAR_NAMES, JAMBA_GGUF, JAMBA_NAMES, LFM3_NAMES, LIGHTNING_NAMES, LINEAR_NAMES, MAMBA2_NAMES, RECURRENT_GEMMA_NAMES, SHORT_CONV_NAMES
 from .nemotron_h import MAMBA2_KEYS, NEMOTRON_H_NAMES
 from .mamba_config import MAMBA_KEYS
 from .kda_config import KDA_NAMES, KIMI_KEYS
 from .bailing_config import BAILING_NAMES, BAILING_TOP
 from .hybrid_names import KIMI_GGUF, LFM2_GGUF, MAMBA2_GGUF, NEMOTRON_H_GGUF, QWEN35_GGUF, QWEN3NEXT_GGUF
 from .gemma4_gguf import GEMMA4_GGUF, GEMMA_GGUF
-from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES
+from .weight_names import ALTUP_NAMES, LLAMA_GGUF, LLAMA_NAMES, NORM_ROLES, PHI2_GGUF
 
 _SANDWICH_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",), "post_norm": ("pre_feedforward_layernorm.weight",),
                    "post_mlp_norm": ("post_feedforward_layernorm.weight",)}  # Gemma 2 / 3: post_attention_layernorm: the attention output's
 _POST_NAMES = {"post_attn_norm": ("post_attention_layernorm.weight",),  # OLMo 2 / EXAONE 4: norms after each block only
                "post_mlp_norm": ("post_feedforward_layernorm.weight",)}
-_PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 _POST_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")},  # OLMo 2 / EXAONE 4
               "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 
@@ -115,7 +113,7 @@ class Family:
     output_gate: str = ""  # attention output times sigmoid(gate): "fused" (q_proj rows per head q | gate: MiniCPM5-MoE)
     # or the gate projection's own name (AFMoE's self_attn.gate_proj.weight: shown fused at load, models/hf_layouts.py)
     head_gate: bool = False  # that gate is one value a head (LFM3's gate_proj [heads, in]; latent attention: Bailing's g_proj, role mla_gate): q rows per head q | 1 gate row
-    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | kda (Kimi Linear) | bailing (Bailing hybrid: KDA with full-rank gates, models/bailing_config.py) | rglru (RecurrentGemma) | mamba (pure Mamba-1, models/mamba_config.py)
+    hybrid: str = ""  # recurrent layers (models/linear_config.py): gated_delta (Qwen3-Next, Qwen3.5) | short_conv (LFM2) | mamba2 (Granite 4.0-H, Bamba) | nemotron_h (its Mamba-2 blocks grouped) | mamba1 (Jamba) | falcon_h1 (Mamba-2 inside each attention layer) | olmo_hybrid (gated delta nets, OLMo's) | kda (Kimi Linear) | bailing (Bailing hybrid: KDA with full-rank gates, models/bailing_config.py) | rglru (RecurrentGemma) | lightning (MiniMax-01) | mamba (pure Mamba-1, models/mamba_config.py)
 
     def layer_names(self) -> dict[str, tuple[str, ...]]:
         names = {**LLAMA_NAMES, **self.names}
@@ -217,6 +215,7 @@ FAMILIES: dict[str, Family] = {
     "qwen2_moe": Family(("qwen2_moe", "qwen2moe"), attention_bias=True, sliding_key="use_sliding_window", moe="qwen2_moe"),
     "qwen3_moe": Family(("qwen3_moe", "qwen3moe"), qk_norm="head", sliding_key="use_sliding_window", moe="qwen3_moe", bias_keys={"o": "attention_bias"}),
     "mixtral": Family(("mixtral",), gguf_llama_order=True, moe="mixtral"),
+    "minimax": Family(("minimax",), hybrid="lightning", moe="mixtral", names=LIGHTNING_NAMES, gguf={}),  # MiniMax-01: lightning attention beside softmax attention (models/normed_residual.py)
     "gpt_oss": Family(("gpt_oss", "gpt-oss"), attention_bias=True, attn_sinks=True, o_bias=True, moe="gpt_oss", gguf_swa_period=2,
                       gguf={**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"}),
     # GLM-4.7-Flash (glm4_moe_lite): V3's latent attention and routing, dense layers by mlp_layer_types (default: the first)
@@ -243,7 +242,7 @@ FAMILIES: dict[str, Family] = {
                        bias_keys={"o": "attention_bias", "mlp": "mlp_bias"}),  # LayerNorm1P: gain 1 + weight
     "arcee": Family(("arcee",), mlp_gated=False, mlp_act="relu2", bias_keys={"o": "attention_bias", "mlp": "mlp_bias"},
                     gguf_llama_order=True),
-    "phi": Family(("phi", "phi2"), norm="layer", gguf=_PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
+    "phi": Family(("phi", "phi2"), norm="layer", gguf=PHI2_GGUF, norm_bias=True, placement="parallel", attention_bias=True, o_bias=True,
                   mlp_act="gelu_tanh", mlp_gated=False, mlp_bias=True, lm_head_bias=True, qk_norm_key="qk_layernorm",
                   names={"q_norm": ("self_attn.q_layernorm.weight",), "k_norm": ("self_attn.k_layernorm.weight",),
                          "o_proj": ("self_attn.dense.weight",), "o_bias": ("self_attn.dense.bias",), "up": ("mlp.fc1.weight",),

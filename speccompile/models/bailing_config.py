@@ -51,8 +51,6 @@ def bailing_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str,
     kernel = int(data.get("linear_conv_kernel_dim") or data.get("short_conv_kernel_size") or 4)
     hybrid = HybridConfig(linear=[t == "linear_attention" for t in types[:layers]], kind="kda", num_k_heads=heads, num_v_heads=heads,
                           k_dim=dim, v_dim=dim, conv_kernel=kernel, full_gates=True, gate_bound=bound)
-    if all(hybrid.linear):
-        raise UnsupportedError(f"{source}: a Bailing hybrid model whose every layer is linear_attention is not supported")
     theta = (data.get("rope_parameters") or {}).get("rope_theta", data.get("rope_theta", 6e6))  # transformers' default: 6e6
     return dict(hybrid=hybrid, nope_layers=[], rope_theta=float(theta))
 

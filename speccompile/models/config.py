@@ -21,6 +21,7 @@ from .gated_delta_gguf import gated_delta_gguf_keys
 from .mamba1_gguf import mamba1_gguf_keys
 from .mamba_config import mamba_from_hf, mamba_gguf_keys
 from .rglru_config import rglru_from_hf
+from .minimax_config import minimax_from_hf
 from .mamba2_gguf import mamba2_gguf_keys
 from .mla_gguf import mla_gguf_keys
 from .moe_config import MoeConfig, moe_from_hf, moe_keys_from_gguf
@@ -96,6 +97,7 @@ class ModelConfig:
     final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) (0: none)
     embed_scale: float = 1.0
     residual_scale: float = 1.0  # multiplies each block's output before the residual add
+    residual_factors: list[list[float]] = field(default_factory=list)  # MiniMax-01, per layer (models/normed_residual.py)
     logit_scale: float = 1.0
     attn_sinks: bool = False  # per-head sink logits in the attention softmax (gpt-oss)
     o_proj_bias: bool = False
@@ -340,7 +342,8 @@ def config_from_hf(data: dict[str, Any], source: str) -> ModelConfig:
         )
         recurrent = {"short_conv": short_conv_from_hf, "gated_delta": hybrid_from_hf, "mamba2": mamba2_from_hf, "nemotron_h": nemotron_h_from_hf,
                      "mamba1": mamba1_from_hf, "falcon_h1": falcon_h1_from_hf, "olmo_hybrid": olmo_hybrid_from_hf,
-                     "kda": kda_from_hf, "rglru": rglru_from_hf, "bailing": bailing_from_hf, "mamba": mamba_from_hf}
+                     "kda": kda_from_hf, "rglru": rglru_from_hf, "bailing": bailing_from_hf, "lightning": minimax_from_hf,
+                     "mamba": mamba_from_hf}
         extra = {**(latent_attention(data, source) if fam.mla else {}), **(recurrent[fam.hybrid](data, layers, source) if fam.hybrid else {})}
         return ModelConfig(**{**fields, **extra})
     except KeyError as exc:

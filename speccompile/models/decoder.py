@@ -14,10 +14,7 @@ import torch
 from torch import nn
 
 from .altup import altup_layer, altup_merge, altup_projections, altup_streams, attach_altup, soft_token_embeds
-from .architectures import MLA_NAMES, family
-from .linear_config import LINEAR_NAMES, MAMBA1_NAMES, MAMBA2_NAMES, RGLRU_NAMES, SHORT_CONV_NAMES
-from .kda_config import KDA_NAMES
-from .weight_names import ALTUP_NAMES, BESIDE_ROLES, LLAMA_NAMES, NORM_ROLES
+from .module_roles import by_role
 from .mla import LatentAttention
 from .moe import SparseMoe, attach_beside_dense, beside_dense
 from .config import HIDDEN_STATE_MODES, ModelConfig, eagle3_tap_layers  # noqa: F401 - re-exported
@@ -27,6 +24,7 @@ from .rotary import RotaryEmbedding, apply_rope, bound_positions, query_scale, r
 from .feed_forward import MLP, XIELU, activation, fused_linear  # noqa: F401 - re-exported
 from .linear_attention import gated_output, split_output_gate
 from .short_conv import mixer_name, recurrent_layer
+from .normed_residual import normed_residual
 from .per_layer import attach_per_layer_block, per_layer_block, per_layer_inputs, per_layer_modules
 from .bitnet import act_quant
 from .masks import attention_bias, chunk_mask, sliding_mask
@@ -213,7 +211,7 @@ class DecoderLayer(nn.Module):
                            ("post_attn_norm", "post_attn_norm"), ("post_mlp_norm", "post_mlp_norm")):
             setattr(self, name, norm_of(config) if role in roles else None)
         self.mixer = mixer_name(config.hybrid) if config.linear(layer) else "self_attn"  # a recurrent layer's cache: its states
-        setattr(self, self.mixer, recurrent_layer(config.hidden_size, config.hybrid, config.rms_norm_eps) if config.linear(layer)
+        setattr(self, self.mixer, recurrent_layer(config.hidden_size, config.hybrid, config.rms_norm_eps, layer) if config.linear(layer)
                 else LatentAttention(config, norm_of, layer) if config.mla else Attention(config, layer))
         if config.parallel_mixer(layer):  # Falcon-H1: a Mamba-2 mixer beside the attention, on the same normed input
             self.mamba = recurrent_layer(config.hidden_size, config.hybrid, config.rms_norm_eps)
@@ -228,6 +226,7 @@ class DecoderLayer(nn.Module):
         self.beside_dense = is_moe and config.moe.beside_dense
         if self.beside_dense:  # Gemma 4: the dense MLP beside the experts (models/moe.py)
             attach_beside_dense(self, config, layer, norm_of)
+        self.factors = config.residual_factors[layer] if config.residual_factors else None  # MiniMax-01 (models/normed_residual.py)
         self.layer_scalar = nn.Parameter(torch.ones(1)) if config.layer_scalar else None  # Gemma 4: the output's multiplier
         if config.per_layer_input_size:  # Gemma 4's per-layer embeddings: the block after the MLP (models/per_layer.py)
             attach_per_layer_block(self, config, norm_of)
@@ -266,6 +265,8 @@ class DecoderLayer(nn.Module):
         scale = self.config.residual_scale
         h = norm(self.input_layernorm, x)
         attn, presents = self._mixer(h, rotary, biases, past_k, past_v, shared, states)
+        if self.factors:  # MiniMax-01: the residuals are the normed inputs, scaled
+            return normed_residual(self.factors, h, attn, self.post_attention_layernorm, self._mlp), presents
         if self.config.placement in ("parallel", "parallel2"):  # parallel2: the MLP on its own norm of x (GPT-NeoX)
             mlp = self._mlp(h if self.post_attention_layernorm is None else self.post_attention_layernorm(x))
             return x + attn * scale + mlp * scale if scale != 1.0 else x + attn + mlp, presents
@@ -412,36 +413,12 @@ def build_decoder(config: ModelConfig, weights: "Mapping[str, torch.Tensor] | We
     if isinstance(weights, WeightSource):
         weights = weights.to_torch()
     model = Decoder(config, hidden_states, aux_layers)
-    state = {k: v for k, v in _by_role(config, weights).items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    state = {k: v for k, v in by_role(config, weights).items() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise InputError(f"weights do not match the {config.architecture} architecture ({describe_key_mismatch(missing, unexpected)})")
     return model.eval()
-
-
-_MODULE_NAMES = {**LLAMA_NAMES, **MLA_NAMES, **ALTUP_NAMES, **LINEAR_NAMES, **SHORT_CONV_NAMES, **MAMBA2_NAMES, **MAMBA1_NAMES, **KDA_NAMES, **RGLRU_NAMES, "mla_gate": ("self_attn.g_proj.weight",), "post_attn_norm": ("post_attn_norm.weight",), "post_mlp_norm": ("post_mlp_norm.weight",),
-                 **{role: (f"{role}.weight",) for role in BESIDE_ROLES}}
-_MODULE_NAMES.update({f"{r}_bias": (_MODULE_NAMES[r][0].replace(".weight", ".bias"),) for r in (*NORM_ROLES, "q_norm", "k_norm")})
-
-
-def _by_role(config: ModelConfig, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The checkpoint under this module's names: each layer role's tensors (a fused one split in parts)."""
-    state = dict(weights)
-    names = family(config.architecture).layer_names()
-    for i in range(config.num_hidden_layers):
-        q, kv, inter = config.num_attention_heads * config.layer(i).head_dim, config.layer(i).kv_dim, config.layer(i).intermediate_size
-        sizes = {"qkv": [q + config.num_attention_heads * config.layer(i).gate_dim, kv, kv], "qkv_bias": [q, kv, kv], "gate_up": [inter, inter],
-                 **(config.hybrid.fused_sizes() if config.hybrid is not None else {})}
-        p = f"model.layers.{i}."
-        roles = config.layer_roles(i)
-        found = {role: [state.pop(p + n) for n in names[role] if p + n in state] for role in roles}
-        for role, tensors in found.items():
-            targets = _MODULE_NAMES[role]
-            if len(tensors) == 1 and len(targets) > 1 and len(names[role]) == 1:  # a fused tensor (not q_proj alone)
-                tensors = list(torch.split(tensors[0], sizes[role], dim=0))
-            state.update({p + t: w for t, w in zip(targets, tensors)})
-    return state
 
 
 def causal_mask(q_len: int, past_len: int, batch: int = 1) -> torch.Tensor:

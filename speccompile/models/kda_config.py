@@ -72,9 +72,6 @@ def kda_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, Any
     kernel = int(lin.get("short_conv_kernel_size", data.get("linear_conv_kernel_dim", 4)))
     hybrid = HybridConfig(linear=[t == "linear_attention" for t in types], kind="kda", num_k_heads=heads, num_v_heads=heads,
                           k_dim=dim, v_dim=dim, conv_kernel=kernel)
-    if all(hybrid.linear):
-        raise UnsupportedError(f"{source}: a Kimi Linear model whose every layer is linear_attention (no full_attention "
-                               "layer) is not supported")
     return dict(hybrid=hybrid, nope_layers=list(range(layers)))
 
 

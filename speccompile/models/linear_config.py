@@ -69,6 +69,10 @@ JAMBA_GGUF = {**LLAMA_GGUF, "ffn_norm": "pre_ff_layernorm", **{f"ffn_{x}": f"fee
                  ("d", "D"), ("dt_norm", "dt_layernorm"), ("b_norm", "b_layernorm"), ("c_norm", "c_layernorm"), ("out", "out_proj"))}}
 
 
+# a MiniMax-01 lightning attention layer's roles -> Hugging Face names (relative to `model.layers.{i}.`; models/lightning.py)
+LIGHTNING_NAMES: dict[str, tuple[str, ...]] = {
+    "lightning_qkv": ("self_attn.qkv_proj.weight",), "lightning_gate": ("self_attn.output_gate.weight",),
+    "lightning_norm": ("self_attn.norm.weight",), "lightning_out": ("self_attn.out_proj.weight",)}
 # a RecurrentGemma recurrent block's roles -> Hugging Face names (relative to `model.layers.{i}.`; models/rglru_config.py);
 # its layers' names: Gemma's roles under temporal_block / mlp_block, the norms temporal_pre_norm / channel_pre_norm
 RGLRU_NAMES: dict[str, tuple[str, ...]] = {
@@ -93,7 +97,8 @@ class HybridConfig:
     `k_dim`, so that the state [heads, d_state, head_dim] and the conv channels x | B | C have the gated delta net's shapes)
     or "mamba1" (Jamba: conv and SSM states; `width` inner channels, each with its own state of `k_dim` (d_state),
     dt of rank `dt_rank`) or "kda" (Kimi Linear: a gated delta net whose decay is per key channel, models/kda_config.py)
-    or "rglru" (RecurrentGemma: conv and RG-LRU states over `width` channels, gates in `num_v_heads` blocks, models/rglru_config.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
+    or "rglru" (RecurrentGemma: conv and RG-LRU states over `width` channels, gates in `num_v_heads` blocks, models/rglru_config.py)
+    or "lightning" (MiniMax-01: a state [num_v_heads, v_dim, v_dim] alone with a fixed decay per head, models/lightning.py). `parallel` (Falcon-H1, models/falcon_h1.py): every attention layer also runs the Mamba-2
     mixer on its normed input, the two outputs summed; `gate_norm` the Mamba-2 output's gate: "gated" (RMS-normed
     y * SiLU(z), Granite), "none" (y * SiLU(z)) or "before_gate" (RMS-normed y, then * SiLU(z)); `scales`: factors
     folded into tensors at load (muP multipliers: a layer tensor's name -> [rows, factor] runs of its rows,
@@ -158,12 +163,16 @@ class HybridConfig:
     def rglru(self) -> bool:
         return self.kind == "rglru"
 
+    @property
+    def lightning(self) -> bool:
+        return self.kind == "lightning"
+
     def roles(self) -> tuple[str, ...]:
         """A recurrent layer's roles in the place of attention's."""
         if self.kda:  # Kimi Delta Attention (models/kda_config.py)
             return tuple(r for r in KDA_ROLES if not (self.full_gates and r in ("kda_f_up", "kda_g_up")))
-        if self.rglru:  # RecurrentGemma (models/rglru_config.py)
-            return RGLRU_ROLES
+        if self.rglru or self.lightning:  # RecurrentGemma (models/rglru_config.py), MiniMax-01 (models/lightning.py)
+            return RGLRU_ROLES if self.rglru else tuple(LIGHTNING_NAMES)
         if self.mamba2 or self.mamba1:
             names = MAMBA2_NAMES if self.mamba2 else MAMBA1_NAMES
             return tuple(r for r in names if (self.conv_bias or r != "ssm_conv_bias") and (self.gate_norm != "none" or r != "ssm_norm")
@@ -172,6 +181,8 @@ class HybridConfig:
 
     def state_kinds(self) -> tuple[str, ...]:
         """A recurrent layer's cache tensors: its states, then its pending rows."""
+        if self.lightning:  # MiniMax-01: no conv
+            return ("recurrent", "rows")
         return ("conv", "rows") if self.short_conv else ("conv", "recurrent", "rows")
 
     def row_width(self) -> int:
@@ -179,6 +190,8 @@ class HybridConfig:
         tells a row from the runtime's first zero row, which must leave the states as they are; Mamba-1: and 1)."""
         if self.rglru:  # RecurrentGemma: and its flags keep, reset (models/rglru.py)
             return self.conv_dim + 2
+        if self.lightning:  # MiniMax-01: a token's SiLU'd k | v (models/lightning.py)
+            return 2 * self.value_dim
         if self.mamba1 or self.kda:  # KDA: and b [H], the forget gate's f_b(f_a(x)) [H * k_dim]
             return self.conv_dim + (1 if self.mamba1 else self.num_v_heads + self.key_dim)
         return self.conv_dim + (0 if self.short_conv else self.num_v_heads + 1 if self.mamba2 else 2 * self.num_v_heads)

@@ -25,6 +25,7 @@ from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .hf_config import as_transformers_reads
 from .hf_layouts import hf_view
 from .llama4_weights import llama4_weights
+from .lightning import DECAY_BUFFERS
 from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config
@@ -218,7 +219,7 @@ def load_hf_folder(folder: Path) -> LoadedModel:
     weights = hf_view(weights, family(config.architecture), config.num_attention_heads, config.hybrid,
                       config.num_key_value_heads)  # e.g. Phi-2's model.final_layernorm
     weights = llama4_weights(weights, config) if config.nope_temperature else weights  # fused experts, gainless q/k norms
-    dropped = {n for n in weights.names() if n.endswith("rotary_emb.inv_freq")}
+    dropped = {n for n in weights.names() if n.endswith(("rotary_emb.inv_freq", *DECAY_BUFFERS))}  # both derived from the config
     dropped |= mtp_weights(weights.names(), config.num_hidden_layers, raw)  # the `--drafter mtp` head's, not the target's
     dropped |= _unused_shared_kv(config, weights.names())
     if config.tie_word_embeddings:

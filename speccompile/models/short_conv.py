@@ -18,6 +18,7 @@ from .linear_config import HybridConfig
 from .mamba1 import Mamba1
 from .mamba2 import Mamba2
 from .rglru import RgLru
+from .lightning import Lightning
 
 
 class ShortConv(nn.Module):
@@ -54,11 +55,13 @@ class ShortConv(nn.Module):
         return [torch.zeros((batch, *self.h.conv_state_shape()), dtype=dtype), torch.zeros((batch, 0), dtype=dtype)]
 
 
-def recurrent_layer(hidden: int, hybrid: HybridConfig, eps: float) -> nn.Module:
+def recurrent_layer(hidden: int, hybrid: HybridConfig, eps: float, layer: int = 0) -> nn.Module:
     """A recurrent layer's torch reference: a short conv (LFM2), a Mamba-2 layer (Granite 4.0-H, models/mamba2.py), a
     Mamba-1 layer (Jamba, models/mamba1.py), a RecurrentGemma RG-LRU block, Kimi Delta Attention or a gated delta net (Qwen3-Next, Qwen3.5)."""
     if hybrid.mamba2 or hybrid.mamba1:
         return (Mamba2 if hybrid.mamba2 else Mamba1)(hidden, hybrid, eps)
+    if hybrid.lightning:  # MiniMax-01 (models/lightning.py): its decay depends on the layer's index
+        return Lightning(hidden, hybrid, layer)
     if hybrid.kda or hybrid.rglru:  # Kimi Linear (models/kda.py), RecurrentGemma (models/rglru.py)
         return KimiDeltaAttention(hidden, hybrid, eps) if hybrid.kda else RgLru(hidden, hybrid)
     return ShortConv(hidden, hybrid) if hybrid.short_conv else GatedDeltaNet(hidden, hybrid, eps)
@@ -66,6 +69,6 @@ def recurrent_layer(hidden: int, hybrid: HybridConfig, eps: float) -> nn.Module:
 
 def mixer_name(hybrid: HybridConfig) -> str:
     """The recurrent layer's module name (transformers')."""
-    if hybrid.rglru:
-        return "temporal_block"
+    if hybrid.rglru or hybrid.lightning:
+        return "temporal_block" if hybrid.rglru else "self_attn"
     return "mamba" if hybrid.mamba2 or hybrid.mamba1 else "self_attn" if hybrid.kda else "conv" if hybrid.short_conv else "linear_attn"

@@ -61,6 +61,8 @@ ALTUP_NAMES: dict[str, tuple[str, ...]] = {
 MLP_ROLES = ("post_norm", "post_norm_bias", "gate_up", "up", "down", "gate_up_bias", "up_bias", "down_bias", "act")  # a dense MLP block's
 NORM_ROLES = ("input_norm", "post_attn_norm", "post_norm", "post_mlp_norm")
 BESIDE_ROLES = ("dense_out_norm", "moe_in_norm", "moe_out_norm")  # a MoE layer's norms beside its dense MLP (Gemma 4)
+PHI2_GGUF = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",  # Phi-2's GGUF names
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}
 LLAMA_GGUF: dict[str, str] = {  # GGUF block tensor -> role part (HF name relative to the layer)
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
