@@ -1,7 +1,7 @@
 """Hybrid linear attention (Qwen3-Next, Qwen3.5 text and MoE: gated delta nets beside gated full attention; OLMo Hybrid:
 gated delta nets beside OLMo 3's post-norm attention; LFM2 and
 LFM2-MoE: short convs beside attention; Granite 4.0-H, Bamba and Nemotron-H: Mamba-2 layers beside attention; Jamba:
-Mamba-1; Kimi Linear and Bailing hybrid: Kimi Delta Attention beside latent attention; MiniMax-01: lightning attention beside softmax attention; targets with no attention layer at all: pure Mamba-2 and all-recurrent hybrids, a cache of states alone) against
+Mamba-1; Kimi Linear and Bailing hybrid: Kimi Delta Attention beside latent attention; MiniMax-01: lightning attention beside softmax attention; targets with no attention layer at all: pure Mamba-2, pure Mamba-1, Falcon-Mamba and all-recurrent hybrids, a cache of states alone) against
 transformers' fp32 eager forward on tiny random checkpoints: the torch reference, the contract and the fused CPU graph
 at every position; row invariance and exact chain verification (the committed states are plain decoding's, bitwise);
 INT4; what such a target does not run, refused in one line (docs/DESIGN.md, "Hybrid linear attention")."""
