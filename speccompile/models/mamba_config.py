@@ -15,7 +15,6 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import UnsupportedError
-
 from .linear_config import JAMBA_GGUF, MAMBA1_GAINS, MAMBA1_NAMES, mamba1_from_hf
 
 # a block's roles -> its names (relative to `model.layers.{i}.`): the mixer's under `mixer.`, its norm as the input norm
