@@ -124,7 +124,7 @@ def test_gguf_nextn_names():
 
 
 def test_config_errors():
-    with pytest.raises(UnsupportedError, match="unsupported architecture 'bert'.*gemma3.*llama, llama4, mellum, minicpm3, minicpm5_moe, minimax_m2, ministral3, mistral"):
+    with pytest.raises(UnsupportedError, match="unsupported architecture 'bert'.*gemma3.*llama, llama4, mamba, mamba2, mellum, minicpm3, minicpm5_moe, minimax, minimax_m2, ministral3, mistral"):
         config_from_hf({"model_type": "bert"}, "cfg")
     with pytest.raises(UnsupportedError, match="DeepSeek-V2 topk_method 'noaux'"):
         config_from_hf({"model_type": "deepseek_v2", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,

@@ -164,7 +164,7 @@ def _config_folder(tmp_path, raw: dict):
 @pytest.mark.parametrize("raw, says", [
     (dict(model_type="mllama", text_config=dict(_TEXT, model_type="mllama_text_model")), "model_type 'mllama': Llama 3.2 Vision"),
     (dict(model_type="idefics3", text_config=dict(_TEXT, model_type="llama")), "model_type 'idefics3' (a multimodal wrapper"),
-    (dict(model_type="llava", text_config=dict(_TEXT, model_type="mamba")), "llava with text_config model_type 'mamba' is not supported"),
+    (dict(model_type="llava", text_config=dict(_TEXT, model_type="rwkv")), "llava with text_config model_type 'rwkv' is not supported"),
     (dict(model_type="gemma3", text_config=dict(_TEXT, model_type="gemma3_text", use_bidirectional_attention=True)),
      "gemma3 with use_bidirectional_attention is not supported"),
 ])

@@ -18,7 +18,6 @@ import onnx
 from onnx import helper
 
 from ..models.config import ModelConfig
-from ..models.lightning import slope_rate
 from .emitter import Emitter
 from .graph_builder import GraphBuilder
 
@@ -32,6 +31,8 @@ def lightning_layer(em: Emitter, cfg: ModelConfig, i: int, h: str, role: Callabl
     query, key, value = em.op("Split", [qkv, c("lightning.qkv", [dim] * 3)], 3, axis=-1)  # each [b, q, H, D]
     flat = c("lightning.flat", [0, 0, heads * dim])
     em.op("Concat", [em.one("Reshape", [key, flat]), em.one("Reshape", [value, flat])], [f"present_state.{i}.rows"], axis=-1)
+    from ..models.lightning import slope_rate  # transformers' torch arithmetic: imported when a graph is built, not
+    # when `export` checks its options on an install without torch
     decay = np.exp(-slope_rate(heads, i, cfg.num_hidden_layers).numpy()).reshape(heads, 1, 1)
     decay = c(f"lightning.{i}.decay", decay, np.float32)  # a scan state: a body reads no outer value
     unflat = c("lightning.unflat", [0, 0, heads, dim])

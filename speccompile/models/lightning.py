@@ -17,7 +17,6 @@ from torch import nn
 from .linear_config import HybridConfig
 
 # transformers' buffers of these decays, which a checkpoint may hold; derived from the config, so not read (models/load.py)
-DECAY_BUFFERS = tuple(f"self_attn.{n}" for n in ("slope_rate", "query_decay", "key_decay", "diagonal_decay"))
 
 
 def slope_rate(heads: int, layer: int, layers: int) -> torch.Tensor:

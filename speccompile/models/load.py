@@ -25,7 +25,7 @@ from .gguf_tokenizer import gpt2_tokenizer_files, tokenizer_model
 from .hf_config import as_transformers_reads
 from .hf_layouts import hf_view
 from .llama4_weights import llama4_weights
-from .lightning import DECAY_BUFFERS
+from .minimax_config import DECAY_BUFFERS
 from .mla_gguf import JoinedKvB, check_choice_bias
 from .moe_weights import per_expert
 from .mxfp4 import check_quantization_config

@@ -17,6 +17,9 @@ from typing import Any
 from ..errors import UnsupportedError
 from .linear_config import HybridConfig
 
+# transformers' decay buffers in a MiniMax checkpoint: derived from the config (models/lightning.py), not read
+DECAY_BUFFERS = tuple(f"self_attn.{n}" for n in ("slope_rate", "query_decay", "key_decay", "diagonal_decay"))
+
 _TYPES = ("full_attention", "linear_attention")
 
 

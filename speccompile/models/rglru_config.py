@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
 from ..errors import UnsupportedError
 from .linear_config import HybridConfig
@@ -48,4 +48,12 @@ def rglru_from_hf(data: dict[str, Any], layers: int, source: str) -> dict[str, A
                 head_dim=head_dim, rotary_dim=int(head_dim * factor), sliding_window=int(data.get("attention_window_size") or 2048),
                 layer_types=["sliding_attention"] * layers,
                 final_softcap=float(data.get("logits_soft_cap") or 30.0), intermediate_size=int(data["intermediate_size"]) // 2,
-                embed_scale=float(torch.tensor(hidden ** 0.5, dtype=torch.bfloat16)), o_proj_bias=True)
+                embed_scale=bfloat16(hidden ** 0.5), o_proj_bias=True)
+
+
+def bfloat16(value: float) -> float:
+    """`value` rounded to bfloat16 as torch rounds a float32 (to nearest, ties to even), as a float (no torch: config
+    reading runs on a runtime-only install)."""
+    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(rounded, dtype=np.uint32).view(np.float32))
