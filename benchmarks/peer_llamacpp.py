@@ -55,7 +55,8 @@ NO_AMX_BUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGG
                 '-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" pip install --no-cache-dir --force-reinstall --no-deps '
                 '--no-binary llama-cpp-python llama-cpp-python==0.3.36')
 BUILDS = {"fp32": [], "int4": ["--int4", "--quantize-lm-head"], "int8": ["--int8", "--quantize-lm-head"],
-          "int8b64": ["--int8", "--int8-block", "64", "--quantize-lm-head"]}
+          "int8b64": ["--int8", "--int8-block", "64", "--quantize-lm-head"],
+          "int4row": ["--int4", "--quantize-lm-head", "--table-format", "int8-row"]}
 
 
 def log(msg: str) -> None:
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", dest="chat", action="store_false", help="every prompt raw")
     ap.add_argument("--cache-dir", type=Path, default=None,
                     help=f"where the artifacts are made and kept (default: {DEFAULT_CACHE} for smollm2-135m, {DEFAULT_CACHE}-<model> otherwise)")
-    ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64)")
+    ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64, int4row: --table-format int8-row)")
     ap.add_argument("--head-artifact", type=Path, default=None, help="also: this artifact with its head drafter")
     ap.add_argument("--llamacpp-python", type=Path, default=DEFAULT_LLAMACPP_PYTHON)
     ap.add_argument("--drafters", default="ngram", help="our drafters besides plain decoding (comma-separated: ngram, "

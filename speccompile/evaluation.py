@@ -56,6 +56,14 @@ class EvalOptions:
         return self
 
 
+def scored_sequences(tokenizer: TextTokenizer, paragraphs: list[str], max_tokens: int) -> list[list[int]]:
+    """Each paragraph's ids as `run --raw` feeds a prompt: with the special tokens the tokenizer adds (Gemma's BOS,
+    without which the model is far off what it was trained on and the comparison measures noise), cut to
+    `max_tokens`; paragraphs of fewer than two tokens left out."""
+    sequences = (tokenizer.prompt_ids(p, chat=False)[:max_tokens] for p in paragraphs)
+    return [ids for ids in sequences if len(ids) >= 2]
+
+
 def load_text_set(path: Path | None) -> tuple[Path, list[str]]:
     """Paragraphs (blank-line separated) of the text file; the bundled held-out set when `path` is None."""
     if path is None:
@@ -197,7 +205,7 @@ def evaluate(artifact: Path, reference: Path, options: EvalOptions, progress: Pr
     workloads = [(w, load_workload(Path(w), options.limit)) for w in options.workloads]
     scheme = _scheme(artifact)
     tokenizer = TextTokenizer(reference, read_manifest(reference, verify_files=False).tokenizer.get("eos_token_ids"))
-    sequences = [ids[: options.max_text_tokens] for ids in (list(tokenizer.encode(p)) for p in paragraphs) if len(ids) >= 2]
+    sequences = scored_sequences(tokenizer, paragraphs, options.max_text_tokens)
     if not sequences:
         raise InputError(f"text {text_path}: no paragraph has two or more tokens", "text")
     with tempfile.TemporaryDirectory(prefix="speccompile-eval-") as tmp:

@@ -252,3 +252,34 @@ def test_the_tied_head_projects_straight_into_the_logits(tmp_path, monkeypatch):
     assert next(n for n in kept.node if "logits" in n.output).op_type == "Reshape"  # the control: really unfolded
     ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17], dtype=np.int64)
     assert np.array_equal(_logits(built, ids, fused=True), _logits(unfolded, ids, fused=True))
+
+
+def test_a_row_table_runs_the_tied_head_as_an_integer_product(tmp_path, capsys):
+    """`--table-format int8-row` requantizes a Q8_0 table per row; the tied lm_head then runs as MatMulInteger over
+    per-row int8 activations (engines/integer_head.py) and writes `logits` itself, and a row's logits are the same
+    bits in a pass of several rows as alone. Against the Q8_0 build (MatMulNBits), its logits are close, not equal."""
+    from conftest import run_cli_here
+
+    folder = make_tiny_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    exported = export_as_gguf(tmp_path / "gguf", folder, quant="Q4_1", table_quant="Q8_0")
+    built = {}
+    for table_format in ("int8", "int8-row"):
+        built[table_format] = tmp_path / table_format
+        code, _, err = run_cli_here(capsys, "build", str(exported), "--int4", "--quantize-lm-head", "--table-format", table_format,
+                                    "--onnx-only", "--out", str(built[table_format]))
+        assert code == 0, err
+    graph = onnx.load(str(built["int8-row"] / "target.ort.onnx"), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    assert [n.op_type for n in graph.node].count("MatMulInteger") == 1
+    assert producer["logits"].op_type == "Mul" and not any("lm_head.flat_shape" in n.input for n in graph.node)
+    kernels = read_manifest(built["int8-row"]).graph(variant_name("target")).extra["cpu_kernels"]
+    assert kernels["MatMulInteger"] == 1 and "MatMulInteger" not in read_manifest(built["int8"]).graph(variant_name("target")).extra["cpu_kernels"]
+    ids = np.array([5, 9, 20, 31, 7, 12, 40, 3, 22, 17], dtype=np.int64)
+    whole = _logits(built["int8-row"], ids, fused=True)
+    for end in (1, 4):
+        assert np.array_equal(_logits(built["int8-row"], ids[:end], fused=True), whole[:end])
+    blocked = _logits(built["int8"], ids, fused=True)
+    assert not np.array_equal(whole, blocked)
+    assert np.abs(whole - blocked).max() < 0.05 * np.abs(blocked).max()
+    code, _, err = run_cli_here(capsys, "build", str(exported), "--int4", "--table-format", "int9", "--onnx-only", "--out", str(tmp_path / "x"))
+    assert code == 2 and "--table-format" in err and "Traceback" not in err

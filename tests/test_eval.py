@@ -207,3 +207,21 @@ def test_eval_bad_input_is_one_line_exit_2(tiny_artifact, tmp_path):
     empty.write_text("\n\n")
     result = run_cli("eval", str(tiny_artifact), "--reference", str(tiny_artifact), "--text", str(empty))
     assert result.returncode == 2 and "no text" in result.stderr
+
+
+def test_held_out_text_is_scored_with_the_tokens_the_tokenizer_adds(tmp_path):
+    """A tokenizer that adds BOS (Gemma's) has each scored paragraph start with it, as `run --raw` feeds a prompt;
+    paragraphs are cut to the longest length and those of fewer than two tokens left out."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from speccompile.evaluation import scored_sequences
+    from speccompile.tokenizer import TextTokenizer
+
+    vocab = {"<bos>": 0, "a": 1, "b": 2, "c": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
+    sequences = scored_sequences(TextTokenizer(tmp_path), ["a b c a b", "c", "b c"], 4)
+    assert sequences == [[0, 1, 2, 3], [0, 3], [0, 2, 3]]

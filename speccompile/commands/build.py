@@ -37,10 +37,12 @@ from ..errors import InputError
 @click.option("--quantize-lm-head", is_flag=True,
               help="Also quantize lm_head and the embedding table (excluded by default). A tied table is stored once, "
                    "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
-@click.option("--table-format", type=click.Choice(["int8", "fp16", "scheme"]), default="int8", show_default=True,
+@click.option("--table-format", type=click.Choice(["int8", "int8-row", "fp16", "scheme"]), default="int8", show_default=True,
               help="Format of the embedding table with --quantize-lm-head: INT8 per row (weight-only on the Gather and "
-                   "the lm_head, whatever the scheme), float16 (half the fp32 size, the most accurate), or the build's "
-                   "weight format (smaller with INT4).")
+                   "the lm_head, whatever the scheme; a GGUF's Q8_0 table keeps its blocks), int8-row (INT8 per row even "
+                   "for a Q8_0 table: a tied lm_head then runs as an integer matrix product on the CPU graph, cheaper in "
+                   "verify passes), float16 (half the fp32 size, the most accurate), or the build's weight format "
+                   "(smaller with INT4).")
 @click.option("--table-block", type=click.Choice(["64", "128"]), default="64", show_default=True,
               help="INT4 block size along the hidden axis of the embedding table (with --quantize-lm-head; TensorRT's INT4 blocks).")
 @click.option("--int4-block", type=click.Choice(["32", "64", "128", "256"]), default="128", show_default=True, help="INT4 block size along the reduction axis (halved where it does not divide K). TensorRT takes 64 and 128; smaller blocks run on ONNX Runtime only.")

@@ -92,7 +92,8 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
             new.graphs["target"] = dataclasses.replace(spec, dtype=f"{spec.dtype}+{options.precision}", extra={**spec.extra, "quantization": options.precision})
             replaced = set(_graph_files(manifest, spec.file))
             files += [spec.file, spec.file + ".data"]
-            packed, cpu_files = quantized_cpu_graphs(src, fused, spec, tmp, options.precision, progress)
+            packed, cpu_files = quantized_cpu_graphs(src, fused, spec, tmp, options.precision, progress,
+                                                     integer_head=options.table_format == "int8-row")
             cpu_specs.update(packed)
             files += cpu_files
         progress("copying the other files (tokenizer, drafter graphs)")

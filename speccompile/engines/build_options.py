@@ -12,7 +12,7 @@ from . import config as cfg
 from .int8_weights import INT8_BLOCK, INT8_BLOCKS, check_int8_options
 from .methods import MethodOptions
 from .qad import QadOptions
-from .qdq_targets import DEFAULT_EXCLUDE, QuantOptions
+from .qdq_targets import DEFAULT_EXCLUDE, TABLE_FORMATS, QuantOptions
 from .segments import SEGMENT_PARAMETERS
 from .sensitivity import KEEP_FORMATS
 
@@ -29,7 +29,7 @@ class BuildOptions:
     int8_block: int = INT8_BLOCK  # INT8 block along K (32: Q8_0's grid; 64: faster packed CPU passes, docs/cpu.md)
     quantize_tables: bool = False  # embedding tables (and a tied lm_head) stored quantized too
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
-    table_format: str = "int8"  # "int8" (per row, weight-only) | "fp16" | "scheme"
+    table_format: str = "int8"  # TABLE_FORMATS: "int8" (per row, or the source's Q8_0 blocks) | "int8-row" | "fp16" | "scheme"
     profiles: str = "single"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     opt_q: int | None = None
@@ -63,8 +63,8 @@ class BuildOptions:
             raise InputError(f"--int4-block must be one of 16, 32, 64, 128, 256, got {self.int4_block}")
         if self.int8_block not in INT8_BLOCKS:
             raise InputError(f"--int8-block must be one of {', '.join(map(str, INT8_BLOCKS))}, got {self.int8_block}")
-        if self.table_format not in ("scheme", "int8", "fp16"):
-            raise InputError(f"--table-format must be int8, fp16 or scheme, got {self.table_format}")
+        if self.table_format not in TABLE_FORMATS:
+            raise InputError(f"--table-format must be one of {', '.join(TABLE_FORMATS)}, got {self.table_format}")
         if self.table_block not in TRT_INT4_BLOCKS:
             raise InputError(f"--table-block must be one of {', '.join(map(str, TRT_INT4_BLOCKS))}, got {self.table_block}")
         self.methods.validate()

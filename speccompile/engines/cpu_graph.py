@@ -175,11 +175,13 @@ class CpuGraphRewriter:
     build's contract graph, written in `out` (the new graphs point at its external data where they reuse a
     tensor unchanged); new tensors go to `writer`, one file for every rewritten graph."""
 
-    def __init__(self, source: _Graph, quantized: _Graph, writer: WeightsWriter, accuracy_level: int = ACCURACY_LEVEL):
+    def __init__(self, source: _Graph, quantized: _Graph, writer: WeightsWriter, accuracy_level: int = ACCURACY_LEVEL,
+                 integer_head: bool = False):
         self.source = source
         self.quantized = quantized
         self.writer = writer
         self.packer = NBitsPacker(quantized, writer, accuracy_level)
+        self.integer_head = integer_head
         self.source_tensors = {t for n in source.model.graph.node for t in (*n.input, *n.output)}
         self._readers_used: dict[tuple, int] = {}
         self._emitted_constants: set[str] = set()
@@ -198,6 +200,8 @@ class CpuGraphRewriter:
             else:
                 nodes.append(node)
         nodes = fold_head_reshapes(nodes, {o.name for o in fused.model.graph.output})
+        if self.integer_head:  # after the fold: the integer head reads [batch, rows, K] as it is
+            nodes = self.packer.integer_heads(nodes)
         inits: dict[str, TensorProto] = {}
         used = {t for n in nodes for t in n.input}
         for name in fused.first_use_order():
@@ -293,7 +297,7 @@ PACKED_SCHEMES = ("int4", "int8")  # weights MatMulNBits takes (FP8 / NVFP4 code
 
 
 def quantized_cpu_graphs(src_dir: Path, fused: dict[str, GraphSpec], contract: GraphSpec, out_dir: Path, scheme: str,
-                         progress=lambda _: None) -> tuple[dict[str, GraphSpec], list[str]]:
+                         progress=lambda _: None, integer_head: bool = False) -> tuple[dict[str, GraphSpec], list[str]]:
     """`write_cpu_graphs` for the export's fused CPU variants of `contract` among `fused` (manifest name -> spec),
     when the build's weights can be packed; nothing (the contract graph runs, said in `progress`) otherwise."""
     variants = {name: spec for name, spec in fused.items()
@@ -304,17 +308,19 @@ def quantized_cpu_graphs(src_dir: Path, fused: dict[str, GraphSpec], contract: G
         progress(f"note: no fused CPU graph for {with_article(scheme)} build (ONNX Runtime CPU runs {contract.file}, weights dequantized at load)")
         return {}, []
     try:
-        return write_cpu_graphs(src_dir, variants, contract, out_dir, scheme, progress)
+        return write_cpu_graphs(src_dir, variants, contract, out_dir, scheme, progress, integer_head=integer_head)
     except UnsupportedError as exc:
         progress(f"note: no fused CPU graph ({exc}); ONNX Runtime CPU runs {contract.file}, weights dequantized at load")
         return {}, []
 
 
 def write_cpu_graphs(src_dir: Path, fused_specs: dict[str, GraphSpec], contract: GraphSpec, out_dir: Path,
-                     scheme: str, progress=lambda _: None, accuracy_level: int = ACCURACY_LEVEL) -> tuple[dict[str, GraphSpec], list[str]]:
+                     scheme: str, progress=lambda _: None, accuracy_level: int = ACCURACY_LEVEL,
+                     integer_head: bool = False) -> tuple[dict[str, GraphSpec], list[str]]:
     """The quantized forms of the export's fused CPU graphs `fused_specs` (manifest name -> spec, variants of
     `contract`), written into `out_dir` next to the build's quantized `contract`; returns their specs and files.
-    `accuracy_level`: MatMulNBits' (0: fp32 arithmetic, for tests: not row-exact, see the module docstring)."""
+    `accuracy_level`: MatMulNBits' (0: fp32 arithmetic, for tests: not row-exact, see the module docstring);
+    `integer_head`: a tied lm_head over a per-row INT8 table runs as an integer product (engines/integer_head.py)."""
     if not fused_specs:
         return {}, []
     source = _Graph(onnx.load(str(Path(src_dir) / contract.file), load_external_data=False), Path(src_dir))
@@ -323,7 +329,7 @@ def write_cpu_graphs(src_dir: Path, fused_specs: dict[str, GraphSpec], contract:
     specs: dict[str, GraphSpec] = {}
     files = [data_name]
     with WeightsWriter(Path(out_dir) / data_name) as writer:
-        rewriter = CpuGraphRewriter(source, quantized, writer, accuracy_level)
+        rewriter = CpuGraphRewriter(source, quantized, writer, accuracy_level, integer_head)
         for name, spec in fused_specs.items():
             progress(f"writing {spec.file}: the fused CPU graph with packed weights (MatMulNBits, GatherBlockQuantized)")
             fused = _Graph(onnx.load(str(Path(src_dir) / spec.file), load_external_data=False), Path(src_dir))

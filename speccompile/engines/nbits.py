@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..weights_file import external_location, external_tensor
+from .integer_head import constant_tensors, integer_head_nodes, weight_arrays
 
 BITS = (4, 8)
 
@@ -159,6 +160,7 @@ class NBitsPacker:
         self.block = block
         self.new_tensors: dict[str, TensorProto] = {}
         self._packed: dict[tuple[str, str], PackedWeight] = {}
+        self._row_scaled_heads: dict[str, onnx.NodeProto] = {}  # packed data name -> its DequantizeLinear (8 bits, a scale per row)
         self.counts = {"MatMulNBits": 0, "GatherBlockQuantized": 0, "DequantizeLinear kept": 0}
 
     @staticmethod
@@ -188,6 +190,31 @@ class NBitsPacker:
     def summary(self) -> dict:
         wide = {"wide_block": WIDE_BLOCK} if any(p.block == WIDE_BLOCK for p in self._packed.values()) else {}
         return {"accuracy_level": self.accuracy_level, "block": self.block, **wide, **{k: v for k, v in self.counts.items() if v}}
+
+    def integer_heads(self, nodes: list) -> list:
+        """`nodes` with each MatMulNBits over an 8-bit table scaled per row (a tied lm_head) replaced by the integer
+        product of engines/integer_head.py; its int8 [K, N] weight and column scales written once."""
+        out = []
+        for node in nodes:
+            dq = self._row_scaled_heads.get(node.input[1]) if node.op_type == "MatMulNBits" else None
+            if dq is None:
+                out.append(node)
+                continue
+            weight, column_scales = self._integer_weight(dq, node.input[1])
+            self.counts["MatMulNBits"] -= 1
+            self.counts["MatMulInteger"] = self.counts.get("MatMulInteger", 0) + 1
+            out += integer_head_nodes(node.input[0], weight, column_scales, node.output[0], node.name or "lm_head")
+        return out
+
+    def _integer_weight(self, dq, data: str) -> tuple[str, str]:
+        """Names of the int8 [K, N] weight and [N] column scales of the per-row table behind `dq` (written once)."""
+        name = data + ".integer"
+        if name not in self.new_tensors:
+            codes, scale_rows, _bits = self._rows(dq, "rows")
+            weight, column_scales = weight_arrays(codes, scale_rows)
+            for tensor in (self.writer.add(name, weight), self.writer.add(name + ".scales", column_scales), *constant_tensors()):
+                self.new_tensors.setdefault(tensor.name, tensor)
+        return name, name + ".scales"
 
     def convert(self, nodes: list) -> list:
         """Copies of `nodes` (one region of the quantized graph) with every convertible reader of a weight
@@ -250,6 +277,8 @@ class NBitsPacker:
             for tensor in (data, rows, scales):
                 self.new_tensors[tensor.name] = tensor
             self._packed[key] = PackedWeight(data.name, scales.name, weight.k, weight.n, bits, block)
+            if role == "rows" and bits == 8 and scale_rows.shape[1] == 1:
+                self._row_scaled_heads[data.name] = dq
         return self._packed[key]
 
     def _rows(self, dq, role: str) -> tuple[np.ndarray, np.ndarray, int] | None:

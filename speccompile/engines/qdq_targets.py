@@ -23,6 +23,8 @@ from .int8_weights import INT8_BLOCK
 
 SCHEMES = ("fp8", "int4", "nvfp4", "int8")
 WEIGHT_ONLY_SCHEMES = ("int4", "int8")  # no activation quantization whatever --weight-only says
+TABLE_FORMATS = ("int8", "int8-row", "fp16", "scheme")  # an embedding table's format (QuantOptions.table_format)
+INT8_TABLE_FORMATS = ("int8", "int8-row")
 ROUTER_EXCLUDE = ("*.mlp.router", "*.mlp.shared_expert_gate")  # MoE routers (export/moe_ops.py): float, as llama.cpp
 DEFAULT_EXCLUDE = ("lm_head*", "*embed_tokens*", *ROUTER_EXCLUDE)
 LOW_RANK_SUFFIXES = (".low_rank_a", ".low_rank_b")  # float16 factors of a low-rank branch (engines/methods.py)
@@ -43,7 +45,9 @@ class QuantOptions:
     fp4_block: int = nx.NVFP4_BLOCK
     tables: bool = False  # also quantize embedding tables (and the tied lm_head reading one)
     table_block: int = 64  # INT4 block along H of an embedding table (TensorRT: 64 or 128)
-    table_format: str = "int8"  # "int8": INT8 per row, weight-only; "fp16": float16; "scheme": the scheme's weight format
+    table_format: str = "int8"  # TABLE_FORMATS: "int8" INT8 per row (or the source's Q8_0 blocks), weight-only;
+    # "int8-row" INT8 per row always (a tied head then runs as an integer product on the CPU: engines/integer_head.py);
+    # "fp16": float16; "scheme": the scheme's weight format
     weight_only: bool = False  # fp8 / nvfp4: weights only, activations stay in the graph's float type
 
     @property

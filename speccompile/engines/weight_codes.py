@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from . import numerics as nx
 from .gptq import GridScales
 from .int8_weights import quantize_int8_blockwise
-from .qdq_targets import FLOAT_TYPES, OFFSET_SUFFIXES, QuantOptions, float16_constant, unique_name
+from .qdq_targets import FLOAT_TYPES, INT8_TABLE_FORMATS, OFFSET_SUFFIXES, QuantOptions, float16_constant, unique_name
 
 
 @dataclass
@@ -80,7 +80,7 @@ def table_codes(t: np.ndarray, options: QuantOptions, clip: np.ndarray | None = 
         scale = np.ascontiguousarray(grid.scale.T)  # [V, H/B]
         q = np.clip(np.rint(t / np.repeat(scale, grid.block, axis=1)), -127, 127).astype(np.int8)
         return WeightCodes("int8", q, scale, block=grid.block, axis=1)
-    if options.table_format == "int8":  # per row, weight-only
+    if options.table_format in INT8_TABLE_FORMATS:  # per row, weight-only (int8-row: even where the source has blocks)
         q, scale = nx.quantize_int8_per_row(t)
         return WeightCodes("int8", q, scale, axis=0)
     if options.scheme == "fp8":  # one scale per row: the lm_head's output channel, the Gather's token
