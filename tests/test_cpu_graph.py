@@ -283,3 +283,21 @@ def test_a_row_table_runs_the_tied_head_as_an_integer_product(tmp_path, capsys):
     assert np.abs(whole - blocked).max() < 0.05 * np.abs(blocked).max()
     code, _, err = run_cli_here(capsys, "build", str(exported), "--int4", "--table-format", "int9", "--onnx-only", "--out", str(tmp_path / "x"))
     assert code == 2 and "--table-format" in err and "Traceback" not in err
+
+
+def test_a_build_writes_the_same_packed_graph_every_time(tiny_artifact, tmp_path):
+    """Two builds of one export in processes with different string hashing write byte-identical packed CPU graphs
+    (the initializers listed in the order the nodes read them, not a set's order)."""
+    import os
+    import subprocess
+    import sys
+
+    graphs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"b{seed}"
+        done = subprocess.run([sys.executable, "-m", "speccompile.cli", "build", str(tiny_artifact), "--int4", "--onnx-only",
+                               "--out", str(out)], capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, PYTHONHASHSEED=seed, PYTHONWARNINGS="ignore"))
+        assert done.returncode == 0, done.stderr
+        graphs.append((out / "target.ort.onnx").read_bytes())
+    assert graphs[0] == graphs[1]

@@ -203,7 +203,7 @@ class CpuGraphRewriter:
         if self.integer_head:  # after the fold: the integer head reads [batch, rows, K] as it is
             nodes = self.packer.integer_heads(nodes)
         inits: dict[str, TensorProto] = {}
-        used = {t for n in nodes for t in n.input}
+        used = dict.fromkeys(t for n in nodes for t in n.input)  # in the order the nodes read them: the same file every build
         for name in fused.first_use_order():
             if name in used and name not in quantized_away:
                 inits[name] = self._carried(fused, name, pairs.get(name))
