@@ -29,7 +29,7 @@ def together(runner: Runner, prompts: list[list[int]], config) -> tuple[list, di
     generations = decoder.join_many([(ids, config(), None) for ids in prompts])
     while decoder.active:
         decoder.step()
-    rounds = {"slot_passes": decoder.slot_passes, "batched_passes": decoder.batched_passes, "batch_invariant": decoder.batch_invariant}
+    rounds = {"slot_passes": decoder.slot_passes, "batched_passes": decoder.batched_passes, "mode": decoder.passes.mode}
     return [g.result() for g in generations], rounds
 
 
