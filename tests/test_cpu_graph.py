@@ -301,3 +301,15 @@ def test_a_build_writes_the_same_packed_graph_every_time(tiny_artifact, tmp_path
         assert done.returncode == 0, done.stderr
         graphs.append((out / "target.ort.onnx").read_bytes())
     assert graphs[0] == graphs[1]
+
+
+def test_a_table_flag_without_quantize_lm_head_is_refused(tiny_artifact, tmp_path, capsys):
+    """--table-format / --table-block only shape a table --quantize-lm-head quantizes: alone they are refused in one
+    line (exit 2) before anything is written, instead of building as if they were not given."""
+    from conftest import run_cli_here
+
+    for flags in (["--table-format", "int8-row"], ["--table-block", "128"]):
+        out = tmp_path / flags[0].strip("-")
+        code, _, err = run_cli_here(capsys, "build", str(tiny_artifact), "--int4", "--onnx-only", *flags, "--out", str(out))
+        assert code == 2 and flags[0] in err and "--quantize-lm-head" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -108,6 +108,7 @@ def build(artifact, out, as_json, **flags):
     precision, float_dtype = _precision(flags)
     methods, qad = _method_options(flags), _qad_options(flags)
     quantize_lm_head, exclude = flags.pop("quantize_lm_head"), flags.pop("exclude")
+    _check_table_flags(click.get_current_context(), quantize_lm_head)
     options = BuildOptions(precision=precision, float_dtype=float_dtype, methods=methods, qad=qad,
                            exclude=_excluded(quantize_lm_head, exclude), quantize_tables=quantize_lm_head,
                            int4_block=int(flags.pop("int4_block")), int8_block=int(flags.pop("int8_block")),
@@ -153,6 +154,15 @@ def _qad_options(flags: dict):
     qad = {name[len("qad_"):]: flags.pop(name) for name in [n for n in flags if n.startswith("qad_")]}
     qad["lr_free"] = qad.pop("float_lr")
     return QadOptions(**qad)
+
+
+def _check_table_flags(ctx: click.Context, quantize_lm_head: bool) -> None:
+    """--table-format / --table-block given without --quantize-lm-head would change nothing: said, exit 2."""
+    given = [f"--{name.replace('_', '-')}" for name in ("table_format", "table_block")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    if given and not quantize_lm_head:
+        raise InputError(f"{' and '.join(given)}: the embedding table is quantized only with --quantize-lm-head; add it or drop "
+                         f"{'them' if len(given) > 1 else 'it'}")
 
 
 def _excluded(quantize_lm_head: bool, exclude: tuple[str, ...]) -> tuple[str, ...]:
