@@ -87,7 +87,8 @@ class TextTokenizer:
         `tool_calls` / `tool_call_id`), with the assistant generation prompt. `tools`: function definitions
         ({"type": "function", "function": {...}}) handed to the template's `tools` variable."""
         if not self.chat_template:
-            raise InputError("chat: this model has no chat template (give the prompt raw)", "chat")
+            raise InputError("chat: this model has no chat template (a base model): give the prompt raw "
+                             "(--raw on the command line, /v1/completions on a server)", "chat")
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)

@@ -272,8 +272,14 @@ def copy_artifact(src: Path, dst: Path) -> Path:
 
 
 def load_benchmark(name: str):
-    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package; the folder is on sys.path while it
+    loads, as when it runs, for the scripts that import one beside them)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
     return module

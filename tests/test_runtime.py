@@ -104,6 +104,24 @@ def test_kvcache_lazy_drop_and_compact():
     assert cache.length == 2
 
 
+def test_ngram_replay_gains_on_copies_and_respects_cuts_and_costs():
+    """benchmarks/ngram_replay.py sizes drafts as a runner does: an output that copies its prompt is replayed at
+    several tokens a pass and above plain speed; cuts every 64 slots (head_dim 256) hold passes to their segments,
+    so fewer tokens a pass; where a verified row costs a whole pass, it only probes and never beats plain."""
+    from conftest import load_benchmark
+
+    replay = load_benchmark("ngram_replay")
+    text = [int(t) for t in np.random.default_rng(0).integers(10, 500, size=120)]
+    rows = [{"prompt": [1, *text], "output": text[:100]} for _ in range(3)]
+    cheap = replay.cost_table({1: 1.0, 2: 1.05, 8: 1.4, 25: 2.2})
+    tokens, speed = replay.replay(rows, 12, 4, cheap)
+    cut_tokens, cut_speed = replay.replay(rows, 12, 4, cheap, cut_block=128)
+    assert tokens > 6 and speed > 2.0
+    assert 1.0 < cut_tokens < tokens and cut_speed < speed
+    dear_tokens, dear_speed = replay.replay(rows, 12, 4, replay.cost_table({1: 1.0, 2: 2.0, 25: 25.0}))
+    assert dear_speed <= 1.0 + 1e-9 and dear_tokens < 1.5
+
+
 @pytest.mark.parametrize("adaptive,fused", [(True, True), (False, True), (True, False)])
 def test_greedy_ngram_equals_plain(tiny_artifact, adaptive, fused):
     runner = Runner(tiny_artifact, drafter="ngram", num_draft_tokens=5, adaptive=adaptive, threads=1, contract_graph=not fused)
@@ -428,3 +446,24 @@ def test_a_chain_accepted_whole_at_full_length_lets_the_next_round_grow(tiny_art
     assert drafter.rooms[0] == k and max(drafter.rooms) == (DRAFT_GROWTH * k if grow else k)
     if grow:  # the round after the wrong token is back to k, the one after a whole grown chain grown again
         assert k in drafter.rooms[1:] and drafter.rooms.count(DRAFT_GROWTH * k) >= 2
+
+
+def test_a_chat_prompt_for_a_model_without_a_chat_template_names_the_way_out(tiny_artifact, tmp_path):
+    """A base model (no chat template): the chat default is refused in one line that says how to give the prompt
+    raw (--raw; /v1/completions); the raw prompt goes through."""
+    import json
+    import shutil
+
+    from speccompile.errors import InputError
+    from speccompile.tokenizer import TextTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_artifact / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = TextTokenizer(tmp_path)
+    assert tokenizer.chat_template is None
+    with pytest.raises(InputError, match="no chat template.*--raw.*/v1/completions"):
+        tokenizer.prompt_ids("Hello", chat=True)
+    assert tokenizer.prompt_ids("Hello", chat=False)

@@ -253,17 +253,10 @@ def test_suffix_bound_models_the_drafter_below_its_perfect_pruning():
     speed is above plain decoding and at most the bound's (a drafter that drafts only what will be accepted);
     where a verified row costs as much as a pass, the drafter only probes and the bound gains nothing."""
     import argparse
-    import sys
-    from pathlib import Path
 
     from conftest import load_benchmark
 
-    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")  # (it imports peer_suffix beside it)
-    sys.path.insert(0, benchmarks)
-    try:
-        bound = load_benchmark("suffix_bound")
-    finally:
-        sys.path.remove(benchmarks)
+    bound = load_benchmark("suffix_bound")
     answer = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20] * 2
     traces = [{"prompt": [1, 2, 3, n], "answer": list(answer)} for n in range(4)]
     args = argparse.Namespace(cache_requests=100, max_depth=24, min_prob=0.1, spec_factor=1.0, max_spec=24, tree=True)
