@@ -14,7 +14,9 @@ workers wait on a pipe while another runs, so they do not compete for the cores)
   * speccompile on artifacts made from the same GGUF (cached in --cache-dir, made on first use with the CLI):
     the fp32 export, its INT4 build on the GGUF's own grids (`build --int4 --quantize-lm-head`: Q4_1 codes and
     the Q8_0 table as stored) and its INT8 build (`build --int8 --quantize-lm-head`), each plain (`drafter none`)
-    and with n-gram drafting (and a head drafter where --head-artifact gives one).
+    and with n-gram drafting (and a head drafter where --head-artifact gives one). On a mixed file (Gemma 3
+    270M's "Q4_K_M" is mostly Q5_0, Q6_K and Q8_0) INT4 requantizes every tensor above 4 bits and INT8 keeps
+    them: compare --agreement before comparing speeds.
 Every prompt (benchmarks/workloads/copy.jsonl and chat.jsonl: chat template, generation prompt, as each line's
 "chat" says; --chat/--raw for all; raw where the model has no chat template, as Gemma 3 270M's GGUF, a base model)
 is tokenized once by speccompile's tokenizer and handed to every engine as ids; the engines take turns prompt by
@@ -56,7 +58,8 @@ NO_AMX_BUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGG
                 '--no-binary llama-cpp-python llama-cpp-python==0.3.36')
 BUILDS = {"fp32": [], "int4": ["--int4", "--quantize-lm-head"], "int8": ["--int8", "--quantize-lm-head"],
           "int8b64": ["--int8", "--int8-block", "64", "--quantize-lm-head"],
-          "int4row": ["--int4", "--quantize-lm-head", "--table-format", "int8-row"]}
+          "int4row": ["--int4", "--quantize-lm-head", "--table-format", "int8-row"],
+          "int8row": ["--int8", "--quantize-lm-head", "--table-format", "int8-row"]}
 
 
 def log(msg: str) -> None:
@@ -271,11 +274,12 @@ def summarize(results: list[dict], engines: list[str]) -> dict:
 
 def agreement(workers: dict, tokenizer) -> dict:
     """Each engine's argmax at every position of the held-out text (benchmarks/eval/heldout.txt, as `speccompile
-    eval` scores it) against the fp32 export's: how close each runs to the exact model of the GGUF."""
-    from speccompile.evaluation import load_text_set
+    eval` scores it: with the special tokens the tokenizer adds, Gemma's BOS) against the fp32 export's: how close
+    each runs to the exact model of the GGUF."""
+    from speccompile.evaluation import load_text_set, scored_sequences
 
     _, paragraphs = load_text_set(None)
-    sequences = [ids[:256] for ids in (list(map(int, tokenizer.encode(p))) for p in paragraphs) if len(ids) >= 2]
+    sequences = [list(map(int, ids)) for ids in scored_sequences(tokenizer, paragraphs, 256)]
     engines = {"llama.cpp": workers["llama.cpp lookup"], **{n: w for n, w in workers.items() if n.startswith("ours")}}
     argmax = {name: [w.run(ids, 0, "argmax")["argmax"] for ids in sequences] for name, w in engines.items()}
     reference = argmax["ours fp32"]
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", dest="chat", action="store_false", help="every prompt raw")
     ap.add_argument("--cache-dir", type=Path, default=None,
                     help=f"where the artifacts are made and kept (default: {DEFAULT_CACHE} for smollm2-135m, {DEFAULT_CACHE}-<model> otherwise)")
-    ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64, int4row: --table-format int8-row)")
+    ap.add_argument("--precisions", default="fp32,int4,int8", help="our artifacts to run (of fp32, int4, int8, int8b64: --int8-block 64, int4row / int8row: --table-format int8-row)")
     ap.add_argument("--head-artifact", type=Path, default=None, help="also: this artifact with its head drafter")
     ap.add_argument("--llamacpp-python", type=Path, default=DEFAULT_LLAMACPP_PYTHON)
     ap.add_argument("--drafters", default="ngram", help="our drafters besides plain decoding (comma-separated: ngram, "

@@ -225,3 +225,32 @@ def test_held_out_text_is_scored_with_the_tokens_the_tokenizer_adds(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
     sequences = scored_sequences(TextTokenizer(tmp_path), ["a b c a b", "c", "b c"], 4)
     assert sequences == [[0, 1, 2, 3], [0, 3], [0, 2, 3]]
+
+
+def test_peer_agreement_scores_the_text_as_eval_does(tmp_path):
+    """benchmarks/peer_llamacpp.py --agreement hands every engine the held-out paragraphs as `eval` scores them
+    (with the BOS a Gemma tokenizer adds; without it the agreement measured noise) and counts matching argmaxes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from conftest import load_benchmark
+    from speccompile.tokenizer import TextTokenizer
+
+    tok = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "b": 2}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
+
+    class Recorder:  # what the agreement hands an engine, and an argmax that is off at every 4th position
+        def __init__(self, off: bool):
+            self.off, self.seen = off, []
+
+        def run(self, ids, max_tokens, mode):
+            self.seen.append(list(ids))
+            return {"argmax": [(i % 4 == 3 and self.off) + 1 for i in range(len(ids))]}
+
+    workers = {"llama.cpp lookup": Recorder(True), "ours fp32": Recorder(False), "ours int4": Recorder(False)}
+    result = load_benchmark("peer_llamacpp").agreement(workers, TextTokenizer(tmp_path))
+    seen = workers["ours int4"].seen
+    assert seen and all(ids[0] == 0 and len(ids) <= 256 for ids in seen) and seen == workers["llama.cpp lookup"].seen
+    assert result["ours int4"] == 1.0 and 0.7 < result["llama.cpp"] < 0.8 and result["positions"] == sum(map(len, seen))
