@@ -192,6 +192,8 @@ def test_int4_build_of_a_q4_1_gguf_keeps_the_model(q4_1_gguf_export, tmp_path):
     result = run_cli("build", str(q4_1_gguf_export), *flags, "--qad-steps", "3", "--out", str(exact))
     assert result.returncode == 0, result.stderr
     assert "QAD: nothing to train" in result.stdout + result.stderr  # every weight is exact on its grid
+    assert "stored above 4 bits" not in result.stdout + result.stderr  # (a 4-bit file: nothing requantized)
+    assert json.loads((q4_1_gguf_export / "manifest.json").read_text())["model"]["stored_types"] == {"Q4_1": 14}  # 2 layers x q, k, v, o, gate, up, down
     record = json.loads((exact / "manifest.json").read_text())["precision"]
     target = record["target"]
     assert target["source_grid"] == {"weights": 9, "blocks": [32], "with_offset": 8}  # 8 MatMuls + the table
@@ -225,3 +227,19 @@ def test_int4_build_of_a_float16_export_stays_on_the_grid(tmp_path):
     reference, got = _logits(exported, ids).astype(np.float32), _logits(built, ids).astype(np.float32)
     assert np.array_equal(got.argmax(-1), reference.argmax(-1))
     assert np.abs(got - reference).max() <= 4e-3 * np.abs(reference).max()
+
+
+def test_an_int4_build_of_a_finer_gguf_says_it_requantizes(tmp_path):
+    """A GGUF whose layer weights are stored above 4 bits (Q8_0 here; Gemma 3 270M's "Q4_K_M" is mostly Q5_0 / Q6_K /
+    Q8_0): the export records the stored types, `build --int4` says it takes them to 4 bits and names --int8, which
+    keeps them (and says nothing)."""
+    folder = make_tiny_hf_model(tmp_path / "hf", tie_word_embeddings=True)
+    exported = export_as_gguf(tmp_path / "gguf", folder, quant="Q8_0")
+    assert json.loads((exported / "manifest.json").read_text())["model"]["stored_types"] == {"Q8_0": 14}
+    said = {}
+    for precision in ("--int4", "--int8"):
+        result = run_cli("build", str(exported), precision, "--onnx-only", "--out", str(tmp_path / precision.strip("-")))
+        assert result.returncode == 0, result.stderr
+        said[precision] = result.stdout + result.stderr
+    assert "14 layer weights of the source are stored above 4 bits (14 Q8_0): --int4 takes them to 4 bits" in said["--int4"]
+    assert "--int8 keeps them" in said["--int4"] and "stored above 4 bits" not in said["--int8"]

@@ -60,6 +60,20 @@ def _graph_files(manifest: Manifest, graph_file: str) -> list[str]:
     return [f for f in manifest.files if f == graph_file or f.startswith(graph_file + ".")]
 
 
+def _say_finer_source(manifest: Manifest, options: BuildOptions, progress: Progress) -> None:
+    """An INT4 build of a GGUF whose layer weights are stored above 4 bits (Gemma 3 270M's "Q4_K_M" is mostly Q5_0 /
+    Q6_K / Q8_0) runs a less accurate model than the file: said, with the build that keeps them."""
+    from ..models.gguf_types import stored_bits
+
+    if options.precision != "int4":
+        return
+    finer = {name: n for name, n in manifest.model.get("stored_types", {}).items() if (stored_bits(name) or 0) > 4}
+    if finer:
+        kinds = ", ".join(f"{n} {name}" for name, n in finer.items())
+        progress(f"{sum(finer.values())} layer weights of the source are stored above 4 bits ({kinds}): --int4 takes them "
+                 "to 4 bits, less accurate than the file (`speccompile eval` says how much); --int8 keeps them")
+
+
 def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, progress: Progress = lambda _: None) -> Manifest:
     """Quantize the target and (unless onnx_only) build TensorRT engines for every graph. Atomic: all or nothing."""
     options.validate()
@@ -68,7 +82,7 @@ def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, prog
         raise InputError("--out must differ from the input artifact")
     manifest = read_manifest(src, verify_files=True)
     limits = _apply_limit_overrides(required_limits(manifest), options, src)
-    _check_source(src, manifest, options)
+    _check_source(src, manifest, options, progress)
     fused, cpu_specs, fused_files = _take_cpu_variants(src, manifest, options.onnx_only)
     target_file = manifest.graph("target").file
     packs = any(g.extra.get("variant_of") == target_file and "ort-cpu" in g.extra.get("backends", ()) for g in fused.values())
@@ -140,8 +154,9 @@ def _take_cpu_variants(src: Path, manifest: Manifest, onnx_only: bool) -> tuple[
     return fused, kept, dropped_files
 
 
-def _check_source(src: Path, manifest: Manifest, options: BuildOptions) -> None:
-    """Refuse a source this build cannot start from: engines already built, a target already quantized, no target."""
+def _check_source(src: Path, manifest: Manifest, options: BuildOptions, progress: Progress) -> None:
+    """Refuse a source this build cannot start from: engines already built, a target already quantized, no target;
+    say what an INT4 build of a finer GGUF loses (`_say_finer_source`)."""
     _check_float_dtype(manifest, options)
     if manifest.engine:
         raise ArtifactError(f"{src}: already holds TensorRT engines; build from the exported artifact instead")
@@ -151,6 +166,7 @@ def _check_source(src: Path, manifest: Manifest, options: BuildOptions) -> None:
     if not options.onnx_only and any(t.name.startswith("past_state.") for t in manifest.graph("target").inputs):
         raise InputError(f"{src}: a hybrid linear-attention target runs on ort-cpu only: build it with --onnx-only "
                          "(no TensorRT engines)", "onnx_only")
+    _say_finer_source(manifest, options, progress)
 
 
 def _tensorrt_setup(options: BuildOptions) -> tuple:

@@ -12,6 +12,7 @@ from .. import __version__
 from ..atomic_dir import atomic_output, check_artifact_output
 from ..errors import InputError, check_at_least, check_one_of
 from ..manifest import Manifest, remember_verified
+from ..models.gguf_types import stored_weight_types
 from .cpu_draft_weights import DRAFT_WEIGHTS
 from .linear_ops import check_hybrid_export
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for, target_taps_for
@@ -136,6 +137,7 @@ def _manifest(model_name: str, model, graphs: dict, max_context: int, options: E
             "source_format": model.source_format,
             "source_sha256": model.source_sha256,
             "config": cfg.to_dict(),
+            **({"stored_types": stored_weight_types(model.source)} if model.source_format == "gguf" else {}),
         },
         graphs=graphs,
         limits={
