@@ -242,4 +242,4 @@ def test_an_int4_build_of_a_finer_gguf_says_it_requantizes(tmp_path):
         assert result.returncode == 0, result.stderr
         said[precision] = result.stdout + result.stderr
     assert "14 layer weights of the source are stored above 4 bits (14 Q8_0): --int4 takes them to 4 bits" in said["--int4"]
-    assert "--int8 keeps them" in said["--int4"] and "stored above 4 bits" not in said["--int8"]
+    assert "--int8 keeps their precision" in said["--int4"] and "stored above 4 bits" not in said["--int8"]
