@@ -279,7 +279,7 @@ def agreement(workers: dict, tokenizer) -> dict:
     from speccompile.evaluation import load_text_set, scored_sequences
 
     _, paragraphs = load_text_set(None)
-    sequences = [list(map(int, ids)) for ids in scored_sequences(tokenizer, paragraphs, 256)]
+    sequences = scored_sequences(tokenizer, paragraphs, 256)
     engines = {"llama.cpp": workers["llama.cpp lookup"], **{n: w for n, w in workers.items() if n.startswith("ours")}}
     argmax = {name: [w.run(ids, 0, "argmax")["argmax"] for ids in sequences] for name, w in engines.items()}
     reference = argmax["ours fp32"]

@@ -243,3 +243,11 @@ def test_an_int4_build_of_a_finer_gguf_says_it_requantizes(tmp_path):
         said[precision] = result.stdout + result.stderr
     assert "14 layer weights of the source are stored above 4 bits (14 Q8_0): --int4 takes them to 4 bits" in said["--int4"]
     assert "--int8 keeps their precision" in said["--int4"] and "stored above 4 bits" not in said["--int8"]
+
+
+def test_the_bits_of_gguf_types():
+    """`stored_bits` reads a GGUF type name's bits: floats and plain integers whole, block types by their digit."""
+    from speccompile.models.gguf_types import stored_bits
+
+    names = ["F32", "BF16", "I16", "I8", "Q8_0", "Q6_K", "Q5_0", "Q4_K", "Q4_0_4_4", "IQ4_XS", "IQ2_XXS", "TQ1_0", "MXFP4", "?"]
+    assert [stored_bits(n) for n in names] == [32, 16, 16, 8, 8, 6, 5, 4, 4, 4, 2, 1, 4, None]

@@ -3,6 +3,7 @@ bits runs a less accurate model than the file: engines/build.py says so)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -19,10 +20,14 @@ def stored_weight_types(path: Path) -> dict[str, int]:
 
 
 def stored_bits(type_name: str) -> int | None:
-    """Bits a weight of a GGUF type name holds (F16: 16, Q6_K: 6, IQ4_XS: 4, MXFP4: 4; None: not known)."""
-    if type_name == "BF16" or type_name.startswith("F"):
-        return int(type_name.lstrip("BF") or 0) or None
+    """Bits a weight of a GGUF type name holds (F16: 16, Q6_K: 6, IQ4_XS: 4, MXFP4: 4; None: not known): the number
+    after the type's kind, whole for floats and plain integers (F32, BF16, I8), its first digit for block types."""
     if type_name == "MXFP4":
         return 4
-    digits = type_name.lstrip("IT").lstrip("Q")
-    return int(digits[0]) if type_name[:1] in "IQT" and digits[:1].isdigit() else None
+    match = _TYPE_BITS.match(type_name)
+    if match is None:
+        return None
+    return int(match["bits"] if match["kind"] in ("F", "BF", "I") else match["bits"][0])
+
+
+_TYPE_BITS = re.compile(r"(?P<kind>BF|F|IQ|TQ|Q|I)(?P<bits>\d+)")
