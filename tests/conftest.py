@@ -85,7 +85,8 @@ def _permute_for_gguf(w, n_head: int):
 def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: str | None = None, arch: str = "llama",
                metadata=None):
     """Write the Hugging Face model in `folder` as a GGUF file of llama.cpp architecture `arch` (block names: its
-    family's `Family.gguf`): 2-D weights in the gguf quantization type `quant` ("Q8_0", "Q4_1", ...; None: F32),
+    family's `Family.gguf`): 2-D weights in the gguf quantization type `quant` ("Q8_0", "Q4_1", ...; None: F32;
+    a mapping {name fragment: type, "*": type}: a mixed file),
     the token embedding in `table_quant` (default `quant`); `metadata(writer)` adds more keys (a tokenizer).
     Returns the model as loaded from `folder`."""
     import gguf
@@ -121,7 +122,7 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
             stored = _permute_for_gguf(stored, cfg.num_attention_heads)
         elif gname.endswith("attn_k.weight") and fam.gguf_llama_order:
             stored = _permute_for_gguf(stored, cfg.num_key_value_heads)
-        kind = (table_quant or quant) if gname.startswith("token_embd") else quant
+        kind = (table_quant or _quant_for(quant, "*")) if gname.startswith("token_embd") else _quant_for(quant, gname)
         if kind and stored.ndim == 2:
             qtype = gguf.GGMLQuantizationType[kind]
             q = gguf.quants.quantize(stored, qtype)
@@ -130,6 +131,14 @@ def write_gguf(path: Path, folder: Path, quant: str | None = None, table_quant: 
             writer.add_tensor(gname, stored)
     finish_gguf(writer)
     return loaded
+
+
+def _quant_for(quant: str | dict | None, gname: str) -> str | None:
+    """The gguf type of tensor `gname`: `quant` itself, or (a mapping, a mixed file like "Q4_K_M") the type of the
+    first name fragment in `gname`, else of "*"."""
+    if not isinstance(quant, dict):
+        return quant
+    return next((kind for fragment, kind in quant.items() if fragment != "*" and fragment in gname), quant.get("*"))
 
 
 def new_gguf_writer(path, arch: str, cfg):

@@ -1,8 +1,9 @@
 """Quantized artifacts on ONNX Runtime CPU: a verify pass reproduces one-token passes bit for bit, so
 greedy speculative decoding is token-identical to plain decoding (one check per precision `build` writes
 that ORT CPU runs: fp8, int4, fp8 weight-only, int4 of a Q4_1 GGUF stored on its own grid with offset branches,
-int8 (blocks of 32 and, `--int8-block 64`, of 64), int8 of a Q8_0 GGUF, and int4 of a tied model's GGUF with
-`--table-format int8-row`, whose lm_head runs as an integer product; the int4 and int8 builds run as the packed fused
+int8 (blocks of 32 and, `--int8-block 64`, of 64), int8 of a Q5_0 / Q8_0 GGUF, int4 of a tied model's GGUF with
+`--table-format int8-row`, whose lm_head runs as an integer product, and int4 in blocks of 16 (Q6_K's and Q3_K's
+blocks, which the packed graph runs at 16); the int4 and int8 builds run as the packed fused
 CPU graph)."""
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ from speccompile.runtime.session import Runner
 
 from conftest import export_as_gguf, make_tiny_hf_model
 
-CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid", "int8", "int8-source-grid", "int8-b64", "int4-row-table"]
-PACKED = {"int4", "int4-source-grid", "int8", "int8-source-grid", "int8-b64", "int4-row-table"}  # run as the packed fused CPU graph (engines/cpu_graph.py)
-GGUF_TYPES = {"int4": "Q4_1", "int8": "Q8_0"}  # the source-grid builds' GGUF weights (the table Q8_0 in both)
+CPU_SCHEMES = ["fp8", "int4", "fp8-weight-only", "int4-source-grid", "int8", "int8-source-grid", "int8-b64", "int4-row-table",
+               "int4-b16"]
+PACKED = {"int4", "int4-source-grid", "int8", "int8-source-grid", "int8-b64", "int4-row-table", "int4-b16"}  # run as the packed fused CPU graph (engines/cpu_graph.py)
+# The source-grid builds' GGUF weights (the table Q8_0 in both): int8's a mixed file (Q5_0 for q / k, Q8_0 for the rest).
+GGUF_TYPES = {"int4": "Q4_1", "int8": {"attn_q": "Q5_0", "attn_k": "Q5_0", "*": "Q8_0"}}
 PROMPTS = ["abc abc abc abc abc", "the cat sat on the mat. the cat sat on the", "x = 1\ny = 2\nx = 1\ny ="]
 
 
 @pytest.fixture(scope="module")
 def quantized_with_draft(tiny_artifact_with_draft, tiny_model_dir, tiny_draft_dir, tmp_path_factory):
     """The tiny target (+ its draft model) built --onnx-only at each CPU precision; "*-source-grid" from the same
-    model written as a Q4_1 (int4) or Q8_0 (int8) GGUF (every weight on its grid); "int4-row-table" from a tied
+    model written as a Q4_1 (int4) or Q5_0 / Q8_0 (int8) GGUF (every weight on its grid); "int4-row-table" from a tied
     model's Q4_1 GGUF (a Q8_0 table) with its table requantized per row (`--table-format int8-row`)."""
     from speccompile.engines.build import BuildOptions, build_artifact
 
@@ -46,11 +49,12 @@ def quantized_with_draft(tiny_artifact_with_draft, tiny_model_dir, tiny_draft_di
                   "row-table": {"quantize_tables": True, "exclude": (), "table_format": "int8-row"}}.get(variant, {})
         build_artifact(source, built[scheme], BuildOptions(precision=precision, onnx_only=True, calib_samples=3, calib_max_tokens=64,
                                                            weight_only=variant == "weight-only", int8_block=64 if variant == "b64" else 32,
+                                                           int4_block=16 if variant == "b16" else 128,
                                                            **tables))
         if variant == "source-grid":  # every MatMul (lm_head too) and the table on its own grid
             record = read_manifest(built[scheme]).precision["target"]
             assert record["source_grid"]["weights"] == record["quantized_matmuls"] + 1
-            assert (record["source_grid"]["with_offset"] > 0) == (precision == "int4")  # Q4_1 has offsets, Q8_0 none
+            assert (record["source_grid"]["with_offset"] > 0) == (precision == "int4")  # Q4_1 has offsets, Q5_0 / Q8_0 none
     yield built
     shutil.rmtree(root, ignore_errors=True)
 
@@ -65,6 +69,7 @@ def test_int_builds_run_packed_on_the_cpu(quantized_with_draft, scheme):
         wide = scheme in ("int8-b64", "int4-row-table")  # 8 bits on blocks of 64 (the tiny table's rows: one block of 64)
         assert spec.extra["cpu_kernels"].get("wide_block") == (64 if wide else None)
         assert spec.extra["cpu_kernels"].get("MatMulInteger") == (1 if scheme == "int4-row-table" else None)  # the tied head
+        assert spec.extra["cpu_kernels"].get("fine_block") == (16 if scheme == "int4-b16" else None)  # runs at blocks of 16
     graphs = read_manifest(quantized_with_draft[scheme]).graphs  # the draft model's fused CPU graph stays (not quantized)
     assert any(g.extra.get("variant_of") == graphs["draft"].file for g in graphs.values()), sorted(graphs)
     from speccompile.runtime.costs import PACKED_CPU_SLOPE, SEEDED_SLOPE

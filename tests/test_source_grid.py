@@ -56,6 +56,40 @@ def test_gguf_q4_k_weights_are_read_back_exactly():
     assert np.abs(_with_offsets(grid) - w).max() <= 1e-6 * np.abs(w).max()
 
 
+def _k_quant_weight(rng, kind: str, rows: int, k: int) -> np.ndarray:
+    """W [K, N] decoded from random super-blocks of 256 with sane fp16 steps (the gguf package has no K-quant
+    encoder): Q6_K (210 bytes: low and high bits, 16 int8 scales of 16 values, d last; w = d sc (q - 32)) or Q5_K
+    (176 bytes: d and dmin first, 6-bit scales and mins of 32 values, codes 0..31; w = d sc q - dmin m)."""
+    size, steps = {"Q6_K": (210, (208,)), "Q5_K": (176, (0, 2))}[kind]
+    raw = rng.integers(0, 256, (rows, k // 256, size), dtype=np.uint8)
+    for at in steps:
+        raw[:, :, at:at + 2] = rng.uniform(0.0005, 0.002, (rows, k // 256)).astype(np.float16).view(np.uint8).reshape(rows, -1, 2)
+    qtype = gguf.GGMLQuantizationType[kind]
+    return gguf.quants.dequantize(raw.reshape(rows, -1), qtype).reshape(rows, k).T.astype(np.float32)
+
+
+def test_an_int8_build_reads_every_symmetric_gguf_grid_back_exactly():
+    """The 8-bit grids an INT8 build stores a GGUF weight on: Q8_0 (step = largest magnitude / 127), Q5_0 (codes
+    -16..15), Q4_0 (-8..7) and Q6_K (-32..31 on blocks of 16), the last three found as a common step of the values;
+    grids with block offsets (Q4_1, Q5_1, Q5_K) and float weights on none (an INT8 build requantizes them)."""
+    from speccompile.engines.source_grid import find_int8_grid
+
+    rng = np.random.default_rng(11)
+    weights = {kind: _gguf_roundtrip(rng.standard_normal((48, 256)).astype(np.float32), kind).T
+               for kind in ("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1")}
+    weights.update({kind: _k_quant_weight(rng, kind, 48, 512) for kind in ("Q6_K", "Q5_K")})
+    expected = {"Q8_0": 32, "Q5_0": 32, "Q4_0": 32, "Q6_K": 16, "Q5_1": None, "Q4_1": None, "Q5_K": None}
+    for kind, w in weights.items():
+        grid = find_int8_grid(w)
+        assert (grid and grid.block) == expected[kind], kind
+        if grid is not None:  # the file's numbers, as 8-bit codes
+            assert np.array_equal(grid.weight, w), kind
+            assert np.abs(np.rint(grid.weight / np.repeat(grid.scale, grid.block, axis=0))).max() <= 127, kind
+    assert find_int8_grid(rng.standard_normal((256, 48)).astype(np.float32)) is None
+    q6_k = weights["Q6_K"]  # off its grid by a little: on none
+    assert find_int8_grid(q6_k + 1e-4 * rng.standard_normal(q6_k.shape).astype(np.float32)) is None
+
+
 def test_float16_weights_on_a_grid_within_their_rounding():
     """A float16 export rounds d q + m to float16: the grid is still found, and reproduces the values within it."""
     rng = np.random.default_rng(4)
@@ -242,7 +276,7 @@ def test_an_int4_build_of_a_finer_gguf_says_it_requantizes(tmp_path):
         assert result.returncode == 0, result.stderr
         said[precision] = result.stdout + result.stderr
     assert "14 layer weights of the source are stored above 4 bits (14 Q8_0): --int4 takes them to 4 bits" in said["--int4"]
-    assert "--int8 keeps their precision" in said["--int4"] and "stored above 4 bits" not in said["--int8"]
+    assert "--int8 keeps them at 8 bits" in said["--int4"] and "stored above 4 bits" not in said["--int8"]
 
 
 def test_the_bits_of_gguf_types():

@@ -71,7 +71,8 @@ def _say_finer_source(manifest: Manifest, options: BuildOptions, progress: Progr
     if finer:
         kinds = ", ".join(f"{n} {name}" for name, n in finer.items())
         progress(f"{sum(finer.values())} layer weights of the source are stored above 4 bits ({kinds}): --int4 takes them "
-                 "to 4 bits, less accurate than the file (`speccompile eval` says how much); --int8 keeps their precision")
+                 "to 4 bits, less accurate than the file (`speccompile eval` says how much); --int8 keeps them at 8 bits "
+                 "(as stored where the file's grid is symmetric: Q8_0, Q6_K, Q5_0)")
 
 
 def build_artifact(src: str | Path, out: str | Path, options: BuildOptions, progress: Progress = lambda _: None) -> Manifest:

@@ -122,6 +122,7 @@ def symmetric_rows(codes_rows: np.ndarray, scale_rows: np.ndarray, bits: int, bl
 
 KERNEL_BLOCK = 32  # MatMulNBits / GatherBlockQuantized block (see engines/cpu_graph.py for why 32)
 WIDE_BLOCK = 64  # 8-bit weights on a grid of blocks of 64 run at blocks of 64: row-exact too, and faster (docs/cpu.md)
+FINE_BLOCK = 16  # weights on a grid of blocks of 16 (Q6_K's, Q3_K's) run at blocks of 16: row-exact at 4 and 8 bits (docs/cpu.md)
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations per block, integer dot products (row-exact at blocks of 32)
 _MS = "com.microsoft"
 _SIGNED = {TensorProto.INT4: 4, TensorProto.INT8: 8}
@@ -188,8 +189,9 @@ class NBitsPacker:
         return None
 
     def summary(self) -> dict:
-        wide = {"wide_block": WIDE_BLOCK} if any(p.block == WIDE_BLOCK for p in self._packed.values()) else {}
-        return {"accuracy_level": self.accuracy_level, "block": self.block, **wide, **{k: v for k, v in self.counts.items() if v}}
+        used = {p.block for p in self._packed.values()}
+        other = {key: block for key, block in (("wide_block", WIDE_BLOCK), ("fine_block", FINE_BLOCK)) if block in used}
+        return {"accuracy_level": self.accuracy_level, "block": self.block, **other, **{k: v for k, v in self.counts.items() if v}}
 
     def integer_heads(self, nodes: list) -> list:
         """`nodes` with each MatMulNBits over an 8-bit table scaled per row (a tied lm_head) replaced by the integer
@@ -258,14 +260,14 @@ class NBitsPacker:
 
     def _pack(self, dq, role: str) -> PackedWeight | None:
         """DequantizeLinear `dq`'s weight read as `role` ("cols": a MatMul weight [K, N]; "rows": a table [N, K]
-        read by Gather or by Gemm with transB), written once; None if not convertible. The kernel block is KERNEL_BLOCK, or WIDE_BLOCK for 8-bit codes on blocks of 64."""
+        read by Gather or by Gemm with transB), written once; None if not convertible. The kernel block: `_kernel_block`."""
         key = (dq.input[0], role)
         if key not in self._packed:
             grid = self._rows(dq, role)
             if grid is None:
                 return None
             codes, scale_rows, bits = grid
-            block = WIDE_BLOCK if bits == 8 and codes.shape[1] == WIDE_BLOCK * scale_rows.shape[1] else self.block
+            block = _kernel_block(bits, codes.shape[1] // scale_rows.shape[1], self.block)
             try:
                 weight = symmetric_rows(codes, scale_rows, bits, block)
             except ValueError:
@@ -310,6 +312,12 @@ class NBitsPacker:
         if not block and axis == 0 and scale.ndim == 1:  # one scale per output row
             return codes, scale[:, None], bits
         return None
+
+
+def _kernel_block(bits: int, grid_block: int, default: int) -> int:
+    """The MatMulNBits block a weight on a grid of `grid_block` runs at: its own where that is row-exact (FINE_BLOCK,
+    and WIDE_BLOCK at 8 bits), else `default` (coarser grids repeat their scales over it)."""
+    return grid_block if grid_block == FINE_BLOCK or (bits == 8 and grid_block == WIDE_BLOCK) else default
 
 
 def _attrs(node) -> dict:

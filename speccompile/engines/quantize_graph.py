@@ -197,7 +197,7 @@ def tensorrt_grids(blocks: dict[str, int], model, qopts: QuantOptions, onnx_only
     others quantized again."""
     tables = {t.name for t in quantized_tables(model, qopts)}
     fit = {w: b for w, b in blocks.items() if w not in tables and b in TRT_INT4_BLOCKS}
-    if len(fit) == len(blocks):
+    if len(fit) == len(blocks) or "tensorrt" not in RUNS_ON[qopts.scheme]:  # an INT8 build is ONNX Runtime's anyway
         return blocks
     what = ", ".join(sorted({f"INT8 blocks of {b}" if w in tables else f"INT4 blocks of {b}"
                              for w, b in blocks.items() if w not in fit}))

@@ -12,8 +12,13 @@ INT4 build keeps 0.77 top-1 of it); storing the codes it already has loses nothi
     and column: W = DQ(c) + E O with E [K, K/B] the 0/1 matrix that sums each block's inputs and O [K/B, N]
     the offsets, so the MatMul becomes x DQ(c) + (x E) O, a small float16 side branch (TensorRT's
     DequantizeLinear takes no non-zero zero point, ONNX's takes integers only).
-  * INT8 MatMul weights of an INT8 build (blocks along K, Q8_0) and INT8 embedding tables (T [V, H], blocks along H): symmetric codes in [-127, 127] with one step per block
-    (Q8_0), stored as a blocked INT8 DequantizeLinear.
+  * INT8 MatMul weights of an INT8 build (blocks along K) and INT8 embedding tables (T [V, H], blocks along H):
+    symmetric codes in [-127, 127] with one step per block, stored as a blocked INT8 DequantizeLinear. Q8_0's step
+    is the block's largest magnitude / 127; Q5_0's (codes -16..15), Q6_K's (-32..31 on blocks of 16), Q4_0's and
+    Q3_K's are the greatest common step of the block's values: 8-bit codes hold them exactly. Grids with an
+    offset (Q4_1, Q4_K, Q5_1, Q5_K) an INT8 build requantizes to 8 bits, within 1/254 of a block's largest
+    magnitude: kept at 4 bits they would need the offset branch, which costs a packed CPU pass more than the
+    8-bit kernel does (docs/cpu.md, Limits).
 
 A weight counts as on a grid when every value is within GRID_TOLERANCE of its block's range of d c + m; the
 tolerance is float32 rounding, far below any quantization step, so an ordinary float weight never passes.
@@ -37,6 +42,8 @@ INT4_GRID_BLOCKS = (128, 64, 32, 16)
 INT8_GRID_BLOCKS = (128, 64, 32, 16)
 INT4_LEVELS = 15  # codes 0..15 before centering to [-8, 7]
 INT8_MAX = 127
+EUCLID_ROUNDS = 4
+CHUNK = 1 << 15  # table rows (weight columns) an INT8 grid test reads at a time
 
 
 def _relative_tolerance(dtype: np.dtype) -> float:
@@ -109,30 +116,61 @@ def find_int4_grid(w: np.ndarray) -> GridScales | None:
     return None
 
 
-def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
-    """The symmetric INT8 grid of an embedding table T [V, H] with blocks along H (Q8_0), or None.
+def _int8_steps(blocks: np.ndarray, tolerance: float) -> np.ndarray | None:
+    """The step d [G, N] of blocks [G, B, N] = d c with integer c in [-127, 127], or None when some block is not:
+    the block's largest magnitude / 127 where that fits (Q8_0), else the greatest common step of its values
+    (Q5_0, Q6_K), found from the smallest gap between them as Euclid would, in floats."""
+    amax = np.abs(blocks).max(axis=1)
+    noise = 2 * tolerance * amax[:, None, :] + 1e-30
+    zero = np.zeros_like(amax)
+    step = np.where(amax > 0, amax / INT8_MAX, 1.0)
+    ok = _fits(blocks, step, zero, -INT8_MAX, INT8_MAX, tolerance)
+    if ok.all():
+        return step
+    gaps = np.diff(np.sort(blocks, axis=1), axis=1)
+    common = np.where(gaps > noise, gaps, np.inf).min(axis=1)
+    common = np.where(np.isfinite(common), common, 1.0)
+    for _ in range(EUCLID_ROUNDS):  # a gap of 2 or 3 steps leaves remainders of one step
+        remainders = np.abs(blocks - common[:, None, :] * np.rint(blocks / common[:, None, :]))
+        smallest = np.where(remainders > noise, remainders, np.inf).min(axis=1)
+        common = np.where(smallest < common, smallest, common)
+    fits = _fits(blocks, common, zero, -INT8_MAX, INT8_MAX, tolerance)
+    return np.where(ok, step, common) if (ok | fits).all() else None
 
-    Returned in the lm_head's weight layout (as the table's other grids): scale [H/B, V], weight T^T [H, V]."""
+
+def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
+    """The symmetric INT8 grid of an embedding table T [V, H] with blocks along H (Q8_0, Q5_0, Q6_K), or None.
+
+    Returned in the lm_head's weight layout (as the table's other grids): scale [H/B, V], weight T^T [H, V]. Read
+    CHUNK rows at a time, so the float64 copies stay small for a large vocabulary."""
     tolerance = _relative_tolerance(np.asarray(t).dtype)
     if len(t) > 8 and find_int8_table_grid(t[:8]) is None:  # each (row, block) is checked on its own: a cheap rejection
         return None
-    w = np.asarray(t, dtype=np.float64).T  # [H, V], blocks along axis 0
-    h, v = w.shape
+    v, h = t.shape
     for block in INT8_GRID_BLOCKS:
-        if h % block:
+        if h % block or _int8_steps(_column_blocks(t[: min(v, 8)], block), tolerance) is None:
             continue
-        blocks = w.reshape(h // block, block, v)
-        step = np.abs(blocks).max(axis=1) / INT8_MAX
-        step = np.where(step > 0, step, 1.0)
-        if _fits(blocks, step, np.zeros_like(step), -INT8_MAX, INT8_MAX, tolerance).all():
-            codes = np.rint(blocks / step[:, None, :])
-            return GridScales(scale=step.astype(np.float32), weight=(codes * step[:, None, :]).reshape(h, v).astype(np.float32),
-                              block=block)
+        scale, weight = np.empty((h // block, v), np.float32), np.empty((h, v), np.float32)
+        for start in range(0, v, CHUNK):
+            blocks = _column_blocks(t[start : start + CHUNK], block)
+            step = _int8_steps(blocks, tolerance)
+            if step is None:
+                break
+            scale[:, start : start + CHUNK] = step
+            weight[:, start : start + CHUNK] = (np.rint(blocks / step[:, None, :]) * step[:, None, :]).reshape(h, -1)
+        else:
+            return GridScales(scale=scale, weight=weight, block=block)
     return None
 
 
+def _column_blocks(rows: np.ndarray, block: int) -> np.ndarray:
+    """Rows [R, H] of a table as float64 blocks [H / block, block, R] (blocks along H)."""
+    return np.asarray(rows, dtype=np.float64).T.reshape(rows.shape[1] // block, block, len(rows))
+
+
 def find_int8_grid(w: np.ndarray) -> GridScales | None:
-    """The symmetric INT8 block grid a MatMul weight W [K, N] is on (blocks along K: a Q8_0 weight), or None."""
+    """The symmetric INT8 block grid a MatMul weight W [K, N] is on (blocks along K: Q8_0, Q5_0, Q6_K, Q4_0,
+    Q3_K), or None."""
     return find_int8_table_grid(np.asarray(w).T)  # the table test reads T [V, H] as T^T [H, V], blocks along axis 0
 
 
