@@ -68,12 +68,14 @@ def _k_quant_weight(rng, kind: str, rows: int, k: int) -> np.ndarray:
     return gguf.quants.dequantize(raw.reshape(rows, -1), qtype).reshape(rows, k).T.astype(np.float32)
 
 
-def test_an_int8_build_reads_every_symmetric_gguf_grid_back_exactly():
+def test_an_int8_build_reads_every_symmetric_gguf_grid_back_exactly(monkeypatch):
     """The 8-bit grids an INT8 build stores a GGUF weight on: Q8_0 (step = largest magnitude / 127), Q5_0 (codes
     -16..15), Q4_0 (-8..7) and Q6_K (-32..31 on blocks of 16), the last three found as a common step of the values;
     grids with block offsets (Q4_1, Q5_1, Q5_K) and float weights on none (an INT8 build requantizes them)."""
+    from speccompile.engines import source_grid
     from speccompile.engines.source_grid import find_int8_grid
 
+    monkeypatch.setattr(source_grid, "CHUNK_VALUES", 1000)  # a few columns a chunk: the pieces must join exactly
     rng = np.random.default_rng(11)
     weights = {kind: _gguf_roundtrip(rng.standard_normal((48, 256)).astype(np.float32), kind).T
                for kind in ("Q8_0", "Q5_0", "Q4_0", "Q5_1", "Q4_1")}

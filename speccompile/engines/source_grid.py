@@ -43,7 +43,7 @@ INT8_GRID_BLOCKS = (128, 64, 32, 16)
 INT4_LEVELS = 15  # codes 0..15 before centering to [-8, 7]
 INT8_MAX = 127
 EUCLID_ROUNDS = 4
-CHUNK = 1 << 15  # table rows (weight columns) an INT8 grid test reads at a time
+CHUNK_VALUES = 1 << 22  # values an INT8 grid test reads at a time (32 MB as float64, whatever the table's width)
 
 
 def _relative_tolerance(dtype: np.dtype) -> float:
@@ -142,7 +142,7 @@ def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
     """The symmetric INT8 grid of an embedding table T [V, H] with blocks along H (Q8_0, Q5_0, Q6_K), or None.
 
     Returned in the lm_head's weight layout (as the table's other grids): scale [H/B, V], weight T^T [H, V]. Read
-    CHUNK rows at a time, so the float64 copies stay small for a large vocabulary."""
+    about CHUNK_VALUES values at a time, so the float64 copies stay small for a large vocabulary."""
     tolerance = _relative_tolerance(np.asarray(t).dtype)
     if len(t) > 8 and find_int8_table_grid(t[:8]) is None:  # each (row, block) is checked on its own: a cheap rejection
         return None
@@ -151,13 +151,14 @@ def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
         if h % block or _int8_steps(_column_blocks(t[: min(v, 8)], block), tolerance) is None:
             continue
         scale, weight = np.empty((h // block, v), np.float32), np.empty((h, v), np.float32)
-        for start in range(0, v, CHUNK):
-            blocks = _column_blocks(t[start : start + CHUNK], block)
+        chunk = max(1, CHUNK_VALUES // h)
+        for start in range(0, v, chunk):
+            blocks = _column_blocks(t[start : start + chunk], block)
             step = _int8_steps(blocks, tolerance)
             if step is None:
                 break
-            scale[:, start : start + CHUNK] = step
-            weight[:, start : start + CHUNK] = (np.rint(blocks / step[:, None, :]) * step[:, None, :]).reshape(h, -1)
+            scale[:, start : start + chunk] = step
+            weight[:, start : start + chunk] = (np.rint(blocks / step[:, None, :]) * step[:, None, :]).reshape(h, -1)
         else:
             return GridScales(scale=scale, weight=weight, block=block)
     return None
