@@ -16,7 +16,8 @@ from ..errors import InputError
 @click.option("--fp4", is_flag=True, help="NVFP4 weights and dynamic activations (blocks of 16, FP8 scales). Blackwell only.")
 @click.option("--int4", is_flag=True, help="INT4 weight-only, blockwise (see --int4-block). Also runs in ONNX Runtime CPU.")
 @click.option("--int8", is_flag=True, help="INT8 weight-only in blocks of 32 along the reduction axis (Q8_0's grid), round to "
-              "nearest, no calibration: the accuracy-first choice for ONNX Runtime CPU (needs --onnx-only; docs/cpu.md).")
+              "nearest, no calibration: the accuracy-first choice for ONNX Runtime CPU (needs --onnx-only; docs/cpu.md). "
+              "A GGUF's tensors on a symmetric grid (Q8_0, Q6_K, Q5_0, Q4_0) keep their codes.")
 @click.option("--weight-only", is_flag=True,
               help="With --fp8 / --fp4: quantize the weights only; activations stay in the graph's float type (W8A16 / W4A16, "
                    "a DQ prologue into a 16-bit GEMM). Verify passes of a few tokens are bound by weight reads, which it "
@@ -39,7 +40,7 @@ from ..errors import InputError
                    "quantized; the lm_head and the embedding Gather both read its DequantizeLinear.")
 @click.option("--table-format", type=click.Choice(["int8", "int8-row", "fp16", "scheme"]), default="int8", show_default=True,
               help="Format of the embedding table with --quantize-lm-head: INT8 per row (weight-only on the Gather and "
-                   "the lm_head, whatever the scheme; a GGUF's Q8_0 table keeps its blocks), int8-row (INT8 per row even "
+                   "the lm_head, whatever the scheme; a GGUF's table on a symmetric grid, Q8_0 or Q6_K, keeps its blocks), int8-row (INT8 per row even "
                    "for a Q8_0 table: a tied lm_head then runs as an integer matrix product on the CPU graph, cheaper in "
                    "verify passes), float16 (half the fp32 size, the most accurate), or the build's weight format "
                    "(smaller with INT4).")
@@ -66,8 +67,9 @@ from ..errors import InputError
               help="Rank of a float16 side branch per quantized MatMul that carries the weight's principal part "
                    "(SVD weighted by calibration activations; SVDQuant's split); only the rest is quantized. 0: off.")
 @click.option("--source-grid/--no-source-grid", default=True, show_default=True,
-              help="Store weights that are already on a block grid (a Q4_0 / Q4_1 / Q4_K / Q8_0 GGUF, a dequantized GPTQ or AWQ "
-                   "checkpoint) on that grid: INT4 MatMul weights with --int4, the embedding table with --table-format int8. "
+              help="Store weights that are already on a block grid (a GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q6_K / Q8_0 tensors, a "
+                   "dequantized GPTQ or AWQ checkpoint) on that grid: INT4 MatMul weights with --int4, symmetric INT8 ones "
+                   "with --int8, the embedding table with --table-format int8. "
                    "Nothing is lost; blocks other than 64 / 128 run on ONNX Runtime only (docs/quantization.md).")
 @click.option("--min-top1", type=float, default=None, help="Keep the most sensitive MatMuls unquantized until top-1 agreement with the unquantized graph is >= this on calibration prompts held back from the fitting (every fourth).")
 @click.option("--keep-format", type=click.Choice(["fp32", "fp8"]), default="fp32", show_default=True,
