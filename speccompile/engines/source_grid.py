@@ -144,10 +144,8 @@ def find_int8_table_grid(t: np.ndarray) -> GridScales | None:
     Returned in the lm_head's weight layout (as the table's other grids): scale [H/B, V], weight T^T [H, V]. Read
     about CHUNK_VALUES values at a time, so the float64 copies stay small for a large vocabulary."""
     tolerance = _relative_tolerance(np.asarray(t).dtype)
-    if len(t) > 8 and find_int8_table_grid(t[:8]) is None:  # each (row, block) is checked on its own: a cheap rejection
-        return None
     v, h = t.shape
-    for block in INT8_GRID_BLOCKS:
+    for block in INT8_GRID_BLOCKS:  # each (row, block) is checked on its own: the first rows are a cheap rejection
         if h % block or _int8_steps(_column_blocks(t[: min(v, 8)], block), tolerance) is None:
             continue
         scale, weight = np.empty((h // block, v), np.float32), np.empty((h, v), np.float32)
