@@ -32,6 +32,20 @@ def test_ngram_lookup_finds_latest_longest_match():
     assert d.lookup([4, 8, 4], 4).tokens == [8, 4, 8, 4]  # the match 2 back: a repetition of period 2
 
 
+def test_a_generation_s_own_match_lengths_apply_to_it_alone():
+    """DraftTuning's min_match / max_match (vLLM's prompt_lookup_min / _max in a request's speculative_config)."""
+    from speccompile.runtime.options import DraftTuning
+
+    d = NgramDrafter(min_match=1, max_match=3)
+    history = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]
+    d.start(GenerationStart(tuning=DraftTuning(max_match=1)))
+    assert d.lookup(history, 2).key == 1
+    d.start(GenerationStart(tuning=DraftTuning(min_match=4)))  # longer than any earlier match: nothing drafted
+    assert (d.min_match, d.max_match, d.lookup(history, 2).tokens) == (4, 4, [])
+    d.start(GenerationStart())
+    assert d.lookup(history, 2).key == 3
+
+
 def test_ngram_lookup_continues_a_repetition_past_the_history():
     """A match that ends just before the suffix copies on as the repetition it implies (an overlapping copy):
     a run of period p drafts k tokens, not p."""

@@ -120,6 +120,39 @@ def test_drafter_learns_from_earlier_responses_and_sizes_by_cost():
     assert not seeded.propose([60, 61, 1, 2, 3], Sizing(8)).tokens
 
 
+def test_a_generation_s_own_settings_apply_to_it_alone():
+    """DraftTuning (a server request's speculative_config): the suffix drafter's depth, least probability and
+    spec factor for one generation, the runner's again for the next."""
+    from speccompile.runtime.options import DraftTuning
+
+    cache = SuffixCache(max_requests=10, max_depth=8)
+    earlier = SuffixDrafter(cache)
+    earlier.start(GenerationStart([50, 51]))
+    earlier.observe(Observation(finished=[50, 51, 1, 2, 3, 4, 5, 6, 7, 8]))
+    drafter = SuffixDrafter(cache)
+    history = [60, 61, 1, 2, 3]
+    drafter.start(GenerationStart(history, tuning=DraftTuning(spec_factor=2.0)))
+    assert drafter.propose(history, Sizing(8)).tokens == [4, 5, 6, 7, 8]  # 2 per matched token: all 5 known
+    drafter.start(GenerationStart(history, tuning=DraftTuning(max_depth=3)))
+    assert drafter.propose(history, Sizing(8)).tokens == [4, 5]  # matches shorter than the depth: [2, 3], 2 drafted
+    drafter.start(GenerationStart(history))
+    assert drafter.propose(history, Sizing(8)).tokens == [4, 5, 6]  # the runner's settings again
+    assert (drafter.max_depth, drafter.min_prob, drafter.spec_factor) == (8, 0.1, 1.0)
+
+
+@pytest.mark.parametrize("tuning, drafter, field", [
+    ({"max_match": 3}, "suffix", "max_match"), ({"min_prob": 0.5}, "ngram", "min_prob"),
+    ({"min_match": 4, "max_match": 2}, "ngram", "min_match"), ({"min_prob": 1.5}, "suffix", "min_prob"),
+    ({"spec_factor": 0.0}, "suffix", "spec_factor"), ({"max_depth": 0}, "suffix", "max_depth")])
+def test_draft_tuning_refuses_another_drafter_s_settings_and_bad_values(tuning, drafter, field):
+    from speccompile.errors import InputError
+    from speccompile.runtime.options import DraftTuning
+
+    with pytest.raises(InputError, match=field) as caught:
+        DraftTuning(**tuning).validate(drafter)
+    assert caught.value.field == field
+
+
 def _speculative_counts(p: np.ndarray, prompt: list[int], n: int, seed: int) -> tuple[np.ndarray, int]:
     """Counts of the first T tokens of n sampled generations verified against suffix drafts (trees and chains
     from the prompt's suffix tree: deterministic in the history, so memoized), and how many drafts were trees."""
@@ -169,6 +202,39 @@ def test_greedy_output_is_plain_decodings_and_later_requests_draft_from_earlier(
         assert cache.proposals["global"] > 0 and cache.accepted["global"] > 0  # the repeated prompt drafted from history
 
 
+@pytest.mark.parametrize("drafter, tuning", [("suffix", {"max_depth": 3, "spec_factor": 4.0}),
+                                             ("ngram", {"min_match": 2, "max_match": 2})])
+def test_a_request_s_draft_settings_keep_greedy_output_and_cap_its_drafts(tiny_artifact, drafter, tuning):
+    """Runner.config's num_draft_tokens and draft_tuning (a server request's speculative_config), batched."""
+    from speccompile.errors import InputError
+    from speccompile.runtime.options import DraftTuning
+
+    runner = Runner(tiny_artifact, drafter=drafter, threads=1, adaptive=False)
+    ids = runner.artifact.tokenizer.prompt_ids(PROMPTS[0], False)
+    plain = runner.generate_ids(ids, 24, drafter="none").tokens
+    assert runner.generate_ids(ids, 24).tokens == plain  # (suffix: the store now holds the answer, so long drafts)
+    decoder = runner.batch_decoder(3)
+    configs = [runner.config(24, num_draft_tokens=2), runner.config(24, draft_tuning=DraftTuning(**tuning)),
+               runner.config(24)]
+    assert [c.num_draft_tokens for c in configs] == [2, runner.num_draft_tokens, runner.num_draft_tokens]
+    generations = decoder.join_many([(ids, config, None) for config in configs])
+    while decoder.active:
+        decoder.step()
+    results = [g.result() for g in generations]
+    assert [r.tokens for r in results] == [plain] * 3
+    assert len(results[0].stats.drafted) <= 2  # draft positions used
+    if drafter == "suffix":
+        assert len(results[2].stats.drafted) > 2
+    with pytest.raises(InputError, match="num_draft_tokens"):
+        runner.config(24, num_draft_tokens=runner.num_draft_tokens + 1)
+    other = {"suffix": {"max_match": 2}, "ngram": {"max_depth": 2}}[drafter]
+    with pytest.raises(InputError, match=next(iter(other))):
+        runner.config(24, draft_tuning=DraftTuning(**other))
+    if drafter == "suffix":
+        with pytest.raises(InputError, match="max_depth"):
+            runner.config(24, draft_tuning=DraftTuning(max_depth=runner.suffix_cache.max_depth + 1))
+
+
 def test_batched_greedy_and_seeded_equal_alone(tiny_artifact):
     runner = Runner(tiny_artifact, drafter="suffix", threads=1)
     prompts = [runner.artifact.tokenizer.prompt_ids(p, False) for p in PROMPTS]
@@ -198,12 +264,13 @@ def test_server_drafts_from_earlier_responses_of_the_same_user(tiny_artifact):
     server = load_benchmark("server_process").ServerProcess(tiny_artifact, "--drafter", "suffix", "--no-adaptive", "--threads",
                                                             "1", "--max-concurrency", "2", "--served-model-name", "m")
     try:
-        def complete(user: str | None, method: str = "suffix") -> httpx.Response:
+        def complete(user: str | None, method: str | dict = "suffix") -> httpx.Response:
+            config = method if isinstance(method, dict) else {"method": method}
             body = {"model": "m", "prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0,
-                    "speculative_config": {"method": method}, **({"user": user} if user else {})}
+                    "speculative_config": config, **({"user": user} if user else {})}
             return httpx.post(server.url + "/completions", json=body, timeout=120)
 
-        def text(user: str | None, method: str = "suffix") -> str:
+        def text(user: str | None, method: str | dict = "suffix") -> str:
             response = complete(user, method)
             assert response.status_code == 200, response.text
             return response.json()["choices"][0]["text"]
@@ -211,14 +278,25 @@ def test_server_drafts_from_earlier_responses_of_the_same_user(tiny_artifact):
         texts = [text("alice") for _ in range(2)]
         plain = text("bob", "none")
         assert texts == [plain, plain]  # greedy: the suffix drafter's output is plain decoding's
-        assert complete("alice", "ngram").status_code == 400  # not this server's drafter
+        refused = complete("alice", "ngram")  # not this server's drafter
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "speculative_config.method"
+        assert text("alice", {"method": "suffix", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 4,
+                              "suffix_decoding_min_token_prob": 0.3, "suffix_decoding_max_spec_factor": 2.0,
+                              "suffix_decoding_max_cached_requests": 10000}) == plain  # vLLM's keys, this request's
+        for config, param in [({"num_speculative_tokens": 10_000}, "num_speculative_tokens"),
+                              ({"suffix_decoding_max_tree_depth": 10_000}, "suffix_decoding_max_tree_depth"),
+                              ({"suffix_decoding_max_cached_requests": 3}, "suffix_decoding_max_cached_requests"),
+                              ({"suffix_decoding_min_token_prob": 2}, "suffix_decoding_min_token_prob"),
+                              ({"prompt_lookup_max": 3}, "")]:  # (another method's key: the whole config)
+            error = complete("alice", {"method": "suffix", **config}).json()["error"]
+            assert error["param"] == f"speculative_config.{param}".rstrip("."), error
         assert httpx.post(server.url + "/completions", json={"model": "m", "prompt": "x", "speculative_config":
                                                              {"method": "suffix", "bogus": 1}}).status_code in (400, 422)
         values = {}
         for family in text_string_to_metric_families(httpx.get(server.base + "/metrics").text):
             for sample in family.samples:
                 values[(sample.name, tuple(sorted(sample.labels.values())))] = sample.value
-        assert values[("speccompile_suffix_cached_requests", ())] == 2  # alice's two responses (bob's was plain)
+        assert values[("speccompile_suffix_cached_requests", ())] == 3  # alice's three responses (bob's was plain)
         assert values[("speccompile_suffix_proposals_total", ("global",))] > 0  # alice's second drafted from her first
     finally:
         assert server.stop() == 0

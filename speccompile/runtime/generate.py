@@ -170,7 +170,7 @@ class Generation(PromptPrefill):
         self.tokens = list(prompt_ids)
         if self.drafter is not None:  # this generation's own draws; seeded sampling forgets what was learnt
             self.drafter.start(GenerationStart(self.prompt_ids, config.user, self.params, self.params.drafter_rng(),
-                                               fresh=self.controller.deterministic))
+                                               fresh=self.controller.deterministic, tuning=config.draft_tuning))
         self.done, self.finish = False, None
         # the prompt's last logits (what a prefix cache keeps); None before the first token, and when the graph's ArgMax
         # chose it (greedy on a graph that computes it: the row stays on the device)

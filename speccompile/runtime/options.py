@@ -66,6 +66,52 @@ class RunOptions:
         return self
 
 
+@dataclass(frozen=True)
+class DraftTuning:
+    """One generation's own drafting settings in place of the runner's (a server request's `speculative_config`,
+    vLLM's keys in brackets); None keeps the runner's. n-gram: `min_match` / `max_match`, the shortest and longest
+    history suffix looked up (prompt_lookup_min / _max). Suffix: `max_depth`, the history tokens matched, at most
+    the store's depth (suffix_decoding_max_tree_depth); `min_prob`, the least estimated token probability drafted
+    (suffix_decoding_min_token_prob); `spec_factor`, draft tokens per matched token (suffix_decoding_max_spec_factor).
+    Only proposals change: verification keeps every output exact whatever they are."""
+
+    min_match: int | None = None
+    max_match: int | None = None
+    max_depth: int | None = None
+    min_prob: float | None = None
+    spec_factor: float | None = None
+
+    NGRAM = ("min_match", "max_match")
+    SUFFIX = ("max_depth", "min_prob", "spec_factor")
+
+    def set_fields(self) -> tuple[str, ...]:
+        """The settings this tuning gives (not None)."""
+        return tuple(name for name in (*self.NGRAM, *self.SUFFIX) if getattr(self, name) is not None)
+
+    def validate(self, drafter: str, store_depth: int | None = None) -> "DraftTuning":
+        """InputError (naming the setting) for settings of another drafter than `drafter` or out of range
+        (`store_depth`: the suffix store's, the deepest match a generation may ask for)."""
+        own = {"ngram": self.NGRAM, "suffix": self.SUFFIX}.get(drafter, ())
+        for name in self.set_fields():
+            if name not in own:
+                raise InputError(f"{name}: a setting of the {'n-gram' if name in self.NGRAM else 'suffix'} drafter, "
+                                 f"not of drafter {drafter}", name)
+        for name in ("min_match", "max_match", "max_depth"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"{name} must be >= 1, got {value}", name)
+        if self.min_match is not None and self.max_match is not None and self.min_match > self.max_match:
+            raise InputError(f"min_match {self.min_match} exceeds max_match {self.max_match}", "min_match")
+        if self.min_prob is not None and not 0.0 <= self.min_prob <= 1.0:
+            raise InputError(f"min_prob must be in [0, 1], got {self.min_prob}", "min_prob")
+        if self.spec_factor is not None and not self.spec_factor > 0:
+            raise InputError(f"spec_factor must be > 0, got {self.spec_factor}", "spec_factor")
+        if self.max_depth is not None and store_depth is not None and self.max_depth > store_depth:
+            raise InputError(f"max_depth {self.max_depth}: the suffix store here matches at most {store_depth} tokens "
+                             "(suffix_max_depth)", ("max_depth", "suffix_max_depth"))
+        return self
+
+
 @dataclass
 class GenerationConfig:
     """What one generation produces: length, sampling, stops, and the num_draft_tokens the runner sets."""
@@ -82,6 +128,7 @@ class GenerationConfig:
     logprobs: LogprobRecorder | None = None  # record each emitted token's log-probability here (runtime/logprobs.py)
     penalties: LogitPenalties | None = None  # logit bias, repetition / frequency / presence penalties (runtime/penalties.py)
     user: str | None = None  # who asked (a server request's `user`): the suffix drafter drafts from that tenant's earlier text
+    draft_tuning: DraftTuning = field(default_factory=DraftTuning)  # this generation's own drafter settings (Drafter.start)
 
     def validate(self) -> "GenerationConfig":
         if self.max_tokens is None or self.max_tokens < 1:

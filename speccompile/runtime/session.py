@@ -34,7 +34,7 @@ from .generate import Generator
 from .logprobs import LogprobRecorder, TokenLogprob, prompt_logprobs
 from .penalties import LogitPenalties
 from .stats import GenerationResult
-from .options import SLOT_PASSES, GenerationConfig, RunOptions
+from .options import SLOT_PASSES, DraftTuning, GenerationConfig, RunOptions
 from .sampling import SamplingParams
 from .timing import EngineClock
 
@@ -321,12 +321,32 @@ class Runner:
     def config(self, max_tokens: int, sampling: SamplingParams | None = None, stop: list[str] | None = None,
                drafter: str | None = None, constraint: ConstraintSpec | CompiledConstraint | None = None,
                logprobs: LogprobRecorder | None = None, penalties: LogitPenalties | None = None,
-               user: str | None = None) -> GenerationConfig:
-        """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`); `user`: the request's tenant."""
+               user: str | None = None, num_draft_tokens: int | None = None,
+               draft_tuning: DraftTuning | None = None) -> GenerationConfig:
+        """The GenerationConfig `generate_ids` would use (for `batch_decoder().join`); `user`: the request's tenant;
+        `num_draft_tokens`: fewer draft positions a round than the runner's; `draft_tuning`: its drafter's settings."""
+        self.check_drafting(drafter, num_draft_tokens, draft_tuning)
         config = self._config(max_tokens, sampling or SamplingParams(), stop, self._plain(drafter), constraint, logprobs,
                               penalties)
         config.user = user
+        if num_draft_tokens is not None:
+            config.num_draft_tokens = min(config.num_draft_tokens, num_draft_tokens)
+        if draft_tuning is not None:
+            config.draft_tuning = draft_tuning
         return config
+
+    def check_drafting(self, drafter: str | None = None, num_draft_tokens: int | None = None,
+                       draft_tuning: DraftTuning | None = None) -> None:
+        """InputError, naming the setting, unless this runner can draft as asked: `drafter` its own or "none",
+        at most its num_draft_tokens, `draft_tuning` its drafter's settings within range (a server checks a request
+        with it before any work)."""
+        if self._plain(drafter):
+            return
+        if num_draft_tokens is not None and not 1 <= num_draft_tokens <= self.num_draft_tokens:
+            raise InputError(f"num_draft_tokens {num_draft_tokens}: drafts here hold 1 to {self.num_draft_tokens} "
+                             "tokens a round", "num_draft_tokens")
+        if draft_tuning is not None:
+            draft_tuning.validate(self.drafter_name, self.suffix_cache.max_depth if self.suffix_cache else None)
 
     @property
     def shape_invariant(self) -> int:
@@ -344,7 +364,8 @@ class Runner:
 
     def _plain(self, drafter: str | None) -> bool:
         if drafter not in (None, "none", self.drafter_name):
-            raise InputError(f"drafter {drafter}: this runner drafts with {self.drafter_name} (open another Runner)", "drafter")
+            raise InputError(f"drafter {drafter}: the drafter here is {self.drafter_name} ('none': plain decoding)",
+                             "drafter")
         return drafter == "none" or self.draft_config is None
 
     def prompt_logprobs(self, prompt_ids: list[int], top: int = 0) -> list[TokenLogprob]:

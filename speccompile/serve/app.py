@@ -26,7 +26,7 @@ from .engine import Engine
 from .observe import ObserveRequests
 from .requests import EngineBusy, EngineStopped, GenerationRequest, RequestHandle
 from .responses import Echo, EventStream, ResponseShape, stream_events, until_disconnected
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, SPECULATIVE_NAMES
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 REPLICA_HEADER = "x-speccompile-replica"
@@ -87,6 +87,12 @@ class _Api:
     def submit(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
         """Submit every choice of a request (all or none: a refused one cancels those submitted before it)."""
         limit = self.engine.options.max_concurrency + self.engine.options.max_queue
+        try:
+            for request in requests[:1]:  # (every choice drafts alike)
+                self.engine.check_drafting(request)
+        except InputError as exc:
+            names = SPECULATIVE_NAMES
+            raise APIError(400, exc.naming(names), param=names.get(exc.field or "", "speculative_config")) from None
         if len(requests) > limit:
             raise APIError(400, f"n: {len(requests)} choices exceed this server's limit of {limit} requests in flight",
                            param="n")

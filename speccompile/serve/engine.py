@@ -170,6 +170,16 @@ class Engine(abc.ABC):
     def accepting(self) -> bool:
         return self._accepting
 
+    def check_drafting(self, request: GenerationRequest) -> None:
+        """InputError (one line, naming the setting) unless this server can draft `request` as it asks: its drafter
+        or none, at most the server's draft tokens, its drafter's settings, the server's suffix store size."""
+        self._runner.check_drafting(request.drafter, request.num_draft_tokens, request.draft_tuning)
+        store = self._runner.suffix_cache
+        if request.cached_requests is not None and (store is None or request.cached_requests != store.max_requests):
+            raise InputError(f"suffix_decoding_max_cached_requests {request.cached_requests}: this server's suffix store "
+                             f"keeps {store.max_requests if store else 0} responses (--suffix-cache-requests); give that "
+                             "or leave it out", "suffix_decoding_max_cached_requests")
+
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a request (call on the event loop that will read its events)."""
         handle = RequestHandle(request, asyncio.get_running_loop())
@@ -295,7 +305,8 @@ def generation_config(runner, handle: RequestHandle):
                                request.logit_bias)
     return runner.config(request.max_tokens, sampling_params(request), list(request.stop), request.drafter,
                          constraint=request.constraint, logprobs=handle.recorder,
-                         penalties=penalties if penalties.active else None, user=request.user)
+                         penalties=penalties if penalties.active else None, user=request.user,
+                         num_draft_tokens=request.num_draft_tokens, draft_tuning=request.draft_tuning)
 
 
 def sampling_params(request: GenerationRequest):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime.logprobs import LogprobRecorder, TokenLogprob
+from ..runtime.options import DraftTuning
 
 
 class EngineBusy(Exception):
@@ -50,6 +51,9 @@ class GenerationRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     prompt_logprobs: bool = False  # also the prompt tokens' log-probabilities (`echo` with `logprobs`), `logprobs` alternatives
     user: str | None = None  # the client's `user`: whose earlier responses the suffix drafter may draft from
+    num_draft_tokens: int | None = None  # fewer draft positions a round than the server's (num_speculative_tokens)
+    draft_tuning: DraftTuning | None = None  # this request's own drafter settings (speculative_config)
+    cached_requests: int | None = None  # the suffix store size the client expects (must be the server's)
 
 
 @dataclass(frozen=True)

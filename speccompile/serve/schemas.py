@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from ..runtime.constraints import ConstraintSpec
+from ..runtime.options import DraftTuning
 from .api_errors import ParamError
 from .requests import GenerationRequest
 from .structured import ResponseFormat, StructuredOutputs, ToolFields
@@ -35,13 +36,58 @@ class _StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# the runtime's names of the drafting settings (Runner.check_drafting's errors) -> the request's and the server's
+SPECULATIVE_NAMES = {
+    "drafter": "speculative_config.method", "num_draft_tokens": "speculative_config.num_speculative_tokens",
+    "min_match": "speculative_config.prompt_lookup_min", "max_match": "speculative_config.prompt_lookup_max",
+    "max_depth": "speculative_config.suffix_decoding_max_tree_depth",
+    "min_prob": "speculative_config.suffix_decoding_min_token_prob",
+    "spec_factor": "speculative_config.suffix_decoding_max_spec_factor", "suffix_max_depth": "--suffix-max-depth",
+    "suffix_decoding_max_cached_requests": "speculative_config.suffix_decoding_max_cached_requests",
+}
+
+
 class SpeculativeConfig(BaseModel):
-    """vLLM's `speculative_config`, per request: the method must be the server's drafter (or "none": plain
-    decoding); its tuning is the server's (`--suffix-*`, `--num-draft-tokens`)."""
+    """vLLM's `speculative_config`, per request, with vLLM's keys: `method` the server's drafter (vLLM's spelling
+    `draft_model` too) or "none" (plain decoding); `num_speculative_tokens` at most the server's
+    `--num-draft-tokens`; n-gram's `prompt_lookup_min` / `_max` and suffix decoding's tree depth (at most the
+    server's `--suffix-max-depth`), least token probability and spec factor for this request alone (they change
+    proposals only); `suffix_decoding_max_cached_requests` is the server's store (`--suffix-cache-requests`): the
+    same number or left out."""
 
     model_config = ConfigDict(extra="forbid")
 
     method: str
+    num_speculative_tokens: StrictInt | None = Field(None, ge=1)
+    prompt_lookup_min: StrictInt | None = Field(None, ge=1)
+    prompt_lookup_max: StrictInt | None = Field(None, ge=1)
+    suffix_decoding_max_tree_depth: StrictInt | None = Field(None, ge=1)
+    suffix_decoding_min_token_prob: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    suffix_decoding_max_spec_factor: float | None = Field(None, gt=0, allow_inf_nan=False)
+    suffix_decoding_max_cached_requests: StrictInt | None = Field(None, ge=0)
+
+    @field_validator("method")
+    @classmethod
+    def _our_spelling(cls, method: str) -> str:
+        return "draft-model" if method == "draft_model" else method
+
+    @model_validator(mode="after")
+    def _keys_of_the_method(self):
+        ngram = ("prompt_lookup_min", "prompt_lookup_max")
+        suffix = tuple(name for name in type(self).model_fields if name.startswith("suffix_decoding_"))
+        for name in (*ngram, *suffix):
+            own = "ngram" if name in ngram else "suffix"
+            if getattr(self, name) is not None and self.method != own:
+                raise ValueError(f"{name} is a setting of method '{own}', not of '{self.method}'")
+        if None not in (self.prompt_lookup_min, self.prompt_lookup_max) and self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min {self.prompt_lookup_min} exceeds prompt_lookup_max {self.prompt_lookup_max}")
+        return self
+
+    def tuning(self) -> DraftTuning | None:
+        """The request's own drafter settings (None: the server's)."""
+        tuning = DraftTuning(self.prompt_lookup_min, self.prompt_lookup_max, self.suffix_decoding_max_tree_depth,
+                             self.suffix_decoding_min_token_prob, self.suffix_decoding_max_spec_factor)
+        return tuning if tuning.set_fields() else None
 
 
 class _GenerationFields(BaseModel):
@@ -111,6 +157,14 @@ class _GenerationFields(BaseModel):
         """Choices per prompt (n)."""
         return self.n or 1
 
+    def drafting(self) -> dict[str, Any]:
+        """The GenerationRequest fields of `drafter` and `speculative_config`."""
+        spec = self.speculative_config
+        if spec is None:
+            return {"drafter": self.drafter}
+        return {"drafter": self.drafter or spec.method, "num_draft_tokens": spec.num_speculative_tokens,
+                "draft_tuning": spec.tuning(), "cached_requests": spec.suffix_decoding_max_cached_requests}
+
     def request(self, prompt_ids: list[int], max_tokens: int, constraint: Any = None,
                 logprobs: int | None = None, choice: int = 0, prompt_logprobs: bool = False) -> GenerationRequest:
         """The engine's request for choice `choice` (its seed: seed + choice); `constraint`: the compiled grammar;
@@ -126,7 +180,7 @@ class _GenerationFields(BaseModel):
             stop=tuple(self.stop or ()),
             constraint=constraint,
             logprobs=logprobs,
-            drafter=self.drafter or (self.speculative_config.method if self.speculative_config else None),
+            **self.drafting(),
             min_p=self.min_p or 0.0,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...draft_config import DraftConfig
 from ...errors import InputError
+from ..options import DraftTuning
 from ..sampling import SamplingParams
 from ..timing import EngineClock
 from ..tree import TreeSpec
@@ -64,13 +65,15 @@ class GenerationStart:
     """What a drafter hears when a generation starts (`Drafter.start`): the prompt, who sent it (a server's
     `user`: whose earlier text it may draft from), the generation's sampling settings and a random generator
     for it alone (`SamplingParams.drafter_rng()`), and `fresh`: forget what was learnt across generations too
-    (seeded sampling, whose output must depend on this generation alone)."""
+    (seeded sampling, whose output must depend on this generation alone); `tuning`: its own settings in place of
+    the drafter's (runtime/options.py `DraftTuning`; the drafters that have them apply them here)."""
 
     prompt_ids: Sequence[int] = ()
     user: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rng: np.random.Generator | None = None
     fresh: bool = False
+    tuning: DraftTuning = field(default_factory=DraftTuning)
 
 
 @dataclass(frozen=True)

@@ -71,14 +71,17 @@ class NgramDrafter(Drafter):
                  corpus: NgramCorpus | None = None):
         if not 1 <= min_match <= max_match:
             raise InputError(f"min_match, max_match: need 1 <= min_match <= max_match, got {min_match}, {max_match}")
-        self.min_match = min_match
-        self.max_match = max_match
+        self.default_matches = (min_match, max_match)  # a generation's DraftTuning may give its own
+        self.min_match, self.max_match = min_match, max_match
         self.resume_window = resume_window  # how far past the source pointer an occurrence still counts as "resuming"
         self.resume_back = resume_back
         self.corpus = corpus
         self.start(GenerationStart())
 
     def start(self, start: GenerationStart) -> None:
+        tuning, (low, high) = start.tuning, self.default_matches
+        self.min_match = tuning.min_match if tuning.min_match is not None else min(low, tuning.max_match or low)
+        self.max_match = tuning.max_match if tuning.max_match is not None else max(high, self.min_match)
         self._index = _NgramIndex(range(self.min_match, self.max_match + 1))
         self._copied_from: int | None = None  # history index the last proposal copied from
         self._proposed_at = 0  # history length when it was made

@@ -46,6 +46,7 @@ class SuffixDrafter(Drafter):
         self.max_depth = max_depth if cache is None else cache.max_depth
         self.min_prob = min_prob
         self.spec_factor = spec_factor
+        self.defaults = (self.max_depth, min_prob, spec_factor)  # a generation's DraftTuning may give its own
         self.spec_offset = spec_offset
         self.tree = tree
         # P(node accepted) per (source, probability bucket): the bucket's probability until measured
@@ -60,6 +61,10 @@ class SuffixDrafter(Drafter):
     # -- the request's life ---------------------------------------------------------------------------
 
     def start(self, start: GenerationStart) -> None:
+        tuning, (depth, min_prob, spec_factor) = start.tuning, self.defaults
+        self.max_depth = min(tuning.max_depth or depth, depth)  # (Runner.check_drafting refuses deeper)
+        self.min_prob = min_prob if tuning.min_prob is None else tuning.min_prob
+        self.spec_factor = tuning.spec_factor or spec_factor
         self._use_global = not start.fresh
         if start.fresh:
             self.rates.forget()
