@@ -209,6 +209,11 @@ class DraftConfig:
             return "dynamic"
         return "static" if self.choices is not None else "chain"
 
+    @property
+    def is_chain(self) -> bool:
+        """Whether every draft is one path: a chain drafter's, or a head's static tree of one path (`--tree chain`)."""
+        return self.dynamic is None and all(not any(path) for path in self.choices or ())
+
     def with_num_draft_tokens(self, num_draft_tokens: int | None) -> "DraftConfig":
         """The same tree with another `num_draft_tokens` (None: unchanged)."""
         if num_draft_tokens is None:

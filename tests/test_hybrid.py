@@ -309,7 +309,8 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, pa
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     """Trees (a drafter outside HYBRID_DRAFTERS), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype,
-    heads on the target's hidden states (MTP), TensorRT engines and a hybrid model as a draft model: one line each."""
+    tree heads on the target's hidden states (EAGLE-3; its own MTP module drafts chains: tests/test_hybrid_mtp.py),
+    TensorRT engines and a hybrid model as a draft model: one line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -329,7 +330,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix", "--backend", "ort-cuda"],
                         "runs on --backend ort-cpu only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
-                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp"], "drafts chains"),
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", f"eagle3:{tmp_path / 'hf'}"],
+                        "drafts chains"),
                        (["build", str(tmp_path / "art"), "--int4", "--out", str(tmp_path / "trt")], "--onnx-only")):
         done = run_cli(*args)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

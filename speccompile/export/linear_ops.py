@@ -198,12 +198,13 @@ def _step_nodes(b: GraphBuilder, s: str, hy, conv_in: str, rec_in: str, kernel: 
 
 
 def check_hybrid_export(cfg: ModelConfig, dtype: str, drafter: str | None) -> None:
-    """A hybrid target exports in fp32, drafting chains: the n-gram drafter or a draft model (no head on its states)."""
+    """A hybrid target exports in fp32, drafting chains: the n-gram drafter, a draft model or its own MTP module
+    (Qwen3-Next / Qwen3.5: one more gated full-attention layer on its final hidden state; no tree heads)."""
     from ..errors import InputError
 
     if dtype != "fp32":
         raise InputError(f"dtype {dtype}: hybrid linear attention ({cfg.architecture}) exports in fp32 only", "dtype")
-    if drafter not in (None, "ngram", "draft-model"):
+    if drafter not in (None, "ngram", "draft-model", "mtp"):
         raise InputError(f"drafter {drafter}: a hybrid linear-attention target ({cfg.architecture}) drafts chains with the "
-                         "ngram drafter or a draft model (trees and heads on its hidden states are not supported)", "drafter")
+                         "ngram drafter, a draft model or its own MTP module (tree heads are not supported)", "drafter")
 

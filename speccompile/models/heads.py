@@ -377,7 +377,7 @@ class MTPHead(_ARHead):
         self.enorm = RMSNorm(h, c.rms_norm_eps)
         self.hnorm = RMSNorm(h, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
-        own = c.mla or c.moe is not None  # the target's own layer (head_layer_config's layers have no MoE)
+        own = c.mla or c.moe is not None or c.attn_output_gate  # the target's own layer (head_layer_config's have none)
         self.block = DecoderLayer(c) if own else _HeadAttentionLayer(c)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(h, c.rms_norm_eps)

@@ -109,13 +109,19 @@ def _renamed(key: str, style: str) -> str:
 
 def is_target_layer(style: str, target: ModelConfig) -> bool:
     """Whether a module's block is the target's own decoder layer: DeepSeek-style MTP on a multi-head latent
-    attention or MoE target (DeepSeek-V3, GLM-4.5: layer L is one more of the target's MoE layers)."""
+    attention or MoE target (DeepSeek-V3, GLM-4.5: layer L is one more of the target's MoE layers), and Qwen3-Next /
+    Qwen3.5's on their hybrid targets (one more gated full-attention layer, with the target's MoE when it has one)."""
+    if style == "qwen3_next":
+        return target.hybrid is not None
     return style == "deepseek" and (target.mla or target.moe is not None)
 
 
 def mtp_layer_config(target: ModelConfig) -> ModelConfig:
-    """The one-layer config of a DeepSeek-style MTP block that is the target's own layer (`is_target_layer`): its
-    attention (latent, one cached latent head, on DeepSeek-V3; GLM-4.5's partial rope, q/k norms and biases) and
-    its MoE MLP when the target has one, as layer L of those models."""
+    """The one-layer config of an MTP block that is the target's own layer (`is_target_layer`): its attention
+    (latent, one cached latent head, on DeepSeek-V3; GLM-4.5's partial rope, q/k norms and biases; a hybrid's
+    gated full attention, never a recurrent layer) and its MoE MLP when the target has one, as layer L of those
+    models. A hybrid's zero-centred gains arrive as gains (`read_mtp` adds the 1), so its norms take them plain."""
     moe = dataclasses.replace(target.moe, dense_layers=()) if target.moe is not None else None
+    if target.hybrid is not None:
+        return dataclasses.replace(target, num_hidden_layers=1, moe=moe, hybrid=None, norm_offset=0.0)
     return dataclasses.replace(target, num_hidden_layers=1, moe=moe)

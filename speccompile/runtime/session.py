@@ -77,12 +77,13 @@ class Runner:
         manifest = read_manifest(artifact, verify_files=False)  # what the options ask of it is checked before anything loads
         check_backend(Path(artifact), manifest, options.backend)
         self.drafter_name = resolve_drafter(manifest, options.drafter)
-        if self.drafter_name == "suffix" and is_hybrid(manifest):  # a recurrent state verifies chains only
-            options = self.options = dataclasses.replace(options, suffix_tree=False)
+        if is_hybrid(manifest):  # a recurrent state verifies chains only: suffix chains, no lookup branch on a head's
+            options = self.options = dataclasses.replace(options, suffix_tree=False, lookup_branch=False)
         self.draft_config: DraftConfig | None = self._draft_config(manifest)
         self.suffix_cache = _suffix_cache(options) if self.drafter_name == "suffix" else None  # every slot's drafter shares it
         shape_invariant = options.backend != "ort-cpu" if options.shape_invariant is None else options.shape_invariant
-        check_hybrid_run(manifest, options.backend, self.drafter_name, str(artifact), shape_invariant)  # chains on ort-cpu
+        check_hybrid_run(manifest, options.backend, self.drafter_name, str(artifact), shape_invariant,  # chains on ort-cpu
+                         self.draft_config is None or self.draft_config.is_chain)
         self.artifact = open_artifact(artifact, options.backend, options.threads, not options.contract_graph, options.drafter,
                                       shape_invariant, options.shared_cores)
         self.ngram_corpus = None  # read once; every n-gram drafter of this runner shares it

@@ -30,7 +30,8 @@ from ..errors import UnsupportedError
 from ..manifest import GraphSpec, Manifest
 from .kvcache import BufferKVCache, KVCache
 
-HYBRID_DRAFTERS = ("ngram", "suffix", "none", "draft-model")  # what a hybrid target drafts with: chains (the suffix drafter's, Runner)
+# what a hybrid target drafts with: chains (the suffix drafter's, Runner; the MTP module's, `--tree chain`, its default)
+HYBRID_DRAFTERS = ("ngram", "suffix", "none", "draft-model", "mtp")
 _NP = {"float32": np.float32, "float16": np.float16}
 
 
@@ -46,8 +47,10 @@ def is_hybrid(manifest: Manifest) -> bool:
     return "target" in manifest.graphs and bool(state_inputs(manifest.graphs["target"]))
 
 
-def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str, shape_invariant: bool | int = False) -> None:
-    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu, its passes as given, with a chain drafter."""
+def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str, shape_invariant: bool | int = False,
+                     chain: bool = True) -> None:
+    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu, its passes as given, with a chain drafter
+    (`chain`: what it drafts is one path, `DraftConfig.is_chain`)."""
     if not is_hybrid(manifest):
         return
     if backend != "ort-cpu":
@@ -58,6 +61,9 @@ def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str,
     if drafter not in HYBRID_DRAFTERS:
         raise UnsupportedError(f"{where}: drafter {drafter}: a hybrid linear-attention target verifies chains only "
                                f"(its recurrent state cannot branch): use {', '.join(HYBRID_DRAFTERS)}", "drafter")
+    if not chain:
+        raise UnsupportedError(f"{where}: tree: a hybrid linear-attention target verifies chains only (its recurrent state "
+                               "cannot branch): draft with --tree chain", "tree")
 
 
 def zero_state(spec: Any) -> np.ndarray:
