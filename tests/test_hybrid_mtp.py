@@ -1,8 +1,8 @@
-"""Qwen3-Next / Qwen3.5 (dense and MoE) with their own MTP module: the module's block is one more of the target's
-gated full-attention layers (its MoE MLP on a MoE target), read from the checkpoint's `mtp.*` tensors; the
-module graph's logits equal the MTP formula recomputed with transformers' own decoder layer, and greedy MTP
-decoding of the hybrid target, which verifies chains only, equals plain (docs/DESIGN.md, "Hybrid linear
-attention" and "Drafter checkpoint formats")."""
+"""Qwen3-Next / Qwen3.5 (dense and MoE, and Qwen3.5's published multimodal form) with their own MTP module: the
+module's block is one more of the target's gated full-attention layers (its MoE MLP on a MoE target), read from the
+checkpoint's `mtp.*` tensors; the module graph's logits equal the MTP formula recomputed with transformers' own
+decoder layer, and greedy MTP decoding of the hybrid target, which verifies chains only, equals plain
+(docs/DESIGN.md, "Hybrid linear attention" and "Drafter checkpoint formats")."""
 
 from __future__ import annotations
 
@@ -20,16 +20,19 @@ from test_mla_drafters import PROMPTS, mtp_graph_logits
 def _with_mtp(folder, name: str, seed: int = 7):
     """A tiny random `name` checkpoint whose `mtp.*` tensors are the published module's: `mtp.layers.0` a copy of
     the target's full-attention layer (so transformers' layer object computes it), `mtp.fc` and the zero-centred
-    `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm` gains random. Returns (model, full layer, glue)."""
+    `pre_fc_norm_embedding`, `pre_fc_norm_hidden` and `norm` gains random. `name` "qwen3_5": the published
+    multimodal form (Qwen3_5ForConditionalGeneration, the text decoder under model.language_model). Returns
+    (model, full layer, glue)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    hf = make_family_model(folder, name, families=HYBRID)
-    full = hf.config.layer_types.index("full_attention")
+    hf = _multimodal_qwen3_5(folder) if name == "qwen3_5" else make_family_model(folder, name, families=HYBRID)
+    text = getattr(hf.config, "text_config", hf.config)
+    full = text.layer_types.index("full_attention")
     tensors = load_file(str(folder / "model.safetensors"))
-    prefix = f"model.layers.{full}."
+    prefix = f"model.language_model.layers.{full}." if name == "qwen3_5" else f"model.layers.{full}."
     tensors.update({"mtp.layers.0." + k[len(prefix):]: v.clone() for k, v in tensors.items() if k.startswith(prefix)})
-    g, h = torch.Generator().manual_seed(seed), hf.config.hidden_size
+    g, h = torch.Generator().manual_seed(seed), text.hidden_size
     glue = {"mtp.fc.weight": torch.randn(h, 2 * h, generator=g) * 0.3,
             **{f"mtp.{n}.weight": 0.2 * torch.randn(h, generator=g) for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}}
     tensors.update(glue)
@@ -37,28 +40,53 @@ def _with_mtp(folder, name: str, seed: int = 7):
     return hf, full, glue
 
 
+def _multimodal_qwen3_5(folder):
+    """Qwen3.5's published form with a tiny vision tower (as tests/test_hybrid.py's multimodal test writes it)."""
+    import torch
+    import transformers
+
+    from conftest import TINY_VOCAB, write_char_tokenizer
+
+    text = dict(HYBRID["qwen3_5_text"], vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=[3, 3, 2], mrope_interleaved=True)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    config = transformers.AutoConfig.for_model("qwen3_5", text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(4.0) if p.dim() == 2 else p.add_(0.2 * torch.randn_like(p))
+    hf.save_pretrained(folder, safe_serialization=True)
+    write_char_tokenizer(folder)
+    return hf
+
+
 def qwen3_next_mtp_formula(hf, full: int, glue: dict, ids: np.ndarray, features: np.ndarray) -> np.ndarray:
     """Qwen3-Next's MTP module (as vLLM's qwen3_next_mtp runs it) in transformers' modules: row s = lm_head(norm(
     layer(fc(cat(pre_fc_norm_embedding(embed(ids[s])), pre_fc_norm_hidden(features[s])))))) at position s, causal
-    over the rows, every norm zero-centred (1 + w)."""
+    over the rows, every norm zero-centred (1 + w); `hf` a causal LM or Qwen3.5's multimodal wrapper."""
     import torch
 
+    decoder = getattr(hf.model, "language_model", hf.model)
+    eps = getattr(hf.config, "text_config", hf.config).rms_norm_eps
+
     def rms(x, weight):
-        return (1 + weight) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + hf.config.rms_norm_eps))
+        return (1 + weight) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
     with torch.no_grad():
-        emb = hf.model.embed_tokens.weight[torch.as_tensor(ids)][None]
+        emb = decoder.embed_tokens.weight[torch.as_tensor(ids)][None]
         x = torch.cat((rms(emb, glue["mtp.pre_fc_norm_embedding.weight"]),
                        rms(torch.as_tensor(features)[None], glue["mtp.pre_fc_norm_hidden.weight"])), -1)
         x = x @ glue["mtp.fc.weight"].T
         pos = torch.arange(len(ids))[None]
         mask = torch.full((len(ids), len(ids)), float("-inf")).triu(1)[None, None]
-        x = hf.model.layers[full](x, attention_mask=mask, position_ids=pos, position_embeddings=hf.model.rotary_emb(x, pos))
+        x = decoder.layers[full](x, attention_mask=mask, position_ids=pos, position_embeddings=decoder.rotary_emb(x, pos))
         x = x[0] if isinstance(x, tuple) else x
         return (rms(x, glue["mtp.norm.weight"]) @ hf.lm_head.weight.T)[0].numpy()
 
 
-@pytest.mark.parametrize("name", ["qwen3_5_text", "qwen3_next", "qwen3_5_moe_text"])
+@pytest.mark.parametrize("name", ["qwen3_5_text", "qwen3_next", "qwen3_5_moe_text", "qwen3_5"])
 def test_a_hybrid_target_s_own_mtp_module_drafts_exact_chains(tmp_path, name):
     import torch
 
@@ -66,10 +94,10 @@ def test_a_hybrid_target_s_own_mtp_module_drafts_exact_chains(tmp_path, name):
     hf, full, glue = _with_mtp(tmp_path / "hf", name)
     manifest = export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(drafter="mtp", max_context=256))
     layer = manifest.drafter["head"]["layer"]
-    assert layer["hybrid"] is None and layer["attn_output_gate"] and (layer["moe"] is None) == (name == "qwen3_5_text")
+    assert layer["hybrid"] is None and layer["attn_output_gate"] and (layer["moe"] is None) == ("moe" not in name and name != "qwen3_next")
     assert manifest.graphs["target"].hidden_states == "final" and manifest.drafter["tree_name"] == "chain-4"
     rng = np.random.default_rng(2)
-    ids, features = rng.integers(3, 90, 12), rng.normal(size=(12, hf.config.hidden_size)).astype(np.float32)
+    ids, features = rng.integers(3, 90, 12), rng.normal(size=(12, layer["hidden_size"])).astype(np.float32)
     expected = qwen3_next_mtp_formula(hf, full, glue, ids, features)
     error = np.abs(mtp_graph_logits(tmp_path / "art", ids, features) - expected).max(-1) / np.abs(expected).max(-1)
     assert error.max() < 1e-4, float(error.max())

@@ -255,6 +255,21 @@ def test_batched_greedy_and_seeded_equal_alone(tiny_artifact):
 # -- the server: one store for every slot, vLLM's speculative_config, tenants, metrics --------------------------------
 
 
+def test_speculative_config_takes_vllm_s_spellings_and_keys_of_its_method_only():
+    from pydantic import ValidationError
+
+    from speccompile.serve.schemas import SpeculativeConfig
+
+    assert [SpeculativeConfig(method=m).method for m in ("qwen3_next_mtp", "deepseek_mtp", "draft_model", "suffix")] == \
+        ["mtp", "mtp", "draft-model", "suffix"]
+    tuned = SpeculativeConfig(method="ngram", prompt_lookup_min=2, prompt_lookup_max=5).tuning()
+    assert (tuned.min_match, tuned.max_match) == (2, 5) and SpeculativeConfig(method="ngram").tuning() is None
+    for bad in ({"method": "ngram", "suffix_decoding_min_token_prob": 0.2}, {"method": "suffix", "prompt_lookup_max": 3},
+                {"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}, {"method": "suffix", "model": "x"}):
+        with pytest.raises(ValidationError):
+            SpeculativeConfig(**bad)
+
+
 def test_server_drafts_from_earlier_responses_of_the_same_user(tiny_artifact):
     import httpx
     from prometheus_client.parser import text_string_to_metric_families

@@ -48,8 +48,8 @@ SPECULATIVE_NAMES = {
 
 
 class SpeculativeConfig(BaseModel):
-    """vLLM's `speculative_config`, per request, with vLLM's keys: `method` the server's drafter (vLLM's spelling
-    `draft_model` too) or "none" (plain decoding); `num_speculative_tokens` at most the server's
+    """vLLM's `speculative_config`, per request, with vLLM's keys: `method` the server's drafter (vLLM's spellings
+    `draft_model` and `<model>_mtp` too) or "none" (plain decoding); `num_speculative_tokens` at most the server's
     `--num-draft-tokens`; n-gram's `prompt_lookup_min` / `_max` and suffix decoding's tree depth (at most the
     server's `--suffix-max-depth`), least token probability and spec factor for this request alone (they change
     proposals only); `suffix_decoding_max_cached_requests` is the server's store (`--suffix-cache-requests`): the
@@ -69,7 +69,8 @@ class SpeculativeConfig(BaseModel):
     @field_validator("method")
     @classmethod
     def _our_spelling(cls, method: str) -> str:
-        return "draft-model" if method == "draft_model" else method
+        """vLLM's spellings: `draft_model`, and a model's own MTP (`deepseek_mtp`, `qwen3_next_mtp`, ...) as `mtp`."""
+        return "draft-model" if method == "draft_model" else "mtp" if method.endswith("_mtp") else method
 
     @model_validator(mode="after")
     def _keys_of_the_method(self):
