@@ -57,7 +57,7 @@ def replay(rows: list[dict], k: int, max_match: int, costs: PassCosts, growth: i
            cut_block: int = 0) -> tuple[float, float]:
     """(tokens per target pass, modelled speedup over plain) of n-gram lookup sized as a runner sizes it
     (module docstring) at the pass costs `costs`."""
-    rule = WideHeadRule(cut_blocks=(cut_block,)) if cut_block else WideHeadRule()
+    rule = WideHeadRule(cuts=((cut_block, cut_block // 2),)) if cut_block else WideHeadRule()
     learned = AdaptiveController.learned_rates()
     tokens = passes = spent = 0.0
     for row in rows:

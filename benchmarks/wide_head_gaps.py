@@ -22,7 +22,9 @@ import argparse
 import numpy as np
 
 from speccompile.runtime.artifact import open_artifact
-from speccompile.runtime.backends.wide_head import CUT_BLOCK, CUT_HALF, WideHeadRule
+from speccompile.runtime.backends.wide_head import WideHeadRule
+
+CUT_BLOCK, CUT_HALF = 128, 64  # the padding-row layouts' block (the rule measured first, on an AMD EPYC)
 
 
 def _dead(slot: int, block: int, short: int) -> bool:
@@ -35,7 +37,7 @@ def decode(session, prompt: np.ndarray, tokens: np.ndarray, q: int, layout: str)
     """Prefill `prompt`, decode `tokens` in passes of q rows in `layout`; every token row's logits."""
     rule = session.wide
     block, short = CUT_BLOCK, CUT_HALF
-    session.wide = {"cuts": rule if rule.cut_blocks else WideHeadRule(cut_blocks=(block,)), "rows": WideHeadRule(lift=(block, short))}.get(layout, WideHeadRule())
+    session.wide = {"cuts": rule if rule.cuts else WideHeadRule(cuts=((block, short),)), "rows": WideHeadRule(lift=(block, short))}.get(layout, WideHeadRule())
     cache = session.new_cache(capacity=4096)
     live: list[bool] = []
     seq = np.concatenate([prompt, tokens])

@@ -306,22 +306,27 @@ def test_attention_forms_benchmark_agrees_with_group_query_attention(tiny_artifa
 
 
 def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypatch):
-    """head_dim 256 (Gemma): ONNX Runtime rounds a row's scores against its own 128-slot block differently when the
-    pass ends in that block's first half (backends/wide_head.py), so the runtime cuts passes at slots 63 mod 128
-    (`WideHeadRule`: a pass that straddles a cut runs split, drafts are sized not to): a position's logits are the
-    same bits in chain passes of 1, 2, 3, 5 and 8 rows and on a tree's main path, across the cuts at 63, 191 and 319;
-    greedy speculative decoding equals plain. Negative control: without the rule, passes that straddle a cut differ.
-    Manifests record `attention_lift`; one from before the steps at 192 + 256 k were found ([256, 64]) reads alike."""
+    """head_dim 256 (Gemma): ONNX Runtime rounds a row's scores against its own block differently by where the pass
+    ends in it (backends/wide_head.py), so the runtime cuts passes at the slots measured on this machine (63 mod 128
+    on an AMD EPYC, 63 mod 256 on an Intel Xeon with AMX; `WideHeadRule`: a pass that straddles a cut runs split,
+    drafts are sized not to): a position's logits are the same bits in chain passes of 1, 2, 3, 5 and 8 rows and on
+    a tree's main path, across slots 63, 191 and 319; greedy speculative decoding equals plain. Negative control:
+    without the rule, passes that straddle a cut differ. Manifests record `attention_lift`; one from before the
+    steps at 192 + 256 k were found ([256, 64]) reads alike."""
     from speccompile.runtime.backends.ort import recorded_lift
     from speccompile.runtime.backends.wide_head import WideHeadRule
+    from speccompile.runtime.backends.wide_head_probe import measured_cuts
     from speccompile.runtime.session import Runner
 
     model = make_tiny_hf_model(tmp_path / "hd256", head_dim=256)
     export_artifact(str(model), tmp_path / "art", ExportOptions(max_context=384, hidden_states="final"))
     session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.wide == WideHeadRule(cut_blocks=(128,)) and recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
-    assert WideHeadRule.of((128, 64), [512]) == WideHeadRule(cut_blocks=(64,)) and not WideHeadRule.of((0, 0), [256]).active
-    assert WideHeadRule.of((128, 64), [256, 512]).cut_blocks == (128, 64) and WideHeadRule.of((128, 64), [192]).lift == (128, 64)
+    cuts = {width: measured_cuts(width, 1) for width in (256, 512)}
+    assert cuts[256] and cuts[512] and session.wide == WideHeadRule(cuts=cuts[256])
+    assert recorded_lift([256, 64]) == (128, 64) and recorded_lift(None) == (0, 0)
+    assert WideHeadRule.of((128, 64), [512], 1) == WideHeadRule(cuts=cuts[512]) and not WideHeadRule.of((0, 0), [256], 1).active
+    assert WideHeadRule.of((128, 64), [256, 512], 1).cuts == tuple(sorted({*cuts[256], *cuts[512]}))
+    assert WideHeadRule.of((128, 64), [192], 1).lift == (128, 64)
     rng = np.random.default_rng(3)
     uncut_differs = False
     for length in (58, 180, 314):  # passes from 58..72 cross the cut at 63, 180..194 at 191, 314..328 at 319
@@ -348,12 +353,14 @@ def test_head_dim_256_position_gets_the_same_bits_in_any_pass(tmp_path, monkeypa
 
 
 def test_gemma4_head_widths_256_and_512_get_the_same_bits_in_any_pass(tmp_path, monkeypatch):
-    """Gemma 4's real head widths (sliding 256, full 512): the runtime cuts at both widths' slots (31, 63 and 95
-    mod 128, backends/wide_head.py), so a position's logits are the same bits in chain passes of 1, 3, 5 and 8 rows
-    across the cuts. Negative control: the padding-row lift alone (the rule before 512 was measured) differs."""
+    """Gemma 4's real head widths (sliding 256, full 512): the runtime cuts at both widths' slots as measured on this
+    machine (an AMD EPYC: 31, 63 and 95 mod 128; an Intel Xeon with AMX: 31 and 63 mod 128, 63 mod 256;
+    backends/wide_head.py), so a position's logits are the same bits in chain passes of 1, 3, 5 and 8 rows across
+    the cuts. Negative control: without the cuts, passes that straddle one differ."""
     from test_families import make_family_model
 
     from speccompile.runtime.backends.wide_head import WideHeadRule
+    from speccompile.runtime.backends.wide_head_probe import measured_cuts
 
     shape = dict(model_type="gemma4_text", sliding_window=64, layer_types=["sliding_attention", "full_attention"],
                  hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=256, global_head_dim=512,
@@ -361,12 +368,12 @@ def test_gemma4_head_widths_256_and_512_get_the_same_bits_in_any_pass(tmp_path, 
     make_family_model(tmp_path / "g4", "g4", families={"g4": shape})
     export_artifact(str(tmp_path / "g4"), tmp_path / "art", ExportOptions(max_context=256))
     session = open_artifact(tmp_path / "art", threads=1).target
-    assert session.wide == WideHeadRule(cut_blocks=(128, 64))
+    assert session.wide == WideHeadRule(cuts=tuple(sorted({*measured_cuts(256, 1), *measured_cuts(512, 1)})))
     prompt, tokens = np.random.default_rng(5).integers(3, 60, (2, 80))
     one_row = _chunked_logits(session, prompt, tokens, 1)[0]
     for q in (3, 5, 8):
         np.testing.assert_array_equal(_chunked_logits(session, prompt, tokens, q)[0], one_row, err_msg=f"q={q}")
     with monkeypatch.context() as patch:
-        patch.setattr(session, "wide", WideHeadRule(lift=(128, 64)))
-        lifted = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 3, 5, 8)]
-    assert any(not np.array_equal(x, lifted[0]) for x in lifted[1:])
+        patch.setattr(session, "wide", WideHeadRule())
+        uncut = [_chunked_logits(session, prompt, tokens, q)[0] for q in (1, 3, 5, 8)]
+    assert any(not np.array_equal(x, uncut[0]) for x in uncut[1:])

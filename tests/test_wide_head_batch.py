@@ -30,17 +30,19 @@ def wide_artifact(tmp_path_factory):
 
 
 def test_head_dim_256_slot_rows_equal_each_sequence_alone_bitwise(wide_artifact):
-    """Plain rows and drafts of three sequences on both sides of the cuts at 63, 191 and 319, in slot passes: bitwise
+    """Plain rows and drafts of three sequences on both sides of slots 63, 191 and 319 (cuts on every host measured),
+    in slot passes: bitwise
     each sequence's pass alone. A slot whose rows straddle a cut is refused; negative control: let through without
     the rule, such rows differ from the same rows alone (which run split)."""
     from speccompile.runtime.backends.wide_head import WideHeadRule
+    from speccompile.runtime.backends.wide_head_probe import measured_cuts
 
     manifest = read_manifest(wide_artifact)
     spec = manifest.graphs[variant_name("target", "slots")]
     assert spec.extra["attention_lift"] == [128, 64]
     alone = open_artifact(wide_artifact, threads=1).target
     slotted = OrtSlotSession(wide_artifact, manifest, spec, threads=1)
-    assert slotted.wide == WideHeadRule(cut_blocks=(128,))
+    assert slotted.wide == WideHeadRule(cuts=measured_cuts(256, 1)) and slotted.wide.cuts
 
     def differing_rows(lengths, cases) -> int:
         rng = np.random.default_rng(0)

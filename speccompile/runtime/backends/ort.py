@@ -211,7 +211,8 @@ class OrtBufferSession(OrtSession):
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
         # head_dim > 128: passes cut at fixed slots (256) or lifted by padding rows (backends/wide_head.py)
-        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), [d for _, d in self.kv_shapes])
+        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), [d for _, d in self.kv_shapes],
+                                    threads or default_threads())
 
     def new_cache(self, max_dead: int = 64, capacity: int | None = None) -> BufferKVCache:
         """`capacity`: a fixed number of KV rows allocated up front (the buffers never grow)."""

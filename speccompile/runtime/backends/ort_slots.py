@@ -19,7 +19,7 @@ import numpy as np
 from ...manifest import GraphSpec, Manifest
 from ..kvcache import BufferKVCache
 from .base import StepOutput, hidden_output
-from .ort import inference_session, lift_rows, recorded_lift
+from .ort import default_threads, inference_session, lift_rows, recorded_lift
 from .tree_layout import MainPathLayout
 from .wide_head import WideHeadRule
 
@@ -49,7 +49,7 @@ class OrtSlotSession:
         # head_dim > 128: a slot's rows stay within a segment between cuts, or its total is lifted, as its pass
         # alone (backends/wide_head.py)
         head_dims = [int(t.shape[3]) for t in spec.inputs if t.name.startswith("past_key_values")]
-        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), head_dims)
+        self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), head_dims, threads or default_threads())
         self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
         widths = {t.name: int(t.shape[-1]) for t in spec.outputs if t.name in self._outputs}
         self._widths = [widths[name] for name in self._outputs]

@@ -2,28 +2,26 @@
 CPU graph").
 
 ONNX Runtime's CPU GroupQueryAttention multiplies a pass's queries by its keys with one MLAS SGEMM over N = the
-pass's key slots (T) and K = head_dim. MLAS works through N in panels of 128 columns and, in a panel of at most 64
-columns (the last panel, when T mod 128 is 1..64), through K in one stride instead of strides of 128: with head_dim
-256 a score against a key of that panel sums its 256 products in another order. So a row's scores against
-the keys of its own 128-slot block depend on where the pass ends: "short" when the pass's last slot E has
-E mod 128 <= 63 in the row's block, "long" otherwise (measured on the operator, tests/test_wide_head_rule.py). The
-values' SGEMM (K = T, N = head_dim) strides K by 128 from slot 0 whatever T is: a masked key adds an exact zero.
+pass's key slots and K = head_dim. At head_dim > 128 MLAS sums a score's products in an order chosen per panel of
+key slots, and the last panel's width follows the pass's last slot E: a row's scores against the keys of its own
+block depend on which class E falls in. The blocks and classes depend on the kernel MLAS picks for the CPU, so
+they are measured on the machine (backends/wide_head_probe.py `measured_cuts`: within a block of B slots,
+thresholds t_1 < ... < t_m; AMD EPYC: B = 128, t = 64 at head_dim 256 and B = 64, t = 32 at 512; Intel Xeon with
+AMX: B = 256, t = 64 at 256 and B = 128, t = 32, 64 at 512). The values' SGEMM (K = the slots, N = head_dim)
+strides K from slot 0 whatever E is: a masked key adds an exact zero.
 
-Two ways to make a row's bits its plain decoding's (a one-row pass with attention's padding row, E = p + 1: short
-exactly when p mod 128 <= 62):
+Two ways to make a row's bits its plain decoding's (a one-row pass with attention's padding row, E = p + 1):
 
-* **Cuts** (head_dim 256, Gemma 2 / 3): a pass's rows never straddle a cut at slot 63 mod 128. Within a segment
-  [128 b + 63, 128 b + 190] a row before 128 (b + 1) ends its pass in a later block (long, as alone) and a row
-  after it ends its pass at or before 128 (b + 1) + 63 (short, as alone). `rows_from` says how many rows a pass may
-  hold from its first slot; the session splits a pass that would cross a cut, and a generation sizes its drafts
-  so that it rarely has to (`Session.pass_rows`). No extra rows.
-  head_dim 512 (Gemma 4's full layers) steps the same way with blocks of 64: a row in the first 32 slots of a
-  64-slot block is short exactly when its pass ends in those 32 slots (measured on the operator,
-  tests/test_wide_head_rule.py), so it cuts at 31 mod 64. A graph with both widths cuts at both (31, 63 and 95
-  mod 128): a pass inside a segment of the union is inside a segment of each rule.
-* **Lift** (other widths over 128, where neither rule was measured: 160 or 192 on the operator step elsewhere):
-  padding rows move every pass's total off a remainder of 1..short modulo block (`attention_lift` [block, short]
-  in the manifest), as measured for 256 before the cuts.
+* **Cuts** (head_dim 256 and 512: Gemma 2 / 3 / 4, Qwen3-Next): a pass's rows never straddle a cut at slot
+  t - 1 modulo B for a measured `(B, t)`. A row in the segment between two cuts is alone in the class its
+  segment's end gives (a row before the segment's block end is in the last class whatever its pass, one after it
+  ends its pass at or before the next cut, in the class of its own plain pass). `rows_from` says how many rows a
+  pass may hold from its first slot; the session splits a pass that would cross a cut, and a generation sizes
+  its drafts so that it rarely has to (`Session.pass_rows`). No extra rows. A graph with several widths cuts at
+  the union; where the operator follows no such rule (`measured_cuts` None) every pass is one row.
+* **Lift** (other widths over 128, where no rule is measured: 160 or 192): padding rows move every pass's total
+  off a remainder of 1..short modulo block (`attention_lift` [block, short] in the manifest), as measured for
+  256 before the cuts.
 """
 
 from __future__ import annotations
@@ -31,40 +29,46 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from .wide_head_probe import measured_cuts
+
 UNBOUNDED_ROWS = 1 << 30  # a pass of any size computes its rows' bits as alone (no cut)
-CUT_BLOCK = 128  # MLAS SGEMM's column panel
-CUT_HALF = 64  # a panel of at most this many columns strides K at once
-CUT_BLOCKS = {256: CUT_BLOCK, 512: 64}  # head_dim -> the block its cut rule was measured with (cut at block / 2 - 1)
+CUT_WIDTHS = (256, 512)  # head_dims whose cuts are measured (other widths over 128: the manifest's lift)
 
 
 @dataclass(frozen=True)
 class WideHeadRule:
-    """A graph's rule for head_dim > 128: `cut_blocks` (head_dim 256: 128, 512: 64; each cuts at block / 2 - 1
-    modulo it; (): none) and `lift` (other widths: [block, short] padding rows; (0, 0): none). Neither below 129."""
+    """A graph's rule for head_dim > 128: `cuts` ((block, threshold) pairs: a cut at threshold - 1 modulo block;
+    (): none), `one_row` (a width whose operator follows no measured rule: every pass one row) and `lift`
+    (other widths: [block, short] padding rows; (0, 0): none). Neither below 129."""
 
-    cut_blocks: tuple[int, ...] = ()
+    cuts: tuple[tuple[int, int], ...] = ()
     lift: tuple[int, int] = (0, 0)
+    one_row: bool = False
 
     @classmethod
-    def of(cls, recorded_lift: tuple[int, int], head_dims: Iterable[int]) -> "WideHeadRule":
-        """The rule for a graph whose layers have `head_dims` and whose manifest records `recorded_lift` (as
-        `recorded_lift` reads it; a graph without the padding input records none and gets no rule)."""
+    def of(cls, recorded_lift: tuple[int, int], head_dims: Iterable[int], threads: int) -> "WideHeadRule":
+        """The rule for a graph whose layers have `head_dims`, run with `threads` threads, whose manifest records
+        `recorded_lift` (as `recorded_lift` reads it; a graph without the padding input records none and gets no
+        rule)."""
         wide = {int(d) for d in head_dims if int(d) > 128}
         if not recorded_lift[0] or not wide:
             return cls()
-        blocks = tuple(sorted({CUT_BLOCKS[d] for d in wide if d in CUT_BLOCKS}, reverse=True))
-        return cls(cut_blocks=blocks, lift=recorded_lift if wide - CUT_BLOCKS.keys() else (0, 0))
+        measured = [measured_cuts(d, threads) for d in sorted(wide) if d in CUT_WIDTHS]
+        cuts = tuple(sorted({cut for found in measured if found for cut in found}))
+        return cls(cuts=cuts, lift=recorded_lift if wide - set(CUT_WIDTHS) else (0, 0), one_row=None in measured)
 
     @property
     def active(self) -> bool:
         """Whether passes need a layout of their own (a batched pass of one row per sequence has none)."""
-        return bool(self.cut_blocks or self.lift[0])
+        return bool(self.cuts or self.lift[0] or self.one_row)
 
     def rows_from(self, start: int) -> int:
         """The most rows a pass whose first row lands at KV slot `start` may hold (up to the next cut)."""
-        if not self.cut_blocks:
+        if self.one_row:
+            return 1
+        if not self.cuts:
             return UNBOUNDED_ROWS
-        return min(1 + (block // 2 - 2 - start) % block for block in self.cut_blocks)
+        return min(1 + (threshold - 2 - start) % block for block, threshold in self.cuts)
 
     def segments(self, start: int, rows: int) -> list[tuple[int, int]]:
         """[a, b) row ranges of a pass of `rows` rows from slot `start`, one per segment between cuts."""
