@@ -310,9 +310,9 @@ def test_int4_build_packs_the_projections_and_decodes_exactly(tmp_path, name, pa
 
 
 def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
-    """Trees (a drafter outside HYBRID_DRAFTERS), shape-invariant (padded) passes, shared (slot) passes, a GPU dtype,
-    tree heads on the target's hidden states (EAGLE-3; its own MTP module drafts chains: tests/test_hybrid_mtp.py),
-    TensorRT engines and a hybrid model as a draft model: one line each."""
+    """Trees (a head's, at run time and at export; heads draft chains: tests/test_hybrid_drafters.py), shape-invariant
+    (padded) passes, shared (slot) passes, a GPU dtype, TensorRT engines and a hybrid model as a draft model: one
+    line each."""
     from conftest import run_cli
     from speccompile.errors import UnsupportedError
     from speccompile.export.pipeline import ExportOptions, export_artifact
@@ -323,8 +323,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     from speccompile.runtime.state_cache import check_hybrid_run
     from speccompile.manifest import read_manifest
 
-    with pytest.raises(UnsupportedError, match="drafter eagle3: a hybrid linear-attention target verifies chains only"):
-        check_hybrid_run(read_manifest(tmp_path / "art"), "ort-cpu", "eagle3", str(tmp_path / "art"))
+    with pytest.raises(UnsupportedError, match="tree: drafter eagle3: a hybrid linear-attention target verifies chains only"):
+        check_hybrid_run(read_manifest(tmp_path / "art"), "ort-cpu", "eagle3", str(tmp_path / "art"), chain=False)
     with pytest.raises(UnsupportedError, match="shape_invariant: a hybrid linear-attention target runs its passes as given"):
         Runner(tmp_path / "art", drafter="ngram", threads=1, shape_invariant=True)
     with pytest.raises(UnsupportedError, match="slot_passes all: a hybrid linear-attention target's recurrent states have no batch slots"):
@@ -332,8 +332,8 @@ def test_what_a_hybrid_target_does_not_run_is_refused(tmp_path):
     for args, what in ((["run", str(tmp_path / "art"), "--prompt", "ab", "--drafter", "suffix", "--backend", "ort-cuda"],
                         "runs on --backend ort-cpu only"),
                        (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "f16"), "--dtype", "fp16"], "fp32 only"),
-                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", f"eagle3:{tmp_path / 'hf'}"],
-                        "drafts chains"),
+                       (["export", str(tmp_path / "hf"), "--out", str(tmp_path / "e3"), "--drafter", "mtp", "--tree", "eagle-default"],
+                        "verifies chains only"),
                        (["build", str(tmp_path / "art"), "--int4", "--out", str(tmp_path / "trt")], "--onnx-only")):
         done = run_cli(*args)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

@@ -16,7 +16,7 @@ pass (plain decoding), in a verify pass and when folded in the next pass. The pa
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import onnx
@@ -31,6 +31,9 @@ from .mamba2_ops import mamba2_layer
 from .short_conv_ops import short_conv_layer
 from .kda_ops import kda_layer, l2norm_nodes
 from .lightning_ops import lightning_layer
+
+if TYPE_CHECKING:
+    from .drafter_types import DrafterRequest
 
 
 def state_values(cfg: ModelConfig, i: int, elem: int, past: bool) -> list[onnx.ValueInfoProto]:
@@ -197,14 +200,21 @@ def _step_nodes(b: GraphBuilder, s: str, hy, conv_in: str, rec_in: str, kernel: 
     return conv_out, state, b.one(s, "ReduceSum", [b.one(s, "Mul", [state, q_col]), b.const(s, [-2])], keepdims=0)
 
 
-def check_hybrid_export(cfg: ModelConfig, dtype: str, drafter: str | None) -> None:
-    """A hybrid target exports in fp32, drafting chains: the n-gram drafter, a draft model or its own MTP module
-    (Qwen3-Next / Qwen3.5: one more gated full-attention layer on its final hidden state; no tree heads)."""
+def hybrid_drafter(cfg: ModelConfig, dtype: str, request: "DrafterRequest | None") -> "DrafterRequest | None":
+    """What a hybrid target exports with: fp32, and any drafter as long as it drafts chains (its recurrent states
+    cannot branch): a head without `--tree` gets `--tree chain`, a tree is refused in one line."""
+    import dataclasses
+
+    from ..draft_config import HEAD_KINDS, DraftConfig
     from ..errors import InputError
 
     if dtype != "fp32":
         raise InputError(f"dtype {dtype}: hybrid linear attention ({cfg.architecture}) exports in fp32 only", "dtype")
-    if drafter not in (None, "ngram", "draft-model", "mtp"):
-        raise InputError(f"drafter {drafter}: a hybrid linear-attention target ({cfg.architecture}) drafts chains with the "
-                         "ngram drafter, a draft model or its own MTP module (tree heads are not supported)", "drafter")
-
+    if request is None:
+        return None
+    if request.kind in HEAD_KINDS and request.tree is None:
+        request = dataclasses.replace(request, tree="chain")
+    if not DraftConfig.parse(request.kind, request.tree, request.num_draft_tokens).is_chain:
+        raise InputError(f"tree {request.tree}: a hybrid linear-attention target ({cfg.architecture}) verifies chains only "
+                         "(its recurrent states cannot branch): draft with --tree chain", "tree")
+    return request

@@ -14,7 +14,7 @@ from ..errors import InputError, check_at_least, check_one_of
 from ..manifest import Manifest, remember_verified
 from ..models.gguf_types import stored_weight_types
 from .cpu_draft_weights import DRAFT_WEIGHTS
-from .linear_ops import check_hybrid_export
+from .linear_ops import hybrid_drafter
 from .drafters import DrafterRequest, export_drafter, parse_drafter, target_hidden_states_for, target_taps_for
 from .ort_fused_graph import add_fused_variant
 from .output_size import check_disk_space, drafter_estimate, estimate_export_bytes
@@ -56,7 +56,7 @@ def export_artifact(model_name: str, out: Path, options: ExportOptions, progress
         progress(model.left_out)
     cfg = model.config
     if cfg.hybrid is not None:  # docs/DESIGN.md "Hybrid linear attention": the contract graph alone, fp32, chains
-        check_hybrid_export(cfg, options.dtype, request.kind if request else None)
+        request = hybrid_drafter(cfg, options.dtype, request)
         options = dataclasses.replace(options, gpu_graph=False, batch_slots=0)
         progress(f"{cfg.architecture}: hybrid linear attention: no GPU or slotted graph (chains on ort-cpu)")
     max_context = options.max_context or cfg.max_position_embeddings

@@ -10,8 +10,9 @@ out: `present_state.{i}.conv` / `.recurrent`), then runs its own rows from there
 next pending rows, so the states are always plain decoding's bits: every row goes through the same per-token ops,
 whatever pass it comes in (plain decoding: one pending row a pass); rejected rows cost nothing to drop. There is
 always a pending row (the first pass's: a zero row, which leaves the zero states zero). Only chains
-commit (accepted rows 0..k-1): tree drafters and padded passes are refused for such targets, the suffix drafter
-drafts chains for them (`Runner`), and the batch decoder runs one pass per request (`Runner.batch_problem`).
+commit (accepted rows 0..k-1): trees and padded passes are refused for such targets (a head drafts `--tree chain`,
+without the n-gram lookup branch; the suffix drafter drafts chains: `Runner`), and the batch decoder runs one pass
+per request (`Runner.batch_problem`).
 
 A target with no attention layer at all (pure Mamba-2, an all-recurrent hybrid) has states alone and no KV input: the
 caches hold no KV tensor and count the committed tokens themselves (`StateCache`: KVCache's liveness mask over the
@@ -30,8 +31,6 @@ from ..errors import UnsupportedError
 from ..manifest import GraphSpec, Manifest
 from .kvcache import BufferKVCache, KVCache
 
-# what a hybrid target drafts with: chains (the suffix drafter's, Runner; the MTP module's, `--tree chain`, its default)
-HYBRID_DRAFTERS = ("ngram", "suffix", "none", "draft-model", "mtp")
 _NP = {"float32": np.float32, "float16": np.float16}
 
 
@@ -49,8 +48,8 @@ def is_hybrid(manifest: Manifest) -> bool:
 
 def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str, shape_invariant: bool | int = False,
                      chain: bool = True) -> None:
-    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu, its passes as given, with a chain drafter
-    (`chain`: what it drafts is one path, `DraftConfig.is_chain`)."""
+    """UnsupportedError (one line) unless a hybrid target runs on ort-cpu, its passes as given, drafting chains
+    (`chain`: what `drafter` drafts is one path, `DraftConfig.is_chain`; a head's tree is refused)."""
     if not is_hybrid(manifest):
         return
     if backend != "ort-cpu":
@@ -58,12 +57,9 @@ def check_hybrid_run(manifest: Manifest, backend: str, drafter: str, where: str,
     if shape_invariant:  # padding rows would run through the recurrence and be cut out of the states as KV rows
         raise UnsupportedError(f"{where}: shape_invariant: a hybrid linear-attention target runs its passes as given "
                                "(its rows are the same bits in every pass on ort-cpu already)", "shape_invariant")
-    if drafter not in HYBRID_DRAFTERS:
-        raise UnsupportedError(f"{where}: drafter {drafter}: a hybrid linear-attention target verifies chains only "
-                               f"(its recurrent state cannot branch): use {', '.join(HYBRID_DRAFTERS)}", "drafter")
     if not chain:
-        raise UnsupportedError(f"{where}: tree: a hybrid linear-attention target verifies chains only (its recurrent state "
-                               "cannot branch): draft with --tree chain", "tree")
+        raise UnsupportedError(f"{where}: tree: drafter {drafter}: a hybrid linear-attention target verifies chains only "
+                               "(its recurrent state cannot branch): draft with --tree chain", "tree")
 
 
 def zero_state(spec: Any) -> np.ndarray:

@@ -1,8 +1,9 @@
-"""Qwen3-Next / Qwen3.5 (dense and MoE, and Qwen3.5's published multimodal form) with their own MTP module: the
-module's block is one more of the target's gated full-attention layers (its MoE MLP on a MoE target), read from the
-checkpoint's `mtp.*` tensors; the module graph's logits equal the MTP formula recomputed with transformers' own
-decoder layer, and greedy MTP decoding of the hybrid target, which verifies chains only, equals plain
-(docs/DESIGN.md, "Hybrid linear attention" and "Drafter checkpoint formats")."""
+"""Drafters on hybrid linear-attention targets, which verify chains only (docs/DESIGN.md, "Hybrid linear attention"):
+Qwen3-Next / Qwen3.5 (dense and MoE, and Qwen3.5's published multimodal form) with their own MTP module, whose
+block is one more of the target's gated full-attention layers (its MoE MLP on a MoE target), read from the
+checkpoint's `mtp.*` tensors: the module graph's logits equal the MTP formula recomputed with transformers' own
+decoder layer; and every head (EAGLE-3 on the target's taps, EAGLE, Medusa, DFlash) drafting chains. Greedy
+speculative decoding equals plain; a tree is refused in one line."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from speccompile.runtime.session import Runner
 
 from test_families import make_family_model
 from test_hybrid import HYBRID
+from test_heads_helpers import write_checkpoint
 from test_mla_drafters import PROMPTS, mtp_graph_logits
 
 
@@ -102,21 +104,59 @@ def test_a_hybrid_target_s_own_mtp_module_drafts_exact_chains(tmp_path, name):
     error = np.abs(mtp_graph_logits(tmp_path / "art", ids, features) - expected).max(-1) / np.abs(expected).max(-1)
     assert error.max() < 1e-4, float(error.max())
     assert len(set(expected.argmax(-1))) > 3
-    runner = Runner(tmp_path / "art", drafter="mtp", num_draft_tokens=3, adaptive=False, threads=1)
-    assert not runner.options.lookup_branch  # (its n-gram branch would make a tree)
+    assert _greedy_equals_plain(tmp_path / "art", "mtp") > 0
+
+
+def test_a_hybrid_target_drafts_no_tree(tmp_path):
+    """A tree asked of a head on a hybrid target is one line, at export and at run time."""
+    from speccompile.errors import InputError, UnsupportedError
+
+    _with_mtp(tmp_path / "hf", "qwen3_5_text")
+    with pytest.raises(InputError, match="tree eagle-default: a hybrid linear-attention target .* verifies chains only"):
+        export_artifact(str(tmp_path / "hf"), tmp_path / "tree", ExportOptions(drafter="mtp", tree="eagle-default"))
+    assert not (tmp_path / "tree").exists()
+    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(drafter="mtp", max_context=96))
+    with pytest.raises(UnsupportedError, match="tree: drafter mtp: a hybrid linear-attention target verifies chains only"):
+        Runner(tmp_path / "art", drafter="mtp", tree="eagle-default", threads=1)
+    assert Runner(tmp_path / "art", drafter="mtp", tree="chain-8", threads=1).num_draft_tokens == 8
+
+
+def _greedy_equals_plain(art, kind: str) -> int:
+    """Draft tokens verified while greedy speculative output equals plain on PROMPTS."""
+    runner = Runner(art, drafter=kind, num_draft_tokens=3, adaptive=False, threads=1)
+    assert not runner.options.lookup_branch  # (a head's n-gram branch would make a tree)
     drafted = 0
     for prompt in PROMPTS:
         spec = runner.generate_ids(prompt, 20)
-        assert spec.tokens == runner.generate_ids(prompt, 20, drafter="none").tokens, prompt
+        assert spec.tokens == runner.generate_ids(prompt, 20, drafter="none").tokens, (kind, prompt)
         drafted += sum(spec.stats.drafted)
-    assert drafted > 0
+    return drafted
 
 
-def test_a_hybrid_target_s_mtp_module_drafts_no_tree(tmp_path):
-    from speccompile.errors import UnsupportedError
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A tiny Qwen3.5 of 8 layers (full attention at 3 and 7): EAGLE-3's default taps 2, 4 and 5 are distinct."""
+    import torch
 
-    _with_mtp(tmp_path / "hf", "qwen3_5_text")
-    export_artifact(str(tmp_path / "hf"), tmp_path / "art", ExportOptions(drafter="mtp", max_context=96))
-    with pytest.raises(UnsupportedError, match="tree: a hybrid linear-attention target verifies chains only"):
-        Runner(tmp_path / "art", drafter="mtp", tree="eagle-default", threads=1)
-    assert Runner(tmp_path / "art", drafter="mtp", tree="chain-8", threads=1).num_draft_tokens == 8
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("hybrid_heads") / "hf"
+    make_family_model(folder, "qwen3_5_text", families=HYBRID, num_hidden_layers=8)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle", "medusa", "dflash"])
+def test_every_head_drafts_exact_chains_on_a_hybrid_target(target, tmp_path, kind):
+    """A head on a hybrid target drafts `--tree chain` unless told otherwise (a tree is refused)."""
+    if kind == "dflash":
+        from speccompile.models.dflash_io import new_dflash, save_dflash
+        from speccompile.models.load import load_model
+
+        model = load_model(str(target))
+        drafter = new_dflash(model.config, model.weights, seed=0, block_size=5, tap_layers=[1, 4, 6], num_layers=2)
+        checkpoint = save_dflash(drafter, tmp_path / "ckpt", model.config.num_hidden_layers)
+    else:
+        checkpoint = write_checkpoint(tmp_path / "ckpt", kind)
+    manifest = export_artifact(str(target), tmp_path / "art", ExportOptions(drafter=f"{kind}:{checkpoint}", max_context=256))
+    assert manifest.drafter.get("tree_name") in ("chain-4", None)  # (DFlash: its block, a chain)
+    assert manifest.graphs["target"].hidden_states == ("final" if kind in ("eagle", "medusa") else "eagle3")
+    assert _greedy_equals_plain(tmp_path / "art", kind) > 0
