@@ -12,16 +12,18 @@ strides K from slot 0 whatever E is: a masked key adds an exact zero.
 
 Two ways to make a row's bits its plain decoding's (a one-row pass with attention's padding row, E = p + 1):
 
-* **Cuts** (head_dim 256 and 512: Gemma 2 / 3 / 4, Qwen3-Next): a pass's rows never straddle a cut at slot
-  t - 1 modulo B for a measured `(B, t)`. A row in the segment between two cuts is alone in the class its
-  segment's end gives (a row before the segment's block end is in the last class whatever its pass, one after it
-  ends its pass at or before the next cut, in the class of its own plain pass). `rows_from` says how many rows a
-  pass may hold from its first slot; the session splits a pass that would cross a cut, and a generation sizes
-  its drafts so that it rarely has to (`Session.pass_rows`). No extra rows. A graph with several widths cuts at
-  the union; where the operator follows no such rule (`measured_cuts` None) every pass is one row.
-* **Lift** (other widths over 128, where no rule is measured: 160 or 192): padding rows move every pass's total
-  off a remainder of 1..short modulo block (`attention_lift` [block, short] in the manifest), as measured for
-  256 before the cuts.
+* **Cuts** (every head_dim over 128: Gemma 2 / 3 / 4's 256 and 512, Qwen3-Next's 256, 160, 192, ...): a pass's
+  rows never straddle a cut at slot t - 1 modulo B for a measured `(B, t)`. A row in the segment between two cuts
+  is alone in the class its segment's end gives (a row before the segment's block end is in the last class
+  whatever its pass, one after it ends its pass at or before the next cut, in the class of its own plain pass).
+  `rows_from` says how many rows a pass may hold from its first slot; the session splits a pass that would cross
+  a cut, and a generation sizes its drafts so that it rarely has to (`Session.pass_rows`). No extra rows. A graph
+  with several widths cuts at the union; where the operator follows no such rule (`measured_cuts` None) every
+  pass is one row.
+* **Lift** (`lift`, [block, short] padding rows that move every pass's total off a remainder of 1..short modulo
+  block: the graphs' `attention_lift`): what the runtime did for widths other than 256 before every width was
+  measured. It no longer chooses it (on the Xeon the 128-slot lift leaves head_dim 192 inexact: its blocks are
+  341 slots); the slotted graph and `benchmarks/wide_head_gaps.py` still take it when set.
 """
 
 from __future__ import annotations
@@ -32,14 +34,13 @@ from typing import Iterable
 from .wide_head_probe import measured_cuts
 
 UNBOUNDED_ROWS = 1 << 30  # a pass of any size computes its rows' bits as alone (no cut)
-CUT_WIDTHS = (256, 512)  # head_dims whose cuts are measured (other widths over 128: the manifest's lift)
 
 
 @dataclass(frozen=True)
 class WideHeadRule:
     """A graph's rule for head_dim > 128: `cuts` ((block, threshold) pairs: a cut at threshold - 1 modulo block;
     (): none), `one_row` (a width whose operator follows no measured rule: every pass one row) and `lift`
-    (other widths: [block, short] padding rows; (0, 0): none). Neither below 129."""
+    ([block, short] padding rows, set by hand only; (0, 0): none). None below 129."""
 
     cuts: tuple[tuple[int, int], ...] = ()
     lift: tuple[int, int] = (0, 0)
@@ -47,15 +48,14 @@ class WideHeadRule:
 
     @classmethod
     def of(cls, recorded_lift: tuple[int, int], head_dims: Iterable[int], threads: int) -> "WideHeadRule":
-        """The rule for a graph whose layers have `head_dims`, run with `threads` threads, whose manifest records
-        `recorded_lift` (as `recorded_lift` reads it; a graph without the padding input records none and gets no
-        rule)."""
+        """The rule for a graph whose layers have `head_dims`, run with `threads` threads: every width over 128
+        measured (`measured_cuts`). `recorded_lift` is the manifest's (as `recorded_lift` reads it): a graph
+        without the padding input records none and gets no rule."""
         wide = {int(d) for d in head_dims if int(d) > 128}
         if not recorded_lift[0] or not wide:
             return cls()
-        measured = [measured_cuts(d, threads) for d in sorted(wide) if d in CUT_WIDTHS]
-        cuts = tuple(sorted({cut for found in measured if found for cut in found}))
-        return cls(cuts=cuts, lift=recorded_lift if wide - set(CUT_WIDTHS) else (0, 0), one_row=None in measured)
+        measured = [measured_cuts(d, threads) for d in sorted(wide)]
+        return cls(cuts=tuple(sorted({cut for found in measured if found for cut in found})), one_row=None in measured)
 
     @property
     def active(self) -> bool:

@@ -10,10 +10,12 @@ So the rule is measured, not assumed: within a block of B slots, thresholds t_1 
 into classes (E mod B below t_1, below t_2, ..., the rest, and any later block), and a row's bits are its plain
 decoding's (a one-row pass with attention's padding row, E = p + 1) exactly when its pass ends in the same class.
 
-`measured_cuts` finds t_1.. by bisection from a row in each class, B as the smallest candidate block after which
-the first class recurs, then checks the fitted rule against random passes (rows, padding) and returns the cuts
-`(B, t)` (none: no dependence), or None when the operator follows no such rule (the caller then runs one row a
-pass). About a hundred runs of a one-node graph: a fraction of a second, once per head_dim and thread count.
+`measured_cuts` finds t_1.. by bisection from a row in each class and B as the first slot after them where a row
+is in the first class again (at head_dim 192 on the Xeon: B = 341, t = 64), then checks that every pass the rule
+keeps in a row's plain class gives the row its plain bits (random passes with padding rows, and the rows around
+four block starts). It returns the cuts `(B, t)` (none: no dependence), or None when the operator follows no such
+rule (the caller then runs one row a pass). A few hundred runs of a one-node graph (0.6 s at 256, about 1 s at 512
+on the Xeon), once per head_dim and thread count.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 HEADS = 4  # query heads over one KV head
 CAPACITY = 2048  # KV slots of the probe (two blocks of the largest candidate and room to pad)
-BLOCKS = (64, 128, 256, 512)  # candidate block sizes
+BLOCKS = (64, 128, 256, 512)  # block sizes seen (the bisection reaches two of the largest)
 MAX_CLASSES = 8
 CHECKS = 60  # random passes the fitted rule must predict
 
@@ -101,17 +103,22 @@ def end_class(p: int, last: int, cuts: tuple[tuple[int, int], ...]) -> tuple[boo
 
 
 def _predicts(probe: _AttentionProbe, cuts: tuple[tuple[int, int], ...]) -> bool:
-    """Whether `cuts` say, for CHECKS random passes (rows before p in the pass, padding rows), when row p's bits
-    are its plain ones."""
+    """Whether a pass that `cuts` put in the class of a row's plain pass gives the row its plain bits: for CHECKS
+    random passes (rows before p in the pass, padding rows) and for rows at and around four blocks' starts and
+    class edges, passes ending on either side of each threshold. (A row whose bits do not depend on the pass end
+    where the rule says they may costs only a cut.)"""
     rng = np.random.default_rng(1)
+    cases = []
     for _ in range(CHECKS):
         p = int(rng.integers(1, CAPACITY - 200))
         q, pad = int(rng.integers(1, min(p, 24) + 1)), int(rng.choice([0, 1, 3, 20, 66, 130]))
-        pad = max(pad, int(q == 1))
-        last = p + pad
-        if probe.same(p, last, p - q + 1) != (end_class(p, last, cuts) == end_class(p, p + 1, cuts)):
-            return False
-    return True
+        cases.append((p, p - q + 1, p + max(pad, int(q == 1))))
+    for block, threshold in cuts:
+        for start in range(block, min(CAPACITY - block, 5 * block), block):  # four block starts: the layout repeats
+            for p in (start - 2, start - 1, start, start + 1, start + threshold - 2, start + threshold - 1):
+                cases += [(p, p, last) for last in (start + threshold - 1, start + threshold) if last > p]
+    return all(probe.same(p, last, first) for p, first, last in cases
+               if end_class(p, last, cuts) == end_class(p, p + 1, cuts))
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,8 +138,23 @@ def measured_cuts(head_dim: int, threads: int | None) -> tuple[tuple[int, int], 
         return None
     if not thresholds:
         return () if _predicts(probe, ()) else None
-    block = next((b for b in BLOCKS if b > thresholds[-1] and not probe.same(b + 1, b + thresholds[0])), None)
+    block = _block(probe, thresholds)
     if block is None:
         return None
     cuts = tuple((block, t) for t in thresholds)
     return cuts if _predicts(probe, cuts) else None
+
+
+def _block(probe: _AttentionProbe, thresholds: list[int]) -> int | None:
+    """The block size B: rows B .. B + t_1 - 2 are in the first class again (their plain pass ends below B + t_1),
+    so stepping by a quarter of t_1 from block 0's last class lands in that window, and the first pass end that
+    changes such a row's bits is B + t_1. (A row or two at a block's start may not depend on the pass end at all,
+    as at head_dim 160 on the Xeon: stepping finely passes them.)"""
+    first = thresholds[0]
+    p, step = thresholds[-1], max(1, (first - 1) // 4)
+    while p + first < CAPACITY:
+        p += step
+        if not probe.same(p, p + first):  # a pass ending t_1 later is in another class: p is a first-class row
+            change = probe.first_change(p)
+            return None if change is None else change - first
+    return None
