@@ -210,7 +210,7 @@ class OrtBufferSession(OrtSession):
         # a position's logits are the same bits in a one-row pass as in a verify pass (export/ort_fused_graph.py)
         self.takes_attention_pad = any(t.name == "attention_pad" for t in spec.inputs)
         self.row_invariant = self.takes_attention_pad
-        # head_dim > 128: passes cut at fixed slots (256) or lifted by padding rows (backends/wide_head.py)
+        # head_dim > 128: passes cut at the slots measured on this machine (backends/wide_head.py)
         self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), [d for _, d in self.kv_shapes],
                                     threads or default_threads())
 
@@ -302,7 +302,8 @@ class OrtBufferSession(OrtSession):
 
     def _lift_rows(self, total: int, cache: BufferKVCache) -> int:
         """Padding rows that move a single sequence's pass of `total` slots past a remainder of 1..short modulo
-        block (head_dim > 128 but not 256: the graph's `attention_lift`; 0 otherwise), where the cache can hold them."""
+        block (a rule's `lift`, set by hand only since every width is measured; 0 otherwise), where the cache can hold
+        them."""
         return lift_rows(self.wide.lift, total, cache.capacity if cache.fixed else None)
 
     @property
@@ -315,7 +316,7 @@ class OrtBufferSession(OrtSession):
     @property
     def pad_rows(self) -> int:
         """KV rows past a pass's own that attention's padding may write: the one-row padding row, or up to
-        `short` rows lifting a pass (`attention_lift`, head_dim > 128 but not 256)."""
+        `short` rows lifting a pass (a rule's `lift`, set by hand only)."""
         return max(1, self.wide.lift[1])
 
     @property

@@ -46,8 +46,8 @@ class OrtSlotSession:
         self.session = inference_session(directory, manifest, spec, "ort-cpu", threads, spinning)
         self._ort = ort
         self.hidden_name = hidden_output(spec)
-        # head_dim > 128: a slot's rows stay within a segment between cuts, or its total is lifted, as its pass
-        # alone (backends/wide_head.py)
+        # head_dim > 128: a slot's rows stay within a segment between the measured cuts, as its pass alone
+        # (backends/wide_head.py)
         head_dims = [int(t.shape[3]) for t in spec.inputs if t.name.startswith("past_key_values")]
         self.wide = WideHeadRule.of(recorded_lift(spec.extra.get("attention_lift")), head_dims, threads or default_threads())
         self._outputs = ["logits", *([self.hidden_name] if self.hidden_name else [])]
@@ -63,7 +63,7 @@ class OrtSlotSession:
         """One pass; `rows[b]` for slot b of `buffers` (None: a dummy row), `caches[b]` its cache (None: a free slot,
         nothing committed). A tree's rows run main path first (tree_layout.py; its cache is told where rows went).
         Returns slot b's StepOutput (None for a dummy). The buffers need `pad_rows` rows past every pass for the
-        padding (head_dim > 128 but not 256: copies of a slot's last row that lift its attention total, `attention_lift`).
+        padding (with a rule's `lift`, set by hand only: copies of a slot's last row that lift its attention total).
         `pad_one_row`: a one-row slot gets attention's padding row, so it computes the bits of that sequence's
         pass alone; without it, ONNX Runtime's one-row kernel, the bits a batched pass gives that row (and half
         the attention work: what a batch decoder wants when it promises no more than the batched pass)."""
